@@ -1,0 +1,10 @@
+// Registration entry points of each component's Python bindings, called by module.cc.
+#pragma once
+#include <pybind11/pybind11.h>
+
+namespace mshyper::bind {
+
+// Calls every component's registration function below; defined in registry.cc.
+void RegisterAll(pybind11::module_& m);
+
+}  // namespace mshyper::bind

@@ -1,0 +1,10 @@
+// The list of components bound into mindspore_hyper._core. Each component adds one line.
+#include "bind/bindings.h"
+
+namespace mshyper::bind {
+
+void RegisterAll(pybind11::module_& m) {
+  (void)m;
+}
+
+}  // namespace mshyper::bind

@@ -1,0 +1,10 @@
+"""mindspore_hyper: HyperParallel for MindSpore.
+
+Declare parallelism once (a Layout over a named device matrix, or a YAML parallel config) and run
+it as a CPU simulation of N devices, under msrun, or through MindSpore's native auto-parallel.
+"""
+from mindspore_hyper.context import get_context, reset_context, set_context
+
+__version__ = "0.1.0"
+
+__all__ = ["set_context", "get_context", "reset_context", "__version__"]

@@ -1,0 +1,220 @@
+"""Package-wide feature flags: `set_context`, `get_context`, `reset_context`.
+
+Precedence for every flag: a value given to `set_context` > the environment variable
+`MS_HYPER_<FLAG>` (upper case) > the default. Values are validated when set (and when read
+from the environment), so a bad value fails early with the flag's name and what is allowed.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
+
+__all__ = [
+    "set_context",
+    "get_context",
+    "reset_context",
+    "parse_bytes",
+    "FLAGS",
+    "TOPOLOGY_PRESETS",
+]
+
+MODES = ("simulation", "distributed", "native")
+TOPOLOGY_PRESETS = ("supernode384", "node8", "ring")
+MEMORY_CHECKS = ("warn", "error")
+
+_UNITS = {
+    "": 1, "B": 1,
+    "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40,
+    "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+KB, MB, GB = 1 << 10, 1 << 20, 1 << 30
+
+
+def parse_bytes(value: Any, name: str = "value") -> int:
+    """Parse a byte count: an int, or a string such as "512MB", "64GB", "4KiB" (binary units).
+
+    Args:
+        value: int bytes or a size string.
+        name: the argument name used in the error message.
+
+    Returns:
+        The size in bytes.
+
+    Raises:
+        ValueError: the value is not a non-negative size.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{name}={value!r}: expected a byte size (int or string like '512MB')")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"{name}={value!r}: a byte size must be >= 0")
+        return value
+    if isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        if match and match.group(2).upper() in _UNITS:
+            number = float(match.group(1)) * _UNITS[match.group(2).upper()]
+            if number != int(number):
+                raise ValueError(f"{name}={value!r}: not a whole number of bytes")
+            return int(number)
+    raise ValueError(
+        f"{name}={value!r}: expected a byte size, an int or a string like '512MB', '64GB', '4KB'"
+    )
+
+
+def _format_bytes(n: int) -> str:
+    for unit, size in (("GB", GB), ("MB", MB), ("KB", KB)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return f"{n}B"
+
+
+def _parse_bool(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"{name}={value!r}: expected a bool (True/False, or '1'/'0' from the environment)")
+
+
+def _choice(choices: Tuple[str, ...]) -> Callable[[Any, str], str]:
+    def parse(value: Any, name: str) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise ValueError(f"{name}={value!r}: expected one of {', '.join(map(repr, choices))}")
+        return value
+    return parse
+
+
+def _int_range(low: int, high: int) -> Callable[[Any, str], int]:
+    def parse(value: Any, name: str) -> int:
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{name}={value!r}: expected an int in [{low}, {high}]")
+        return value
+    return parse
+
+
+def _bytes_range(low: int, high: int) -> Callable[[Any, str], int]:
+    def parse(value: Any, name: str) -> int:
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        n = parse_bytes(value, name)
+        if not low <= n <= high:
+            raise ValueError(
+                f"{name}={value!r}: expected a size between {_format_bytes(low)} and {_format_bytes(high)}"
+            )
+        return n
+    return parse
+
+
+def _topology(value: Any, name: str) -> str:
+    if isinstance(value, str) and value in TOPOLOGY_PRESETS:
+        return value
+    if isinstance(value, str) and value.endswith((".yaml", ".yml")):
+        if not os.path.isfile(value):
+            raise ValueError(f"{name}={value!r}: topology file does not exist")
+        return value
+    raise ValueError(
+        f"{name}={value!r}: expected a preset ({', '.join(TOPOLOGY_PRESETS)}) or a path to a .yaml file"
+    )
+
+
+def _directory(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name}={value!r}: expected a directory path string ('' = system temp dir)")
+    return value
+
+
+def _default_mode() -> str:
+    """Simulation on CPU; MindSpore's native auto-parallel where an accelerator is the target."""
+    import mindspore as ms
+
+    return "simulation" if ms.get_context("device_target") == "CPU" else "native"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One context flag: its parser/validator, default and a one-line description."""
+
+    name: str
+    parse: Callable[[Any, str], Any]
+    default: Any
+    doc: str
+
+    @property
+    def env_var(self) -> str:
+        return f"MS_HYPER_{self.name.upper()}"
+
+    def default_value(self) -> Any:
+        return self.default() if callable(self.default) else self.parse(self.default, self.name)
+
+
+FLAGS: Dict[str, Flag] = {f.name: f for f in (
+    Flag("mode", _choice(MODES), _default_mode,
+         "execution mode: simulation (N virtual devices in one process), distributed (msrun), native"),
+    Flag("device_num", _int_range(1, 1 << 20), 8, "virtual devices in simulation mode"),
+    Flag("device_memory", _bytes_range(1, 1 << 50), "64GB", "per-device memory capacity in bytes"),
+    Flag("host_memory", _bytes_range(1, 1 << 50), "32GB", "host DRAM pool capacity of the offload store"),
+    Flag("offload_dir", _directory, "", "directory of the offload store's disk tier ('' = system temp)"),
+    Flag("memory_check", _choice(MEMORY_CHECKS), "warn",
+         "what simulation does when a device exceeds device_memory: warn or error"),
+    Flag("hyper_offload", _parse_bool, False, "enable HyperOffload (tiered parameter/activation store)"),
+    Flag("cache_block_size", _bytes_range(MB, GB), "128MB", "offload cache-block size in bytes"),
+    Flag("prefetch_depth", _int_range(1, 64), 4, "blocks the prefetch scheduler keeps in flight"),
+    Flag("hyper_mpmd", _parse_bool, False, "enable HyperMPMD (different programs on device groups)"),
+    Flag("comm_aggregation_bytes", _bytes_range(KB, GB), "4MB",
+         "super-packet size of the communication aggregator in bytes"),
+    Flag("topology", _topology, "node8", "cluster topology: a preset name or a YAML file path"),
+)}
+
+_explicit: Dict[str, Any] = {}
+
+
+def _check_name(name: str) -> Flag:
+    if name not in FLAGS:
+        raise ValueError(f"unknown context flag {name!r}; known flags: {', '.join(sorted(FLAGS))}")
+    return FLAGS[name]
+
+
+def set_context(**flags: Any) -> None:
+    """Set one or more flags; all are validated before any is applied.
+
+    Args:
+        **flags: flag names and values, e.g. ``mode="simulation", device_num=8, device_memory="64GB"``.
+
+    Raises:
+        ValueError: an unknown flag name or a value outside what the flag allows.
+    """
+    parsed = {}
+    for name, value in flags.items():
+        flag = _check_name(name)
+        parsed[name] = flag.parse(value, name)
+    _explicit.update(parsed)
+
+
+def get_context(name: Optional[str] = None) -> Any:
+    """Return one flag's value, or a dict of all flags when `name` is None.
+
+    Raises:
+        ValueError: an unknown flag name, or an invalid value in its environment variable.
+    """
+    if name is None:
+        return {n: get_context(n) for n in FLAGS}
+    flag = _check_name(name)
+    if name in _explicit:
+        return _explicit[name]
+    env = os.environ.get(flag.env_var)
+    if env is not None:
+        return flag.parse(env, flag.env_var)
+    return flag.default_value()
+
+
+def reset_context() -> None:
+    """Forget every value given to `set_context` (environment variables and defaults apply again)."""
+    _explicit.clear()
