@@ -1,0 +1,14 @@
+"""HyperShard: layouts, placements, strategies, redistribution planning."""
+from mindspore_hyper.shard.layout import Layout
+from mindspore_hyper.shard.placement import Partial, Placement, Replicate, Shard
+from mindspore_hyper.shard.redistribute import (
+    AllGather, AllReduce, AllToAll, LocalSlice, MakePartial, PlanStep, RedistributionPlan, ReduceScatter,
+    plan_redistribution,
+)
+from mindspore_hyper.shard.tensor_layout import TensorLayout
+
+__all__ = [
+    "Layout", "TensorLayout", "Placement", "Shard", "Replicate", "Partial",
+    "plan_redistribution", "RedistributionPlan", "PlanStep",
+    "AllGather", "AllToAll", "ReduceScatter", "AllReduce", "LocalSlice", "MakePartial",
+]

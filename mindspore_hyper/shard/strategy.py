@@ -1,0 +1,168 @@
+"""Strategy: a model-wide sharding declaration (the seed's `layout(tensor_map=..., optimizer_state=...)`).
+
+Semantics, for a parameter named N of shape S:
+1. Its tensor map is the last override whose pattern (fnmatch glob on N) matches, else the
+   default `tensor_map` applied by dimension position: truncated to len(S), padded with None.
+2. Default maps adapt: a dimension whose size does not divide by its axes' device count is left
+   unsharded and the fact is reported in `ParamPlacement.notes`. Overrides are explicit, so
+   they are checked strictly (wrong rank or indivisible -> ValueError).
+3. Optimizer states (ZeRO-1) follow the parameter's layout and are additionally split along the
+   `optimizer_state` axis, on the first dimension that divides, if the parameter does not
+   already use that axis.
+4. Model inputs are split along `data_axis` on their first (batch) dimension; `input_map`
+   replaces that default (e.g. ("data", "seq") for batch and sequence splits).
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from mindspore_hyper.shard.layout import NONE_ALIAS, Layout
+from mindspore_hyper.shard.tensor_layout import TensorLayout
+
+__all__ = ["Strategy", "ParamPlacement"]
+
+_AUTO = object()
+
+
+@dataclass(frozen=True)
+class ParamPlacement:
+    """Where one parameter lives: its layout, its optimizer states' layout and why."""
+
+    name: str
+    global_shape: Tuple[int, ...]
+    layout: TensorLayout
+    optimizer_layout: TensorLayout
+    source: str  # "default" or the matching override pattern
+    notes: Tuple[str, ...] = field(default=())
+
+    @property
+    def local_shape(self) -> Tuple[int, ...]:
+        return self.layout.local_shape(self.global_shape)
+
+
+class Strategy:
+    """Default parameter tensor map, optimizer-state axis, input split, per-name overrides.
+
+    Args:
+        mesh: the device Layout.
+        tensor_map: default tensor map for parameters, applied by dimension position.
+        optimizer_state: mesh alias along which optimizer states are sharded (ZeRO-1), or None.
+        data_axis: mesh alias splitting the batch dimension of inputs; defaults to "data" when
+            the mesh has such an axis, else None.
+        input_map: explicit tensor map for inputs (overrides data_axis), applied by position.
+        overrides: ordered {name pattern: tensor map}; the last matching pattern wins.
+
+    Raises:
+        ValueError: unknown aliases or malformed maps (named in the message).
+    """
+
+    def __init__(self, mesh: Layout, tensor_map: Sequence = (), optimizer_state: Optional[str] = None,
+                 data_axis=_AUTO, input_map: Optional[Sequence] = None,
+                 overrides: Optional[Dict[str, Sequence]] = None):
+        self.mesh = mesh
+        TensorLayout(mesh, tensor_map)  # validates aliases and uniqueness
+        self.tensor_map = tuple(tensor_map)
+        if optimizer_state is not None:
+            mesh.axis_index(optimizer_state)
+        self.optimizer_state = optimizer_state
+        if data_axis is _AUTO:
+            data_axis = "data" if "data" in mesh.alias_names else None
+        if data_axis is not None:
+            mesh.axis_index(data_axis)
+        self.data_axis = data_axis
+        if input_map is not None:
+            TensorLayout(mesh, input_map)
+        self.input_map = None if input_map is None else tuple(input_map)
+        self.overrides: Dict[str, Tuple] = {}
+        for pattern, tmap in (overrides or {}).items():
+            self._add_override(pattern, tmap)
+
+    def _add_override(self, pattern: str, tensor_map: Sequence) -> None:
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"override pattern {pattern!r}: expected a non-empty name pattern")
+        try:
+            TensorLayout(self.mesh, tensor_map)
+        except ValueError as exc:
+            raise ValueError(f"override {pattern!r}: {exc}") from None
+        self.overrides.pop(pattern, None)
+        self.overrides[pattern] = tuple(tensor_map)
+
+    def override(self, pattern: str, *tensor_map) -> "Strategy":
+        """Add (or move to last) an override for parameters whose name matches `pattern`; returns self."""
+        self._add_override(pattern, tensor_map)
+        return self
+
+    def matching_override(self, name: str) -> Optional[str]:
+        """The override pattern that decides parameter `name` (the last match), or None."""
+        found = None
+        for pattern in self.overrides:
+            if fnmatch.fnmatchcase(name, pattern):
+                found = pattern
+        return found
+
+    # -- per-tensor resolution ---------------------------------------------------------------
+    def param_placement(self, name: str, shape: Sequence[int]) -> ParamPlacement:
+        """Resolve one parameter.
+
+        Raises:
+            ValueError: an override longer than the parameter's rank or not dividing its shape.
+        """
+        shape = tuple(int(s) for s in shape)
+        pattern = self.matching_override(name)
+        notes: List[str] = []
+        if pattern is not None:
+            tmap = self.overrides[pattern]
+            if len(tmap) > len(shape):
+                raise ValueError(
+                    f"override {pattern!r} for parameter {name!r}: tensor map {tmap} has {len(tmap)} "
+                    f"entries but the parameter has shape {shape} ({len(shape)} dimensions)"
+                )
+            layout = TensorLayout(self.mesh, tuple(tmap) + (None,) * (len(shape) - len(tmap)))
+            try:
+                layout.check_shape(shape)
+            except ValueError as exc:
+                raise ValueError(f"override {pattern!r} for parameter {name!r}: {exc}") from None
+        else:
+            layout, notes = self._fit(self.tensor_map, shape, f"parameter {name!r}")
+        return ParamPlacement(name, shape, layout, self._optimizer_layout(layout, shape),
+                              pattern or "default", tuple(notes))
+
+    def input_layout(self, shape: Sequence[int]) -> Tuple[TensorLayout, List[str]]:
+        """Layout of a model input of `shape` (batch split on data_axis unless input_map is set)."""
+        tmap = self.input_map if self.input_map is not None else ((self.data_axis,) if self.data_axis else ())
+        return self._fit(tmap, tuple(shape), "input")
+
+    def _fit(self, tmap: Sequence, shape: Tuple[int, ...], what: str) -> Tuple[TensorLayout, List[str]]:
+        entries = list(tmap[:len(shape)]) + [None] * (len(shape) - len(tmap))
+        notes = []
+        for dim, entry in enumerate(entries):
+            single = TensorLayout(self.mesh, [entry])
+            count = single.shard_count(0)
+            if shape[dim] % count:
+                notes.append(
+                    f"{what}: dimension {dim} (size {shape[dim]}) not divisible by {count} "
+                    f"(axis {entry}); left unsharded"
+                )
+                entries[dim] = None
+        return TensorLayout(self.mesh, entries), notes
+
+    def _optimizer_layout(self, layout: TensorLayout, shape: Tuple[int, ...]) -> TensorLayout:
+        if self.optimizer_state is None:
+            return layout
+        axis = self.mesh.axis_index(self.optimizer_state)
+        if axis in layout.sharded_axes():
+            return layout
+        n = self.mesh.device_matrix[axis]
+        for dim, size in enumerate(shape):
+            if size % (layout.shard_count(dim) * n) == 0:
+                dims = [list(e) for e in layout.dims]
+                dims[dim].append(axis)
+                return TensorLayout.from_dims(self.mesh, dims)
+        return layout
+
+    def __repr__(self) -> str:
+        tmap = tuple(NONE_ALIAS if e is None else e for e in self.tensor_map)
+        return (f"Strategy(mesh={self.mesh}, tensor_map={tmap}, optimizer_state={self.optimizer_state!r}, "
+                f"data_axis={self.data_axis!r}, input_map={self.input_map}, overrides={self.overrides})")

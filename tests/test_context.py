@@ -1,0 +1,103 @@
+"""Context flags: defaults, validation, environment variables, reset."""
+import pytest
+
+import mindspore_hyper as mh
+from mindspore_hyper.context import FLAGS, parse_bytes
+
+
+@pytest.fixture(autouse=True)
+def _clean_context():
+    mh.reset_context()
+    yield
+    mh.reset_context()
+
+
+def test_defaults():
+    ctx = mh.get_context()
+    assert ctx["mode"] == "simulation"  # CPU machine
+    assert ctx["device_num"] == 8
+    assert ctx["cache_block_size"] == 128 << 20
+    assert ctx["prefetch_depth"] == 4
+    assert ctx["comm_aggregation_bytes"] == 4 << 20
+    assert ctx["hyper_offload"] is False and ctx["hyper_mpmd"] is False
+    assert set(ctx) == set(FLAGS)
+
+
+def test_set_get_reset():
+    mh.set_context(mode="native", device_num=16, device_memory="512MB", hyper_offload=True,
+                   cache_block_size="1GB", topology="supernode384")
+    assert mh.get_context("mode") == "native"
+    assert mh.get_context("device_num") == 16
+    assert mh.get_context("device_memory") == 512 << 20
+    assert mh.get_context("cache_block_size") == 1 << 30
+    assert mh.get_context("hyper_offload") is True
+    mh.reset_context()
+    assert mh.get_context("device_num") == 8
+
+
+@pytest.mark.parametrize("flag,value,expected", [
+    ("mode", "auto", "simulation"),
+    ("device_num", 0, "device_num"),
+    ("device_num", 2.5, "device_num"),
+    ("device_memory", "64 parsecs", "64 parsecs"),
+    ("device_memory", -1, ">= 0"),
+    ("cache_block_size", "512KB", "between 1MB and 1GB"),
+    ("cache_block_size", "2GB", "between 1MB and 1GB"),
+    ("prefetch_depth", 0, "[1, 64]"),
+    ("hyper_offload", "maybe", "bool"),
+    ("comm_aggregation_bytes", "1B", "between"),
+    ("topology", "torus9000", "preset"),
+    ("topology", "/nonexistent/topo.yaml", "does not exist"),
+    ("memory_check", "ignore", "'warn'"),
+])
+def test_bad_values_name_flag_and_allowed(flag, value, expected):
+    with pytest.raises(ValueError) as err:
+        mh.set_context(**{flag: value})
+    assert flag in str(err.value) and repr(value) in str(err.value) and expected in str(err.value)
+
+
+def test_bad_value_applies_nothing():
+    with pytest.raises(ValueError):
+        mh.set_context(device_num=4, prefetch_depth=0)
+    assert mh.get_context("device_num") == 8
+
+
+def test_unknown_flag():
+    with pytest.raises(ValueError, match="unknown context flag 'device_count'"):
+        mh.set_context(device_count=8)
+    with pytest.raises(ValueError, match="unknown context flag"):
+        mh.get_context("nope")
+
+
+def test_environment_variables(monkeypatch):
+    monkeypatch.setenv("MS_HYPER_DEVICE_NUM", "4")
+    monkeypatch.setenv("MS_HYPER_HYPER_OFFLOAD", "1")
+    monkeypatch.setenv("MS_HYPER_DEVICE_MEMORY", "2GB")
+    assert mh.get_context("device_num") == 4
+    assert mh.get_context("hyper_offload") is True
+    assert mh.get_context("device_memory") == 2 << 30
+    mh.set_context(device_num=2)  # explicit beats environment
+    assert mh.get_context("device_num") == 2
+    monkeypatch.setenv("MS_HYPER_PREFETCH_DEPTH", "lots")
+    with pytest.raises(ValueError, match="MS_HYPER_PREFETCH_DEPTH"):
+        mh.get_context("prefetch_depth")
+
+
+def test_topology_yaml_path(tmp_path):
+    path = tmp_path / "topo.yaml"
+    path.write_text("devices: 2\n")
+    mh.set_context(topology=str(path))
+    assert mh.get_context("topology") == str(path)
+
+
+@pytest.mark.parametrize("text,n", [("512MB", 512 << 20), ("64GB", 64 << 30), ("4KiB", 4096),
+                                    ("1.5KB", 1536), (123, 123), ("77", 77)])
+def test_parse_bytes(text, n):
+    assert parse_bytes(text) == n
+
+
+def test_parse_bytes_rejects_fraction_and_bool():
+    with pytest.raises(ValueError, match="whole number"):
+        parse_bytes("0.3B")
+    with pytest.raises(ValueError, match="byte size"):
+        parse_bytes(True)
