@@ -4,7 +4,12 @@ Declare parallelism once (a Layout over a named device matrix, or a YAML paralle
 it as a CPU simulation of N devices, under msrun, or through MindSpore's native auto-parallel.
 """
 from mindspore_hyper.context import get_context, reset_context, set_context
+from mindspore_hyper.parallelize import auto_parallelize
+from mindspore_hyper.shard import Layout, Partial, Replicate, Shard, load_parallel_config, resolve_strategy
 
 __version__ = "0.1.0"
 
-__all__ = ["set_context", "get_context", "reset_context", "__version__"]
+__all__ = [
+    "set_context", "get_context", "reset_context", "auto_parallelize", "Layout", "Shard", "Replicate",
+    "Partial", "load_parallel_config", "resolve_strategy", "__version__",
+]

@@ -6,10 +6,8 @@ from mindspore_hyper.context import FLAGS, parse_bytes
 
 
 @pytest.fixture(autouse=True)
-def _clean_context():
-    mh.reset_context()
+def _context(clean_context):
     yield
-    mh.reset_context()
 
 
 def test_defaults():

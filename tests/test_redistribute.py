@@ -141,3 +141,10 @@ def test_plan_repr_and_dtype_sizes():
     plan = plan_redistribution(MESH("a", None, None), MESH(None, None, None), SHAPE, ms.float16)
     assert plan.itemsize == 2
     assert "AllGather('a', dim=0)" in repr(plan)
+
+
+def test_partial_reduced_before_gather_while_data_is_small():
+    src = TensorLayout(MESH, ("a", None, None), partial={"b": "sum"})
+    plan = plan_redistribution(src, MESH(None, None, None), SHAPE, "float32")
+    assert plan.kinds() == ["AllReduce", "AllGather"]
+    assert plan[0].send_bytes == 2 * (4 * 8 * 8 * 4) // 2

@@ -7,4 +7,7 @@ namespace mshyper::bind {
 // Calls every component's registration function below; defined in registry.cc.
 void RegisterAll(pybind11::module_& m);
 
+// Communication library: topology, cost model, transports, aggregator (comm_bindings.cc).
+void BindComm(pybind11::module_& m);
+
 }  // namespace mshyper::bind

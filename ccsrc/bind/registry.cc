@@ -4,7 +4,7 @@
 namespace mshyper::bind {
 
 void RegisterAll(pybind11::module_& m) {
-  (void)m;
+  BindComm(m);
 }
 
 }  // namespace mshyper::bind

@@ -120,10 +120,7 @@ def _itemsize(dtype) -> int:
     try:
         return np.dtype(dtype).itemsize
     except TypeError:
-        pass
-    import mindspore as ms
-
-    return np.dtype(ms.dtype_to_nptype(dtype)).itemsize
+        return int(dtype.itemsize)  # a MindSpore dtype
 
 
 def plan_redistribution(src: TensorLayout, dst: TensorLayout, global_shape: Sequence[int],
@@ -132,8 +129,9 @@ def plan_redistribution(src: TensorLayout, dst: TensorLayout, global_shape: Sequ
 
     Greedy on the per-dimension axis lists (major first): free local slices first, then
     ReduceScatter for Partial axes that become shards, AllToAll where an axis moves between
-    dimensions, AllGather of innermost axes that must go, AllReduce for the remaining Partial
-    axes, finally MakePartial for axes that are Partial only in `dst`.
+    dimensions, AllReduce of Partial axes that become replicated (before any gather grows the
+    data), AllGather of innermost axes that must go, AllReduce for any Partial axis left,
+    finally MakePartial for axes that are Partial only in `dst`.
 
     Args:
         src: the current layout.
@@ -179,6 +177,15 @@ def plan_redistribution(src: TensorLayout, dst: TensorLayout, global_shape: Sequ
     def wanted_next(d: int):
         return target[d][len(state[d])] if is_prefix(d) and len(state[d]) < len(target[d]) else None
 
+    def all_reduce_one(eligible) -> bool:
+        """Reduce the first Partial axis that dst does not keep as is and `eligible` accepts."""
+        for a in sorted(partial):
+            if eligible(a) and target_partial.get(a) != partial[a]:
+                n, b = sizes[a], local_bytes()
+                plan.steps.append(AllReduce(a, 2 * b * (n - 1) // n, op=partial.pop(a)))
+                return True
+        return False
+
     while True:
         # 1. Local slices: a replicated (non-partial) axis that a prefix dimension wants next.
         progressed = False
@@ -214,7 +221,11 @@ def plan_redistribution(src: TensorLayout, dst: TensorLayout, global_shape: Sequ
                 break
         if progressed:
             continue
-        # 4. AllGather: drop the innermost axis of a dimension that is not a prefix of its target.
+        # 4. AllReduce, while the data is small, of Partial axes that dst neither shards nor keeps.
+        wanted = {a for entry in target for a in entry}
+        if all_reduce_one(lambda a: a not in wanted):
+            continue
+        # 5. AllGather: drop the innermost axis of a dimension that is not a prefix of its target.
         for d in range(ndim):
             if not is_prefix(d):
                 a = state[d][-1]
@@ -225,18 +236,12 @@ def plan_redistribution(src: TensorLayout, dst: TensorLayout, global_shape: Sequ
                 break
         if progressed:
             continue
-        # 5. AllReduce: Partial axes that stay unsharded but are not Partial with the same op in dst.
-        for a in sorted(partial):
-            if target_partial.get(a) != partial[a]:
-                n, b = sizes[a], local_bytes()
-                plan.steps.append(AllReduce(a, 2 * b * (n - 1) // n, op=partial.pop(a)))
-                progressed = True
-                break
-        if progressed:
+        # 6. AllReduce: Partial axes still left (their shard could not be reached by ReduceScatter).
+        if all_reduce_one(lambda a: True):
             continue
         break
 
-    # 6. Axes Partial only in dst.
+    # 7. Axes Partial only in dst.
     for a, op in sorted(target_partial.items()):
         if partial.get(a) != op:
             plan.steps.append(MakePartial(a, 0, op=op))

@@ -1,0 +1,261 @@
+#include "comm/aggregator.h"
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+namespace mshyper::comm {
+
+namespace {
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+void Request::Finish(int error_kind, const std::string& error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  done_ = true;
+  error_kind_ = error_kind;
+  error_ = error;
+  cv_.notify_all();
+}
+
+bool Request::done() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+void Request::Wait(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (timeout_s < 0) {
+    cv_.wait(lock, [&] { return done_; });
+  } else if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return done_; })) {
+    throw CommTimeout("aggregated all_reduce request not completed within " + std::to_string(timeout_s) +
+                      " s (did every rank submit it, and flush?)");
+  }
+  switch (error_kind_) {
+    case 0: return;
+    case 2: throw CommTimeout(error_);
+    case 3: throw CommMismatch(error_);
+    default: throw CommError(error_);
+  }
+}
+
+Aggregator::Aggregator(std::shared_ptr<PacketBackend> backend, size_t packet_bytes, double max_delay_s)
+    : backend_(std::move(backend)), packet_bytes_(packet_bytes), max_delay_s_(max_delay_s) {
+  if (packet_bytes_ < 8) throw CommError("aggregator: packet_bytes must be >= 8, got " + std::to_string(packet_bytes));
+  if (!(max_delay_s_ >= 0)) throw CommError("aggregator: max_delay must be >= 0");
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Aggregator::~Aggregator() { Close(); }
+
+void Aggregator::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ && !thread_.joinable()) return;
+    stop_ = true;
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+std::shared_ptr<Request> Aggregator::Submit(void* buf, size_t count, DType dtype, ReduceOp op) {
+  auto req = std::make_shared<Request>(buf, count, dtype, op);
+  req->submit_time_ = Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) throw CommError("aggregator is closed");
+  if (broken_kind_ != 0) {
+    req->Finish(broken_kind_, "the group failed earlier: " + broken_);
+    return req;
+  }
+  queue_.push_back(req);
+  queued_bytes_ += req->bytes();
+  ++submitted_;
+  ++stats_.requests;
+  if (queued_bytes_ >= packet_bytes_ || queue_.size() == 1) cv_.notify_all();
+  return req;
+}
+
+void Aggregator::Flush() {
+  RequestFlush();
+  WaitFlushed();
+}
+
+void Aggregator::RequestFlush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (submitted_ > flush_target_) flush_target_ = submitted_;
+  cv_.notify_all();
+}
+
+void Aggregator::WaitFlushed() {
+  std::unique_lock<std::mutex> lock(mu_);
+  uint64_t target = flush_target_;
+  done_cv_.wait(lock, [&] { return finished_ >= target || stop_; });
+}
+
+AggregatorStats Aggregator::stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void Aggregator::Fail(std::vector<std::shared_ptr<Request>>& reqs, int kind, const std::string& why) {
+  for (auto& r : reqs) r->Finish(kind, why);
+}
+
+void Aggregator::Loop() {
+  while (true) {
+    int64_t local = 0;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (true) {
+        if (stop_) break;
+        if (!queue_.empty()) {
+          bool full = queued_bytes_ >= packet_bytes_;
+          bool flushing = finished_ < flush_target_;
+          double age = Now() - queue_.front()->submit_time_;
+          if (full || flushing || age >= max_delay_s_) break;
+          cv_.wait_for(lock, std::chrono::duration<double>(max_delay_s_ - age));
+        } else {
+          cv_.wait(lock);
+        }
+      }
+      if (stop_) {
+        std::vector<std::shared_ptr<Request>> rest(queue_.begin(), queue_.end());
+        queue_.clear();
+        finished_ += rest.size();
+        lock.unlock();
+        Fail(rest, 1, "aggregator closed before the request was sent");
+        done_cv_.notify_all();
+        return;
+      }
+      local = static_cast<int64_t>(queue_.size());
+    }
+    std::vector<std::shared_ptr<Request>> batch;
+    int kind = 0;
+    std::string why;
+    try {
+      int64_t m = local;
+      backend_->AllReduce(&m, 1, DType::kInt64, ReduceOp::kMin);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (int64_t i = 0; i < m && !queue_.empty(); ++i) {
+          batch.push_back(queue_.front());
+          queued_bytes_ -= queue_.front()->bytes();
+          queue_.pop_front();
+        }
+        ++stats_.batches;
+      }
+      RunBatch(batch);
+    } catch (const CommMismatch& e) {
+      kind = 3;
+      why = e.what();
+    } catch (const CommTimeout& e) {
+      kind = 2;
+      why = e.what();
+    } catch (const std::exception& e) {
+      kind = 1;
+      why = e.what();
+    }
+    std::vector<std::shared_ptr<Request>> failed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      finished_ += batch.size();
+      if (kind != 0) {
+        for (auto& r : batch)
+          if (!r->done()) failed.push_back(r);
+        if (kind != 3) {  // the transport failed: the group is unusable, fail everything queued
+          broken_kind_ = kind;
+          broken_ = why;
+          for (auto& r : queue_) failed.push_back(r);
+          finished_ += queue_.size();
+          queue_.clear();
+          queued_bytes_ = 0;
+        }
+      }
+    }
+    Fail(failed, kind, why);
+    done_cv_.notify_all();
+  }
+}
+
+void Aggregator::RunBatch(std::vector<std::shared_ptr<Request>>& batch) {
+  // Same requests everywhere? Hash (count, dtype, op) and compare MAX(h) with -MAX(-h).
+  uint64_t h = 1469598103934665603ULL;
+  int64_t total = 0;
+  for (auto& r : batch) {
+    for (uint64_t v : {static_cast<uint64_t>(r->count_), static_cast<uint64_t>(r->dtype_), static_cast<uint64_t>(r->op_)})
+      h = (h ^ v) * 1099511628211ULL;
+    total += static_cast<int64_t>(r->bytes());
+  }
+  int64_t hv = static_cast<int64_t>(h >> 12);  // 52 bits: exact through a float64 transport
+  int64_t check[4] = {hv, -hv, total, -total};
+  backend_->AllReduce(check, 4, DType::kInt64, ReduceOp::kMax);
+  if (check[0] != hv || -check[1] != hv) {
+    std::ostringstream os;
+    os << "aggregated all_reduce requests differ across ranks: this rank's batch of " << batch.size()
+       << " requests holds " << total << " bytes, the ranks hold between " << -check[3] << " and " << check[2]
+       << " bytes (request sizes, dtypes or ops differ)";
+    throw CommMismatch(os.str());
+  }
+  // Group by (dtype, op) in order of first appearance; pack up to packet_bytes; bypass large ones.
+  std::vector<std::pair<int, std::vector<Request*>>> keys;
+  std::map<int, size_t> index;
+  for (auto& r : batch) {
+    int key = static_cast<int>(r->dtype_) * 16 + static_cast<int>(r->op_);
+    auto it = index.find(key);
+    if (it == index.end()) {
+      index[key] = keys.size();
+      keys.push_back({key, {r.get()}});
+    } else {
+      keys[it->second].second.push_back(r.get());
+    }
+  }
+  for (auto& [key, reqs] : keys) {
+    DType dtype = reqs[0]->dtype_;
+    ReduceOp op = reqs[0]->op_;
+    const size_t esz = DTypeSize(dtype);
+    std::vector<Request*> pending;
+    size_t fill = 0;
+    auto send_packet = [&]() {
+      if (pending.empty()) return;
+      packet_.resize(std::max(packet_.size(), fill));
+      size_t off = 0;
+      for (Request* r : pending) {
+        std::memcpy(packet_.data() + off, r->buf_, r->bytes());
+        off += r->bytes();
+      }
+      backend_->AllReduce(packet_.data(), fill / esz, dtype, op);
+      off = 0;
+      for (Request* r : pending) {
+        std::memcpy(r->buf_, packet_.data() + off, r->bytes());
+        off += r->bytes();
+        r->Finish(0, "");
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.packets;
+        stats_.bytes += fill;
+      }
+      pending.clear();
+      fill = 0;
+    };
+    for (Request* r : reqs) {
+      if (r->bytes() > packet_bytes_) {
+        backend_->AllReduce(r->buf_, r->count_, dtype, op);
+        r->Finish(0, "");
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.bypassed;
+        stats_.bytes += r->bytes();
+        continue;
+      }
+      if (fill + r->bytes() > packet_bytes_) send_packet();
+      pending.push_back(r);
+      fill += r->bytes();
+    }
+    send_packet();
+  }
+}
+
+}  // namespace mshyper::comm

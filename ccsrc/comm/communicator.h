@@ -1,0 +1,70 @@
+// One rank's handle on a group: validates that ranks agree (kind, dtype, sizes) before moving
+// data, chooses the algorithm from the cost model (topology + calibrated transport costs, user
+// thresholds), runs it over the transport and aborts the group on timeouts.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/algorithms.h"
+#include "comm/topology.h"
+#include "comm/transport.h"
+
+namespace mshyper::comm {
+
+class Communicator {
+ public:
+  // members: transport ranks of the group in logical order. devices: the topology device of each
+  // member (empty: no topology; the model then sees a uniform group with transport costs only).
+  Communicator(std::shared_ptr<Transport> transport, std::vector<int> members, std::shared_ptr<const Topology> topology,
+               std::vector<int> devices, TransportParams params);
+
+  int rank() const { return group_.me; }
+  int size() const { return group_.size(); }
+  Transport& transport() { return *transport_; }
+  CostModel& model() { return model_; }
+  const std::vector<int>& ring() const { return group_.ring; }
+  const std::string& last_algorithm() const { return last_algorithm_; }
+  bool validate = true;
+  // Ring all-reduces of at least this many bytes use single-copy direct reads when every rank's
+  // transport supports them (shm: cross-memory attach); <0 disables.
+  double direct_min_bytes = 1 << 20;
+  bool direct_enabled();  // collective on first use: probes every rank, agrees on the minimum
+
+  void AllReduce(void* buf, size_t count, DType dtype, ReduceOp op, const std::string& algorithm = "auto");
+  void AllGather(const void* in, void* out, size_t count, DType dtype);
+  void AllGatherV(const void* in, void* out, const std::vector<size_t>& counts, DType dtype);
+  void ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype, ReduceOp op);
+  std::vector<char> AllToAllV(const void* in, const std::vector<size_t>& send_counts, DType dtype,
+                              std::vector<size_t>* recv_counts);
+  void Broadcast(void* buf, size_t count, DType dtype, int root, const std::string& algorithm = "auto");
+  void Send(const void* buf, size_t count, DType dtype, int peer);
+  void Recv(void* buf, size_t count, DType dtype, int peer);
+  void Barrier();
+
+  // Measures alpha/beta/gamma of this transport with timed collectives (every member must call),
+  // takes the maximum over ranks so that all ranks choose the same algorithms, stores and returns them.
+  TransportParams Calibrate(int repeats = 20);
+
+ private:
+  struct Desc {
+    int32_t kind;
+    int32_t dtype;
+    int32_t op;
+    int32_t root;
+    uint64_t count;
+    uint64_t extra;
+  };
+  void Check(int kind, DType dtype, ReduceOp op, int root, uint64_t count, uint64_t extra);
+  std::vector<int> ModelGroup() const;
+
+  std::shared_ptr<Transport> transport_;
+  Group group_;
+  std::vector<int> devices_;
+  CostModel model_;
+  std::vector<std::vector<int>> clusters_;  // transport ranks per topology cluster
+  std::string last_algorithm_;
+  int direct_ = -1;
+};
+
+}  // namespace mshyper::comm

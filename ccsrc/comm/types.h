@@ -1,0 +1,45 @@
+// Basic vocabulary of the communication library: element types, reduction ops, errors and the
+// reduction kernels every algorithm uses.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace mshyper::comm {
+
+enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kInt32 = 2, kFloat64 = 3, kInt64 = 4, kUInt8 = 5 };
+enum class ReduceOp : int32_t { kSum = 0, kMax = 1, kMin = 2, kAvg = 3 };
+
+size_t DTypeSize(DType dtype);
+const char* DTypeName(DType dtype);
+const char* OpName(ReduceOp op);
+DType DTypeFromName(const std::string& name);   // "float32", "float16", "int32", "float64", "int64", "uint8"
+ReduceOp OpFromName(const std::string& name);   // "sum", "max", "min", "avg"
+
+// Base error of the library; CommTimeout when a peer stalls or dies; CommMismatch when ranks
+// disagree on sizes, dtypes or the collective being called.
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+class CommTimeout : public CommError {
+ public:
+  using CommError::CommError;
+};
+class CommMismatch : public CommError {
+ public:
+  using CommError::CommError;
+};
+
+// dst[i] = op(dst[i], src[i]) for `count` elements; kAvg reduces as kSum (see ScaleAvg).
+void ReduceInto(void* dst, const void* src, size_t count, DType dtype, ReduceOp op);
+// buf[i] /= n (integers: truncating division), the final step of an average.
+void ScaleAvg(void* buf, size_t count, DType dtype, int n);
+
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+
+inline size_t RoundUp8(size_t n) { return (n + 7) & ~static_cast<size_t>(7); }
+
+}  // namespace mshyper::comm

@@ -1,0 +1,64 @@
+"""A small GPT-style Transformer used by the examples (an ordinary nn.Cell, nothing parallel)."""
+import math
+
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+
+class Attention(nn.Cell):
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.qkv = nn.Dense(hidden, 3 * hidden)
+        self.proj = nn.Dense(hidden, hidden)
+
+    def construct(self, x, mask):
+        b, t, h = x.shape
+        q, k, v = ops.split(self.qkv(x), h, -1)
+        q = q.reshape(b, t, self.heads, self.head_dim).transpose(0, 2, 1, 3)
+        k = k.reshape(b, t, self.heads, self.head_dim).transpose(0, 2, 1, 3)
+        v = v.reshape(b, t, self.heads, self.head_dim).transpose(0, 2, 1, 3)
+        scores = ops.matmul(q, k.swapaxes(-1, -2)) / math.sqrt(self.head_dim) + mask
+        ctx = ops.matmul(ops.softmax(scores, -1), v)
+        return self.proj(ctx.transpose(0, 2, 1, 3).reshape(b, t, h))
+
+
+class Block(nn.Cell):
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        self.ln1 = nn.LayerNorm((hidden,))
+        self.attn = Attention(hidden, heads)
+        self.ln2 = nn.LayerNorm((hidden,))
+        self.fc1 = nn.Dense(hidden, 4 * hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Dense(4 * hidden, hidden)
+
+    def construct(self, x, mask):
+        x = x + self.attn(self.ln1(x), mask)
+        return x + self.fc2(self.act(self.fc1(self.ln2(x))))
+
+
+class GPT(nn.Cell):
+    """Token embedding + position embedding + blocks + LM head; returns the cross-entropy loss
+    when labels are given, else the logits."""
+
+    def __init__(self, vocab: int = 128, hidden: int = 64, heads: int = 4, layers: int = 2, seq: int = 16):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.pos = nn.Embedding(seq, hidden)
+        self.blocks = nn.CellList([Block(hidden, heads) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm((hidden,))
+        self.head = nn.Dense(hidden, vocab, has_bias=False)
+        self.loss = nn.CrossEntropyLoss()
+        self.mask = Tensor(np.triu(np.full((seq, seq), -1e9, np.float32), 1))
+        self.positions = Tensor(np.arange(seq, dtype=np.int32))
+
+    def construct(self, ids, labels=None):
+        x = self.embed(ids) + self.pos(self.positions)
+        for block in self.blocks:
+            x = block(x, self.mask)
+        logits = self.head(self.ln_f(x))
+        if labels is None:
+            return logits
+        b, t, v = logits.shape
+        return self.loss(logits.reshape(b * t, v), labels.reshape(b * t))

@@ -1,0 +1,38 @@
+"""Communication library: message aggregation into super-packets, algorithm choice by size from
+an alpha-beta model, topology-aware routing; in-process, shared-memory and MindSpore transports.
+
+Main entry points:
+
+* `InProcessGroup(size, topology=...)` -- every rank's buffer in this process (simulation mode).
+* `ShmGroup(name, rank, size)` -- one process per rank on one host (POSIX shared memory).
+* `MindSporeGroup()` -- under msrun, packets through mint.distributed.
+* `Topology`, `load_topology` -- presets (supernode384, node8, ring) and YAML files.
+* `estimate_time`, `choose_algorithm`, `set_threshold`, `force_algorithm` -- the cost model.
+
+The C++ core is `mindspore_hyper._core.comm`; see docs/comm.md.
+"""
+from mindspore_hyper.comm._common import CommError, CommMismatch, CommTimeout
+from mindspore_hyper.comm._handles import AsyncHandle
+from mindspore_hyper.comm.cost import (
+    KINDS,
+    TransportParams,
+    choose_algorithm,
+    clear_overrides,
+    estimate_time,
+    force_algorithm,
+    make_cost_model,
+    overrides,
+    set_threshold,
+)
+from mindspore_hyper.comm.inprocess import InProcessGroup
+from mindspore_hyper.comm.mindspore_transport import MindSporeGroup
+from mindspore_hyper.comm.shm import ShmGroup, cleanup_stale_segments
+from mindspore_hyper.comm.topology import PRESETS, Topology, load_topology
+
+__all__ = [
+    "CommError", "CommMismatch", "CommTimeout", "AsyncHandle",
+    "KINDS", "TransportParams", "choose_algorithm", "clear_overrides", "estimate_time", "force_algorithm",
+    "make_cost_model", "overrides", "set_threshold",
+    "InProcessGroup", "MindSporeGroup", "ShmGroup", "cleanup_stale_segments",
+    "PRESETS", "Topology", "load_topology",
+]

@@ -1,0 +1,209 @@
+"""MindSpore transport: packets travel through MindSpore communication (mint.distributed).
+
+Under msrun (after ``mindspore.communication.init()``), `MindSporeGroup` sends all-reduce
+packets of the C++ aggregator, and direct all_reduce / all_gather / broadcast, through
+``mindspore.mint.distributed`` -- on Ascend that is HCCL, on CPU MindSpore's mccl backend.
+MindSpore's CPU backend has no AllToAll, ReduceScatter or send/recv: for those the group uses
+the shared-memory transport (`ShmGroup.from_env()`), created on first use (collectively).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name
+from mindspore_hyper.comm._handles import AsyncHandle
+
+__all__ = ["MindSporeGroup"]
+
+_MS_OPS = {"sum": "sum", "max": "max", "min": "min", "avg": "sum"}
+
+
+class MindSporeGroup:
+    """The world group of an initialised MindSpore job (``mindspore.communication.init()``).
+
+    Args:
+        aggregation_bytes: super-packet size of all_reduce_async (default: context flag).
+        max_delay: seconds after which a partly filled packet is sent (default 20 ms: packets go
+            through a Python callback that needs the GIL, so a burst of submissions from the
+            main thread is best finished before the executor takes the GIL).
+        shm_timeout: timeout of the shared-memory fallback for all_to_all/reduce_scatter/send/recv.
+    """
+
+    def __init__(self, aggregation_bytes: Optional[int] = None, max_delay: float = 20e-3, shm_timeout: float = 30.0):
+        from mindspore.communication import get_group_size, get_rank
+
+        self.rank = get_rank()
+        self.size = get_group_size()
+        if aggregation_bytes is None:
+            from mindspore_hyper.context import get_context
+
+            aggregation_bytes = get_context("comm_aggregation_bytes")
+        self.aggregation_bytes = int(aggregation_bytes)
+        self.max_delay = float(max_delay)
+        self.shm_timeout = shm_timeout
+        self._agg = None
+        self._shm = None
+        self.packets_sent = 0
+        self.params = None  # TransportParams after calibrate()
+
+    # ----- the transport itself ---------------------------------------------------------------
+    def _ms_all_reduce(self, arr: np.ndarray, op: str) -> np.ndarray:
+        import mindspore as ms
+        from mindspore.mint import distributed as dist
+
+        if arr.dtype.itemsize == 8:
+            # MindSpore's CPU backend fails AllReduce on 64-bit types: gather the raw bits as
+            # int32 (a copy, exact) and reduce here.
+            bits = np.ascontiguousarray(arr).reshape(-1).view(np.int32)
+            outs = [ms.Tensor(np.empty_like(bits)) for _ in range(self.size)]
+            dist.all_gather(outs, ms.Tensor(bits))
+            st = np.stack([o.asnumpy().view(arr.dtype) for o in outs])
+            if op in ("sum", "avg"):
+                res = st.sum(0, dtype=arr.dtype)
+                if op == "avg":
+                    res = res / self.size if arr.dtype.kind == "f" else np.trunc(res / self.size)
+            else:
+                res = st.max(0) if op == "max" else st.min(0)
+            return np.asarray(res).astype(arr.dtype).reshape(arr.shape)
+        t = ms.Tensor(arr)
+        dist.all_reduce(t, op=_MS_OPS[op])
+        res = t.asnumpy()
+        if op == "avg":
+            res = res / self.size if arr.dtype.kind == "f" else np.trunc(res / self.size)
+        return res.astype(arr.dtype, copy=False).reshape(arr.shape)
+
+    def _packet(self, mv, dtype: str, op: str) -> None:
+        """Callback of the C++ aggregator: all-reduce one packet in place."""
+        arr = np.frombuffer(mv, dtype=np.dtype(dtype))
+        arr[...] = self._ms_all_reduce(arr, op)
+        self.packets_sent += 1
+
+    def _before_direct(self) -> None:
+        if self._agg is not None:
+            self._agg.flush()
+
+    # ----- collectives ------------------------------------------------------------------------
+    def all_reduce(self, x, op: str = "sum") -> np.ndarray:
+        check_op(op)
+        arr = contiguous(x)
+        dtype_name(arr)
+        self._before_direct()
+        return self._ms_all_reduce(arr, op).reshape(arr.shape)
+
+    def all_gather(self, x) -> np.ndarray:
+        """Concatenation along axis 0 (equal shapes on every rank)."""
+        import mindspore as ms
+        from mindspore.mint import distributed as dist
+
+        arr = contiguous(x)
+        self._before_direct()
+        t = ms.Tensor(arr)
+        outs = [ms.Tensor(np.empty_like(arr)) for _ in range(self.size)]
+        dist.all_gather(outs, t)
+        return np.concatenate([o.asnumpy() for o in outs], axis=0)
+
+    def broadcast(self, x, root: int = 0) -> np.ndarray:
+        import mindspore as ms
+        from mindspore.mint import distributed as dist
+
+        arr = contiguous(x)
+        self._before_direct()
+        t = ms.Tensor(arr.copy())
+        dist.broadcast(t, root)
+        return t.asnumpy()
+
+    def calibrate(self, repeats: int = 10, large_bytes: int = 1 << 20):
+        """Collective: measure alpha (1-element all_reduce) and beta (a `large_bytes` all_reduce) of
+        MindSpore's transport as seen from Python; the maximum over ranks is kept in `self.params`
+        (a TransportParams, usable with `comm.make_cost_model(params=...)`) and returned."""
+        import time
+
+        import mindspore as ms
+        from mindspore.mint import distributed as dist
+
+        from mindspore_hyper.comm.cost import TransportParams
+
+        def timed(n_elem: int, reps: int) -> float:
+            x = np.ones(n_elem, np.float32)
+            t = ms.Tensor(x)
+            dist.all_reduce(t)
+            t.asnumpy()
+            start = time.perf_counter()
+            for _ in range(reps):
+                t = ms.Tensor(x)
+                dist.all_reduce(t)
+                t.asnumpy()  # waits for the collective
+            return (time.perf_counter() - start) / reps
+
+        self._before_direct()
+        p = self.size
+        t_small = timed(1, repeats)
+        t_large = timed(large_bytes // 4, max(2, repeats // 3))
+        steps = 2.0 * (p - 1)
+        alpha = t_small / steps
+        beta = max(1e-13, (t_large - t_small) / (steps / p * large_bytes))
+        vals = self._ms_all_reduce(np.array([alpha, beta], np.float32), "max")
+        self.params = TransportParams(float(vals[0]), float(vals[1]), 0.0)
+        return self.params
+
+    def shm(self):
+        """The shared-memory group of the same processes (created collectively on first use)."""
+        if self._shm is None:
+            from mindspore_hyper.comm.shm import ShmGroup
+
+            self._shm = ShmGroup.from_env(timeout=self.shm_timeout)
+        return self._shm
+
+    def all_to_all(self, x, split_axis: int = 0, concat_axis: int = 0) -> np.ndarray:
+        """Through the shared-memory transport (MindSpore's CPU backend has no AlltoAll)."""
+        self._before_direct()
+        return self.shm().all_to_all(x, split_axis, concat_axis)
+
+    def reduce_scatter(self, x, axis: int = 0, op: str = "sum") -> np.ndarray:
+        """Through the shared-memory transport (MindSpore's CPU backend has no ReduceScatter)."""
+        self._before_direct()
+        return self.shm().reduce_scatter(x, axis, op)
+
+    def send(self, x, peer: int) -> None:
+        """Through the shared-memory transport (MindSpore's CPU backend has no send/recv)."""
+        self._before_direct()
+        self.shm().send(x, peer)
+
+    def recv(self, shape, dtype, peer: int) -> np.ndarray:
+        self._before_direct()
+        return self.shm().recv(shape, dtype, peer)
+
+    # ----- aggregation ------------------------------------------------------------------------
+    def all_reduce_async(self, x, op: str = "sum") -> AsyncHandle:
+        """Queue an all-reduce; packets of `aggregation_bytes` go through mint.distributed.all_reduce."""
+        if op not in ("sum", "max", "min", "avg"):
+            check_op(op)
+        if self._agg is None:
+            self._agg = _C.python_aggregator(self._packet, self.size, self.aggregation_bytes, self.max_delay)
+            import atexit
+
+            atexit.register(self.close)  # stop the executor (it calls into Python) before shutdown
+        handle = _C.submit_copy(self._agg, x, op) if isinstance(x, np.ndarray) else None
+        if handle is not None:  # C-contiguous array of a supported dtype: copied and queued in C++
+            return handle
+        arr = np.array(x, copy=True, order="C")
+        req = self._agg.submit(arr, dtype_name(arr), op)
+        return AsyncHandle([req], [arr], single=True)
+
+    def flush(self) -> None:
+        if self._agg is not None:
+            self._agg.flush()
+
+    def aggregator_stats(self) -> dict:
+        return self._agg.stats() if self._agg is not None else {
+            "requests": 0, "packets": 0, "bypassed": 0, "batches": 0, "bytes": 0}
+
+    def close(self) -> None:
+        if self._agg is not None:
+            self._agg.close()
+            self._agg = None
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None

@@ -1,0 +1,245 @@
+"""Shared-memory transport between processes on one host (POSIX shared memory + atomics).
+
+Each process creates one `ShmGroup(name, rank, size)` with the same `name` (rank 0 creates the
+segment, the others attach; all block until everyone is there). Collectives take this rank's
+numpy array. A peer that dies or stalls makes the waiting ranks fail with `CommTimeout` within
+`timeout` seconds of no progress (a dead peer is noticed within ~20 ms); ranks disagreeing on a
+collective's kind, dtype or sizes fail with `CommMismatch` naming both. The segment's name is
+removed from /dev/shm as soon as every rank attached, so nothing is left behind after a normal
+exit or a crash of any rank.
+
+Under msrun, `ShmGroup.from_env()` derives name/rank/size from msrun's environment.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+
+from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name, split_counts
+from mindspore_hyper.comm._handles import AsyncHandle
+
+__all__ = ["ShmGroup", "cleanup_stale_segments", "SEGMENT_PREFIX"]
+
+SEGMENT_PREFIX = "mshyper_"
+
+
+def cleanup_stale_segments(prefix: str = SEGMENT_PREFIX) -> int:
+    """Remove /dev/shm segments named `prefix*` whose creating process is gone; returns the count."""
+    return _C.cleanup_stale_segments(prefix)
+
+
+class ShmGroup:
+    """This process's member of a shared-memory group.
+
+    Args:
+        name: group name shared by all ranks (unique per job); the segment is /dev/shm/<prefix><name>.
+        rank, size: this rank and the number of processes.
+        timeout: seconds without progress before CommTimeout (also bounds the rendezvous).
+        channel_bytes: ring-buffer bytes per directed pair of ranks.
+        aggregation_bytes: super-packet size of all_reduce_async (default: context flag).
+        max_delay: seconds after which a partly filled packet is sent.
+    """
+
+    def __init__(self, name: str, rank: int, size: int, timeout: float = 30.0, channel_bytes: int = 256 << 10,
+                 aggregation_bytes: Optional[int] = None, max_delay: float = 5e-3):
+        if not name or "/" in name:
+            raise ValueError(f"name={name!r}: expected a non-empty name without '/'")
+        self.name = name
+        self._g = _C.ShmGroup(SEGMENT_PREFIX + name, int(rank), int(size), int(channel_bytes), float(timeout))
+        if aggregation_bytes is None:
+            from mindspore_hyper.context import get_context
+
+            aggregation_bytes = get_context("comm_aggregation_bytes")
+        self.aggregation_bytes = int(aggregation_bytes)
+        self.max_delay = float(max_delay)
+        self._agg = None
+        from mindspore_hyper.comm.cost import apply_overrides
+
+        apply_overrides(self._g.model)
+
+    @classmethod
+    def from_env(cls, name: Optional[str] = None, **kwargs) -> "ShmGroup":
+        """Under msrun: rank from RANK_ID, size from MS_WORKER_NUM, name from the master port."""
+        rank = int(os.environ.get("RANK_ID", os.environ.get("MS_NODE_ID", "0")))
+        size = int(os.environ.get("MS_WORKER_NUM", os.environ.get("RANK_SIZE", "1")))
+        if name is None:
+            name = "msrun_" + os.environ.get("MS_SCHED_PORT", "0") + "_" + os.environ.get("MS_SCHED_HOST", "local")
+        return cls(name, rank, size, **kwargs)
+
+    # ----- properties -------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._g.rank
+
+    @property
+    def size(self) -> int:
+        return self._g.size
+
+    @property
+    def timeout(self) -> float:
+        return self._g.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._g.timeout = float(seconds)
+
+    @property
+    def direct_min_bytes(self) -> float:
+        """Ring all-reduces of at least this many bytes read the predecessor's buffer directly
+        (cross-memory attach, one copy instead of two); -1 disables. Same value on every rank."""
+        return self._g.direct_min_bytes
+
+    @direct_min_bytes.setter
+    def direct_min_bytes(self, nbytes: float) -> None:
+        self._g.direct_min_bytes = float(nbytes)
+
+    @property
+    def last_algorithm(self) -> str:
+        return self._g.last_algorithm
+
+    @property
+    def model(self):
+        """The C++ CostModel of this rank (set_threshold / force_algorithm; same on every rank!)."""
+        return self._g.model
+
+    @property
+    def segment_name(self) -> str:
+        return self._g.segment_name
+
+    def calibrate(self, repeats: int = 20):
+        """Collective: measure alpha/beta/gamma of the shm transport, use them for algorithm choice."""
+        self._before_direct()
+        return self._g.calibrate(repeats)
+
+    def _before_direct(self) -> None:
+        if self._agg is not None:
+            self._agg.flush()  # packets and direct collectives must not interleave in the streams
+
+    # ----- collectives ------------------------------------------------------------------------
+    def all_reduce(self, x, op: str = "sum", algorithm: str = "auto", out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Reduce over ranks; returns a new array, or writes into `out` (may be `x` itself: in place)."""
+        check_op(op)
+        if out is None:
+            out = contiguous(x).copy()
+        else:
+            if not (isinstance(out, np.ndarray) and out.flags.c_contiguous and out.shape == np.shape(x)
+                    and out.dtype == np.asarray(x).dtype):
+                raise ValueError("out must be a C-contiguous array of the input's shape and dtype")
+            if out is not x:
+                np.copyto(out, x)
+        self._before_direct()
+        self._g.all_reduce(out, dtype_name(out), op, algorithm)
+        return out
+
+    def all_gather(self, x, axis: int = 0) -> np.ndarray:
+        """Concatenate every rank's array along `axis` (sizes along `axis` may differ)."""
+        arr = contiguous(x)
+        moved = np.ascontiguousarray(np.moveaxis(arr, axis, 0))
+        self._before_direct()
+        rows = np.array([moved.shape[0]], dtype=np.int64)
+        all_rows = np.empty(self.size, dtype=np.int64)
+        self._g.all_gather(rows, all_rows, "int64")
+        inner = int(np.prod(moved.shape[1:])) if moved.ndim > 1 else 1
+        out = np.empty((int(all_rows.sum()),) + moved.shape[1:], dtype=moved.dtype)
+        self._g.all_gather_v(moved, out, [int(r) * inner for r in all_rows], dtype_name(moved))
+        return np.moveaxis(out, 0, axis)
+
+    def reduce_scatter(self, x, axis: int = 0, op: str = "sum") -> np.ndarray:
+        """Reduce over ranks; this rank gets its np.array_split part along `axis`."""
+        check_op(op)
+        moved = np.ascontiguousarray(np.moveaxis(contiguous(x), axis, 0))
+        rest = moved.shape[1:]
+        inner = int(np.prod(rest)) if rest else 1
+        parts = split_counts(moved.shape[0], self.size)
+        out = np.empty((parts[self.rank],) + rest, dtype=moved.dtype)
+        self._before_direct()
+        self._g.reduce_scatter(moved, out, [p * inner for p in parts], dtype_name(moved), op)
+        return np.moveaxis(out, 0, axis)
+
+    def all_to_all(self, x, split_axis: int = 0, concat_axis: int = 0) -> np.ndarray:
+        """Split along `split_axis` into `size` parts (np.array_split), part j to rank j; concatenate
+        the received parts along `concat_axis` in rank order. Every rank must pass the same shape."""
+        arr = contiguous(x)
+        chunks = np.array_split(arr, self.size, axis=split_axis)
+        send = np.concatenate([np.ascontiguousarray(c).ravel() for c in chunks])
+        self._before_direct()
+        buf, counts = self._g.all_to_all_v(send, [c.size for c in chunks], dtype_name(arr))
+        flat = buf.view(arr.dtype)
+        expect = chunks[self.rank].shape
+        pieces, off = [], 0
+        for r in range(self.size):
+            if counts[r] != int(np.prod(expect)):
+                raise _C.CommMismatch(f"all_to_all: rank {r} sent {counts[r]} elements to rank {self.rank}, which "
+                                      f"expects {int(np.prod(expect))} (shape {expect}); ranks passed different shapes")
+            pieces.append(flat[off:off + counts[r]].reshape(expect))
+            off += counts[r]
+        return np.concatenate(pieces, axis=concat_axis)
+
+    def all_to_all_v(self, x, send_counts: Sequence[int]):
+        """Uneven all-to-all of a flat array: send_counts[j] elements (in order) to rank j.
+        Returns (received 1-D array in source-rank order, counts per source)."""
+        arr = contiguous(x).ravel()
+        if len(send_counts) != self.size or sum(send_counts) != arr.size:
+            raise ValueError(f"all_to_all_v: send_counts {list(send_counts)} do not split {arr.size} elements "
+                             f"over {self.size} ranks")
+        self._before_direct()
+        buf, counts = self._g.all_to_all_v(arr, [int(c) for c in send_counts], dtype_name(arr))
+        return buf.view(arr.dtype).copy(), list(counts)
+
+    def broadcast(self, x, root: int = 0, algorithm: str = "auto") -> np.ndarray:
+        out = contiguous(x).copy()
+        self._before_direct()
+        self._g.broadcast(out, dtype_name(out), int(root), algorithm)
+        return out
+
+    def send(self, x, peer: int) -> None:
+        arr = contiguous(x)
+        self._before_direct()
+        self._g.send(arr, dtype_name(arr), int(peer))
+
+    def recv(self, shape, dtype, peer: int) -> np.ndarray:
+        out = np.empty(shape, dtype=dtype)
+        self._before_direct()
+        self._g.recv(out, dtype_name(out), int(peer))
+        return out
+
+    def barrier(self) -> None:
+        self._before_direct()
+        self._g.barrier()
+
+    # ----- aggregation ------------------------------------------------------------------------
+    def all_reduce_async(self, x, op: str = "sum") -> AsyncHandle:
+        """Queue an all-reduce in the aggregator (see InProcessGroup.all_reduce_async)."""
+        if op not in ("sum", "max", "min", "avg"):
+            check_op(op)
+        if self._agg is None:
+            self._agg = self._g.make_aggregator(self.aggregation_bytes, self.max_delay)
+        handle = _C.submit_copy(self._agg, x, op) if isinstance(x, np.ndarray) else None
+        if handle is not None:  # C-contiguous array of a supported dtype: copied and queued in C++
+            return handle
+        arr = np.array(x, copy=True, order="C")
+        req = self._agg.submit(arr, dtype_name(arr), op)
+        return AsyncHandle([req], [arr], single=True)
+
+    def flush(self) -> None:
+        if self._agg is not None:
+            self._agg.flush()
+
+    def aggregator_stats(self) -> dict:
+        return self._agg.stats() if self._agg is not None else {
+            "requests": 0, "packets": 0, "bypassed": 0, "batches": 0, "bytes": 0}
+
+    def close(self) -> None:
+        """Stop the aggregator and unmap the segment (also happens at garbage collection)."""
+        if self._agg is not None:
+            self._agg.close()
+            self._agg = None
+        self._g = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

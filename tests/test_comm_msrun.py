@@ -1,0 +1,110 @@
+"""Under msrun (2 CPU workers): the MindSpore transport (direct collectives and aggregated
+packets through mint.distributed) and the shared-memory AllToAll / ReduceScatter that
+MindSpore's CPU backend lacks. One test: the cluster set-up costs ~6 s."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+WORKER = textwrap.dedent('''
+    import json, os, sys
+    import numpy as np
+    import mindspore as ms
+    from mindspore.communication import init
+    ms.set_device("CPU")
+    init()
+    if os.environ.get("MS_ROLE") == "MS_SCHED":
+        sys.exit(0)
+    from mindspore_hyper.comm import MindSporeGroup, ShmGroup
+    out_dir = sys.argv[1]
+    g = MindSporeGroup(aggregation_bytes=4096, max_delay=3600.0)  # packets only when full or on flush
+    r, p = g.rank, g.size
+    res = {"rank": r, "size": p}
+    res["all_reduce"] = g.all_reduce(np.arange(10, dtype=np.float32) + r).tolist()
+    res["all_reduce_max_i32"] = g.all_reduce(np.array([r, -r, 5], np.int32), "max").tolist()
+    res["all_gather"] = g.all_gather(np.full((2,), r, np.float32)).tolist()
+    res["broadcast"] = g.broadcast(np.full(3, r, np.float32), root=1).tolist()
+    # aggregated: mixed sizes, two dtypes, one request above the 4KB packet (bypass)
+    sizes = [1, 100, 1000, 5, 3000]
+    hs = [g.all_reduce_async(np.arange(n, dtype=np.float32) * (r + 1) + i) for i, n in enumerate(sizes)]
+    hi = g.all_reduce_async(np.full(7, r + 2, np.int32), "min")
+    g.flush()
+    res["agg"] = [h.wait().tolist() for h in hs]
+    res["agg_i32_min"] = hi.wait().tolist()
+    res["stats"] = g.aggregator_stats()
+    res["ms_packets"] = g.packets_sent
+    # what MindSpore's CPU backend lacks, through the shared-memory transport
+    x = np.arange(4 * 3, dtype=np.float32).reshape(4, 3) + 100 * r
+    res["all_to_all"] = g.all_to_all(x, split_axis=0, concat_axis=0).tolist()
+    res["reduce_scatter"] = g.reduce_scatter(x, axis=0, op="sum").tolist()
+    res["all_to_all_v"] = [a.tolist() if hasattr(a, "tolist") else a
+                           for a in g.shm().all_to_all_v(np.arange(3 + r, dtype=np.int32) + 10 * r, [1, 2 + r])]
+    res["shm_segment"] = g.shm().segment_name
+    params = g.calibrate(repeats=3, large_bytes=1 << 16)
+    res["calib"] = [params.alpha_s, params.beta_s_per_byte]
+    g.close()
+    with open(os.path.join(out_dir, f"rank{r}.json"), "w") as f:
+        json.dump(res, f)
+''')
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.msrun
+def test_mindspore_transport_and_shm_alltoall_under_msrun(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    cmd = [os.path.join(os.path.dirname(sys.executable), "msrun"), "--worker_num=2", "--local_worker_num=2",
+           f"--master_port={_free_port()}", f"--log_dir={tmp_path / 'logs'}", "--join=True", str(script),
+           str(tmp_path)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired:
+        pytest.fail("msrun did not finish within 240 s (hang)")
+    logs = ""
+    for name in ("worker_0.log", "worker_1.log"):
+        path = tmp_path / "logs" / name
+        if path.exists():
+            logs += "\n".join(l for l in path.read_text().splitlines() if not l.startswith("[")) [-3000:]
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + logs
+    res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    x = [np.arange(12, dtype=np.float32).reshape(4, 3) + 100 * r for r in range(2)]
+    for r, out in enumerate(res):
+        assert out["size"] == 2 and out["rank"] == r
+        assert out["all_reduce"] == (2 * np.arange(10) + 1).tolist()
+        assert out["all_reduce_max_i32"] == [1, 0, 5]
+        assert out["all_gather"] == [0, 0, 1, 1]
+        assert out["broadcast"] == [1, 1, 1]
+        for i, (n, got) in enumerate(zip([1, 100, 1000, 5, 3000], out["agg"])):
+            np.testing.assert_allclose(got, np.arange(n) * 3 + 2 * i)
+        assert out["agg_i32_min"] == [2] * 7
+        stats = out["stats"]
+        assert stats["requests"] == 6 and stats["bypassed"] == 1  # 12000 B > 4096 B
+        # float32/sum in order 1, 100 | 1000, 5 (4096 B packets; 3000 floats bypass), int32/min: 3 packets,
+        # or 4 when the full queue (after the 1000-float request) starts a batch before the rest arrive
+        assert stats["packets"] in (3, 4)
+        assert stats["bytes"] == 4 * (1 + 100 + 1000 + 5 + 3000) + 4 * 7
+        # MindSpore carried the packets, the bypassed request and the negotiation messages
+        assert out["ms_packets"] >= stats["packets"] + stats["bypassed"]
+        np.testing.assert_array_equal(out["all_to_all"], np.concatenate([np.array_split(x[q], 2)[r] for q in range(2)]))
+        np.testing.assert_array_equal(out["reduce_scatter"], np.array_split(x[0] + x[1], 2)[r])
+        sent = [np.arange(3 + q, dtype=np.int32) + 10 * q for q in range(2)]
+        counts = [[1, 2 + q] for q in range(2)]
+        expect = np.concatenate([sent[q][sum(counts[q][:r]):sum(counts[q][:r + 1])] for q in range(2)])
+        assert out["all_to_all_v"][0] == expect.tolist()
+        assert out["all_to_all_v"][1] == [counts[q][r] for q in range(2)]
+        assert out["calib"][0] > 0 and out["calib"][1] > 0
+    assert res[0]["calib"] == res[1]["calib"]  # the maximum over ranks
+    seg = res[0]["shm_segment"].lstrip("/")
+    assert not os.path.exists(os.path.join("/dev/shm", seg))

@@ -1,0 +1,263 @@
+"""Shared-memory transport: every collective against numpy with 2 and 4 processes, aggregation,
+faults (dead peer, stalled peer, mismatched shapes/dtypes) and /dev/shm cleanup."""
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+import traceback
+import uuid
+
+import numpy as np
+import pytest
+
+from mindspore_hyper.comm import CommMismatch, CommTimeout, ShmGroup
+from mindspore_hyper.comm.shm import SEGMENT_PREFIX
+
+# spawn: the children must not inherit threads (MindSpore, other tests) of the pytest process
+CTX = mp.get_context("spawn")
+JOIN_TIMEOUT = 60
+
+
+def _run(size, target, *args):
+    """Run target(rank, size, name, queue, *args) in `size` processes; returns {rank: result}."""
+    name = "t" + uuid.uuid4().hex[:12]
+    q = CTX.Queue()
+    procs = [CTX.Process(target=_entry, args=(target, r, size, name, q) + args) for r in range(size)]
+    for p in procs:
+        p.start()
+    results = {}
+    deadline = time.time() + JOIN_TIMEOUT
+    try:
+        while len(results) < size and time.time() < deadline:
+            try:
+                rank, res = q.get(timeout=0.5)
+                results[rank] = res
+            except Exception:  # queue.Empty
+                if all(not p.is_alive() for p in procs) and q.empty():
+                    break
+    finally:
+        for p in procs:
+            p.join(timeout=max(0.1, deadline - time.time()))
+            if p.is_alive():
+                p.kill()
+                p.join()
+    leftovers = [f for f in os.listdir("/dev/shm") if name in f]
+    return results, leftovers
+
+
+def _entry(target, rank, size, name, q, *args):
+    try:
+        res = target(rank, size, name, *args)
+    except BaseException as exc:  # report to the parent
+        res = ("error", type(exc).__name__, str(exc), traceback.format_exc())
+    q.put((rank, res))
+
+
+def _inputs(rank, n, dtype, seed):
+    rng = np.random.default_rng(seed * 1000 + rank)
+    if np.dtype(dtype).kind == "i":
+        return rng.integers(-50, 50, n).astype(dtype)
+    return (rng.standard_normal(n) * 3).astype(dtype)
+
+
+def _close(a, ref, dtype):
+    a = np.asarray(a, dtype=np.float64)
+    if np.dtype(dtype).kind == "i":
+        return np.array_equal(a, ref)
+    if dtype == np.float16:
+        return np.allclose(a, ref, rtol=1e-2, atol=0.05)
+    return np.allclose(a, ref, rtol=1e-5, atol=1e-4)
+
+
+def _collectives(rank, size, name):
+    g = ShmGroup(name, rank, size, timeout=20, channel_bytes=64 << 10)
+    failures = []
+    for dtype in (np.float32, np.float16, np.int32):
+        for n in (1, 13, 4099, 100003):  # odd sizes; 100003 streams through the 64KB rings
+            xs = [_inputs(r, n, dtype, n) for r in range(size)]
+            st = np.stack([x.astype(np.float64) for x in xs])
+            for algo in ("ring", "ring_direct", "recursive_doubling", "auto"):
+                for op in ("sum", "max", "min", "avg"):
+                    y = g.all_reduce(xs[rank], op, algo)
+                    ref = {"sum": st.sum(0), "max": st.max(0), "min": st.min(0), "avg": st.mean(0)}[op]
+                    if np.dtype(dtype).kind == "i" and op == "avg":
+                        ref = np.trunc(st.sum(0) / size)
+                    if y.dtype != dtype or not _close(y, ref, dtype):
+                        failures.append(f"all_reduce {algo} {op} {np.dtype(dtype).name} n={n}")
+            m = np.stack([_inputs(r, 3 * n, dtype, n + 1).reshape(3, n) for r in range(size)])
+            y = g.reduce_scatter(m[rank], axis=1, op="sum")
+            ref = np.array_split(m.astype(np.float64).sum(0), size, axis=1)[rank]
+            if y.shape != ref.shape or not _close(y, ref, dtype):
+                failures.append(f"reduce_scatter {np.dtype(dtype).name} n={n}")
+            rows = rank + 1  # uneven along the gather axis
+            parts = [np.full((r + 1, 3), r, dtype) + _inputs(r, 3 * (r + 1), dtype, n).reshape(r + 1, 3)
+                     for r in range(size)]
+            y = g.all_gather(parts[rank], axis=0)
+            if not np.array_equal(y, np.concatenate(parts, axis=0)) or rows != parts[rank].shape[0]:
+                failures.append(f"all_gather {np.dtype(dtype).name} n={n}")
+            a = np.stack([_inputs(r, 2 * n * size, dtype, n + 2).reshape(2 * size, n) for r in range(size)])
+            y = g.all_to_all(a[rank], split_axis=0, concat_axis=1)
+            ref = np.concatenate([np.array_split(a[r], size, axis=0)[rank] for r in range(size)], axis=1)
+            if not np.array_equal(y, ref):
+                failures.append(f"all_to_all {np.dtype(dtype).name} n={n}")
+            for algo in ("binomial", "pipelined_chain"):
+                y = g.broadcast(xs[rank], root=size - 1, algorithm=algo)
+                if not np.array_equal(y, xs[size - 1]):
+                    failures.append(f"broadcast {algo} {np.dtype(dtype).name} n={n}")
+    # uneven all_to_all_v: rank r sends (r + j) % 3 + j elements to rank j
+    counts = [[(r + j) % 3 + j for j in range(size)] for r in range(size)]
+    data = [np.arange(sum(counts[r]), dtype=np.int32) + 1000 * r for r in range(size)]
+    recv, rc = g.all_to_all_v(data[rank], counts[rank])
+    offs = [np.cumsum([0] + counts[r]) for r in range(size)]
+    ref = np.concatenate([data[r][offs[r][rank]:offs[r][rank + 1]] for r in range(size)])
+    if not np.array_equal(recv, ref) or rc != [counts[r][rank] for r in range(size)]:
+        failures.append("all_to_all_v")
+    # send/recv around a ring, barrier
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    if rank % 2 == 0:
+        g.send(np.full(7, rank, np.float32), nxt)
+        got = g.recv((7,), np.float32, prv)
+    else:
+        got = g.recv((7,), np.float32, prv)
+        g.send(np.full(7, rank, np.float32), nxt)
+    if not np.array_equal(got, np.full(7, prv, np.float32)):
+        failures.append("send/recv")
+    g.barrier()
+    # aggregation: mixed sizes, dtypes and ops, one request larger than a packet (bypass)
+    g.aggregation_bytes = 4096
+    reqs, refs = [], []
+    for i, (n, dtype, op) in enumerate([(10, np.float32, "sum"), (999, np.int32, "max"), (3, np.float32, "sum"),
+                                         (5000, np.float32, "sum"), (1, np.int32, "sum"), (700, np.float32, "avg")]):
+        xs = [_inputs(r, n, dtype, 77 + i) for r in range(size)]
+        st = np.stack([x.astype(np.float64) for x in xs])
+        reqs.append(g.all_reduce_async(xs[rank], op))
+        refs.append((dtype, {"sum": st.sum(0), "max": st.max(0), "avg": st.mean(0)}[op]))
+    g.flush()
+    for h, (dtype, ref) in zip(reqs, refs):
+        if not _close(h.wait(), ref, dtype):
+            failures.append("aggregated all_reduce")
+    stats = g.aggregator_stats()
+    # a request without flush is still sent after the bounded delay
+    late = g.all_reduce_async(np.full(4, rank + 1, np.float32))
+    if not np.array_equal(late.wait(timeout=10), np.full(4, size * (size + 1) / 2, np.float32)):
+        failures.append("delayed packet")
+    params = g.calibrate(repeats=5)
+    calib = (params.alpha_s, params.beta_s_per_byte, params.gamma_s_per_byte, g.model.params.alpha_s)
+    g.close()
+    return failures, stats, calib
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_shm_collectives_match_numpy(size):
+    results, leftovers = _run(size, _collectives)
+    assert sorted(results) == list(range(size)), results
+    for rank, res in results.items():
+        assert res[0] != "error", res
+        failures, stats, calib = res
+        assert failures == [], (rank, failures)
+        # calibrate(): positive costs, the maximum over ranks, so every rank models alike
+        assert all(v > 0 for v in calib) and calib[0] == calib[3]
+        assert calib == results[0][2]
+        assert stats["requests"] == 6 and stats["bypassed"] == 1  # the 20000-byte request
+        assert stats["packets"] >= 3  # float32/sum, int32/max, int32/sum, float32/avg packets
+    assert leftovers == []
+
+
+def _killed_peer(rank, size, name, direct):
+    g = ShmGroup(name, rank, size, timeout=5, channel_bytes=64 << 10)
+    if not direct:
+        g.direct_min_bytes = -1  # the channel ring instead of single-copy direct reads
+    x = np.ones(4 << 20, np.float32)  # 16MB: many ring chunks through 64KB channels
+    g.all_reduce(x)
+    if rank == 1:
+        threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    start = time.time()
+    try:
+        for _ in range(10000):
+            g.all_reduce(x, algorithm="ring")
+    except CommTimeout as exc:
+        return ("timeout", str(exc), time.time() - start)
+    return ("no error", "", 0.0)
+
+
+@pytest.mark.parametrize("size,direct", [(2, True), (4, True), (2, False)])
+def test_dead_peer_gives_timeout_and_no_leftovers(size, direct):
+    results, leftovers = _run(size, _killed_peer, direct)
+    assert 1 not in results  # killed
+    assert sorted(results) == [r for r in range(size) if r != 1]
+    for rank, (kind, msg, _) in results.items():
+        assert kind == "timeout", results[rank]
+        # the neighbour of the dead rank sees it die; the others fail fast through the group's abort flag
+        assert "rank 1 died" in msg, msg
+    assert leftovers == []
+
+
+def _stalled_peer(rank, size, name):
+    g = ShmGroup(name, rank, size, timeout=1.0)
+    if rank == 1:
+        time.sleep(4)  # never joins the collective within rank 0's timeout
+        return ("slept", "")
+    try:
+        g.all_reduce(np.ones(10, np.float32))
+    except CommTimeout as exc:
+        return ("timeout", str(exc))
+    return ("no error", "")
+
+
+def test_stalled_peer_gives_timeout():
+    results, leftovers = _run(2, _stalled_peer)
+    assert results[0][0] == "timeout", results
+    assert "timed out after" in results[0][1] and "rank 1" in results[0][1]
+    assert leftovers == []
+
+
+def _mismatch(rank, size, name):
+    g = ShmGroup(name, rank, size, timeout=10)
+    out = []
+    try:
+        g.all_reduce(np.ones(10 + rank, np.float32))
+    except CommMismatch as exc:
+        out.append(str(exc))
+    try:
+        g.all_reduce(np.ones(10, np.float32 if rank == 0 else np.int32))
+    except CommMismatch as exc:
+        out.append(str(exc))
+    try:
+        g.all_to_all(np.ones((size * (2 + rank), 3), np.float32))
+    except CommMismatch as exc:
+        out.append(str(exc))
+    # the group is still usable afterwards
+    y = g.all_reduce(np.full(3, rank, np.int32))
+    out.append(y.tolist())
+    return out
+
+
+def test_mismatched_shapes_and_dtypes_error_naming_both():
+    results, leftovers = _run(2, _mismatch)
+    for rank in (0, 1):
+        res = results[rank]
+        assert res[0] != "error", res
+        assert "rank 0 calls all_reduce(float32, 10 elements, op sum)" in res[0]
+        assert "rank 1 calls all_reduce(float32, 11 elements, op sum)" in res[0]
+        assert "float32" in res[1] and "int32" in res[1]
+        assert "expects" in res[2]
+        assert res[3] == [1, 1, 1]
+    assert leftovers == []
+
+
+def _crash_before_attach(rank, size, name):
+    if rank == 1:
+        os._exit(3)  # never attaches
+    try:
+        ShmGroup(name, rank, size, timeout=1.0)
+    except CommTimeout as exc:
+        return ("timeout", str(exc))
+    return ("no error", "")
+
+
+def test_rank_missing_at_setup_times_out_without_leftovers():
+    results, leftovers = _run(2, _crash_before_attach)
+    assert results[0][0] == "timeout" and "attached" in results[0][1]
+    assert leftovers == []
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith(SEGMENT_PREFIX + "t")]
