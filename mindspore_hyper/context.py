@@ -23,6 +23,7 @@ __all__ = [
 MODES = ("simulation", "distributed", "native")
 TOPOLOGY_PRESETS = ("supernode384", "node8", "ring")
 MEMORY_CHECKS = ("warn", "error")
+SIM_COLLECTIVES = ("mindspore", "library")
 
 _UNITS = {
     "": 1, "B": 1,
@@ -164,6 +165,8 @@ FLAGS: Dict[str, Flag] = {f.name: f for f in (
     Flag("offload_dir", _directory, "", "directory of the offload store's disk tier ('' = system temp)"),
     Flag("memory_check", _choice(MEMORY_CHECKS), "warn",
          "what simulation does when a device exceeds device_memory: warn or error"),
+    Flag("sim_collectives", _choice(SIM_COLLECTIVES), "mindspore",
+         "simulation collectives: differentiable MindSpore ops, or the C++ communication library"),
     Flag("hyper_offload", _parse_bool, False, "enable HyperOffload (tiered parameter/activation store)"),
     Flag("cache_block_size", _bytes_range(MB, GB), "128MB", "offload cache-block size in bytes"),
     Flag("prefetch_depth", _int_range(1, 64), 4, "blocks the prefetch scheduler keeps in flight"),

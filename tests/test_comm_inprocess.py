@@ -266,3 +266,10 @@ def test_float16_conversion_is_exact_for_max_min_and_rounds_like_numpy():
     ref = (a.astype(np.float32) + b.astype(np.float32)).astype(np.float16)
     for y in g.all_reduce([a, b], "sum"):
         np.testing.assert_array_equal(y.view(np.uint16), ref.view(np.uint16))
+
+
+def test_zero_dim_arrays_keep_their_shape():
+    group = InProcessGroup(2)
+    out = group.all_reduce([np.array(1.5, np.float32), np.array(2.0, np.float32)], "sum")
+    assert out[0].shape == () and float(out[1]) == 3.5
+    group.close()

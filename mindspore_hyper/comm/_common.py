@@ -34,8 +34,8 @@ def check_op(op: str) -> str:
 
 
 def contiguous(array) -> np.ndarray:
-    """A C-contiguous numpy array (a copy only when needed)."""
-    return np.ascontiguousarray(np.asarray(array))
+    """A C-contiguous numpy array of the same shape, 0-d included (a copy only when needed)."""
+    return np.require(np.asarray(array), requirements="C")
 
 
 def split_counts(n: int, parts: int) -> list:

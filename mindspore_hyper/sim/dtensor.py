@@ -19,6 +19,7 @@ import numpy as np
 from mindspore import Tensor, ops
 from mindspore.common.initializer import Zero
 
+from mindspore_hyper.context import get_context
 from mindspore_hyper.shard.redistribute import (
     AllGather, AllReduce, AllToAll, LocalSlice, MakePartial, ReduceScatter, plan_redistribution,
 )
@@ -29,7 +30,16 @@ from mindspore_hyper.sim.collectives import SimCollectives
 __all__ = ["DTensor", "distribute_tensor", "significant_axes"]
 
 Key = Tuple[int, ...]
-COLLECTIVES = SimCollectives()
+_MINDSPORE_COLLECTIVES = SimCollectives()
+
+
+def collectives() -> SimCollectives:
+    """The collectives backend chosen by the `sim_collectives` context flag."""
+    if get_context("sim_collectives") == "library":
+        from mindspore_hyper.sim.library_collectives import LibraryCollectives
+
+        return LibraryCollectives()
+    return _MINDSPORE_COLLECTIVES
 
 
 def significant_axes(layout: TensorLayout) -> Tuple[int, ...]:
@@ -201,12 +211,13 @@ def _apply_step(step, shards: Dict[Key, Tensor], layout: TensorLayout):
     new_layout = TensorLayout.from_dims(mesh, dims, partial)
     new_axes = significant_axes(new_layout)
     new_shards: Dict[Key, Tensor] = {}
+    backend = collectives()
     if a not in old_axes:  # LocalSlice / MakePartial: one old shard -> n new ones
         for key, shard in shards.items():
             if isinstance(step, LocalSlice):
-                parts = COLLECTIVES.local_slice(shard, n, step.dim)
+                parts = backend.local_slice(shard, n, step.dim)
             else:
-                parts = COLLECTIVES.make_partial(shard, n, step.op)
+                parts = backend.make_partial(shard, n, step.op)
             old = dict(zip(old_axes, key))
             for c, part in enumerate(parts):
                 old[a] = c
@@ -219,13 +230,13 @@ def _apply_step(step, shards: Dict[Key, Tensor], layout: TensorLayout):
         groups.setdefault(rest, [None] * n)[key[position]] = shard
     for rest, members in groups.items():
         if isinstance(step, AllGather):
-            outs = COLLECTIVES.all_gather(members, step.dim)
+            outs = backend.all_gather(members, step.dim)
         elif isinstance(step, AllToAll):
-            outs = COLLECTIVES.all_to_all(members, step.split_dim, step.concat_dim)
+            outs = backend.all_to_all(members, step.split_dim, step.concat_dim)
         elif isinstance(step, ReduceScatter):
-            outs = COLLECTIVES.reduce_scatter(members, step.dim, step.op)
+            outs = backend.reduce_scatter(members, step.dim, step.op)
         else:
-            outs = COLLECTIVES.all_reduce(members, step.op)
+            outs = backend.all_reduce(members, step.op)
         for c, out in enumerate(outs):
             coords = dict(zip([x for x in old_axes if x != a], rest))
             coords[a] = c
