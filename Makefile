@@ -24,3 +24,13 @@ test: $(STAMP)
 
 clean:
 	rm -rf build *.egg-info mindspore_hyper/_core*.so
+
+# HyperOffload: the block store / prefetch scheduler stress program under ThreadSanitizer.
+TSAN_SRCS := ccsrc/tools/store_stress.cc $(wildcard ccsrc/store/*.cc) $(wildcard ccsrc/prefetch/*.cc)
+tsan:
+	mkdir -p build/tsan
+	g++ -std=c++17 -O1 -g -fsanitize=thread -Wno-tsan -pthread -Iccsrc $(TSAN_SRCS) -o build/tsan/store_stress
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build/tsan/store_stress 2000
+
+bench-offload: $(STAMP)
+	$(PY) benchmarks/bench_offload.py

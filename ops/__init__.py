@@ -1,1 +1,2 @@
 """MindSpore custom ops of mindspore_hyper (installed as ``mindspore_hyper.ops``)."""
+from mindspore_hyper.ops.offload_ops import StoreFetch, StorePut, store_fetch, store_put  # noqa: F401

@@ -187,3 +187,16 @@ def test_graph_mode_is_refused_with_a_clear_error():
             simulate(MLP(), MESH(tensor_map=()))
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def test_auto_parallelize_defaults_to_simulation_and_can_return_dtensors():
+    from mindspore_hyper import auto_parallelize
+    from mindspore_hyper.sim import DTensor, SimulatedModel
+
+    model = MLP()
+    sim = auto_parallelize(model, MESH(tensor_map=("tensor",)))  # mode from the context: simulation on CPU
+    assert isinstance(sim, SimulatedModel)
+    raw = auto_parallelize(model, MESH(tensor_map=("tensor",)), return_dtensor=True)
+    out = raw(X)
+    assert isinstance(out, DTensor) and out.shape == (8, 16)
+    np.testing.assert_allclose(out.full_tensor().asnumpy(), model(X).asnumpy(), rtol=1e-5, atol=1e-6)

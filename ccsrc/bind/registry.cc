@@ -4,6 +4,8 @@
 namespace mshyper::bind {
 
 void RegisterAll(pybind11::module_& m) {
+  (void)m;
+  BindStore(m);
   BindComm(m);
 }
 

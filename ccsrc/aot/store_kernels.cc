@@ -1,0 +1,71 @@
+// MindSpore aot custom-op kernels over the process-wide tensor store (the same instance the
+// Python API uses, since these kernels live in mindspore_hyper._core).
+//
+// Kernel signature (MindSpore aot): inputs then outputs in `params`, 0 = success.
+//   MsHyperStoreFetch(tid: int64[1]) -> out           copies stored tensor `tid` into out
+//   MsHyperStorePut(x, tid: int64[1]) -> out          stores x as tensor `tid`, out = x
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "store/tensor_store.h"
+
+namespace {
+
+uint64_t DtypeSize(const char* dtype) {
+  const std::string d = dtype ? dtype : "";
+  if (d == "float64" || d == "int64" || d == "uint64" || d == "complex64") return 8;
+  if (d == "float32" || d == "int32" || d == "uint32") return 4;
+  if (d == "float16" || d == "bfloat16" || d == "int16" || d == "uint16") return 2;
+  if (d == "int8" || d == "uint8" || d == "bool") return 1;
+  return 0;
+}
+
+uint64_t Bytes(int ndim, const int64_t* shape, const char* dtype) {
+  uint64_t n = DtypeSize(dtype);
+  for (int i = 0; i < ndim; ++i) n *= static_cast<uint64_t>(shape[i]);
+  return n;
+}
+
+int Fail(const char* op, const std::string& why) {
+  std::fprintf(stderr, "[mindspore_hyper] %s failed: %s\n", op, why.c_str());
+  return 1;
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) int MsHyperStoreFetch(int nparam, void** params, int* ndims, int64_t** shapes,
+                                 const char** dtypes, void* /*stream*/, void* /*extra*/) {
+  try {
+    if (nparam != 2) return Fail("MsHyperStoreFetch", "expects 1 input and 1 output");
+    auto store = mshyper::store::DefaultTensorStore();
+    if (!store) return Fail("MsHyperStoreFetch", "no default tensor store (create an OffloadStore)");
+    const auto tid = static_cast<uint64_t>(*static_cast<const int64_t*>(params[0]));
+    store->Get(tid, params[1], Bytes(ndims[1], shapes[1], dtypes[1]));
+    return 0;
+  } catch (const std::exception& e) {
+    return Fail("MsHyperStoreFetch", e.what());
+  } catch (...) {
+    return Fail("MsHyperStoreFetch", "unknown error");
+  }
+}
+
+extern "C" __attribute__((visibility("default"))) int MsHyperStorePut(int nparam, void** params, int* ndims, int64_t** shapes,
+                               const char** dtypes, void* /*stream*/, void* /*extra*/) {
+  try {
+    if (nparam != 3) return Fail("MsHyperStorePut", "expects 2 inputs and 1 output");
+    auto store = mshyper::store::DefaultTensorStore();
+    if (!store) return Fail("MsHyperStorePut", "no default tensor store (create an OffloadStore)");
+    const uint64_t n = Bytes(ndims[0], shapes[0], dtypes[0]);
+    const auto tid = static_cast<uint64_t>(*static_cast<const int64_t*>(params[1]));
+    store->Update(tid, params[0], n);
+    if (params[2] != params[0]) std::memcpy(params[2], params[0], n);
+    return 0;
+  } catch (const std::exception& e) {
+    return Fail("MsHyperStorePut", e.what());
+  } catch (...) {
+    return Fail("MsHyperStorePut", "unknown error");
+  }
+}

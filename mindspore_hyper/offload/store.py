@@ -1,0 +1,132 @@
+"""The offload store: the C++ block store (device / host / disk tiers), the tensor layer over it and
+the prefetch scheduler, configured from the context flags."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+
+from mindspore_hyper import _core
+from mindspore_hyper.context import get_context
+
+__all__ = ["OffloadStore", "StoreError", "CapacityError", "DiskError", "CorruptBlockError"]
+
+StoreError = _core.StoreError
+CapacityError = _core.CapacityError
+DiskError = _core.DiskError
+CorruptBlockError = _core.CorruptBlockError
+
+
+@dataclass
+class TensorRef:
+    """A tensor in the store: its id, shape, dtype and blocks."""
+
+    tid: int
+    shape: tuple
+    dtype: np.dtype
+    blocks: tuple
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+class OffloadStore:
+    """Block store + tensor store + prefetch scheduler.
+
+    Args:
+        block_size: bytes per cache block (default: the ``cache_block_size`` flag).
+        device_memory: device-tier budget in bytes (default: ``device_memory``).
+        host_memory: host DRAM pool in bytes (default: ``host_memory``).
+        offload_dir: directory of the disk tier (default: ``offload_dir``; '' = system temp).
+        prefetch_depth: blocks kept in flight ahead of use (default: ``prefetch_depth``); 0
+            disables prefetching (every access is fetched on demand).
+        io_workers: I/O worker threads of the prefetch scheduler.
+        drop_page_cache: posix_fadvise(DONTNEED) after disk I/O so reads really hit the disk.
+        make_default: make this the store the aot custom ops use.
+    """
+
+    def __init__(self, block_size: Optional[int] = None, device_memory: Optional[int] = None,
+                 host_memory: Optional[int] = None, offload_dir: Optional[str] = None,
+                 prefetch_depth: Optional[int] = None, io_workers: int = 2,
+                 drop_page_cache: bool = False, make_default: bool = True):
+        self.block_size = int(block_size if block_size is not None else get_context("cache_block_size"))
+        self.device_memory = int(device_memory if device_memory is not None else get_context("device_memory"))
+        self.host_memory = int(host_memory if host_memory is not None else get_context("host_memory"))
+        directory = offload_dir if offload_dir is not None else get_context("offload_dir")
+        depth = prefetch_depth if prefetch_depth is not None else get_context("prefetch_depth")
+        self.blocks = _core.BlockStore(self.block_size, self.device_memory, self.host_memory, directory,
+                                       drop_page_cache=drop_page_cache)
+        self.tensors = _core.TensorStore(self.blocks)
+        self.scheduler = _core.PrefetchScheduler(self.blocks, depth=int(depth), workers=io_workers)
+        self.device_blocks = self.device_memory // self.block_size
+        if make_default:
+            _core.set_default_tensor_store(self.tensors)
+
+    # -- tensors -------------------------------------------------------------------------
+    def put(self, array: np.ndarray) -> TensorRef:
+        """Stores a numpy array; returns its reference."""
+        array = np.asarray(array)
+        array = np.array(array, order="C", copy=not array.flags.c_contiguous)  # keeps 0-d shapes
+        tid = self.tensors.put(array.reshape(-1).view(np.uint8))
+        return TensorRef(tid, tuple(array.shape), array.dtype, tuple(self.tensors.blocks(tid)))
+
+    def update(self, ref: TensorRef, array: np.ndarray) -> None:
+        array = np.asarray(array, dtype=ref.dtype)
+        if not array.flags.c_contiguous:
+            array = array.copy(order="C")
+        if tuple(array.shape) != ref.shape:
+            raise ValueError(f"update of tensor {ref.tid}: shape {array.shape} != stored {ref.shape}")
+        self.tensors.update(ref.tid, array.reshape(-1).view(np.uint8))
+
+    def get(self, ref: TensorRef, pinned_tier: Optional[str] = None) -> np.ndarray:
+        """A copy of the tensor; `pinned_tier` when the caller holds pins on its blocks there."""
+        out = np.empty(ref.shape, dtype=ref.dtype)
+        flat = out.reshape(-1).view(np.uint8)
+        if pinned_tier is None:
+            self.tensors.get_into(ref.tid, flat)
+        else:
+            self.tensors.get_pinned_into(ref.tid, pinned_tier, flat)
+        return out
+
+    def erase(self, ref: TensorRef) -> None:
+        self.tensors.erase(ref.tid)
+
+    def close_pack(self) -> None:
+        """The next small tensor starts a new shared block."""
+        self.tensors.close_pack()
+
+    # -- scheduling ----------------------------------------------------------------------
+    def acquire(self, blocks: Sequence[int]) -> None:
+        self.scheduler.acquire(list(blocks))
+
+    def release(self, blocks: Sequence[int]) -> None:
+        self.scheduler.release(list(blocks))
+
+    def begin_step(self) -> None:
+        self.scheduler.begin_step()
+
+    @property
+    def prefetch_depth(self) -> int:
+        return self.scheduler.depth
+
+    @prefetch_depth.setter
+    def prefetch_depth(self, depth: int) -> None:
+        self.scheduler.depth = int(depth)
+
+    def stats(self) -> Dict:
+        """Store statistics (per tier, bytes per tier pair) and the prefetcher's (hits, stalls)."""
+        s = self.blocks.stats()
+        s["prefetch"] = self.scheduler.stats()
+        s["device_budget_bytes"] = self.device_memory
+        return s
+
+    def close(self) -> None:
+        """Stops the I/O workers and releases the store (its disk files are removed)."""
+        if _core.default_tensor_store() is self.tensors:
+            _core.set_default_tensor_store(None)
+        self.scheduler.drain()
+        self.scheduler = None
+        self.tensors = None
+        self.blocks = None

@@ -1,0 +1,155 @@
+"""Offloaded training equals resident training (5 steps, SGD and Adam, PyNative CPU), the device
+tier's tracked peak stays within its budget, activations swap through the store, and a model
+whose sub-Cell cannot fit is refused before running."""
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from mindspore_hyper import set_context, reset_context
+from mindspore_hyper.offload import (OffloadPolicy, OffloadStore, WorkingSetError, hyper_offload,
+                                     maybe_offload)
+
+ms.set_context(mode=ms.PYNATIVE_MODE)
+
+BS = 8192
+DIM = 32
+
+
+class MLP(nn.Cell):
+    def __init__(self, n_layers=4, dim=DIM):
+        super().__init__()
+        self.layers = nn.CellList([nn.Dense(dim, dim) for _ in range(n_layers)])
+        self.act = nn.Tanh()
+        self.head = nn.Dense(dim, 1)
+
+    def construct(self, x):
+        for layer in self.layers:
+            x = self.act(layer(x))
+        return self.head(x)
+
+
+def copy_model(src, n_layers=4):
+    dst = MLP(n_layers)
+    for p_dst, p_src in zip(dst.get_parameters(), src.get_parameters()):
+        p_dst.set_data(Tensor(p_src.asnumpy().copy()))
+    return dst
+
+
+def data():
+    rng = np.random.default_rng(0)
+    return (Tensor(rng.standard_normal((16, DIM)).astype(np.float32)),
+            Tensor(rng.standard_normal((16, 1)).astype(np.float32)))
+
+
+OPTIMIZERS = {
+    "sgd": lambda ps: nn.SGD(ps, learning_rate=0.05, momentum=0.9),
+    "adam": lambda ps: nn.Adam(ps, learning_rate=0.01),
+}
+
+
+def reference_run(model, make_opt, x, y, steps=5):
+    opt = make_opt(model.trainable_params())
+    loss_fn = lambda a, b: ops.reduce_mean((model(a) - b) ** 2)
+    grad_fn = ms.value_and_grad(loss_fn, None, model.trainable_params())
+    losses = []
+    for _ in range(steps):
+        loss, grads = grad_fn(x, y)
+        opt(grads)
+        losses.append(float(loss.asnumpy()))
+    return losses, {p.name: p.asnumpy() for p in model.trainable_params()}
+
+
+def make_store(tmp_path, device_blocks=4, host_blocks=6, depth=2):
+    return OffloadStore(block_size=BS, device_memory=device_blocks * BS, host_memory=host_blocks * BS,
+                        offload_dir=str(tmp_path), prefetch_depth=depth)
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+@pytest.mark.parametrize("swap_activations", [False, True])
+def test_offloaded_training_matches_resident(tmp_path, opt_name, swap_activations):
+    make_opt = OPTIMIZERS[opt_name]
+    x, y = data()
+    base = MLP()
+    ref_losses, ref_params = reference_run(copy_model(base), make_opt, x, y)
+
+    model = copy_model(base)
+    store = make_store(tmp_path)
+    policy = OffloadPolicy(cells=["layers.*"], activation_cells=["layers.1", "layers.2"] if swap_activations else ())
+    off = hyper_offload(model, policy, optimizer=make_opt, store=store)
+    assert [g.name for g in off.groups] == ["layers.0", "layers.1", "layers.2", "layers.3"]
+    # Between uses the offloaded Parameters hold one-element placeholders: values live in the store.
+    assert model.layers[0].weight.shape == (1,)
+    step = off.train_step(lambda a, b: ops.reduce_mean((model(a) - b) ** 2))
+    losses = [float(step(x, y).asnumpy()) for _ in range(5)]
+
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-6, atol=1e-7)
+    values = off.parameter_values()
+    for name, ref in ref_params.items():
+        np.testing.assert_allclose(values[name], ref, rtol=1e-6, atol=1e-7, err_msg=name)
+
+    stats = off.stats()
+    budget = store.device_memory
+    assert 0 < stats["device"]["peak_bytes"] <= budget
+    assert stats["device"]["peak_blocks"] <= stats["device"]["capacity_blocks"]
+    assert 0 < stats["peak_materialized_param_bytes"] <= budget
+    # The offloaded state is larger than the device tier, so it really moves through the tiers.
+    total_blocks = len({b for g in off.groups for b in g.update_blocks})
+    assert total_blocks > stats["device"]["capacity_blocks"]
+    assert stats["bytes_moved"]["host->device"] > 0 and stats["bytes_moved"]["host->disk"] > 0
+    pf = stats["prefetch"]
+    assert pf["trace_valid"] and pf["hits"] + pf["late"] > 0
+    if swap_activations:
+        assert len(off._activation_refs) > 0
+    off.remove()
+    for name, ref in ref_params.items():
+        np.testing.assert_allclose({p.name: p.asnumpy() for p in model.trainable_params()}[name], ref,
+                                   rtol=1e-6, atol=1e-7)
+    store.close()
+
+
+def test_refuses_cell_larger_than_device_tier(tmp_path):
+    model = MLP(n_layers=2, dim=64)  # a 64x64 float32 weight is 16KB: 2+ blocks of 8KB
+    before = {p.name: p.asnumpy().copy() for p in model.trainable_params()}
+    store = make_store(tmp_path, device_blocks=2)
+    with pytest.raises(WorkingSetError, match=r"Cell 'layers.0' cannot run offloaded: its working set is \d+ "
+                                              r"blocks of 8.0KB .* but the device tier holds 2 blocks"):
+        hyper_offload(model, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["sgd"], store=store)
+    for p in model.trainable_params():  # refused before running: model untouched
+        np.testing.assert_array_equal(p.asnumpy(), before[p.name])
+    store.close()
+
+
+def test_enabled_through_context(tmp_path):
+    model = MLP(n_layers=2)
+    reset_context()
+    assert maybe_offload(model, optimizer=OPTIMIZERS["sgd"]) is None
+    set_context(hyper_offload=True, device_memory=4 * BS, host_memory=8 * BS, offload_dir=str(tmp_path),
+                prefetch_depth=2)
+    try:
+        off = maybe_offload(model, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["sgd"], block_size=BS)
+        assert off is not None and off.store.device_memory == 4 * BS and off.store.prefetch_depth == 2
+        x, y = data()
+        loss = off.train_step(lambda a, b: ops.reduce_mean((model(a) - b) ** 2))(x, y)
+        assert np.isfinite(float(loss.asnumpy()))
+        off.store.close()
+    finally:
+        reset_context()
+
+
+def test_synchronous_writes_give_the_same_result(tmp_path):
+    x, y = data()
+    base = MLP(n_layers=3)
+    ref_losses, ref_params = reference_run(copy_model(base, 3), OPTIMIZERS["adam"], x, y, steps=3)
+    model = copy_model(base, 3)
+    store = make_store(tmp_path)
+    off = hyper_offload(model, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["adam"], store=store,
+                        async_writes=False)
+    step = off.train_step(lambda a, b: ops.reduce_mean((model(a) - b) ** 2))
+    losses = [float(step(x, y).asnumpy()) for _ in range(3)]
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-6, atol=1e-7)
+    values = off.parameter_values()
+    for name, ref in ref_params.items():
+        np.testing.assert_allclose(values[name], ref, rtol=1e-6, atol=1e-7, err_msg=name)
+    store.close()
