@@ -17,14 +17,17 @@ from mindspore._c_expression import NoFallbackGuard
 from mindspore.ops.primitive import Primitive
 
 from mindspore_hyper.shard.tensor_layout import TensorLayout
-from mindspore_hyper.sim.accounting import active_accounting
-from mindspore_hyper.sim.dtensor import DTensor, _is_float, key_of, significant_axes
+from mindspore_hyper.sim.accounting import Accounting, active_accounting, use_accounting
+from mindspore_hyper.sim.dtensor import DTensor, _is_float, distribute_tensor, key_of, significant_axes
 from mindspore_hyper.sim.rules.registry import RULES, Decision
 from mindspore_hyper.sim import shard_hints
 
-__all__ = ["OpCall", "dispatch", "dispatch_getitem", "parameter_dtensors"]
+__all__ = ["OpCall", "dispatch", "dispatch_getitem", "parameter_layouts", "parameter_dtensors"]
 
-# Parameter identity -> its DTensor for the current forward (set by the simulated model).
+# Parameter identity -> (Parameter, layout) for the current forward (set by the simulated model),
+# and the DTensors made from them, lazily at first use: a Parameter is sliced when an op first
+# reads it, so hooks that bring its data in just before its Cell runs (HyperOffload) compose.
+parameter_layouts: Dict[int, tuple] = {}
 parameter_dtensors: Dict[int, DTensor] = {}
 
 # Ops that inspect type only (same answer on every shard): run once on one shard, return as is.
@@ -72,7 +75,11 @@ def _as_dtensor(value, mesh):
         if value.layout.mesh != mesh:
             raise ValueError(f"an op mixes DTensors of different meshes: {value.layout.mesh} vs {mesh}")
         return value
-    if isinstance(value, Parameter) and id(value) in parameter_dtensors:
+    if isinstance(value, Parameter) and id(value) in parameter_layouts:
+        if id(value) not in parameter_dtensors:
+            param, layout = parameter_layouts[id(value)]
+            with use_accounting(Accounting(layout.mesh.size)):  # parameter shards are not activations
+                parameter_dtensors[id(value)] = distribute_tensor(param, layout)
         return parameter_dtensors[id(value)]
     if isinstance(value, Tensor):
         return DTensor._create(TensorLayout.replicated(mesh, value.ndim), {(): value}, value.shape, value.dtype)

@@ -47,17 +47,16 @@ class SimulatedModel(nn.Cell):
     def construct(self, *inputs):
         start = time.perf_counter()
         self.accounting.reset_step()
-        with use_accounting(Accounting(self.mesh.size)):  # parameter shards are not activations
-            shards = {id(self._params[row.name]): distribute_tensor(self._params[row.name], row.layout)
-                      for row in self.table}
-        dispatch.parameter_dtensors.update(shards)
+        layouts = {id(self._params[row.name]): (self._params[row.name], row.layout) for row in self.table}
+        dispatch.parameter_layouts.update(layouts)
         try:
             with use_accounting(self.accounting):
                 args = [self._distribute_input(x) for x in inputs]
                 outputs = self.network(*args)
                 result = self._collect(outputs)
         finally:
-            for key in shards:
+            for key in layouts:
+                dispatch.parameter_layouts.pop(key, None)
                 dispatch.parameter_dtensors.pop(key, None)
         self._record_gradient_sync()
         self.accounting.steps += 1
