@@ -17,7 +17,7 @@ def test_seed_worked_example_slices_of_each_rank():
     shape = (1024, 1024, 64, 64)
     expected = {}
     for rank in range(8):
-        d, t, p = rank // 4, (rank // 2) % 2, rank % 2
+        t, p = (rank // 2) % 2, rank % 2  # coordinates (data, tensor, pipeline) = (rank // 4, t, p)
         expected[rank] = (slice(512 * t, 512 * (t + 1)), slice(0, 1024), slice(32 * p, 32 * (p + 1)), slice(0, 64))
     got = {rank: tl.rank_slices(rank, shape) for rank in range(8)}
     assert got == expected

@@ -2,10 +2,8 @@
 (data 2 x tensor 4) trains like the resident single-device model."""
 import numpy as np
 import pytest
-import mindspore as ms
 from mindspore import ops
 
-import mindspore_hyper as mh
 from mindspore_hyper.offload import OffloadPolicy, hyper_offload
 from mindspore_hyper.shard import Layout
 from mindspore_hyper.sim import simulate
@@ -31,8 +29,9 @@ def test_offloaded_simulated_training_matches_resident(tmp_path, opt_name, clean
 
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
     values = off.parameter_values()
-    for name, ref in ref_params.items():
-        np.testing.assert_allclose(values[name], ref, rtol=1e-5, atol=1e-6, err_msg=name)
+    for name, ref in ref_params.items():  # relative error in the 2-norm, as in test_sim_training
+        rel = np.linalg.norm(values[name].astype(np.float64) - ref) / np.linalg.norm(ref)
+        assert rel <= 1e-5, f"{name}: relative error {rel:.2e} after 5 steps"
     stats = off.stats()
     assert 0 < stats["device"]["peak_bytes"] <= store.device_memory
     report = sim.report()

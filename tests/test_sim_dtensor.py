@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 import mindspore as ms
-from mindspore import Tensor, ops
+from mindspore import Tensor
 
 from mindspore_hyper.shard import Layout, TensorLayout
 from mindspore_hyper.shard.reference_executor import reduce_arrays

@@ -5,7 +5,6 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor
 
-import mindspore_hyper as mh
 from mindspore_hyper.shard.reference_executor import reduce_arrays
 from mindspore_hyper.sim.library_collectives import LibraryCollectives
 

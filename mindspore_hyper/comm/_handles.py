@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+import numpy as np
+
 
 class AsyncHandle:
     """Result of an aggregated collective: `wait()` returns the reduced array(s).
@@ -26,3 +28,25 @@ class AsyncHandle:
             r.wait(-1.0 if timeout is None else float(timeout))
         out = [a.reshape(s) for a, s in zip(self._arrays, self._shapes)] if self._shapes else self._arrays
         return out[0] if self._single else out
+
+
+EMPTY_AGGREGATOR_STATS = {"requests": 0, "packets": 0, "bypassed": 0, "batches": 0, "bytes": 0}
+
+
+def submit_single(aggregator, x, op: str) -> AsyncHandle:
+    """Queue one rank's all-reduce request of `x` in a C++ aggregator and return its handle."""
+    from mindspore_hyper.comm._common import _C, check_op, dtype_name
+
+    if op not in ("sum", "max", "min", "avg"):
+        check_op(op)
+    handle = _C.submit_copy(aggregator, x, op) if isinstance(x, np.ndarray) else None
+    if handle is not None:  # C-contiguous array of a supported dtype: copied and queued in C++
+        return handle
+    arr = np.array(x, copy=True, order="C")
+    req = aggregator.submit(arr, dtype_name(arr), op)
+    return AsyncHandle([req], [arr], single=True)
+
+
+def aggregator_stats(aggregator) -> dict:
+    """The aggregator's counters (all zero before the first request)."""
+    return aggregator.stats() if aggregator is not None else dict(EMPTY_AGGREGATOR_STATS)

@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name, split_counts
-from mindspore_hyper.comm._handles import AsyncHandle
+from mindspore_hyper.comm._handles import EMPTY_AGGREGATOR_STATS, AsyncHandle
 from mindspore_hyper.comm.cost import TransportParams, apply_overrides
 from mindspore_hyper.comm.topology import PRESETS, Topology, load_topology
 
@@ -263,7 +263,7 @@ class InProcessGroup:
     def aggregator_stats(self, rank: int = 0) -> dict:
         """{'requests', 'packets', 'bypassed', 'batches', 'bytes'} of rank `rank`'s aggregator."""
         if not self._g.has_aggregation():
-            return {"requests": 0, "packets": 0, "bypassed": 0, "batches": 0, "bytes": 0}
+            return dict(EMPTY_AGGREGATOR_STATS)
         return self._g.aggregator_stats(rank)
 
     def close(self) -> None:

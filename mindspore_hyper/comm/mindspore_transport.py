@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name
-from mindspore_hyper.comm._handles import AsyncHandle
+from mindspore_hyper.comm._handles import AsyncHandle, aggregator_stats, submit_single
 
 __all__ = ["MindSporeGroup"]
 
@@ -178,27 +178,20 @@ class MindSporeGroup:
     # ----- aggregation ------------------------------------------------------------------------
     def all_reduce_async(self, x, op: str = "sum") -> AsyncHandle:
         """Queue an all-reduce; packets of `aggregation_bytes` go through mint.distributed.all_reduce."""
-        if op not in ("sum", "max", "min", "avg"):
-            check_op(op)
+        check_op(op)
         if self._agg is None:
             self._agg = _C.python_aggregator(self._packet, self.size, self.aggregation_bytes, self.max_delay)
             import atexit
 
             atexit.register(self.close)  # stop the executor (it calls into Python) before shutdown
-        handle = _C.submit_copy(self._agg, x, op) if isinstance(x, np.ndarray) else None
-        if handle is not None:  # C-contiguous array of a supported dtype: copied and queued in C++
-            return handle
-        arr = np.array(x, copy=True, order="C")
-        req = self._agg.submit(arr, dtype_name(arr), op)
-        return AsyncHandle([req], [arr], single=True)
+        return submit_single(self._agg, x, op)
 
     def flush(self) -> None:
         if self._agg is not None:
             self._agg.flush()
 
     def aggregator_stats(self) -> dict:
-        return self._agg.stats() if self._agg is not None else {
-            "requests": 0, "packets": 0, "bypassed": 0, "batches": 0, "bytes": 0}
+        return aggregator_stats(self._agg)
 
     def close(self) -> None:
         if self._agg is not None:

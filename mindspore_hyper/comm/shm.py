@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name, split_counts
-from mindspore_hyper.comm._handles import AsyncHandle
+from mindspore_hyper.comm._handles import AsyncHandle, aggregator_stats, submit_single
 
 __all__ = ["ShmGroup", "cleanup_stale_segments", "SEGMENT_PREFIX"]
 
@@ -212,24 +212,17 @@ class ShmGroup:
     # ----- aggregation ------------------------------------------------------------------------
     def all_reduce_async(self, x, op: str = "sum") -> AsyncHandle:
         """Queue an all-reduce in the aggregator (see InProcessGroup.all_reduce_async)."""
-        if op not in ("sum", "max", "min", "avg"):
-            check_op(op)
+        check_op(op)
         if self._agg is None:
             self._agg = self._g.make_aggregator(self.aggregation_bytes, self.max_delay)
-        handle = _C.submit_copy(self._agg, x, op) if isinstance(x, np.ndarray) else None
-        if handle is not None:  # C-contiguous array of a supported dtype: copied and queued in C++
-            return handle
-        arr = np.array(x, copy=True, order="C")
-        req = self._agg.submit(arr, dtype_name(arr), op)
-        return AsyncHandle([req], [arr], single=True)
+        return submit_single(self._agg, x, op)
 
     def flush(self) -> None:
         if self._agg is not None:
             self._agg.flush()
 
     def aggregator_stats(self) -> dict:
-        return self._agg.stats() if self._agg is not None else {
-            "requests": 0, "packets": 0, "bypassed": 0, "batches": 0, "bytes": 0}
+        return aggregator_stats(self._agg)
 
     def close(self) -> None:
         """Stop the aggregator and unmap the segment (also happens at garbage collection)."""

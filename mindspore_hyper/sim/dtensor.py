@@ -13,10 +13,10 @@ from __future__ import annotations
 import itertools
 import math
 import weakref
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
-from mindspore import Tensor, ops
+from mindspore import Tensor
 from mindspore.common.initializer import Zero
 
 from mindspore_hyper.context import get_context

@@ -14,7 +14,7 @@ multiply to n. Layout-based strategies map exactly.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from mindspore.ops.primitive import Primitive
 

@@ -75,13 +75,17 @@ def elementwise_decision(call, keep_partial: str) -> Decision:
             in_partial = {}
         inputs.append(make(mesh, dims, in_partial))
     out = make(mesh, out_dims, partial if keep_partial != "drop" else {})
-    local_args = None
-    if keep_partial == "add" and partial:
-        def local_args(local_inputs, coords):
-            """A Python-number operand is added once: kept on coordinate 0 of the Partial axes."""
-            first = all(coords[a] == 0 for a in partial)
-            return [type(v)(0) if i < 2 and _is_number(v) and not first else v for i, v in enumerate(local_inputs)]
+    local_args = _numbers_added_once(partial) if keep_partial == "add" and partial else None
     return Decision(inputs=inputs, outputs=out, local_args=local_args)
+
+
+def _numbers_added_once(partial):
+    """A Python-number operand of a Partial(sum) addition is kept on coordinate 0 of the Partial
+    axes and zeroed elsewhere, so the reduction adds it once."""
+    def local_args(local_inputs, coords):
+        first = all(coords[a] == 0 for a in partial)
+        return [type(v)(0) if i < 2 and _is_number(v) and not first else v for i, v in enumerate(local_inputs)]
+    return local_args
 
 
 def _is_number(value) -> bool:

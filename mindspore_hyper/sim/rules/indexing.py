@@ -54,7 +54,7 @@ def getitem_decision(call):
 
 @register("GatherD")
 def gather_d(call):
-    x, index = call.tensors[0], call.tensors[1]
+    x = call.tensors[0]
     dim = call.inputs[1] if isinstance(call.inputs[1], int) else call.kwargs.get("dim", 0)
     dim = norm_dims(dim, x.ndim)[0]
     layout = unshard_dims(x.layout, [dim])

@@ -60,7 +60,7 @@ def matmul(call):
 
 @register("BiasAdd")
 def bias_add(call):
-    x, bias = call.tensors[0], call.tensors[1]
+    x = call.tensors[0]
     fmt = call.inputs[2] if len(call.inputs) > 2 and isinstance(call.inputs[2], str) else call.attrs.get("data_format", "NCHW")
     channel = x.ndim - 1 if (fmt in ("NHWC",) or x.ndim == 2) else 1
     mesh = x.layout.mesh
