@@ -47,6 +47,16 @@ def submit_single(aggregator, x, op: str) -> AsyncHandle:
     return AsyncHandle([req], [arr], single=True)
 
 
-def aggregator_stats(aggregator) -> dict:
-    """The aggregator's counters (all zero before the first request)."""
-    return aggregator.stats() if aggregator is not None else dict(EMPTY_AGGREGATOR_STATS)
+class AggregatorOwner:
+    """flush / aggregator_stats of a group whose C++ aggregator (`self._agg`) is made lazily."""
+
+    _agg = None
+
+    def flush(self) -> None:
+        """Send every queued request now."""
+        if self._agg is not None:
+            self._agg.flush()
+
+    def aggregator_stats(self) -> dict:
+        """The aggregator's counters (all zero before the first request)."""
+        return self._agg.stats() if self._agg is not None else dict(EMPTY_AGGREGATOR_STATS)

@@ -13,14 +13,14 @@ from typing import Optional
 import numpy as np
 
 from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name
-from mindspore_hyper.comm._handles import AsyncHandle, aggregator_stats, submit_single
+from mindspore_hyper.comm._handles import AggregatorOwner, AsyncHandle, submit_single
 
 __all__ = ["MindSporeGroup"]
 
 _MS_OPS = {"sum": "sum", "max": "max", "min": "min", "avg": "sum"}
 
 
-class MindSporeGroup:
+class MindSporeGroup(AggregatorOwner):
     """The world group of an initialised MindSpore job (``mindspore.communication.init()``).
 
     Args:
@@ -185,13 +185,6 @@ class MindSporeGroup:
 
             atexit.register(self.close)  # stop the executor (it calls into Python) before shutdown
         return submit_single(self._agg, x, op)
-
-    def flush(self) -> None:
-        if self._agg is not None:
-            self._agg.flush()
-
-    def aggregator_stats(self) -> dict:
-        return aggregator_stats(self._agg)
 
     def close(self) -> None:
         if self._agg is not None:

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name, split_counts
-from mindspore_hyper.comm._handles import AsyncHandle, aggregator_stats, submit_single
+from mindspore_hyper.comm._handles import AggregatorOwner, AsyncHandle, submit_single
 
 __all__ = ["ShmGroup", "cleanup_stale_segments", "SEGMENT_PREFIX"]
 
@@ -30,7 +30,7 @@ def cleanup_stale_segments(prefix: str = SEGMENT_PREFIX) -> int:
     return _C.cleanup_stale_segments(prefix)
 
 
-class ShmGroup:
+class ShmGroup(AggregatorOwner):
     """This process's member of a shared-memory group.
 
     Args:
@@ -216,13 +216,6 @@ class ShmGroup:
         if self._agg is None:
             self._agg = self._g.make_aggregator(self.aggregation_bytes, self.max_delay)
         return submit_single(self._agg, x, op)
-
-    def flush(self) -> None:
-        if self._agg is not None:
-            self._agg.flush()
-
-    def aggregator_stats(self) -> dict:
-        return aggregator_stats(self._agg)
 
     def close(self) -> None:
         """Stop the aggregator and unmap the segment (also happens at garbage collection)."""

@@ -330,24 +330,29 @@ class _Loader:
                               optimizer_sharding=sharding, optimizer_offload=offload, modules=modules,
                               parameters=parameters, groups=groups, scheduler=scheduler)
 
-    # -- module_level ------------------------------------------------------------------------
-    def _raw_modules(self, pipeline_axis: str) -> List[dict]:
-        raw = self.pc.get("module_level", [])
-        if raw is None:
-            return []
+    def _named_entries(self, key: str, allowed: Sequence[str], shape: str, name_hint: str):
+        """Yield (yaml path, mapping, name) for each entry of the list `parallel_config.<key>`,
+        checking it is a list of mappings with known keys and a non-empty `name`."""
+        raw = self.pc.get(key, []) or []
         if not isinstance(raw, list):
-            raise ConfigError("parallel_config.module_level", "expected a list of {name, strategy[, devices]} entries")
-        out = []
+            raise ConfigError(f"parallel_config.{key}", f"expected a list of {shape} entries")
         for i, item in enumerate(raw):
-            path = f"parallel_config.module_level[{i}]"
+            path = f"parallel_config.{key}[{i}]"
             if not isinstance(item, dict):
-                raise ConfigError(path, f"expected a mapping with keys {MODULE_KEYS}, got {item!r}")
-            unknown = [k for k in item if k not in MODULE_KEYS]
+                raise ConfigError(path, f"expected a mapping with keys {allowed}, got {item!r}")
+            unknown = [k for k in item if k not in allowed]
             if unknown:
-                raise ConfigError(f"{path}.{unknown[0]}", f"unknown key; expected one of {MODULE_KEYS}")
+                raise ConfigError(f"{path}.{unknown[0]}", f"unknown key; expected one of {allowed}")
             name = item.get("name")
             if not isinstance(name, str) or not name:
-                raise ConfigError(f"{path}.name", f"{name!r}; expected a Cell-name pattern such as 'transformer.*'")
+                raise ConfigError(f"{path}.name", f"{name!r}; expected {name_hint}")
+            yield path, item, name
+
+    # -- module_level ------------------------------------------------------------------------
+    def _raw_modules(self, pipeline_axis: str) -> List[dict]:
+        out = []
+        for path, item, name in self._named_entries("module_level", MODULE_KEYS, "{name, strategy[, devices]}",
+                                                    "a Cell-name pattern such as 'transformer.*'"):
             if "strategy" not in item:
                 raise ConfigError(f"{path}.strategy", "missing; expected a mapping like {tensor: (2,1)} or 'mpmd'")
             strategy = item["strategy"]
@@ -527,20 +532,9 @@ class _Loader:
         return axis, offload
 
     def _parameters(self, mesh: Layout) -> List[ParameterEntry]:
-        raw = self.pc.get("parameter_level", []) or []
-        if not isinstance(raw, list):
-            raise ConfigError("parallel_config.parameter_level", "expected a list of {name, tensor_map} entries")
         out = []
-        for i, item in enumerate(raw):
-            path = f"parallel_config.parameter_level[{i}]"
-            if not isinstance(item, dict):
-                raise ConfigError(path, f"expected a mapping with keys {PARAMETER_KEYS}")
-            unknown = [k for k in item if k not in PARAMETER_KEYS]
-            if unknown:
-                raise ConfigError(f"{path}.{unknown[0]}", f"unknown key; expected one of {PARAMETER_KEYS}")
-            name = item.get("name")
-            if not isinstance(name, str) or not name:
-                raise ConfigError(f"{path}.name", f"{name!r}; expected a parameter name or pattern")
+        for path, item, name in self._named_entries("parameter_level", PARAMETER_KEYS, "{name, tensor_map}",
+                                                    "a parameter name or pattern"):
             if "tensor_map" not in item:
                 raise ConfigError(f"{path}.tensor_map", "missing; expected e.g. [tensor, None]")
             out.append(ParameterEntry(name, self._tensor_map(item["tensor_map"], mesh, f"{path}.tensor_map"), path))
