@@ -261,3 +261,24 @@ def test_rank_missing_at_setup_times_out_without_leftovers():
     assert results[0][0] == "timeout" and "attached" in results[0][1]
     assert leftovers == []
     assert not [f for f in os.listdir("/dev/shm") if f.startswith(SEGMENT_PREFIX + "t")]
+
+
+def _create_and_wait(name):
+    ShmGroup(name, 0, 2, timeout=60.0)  # waits for a rank 1 that never comes
+
+
+def test_segment_of_a_creator_killed_before_anyone_attached_is_removed_by_the_next_group():
+    name = "t" + uuid.uuid4().hex[:12]
+    path = "/dev/shm/" + SEGMENT_PREFIX + name
+    creator = CTX.Process(target=_create_and_wait, args=(name,))
+    creator.start()
+    deadline = time.time() + JOIN_TIMEOUT
+    while not os.path.exists(path) and time.time() < deadline:
+        time.sleep(0.05)
+    assert os.path.exists(path)
+    os.kill(creator.pid, signal.SIGKILL)  # rank 0 dies while the group forms
+    creator.join(timeout=JOIN_TIMEOUT)
+    assert os.path.exists(path)  # left behind: nobody else knew of it
+    fresh = ShmGroup("t" + uuid.uuid4().hex[:12], 0, 1, timeout=5.0)  # any new group's rank 0 cleans up
+    fresh.close()
+    assert not os.path.exists(path)

@@ -47,6 +47,9 @@ class ShmGroup(AggregatorOwner):
         if not name or "/" in name:
             raise ValueError(f"name={name!r}: expected a non-empty name without '/'")
         self.name = name
+        if int(rank) == 0:
+            # segments left by crashed runs whose peers never attached (their creator is gone)
+            cleanup_stale_segments()
         self._g = _C.ShmGroup(SEGMENT_PREFIX + name, int(rank), int(size), int(channel_bytes), float(timeout))
         if aggregation_bytes is None:
             from mindspore_hyper.context import get_context
