@@ -187,3 +187,12 @@ def test_list_operands_of_old_style_primitives_are_intercepted():
     # the interception guard routes them to the dispatcher (else they would compute on placeholders)
     check(lambda x, y: ops.stack([x, y], 1).sum(1) + ops.addn([x, y, x]), [x3(), x3()],
           [("a", None, "c"), (None, "b", "c")])
+
+
+def test_tensors_passed_by_keyword_are_laid_out_too():
+    from mindspore import mint
+
+    low = Tensor(np.full((8, 8, 8), 0.1, np.float32))
+    acc = check(lambda x, lo: mint.clamp(x, min=lo), [x3(), low], [("a", None, "c"), (None, "b", None)],
+                allow_fallback=True)
+    assert sum(acc.fallbacks.values()) == 2  # keyword tensors take the replicated path, counted

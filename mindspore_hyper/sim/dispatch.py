@@ -47,12 +47,12 @@ class OpCall:
     prim_name: Optional[str] = None
     tensors: List[DTensor] = field(default_factory=list)
 
-    def run(self, local_inputs: Sequence[Any]):
-        """Run the real op on plain local tensors."""
+    def run(self, local_inputs: Sequence[Any], local_kwargs: Optional[Dict[str, Any]] = None):
+        """Run the real op on plain local tensors (keyword tensors localised in `local_kwargs`)."""
         with NoFallbackGuard():
             if self.prim is not None:
                 return self.func(self.prim, self.prim_name, tuple(local_inputs))
-            return self.func(*local_inputs, **self.kwargs)
+            return self.func(*local_inputs, **(self.kwargs if local_kwargs is None else local_kwargs))
 
     @property
     def attrs(self) -> Dict[str, Any]:
@@ -104,6 +104,11 @@ def _normalise(func, args, kwargs) -> OpCall:
             if isinstance(converted, DTensor):
                 call.tensors.append(converted)
         call.inputs.append(converted)
+    for key, value in kwargs.items():  # tensors passed by keyword: laid out and localised too
+        converted = _as_dtensor(value, mesh)
+        if isinstance(converted, DTensor):
+            call.tensors.append(converted)
+        call.kwargs[key] = converted
     return call
 
 
@@ -119,7 +124,8 @@ def dispatch(func, args, kwargs):
     hint = shard_hints.take(call.name, len(call.tensors))
     if hint is not None:
         _apply_hint(call, hint)
-    rule = RULES.get(call.name)
+    tensor_kwargs = any(isinstance(v, DTensor) for v in call.kwargs.values())
+    rule = RULES.get(call.name) if not tensor_kwargs else None  # rules read positional tensors only
     decision = rule(call) if rule is not None else None
     if decision is None:
         active_accounting().record_fallback(call.name)
@@ -145,6 +151,7 @@ def _substitute(call: OpCall, mapping: Dict[int, DTensor]) -> None:
         return v
 
     call.inputs = [swap(v) for v in call.inputs]
+    call.kwargs = {k: swap(v) for k, v in call.kwargs.items()}
     call.tensors = [mapping.get(id(t), t) for t in call.tensors]
 
 
@@ -176,7 +183,8 @@ def execute(call: OpCall, decision: Decision):
         else:
             if decision.local_args is not None:
                 local_inputs = decision.local_args(local_inputs, coords)
-            results[key] = call.run(local_inputs)
+            local_kwargs = dict(zip(call.kwargs, _localise(list(call.kwargs.values()), coords)))
+            results[key] = call.run(local_inputs, local_kwargs)
     return _assemble(results, axes, decision, mesh)
 
 
