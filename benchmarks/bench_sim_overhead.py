@@ -8,7 +8,6 @@ the same step on a single device, both measured in this run on the same machine.
 Prints the median of --repeat timed steps after one warm-up step for each, the ratio, and where
 the simulated step's time goes (ops dispatched, shards run, redistributions).
 """
-import argparse
 import os
 import statistics
 import sys
@@ -23,6 +22,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 import mindspore_hyper as mh  # noqa: E402
 from mindspore_hyper import Layout, auto_parallelize  # noqa: E402
 from models import GPT  # noqa: E402
+from gpt_args import gpt_argument_parser  # noqa: E402
 
 
 def strategy():
@@ -48,15 +48,7 @@ def time_steps(net, params, batch, repeat):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=768)
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=1024)
-    parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
+    args = gpt_argument_parser(__doc__.splitlines()[0]).parse_args()
 
     ms.set_seed(0)
     mh.set_context(mode="simulation", device_num=8)

@@ -36,12 +36,13 @@ Prints the median of --repeat timed steps after one warm-up step for each, the r
 difference between the simulated and the single-device loss at every step (same initial weights,
 same data, same optimizer).
 """
-import argparse
 import copy
 import math
 import statistics
 import sys
 import time
+
+from gpt_args import gpt_argument_parser
 
 try:
     import torch
@@ -167,15 +168,7 @@ def global_loss(loss, mesh):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=768)
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=1024)
-    parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
+    args = gpt_argument_parser(__doc__.splitlines()[0]).parse_args()
     dp, tp = MESH_SHAPE
     if args.heads % tp or args.vocab % tp or args.batch % dp or args.hidden % args.heads:
         sys.exit(f"need heads and vocab divisible by {tp}, batch by {dp}, hidden by heads")

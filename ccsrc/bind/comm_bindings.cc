@@ -120,6 +120,16 @@ class ShmGroup {
   std::shared_ptr<Communicator> comm_;
 };
 
+py::dict AggregatorStatsDict(const AggregatorStats& s) {
+  py::dict d;
+  d["requests"] = s.requests;
+  d["packets"] = s.packets;
+  d["bypassed"] = s.bypassed;
+  d["batches"] = s.batches;
+  d["bytes"] = s.bytes;
+  return d;
+}
+
 std::vector<Buf> Bufs(const std::vector<py::buffer>& list, bool writable) {
   std::vector<Buf> out;
   for (const auto& b : list) out.push_back(GetBuf(b, writable));
@@ -224,14 +234,7 @@ void BindComm(py::module_& root) {
       .def_property_readonly("packet_bytes", &Aggregator::packet_bytes)
       .def_property_readonly("max_delay", &Aggregator::max_delay)
       .def("stats", [](Aggregator& a) {
-        AggregatorStats s = a.stats();
-        py::dict d;
-        d["requests"] = s.requests;
-        d["packets"] = s.packets;
-        d["bypassed"] = s.bypassed;
-        d["batches"] = s.batches;
-        d["bytes"] = s.bytes;
-        return d;
+        return AggregatorStatsDict(a.stats());
       });
   py::class_<ArrayHandle>(m, "ArrayHandle")
       .def("wait", [](ArrayHandle& h, py::object timeout) {
@@ -427,14 +430,7 @@ void BindComm(py::module_& root) {
       })
       .def("flush", &InProcGroup::FlushAll, py::call_guard<py::gil_scoped_release>())
       .def("aggregator_stats", [](InProcGroup& g, int r) {
-        AggregatorStats s = g.aggregator(r).stats();
-        py::dict d;
-        d["requests"] = s.requests;
-        d["packets"] = s.packets;
-        d["bypassed"] = s.bypassed;
-        d["batches"] = s.batches;
-        d["bytes"] = s.bytes;
-        return d;
+        return AggregatorStatsDict(g.aggregator(r).stats());
       })
       .def("close", &InProcGroup::CloseAggregators, py::call_guard<py::gil_scoped_release>());
 }

@@ -92,16 +92,7 @@ uint64_t TensorStore::Put(const void* data, uint64_t nbytes) {
 }
 
 void TensorStore::Update(uint64_t tid, const void* data, uint64_t nbytes) {
-  std::vector<Extent> ext;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    const Entry& e = Find(tid);
-    if (e.nbytes != nbytes) {
-      throw StoreError("tensor " + std::to_string(tid) + " holds " + std::to_string(e.nbytes) +
-                       " bytes, update has " + std::to_string(nbytes));
-    }
-    ext = e.extents;
-  }
+  const std::vector<Extent> ext = SizedExtents(tid, nbytes, "update");
   const auto* p = static_cast<const uint8_t*>(data);
   for (const Extent& x : ext) {
     store_->Write(x.block, x.offset, p, x.length);
@@ -110,16 +101,7 @@ void TensorStore::Update(uint64_t tid, const void* data, uint64_t nbytes) {
 }
 
 void TensorStore::Get(uint64_t tid, void* dst, uint64_t nbytes) const {
-  std::vector<Extent> ext;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    const Entry& e = Find(tid);
-    if (e.nbytes != nbytes) {
-      throw StoreError("tensor " + std::to_string(tid) + " holds " + std::to_string(e.nbytes) +
-                       " bytes, destination has " + std::to_string(nbytes));
-    }
-    ext = e.extents;
-  }
+  const std::vector<Extent> ext = SizedExtents(tid, nbytes, "destination");
   auto* p = static_cast<uint8_t*>(dst);
   for (const Extent& x : ext) {
     store_->Read(x.block, x.offset, p, x.length);
@@ -128,16 +110,7 @@ void TensorStore::Get(uint64_t tid, void* dst, uint64_t nbytes) const {
 }
 
 void TensorStore::GetPinned(uint64_t tid, Tier tier, void* dst, uint64_t nbytes) const {
-  std::vector<Extent> ext;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    const Entry& e = Find(tid);
-    if (e.nbytes != nbytes) {
-      throw StoreError("tensor " + std::to_string(tid) + " holds " + std::to_string(e.nbytes) +
-                       " bytes, destination has " + std::to_string(nbytes));
-    }
-    ext = e.extents;
-  }
+  const std::vector<Extent> ext = SizedExtents(tid, nbytes, "destination");
   auto* p = static_cast<uint8_t*>(dst);
   for (const Extent& x : ext) {
     store_->ReadPinned(x.block, tier, x.offset, p, x.length);
@@ -153,6 +126,16 @@ uint64_t TensorStore::Size(uint64_t tid) const {
 bool TensorStore::Contains(uint64_t tid) const {
   std::lock_guard<std::mutex> g(mu_);
   return tensors_.count(tid) != 0;
+}
+
+std::vector<Extent> TensorStore::SizedExtents(uint64_t tid, uint64_t nbytes, const char* what) const {
+  std::lock_guard<std::mutex> g(mu_);
+  const Entry& e = Find(tid);
+  if (e.nbytes != nbytes) {
+    throw StoreError("tensor " + std::to_string(tid) + " holds " + std::to_string(e.nbytes) + " bytes, " +
+                     what + " has " + std::to_string(nbytes));
+  }
+  return e.extents;
 }
 
 std::vector<Extent> TensorStore::Extents(uint64_t tid) const {

@@ -54,6 +54,8 @@ class TensorStore {
     std::vector<Extent> extents;
   };
   const Entry& Find(uint64_t tid) const;  // under mu_
+  // The tensor's extents after checking it holds `nbytes` (error names `what`: update/destination).
+  std::vector<Extent> SizedExtents(uint64_t tid, uint64_t nbytes, const char* what) const;
 
   std::shared_ptr<BlockStore> store_;
   mutable std::mutex mu_;

@@ -8,10 +8,10 @@ An op without a rule runs on replicated inputs and is recorded as a replication 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-import numpy as np
 from mindspore import Parameter, Tensor
 from mindspore._c_expression import NoFallbackGuard
 from mindspore.ops.primitive import Primitive
@@ -79,7 +79,9 @@ def _as_dtensor(value, mesh):
         if id(value) not in parameter_dtensors:
             param, layout = parameter_layouts[id(value)]
             with use_accounting(Accounting(layout.mesh.size)):  # parameter shards are not activations
-                parameter_dtensors[id(value)] = distribute_tensor(param, layout)
+                dt = distribute_tensor(param, layout)
+                dt._parameter_id = id(param)
+                parameter_dtensors[id(value)] = dt
         return parameter_dtensors[id(value)]
     if isinstance(value, Tensor):
         return DTensor._create(TensorLayout.replicated(mesh, value.ndim), {(): value}, value.shape, value.dtype)
@@ -192,20 +194,16 @@ def _record_gradient_fanout(ready: List[DTensor], axes: List[int]) -> None:
     """An input replicated along axes the op runs sharded over gets its gradient summed over
     them in backward: an AllReduce per activation, once per step for a parameter."""
     accounting = active_accounting()
-    params = {id(d): pid for pid, d in parameter_dtensors.items()}
     for t in ready:
         fanout = set(axes) - set(significant_axes(t.layout))
         if not fanout or not _is_float(t.dtype):
             continue
-        if id(t) in params:
-            accounting.param_fanout.setdefault(params[id(t)], set()).update(fanout)
+        if t._parameter_id is not None:
+            accounting.param_fanout.setdefault(t._parameter_id, set()).update(fanout)
             continue
         mesh = t.layout.mesh
-        n = 1
-        for a in fanout:
-            n *= mesh.device_matrix[a]
-        local = t.layout.local_shape(t.global_shape)
-        nbytes = int(np.prod(local)) * t.dtype.itemsize
+        n = math.prod(mesh.device_matrix[a] for a in fanout)
+        nbytes = t.local_nbytes
         name = "+".join(mesh.alias_names[a] for a in sorted(fanout))
         accounting.record_comm("AllReduce", name, 2 * nbytes * (n - 1) // n, nbytes, backward=True)
 

@@ -10,7 +10,6 @@ along replicated axes share one shard object.
 """
 from __future__ import annotations
 
-import itertools
 import math
 import weakref
 from typing import Dict, List, Sequence, Tuple
@@ -47,12 +46,6 @@ def significant_axes(layout: TensorLayout) -> Tuple[int, ...]:
     return tuple(sorted(set(layout.sharded_axes()) | set(layout.partial)))
 
 
-def all_keys(layout: TensorLayout) -> List[Key]:
-    """Every shard key of `layout` (coordinates on its significant axes)."""
-    sizes = [layout.mesh.device_matrix[a] for a in significant_axes(layout)]
-    return list(itertools.product(*[range(n) for n in sizes]))
-
-
 def key_of(coords: Sequence[int], axes: Sequence[int]) -> Key:
     return tuple(coords[a] for a in axes)
 
@@ -69,7 +62,9 @@ class DTensor(Tensor):
         dt._layout = layout
         dt._shards = shards
         dt._global_shape = global_shape
-        nbytes = math.prod(layout.local_shape(global_shape)) * _itemsize(dtype)
+        nbytes = math.prod(layout.local_shape(global_shape)) * dtype.itemsize
+        dt._local_nbytes = nbytes
+        dt._parameter_id = None  # id of the Parameter this DTensor lays out, if any
         accounting = active_accounting()
         accounting.allocate(nbytes)
         weakref.finalize(dt, accounting.free, nbytes)
@@ -89,6 +84,11 @@ class DTensor(Tensor):
     def global_shape(self) -> Tuple[int, ...]:
         return self._global_shape
 
+    @property
+    def local_nbytes(self) -> int:
+        """Bytes of one device's shard."""
+        return self._local_nbytes
+
     def local_shard(self, rank: int) -> Tensor:
         """Virtual device `rank`'s shard (a plain Tensor)."""
         coords = self._layout.mesh.coords(rank)
@@ -106,10 +106,10 @@ class DTensor(Tensor):
         global tensor is first laid out: in a real run it arrives already sharded)."""
         if layout == self._layout:
             return self
-        plan = plan_redistribution(self._layout, layout, self._global_shape, _itemsize(self.dtype))
+        plan = plan_redistribution(self._layout, layout, self._global_shape, self.dtype.itemsize)
         shards, current = self._shards, self._layout
         accounting = active_accounting()
-        itemsize = _itemsize(self.dtype)
+        itemsize = self.dtype.itemsize
         for step in plan:
             input_bytes = math.prod(current.local_shape(self._global_shape)) * itemsize
             shards, current = _apply_step(step, shards, current)
@@ -161,10 +161,6 @@ def distribute_tensor(tensor: Tensor, layout: TensorLayout) -> DTensor:
     replicated = TensorLayout.replicated(layout.mesh, len(global_shape))
     source = DTensor._create(replicated, {(): tensor}, global_shape, tensor.dtype)
     return source.redistribute(layout, account_backward=False)  # local slicing only
-
-
-def _itemsize(dtype) -> int:
-    return dtype.itemsize
 
 
 def _is_float(dtype) -> bool:

@@ -43,19 +43,20 @@ class SimulatedModel(nn.Cell):
         self.accounting = Accounting(self.mesh.size)
         self.last_step_seconds = 0.0
         self._params = {name: p for name, p in network.parameters_and_names()}
+        self._layouts = {id(self._params[row.name]): (self._params[row.name], row.layout) for row in table}
+        self._rows = {id(self._params[row.name]): row for row in table}
 
     def construct(self, *inputs):
         start = time.perf_counter()
         self.accounting.reset_step()
-        layouts = {id(self._params[row.name]): (self._params[row.name], row.layout) for row in self.table}
-        dispatch.parameter_layouts.update(layouts)
+        dispatch.parameter_layouts.update(self._layouts)
         try:
             with use_accounting(self.accounting):
                 args = [self._distribute_input(x) for x in inputs]
                 outputs = self.network(*args)
                 result = self._collect(outputs)
         finally:
-            for key in layouts:
+            for key in self._layouts:
                 dispatch.parameter_layouts.pop(key, None)
                 dispatch.parameter_dtensors.pop(key, None)
         self._record_gradient_sync()
@@ -67,9 +68,8 @@ class SimulatedModel(nn.Cell):
         """Gradients of parameters used replicated along some axes are summed over them once per
         step: an AllReduce, or with ZeRO-1 a ReduceScatter to the optimizer shard plus an
         AllGather of the updated parameter shard."""
-        rows = {id(self._params[row.name]): row for row in self.table}
         for pid, fanout in self.accounting.param_fanout.items():
-            row = rows[pid]
+            row = self._rows[pid]
             n = math.prod(self.mesh.device_matrix[a] for a in fanout)
             name = "+".join(self.mesh.alias_names[a] for a in sorted(fanout))
             nbytes = row.param_bytes
