@@ -47,6 +47,9 @@ def test_set_get_reset():
     ("topology", "torus9000", "preset"),
     ("topology", "/nonexistent/topo.yaml", "does not exist"),
     ("memory_check", "ignore", "'warn'"),
+    ("sim_collectives", "nccl", "'mindspore', 'library'"),
+    ("host_memory", "lots", "byte size"),
+    ("offload_dir", 3, "directory path"),
 ])
 def test_bad_values_name_flag_and_allowed(flag, value, expected):
     with pytest.raises(ValueError) as err:
