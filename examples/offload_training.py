@@ -5,10 +5,18 @@ Parameters, Adam states and gradients of the 32 hidden layers live in the tiered
 `offload_dir`); each layer's blocks are prefetched to the device tier just before it runs and
 released after. The losses are checked against ordinary in-memory training.
 
+With `--simulate` the same model runs on 8 simulated devices (data 2 x tensor 4, ZeRO-1): every
+virtual device gets its own store, whose device tier (the same `device_memory` budget, now per
+device) holds only that device's shards, parameters and the slice of optimizer states and
+gradients it updates.
+
 On CPU the "device" tier is a budgeted arena in host memory. On Ascend the same code runs with
 `mindspore.set_context(device_target="Ascend")`; the device tier then stands for HBM (this path
 was not run here).
+
+usage: python examples/offload_training.py [--simulate]
 """
+import argparse
 import tempfile
 
 import numpy as np
@@ -17,16 +25,19 @@ from mindspore import Tensor, nn, ops
 
 import mindspore_hyper as mh
 from mindspore_hyper.offload import OffloadPolicy, hyper_offload
+from mindspore_hyper.shard import Layout
+from mindspore_hyper.sim import simulate
 
-LAYERS, DIM, STEPS = 32, 512, 5  # 32 x Dense(512, 512): 32 MiB of offloaded parameters
+LAYERS, STEPS = 32, 5
+DIM = 512  # 32 x Dense(512, 512): 32 MiB of offloaded parameters (--simulate: 1024, 128 MiB, 32 per device)
 MB = 1 << 20
 
 
 class Net(nn.Cell):
-    def __init__(self):
+    def __init__(self, dim):
         super().__init__()
-        self.layers = nn.CellList([nn.Dense(DIM, DIM) for _ in range(LAYERS)])
-        self.head = nn.Dense(DIM, 1)
+        self.layers = nn.CellList([nn.Dense(dim, dim) for _ in range(LAYERS)])
+        self.head = nn.Dense(dim, 1)
 
     def construct(self, x):
         for layer in self.layers:
@@ -45,39 +56,61 @@ def train_resident(model, x, y):
     return losses
 
 
+def simulated(model):
+    """`model` on 8 simulated devices: hidden layers alternately column- and row-parallel."""
+    mh.set_context(device_num=8)
+    strategy = Layout((2, 4), ("data", "tensor"))(tensor_map=(), optimizer_state="data")
+    for i in range(0, LAYERS, 2):
+        strategy.override(f"layers.{i}.*", "tensor").override(f"layers.{i + 1}.weight", None, "tensor")
+    return simulate(model, strategy)
+
+
 def main():
+    args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    args.add_argument("--simulate", action="store_true", help="run on 8 simulated devices, a store per device")
+    args = args.parse_args()
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_seed(0)
     rng = np.random.default_rng(0)
-    x = Tensor(rng.standard_normal((32, DIM)).astype(np.float32))
+    dim = 2 * DIM if args.simulate else DIM  # the same bytes per device as the single device run
+    x = Tensor(rng.standard_normal((32, dim)).astype(np.float32))
     y = Tensor(rng.standard_normal((32, 1)).astype(np.float32))
 
-    reference, model = Net(), Net()
+    reference, model = Net(dim), Net(dim)
     for p, q in zip(reference.get_parameters(), model.get_parameters()):
         q.set_data(p.data.copy())
     param_bytes = sum(p.asnumpy().nbytes for p in model.layers.get_parameters())
+    # Each device keeps 1/4 of its parameter bytes in its device tier, and 1/2 in its host pool.
+    shard_bytes = param_bytes // 4 if args.simulate else param_bytes  # tensor-parallel over 4
+    devices = 8 if args.simulate else 1
     with tempfile.TemporaryDirectory() as offload_dir:
-        mh.set_context(hyper_offload=True, cache_block_size="1MB", device_memory=8 * MB,  # 1/4 of the parameters
-                       host_memory=16 * MB, prefetch_depth=4, offload_dir=offload_dir)
-        off = hyper_offload(model, OffloadPolicy(cells=["layers.*"]),
+        mh.set_context(hyper_offload=True, cache_block_size="1MB", device_memory=shard_bytes // 4,
+                       host_memory=devices * shard_bytes // 2, prefetch_depth=4, offload_dir=offload_dir)
+        run = simulated(model) if args.simulate else model
+        off = hyper_offload(run, OffloadPolicy(cells=["layers.*"]),
                             optimizer=lambda params: nn.Adam(params, learning_rate=1e-3))
-        step = off.train_step(lambda a, b: ops.reduce_mean((model(a) - b) ** 2))
+        step = off.train_step(lambda a, b: ops.reduce_mean((run(a) - b) ** 2))
         losses = [float(step(x, y).asnumpy()) for _ in range(STEPS)]
         stats = off.stats()
         off.remove()
-        off.store.close()
+        off.close()
     expected = train_resident(reference, x, y)
 
-    print(f"offloaded parameters: {param_bytes / MB:.1f} MiB = {param_bytes / mh.get_context('device_memory'):.1f}x "
-          f"the device tier budget ({mh.get_context('device_memory') / MB:.0f} MiB); host pool "
-          f"{mh.get_context('host_memory') / MB:.0f} MiB; the rest on disk")
+    budget = mh.get_context("device_memory")
+    print(f"offloaded parameters: {param_bytes / MB:.1f} MiB" + (f" over 8 simulated devices, "
+          f"{shard_bytes / MB:.1f} MiB of them per device" if args.simulate else "")
+          + f" = {shard_bytes / budget:.1f}x the device tier budget ({budget / MB:.0f} MiB"
+          + (" per device" if args.simulate else "") + f"); host pool {mh.get_context('host_memory') / MB:.0f} MiB"
+          + (" shared evenly" if args.simulate else "") + "; the rest on disk")
     print("step  resident   offloaded")
     for i, (a, b) in enumerate(zip(expected, losses)):
         print(f"{i:4d}  {a:.6f}  {b:.6f}")
-    moved = {k: f"{v / MB:.1f} MiB" for k, v in stats["bytes_moved"].items() if v}
-    print(f"device tier peak {stats['device']['peak_bytes'] / MB:.1f} MiB (budget "
-          f"{stats['device']['capacity_blocks']} blocks); moved per run: {moved}")
-    print(f"prefetch: {dict((k, stats['prefetch'][k]) for k in ('hits', 'late', 'misses'))}")
+    for rank, s in enumerate(stats.get("devices", [stats])):
+        moved = {k: f"{v / MB:.1f} MiB" for k, v in s["bytes_moved"].items() if v}
+        where = f"device {rank}: " if args.simulate else ""
+        print(f"{where}device tier peak {s['device']['peak_bytes'] / MB:.1f} MiB (budget "
+              f"{s['device']['capacity_blocks']} blocks); moved per run: {moved}; prefetch "
+              f"{dict((k, s['prefetch'][k]) for k in ('hits', 'late', 'misses'))}")
     worst = max(abs(a - b) / abs(a) for a, b in zip(expected, losses))
     if worst > 1e-5:
         raise SystemExit(f"offloaded losses differ from resident training (relative {worst:.2e})")

@@ -1,41 +1,105 @@
-"""HyperOffload composes with the simulation: an offloaded model run on 8 simulated devices
-(data 2 x tensor 4) trains like the resident single-device model."""
+"""HyperOffload in simulation mode: every virtual device has its own store whose device tier
+holds that device's shards; offloaded + simulated training (data 2 x tensor 4, ZeRO-1) trains like
+the resident single-device model."""
 import numpy as np
 import pytest
 from mindspore import ops
 
-from mindspore_hyper.offload import OffloadPolicy, hyper_offload
+from mindspore_hyper.offload import OffloadPolicy, OffloadStore, WorkingSetError, hyper_offload
 from mindspore_hyper.shard import Layout
 from mindspore_hyper.sim import simulate
 
-from test_offload_training import MLP, OPTIMIZERS, copy_model, data, make_store, reference_run
+from test_offload_training import BS, MLP, OPTIMIZERS, copy_model, data, make_store, reference_run
+
+DIM = 64  # a 64x64 float32 weight is 16KB: 2 blocks unsharded, a quarter of a block per shard
 
 
-@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
-def test_offloaded_simulated_training_matches_resident(tmp_path, opt_name, clean_context):
-    clean_context.set_context(device_num=8)
-    x, y = data()
-    base = MLP()
-    ref_losses, ref_params = reference_run(copy_model(base), OPTIMIZERS[opt_name], x, y)
-
-    model = copy_model(base)
+def sharded_mlp(base):
+    model = copy_model(base, dim=DIM)
     strategy = Layout((2, 4), ("data", "tensor"))(tensor_map=(), optimizer_state="data")
-    strategy.override("layers.0.*", "tensor").override("layers.1.weight", None, "tensor")  # column + row
-    sim = simulate(model, strategy)
-    store = make_store(tmp_path)
-    off = hyper_offload(model, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS[opt_name], store=store)
-    step = off.train_step(lambda a, b: ops.reduce_mean((sim(a) - b) ** 2))
-    losses = [float(step(x, y).asnumpy()) for _ in range(5)]
+    for i in (0, 2):  # column-parallel, then row-parallel
+        strategy.override(f"layers.{i}.*", "tensor").override(f"layers.{i + 1}.weight", None, "tensor")
+    return model, simulate(model, strategy)
 
+
+def check_matches(off, losses, ref_losses, ref_params):
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
     values = off.parameter_values()
     for name, ref in ref_params.items():  # relative error in the 2-norm, as in test_sim_training
         rel = np.linalg.norm(values[name].astype(np.float64) - ref) / np.linalg.norm(ref)
         assert rel <= 1e-5, f"{name}: relative error {rel:.2e} after 5 steps"
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+def test_each_simulated_device_has_its_own_tier(tmp_path, opt_name, clean_context):
+    clean_context.set_context(device_num=8)
+    x, y = data(DIM)
+    base = MLP(dim=DIM)
+    ref_losses, ref_params = reference_run(copy_model(base, dim=DIM), OPTIMIZERS[opt_name], x, y)
+    model, sim = sharded_mlp(base)
+    budget = 3 * BS
+    policy = OffloadPolicy(cells=["layers.*"], activation_cells=["layers.1"])
+    off = hyper_offload(sim, policy, optimizer=OPTIMIZERS[opt_name], block_size=BS, device_memory=budget,
+                        host_memory=8 * 6 * BS, offload_dir=str(tmp_path), prefetch_depth=2)
+    assert len(off.stores) == 8 and all(s.device_memory == budget for s in off.stores)
+    # Device (data d, tensor t) keeps rows 16t..16t+16 of layers.0.weight and updates the half of
+    # them its ZeRO-1 optimizer slice covers: rows 16t+8d..16t+8d+8.
+    w0 = base.layers[0].weight.asnumpy()
+    for rank in range(8):
+        d, t = divmod(rank, 4)
+        dev = off.groups[0].devices[rank]
+        shard = dev.store.get(dev.params[0])
+        np.testing.assert_array_equal(shard, w0[16 * t:16 * t + 16])
+        assert dev.grads[0].shape == (8, DIM)
+        assert dev.shards[0].update_region[0] == slice(16 * t + 8 * d, 16 * t + 8 * d + 8)
+    step = off.train_step(lambda a, b: ops.reduce_mean((sim(a) - b) ** 2))
+    losses = [float(step(x, y).asnumpy()) for _ in range(5)]
+    check_matches(off, losses, ref_losses, ref_params)
+
     stats = off.stats()
-    assert 0 < stats["device"]["peak_bytes"] <= store.device_memory
+    for rank, s in enumerate(stats["devices"]):
+        assert 0 < s["device"]["peak_bytes"] <= budget, rank
+        assert s["bytes_moved"]["host->device"] > 0, rank  # every device really moves its shards
+        assert 0 < stats["per_device_peak_materialized_bytes"][rank] <= budget
+    # layers.1's saved activations are per shard: each distinct one is kept by the devices
+    # holding it (its replicas), not by all eight.
+    holders = [sorted(slots) for (name, _), slots in off._activation_refs.items() if name == "layers.1"]
+    assert holders and any(len(h) < 8 for h in holders)
     report = sim.report()
-    assert report.fallbacks == {}  # the hook ops MindSpore inserts for offload keep the sharding
-    assert report.comm["AllReduce"]["tensor"]["count"] == 1  # the row-parallel layer really ran sharded
+    assert report.fallbacks == {}
+    assert report.comm["AllReduce"]["tensor"]["count"] == 2  # both row-parallel layers ran sharded
     off.remove()
+    off.close()
+    assert not any(tmp_path.iterdir())  # the per-device folders are removed
+
+
+def test_shards_fit_where_the_whole_model_does_not(tmp_path, clean_context):
+    clean_context.set_context(device_num=8)
+    base = MLP(dim=DIM)
+    with pytest.raises(WorkingSetError, match=r"Cell 'layers.0' cannot run offloaded: .* the device tier holds 3"):
+        hyper_offload(copy_model(base, dim=DIM), OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["adam"],
+                      store=make_store(tmp_path, device_blocks=3))
+    _, sim = sharded_mlp(base)
+    off = hyper_offload(sim, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["adam"], block_size=BS,
+                        device_memory=3 * BS, host_memory=48 * BS, offload_dir=str(tmp_path))
+    assert len(off.groups) == 4
+    off.close()
+
+
+def test_tier_too_small_for_a_shard_names_the_device(tmp_path, clean_context):
+    clean_context.set_context(device_num=8)
+    _, sim = sharded_mlp(MLP(dim=DIM))
+    with pytest.raises(WorkingSetError, match=r"Cell 'layers.0' cannot run offloaded on device 0: .* holds 1 blocks"):
+        hyper_offload(sim, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["adam"], block_size=BS // 4,
+                      device_memory=BS // 4, host_memory=48 * BS, offload_dir=str(tmp_path))
+    assert not any(tmp_path.iterdir())  # refused: the stores it made are closed, folders removed
+
+
+def test_store_argument_must_give_one_store_per_device(tmp_path, clean_context):
+    clean_context.set_context(device_num=8)
+    _, sim = sharded_mlp(MLP(dim=DIM))
+    store = make_store(tmp_path)
+    with pytest.raises(ValueError, match=r"store: expected 8 OffloadStores \(one per simulated device\)"):
+        hyper_offload(sim, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["sgd"], store=store)
+    assert isinstance(store, OffloadStore) and store.stats()["device"]["used_blocks"] == 0
     store.close()

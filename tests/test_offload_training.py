@@ -30,16 +30,16 @@ class MLP(nn.Cell):
         return self.head(x)
 
 
-def copy_model(src, n_layers=4):
-    dst = MLP(n_layers)
+def copy_model(src, n_layers=4, dim=DIM):
+    dst = MLP(n_layers, dim)
     for p_dst, p_src in zip(dst.get_parameters(), src.get_parameters()):
         p_dst.set_data(Tensor(p_src.asnumpy().copy()))
     return dst
 
 
-def data():
+def data(dim=DIM):
     rng = np.random.default_rng(0)
-    return (Tensor(rng.standard_normal((16, DIM)).astype(np.float32)),
+    return (Tensor(rng.standard_normal((16, dim)).astype(np.float32)),
             Tensor(rng.standard_normal((16, 1)).astype(np.float32)))
 
 
@@ -95,7 +95,7 @@ def test_offloaded_training_matches_resident(tmp_path, opt_name, swap_activation
     assert stats["device"]["peak_blocks"] <= stats["device"]["capacity_blocks"]
     assert 0 < stats["peak_materialized_param_bytes"] <= budget
     # The offloaded state is larger than the device tier, so it really moves through the tiers.
-    total_blocks = len({b for g in off.groups for b in g.update_blocks})
+    total_blocks = len({b for g in off.groups for b in g.devices[0].update_blocks})
     assert total_blocks > stats["device"]["capacity_blocks"]
     assert stats["bytes_moved"]["host->device"] > 0 and stats["bytes_moved"]["host->disk"] > 0
     pf = stats["prefetch"]

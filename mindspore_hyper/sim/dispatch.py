@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mindspore import Parameter, Tensor
 from mindspore._c_expression import NoFallbackGuard
@@ -22,13 +22,14 @@ from mindspore_hyper.sim.dtensor import DTensor, _is_float, distribute_tensor, k
 from mindspore_hyper.sim.rules.registry import RULES, Decision
 from mindspore_hyper.sim import shard_hints
 
-__all__ = ["OpCall", "dispatch", "dispatch_getitem", "parameter_layouts", "parameter_dtensors"]
+__all__ = ["OpCall", "dispatch", "dispatch_getitem", "parameter_layouts", "parameter_dtensors", "running_ranks"]
 
 # Parameter identity -> (Parameter, layout) for the current forward (set by the simulated model),
 # and the DTensors made from them, lazily at first use: a Parameter is sliced when an op first
 # reads it, so hooks that bring its data in just before its Cell runs (HyperOffload) compose.
 parameter_layouts: Dict[int, tuple] = {}
 parameter_dtensors: Dict[int, DTensor] = {}
+_running: Optional[Tuple[Any, Dict[int, int]]] = None  # (mesh, coords) of the shard an op runs on
 
 # Ops that inspect type only (same answer on every shard): run once on one shard, return as is.
 TYPE_QUERIES = ("typeof",)
@@ -177,17 +178,31 @@ def execute(call: OpCall, decision: Decision):
     _record_gradient_fanout(ready, axes)
     sizes = [mesh.device_matrix[a] for a in axes]
     results = {}
-    for key in itertools.product(*[range(n) for n in sizes]):
-        coords = dict(zip(axes, key))
-        local_inputs = _localise(call.inputs, coords)
-        if decision.local_fn is not None:
-            results[key] = decision.local_fn(call, local_inputs, coords)
-        else:
-            if decision.local_args is not None:
-                local_inputs = decision.local_args(local_inputs, coords)
-            local_kwargs = dict(zip(call.kwargs, _localise(list(call.kwargs.values()), coords)))
-            results[key] = call.run(local_inputs, local_kwargs)
+    global _running
+    try:
+        for key in itertools.product(*[range(n) for n in sizes]):
+            coords = dict(zip(axes, key))
+            _running = (mesh, coords)
+            local_inputs = _localise(call.inputs, coords)
+            if decision.local_fn is not None:
+                results[key] = decision.local_fn(call, local_inputs, coords)
+            else:
+                if decision.local_args is not None:
+                    local_inputs = decision.local_args(local_inputs, coords)
+                local_kwargs = dict(zip(call.kwargs, _localise(list(call.kwargs.values()), coords)))
+                results[key] = call.run(local_inputs, local_kwargs)
+    finally:
+        _running = None
     return _assemble(results, axes, decision, mesh)
+
+
+def running_ranks() -> Optional[List[int]]:
+    """While an op runs on one distinct shard: the ranks that run it (the others along the axes
+    it is not split over hold replicas); None outside."""
+    if _running is None:
+        return None
+    mesh, coords = _running
+    return [r for r in mesh.ranks if all(mesh.coords(r)[a] == c for a, c in coords.items())]
 
 
 def _record_gradient_fanout(ready: List[DTensor], axes: List[int]) -> None:
