@@ -71,3 +71,56 @@ def test_fetch_of_unknown_tensor_fails(store):
     store.erase(ref)
     with pytest.raises(Exception):
         StoreFetch(ref)().asnumpy()
+
+
+def test_kernel_fence_passes_after_the_kernels_launched_before_it(store):
+    # The offload hooks scrub a Cell's Parameters once a KernelFence launched after the Cell's
+    # kernels has passed: that relies on PyNative executing launched kernels in order. Here the
+    # only way for the store to hold the chain's result when the fence has passed is that the
+    # StorePut kernel (launched before the fence, after a long chain) has run.
+    from mindspore import ops
+    from mindspore_hyper.offload.fence import KernelFence
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    n = 256
+    a = Tensor(np.random.default_rng(0).standard_normal((n, n)).astype(np.float32) / n)
+    ref = store.put(np.zeros((n, n), np.float32))
+    put = StorePut(ref)
+    for trial in range(3):
+        x = a
+        for _ in range(30):
+            x = ops.tanh(ops.matmul(x, a) + 1.0)
+        put(x)
+        fences = [KernelFence() for _ in range(10)]  # more than the pool of fence primitives
+        fences[-1].wait()
+        got = store.get(ref)  # before anything else synchronizes
+        np.testing.assert_array_equal(got, x.asnumpy())
+    # The same with MindSpore's own kernels: an assign into a Parameter whose memory a numpy
+    # view shares (CPU) has run once a later fence has passed.
+    p = ms.Parameter(Tensor(np.zeros((n, n), np.float32)), name="fence_probe")
+    view = p.asnumpy()
+    for trial in range(3):
+        x = a * float(trial + 2)
+        for _ in range(30):
+            x = ops.tanh(ops.matmul(x, a) + 1.0)
+        ops.assign(p, x)
+        fence = KernelFence()
+        fence.wait()
+        got = view.copy()
+        np.testing.assert_array_equal(got, x.asnumpy())
+        for f in fences:
+            f.wait()
+            assert f.passed()
+
+
+def test_fence_primitives():
+    fid = _core.fence_new_id()
+    assert not _core.fence_poll(fid)
+    assert not _core.fence_wait(fid, 0.01)  # times out
+    _core.fence_signal(fid)
+    assert _core.fence_wait(fid, 0.01)
+    assert not _core.fence_poll(fid)  # consumed
+    other = _core.fence_new_id()
+    _core.fence_forget(other)  # abandoned before it passed: its signal is dropped
+    _core.fence_signal(other)
+    assert not _core.fence_poll(other)

@@ -4,12 +4,14 @@
 // Kernel signature (MindSpore aot): inputs then outputs in `params`, 0 = success.
 //   MsHyperStoreFetch(tid: int64[1]) -> out           copies stored tensor `tid` into out
 //   MsHyperStorePut(x, tid: int64[1]) -> out          stores x as tensor `tid`, out = x
+//   MsHyperFence(id: int64[1]) -> out: int64[1]        marks kernel fence `id` as passed, out = id
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <string>
 
+#include "aot/kernel_fence.h"
 #include "store/tensor_store.h"
 
 namespace {
@@ -68,4 +70,15 @@ extern "C" __attribute__((visibility("default"))) int MsHyperStorePut(int nparam
   } catch (...) {
     return Fail("MsHyperStorePut", "unknown error");
   }
+}
+
+extern "C" __attribute__((visibility("default"))) int MsHyperFence(int nparam, void** params, int* /*ndims*/,
+                                 int64_t** /*shapes*/, const char** /*dtypes*/, void* /*stream*/,
+                                 void* /*extra*/) {
+  if (nparam != 2) return Fail("MsHyperFence", "expects 1 input and 1 output");
+  int64_t id;
+  std::memcpy(&id, params[0], sizeof(id));
+  std::memcpy(params[1], &id, sizeof(id));
+  mshyper::aot::FenceSignal(static_cast<uint64_t>(id));
+  return 0;
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "aot/kernel_fence.h"
 #include "bind/bindings.h"
 #include "prefetch/prefetch_scheduler.h"
 #include "store/block_store.h"
@@ -208,6 +209,7 @@ void BindStore(py::module_& m) {
              py::gil_scoped_release nogil;
              return s.Evict(id, t);
            }, py::arg("id"), py::arg("tier"))
+      .def("discard", &BlockStore::Discard, py::arg("id"), py::call_guard<py::gil_scoped_release>())
       .def("set_priority", &BlockStore::SetPriority, py::arg("id"), py::arg("priority"))
       .def("write_back", &BlockStore::WriteBack, py::arg("max_blocks"), py::call_guard<py::gil_scoped_release>())
       .def("version", &BlockStore::Version)
@@ -272,8 +274,17 @@ void BindStore(py::module_& m) {
            })
       .def("blocks", &TensorStore::Blocks)
       .def("erase", &TensorStore::Erase, py::call_guard<py::gil_scoped_release>())
+      .def("discard", &TensorStore::Discard, py::arg("tid"), py::call_guard<py::gil_scoped_release>())
       .def("close_pack", &TensorStore::ClosePack, py::call_guard<py::gil_scoped_release>())
       .def("__len__", &TensorStore::Count);
+
+  m.def("fence_new_id", &aot::FenceNewId, "A fresh kernel-fence id (see ops.KernelFence).");
+  m.def("fence_signal", &aot::FenceSignal, py::arg("id"), "Marks a fence as passed (what the kernel does).");
+  m.def("fence_poll", &aot::FencePoll, py::arg("id"), "True (and forgotten) if the fence has passed.");
+  m.def("fence_wait", &aot::FenceWait, py::arg("id"), py::arg("timeout_s"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Blocks (no spinning, GIL released) up to timeout_s for the fence; True (and forgotten) if it passed.");
+  m.def("fence_forget", &aot::FenceForget, py::arg("id"), "Abandons a fence.");
 
   m.def("set_default_tensor_store", &store::SetDefaultTensorStore, py::arg("store"),
         "Make `store` the instance the aot kernels use (None clears it).");
@@ -282,15 +293,17 @@ void BindStore(py::module_& m) {
   py::class_<PrefetchScheduler, std::shared_ptr<PrefetchScheduler>>(m, "PrefetchScheduler",
       "Trace-driven prefetcher with its own I/O worker threads.")
       .def(py::init([](std::shared_ptr<BlockStore> s, int depth, int workers, const std::string& target,
-                       int max_batch, bool write_behind) {
+                       int max_batch, bool write_behind, int host_depth) {
              return std::make_shared<PrefetchScheduler>(std::move(s), depth, workers, ParseTier(target),
-                                                        max_batch, write_behind);
+                                                        max_batch, write_behind, host_depth);
            }),
            py::arg("store"), py::arg("depth"), py::arg("workers") = 2, py::arg("target") = "device",
-           py::arg("max_batch") = 4, py::arg("write_behind") = true)
+           py::arg("max_batch") = 4, py::arg("write_behind") = true, py::arg("host_depth") = -1)
       .def_property("depth", &PrefetchScheduler::depth, &PrefetchScheduler::SetDepth)
+      .def_property("host_depth", &PrefetchScheduler::host_depth, &PrefetchScheduler::SetHostDepth)
       .def("begin_step", &PrefetchScheduler::BeginStep, py::call_guard<py::gil_scoped_release>())
-      .def("acquire", &PrefetchScheduler::Acquire, py::call_guard<py::gil_scoped_release>())
+      .def("acquire", &PrefetchScheduler::Acquire, py::arg("ids"), py::arg("record") = true,
+           py::call_guard<py::gil_scoped_release>())
       .def("release", &PrefetchScheduler::Release, py::call_guard<py::gil_scoped_release>())
       .def("touch", &PrefetchScheduler::Touch, py::call_guard<py::gil_scoped_release>())
       .def("predict", &PrefetchScheduler::Predict)

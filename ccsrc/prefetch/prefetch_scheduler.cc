@@ -13,9 +13,9 @@ uint64_t NowNs() {
 }  // namespace
 
 PrefetchScheduler::PrefetchScheduler(std::shared_ptr<BlockStore> store, int depth, int workers,
-                                     Tier target, int max_batch, bool write_behind)
+                                     Tier target, int max_batch, bool write_behind, int host_depth)
     : store_(std::move(store)), target_(target), max_batch_(max_batch < 1 ? 1 : max_batch),
-      write_behind_(write_behind), depth_(depth) {
+      write_behind_(write_behind), depth_(depth), host_depth_(host_depth) {
   if (!store_) throw store::StoreError("PrefetchScheduler needs a BlockStore");
   if (target_ == Tier::kDisk) throw store::StoreError("prefetch target must be device or host");
   if (depth < 0) throw store::StoreError("prefetch depth must be >= 0");
@@ -45,6 +45,16 @@ int PrefetchScheduler::depth() const {
   return depth_;
 }
 
+void PrefetchScheduler::SetHostDepth(int host_depth) {
+  std::lock_guard<std::mutex> g(mu_);
+  host_depth_ = host_depth;
+}
+
+int PrefetchScheduler::host_depth() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return host_depth_ < 0 ? depth_ : host_depth_;
+}
+
 void PrefetchScheduler::BeginStep() {
   std::unique_lock<std::mutex> lock(mu_);
   ++stats_.steps;
@@ -69,6 +79,7 @@ void PrefetchScheduler::CancelQueued(std::unique_lock<std::mutex>& /*lock*/) {
   stats_.cancelled += queue_.size();
   queue_.clear();
   queued_.clear();
+  host_only_.clear();
 }
 
 void PrefetchScheduler::Access(uint64_t id, std::unique_lock<std::mutex>& lock) {
@@ -98,18 +109,27 @@ void PrefetchScheduler::IssueWindow(std::unique_lock<std::mutex>& /*lock*/) {
   const size_t n = trace_.size();
   bool added = false;
   std::unordered_set<uint64_t> seen;
-  for (size_t k = 0; k < n && seen.size() < static_cast<size_t>(depth_); ++k) {
+  const size_t dev = static_cast<size_t>(depth_);
+  const size_t total = dev + (target_ == Tier::kHost ? 0 : static_cast<size_t>(host_depth_ < 0 ? depth_ : host_depth_));
+  for (size_t k = 0; k < n && seen.size() < total; ++k) {
     const uint64_t id = trace_[(pos_ + k) % n];
     if (!seen.insert(id).second) continue;
-    if (queued_.count(id) || inflight_.count(id)) continue;
+    const bool to_host = seen.size() > dev;  // beyond the device window: disk -> host only
+    if (queued_.count(id)) {
+      if (!to_host) host_only_.erase(id);  // now in the device window: a queued host read goes all the way
+      continue;
+    }
+    if (inflight_.count(id)) continue;
     try {
       if (store_->HasValidCopy(id, target_)) continue;
+      if (to_host && store_->HasValidCopy(id, Tier::kHost)) continue;
     } catch (const store::StoreError&) {
       continue;  // a block of the trace was freed since: nothing to prefetch
     }
     const uint64_t due = cursor_ + k;
     queue_.emplace(due, id);
     queued_.emplace(id, due);
+    if (to_host) host_only_.insert(id);
     ++stats_.issued;
     added = true;
   }
@@ -143,7 +163,7 @@ void PrefetchScheduler::Touch(const std::vector<uint64_t>& ids) {
   for (uint64_t id : ids) Access(id, lock);
 }
 
-void PrefetchScheduler::Acquire(const std::vector<uint64_t>& ids) {
+void PrefetchScheduler::Acquire(const std::vector<uint64_t>& ids, bool record) {
   for (uint64_t id : ids) {
     bool was_pending = false;
     {
@@ -153,6 +173,7 @@ void PrefetchScheduler::Acquire(const std::vector<uint64_t>& ids) {
         // Needed now: take it out of the queue and fetch it here.
         queue_.erase(q->second);
         queued_.erase(q);
+        host_only_.erase(id);
         ++stats_.cancelled;
         was_pending = true;
       } else if (inflight_.count(id)) {
@@ -176,7 +197,7 @@ void PrefetchScheduler::Acquire(const std::vector<uint64_t>& ids) {
         ++stats_.misses;
       }
     }
-    Access(id, lock);
+    if (record) Access(id, lock);
   }
 }
 
@@ -246,10 +267,11 @@ void PrefetchScheduler::WorkerLoop() {
       }
     }
     if (stop_) return;
-    std::vector<uint64_t> batch;
+    std::vector<uint64_t> batch, to_target, to_host;
     while (!queue_.empty() && static_cast<int>(batch.size()) < max_batch_) {
       auto it = queue_.begin();
       batch.push_back(it->second);
+      (host_only_.erase(it->second) != 0 ? to_host : to_target).push_back(it->second);
       queued_.erase(it->second);
       inflight_.insert(it->second);
       queue_.erase(it);
@@ -258,7 +280,8 @@ void PrefetchScheduler::WorkerLoop() {
     std::string err;
     bool failed = false;
     try {
-      store_->Fetch(batch, target_);
+      if (!to_target.empty()) store_->Fetch(to_target, target_);
+      if (!to_host.empty()) store_->Fetch(to_host, Tier::kHost);
     } catch (const std::exception& e) {
       failed = true;
       err = e.what();

@@ -5,7 +5,10 @@
 // In later steps it follows the trace: after each access it predicts the next `depth` blocks
 // (wrapping into the next step) and queues asynchronous copies to the target tier, which its own
 // I/O worker threads execute soonest-needed first; a worker takes several queued requests at once
-// so the store can coalesce adjacent disk reads into one preadv. An access that does not match
+// so the store can coalesce adjacent disk reads into one preadv. With a device target, the
+// `host_depth` blocks after those are read from disk into the host tier ahead of time (the host
+// pool is usually larger than the device tier), so the disk keeps working while the device window
+// is full. An access that does not match
 // the trace invalidates it: queued prefetches are cancelled, the access is served on demand, and
 // the order of the current step is recorded as the new trace.
 #pragma once
@@ -50,14 +53,18 @@ struct PrefetchStats {
 class PrefetchScheduler {
  public:
   // write_behind: idle workers write dirty host blocks to disk ahead of their eviction.
+  // host_depth < 0: the same as depth.
   PrefetchScheduler(std::shared_ptr<BlockStore> store, int depth, int workers = 2,
-                    Tier target = Tier::kDevice, int max_batch = 4, bool write_behind = true);
+                    Tier target = Tier::kDevice, int max_batch = 4, bool write_behind = true,
+                    int host_depth = -1);
   ~PrefetchScheduler();
   PrefetchScheduler(const PrefetchScheduler&) = delete;
   PrefetchScheduler& operator=(const PrefetchScheduler&) = delete;
 
   void SetDepth(int depth);
   int depth() const;
+  void SetHostDepth(int host_depth);  // < 0: the same as depth
+  int host_depth() const;
   Tier target() const { return target_; }
   const std::shared_ptr<BlockStore>& store() const { return store_; }
 
@@ -65,7 +72,9 @@ class PrefetchScheduler {
   void BeginStep();
   // Pins `ids` in the target tier (in order), recording/following the trace and issuing
   // prefetches for the predicted next blocks. Each Acquire needs a matching Release.
-  void Acquire(const std::vector<uint64_t>& ids);
+  // record=false: pin (and count hits/stalls) without an access in the trace -- for a caller
+  // that pins blocks ahead of their use and reports the use itself later with Touch.
+  void Acquire(const std::vector<uint64_t>& ids, bool record = true);
   void Release(const std::vector<uint64_t>& ids);
   // Follows/records the access without pinning (for callers that read the block otherwise).
   void Touch(const std::vector<uint64_t>& ids);
@@ -94,6 +103,7 @@ class PrefetchScheduler {
   std::condition_variable work_cv_, idle_cv_;
   bool stop_ = false;
   int depth_;
+  int host_depth_;
 
   Mode mode_ = Mode::kRecording;
   std::vector<uint64_t> trace_, recording_;
@@ -103,6 +113,7 @@ class PrefetchScheduler {
   std::map<uint64_t, uint64_t> queue_;              // due (absolute access index) -> block
   std::unordered_map<uint64_t, uint64_t> queued_;   // block -> due
   std::unordered_set<uint64_t> inflight_;
+  std::unordered_set<uint64_t> host_only_;          // queued blocks bound for the host tier only
   std::unordered_set<uint64_t> hinted_;             // blocks given a keep-priority hint
   PrefetchStats stats_;
   std::vector<std::thread> workers_;

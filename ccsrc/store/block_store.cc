@@ -152,6 +152,24 @@ void AtomicCopyIn(uint64_t* words, uint64_t offset, const void* src, uint64_t le
   }
 }
 
+void AtomicZero(uint64_t* words, uint64_t offset, uint64_t len) {
+  uint64_t w = offset / 8;
+  const uint64_t head = offset % 8;
+  if (head != 0 && len > 0) {
+    uint64_t x = __atomic_load_n(&words[w], __ATOMIC_RELAXED);
+    const uint64_t n = std::min<uint64_t>(8 - head, len);
+    std::memset(reinterpret_cast<uint8_t*>(&x) + head, 0, n);
+    __atomic_store_n(&words[w++], x, __ATOMIC_RELAXED);
+    len -= n;
+  }
+  for (; len >= 8; len -= 8) __atomic_store_n(&words[w++], uint64_t{0}, __ATOMIC_RELAXED);
+  if (len > 0) {
+    uint64_t x = __atomic_load_n(&words[w], __ATOMIC_RELAXED);
+    std::memset(&x, 0, len);
+    __atomic_store_n(&words[w], x, __ATOMIC_RELAXED);
+  }
+}
+
 BlockStore::BlockStore(const StoreConfig& config) : config_(config) {
   if (config_.block_size == 0 || config_.block_size % 64 != 0) {
     throw StoreError("block_size must be a positive multiple of 64 bytes, got " +
@@ -215,6 +233,12 @@ BlockStore::Block& BlockStore::GetAllocated(uint64_t id) const {
 }
 
 uint8_t* BlockStore::SlotPtr(Tier t, int64_t slot) const { return mem_[Ti(t)].buffers[slot]; }
+
+uint64_t BlockStore::CopyLen(uint64_t fill) const {
+  // Whole 4KB pages (page cache and DMA granularity); an empty block (never written, or
+  // discarded) moves nothing.
+  return std::min(config_.block_size, RoundUp(fill, 4096));
+}
 
 bool BlockStore::Valid(const Block& b, Tier t) const {
   const Copy& c = b.copy[Ti(t)];
@@ -291,7 +315,14 @@ int64_t BlockStore::ReserveDiskSlot(Lock& /*lock*/) {
     f.path = disk_dir_ + "/mshyper_store_" + std::to_string(::getpid()) + "_" +
              std::to_string(reinterpret_cast<uintptr_t>(this)) + "_" +
              std::to_string(files_.size()) + ".blk";
-    f.fd = ::open(f.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    // Direct I/O needs 4KB-aligned buffers, offsets and lengths: slots are 4KB-aligned, disk
+    // offsets are multiples of the block size and copies are whole 4KB pages (CopyLen).
+    const bool want_direct = config_.drop_page_cache && bs % 4096 == 0;
+    f.fd = ::open(f.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | (want_direct ? O_DIRECT : 0), 0600);
+    f.direct = want_direct && f.fd >= 0;
+    if (f.fd < 0 && want_direct && errno == EINVAL) {  // the file system refuses O_DIRECT
+      f.fd = ::open(f.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    }
     if (f.fd < 0) {
       throw DiskError("cannot create disk-tier file '" + f.path + "': " + Errno(errno));
     }
@@ -348,7 +379,7 @@ void PwriteFull(int fd, const void* src, uint64_t len, uint64_t off, const std::
 }  // namespace
 
 uint64_t BlockStore::SeqRead(Block& b, Tier t, const uint8_t* base, uint64_t off, void* dst,
-                             uint64_t len) {
+                             uint64_t len, uint64_t* fill_out) {
   const auto* words = reinterpret_cast<const uint64_t*>(base);
   int spins = 0;
   for (;;) {
@@ -358,9 +389,16 @@ uint64_t BlockStore::SeqRead(Block& b, Tier t, const uint8_t* base, uint64_t off
       continue;
     }
     if (b.copy[Ti(t)].version.load(std::memory_order_acquire) != v1) return kNoVersion;
-    AtomicCopyOut(dst, words, off, len);
+    // Bytes at or beyond the fill mark read as zero (the slot may hold anything there).
+    const uint64_t fill = b.fill.load(std::memory_order_relaxed);
+    const uint64_t n = off >= fill ? 0 : std::min(len, fill - off);
+    if (n > 0) AtomicCopyOut(dst, words, off, n);
+    if (n < len) std::memset(static_cast<uint8_t*>(dst) + n, 0, len - n);
     std::atomic_thread_fence(std::memory_order_acquire);
-    if (b.seq.load(std::memory_order_relaxed) == v1) return v1;
+    if (b.seq.load(std::memory_order_relaxed) == v1) {
+      if (fill_out != nullptr) *fill_out = fill;
+      return v1;
+    }
     read_retries_.fetch_add(1, std::memory_order_relaxed);
     CpuRelax(spins);
   }
@@ -391,7 +429,9 @@ void BlockStore::Migrate(Block& b, uint64_t id, Tier src, Tier dst, Lock& lock) 
   const int64_t kslot = b.copy[kK].slot;
   const uint64_t disk_version = b.copy[kK].version.load(std::memory_order_relaxed);
   const uint32_t disk_crc = b.disk_crc;
+  const uint64_t disk_len = b.disk_len;
   const int fd = kslot >= 0 ? files_[kslot / config_.blocks_per_file].fd : -1;
+  const bool drop_cache = config_.drop_page_cache && !(kslot >= 0 && files_[kslot / config_.blocks_per_file].direct);
   const uint64_t foff = kslot >= 0 ? (kslot % config_.blocks_per_file) * bs : 0;
   const std::string fpath = kslot >= 0 ? DiskPath(kslot) : std::string();
   const uint8_t* sbase = src != Tier::kDisk ? SlotPtr(src, b.copy[Ti(src)].slot) : nullptr;
@@ -401,6 +441,9 @@ void BlockStore::Migrate(Block& b, uint64_t id, Tier src, Tier dst, Lock& lock) 
   // race). Otherwise fall back to the seqlock read (atomic word loads + retry).
   const bool exclusive = !b.writing;
   const uint64_t seq_now = b.seq.load(std::memory_order_relaxed);
+  // With no write in progress the fill mark is stable: only the first CopyLen(fill) bytes of the
+  // source hold data, the rest reads as zero and need not move.
+  uint64_t n = exclusive ? CopyLen(b.fill.load(std::memory_order_relaxed)) : bs;
   lock.unlock();
 
   uint64_t v = kNoVersion;
@@ -408,9 +451,11 @@ void BlockStore::Migrate(Block& b, uint64_t id, Tier src, Tier dst, Lock& lock) 
   std::exception_ptr err;
   try {
     if (src == Tier::kDisk) {
-      PreadFull(fd, dbase, bs, foff, "block " + std::to_string(id) + " from '" + fpath + "'");
-      if (config_.drop_page_cache) ::posix_fadvise(fd, foff, bs, POSIX_FADV_DONTNEED);
-      const uint32_t got = Crc32c(dbase, bs);
+      // The disk copy holds disk_len bytes (those written down, covering its fill mark).
+      n = disk_len;
+      PreadFull(fd, dbase, n, foff, "block " + std::to_string(id) + " from '" + fpath + "'");
+      if (drop_cache && n > 0) ::posix_fadvise(fd, foff, n, POSIX_FADV_DONTNEED);
+      const uint32_t got = Crc32c(dbase, n);
       if (got != disk_crc) {
         crc_failures_.fetch_add(1, std::memory_order_relaxed);
         std::ostringstream msg;
@@ -427,26 +472,28 @@ void BlockStore::Migrate(Block& b, uint64_t id, Tier src, Tier dst, Lock& lock) 
       } else {
         thread_local Staging staging;
         uint8_t* snapshot = staging.Get(bs);
-        v = SeqRead(b, src, sbase, 0, snapshot, bs);
+        uint64_t fill = 0;
+        v = SeqRead(b, src, sbase, 0, snapshot, bs, &fill);
+        n = CopyLen(fill);
         buf = snapshot;
       }
       if (v != kNoVersion) {
-        crc = Crc32c(buf, bs);
-        PwriteFull(fd, buf, bs, foff, "block " + std::to_string(id) + " to '" + fpath + "'");
-        if (config_.drop_page_cache) {
-          ::sync_file_range(fd, foff, bs,
+        crc = Crc32c(buf, n);
+        PwriteFull(fd, buf, n, foff, "block " + std::to_string(id) + " to '" + fpath + "'");
+        if (drop_cache && n > 0) {
+          ::sync_file_range(fd, foff, n,
                             SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
-          ::posix_fadvise(fd, foff, bs, POSIX_FADV_DONTNEED);
+          ::posix_fadvise(fd, foff, n, POSIX_FADV_DONTNEED);
         }
       }
     } else if (exclusive) {
-      std::memcpy(dbase, sbase, bs);
+      std::memcpy(dbase, sbase, n);
       v = seq_now;
     } else {
-      v = SeqRead(b, src, sbase, 0, dbase, bs);
+      v = SeqRead(b, src, sbase, 0, dbase, bs);  // n == bs: beyond the fill mark it writes zeros
     }
     if (v != kNoVersion) {
-      bytes_moved_[Ti(src)][Ti(dst)].fetch_add(bs, std::memory_order_relaxed);
+      bytes_moved_[Ti(src)][Ti(dst)].fetch_add(n, std::memory_order_relaxed);
       copies_[Ti(src)][Ti(dst)].fetch_add(1, std::memory_order_relaxed);
     }
   } catch (...) {
@@ -461,6 +508,7 @@ void BlockStore::Migrate(Block& b, uint64_t id, Tier src, Tier dst, Lock& lock) 
   if (dst == Tier::kDisk) {
     if (ok) {
       b.disk_crc = crc;
+      b.disk_len = n;
       b.copy[kK].version.store(v, std::memory_order_release);
     }
   } else if (ok && b.copy[Ti(dst)].slot < 0) {
@@ -648,15 +696,15 @@ uint64_t BlockStore::Allocate() {
     cv_.notify_all();
     throw;
   }
-  uint8_t* p = SlotPtr(Tier::kHost, slot);
-  lock.unlock();
-  std::memset(p, 0, config_.block_size);
-  lock.lock();
   b.moving = false;
   // A fresh id keeps counting its seq from its previous life so versions never repeat.
   uint64_t v = b.seq.load(std::memory_order_relaxed);
   if (v & 1) v += 1;
   v += 2;
+  // Fill mark 0: the block reads as zeros whatever the slot holds (no memset needed). No other
+  // thread can see the id yet; the release store of seq publishes it.
+  b.fill.store(0, std::memory_order_relaxed);
+  b.disk_len = 0;
   b.seq.store(v, std::memory_order_release);
   b.copy[kH].slot = slot;
   b.copy[kH].version.store(v, std::memory_order_release);
@@ -764,6 +812,7 @@ void BlockStore::Write(uint64_t id, uint64_t offset, const void* src, uint64_t l
         lock.unlock();
         std::memcpy(dst, src, len);  // private slot, published below under mu_
         lock.lock();
+        b.fill.store(len, std::memory_order_relaxed);  // seq is odd: readers retry
         b.moving = false;
         b.copy[kH].slot = slot;
         b.copy[kH].version.store(v + 2, std::memory_order_relaxed);
@@ -814,8 +863,15 @@ void BlockStore::Write(uint64_t id, uint64_t offset, const void* src, uint64_t l
   }
   Block& b = *bp;
   // Seqlock write: seq odd (above), release fence, data with relaxed atomic stores, publish the
-  // copies' versions, seq even with release.
+  // copies' versions, seq even with release. A write beyond the fill mark first zeroes the gap
+  // between the mark and the write in every target (the slots may hold anything there), then
+  // moves the mark.
+  const uint64_t fill = b.fill.load(std::memory_order_relaxed);
+  if (offset > fill) {
+    for (int i = 0; i < ntargets; ++i) AtomicZero(reinterpret_cast<uint64_t*>(bases[i]), fill, offset - fill);
+  }
   for (int i = 0; i < ntargets; ++i) AtomicCopyIn(reinterpret_cast<uint64_t*>(bases[i]), offset, src, len);
+  if (offset + len > fill) b.fill.store(offset + len, std::memory_order_relaxed);
   for (int i = 0; i < ntargets; ++i) b.copy[Ti(targets[i])].version.store(v + 2, std::memory_order_relaxed);
   b.seq.store(v + 2, std::memory_order_release);
   writes_.fetch_add(1, std::memory_order_relaxed);
@@ -825,6 +881,34 @@ void BlockStore::Write(uint64_t id, uint64_t offset, const void* src, uint64_t l
     for (int i = 0; i < ntargets; ++i) UnpinLocked(b, id, targets[i]);
     cv_.notify_all();
   }
+}
+
+void BlockStore::Discard(uint64_t id) {
+  Lock lock(mu_);
+  Block& b = GetAllocated(id);
+  cv_.wait(lock, [&] { return (!b.writing && !b.moving) || !b.allocated; });
+  if (!b.allocated) throw StoreError("block " + std::to_string(id) + " was freed");
+  // A new version whose content is all zeros: with the fill mark at 0 no byte of any copy is
+  // read, so every copy that was valid stays valid as it is (nothing is copied or written), and a
+  // disk slot becomes a valid empty copy -- the block never needs a disk write for this version.
+  // Same seqlock protocol as a write (seq odd while the fill mark changes).
+  const uint64_t v = b.seq.load(std::memory_order_relaxed);
+  bool valid[kNumTiers];
+  for (int t = 0; t < kNumTiers; ++t) valid[t] = Valid(b, static_cast<Tier>(t));
+  b.seq.store(v + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  b.fill.store(0, std::memory_order_relaxed);
+  for (int t = 0; t < 2; ++t) {
+    if (valid[t]) b.copy[t].version.store(v + 2, std::memory_order_relaxed);
+  }
+  if (b.copy[kK].slot >= 0) {
+    b.disk_len = 0;
+    b.disk_crc = Crc32c(nullptr, 0);
+    b.copy[kK].version.store(v + 2, std::memory_order_relaxed);
+  }
+  b.seq.store(v + 2, std::memory_order_release);
+  writes_.fetch_add(1, std::memory_order_relaxed);
+  cv_.notify_all();
 }
 
 void BlockStore::Pin(uint64_t id, Tier tier) {
@@ -855,7 +939,9 @@ void BlockStore::LoadFromDiskBatch(const std::vector<uint64_t>& ids, Lock& lock)
     int64_t hslot = -1;
     uint64_t version = 0;
     uint32_t crc = 0;
+    uint64_t len = 0;  // bytes of the disk copy
     int fd = -1;
+    bool direct = false;
     uint64_t off = 0;
     std::string path;
     uint8_t* buf = nullptr;
@@ -890,7 +976,9 @@ void BlockStore::LoadFromDiskBatch(const std::vector<uint64_t>& ids, Lock& lock)
     const int64_t k = it.b->copy[kK].slot;
     it.version = it.b->copy[kK].version.load(std::memory_order_relaxed);
     it.crc = it.b->disk_crc;
+    it.len = it.b->disk_len;
     it.fd = files_[k / config_.blocks_per_file].fd;
+    it.direct = files_[k / config_.blocks_per_file].direct;
     it.off = (k % config_.blocks_per_file) * bs;
     it.path = DiskPath(k);
     it.buf = SlotPtr(Tier::kHost, it.hslot);
@@ -902,34 +990,38 @@ void BlockStore::LoadFromDiskBatch(const std::vector<uint64_t>& ids, Lock& lock)
   std::exception_ptr err;
   size_t i = 0;
   while (i < items.size()) {
+    // A run of adjacent disk slots is one contiguous file range: every block but the last must
+    // have a full-size disk copy (a partly filled one ends the run).
     size_t j = i + 1;
-    while (j < items.size() && j - i < IOV_MAX && items[j].fd == items[i].fd &&
+    uint64_t total = items[i].len;
+    while (j < items.size() && j - i < IOV_MAX && items[j - 1].len == bs && items[j].fd == items[i].fd &&
            items[j].off == items[j - 1].off + bs) {
+      total += items[j].len;
       ++j;
     }
     try {
       bool done = false;
       if (j - i > 1) {
         std::vector<iovec> iov(j - i);
-        for (size_t k = i; k < j; ++k) iov[k - i] = iovec{items[k].buf, bs};
+        for (size_t k = i; k < j; ++k) iov[k - i] = iovec{items[k].buf, items[k].len};
         const ssize_t n = ::preadv(items[i].fd, iov.data(), static_cast<int>(iov.size()),
                                    static_cast<off_t>(items[i].off));
-        if (n == static_cast<ssize_t>((j - i) * bs)) {
+        if (n == static_cast<ssize_t>(total)) {
           done = true;
           coalesced_reads_.fetch_add(1, std::memory_order_relaxed);
         }
       }
       if (!done) {
         for (size_t k = i; k < j; ++k) {
-          PreadFull(items[k].fd, items[k].buf, bs, items[k].off,
+          PreadFull(items[k].fd, items[k].buf, items[k].len, items[k].off,
                     "block " + std::to_string(items[k].id) + " from '" + items[k].path + "'");
         }
       }
-      if (config_.drop_page_cache) {
-        ::posix_fadvise(items[i].fd, items[i].off, (j - i) * bs, POSIX_FADV_DONTNEED);
+      if (config_.drop_page_cache && !items[i].direct && total > 0) {
+        ::posix_fadvise(items[i].fd, items[i].off, total, POSIX_FADV_DONTNEED);
       }
       for (size_t k = i; k < j; ++k) {
-        const uint32_t got = Crc32c(items[k].buf, bs);
+        const uint32_t got = Crc32c(items[k].buf, items[k].len);
         if (got != items[k].crc) {
           crc_failures_.fetch_add(1, std::memory_order_relaxed);
           if (!err) {
@@ -942,7 +1034,7 @@ void BlockStore::LoadFromDiskBatch(const std::vector<uint64_t>& ids, Lock& lock)
           continue;
         }
         items[k].ok = true;
-        bytes_moved_[kK][kH].fetch_add(bs, std::memory_order_relaxed);
+        bytes_moved_[kK][kH].fetch_add(items[k].len, std::memory_order_relaxed);
         copies_[kK][kH].fetch_add(1, std::memory_order_relaxed);
       }
     } catch (...) {

@@ -17,6 +17,11 @@
 //  * A block always keeps at least one valid copy: evicting the only valid copy first writes it
 //    to the next tier down; if that fails (disk full, I/O error) the eviction is abandoned and
 //    the error reported, the block stays where it was.
+//  * Fill mark: every block records `fill`, the end of the highest byte range ever written to it
+//    (atomic; changed only by a writer while seq is odd). Bytes at and beyond `fill` read as zero
+//    whatever the slot memory holds, so moves between tiers, disk I/O and CRCs cover only the
+//    first CopyLen(fill) bytes (fill rounded up to 4KB): a partly used block (the shared block of
+//    packed small tensors, the last block of a tensor) costs its used size, not the block size.
 #pragma once
 
 #include <atomic>
@@ -63,7 +68,10 @@ struct StoreConfig {
   std::string disk_dir;                   // "" = $TMPDIR or /tmp
   uint64_t disk_capacity = 0;             // bytes; 0 = grow until the file system is full
   uint32_t blocks_per_file = 8;           // disk files are preallocated this many blocks at a time
-  bool drop_page_cache = false;           // posix_fadvise(DONTNEED) after disk I/O (benchmarks)
+  // Keep the page cache out of disk I/O (benchmarks): O_DIRECT when the block size is a multiple
+  // of 4KB and the file system accepts it (no copy through the page cache), else
+  // posix_fadvise(DONTNEED) after each read and after each write (once written, sync_file_range).
+  bool drop_page_cache = false;
 };
 
 struct TierStats {
@@ -102,6 +110,9 @@ class BlockStore {
   // partially written range. A write bumps the version by 2 and makes other tier copies stale.
   void Read(uint64_t id, uint64_t offset, void* dst, uint64_t len);
   void Write(uint64_t id, uint64_t offset, const void* src, uint64_t len);
+  // Makes the block's content all zeros (a new version) without copying or writing anything:
+  // its data is no longer needed (e.g. a consumed gradient), so it never goes to disk.
+  void Discard(uint64_t id);
   // Lock-free read for a caller that holds a pin on the block in `tier` (device or host).
   // Falls back to Read if the pinned copy became stale.
   void ReadPinned(uint64_t id, Tier tier, uint64_t offset, void* dst, uint64_t len);
@@ -157,6 +168,11 @@ class BlockStore {
     bool writing = false;
     int priority = 0;
     uint32_t disk_crc = 0;
+    uint64_t disk_len = 0;  // bytes of the disk copy (written and CRC-checked); guarded by mu_
+    // End of the written range; bytes beyond read as zero. Stored only while seq is odd (by the
+    // writer) or under mu_ for a block nobody else can see; read inside a seqlock window or
+    // under mu_ while no write is in progress.
+    std::atomic<uint64_t> fill{0};
   };
   static constexpr uint64_t kNoVersion = ~0ull;
   static constexpr uint64_t kChunkBits = 12;
@@ -172,6 +188,7 @@ class BlockStore {
   };
   struct DiskFile {
     int fd = -1;
+    bool direct = false;  // opened with O_DIRECT
     std::string path;
   };
 
@@ -198,9 +215,13 @@ class BlockStore {
   int64_t ReserveSlot(Tier t, Lock& lock);
   void ReleaseSlot(Tier t, int64_t slot);
   int64_t ReserveDiskSlot(Lock& lock);
-  // Consistent snapshot of a memory copy into dst; returns the version read, or kNoVersion if
-  // the copy is stale.
-  uint64_t SeqRead(Block& b, Tier t, const uint8_t* base, uint64_t off, void* dst, uint64_t len);
+  // Consistent snapshot of a memory copy into dst (bytes at or beyond the block's fill mark are
+  // zero-filled); returns the version read, or kNoVersion if the copy is stale. `fill_out`, if
+  // given, receives the fill mark of the version read.
+  uint64_t SeqRead(Block& b, Tier t, const uint8_t* base, uint64_t off, void* dst, uint64_t len,
+                   uint64_t* fill_out = nullptr);
+  // Bytes of a copy that must be moved for a block whose fill mark is `fill`.
+  uint64_t CopyLen(uint64_t fill) const;
   void DiskRead(int64_t slot, void* dst);
   void DiskWrite(int64_t slot, const void* src);
   std::string DiskPath(int64_t slot) const;
@@ -231,5 +252,6 @@ class BlockStore {
 // 8-byte aligned block memory; byte ranges need not be aligned (partial words are merged).
 void AtomicCopyOut(void* dst, const uint64_t* words, uint64_t offset, uint64_t len);
 void AtomicCopyIn(uint64_t* words, uint64_t offset, const void* src, uint64_t len);
+void AtomicZero(uint64_t* words, uint64_t offset, uint64_t len);
 
 }  // namespace mshyper::store

@@ -28,12 +28,65 @@ const Tables& GetTables() {
 }
 
 #if defined(__x86_64__)
+// The crc32 instruction has a latency of 3 cycles but a throughput of 1 per cycle, so one
+// dependency chain runs at a third of the possible speed. Long buffers are processed as three
+// interleaved lanes of kLane bytes each, combined with the CRC register's linearity:
+//   R(c, A B C) = S(S(R(c, A)) ^ R(0, B)) ^ R(0, C),   S(x) = R(x, kLane zero bytes),
+// where R is the raw register update (no pre/post inversion) and S is a linear map on 32 bits,
+// applied through four byte tables.
+constexpr size_t kLane = 8192;
+
+__attribute__((target("sse4.2"))) uint32_t ZerosRaw(uint32_t c, size_t n) {
+  uint64_t r = c;
+  for (size_t i = 0; i < n; i += 8) r = __builtin_ia32_crc32di(r, 0);
+  return static_cast<uint32_t>(r);
+}
+
+struct ShiftTables {
+  uint32_t t[4][256];
+  ShiftTables() {
+    uint32_t basis[32];
+    for (int i = 0; i < 32; ++i) basis[i] = ZerosRaw(1u << i, kLane);
+    for (int b = 0; b < 4; ++b) {
+      for (uint32_t v = 0; v < 256; ++v) {
+        uint32_t r = 0;
+        for (int k = 0; k < 8; ++k) {
+          if ((v >> k) & 1) r ^= basis[8 * b + k];
+        }
+        t[b][v] = r;
+      }
+    }
+  }
+  uint32_t Shift(uint32_t c) const {
+    return t[0][c & 0xFF] ^ t[1][(c >> 8) & 0xFF] ^ t[2][(c >> 16) & 0xFF] ^ t[3][c >> 24];
+  }
+};
+
 __attribute__((target("sse4.2"))) uint32_t Crc32cHw(const void* data, size_t len, uint32_t crc) {
   const auto* p = static_cast<const unsigned char*>(data);
   uint64_t c = ~crc;
   while (len && (reinterpret_cast<uintptr_t>(p) & 7)) {
     c = __builtin_ia32_crc32qi(static_cast<uint32_t>(c), *p++);
     --len;
+  }
+  if (len >= 3 * kLane) {
+    static const ShiftTables shift;
+    while (len >= 3 * kLane) {
+      uint64_t c0 = c, c1 = 0, c2 = 0;
+      for (size_t i = 0; i < kLane; i += 8) {
+        uint64_t a, b, d;
+        std::memcpy(&a, p + i, 8);
+        std::memcpy(&b, p + kLane + i, 8);
+        std::memcpy(&d, p + 2 * kLane + i, 8);
+        c0 = __builtin_ia32_crc32di(c0, a);
+        c1 = __builtin_ia32_crc32di(c1, b);
+        c2 = __builtin_ia32_crc32di(c2, d);
+      }
+      c = shift.Shift(shift.Shift(static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1)) ^
+          static_cast<uint32_t>(c2);
+      p += 3 * kLane;
+      len -= 3 * kLane;
+    }
   }
   while (len >= 8) {
     uint64_t a;

@@ -100,6 +100,22 @@ void TensorStore::Update(uint64_t tid, const void* data, uint64_t nbytes) {
   }
 }
 
+void TensorStore::Discard(uint64_t tid) {
+  Entry e;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    e = Find(tid);
+  }
+  if (e.packed) {
+    for (const Extent& x : e.extents) {
+      std::vector<uint8_t> zeros(x.length, 0);
+      store_->Write(x.block, x.offset, zeros.data(), x.length);
+    }
+    return;
+  }
+  for (const Extent& x : e.extents) store_->Discard(x.block);
+}
+
 void TensorStore::Get(uint64_t tid, void* dst, uint64_t nbytes) const {
   const std::vector<Extent> ext = SizedExtents(tid, nbytes, "destination");
   auto* p = static_cast<uint8_t*>(dst);

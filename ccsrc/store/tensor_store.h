@@ -32,6 +32,9 @@ class TensorStore {
   // Overwrites a tensor with new contents of the same size (each block's update is atomic;
   // a tensor spanning blocks is updated block by block).
   void Update(uint64_t tid, const void* data, uint64_t nbytes);
+  // The tensor's content is no longer needed: its dedicated blocks are discarded (they read as
+  // zeros, without a disk write); a packed tensor, which shares its block, is zeroed by a write.
+  void Discard(uint64_t tid);
   // Copies a tensor out; `nbytes` must equal its size.
   void Get(uint64_t tid, void* dst, uint64_t nbytes) const;
   // Same, for a caller that holds pins on all of the tensor's blocks in `tier` (lock-free path).

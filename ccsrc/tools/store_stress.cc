@@ -3,6 +3,7 @@
 // (block id, writer, counter) in every 8-byte word; readers check that every block they read
 // carries one stamp throughout (a torn read would mix stamps). The tiers are tiny so blocks move
 // between device, host and disk all the time, and a prefetch thread pins/unpins in a trace order.
+// A discarder empties blocks now and then (an empty block reads as zeros, which Check accepts).
 //
 // usage: store_stress [iterations_per_thread=3000] [disk_dir=""]
 #include <atomic>
@@ -142,6 +143,20 @@ int main(int argc, char** argv) {
                 (unsigned long long)st.steps, (unsigned long long)st.hits, (unsigned long long)st.late,
                 (unsigned long long)st.misses, (unsigned long long)st.issued,
                 (unsigned long long)st.trace_invalidations);
+  });
+  // Discarder: empties blocks (they read as zeros, no copy or I/O), racing with all of the above;
+  // the fill mark goes to 0 and back to the whole block with the next write.
+  threads.emplace_back([&] {
+    std::mt19937_64 rng(11);
+    for (int i = 0; i < iters / 4; ++i) {
+      const int k = static_cast<int>(rng() % kBlocks);
+      try {
+        store->Discard(ids[k]);
+      } catch (const std::exception& e) {
+        g_errors.fetch_add(1);
+        std::fprintf(stderr, "discard error: %s\n", e.what());
+      }
+    }
   });
   // Evictor: pushes blocks down explicitly.
   threads.emplace_back([&] {

@@ -90,6 +90,21 @@ class OffloadStore:
             self.tensors.get_pinned_into(ref.tid, pinned_tier, flat)
         return out
 
+    def get_into(self, ref: TensorRef, out: np.ndarray, pinned_tier: Optional[str] = None) -> None:
+        """Like `get`, into an existing C-contiguous array of the tensor's size (no allocation)."""
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError("get_into needs a writeable C-contiguous array")
+        flat = out.reshape(-1).view(np.uint8)
+        if pinned_tier is None:
+            self.tensors.get_into(ref.tid, flat)
+        else:
+            self.tensors.get_pinned_into(ref.tid, pinned_tier, flat)
+
+    def discard(self, ref: TensorRef) -> None:
+        """The tensor's value is no longer needed: it reads as zeros from now on, and its own
+        blocks are never written to disk for it."""
+        self.tensors.discard(ref.tid)
+
     def erase(self, ref: TensorRef) -> None:
         self.tensors.erase(ref.tid)
 
@@ -98,8 +113,14 @@ class OffloadStore:
         self.tensors.close_pack()
 
     # -- scheduling ----------------------------------------------------------------------
-    def acquire(self, blocks: Sequence[int]) -> None:
-        self.scheduler.acquire(list(blocks))
+    def acquire(self, blocks: Sequence[int], record: bool = True) -> None:
+        """Pins the blocks on the device tier; record=False: without an access in the prefetch
+        trace (the caller reports the use later with `touch`)."""
+        self.scheduler.acquire(list(blocks), record)
+
+    def touch(self, blocks: Sequence[int]) -> None:
+        """Records a use of blocks the caller already holds (prefetch trace only)."""
+        self.scheduler.touch(list(blocks))
 
     def release(self, blocks: Sequence[int]) -> None:
         self.scheduler.release(list(blocks))
