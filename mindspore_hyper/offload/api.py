@@ -6,21 +6,27 @@ How a step runs (PyNative):
     one-element placeholder (MindSpore's memory for it is released); its values live in the store.
   * Forward: a forward pre-hook acquires the group's blocks on the device tier through the
     prefetch scheduler (which has usually brought them in already, following the trace of the
-    first step), copies them into the Parameters, and the forward hook releases them again.
-  * Backward: a backward pre-hook brings the parameters back (MindSpore's backward reads the
-    live Parameter), the backward hook releases them.
+    first step) and copies them into the Parameters -- together with the groups the previous
+    step used next, up to half the device tier; after the forward hook the group is scrubbed at
+    the next materialization, once a KernelFence launched behind its kernels has passed.
+  * Backward: tensor hooks on the Cell call's outputs bring the parameters back (MindSpore's
+    backward reads the live Parameter) and hooks on its inputs drop them after its backward.
   * Activations saved for backward inside chosen Cells go to the store through
     ``ms.saved_tensors_hooks`` and come back (prefetched, in the reverse order the trace shows)
     when backward needs them.
   * Gradients are written to the store, then each group is updated by its own optimizer (built
     with the user's factory, so element-wise optimizers such as SGD/Adam give exactly the result
     of one optimizer over all parameters): parameters, optimizer states and gradients are
-    acquired together, updated, written back (new versions) and released.
+    acquired together, copied into a workspace, updated, written back (new versions); the
+    consumed gradients are discarded.
+  * In simulation every virtual device has its own store holding its shards (placement.py);
+    the steps above run for each device's part.
 """
 from __future__ import annotations
 
 import fnmatch
 import os
+from collections import deque
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -30,12 +36,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, Tensor, nn
 from mindspore.common.api import _pynative_executor
 
 from mindspore_hyper.context import get_context
+from mindspore_hyper.offload.fence import KernelFence
 from mindspore_hyper.offload.placement import DeviceShard, assemble, from_strategy_rows, single_device
-from mindspore_hyper.offload.store import OffloadStore, TensorRef
+from mindspore_hyper.offload.store import CapacityError, OffloadStore, TensorRef
+from mindspore_hyper.offload.workspace import Workspace
 from mindspore_hyper.sim.dispatch import running_ranks
 
 __all__ = ["OffloadPolicy", "OffloadedModel", "WorkingSetError", "hyper_offload", "maybe_offload"]
@@ -72,7 +80,7 @@ class _DeviceGroup:
     params: List[TensorRef] = field(default_factory=list)
     grads: List[TensorRef] = field(default_factory=list)
     states: List[TensorRef] = field(default_factory=list)  # the workspace optimizer's states, in order
-    workspace: Optional["_Workspace"] = None
+    workspaces: List[Workspace] = field(default_factory=list)  # of its signature, used in turn
 
     @property
     def param_blocks(self) -> List[int]:
@@ -97,6 +105,7 @@ class _Group:
     params: List[Parameter] = field(default_factory=list)
     devices: List[_DeviceGroup] = field(default_factory=list)
     resident_depth: int = 0  # nesting of forward/backward uses currently holding the params
+    cell_backward_hooks: bool = False  # backward uses tracked by Cell hooks (see _use_cell_backward_hooks)
 
     def placeholder(self, i: int) -> Tensor:
         """The one-element tensor parameter `i` holds while its values live in the stores."""
@@ -106,25 +115,10 @@ class _Group:
         """Every device's part of parameter `i`."""
         return [d.shards[i] for d in self.devices]
 
-
-class _Workspace:
-    """Parameters of one device's update shapes and one optimizer instance, shared by every
-    group (and device) with the same shape signature.
-
-    MindSpore's optimizers keep using the data a Parameter had at their first call, so the
-    optimizer never runs on the (placeholder-swapped) model Parameters. Instead each group's
-    parameters and optimizer states are copied in place (ops.assign) into this workspace, the
-    optimizer runs once, and the results are written back to the store. Its memory is one
-    device's share of one group's parameters and states.
-    """
-
-    def __init__(self, values: List[np.ndarray], factory: Callable[[list], nn.Cell], index: int):
-        self.params = [Parameter(Tensor(v.copy()), name=f"mshyper_ws{index}.{i}") for i, v in enumerate(values)]
-        self.optimizer = factory(self.params)
-        own = {id(p) for p in self.params}
-        self.states = [(n, sp) for n, sp in self.optimizer.parameters_and_names() if id(sp) not in own]
-        self.initial_states = [sp.asnumpy().copy() for _, sp in self.states]
-        self.nbytes = sum(v.nbytes for v in values) + sum(v.nbytes for v in self.initial_states)
+    @property
+    def param_blocks(self) -> int:
+        """The most parameter blocks any one device holds for this group."""
+        return max(len(d.param_blocks) for d in self.devices)
 
 
 class _Done:
@@ -143,6 +137,15 @@ class _InlineExecutor:
 
     def shutdown(self):
         pass
+
+
+def _flat_tensors(obj):
+    """The Tensors in a (nested) tuple/list."""
+    if isinstance(obj, Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            yield from _flat_tensors(o)
 
 
 def _unique(blocks) -> List[int]:
@@ -170,7 +173,7 @@ class OffloadedModel:
 
     def __init__(self, model: nn.Cell, policy: OffloadPolicy, optimizer: Callable[[list], nn.Cell],
                  stores: Sequence[OffloadStore], shards_of: Callable[[Parameter], List[DeviceShard]],
-                 async_writes: bool = True):
+                 async_writes: bool = True, cell_backward_hooks: bool = False):
         self.model = model
         self.policy = policy
         self.stores = list(stores)
@@ -182,10 +185,25 @@ class OffloadedModel:
         self._activation_refs: Dict[Tuple[str, int], Dict[int, TensorRef]] = {}
         self._act_counter: Dict[str, int] = {}
         self._act_ctx = []
-        self._workspaces: Dict[tuple, _Workspace] = {}
+        self._workspaces: Dict[tuple, List[Workspace]] = {}
+        # Groups whose use ended but whose Parameters still hold their values (and blocks their
+        # pins) until the kernels launched before their KernelFence have run; oldest first.
+        self._deferred: deque = deque()
+        self._ready: List[_Group] = []  # materialized ahead of their use
+        # pinned parameter blocks materialized at once, per device
+        self._materialize_limit = min(s.device_blocks for s in self.stores) // 2
+        self._uses: List[_Group] = []  # groups in the order this step used them
+        self._use_trace: Optional[List[_Group]] = None  # the previous step's order
+        self._use_pos: Optional[int] = None  # position in it (None: this step went otherwise)
+        self._in_step = False  # inside value_and_grad's forward + backward
+        self._grad_write_ahead = 2
+        self._tensor_hooks = []  # this step's hooks on Cell inputs/outputs (removed after backward)
+        self._gather_writes = []  # simulation: writes of gathered parameter shards
         self._owned_stores: List[OffloadStore] = []  # set by hyper_offload: closed by close()
         self._owned_dirs: List[str] = []
-        self._writer = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="mshyper-offload-writer")
+        # Two writer threads: a write that must first evict a dirty block does disk I/O, and a
+        # second thread keeps the disk busy meanwhile (writes to one block are serialized by the store).
+        self._writer = (ThreadPoolExecutor(max_workers=2, thread_name_prefix="mshyper-offload-writer")
                         if async_writes else _InlineExecutor())
         self.groups = self._make_groups()
         offloaded = {id(p) for g in self.groups for p in g.params}
@@ -196,7 +214,7 @@ class OffloadedModel:
             self._restore_values()  # refused before running: leave the model as it was
             raise
         self._resident_optimizer = optimizer(self.resident_params) if self.resident_params else None
-        self._install()
+        self._install(cell_backward_hooks)
 
     @property
     def store(self) -> OffloadStore:
@@ -258,12 +276,14 @@ class OffloadedModel:
         updates = [v[s.update_region] for s, v in zip(shards, values)]
         signature = tuple((u.shape, str(u.dtype)) for u in updates)
         if signature not in self._workspaces:
-            self._workspaces[signature] = _Workspace(updates, self._optimizer_factory, len(self._workspaces))
-        workspace = self._workspaces[signature]
+            # Two per signature: one update is loaded while the previous one's optimizer runs and
+            # its results are written out.
+            self._workspaces[signature] = [
+                Workspace(updates, self._optimizer_factory, 2 * len(self._workspaces) + i) for i in range(2)]
+        dev.workspaces = self._workspaces[signature]
         dev.params = [store.put(v[s.param_region]) for s, v in zip(shards, values)]
-        dev.states = [store.put(value) for value in workspace.initial_states]
+        dev.states = [store.put(value) for value in dev.workspaces[0].initial_states]
         dev.grads = [store.put(np.zeros(u.shape, u.dtype)) for u in updates]
-        dev.workspace = workspace
         return dev
 
     def _check_working_sets(self) -> None:
@@ -282,26 +302,77 @@ class OffloadedModel:
                         f"({_fmt(store.device_memory)}). Raise device_memory, lower cache_block_size, "
                         f"or offload smaller sub-Cells.")
 
-    def _install(self) -> None:
+    def _install(self, cell_backward_hooks: bool) -> None:
         for g in self.groups:
             self._hooks.append(g.cell.register_forward_pre_hook(self._make_bring(g)))
-            self._hooks.append(g.cell.register_forward_hook(self._make_drop(g, forward=True)))
-            self._hooks.append(g.cell.register_backward_pre_hook(self._make_bring(g, backward=True)))
-            self._hooks.append(g.cell.register_backward_hook(self._make_drop(g, forward=False)))
+            self._hooks.append(g.cell.register_forward_hook(self._make_drop(g)))
+            if cell_backward_hooks:
+                self._use_cell_backward_hooks(g)
         for name, cell in self.model.cells_and_names():
             if name and any(fnmatch.fnmatchcase(name, p) for p in self.policy.activation_cells):
                 self._hooks.append(cell.register_forward_pre_hook(self._make_act_enter(name)))
                 self._hooks.append(cell.register_forward_hook(self._make_act_exit(name)))
 
     # -- hooks ---------------------------------------------------------------------------
+    # Parameter.set_data waits (spinning) for every kernel launched so far, so each
+    # materialization or scrub is a synchronization point. To keep MindSpore busy across them,
+    # a group is materialized together with the groups the previous step used right after it
+    # (up to half the device tier), and a used group is scrubbed only at the next such point,
+    # after its KernelFence has passed (a wait that does not spin).
     def _bring(self, g: _Group) -> None:
         g.resident_depth += 1
         if g.resident_depth > 1:
             return
+        self._record_use(g)
+        # Every use is one access in the prefetch trace, however it is served, so the trace is the
+        # same in every step (the first one included).
+        for i, r in enumerate(self._ready):
+            if r is g:  # materialized ahead
+                del self._ready[i]
+                self._touch_params(g)
+                return
+        for i, (d, _) in enumerate(self._deferred):
+            if d is g:  # dropped but not scrubbed yet: its values and pins are still in place
+                del self._deferred[i]
+                self._touch_params(g)
+                return
+        self._scrub_deferred()
+        if self._ready:  # a prediction that did not come true: nothing uses them yet
+            self._scrub_groups(self._ready)
+            self._ready = []
+        try:
+            self._materialize(g)
+        except BaseException:
+            g.resident_depth -= 1  # not brought: nothing to drop
+            raise
+        budget = self._materialize_limit - g.param_blocks
+        for h in self._predicted_uses():
+            if h is g or any(r is h for r in self._ready) or h.resident_depth > 0 or h.param_blocks > budget:
+                break
+            budget -= h.param_blocks
+            self._materialize(h, record=False)
+            self._ready.append(h)
+
+    def _touch_params(self, g: _Group) -> None:
         for dev in g.devices:
-            dev.store.acquire(dev.param_blocks)
-        for i, p in enumerate(g.params):
-            p.set_data(Tensor.from_numpy(self._gather(g, i, pinned=True)), slice_shape=True)
+            dev.store.touch(dev.param_blocks)
+
+    def _materialize(self, g: _Group, record: bool = True) -> None:
+        """Pins the group's parameter blocks on every device's tier and puts the values into its
+        Parameters (one device: its tensors; simulation: the global tensors its shards form)."""
+        acquired = []
+        try:
+            for dev in g.devices:
+                dev.store.acquire(dev.param_blocks, record=record)
+                acquired.append(dev)
+            for i, p in enumerate(g.params):
+                p.set_data(Tensor.from_numpy(self._gather(g, i, pinned=True)), slice_shape=True)
+        except BaseException:
+            for i, p in enumerate(g.params):
+                p.set_data(g.placeholder(i), slice_shape=True)
+            for dev in acquired:
+                dev.store.release(dev.param_blocks)
+            raise
         for rank, dev in enumerate(g.devices):
             self._account(rank, dev.param_bytes)
 
@@ -310,39 +381,140 @@ class OffloadedModel:
         tier = "device" if pinned else None
         if len(g.devices) == 1:
             return g.devices[0].store.get(g.devices[0].params[i], pinned_tier=tier)
-        return assemble(_global_shape(g.shards_of(i)), g.devices[0].params[i].dtype, ((d.shards[i].param_region, d.store.get(d.params[i], pinned_tier=tier))
-                                           for d in g.devices))
+        return assemble(_global_shape(g.shards_of(i)), g.devices[0].params[i].dtype,
+                        ((d.shards[i].param_region, d.store.get(d.params[i], pinned_tier=tier)) for d in g.devices))
+
+    def _record_use(self, g: _Group) -> None:
+        if not self._in_step:
+            return
+        self._uses.append(g)
+        if self._use_trace is not None and self._use_pos is not None:
+            t = self._use_trace
+            self._use_pos = self._use_pos + 1 if self._use_pos < len(t) and t[self._use_pos] is g else None
+
+    def _predicted_uses(self) -> List[_Group]:
+        """The groups the previous step used after the current point (if it has gone alike)."""
+        if not self._in_step or self._use_trace is None or self._use_pos is None:
+            return []
+        return self._use_trace[self._use_pos:]
 
     def _drop(self, g: _Group) -> None:
         g.resident_depth -= 1
         if g.resident_depth > 0:
             return
         # PyNative launches kernels asynchronously and a queued kernel reads the Parameter's data
-        # when it runs: wait for them before the data is replaced by the placeholder.
-        _pynative_executor.sync()
-        for i, p in enumerate(g.params):
-            p.set_data(g.placeholder(i), slice_shape=True)
-        for rank, dev in enumerate(g.devices):
-            self._account(rank, -dev.param_bytes)
-            dev.store.release(dev.param_blocks)
+        # when it runs, so the placeholder may replace the data only once the kernels launched so
+        # far have run. Instead of waiting here (`_pynative_executor.sync()` busy-waits and stops
+        # Python from launching the next Cell), a fence kernel marks the point and the group is
+        # scrubbed later (`_scrub_deferred`), when the next group is materialized.
+        self._deferred.append((g, KernelFence()))
 
-    def _make_bring(self, g: _Group, backward: bool = False):
-        if backward:
-            def hook(cell, grad_output):
-                self._bring(g)
-        else:
-            def hook(cell, inputs):
-                self._bring(g)
+    def _scrub_deferred(self) -> None:
+        """Scrubs and releases the deferred groups once the newest one's fence has passed (then
+        no launched kernel is left for set_data to spin on)."""
+        if not self._deferred:
+            return
+        self._deferred[-1][1].wait()
+        groups = [g for g, _ in self._deferred]
+        self._deferred.clear()
+        self._scrub_groups(groups)
+
+    def _scrub_all(self) -> None:
+        self._scrub_deferred()
+        ready, self._ready = self._ready, []
+        self._scrub_groups(ready)
+
+    def _scrub_groups(self, groups) -> None:
+        error = None
+        for g in groups:
+            try:
+                for i, p in enumerate(g.params):
+                    p.set_data(g.placeholder(i), slice_shape=True)
+            except BaseException as e:  # still release every group's pins; report the first error
+                error = error or e
+            for rank, dev in enumerate(g.devices):
+                self._account(rank, -dev.param_bytes)
+                dev.store.release(dev.param_blocks)
+        if error is not None:
+            raise error
+
+    def _make_bring(self, g: _Group):
+        def hook(cell, inputs):
+            self._bring(g)
         return hook
 
-    def _make_drop(self, g: _Group, forward: bool):
-        if forward:
-            def hook(cell, inputs, output):
-                self._drop(g)
-        else:
-            def hook(cell, grad_input, grad_output):
-                self._drop(g)
+    def _make_drop(self, g: _Group):
+        def hook(cell, inputs, output):
+            self._drop(g)
+            if _pynative_executor.requires_grad() and not g.cell_backward_hooks:
+                if not self._hook_backward_use(g, inputs, output):
+                    self._use_cell_backward_hooks(g)
         return hook
+
+    def _hook_backward_use(self, g: _Group, inputs, output) -> bool:
+        """Brings the group's parameters back for this call's backward and drops them after it.
+
+        Tensor hooks instead of Cell backward (pre-)hooks: the first gradient reaching one of the
+        call's outputs brings the parameters (before MindSpore launches the Cell's backward, as a
+        backward pre-hook would), and the gradients of all its (non-Parameter) Tensor inputs
+        being complete drops them (as a backward hook would). MindSpore's Cell backward hooks
+        wrap inputs and outputs in CellBackwardHook ops that copy them and wait for the forward
+        pipeline; measured on this model they cost more than the offloading's own work. A call
+        whose inputs get no gradient (e.g. the first layer's data) is dropped when the backward
+        ends (`_end_backward`). False if no output takes a hook."""
+        outs = list(_flat_tensors(output))
+        if not outs:
+            return True
+        ins = [t for t in _flat_tensors(inputs) if not isinstance(t, Parameter)]
+        use = {"brought": False, "left": len(ins)}
+
+        def on_output_grad(grad):
+            if not use["brought"]:
+                use["brought"] = True
+                self._bring(g)
+
+        def on_input_grad(grad):
+            use["left"] -= 1
+            if use["left"] == 0 and use["brought"]:
+                use["brought"] = False
+                self._drop(g)
+
+        hooked = 0
+        for t in outs:
+            try:
+                self._tensor_hooks.append(t.register_hook(on_output_grad))
+                hooked += 1
+            except RuntimeError:  # a Tensor outside autograd (e.g. a DTensor of the simulation)
+                pass
+        if not hooked:
+            return False
+        for t in ins:
+            try:
+                self._tensor_hooks.append(t.register_hook(on_input_grad))
+            except RuntimeError:
+                use["left"] -= 1  # gets no gradient: dropped when the backward ends
+        return True
+
+    def _use_cell_backward_hooks(self, g: _Group) -> None:
+        """MindSpore's Cell backward hooks, for a Cell whose call's outputs take no tensor hooks
+        (the simulation passes DTensors between Cells; their shards carry the autograd): from the
+        start for a SimulatedModel, else from the first such call on. Registered from the forward
+        hook, the pre-hook already wraps this call's output; the inputs were not wrapped, so this
+        call's use ends with the backward."""
+        g.cell_backward_hooks = True
+        self._hooks.append(g.cell.register_backward_pre_hook(lambda cell, grad_output: self._bring(g)))
+        self._hooks.append(g.cell.register_backward_hook(lambda cell, grad_input, grad_output: self._drop(g)))
+
+    def _end_backward(self) -> None:
+        """After backward: every group's use is over (also those whose inputs got no gradient)."""
+        hooks, self._tensor_hooks = self._tensor_hooks, []
+        for h in hooks:
+            h.remove()
+        for g in self.groups:
+            if g.resident_depth > 0:
+                g.resident_depth = 1
+                self._drop(g)
+        self._scrub_all()
 
     def _account(self, rank: int, delta: int) -> None:
         self._materialized_bytes[rank] += delta
@@ -395,8 +567,17 @@ class OffloadedModel:
         kind, obj = packed
         if kind == "keep":
             return obj
-        for store, ref in obj:  # every holder brings its copy back to its device tier
-            store.acquire(ref.blocks)
+        for k, (store, ref) in enumerate(obj):  # every holder brings its copy back to its device tier
+            try:
+                store.acquire(ref.blocks)
+            except CapacityError:  # parameters kept in place for later (_deferred, _ready) hold the tier
+                self._scrub_all()
+                try:
+                    store.acquire(ref.blocks)
+                except BaseException:
+                    for s_, r_ in obj[:k]:
+                        s_.release(r_.blocks)
+                    raise
         try:
             store, ref = obj[0]
             return Tensor.from_numpy(store.get(ref, pinned_tier="device"))
@@ -417,81 +598,148 @@ class OffloadedModel:
             for store in self.stores:
                 store.begin_step()
             self._act_counter.clear()
-            return grad_fn(*inputs)
+            self._use_trace, self._use_pos, self._uses = self._uses or None, 0, []
+            self._in_step = True
+            try:
+                out = grad_fn(*inputs)
+            except BaseException:
+                self._in_step = False
+                try:
+                    self._end_backward()
+                except Exception:  # pylint: disable=broad-except
+                    pass  # the first error is the one to report
+                raise
+            self._in_step = False
+            self._end_backward()
+            return out
         return run
 
     def _write_gradient(self, g: _Group, i: int, grad: Tensor) -> None:
         """Each device stores the part of the (data-parallel reduced) gradient it updates."""
         value = grad.asnumpy()
         for dev in g.devices:
-            dev.store.update(dev.grads[i], value[dev.shards[i].update_region])
+            region = dev.shards[i].update_region
+            dev.store.update(dev.grads[i], value if len(g.devices) == 1 else np.ascontiguousarray(value[region]))
 
     def apply_gradients(self, grads: Sequence[Tensor]) -> None:
         """Writes the gradients to the store, then updates each group, device by device, with its
         optimizer; parameter shards updated in slices (ZeRO-1) are gathered back afterwards."""
         grads = list(grads)
+        self._scrub_all()  # (after a forward outside value_and_grad)
         n_off = sum(len(g.params) for g in self.groups)
         if len(grads) != n_off + len(self.resident_params):
             raise ValueError(f"expected {n_off + len(self.resident_params)} gradients, got {len(grads)}")
-        # Store writes run on a background thread (they release the GIL) while the training
-        # thread launches the next group's update; all are done before this returns.
-        pending = []
-        k = 0
+        # Store writes run on background threads (they release the GIL) while the training
+        # thread moves on; all are done before this returns. Groups are updated in backward order
+        # (the trace's order: their blocks are prefetched); their gradients are written in that
+        # order, and each group waits only for its own.
+        order = list(reversed(self.groups))
+        first, k = {}, 0
         for g in self.groups:
-            for i in range(len(g.params)):
-                pending.append(self._writer.submit(self._write_gradient, g, i, grads[k]))
-                grads[k] = None  # the task holds it until written, then MindSpore may free it
-                k += 1
+            first[id(g)] = k
+            k += len(g.params)
+        grad_writes = {}
+
+        def write_grads(i):
+            if i >= len(order) or i in grad_writes:
+                return
+            g = order[i]
+            futures = []
+            for j in range(len(g.params)):
+                futures.append(self._writer.submit(self._write_gradient, g, j, grads[first[id(g)] + j]))
+                grads[first[id(g)] + j] = None  # the task holds it until written, then MindSpore may free it
+            grad_writes[i] = futures
+
+        for i in range(self._grad_write_ahead):
+            write_grads(i)
         if self._resident_optimizer is not None:
             self._resident_optimizer(tuple(grads[n_off:]))
-        for f in pending:  # a group's gradients must be in the store before it is updated
-            f.result()
-        pending.clear()
-        for g in reversed(self.groups):  # backward order: the trace's order, blocks are prefetched
-            updated = [[] for _ in g.params]  # per parameter: (region, new values) from each device
-            for rank, dev in enumerate(g.devices):
-                for i, piece in enumerate(self._update_device(rank, dev, pending)):
-                    updated[i].append((dev.shards[i].update_region, piece))
-            # Each device's shard is rebuilt from the updated slices (ZeRO-1's AllGather).
-            for i, pieces in enumerate(updated):
-                if len(g.devices) == 1:
-                    whole = pieces[0][1]
-                else:
-                    whole = assemble(_global_shape(g.shards_of(i)), pieces[0][1].dtype, pieces)
-                for dev in g.devices:
-                    region = dev.shards[i].param_region
-                    value = whole if len(g.devices) == 1 else np.ascontiguousarray(whole[region])
-                    pending.append(self._writer.submit(dev.store.update, dev.params[i], value))
-        for f in pending:
-            f.result()
-
-    def _update_device(self, rank: int, dev: _DeviceGroup, pending: list) -> List[np.ndarray]:
-        """Runs the optimizer on one device's part of a group; writes its states back and returns
-        the updated parameter slices (copies)."""
-        ws = dev.workspace
-        blocks = dev.update_blocks
-        dev.store.acquire(blocks)
+        # Per (group, device): its blocks are pinned only while the values are copied into a free
+        # workspace; the optimizer is launched with a KernelFence behind it. The previous update's
+        # results are written to the store (new versions) from its workspace on the writer
+        # threads once its fence has passed -- while this one is loaded and its optimizer runs; a
+        # workspace is reused when those writes are done.
+        inflight = deque()  # (group, rank, workspace, fence): optimizer launched, results not submitted
+        pieces: Dict[int, list] = {}  # simulation: per group, the updated slices of each parameter
+        turn: Dict[int, int] = {}
         try:
-            self._account(rank, ws.nbytes)
-            for ref, shard, wp in zip(dev.params, dev.shards, ws.params):
-                value = dev.store.get(ref, pinned_tier="device")[shard.update_in_param()]
-                ops.assign(wp, Tensor.from_numpy(np.ascontiguousarray(value)))
-            for ref, (_, sp) in zip(dev.states, ws.states):
-                ops.assign(sp, Tensor.from_numpy(dev.store.get(ref, pinned_tier="device")))
-            gs = tuple(Tensor.from_numpy(dev.store.get(ref, pinned_tier="device")) for ref in dev.grads)
-            ws.optimizer(gs)
-            # The arrays view the workspace, which the next group reuses: keep copies.
-            new_params = [wp.asnumpy().copy() for wp in ws.params]
-            new_states = [sp.asnumpy().copy() for _, sp in ws.states]
-            del gs
+            for i, g in enumerate(order):
+                write_grads(i + self._grad_write_ahead)
+                for f in grad_writes[i]:  # this group's gradients must be in the store
+                    f.result()
+                for rank, dev in enumerate(g.devices):
+                    key = id(dev.workspaces)
+                    ws = dev.workspaces[turn.get(key, 0) % len(dev.workspaces)]
+                    turn[key] = turn.get(key, 0) + 1
+                    while ws.in_use:
+                        if any(w is ws for _, _, w, _ in inflight):
+                            self._submit_results(inflight.popleft(), pieces)
+                        else:
+                            self._free_workspace(ws)
+                    blocks = dev.update_blocks
+                    dev.store.acquire(blocks)
+                    try:
+                        while inflight:
+                            self._submit_results(inflight.popleft(), pieces)
+                        ws.in_use, ws.rank = True, rank
+                        self._account(rank, ws.nbytes)
+                        ws.load(dev.store, dev.shards, dev.params, dev.states, dev.grads)
+                        for ref in dev.grads:  # consumed: they need never reach the disk
+                            dev.store.discard(ref)
+                    finally:
+                        dev.store.release(blocks)
+                    ws.optimizer(ws.grads)
+                    inflight.append((g, rank, ws, KernelFence()))
         finally:
-            dev.store.release(blocks)
-        # Written after the release: the store then writes the host copies and drops the device
-        # ones, instead of leaving dirty device copies that must be copied down later.
-        for ref, value in zip(dev.states, new_states):
-            pending.append(self._writer.submit(dev.store.update, ref, value))
-        self._account(rank, -ws.nbytes)
-        return new_params
+            while inflight:
+                self._submit_results(inflight.popleft(), pieces)
+            for i in range(len(order)):
+                write_grads(i)
+            for futures in grad_writes.values():
+                for f in futures:
+                    f.result()
+            for wss in self._workspaces.values():
+                for ws in wss:
+                    self._free_workspace(ws)
+            for futures in self._gather_writes:
+                futures.result()
+            self._gather_writes = []
+
+    def _submit_results(self, entry, pieces: Dict[int, list]) -> None:
+        """Writes one device's update results: its optimizer states, and its parameter slice --
+        directly (one device) or, once every device of the group is done, gathered into each
+        device's shard (ZeRO-1's AllGather)."""
+        g, rank, ws, fence = entry
+        fence.wait()
+        dev = g.devices[rank]
+        results = ws.results()
+        new_params, new_states = results[:len(g.params)], results[len(g.params):]
+        ws.writes = [self._writer.submit(dev.store.update, ref, value) for ref, value in zip(dev.states, new_states)]
+        if len(g.devices) == 1:
+            ws.writes += [self._writer.submit(dev.store.update, ref, value) for ref, value in zip(dev.params, new_params)]
+            return
+        done = pieces.setdefault(id(g), [[] for _ in g.params])
+        for i, value in enumerate(new_params):
+            done[i].append((dev.shards[i].update_region, value.copy()))
+        if len(done[0]) < len(g.devices):
+            return
+        del pieces[id(g)]
+        for i, parts in enumerate(done):
+            whole = assemble(_global_shape(g.shards_of(i)), parts[0][1].dtype, parts)
+            for d in g.devices:
+                value = np.ascontiguousarray(whole[d.shards[i].param_region])
+                self._gather_writes.append(self._writer.submit(d.store.update, d.params[i], value))
+
+    def _free_workspace(self, ws: Workspace) -> None:
+        """Waits for the workspace's result writes; it can then take the next update."""
+        writes, ws.writes = ws.writes, []
+        try:
+            for f in writes:
+                f.result()
+        finally:
+            if ws.in_use:
+                ws.in_use = False
+                self._account(ws.rank, -ws.nbytes)
 
     def train_step(self, loss_fn: Callable) -> Callable:
         """A function running forward, backward and the optimizer update; returns the loss."""
@@ -506,6 +754,7 @@ class OffloadedModel:
     # -- inspection / teardown -------------------------------------------------------------
     def parameter_values(self) -> Dict[str, np.ndarray]:
         """Current values of every trainable parameter (read from the store for offloaded ones)."""
+        self._scrub_all()
         out = {}
         for g in self.groups:
             for i, p in enumerate(g.params):
@@ -529,6 +778,7 @@ class OffloadedModel:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        self._scrub_all()
         self._restore_values()
 
     def close(self) -> None:
@@ -617,7 +867,8 @@ def hyper_offload(model: nn.Cell, policy: Optional[OffloadPolicy] = None, *,
             raise ValueError(f"store: expected {'an OffloadStore' if n == 1 else f'{n} OffloadStores (one per simulated device)'}"
                              f", got {store!r}")
     try:
-        off = OffloadedModel(network, policy, optimizer, stores, shards_of, async_writes=async_writes)
+        off = OffloadedModel(network, policy, optimizer, stores, shards_of, async_writes=async_writes,
+                             cell_backward_hooks=network is not model)
     except Exception:
         for s in owned_stores:
             s.close()
