@@ -2,8 +2,9 @@
 
 A stack of Dense layers whose parameters are at least 4x the device-tier budget is trained with
 HyperOffload (parameters, Adam states and gradients in the store; host pool small so most blocks
-live on the disk tier). The page cache is kept out of the way with posix_fadvise(DONTNEED) after
-every disk write (after sync_file_range) and read (`drop_page_cache=True`). Three configurations
+live on the disk tier). The page cache is kept out of the way (`drop_page_cache=True`): the disk
+files are opened with O_DIRECT (or, where the file system refuses it, posix_fadvise(DONTNEED) after
+every disk write (after sync_file_range) and read). Three configurations
 run in the same process on the same data:
   resident  : plain ms.value_and_grad + one nn.Adam, everything in memory (baseline)
   on-demand : HyperOffload with prefetch_depth=0 (every block fetched when needed)

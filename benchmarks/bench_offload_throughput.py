@@ -1,9 +1,10 @@
 """Tier transfer throughput of the block store against raw baselines on the same machine.
 
-* disk -> DRAM: BlockStore.fetch of blocks that live only on disk (page cache dropped with
-  posix_fadvise(DONTNEED) after every disk write/read, i.e. drop_page_cache=True; adjacent
-  blocks coalesced into preadv) vs a raw sequential pread of a file of the same size whose
-  pages were dropped the same way. The store's figure includes the CRC32C check of every block.
+* disk -> DRAM: BlockStore.fetch of blocks that live only on disk (drop_page_cache=True: O_DIRECT,
+  or posix_fadvise(DONTNEED) after every disk write/read where the file system refuses O_DIRECT;
+  adjacent blocks coalesced into preadv) vs a raw sequential pread of a file of the same size
+  whose pages were dropped with posix_fadvise. The store's figure includes the CRC32C check of
+  every block.
 * DRAM -> device: BlockStore.fetch host -> device (a memcpy into the device arena, or the seqlock
   copy if a write is in progress) vs numpy memcpy of the same bytes between distinct buffers.
 Each figure is the best of 2-3 rounds (the first round faults in fresh pages).

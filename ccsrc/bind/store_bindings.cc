@@ -137,7 +137,7 @@ void BindStore(py::module_& m) {
       "Versioned cache-block store over device / host / disk tiers (see docs/offload.md).")
       .def(py::init([](uint64_t block_size, uint64_t device_capacity, uint64_t host_capacity,
                        const std::string& disk_dir, uint64_t disk_capacity, uint32_t blocks_per_file,
-                       bool drop_page_cache) {
+                       bool drop_page_cache, bool direct_io) {
              StoreConfig c;
              c.block_size = block_size;
              c.device_capacity = device_capacity;
@@ -146,11 +146,12 @@ void BindStore(py::module_& m) {
              c.disk_capacity = disk_capacity;
              c.blocks_per_file = blocks_per_file;
              c.drop_page_cache = drop_page_cache;
+             c.direct_io = direct_io;
              return std::make_shared<BlockStore>(c);
            }),
            py::arg("block_size"), py::arg("device_capacity"), py::arg("host_capacity"),
            py::arg("disk_dir") = "", py::arg("disk_capacity") = 0, py::arg("blocks_per_file") = 8,
-           py::arg("drop_page_cache") = false)
+           py::arg("drop_page_cache") = false, py::arg("direct_io") = true)
       .def_property_readonly("block_size", &BlockStore::block_size)
       .def_property_readonly("disk_dir", [](const BlockStore& s) { return s.config().disk_dir; })
       .def("allocate", &BlockStore::Allocate, py::call_guard<py::gil_scoped_release>())

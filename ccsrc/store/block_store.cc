@@ -317,7 +317,7 @@ int64_t BlockStore::ReserveDiskSlot(Lock& /*lock*/) {
              std::to_string(files_.size()) + ".blk";
     // Direct I/O needs 4KB-aligned buffers, offsets and lengths: slots are 4KB-aligned, disk
     // offsets are multiples of the block size and copies are whole 4KB pages (CopyLen).
-    const bool want_direct = config_.drop_page_cache && bs % 4096 == 0;
+    const bool want_direct = config_.drop_page_cache && config_.direct_io && bs % 4096 == 0;
     f.fd = ::open(f.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | (want_direct ? O_DIRECT : 0), 0600);
     f.direct = want_direct && f.fd >= 0;
     if (f.fd < 0 && want_direct && errno == EINVAL) {  // the file system refuses O_DIRECT

@@ -72,6 +72,7 @@ struct StoreConfig {
   // of 4KB and the file system accepts it (no copy through the page cache), else
   // posix_fadvise(DONTNEED) after each read and after each write (once written, sync_file_range).
   bool drop_page_cache = false;
+  bool direct_io = true;  // with drop_page_cache: try O_DIRECT (false: always posix_fadvise)
 };
 
 struct TierStats {
