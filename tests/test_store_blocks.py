@@ -106,9 +106,11 @@ def test_discarded_blocks_read_as_zeros_and_never_go_to_disk(tmp_path):
     np.testing.assert_array_equal(ts.get_bytes(other).view(np.float32), np.full(4, 8, np.float32))
 
 
-def test_direct_io_roundtrip_and_corruption(tmp_path):
-    # drop_page_cache=True opens the disk files with O_DIRECT where the file system allows it.
-    s = _core.BlockStore(BS, 2 * BS, 3 * BS, str(tmp_path), drop_page_cache=True)
+@pytest.mark.parametrize("direct_io", [True, False])
+def test_uncached_io_roundtrip_and_corruption(tmp_path, direct_io):
+    # drop_page_cache=True opens the disk files with O_DIRECT where the file system allows it
+    # (direct_io=True), else buffered I/O with posix_fadvise(DONTNEED) after each read and write.
+    s = _core.BlockStore(BS, 2 * BS, 3 * BS, str(tmp_path), drop_page_cache=True, direct_io=direct_io)
     ids = [s.allocate() for _ in range(10)]
     for i, b in enumerate(ids):
         s.write(b, block_bytes(i + 1))
