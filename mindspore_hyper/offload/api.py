@@ -701,8 +701,8 @@ class OffloadedModel:
             for wss in self._workspaces.values():
                 for ws in wss:
                     self._free_workspace(ws)
-            for futures in self._gather_writes:
-                futures.result()
+            for f in self._gather_writes:
+                f.result()
             self._gather_writes = []
 
     def _submit_results(self, entry, pieces: Dict[int, list]) -> None:
