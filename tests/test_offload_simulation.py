@@ -1,12 +1,16 @@
 """HyperOffload in simulation mode: every virtual device has its own store whose device tier
 holds that device's shards; offloaded + simulated training (data 2 x tensor 4, ZeRO-1) trains like
 the resident single-device model."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from mindspore import ops
 
 from mindspore_hyper.offload import OffloadPolicy, OffloadStore, WorkingSetError, hyper_offload
+from mindspore_hyper.offload.placement import from_strategy_rows
 from mindspore_hyper.shard import Layout
+from mindspore_hyper.shard.tensor_layout import TensorLayout
 from mindspore_hyper.sim import simulate
 
 from test_offload_training import BS, MLP, OPTIMIZERS, copy_model, data, make_store, reference_run
@@ -103,3 +107,15 @@ def test_store_argument_must_give_one_store_per_device(tmp_path, clean_context):
         hyper_offload(sim, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["sgd"], store=store)
     assert isinstance(store, OffloadStore) and store.stats()["device"]["used_blocks"] == 0
     store.close()
+
+
+def test_optimizer_layout_must_refine_the_parameter_layout():
+    mesh = Layout((2, 4), ("data", "tensor"))
+    row = SimpleNamespace(name="w", global_shape=(16, 4), layout=TensorLayout(mesh, ("tensor", None)),
+                          optimizer_layout=TensorLayout(mesh, (("data", "tensor"), None)))  # data outermost
+    with pytest.raises(ValueError, match=r"parameter 'w': device 1's optimizer-state slice .* is not inside its "
+                                         r"parameter shard"):
+        from_strategy_rows({0: row}, 8)
+    row.optimizer_layout = TensorLayout(mesh, (("tensor", "data"), None))  # ZeRO-1 as the strategy builds it
+    shards = from_strategy_rows({0: row}, 8)[0]
+    assert shards[5].param_region[0] == slice(4, 8) and shards[5].update_region[0] == slice(6, 8)

@@ -61,6 +61,14 @@ def reference_run(model, make_opt, x, y, steps=5):
     return losses, {p.name: p.asnumpy() for p in model.trainable_params()}
 
 
+def assert_matches_reference(off, losses, ref_losses, ref_params):
+    """Losses and every parameter's final value equal resident training's."""
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-6, atol=1e-7)
+    values = off.parameter_values()
+    for name, ref in ref_params.items():
+        np.testing.assert_allclose(values[name], ref, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
 def make_store(tmp_path, device_blocks=4, host_blocks=6, depth=2):
     return OffloadStore(block_size=BS, device_memory=device_blocks * BS, host_memory=host_blocks * BS,
                         offload_dir=str(tmp_path), prefetch_depth=depth)
@@ -84,10 +92,7 @@ def test_offloaded_training_matches_resident(tmp_path, opt_name, swap_activation
     step = off.train_step(lambda a, b: ops.reduce_mean((model(a) - b) ** 2))
     losses = [float(step(x, y).asnumpy()) for _ in range(5)]
 
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-6, atol=1e-7)
-    values = off.parameter_values()
-    for name, ref in ref_params.items():
-        np.testing.assert_allclose(values[name], ref, rtol=1e-6, atol=1e-7, err_msg=name)
+    assert_matches_reference(off, losses, ref_losses, ref_params)
 
     stats = off.stats()
     budget = store.device_memory
@@ -148,10 +153,7 @@ def test_synchronous_writes_give_the_same_result(tmp_path):
                         async_writes=False)
     step = off.train_step(lambda a, b: ops.reduce_mean((model(a) - b) ** 2))
     losses = [float(step(x, y).asnumpy()) for _ in range(3)]
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-6, atol=1e-7)
-    values = off.parameter_values()
-    for name, ref in ref_params.items():
-        np.testing.assert_allclose(values[name], ref, rtol=1e-6, atol=1e-7, err_msg=name)
+    assert_matches_reference(off, losses, ref_losses, ref_params)
     store.close()
 
 
@@ -200,10 +202,7 @@ def test_shared_and_multi_input_cells_match_resident(tmp_path):
     off = hyper_offload(model, OffloadPolicy(cells=["layers.*", "mix"]), optimizer=OPTIMIZERS["adam"], store=store)
     step = off.train_step(lambda a, b: ops.reduce_mean((model(a) - b) ** 2))
     losses = [float(step(x, y).asnumpy()) for _ in range(4)]
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-6, atol=1e-7)
-    values = off.parameter_values()
-    for name, ref in ref_params.items():
-        np.testing.assert_allclose(values[name], ref, rtol=1e-6, atol=1e-7, err_msg=name)
+    assert_matches_reference(off, losses, ref_losses, ref_params)
     assert all(g.resident_depth == 0 for g in off.groups)
     assert model.mix.b.shape == (1,)  # scrubbed between steps
     stats = off.stats()

@@ -15,6 +15,17 @@ from mindspore_hyper import _core
 BS = 4096
 
 
+
+def flip_disk_byte(store, block, offset, mask):
+    """Corrupts one byte of the block's disk copy (XOR with `mask`); returns (file, block offset)."""
+    path, off = store.disk_location(block)
+    with open(path, "r+b") as f:
+        f.seek(off + offset)
+        byte = f.read(1)
+        f.seek(off + offset)
+        f.write(bytes([byte[0] ^ mask]))
+    return path, off
+
 def make_store(tmp_path, device=2, host=3, **kw):
     return _core.BlockStore(BS, device * BS, host * BS, str(tmp_path), **kw)
 
@@ -123,12 +134,7 @@ def test_uncached_io_roundtrip_and_corruption(tmp_path, direct_io):
     for b in ids[:4]:
         s.evict(b, "device")
         s.evict(b, "host")
-    path, off = s.disk_location(ids[1])
-    with open(path, "r+b") as f:
-        f.seek(off + 17)
-        byte = f.read(1)
-        f.seek(off + 17)
-        f.write(bytes([byte[0] ^ 0x55]))
+    flip_disk_byte(s, ids[1], 17, 0x55)
     with pytest.raises(_core.CorruptBlockError, match=rf"corrupted block {ids[1]}"):
         s.read(ids[1])
     assert (s.read(ids[2]) == 3).all()
@@ -282,13 +288,8 @@ def test_corrupted_disk_block_is_detected(tmp_path):
     for i, b in enumerate(ids):
         s.write(b, block_bytes(10 + i))
     s.evict(ids[1], "host")
-    path, off = s.disk_location(ids[1])
+    path, off = flip_disk_byte(s, ids[1], 1234, 0xFF)
     assert os.path.exists(path)
-    with open(path, "r+b") as f:
-        f.seek(off + 1234)
-        byte = f.read(1)
-        f.seek(off + 1234)
-        f.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(_core.CorruptBlockError, match=rf"corrupted block {ids[1]}: disk copy in '.*' at offset {off}"):
         s.read(ids[1])
     assert s.stats()["crc_failures"] == 1

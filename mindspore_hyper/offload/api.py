@@ -31,6 +31,7 @@ import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -82,16 +83,17 @@ class _DeviceGroup:
     states: List[TensorRef] = field(default_factory=list)  # the workspace optimizer's states, in order
     workspaces: List[Workspace] = field(default_factory=list)  # of its signature, used in turn
 
-    @property
+    # The tensors never move to other blocks once stored: computed on first use (after set-up).
+    @cached_property
     def param_blocks(self) -> List[int]:
         return _unique(b for r in self.params for b in r.blocks)
 
-    @property
+    @cached_property
     def update_blocks(self) -> List[int]:
         return _unique([*self.param_blocks, *(b for r in self.states for b in r.blocks),
                         *(b for r in self.grads for b in r.blocks)])
 
-    @property
+    @cached_property
     def param_bytes(self) -> int:
         return sum(r.nbytes for r in self.params)
 
@@ -103,6 +105,7 @@ class _Group:
     name: str
     cell: nn.Cell
     params: List[Parameter] = field(default_factory=list)
+    shapes: List[Tuple[int, ...]] = field(default_factory=list)  # global shapes of the params
     devices: List[_DeviceGroup] = field(default_factory=list)
     resident_depth: int = 0  # nesting of forward/backward uses currently holding the params
     cell_backward_hooks: bool = False  # backward uses tracked by Cell hooks (see _use_cell_backward_hooks)
@@ -111,11 +114,7 @@ class _Group:
         """The one-element tensor parameter `i` holds while its values live in the stores."""
         return Tensor(np.zeros((1,), dtype=self.devices[0].params[i].dtype))
 
-    def shards_of(self, i: int) -> List[DeviceShard]:
-        """Every device's part of parameter `i`."""
-        return [d.shards[i] for d in self.devices]
-
-    @property
+    @cached_property
     def param_blocks(self) -> int:
         """The most parameter blocks any one device holds for this group."""
         return max(len(d.param_blocks) for d in self.devices)
@@ -255,6 +254,7 @@ class OffloadedModel:
             group.params = [p for p in cell.trainable_params() if id(p) not in seen]
             seen.update(id(p) for p in group.params)
             values = [p.asnumpy() for p in group.params]
+            group.shapes = [v.shape for v in values]
             per_param = [self._shards_of(p) for p in group.params]
             for rank, store in enumerate(self.stores):
                 shards = [s[rank] for s in per_param]
@@ -381,7 +381,7 @@ class OffloadedModel:
         tier = "device" if pinned else None
         if len(g.devices) == 1:
             return g.devices[0].store.get(g.devices[0].params[i], pinned_tier=tier)
-        return assemble(_global_shape(g.shards_of(i)), g.devices[0].params[i].dtype,
+        return assemble(g.shapes[i], g.devices[0].params[i].dtype,
                         ((d.shards[i].param_region, d.store.get(d.params[i], pinned_tier=tier)) for d in g.devices))
 
     def _record_use(self, g: _Group) -> None:
@@ -567,22 +567,19 @@ class OffloadedModel:
         kind, obj = packed
         if kind == "keep":
             return obj
-        for k, (store, ref) in enumerate(obj):  # every holder brings its copy back to its device tier
-            try:
-                store.acquire(ref.blocks)
-            except CapacityError:  # parameters kept in place for later (_deferred, _ready) hold the tier
-                self._scrub_all()
+        held = []
+        try:
+            for store, ref in obj:  # every holder brings its copy back to its device tier
                 try:
                     store.acquire(ref.blocks)
-                except BaseException:
-                    for s_, r_ in obj[:k]:
-                        s_.release(r_.blocks)
-                    raise
-        try:
+                except CapacityError:  # parameters kept in place for later (_deferred, _ready) hold the tier
+                    self._scrub_all()
+                    store.acquire(ref.blocks)
+                held.append((store, ref))
             store, ref = obj[0]
             return Tensor.from_numpy(store.get(ref, pinned_tier="device"))
         finally:
-            for store, ref in obj:
+            for store, ref in held:
                 store.release(ref.blocks)
 
     # -- training ------------------------------------------------------------------------
@@ -725,7 +722,7 @@ class OffloadedModel:
             return
         del pieces[id(g)]
         for i, parts in enumerate(done):
-            whole = assemble(_global_shape(g.shards_of(i)), parts[0][1].dtype, parts)
+            whole = assemble(g.shapes[i], parts[0][1].dtype, parts)
             for d in g.devices:
                 value = np.ascontiguousarray(whole[d.shards[i].param_region])
                 self._gather_writes.append(self._writer.submit(d.store.update, d.params[i], value))
@@ -795,11 +792,6 @@ class OffloadedModel:
         for g in self.groups:
             for i, p in enumerate(g.params):
                 p.set_data(Tensor(self._gather(g, i, pinned=False)), slice_shape=True)
-
-
-def _global_shape(shards: List[DeviceShard]) -> Tuple[int, ...]:
-    """The global shape covered by every device's parameter region."""
-    return tuple(max(s.param_region[d].stop for s in shards) for d in range(len(shards[0].param_region)))
 
 
 def _simulation_stores(n: int, store_options: dict) -> Tuple[List[OffloadStore], str]:
