@@ -124,3 +124,68 @@ def test_fence_primitives():
     _core.fence_forget(other)  # abandoned before it passed: its signal is dropped
     _core.fence_signal(other)
     assert not _core.fence_poll(other)
+
+
+def test_copy_out_delivers_values_in_the_backward_before_it_ends():
+    # TensorCopyOut hands each gradient to a host thread as soon as its kernel has run: the first
+    # layers' gradients (computed first in the backward) arrive while later ones are still
+    # being computed, and every value equals the gradient MindSpore returns.
+    import threading
+
+    from mindspore import ops
+    from mindspore_hyper.offload.copy_out import TensorCopyOut
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = nn.SequentialCell([nn.Dense(64, 64) for _ in range(4)])
+    copies, order = {}, []
+
+    def on_grad(k):
+        def hook(grad):
+            copies[k] = TensorCopyOut(grad)
+        return hook
+
+    for k, cell in enumerate(net.cells()):
+        cell.weight.register_hook(on_grad(k))
+    x = Tensor(np.random.default_rng(1).standard_normal((32, 64)).astype(np.float32))
+    grad_fn = ms.value_and_grad(lambda a: ops.reduce_sum(ops.tanh(net(a))), None, net.trainable_params())
+    _, grads = grad_fn(x)
+    taken = {}
+
+    def take(k):
+        taken[k] = copies[k].take()
+        order.append(k)
+
+    threads = [threading.Thread(target=take, args=(k,)) for k in copies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(taken) == [0, 1, 2, 3]
+    for k in range(4):
+        np.testing.assert_array_equal(taken[k], grads[2 * k].asnumpy())
+        assert taken[k].dtype == np.float32 and taken[k].shape == (64, 64)
+
+
+def test_mailbox_primitives():
+    mid = _core.mailbox_new_id()
+    assert _core.mailbox_take(mid, 0.01) is None  # times out
+    _core.mailbox_deliver(mid, np.arange(4, dtype=np.float32))
+    got = _core.mailbox_take(mid, 0.01)
+    np.testing.assert_array_equal(got.view(np.float32), np.arange(4, dtype=np.float32))
+    assert _core.mailbox_take(mid, 0.01) is None  # consumed
+    other = _core.mailbox_new_id()
+    _core.mailbox_forget(other)  # abandoned before delivery: the delivery is dropped
+    _core.mailbox_deliver(other, np.ones(3, np.uint8))
+    assert _core.mailbox_take(other, 0.01) is None
+
+
+def test_copy_out_take_times_out_with_a_clear_error():
+    from mindspore_hyper.offload.copy_out import TensorCopyOut
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    copy = TensorCopyOut(Tensor(np.ones((2, 3), np.float32)))
+    copy.take()  # delivered
+    copy.id = _core.mailbox_new_id()  # a mailbox nothing will deliver to
+    copy._value = None
+    with pytest.raises(TimeoutError, match=r"tensor of shape \(2, 3\) was not delivered within 0 s"):
+        copy.take(timeout_s=0.05)

@@ -13,7 +13,8 @@ from mindspore_hyper.shard import Layout
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 from mindspore_hyper.sim import simulate
 
-from test_offload_training import BS, MLP, OPTIMIZERS, copy_model, data, make_store, reference_run
+from test_offload_training import (BS, MLP, OPTIMIZERS, assert_update_path, copy_model, data, make_store,
+                                   reference_run)
 
 DIM = 64  # a 64x64 float32 weight is 16KB: 2 blocks unsharded, a quarter of a block per shard
 
@@ -26,15 +27,23 @@ def sharded_mlp(base):
     return model, simulate(model, strategy)
 
 
-def check_matches(off, losses, ref_losses, ref_params):
+# Relative error in the 2-norm after 5 steps, as in test_sim_training. The simulation sums the
+# gradient in another order than the single-device run (~1e-7 relative); SGD passes that on
+# (measured <= 6e-7), while Adam's per-element normalization amplifies it on the small bias
+# gradients (measured up to 1.1e-5 before the host updates, 3.9e-5 with them). A wrong slice or
+# a lost update gives errors of order 1.
+REL_ERROR_BOUND = {"sgd": 1e-5, "adam": 1e-4, "adamw": 1e-4}
+
+
+def check_matches(off, losses, ref_losses, ref_params, bound=1e-5):
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
     values = off.parameter_values()
-    for name, ref in ref_params.items():  # relative error in the 2-norm, as in test_sim_training
+    for name, ref in ref_params.items():
         rel = np.linalg.norm(values[name].astype(np.float64) - ref) / np.linalg.norm(ref)
-        assert rel <= 1e-5, f"{name}: relative error {rel:.2e} after 5 steps"
+        assert rel <= bound, f"{name}: relative error {rel:.2e} after 5 steps"
 
 
-@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+@pytest.mark.parametrize("opt_name", ["sgd", "adam", "adamw"])
 def test_each_simulated_device_has_its_own_tier(tmp_path, opt_name, clean_context):
     clean_context.set_context(device_num=8)
     x, y = data(DIM)
@@ -58,7 +67,8 @@ def test_each_simulated_device_has_its_own_tier(tmp_path, opt_name, clean_contex
         assert dev.shards[0].update_region[0] == slice(16 * t + 8 * d, 16 * t + 8 * d + 8)
     step = off.train_step(lambda a, b: ops.reduce_mean((sim(a) - b) ** 2))
     losses = [float(step(x, y).asnumpy()) for _ in range(5)]
-    check_matches(off, losses, ref_losses, ref_params)
+    check_matches(off, losses, ref_losses, ref_params, REL_ERROR_BOUND[opt_name])
+    assert_update_path(off, opt_name, 5 * 4)
 
     stats = off.stats()
     for rank, s in enumerate(stats["devices"]):

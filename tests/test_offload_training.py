@@ -46,7 +46,17 @@ def data(dim=DIM):
 OPTIMIZERS = {
     "sgd": lambda ps: nn.SGD(ps, learning_rate=0.05, momentum=0.9),
     "adam": lambda ps: nn.Adam(ps, learning_rate=0.01),
+    # no host rule (weight decay): updated after the backward by the optimizer Cell itself
+    "adamw": lambda ps: nn.AdamWeightDecay(ps, learning_rate=0.002, weight_decay=0.01),
 }
+HOST_RULE = {"sgd": True, "adam": True, "adamw": False}
+
+
+def assert_update_path(off, opt_name, updates):
+    """`updates` group updates ran, on the host during the backward where the optimizer has a
+    host rule, else by the optimizer Cell after it."""
+    expected = {"host": updates, "optimizer": 0} if HOST_RULE[opt_name] else {"host": 0, "optimizer": updates}
+    assert off.stats()["group_updates"] == expected
 
 
 def reference_run(model, make_opt, x, y, steps=5):
@@ -74,7 +84,7 @@ def make_store(tmp_path, device_blocks=4, host_blocks=6, depth=2):
                         offload_dir=str(tmp_path), prefetch_depth=depth)
 
 
-@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+@pytest.mark.parametrize("opt_name", ["sgd", "adam", "adamw"])
 @pytest.mark.parametrize("swap_activations", [False, True])
 def test_offloaded_training_matches_resident(tmp_path, opt_name, swap_activations):
     make_opt = OPTIMIZERS[opt_name]
@@ -93,6 +103,7 @@ def test_offloaded_training_matches_resident(tmp_path, opt_name, swap_activation
     losses = [float(step(x, y).asnumpy()) for _ in range(5)]
 
     assert_matches_reference(off, losses, ref_losses, ref_params)
+    assert_update_path(off, opt_name, 5 * 4)
 
     stats = off.stats()
     budget = store.device_memory
@@ -157,6 +168,30 @@ def test_synchronous_writes_give_the_same_result(tmp_path):
     store.close()
 
 
+def test_value_and_grad_then_apply_gradients(tmp_path):
+    """The two-call API: gradients returned to the caller, then applied by the optimizer Cells
+    after the backward (no host updates)."""
+    x, y = data()
+    base = MLP(n_layers=3)
+    ref_losses, ref_params = reference_run(copy_model(base, 3), OPTIMIZERS["adam"], x, y, steps=3)
+    model = copy_model(base, 3)
+    store = make_store(tmp_path)
+    off = hyper_offload(model, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["adam"], store=store)
+    grad_fn = off.value_and_grad(lambda a, b: ops.reduce_mean((model(a) - b) ** 2))
+    losses = []
+    for _ in range(3):
+        loss, grads = grad_fn(x, y)
+        assert [tuple(g.shape) for g in grads] == [tuple(p.shape) for p in
+                                                   copy_model(base, 3).trainable_params()][:6] + [(1, DIM), (1,)]
+        off.apply_gradients(grads)
+        losses.append(float(loss.asnumpy()))
+    assert_matches_reference(off, losses, ref_losses, ref_params)
+    assert off.stats()["group_updates"] == {"host": 0, "optimizer": 3 * 3}
+    with pytest.raises(ValueError, match="expected 8 gradients, got 7"):
+        off.apply_gradients(grads[:-1])
+    store.close()
+
+
 class Mix(nn.Cell):
     """Two inputs, a Dense and a bare Parameter."""
 
@@ -203,6 +238,8 @@ def test_shared_and_multi_input_cells_match_resident(tmp_path):
     step = off.train_step(lambda a, b: ops.reduce_mean((model(a) - b) ** 2))
     losses = [float(step(x, y).asnumpy()) for _ in range(4)]
     assert_matches_reference(off, losses, ref_losses, ref_params)
+    # every group updated in the backward: the hooks of layers.1 (called twice) ran once per step
+    assert_update_path(off, "adam", 4 * 4)
     assert all(g.resident_depth == 0 for g in off.groups)
     assert model.mix.b.shape == (1,)  # scrubbed between steps
     stats = off.stats()

@@ -24,21 +24,23 @@ class MLP(nn.Cell):
         return self.head(x)
 
 
-def build(tmp_path, block_size, device_blocks=4):
-    model = MLP()
+def build(tmp_path, block_size, device_blocks=4, dim=32):
+    model = MLP(dim=dim)
     store = OffloadStore(block_size=block_size, device_memory=device_blocks * block_size,
                          host_memory=6 * block_size, offload_dir=str(tmp_path), prefetch_depth=2)
     off = hyper_offload(model, OffloadPolicy(cells=["layers.*"]),
                         optimizer=lambda ps: nn.SGD(ps, learning_rate=0.01), store=store)
     rng = np.random.default_rng(0)
-    x = Tensor(rng.standard_normal((8, 32)).astype(np.float32))
+    x = Tensor(rng.standard_normal((8, dim)).astype(np.float32))
     y = Tensor(rng.standard_normal((8, 1)).astype(np.float32))
     step = off.train_step(lambda a, b: ops.reduce_mean((model(a) - b) ** 2))
     return (lambda: step(x, y)), store
 
 
 def test_tune_prefetch_depth(tmp_path):
-    run_step, store = build(tmp_path, 8192)
+    # 64x64 float32 weights of 16KB: each layer's parameters take 2 blocks (weight, packed bias),
+    # so the 4 layers do not fit the 6 device blocks at once (its update's 5 blocks do).
+    run_step, store = build(tmp_path, 16384, device_blocks=6, dim=64)
     out = io.StringIO()
     result = tune_prefetch_depth(run_step, store, candidates=(0, 1, 2), steps=2, warmup=1, stream=out)
     assert set(result.measurements) == {0, 1, 2}

@@ -5,6 +5,7 @@
 //   MsHyperStoreFetch(tid: int64[1]) -> out           copies stored tensor `tid` into out
 //   MsHyperStorePut(x, tid: int64[1]) -> out          stores x as tensor `tid`, out = x
 //   MsHyperFence(id: int64[1]) -> out: int64[1]        marks kernel fence `id` as passed, out = id
+//   MsHyperCopyOut(x, id: int64[1]) -> out: int64[1]   delivers a copy of x to mailbox `id`, out = id
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "aot/kernel_fence.h"
+#include "aot/tensor_mailbox.h"
 #include "store/tensor_store.h"
 
 namespace {
@@ -81,4 +83,22 @@ extern "C" __attribute__((visibility("default"))) int MsHyperFence(int nparam, v
   std::memcpy(params[1], &id, sizeof(id));
   mshyper::aot::FenceSignal(static_cast<uint64_t>(id));
   return 0;
+}
+
+extern "C" __attribute__((visibility("default"))) int MsHyperCopyOut(int nparam, void** params, int* ndims,
+                                   int64_t** shapes, const char** dtypes, void* /*stream*/,
+                                   void* /*extra*/) {
+  try {
+    if (nparam != 3) return Fail("MsHyperCopyOut", "expects 2 inputs and 1 output");
+    if (DtypeSize(dtypes[0]) == 0) return Fail("MsHyperCopyOut", std::string("unsupported dtype ") + dtypes[0]);
+    int64_t id;
+    std::memcpy(&id, params[1], sizeof(id));
+    mshyper::aot::MailboxDeliver(static_cast<uint64_t>(id), params[0], Bytes(ndims[0], shapes[0], dtypes[0]));
+    std::memcpy(params[2], &id, sizeof(id));
+    return 0;
+  } catch (const std::exception& e) {
+    return Fail("MsHyperCopyOut", e.what());
+  } catch (...) {
+    return Fail("MsHyperCopyOut", "unknown error");
+  }
 }

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "aot/kernel_fence.h"
+#include "aot/tensor_mailbox.h"
+#include "optim/adam.h"
 #include "bind/bindings.h"
 #include "prefetch/prefetch_scheduler.h"
 #include "store/block_store.h"
@@ -286,6 +288,47 @@ void BindStore(py::module_& m) {
         py::call_guard<py::gil_scoped_release>(),
         "Blocks (no spinning, GIL released) up to timeout_s for the fence; True (and forgotten) if it passed.");
   m.def("fence_forget", &aot::FenceForget, py::arg("id"), "Abandons a fence.");
+
+  m.def("mailbox_new_id", &aot::MailboxNewId, "A fresh tensor-mailbox id (see offload.TensorCopyOut).");
+  m.def("mailbox_deliver", [](uint64_t id, py::buffer data) {
+          py::buffer_info info = data.request();
+          aot::MailboxDeliver(id, info.ptr, static_cast<size_t>(info.size * info.itemsize));
+        }, py::arg("id"), py::arg("data"), "Delivers a copy of `data`'s bytes (what the kernel does).");
+  m.def("mailbox_take", [](uint64_t id, double timeout_s) -> py::object {
+          std::vector<uint8_t> bytes;
+          bool delivered;
+          {
+            py::gil_scoped_release release;
+            delivered = aot::MailboxTake(id, timeout_s, &bytes);
+          }
+          if (!delivered) return py::none();
+          auto* owned = new std::vector<uint8_t>(std::move(bytes));
+          py::capsule owner(owned, [](void* p) { delete static_cast<std::vector<uint8_t>*>(p); });
+          return py::array_t<uint8_t>({static_cast<py::ssize_t>(owned->size())}, {1}, owned->data(), owner);
+        }, py::arg("id"), py::arg("timeout_s"),
+        "Waits (GIL released) up to timeout_s for the mailbox: its bytes as a uint8 array (no copy), or None.");
+  m.def("adam_step", [](py::array_t<float, 0> param, py::array_t<float, 0> m_, py::array_t<float, 0> v,
+                        py::array_t<float, 0> grad, float lr_t, float beta1, float beta2, float eps, bool nesterov) {
+          const py::ssize_t n = param.size();
+          for (const auto* a : {&m_, &v, &grad}) {
+            if (a->size() != n) throw py::value_error("adam_step: param, m, v and grad must have the same size");
+          }
+          for (const auto* a : {&param, &m_, &v, &grad}) {
+            if (!(a->flags() & py::array::c_style)) throw py::value_error("adam_step: arrays must be C-contiguous float32");
+          }
+          for (const auto* a : {&param, &m_, &v}) {
+            if (!a->writeable()) throw py::value_error("adam_step: param, m and v must be writeable");
+          }
+          float* p = param.mutable_data();
+          float* mp = m_.mutable_data();
+          float* vp = v.mutable_data();
+          const float* gp = grad.data();
+          py::gil_scoped_release release;
+          optim::AdamStep(p, mp, vp, gp, static_cast<size_t>(n), lr_t, beta1, beta2, eps, nesterov);
+        }, py::arg("param"), py::arg("m"), py::arg("v"), py::arg("grad"), py::arg("lr_t"), py::arg("beta1"),
+        py::arg("beta2"), py::arg("eps"), py::arg("nesterov"),
+        "Adam's element-wise update in place on float32 arrays (GIL released); see ccsrc/optim/adam.h.");
+  m.def("mailbox_forget", &aot::MailboxForget, py::arg("id"), "Abandons a mailbox.");
 
   m.def("set_default_tensor_store", &store::SetDefaultTensorStore, py::arg("store"),
         "Make `store` the instance the aot kernels use (None clears it).");

@@ -14,11 +14,16 @@ How a step runs (PyNative):
   * Activations saved for backward inside chosen Cells go to the store through
     ``ms.saved_tensors_hooks`` and come back (prefetched, in the reverse order the trace shows)
     when backward needs them.
-  * Gradients are written to the store, then each group is updated by its own optimizer (built
-    with the user's factory, so element-wise optimizers such as SGD/Adam give exactly the result
-    of one optimizer over all parameters): parameters, optimizer states and gradients are
-    acquired together, copied into a workspace, updated, written back (new versions); the
-    consumed gradients are discarded.
+  * Update, `train_step` with an optimizer that has a host rule (Adam, SGD; host_optimizer.py):
+    a group is updated during the backward as soon as its parameters' gradient hooks have run.
+    The gradients are copied out of the kernel stream without synchronizing it (copy_out.py), and
+    an updater thread reads the group's parameters and optimizer states from the store (host
+    tier), computes the update and writes them back (new versions) -- overlapping the backward.
+  * Otherwise (other optimizers; `apply_gradients`): gradients are written to the store, then
+    each group is updated by its own optimizer Cell (built with the user's factory, so
+    element-wise optimizers give exactly the result of one optimizer over all parameters):
+    parameters, optimizer states and gradients are acquired together, copied into a workspace,
+    updated, written back; the consumed gradients are discarded.
   * In simulation every virtual device has its own store holding its shards (placement.py);
     the steps above run for each device's part.
 """
@@ -41,6 +46,7 @@ from mindspore import Parameter, Tensor, nn
 from mindspore.common.api import _pynative_executor
 
 from mindspore_hyper.context import get_context
+from mindspore_hyper.offload.copy_out import TensorCopyOut
 from mindspore_hyper.offload.fence import KernelFence
 from mindspore_hyper.offload.placement import DeviceShard, assemble, from_strategy_rows, single_device
 from mindspore_hyper.offload.store import CapacityError, OffloadStore, TensorRef
@@ -108,6 +114,7 @@ class _Group:
     shapes: List[Tuple[int, ...]] = field(default_factory=list)  # global shapes of the params
     devices: List[_DeviceGroup] = field(default_factory=list)
     resident_depth: int = 0  # nesting of forward/backward uses currently holding the params
+    step_grads: Optional[list] = None  # train_step: gradients the backward has delivered so far
     cell_backward_hooks: bool = False  # backward uses tracked by Cell hooks (see _use_cell_backward_hooks)
 
     def placeholder(self, i: int) -> Tensor:
@@ -118,6 +125,17 @@ class _Group:
     def param_blocks(self) -> int:
         """The most parameter blocks any one device holds for this group."""
         return max(len(d.param_blocks) for d in self.devices)
+
+
+@dataclass
+class _UpdateRun:
+    """One step's update pipeline: optimizers launched whose results are not written yet."""
+
+    inflight: deque = field(default_factory=deque)  # (group, rank, workspace, fence)
+    pieces: Dict[int, list] = field(default_factory=dict)  # simulation: per group, updated slices
+    turn: Dict[int, int] = field(default_factory=dict)  # per workspace list, the next one's index
+    updated: set = field(default_factory=set)  # ids of the groups updated in the backward
+    host_tasks: list = field(default_factory=list)  # their updates (futures of _host_update)
 
 
 class _Done:
@@ -198,12 +216,16 @@ class OffloadedModel:
         self._grad_write_ahead = 2
         self._tensor_hooks = []  # this step's hooks on Cell inputs/outputs (removed after backward)
         self._gather_writes = []  # simulation: writes of gathered parameter shards
+        self._backward_updates: Optional[_UpdateRun] = None  # set while train_step's backward runs
+        self._update_counts = {"host": 0, "optimizer": 0}  # group updates so far, per path
         self._owned_stores: List[OffloadStore] = []  # set by hyper_offload: closed by close()
         self._owned_dirs: List[str] = []
         # Two writer threads: a write that must first evict a dirty block does disk I/O, and a
         # second thread keeps the disk busy meanwhile (writes to one block are serialized by the store).
         self._writer = (ThreadPoolExecutor(max_workers=2, thread_name_prefix="mshyper-offload-writer")
                         if async_writes else _InlineExecutor())
+        # Host updates of groups whose gradients are complete, while the backward runs (train_step).
+        self._host_updater = ThreadPoolExecutor(max_workers=2, thread_name_prefix="mshyper-offload-update")
         self.groups = self._make_groups()
         offloaded = {id(p) for g in self.groups for p in g.params}
         self.resident_params = [p for p in model.trainable_params() if id(p) not in offloaded]
@@ -308,6 +330,11 @@ class OffloadedModel:
             self._hooks.append(g.cell.register_forward_hook(self._make_drop(g)))
             if cell_backward_hooks:
                 self._use_cell_backward_hooks(g)
+            for i, p in enumerate(g.params):
+                try:
+                    self._hooks.append(p.register_hook(self._make_param_grad_hook(g, i)))
+                except RuntimeError:  # no gradient hook: the group is updated after the backward
+                    pass
         for name, cell in self.model.cells_and_names():
             if name and any(fnmatch.fnmatchcase(name, p) for p in self.policy.activation_cells):
                 self._hooks.append(cell.register_forward_pre_hook(self._make_act_enter(name)))
@@ -626,11 +653,20 @@ class OffloadedModel:
         n_off = sum(len(g.params) for g in self.groups)
         if len(grads) != n_off + len(self.resident_params):
             raise ValueError(f"expected {n_off + len(self.resident_params)} gradients, got {len(grads)}")
+        run = _UpdateRun()
+        try:
+            self._update_from_store(run, list(reversed(self.groups)), grads)
+        finally:
+            self._finish_updates(run)
+
+    def _update_from_store(self, run: "_UpdateRun", order: List[_Group], grads: List[Tensor]) -> None:
+        """Updates `order`'s groups from `grads` (every trainable parameter's, in
+        `trainable_params` order; resident ones updated by their own optimizer) through the store."""
         # Store writes run on background threads (they release the GIL) while the training
-        # thread moves on; all are done before this returns. Groups are updated in backward order
-        # (the trace's order: their blocks are prefetched); their gradients are written in that
-        # order, and each group waits only for its own.
-        order = list(reversed(self.groups))
+        # thread moves on. Groups are updated in backward order (the trace's order: their blocks
+        # are prefetched); their gradients are written in that order, and each group waits only
+        # for its own.
+        n_off = sum(len(g.params) for g in self.groups)
         first, k = {}, 0
         for g in self.groups:
             first[id(g)] = k
@@ -647,60 +683,83 @@ class OffloadedModel:
                 grads[first[id(g)] + j] = None  # the task holds it until written, then MindSpore may free it
             grad_writes[i] = futures
 
-        for i in range(self._grad_write_ahead):
-            write_grads(i)
-        if self._resident_optimizer is not None:
-            self._resident_optimizer(tuple(grads[n_off:]))
-        # Per (group, device): its blocks are pinned only while the values are copied into a free
-        # workspace; the optimizer is launched with a KernelFence behind it. The previous update's
-        # results are written to the store (new versions) from its workspace on the writer
-        # threads once its fence has passed -- while this one is loaded and its optimizer runs; a
-        # workspace is reused when those writes are done.
-        inflight = deque()  # (group, rank, workspace, fence): optimizer launched, results not submitted
-        pieces: Dict[int, list] = {}  # simulation: per group, the updated slices of each parameter
-        turn: Dict[int, int] = {}
         try:
+            for i in range(self._grad_write_ahead):
+                write_grads(i)
+            if self._resident_optimizer is not None:
+                self._resident_optimizer(tuple(grads[n_off:]))
             for i, g in enumerate(order):
                 write_grads(i + self._grad_write_ahead)
                 for f in grad_writes[i]:  # this group's gradients must be in the store
                     f.result()
-                for rank, dev in enumerate(g.devices):
-                    key = id(dev.workspaces)
-                    ws = dev.workspaces[turn.get(key, 0) % len(dev.workspaces)]
-                    turn[key] = turn.get(key, 0) + 1
-                    while ws.in_use:
-                        if any(w is ws for _, _, w, _ in inflight):
-                            self._submit_results(inflight.popleft(), pieces)
-                        else:
-                            self._free_workspace(ws)
-                    blocks = dev.update_blocks
-                    dev.store.acquire(blocks)
-                    try:
-                        while inflight:
-                            self._submit_results(inflight.popleft(), pieces)
-                        ws.in_use, ws.rank = True, rank
-                        self._account(rank, ws.nbytes)
-                        ws.load(dev.store, dev.shards, dev.params, dev.states, dev.grads)
-                        for ref in dev.grads:  # consumed: they need never reach the disk
-                            dev.store.discard(ref)
-                    finally:
-                        dev.store.release(blocks)
-                    ws.optimizer(ws.grads)
-                    inflight.append((g, rank, ws, KernelFence()))
+                self._launch_update(run, g)
         finally:
-            while inflight:
-                self._submit_results(inflight.popleft(), pieces)
             for i in range(len(order)):
                 write_grads(i)
             for futures in grad_writes.values():
                 for f in futures:
                     f.result()
+
+    def _launch_update(self, run: "_UpdateRun", g: _Group) -> None:
+        """Launches the optimizer on each device's part of group `g`, from the stored gradients.
+
+        Per device, its blocks are pinned only while the values are copied into a free workspace;
+        the optimizer is launched with a KernelFence behind it. An earlier update's results are
+        written to the store (new versions) from its workspace on the writer threads once its
+        fence has passed -- while this one is loaded and its optimizer runs; a workspace is reused
+        when those writes are done.
+        """
+        self._update_counts["optimizer"] += 1
+        for rank, dev in enumerate(g.devices):
+            ws = self._next_workspace(run, dev)
+            blocks = dev.update_blocks
+            dev.store.acquire(blocks)
+            try:
+                while run.inflight:
+                    self._submit_results(run.inflight.popleft(), run.pieces)
+                ws.in_use, ws.rank = True, rank
+                self._account(rank, ws.nbytes)
+                ws.load(dev.store, dev.shards, dev.params, dev.states, dev.grads)
+                for ref in dev.grads:  # consumed: they need never reach the disk
+                    dev.store.discard(ref)
+            finally:
+                dev.store.release(blocks)
+            ws.optimizer(ws.grads)
+            run.inflight.append((g, rank, ws, KernelFence()))
+
+    def _next_workspace(self, run: "_UpdateRun", dev: _DeviceGroup) -> Workspace:
+        """The device group's next workspace (in turn), once free."""
+        key = id(dev.workspaces)
+        ws = dev.workspaces[run.turn.get(key, 0) % len(dev.workspaces)]
+        run.turn[key] = run.turn.get(key, 0) + 1
+        while ws.in_use:
+            if any(w is ws for _, _, w, _ in run.inflight):
+                self._submit_results(run.inflight.popleft(), run.pieces)
+            else:
+                self._free_workspace(ws)
+        return ws
+
+    def _finish_updates(self, run: "_UpdateRun") -> None:
+        """Waits for the host updates, writes every launched update's results and waits for all
+        store writes; raises the first error."""
+        error = None
+        for task in run.host_tasks:
+            try:
+                task.result()
+            except BaseException as e:  # still wait for the others and finish the rest: they use the stores
+                error = error or e
+        try:
+            while run.inflight:
+                self._submit_results(run.inflight.popleft(), run.pieces)
+        finally:
             for wss in self._workspaces.values():
                 for ws in wss:
                     self._free_workspace(ws)
-            for f in self._gather_writes:
+            gathers, self._gather_writes = self._gather_writes, []
+            for f in gathers:
                 f.result()
-            self._gather_writes = []
+        if error is not None:
+            raise error
 
     def _submit_results(self, entry, pieces: Dict[int, list]) -> None:
         """Writes one device's update results: its optimizer states, and its parameter slice --
@@ -715,9 +774,16 @@ class OffloadedModel:
         if len(g.devices) == 1:
             ws.writes += [self._writer.submit(dev.store.update, ref, value) for ref, value in zip(dev.params, new_params)]
             return
+        self._collect_slices(g, dev, [v.copy() for v in new_params], pieces, wait=False)
+
+    def _collect_slices(self, g: _Group, dev: _DeviceGroup, values: List[np.ndarray], pieces: Dict[int, list],
+                        wait: bool) -> None:
+        """Keeps one device's updated slices; once every device of the group has given its own,
+        writes the assembled shards to every device's store (ZeRO-1's AllGather) -- on the writer
+        threads, or here (`wait`)."""
         done = pieces.setdefault(id(g), [[] for _ in g.params])
-        for i, value in enumerate(new_params):
-            done[i].append((dev.shards[i].update_region, value.copy()))
+        for i, value in enumerate(values):
+            done[i].append((dev.shards[i].update_region, value))
         if len(done[0]) < len(g.devices):
             return
         del pieces[id(g)]
@@ -725,7 +791,10 @@ class OffloadedModel:
             whole = assemble(g.shapes[i], parts[0][1].dtype, parts)
             for d in g.devices:
                 value = np.ascontiguousarray(whole[d.shards[i].param_region])
-                self._gather_writes.append(self._writer.submit(d.store.update, d.params[i], value))
+                if wait:
+                    d.store.update(d.params[i], value)
+                else:
+                    self._gather_writes.append(self._writer.submit(d.store.update, d.params[i], value))
 
     def _free_workspace(self, ws: Workspace) -> None:
         """Waits for the workspace's result writes; it can then take the next update."""
@@ -738,13 +807,87 @@ class OffloadedModel:
                 ws.in_use = False
                 self._account(ws.rank, -ws.nbytes)
 
+    def _make_param_grad_hook(self, g: _Group, i: int):
+        def hook(grad):
+            self._on_param_grad(g, i, grad)
+        return hook
+
+    def _on_param_grad(self, g: _Group, i: int, grad: Tensor) -> None:
+        """In train_step's backward: the complete gradient of parameter `i` of `g` (MindSpore runs
+        a Parameter's hook once, on its accumulated gradient). Its value is copied out of the
+        kernel stream without waiting (TensorCopyOut); once the group has all of them, its update
+        runs on the host (`_host_update`) while the backward goes on."""
+        run = self._backward_updates
+        if run is None or g.step_grads is None:
+            return
+        if g.step_grads[i] is not None:
+            raise RuntimeError(f"offload: the gradient hook of parameter '{g.params[i].name}' ran twice in "
+                               f"one backward")
+        g.step_grads[i] = TensorCopyOut(grad)
+        if all(c is not None for c in g.step_grads):
+            copies, g.step_grads = g.step_grads, None
+            run.updated.add(id(g))
+            self._update_counts["host"] += 1
+            run.host_tasks.append(self._host_updater.submit(self._host_update, g, copies))
+
+    def _host_update(self, g: _Group, copies: List[TensorCopyOut]) -> None:
+        """Updates group `g` on the host (an updater thread): per device, its parameter part and
+        optimizer states are read from the store (brought to the host tier, never to the
+        device's), updated by the workspace optimizer's host rule with the device's part of the
+        gradients, and written back (new versions); ZeRO-1 slices are gathered into every
+        device's shard afterwards."""
+        grads = [c.take() for c in copies]
+        pieces: Dict[int, list] = {}
+        for dev in g.devices:
+            params = []
+            for shard, ref in zip(dev.shards, dev.params):
+                value = dev.store.get(ref)
+                params.append(value if shard.update_region == shard.param_region
+                              else np.ascontiguousarray(value[shard.update_in_param()]))
+            states = [dev.store.get(ref) for ref in dev.states]
+            part = grads if len(g.devices) == 1 else [np.ascontiguousarray(grad[s.update_region])
+                                                      for grad, s in zip(grads, dev.shards)]
+            dev.workspaces[0].host_rule.step(params, states, part)
+            for ref, value in zip(dev.states, states):
+                dev.store.update(ref, value)
+            if len(g.devices) == 1:
+                for ref, value in zip(dev.params, params):
+                    dev.store.update(ref, value)
+            else:
+                self._collect_slices(g, dev, params, pieces, wait=True)
+
+    def _host_updates_enabled(self) -> bool:
+        return all(dev.workspaces[0].host_rule is not None for g in self.groups for dev in g.devices)
+
     def train_step(self, loss_fn: Callable) -> Callable:
-        """A function running forward, backward and the optimizer update; returns the loss."""
+        """A function running forward, backward and the optimizer update; returns the loss.
+
+        With an optimizer that has a host rule (`host_optimizer`: Adam, SGD), each offloaded
+        group is updated on the host during the backward, as soon as its gradients are complete
+        (`_on_param_grad`): the update's store traffic overlaps the backward's compute and the
+        gradients never pass through the store. Other optimizers, and groups whose gradients the
+        hooks did not all deliver, are updated after the backward, as `apply_gradients` does."""
         grad_fn = self.value_and_grad(loss_fn)
+        on_host = self._host_updates_enabled()
 
         def step(*inputs):
-            loss, grads = grad_fn(*inputs)
-            self.apply_gradients(grads)
+            run = _UpdateRun()
+            if on_host:
+                for g in self.groups:
+                    g.step_grads = [None] * len(g.params)
+            self._backward_updates = run if on_host else None
+            try:
+                try:
+                    loss, grads = grad_fn(*inputs)
+                finally:
+                    self._backward_updates = None
+                    for g in self.groups:
+                        g.step_grads = None
+                grads = list(grads)
+                rest = [g for g in reversed(self.groups) if id(g) not in run.updated]
+                self._update_from_store(run, rest, grads)
+            finally:
+                self._finish_updates(run)
             return loss
         return step
 
@@ -768,6 +911,7 @@ class OffloadedModel:
         out["peak_materialized_param_bytes"] = self.peak_materialized_bytes
         out["per_device_peak_materialized_bytes"] = list(self._peak_materialized)
         out["device_peak_bytes"] = max(s["device"]["peak_bytes"] for s in per_device)
+        out["group_updates"] = dict(self._update_counts)  # host: during the backward; optimizer: after it
         return out
 
     def remove(self) -> None:
@@ -782,6 +926,7 @@ class OffloadedModel:
         """Closes the stores `hyper_offload` created (their disk files and folders are removed);
         stores passed in by the caller stay open."""
         self._writer.shutdown()
+        self._host_updater.shutdown()
         for store in self._owned_stores:
             store.close()
         for path in self._owned_dirs:

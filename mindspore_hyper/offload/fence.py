@@ -26,6 +26,19 @@ __all__ = ["KernelFence"]
 _POOL_SIZE = 8
 
 
+def aot_op_pool(kernel: str, size: int = _POOL_SIZE) -> list:
+    """`size` CPU aot Custom ops running `kernel` of mindspore_hyper._core with an int64[1] output,
+    differing in an attribute (see `KernelFence` for why launches take turns over a pool)."""
+    lib = os.path.abspath(_core.__file__)
+    pool = []
+    for k in range(size):
+        op = ops.Custom(f"{lib}:{kernel}", out_shape=[1], out_dtype=mstype.int64, func_type="aot")
+        op.add_prim_attr("primitive_target", "CPU")
+        op.add_prim_attr("mshyper_pool_slot", k)
+        pool.append(op)
+    return pool
+
+
 class KernelFence:
     """Launches a fence kernel; ``passed()`` polls, ``wait()`` blocks until it has executed.
 
@@ -42,12 +55,7 @@ class KernelFence:
 
     def __init__(self):
         if not KernelFence._pool:
-            lib = os.path.abspath(_core.__file__)
-            for k in range(_POOL_SIZE):
-                op = ops.Custom(f"{lib}:MsHyperFence", out_shape=[1], out_dtype=mstype.int64, func_type="aot")
-                op.add_prim_attr("primitive_target", "CPU")
-                op.add_prim_attr("mshyper_fence_slot", k)
-                KernelFence._pool.append(op)
+            KernelFence._pool = aot_op_pool("MsHyperFence")
         op = KernelFence._pool[KernelFence._next % _POOL_SIZE]
         KernelFence._next += 1
         self.id = _core.fence_new_id()

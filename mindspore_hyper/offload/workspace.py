@@ -14,6 +14,7 @@ import numpy as np
 
 from mindspore import Parameter, Tensor, nn, ops
 
+from mindspore_hyper.offload.host_optimizer import host_rule
 from mindspore_hyper.offload.placement import DeviceShard
 from mindspore_hyper.offload.store import OffloadStore, TensorRef
 
@@ -42,6 +43,8 @@ class Workspace:
         own = {id(p) for p in self.params}
         self.states = [sp for _, sp in self.optimizer.parameters_and_names() if id(sp) not in own]
         self.initial_states = [sp.asnumpy().copy() for sp in self.states]
+        # the same update computed on the host (None: no rule for this optimizer)
+        self.host_rule = host_rule(self.optimizer, self.states)
         self.nbytes = sum(v.nbytes for v in values) + sum(v.nbytes for v in self.initial_states)
         targets = [*self.params, *self.states]
         self.views = [t.asnumpy() for t in targets]  # params then states

@@ -1,0 +1,62 @@
+"""Copy a Tensor's value out of MindSpore's PyNative kernel stream without synchronizing it.
+
+``Tensor.asnumpy()`` waits for every kernel launched so far (measured on MindSpore 2.10 CPU: from
+a background thread too), so reading a gradient in the middle of the backward stalls it.
+`TensorCopyOut` launches a tiny aot kernel (``MsHyperCopyOut`` in ``ccsrc/aot/store_kernels.cc``)
+behind the kernels producing the tensor; when MindSpore executes it, the bytes land in a mailbox
+that any thread can wait for (``take``, GIL released).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Tensor
+
+from mindspore_hyper import _core
+from mindspore_hyper.offload.fence import aot_op_pool
+
+__all__ = ["TensorCopyOut"]
+
+
+class TensorCopyOut:
+    """Launches the copy of `tensor`; ``take()`` returns its value as a numpy array.
+
+    Args:
+        tensor: the Tensor (any shape; a numeric dtype).
+    """
+
+    _pool: list = []
+    _next = 0
+
+    def __init__(self, tensor: Tensor):
+        if not TensorCopyOut._pool:
+            TensorCopyOut._pool = aot_op_pool("MsHyperCopyOut", size=16)
+        op = TensorCopyOut._pool[TensorCopyOut._next % len(TensorCopyOut._pool)]
+        TensorCopyOut._next += 1
+        self.shape = tuple(tensor.shape)
+        self.dtype = np.dtype(ms.dtype_to_nptype(tensor.dtype))
+        self.id = _core.mailbox_new_id()
+        self._value: Optional[np.ndarray] = None
+        try:
+            op(tensor, Tensor(np.array([self.id], dtype=np.int64)))
+        except BaseException:
+            _core.mailbox_forget(self.id)
+            raise
+
+    def take(self, timeout_s: float = 120.0) -> np.ndarray:
+        """The tensor's value, once the copy kernel has run (blocks up to `timeout_s` seconds).
+
+        Raises:
+            TimeoutError: the kernel did not run in time (e.g. an earlier kernel failed).
+        """
+        if self._value is None:
+            raw = _core.mailbox_take(self.id, timeout_s)
+            if raw is None:
+                _core.mailbox_forget(self.id)
+                raise TimeoutError(f"the copy of a tensor of shape {self.shape} was not delivered within "
+                                   f"{timeout_s:.0f} s (did an earlier kernel fail?)")
+            self._value = raw.view(self.dtype).reshape(self.shape)
+        return self._value
