@@ -1,17 +1,17 @@
 """Offloaded training step time: prefetch vs on-demand vs all-resident, in one run.
 
 A stack of Dense layers whose parameters are at least 4x the device-tier budget is trained with
-HyperOffload (parameters, Adam states and gradients in the store; host pool small so most blocks
-live on the disk tier). The page cache is kept out of the way (`drop_page_cache=True`): the disk
+HyperOffload (parameters and Adam states in the store, updated on the host during the backward;
+host pool small so most blocks live on the disk tier). The page cache is kept out of the way (`drop_page_cache=True`): the disk
 files are opened with O_DIRECT (or, where the file system refuses it, posix_fadvise(DONTNEED) after
 every disk write (after sync_file_range) and read). Three configurations
-run in the same process on the same data:
+run in the same process on the same data, timed in interleaved rounds (median of the rounds):
   resident  : plain ms.value_and_grad + one nn.Adam, everything in memory (baseline)
   on-demand : HyperOffload with prefetch_depth=0 (every block fetched when needed)
   prefetch  : HyperOffload with the prefetch scheduler (depth from --depth)
 Fraction of transfer time hidden = (t_on_demand - t_prefetch) / (t_on_demand - t_resident).
 
-usage: python benchmarks/bench_offload.py [--layers 32] [--dim 1024] [--batch 64] [--steps 2]
+usage: python benchmarks/bench_offload.py [--layers 32] [--dim 1024] [--batch 64] [--steps 2] [--rounds 3]
 """
 import argparse
 import os
@@ -49,9 +49,8 @@ def make_model(layers, dim, seed_values):
     return model
 
 
-def time_steps(step, warmup, steps):
-    for _ in range(warmup):
-        step()
+def time_steps(step, steps):
+    """Mean wall time of `steps` calls of `step`, in seconds."""
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
@@ -67,7 +66,8 @@ def main() -> int:
     ap.add_argument("--device-blocks", type=int, default=8)
     ap.add_argument("--host-blocks", type=int, default=16)
     ap.add_argument("--depth", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=2, help="steps per configuration in each round")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--dir", default="")
     ap.add_argument("--sync-writes", action="store_true", help="store writes on the training thread")
@@ -86,41 +86,56 @@ def main() -> int:
           f"{param_bytes / budget:.1f}x the device budget ({args.device_blocks} blocks of {args.block_mb}MB = "
           f"{budget / MB:.0f}MB); host pool {args.host_blocks * args.block_mb}MB; Adam; batch {args.batch}")
 
-    # resident baseline
+    # All three configurations are built first, then timed in interleaved rounds (resident,
+    # on-demand, prefetch, resident, ...), so a change in the machine's load during the run hits
+    # all three alike; each figure is the median over the rounds of the mean step time.
     model = make_model(args.layers, args.dim, values)
     opt = make_opt(model.trainable_params())
-    grad_fn = ms.value_and_grad(lambda a, b: ops.reduce_mean((model(a) - b) ** 2), None, model.trainable_params())
+    grad_fn = ms.value_and_grad(lambda a, b, m=model: ops.reduce_mean((m(a) - b) ** 2), None,
+                                model.trainable_params())
 
     def resident_step():
         loss, grads = grad_fn(x, y)
         opt(grads)
         return float(loss.asnumpy())
 
-    t_res = time_steps(resident_step, args.warmup, args.steps)
-    del model, opt, grad_fn
-
-    results = {}
+    steps = {"resident": resident_step}
+    offloaded = {}
     for label, depth in (("on-demand", 0), ("prefetch", args.depth)):
         directory = args.dir or tempfile.mkdtemp(prefix="mshyper_bench_")
         store = OffloadStore(block_size=bs, device_memory=budget, host_memory=args.host_blocks * bs,
                              offload_dir=directory, prefetch_depth=depth, drop_page_cache=True)
-        model = make_model(args.layers, args.dim, values)
-        off = hyper_offload(model, OffloadPolicy(cells=["layers.*"]), optimizer=make_opt, store=store,
+        m = make_model(args.layers, args.dim, values)
+        off = hyper_offload(m, OffloadPolicy(cells=["layers.*"]), optimizer=make_opt, store=store,
                             async_writes=not args.sync_writes)
-        step_fn = off.train_step(lambda a, b, m=model: ops.reduce_mean((m(a) - b) ** 2))
-        step = lambda: float(step_fn(x, y).asnumpy())  # noqa: E731
+        step_fn = off.train_step(lambda a, b, m=m: ops.reduce_mean((m(a) - b) ** 2))
+        steps[label] = lambda f=step_fn: float(f(x, y).asnumpy())
+        offloaded[label] = (off, store)
+    for label, step in steps.items():
         for _ in range(args.warmup):
             step()
+    before = {}
+    for label, (off, store) in offloaded.items():
         store.scheduler.drain()
         store.scheduler.reset_stats()
-        before = store.blocks.stats()["bytes_moved"]
-        t = time_steps(step, 0, args.steps)
+        before[label] = store.blocks.stats()["bytes_moved"]
+    times = {label: [] for label in steps}
+    for _ in range(args.rounds):
+        for label, step in steps.items():
+            times[label].append(time_steps(step, args.steps))
+    t_res = float(np.median(times["resident"]))
+    results = {}
+    n_steps = args.rounds * args.steps
+    for label, (off, store) in offloaded.items():
         st = off.stats()
-        moved = {k: (st["bytes_moved"][k] - before[k]) / args.steps for k in st["bytes_moved"] if st["bytes_moved"][k]}
-        results[label] = (t, st, moved)
+        moved = {k: (st["bytes_moved"][k] - before[label][k]) / n_steps for k in st["bytes_moved"]
+                 if st["bytes_moved"][k]}
+        results[label] = (float(np.median(times[label])), st, moved)
         off.remove()
+        off.close()
         store.close()
-        del off, model, store
+    print("step times per round: " + " | ".join(
+        f"{label} " + " ".join(f"{t:.3f}" for t in ts) for label, ts in times.items()))
 
     t_od, st_od, moved_od = results["on-demand"]
     t_pf, st_pf, moved_pf = results["prefetch"]
@@ -132,7 +147,7 @@ def main() -> int:
         pf = st["prefetch"]
         per_step = ", ".join(f"{k} {v / MB:.0f}MB" for k, v in sorted(moved.items()))
         print(f"{label:>9}: hits {pf['hits']} late {pf['late']} misses {pf['misses']} stall "
-              f"{pf['stall_ns'] / 1e9 / args.steps:.3f}s/step; device peak {st['device']['peak_bytes'] / MB:.0f}MB "
+              f"{pf['stall_ns'] / 1e9 / n_steps:.3f}s/step; device peak {st['device']['peak_bytes'] / MB:.0f}MB "
               f"<= {budget / MB:.0f}MB; moved per step: {per_step}")
     return 0
 

@@ -246,3 +246,41 @@ def test_shared_and_multi_input_cells_match_resident(tmp_path):
     assert 0 < stats["device"]["peak_bytes"] <= store.device_memory
     assert stats["prefetch"]["trace_invalidations"] == 0
     store.close()
+
+
+class FailingBackward(nn.Cell):
+    """Identity whose backward raises (a failure late in the backward, after the layers')."""
+
+    def construct(self, x):
+        return x * 1.0
+
+    def bprop(self, x, out, dout):
+        raise ValueError("injected backward failure")
+
+
+class FailingNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.Dense(DIM, DIM)
+        self.fail = FailingBackward()
+        self.layers = nn.CellList([nn.Dense(DIM, DIM) for _ in range(3)])
+
+    def construct(self, x):
+        x = self.fail(self.pre(x))
+        for layer in self.layers:
+            x = ops.tanh(layer(x))
+        return x.sum(axis=1, keepdims=True)
+
+
+def test_backward_failure_after_host_updates_says_which_groups_were_updated(tmp_path):
+    x, y = data()
+    model = FailingNet()
+    store = make_store(tmp_path)
+    off = hyper_offload(model, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["adam"], store=store)
+    step = off.train_step(lambda a, b: ops.reduce_mean((model(a) - b) ** 2))
+    with pytest.raises(RuntimeError, match=r"the backward failed after 3 of 3 offloaded groups were updated during "
+                                           r"it \(layers.0, layers.1, layers.2\)") as info:
+        step(x, y)
+    assert "injected backward failure" in repr(info.value.__cause__)
+    assert all(g.resident_depth == 0 for g in off.groups)
+    store.close()

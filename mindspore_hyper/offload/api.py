@@ -879,6 +879,14 @@ class OffloadedModel:
             try:
                 try:
                     loss, grads = grad_fn(*inputs)
+                except Exception as e:
+                    if not run.updated:
+                        raise
+                    done = [g.name for g in self.groups if id(g) in run.updated]
+                    raise RuntimeError(
+                        f"the backward failed after {len(done)} of {len(self.groups)} offloaded groups were "
+                        f"updated during it ({', '.join(done)}); the others were not: the model is partially "
+                        f"updated by this step") from e
                 finally:
                     self._backward_updates = None
                     for g in self.groups:
