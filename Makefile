@@ -25,12 +25,17 @@ test: $(STAMP)
 clean:
 	rm -rf build *.egg-info mindspore_hyper/_core*.so
 
-# HyperOffload: the block store / prefetch scheduler stress program under ThreadSanitizer.
+# HyperOffload: the stress programs of the block store / prefetch scheduler and of the kernel
+# fences / tensor mailboxes, under ThreadSanitizer.
 TSAN_SRCS := ccsrc/tools/store_stress.cc $(wildcard ccsrc/store/*.cc) $(wildcard ccsrc/prefetch/*.cc)
+TSAN_MAILBOX_SRCS := ccsrc/tools/mailbox_stress.cc ccsrc/aot/kernel_fence.cc ccsrc/aot/tensor_mailbox.cc
+TSAN_FLAGS := -std=c++17 -O1 -g -fsanitize=thread -Wno-tsan -pthread -Iccsrc
 tsan:
 	mkdir -p build/tsan
-	g++ -std=c++17 -O1 -g -fsanitize=thread -Wno-tsan -pthread -Iccsrc $(TSAN_SRCS) -o build/tsan/store_stress
+	g++ $(TSAN_FLAGS) $(TSAN_SRCS) -o build/tsan/store_stress
 	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build/tsan/store_stress 2000
+	g++ $(TSAN_FLAGS) $(TSAN_MAILBOX_SRCS) -o build/tsan/mailbox_stress
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build/tsan/mailbox_stress 2000
 
 bench-offload: $(STAMP)
 	$(PY) benchmarks/bench_offload.py

@@ -1,5 +1,9 @@
 """The aot custom ops fetch/store tensors of the same store the Python API uses, in PYNATIVE and
 GRAPH mode, with a pass-through gradient for the store op."""
+import os
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -189,3 +193,17 @@ def test_copy_out_take_times_out_with_a_clear_error():
     copy._value = None
     with pytest.raises(TimeoutError, match=r"tensor of shape \(2, 3\) was not delivered within 0 s"):
         copy.take(timeout_s=0.05)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_cpp_mailbox_stress_program(tmp_path):
+    # The fences and mailboxes under concurrent producers, consumers and abandonment (`make tsan`
+    # runs the same program under ThreadSanitizer).
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    srcs = ["ccsrc/tools/mailbox_stress.cc", "ccsrc/aot/kernel_fence.cc", "ccsrc/aot/tensor_mailbox.cc"]
+    exe = tmp_path / "mailbox_stress"
+    subprocess.run(["g++", "-std=c++17", "-O2", "-pthread", "-Iccsrc", *srcs, "-o", str(exe)],
+                   cwd=root, check=True, timeout=300)
+    out = subprocess.run([str(exe), "2000"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "wrong=0 missing=0 unexpected=0" in out.stdout and "MAILBOX STRESS OK" in out.stdout
