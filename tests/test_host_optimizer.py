@@ -70,6 +70,12 @@ def test_no_rule_where_the_cell_does_more(name):
     assert host_rule(opt, states) is None
 
 
+def test_no_rule_for_other_dtypes():
+    values = [np.ones((4, 4), np.float16)]
+    _, opt, states = optimizer_and_states(WITH_RULE["adam"], values)
+    assert host_rule(opt, states) is None
+
+
 def test_adam_step_checks_its_arrays():
     a = np.zeros(8, np.float32)
     with pytest.raises(ValueError, match="same size"):

@@ -8,8 +8,9 @@ stored parameters and states and the gradient copied out of the kernel stream, a
 runs Adam on the host CPU where the states live. Other optimizers (or options) have no rule:
 their groups are updated after the backward by the optimizer Cell itself.
 
-The formulas are those of MindSpore's CPU kernels (``Adam``, ``SGD``), in float32; the
-results agree with the optimizer Cells to float32 rounding (`tests/test_host_optimizer.py`).
+The formulas are those of MindSpore's CPU kernels (``Adam``, ``SGD``), in float32 (other
+parameter dtypes have no rule); the results agree with the optimizer Cells to float32 rounding
+(`tests/test_host_optimizer.py`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from mindspore import Parameter, nn
+from mindspore.common import dtype as mstype
 
 from mindspore_hyper import _core
 
@@ -108,6 +110,8 @@ def host_rule(optimizer: nn.Cell, states: Sequence[Parameter]) -> Optional[HostR
         optimizer: the workspace's optimizer instance.
         states: its state Parameters, in the order the host rule receives their values.
     """
+    if any(p.dtype != mstype.float32 for p in optimizer.parameters):
+        return None  # the rules are checked in float32 only
     position = {id(s): i for i, s in enumerate(states)}
 
     def index(p) -> int:
