@@ -206,4 +206,22 @@ def test_cpp_mailbox_stress_program(tmp_path):
                    cwd=root, check=True, timeout=300)
     out = subprocess.run([str(exe), "2000"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "wrong=0 missing=0 unexpected=0" in out.stdout and "MAILBOX STRESS OK" in out.stdout
+    assert "wrong=0 missing=0 unexpected=0 left=0" in out.stdout and "MAILBOX STRESS OK" in out.stdout
+
+
+def test_abandoned_copies_and_fences_leave_nothing_behind():
+    from mindspore.common.api import _pynative_executor
+    from mindspore_hyper.offload.copy_out import TensorCopyOut
+    from mindspore_hyper.offload.fence import KernelFence
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    _pynative_executor.sync()
+    before = (_core.fence_pending(), _core.mailbox_pending())
+    copy = TensorCopyOut(Tensor(np.ones((4, 4), np.float32)))
+    fence = KernelFence()
+    copy.abandon()
+    fence.abandon()
+    with pytest.raises(RuntimeError, match="abandoned"):
+        copy.take()
+    _pynative_executor.sync()  # both kernels have run: their deliveries were dropped
+    assert (_core.fence_pending(), _core.mailbox_pending()) == before

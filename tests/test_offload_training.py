@@ -7,9 +7,11 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from mindspore_hyper import set_context, reset_context
-from mindspore_hyper.offload import (OffloadPolicy, OffloadStore, WorkingSetError, hyper_offload,
-                                     maybe_offload)
+from mindspore.common.api import _pynative_executor
+
+from mindspore_hyper import _core, set_context, reset_context
+from mindspore_hyper.offload import (OffloadedModel, OffloadPolicy, OffloadStore, WorkingSetError,
+                                     hyper_offload, maybe_offload)
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 
@@ -94,6 +96,7 @@ def test_offloaded_training_matches_resident(tmp_path, opt_name, swap_activation
 
     model = copy_model(base)
     store = make_store(tmp_path)
+    pending = (_core.fence_pending(), _core.mailbox_pending())
     policy = OffloadPolicy(cells=["layers.*"], activation_cells=["layers.1", "layers.2"] if swap_activations else ())
     off = hyper_offload(model, policy, optimizer=make_opt, store=store)
     assert [g.name for g in off.groups] == ["layers.0", "layers.1", "layers.2", "layers.3"]
@@ -104,6 +107,8 @@ def test_offloaded_training_matches_resident(tmp_path, opt_name, swap_activation
 
     assert_matches_reference(off, losses, ref_losses, ref_params)
     assert_update_path(off, opt_name, 5 * 4)
+    _pynative_executor.sync()
+    assert (_core.fence_pending(), _core.mailbox_pending()) == pending  # every fence and copy consumed
 
     stats = off.stats()
     budget = store.device_memory
@@ -245,6 +250,80 @@ def test_shared_and_multi_input_cells_match_resident(tmp_path):
     stats = off.stats()
     assert 0 < stats["device"]["peak_bytes"] <= store.device_memory
     assert stats["prefetch"]["trace_invalidations"] == 0
+    store.close()
+
+
+class Skip(nn.Cell):
+    """A Dense whose bias is used only on some steps (set `use_bias`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Dense(DIM, DIM)
+        self.use_bias = True
+
+    def construct(self, x):
+        y = ops.matmul(x, self.dense.weight.T)
+        return y + self.dense.bias if self.use_bias else y
+
+
+class SkipNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.CellList([nn.Dense(DIM, DIM), Skip(), nn.Dense(DIM, 1)])
+
+    def construct(self, x):
+        x = ops.tanh(self.layers[0](x))
+        return self.layers[2](ops.tanh(self.layers[1](x)))
+
+
+@pytest.mark.parametrize("hook_missing", [False, True])
+def test_parameter_unused_in_some_steps(tmp_path, monkeypatch, hook_missing):
+    """A parameter unused in a step gets a zero gradient through its hook (MindSpore runs it), so
+    its group is still updated in the backward. Should a hook not run (hook_missing: simulated
+    by dropping it), that group is updated after the backward from the returned gradients, and
+    the copy of the other parameter's gradient already launched is dropped, not leaked."""
+    x, y = data()
+    base = SkipNet()
+
+    def copy():
+        dst = SkipNet()
+        for p_dst, p_src in zip(dst.get_parameters(), base.get_parameters()):
+            p_dst.set_data(Tensor(p_src.asnumpy().copy()))
+        return dst
+
+    uses = [True, False, True, False]
+    ref = copy()
+    opt = OPTIMIZERS["sgd"](ref.trainable_params())
+    grad_fn = ms.value_and_grad(lambda a, b: ops.reduce_mean((ref(a) - b) ** 2), None, ref.trainable_params())
+    ref_losses = []
+    for use in uses:
+        ref.layers[1].use_bias = use
+        loss, grads = grad_fn(x, y)
+        opt(grads)
+        ref_losses.append(float(loss.asnumpy()))
+    ref_params = {p.name: p.asnumpy() for p in ref.trainable_params()}
+
+    model = copy()
+    store = make_store(tmp_path)
+    pending = (_core.fence_pending(), _core.mailbox_pending())
+    off = hyper_offload(model, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["sgd"], store=store)
+    if hook_missing:
+        deliver = OffloadedModel._on_param_grad
+
+        def drop_unused_bias_hook(self, g, i, grad):
+            if not (g.name == "layers.1" and i == 1 and not model.layers[1].use_bias):
+                deliver(self, g, i, grad)
+        monkeypatch.setattr(OffloadedModel, "_on_param_grad", drop_unused_bias_hook)
+    step = off.train_step(lambda a, b: ops.reduce_mean((model(a) - b) ** 2))
+    losses = []
+    for use in uses:
+        model.layers[1].use_bias = use
+        losses.append(float(step(x, y).asnumpy()))
+    assert_matches_reference(off, losses, ref_losses, ref_params)
+    skipped = uses.count(False) if hook_missing else 0
+    assert off.stats()["group_updates"] == {"host": 3 * 4 - skipped, "optimizer": skipped}
+    _pynative_executor.sync()
+    assert (_core.fence_pending(), _core.mailbox_pending()) == pending
     store.close()
 
 

@@ -152,3 +152,15 @@ def test_prefetches_are_issued_soonest_needed_first(store):
     sched.drain()
     order = s.lru_order("device")  # least recently fetched first
     assert order == ids[:3]
+
+
+def test_acquire_is_all_or_nothing(store):
+    # 5 blocks do not fit the 4 device slots: the error leaves none of them pinned, so the caller
+    # can make room and retry (the offload hooks do) without leaking pins.
+    s, ids = store
+    sched = _core.PrefetchScheduler(s, depth=0, workers=1)
+    with pytest.raises(_core.CapacityError, match="device tier full"):
+        sched.acquire(ids[:5])
+    sched.acquire(ids[4:8])  # four other blocks: only possible if no slot was left pinned
+    sched.release(ids[4:8])
+    sched.drain()

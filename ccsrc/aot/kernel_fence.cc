@@ -48,4 +48,9 @@ void FenceForget(uint64_t id) {
   if (g_passed.erase(id) == 0) g_forgotten.insert(id);
 }
 
+size_t FencePending() {
+  std::lock_guard<std::mutex> g(g_mu);
+  return g_passed.size() + g_forgotten.size();
+}
+
 }  // namespace mshyper::aot

@@ -6,6 +6,7 @@
 // the kernels it waits for on a small CPU machine; a fence wait blocks on a condition variable.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace mshyper::aot {
@@ -20,5 +21,7 @@ bool FencePoll(uint64_t id);
 bool FenceWait(uint64_t id, double timeout_s);
 // Forgets fence `id` whether or not it has passed (a fence abandoned by its owner).
 void FenceForget(uint64_t id);
+// Fences that passed and were not consumed, plus those forgotten before they passed.
+size_t FencePending();
 
 }  // namespace mshyper::aot

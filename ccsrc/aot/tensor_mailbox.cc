@@ -49,4 +49,9 @@ void MailboxForget(uint64_t id) {
   if (g_delivered.erase(id) == 0) g_forgotten.insert(id);
 }
 
+size_t MailboxPending() {
+  std::lock_guard<std::mutex> g(g_mu);
+  return g_delivered.size() + g_forgotten.size();
+}
+
 }  // namespace mshyper::aot

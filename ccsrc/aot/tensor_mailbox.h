@@ -21,5 +21,7 @@ void MailboxDeliver(uint64_t id, const void* data, size_t n);
 bool MailboxTake(uint64_t id, double timeout_s, std::vector<uint8_t>* out);
 // Forgets mailbox `id` whether or not it was delivered (its owner stopped waiting).
 void MailboxForget(uint64_t id);
+// Mailboxes holding something no one has taken, plus those forgotten before their delivery.
+size_t MailboxPending();
 
 }  // namespace mshyper::aot

@@ -288,6 +288,8 @@ void BindStore(py::module_& m) {
         py::call_guard<py::gil_scoped_release>(),
         "Blocks (no spinning, GIL released) up to timeout_s for the fence; True (and forgotten) if it passed.");
   m.def("fence_forget", &aot::FenceForget, py::arg("id"), "Abandons a fence.");
+  m.def("fence_pending", &aot::FencePending,
+        "Fences passed but not consumed, plus those forgotten before they passed (a leak check).");
 
   m.def("mailbox_new_id", &aot::MailboxNewId, "A fresh tensor-mailbox id (see offload.TensorCopyOut).");
   m.def("mailbox_deliver", [](uint64_t id, py::buffer data) {
@@ -329,6 +331,8 @@ void BindStore(py::module_& m) {
         py::arg("beta2"), py::arg("eps"), py::arg("nesterov"),
         "Adam's element-wise update in place on float32 arrays (GIL released); see ccsrc/optim/adam.h.");
   m.def("mailbox_forget", &aot::MailboxForget, py::arg("id"), "Abandons a mailbox.");
+  m.def("mailbox_pending", &aot::MailboxPending,
+        "Mailboxes delivered but not taken, plus those forgotten before delivery (a leak check).");
 
   m.def("set_default_tensor_store", &store::SetDefaultTensorStore, py::arg("store"),
         "Make `store` the instance the aot kernels use (None clears it).");

@@ -164,7 +164,8 @@ void PrefetchScheduler::Touch(const std::vector<uint64_t>& ids) {
 }
 
 void PrefetchScheduler::Acquire(const std::vector<uint64_t>& ids, bool record) {
-  for (uint64_t id : ids) {
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const uint64_t id = ids[k];
     bool was_pending = false;
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -182,7 +183,13 @@ void PrefetchScheduler::Acquire(const std::vector<uint64_t>& ids, bool record) {
     }
     const bool hit = store_->HasValidCopy(id, target_);
     const uint64_t t0 = NowNs();
-    store_->Pin(id, target_);  // waits for an in-flight copy, or fetches on demand
+    try {
+      store_->Pin(id, target_);  // waits for an in-flight copy, or fetches on demand
+    } catch (...) {
+      // All or nothing: unpin what this call pinned, so the caller can make room and retry.
+      for (size_t j = 0; j < k; ++j) store_->Unpin(ids[j], target_);
+      throw;
+    }
     const uint64_t dt = NowNs() - t0;
     // Only now (the block is pinned) follow the trace and issue the next window, so the
     // prefetches cannot evict the block being acquired.

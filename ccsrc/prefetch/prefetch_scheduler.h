@@ -71,7 +71,8 @@ class PrefetchScheduler {
   // Marks a step boundary: a first (or re-)recorded step becomes the trace.
   void BeginStep();
   // Pins `ids` in the target tier (in order), recording/following the trace and issuing
-  // prefetches for the predicted next blocks. Each Acquire needs a matching Release.
+  // prefetches for the predicted next blocks. Each Acquire needs a matching Release. All or
+  // nothing: if a block cannot be pinned (e.g. CapacityError), the ones pinned are unpinned.
   // record=false: pin (and count hits/stalls) without an access in the trace -- for a caller
   // that pins blocks ahead of their use and reports the use itself later with Touch.
   void Acquire(const std::vector<uint64_t>& ids, bool record = true);

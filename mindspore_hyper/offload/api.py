@@ -341,11 +341,15 @@ class OffloadedModel:
                 self._hooks.append(cell.register_forward_hook(self._make_act_exit(name)))
 
     # -- hooks ---------------------------------------------------------------------------
-    # Parameter.set_data waits (spinning) for every kernel launched so far, so each
-    # materialization or scrub is a synchronization point. To keep MindSpore busy across them,
-    # a group is materialized together with the groups the previous step used right after it
-    # (up to half the device tier), and a used group is scrubbed only at the next such point,
-    # after its KernelFence has passed (a wait that does not spin).
+    # Parameter.set_data on a Parameter that launched kernels still read waits (spinning) for
+    # them; on one nothing reads (a placeholder being materialized) it does not (measured). So a
+    # used group is *deferred*: scrubbed at the next materialization, once the KernelFence
+    # launched behind the newest deferred group has passed (a wait that sleeps; then set_data has
+    # nothing to wait for). Scrubbing only the groups whose fence has passed, so that MindSpore's
+    # queue never runs dry, was measured slower: the groups left pinned take device-tier slots
+    # the prefetcher needs (more late blocks, 50% more host->device traffic). A group is
+    # materialized together with the groups the previous step used right after it (up to half
+    # the device tier).
     def _bring(self, g: _Group) -> None:
         g.resident_depth += 1
         if g.resident_depth > 1:
@@ -358,9 +362,10 @@ class OffloadedModel:
                 del self._ready[i]
                 self._touch_params(g)
                 return
-        for i, (d, _) in enumerate(self._deferred):
+        for i, (d, fence) in enumerate(self._deferred):
             if d is g:  # dropped but not scrubbed yet: its values and pins are still in place
                 del self._deferred[i]
+                fence.abandon()
                 self._touch_params(g)
                 return
         self._scrub_deferred()
@@ -376,8 +381,11 @@ class OffloadedModel:
         for h in self._predicted_uses():
             if h is g or any(r is h for r in self._ready) or h.resident_depth > 0 or h.param_blocks > budget:
                 break
+            try:
+                self._materialize(h, record=False)
+            except CapacityError:  # the tier is full (e.g. activations held): h is brought when used
+                break
             budget -= h.param_blocks
-            self._materialize(h, record=False)
             self._ready.append(h)
 
     def _touch_params(self, g: _Group) -> None:
@@ -433,15 +441,17 @@ class OffloadedModel:
         # when it runs, so the placeholder may replace the data only once the kernels launched so
         # far have run. Instead of waiting here (`_pynative_executor.sync()` busy-waits and stops
         # Python from launching the next Cell), a fence kernel marks the point and the group is
-        # scrubbed later (`_scrub_deferred`), when the next group is materialized.
+        # scrubbed once the fence has passed (`_scrub_deferred`), when the next group is
+        # materialized.
         self._deferred.append((g, KernelFence()))
 
     def _scrub_deferred(self) -> None:
-        """Scrubs and releases the deferred groups once the newest one's fence has passed (then
-        no launched kernel is left for set_data to spin on)."""
+        """Scrubs and releases the deferred groups once their fences have passed (then no launched
+        kernel is left for set_data to spin on)."""
         if not self._deferred:
             return
-        self._deferred[-1][1].wait()
+        for _, fence in self._deferred:  # in launch order: once the newest has passed, all have
+            fence.wait()
         groups = [g for g, _ in self._deferred]
         self._deferred.clear()
         self._scrub_groups(groups)
@@ -890,6 +900,9 @@ class OffloadedModel:
                 finally:
                     self._backward_updates = None
                     for g in self.groups:
+                        for copy in g.step_grads or ():  # a group not updated in the backward
+                            if copy is not None:
+                                copy.abandon()
                         g.step_grads = None
                 grads = list(grads)
                 rest = [g for g in reversed(self.groups) if id(g) not in run.updated]

@@ -40,18 +40,28 @@ class TensorCopyOut:
         self.dtype = np.dtype(ms.dtype_to_nptype(tensor.dtype))
         self.id = _core.mailbox_new_id()
         self._value: Optional[np.ndarray] = None
+        self._abandoned = False
         try:
             op(tensor, Tensor(np.array([self.id], dtype=np.int64)))
         except BaseException:
             _core.mailbox_forget(self.id)
             raise
 
+    def abandon(self) -> None:
+        """No one will take the value: the mailbox is dropped now or when the copy arrives."""
+        if self._value is None and not self._abandoned:
+            _core.mailbox_forget(self.id)
+            self._abandoned = True
+
     def take(self, timeout_s: float = 120.0) -> np.ndarray:
         """The tensor's value, once the copy kernel has run (blocks up to `timeout_s` seconds).
 
         Raises:
             TimeoutError: the kernel did not run in time (e.g. an earlier kernel failed).
+            RuntimeError: the copy was abandoned.
         """
+        if self._abandoned:
+            raise RuntimeError("take() of an abandoned TensorCopyOut")
         if self._value is None:
             raw = _core.mailbox_take(self.id, timeout_s)
             if raw is None:

@@ -71,6 +71,13 @@ class KernelFence:
             self._passed = _core.fence_poll(self.id)
         return self._passed
 
+    def abandon(self) -> None:
+        """No one will wait for this fence: its id is forgotten now or when it passes (each
+        fence that passed is remembered until someone polls or waits for it)."""
+        if not self._passed:
+            _core.fence_forget(self.id)
+            self._passed = True
+
     def wait(self, timeout_s: float = 30.0) -> None:
         if self._passed:
             return
