@@ -143,6 +143,10 @@ def main() -> int:
     hidden = (t_od - t_pf) / (t_od - t_res) if t_od > t_res else float("nan")
     print(f"ratios     prefetch/resident {t_pf / t_res:.2f}x | on-demand/resident {t_od / t_res:.2f}x | "
           f"transfer time hidden by prefetch {100 * hidden:.0f}%")
+    stall = {label: st["prefetch"]["stall_ns"] for label, (_, st, _) in results.items()}
+    if stall["on-demand"] > 0:
+        print(f"waits for blocks removed by prefetch {100 * (1 - stall['prefetch'] / stall['on-demand']):.0f}% "
+              f"(training-thread stall, on-demand -> prefetch)")
     for label, (t, st, moved) in results.items():
         pf = st["prefetch"]
         per_step = ", ".join(f"{k} {v / MB:.0f}MB" for k, v in sorted(moved.items()))
