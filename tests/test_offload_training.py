@@ -32,11 +32,15 @@ class MLP(nn.Cell):
         return self.head(x)
 
 
-def copy_model(src, n_layers=4, dim=DIM):
-    dst = MLP(n_layers, dim)
+def copy_params(src, dst):
+    """`dst` (a fresh network of `src`'s class) with `src`'s parameter values."""
     for p_dst, p_src in zip(dst.get_parameters(), src.get_parameters()):
         p_dst.set_data(Tensor(p_src.asnumpy().copy()))
     return dst
+
+
+def copy_model(src, n_layers=4, dim=DIM):
+    return copy_params(src, MLP(n_layers, dim))
 
 
 def data(dim=DIM):
@@ -231,10 +235,7 @@ def test_shared_and_multi_input_cells_match_resident(tmp_path):
     base = SharedNet()
 
     def copy():
-        dst = SharedNet()
-        for p_dst, p_src in zip(dst.get_parameters(), base.get_parameters()):
-            p_dst.set_data(Tensor(p_src.asnumpy().copy()))
-        return dst
+        return copy_params(base, SharedNet())
 
     ref_losses, ref_params = reference_run(copy(), OPTIMIZERS["adam"], x, y, steps=4)
     model = copy()
@@ -286,10 +287,7 @@ def test_parameter_unused_in_some_steps(tmp_path, monkeypatch, hook_missing):
     base = SkipNet()
 
     def copy():
-        dst = SkipNet()
-        for p_dst, p_src in zip(dst.get_parameters(), base.get_parameters()):
-            p_dst.set_data(Tensor(p_src.asnumpy().copy()))
-        return dst
+        return copy_params(base, SkipNet())
 
     uses = [True, False, True, False]
     ref = copy()

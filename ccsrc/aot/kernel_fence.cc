@@ -1,56 +1,24 @@
 #include "aot/kernel_fence.h"
 
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <mutex>
-#include <unordered_set>
+#include "aot/tensor_mailbox.h"
 
 namespace mshyper::aot {
 namespace {
 
-std::atomic<uint64_t> g_next_id{1};
-std::mutex g_mu;
-std::condition_variable g_cv;
-std::unordered_set<uint64_t> g_passed;    // guarded by g_mu
-std::unordered_set<uint64_t> g_forgotten;  // abandoned before they passed; guarded by g_mu
+MailboxTable g_fences;  // a fence is a mailbox delivered without bytes when the kernel runs
 
 }  // namespace
 
-uint64_t FenceNewId() { return g_next_id.fetch_add(1, std::memory_order_relaxed); }
+uint64_t FenceNewId() { return g_fences.NewId(); }
 
-void FenceSignal(uint64_t id) {
-  {
-    std::lock_guard<std::mutex> g(g_mu);
-    if (g_forgotten.erase(id) != 0) return;
-    g_passed.insert(id);
-  }
-  g_cv.notify_all();
-}
+void FenceSignal(uint64_t id) { g_fences.Deliver(id, nullptr, 0); }
 
-bool FencePoll(uint64_t id) {
-  std::lock_guard<std::mutex> g(g_mu);
-  return g_passed.erase(id) != 0;
-}
+bool FencePoll(uint64_t id) { return g_fences.Take(id, 0.0, nullptr); }
 
-bool FenceWait(uint64_t id, double timeout_s) {
-  std::unique_lock<std::mutex> lock(g_mu);
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(timeout_s));
-  if (!g_cv.wait_until(lock, deadline, [&] { return g_passed.count(id) != 0; })) return false;
-  g_passed.erase(id);
-  return true;
-}
+bool FenceWait(uint64_t id, double timeout_s) { return g_fences.Take(id, timeout_s, nullptr); }
 
-void FenceForget(uint64_t id) {
-  std::lock_guard<std::mutex> g(g_mu);
-  if (g_passed.erase(id) == 0) g_forgotten.insert(id);
-}
+void FenceForget(uint64_t id) { g_fences.Forget(id); }
 
-size_t FencePending() {
-  std::lock_guard<std::mutex> g(g_mu);
-  return g_passed.size() + g_forgotten.size();
-}
+size_t FencePending() { return g_fences.Pending(); }
 
 }  // namespace mshyper::aot

@@ -1,57 +1,58 @@
 #include "aot/tensor_mailbox.h"
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
-#include <unordered_map>
-#include <unordered_set>
 #include <utility>
 
 namespace mshyper::aot {
-namespace {
 
-std::atomic<uint64_t> g_next_id{1};
-std::mutex g_mu;
-std::condition_variable g_cv;
-std::unordered_map<uint64_t, std::vector<uint8_t>> g_delivered;  // guarded by g_mu
-std::unordered_set<uint64_t> g_forgotten;  // abandoned before delivery; guarded by g_mu
+uint64_t MailboxTable::NewId() {
+  std::lock_guard<std::mutex> g(mu_);
+  return next_id_++;
+}
 
-}  // namespace
-
-uint64_t MailboxNewId() { return g_next_id.fetch_add(1, std::memory_order_relaxed); }
-
-void MailboxDeliver(uint64_t id, const void* data, size_t n) {
+void MailboxTable::Deliver(uint64_t id, const void* data, size_t n) {
   const auto* bytes = static_cast<const uint8_t*>(data);
   std::vector<uint8_t> copy(bytes, bytes + n);  // copied outside the lock
   {
-    std::lock_guard<std::mutex> g(g_mu);
-    if (g_forgotten.erase(id) != 0) return;
-    g_delivered[id] = std::move(copy);
+    std::lock_guard<std::mutex> g(mu_);
+    if (forgotten_.erase(id) != 0) return;
+    delivered_[id] = std::move(copy);
   }
-  g_cv.notify_all();
+  cv_.notify_all();
 }
 
-bool MailboxTake(uint64_t id, double timeout_s, std::vector<uint8_t>* out) {
-  std::unique_lock<std::mutex> lock(g_mu);
+bool MailboxTable::Take(uint64_t id, double timeout_s, std::vector<uint8_t>* out) {
+  std::unique_lock<std::mutex> lock(mu_);
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(timeout_s));
-  if (!g_cv.wait_until(lock, deadline, [&] { return g_delivered.count(id) != 0; })) return false;
-  auto it = g_delivered.find(id);
-  *out = std::move(it->second);
-  g_delivered.erase(it);
+  if (!cv_.wait_until(lock, deadline, [&] { return delivered_.count(id) != 0; })) return false;
+  auto it = delivered_.find(id);
+  if (out != nullptr) *out = std::move(it->second);
+  delivered_.erase(it);
   return true;
 }
 
-void MailboxForget(uint64_t id) {
-  std::lock_guard<std::mutex> g(g_mu);
-  if (g_delivered.erase(id) == 0) g_forgotten.insert(id);
+void MailboxTable::Forget(uint64_t id) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (delivered_.erase(id) == 0) forgotten_.insert(id);
 }
 
-size_t MailboxPending() {
-  std::lock_guard<std::mutex> g(g_mu);
-  return g_delivered.size() + g_forgotten.size();
+size_t MailboxTable::Pending() {
+  std::lock_guard<std::mutex> g(mu_);
+  return delivered_.size() + forgotten_.size();
 }
+
+namespace {
+MailboxTable g_tensors;
+}  // namespace
+
+uint64_t MailboxNewId() { return g_tensors.NewId(); }
+void MailboxDeliver(uint64_t id, const void* data, size_t n) { g_tensors.Deliver(id, data, n); }
+bool MailboxTake(uint64_t id, double timeout_s, std::vector<uint8_t>* out) {
+  return g_tensors.Take(id, timeout_s, out);
+}
+void MailboxForget(uint64_t id) { g_tensors.Forget(id); }
+size_t MailboxPending() { return g_tensors.Pending(); }
 
 }  // namespace mshyper::aot

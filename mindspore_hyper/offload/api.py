@@ -652,8 +652,7 @@ class OffloadedModel:
         """Each device stores the part of the (data-parallel reduced) gradient it updates."""
         value = grad.asnumpy()
         for dev in g.devices:
-            region = dev.shards[i].update_region
-            dev.store.update(dev.grads[i], value if len(g.devices) == 1 else np.ascontiguousarray(value[region]))
+            dev.store.update(dev.grads[i], dev.shards[i].update_of_global(value))
 
     def apply_gradients(self, grads: Sequence[Tensor]) -> None:
         """Writes the gradients to the store, then updates each group, device by device, with its
@@ -849,14 +848,9 @@ class OffloadedModel:
         grads = [c.take() for c in copies]
         pieces: Dict[int, list] = {}
         for dev in g.devices:
-            params = []
-            for shard, ref in zip(dev.shards, dev.params):
-                value = dev.store.get(ref)
-                params.append(value if shard.update_region == shard.param_region
-                              else np.ascontiguousarray(value[shard.update_in_param()]))
+            params = [shard.update_of_shard(dev.store.get(ref)) for shard, ref in zip(dev.shards, dev.params)]
             states = [dev.store.get(ref) for ref in dev.states]
-            part = grads if len(g.devices) == 1 else [np.ascontiguousarray(grad[s.update_region])
-                                                      for grad, s in zip(grads, dev.shards)]
+            part = [shard.update_of_global(grad) for grad, shard in zip(grads, dev.shards)]
             dev.workspaces[0].host_rule.step(params, states, part)
             for ref, value in zip(dev.states, states):
                 dev.store.update(ref, value)

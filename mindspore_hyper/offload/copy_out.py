@@ -16,7 +16,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindspore_hyper import _core
-from mindspore_hyper.offload.fence import aot_op_pool
+from mindspore_hyper.offload.fence import AotOpPool
 
 __all__ = ["TensorCopyOut"]
 
@@ -28,14 +28,10 @@ class TensorCopyOut:
         tensor: the Tensor (any shape; a numeric dtype).
     """
 
-    _pool: list = []
-    _next = 0
+    _ops = AotOpPool("MsHyperCopyOut", size=16)
 
     def __init__(self, tensor: Tensor):
-        if not TensorCopyOut._pool:
-            TensorCopyOut._pool = aot_op_pool("MsHyperCopyOut", size=16)
-        op = TensorCopyOut._pool[TensorCopyOut._next % len(TensorCopyOut._pool)]
-        TensorCopyOut._next += 1
+        op = TensorCopyOut._ops.next()
         self.shape = tuple(tensor.shape)
         self.dtype = np.dtype(ms.dtype_to_nptype(tensor.dtype))
         self.id = _core.mailbox_new_id()

@@ -23,20 +23,27 @@ from mindspore_hyper import _core
 __all__ = ["KernelFence"]
 
 
-_POOL_SIZE = 8
+class AotOpPool:
+    """CPU aot Custom ops running `kernel` of mindspore_hyper._core with an int64[1] output, taken
+    in turn (see `KernelFence` for why); built on first use."""
 
+    def __init__(self, kernel: str, size: int):
+        self.kernel, self.size = kernel, size
+        self._ops: list = []
+        self._next = 0
 
-def aot_op_pool(kernel: str, size: int = _POOL_SIZE) -> list:
-    """`size` CPU aot Custom ops running `kernel` of mindspore_hyper._core with an int64[1] output,
-    differing in an attribute (see `KernelFence` for why launches take turns over a pool)."""
-    lib = os.path.abspath(_core.__file__)
-    pool = []
-    for k in range(size):
-        op = ops.Custom(f"{lib}:{kernel}", out_shape=[1], out_dtype=mstype.int64, func_type="aot")
-        op.add_prim_attr("primitive_target", "CPU")
-        op.add_prim_attr("mshyper_pool_slot", k)
-        pool.append(op)
-    return pool
+    def next(self):
+        """The next op of the pool."""
+        if not self._ops:
+            lib = os.path.abspath(_core.__file__)
+            for k in range(self.size):
+                op = ops.Custom(f"{lib}:{self.kernel}", out_shape=[1], out_dtype=mstype.int64, func_type="aot")
+                op.add_prim_attr("primitive_target", "CPU")
+                op.add_prim_attr("mshyper_pool_slot", k)
+                self._ops.append(op)
+        op = self._ops[self._next % self.size]
+        self._next += 1
+        return op
 
 
 class KernelFence:
@@ -47,17 +54,13 @@ class KernelFence:
 
     Measured (MindSpore 2.10, CPU): launching a Custom op waits until the previous launch of the
     same primitive has executed, so the fences take turns over a pool of primitives that differ
-    in an attribute; a launch then waits only for the fence launched `_POOL_SIZE` fences earlier.
+    in an attribute; a launch then waits only for the fence launched 8 fences earlier.
     """
 
-    _pool: list = []
-    _next = 0
+    _ops = AotOpPool("MsHyperFence", size=8)
 
     def __init__(self):
-        if not KernelFence._pool:
-            KernelFence._pool = aot_op_pool("MsHyperFence")
-        op = KernelFence._pool[KernelFence._next % _POOL_SIZE]
-        KernelFence._next += 1
+        op = KernelFence._ops.next()
         self.id = _core.fence_new_id()
         self._passed = False
         try:

@@ -42,6 +42,18 @@ class DeviceShard:
         """`update_region` relative to the device's parameter shard."""
         return local_region(self.update_region, self.param_region)
 
+    def update_of_shard(self, shard_value: np.ndarray) -> np.ndarray:
+        """The part of the device's parameter shard it updates (C-contiguous; the shard itself
+        when it updates all of it)."""
+        if self.update_region == self.param_region:
+            return shard_value
+        return np.ascontiguousarray(shard_value[self.update_in_param()])
+
+    def update_of_global(self, value: np.ndarray) -> np.ndarray:
+        """The part of a global tensor (e.g. the reduced gradient) the device updates
+        (C-contiguous; no copy when that is all of a contiguous tensor)."""
+        return np.require(value[(*self.update_region, ...)], requirements="C")
+
 
 def local_region(inner: Region, outer: Region) -> Region:
     """`inner` (global coordinates) relative to the start of `outer`, which contains it."""

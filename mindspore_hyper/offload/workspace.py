@@ -66,7 +66,7 @@ class Workspace:
             if shard.update_region == shard.param_region:
                 values.append(ref)
             else:  # ZeRO-1: the device updates a slice of its shard
-                values.append(np.ascontiguousarray(store.get(ref, pinned_tier="device")[shard.update_in_param()]))
+                values.append(shard.update_of_shard(store.get(ref, pinned_tier="device")))
         values.extend(states)
         for value, view, target in zip(values, self.views, [*self.params, *self.states]):
             if isinstance(value, TensorRef):
