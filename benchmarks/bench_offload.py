@@ -9,7 +9,14 @@ run in the same process on the same data, timed in interleaved rounds (median of
   resident  : plain ms.value_and_grad + one nn.Adam, everything in memory (baseline)
   on-demand : HyperOffload with prefetch_depth=0 (every block fetched when needed)
   prefetch  : HyperOffload with the prefetch scheduler (depth from --depth)
-Fraction of transfer time hidden = (t_on_demand - t_prefetch) / (t_on_demand - t_resident).
+Two measures of the transfer time hidden:
+  step time : (t_on_demand - t_prefetch) / (t_on_demand - t_resident)
+  overlap   : 1 - exposed / transfer, transfer = wall time during which a tier-to-tier block
+              copy (disk I/O, CRC32C, memcpy) was in progress on any thread, exposed =
+              training-thread waits for blocks + the update work left when the backward ends
+              (the seed's overlap ratio)
+--worker-nice sets the background threads' priority; --also-nice N adds a fourth configuration,
+prefetch with worker nice N, for an A/B in the same rounds.
 
 usage: python benchmarks/bench_offload.py [--layers 32] [--dim 1024] [--batch 64] [--steps 2] [--rounds 3]
 """
@@ -71,6 +78,10 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--dir", default="")
     ap.add_argument("--sync-writes", action="store_true", help="store writes on the training thread")
+    ap.add_argument("--worker-nice", type=int, default=None,
+                    help="nice value of the offload's background threads (default: the offload_worker_nice flag)")
+    ap.add_argument("--also-nice", type=int, default=None,
+                    help="also time prefetch with this worker nice value (an A/B in the same rounds)")
     args = ap.parse_args()
     ms.set_context(mode=ms.PYNATIVE_MODE)
     bs = args.block_mb * MB
@@ -101,10 +112,14 @@ def main() -> int:
 
     steps = {"resident": resident_step}
     offloaded = {}
-    for label, depth in (("on-demand", 0), ("prefetch", args.depth)):
+    configs = [("on-demand", 0, args.worker_nice), ("prefetch", args.depth, args.worker_nice)]
+    if args.also_nice is not None:
+        configs.append((f"prefetch nice={args.also_nice}", args.depth, args.also_nice))
+    for label, depth, nice in configs:
         directory = args.dir or tempfile.mkdtemp(prefix="mshyper_bench_")
         store = OffloadStore(block_size=bs, device_memory=budget, host_memory=args.host_blocks * bs,
-                             offload_dir=directory, prefetch_depth=depth, drop_page_cache=True)
+                             offload_dir=directory, prefetch_depth=depth, drop_page_cache=True,
+                             worker_nice=nice)
         m = make_model(args.layers, args.dim, values)
         off = hyper_offload(m, OffloadPolicy(cells=["layers.*"]), optimizer=make_opt, store=store,
                             async_writes=not args.sync_writes)
@@ -118,7 +133,8 @@ def main() -> int:
     for label, (off, store) in offloaded.items():
         store.scheduler.drain()
         store.scheduler.reset_stats()
-        before[label] = store.blocks.stats()["bytes_moved"]
+        st = off.stats()
+        before[label] = (st["bytes_moved"], st["transfer_busy_ns"], st["update_wait_ns"])
     times = {label: [] for label in steps}
     for _ in range(args.rounds):
         for label, step in steps.items():
@@ -128,8 +144,14 @@ def main() -> int:
     n_steps = args.rounds * args.steps
     for label, (off, store) in offloaded.items():
         st = off.stats()
-        moved = {k: (st["bytes_moved"][k] - before[label][k]) / n_steps for k in st["bytes_moved"]
-                 if st["bytes_moved"][k]}
+        moved0, busy_ns0, wait_ns0 = before[label]
+        moved = {k: (st["bytes_moved"][k] - moved0[k]) / n_steps for k in st["bytes_moved"] if st["bytes_moved"][k]}
+        # Overlap as the seed counts it: of the wall time during which blocks were moving between
+        # tiers (on any thread), the share the training thread did not wait for (blocks it had
+        # to wait for, and the update work still running when the backward ended, count as exposed).
+        transfer = (st["transfer_busy_ns"] - busy_ns0) / 1e9 / n_steps
+        exposed = (st["prefetch"]["stall_ns"] + st["update_wait_ns"] - wait_ns0) / 1e9 / n_steps
+        st["overlap"] = (transfer, exposed)
         results[label] = (float(np.median(times[label])), st, moved)
         off.remove()
         off.close()
@@ -139,7 +161,8 @@ def main() -> int:
 
     t_od, st_od, moved_od = results["on-demand"]
     t_pf, st_pf, moved_pf = results["prefetch"]
-    print(f"step time  resident {t_res:.3f}s | on-demand {t_od:.3f}s | prefetch(depth={args.depth}) {t_pf:.3f}s")
+    print(f"step time  resident {t_res:.3f}s | on-demand {t_od:.3f}s | prefetch(depth={args.depth}) {t_pf:.3f}s "
+          f"(worker nice {offloaded['prefetch'][1].worker_nice})")
     hidden = (t_od - t_pf) / (t_od - t_res) if t_od > t_res else float("nan")
     print(f"ratios     prefetch/resident {t_pf / t_res:.2f}x | on-demand/resident {t_od / t_res:.2f}x | "
           f"transfer time hidden by prefetch {100 * hidden:.0f}%")
@@ -148,6 +171,13 @@ def main() -> int:
         print(f"waits for blocks removed by prefetch {100 * (1 - stall['prefetch'] / stall['on-demand']):.0f}% "
               f"(training-thread stall, on-demand -> prefetch)")
     for label, (t, st, moved) in results.items():
+        transfer, exposed = st["overlap"]
+        print(f"{label:>9}: transfer {transfer:.3f}s/step (wall time with a tier copy in progress), exposed {exposed:.3f}s/step "
+              f"(waits for blocks + for updates after the backward): {100 * max(0.0, 1 - exposed / transfer):.0f}% "
+              f"of the transfer time overlapped")
+    for label, (t, st, moved) in results.items():
+        if label not in ("on-demand", "prefetch"):
+            print(f"{label}: step {t:.3f}s = {t / t_res:.2f}x resident (prefetch {t_pf / t:.2f}x of it)")
         pf = st["prefetch"]
         per_step = ", ".join(f"{k} {v / MB:.0f}MB" for k, v in sorted(moved.items()))
         print(f"{label:>9}: hits {pf['hits']} late {pf['late']} misses {pf['misses']} stall "

@@ -170,6 +170,8 @@ FLAGS: Dict[str, Flag] = {f.name: f for f in (
     Flag("hyper_offload", _parse_bool, False, "enable HyperOffload (tiered parameter/activation store)"),
     Flag("cache_block_size", _bytes_range(MB, GB), "128MB", "offload cache-block size in bytes"),
     Flag("prefetch_depth", _int_range(1, 64), 4, "blocks the prefetch scheduler keeps in flight"),
+    Flag("offload_worker_nice", _int_range(0, 19), 19,
+         "nice value of the offload's background threads (I/O, host updates, writes): they yield the cores to the compute"),
     Flag("hyper_mpmd", _parse_bool, False, "enable HyperMPMD (different programs on device groups)"),
     Flag("comm_aggregation_bytes", _bytes_range(KB, GB), "4MB",
          "super-packet size of the communication aggregator in bytes"),

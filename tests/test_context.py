@@ -16,6 +16,7 @@ def test_defaults():
     assert ctx["device_num"] == 8
     assert ctx["cache_block_size"] == 128 << 20
     assert ctx["prefetch_depth"] == 4
+    assert ctx["offload_worker_nice"] == 19
     assert ctx["comm_aggregation_bytes"] == 4 << 20
     assert ctx["hyper_offload"] is False and ctx["hyper_mpmd"] is False
     assert set(ctx) == set(FLAGS)
@@ -42,6 +43,7 @@ def test_set_get_reset():
     ("cache_block_size", "512KB", "between 1MB and 1GB"),
     ("cache_block_size", "2GB", "between 1MB and 1GB"),
     ("prefetch_depth", 0, "[1, 64]"),
+    ("offload_worker_nice", 20, "[0, 19]"),
     ("hyper_offload", "maybe", "bool"),
     ("comm_aggregation_bytes", "1B", "between"),
     ("topology", "torus9000", "preset"),

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from mindspore import ops
+from mindspore import Tensor, ops
 
 from mindspore_hyper.offload import OffloadPolicy, OffloadStore, WorkingSetError, hyper_offload
 from mindspore_hyper.offload.placement import from_strategy_rows
@@ -27,16 +27,31 @@ def sharded_mlp(base):
     return model, simulate(model, strategy)
 
 
-# Relative error in the 2-norm after 5 steps, as in test_sim_training. The simulation sums the
-# gradient in another order than the single-device run (~1e-7 relative); SGD passes that on
-# (measured <= 6e-7), while Adam's per-element normalization amplifies it on the small bias
-# gradients (measured up to 1.1e-5 before the host updates, 3.9e-5 with them). A wrong slice or
-# a lost update gives errors of order 1.
+# Relative error after 5 steps (parameters: in the 2-norm, as in test_sim_training; losses:
+# per step). The simulation sums the gradient in another order than the single-device run (~1e-7
+# relative); SGD passes that on (measured <= 7.4e-7), while Adam's per-element normalization
+# amplifies it on the small bias gradients: measured over random initialisations up to 3.9e-5
+# on the parameters and 1.6e-4 on a loss (1 draw in ~40 above 1e-5), and 1.1e-5 / 6.7e-6
+# (loss / parameters) for the seeded weights used here. A wrong slice or a lost update gives
+# errors of order 1e-2 and more.
 REL_ERROR_BOUND = {"sgd": 1e-5, "adam": 1e-4, "adamw": 1e-4}
 
 
+def seeded_mlp(seed=0):
+    """An MLP with weights from a fixed seed (uniform in +-1/sqrt(fan_in), like Dense's default):
+    the comparison's rounding noise depends on the weights, so the test sees the same weights in
+    every run (with MindSpore's unseeded initialisation about 1 draw in 40 had a loss error above
+    1e-5 for Adam, measured)."""
+    model = MLP(dim=DIM)
+    rng = np.random.default_rng(seed)
+    for p in model.trainable_params():
+        fan_in = p.shape[-1] if len(p.shape) > 1 else DIM
+        p.set_data(Tensor(rng.uniform(-1, 1, p.shape).astype(np.float32) / np.sqrt(fan_in)))
+    return model
+
+
 def check_matches(off, losses, ref_losses, ref_params, bound=1e-5):
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(losses, ref_losses, rtol=bound, atol=1e-6)
     values = off.parameter_values()
     for name, ref in ref_params.items():
         rel = np.linalg.norm(values[name].astype(np.float64) - ref) / np.linalg.norm(ref)
@@ -47,7 +62,7 @@ def check_matches(off, losses, ref_losses, ref_params, bound=1e-5):
 def test_each_simulated_device_has_its_own_tier(tmp_path, opt_name, clean_context):
     clean_context.set_context(device_num=8)
     x, y = data(DIM)
-    base = MLP(dim=DIM)
+    base = seeded_mlp()
     ref_losses, ref_params = reference_run(copy_model(base, dim=DIM), OPTIMIZERS[opt_name], x, y)
     model, sim = sharded_mlp(base)
     budget = 3 * BS

@@ -10,6 +10,7 @@ from mindspore import Tensor, nn, ops
 from mindspore.common.api import _pynative_executor
 
 from mindspore_hyper import _core, set_context, reset_context
+from test_prefetch_scheduler import os_threads
 from mindspore_hyper.offload import (OffloadedModel, OffloadPolicy, OffloadStore, WorkingSetError,
                                      hyper_offload, maybe_offload)
 
@@ -151,13 +152,22 @@ def test_enabled_through_context(tmp_path):
     reset_context()
     assert maybe_offload(model, optimizer=OPTIMIZERS["sgd"]) is None
     set_context(hyper_offload=True, device_memory=4 * BS, host_memory=8 * BS, offload_dir=str(tmp_path),
-                prefetch_depth=2)
+                prefetch_depth=2, offload_worker_nice=5)
     try:
+        before = set(os_threads())
         off = maybe_offload(model, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["sgd"], block_size=BS)
         assert off is not None and off.store.device_memory == 4 * BS and off.store.prefetch_depth == 2
         x, y = data()
         loss = off.train_step(lambda a, b: ops.reduce_mean((model(a) - b) ** 2))(x, y)
         assert np.isfinite(float(loss.asnumpy()))
+        assert_update_path(off, "sgd", 2)
+        assert off.stats()["update_wait_ns"] > 0  # the step waited for its last host updates
+        # the I/O workers and the host-update threads (and writers, where used) run at the flag's nice
+        new = [(name, nice) for tid, (name, nice) in os_threads().items()
+               if tid not in before and name.startswith("mshyper")]
+        assert {"mshyper-io", "mshyper-update"} <= {name for name, _ in new}
+        assert {nice for _, nice in new} == {5}, new
+        assert _core.current_thread_nice() == 0  # the training thread keeps its priority
         off.store.close()
     finally:
         reset_context()

@@ -1,5 +1,9 @@
 """Prefetch scheduler: trace recording, prediction from trace + position, async prefetch hits,
 invalidation on a changed order with on-demand fallback, coalesced disk reads, statistics."""
+import os
+import sys
+import time
+
 import numpy as np
 import pytest
 
@@ -164,3 +168,40 @@ def test_acquire_is_all_or_nothing(store):
     sched.acquire(ids[4:8])  # four other blocks: only possible if no slot was left pinned
     sched.release(ids[4:8])
     sched.drain()
+
+
+def os_threads():
+    """{thread id: (name, nice)} of this process's threads, from /proc (Linux)."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[int(tid)] = (stat[stat.index("(") + 1:stat.rindex(")")], int(fields[16]))
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread priorities are set on Linux only")
+def test_workers_run_as_named_background_threads(store):
+    s, ids = store
+    before = set(os_threads())
+    sched = _core.PrefetchScheduler(s, depth=2, workers=2, worker_nice=7)
+    run_step(sched, ids[:3])
+    deadline = time.monotonic() + 30  # a worker names itself when its thread starts running
+    while True:
+        new = sorted(v for tid, v in os_threads().items() if tid not in before)
+        if new == [("mshyper-io", 7), ("mshyper-io", 7)] or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert new == [("mshyper-io", 7), ("mshyper-io", 7)]
+    assert _core.current_thread_nice() == 0  # the caller's own priority is untouched
+    del sched
+
+
+def test_bad_worker_nice_is_refused(store):
+    s, _ = store
+    for nice in (-1, 20):
+        with pytest.raises(_core.StoreError, match=r"worker_nice must be in 0\.\.19, got " + str(nice)):
+            _core.PrefetchScheduler(s, depth=2, worker_nice=nice)
+    with pytest.raises(ValueError, match="worker_nice must be in 0..19, got 25"):
+        _core.make_background_thread("x", 25)

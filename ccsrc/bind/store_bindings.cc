@@ -11,6 +11,7 @@
 #include "aot/tensor_mailbox.h"
 #include "optim/adam.h"
 #include "bind/bindings.h"
+#include "prefetch/background_thread.h"
 #include "prefetch/prefetch_scheduler.h"
 #include "store/block_store.h"
 #include "store/crc32c.h"
@@ -73,17 +74,20 @@ py::dict StoreStatsDict(const StoreStats& s, uint64_t block_size) {
     tier["evictions"] = s.tiers[t].evictions;
     d[names[t]] = tier;
   }
-  py::dict bytes, copies;
+  py::dict bytes, copies, copy_ns;
   for (int a = 0; a < store::kNumTiers; ++a) {
     for (int b = 0; b < store::kNumTiers; ++b) {
       if (a == b) continue;
       std::string key = std::string(names[a]) + "->" + names[b];
       bytes[py::str(key)] = s.bytes_moved[a][b];
       copies[py::str(key)] = s.copies[a][b];
+      copy_ns[py::str(key)] = s.copy_ns[a][b];
     }
   }
   d["bytes_moved"] = bytes;
   d["copies"] = copies;
+  d["copy_ns"] = copy_ns;
+  d["transfer_busy_ns"] = s.transfer_busy_ns;
   d["reads"] = s.reads;
   d["writes"] = s.writes;
   d["read_retries"] = s.read_retries;
@@ -281,6 +285,9 @@ void BindStore(py::module_& m) {
       .def("close_pack", &TensorStore::ClosePack, py::call_guard<py::gil_scoped_release>())
       .def("__len__", &TensorStore::Count);
 
+  m.def("make_background_thread", &prefetch::MakeBackgroundThread, py::arg("name"), py::arg("nice"),
+        "Names the calling thread and raises its nice value (0..19) so it yields the cores to the compute.");
+  m.def("current_thread_nice", &prefetch::CurrentThreadNice, "The calling thread's nice value.");
   m.def("fence_new_id", &aot::FenceNewId, "A fresh kernel-fence id (see ops.KernelFence).");
   m.def("fence_signal", &aot::FenceSignal, py::arg("id"), "Marks a fence as passed (what the kernel does).");
   m.def("fence_poll", &aot::FencePoll, py::arg("id"), "True (and forgotten) if the fence has passed.");
@@ -341,12 +348,13 @@ void BindStore(py::module_& m) {
   py::class_<PrefetchScheduler, std::shared_ptr<PrefetchScheduler>>(m, "PrefetchScheduler",
       "Trace-driven prefetcher with its own I/O worker threads.")
       .def(py::init([](std::shared_ptr<BlockStore> s, int depth, int workers, const std::string& target,
-                       int max_batch, bool write_behind, int host_depth) {
+                       int max_batch, bool write_behind, int host_depth, int worker_nice) {
              return std::make_shared<PrefetchScheduler>(std::move(s), depth, workers, ParseTier(target),
-                                                        max_batch, write_behind, host_depth);
+                                                        max_batch, write_behind, host_depth, worker_nice);
            }),
            py::arg("store"), py::arg("depth"), py::arg("workers") = 2, py::arg("target") = "device",
-           py::arg("max_batch") = 4, py::arg("write_behind") = true, py::arg("host_depth") = -1)
+           py::arg("max_batch") = 4, py::arg("write_behind") = true, py::arg("host_depth") = -1,
+           py::arg("worker_nice") = 0)
       .def_property("depth", &PrefetchScheduler::depth, &PrefetchScheduler::SetDepth)
       .def_property("host_depth", &PrefetchScheduler::host_depth, &PrefetchScheduler::SetHostDepth)
       .def("begin_step", &PrefetchScheduler::BeginStep, py::call_guard<py::gil_scoped_release>())

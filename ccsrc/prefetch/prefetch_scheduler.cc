@@ -1,6 +1,9 @@
 #include "prefetch/prefetch_scheduler.h"
 
+#include "prefetch/background_thread.h"
+
 #include <chrono>
+#include <string>
 #include <utility>
 
 namespace mshyper::prefetch {
@@ -13,12 +16,16 @@ uint64_t NowNs() {
 }  // namespace
 
 PrefetchScheduler::PrefetchScheduler(std::shared_ptr<BlockStore> store, int depth, int workers,
-                                     Tier target, int max_batch, bool write_behind, int host_depth)
+                                     Tier target, int max_batch, bool write_behind, int host_depth,
+                                     int worker_nice)
     : store_(std::move(store)), target_(target), max_batch_(max_batch < 1 ? 1 : max_batch),
-      write_behind_(write_behind), depth_(depth), host_depth_(host_depth) {
+      write_behind_(write_behind), worker_nice_(worker_nice), depth_(depth), host_depth_(host_depth) {
   if (!store_) throw store::StoreError("PrefetchScheduler needs a BlockStore");
   if (target_ == Tier::kDisk) throw store::StoreError("prefetch target must be device or host");
   if (depth < 0) throw store::StoreError("prefetch depth must be >= 0");
+  if (worker_nice < 0 || worker_nice > kMaxNice) {
+    throw store::StoreError("worker_nice must be in 0..19, got " + std::to_string(worker_nice));
+  }
   if (workers < 1) workers = 1;
   for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
@@ -252,6 +259,7 @@ void PrefetchScheduler::ResetStats() {
 }
 
 void PrefetchScheduler::WorkerLoop() {
+  MakeBackgroundThread("mshyper-io", worker_nice_);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     // Idle workers do write-behind: dirty host blocks go to disk in the background so that

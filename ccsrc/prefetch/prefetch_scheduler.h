@@ -53,10 +53,11 @@ struct PrefetchStats {
 class PrefetchScheduler {
  public:
   // write_behind: idle workers write dirty host blocks to disk ahead of their eviction.
-  // host_depth < 0: the same as depth.
+  // host_depth < 0: the same as depth. worker_nice: the workers' nice value (0..19,
+  // MakeBackgroundThread), so that they yield the cores to the compute.
   PrefetchScheduler(std::shared_ptr<BlockStore> store, int depth, int workers = 2,
                     Tier target = Tier::kDevice, int max_batch = 4, bool write_behind = true,
-                    int host_depth = -1);
+                    int host_depth = -1, int worker_nice = 0);
   ~PrefetchScheduler();
   PrefetchScheduler(const PrefetchScheduler&) = delete;
   PrefetchScheduler& operator=(const PrefetchScheduler&) = delete;
@@ -100,6 +101,7 @@ class PrefetchScheduler {
   const Tier target_;
   const int max_batch_;
   const bool write_behind_;
+  const int worker_nice_;
   mutable std::mutex mu_;
   std::condition_variable work_cv_, idle_cv_;
   bool stop_ = false;

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -25,6 +26,30 @@ constexpr int kH = static_cast<int>(Tier::kHost);
 constexpr int kK = static_cast<int>(Tier::kDisk);
 
 inline int Ti(Tier t) { return static_cast<int>(t); }
+
+// Times one block move (or one coalesced read): while it lasts the store's transfer clock is busy,
+// and its duration, failed or not, is added to its tier pair's copy time (so the busy time, a union
+// of these intervals, never exceeds the sum of the copy times).
+class MoveTimer {
+ public:
+  MoveTimer(BusyClock& clock, std::atomic<uint64_t>& ns) : ns_(ns), start_(std::chrono::steady_clock::now()) {
+    busy_.emplace(clock);
+  }
+  ~MoveTimer() {
+    busy_.reset();
+    ns_.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                            std::chrono::steady_clock::now() - start_)
+                                            .count()),
+                  std::memory_order_relaxed);
+  }
+  MoveTimer(const MoveTimer&) = delete;
+  MoveTimer& operator=(const MoveTimer&) = delete;
+
+ private:
+  std::atomic<uint64_t>& ns_;
+  const std::chrono::steady_clock::time_point start_;
+  std::optional<BusyClock::Scope> busy_;
+};
 
 std::string Errno(int err) { return std::strerror(err); }
 
@@ -450,6 +475,7 @@ void BlockStore::Migrate(Block& b, uint64_t id, Tier src, Tier dst, Lock& lock) 
   uint32_t crc = 0;
   std::exception_ptr err;
   try {
+    MoveTimer timer(transfer_clock_, copy_ns_[Ti(src)][Ti(dst)]);
     if (src == Tier::kDisk) {
       // The disk copy holds disk_len bytes (those written down, covering its fill mark).
       n = disk_len;
@@ -1000,6 +1026,7 @@ void BlockStore::LoadFromDiskBatch(const std::vector<uint64_t>& ids, Lock& lock)
       ++j;
     }
     try {
+      MoveTimer timer(transfer_clock_, copy_ns_[kK][kH]);
       bool done = false;
       if (j - i > 1) {
         std::vector<iovec> iov(j - i);
@@ -1176,6 +1203,7 @@ StoreStats BlockStore::Stats() const {
     for (int b = 0; b < kNumTiers; ++b) {
       s.bytes_moved[a][b] = bytes_moved_[a][b].load(std::memory_order_relaxed);
       s.copies[a][b] = copies_[a][b].load(std::memory_order_relaxed);
+      s.copy_ns[a][b] = copy_ns_[a][b].load(std::memory_order_relaxed);
     }
   }
   s.reads = reads_.load(std::memory_order_relaxed);
@@ -1183,6 +1211,7 @@ StoreStats BlockStore::Stats() const {
   s.read_retries = read_retries_.load(std::memory_order_relaxed);
   s.crc_failures = crc_failures_.load(std::memory_order_relaxed);
   s.coalesced_reads = coalesced_reads_.load(std::memory_order_relaxed);
+  s.transfer_busy_ns = transfer_clock_.BusyNs();
   s.blocks = blocks_;
   return s;
 }

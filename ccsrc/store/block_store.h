@@ -35,6 +35,8 @@
 #include <string>
 #include <vector>
 
+#include "store/busy_clock.h"
+
 namespace mshyper::store {
 
 enum class Tier : int { kDevice = 0, kHost = 1, kDisk = 2 };
@@ -86,6 +88,9 @@ struct StoreStats {
   TierStats tiers[kNumTiers];
   uint64_t bytes_moved[kNumTiers][kNumTiers] = {};  // [src][dst]
   uint64_t copies[kNumTiers][kNumTiers] = {};       // number of block copies [src][dst]
+  uint64_t copy_ns[kNumTiers][kNumTiers] = {};      // time spent moving blocks [src][dst] (I/O,
+                                                    // CRC32C, memcpy; failed moves too), summed over threads
+  uint64_t transfer_busy_ns = 0;  // wall time with at least one tier-to-tier copy in progress
   uint64_t reads = 0;  // Read() calls (lock-free ReadPinned() calls are not counted)
   uint64_t writes = 0, read_retries = 0, crc_failures = 0;
   uint64_t coalesced_reads = 0;   // preadv calls that served more than one block
@@ -244,6 +249,8 @@ class BlockStore {
   // statistics
   std::atomic<uint64_t> bytes_moved_[kNumTiers][kNumTiers] = {};
   std::atomic<uint64_t> copies_[kNumTiers][kNumTiers] = {};
+  std::atomic<uint64_t> copy_ns_[kNumTiers][kNumTiers] = {};
+  BusyClock transfer_clock_;
   std::atomic<uint64_t> reads_{0}, writes_{0}, read_retries_{0}, crc_failures_{0},
       coalesced_reads_{0};
   uint64_t blocks_ = 0;  // guarded by mu_

@@ -190,9 +190,16 @@ int main(int argc, char** argv) {
               (unsigned long long)s.tiers[1].peak_blocks, (unsigned long long)s.tiers[1].capacity_blocks,
               (unsigned long long)s.copies[2][1], (unsigned long long)s.copies[1][2],
               (unsigned long long)s.copies[1][0], (unsigned long long)s.copies[0][1]);
+  // The transfer clock is the union of the (concurrent) moves' intervals: at most their sum.
+  uint64_t copy_ns = 0;
+  for (const auto& row : s.copy_ns) {
+    for (uint64_t ns : row) copy_ns += ns;
+  }
+  std::printf("transfer busy %.3f s, moves %.3f s summed over threads\n", s.transfer_busy_ns / 1e9, copy_ns / 1e9);
   const bool ok = g_torn.load() == 0 && g_errors.load() == 0 &&
                   s.tiers[0].peak_blocks <= s.tiers[0].capacity_blocks &&
-                  s.tiers[1].peak_blocks <= s.tiers[1].capacity_blocks;
+                  s.tiers[1].peak_blocks <= s.tiers[1].capacity_blocks && s.transfer_busy_ns > 0 &&
+                  s.transfer_busy_ns <= copy_ns;
   std::printf("%s\n", ok ? "STRESS OK" : "STRESS FAILED");
   return ok ? 0 : 1;
 }

@@ -34,6 +34,7 @@ import os
 from collections import deque
 import shutil
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -45,6 +46,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 from mindspore.common.api import _pynative_executor
 
+from mindspore_hyper import _core
 from mindspore_hyper.context import get_context
 from mindspore_hyper.offload.copy_out import TensorCopyOut
 from mindspore_hyper.offload.fence import KernelFence
@@ -156,6 +158,12 @@ class _InlineExecutor:
         pass
 
 
+def _background_executor(name: str, nice: int) -> ThreadPoolExecutor:
+    """Two threads for the offload's background work, at the store's lower CPU priority."""
+    return ThreadPoolExecutor(max_workers=2, thread_name_prefix=name,
+                              initializer=_core.make_background_thread, initargs=(name, nice))
+
+
 def _flat_tensors(obj):
     """The Tensors in a (nested) tuple/list."""
     if isinstance(obj, Tensor):
@@ -218,14 +226,15 @@ class OffloadedModel:
         self._gather_writes = []  # simulation: writes of gathered parameter shards
         self._backward_updates: Optional[_UpdateRun] = None  # set while train_step's backward runs
         self._update_counts = {"host": 0, "optimizer": 0}  # group updates so far, per path
+        self._update_wait_ns = 0  # training-thread time spent finishing updates after the backward
         self._owned_stores: List[OffloadStore] = []  # set by hyper_offload: closed by close()
         self._owned_dirs: List[str] = []
         # Two writer threads: a write that must first evict a dirty block does disk I/O, and a
         # second thread keeps the disk busy meanwhile (writes to one block are serialized by the store).
-        self._writer = (ThreadPoolExecutor(max_workers=2, thread_name_prefix="mshyper-offload-writer")
-                        if async_writes else _InlineExecutor())
+        nice = max(s.worker_nice for s in self.stores)
+        self._writer = (_background_executor("mshyper-write", nice) if async_writes else _InlineExecutor())
         # Host updates of groups whose gradients are complete, while the backward runs (train_step).
-        self._host_updater = ThreadPoolExecutor(max_workers=2, thread_name_prefix="mshyper-offload-update")
+        self._host_updater = _background_executor("mshyper-update", nice)
         self.groups = self._make_groups()
         offloaded = {id(p) for g in self.groups for p in g.params}
         self.resident_params = [p for p in model.trainable_params() if id(p) not in offloaded]
@@ -750,7 +759,15 @@ class OffloadedModel:
 
     def _finish_updates(self, run: "_UpdateRun") -> None:
         """Waits for the host updates, writes every launched update's results and waits for all
-        store writes; raises the first error."""
+        store writes; raises the first error. The time it takes is counted in `stats()`
+        (``update_wait_ns``): the update work the step did not overlap."""
+        t0 = time.perf_counter_ns()
+        try:
+            self._finish_updates_now(run)
+        finally:
+            self._update_wait_ns += time.perf_counter_ns() - t0
+
+    def _finish_updates_now(self, run: "_UpdateRun") -> None:
         error = None
         for task in run.host_tasks:
             try:
@@ -927,6 +944,7 @@ class OffloadedModel:
         out["per_device_peak_materialized_bytes"] = list(self._peak_materialized)
         out["device_peak_bytes"] = max(s["device"]["peak_bytes"] for s in per_device)
         out["group_updates"] = dict(self._update_counts)  # host: during the backward; optimizer: after it
+        out["update_wait_ns"] = self._update_wait_ns
         return out
 
     def remove(self) -> None:

@@ -43,6 +43,9 @@ class OffloadStore:
         prefetch_depth: blocks kept in flight ahead of use (default: ``prefetch_depth``); 0
             disables prefetching (every access is fetched on demand).
         io_workers: I/O worker threads of the prefetch scheduler.
+        worker_nice: nice value (0..19) of the store's background threads and of the offload's
+            host-update and writer threads (default: ``offload_worker_nice``): they yield the
+            cores to the compute, which matters where both share the CPU (simulation).
         drop_page_cache: keep the page cache out of disk I/O so reads really hit the disk
             (benchmarks): O_DIRECT, or posix_fadvise(DONTNEED) after each I/O.
         direct_io: with `drop_page_cache`, use O_DIRECT (less CPU per block) where the file
@@ -53,16 +56,21 @@ class OffloadStore:
     def __init__(self, block_size: Optional[int] = None, device_memory: Optional[int] = None,
                  host_memory: Optional[int] = None, offload_dir: Optional[str] = None,
                  prefetch_depth: Optional[int] = None, io_workers: int = 2,
-                 drop_page_cache: bool = False, direct_io: bool = True, make_default: bool = True):
+                 drop_page_cache: bool = False, direct_io: bool = True, make_default: bool = True,
+                 worker_nice: Optional[int] = None):
         self.block_size = int(block_size if block_size is not None else get_context("cache_block_size"))
         self.device_memory = int(device_memory if device_memory is not None else get_context("device_memory"))
         self.host_memory = int(host_memory if host_memory is not None else get_context("host_memory"))
         directory = offload_dir if offload_dir is not None else get_context("offload_dir")
         depth = prefetch_depth if prefetch_depth is not None else get_context("prefetch_depth")
+        self.worker_nice = int(worker_nice if worker_nice is not None else get_context("offload_worker_nice"))
+        if not 0 <= self.worker_nice <= 19:
+            raise ValueError(f"worker_nice must be in 0..19, got {self.worker_nice}")
         self.blocks = _core.BlockStore(self.block_size, self.device_memory, self.host_memory, directory,
                                        drop_page_cache=drop_page_cache, direct_io=direct_io)
         self.tensors = _core.TensorStore(self.blocks)
-        self.scheduler = _core.PrefetchScheduler(self.blocks, depth=int(depth), workers=io_workers)
+        self.scheduler = _core.PrefetchScheduler(self.blocks, depth=int(depth), workers=io_workers,
+                                                 worker_nice=self.worker_nice)
         self.device_blocks = self.device_memory // self.block_size
         if make_default:
             _core.set_default_tensor_store(self.tensors)
