@@ -316,6 +316,10 @@ void BindStore(py::module_& m) {
           return py::array_t<uint8_t>({static_cast<py::ssize_t>(owned->size())}, {1}, owned->data(), owner);
         }, py::arg("id"), py::arg("timeout_s"),
         "Waits (GIL released) up to timeout_s for the mailbox: its bytes as a uint8 array (no copy), or None.");
+  m.def("mailbox_forget", &aot::MailboxForget, py::arg("id"), "Abandons a mailbox.");
+  m.def("mailbox_pending", &aot::MailboxPending,
+        "Mailboxes delivered but not taken, plus those forgotten before delivery (a leak check).");
+
   m.def("adam_step", [](py::array_t<float, 0> param, py::array_t<float, 0> m_, py::array_t<float, 0> v,
                         py::array_t<float, 0> grad, float lr_t, float beta1, float beta2, float eps, bool nesterov) {
           const py::ssize_t n = param.size();
@@ -337,9 +341,6 @@ void BindStore(py::module_& m) {
         }, py::arg("param"), py::arg("m"), py::arg("v"), py::arg("grad"), py::arg("lr_t"), py::arg("beta1"),
         py::arg("beta2"), py::arg("eps"), py::arg("nesterov"),
         "Adam's element-wise update in place on float32 arrays (GIL released); see ccsrc/optim/adam.h.");
-  m.def("mailbox_forget", &aot::MailboxForget, py::arg("id"), "Abandons a mailbox.");
-  m.def("mailbox_pending", &aot::MailboxPending,
-        "Mailboxes delivered but not taken, plus those forgotten before delivery (a leak check).");
 
   m.def("set_default_tensor_store", &store::SetDefaultTensorStore, py::arg("store"),
         "Make `store` the instance the aot kernels use (None clears it).");

@@ -59,8 +59,10 @@ void PrefetchScheduler::SetHostDepth(int host_depth) {
 
 int PrefetchScheduler::host_depth() const {
   std::lock_guard<std::mutex> g(mu_);
-  return host_depth_ < 0 ? depth_ : host_depth_;
+  return HostDepthLocked();
 }
+
+int PrefetchScheduler::HostDepthLocked() const { return host_depth_ < 0 ? depth_ : host_depth_; }
 
 void PrefetchScheduler::BeginStep() {
   std::unique_lock<std::mutex> lock(mu_);
@@ -117,7 +119,7 @@ void PrefetchScheduler::IssueWindow(std::unique_lock<std::mutex>& /*lock*/) {
   bool added = false;
   std::unordered_set<uint64_t> seen;
   const size_t dev = static_cast<size_t>(depth_);
-  const size_t total = dev + (target_ == Tier::kHost ? 0 : static_cast<size_t>(host_depth_ < 0 ? depth_ : host_depth_));
+  const size_t total = dev + (target_ == Tier::kHost ? 0 : static_cast<size_t>(HostDepthLocked()));
   for (size_t k = 0; k < n && seen.size() < total; ++k) {
     const uint64_t id = trace_[(pos_ + k) % n];
     if (!seen.insert(id).second) continue;

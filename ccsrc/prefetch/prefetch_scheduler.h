@@ -96,6 +96,7 @@ class PrefetchScheduler {
   void IssueWindow(std::unique_lock<std::mutex>& lock);
   void CancelQueued(std::unique_lock<std::mutex>& lock);
   void WorkerLoop();
+  int HostDepthLocked() const;  // host_depth with "< 0" resolved; mu_ held
 
   std::shared_ptr<BlockStore> store_;
   const Tier target_;

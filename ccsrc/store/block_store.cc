@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -32,11 +31,12 @@ inline int Ti(Tier t) { return static_cast<int>(t); }
 // of these intervals, never exceeds the sum of the copy times).
 class MoveTimer {
  public:
-  MoveTimer(BusyClock& clock, std::atomic<uint64_t>& ns) : ns_(ns), start_(std::chrono::steady_clock::now()) {
-    busy_.emplace(clock);
+  MoveTimer(BusyClock& clock, std::atomic<uint64_t>& ns)
+      : clock_(clock), ns_(ns), start_(std::chrono::steady_clock::now()) {
+    clock_.Begin();
   }
   ~MoveTimer() {
-    busy_.reset();
+    clock_.End();
     ns_.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                             std::chrono::steady_clock::now() - start_)
                                             .count()),
@@ -46,9 +46,9 @@ class MoveTimer {
   MoveTimer& operator=(const MoveTimer&) = delete;
 
  private:
+  BusyClock& clock_;
   std::atomic<uint64_t>& ns_;
   const std::chrono::steady_clock::time_point start_;
-  std::optional<BusyClock::Scope> busy_;
 };
 
 std::string Errno(int err) { return std::strerror(err); }

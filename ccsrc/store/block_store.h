@@ -228,8 +228,6 @@ class BlockStore {
                    uint64_t* fill_out = nullptr);
   // Bytes of a copy that must be moved for a block whose fill mark is `fill`.
   uint64_t CopyLen(uint64_t fill) const;
-  void DiskRead(int64_t slot, void* dst);
-  void DiskWrite(int64_t slot, const void* src);
   std::string DiskPath(int64_t slot) const;
   void LoadFromDiskBatch(const std::vector<uint64_t>& ids, Lock& lock);
 

@@ -9,17 +9,15 @@ namespace mshyper::store {
 
 class BusyClock {
  public:
-  // Marks one activity for its lifetime.
-  class Scope {
-   public:
-    explicit Scope(BusyClock& clock) : clock_(clock) { clock_.Begin(); }
-    ~Scope() { clock_.End(); }
-    Scope(const Scope&) = delete;
-    Scope& operator=(const Scope&) = delete;
-
-   private:
-    BusyClock& clock_;
-  };
+  // An activity starts / ends (each Begin needs one End).
+  void Begin() {
+    std::lock_guard<std::mutex> g(mu_);
+    if (active_++ == 0) start_ = Clock::now();
+  }
+  void End() {
+    std::lock_guard<std::mutex> g(mu_);
+    if (--active_ == 0) busy_ns_ += Since(start_);
+  }
 
   // Nanoseconds of busy time so far (an interval in progress counts up to now).
   uint64_t BusyNs() const {
@@ -34,14 +32,6 @@ class BusyClock {
 
   static uint64_t Since(Clock::time_point t) {
     return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count());
-  }
-  void Begin() {
-    std::lock_guard<std::mutex> g(mu_);
-    if (active_++ == 0) start_ = Clock::now();
-  }
-  void End() {
-    std::lock_guard<std::mutex> g(mu_);
-    if (--active_ == 0) busy_ns_ += Since(start_);
   }
 
   mutable std::mutex mu_;

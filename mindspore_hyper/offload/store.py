@@ -94,11 +94,7 @@ class OffloadStore:
     def get(self, ref: TensorRef, pinned_tier: Optional[str] = None) -> np.ndarray:
         """A copy of the tensor; `pinned_tier` when the caller holds pins on its blocks there."""
         out = np.empty(ref.shape, dtype=ref.dtype)
-        flat = out.reshape(-1).view(np.uint8)
-        if pinned_tier is None:
-            self.tensors.get_into(ref.tid, flat)
-        else:
-            self.tensors.get_pinned_into(ref.tid, pinned_tier, flat)
+        self.get_into(ref, out, pinned_tier)
         return out
 
     def get_into(self, ref: TensorRef, out: np.ndarray, pinned_tier: Optional[str] = None) -> None:
