@@ -26,7 +26,7 @@ from mindspore import Tensor, nn, ops
 import mindspore_hyper as mh
 from mindspore_hyper.offload import OffloadPolicy, hyper_offload
 from mindspore_hyper.shard import Layout
-from mindspore_hyper.sim import simulate
+from mindspore_hyper.runtime.simulation import simulate
 
 LAYERS, STEPS = 32, 5
 DIM = 512  # 32 x Dense(512, 512): 32 MiB of offloaded parameters (--simulate: 1024, 128 MiB, 32 per device)

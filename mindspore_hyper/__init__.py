@@ -5,7 +5,8 @@ it as a CPU simulation of N devices, under msrun, or through MindSpore's native 
 """
 from mindspore_hyper.context import get_context, reset_context, set_context
 from mindspore_hyper.parallelize import auto_parallelize
-from mindspore_hyper.shard import Layout, Partial, Replicate, Shard, load_parallel_config, resolve_strategy
+from mindspore_hyper.shard import Layout, Partial, Replicate, Shard
+from mindspore_hyper.strategy import load_parallel_config, resolve_strategy
 
 __version__ = "0.1.0"
 

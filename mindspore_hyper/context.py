@@ -24,6 +24,7 @@ MODES = ("simulation", "distributed", "native")
 TOPOLOGY_PRESETS = ("supernode384", "node8", "ring")
 MEMORY_CHECKS = ("warn", "error")
 SIM_COLLECTIVES = ("mindspore", "library")
+DIST_TRANSPORTS = ("shm", "mindspore")
 
 _UNITS = {
     "": 1, "B": 1,
@@ -126,6 +127,18 @@ def _topology(value: Any, name: str) -> str:
     )
 
 
+def _seconds(low: float, high: float) -> Callable[[Any, str], float]:
+    def parse(value: Any, name: str) -> float:
+        try:
+            seconds = float(value) if not isinstance(value, bool) else None
+        except (TypeError, ValueError):
+            seconds = None
+        if seconds is None or not low <= seconds <= high:
+            raise ValueError(f"{name}={value!r}: expected a number of seconds in [{low:g}, {high:g}]")
+        return seconds
+    return parse
+
+
 def _directory(value: Any, name: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{name}={value!r}: expected a directory path string ('' = system temp dir)")
@@ -176,6 +189,11 @@ FLAGS: Dict[str, Flag] = {f.name: f for f in (
     Flag("comm_aggregation_bytes", _bytes_range(KB, GB), "4MB",
          "super-packet size of the communication aggregator in bytes"),
     Flag("topology", _topology, "node8", "cluster topology: a preset name or a YAML file path"),
+    Flag("dist_transport", _choice(DIST_TRANSPORTS), "shm",
+         "distributed mode's transport: shm (shared memory, one host) or mindspore (MindSpore communication, "
+         "several hosts)"),
+    Flag("comm_timeout", _seconds(0.1, 86400.0), 120.0,
+         "distributed mode: seconds without progress before a collective fails with CommTimeout"),
 )}
 
 _explicit: Dict[str, Any] = {}

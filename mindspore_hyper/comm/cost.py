@@ -21,7 +21,7 @@ from mindspore_hyper.comm._common import _C
 from mindspore_hyper.comm.topology import Topology, load_topology
 
 __all__ = [
-    "KINDS", "TransportParams", "estimate_time", "choose_algorithm", "make_cost_model",
+    "KINDS", "TransportParams", "estimate_time", "collective_time", "choose_algorithm", "make_cost_model",
     "set_threshold", "force_algorithm", "clear_overrides", "overrides",
 ]
 
@@ -122,3 +122,18 @@ def estimate_time(kind: str, nbytes: int, group_ranks: Sequence[int], topology="
     message (group_ranks = [src, dst]). A group of one device costs 0.
     """
     return choose_algorithm(kind, nbytes, group_ranks, topology, params)[1]
+
+
+_STEP_KIND = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
+              "AllToAll": "all_to_all", "Broadcast": "broadcast"}
+
+
+def collective_time(kind: str, input_bytes: int, group_ranks: Sequence[int], topology=None) -> float:
+    """Modelled seconds of one collective named as a plan step (`AllGather`, ...) whose per-device
+    input is `input_bytes`; `topology` defaults to the context flag."""
+    if topology is None:
+        from mindspore_hyper.context import get_context
+
+        topology = get_context("topology")
+    nbytes = input_bytes * len(group_ranks) if kind == "AllGather" else input_bytes
+    return estimate_time(_STEP_KIND[kind], int(nbytes), list(group_ranks), topology)

@@ -53,7 +53,7 @@ from mindspore_hyper.offload.fence import KernelFence
 from mindspore_hyper.offload.placement import DeviceShard, assemble, from_strategy_rows, single_device
 from mindspore_hyper.offload.store import CapacityError, OffloadStore, TensorRef
 from mindspore_hyper.offload.workspace import Workspace
-from mindspore_hyper.sim.dispatch import running_ranks
+
 
 __all__ = ["OffloadPolicy", "OffloadedModel", "WorkingSetError", "hyper_offload", "maybe_offload"]
 
@@ -198,10 +198,12 @@ class OffloadedModel:
 
     def __init__(self, model: nn.Cell, policy: OffloadPolicy, optimizer: Callable[[list], nn.Cell],
                  stores: Sequence[OffloadStore], shards_of: Callable[[Parameter], List[DeviceShard]],
-                 async_writes: bool = True, cell_backward_hooks: bool = False):
+                 async_writes: bool = True, cell_backward_hooks: bool = False,
+                 running_ranks: Callable[[], Optional[List[int]]] = lambda: None):
         self.model = model
         self.policy = policy
         self.stores = list(stores)
+        self._running_ranks = running_ranks
         self._shards_of = shards_of
         self._optimizer_factory = optimizer
         self._hooks = []
@@ -583,7 +585,7 @@ class OffloadedModel:
         producing it runs for (its replicas each keep a copy); otherwise device 0."""
         if len(self.stores) == 1:
             return [0]
-        return running_ranks() or list(range(len(self.stores)))
+        return self._running_ranks() or list(range(len(self.stores)))
 
     def _make_pack(self, name: str):
         def pack(tensor):
@@ -1014,13 +1016,20 @@ def hyper_offload(model: nn.Cell, policy: Optional[OffloadPolicy] = None, *,
         WorkingSetError: a sub-Cell's working set exceeds a device tier (before anything runs).
         ValueError: `store` does not give one store per simulated device.
     """
-    from mindspore_hyper.sim.parallelize import SimulatedModel
+    from mindspore_hyper.runtime.model import ParallelModel
 
     policy = policy or OffloadPolicy()
     network, n = model, 1
     shards_of = lambda p: single_device(p.shape)  # noqa: E731
-    if isinstance(model, SimulatedModel):
+    running_ranks = lambda: None  # noqa: E731
+    if isinstance(model, ParallelModel):
+        if not model.execution.holds_all_ranks:
+            raise NotImplementedError(
+                f"hyper_offload of a model whose process holds ranks {model.local_ranks} of "
+                f"{model.mesh.size}: offloading under msrun (one device per process) is not implemented; "
+                "offload a simulated model or a single-device one")
         network, n = model.network, model.mesh.size
+        running_ranks = model.execution.running_ranks
         named = dict(network.parameters_and_names())
         table = from_strategy_rows({id(named[row.name]): row for row in model.table}, n)
         shards_of = lambda p: table[id(p)]  # noqa: E731
@@ -1038,7 +1047,7 @@ def hyper_offload(model: nn.Cell, policy: Optional[OffloadPolicy] = None, *,
                              f", got {store!r}")
     try:
         off = OffloadedModel(network, policy, optimizer, stores, shards_of, async_writes=async_writes,
-                             cell_backward_hooks=network is not model)
+                             cell_backward_hooks=network is not model, running_ranks=running_ranks)
     except Exception:
         for s in owned_stores:
             s.close()

@@ -7,15 +7,20 @@ effects: it creates no process groups and needs no initialised communication.
 from __future__ import annotations
 
 import math
-from typing import Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, ClassVar, Iterable, List, Optional, Sequence, Tuple, Union
 
-__all__ = ["Layout"]
+from mindspore_hyper.shard.tensor_layout import NONE_ALIAS, TensorLayout
 
-NONE_ALIAS = "None"
+__all__ = ["Layout", "NONE_ALIAS"]
 
 
 class Layout:
     """A device matrix with one alias per axis and an optional mapping of mesh positions to ranks.
+
+    Calling it with a tensor map gives a TensorLayout; the keyword form
+    `layout(tensor_map=..., optimizer_state=...)` gives a model-wide Strategy, built by
+    `strategy_builder`, which `mindspore_hyper.strategy` installs (the strategy layer sits above
+    this algebra, so it registers itself instead of being imported here).
 
     Args:
         device_matrix: positive ints, the size of each mesh axis (major first).
@@ -40,6 +45,8 @@ class Layout:
         self._rank_list = _check_rank_list(rank_list, self._size)
         self._position_of_rank = {r: i for i, r in enumerate(self._rank_list)}
         self._groups_cache = {}
+
+    strategy_builder: ClassVar[Optional[Callable[..., object]]] = None
 
     # -- basic facts -------------------------------------------------------------------------
     @property
@@ -142,16 +149,14 @@ class Layout:
         if "tensor_map" in strategy_kwargs:
             if tensor_map:
                 raise ValueError("Layout(...): give the tensor map positionally or as tensor_map=, not both")
-            from mindspore_hyper.shard.strategy import Strategy
-
-            return Strategy(self, **strategy_kwargs)
+            if Layout.strategy_builder is None:
+                raise RuntimeError("layout(tensor_map=...) builds a Strategy: import mindspore_hyper first")
+            return Layout.strategy_builder(self, **strategy_kwargs)
         if strategy_kwargs:
             raise ValueError(
                 f"Layout(...) got keyword(s) {sorted(strategy_kwargs)} without tensor_map=; "
                 "use layout(*tensor_map) for a tensor layout or layout(tensor_map=..., ...) for a strategy"
             )
-        from mindspore_hyper.shard.tensor_layout import TensorLayout
-
         return TensorLayout(self, tensor_map)
 
     def to_mindspore(self):

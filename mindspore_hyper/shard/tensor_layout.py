@@ -10,12 +10,16 @@ tensor map cannot express.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
-from mindspore_hyper.shard.layout import NONE_ALIAS, Layout
 from mindspore_hyper.shard.placement import Partial, Placement, Replicate, Shard, REDUCE_OPS
 
-__all__ = ["TensorLayout"]
+if TYPE_CHECKING:
+    from mindspore_hyper.shard.layout import Layout
+
+__all__ = ["TensorLayout", "NONE_ALIAS"]
+
+NONE_ALIAS = "None"  # the tensor-map entry of an unsharded dimension (MindSpore's spelling)
 
 Entry = Tuple[int, ...]  # mesh axis indices splitting one tensor dimension, major first
 

@@ -1,0 +1,231 @@
+"""Collectives with one group member per process (msrun), over a numpy communicator.
+
+Each collective is a Cell whose `construct` moves the bytes through the group's communicator
+(the shared-memory transport on one host, or MindSpore's transport across hosts) and whose
+`bprop` implements the backward of `mindspore_hyper.comm.collectives`, moving the gradient
+bytes the same way and reporting them to the recorder.
+
+A communicator is anything with numpy-level `all_reduce(x, op)`, `all_gather(x, axis)`,
+`reduce_scatter(x, axis, op)`, `all_to_all(x, split_axis, concat_axis)` and
+`broadcast(x, root)`; `communicator_for(ranks)` returns the one of a group of global ranks.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+from mindspore import Tensor, nn, ops
+from mindspore.common import dtype as mstype
+
+from mindspore_hyper.comm._common import CommError
+from mindspore_hyper.comm.collectives import AxisGroup, Recorder, ring_send_bytes
+from mindspore_hyper.comm.inprocess_collectives import nbytes_of
+
+__all__ = ["ProcessCollectives"]
+
+
+def _array(t: Tensor) -> np.ndarray:
+    a = t.asnumpy()
+    return a.view(np.uint8) if a.dtype == np.bool_ else a
+
+
+def _tensor(a: np.ndarray, like: Tensor) -> Tensor:
+    if like.dtype == mstype.bool_:
+        a = a.view(np.bool_)
+    return Tensor(np.ascontiguousarray(a), dtype=like.dtype)
+
+
+class _Collective(nn.Cell):
+    """One collective over `group`; `self.comm` moves the bytes."""
+
+    def __init__(self, owner: "ProcessCollectives", group: AxisGroup):
+        super().__init__()
+        self.owner, self.group = owner, group
+        self.comm = owner.communicator(group)
+        self.index = group.local[0]
+
+    def record(self, kind: str, input_bytes: int) -> None:
+        recorder = self.owner.recorder
+        if recorder is not None and self.group.records and self.group.size > 1:
+            recorder(kind, self.group.axis, ring_send_bytes(kind, self.group.size, input_bytes), input_bytes)
+
+    def call(self, what: str, fn, *args):
+        """Run a communicator call; a failure names the group's global ranks."""
+        try:
+            return fn(*args)
+        except CommError as exc:
+            raise type(exc)(f"{what} over mesh axis {self.group.axis!r} (global ranks {list(self.group.ranks)}, "
+                            f"this is rank {self.group.ranks[self.index]}): {exc}") from None
+
+
+class _AllReduce(_Collective):
+    def __init__(self, owner, group, op: str):
+        super().__init__(owner, group)
+        self.op = op
+
+    def construct(self, x):
+        return _tensor(self.call("all_reduce", self.comm.all_reduce, _array(x), self.op), x)
+
+    def bprop(self, x, out, dout):
+        if self.op == "sum":
+            return (dout,)
+        if self.op == "avg":
+            return (dout / self.group.size,)
+        hit = ops.cast(ops.equal(x, out), dout.dtype)  # max/min: the gradient goes to the winners
+        self.record("AllReduce", nbytes_of(hit))
+        count = _tensor(self.call("all_reduce", self.comm.all_reduce, hit.asnumpy(), "sum"), hit)
+        return (dout * hit / count,)
+
+
+class _AllGather(_Collective):
+    def __init__(self, owner, group, dim: int, grad_partial: bool):
+        super().__init__(owner, group)
+        self.dim, self.grad_partial = dim, grad_partial
+
+    def construct(self, x):
+        return _tensor(self.call("all_gather", self.comm.all_gather, _array(x), self.dim), x)
+
+    def bprop(self, x, out, dout):
+        if self.grad_partial:
+            self.record("ReduceScatter", nbytes_of(dout))
+            return (_tensor(self.call("reduce_scatter", self.comm.reduce_scatter, dout.asnumpy(), self.dim, "sum"),
+                            dout),)
+        return (ops.split(dout, x.shape[self.dim], self.dim)[self.index],)
+
+
+class _ReduceScatter(_Collective):
+    def __init__(self, owner, group, dim: int, op: str):
+        super().__init__(owner, group)
+        self.dim, self.op = dim, op
+
+    def construct(self, x):
+        if self.op in ("max", "min"):
+            full = self.call("all_reduce", self.comm.all_reduce, _array(x), self.op)
+            return _tensor(np.array_split(full, self.group.size, axis=self.dim)[self.index], x)
+        return _tensor(self.call("reduce_scatter", self.comm.reduce_scatter, _array(x), self.dim, self.op), x)
+
+    def bprop(self, x, out, dout):
+        self.record("AllGather", nbytes_of(dout))
+        gathered = _tensor(self.call("all_gather", self.comm.all_gather, dout.asnumpy(), self.dim), dout)
+        if self.op == "avg":
+            gathered = gathered / self.group.size
+        elif self.op in ("max", "min"):
+            full = _tensor(self.call("all_reduce", self.comm.all_reduce, _array(x), self.op), x)
+            hit = ops.cast(ops.equal(x, full), dout.dtype)
+            count = _tensor(self.call("all_reduce", self.comm.all_reduce, hit.asnumpy(), "sum"), hit)
+            gathered = gathered * hit / count
+        return (gathered,)
+
+
+class _AllToAll(_Collective):
+    def __init__(self, owner, group, split_dim: int, concat_dim: int):
+        super().__init__(owner, group)
+        self.split_dim, self.concat_dim = split_dim, concat_dim
+
+    def construct(self, x):
+        return _tensor(self.call("all_to_all", self.comm.all_to_all, _array(x), self.split_dim, self.concat_dim), x)
+
+    def bprop(self, x, out, dout):
+        self.record("AllToAll", nbytes_of(dout))
+        back = self.call("all_to_all", self.comm.all_to_all, dout.asnumpy(), self.concat_dim, self.split_dim)
+        return (_tensor(back, dout),)
+
+
+class _LocalSlice(_Collective):
+    def __init__(self, owner, group, dim: int, record: bool):
+        super().__init__(owner, group)
+        self.dim, self.records = dim, record
+
+    def construct(self, x):
+        return ops.split(x, x.shape[self.dim] // self.group.size, self.dim)[self.index]
+
+    def bprop(self, x, out, dout):
+        if self.records:
+            self.record("AllGather", nbytes_of(dout))
+        return (_tensor(self.call("all_gather", self.comm.all_gather, dout.asnumpy(), self.dim), dout),)
+
+
+class _MakePartialSum(_Collective):
+    def construct(self, x):
+        return x if self.index == 0 else ops.zeros_like(x)
+
+    def bprop(self, x, out, dout):
+        return (dout,)  # every member holds the whole sum's gradient
+
+
+class _FanOut(_Collective):
+    def construct(self, x):
+        return x
+
+    def bprop(self, x, out, dout):
+        self.record("AllReduce", nbytes_of(dout))
+        return (_tensor(self.call("all_reduce", self.comm.all_reduce, dout.asnumpy(), "sum"), dout),)
+
+
+class _Broadcast(_Collective):
+    def __init__(self, owner, group, root: int):
+        super().__init__(owner, group)
+        self.root = root
+
+    def construct(self, x):
+        return _tensor(self.call("broadcast", self.comm.broadcast, _array(x), self.root), x)
+
+    def bprop(self, x, out, dout):
+        return (dout if self.index == self.root else ops.zeros_like(dout),)
+
+
+class ProcessCollectives:
+    """One member per process (see module docstring).
+
+    Args:
+        communicator_for: global ranks of a group (member order) -> its communicator.
+        recorder: called as recorder(kind, axis, send_bytes, input_bytes) for backward traffic.
+    """
+
+    def __init__(self, communicator_for: Callable[[Tuple[int, ...]], object], recorder: Optional[Recorder] = None):
+        self._communicator_for = communicator_for
+        self.recorder = recorder
+
+    def communicator(self, group: AxisGroup):
+        return self._communicator_for(tuple(group.ranks))
+
+    @staticmethod
+    def _one(members: Sequence[Tensor], group: AxisGroup, name: str) -> Tensor:
+        if len(members) != 1 or len(group.local) != 1:
+            raise ValueError(f"{name}: a process holds exactly one member of group {group.axis!r} {group.ranks}; "
+                             f"got {len(members)} tensors for local members {group.local}")
+        return members[0]
+
+    def all_reduce(self, members, op: str, group: AxisGroup) -> List[Tensor]:
+        x = self._one(members, group, "all_reduce")
+        return [x if group.size == 1 else _AllReduce(self, group, op)(x)]
+
+    def all_gather(self, members, dim: int, group: AxisGroup, grad_partial: bool = False) -> List[Tensor]:
+        x = self._one(members, group, "all_gather")
+        return [x if group.size == 1 else _AllGather(self, group, dim, grad_partial)(x)]
+
+    def reduce_scatter(self, members, dim: int, op: str, group: AxisGroup) -> List[Tensor]:
+        x = self._one(members, group, "reduce_scatter")
+        return [x if group.size == 1 else _ReduceScatter(self, group, dim, op)(x)]
+
+    def all_to_all(self, members, split_dim: int, concat_dim: int, group: AxisGroup) -> List[Tensor]:
+        x = self._one(members, group, "all_to_all")
+        return [x if group.size == 1 else _AllToAll(self, group, split_dim, concat_dim)(x)]
+
+    def local_slice(self, tensor: Tensor, dim: int, group: AxisGroup, record: bool = True) -> List[Tensor]:
+        self._one([tensor], group, "local_slice")
+        return [tensor if group.size == 1 else _LocalSlice(self, group, dim, record)(tensor)]
+
+    def make_partial(self, tensor: Tensor, op: str, group: AxisGroup) -> List[Tensor]:
+        self._one([tensor], group, "make_partial")
+        if op != "sum" or group.size == 1:
+            return [tensor]
+        return [_MakePartialSum(self, group)(tensor)]
+
+    def fan_out(self, tensor: Tensor, group: AxisGroup) -> Tensor:
+        self._one([tensor], group, "fan_out")
+        return tensor if group.size == 1 else _FanOut(self, group)(tensor)
+
+    def broadcast(self, members, root: int, group: AxisGroup) -> List[Tensor]:
+        x = self._one(members, group, "broadcast")
+        return [x if group.size == 1 else _Broadcast(self, group, root)(x)]

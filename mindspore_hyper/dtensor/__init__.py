@@ -1,0 +1,12 @@
+"""DTensor: a tensor laid out over a mesh, with the op dispatcher and per-op sharding rules.
+
+Runtime-neutral: a DTensor holds the shards of the ranks its process owns (every virtual device
+in simulation, one device under msrun); its `Execution` supplies the collectives.
+"""
+from mindspore_hyper.dtensor import interception, rules  # noqa: F401  (rules register themselves)
+from mindspore_hyper.dtensor.dtensor import DTensor
+from mindspore_hyper.dtensor.execution import Execution, ParameterSlot, distribute_tensor
+
+interception.install()
+
+__all__ = ["DTensor", "Execution", "ParameterSlot", "distribute_tensor"]

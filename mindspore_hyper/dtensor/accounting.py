@@ -1,0 +1,74 @@
+"""Per-device bookkeeping of a parallel run: live activation bytes and their peak, collectives
+by kind and mesh axis, and ops that fell back to replicated execution.
+
+All byte figures are per device. A DTensor's shards all have the same size, so a live tensor
+adds the same bytes to each device of its mesh. Forward collectives are recorded as the
+redistribution planner's steps run; backward collectives by the collectives backend when a
+gradient actually passes through them (see mindspore_hyper.comm.collectives).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections import Counter, defaultdict
+from typing import Dict, Iterator, Optional, Tuple
+
+__all__ = ["Accounting", "active_accounting", "use_accounting"]
+
+
+class Accounting:
+    """Counters for one simulated run; `reset_step()` starts a new step's counters."""
+
+    def __init__(self, device_num: int):
+        self.device_num = device_num
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        # (kind, axis) -> [count, bytes sent per device, input bytes per device], per phase
+        self.comm: Dict[Tuple[str, str], list] = defaultdict(lambda: [0, 0, 0])
+        self.comm_backward: Dict[Tuple[str, str], list] = defaultdict(lambda: [0, 0, 0])
+        self.fallbacks: Counter = Counter()
+        self.steps = 0
+
+    def reset_step(self) -> None:
+        """Clear per-step counters (peak restarts from what is live now)."""
+        self.peak_bytes = self.live_bytes
+        self.comm.clear()
+        self.comm_backward.clear()
+        self.fallbacks.clear()
+
+    def allocate(self, nbytes: int) -> None:
+        self.live_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def free(self, nbytes: int) -> None:
+        self.live_bytes -= nbytes
+
+    def record_comm(self, kind: str, axis: str, send_bytes: int, input_bytes: int = 0,
+                    backward: bool = False) -> None:
+        """One collective over `axis` ("a+b" for several axes): bytes one device sends, and its
+        local input size."""
+        entry = (self.comm_backward if backward else self.comm)[(kind, axis)]
+        entry[0] += 1
+        entry[1] += send_bytes
+        entry[2] += input_bytes
+
+    def record_fallback(self, op_name: str) -> None:
+        self.fallbacks[op_name] += 1
+
+
+_GLOBAL = Accounting(device_num=0)
+_stack = [_GLOBAL]
+
+
+def active_accounting() -> Accounting:
+    """The accounting that DTensor operations currently report to."""
+    return _stack[-1]
+
+
+@contextlib.contextmanager
+def use_accounting(accounting: Optional[Accounting]) -> Iterator[Accounting]:
+    """Route DTensor bookkeeping to `accounting` inside the block."""
+    _stack.append(accounting or _GLOBAL)
+    try:
+        yield _stack[-1]
+    finally:
+        _stack.pop()

@@ -1,0 +1,298 @@
+"""The op dispatcher: every MindSpore op on a DTensor arrives here (via `DTensor.__fallback__`).
+
+For an op it (1) normalises the call into its tensor inputs, (2) asks the op's sharding rule
+for the input layouts it needs and the output layouts it produces, (3) redistributes the
+inputs through the run's collectives (recorded), (4) fans out inputs that are replicated along
+mesh axes the op runs sharded over (their gradients are summed over those axes in backward),
+and (5) runs the real op once per distinct shard this process holds. An op without a rule runs
+on replicated inputs and is recorded as a replication fallback. In-place ops (`Inplace*`) run
+by their out-of-place rule and rebind the target DTensor to the result.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from mindspore import Parameter, Tensor
+from mindspore._c_expression import NoFallbackGuard
+from mindspore.ops.primitive import Primitive
+
+from mindspore_hyper.dtensor import shard_hints
+from mindspore_hyper.dtensor.dtensor import DTensor, is_float, key_of, significant_axes
+from mindspore_hyper.dtensor.rules.registry import RULES, Decision
+from mindspore_hyper.shard.tensor_layout import TensorLayout
+
+__all__ = ["OpCall", "dispatch", "dispatch_getitem", "execute", "replicated_decision", "distribute"]
+
+# Ops that inspect type only (same answer on every shard): run once on one shard, return as is.
+TYPE_QUERIES = ("typeof",)
+INPLACE_PREFIX = "Inplace"
+
+
+@dataclass
+class OpCall:
+    """A normalised op call: `inputs` are the op's operands (tensors replaced by DTensors;
+    a list operand such as Concat's stays a list); `tensors` lists the DTensors in order."""
+
+    name: str
+    func: Callable
+    inputs: List[Any]
+    kwargs: Dict[str, Any]
+    prim: Optional[Primitive] = None
+    prim_name: Optional[str] = None
+    tensors: List[DTensor] = field(default_factory=list)
+
+    def run(self, local_inputs: Sequence[Any], local_kwargs: Optional[Dict[str, Any]] = None):
+        """Run the real op on plain local tensors (keyword tensors localised in `local_kwargs`)."""
+        with NoFallbackGuard():
+            if self.prim is not None:
+                return self.func(self.prim, self.prim_name, tuple(local_inputs))
+            return self.func(*local_inputs, **(self.kwargs if local_kwargs is None else local_kwargs))
+
+    @property
+    def attrs(self) -> Dict[str, Any]:
+        return dict(self.prim.attrs) if self.prim is not None else {}
+
+    def replace_tensors(self, new: Sequence[DTensor]) -> None:
+        """Put `new[i]` where the i-th DTensor operand was (by position, so one DTensor used
+        twice can take two layouts)."""
+        supply = iter(new)
+
+        def swap(v):
+            if isinstance(v, DTensor):
+                return next(supply)
+            if isinstance(v, (list, tuple)) and any(isinstance(x, DTensor) for x in v):
+                return type(v)(swap(x) for x in v)
+            return v
+
+        self.inputs = [swap(v) for v in self.inputs]
+        self.kwargs = {k: swap(v) for k, v in self.kwargs.items()}
+        self.tensors = list(new)
+
+
+# -- turning operands into DTensors --------------------------------------------------------------
+
+def distribute(execution, tensor: Tensor, layout: TensorLayout, record: bool = False) -> DTensor:
+    """Lay a global tensor out by `layout` in `execution` (differentiable local slicing; Partial
+    axes get the value on coordinate 0 and zeros elsewhere for sum, copies for avg/max/min).
+
+    Raises:
+        ValueError: the shape does not divide by the layout.
+    """
+    if isinstance(tensor, DTensor):
+        return tensor.redistribute(layout)
+    global_shape = tuple(tensor.shape)
+    layout.check_shape(global_shape)
+    replicated = TensorLayout.replicated(layout.mesh, len(global_shape))
+    source = DTensor._create(replicated, {(): tensor}, global_shape, tensor.dtype, execution)
+    return source.redistribute(layout, record=record)
+
+
+def parameter_dtensor(execution, param: Parameter) -> DTensor:
+    """The DTensor of a model Parameter in this forward, made at its first use (so hooks that
+    bring its data in just before its Cell runs, as HyperOffload's do, compose)."""
+    pid = id(param)
+    if pid not in execution.parameter_dtensors:
+        slot = execution.parameters[pid]
+        with execution.uncounted():  # parameter shards are not activations
+            if slot.local:
+                axes = significant_axes(slot.layout)
+                shards = {key_of(execution.mesh.coords(r), axes): param for r in execution.local_ranks}
+                dt = DTensor._create(slot.layout, shards, _global_shape(slot), param.dtype, execution)
+            else:
+                dt = distribute(execution, param, slot.layout)
+        dt._parameter_id = pid
+        execution.parameter_dtensors[pid] = dt
+    return execution.parameter_dtensors[pid]
+
+
+def _global_shape(slot) -> tuple:
+    local = tuple(slot.param.shape)
+    return tuple(n * slot.layout.shard_count(d) for d, n in enumerate(local))
+
+
+def _mesh_of(values):
+    for v in values:
+        if isinstance(v, DTensor):
+            return v.execution
+        if isinstance(v, (list, tuple)):
+            found = _mesh_of(v)
+            if found is not None:
+                return found
+    return None
+
+
+def _as_dtensor(execution, value):
+    if isinstance(value, DTensor):
+        if value.layout.mesh != execution.mesh:
+            raise ValueError(f"an op mixes DTensors of different meshes: {value.layout.mesh} vs {execution.mesh}")
+        return value
+    if isinstance(value, Parameter) and id(value) in execution.parameters:
+        return parameter_dtensor(execution, value)
+    if isinstance(value, Tensor):
+        return DTensor._create(TensorLayout.replicated(execution.mesh, value.ndim), {(): value}, value.shape,
+                               value.dtype, execution)
+    return value
+
+
+def _normalise(execution, func, args, kwargs) -> OpCall:
+    name = getattr(func, "name", type(func).__name__)
+    prim = prim_name = None
+    if len(args) == 3 and isinstance(args[0], Primitive) and isinstance(args[1], str) and isinstance(args[2], tuple):
+        prim, prim_name, inputs = args[0], args[1], list(args[2])
+    else:
+        inputs = list(args)
+    call = OpCall(name, func, [], dict(kwargs), prim, prim_name)
+    for value in inputs:
+        if isinstance(value, (list, tuple)) and any(isinstance(v, Tensor) for v in value):
+            converted = type(value)(_as_dtensor(execution, v) for v in value)
+            call.tensors.extend(v for v in converted if isinstance(v, DTensor))
+        else:
+            converted = _as_dtensor(execution, value)
+            if isinstance(converted, DTensor):
+                call.tensors.append(converted)
+        call.inputs.append(converted)
+    for key, value in kwargs.items():  # tensors passed by keyword: laid out and localised too
+        converted = _as_dtensor(execution, value)
+        if isinstance(converted, DTensor):
+            call.tensors.append(converted)
+        call.kwargs[key] = converted
+    return call
+
+
+# -- dispatch ------------------------------------------------------------------------------------
+
+def dispatch(execution, func, args, kwargs):
+    """Entry point from `DTensor.__fallback__` (and reflected operators)."""
+    owner = _mesh_of(list(args) + list(kwargs.values()))
+    if owner is not None:
+        execution = owner
+    call = _normalise(execution, func, args, kwargs)
+    if not call.tensors:
+        with NoFallbackGuard():
+            return func(*args, **kwargs)
+    if call.name in TYPE_QUERIES:
+        first_key = {a: 0 for t in call.tensors for a in significant_axes(t.layout)}
+        return call.run(_localise(call.inputs, first_key))
+    inplace = call.name.startswith(INPLACE_PREFIX)
+    rule_name = call.name[len(INPLACE_PREFIX):] if inplace else call.name
+    hint = shard_hints.take(execution, call.name, len(call.tensors))
+    if hint is not None:
+        call.replace_tensors([t if layout is None else t.redistribute(layout)
+                              for t, layout in zip(call.tensors, hint)])
+    tensor_kwargs = any(isinstance(v, DTensor) for v in call.kwargs.values())
+    rule = RULES.get(rule_name) if not tensor_kwargs else None  # rules read positional tensors only
+    decision = rule(call) if rule is not None else None
+    if decision is None:
+        execution.accounting.record_fallback(call.name)
+        decision = replicated_decision(call)
+    target = call.tensors[0]
+    result = execute(execution, call, decision)
+    if inplace:
+        return target._become(result if isinstance(result, DTensor) else result[0])
+    return result
+
+
+def replicated_decision(call: OpCall) -> Decision:
+    """Gather every input to a full replica, run once, return replicated outputs."""
+    mesh = call.tensors[0].layout.mesh
+    return Decision(inputs=[TensorLayout.replicated(mesh, t.ndim) for t in call.tensors], outputs=None)
+
+
+def execute(execution, call: OpCall, decision: Decision):
+    """Redistribute inputs per `decision`, fan out replicated inputs of a sharded op, and run
+    the op once per distinct output shard this process holds."""
+    axes = sorted(set().union(*[significant_axes(layout) for layout in decision.inputs]))
+    ready = []
+    for t, layout in zip(call.tensors, decision.inputs):
+        fan = [a for a in axes if a not in significant_axes(layout)] if is_float(t.dtype) else []
+        moved, fused = t.redistribute_with_fusion(layout, grad_partial_axes=fan)
+        fan = [a for a in fan if a not in fused]
+        ready.append(_fan_out(execution, moved, fan) if fan else moved)
+    call.replace_tensors(ready)
+    mesh = execution.mesh
+    results = {}
+    try:
+        for key in execution.keys(axes):
+            coords = dict(zip(axes, key))
+            execution.set_running(coords)
+            local_inputs = _localise(call.inputs, coords)
+            if decision.local_fn is not None:
+                results[key] = decision.local_fn(call, local_inputs, coords)
+            else:
+                if decision.local_args is not None:
+                    local_inputs = decision.local_args(local_inputs, coords)
+                local_kwargs = dict(zip(call.kwargs, _localise(list(call.kwargs.values()), coords)))
+                results[key] = call.run(local_inputs, local_kwargs)
+    finally:
+        execution.set_running(None)
+    return _assemble(execution, results, axes, decision, mesh)
+
+
+def _fan_out(execution, t: DTensor, fan: List[int]) -> DTensor:
+    """`t` read by an op sharded over mesh axes `fan` along which `t` is replicated: each
+    distinct shard passes the backend's fan-out (identity forward, gradients summed over the
+    group in backward); a model parameter's gradient sum goes through the runtime's hook."""
+    axes = significant_axes(t.layout)
+    slot = execution.parameters.get(t._parameter_id) if t._parameter_id is not None else None
+    shards = {}
+    for key, shard in t.shards.items():
+        group = execution.group(fan, dict(zip(axes, key)))
+        if slot is not None and execution.parameter_fan_out is not None:
+            shards[key] = execution.parameter_fan_out(shard, group, slot)
+        else:
+            shards[key] = execution.collectives.fan_out(shard, group)
+    out = DTensor._create(t.layout, shards, t.global_shape, t.dtype, execution)
+    out._parameter_id = t._parameter_id
+    return out
+
+
+def _localise(values, coords):
+    out = []
+    for v in values:
+        if isinstance(v, DTensor):
+            out.append(v.shards[tuple(coords[a] for a in significant_axes(v.layout))])
+        elif isinstance(v, (list, tuple)) and any(isinstance(x, DTensor) for x in v):
+            out.append(type(v)(_localise(v, coords)))
+        else:
+            out.append(v)
+    return out
+
+
+def _assemble(execution, results: Dict[tuple, Any], axes: List[int], decision: Decision, mesh):
+    first = next(iter(results.values()))
+    flat_first = first if isinstance(first, (tuple, list)) else [first]
+    layouts = decision.outputs
+    outputs = []
+    for i, sample in enumerate(flat_first):
+        if not isinstance(sample, Tensor):
+            outputs.append(sample)
+            continue
+        if layouts is None:
+            layout = TensorLayout.replicated(mesh, sample.ndim)
+        else:
+            layout = layouts[i] if isinstance(layouts, (list, tuple)) else layouts
+        out_axes = significant_axes(layout)
+        if not set(out_axes) <= set(axes):
+            raise AssertionError(f"sharding rule bug: output axes {out_axes} not among input axes {axes}")
+        shards = {}
+        for key, value in results.items():
+            value = value[i] if isinstance(first, (tuple, list)) else value
+            shards.setdefault(key_of(dict(zip(axes, key)), out_axes), value)
+        global_shape = tuple(n * layout.shard_count(d) for d, n in enumerate(sample.shape))
+        outputs.append(DTensor._create(layout, shards, global_shape, sample.dtype, execution))
+    if isinstance(first, (tuple, list)):
+        return type(first)(outputs)
+    return outputs[0]
+
+
+def dispatch_getitem(execution, dt: DTensor, index):
+    """`dt[index]` for basic indexing (ints, slices, None, Ellipsis); tensor indices fall back."""
+    from mindspore_hyper.dtensor.rules.indexing import getitem_decision
+
+    call = OpCall("getitem", lambda x, idx: x[idx], [dt, index], {}, tensors=[dt])
+    decision = getitem_decision(call)
+    if decision is None:
+        execution.accounting.record_fallback("getitem")
+        decision = replicated_decision(call)
+    return execute(execution, call, decision)

@@ -1,0 +1,328 @@
+"""DTensor: a tensor laid out over a mesh, holding the shards of the ranks its process owns.
+
+A DTensor is a `mindspore.Tensor` subclass whose own (lazily initialised, never materialised)
+storage only carries the global shape and dtype; the data lives in its shards. MindSpore hands
+every op on it to `__fallback__`, which its `Execution` dispatches per shard by the op's sharding
+rule. In simulation the process owns every virtual device; under msrun one.
+
+Shards are stored once per distinct value: keyed by the device's coordinates on the
+"significant" mesh axes (those that shard a dimension or are Partial). Devices that differ only
+along replicated axes share one shard object.
+
+Reading values (`asnumpy`, `item`, `tolist`, `float`, `int`, `bool`) gathers the global tensor
+first; under msrun that is a collective every process must call.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Dict, Sequence, Tuple
+
+import numpy as np
+from mindspore import Tensor, ops
+from mindspore.common.initializer import Zero
+
+from mindspore_hyper.shard.redistribute import (
+    AllGather, AllReduce, AllToAll, LocalSlice, MakePartial, ReduceScatter, plan_redistribution,
+)
+from mindspore_hyper.shard.tensor_layout import TensorLayout
+
+__all__ = ["DTensor", "significant_axes", "key_of", "is_float"]
+
+Key = Tuple[int, ...]
+
+
+def significant_axes(layout: TensorLayout) -> Tuple[int, ...]:
+    """Mesh axes along which shards differ: sharding axes and Partial axes, ascending."""
+    return tuple(sorted(set(layout.sharded_axes()) | set(layout.partial)))
+
+
+def key_of(coords, axes: Sequence[int]) -> Key:
+    return tuple(coords[a] for a in axes)
+
+
+def is_float(dtype) -> bool:
+    import mindspore as ms
+
+    return dtype in (ms.float16, ms.float32, ms.float64, ms.bfloat16)
+
+
+class DTensor(Tensor):
+    """A tensor laid out over a mesh (see module docstring). Build with `distribute_tensor`
+    or receive from ops on DTensors."""
+
+    @staticmethod
+    def _create(layout: TensorLayout, shards: Dict[Key, Tensor], global_shape: Sequence[int], dtype,
+                execution) -> "DTensor":
+        global_shape = tuple(int(s) for s in global_shape)
+        placeholder = Tensor(shape=global_shape, dtype=dtype, init=Zero())
+        dt = Tensor._make_subclass(DTensor, placeholder)
+        dt._layout = layout
+        dt._shards = shards
+        dt._global_shape = global_shape
+        dt._execution = execution
+        nbytes = math.prod(layout.local_shape(global_shape)) * dtype.itemsize
+        dt._local_nbytes = nbytes
+        dt._parameter_id = None  # id of the Parameter this DTensor lays out, if any
+        accounting = execution.accounting
+        accounting.allocate(nbytes)
+        weakref.finalize(dt, accounting.free, nbytes)
+        return dt
+
+    # -- views -------------------------------------------------------------------------------
+    @property
+    def layout(self) -> TensorLayout:
+        return self._layout
+
+    @property
+    def shards(self) -> Dict[Key, Tensor]:
+        """The distinct shards this process holds, keyed by coordinates on `significant_axes(layout)`."""
+        return self._shards
+
+    @property
+    def global_shape(self) -> Tuple[int, ...]:
+        return self._global_shape
+
+    @property
+    def local_nbytes(self) -> int:
+        """Bytes of one device's shard."""
+        return self._local_nbytes
+
+    @property
+    def execution(self):
+        """The run this DTensor belongs to (mesh, held ranks, collectives, accounting)."""
+        return self._execution
+
+    def local_shard(self, rank: int) -> Tensor:
+        """Device `rank`'s shard (a plain Tensor).
+
+        Raises:
+            ValueError: this process does not hold `rank`.
+        """
+        if rank not in self._execution.local_ranks:
+            raise ValueError(f"rank {rank} is not held by this process (it holds {self._execution.local_ranks})")
+        coords = self._layout.mesh.coords(rank)
+        return self._shards[key_of(coords, significant_axes(self._layout))]
+
+    def full_tensor(self) -> Tensor:
+        """The global tensor as a plain Tensor (differentiable: gathers and reduces as needed)."""
+        replicated = TensorLayout.replicated(self._layout.mesh, len(self._global_shape))
+        return self.redistribute(replicated)._shards[()]
+
+    def redistribute(self, layout: TensorLayout, *, record: bool = True, grad_partial_axes=()) -> "DTensor":
+        """Execute the planner's steps with the run's collectives; returns a new DTensor.
+
+        Args:
+            layout: the wanted layout.
+            record: account the steps (False when a global tensor is first laid out: a real run
+                starts with the shards, so neither pass moves anything).
+            grad_partial_axes: mesh axes over which the result's consumers hold partial gradients
+                (an op sharded over them reads the result replicated): gathers along them
+                reduce-scatter in backward.
+        """
+        return self.redistribute_with_fusion(layout, record=record, grad_partial_axes=grad_partial_axes)[0]
+
+    def redistribute_with_fusion(self, layout: TensorLayout, *, record: bool = True, grad_partial_axes=()):
+        """`redistribute`, also returning the `grad_partial_axes` whose gathers took over the
+        backward gradient sum (the caller need not fan out along them)."""
+        if layout == self._layout:
+            return self, set()
+        plan = plan_redistribution(self._layout, layout, self._global_shape, self.dtype.itemsize)
+        shards, current = self._shards, self._layout
+        accounting = self._execution.accounting
+        itemsize = self.dtype.itemsize
+        fused = set()
+        for step in plan:
+            input_bytes = math.prod(current.local_shape(self._global_shape)) * itemsize
+            grad_partial = isinstance(step, AllGather) and step.axis in grad_partial_axes
+            shards, current = _apply_step(self._execution, step, shards, current, record, grad_partial)
+            if grad_partial:
+                fused.add(step.axis)
+            if record and not isinstance(step, (LocalSlice, MakePartial)):
+                axis = current.mesh.alias_names[step.axis]
+                accounting.record_comm(type(step).__name__, axis, step.send_bytes, input_bytes)
+        return DTensor._create(layout, shards, self._global_shape, self.dtype, self._execution), fused
+
+    # -- values ------------------------------------------------------------------------------
+    def asnumpy(self) -> np.ndarray:
+        return self.full_tensor().asnumpy()
+
+    def numpy(self) -> np.ndarray:
+        return self.asnumpy()
+
+    def __array__(self, dtype=None):
+        array = self.asnumpy()
+        return array if dtype is None else array.astype(dtype)
+
+    def item(self, *index):
+        return self.full_tensor().item(*index)
+
+    def tolist(self):
+        return self.full_tensor().tolist()
+
+    def __float__(self) -> float:
+        return float(self.full_tensor())
+
+    def __int__(self) -> int:
+        return int(self.full_tensor())
+
+    def __index__(self) -> int:
+        if is_float(self.dtype):
+            raise TypeError(f"a {self.dtype} DTensor cannot be used as an index")
+        return int(self.full_tensor())
+
+    def __bool__(self) -> bool:
+        return bool(self.full_tensor())
+
+    # -- indexing ----------------------------------------------------------------------------
+    def __getitem__(self, index):
+        return self._execution.getitem(self, index)
+
+    def __setitem__(self, index, value):
+        raise TypeError("in-place item assignment on a DTensor is not supported; "
+                        "build the new tensor with ops (e.g. ops.masked_fill / ops.select)")
+
+    def __fallback__(self, func, args, kwargs=None):
+        return self._execution.dispatch(func, args, kwargs or {})
+
+    def _become(self, other: "DTensor") -> "DTensor":
+        """Take `other`'s layout and shards (the result of an in-place op on this DTensor)."""
+        self._layout, self._shards, self._local_nbytes = other._layout, other._shards, other._local_nbytes
+        return self
+
+    # -- operators with a plain Tensor on the left ---------------------------------------------
+    # Python tries a subclass's reflected method first; MindSpore's own operator would not find
+    # this DTensor's __fallback__ when the left operand is a plain Tensor.
+    def __radd__(self, other):
+        return ops.add(other, self)
+
+    def __rsub__(self, other):
+        return ops.sub(other, self)
+
+    def __rmul__(self, other):
+        return ops.mul(other, self)
+
+    def __rtruediv__(self, other):
+        return ops.div(other, self)
+
+    def __rfloordiv__(self, other):
+        return ops.floor_div(other, self)
+
+    def __rmod__(self, other):
+        return ops.floor_mod(other, self)
+
+    def __rpow__(self, other):
+        return ops.pow(other, self)
+
+    def __rmatmul__(self, other):
+        return ops.matmul(other, self)
+
+    def __rand__(self, other):
+        return ops.logical_and(other, self) if self.dtype == _bool() else ops.bitwise_and(other, self)
+
+    def __ror__(self, other):
+        return ops.logical_or(other, self) if self.dtype == _bool() else ops.bitwise_or(other, self)
+
+    def __rxor__(self, other):
+        return ops.logical_xor(other, self) if self.dtype == _bool() else ops.bitwise_xor(other, self)
+
+    def __lt__(self, other):
+        return ops.less(self, other)
+
+    def __le__(self, other):
+        return ops.less_equal(self, other)
+
+    def __gt__(self, other):
+        return ops.greater(self, other)
+
+    def __ge__(self, other):
+        return ops.greater_equal(self, other)
+
+    def __eq__(self, other):
+        return False if other is None else ops.equal(self, other)
+
+    def __ne__(self, other):
+        return True if other is None else ops.not_equal(self, other)
+
+    __hash__ = Tensor.__hash__
+
+    def __repr__(self) -> str:
+        local = self._layout.local_shape(self._global_shape)
+        return (f"DTensor(shape={self._global_shape}, dtype={self.dtype}, layout={self._layout.tensor_map}"
+                f"{', partial=' + repr(self._layout.partial) if self._layout.is_partial else ''}, "
+                f"mesh={dict(zip(self._layout.mesh.alias_names, self._layout.mesh.device_matrix))}, "
+                f"shard_shape={local}, distinct_shards={len(self._shards)})")
+
+    __str__ = __repr__
+
+
+def _bool():
+    import mindspore as ms
+
+    return ms.bool_
+
+
+def _apply_step(execution, step, shards: Dict[Key, Tensor], layout: TensorLayout, record: bool,
+                grad_partial: bool):
+    """One plan step on the held distinct shards; returns (new shards, new layout)."""
+    mesh = layout.mesh
+    a = step.axis
+    old_axes = significant_axes(layout)
+    dims = [list(e) for e in layout.dims]
+    partial = layout.partial
+    if isinstance(step, LocalSlice):
+        dims[step.dim].append(a)
+    elif isinstance(step, AllGather):
+        dims[step.dim].remove(a)
+    elif isinstance(step, AllToAll):
+        dims[step.concat_dim].remove(a)
+        dims[step.split_dim].append(a)
+    elif isinstance(step, ReduceScatter):
+        del partial[a]
+        dims[step.dim].append(a)
+    elif isinstance(step, AllReduce):
+        del partial[a]
+    elif isinstance(step, MakePartial):
+        partial[a] = step.op
+    new_layout = TensorLayout.from_dims(mesh, dims, partial)
+    new_axes = significant_axes(new_layout)
+    new_shards: Dict[Key, Tensor] = {}
+    backend = execution.collectives
+    if a not in old_axes:  # LocalSlice / MakePartial: one old shard -> the held new ones
+        for key, shard in shards.items():
+            fixed = dict(zip(old_axes, key))
+            group = execution.group([a], fixed)
+            if isinstance(step, LocalSlice):
+                parts = backend.local_slice(shard, step.dim, group, record=record)
+            else:
+                parts = backend.make_partial(shard, step.op, group)
+            for index, part in zip(group.local, parts):
+                coords = dict(fixed)
+                coords[a] = index
+                new_shards[key_of(coords, new_axes)] = part
+        return new_shards, new_layout
+    position = old_axes.index(a)
+    groups: Dict[Key, Dict[int, Tensor]] = {}
+    for key, shard in shards.items():
+        rest = key[:position] + key[position + 1:]
+        groups.setdefault(rest, {})[key[position]] = shard
+    others = [x for x in old_axes if x != a]
+    for rest, members in sorted(groups.items()):
+        fixed = dict(zip(others, rest))
+        group = execution.group([a], fixed)
+        if group.records and not record:
+            group = type(group)(group.axis, group.ranks, group.local, records=False)
+        tensors = [members[i] for i in group.local]
+        if isinstance(step, AllGather):
+            outs = backend.all_gather(tensors, step.dim, group, grad_partial=grad_partial)
+        elif isinstance(step, AllToAll):
+            outs = backend.all_to_all(tensors, step.split_dim, step.concat_dim, group)
+        elif isinstance(step, ReduceScatter):
+            outs = backend.reduce_scatter(tensors, step.dim, step.op, group)
+        else:
+            outs = backend.all_reduce(tensors, step.op, group)
+        for index, out in zip(group.local, outs):
+            coords = dict(fixed)
+            coords[a] = index
+            new_shards.setdefault(key_of(coords, new_axes), out)
+    return new_shards, new_layout

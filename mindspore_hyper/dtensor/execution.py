@@ -1,0 +1,187 @@
+"""Execution: the per-model state of one parallel run, shared by the DTensors of that run.
+
+It answers the runtime questions the runtime-neutral DTensor code asks: which mesh ranks this
+process holds (all of them in simulation, one under msrun), which collectives move data between
+them, where communication and memory are accounted, how the model's parameters are laid out,
+and which shard an op is running for right now.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from mindspore_hyper.comm.collectives import AxisGroup, Collectives
+from mindspore_hyper.dtensor import dispatch as dispatcher
+from mindspore_hyper.dtensor.accounting import Accounting, active_accounting
+from mindspore_hyper.shard.layout import Layout
+from mindspore_hyper.shard.tensor_layout import TensorLayout
+
+__all__ = ["Execution", "ParameterSlot", "Key", "standalone_execution", "in_process_collectives", "distribute_tensor"]
+
+Key = Tuple[int, ...]
+
+
+@dataclass
+class ParameterSlot:
+    """A model Parameter as the run sees it.
+
+    Attributes:
+        param: the Parameter (the global tensor in simulation, this process's shard under msrun).
+        layout: its layout on the mesh.
+        zero_axes: mesh axes its optimizer states are additionally split over (ZeRO-1).
+        local: True when `param` already holds the local shard (nothing to slice).
+    """
+
+    param: Any
+    layout: TensorLayout
+    zero_axes: Tuple[int, ...] = ()
+    local: bool = False
+
+
+class Execution:
+    """Per-model state of one parallel run (see module docstring).
+
+    Args:
+        mesh: the device mesh.
+        local_ranks: the mesh ranks this process holds.
+        collectives: the backend moving data between ranks (its recorder is set to this run's
+            backward accounting).
+        accounting: where this run's bookkeeping goes; None: the active accounting (for DTensors
+            made outside a model).
+        parameter_fan_out: how a parameter read by an op sharded over `group` gets its gradient
+            summed: called as (tensor, group, slot) -> tensor; None: like any other tensor.
+    """
+
+    def __init__(self, mesh: Layout, local_ranks: Iterable[int], collectives: Collectives,
+                 accounting: Optional[Accounting] = None,
+                 parameter_fan_out: Optional[Callable[[Any, AxisGroup, ParameterSlot], Any]] = None):
+        self.mesh = mesh
+        self.local_ranks: Tuple[int, ...] = tuple(sorted(local_ranks))
+        if not self.local_ranks:
+            raise ValueError("Execution: a process must hold at least one rank of the mesh")
+        self._coords = [mesh.coords(r) for r in self.local_ranks]
+        self._accounting = accounting
+        self.collectives = collectives
+        if hasattr(collectives, "recorder"):
+            collectives.recorder = self.record_backward
+        self.parameter_fan_out = parameter_fan_out
+        self.parameters: Dict[int, ParameterSlot] = {}
+        self.parameter_dtensors: Dict[int, Any] = {}
+        self.hints: List[Tuple[str, Optional[list]]] = []
+        self._running: Optional[Dict[int, int]] = None
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    @property
+    def accounting(self) -> Accounting:
+        return self._accounting if self._accounting is not None else active_accounting()
+
+    @contextlib.contextmanager
+    def uncounted(self):
+        """Inside the block, new DTensors are not counted as this run's live memory."""
+        saved = self._accounting
+        self._accounting = Accounting(self.mesh.size)
+        try:
+            yield
+        finally:
+            self._accounting = saved
+
+    def record_backward(self, kind: str, axis: str, send_bytes: int, input_bytes: int) -> None:
+        self.accounting.record_comm(kind, axis, send_bytes, input_bytes, backward=True)
+
+    @property
+    def holds_all_ranks(self) -> bool:
+        return len(self.local_ranks) == self.mesh.size
+
+    # -- which shards live here ----------------------------------------------------------------
+    def keys(self, axes: Sequence[int]) -> List[Key]:
+        """Distinct coordinates on `axes` of the ranks this process holds, ascending."""
+        if len(self.local_ranks) == self.mesh.size:
+            return list(itertools.product(*[range(self.mesh.device_matrix[a]) for a in axes]))
+        return sorted({tuple(c[a] for a in axes) for c in self._coords})
+
+    def group(self, axes: Sequence[int], fixed: Dict[int, int]) -> AxisGroup:
+        """The group along mesh `axes` through the held ranks whose coordinates match `fixed`
+        (other axes); its local members are the held ones. Only the group through this
+        process's first held rank records, so per-device figures count each collective once."""
+        axes = list(axes)
+        holders = [(r, c) for r, c in zip(self.local_ranks, self._coords)
+                   if all(c[a] == v for a, v in fixed.items())]
+        if not holders:
+            raise AssertionError(f"no held rank has coordinates {fixed} (held: {self.local_ranks})")
+        rank = holders[0][0]
+        ranks = tuple(self.mesh.axis_group(rank, axes))
+        held = set(self.local_ranks)
+        local = tuple(i for i, r in enumerate(ranks) if r in held)
+        name = "+".join(self.mesh.alias_names[a] for a in axes)
+        return AxisGroup(name, ranks, local, records=self.local_ranks[0] in ranks)
+
+    def member_index(self, axes: Sequence[int], coords: Dict[int, int]) -> int:
+        """Index of the device with `coords` in a group along `axes` (mixed radix, major first)."""
+        index = 0
+        for a in axes:
+            index = index * self.mesh.device_matrix[a] + coords[a]
+        return index
+
+    def group_size(self, axes: Sequence[int]) -> int:
+        return math.prod(self.mesh.device_matrix[a] for a in axes)
+
+    # -- the op running now --------------------------------------------------------------------
+    def set_running(self, coords: Optional[Dict[int, int]]) -> None:
+        self._running = coords
+
+    def running_ranks(self) -> Optional[List[int]]:
+        """While an op runs on one distinct shard: the held ranks that run it (the others along
+        the axes it is not split over hold replicas); None outside."""
+        if self._running is None:
+            return None
+        return [r for r, c in zip(self.local_ranks, self._coords)
+                if all(c[a] == v for a, v in self._running.items())]
+
+    # -- entry points of DTensor ---------------------------------------------------------------
+    def dispatch(self, func, args, kwargs):
+        return dispatcher.dispatch(self, func, args, kwargs)
+
+    def getitem(self, dt, index):
+        return dispatcher.dispatch_getitem(self, dt, index)
+
+    def __repr__(self) -> str:
+        return f"Execution(mesh={self.mesh.device_matrix}, local_ranks={self.local_ranks})"
+
+
+_STANDALONE: Dict[Tuple[Layout, str], Execution] = {}
+
+
+def standalone_execution(mesh: Layout) -> Execution:
+    """The execution of DTensors made outside a model: every rank in this process, in-process
+    collectives chosen by the `sim_collectives` flag, bookkeeping to the active accounting."""
+    from mindspore_hyper.context import get_context
+
+    kind = get_context("sim_collectives")
+    key = (mesh, kind)
+    if key not in _STANDALONE:
+        _STANDALONE[key] = Execution(mesh, mesh.ranks, in_process_collectives(kind))
+    return _STANDALONE[key]
+
+
+def in_process_collectives(kind: str):
+    """The in-process backend named by the `sim_collectives` flag."""
+    if kind == "library":
+        from mindspore_hyper.comm.library_collectives import LibraryCollectives
+
+        return LibraryCollectives()
+    from mindspore_hyper.comm.inprocess_collectives import InProcessCollectives
+
+    return InProcessCollectives()
+
+
+def distribute_tensor(tensor, layout: TensorLayout):
+    """Lay a global tensor out by `layout` as a DTensor of the standalone execution (every rank
+    in this process; see `standalone_execution`).
+
+    Raises:
+        ValueError: the shape does not divide by the layout.
+    """
+    return dispatcher.distribute(standalone_execution(layout.mesh), tensor, layout)

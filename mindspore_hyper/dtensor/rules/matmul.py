@@ -1,0 +1,69 @@
+"""MatMul family and BiasAdd.
+
+Sharding the contraction dimension yields Partial(sum) over its axes; a Partial(sum) left
+operand stays Partial (matmul is linear in it). The right operand follows the left one's batch
+and contraction layout; its output dimension keeps its own axes unless the left operand uses them.
+"""
+from __future__ import annotations
+
+from mindspore_hyper.dtensor.rules.common import free_entry, make, without_partial
+from mindspore_hyper.dtensor.rules.registry import Decision, register
+
+
+def _flags(call):
+    name = call.name
+    if name in ("MatMul", "BatchMatMul"):
+        inputs = call.inputs
+        ta = bool(inputs[2]) if len(inputs) > 2 else bool(call.attrs.get("transpose_a", False))
+        tb = bool(inputs[3]) if len(inputs) > 3 else bool(call.attrs.get("transpose_b", False))
+        return ta, tb
+    return False, False
+
+
+@register("MatMul", "MatMulExt", "BatchMatMul", "BatchMatMulExt", "Bmm", "BmmExt")
+def matmul(call):
+    a, b = call.tensors[0], call.tensors[1]
+    if a.ndim < 2 or b.ndim < 2:
+        return None
+    mesh = a.layout.mesh
+    ta, tb = _flags(call)
+    na, nb = a.ndim, b.ndim
+    a_m, a_k = (na - 1, na - 2) if ta else (na - 2, na - 1)
+    b_k, b_n = (nb - 1, nb - 2) if tb else (nb - 2, nb - 1)
+    a_layout = a.layout if set(a.layout.partial.values()) <= {"sum"} else without_partial(a.layout)
+    a_dims = [list(e) for e in a_layout.dims]
+    out_nd = max(na, nb)
+    out_batch = [()] * (out_nd - 2)
+    # batch dims: right-aligned broadcasting
+    for i in range(out_nd - 2):
+        da, db = i - (out_nd - na), i - (out_nd - nb)
+        if da >= 0 and (db < 0 or a.shape[da] == b.shape[db] or b.shape[db] == 1) and a.shape[da] > 1:
+            out_batch[i] = tuple(a_dims[da])
+        elif da >= 0:
+            a_dims[da] = []  # broadcast batch dim of a must be whole
+    used = {x for e in a_dims for x in e} | set(a_layout.partial)
+    b_dims = [()] * nb
+    for i in range(out_nd - 2):
+        db = i - (out_nd - nb)
+        if db >= 0 and b.shape[db] > 1:
+            b_dims[db] = out_batch[i]
+    b_dims[b_k] = tuple(a_dims[a_k])
+    b_dims[b_n] = free_entry(b.layout.dims[b_n], used)
+    out_dims = list(out_batch) + [tuple(a_dims[a_m]), b_dims[b_n]]
+    partial = dict(a_layout.partial)
+    partial.update({x: "sum" for x in a_dims[a_k]})
+    return Decision(
+        inputs=[make(mesh, a_dims, a_layout.partial), make(mesh, b_dims)],
+        outputs=make(mesh, out_dims, partial),
+    )
+
+
+@register("BiasAdd")
+def bias_add(call):
+    x = call.tensors[0]
+    fmt = call.inputs[2] if len(call.inputs) > 2 and isinstance(call.inputs[2], str) else call.attrs.get("data_format", "NCHW")
+    channel = x.ndim - 1 if (fmt in ("NHWC",) or x.ndim == 2) else 1
+    mesh = x.layout.mesh
+    layout = x.layout if set(x.layout.partial.values()) <= {"sum"} else without_partial(x.layout)
+    bias_layout = make(mesh, [layout.dims[channel]], layout.partial)  # Partial(sum): added once
+    return Decision(inputs=[layout, bias_layout], outputs=layout)

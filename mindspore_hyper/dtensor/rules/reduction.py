@@ -1,0 +1,82 @@
+"""Reductions: sum/mean/max/min over dimensions.
+
+Reducing a sharded dimension gives a Partial result over its axes — sum and mean of equal-size
+shards combine by sum and avg, max and min by max and min — resolved only when a consumer
+needs the whole value.
+"""
+from __future__ import annotations
+
+from mindspore_hyper.dtensor.rules.common import make, norm_dims, without_partial
+from mindspore_hyper.dtensor.rules.registry import Decision, register
+
+KINDS = {
+    "SumExt": "sum", "ReduceSum": "sum", "DeprecatedSum": "sum", "Sum": "sum",
+    "MeanExt": "mean", "ReduceMean": "mean", "DeprecatedMean": "mean", "Mean": "mean",
+    "ReduceMax": "max", "Max": "max", "Amax": "max",
+    "ReduceMin": "min", "Min": "min", "Amin": "min",
+}
+_DIM_KW = ("axis", "dim")
+_KEEP_KW = ("keepdims", "keep_dims", "keepdim")
+
+
+def parse_reduction(call):
+    """(dims or None for all, keepdim) from positional args, kwargs or primitive attrs."""
+    dims, keep, dims_given = None, False, False
+    for value in call.inputs[1:]:
+        if isinstance(value, bool):
+            keep = value
+        elif isinstance(value, (int, tuple, list)) and not dims_given:
+            dims, dims_given = value, True
+    for k in _DIM_KW:
+        if k in call.kwargs:
+            dims = call.kwargs[k]
+    for k in _KEEP_KW:
+        if k in call.kwargs and call.kwargs[k] is not None:
+            keep = bool(call.kwargs[k])
+    if "keep_dims" in call.attrs:
+        keep = bool(call.attrs["keep_dims"])
+    return dims, keep
+
+
+@register(*KINDS)
+def reduction(call):
+    x = call.tensors[0]
+    if len(call.tensors) > 1:
+        return None
+    kind = KINDS[call.name]
+    dims, keep = parse_reduction(call)
+    reduced = norm_dims(dims, x.ndim) if x.ndim else []
+    new_op = {"sum": "sum", "mean": "avg", "max": "max", "min": "min"}[kind]
+    layout = x.layout
+    sharded_reduced = any(layout.dims[d] for d in reduced)
+    if layout.partial and (set(layout.partial.values()) != {new_op} or kind == "mean"):
+        # mean of a Partial(sum) is Partial(sum) only if no sharded dim is reduced (no new avg)
+        if not (kind == "mean" and set(layout.partial.values()) == {"sum"} and not sharded_reduced):
+            layout = without_partial(layout)
+    partial = dict(layout.partial)
+    out_dims = []
+    for d, entry in enumerate(layout.dims):
+        if d in reduced:
+            partial.update({a: new_op for a in entry})
+            if keep:
+                out_dims.append(())
+        else:
+            out_dims.append(entry)
+    return Decision(inputs=[layout], outputs=make(layout.mesh, out_dims, partial))
+
+
+@register("MaxDim", "MinDim", "ArgMaxExt", "ArgMinExt", "Argmax", "Argmin", "ArgMaxWithValue", "ArgMinWithValue")
+def arg_reduction(call):
+    """Reductions that also return positions: the reduced dimension must be whole per device."""
+    x = call.tensors[0]
+    if len(call.tensors) > 1:
+        return None
+    dims, keep = parse_reduction(call)
+    if dims is None and "axis" in call.attrs:
+        dims = call.attrs["axis"]
+    if dims is None or x.ndim == 0:
+        return None
+    reduced = norm_dims(dims, x.ndim)
+    layout = without_partial(x.layout).with_dims([() if d in reduced else e for d, e in enumerate(x.layout.dims)], {})
+    out_dims = [() if d in reduced else e for d, e in enumerate(layout.dims) if keep or d not in reduced]
+    return Decision(inputs=[layout], outputs=make(layout.mesh, out_dims))

@@ -1,0 +1,135 @@
+"""Reshape, Transpose, ExpandDims/Unsqueeze, Squeeze, BroadcastTo.
+
+Reshape keeps a dimension's sharding when that dimension is the major (first) input dimension
+of the output dimension it maps into and the output size divides; otherwise the dimension is
+gathered first. Local reshapes use the local output shape.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence, Tuple
+
+from mindspore_hyper.dtensor.rules.common import make, norm_dims
+from mindspore_hyper.dtensor.rules.registry import Decision, register
+
+
+def _target_shape(call, in_shape) -> Tuple[int, ...]:
+    rest = call.inputs[1:]
+    if len(rest) == 1 and isinstance(rest[0], (tuple, list)):
+        shape = list(rest[0])
+    else:
+        shape = [int(v) for v in rest]
+    if "shape" in call.kwargs:
+        shape = list(call.kwargs["shape"])
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        shape[shape.index(-1)] = math.prod(in_shape) // known
+    return tuple(int(s) for s in shape)
+
+
+def _groups(src: Sequence[int], dst: Sequence[int]) -> Optional[List[Tuple[List[int], List[int]]]]:
+    """Pair up runs of input and output dims with equal products (size-1 dims attach to a run)."""
+    groups, i, j = [], 0, 0
+    while i < len(src) or j < len(dst):
+        gi, gj = [], []
+        pi = pj = 1
+        if i < len(src):
+            gi.append(i); pi *= src[i]; i += 1
+        if j < len(dst):
+            gj.append(j); pj *= dst[j]; j += 1
+        while pi != pj:
+            if pi < pj and i < len(src):
+                gi.append(i); pi *= src[i]; i += 1
+            elif pj < pi and j < len(dst):
+                gj.append(j); pj *= dst[j]; j += 1
+            else:
+                return None
+        groups.append((gi, gj))
+    return groups
+
+
+@register("Reshape", "View")
+def reshape(call):
+    x = call.tensors[0]
+    mesh = x.layout.mesh
+    in_shape = tuple(x.shape)
+    out_shape = _target_shape(call, in_shape)
+    groups = _groups(in_shape, out_shape)
+    if groups is None:
+        return None
+    in_dims = [list(e) for e in x.layout.dims]
+    out_dims = [()] * len(out_shape)
+    for gi, gj in groups:
+        major_in = next((d for d in gi if in_shape[d] > 1), None)
+        major_out = next((d for d in gj if out_shape[d] > 1), None)
+        for d in gi:
+            if d != major_in:
+                in_dims[d] = []
+        if major_in is None or major_out is None:
+            continue
+        # the major input dim's 1/n chunks are contiguous 1/n ranges of the group, and so are
+        # the major output dim's whenever its size divides by n
+        n = math.prod(mesh.device_matrix[a] for a in in_dims[major_in])
+        if out_shape[major_out] % n == 0:
+            out_dims[major_out] = tuple(in_dims[major_in])
+        else:
+            in_dims[major_in] = []
+    out_layout = make(mesh, out_dims, x.layout.partial)
+    local = out_layout.local_shape(out_shape)
+
+    def local_args(inputs, coords):
+        return [inputs[0], local]
+
+    return Decision(inputs=[make(mesh, in_dims, x.layout.partial)], outputs=out_layout, local_args=local_args)
+
+
+def _perm(call, ndim) -> Tuple[int, ...]:
+    rest = call.inputs[1:]
+    if call.name in ("TransposeExt", "SwapAxes", "Swapaxes", "TransposeExtView"):
+        a, b = (int(v) % ndim for v in rest[:2])
+        perm = list(range(ndim))
+        perm[a], perm[b] = perm[b], perm[a]
+        return tuple(perm)
+    if len(rest) == 1 and isinstance(rest[0], (tuple, list)):
+        return tuple(int(p) % ndim for p in rest[0])
+    return tuple(int(p) % ndim for p in rest)
+
+
+@register("Transpose", "DeprecatedTranspose", "TransposeExt", "SwapAxes", "Swapaxes", "Permute", "TransposeExtView")
+def transpose(call):
+    x = call.tensors[0]
+    perm = _perm(call, x.ndim)
+    out = make(x.layout.mesh, [x.layout.dims[p] for p in perm], x.layout.partial)
+    return Decision(inputs=[x.layout], outputs=out)
+
+
+@register("ExpandDims", "Unsqueeze")
+def expand_dims(call):
+    x = call.tensors[0]
+    axis = int(call.inputs[1]) % (x.ndim + 1)
+    dims = list(x.layout.dims)
+    dims.insert(axis, ())
+    return Decision(inputs=[x.layout], outputs=make(x.layout.mesh, dims, x.layout.partial))
+
+
+@register("Squeeze")
+def squeeze(call):
+    x = call.tensors[0]
+    axis = call.inputs[1] if len(call.inputs) > 1 else call.attrs.get("axis", ())
+    squeezed = [d for d in range(x.ndim) if x.shape[d] == 1] if axis in ((), None, []) else norm_dims(axis, x.ndim)
+    squeezed = [d for d in squeezed if x.shape[d] == 1]
+    dims = [e for d, e in enumerate(x.layout.dims) if d not in squeezed]
+    return Decision(inputs=[x.layout], outputs=make(x.layout.mesh, dims, x.layout.partial))
+
+
+@register("BroadcastTo")
+def broadcast_to(call):
+    x = call.tensors[0]
+    shape = tuple(call.inputs[1]) if len(call.inputs) > 1 else tuple(call.attrs.get("shape"))
+    off = len(shape) - x.ndim
+    shape = tuple(x.shape[d - off] if s == -1 else s for d, s in enumerate(shape))
+    dims = [()] * off + [e if x.shape[d] == shape[d + off] else () for d, e in enumerate(x.layout.dims)]
+    layout = make(x.layout.mesh, dims[off:], {})
+    out = make(x.layout.mesh, dims, {})
+    local = out.local_shape(shape)
+    return Decision(inputs=[layout], outputs=out, local_args=lambda inputs, coords: [inputs[0], local])

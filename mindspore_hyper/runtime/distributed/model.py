@@ -1,0 +1,205 @@
+"""DistributedModel: the user's model in one process of an msrun job, holding one device's shards.
+
+Every Parameter's data is this device's shard (`DistributedRuntime.materialize`), so the
+parameter, gradient and optimizer-state bytes of a process are its shards. Gradients of a
+parameter read by ops sharded over mesh axes it is replicated on (data parallelism) are summed
+over those axes:
+
+- inside `train_step`, each contribution is queued in the communication library's aggregator
+  as soon as the backward produces it (super-packets, sent while the backward goes on), and the
+  sums are collected after the backward; with ZeRO-1 (`optimizer_state=` axis) the
+  contributions are reduce-scattered in buckets instead, each process updates its slice of the
+  parameter and its optimizer states, and the updated slices are all-gathered;
+- under a plain `mindspore.value_and_grad`, each contribution is all-reduced in the backward
+  (synchronously), so the gradients are right without `train_step`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Sequence, Set, Tuple
+
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from mindspore_hyper.comm.collectives import AxisGroup, ring_send_bytes
+from mindspore_hyper.runtime.distributed.world import world
+from mindspore_hyper.runtime.model import ParallelModel
+
+__all__ = ["DistributedModel"]
+
+
+@dataclass
+class _ZeroSlice:
+    """This process's optimizer slice of a parameter: `dim` of the local shard split over the
+    ZeRO group `ranks` (member order), this process being member `index`."""
+
+    param: Parameter
+    slice_param: Parameter
+    dim: int
+    ranks: Tuple[int, ...]
+    index: int
+    axes: Tuple[int, ...]
+
+    def take(self, full: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.array_split(full, len(self.ranks), axis=self.dim)[self.index])
+
+
+class _ParameterGradient(nn.Cell):
+    """Identity in forward; in backward, the parameter gradient's sum over the group."""
+
+    def __init__(self, model: "DistributedModel", slot, group: AxisGroup):
+        super().__init__()
+        self.model, self.slot, self.group = model, slot, group
+
+    def construct(self, x):
+        return x
+
+    def bprop(self, x, out, dout):
+        return (self.model.sum_parameter_gradient(self.slot, self.group, dout),)
+
+
+class DistributedModel(ParallelModel):
+    """A model in one msrun process (see module docstring and ParallelModel)."""
+
+    def __init__(self, network: nn.Cell, table, runtime, return_dtensor: bool = False):
+        super().__init__(network, table, runtime, return_dtensor)
+        self.world = world()
+        self._deferring = False
+        self._pending: List[tuple] = []  # (parameter id, async handle) of queued gradient sums
+        self._zero_pending: List[tuple] = []  # (parameter id, group, contribution) for ZeRO-1
+        self._zero: Dict[int, _ZeroSlice] = {}
+        self._recorded: Set[Tuple[int, str]] = set()
+
+    def begin_step(self) -> None:
+        self._recorded.clear()
+
+    # -- gradient sums ---------------------------------------------------------------------------
+    def _parameter_fan_out(self, shard: Tensor, group: AxisGroup, slot):
+        return shard if group.size == 1 else _ParameterGradient(self, slot, group)(shard)
+
+    def sum_parameter_gradient(self, slot, group: AxisGroup, dout: Tensor) -> Tensor:
+        """A parameter's gradient contribution from an op sharded over `group` (called by the
+        backward): queued (train_step) or all-reduced now; returns what autograd keeps."""
+        pid = id(slot.param)
+        comm = self.world.communicator(group.ranks)
+        zero = self._zero.get(pid)
+        if self._deferring and zero is not None and set(zero.axes) & set(self._axes(group)):
+            self._zero_pending.append((pid, group, dout.asnumpy()))
+            return ops.zeros_like(dout)
+        self._record_once(pid, "AllReduce", group, dout)
+        if self._deferring:
+            self._pending.append((pid, comm.all_reduce_async(dout.asnumpy())))
+            return ops.zeros_like(dout)
+        return Tensor(comm.all_reduce(dout.asnumpy()), dtype=dout.dtype)
+
+    def _axes(self, group: AxisGroup) -> Tuple[int, ...]:
+        return tuple(self.mesh.axis_index(a) for a in group.axis.split("+"))
+
+    def _record_once(self, pid: int, kind: str, group: AxisGroup, dout: Tensor) -> None:
+        if (pid, group.axis) in self._recorded:
+            return
+        self._recorded.add((pid, group.axis))
+        nbytes = dout.asnumpy().nbytes
+        self.accounting.record_comm(kind, group.axis, ring_send_bytes(kind, group.size, nbytes), nbytes, backward=True)
+
+    # -- training --------------------------------------------------------------------------------
+    def optimizer_parameters(self) -> List[Parameter]:
+        """The trainable parameters, with ZeRO-1 ones replaced by this process's slice (a new
+        Parameter of the same name, shaped like the slice)."""
+        out = []
+        for param in self.network.trainable_params():
+            slot = self.execution.parameters[id(param)]
+            zero = self._zero.get(id(param)) or self._make_zero_slice(param, slot)
+            out.append(param if zero is None else zero.slice_param)
+        return out
+
+    def _make_zero_slice(self, param: Parameter, slot):
+        if not slot.zero_axes:
+            return None
+        row = self.rows[id(param)]
+        dims = [d for d in range(len(row.global_shape))
+                if set(slot.zero_axes) <= set(row.optimizer_layout.dims[d]) - set(row.layout.dims[d])]
+        dim = dims[0]
+        me = self.world.rank
+        ranks = tuple(self.mesh.axis_group(me, list(slot.zero_axes)))
+        zero = _ZeroSlice(param, None, dim, ranks, ranks.index(me), tuple(slot.zero_axes))
+        zero.slice_param = Parameter(Tensor(zero.take(param.asnumpy()), dtype=param.dtype), name=param.name,
+                                     requires_grad=param.requires_grad)
+        self._zero[id(param)] = zero
+        return zero
+
+    def compute_gradients(self, *inputs):
+        self._pending, self._zero_pending = [], []
+        self._deferring = True
+        try:
+            loss, grads = self._grad_fn(*inputs)
+        finally:
+            self._deferring = False
+        return loss, self._finish_gradients(self._grad_weights, grads)
+
+    def _finish_gradients(self, weights: Sequence[Parameter], grads) -> list:
+        """Add the queued sums to autograd's gradients; ZeRO-1 parameters get their slice."""
+        arrays = {id(w): g.asnumpy().copy() for w, g in zip(weights, grads)}
+        for pid, handle in self._pending:
+            arrays[pid] += handle.wait(self.world.timeout)
+        sliced = {pid: zero.take(arrays[pid]) for pid, zero in self._zero.items() if pid in arrays}
+        for pid, part in self._reduce_scatter_zero():
+            sliced[pid] += part
+        out = []
+        for w, g in zip(weights, grads):
+            value = sliced.get(id(w), arrays[id(w)])
+            out.append(Tensor(value, dtype=g.dtype))
+        return out
+
+    def _reduce_scatter_zero(self):
+        """Bucketed reduce-scatter of the queued ZeRO-1 contributions: per group, every
+        contribution's slices are laid side by side so one collective serves the bucket."""
+        buckets: Dict[Tuple[Tuple[int, ...], str], list] = {}
+        for pid, group, contribution in self._zero_pending:
+            zero = self._zero[pid]
+            rest = [a for a in self._axes(group) if a not in zero.axes]
+            if rest:  # first sum over the group's other axes
+                others = tuple(self.mesh.axis_group(self.world.rank, rest))
+                contribution = self.world.communicator(others).all_reduce(contribution)
+            buckets.setdefault((zero.ranks, group.axis), []).append((pid, contribution))
+        for (ranks, axis), items in buckets.items():
+            n = len(ranks)
+            rows = []
+            for pid, contribution in items:
+                zero = self._zero[pid]
+                moved = np.moveaxis(contribution, zero.dim, 0)
+                rows.append(moved.reshape(n, -1))
+            bucket = np.ascontiguousarray(np.concatenate(rows, axis=1))
+            nbytes = bucket.nbytes
+            self.accounting.record_comm("ReduceScatter", axis, ring_send_bytes("ReduceScatter", n, nbytes), nbytes,
+                                        backward=True)
+            mine = self.world.communicator(ranks).reduce_scatter(bucket, axis=0)[0]
+            offset = 0
+            for (pid, contribution), row in zip(items, rows):
+                zero = self._zero[pid]
+                width = row.shape[1]
+                moved_shape = np.moveaxis(contribution, zero.dim, 0).shape
+                part = mine[offset:offset + width].reshape((moved_shape[0] // n,) + moved_shape[1:])
+                offset += width
+                yield pid, np.moveaxis(part, 0, zero.dim)
+
+    def optimizer_gradients(self, optimizer: nn.Optimizer, weights: Sequence[Parameter], grads) -> tuple:
+        by_id = {}
+        for w, g in zip(weights, grads):
+            zero = self._zero.get(id(w))
+            by_id[id(zero.slice_param) if zero is not None else id(w)] = g
+        try:
+            return tuple(by_id[id(p)] for p in optimizer.parameters)
+        except KeyError:
+            raise ValueError("train_step: the optimizer updates Parameters that are not the model's "
+                             "optimizer_parameters(); build it as nn.Adam(model.optimizer_parameters(), ...)") from None
+
+    def after_update(self) -> None:
+        """All-gather the updated ZeRO-1 slices into the parameters' shards."""
+        for zero in self._zero.values():
+            part = zero.slice_param.asnumpy()
+            full = self.world.communicator(zero.ranks).all_gather(np.ascontiguousarray(part), axis=zero.dim)
+            self.accounting.record_comm("AllGather", "+".join(self.mesh.alias_names[a] for a in zero.axes),
+                                        ring_send_bytes("AllGather", len(zero.ranks), part.nbytes), part.nbytes,
+                                        backward=True)
+            zero.param.set_data(Tensor(full, dtype=zero.param.dtype))

@@ -1,0 +1,213 @@
+"""StepReport: what each device holds and sends in one step of a ParallelModel.
+
+One row per device this process holds (every virtual device in simulation; its own device under
+msrun). Memory per device (bytes): parameters and gradients (the parameter's shard size),
+optimizer states (the real optimizer's state Parameters: at their ZeRO layout in simulation,
+where they are global tensors, or their actual size under msrun, where each process holds its
+own; `optimizer_states` per parameter when no optimizer is given), and peak live activations
+tracked as DTensors are created and freed. Communication per step: count and bytes sent per
+device, per collective kind and mesh axis, forward as planned and backward as recorded when the
+gradients moved. Replication fallbacks by op name.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+import numpy as np
+
+from mindspore_hyper.context import get_context
+
+__all__ = ["StepReport", "DeviceMemoryError"]
+
+KINDS = ("parameters", "gradients", "optimizer_states", "activations_peak")
+
+
+class DeviceMemoryError(MemoryError):
+    """A virtual device needs more than `device_memory` (raised when memory_check='error')."""
+
+
+@dataclass
+class StepReport:
+    """Figures of the last step; see module docstring for what each counts."""
+
+    mesh: Dict[str, int]
+    memory: Dict[int, Dict[str, int]]
+    comm: Dict[str, Dict[str, Dict[str, int]]]
+    comm_backward: Dict[str, Dict[str, Dict[str, int]]]
+    fallbacks: Dict[str, int]
+    device_memory: int
+    step_seconds: float
+    comm_time_estimate_s: float = 0.0
+    notes: List[str] = field(default_factory=list)
+    simulated: bool = True  # every device of the mesh simulated in this process (else: this process's own)
+
+    @classmethod
+    def build(cls, model, optimizer=None) -> "StepReport":
+        table, acc = model.table, model.accounting
+        per = table.bytes_per_device()
+        ranks = model.local_ranks
+        optimizer_bytes = _optimizer_bytes(table, optimizer, ranks) if optimizer is not None else None
+        memory = {}
+        for rank in ranks:
+            memory[rank] = {
+                "parameters": per[rank]["param"],
+                "gradients": per[rank]["param"],
+                "optimizer_states": optimizer_bytes[rank] if optimizer_bytes is not None else per[rank]["optimizer"],
+                "activations_peak": acc.peak_bytes,
+            }
+            memory[rank]["total"] = sum(memory[rank][k] for k in KINDS)
+        report = cls(
+            mesh=dict(zip(table.mesh.alias_names, table.mesh.device_matrix)),
+            memory=memory, comm=_nest(acc.comm), comm_backward=_nest(acc.comm_backward),
+            fallbacks=dict(acc.fallbacks),
+            device_memory=get_context("device_memory"), step_seconds=model.last_step_seconds,
+            simulated=model.execution.holds_all_ranks,
+        )
+        report.comm_time_estimate_s = _comm_time(report, table.mesh)
+        report.check_memory()
+        return report
+
+    # -- checks ------------------------------------------------------------------------------
+    def over_budget(self) -> Dict[int, int]:
+        """rank -> total bytes, for the devices above `device_memory`."""
+        return {r: m["total"] for r, m in self.memory.items() if m["total"] > self.device_memory}
+
+    def check_memory(self) -> None:
+        """Warn or raise (context flag memory_check) if a device exceeds device_memory."""
+        over = self.over_budget()
+        if not over:
+            return
+        rank, total = max(over.items(), key=lambda kv: kv[1])
+        message = (f"{len(over)} virtual device(s) exceed device_memory={_fmt(self.device_memory)}: "
+                   f"device {rank} needs {_fmt(total)} ({', '.join(f'{k} {_fmt(v)}' for k, v in self.memory[rank].items() if k != 'total')})")
+        if get_context("memory_check") == "error":
+            raise DeviceMemoryError(message)
+        warnings.warn(message, ResourceWarning, stacklevel=3)
+        self.notes.append(message)
+
+    # -- output ------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "mesh": dict(self.mesh), "memory": {r: dict(m) for r, m in self.memory.items()},
+            "comm": {k: {a: dict(v) for a, v in axes.items()} for k, axes in self.comm.items()},
+            "comm_backward": {k: {a: dict(v) for a, v in axes.items()} for k, axes in self.comm_backward.items()},
+            "fallbacks": dict(self.fallbacks), "device_memory": self.device_memory,
+            "step_seconds": self.step_seconds, "comm_time_estimate_s": self.comm_time_estimate_s,
+            "notes": list(self.notes),
+        }
+
+    def __str__(self) -> str:
+        who = f"{len(self.memory)} virtual devices" if self.simulated else f"device {list(self.memory)[0]} of this process"
+        lines = [f"{'Simulated step' if self.simulated else 'Step'} on mesh {self.mesh} ({who}), "
+                 f"wall time {self.step_seconds * 1e3:.1f} ms"]
+        head = ["device", "parameters", "gradients", "optimizer", "activations(peak)", "total", "budget"]
+        rows = [[str(r), _fmt(m["parameters"]), _fmt(m["gradients"]), _fmt(m["optimizer_states"]),
+                 _fmt(m["activations_peak"]), _fmt(m["total"]),
+                 "OVER" if m["total"] > self.device_memory else "ok"] for r, m in self.memory.items()]
+        lines += _table(head, rows)
+        crow = [[phase, kind, axis, str(v["count"]), _fmt(v["bytes"])]
+                for phase, comm in (("forward", self.comm), ("backward", self.comm_backward))
+                for kind, axes in comm.items() for axis, v in axes.items()]
+        if crow:
+            lines.append("communication per step (bytes sent per device):")
+            lines += _table(["phase", "collective", "axis", "count", "bytes"], crow)
+            lines.append("  backward: recorded when gradients moved (nothing before a backward pass has run)")
+            lines.append(f"estimated communication time per step: {self.comm_time_estimate_s * 1e3:.3f} ms "
+                         f"(alpha-beta, topology {get_context('topology')!r}, no overlap)")
+        else:
+            lines.append("communication per step: none")
+        if self.fallbacks:
+            lines.append("replication fallbacks (op: count): " +
+                         ", ".join(f"{k}: {v}" for k, v in sorted(self.fallbacks.items())))
+        lines += self.notes
+        return "\n".join(lines)
+
+    def plot(self, path: str) -> str:
+        """Save a PNG: per-device memory as stacked bars, and bytes per collective kind/axis."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+        ranks = list(self.memory)
+        bottom = np.zeros(len(ranks))
+        for kind in KINDS:
+            values = np.array([self.memory[r][kind] for r in ranks], dtype=float) / 2**20
+            left.bar([str(r) for r in ranks], values, bottom=bottom, label=kind)
+            bottom += values
+        top = max(bottom.max(), 1e-9) * 1.3
+        if self.device_memory / 2**20 <= top:
+            left.axhline(self.device_memory / 2**20, color="red", linestyle="--", label="device_memory")
+        left.set_ylim(0, top)
+        left.set_xlabel("virtual device")
+        left.set_ylabel("MiB")
+        left.set_title(f"memory per device (budget {_fmt(self.device_memory)})")
+        left.legend(fontsize=8)
+        phases = (("fwd", self.comm), ("bwd", self.comm_backward))
+        labels = [f"{p} {k} / {a}" for p, comm in phases for k, axes in comm.items() for a in axes]
+        values = [v["bytes"] / 2**20 for _, comm in phases for axes in comm.values() for v in axes.values()]
+        right.barh(labels or ["none"], values or [0])
+        right.invert_yaxis()
+        right.set_xlabel("MiB sent per device per step")
+        right.set_title("communication by phase, collective and mesh axis")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
+
+def _optimizer_bytes(table, optimizer, ranks) -> Dict[int, int]:
+    """Bytes of the optimizer's per-parameter states on each of `ranks`. A state Parameter is
+    matched to its parameter by name suffix; a global-shaped state (simulation) counts at the
+    parameter's optimizer layout, a local one (msrun) at its actual size."""
+    per_rank = {rank: 0 for rank in ranks}
+    rows = {row.name: row for row in table}
+    for _, state in optimizer.parameters_and_names():
+        prefix, _, pname = state.name.partition(".")
+        row = rows.get(pname)
+        if row is None or pname == state.name:
+            continue
+        if tuple(state.shape) == row.global_shape:
+            nbytes = math.prod(row.optimizer_layout.local_shape(row.global_shape)) * state.dtype.itemsize
+        else:
+            nbytes = math.prod(state.shape) * state.dtype.itemsize
+        for rank in ranks:
+            if rank in row.devices:
+                per_rank[rank] += nbytes
+    return per_rank
+
+
+def _comm_time(report: "StepReport", mesh) -> float:
+    from mindspore_hyper.comm.cost import collective_time
+
+    total = 0.0
+    for comm in (report.comm, report.comm_backward):
+        for kind, axes in comm.items():
+            for axis, v in axes.items():
+                group = mesh.axis_groups(axis.split("+"))[0]
+                total += v["count"] * collective_time(kind, v["input_bytes"] // v["count"], group)
+    return total
+
+
+def _nest(flat) -> Dict[str, Dict[str, Dict[str, int]]]:
+    out: Dict[str, Dict[str, Dict[str, int]]] = {}
+    for (kind, axis), (count, nbytes, input_bytes) in sorted(flat.items()):
+        out.setdefault(kind, {})[axis] = {"count": count, "bytes": nbytes, "input_bytes": input_bytes}
+    return out
+
+
+def _fmt(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _table(head, rows) -> List[str]:
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    fmt = "  ".join("{:>%d}" % w for w in widths)
+    return [fmt.format(*head)] + [fmt.format(*r) for r in rows]

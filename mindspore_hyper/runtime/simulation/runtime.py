@@ -1,0 +1,54 @@
+"""The simulation runtime: every virtual device of the mesh in this one process."""
+from __future__ import annotations
+
+from typing import Tuple
+
+import mindspore as ms
+
+from mindspore_hyper.context import get_context
+from mindspore_hyper.dtensor.execution import ParameterSlot, in_process_collectives
+from mindspore_hyper.runtime.base import Runtime, register_runtime
+from mindspore_hyper.shard.layout import Layout
+from mindspore_hyper.strategy.resolve import resolve_strategy
+
+__all__ = ["SimulationRuntime"]
+
+
+def zero_axes(row) -> Tuple[int, ...]:
+    """Mesh axes a parameter's optimizer states are split over beyond the parameter (ZeRO-1)."""
+    return tuple(sorted(set(row.optimizer_layout.sharded_axes()) - set(row.layout.sharded_axes())))
+
+
+@register_runtime
+class SimulationRuntime(Runtime):
+    """N virtual devices in one process; collectives by the `sim_collectives` flag."""
+
+    name = "simulation"
+
+    def local_ranks(self, mesh: Layout) -> Tuple[int, ...]:
+        return tuple(mesh.ranks)
+
+    def make_collectives(self, mesh: Layout):
+        return in_process_collectives(get_context("sim_collectives"))
+
+    def materialize(self, param, row) -> ParameterSlot:
+        """The global Parameter stays as is; each op slices what it reads (differentiably)."""
+        return ParameterSlot(param, row.layout, zero_axes(row), local=False)
+
+    def parallelize(self, model, strategy_or_config, return_dtensor: bool = False, optimizer_states: int = 2):
+        """`simulate(...)`: see mindspore_hyper.runtime.simulation.model.simulate."""
+        from mindspore_hyper.runtime.simulation.model import SimulatedModel
+
+        if ms.get_context("mode") != ms.PYNATIVE_MODE:
+            raise ValueError("simulation mode runs op by op: call mindspore.set_context(mode=mindspore.PYNATIVE_MODE) "
+                             "(GRAPH_MODE compiles the whole network and bypasses the simulated devices)")
+        table = resolve_strategy(model, strategy_or_config, optimizer_states=optimizer_states)
+        device_num = get_context("device_num")
+        if table.mesh.size != device_num:
+            raise ValueError(
+                f"the strategy's mesh {table.mesh.device_matrix} has {table.mesh.size} devices but "
+                f"device_num={device_num}; call set_context(device_num={table.mesh.size}) or change the mesh"
+            )
+        for row in table:
+            row.layout.check_shape(row.global_shape)
+        return SimulatedModel(model, table, self, return_dtensor=return_dtensor)

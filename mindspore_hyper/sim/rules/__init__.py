@@ -1,7 +1,0 @@
-"""Sharding rules, one module per op family; importing this package registers them all."""
-from mindspore_hyper.sim.rules import (  # noqa: F401  (imported for registration)
-    elementwise, embedding, hooks, indexing, joining, matmul, normalization, reduction, shape,
-)
-from mindspore_hyper.sim.rules.registry import RULES, Decision, register
-
-__all__ = ["RULES", "Decision", "register"]
