@@ -32,7 +32,7 @@ def _array(t: Tensor) -> np.ndarray:
 def _tensor(a: np.ndarray, like: Tensor) -> Tensor:
     if like.dtype == mstype.bool_:
         a = a.view(np.bool_)
-    return Tensor(np.ascontiguousarray(a), dtype=like.dtype)
+    return Tensor(np.require(a, requirements="C"), dtype=like.dtype)  # (ascontiguousarray makes 0-d 1-d)
 
 
 class _Collective(nn.Cell):

@@ -89,8 +89,9 @@ def distribute(execution, tensor: Tensor, layout: TensorLayout, record: bool = F
 
 
 def parameter_dtensor(execution, param: Parameter) -> DTensor:
-    """The DTensor of a model Parameter in this forward, made at its first use (so hooks that
-    bring its data in just before its Cell runs, as HyperOffload's do, compose)."""
+    """The DTensor of a model Parameter in this forward. A global Parameter (simulation) is
+    sliced when an op first reads it, so hooks that bring its data in just before its Cell runs
+    (HyperOffload's) compose; a local one (msrun) is its own shard."""
     pid = id(param)
     if pid not in execution.parameter_dtensors:
         slot = execution.parameters[pid]
@@ -98,17 +99,16 @@ def parameter_dtensor(execution, param: Parameter) -> DTensor:
             if slot.local:
                 axes = significant_axes(slot.layout)
                 shards = {key_of(execution.mesh.coords(r), axes): param for r in execution.local_ranks}
-                dt = DTensor._create(slot.layout, shards, _global_shape(slot), param.dtype, execution)
+                dt = DTensor._create(slot.layout, shards, slot.global_shape, param.dtype, execution)
             else:
-                dt = distribute(execution, param, slot.layout)
+                def make_shards():
+                    with execution.uncounted():
+                        return distribute(execution, param, slot.layout).shards
+
+                dt = DTensor._lazy(slot.layout, make_shards, slot.global_shape, param.dtype, execution)
         dt._parameter_id = pid
         execution.parameter_dtensors[pid] = dt
     return execution.parameter_dtensors[pid]
-
-
-def _global_shape(slot) -> tuple:
-    local = tuple(slot.param.shape)
-    return tuple(n * slot.layout.shard_count(d) for d, n in enumerate(local))
 
 
 def _mesh_of(values):
@@ -172,8 +172,8 @@ def dispatch(execution, func, args, kwargs):
         with NoFallbackGuard():
             return func(*args, **kwargs)
     if call.name in TYPE_QUERIES:
-        first_key = {a: 0 for t in call.tensors for a in significant_axes(t.layout)}
-        return call.run(_localise(call.inputs, first_key))
+        coords = execution.mesh.coords(execution.local_ranks[0])
+        return call.run(_localise(call.inputs, dict(enumerate(coords))))
     inplace = call.name.startswith(INPLACE_PREFIX)
     rule_name = call.name[len(INPLACE_PREFIX):] if inplace else call.name
     hint = shard_hints.take(execution, call.name, len(call.tensors))

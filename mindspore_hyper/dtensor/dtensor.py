@@ -58,7 +58,8 @@ class DTensor(Tensor):
         placeholder = Tensor(shape=global_shape, dtype=dtype, init=Zero())
         dt = Tensor._make_subclass(DTensor, placeholder)
         dt._layout = layout
-        dt._shards = shards
+        dt._shards = shards  # None until `_pending()` makes them (a lazily laid out Parameter)
+        dt._pending = None
         dt._global_shape = global_shape
         dt._execution = execution
         nbytes = math.prod(layout.local_shape(global_shape)) * dtype.itemsize
@@ -74,9 +75,20 @@ class DTensor(Tensor):
     def layout(self) -> TensorLayout:
         return self._layout
 
+    @classmethod
+    def _lazy(cls, layout: TensorLayout, make_shards, global_shape: Sequence[int], dtype, execution) -> "DTensor":
+        """A DTensor whose shards `make_shards()` computes on first use (a Parameter laid out
+        when an op first reads it, so hooks that fill it just before its Cell runs compose)."""
+        dt = cls._create(layout, None, global_shape, dtype, execution)
+        dt._pending = make_shards
+        return dt
+
     @property
     def shards(self) -> Dict[Key, Tensor]:
         """The distinct shards this process holds, keyed by coordinates on `significant_axes(layout)`."""
+        if self._pending is not None:
+            make, self._pending = self._pending, None
+            self._shards = make()
         return self._shards
 
     @property
@@ -102,12 +114,12 @@ class DTensor(Tensor):
         if rank not in self._execution.local_ranks:
             raise ValueError(f"rank {rank} is not held by this process (it holds {self._execution.local_ranks})")
         coords = self._layout.mesh.coords(rank)
-        return self._shards[key_of(coords, significant_axes(self._layout))]
+        return self.shards[key_of(coords, significant_axes(self._layout))]
 
     def full_tensor(self) -> Tensor:
         """The global tensor as a plain Tensor (differentiable: gathers and reduces as needed)."""
         replicated = TensorLayout.replicated(self._layout.mesh, len(self._global_shape))
-        return self.redistribute(replicated)._shards[()]
+        return self.redistribute(replicated).shards[()]
 
     def redistribute(self, layout: TensorLayout, *, record: bool = True, grad_partial_axes=()) -> "DTensor":
         """Execute the planner's steps with the run's collectives; returns a new DTensor.
@@ -128,7 +140,7 @@ class DTensor(Tensor):
         if layout == self._layout:
             return self, set()
         plan = plan_redistribution(self._layout, layout, self._global_shape, self.dtype.itemsize)
-        shards, current = self._shards, self._layout
+        shards, current = self.shards, self._layout
         accounting = self._execution.accounting
         itemsize = self.dtype.itemsize
         fused = set()
@@ -187,7 +199,8 @@ class DTensor(Tensor):
 
     def _become(self, other: "DTensor") -> "DTensor":
         """Take `other`'s layout and shards (the result of an in-place op on this DTensor)."""
-        self._layout, self._shards, self._local_nbytes = other._layout, other._shards, other._local_nbytes
+        self._layout, self._shards, self._local_nbytes = other._layout, other.shards, other._local_nbytes
+        self._pending = None
         return self
 
     # -- operators with a plain Tensor on the left ---------------------------------------------
@@ -251,7 +264,7 @@ class DTensor(Tensor):
         return (f"DTensor(shape={self._global_shape}, dtype={self.dtype}, layout={self._layout.tensor_map}"
                 f"{', partial=' + repr(self._layout.partial) if self._layout.is_partial else ''}, "
                 f"mesh={dict(zip(self._layout.mesh.alias_names, self._layout.mesh.device_matrix))}, "
-                f"shard_shape={local}, distinct_shards={len(self._shards)})")
+                f"shard_shape={local}, distinct_shards={len(self.shards)})")
 
     __str__ = __repr__
 

@@ -31,12 +31,14 @@ class ParameterSlot:
     Attributes:
         param: the Parameter (the global tensor in simulation, this process's shard under msrun).
         layout: its layout on the mesh.
+        global_shape: the whole parameter's shape.
         zero_axes: mesh axes its optimizer states are additionally split over (ZeRO-1).
         local: True when `param` already holds the local shard (nothing to slice).
     """
 
     param: Any
     layout: TensorLayout
+    global_shape: Tuple[int, ...]
     zero_axes: Tuple[int, ...] = ()
     local: bool = False
 

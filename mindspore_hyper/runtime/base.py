@@ -34,8 +34,9 @@ class Runtime(abc.ABC):
         """The collectives backend moving data between this mesh's ranks."""
 
     @abc.abstractmethod
-    def materialize(self, param, row) -> ParameterSlot:
-        """Make `param` hold what this process needs of it under `row` (a resolved ParamRow)."""
+    def materialize(self, network, param, row) -> ParameterSlot:
+        """What this process holds of `param` (of `network`) under `row` (a resolved ParamRow);
+        the slot's Parameter may be a new one that replaced `param` in the network."""
 
     @abc.abstractmethod
     def parallelize(self, model, strategy_or_config, **kwargs):

@@ -14,7 +14,7 @@ from mindspore import Parameter, Tensor, nn
 
 from mindspore_hyper.dtensor import shard_hints
 from mindspore_hyper.dtensor.accounting import Accounting
-from mindspore_hyper.dtensor.dispatch import distribute
+from mindspore_hyper.dtensor.dispatch import distribute, parameter_dtensor
 from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.strategy.resolve import ParamRow, StrategyTable
 
@@ -46,10 +46,9 @@ class ParallelModel(nn.Cell):
         named = dict(network.parameters_and_names())
         self.rows: Dict[int, ParamRow] = {}
         for row in table:
-            param = named[row.name]
-            self.execution.parameters[id(param)] = runtime.materialize(param, row)
-            self.rows[id(param)] = row
-        self._params_by_id = {id(p): p for p in named.values()}
+            slot = runtime.materialize(network, named[row.name], row)
+            self.execution.parameters[id(slot.param)] = slot
+            self.rows[id(slot.param)] = row
         shard_hints.install_hints(network, self.execution)
 
     def parameters_and_names(self, name_prefix: str = "", expand: bool = True):
@@ -66,11 +65,14 @@ class ParallelModel(nn.Cell):
         start = time.perf_counter()
         self.accounting.reset_step()
         self.begin_step()
+        injected = self._parameters_as_dtensors()
         try:
             args = [self._distribute_input(x) for x in inputs]
             outputs = self.network(*args)
             result = self._collect(outputs)
         finally:
+            for cell, name in injected:
+                del cell.__dict__[name]
             self.execution.parameter_dtensors.clear()
         self.accounting.steps += 1
         self.last_step_seconds = time.perf_counter() - start
@@ -78,6 +80,18 @@ class ParallelModel(nn.Cell):
 
     def begin_step(self) -> None:
         """Called at the start of each forward (runtimes reset per-step state here)."""
+
+    def _parameters_as_dtensors(self) -> List[Tuple[nn.Cell, str]]:
+        """For this forward, `cell.<name>` of every model Parameter reads its DTensor (an
+        instance attribute shadows the Cell's parameter table), so ops that touch only
+        Parameters and plain tensors (e.g. a position-embedding lookup) run sharded too."""
+        injected = []
+        for _, cell in self.network.cells_and_names():
+            for name, param in cell._params.items():
+                if param is not None and id(param) in self.execution.parameters and name not in cell.__dict__:
+                    cell.__dict__[name] = parameter_dtensor(self.execution, param)
+                    injected.append((cell, name))
+        return injected
 
     # -- training --------------------------------------------------------------------------------
     def optimizer_parameters(self) -> List[Parameter]:
@@ -106,8 +120,13 @@ class ParallelModel(nn.Cell):
         return loss
 
     def compute_gradients(self, *inputs):
-        """(loss, gradients of the network's trainable parameters, synchronised)."""
-        return self._grad_fn(*inputs)
+        """(loss, gradients of the network's trainable parameters, synchronised); also keeps
+        them by parameter name in `last_gradients` (numpy arrays of what this process holds:
+        the global gradient in simulation; under msrun the shard's, or with ZeRO-1 the
+        optimizer slice's)."""
+        loss, grads = self._grad_fn(*inputs)
+        self.last_gradients = {self.rows[id(w)].name: g.asnumpy() for w, g in zip(self._grad_weights, grads)}
+        return loss, grads
 
     def optimizer_gradients(self, optimizer: nn.Optimizer, weights: Sequence[Parameter], grads) -> tuple:
         """The gradients in the order of `optimizer.parameters`."""

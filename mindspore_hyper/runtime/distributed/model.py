@@ -49,13 +49,14 @@ class _ParameterGradient(nn.Cell):
 
     def __init__(self, model: "DistributedModel", slot, group: AxisGroup):
         super().__init__()
-        self.model, self.slot, self.group = model, slot, group
+        # a bound method, not the model Cell: a Cell attribute would rename the model's parameters
+        self.sum_gradient, self.slot, self.group = model.sum_parameter_gradient, slot, group
 
     def construct(self, x):
         return x
 
     def bprop(self, x, out, dout):
-        return (self.model.sum_parameter_gradient(self.slot, self.group, dout),)
+        return (self.sum_gradient(self.slot, self.group, dout),)
 
 
 class DistributedModel(ParallelModel):
@@ -145,6 +146,7 @@ class DistributedModel(ParallelModel):
         sliced = {pid: zero.take(arrays[pid]) for pid, zero in self._zero.items() if pid in arrays}
         for pid, part in self._reduce_scatter_zero():
             sliced[pid] += part
+        self.last_gradients = {self.rows[id(w)].name: sliced.get(id(w), arrays[id(w)]) for w in weights}
         out = []
         for w, g in zip(weights, grads):
             value = sliced.get(id(w), arrays[id(w)])

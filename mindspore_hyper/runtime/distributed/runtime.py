@@ -5,7 +5,7 @@ from typing import Tuple
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor
+from mindspore import Parameter, Tensor
 
 from mindspore_hyper.comm.process_collectives import ProcessCollectives
 from mindspore_hyper.dtensor.execution import ParameterSlot
@@ -31,16 +31,21 @@ class DistributedRuntime(Runtime):
     def make_collectives(self, mesh: Layout):
         return ProcessCollectives(world().communicator)
 
-    def materialize(self, param, row) -> ParameterSlot:
+    def materialize(self, network, param, row) -> ParameterSlot:
         """Every process starts from rank 0's initial values (as if one model had been built) and
-        keeps only its shard: the Parameter's data becomes the local shard."""
+        keeps only its shard: a new Parameter of the same name holding the local shard replaces
+        the global one in every Cell of `network` that holds it."""
         w = world()
         value = param.asnumpy()
         if w.size > 1:
-            value = w.communicator(tuple(range(w.size))).broadcast(np.ascontiguousarray(value), 0)
-        local = value[row.layout.rank_slices(w.rank, row.global_shape)]
-        param.set_data(Tensor(np.ascontiguousarray(local), dtype=param.dtype), slice_shape=True)
-        return ParameterSlot(param, row.layout, zero_axes(row), local=True)
+            value = w.communicator(tuple(range(w.size))).broadcast(value, 0)
+        local = np.require(value[row.layout.rank_slices(w.rank, row.global_shape)], requirements="C")
+        shard = Parameter(Tensor(local, dtype=param.dtype), name=param.name, requires_grad=param.requires_grad)
+        for _, cell in network.cells_and_names():
+            for key, held in list(cell._params.items()):
+                if held is param:
+                    cell._params[key] = shard
+        return ParameterSlot(shard, row.layout, row.global_shape, zero_axes(row), local=True)
 
     def parallelize(self, model, strategy_or_config, return_dtensor: bool = False, optimizer_states: int = 2):
         """Wrap `model` for this process's rank (see DistributedModel).

@@ -30,7 +30,7 @@ class NativeRuntime(Runtime):
         raise NotImplementedError("native mode: MindSpore's compiled graph runs the collectives; "
                                   "DTensor collectives exist in 'simulation' and 'distributed' modes")
 
-    def materialize(self, param, row):
+    def materialize(self, network, param, row):
         raise NotImplementedError("native mode: MindSpore slices parameters itself when it compiles the graph")
 
     def parallelize(self, model, strategy_or_config, **kwargs):

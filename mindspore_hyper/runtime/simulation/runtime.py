@@ -31,9 +31,9 @@ class SimulationRuntime(Runtime):
     def make_collectives(self, mesh: Layout):
         return in_process_collectives(get_context("sim_collectives"))
 
-    def materialize(self, param, row) -> ParameterSlot:
+    def materialize(self, network, param, row) -> ParameterSlot:
         """The global Parameter stays as is; each op slices what it reads (differentiably)."""
-        return ParameterSlot(param, row.layout, zero_axes(row), local=False)
+        return ParameterSlot(param, row.layout, row.global_shape, zero_axes(row), local=False)
 
     def parallelize(self, model, strategy_or_config, return_dtensor: bool = False, optimizer_states: int = 2):
         """`simulate(...)`: see mindspore_hyper.runtime.simulation.model.simulate."""

@@ -1,0 +1,147 @@
+"""Worker of the msrun tests: trains the example GPT in distributed mode for several steps and
+the same GPT on one device in the same process, and writes what each rank saw to JSON.
+
+Usage (under msrun): dist_worker.py OUT_DIR CASE [CASE ...], a CASE being
+"<data>x<tensor>[+zero]" (e.g. 2x2+zero) or "fail@<rank>" (that rank raises after one step).
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+ms.set_context(mode=ms.PYNATIVE_MODE)
+import mindspore_hyper as mh  # noqa: E402
+from mindspore_hyper import Layout, auto_parallelize  # noqa: E402
+from models import GPT  # noqa: E402
+
+STEPS = 5
+
+
+def megatron(data: int, tensor: int, zero: bool):
+    s = Layout((data, tensor), ("data", "tensor"))(tensor_map=(), optimizer_state="data" if zero else None)
+    s.override("*.qkv.*", "tensor").override("*.fc1.*", "tensor")
+    s.override("*.proj.weight", None, "tensor").override("*.fc2.weight", None, "tensor")
+    s.override("embed.*", "tensor").override("head.weight", "tensor")
+    return s
+
+
+def batches(n):
+    rng = np.random.default_rng(1)
+    return [(Tensor(rng.integers(0, 128, (8, 16)).astype(np.int32)),
+             Tensor(rng.integers(0, 128, (8, 16)).astype(np.int32))) for _ in range(n)]
+
+
+def run_case(case: str) -> dict:
+    dims, _, extra = case.partition("+")
+    data, tensor = (int(v) for v in dims.split("x"))
+    ms.set_seed(1)
+    ref = GPT(vocab=128, hidden=64, heads=4, layers=2, seq=16)
+    model = GPT(vocab=128, hidden=64, heads=4, layers=2, seq=16)
+    for p, q in zip(ref.get_parameters(), model.get_parameters()):
+        q.set_data(p.data.copy())
+    global_bytes = sum(p.asnumpy().nbytes for p in model.trainable_params())
+    par = auto_parallelize(model, megatron(data, tensor, extra == "zero"))
+    rank = par.local_ranks[0]
+    optimizer = nn.Adam(par.optimizer_parameters(), learning_rate=1e-3)
+    ref_opt = nn.Adam(ref.trainable_params(), learning_rate=1e-3)
+    ref_step = ms.value_and_grad(ref, None, ref_opt.parameters)
+    out = {"rank": rank, "losses": [], "ref_losses": []}
+    for i, (ids, labels) in enumerate(batches(STEPS)):
+        loss = par.train_step(optimizer, ids, labels)
+        ref_loss, ref_grads = ref_step(ids, labels)
+        if i == 0:  # gradients of the first step, this rank's shards
+            local_grads = par.last_gradients
+            names = [n for n, p in ref.parameters_and_names() if p.requires_grad]
+            out["grad_error"] = _errors(par, dict(zip(names, [g.asnumpy() for g in ref_grads])), local_grads, rank)
+        ref_opt(ref_grads)
+        out["losses"].append(float(loss.asnumpy()))
+        out["ref_losses"].append(float(ref_loss.asnumpy()))
+    expected = {n: p.asnumpy() for n, p in ref.parameters_and_names()}
+    local = {n: p.asnumpy() for n, p in model.parameters_and_names()}
+    out["param_error"] = _errors(par, expected, local, rank)
+    report = par.report(optimizer)
+    out["memory"] = report.memory[rank]
+    out["param_bytes_held"] = sum(p.asnumpy().nbytes for p in model.trainable_params())
+    out["optimizer_bytes_held"] = sum(p.asnumpy().nbytes for p in optimizer.moment1) * 2
+    out["global_param_bytes"] = global_bytes
+    out["comm_backward"] = report.comm_backward
+    return out
+
+
+def _errors(par, expected, local, rank):
+    """Per parameter: (max abs difference, norm of the difference, norm of the expected shard).
+    The attention key bias (its exact gradient is zero: softmax ignores a shift of all scores)
+    is reported apart as "<name>[key]"."""
+    errors = {}
+    for row in par.table:
+        if row.name not in local:
+            continue
+        region = row.layout.rank_slices(rank, row.global_shape)
+        if expected[row.name][region].shape != local[row.name].shape:  # a ZeRO-1 gradient: the optimizer slice
+            region = row.optimizer_layout.rank_slices(rank, row.global_shape)
+        want = expected[row.name][region]
+        diff = local[row.name] - want
+        if row.name.endswith("qkv.bias"):
+            hidden = row.global_shape[0] // 3
+            index = np.arange(row.global_shape[0])[region]
+            key = (index >= hidden) & (index < 2 * hidden)
+            errors[row.name + "[key]"] = _error(diff[key], want[key])
+            diff, want = diff[~key], want[~key]
+        errors[row.name] = _error(diff, want)
+    return errors
+
+
+def _error(diff, want):
+    if diff.size == 0:
+        return [0.0, 0.0, 0.0]
+    return [float(np.abs(diff).max()), float(np.linalg.norm(diff)), float(np.linalg.norm(want))]
+
+
+def main():
+    out_dir, cases = sys.argv[1], sys.argv[2:]
+    mh.set_context(mode="distributed", comm_timeout=float(os.environ.get("TEST_COMM_TIMEOUT", "60")))
+    results = {}
+    for case in cases:
+        if case.startswith("fail@"):
+            fail_rank = int(case[5:])
+            results[case] = run_failing(fail_rank, out_dir)
+        else:
+            results[case] = run_case(case)
+    rank = results[cases[0]]["rank"]
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+
+
+def run_failing(fail_rank: int, out_dir: str) -> dict:
+    ms.set_seed(1)
+    model = GPT(vocab=128, hidden=64, heads=4, layers=2, seq=16)
+    from mindspore_hyper.runtime.distributed import world
+
+    par = auto_parallelize(model, megatron(1, 2, False) if world().size == 2 else megatron(2, 2, False))
+    rank = par.local_ranks[0]
+    optimizer = nn.Adam(par.optimizer_parameters(), learning_rate=1e-3)
+    data = batches(2)
+    par.train_step(optimizer, *data[0])
+    if rank == fail_rank:
+        raise RuntimeError(f"rank {rank} fails on purpose")
+    import time
+    start = time.monotonic()
+    try:
+        par.train_step(optimizer, *data[1])
+        outcome = {"error": None}
+    except Exception as exc:  # the failure we wait for
+        outcome = {"error": type(exc).__name__, "message": str(exc)}
+    outcome["seconds"] = time.monotonic() - start
+    outcome["rank"] = rank
+    with open(os.path.join(out_dir, f"fail_rank{rank}.json"), "w") as f:
+        json.dump(outcome, f)
+    sys.exit(3 if outcome["error"] else 0)
+
+
+if __name__ == "__main__":
+    main()
