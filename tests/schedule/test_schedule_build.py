@@ -50,7 +50,8 @@ def test_zb_v_with_few_microbatches_is_still_valid(m):
 
 
 @pytest.mark.parametrize("kind,args,match", [
-    ("pipedream", (4, 8), r"kind='pipedream': expected one of \['gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1', 'zb_v'\]"),
+    ("pipedream", (4, 8), r"kind='pipedream': expected one of \['gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1', "
+                          r"'zb_v'\]"),
     ("gpipe", (0, 8), r"num_stages=0: expected a positive int"),
     ("gpipe", (4, -1), r"num_microbatches=-1: expected a positive int"),
     ("gpipe", (4, 8, 0), r"num_chunks=0: expected a positive int"),
