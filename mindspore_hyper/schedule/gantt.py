@@ -48,7 +48,8 @@ def plot_gantt(timeline: "Timeline", path: str) -> None:
     ax.invert_yaxis()
     ax.set_xlim(0, span)
     ax.set_xlabel("time")
-    ax.set_title(f"{timeline.label}  (bubble {timeline.bubble_fraction:.1%}; darker = second chunk)")
+    chunks = "; darker = a rank's later chunks" if any(e.action.chunk for e in timeline.events) else ""
+    ax.set_title(f"{timeline.label}  (bubble {timeline.bubble_fraction:.1%}{chunks})")
     ax.legend(handles=[Patch(color=_COLORS[k][0], label=_LEGEND[k]) for k in _COLORS if k in used],
               loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize=8, frameon=False)
     fig.tight_layout()
