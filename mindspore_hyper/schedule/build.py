@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Callable, Dict
 
-from mindspore_hyper.schedule.builders import (build_1f1b, build_gpipe, build_interleaved_1f1b, build_zb_h1,
-                                               build_zb_v)
+from mindspore_hyper.schedule.builders import (build_1f1b, build_dualpipe_v, build_gpipe, build_interleaved_1f1b,
+                                               build_zb_h1, build_zb_v)
 from mindspore_hyper.schedule.schedule import Schedule
 
 __all__ = ["build_schedule", "SCHEDULE_BUILDERS", "SCHEDULE_KINDS"]
@@ -15,6 +15,7 @@ SCHEDULE_BUILDERS: Dict[str, Callable[[int, int, int], Schedule]] = {
     "interleaved_1f1b": build_interleaved_1f1b,
     "zb_h1": build_zb_h1,
     "zb_v": build_zb_v,
+    "dualpipe_v": build_dualpipe_v,
 }
 SCHEDULE_KINDS = tuple(SCHEDULE_BUILDERS)
 
@@ -23,11 +24,12 @@ def build_schedule(kind: str, num_stages: int, num_microbatches: int, num_chunks
     """Build and validate a pipeline schedule.
 
     Args:
-        kind: one of SCHEDULE_KINDS: "gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v".
+        kind: one of SCHEDULE_KINDS: "gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v",
+            "dualpipe_v".
         num_stages: p, the number of pipeline ranks.
         num_microbatches: m, microbatches per step.
         num_chunks: v, model chunks per rank (the model is cut into p*v virtual stages); 1 for
-            gpipe/1f1b/zb_h1, >= 2 for interleaved_1f1b, exactly 2 for zb_v.
+            gpipe/1f1b/zb_h1, >= 2 for interleaved_1f1b, exactly 2 for zb_v and dualpipe_v.
 
     Returns:
         A Schedule that passed `validate()`.

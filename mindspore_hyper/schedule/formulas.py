@@ -35,6 +35,9 @@ BUBBLE_FORMULAS: Dict[str, BubbleFormula] = {
     "interleaved_1f1b": BubbleFormula("(p-1)(F+B+W)/v", "step", "Narayanan et al. 2021, m a multiple of p"),
     "zb_h1": BubbleFormula("(p-1)(F+B-W)", "step", "Qi et al. 2023 (Zero Bubble), W <= F+B"),
     "zb_v": BubbleFormula("0", "span", "Qi et al. 2024 (Controllable Memory), F=B=W and m >= 2p"),
+    "dualpipe_v": BubbleFormula("(PP/2-1)(F&B+B-3W)", "step",
+                                "DeepSeek DualPipe README, per chunk with PP = 2p stages; F&B = F+B here (nothing to "
+                                "overlap), full backward B; holds for chunk forward = input-gradient time >= W"),
 }
 
 
@@ -60,6 +63,10 @@ def published_idle(kind: str, num_stages: int, num_chunks: int = 1, forward: flo
         return (p - 1) * (f + b - w)
     if kind == "zb_v":
         return 0.0
+    if kind == "dualpipe_v":
+        # per chunk: forward F/2, full backward (B+W)/2, weight W/2, and F&B = forward + full backward
+        chunk_f, chunk_b, chunk_w = f / 2, (b + w) / 2, w / 2
+        return (p - 1) * ((chunk_f + chunk_b) + chunk_b - 3 * chunk_w)
     raise ValueError(f"kind={kind!r}: expected one of {list(BUBBLE_FORMULAS)}")
 
 

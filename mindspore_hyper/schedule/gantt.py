@@ -13,8 +13,8 @@ __all__ = ["plot_gantt"]
 # one hue per pass; later chunks of a rank are drawn darker
 _COLORS = {
     ActionKind.FORWARD: ("#9ecae1", "#3182bd"),
-    ActionKind.BACKWARD: ("#fdae6b", "#e6550d"),
-    ActionKind.BACKWARD_INPUT: ("#fdd0a2", "#d94801"),
+    ActionKind.BACKWARD: ("#fc9272", "#cb181d"),
+    ActionKind.BACKWARD_INPUT: ("#fdd0a2", "#e6550d"),
     ActionKind.BACKWARD_WEIGHT: ("#a1d99b", "#31a354"),
 }
 _LEGEND = {ActionKind.FORWARD: "forward", ActionKind.BACKWARD: "backward (input + weight)",

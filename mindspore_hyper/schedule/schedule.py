@@ -19,8 +19,8 @@ class Schedule:
     `num_chunks` of them. With one chunk per rank, stage s runs on rank s.
 
     Attributes:
-        kind: the schedule family ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", or a
-            caller's own name for a hand-made schedule).
+        kind: the schedule family (one of SCHEDULE_KINDS, or a caller's own name for a
+            hand-made schedule).
         num_stages: p, the number of pipeline ranks.
         num_microbatches: m, microbatches per step.
         num_chunks: v, model chunks (virtual stages) per rank.

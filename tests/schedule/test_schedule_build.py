@@ -5,7 +5,7 @@ from mindspore_hyper.schedule import SCHEDULE_KINDS, ActionKind, build_schedule
 
 
 def test_kinds():
-    assert SCHEDULE_KINDS == ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v")
+    assert SCHEDULE_KINDS == ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v")
 
 
 def test_interleaved_places_stages_round_robin():
@@ -26,7 +26,8 @@ def test_zb_v_places_stage_s_and_2p_minus_1_minus_s_together():
     assert s.stages_of(0) == (0, 7)
 
 
-@pytest.mark.parametrize("kind,v", [("gpipe", 1), ("1f1b", 1), ("zb_h1", 1), ("interleaved_1f1b", 2), ("zb_v", 2)])
+@pytest.mark.parametrize("kind,v", [("gpipe", 1), ("1f1b", 1), ("zb_h1", 1), ("interleaved_1f1b", 2), ("zb_v", 2),
+                                    ("dualpipe_v", 2)])
 def test_sends_and_receives_are_explicit_for_every_cross_rank_boundary(kind, v):
     p, m = 4, 8
     s = build_schedule(kind, p, m, v)
@@ -35,6 +36,21 @@ def test_sends_and_receives_are_explicit_for_every_cross_rank_boundary(kind, v):
     recvs = [a for actions in s.actions for a in actions if a.kind is ActionKind.RECV]
     assert len(sends) == len(recvs) == 2 * cross * m  # an activation and a gradient per boundary and microbatch
     assert {a.tensor for a in sends} == {a.tensor for a in recvs}
+
+
+def test_dualpipe_v_pairs_wait_for_both_inputs_and_split_only_the_edges():
+    p, m = 4, 12
+    s = build_schedule("dualpipe_v", p, m, 2)
+    assert s.stage_to_rank == (0, 1, 2, 3, 3, 2, 1, 0)
+    text = [str(a) for a in s.actions[1]]
+    # an overlapped pair (chunk-0 forward, chunk-1 backward): both receives, then the two computes
+    i = text.index("F s1 mb6")
+    assert text[i - 2:i] == ["recv activation s1 mb6 <- rank 0", "recv gradient s6 mb2 <- rank 0"]
+    assert text[i + 1:i + 3] == ["send activation s1 mb6 -> rank 2", "B s6 mb2"]
+    kinds = [a.kind for actions in s.actions for a in actions if a.is_compute]
+    full = kinds.count(ActionKind.BACKWARD)
+    split = kinds.count(ActionKind.BACKWARD_INPUT)
+    assert full + split == 2 * p * m and split == kinds.count(ActionKind.BACKWARD_WEIGHT) and 0 < split < full
 
 
 def test_zero_bubble_schedules_split_every_backward():
@@ -51,7 +67,7 @@ def test_zb_v_with_few_microbatches_is_still_valid(m):
 
 @pytest.mark.parametrize("kind,args,match", [
     ("pipedream", (4, 8), r"kind='pipedream': expected one of \['gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1', "
-                          r"'zb_v'\]"),
+                          r"'zb_v', 'dualpipe_v'\]"),
     ("gpipe", (0, 8), r"num_stages=0: expected a positive int"),
     ("gpipe", (4, -1), r"num_microbatches=-1: expected a positive int"),
     ("gpipe", (4, 8, 0), r"num_chunks=0: expected a positive int"),
@@ -64,6 +80,8 @@ def test_zb_v_with_few_microbatches_is_still_valid(m):
     ("zb_v", (4, 8), r"num_chunks=1: V-shaped schedules \('zb_v'\) need exactly 2 chunks per rank"),
     ("zb_v", (4, 8, 3), r"num_chunks=3: V-shaped schedules \('zb_v'\) need exactly 2 chunks per rank"),
     ("interleaved_1f1b", (4, 8), r"num_chunks=1: 'interleaved_1f1b' needs num_chunks >= 2"),
+    ("dualpipe_v", (4, 8), r"num_chunks=1: V-shaped schedules \('dualpipe_v'\) need exactly 2 chunks per rank"),
+    ("dualpipe_v", (4, 7, 2), r"num_microbatches=7: 'dualpipe_v' needs at least 2 \* num_stages = 8 microbatches"),
     ("interleaved_1f1b", (4, 6, 2), r"num_microbatches=6: 'interleaved_1f1b' needs a multiple of num_stages=4 "
                                     r"\(Megatron-LM's requirement"),
 ])

@@ -100,3 +100,19 @@ def test_gpipe_p2p_latency_adds_two_crossings_per_boundary():
     p, m, d = 4, 8, 0.25
     t = simulate(build_schedule("gpipe", p, m), p2p=d)
     assert t.makespan == (m + p - 1) * 3.0 + 2 * (p - 1) * d
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+@pytest.mark.parametrize("m_over_p", [2, 3, 4])
+@pytest.mark.parametrize("w", [1.0, 0.75, 0.5, 0.25])
+def test_dualpipe_v_idle_is_the_dualpipe_formula_with_pp_2p_stages(p, m_over_p, w):
+    # per chunk: forward f = input-gradient b (the symmetric case the formula describes), weight w
+    f = b = 1.0
+    t = simulate(build_schedule("dualpipe_v", p, m_over_p * p, 2), forward=f, backward_input=b, backward_weight=w)
+    full_backward = b + w
+    f_and_b = f + full_backward  # an overlapped pair costs both computes here: nothing to hide
+    pp = 2 * p
+    assert [t.bubble_time(r) for r in range(p)] == [(pp / 2 - 1) * (f_and_b + full_backward - 3 * w)] * p
+    assert published_idle("dualpipe_v", p, 2, 2 * f, 2 * b, 2 * w) == (pp / 2 - 1) * (f_and_b + full_backward - 3 * w)
+    # DualPipe's activation memory, PP + 1 chunks
+    assert [t.peak_inflight(r) for r in range(p)] == [pp + 1] * p
