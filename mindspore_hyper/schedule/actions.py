@@ -81,6 +81,8 @@ class Action:
     payload: Optional[Payload] = None
 
     def __post_init__(self):
+        if self.kind not in [k.value for k in ActionKind]:
+            raise ValueError(f"Action.kind={self.kind!r}: expected one of {[k.value for k in ActionKind]}")
         object.__setattr__(self, "kind", ActionKind(self.kind))
         for name in ("stage", "chunk", "microbatch"):
             value = getattr(self, name)
@@ -89,8 +91,9 @@ class Action:
         if self.kind in P2P_KINDS:
             if isinstance(self.peer, bool) or not isinstance(self.peer, int) or self.peer < 0:
                 raise ValueError(f"Action.peer={self.peer!r}: a {self.kind.value} needs the peer rank (int >= 0)")
-            if self.payload is None:
-                raise ValueError(f"Action.payload=None: a {self.kind.value} needs 'activation' or 'gradient'")
+            if self.payload not in [p.value for p in Payload]:
+                raise ValueError(f"Action.payload={self.payload!r}: a {self.kind.value} needs 'activation' or "
+                                 f"'gradient'")
             object.__setattr__(self, "payload", Payload(self.payload))
         elif self.peer is not None or self.payload is not None:
             raise ValueError(f"Action(kind={self.kind.value!r}): peer and payload are only for send/recv, "

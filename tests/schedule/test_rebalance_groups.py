@@ -116,3 +116,13 @@ def test_bad_inputs_name_the_field():
     rb = GroupRebalancer(["a", "b"], (1, 1), "devices")
     with pytest.raises(ValueError, match=r"times\[0\]=nan: expected a finite number >= 0"):
         rb.observe([float("nan"), 1.0])
+
+
+def test_planner_checks_its_inputs():
+    with pytest.raises(ValueError, match=r"unit_costs: 3 values given, expected 2"):
+        plan_group_shares([1.0, 1.0, 1.0], ["a", "b"], (1, 1), "devices")
+    with pytest.raises(ValueError, match=r"unit_costs\[1\]=-2.0: expected a finite number >= 0"):
+        plan_group_shares([1.0, -2.0], ["a", "b"], (1, 1), "microbatches")
+    with pytest.raises(ValueError, match=r"shares=\[1, 0\]: expected ints >= min_share=1"):
+        plan_group_shares([1.0, 1.0], ["a", "b"], (1, 0), "microbatches")
+    assert plan_group_shares([1.0, 3.0], ["a", "b"], (4, 4), "microbatches").after == (6, 2)

@@ -111,6 +111,7 @@ def test_cooldown_after_a_commit():
     assert [p.reason for p in held] == ["cooldown: 2 step(s) left after the last move",
                                         "cooldown: 1 step(s) left after the last move"]
     assert all(p.is_empty and p.before == (2, 4) for p in held)
+    rb.commit(held[0])  # committing an empty plan changes nothing and starts no cool-down
     assert not rb.observe([0.5, 3.0]).is_empty
 
 
@@ -154,3 +155,13 @@ def test_bad_inputs_name_the_field():
             RebalancePolicy(**{field: value})
     with pytest.raises(ValueError, match=r"RebalancePolicy.cooldown_steps=-1: expected an int >= 0"):
         RebalancePolicy(cooldown_steps=-1)
+
+
+def test_planner_checks_its_inputs():
+    layers = make_layers(4)
+    with pytest.raises(ValueError, match=r"layer_costs: 3 values given, expected 4"):
+        plan_stage_move([1.0, 1.0, 1.0], layers, (2, 2))
+    with pytest.raises(ValueError, match=r"layer_counts=\[4, 0\]: expected ints >= 1 summing to the 4 layers"):
+        plan_stage_move([1.0] * 4, layers, (4, 0))
+    with pytest.raises(ValueError, match=r"loads: expected at least one value"):
+        detect_imbalance([])

@@ -180,9 +180,18 @@ def test_action_value_checks():
         Action(F, -1, 0, 0)
     with pytest.raises(ValueError, match=r"a send needs the peer rank"):
         Action(ActionKind.SEND, 0, 0, 0, payload=Payload.ACTIVATION)
-    with pytest.raises(ValueError, match=r"a recv needs 'activation' or 'gradient'"):
+    with pytest.raises(ValueError, match=r"Action.payload=None: a recv needs 'activation' or 'gradient'"):
         Action(ActionKind.RECV, 1, 0, 0, peer=0)
     with pytest.raises(ValueError, match=r"peer and payload are only for send/recv"):
         Action(F, 0, 0, 0, peer=1)
     with pytest.raises(ValueError, match=r"only send/recv actions move a tensor"):
         Action(F, 0, 0, 0).tensor
+
+
+def test_action_kind_and_payload_names():
+    assert Action("forward", 0, 0, 0).kind is F
+    assert Action("send", 0, 0, 0, peer=1, payload="gradient").payload is Payload.GRADIENT
+    with pytest.raises(ValueError, match=r"Action.kind='fwd': expected one of \['forward', 'backward', "):
+        Action("fwd", 0, 0, 0)
+    with pytest.raises(ValueError, match=r"Action.payload='weights': a send needs 'activation' or 'gradient'"):
+        Action("send", 0, 0, 0, peer=1, payload="weights")

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Sequence, Tuple, Union
 
 from mindspore_hyper.schedule.errors import ScheduleError
 
-__all__ = ["ShareUnit", "ShareMove", "GroupSharePlan"]
+__all__ = ["ShareUnit", "ShareMove", "GroupSharePlan", "check_shares"]
 
 
 class ShareUnit(str, enum.Enum):
@@ -20,6 +20,21 @@ class ShareUnit(str, enum.Enum):
 
     MICROBATCHES = "microbatches"  # time grows linearly with the share
     DEVICES = "devices"  # time shrinks as 1/share (perfect scaling within the group assumed)
+
+
+def check_shares(groups: Sequence[str], shares: Sequence[int], unit: Union[str, ShareUnit],
+                 min_share: int) -> Tuple[int, ...]:
+    """`shares` as a tuple, or ValueError naming the bad argument (unit, min_share, groups, shares)."""
+    if unit not in [u.value for u in ShareUnit]:
+        raise ValueError(f"unit={unit!r}: expected one of {[u.value for u in ShareUnit]}")
+    if isinstance(min_share, bool) or not isinstance(min_share, int) or min_share < 1:
+        raise ValueError(f"min_share={min_share!r}: expected an int >= 1")
+    split = tuple(shares)
+    if len(split) != len(groups) or len(set(groups)) != len(groups) or not groups:
+        raise ValueError(f"groups={list(groups)}: expected distinct names, one per share in {list(split)}")
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < min_share for n in split):
+        raise ValueError(f"shares={list(split)}: expected ints >= min_share={min_share}")
+    return split
 
 
 @dataclass(frozen=True)

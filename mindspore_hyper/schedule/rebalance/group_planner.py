@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import math
-from typing import List, Sequence, Tuple
+from typing import List, Sequence, Tuple, Union
 
-from mindspore_hyper.schedule.rebalance.group_plan import GroupSharePlan, ShareMove, ShareUnit
+from mindspore_hyper.schedule.rebalance.group_plan import GroupSharePlan, ShareMove, ShareUnit, check_shares
+from mindspore_hyper.schedule.rebalance.history import check_loads
 from mindspore_hyper.schedule.rebalance.imbalance import detect_imbalance
 from mindspore_hyper.schedule.rebalance.policy import RebalancePolicy
 
@@ -18,7 +19,8 @@ def group_time(unit: ShareUnit, unit_cost: float, share: int) -> float:
     return unit_cost * share if unit is ShareUnit.MICROBATCHES else unit_cost / share
 
 
-def plan_group_shares(unit_costs: Sequence[float], groups: Sequence[str], shares: Sequence[int], unit: ShareUnit,
+def plan_group_shares(unit_costs: Sequence[float], groups: Sequence[str], shares: Sequence[int],
+                      unit: Union[str, ShareUnit],
                       policy: RebalancePolicy = RebalancePolicy(), min_share: int = 1) -> GroupSharePlan:
     """Decide whether and how to shift microbatches or devices between groups (never moves anything).
 
@@ -32,14 +34,19 @@ def plan_group_shares(unit_costs: Sequence[float], groups: Sequence[str], shares
             work in device-seconds (DEVICES).
         groups: group names.
         shares: current microbatches or devices per group.
-        unit: what the shares count.
+        unit: what the shares count ("microbatches" or "devices").
         policy: thresholds and minimum gain.
         min_share: the least a group may keep.
 
     Returns:
         A GroupSharePlan; `moves` is empty when nothing should move, and `reason` says why.
+
+    Raises:
+        ValueError: a bad unit, min_share, group list, share or unit cost (naming it).
     """
-    before = tuple(shares)
+    before = check_shares(groups, shares, unit, min_share)
+    unit = ShareUnit(unit)
+    unit_costs = check_loads("unit_costs", unit_costs, len(before))
     predicted = tuple(group_time(unit, c, n) for c, n in zip(unit_costs, before))
     imbalance = detect_imbalance(predicted, policy.overload, policy.underload)
     if imbalance.balanced:

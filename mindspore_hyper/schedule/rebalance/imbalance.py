@@ -29,7 +29,13 @@ class Imbalance:
 
 
 def detect_imbalance(loads: Sequence[float], overload: float = 1.2, underload: float = 0.8) -> Imbalance:
-    """Classify `loads` (predicted times, >= 0) against their mean."""
+    """Classify `loads` (predicted times, >= 0) against their mean.
+
+    Raises:
+        ValueError: no loads.
+    """
+    if not loads:
+        raise ValueError("loads: expected at least one value")
     mean = sum(loads) / len(loads)
     ratios = tuple(load / mean if mean > 0 else 1.0 for load in loads)
     return Imbalance(mean, ratios, tuple(i for i, r in enumerate(ratios) if r > overload),

@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Sequence, Tuple, Union
 
 from mindspore_hyper.schedule.errors import ScheduleError
-from mindspore_hyper.schedule.rebalance.group_plan import GroupSharePlan, ShareUnit
+from mindspore_hyper.schedule.rebalance.group_plan import GroupSharePlan, ShareUnit, check_shares
 from mindspore_hyper.schedule.rebalance.group_planner import group_time, plan_group_shares
 from mindspore_hyper.schedule.rebalance.history import LoadHistory, check_loads
 from mindspore_hyper.schedule.rebalance.policy import RebalancePolicy
-from mindspore_hyper.schedule.rebalance.stage_plan import LayerSpec, StageMovePlan
+from mindspore_hyper.schedule.rebalance.stage_plan import LayerSpec, StageMovePlan, check_layer_counts
 from mindspore_hyper.schedule.rebalance.stage_planner import layer_costs_from_stage_times, plan_stage_move
 
 __all__ = ["StageRebalancer", "GroupRebalancer"]
@@ -23,7 +23,8 @@ Plan = Union[StageMovePlan, GroupSharePlan]
 
 
 class _Rebalancer:
-    """History, cool-down and commit shared by both rebalancers; subclasses plan and adopt."""
+    """History, cool-down and commit shared by both rebalancers; subclasses supply the per-item
+    costs, the planning, the plan check and the plan that holds still."""
 
     def __init__(self, split: Tuple[int, ...], policy: RebalancePolicy):
         if not isinstance(policy, RebalancePolicy):
@@ -43,12 +44,14 @@ class _Rebalancer:
         return plan
 
     def commit(self, plan: Plan) -> None:
-        """Adopt a plan the runtime applied; start the cool-down.
+        """Adopt a plan the runtime applied and start the cool-down (an empty plan changes nothing).
 
         Raises:
             ScheduleError: the plan is invalid or was made for another split than the current one.
         """
         self._validate(plan)
+        if plan.is_empty:
+            return
         if plan.before != self.split:
             raise ScheduleError("plan", f"plan starts from {list(plan.before)}, the current split is "
                                         f"{list(self.split)}")
@@ -82,11 +85,7 @@ class StageRebalancer(_Rebalancer):
 
     def __init__(self, layers: Sequence[LayerSpec], layer_counts: Sequence[int],
                  policy: RebalancePolicy = RebalancePolicy()):
-        counts = tuple(layer_counts)
-        if not counts or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts) \
-                or sum(counts) != len(layers):
-            raise ValueError(f"layer_counts={list(counts)}: expected ints >= 1 summing to the {len(layers)} layers")
-        super().__init__(counts, policy)
+        super().__init__(check_layer_counts(layer_counts, len(layers)), policy)
         self.layers = tuple(layers)
 
     @property
@@ -122,15 +121,7 @@ class GroupRebalancer(_Rebalancer):
 
     def __init__(self, groups: Sequence[str], shares: Sequence[int], unit: Union[str, ShareUnit],
                  policy: RebalancePolicy = RebalancePolicy(), min_share: int = 1):
-        if unit not in [u.value for u in ShareUnit]:
-            raise ValueError(f"unit={unit!r}: expected one of {[u.value for u in ShareUnit]}")
-        if isinstance(min_share, bool) or not isinstance(min_share, int) or min_share < 1:
-            raise ValueError(f"min_share={min_share!r}: expected an int >= 1")
-        split = tuple(shares)
-        if len(split) != len(groups) or len(set(groups)) != len(groups) or not groups:
-            raise ValueError(f"groups={list(groups)}: expected distinct names, one per share in {list(split)}")
-        if any(isinstance(n, bool) or not isinstance(n, int) or n < min_share for n in split):
-            raise ValueError(f"shares={list(split)}: expected ints >= min_share={min_share}")
+        split = check_shares(groups, shares, unit, min_share)
         super().__init__(split, policy)
         self.groups = tuple(groups)
         self.unit = ShareUnit(unit)

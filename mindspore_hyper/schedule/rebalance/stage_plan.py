@@ -12,7 +12,7 @@ from typing import Sequence, Tuple
 
 from mindspore_hyper.schedule.errors import ScheduleError
 
-__all__ = ["LayerSpec", "LayerMove", "StageMovePlan", "stage_of_layers"]
+__all__ = ["LayerSpec", "LayerMove", "StageMovePlan", "stage_of_layers", "check_layer_counts"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,15 @@ class LayerMove:
     target_stage: int
     parameters: Tuple[str, ...]
     optimizer_states: Tuple[str, ...]
+
+
+def check_layer_counts(layer_counts: Sequence[int], num_layers: int) -> Tuple[int, ...]:
+    """`layer_counts` as a tuple, or ValueError unless they are ints >= 1 summing to `num_layers`."""
+    counts = tuple(layer_counts)
+    if not counts or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts) \
+            or sum(counts) != num_layers:
+        raise ValueError(f"layer_counts={list(counts)}: expected ints >= 1 summing to the {num_layers} layers")
+    return counts
 
 
 def stage_of_layers(layer_counts: Sequence[int]) -> Tuple[int, ...]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 from itertools import accumulate
 from typing import List, Sequence, Tuple
 
+from mindspore_hyper.schedule.rebalance.history import check_loads
 from mindspore_hyper.schedule.rebalance.imbalance import detect_imbalance
 from mindspore_hyper.schedule.rebalance.policy import RebalancePolicy
-from mindspore_hyper.schedule.rebalance.stage_plan import LayerMove, LayerSpec, StageMovePlan, stage_of_layers
+from mindspore_hyper.schedule.rebalance.stage_plan import (LayerMove, LayerSpec, StageMovePlan, check_layer_counts,
+                                                          stage_of_layers)
 
 __all__ = ["plan_stage_move", "layer_costs_from_stage_times"]
 
@@ -39,8 +41,12 @@ def plan_stage_move(layer_costs: Sequence[float], layers: Sequence[LayerSpec], l
 
     Returns:
         A StageMovePlan; `moves` is empty when nothing should move, and `reason` says why.
+
+    Raises:
+        ValueError: counts that are not ints >= 1 summing to len(layers), or bad layer costs.
     """
-    counts = tuple(layer_counts)
+    counts = check_layer_counts(layer_counts, len(layers))
+    layer_costs = check_loads("layer_costs", layer_costs, len(layers))
     before = _stage_loads(layer_costs, counts)
     imbalance = detect_imbalance(before, policy.overload, policy.underload)
     if imbalance.balanced:
