@@ -1,5 +1,5 @@
 """Per-device bookkeeping of a parallel run: live activation bytes and their peak, collectives
-by kind and mesh axis, and ops that fell back to replicated execution.
+by kind and mesh axis, the ops dispatched, and ops that fell back to replicated execution.
 
 All byte figures are per device. A DTensor's shards all have the same size, so a live tensor
 adds the same bytes to each device of its mesh. Forward collectives are recorded as the
@@ -25,6 +25,7 @@ class Accounting:
         # (kind, axis) -> [count, bytes sent per device, input bytes per device], per phase
         self.comm: Dict[Tuple[str, str], list] = defaultdict(lambda: [0, 0, 0])
         self.comm_backward: Dict[Tuple[str, str], list] = defaultdict(lambda: [0, 0, 0])
+        self.ops: Counter = Counter()
         self.fallbacks: Counter = Counter()
         self.steps = 0
 
@@ -33,6 +34,7 @@ class Accounting:
         self.peak_bytes = self.live_bytes
         self.comm.clear()
         self.comm_backward.clear()
+        self.ops.clear()
         self.fallbacks.clear()
 
     def allocate(self, nbytes: int) -> None:
@@ -50,6 +52,10 @@ class Accounting:
         entry[0] += 1
         entry[1] += send_bytes
         entry[2] += input_bytes
+
+    def record_op(self, op_name: str) -> None:
+        """One op on DTensors dispatched (by its MindSpore name)."""
+        self.ops[op_name] += 1
 
     def record_fallback(self, op_name: str) -> None:
         self.fallbacks[op_name] += 1

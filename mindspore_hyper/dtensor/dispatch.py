@@ -5,34 +5,45 @@ for the input layouts it needs and the output layouts it produces, (3) redistrib
 inputs through the run's collectives (recorded), (4) fans out inputs that are replicated along
 mesh axes the op runs sharded over (their gradients are summed over those axes in backward),
 and (5) runs the real op once per distinct shard this process holds. An op without a rule runs
-on replicated inputs and is recorded as a replication fallback. In-place ops (`Inplace*`) run
-by their out-of-place rule and rebind the target DTensor to the result.
+on replicated inputs and is recorded as a replication fallback. Ops that write into operands
+(in-place ops, Assign, BatchNorm's moving statistics) run by their out-of-place rule and the
+written values go back to what the caller passed (`mutation`). A failing op raises
+`DTensorOpError` naming it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from mindspore import Parameter, Tensor
+from mindspore import Parameter, Tensor, ops
 from mindspore._c_expression import NoFallbackGuard
 from mindspore.ops.primitive import Primitive
 
-from mindspore_hyper.dtensor import shard_hints
+from mindspore_hyper.dtensor import mutation, shard_hints
 from mindspore_hyper.dtensor.dtensor import DTensor, is_float, key_of, significant_axes
 from mindspore_hyper.dtensor.rules.registry import RULES, Decision
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
-__all__ = ["OpCall", "dispatch", "dispatch_getitem", "execute", "replicated_decision", "distribute"]
+__all__ = ["DTensorOpError", "OpCall", "dispatch", "dispatch_getitem", "dispatch_setitem", "execute",
+           "replicated_decision", "replicated_dtensor", "distribute"]
 
 # Ops that inspect type only (same answer on every shard): run once on one shard, return as is.
 TYPE_QUERIES = ("typeof",)
-INPLACE_PREFIX = "Inplace"
+
+
+class DTensorOpError(RuntimeError):
+    """An op on DTensors failed or is refused; the message starts with the MindSpore op name."""
+
+    def __init__(self, op_name: str, message: str):
+        super().__init__(f"{op_name}: {message}")
+        self.op_name = op_name
 
 
 @dataclass
 class OpCall:
     """A normalised op call: `inputs` are the op's operands (tensors replaced by DTensors;
-    a list operand such as Concat's stays a list); `tensors` lists the DTensors in order."""
+    a list operand such as Concat's stays a list); `tensors` lists the DTensors in order and
+    `sources` what the caller passed for each (a DTensor, Parameter or plain Tensor)."""
 
     name: str
     func: Callable
@@ -41,6 +52,7 @@ class OpCall:
     prim: Optional[Primitive] = None
     prim_name: Optional[str] = None
     tensors: List[DTensor] = field(default_factory=list)
+    sources: List[Any] = field(default_factory=list)
 
     def run(self, local_inputs: Sequence[Any], local_kwargs: Optional[Dict[str, Any]] = None):
         """Run the real op on plain local tensors (keyword tensors localised in `local_kwargs`)."""
@@ -122,6 +134,12 @@ def _mesh_of(values):
     return None
 
 
+def replicated_dtensor(execution, tensor: Tensor) -> DTensor:
+    """A plain (global) tensor as a DTensor replicated on every device of `execution`."""
+    return DTensor._create(TensorLayout.replicated(execution.mesh, tensor.ndim), {(): tensor}, tensor.shape,
+                           tensor.dtype, execution)
+
+
 def _as_dtensor(execution, value):
     if isinstance(value, DTensor):
         if value.layout.mesh != execution.mesh:
@@ -130,8 +148,7 @@ def _as_dtensor(execution, value):
     if isinstance(value, Parameter) and id(value) in execution.parameters:
         return parameter_dtensor(execution, value)
     if isinstance(value, Tensor):
-        return DTensor._create(TensorLayout.replicated(execution.mesh, value.ndim), {(): value}, value.shape,
-                               value.dtype, execution)
+        return replicated_dtensor(execution, value)
     return value
 
 
@@ -143,27 +160,28 @@ def _normalise(execution, func, args, kwargs) -> OpCall:
     else:
         inputs = list(args)
     call = OpCall(name, func, [], dict(kwargs), prim, prim_name)
-    for value in inputs:
-        if isinstance(value, (list, tuple)) and any(isinstance(v, Tensor) for v in value):
-            converted = type(value)(_as_dtensor(execution, v) for v in value)
-            call.tensors.extend(v for v in converted if isinstance(v, DTensor))
-        else:
-            converted = _as_dtensor(execution, value)
-            if isinstance(converted, DTensor):
-                call.tensors.append(converted)
-        call.inputs.append(converted)
-    for key, value in kwargs.items():  # tensors passed by keyword: laid out and localised too
+
+    def convert(value):
         converted = _as_dtensor(execution, value)
         if isinstance(converted, DTensor):
             call.tensors.append(converted)
-        call.kwargs[key] = converted
+            call.sources.append(value)
+        return converted
+
+    for value in inputs:
+        if isinstance(value, (list, tuple)) and any(isinstance(v, Tensor) for v in value):
+            call.inputs.append(type(value)(convert(v) for v in value))
+        else:
+            call.inputs.append(convert(value))
+    for key, value in kwargs.items():  # tensors passed by keyword: laid out and localised too
+        call.kwargs[key] = convert(value)
     return call
 
 
 # -- dispatch ------------------------------------------------------------------------------------
 
 def dispatch(execution, func, args, kwargs):
-    """Entry point from `DTensor.__fallback__` (and reflected operators)."""
+    """Entry point from `DTensor.__fallback__` (and plain-Tensor calls with DTensor operands)."""
     owner = _mesh_of(list(args) + list(kwargs.values()))
     if owner is not None:
         execution = owner
@@ -171,26 +189,69 @@ def dispatch(execution, func, args, kwargs):
     if not call.tensors:
         with NoFallbackGuard():
             return func(*args, **kwargs)
+    execution.accounting.record_op(call.name)
     if call.name in TYPE_QUERIES:
         coords = execution.mesh.coords(execution.local_ranks[0])
         return call.run(_localise(call.inputs, dict(enumerate(coords))))
-    inplace = call.name.startswith(INPLACE_PREFIX)
-    rule_name = call.name[len(INPLACE_PREFIX):] if inplace else call.name
+    written = mutation.mutation_of(call)
+    originals = list(call.tensors)
     hint = shard_hints.take(execution, call.name, len(call.tensors))
     if hint is not None:
         call.replace_tensors([t if layout is None else t.redistribute(layout)
                               for t, layout in zip(call.tensors, hint)])
+    decision = _decide(execution, call, written.rule if written is not None else call.name)
+    if written is not None and not _covers_all_axes(decision, written.targets):
+        execution.accounting.record_fallback(call.name)
+        decision = replicated_decision(call)
+    result = execute(execution, call, decision, private=written.targets if written is not None else ())
+    if written is None:
+        return result
+    if written.from_result:
+        first = result if isinstance(result, DTensor) else result[0]
+        _wait(call, first)
+        return mutation.write_back(execution, call.sources[0], originals[0], first)
+    for i in written.targets:
+        _wait(call, call.tensors[i])
+        mutation.write_back(execution, call.sources[i], originals[i], call.tensors[i])
+    return result
+
+
+def _wait(call: OpCall, written: DTensor) -> None:
+    """Wait for the kernels that wrote `written`: a written operand aliases its input's memory,
+    so a kernel that failed asynchronously would leave the old values readable, silently."""
+    for shard in written.shards.values():
+        try:
+            shard.data_sync(True)
+        except Exception as error:
+            raise _op_error(call, error) from error
+
+
+def _decide(execution, call: OpCall, rule_name: str) -> Decision:
+    """The rule's decision, or the replicated one (recorded) when there is no rule or it
+    declines; keyword tensors always take the replicated path (rules read positional ones)."""
     tensor_kwargs = any(isinstance(v, DTensor) for v in call.kwargs.values())
-    rule = RULES.get(rule_name) if not tensor_kwargs else None  # rules read positional tensors only
-    decision = rule(call) if rule is not None else None
+    rule = RULES.get(rule_name) if not tensor_kwargs else None
+    try:
+        decision = rule(call) if rule is not None else None
+    except Exception as error:  # a rule that cannot read the call is a bug: say which op
+        raise DTensorOpError(call.name, f"sharding rule {rule_name!r} failed on inputs "
+                                        f"{_describe(call)}: {error}") from error
     if decision is None:
         execution.accounting.record_fallback(call.name)
         decision = replicated_decision(call)
-    target = call.tensors[0]
-    result = execute(execution, call, decision)
-    if inplace:
-        return target._become(result if isinstance(result, DTensor) else result[0])
-    return result
+    return decision
+
+
+def _covers_all_axes(decision: Decision, targets) -> bool:
+    """Each written operand is split over every mesh axis the op runs over (no two runs of the
+    op write one shared shard)."""
+    axes = set().union(*[significant_axes(layout) for layout in decision.inputs])
+    return all(set(significant_axes(decision.inputs[i])) == axes for i in targets)
+
+
+def _describe(call: OpCall) -> str:
+    return ", ".join(f"{tuple(t.shape)} {t.dtype} {t.layout.tensor_map}"
+                     f"{' partial ' + repr(t.layout.partial) if t.layout.is_partial else ''}" for t in call.tensors)
 
 
 def replicated_decision(call: OpCall) -> Decision:
@@ -199,16 +260,21 @@ def replicated_decision(call: OpCall) -> Decision:
     return Decision(inputs=[TensorLayout.replicated(mesh, t.ndim) for t in call.tensors], outputs=None)
 
 
-def execute(execution, call: OpCall, decision: Decision):
+def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] = ()):
     """Redistribute inputs per `decision`, fan out replicated inputs of a sharded op, and run
-    the op once per distinct output shard this process holds."""
+    the op once per distinct output shard this process holds. The inputs at positions
+    `private` (operands the op writes) get copies of their shards first: a shard may be a view
+    of a caller's tensor, and MindSpore refuses in-place kernels on views."""
     axes = sorted(set().union(*[significant_axes(layout) for layout in decision.inputs]))
     ready = []
-    for t, layout in zip(call.tensors, decision.inputs):
+    for i, (t, layout) in enumerate(zip(call.tensors, decision.inputs)):
         fan = [a for a in axes if a not in significant_axes(layout)] if is_float(t.dtype) else []
         moved, fused = t.redistribute_with_fusion(layout, grad_partial_axes=fan)
         fan = [a for a in fan if a not in fused]
         ready.append(_fan_out(execution, moved, fan) if fan else moved)
+        if i in private:
+            ready[-1] = DTensor._create(layout, {k: ops.deepcopy(v) for k, v in ready[-1].shards.items()},
+                                        t.global_shape, t.dtype, execution)
     call.replace_tensors(ready)
     mesh = execution.mesh
     results = {}
@@ -216,17 +282,33 @@ def execute(execution, call: OpCall, decision: Decision):
         for key in execution.keys(axes):
             coords = dict(zip(axes, key))
             execution.set_running(coords)
-            local_inputs = _localise(call.inputs, coords)
-            if decision.local_fn is not None:
-                results[key] = decision.local_fn(call, local_inputs, coords)
-            else:
-                if decision.local_args is not None:
-                    local_inputs = decision.local_args(local_inputs, coords)
-                local_kwargs = dict(zip(call.kwargs, _localise(list(call.kwargs.values()), coords)))
-                results[key] = call.run(local_inputs, local_kwargs)
+            results[key] = _run_local(call, decision, coords)
     finally:
         execution.set_running(None)
-    return _assemble(execution, results, axes, decision, mesh)
+    try:
+        return _assemble(execution, results, axes, decision, mesh)
+    except Exception as error:  # MindSpore runs kernels asynchronously: their errors surface here
+        raise _op_error(call, error) from error
+
+
+def _run_local(call: OpCall, decision: Decision, coords):
+    local_inputs = _localise(call.inputs, coords)
+    try:
+        if decision.local_fn is not None:
+            return decision.local_fn(call, local_inputs, coords)
+        if decision.local_args is not None:
+            local_inputs = decision.local_args(local_inputs, coords)
+        local_kwargs = dict(zip(call.kwargs, _localise(list(call.kwargs.values()), coords)))
+        return call.run(local_inputs, local_kwargs)
+    except DTensorOpError:
+        raise
+    except Exception as error:
+        raise _op_error(call, error) from error
+
+
+def _op_error(call: OpCall, error: Exception) -> DTensorOpError:
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+    return DTensorOpError(call.name, f"failed on the shards of DTensors {_describe(call)}: {first_line}")
 
 
 def _fan_out(execution, t: DTensor, fan: List[int]) -> DTensor:
@@ -287,12 +369,33 @@ def _assemble(execution, results: Dict[tuple, Any], axes: List[int], decision: D
 
 
 def dispatch_getitem(execution, dt: DTensor, index):
-    """`dt[index]` for basic indexing (ints, slices, None, Ellipsis); tensor indices fall back."""
+    """`dt[index]`: basic indices (ints, slices, None, Ellipsis) by the indexing rule; tensor
+    indices (DTensors or plain, alone or in a tuple) run replicated."""
     from mindspore_hyper.dtensor.rules.indexing import getitem_decision
 
-    call = OpCall("getitem", lambda x, idx: x[idx], [dt, index], {}, tensors=[dt])
-    decision = getitem_decision(call)
+    call = OpCall("getitem", lambda x, idx: x[idx], [dt], {}, tensors=[dt], sources=[dt])
+    items = index if isinstance(index, tuple) else (index,)
+    converted = []
+    for item in items:
+        if isinstance(item, Tensor):
+            source, item = item, _as_dtensor(execution, item)
+            call.tensors.append(item)
+            call.sources.append(source)
+        converted.append(item)
+    call.inputs.append(tuple(converted) if isinstance(index, tuple) else converted[0])
+    execution.accounting.record_op(call.name)
+    decision = getitem_decision(call) if len(call.tensors) == 1 else None
     if decision is None:
         execution.accounting.record_fallback("getitem")
         decision = replicated_decision(call)
     return execute(execution, call, decision)
+
+
+def dispatch_setitem(execution, dt: DTensor, index, value) -> None:
+    """`dt[index] = value`: the assignment runs on the gathered value, which is then laid out
+    again by `dt`'s layout (and written back to the Parameter `dt` lays out, if any)."""
+    execution.accounting.record_op("setitem")
+    execution.accounting.record_fallback("setitem")
+    whole = ops.deepcopy(dt.full_tensor())
+    whole[index] = value  # DTensor indices or values are read by their gathered values
+    mutation.write_back(execution, dt, dt, distribute(execution, whole, dt.layout))

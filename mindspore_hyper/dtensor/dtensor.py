@@ -9,8 +9,8 @@ Shards are stored once per distinct value: keyed by the device's coordinates on 
 "significant" mesh axes (those that shard a dimension or are Partial). Devices that differ only
 along replicated axes share one shard object.
 
-Reading values (`asnumpy`, `item`, `tolist`, `float`, `int`, `bool`) gathers the global tensor
-first; under msrun that is a collective every process must call.
+Reading values (`asnumpy`, `item`, `tolist`, `float`, `int`, `bool`, `Tensor(d)`) gathers the
+global tensor first; under msrun that is a collective every process must call.
 """
 from __future__ import annotations
 
@@ -186,13 +186,54 @@ class DTensor(Tensor):
     def __bool__(self) -> bool:
         return bool(self.full_tensor())
 
+    # -- copies and storage ------------------------------------------------------------------
+    def __new__(cls, *args, **kwargs):
+        # Reached only by callers that build a new object from a DTensor's storage, such as
+        # `Parameter(d)` (DTensors themselves are made by `Tensor._make_subclass`).
+        raise TypeError("a DTensor cannot be the data of a new Parameter or Tensor subclass; pass "
+                        "d.full_tensor() (the global value) or d.local_shard(rank) (one device's shard)")
+
+    def __deepcopy__(self, memo) -> "DTensor":
+        """A DTensor with the same layout and copies of the shards (same run)."""
+        copied = DTensor._create(self._layout, {k: ops.deepcopy(v) for k, v in self.shards.items()},
+                                 self._global_shape, self.dtype, self._execution)
+        memo[id(self)] = copied
+        return copied
+
+    def __reduce_ex__(self, protocol):
+        """Pickles as a plain Tensor of the global value (a run's mesh and collectives do not
+        travel)."""
+        return Tensor, (self.asnumpy(),)
+
+    def __copy__(self) -> "DTensor":
+        return DTensor._create(self._layout, dict(self.shards), self._global_shape, self.dtype, self._execution)
+
+    @property
+    def data(self) -> "DTensor":
+        """This DTensor (MindSpore's `Tensor.data` would read the placeholder)."""
+        return self
+
+    @data.setter
+    def data(self, value) -> None:
+        """Replace the values (laid out by this DTensor's layout), like `Tensor.data = value`.
+
+        Raises:
+            ValueError: `value`'s shape differs from this DTensor's global shape.
+        """
+        from mindspore_hyper.dtensor.dispatch import distribute
+
+        if tuple(value.shape) != self._global_shape:
+            raise ValueError(f"DTensor.data = value: value has shape {tuple(value.shape)}, expected {self._global_shape}")
+        if value.dtype != self.dtype:
+            value = value.astype(self.dtype)
+        self._become(distribute(self._execution, value, self._layout))
+
     # -- indexing ----------------------------------------------------------------------------
     def __getitem__(self, index):
         return self._execution.getitem(self, index)
 
     def __setitem__(self, index, value):
-        raise TypeError("in-place item assignment on a DTensor is not supported; "
-                        "build the new tensor with ops (e.g. ops.masked_fill / ops.select)")
+        self._execution.setitem(self, index, value)
 
     def __fallback__(self, func, args, kwargs=None):
         return self._execution.dispatch(func, args, kwargs or {})

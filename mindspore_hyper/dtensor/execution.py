@@ -149,6 +149,9 @@ class Execution:
     def getitem(self, dt, index):
         return dispatcher.dispatch_getitem(self, dt, index)
 
+    def setitem(self, dt, index, value) -> None:
+        dispatcher.dispatch_setitem(self, dt, index, value)
+
     def __repr__(self) -> str:
         return f"Execution(mesh={self.mesh.device_matrix}, local_ranks={self.local_ranks})"
 

@@ -1,22 +1,39 @@
-"""Close a gap in MindSpore's op interception for DTensors.
+"""Close the gaps in MindSpore's op interception for DTensors.
 
-Old-style primitives (e.g. Stack, AddN) run through `mindspore.ops.primitive._run_op`; when their
-DTensor operands sit inside a list or tuple argument, MindSpore computes on the placeholders
-instead of calling `__fallback__` — silently wrong. `install()` wraps `_run_op` (in every
-MindSpore module that imported it) so such calls go to the dispatcher too. Calls without a
-DTensor inside a list/tuple argument take the original path unchanged.
+MindSpore hands an op to `DTensor.__fallback__` when a DTensor is the object it dispatches on.
+Three paths miss it and would compute on a DTensor's never-materialised placeholder or fail
+with an unclear error; `install()` routes each to the dispatcher:
+
+- Old-style primitives (e.g. Stack, AddN) run through `mindspore.ops.primitive._run_op`; with
+  DTensor operands inside a list or tuple argument MindSpore computes on the placeholders —
+  silently wrong. `_run_op` is wrapped (in every MindSpore module that imported it).
+- A plain Tensor as the object of a call with a DTensor operand (`x.add(d)`, `x.matmul(d)`,
+  `x += d`) makes MindSpore look up `__fallback__` on the plain Tensor ("Cannot found
+  __fallback__ attr"); `Tensor.__fallback__` forwards such calls to the DTensor's dispatcher.
+- `Tensor(d)` / `mindspore.tensor(d)` copy a tensor's own storage — a DTensor's placeholder;
+  they copy the gathered global value instead (like `d.asnumpy()`).
+- Indexing a plain Tensor with DTensor indices (`x[d]`) or assigning DTensors into it
+  (`x[i] = d`) reads placeholders; `x[d]` runs as an op on DTensors, and `x[i] = d` assigns
+  the gathered values.
+
+Calls without DTensors take MindSpore's original paths unchanged.
 """
 from __future__ import annotations
 
 import sys
 
 import mindspore.ops.primitive as primitive_module
+from mindspore import Tensor
+from mindspore.common.tensor import _TensorMeta
 
 from mindspore_hyper.dtensor.dtensor import DTensor
 
 __all__ = ["install"]
 
 _ORIGINAL = primitive_module._run_op
+_ORIGINAL_TENSOR_CALL = _TensorMeta.__call__
+_ORIGINAL_GETITEM = Tensor.__getitem__
+_ORIGINAL_SETITEM = Tensor.__setitem__
 
 
 class _PrimitiveCall:
@@ -39,6 +56,14 @@ def _nested_dtensor(args):
     return None
 
 
+def _first_dtensor(values):
+    """The first DTensor among `values` or inside their list/tuple members, or None."""
+    for v in values:
+        if isinstance(v, DTensor):
+            return v
+    return _nested_dtensor(values)
+
+
 def _guarded_run_op(obj, op_name, args):
     found = _nested_dtensor(args)
     if found is not None:
@@ -46,8 +71,68 @@ def _guarded_run_op(obj, op_name, args):
     return _ORIGINAL(obj, op_name, args)
 
 
+def _plain_tensor_fallback(self, func, args, kwargs=None):
+    """`__fallback__` of plain Tensors: MindSpore calls it when a plain Tensor is the object of
+    an op that has DTensor operands."""
+    kwargs = kwargs or {}
+    found = _first_dtensor(list(args) + list(kwargs.values()))
+    if found is None:
+        raise RuntimeError(f"{getattr(func, 'name', func)}: MindSpore asked a plain Tensor to intercept an op "
+                           "without DTensor operands (another Tensor subclass with __fallback__ is involved)")
+    return found.execution.dispatch(func, args, kwargs)
+
+
+class _PlainTensorOnly:
+    """`Tensor.__fallback__`, visible on instances of exactly `Tensor` only: MindSpore sends
+    every op with an operand of a Tensor subclass that has `__fallback__` through it, and
+    Parameters (a subclass) must keep their direct path."""
+
+    def __get__(self, obj, owner=None):
+        if obj is None or type(obj) is not Tensor:
+            raise AttributeError("__fallback__")
+        return _plain_tensor_fallback.__get__(obj, owner)
+
+
+def _tensor_call(cls, *args, **kwargs):
+    """`Tensor(...)` that reads a DTensor source by its gathered value."""
+    if args and isinstance(args[0], DTensor):
+        args = (args[0].full_tensor(),) + args[1:]
+    elif isinstance(kwargs.get("input_data"), DTensor):
+        kwargs["input_data"] = kwargs["input_data"].full_tensor()
+    return _ORIGINAL_TENSOR_CALL(cls, *args, **kwargs)
+
+
+def _index_dtensor(index):
+    return _first_dtensor(index if isinstance(index, tuple) else (index,))
+
+
+def _getitem(self, index):
+    """`Tensor.__getitem__`; a DTensor index makes it an op on DTensors."""
+    found = _index_dtensor(index)
+    if found is not None and not isinstance(self, DTensor):
+        from mindspore_hyper.dtensor.dispatch import dispatch_getitem, replicated_dtensor
+
+        return dispatch_getitem(found.execution, replicated_dtensor(found.execution, self), index)
+    return _ORIGINAL_GETITEM(self, index)
+
+
+def _setitem(self, index, value):
+    """`Tensor.__setitem__`; DTensor indices or values are read by their gathered values."""
+    def plain(v):
+        return v.full_tensor() if isinstance(v, DTensor) else v
+
+    if isinstance(value, DTensor) or _index_dtensor(index) is not None:
+        index = tuple(plain(i) for i in index) if isinstance(index, tuple) else plain(index)
+        value = plain(value)
+    return _ORIGINAL_SETITEM(self, index, value)
+
+
 def install() -> None:
-    """Replace `_run_op` in every loaded MindSpore module that holds the original (idempotent)."""
+    """Install the routes of the module docstring (idempotent)."""
     for name, module in list(sys.modules.items()):
         if name.startswith("mindspore") and getattr(module, "_run_op", None) is _ORIGINAL:
             module._run_op = _guarded_run_op
+    Tensor.__fallback__ = _PlainTensorOnly()
+    _TensorMeta.__call__ = _tensor_call
+    Tensor.__getitem__ = _getitem
+    Tensor.__setitem__ = _setitem
