@@ -178,7 +178,7 @@ def test_dropout_in_eval_and_train_keeps_layout():
 
 
 def test_unknown_op_falls_back_correctly():
-    acc = check(lambda x: ops.cumsum(x, 1), [x3()], [("a", "b", None)], allow_fallback=True)
+    acc = check(lambda x: ops.diagonal(x), [x3()], [("a", "b", None)], allow_fallback=True)  # no rule
     assert sum(acc.fallbacks.values()) == 2  # once per run: check() runs forward for value and grad
 
 
@@ -196,3 +196,75 @@ def test_tensors_passed_by_keyword_are_laid_out_too():
     acc = check(lambda x, lo: mint.clamp(x, min=lo), [x3(), low], [("a", None, "c"), (None, "b", None)],
                 allow_fallback=True)
     assert sum(acc.fallbacks.values()) == 2  # keyword tensors take the replicated path, counted
+
+
+def x4(shape=(8, 4, 6, 6)):
+    return Tensor(RNG.standard_normal(shape).astype(np.float32))
+
+
+@pytest.mark.parametrize("x_layout,w_layout", [
+    (("a", None, None, None), (None, None, None, None)),      # batch split
+    (("a", "b", None, None), ("c", "b", None, None)),         # + contraction -> Partial, + output channels
+    ((None, None, "c", None), ("a", None, None, None)),       # a split image row is gathered
+])
+def test_conv2d(x_layout, w_layout):
+    weight = x4((6, 4, 3, 3))
+    check(lambda x, w: ops.relu(ops.conv2d(x, w, pad_mode="pad", padding=1)), [x4(), weight], [x_layout, w_layout])
+
+
+def test_grouped_conv2d_keeps_only_the_batch_split():
+    weight = x4((4, 2, 3, 3))
+    check(lambda x, w: ops.conv2d(x, w, groups=2), [x4(), weight], [("a", "b", None, None), ("c", None, None, None)])
+
+
+@pytest.mark.parametrize("layout", [("a", "b", None, None), (None, ("a", "c"), "b", None)])
+def test_pooling(layout):
+    check(lambda x: ops.max_pool2d(x, 2) + ops.avg_pool2d(x, 2, 2) + ops.adaptive_avg_pool2d(x, 3), [x4()], [layout])
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("layout", [("a", "b", None, None), (None, None, "c", ("a", "b"))])
+def test_batch_norm(training, layout):
+    mean, var = Tensor(np.zeros(4, np.float32)), Tensor(np.ones(4, np.float32) * 2)
+    check(lambda x, w, b: ops.batch_norm(x, mean, var, w, b, training=training), [x4((8, 4, 6, 8)), x3((4,)), x3((4,))],
+          [layout, ("b",), (None,)])
+
+
+@pytest.mark.parametrize("layouts", [
+    [("a", "b"), ("c", "b"), ("c",)], [(None, ("a", "b")), (None, ("a", "b")), (None,)], [("a", None), ("a", None), ("a",)],
+])
+def test_dense(layouts):
+    x, w, b = x3((8, 16)), x3((8, 16)), x3((8,))
+    check(lambda x_, w_, b_: ops.dense(x_, w_, b_), [x, w, b], layouts)
+
+
+@pytest.mark.parametrize("layout", [("a", "b", "c"), (None, ("a", "b"), None)])
+@pytest.mark.parametrize("name,fn", [
+    ("cumsum", lambda x: ops.cumsum(x, 1)), ("cumprod", lambda x: ops.cumprod(x * 0.1 + 1.0, 0)),
+    ("sort", lambda x: ops.sort(x, 1)[0]), ("topk", lambda x: ops.topk(x, 3)[0]), ("flip", lambda x: ops.flip(x, (1,))),
+    ("tril", lambda x: ops.tril(x)), ("l2_normalize", lambda x: ops.L2Normalize(axis=1)(x)),
+    ("prod", lambda x: ops.prod(x * 0.1 + 1.0, 1)), ("std", lambda x: ops.std(x, 2)), ("unbind", lambda x: ops.unbind(x, 1)),
+])
+def test_ops_along_whole_dims(name, fn, layout):
+    check(fn, [x3()], [layout])
+
+
+@pytest.mark.parametrize("layout", [("a", "b", "c"), (("a", "b"), None, "c")])
+@pytest.mark.parametrize("name,fn", [
+    ("tile", lambda x: ops.tile(x, (1, 2, 1))), ("pad", lambda x: ops.pad(x, (1, 2))),
+    ("flatten", lambda x: ops.flatten(x)), ("flatten_ext", lambda x: mindspore_flatten(x)),
+    ("expand_as", lambda x: x[:, :1].expand_as(x)),
+])
+def test_shape_ops(name, fn, layout):
+    check(fn, [x3()], [layout])
+
+
+def mindspore_flatten(x):
+    from mindspore import mint
+
+    return mint.flatten(x, 0, 1)
+
+
+def test_one_hot_keeps_the_index_split():
+    ids = Tensor(RNG.integers(0, 5, (8, 4)).astype(np.int32))
+    check(lambda i: ops.one_hot(i, 5), [ids], [("a", "b")], grad=False)

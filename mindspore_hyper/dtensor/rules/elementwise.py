@@ -14,14 +14,28 @@ from mindspore_hyper.dtensor.rules.common import make
 from mindspore_hyper.dtensor.rules.registry import Decision, register
 
 ADDITIVE = ("Add", "AddExt", "Sub", "SubExt", "AddScalar", "SubScalar", "AddN")
-SCALING = ("Mul", "Muls", "Div", "Divs", "RealDiv", "Neg", "Cast", "ToDtype")
+SCALING = ("Mul", "Muls", "Div", "Divs", "RealDiv", "Neg", "Cast", "ToDtype", "StopGradient")
+DIVISIONS = ("Div", "Divs", "RealDiv")
 VALUE_FREE = ("OnesLike", "ZerosLike")
 GENERAL = (
-    "ReLU", "ReLU6", "GeLU", "FastGeLU", "SiLU", "Tanh", "Sigmoid", "Erf", "Exp", "Log", "Sqrt", "Rsqrt",
-    "Abs", "Square", "Reciprocal", "Sin", "Cos", "Softplus", "LeakyReLUExt", "Elu", "Sign", "Floor", "Ceil",
-    "Round", "Pow", "PowTensorScalar", "PowScalarTensor", "Maximum", "Minimum", "Equal", "NotEqual",
-    "Less", "LessEqual", "Greater", "GreaterEqual", "LogicalAnd", "LogicalOr", "LogicalNot", "MaskedFill", "Select", "Where", "Dropout", "DropoutExt", "ClampScalar", "ClampTensor",
-    "IsFinite", "Log1p", "Expm1", "Atan", "Mish", "HSwish", "HSigmoid", "FloorDiv", "Mod",
+    # activations and unary math
+    "ReLU", "ReLU6", "GeLU", "FastGeLU", "SiLU", "Tanh", "Sigmoid", "Erf", "Erfc", "Erfinv", "Exp", "Log", "Sqrt",
+    "Rsqrt", "Abs", "Square", "Reciprocal", "Sin", "Cos", "Tan", "Sinh", "Cosh", "Asin", "ACos", "Atan", "Asinh",
+    "Atanh", "Softplus", "SoftplusExt", "LeakyReLUExt", "Elu", "SeLU", "CeLU", "Softsign", "SoftShrink", "HShrink",
+    "Sign", "Floor", "Ceil", "Round", "Trunc", "Sinc", "Lgamma", "Digamma", "IsFinite", "IsNan", "IsInf",
+    "NanToNum", "Log1p", "Expm1", "Mish", "HSwish", "HSigmoid", "LogicalNot",
+    # binary and ternary arithmetic
+    "Pow", "PowTensorScalar", "PowScalarTensor", "Maximum", "Minimum", "Fmax", "Atan2", "Hypot", "Xlogy",
+    "FloorDiv", "Mod", "FloorMod", "RemainderTensorTensor", "DivMod", "Gcd", "Heaviside", "Lerp", "Addcmul",
+    "Addcdiv", "ClampScalar", "ClampTensor",
+    # comparisons, logic and bits
+    "Equal", "NotEqual", "Less", "LessScalar", "LessEqual", "Greater", "GreaterEqual", "IsClose", "LogicalAnd",
+    "LogicalOr", "LogicalXor", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseAndTensor", "BitwiseOrTensor",
+    "BitwiseXorTensor",
+    # selection and writes of whole values
+    "MaskedFill", "Select", "Where", "Assign",
+    # random: each distinct shard draws its own values (replicas of a shard share them)
+    "Dropout", "DropoutExt",
 )
 
 
@@ -54,7 +68,8 @@ def elementwise_decision(call, keep_partial: str) -> Decision:
         partial = {a: "sum" for t in tensors for a in t.layout.partial}
     elif keep_partial == "scale" and partial_ops == {"sum"}:
         partial_inputs = [i for i, t in enumerate(tensors) if t.layout.is_partial]
-        divisor_partial = call.name in ("Div", "RealDiv") and len(tensors) > 1 and tensors[1].layout.is_partial
+        divisor = call.inputs[1] if len(call.inputs) > 1 else None  # by position: 1.0 / x has one tensor
+        divisor_partial = call.name in DIVISIONS and getattr(getattr(divisor, "layout", None), "is_partial", False)
         if len(partial_inputs) == 1 and not divisor_partial:
             partial = dict(tensors[partial_inputs[0]].layout.partial)
     used = {a for e in out_dims for a in e}

@@ -1,4 +1,4 @@
-"""Python indexing (`x[...]`) and GatherD.
+"""Python indexing (`x[...]`), GatherD and OneHot.
 
 Basic indices (ints, slices, None, Ellipsis): a dimension taken whole by `:` keeps its
 sharding; any other indexed dimension is gathered first. Tensor indices fall back to replicated.
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from mindspore import Tensor
 
-from mindspore_hyper.dtensor.rules.common import make, norm_dims, unshard_dims
+from mindspore_hyper.dtensor.rules.common import make, norm_dims, unshard_dims, without_partial
 from mindspore_hyper.dtensor.rules.registry import Decision, register
 
 
@@ -60,3 +60,16 @@ def gather_d(call):
     layout = unshard_dims(x.layout, [dim])
     index_layout = make(layout.mesh, layout.dims)
     return Decision(inputs=[layout, index_layout], outputs=index_layout)
+
+
+@register("OneHot")
+def one_hot(call):
+    """The indices keep their split; the new class dimension is whole."""
+    indices = call.tensors[0]
+    axis = call.attrs.get("axis", -1)
+    axis = axis % (indices.ndim + 1)
+    layout = without_partial(indices.layout)
+    dims = list(layout.dims)
+    dims.insert(axis, ())
+    others = [make(layout.mesh, [()] * t.ndim) for t in call.tensors[1:]]
+    return Decision(inputs=[layout] + others, outputs=make(layout.mesh, dims))

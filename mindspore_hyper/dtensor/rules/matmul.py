@@ -1,4 +1,4 @@
-"""MatMul family and BiasAdd.
+"""MatMul family, Dense and BiasAdd.
 
 Sharding the contraction dimension yields Partial(sum) over its axes; a Partial(sum) left
 operand stays Partial (matmul is linear in it). The right operand follows the left one's batch
@@ -67,3 +67,24 @@ def bias_add(call):
     layout = x.layout if set(x.layout.partial.values()) <= {"sum"} else without_partial(x.layout)
     bias_layout = make(mesh, [layout.dims[channel]], layout.partial)  # Partial(sum): added once
     return Decision(inputs=[layout, bias_layout], outputs=layout)
+
+
+@register("Dense")
+def dense(call):
+    """x @ w.T + b (what mint.nn.functional.linear and ops.dense run): like MatMul with the
+    weight's rows as the output features; the bias follows them and is added once under
+    Partial(sum)."""
+    x, w = call.tensors[0], call.tensors[1]
+    if x.ndim < 1 or w.ndim != 2:
+        return None
+    mesh = x.layout.mesh
+    x_layout = x.layout if set(x.layout.partial.values()) <= {"sum"} else without_partial(x.layout)
+    contraction = x_layout.dims[-1]
+    used = {a for e in x_layout.dims for a in e} | set(x_layout.partial)
+    features = free_entry(w.layout.dims[0], used)
+    partial = dict(x_layout.partial)
+    partial.update({a: "sum" for a in contraction})
+    inputs = [x_layout, make(mesh, [features, contraction])]
+    if len(call.tensors) > 2:
+        inputs.append(make(mesh, [features], partial))
+    return Decision(inputs=inputs, outputs=make(mesh, list(x_layout.dims[:-1]) + [features], partial))

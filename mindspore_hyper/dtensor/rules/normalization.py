@@ -1,11 +1,14 @@
-"""Softmax/LogSoftmax, LayerNorm, RMSNorm and softmax cross-entropy.
+"""Softmax/LogSoftmax, LayerNorm, RMSNorm, BatchNorm and softmax cross-entropy.
 
 The normalised dimensions must be whole on each device (they are gathered if sharded); all
 other dimensions keep their sharding. Partial inputs are reduced first (these ops are not linear).
+BatchNorm normalises each channel over batch and space when training (only the channel split
+stays; the moving statistics it updates follow the channel split) and is elementwise per
+channel when evaluating.
 """
 from __future__ import annotations
 
-from mindspore_hyper.dtensor.rules.common import make, norm_dims, unshard_dims
+from mindspore_hyper.dtensor.rules.common import make, norm_dims, unshard_dims, without_partial
 from mindspore_hyper.dtensor.rules.registry import Decision, register
 
 
@@ -48,6 +51,20 @@ def rms_norm(call):
     layout = unshard_dims(x.layout, range(begin, x.ndim))
     stats = make(mesh, list(layout.dims[:begin]) + [()] * gamma.ndim)
     return Decision(inputs=[layout, make(mesh, [()] * gamma.ndim)], outputs=[layout, stats])
+
+
+@register("BatchNorm")
+def batch_norm(call):
+    x = call.tensors[0]
+    if call.attrs.get("data_format", "NCHW") != "NCHW" or len(call.tensors) != 5 or x.ndim < 2:
+        return None
+    flags = [v for v in call.inputs[5:6] if isinstance(v, bool)]
+    training = flags[0] if flags else bool(call.attrs.get("is_training", False))
+    layout = without_partial(x.layout)
+    if training:
+        layout = unshard_dims(layout, [d for d in range(x.ndim) if d != 1])
+    per_channel = make(layout.mesh, [layout.dims[1]])
+    return Decision(inputs=[layout] + [per_channel] * 4, outputs=[layout] + [per_channel] * 4)
 
 
 @register("SoftmaxCrossEntropyWithLogits")

@@ -1,8 +1,9 @@
-"""Reductions: sum/mean/max/min over dimensions.
+"""Reductions: sum/mean/max/min over dimensions, and reductions over whole dimensions.
 
 Reducing a sharded dimension gives a Partial result over its axes — sum and mean of equal-size
 shards combine by sum and avg, max and min by max and min — resolved only when a consumer
-needs the whole value.
+needs the whole value. Reductions whose per-shard results do not combine that way (positions,
+products, spreads, medians, all/any) gather the reduced dimensions first.
 """
 from __future__ import annotations
 
@@ -65,17 +66,26 @@ def reduction(call):
     return Decision(inputs=[layout], outputs=make(layout.mesh, out_dims, partial))
 
 
-@register("MaxDim", "MinDim", "ArgMaxExt", "ArgMinExt", "Argmax", "Argmin", "ArgMaxWithValue", "ArgMinWithValue")
-def arg_reduction(call):
-    """Reductions that also return positions: the reduced dimension must be whole per device."""
+# Reductions whose partial results do not combine by a Partial placement (positions, products,
+# spreads, medians, bool all/any) and Unstack: the reduced dimensions must be whole per device.
+# None for the dimensions means all of them.
+WHOLE_DIMS = ("MaxDim", "MinDim", "ArgMaxExt", "ArgMinExt", "Argmax", "Argmin", "ArgMaxWithValue",
+              "ArgMinWithValue", "DeprecatedArgmax", "ProdExt", "ReduceStd", "ReduceAll", "ReduceAny", "Median",
+              "Unstack")
+
+
+@register(*WHOLE_DIMS)
+def whole_dims_reduction(call):
+    """Reductions over whole dimensions (see WHOLE_DIMS); every output drops them (or keeps
+    them as size 1)."""
     x = call.tensors[0]
-    if len(call.tensors) > 1:
+    if len(call.tensors) > 1 or x.ndim == 0:
         return None
     dims, keep = parse_reduction(call)
     if dims is None and "axis" in call.attrs:
         dims = call.attrs["axis"]
-    if dims is None or x.ndim == 0:
-        return None
+    if call.attrs.get("global_median", False):
+        dims = None
     reduced = norm_dims(dims, x.ndim)
     layout = without_partial(x.layout).with_dims([() if d in reduced else e for d, e in enumerate(x.layout.dims)], {})
     out_dims = [() if d in reduced else e for d, e in enumerate(layout.dims) if keep or d not in reduced]

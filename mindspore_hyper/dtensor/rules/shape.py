@@ -1,4 +1,4 @@
-"""Reshape, Transpose, ExpandDims/Unsqueeze, Squeeze, BroadcastTo.
+"""Reshape, Flatten, Transpose, ExpandDims/Unsqueeze, Squeeze, BroadcastTo, ExpandAs, Tile, Pad.
 
 Reshape keeps a dimension's sharding when that dimension is the major (first) input dimension
 of the output dimension it maps into and the output size divides; otherwise the dimension is
@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import List, Optional, Sequence, Tuple
 
-from mindspore_hyper.dtensor.rules.common import make, norm_dims
+from mindspore_hyper.dtensor.rules.common import make, norm_dims, unshard_dims
 from mindspore_hyper.dtensor.rules.registry import Decision, register
 
 
@@ -48,12 +48,11 @@ def _groups(src: Sequence[int], dst: Sequence[int]) -> Optional[List[Tuple[List[
     return groups
 
 
-@register("Reshape", "View")
-def reshape(call):
-    x = call.tensors[0]
+def reshape_layouts(x, out_shape):
+    """(input layout, output layout) reshaping `x` to `out_shape` by the module docstring's
+    rule, or None if the shapes do not pair up."""
     mesh = x.layout.mesh
     in_shape = tuple(x.shape)
-    out_shape = _target_shape(call, in_shape)
     groups = _groups(in_shape, out_shape)
     if groups is None:
         return None
@@ -74,13 +73,38 @@ def reshape(call):
             out_dims[major_out] = tuple(in_dims[major_in])
         else:
             in_dims[major_in] = []
-    out_layout = make(mesh, out_dims, x.layout.partial)
+    return make(mesh, in_dims, x.layout.partial), make(mesh, out_dims, x.layout.partial)
+
+
+@register("Reshape", "View")
+def reshape(call):
+    x = call.tensors[0]
+    out_shape = _target_shape(call, tuple(x.shape))
+    layouts = reshape_layouts(x, out_shape)
+    if layouts is None:
+        return None
+    in_layout, out_layout = layouts
     local = out_layout.local_shape(out_shape)
+    return Decision(inputs=[in_layout], outputs=out_layout, local_args=lambda inputs, coords: [inputs[0], local])
 
-    def local_args(inputs, coords):
-        return [inputs[0], local]
 
-    return Decision(inputs=[make(mesh, in_dims, x.layout.partial)], outputs=out_layout, local_args=local_args)
+@register("Flatten", "FlattenExt")
+def flatten(call):
+    """Flatten (all but the first dimension) and FlattenExt (start..end): reshapes whose local
+    op computes its own local shape."""
+    x = call.tensors[0]
+    if x.ndim == 0:
+        return None
+    if call.name == "Flatten":
+        start, end = 1, x.ndim - 1
+    else:
+        start = call.inputs[1] if len(call.inputs) > 1 else 0
+        end = call.inputs[2] if len(call.inputs) > 2 else -1
+        start, end = start % x.ndim, end % x.ndim
+    shape = tuple(x.shape)
+    out_shape = shape[:start] + (math.prod(shape[start:end + 1]),) + shape[end + 1:]
+    layouts = reshape_layouts(x, out_shape)
+    return None if layouts is None else Decision(inputs=[layouts[0]], outputs=layouts[1])
 
 
 def _perm(call, ndim) -> Tuple[int, ...]:
@@ -95,7 +119,8 @@ def _perm(call, ndim) -> Tuple[int, ...]:
     return tuple(int(p) % ndim for p in rest)
 
 
-@register("Transpose", "DeprecatedTranspose", "TransposeExt", "SwapAxes", "Swapaxes", "Permute", "TransposeExtView")
+@register("Transpose", "DeprecatedTranspose", "TransposeExt", "SwapAxes", "Swapaxes", "Permute", "TransposeExtView",
+          "TransposeView")
 def transpose(call):
     x = call.tensors[0]
     perm = _perm(call, x.ndim)
@@ -116,10 +141,17 @@ def expand_dims(call):
 def squeeze(call):
     x = call.tensors[0]
     axis = call.inputs[1] if len(call.inputs) > 1 else call.attrs.get("axis", ())
-    squeezed = [d for d in range(x.ndim) if x.shape[d] == 1] if axis in ((), None, []) else norm_dims(axis, x.ndim)
-    squeezed = [d for d in squeezed if x.shape[d] == 1]
+    every = axis in ((), None, [])
+    if every and len(call.inputs) < 2:
+        return None  # a primitive squeezing every size-1 dimension would also squeeze local ones
+    squeezed = [d for d in range(x.ndim) if x.shape[d] == 1] if every else norm_dims(axis, x.ndim)
+    squeezed = tuple(d for d in squeezed if x.shape[d] == 1)
     dims = [e for d, e in enumerate(x.layout.dims) if d not in squeezed]
-    return Decision(inputs=[x.layout], outputs=make(x.layout.mesh, dims, x.layout.partial))
+    out = make(x.layout.mesh, dims, x.layout.partial)
+    if not squeezed:  # an empty axis tuple would squeeze the local size-1 dimensions
+        return Decision(inputs=[x.layout], outputs=out, local_fn=lambda call_, inputs, coords: inputs[0])
+    return Decision(inputs=[x.layout], outputs=out,
+                    local_args=lambda inputs, coords: [inputs[0], squeezed] + list(inputs[2:]))
 
 
 @register("BroadcastTo")
@@ -133,3 +165,42 @@ def broadcast_to(call):
     out = make(x.layout.mesh, dims, {})
     local = out.local_shape(shape)
     return Decision(inputs=[layout], outputs=out, local_args=lambda inputs, coords: [inputs[0], local])
+
+
+@register("Tile")
+def tile(call):
+    """Dimensions repeated more than once must be whole; new leading dimensions are whole."""
+    x = call.tensors[0]
+    reps = tuple(call.inputs[1])
+    reps = (1,) * (x.ndim - len(reps)) + reps
+    off = len(reps) - x.ndim
+    in_dims = [e if reps[d + off] == 1 else () for d, e in enumerate(x.layout.dims)]
+    return Decision(inputs=[make(x.layout.mesh, in_dims, x.layout.partial)],
+                    outputs=make(x.layout.mesh, [()] * off + in_dims, x.layout.partial))
+
+
+@register("ExpandAs")
+def expand_as(call):
+    """x broadcast to `other`'s shape: the output takes `other`'s split; x's broadcast
+    dimensions are whole and the others follow the output (the local op reads `other`'s
+    local shape)."""
+    x, other = call.tensors[0], call.tensors[1]
+    mesh = x.layout.mesh
+    out_dims = list(other.layout.dims)
+    off = other.ndim - x.ndim
+    x_dims = [out_dims[d + off] if x.shape[d] == other.shape[d + off] else () for d in range(x.ndim)]
+    out_dims[:off] = [()] * off
+    for d in range(x.ndim):
+        if not x_dims[d]:
+            out_dims[d + off] = ()
+    return Decision(inputs=[make(mesh, x_dims), make(mesh, out_dims)], outputs=make(mesh, out_dims))
+
+
+@register("PadV3")
+def pad(call):
+    """Padded dimensions (the last len(paddings)/2) must be whole; the others keep their split."""
+    x = call.tensors[0]
+    paddings = tuple(call.inputs[1])
+    padded = [x.ndim - 1 - i for i in range(len(paddings) // 2) if paddings[2 * i] or paddings[2 * i + 1]]
+    layout = unshard_dims(x.layout, padded)
+    return Decision(inputs=[layout] + [make(layout.mesh, [()] * t.ndim) for t in call.tensors[1:]], outputs=layout)
