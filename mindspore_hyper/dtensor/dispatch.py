@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from mindspore import Parameter, Tensor, ops
 from mindspore._c_expression import NoFallbackGuard
+from mindspore.common.api import _pynative_executor
 from mindspore.ops.primitive import Primitive
 
 from mindspore_hyper.dtensor import mutation, shard_hints
@@ -307,8 +308,18 @@ def _run_local(call: OpCall, decision: Decision, coords):
 
 
 def _op_error(call: OpCall, error: Exception) -> DTensorOpError:
+    _drain_pipeline()
     first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
     return DTensorOpError(call.name, f"failed on the shards of DTensors {_describe(call)}: {first_line}")
+
+
+def _drain_pipeline() -> None:
+    """MindSpore 2.10 raises an asynchronous kernel failure again on later, unrelated ops until
+    its op pipeline is synchronised; synchronise it so the failure is reported once (here)."""
+    try:
+        _pynative_executor.sync()
+    except Exception:  # the same failure, being reported by the caller
+        pass
 
 
 def _fan_out(execution, t: DTensor, fan: List[int]) -> DTensor:

@@ -268,3 +268,13 @@ def mindspore_flatten(x):
 def test_one_hot_keeps_the_index_split():
     ids = Tensor(RNG.integers(0, 5, (8, 4)).astype(np.int32))
     check(lambda i: ops.one_hot(i, 5), [ids], [("a", "b")], grad=False)
+
+
+@pytest.mark.parametrize("layouts", [[("a", "b", "c"), ("b",)], [(None, None, ("a", "b")), ("a",)]])
+def test_gather_along_a_later_axis(layouts):
+    ids = Tensor(RNG.integers(0, 8, (4,)).astype(np.int32))
+    check(lambda x, i: ops.gather(x, i, 1) * 2.0, [x3(), ids], layouts)
+
+
+def test_prelu_slopes_follow_the_channel_split():
+    check(lambda x, w: ops.prelu(x, w), [x3(), x3((8,))], [("a", "b", "c"), (None,)])

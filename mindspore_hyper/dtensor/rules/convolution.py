@@ -17,9 +17,8 @@ from mindspore_hyper.dtensor.rules.registry import Decision, register
 
 # op name -> number of trailing spatial dimensions (NCHW-style inputs)
 POOLING = {
-    "MaxPool": 2, "AvgPool": 2, "MaxPoolWithArgmaxV2": 2, "AdaptiveAvgPool2D": 2, "AdaptiveMaxPool2D": 2,
-    "AvgPool3D": 3, "MaxPool3D": 3, "AdaptiveAvgPool3D": 3, "ResizeNearestNeighbor": 2, "ResizeBilinearV2": 2,
-    "UpsampleNearest2D": 2, "UpsampleBilinear2D": 2,
+    "MaxPool": 2, "MaxPoolWithArgmaxV2": 2, "AdaptiveAvgPool2D": 2, "AdaptiveMaxPool2D": 2, "AvgPool3D": 3,
+    "ResizeNearestNeighborV2": 2,
 }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import List
 
-from mindspore_hyper.dtensor.rules.common import make
+from mindspore_hyper.dtensor.rules.common import make, without_partial
 from mindspore_hyper.dtensor.rules.registry import Decision, register
 
 ADDITIVE = ("Add", "AddExt", "Sub", "SubExt", "AddScalar", "SubScalar", "AddN")
@@ -35,7 +35,7 @@ GENERAL = (
     # selection and writes of whole values
     "MaskedFill", "Select", "Where", "Assign",
     # random: each distinct shard draws its own values (replicas of a shard share them)
-    "Dropout", "DropoutExt",
+    "Dropout", "DropoutExt", "Bernoulli",
 )
 
 
@@ -125,3 +125,13 @@ def value_free(call):
 @register(*GENERAL)
 def general(call):
     return elementwise_decision(call, "none")
+
+
+@register("PReLU")
+def prelu(call):
+    """Elementwise with one slope per channel (dimension 1): the slopes follow the channel split."""
+    x, slope = call.tensors[0], call.tensors[1]
+    layout = without_partial(x.layout)
+    per_channel = x.ndim > 1 and slope.ndim == 1 and slope.shape[0] == x.shape[1] and slope.shape[0] > 1
+    slope_layout = make(layout.mesh, [layout.dims[1] if per_channel else ()] * slope.ndim)
+    return Decision(inputs=[layout, slope_layout], outputs=layout)
