@@ -11,11 +11,13 @@ by a sharding rule or by the replicated fallback.
 
 `python -m mindspore_hyper.dtensor.coverage` writes docs/op_coverage.md (about 5 s with
 synchronous kernel launches); `--check` only compares it with the sweep (exit status 1 if
-stale or if an op is not ok).
+stale or if an op is not ok); `--json PATH` writes each op's outcome instead (what the test
+reads).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import zlib
 from dataclasses import dataclass, field
@@ -68,6 +70,16 @@ class CaseResult:
     refusal: Optional[str] = None
     mismatches: Dict[str, str] = field(default_factory=dict)
     unclear: Dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"name": self.case.name, "dispatched": self.dispatched, "fallbacks": self.fallbacks,
+                "refusal": self.refusal, "mismatches": self.mismatches, "unclear": self.unclear}
+
+    @classmethod
+    def from_dict(cls, data: dict, case: OpCase) -> "CaseResult":
+        """The outcome `to_dict` wrote, for `case`."""
+        return cls(case, list(data["dispatched"]), list(data["fallbacks"]), data["refusal"],
+                   dict(data["mismatches"]), dict(data["unclear"]))
 
     @property
     def ok(self) -> bool:
@@ -298,18 +310,23 @@ def render(results: Sequence[CaseResult]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Write (or with --check, verify) the coverage table; returns the exit status."""
+    """Write (or with --check, verify) the coverage table, or with --json write the outcomes;
+    returns the exit status (1 if an op is not ok or the table is stale)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, default=Path(__file__).resolve().parents[2] / "docs" / "op_coverage.md")
-    parser.add_argument("--check", action="store_true", help="compare with the file instead of writing it")
+    parser.add_argument("--check", action="store_true", help="compare with the table instead of writing it")
+    parser.add_argument("--json", type=Path, help="write each op's outcome to this JSON file instead")
     args = parser.parse_args(argv)
-    # Thousands of tiny kernels: synchronous launches are ~10x faster than MindSpore's
-    # asynchronous pipeline here, and give the same results.
+    # Thousands of tiny kernels: synchronous launches, set before the process runs its first
+    # kernel, are ~10x faster than MindSpore's asynchronous pipeline here (same results).
     ms.set_context(pynative_synchronize=True)
     results = run_all()
     bad = [r for r in results if not r.ok]
     for r in bad:
         print(f"{r.case.name}: {r.mismatches or r.unclear}", file=sys.stderr)
+    if args.json is not None:
+        args.json.write_text(json.dumps([r.to_dict() for r in results], indent=1))
+        return 1 if bad else 0
     text = render(results)
     if args.check:
         current = args.output.read_text() if args.output.exists() else ""

@@ -1,9 +1,16 @@
 """The op-coverage sweep: every op of the catalog, on DTensors laid out every way on a 2x2
 mesh, matches the single-device op or is refused with an error naming it; docs/op_coverage.md
-is the sweep's current table."""
+is the sweep's current table.
+
+The sweep runs once, in a fresh process started with synchronous kernel launches (MindSpore's
+asynchronous pipeline, once running, makes its thousands of tiny kernels ~10x slower; the
+results are the same), and each op's outcome is checked by its own test here.
+"""
+import json
+import subprocess
+import sys
 from pathlib import Path
 
-import mindspore as ms
 import pytest
 from mindspore import ops
 
@@ -13,23 +20,18 @@ from mindspore_hyper.dtensor.rules import registry
 from mindspore_hyper.dtensor.rules.common import make
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "op_coverage.md"
-_RESULTS = {}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _synchronous_kernels():
-    """Thousands of tiny kernels: synchronous launches are ~10x faster than MindSpore's
-    asynchronous pipeline, with the same results."""
-    before = ms.get_context("pynative_synchronize")
-    ms.set_context(pynative_synchronize=True)
-    yield
-    ms.set_context(pynative_synchronize=before)
-
-
-def result(case: OpCase) -> coverage.CaseResult:
-    if case.name not in _RESULTS:
-        _RESULTS[case.name] = coverage.run_case(case)
-    return _RESULTS[case.name]
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    """name -> CaseResult of every catalog op, from one sweep in a fresh process."""
+    path = tmp_path_factory.mktemp("sweep") / "outcomes.json"
+    run = subprocess.run([sys.executable, "-m", "mindspore_hyper.dtensor.coverage", "--json", str(path)],
+                         capture_output=True, text=True, timeout=600)
+    if not path.exists():
+        raise AssertionError(f"the sweep did not finish (exit {run.returncode}):\n{run.stderr[-3000:]}")
+    cases = {case.name: case for case in CATALOG}
+    return {d["name"]: coverage.CaseResult.from_dict(d, cases[d["name"]]) for d in json.loads(path.read_text())}
 
 
 def test_catalog_covers_at_least_150_distinct_ops():
@@ -38,15 +40,15 @@ def test_catalog_covers_at_least_150_distinct_ops():
     assert len(names) >= 150
 
 
-@pytest.mark.parametrize("case", CATALOG, ids=[case.name for case in CATALOG])
-def test_op_matches_one_device_or_is_refused(case):
-    outcome = result(case)
-    assert not outcome.mismatches, f"{case.name}: wrong values on DTensors: {outcome.mismatches}"
-    assert not outcome.unclear, f"{case.name}: failed without naming the op: {outcome.unclear}"
+@pytest.mark.parametrize("name", [case.name for case in CATALOG])
+def test_op_matches_one_device_or_is_refused(outcomes, name):
+    outcome = outcomes[name]
+    assert not outcome.mismatches, f"{name}: wrong values on DTensors: {outcome.mismatches}"
+    assert not outcome.unclear, f"{name}: failed without naming the op: {outcome.unclear}"
 
 
-def test_docs_table_is_up_to_date():
-    text = coverage.render([result(case) for case in CATALOG])
+def test_docs_table_is_up_to_date(outcomes):
+    text = coverage.render([outcomes[case.name] for case in CATALOG])
     assert DOC.read_text() == text, "docs/op_coverage.md is stale: run python -m mindspore_hyper.dtensor.coverage"
 
 
