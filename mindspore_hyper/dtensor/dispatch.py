@@ -309,8 +309,10 @@ def _run_local(call: OpCall, decision: Decision, coords):
 
 def _op_error(call: OpCall, error: Exception) -> DTensorOpError:
     _drain_pipeline()
-    first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-    return DTensorOpError(call.name, f"failed on the shards of DTensors {_describe(call)}: {first_line}")
+    text = str(error).split("C++ Call Stack")[0]  # MindSpore's message without its C++ stack
+    lines = [line.strip(" -=") for line in text.splitlines() if line.strip(" -=")]
+    summary = " ".join(lines[:2]) if lines else repr(error)
+    return DTensorOpError(call.name, f"failed on the shards of DTensors {_describe(call)}: {summary}")
 
 
 def _drain_pipeline() -> None:

@@ -215,18 +215,18 @@ class DTensor(Tensor):
 
     @data.setter
     def data(self, value) -> None:
-        """Replace the values (laid out by this DTensor's layout), like `Tensor.data = value`.
+        """Replace the values (laid out by this DTensor's layout), like `Tensor.data = value`;
+        a DTensor laying out a model Parameter writes the Parameter too.
 
         Raises:
             ValueError: `value`'s shape differs from this DTensor's global shape.
         """
+        from mindspore_hyper.dtensor import mutation
         from mindspore_hyper.dtensor.dispatch import distribute
 
         if tuple(value.shape) != self._global_shape:
             raise ValueError(f"DTensor.data = value: value has shape {tuple(value.shape)}, expected {self._global_shape}")
-        if value.dtype != self.dtype:
-            value = value.astype(self.dtype)
-        self._become(distribute(self._execution, value, self._layout))
+        mutation.write_back(self._execution, self, self, distribute(self._execution, value, self._layout))
 
     # -- indexing ----------------------------------------------------------------------------
     def __getitem__(self, index):

@@ -127,3 +127,36 @@ def test_batch_norm_inference_keeps_the_batch_split(clean_context):
     parallel = mh.auto_parallelize(net, DATA(tensor_map=()))
     np.testing.assert_allclose(parallel(x).asnumpy(), expected, rtol=1e-5)
     assert "AllGather" not in parallel.report().comm  # no gathers before the final sum
+
+
+class RunningMean(nn.Cell):
+    """Writes two buffers in its forward: a running mean (ops.assign) and a call count
+    (ops.assign_add)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(8, 8)
+        self.running = ms.Parameter(Tensor(np.zeros(8, np.float32)), name="running", requires_grad=False)
+        self.calls = ms.Parameter(Tensor(np.zeros(1, np.int32)), name="calls", requires_grad=False)
+
+    def construct(self, x):
+        y = self.fc(x)
+        ms.ops.assign(self.running, self.running * 0.9 + y.mean(0) * 0.1)
+        ms.ops.assign_add(self.calls, Tensor(np.ones(1, np.int32)))
+        return y.sum()
+
+
+def test_buffers_written_in_the_forward_are_written_back(clean_context):
+    x = Tensor(RNG.standard_normal((4, 8)).astype(np.float32))
+    ms.set_seed(2)
+    reference = RunningMean()
+    expected = [reference(x).asnumpy() for _ in range(2)]
+    ms.set_seed(2)
+    net = RunningMean()
+    strategy = GRID(tensor_map=()).override("running", "tensor").override("fc.weight", "tensor", None)
+    mh.set_context(mode="simulation", device_num=4)
+    parallel = mh.auto_parallelize(net, strategy)
+    got = [parallel(x).asnumpy() for _ in range(2)]
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    np.testing.assert_allclose(net.running.asnumpy(), reference.running.asnumpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(net.calls.asnumpy(), [2])
