@@ -205,8 +205,11 @@ def dispatch(execution, func, args, kwargs):
         execution.accounting.record_fallback(call.name)
         decision = replicated_decision(call)
     result = execute(execution, call, decision, private=written.targets if written is not None else ())
-    if written is None:
-        return result
+    return result if written is None else _write_back(execution, call, written, originals, result)
+
+
+def _write_back(execution, call: OpCall, written: mutation.Mutation, originals: List[DTensor], result):
+    """Give what the caller passed the values the op wrote; returns what the caller gets."""
     if written.from_result:
         first = result if isinstance(result, DTensor) else result[0]
         _wait(call, first)
