@@ -178,8 +178,7 @@ def dispatch(execution, func, args, kwargs):
     rule_name = call.name[len(INPLACE_PREFIX):] if inplace else call.name
     hint = shard_hints.take(execution, call.name, len(call.tensors))
     if hint is not None:
-        call.replace_tensors([t if layout is None else t.redistribute(layout)
-                              for t, layout in zip(call.tensors, hint)])
+        call.replace_tensors([t if layout is None else _hinted(t, layout) for t, layout in zip(call.tensors, hint)])
     tensor_kwargs = any(isinstance(v, DTensor) for v in call.kwargs.values())
     rule = RULES.get(rule_name) if not tensor_kwargs else None  # rules read positional tensors only
     decision = rule(call) if rule is not None else None
@@ -191,6 +190,16 @@ def dispatch(execution, func, args, kwargs):
     if inplace:
         return target._become(result if isinstance(result, DTensor) else result[0])
     return result
+
+
+def _hinted(t: DTensor, layout: TensorLayout) -> DTensor:
+    """`t` as the primitive's `.shard()` asks; moved only if the op's rule then keeps that layout
+    (`execute` redistributes from `t` itself, so a gather can take over the gradient sum)."""
+    if layout == t.layout:
+        return t
+    view = DTensor._lazy(layout, lambda: t.redistribute(layout).shards, t.global_shape, t.dtype, t.execution)
+    view._hint_source = t
+    return view
 
 
 def replicated_decision(call: OpCall) -> Decision:
@@ -206,6 +215,8 @@ def execute(execution, call: OpCall, decision: Decision):
     ready = []
     for t, layout in zip(call.tensors, decision.inputs):
         fan = [a for a in axes if a not in significant_axes(layout)] if is_float(t.dtype) else []
+        if t._hint_source is not None and t._pending is not None:
+            t = t._hint_source  # not moved yet: move the original straight to the layout the op needs
         moved, fused = t.redistribute_with_fusion(layout, grad_partial_axes=fan)
         fan = [a for a in fan if a not in fused]
         ready.append(_fan_out(execution, moved, fan) if fan else moved)

@@ -60,6 +60,7 @@ class DTensor(Tensor):
         dt._layout = layout
         dt._shards = shards  # None until `_pending()` makes them (a lazily laid out Parameter)
         dt._pending = None
+        dt._hint_source = None  # a DTensor this one is a not yet moved `.shard()` view of
         dt._global_shape = global_shape
         dt._execution = execution
         nbytes = math.prod(layout.local_shape(global_shape)) * dtype.itemsize
