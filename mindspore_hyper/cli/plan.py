@@ -107,14 +107,14 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("no strategy: give --config YAML, or --data/--tensor/--pipeline/--zero (GPT layout)")
     if args.model != GPT_PRESET and args.inputs is None:
         raise ValueError(f"--model {args.model}: give its --inputs (e.g. float32:8x64)")
-    context = {k: getattr(args, k) for k in ("device_memory", "topology") if getattr(args, k) is not None}
-    mh.set_context(**context)
-    model = build_model(args.model, args.init_args)
-    inputs = make_inputs(args.inputs or gpt_inputs(args.init_args, args.batch))
     strategy = None if args.config else _gpt_strategy(args)
     if strategy is not None and args.inputs is None and args.batch % strategy.data:
         raise ValueError(f"--batch {args.batch} must divide by --data {strategy.data}")
     config = args.config or gpt_parallel_config(strategy)
+    context = {k: getattr(args, k) for k in ("device_memory", "topology") if getattr(args, k) is not None}
+    mh.set_context(**context)
+    model = build_model(args.model, args.init_args)
+    inputs = make_inputs(args.inputs or gpt_inputs(args.init_args, args.batch))
     table = mh.resolve_strategy(model, config)
     report = simulate_step(model, config, inputs, optimizer=_optimizer_factory(args.optimizer),
                            backward=not args.forward_only, pause_gc=True)

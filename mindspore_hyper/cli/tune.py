@@ -73,11 +73,6 @@ def _candidates(args: argparse.Namespace) -> list:
 
 def run(args: argparse.Namespace) -> int:
     """Build the offloaded model, run the tuner, print the table (or JSON)."""
-    import mindspore as ms
-    from mindspore import nn
-
-    from mindspore_hyper.offload import OffloadPolicy, OffloadStore, hyper_offload, tune_block_size, tune_prefetch_depth
-
     if args.warmup < 0:
         raise ValueError(f"--warmup {args.warmup}: expected an int >= 0")
     if args.block_size is not None and args.target == "block-size":
@@ -85,6 +80,11 @@ def run(args: argparse.Namespace) -> int:
     if args.model != GPT_PRESET and args.inputs is None:
         raise ValueError(f"--model {args.model}: give its --inputs (e.g. float32:32x512 float32:32x1)")
     candidates = _candidates(args)
+    import mindspore as ms
+    from mindspore import nn
+
+    from mindspore_hyper.offload import OffloadPolicy, OffloadStore, hyper_offload, tune_block_size, tune_prefetch_depth
+
     ms.set_context(mode=ms.PYNATIVE_MODE)
     inputs = make_inputs(args.inputs or gpt_inputs(args.init_args, args.batch))
     cells = args.offload_cells or (["blocks.*"] if args.model == GPT_PRESET else None)
