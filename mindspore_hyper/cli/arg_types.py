@@ -10,26 +10,24 @@ from mindspore_hyper.context import parse_bytes
 __all__ = ["positive_int", "nonnegative_int", "byte_size", "json_object", "int_list", "size_list"]
 
 
-def positive_int(text: str) -> int:
-    """An int >= 1."""
+def _int_at_least(low: int, text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An int >= 1."""
+    return _int_at_least(1, text)
 
 
 def nonnegative_int(text: str) -> int:
     """An int >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {value}")
-    return value
+    return _int_at_least(0, text)
 
 
 def byte_size(text: str) -> int:

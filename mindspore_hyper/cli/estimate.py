@@ -6,6 +6,7 @@ import json
 from typing import Any, Dict
 
 from mindspore_hyper.cli.arg_types import byte_size, nonnegative_int, positive_int, size_list
+from mindspore_hyper.cli.common import add_command
 from mindspore_hyper.estimate import (ACTIVATION_MODELS, DEFAULT_SEQ_LENS, PRESETS, RECOMPUTE_MODES, TIERS,
                                       build_config, build_strategy, estimate_job, format_bytes, largest_fitting,
                                       plot_sweep, read_job_file, sequence_sweep)
@@ -61,11 +62,10 @@ STRATEGY_BOOLS = (
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the `estimate` subcommand."""
-    p = subparsers.add_parser("estimate", help="memory per device of a transformer job",
-                              description="Estimate per-device memory of a transformer job: parameters, gradients, "
-                                          "optimizer states, activations (Korthikanti et al. 2022, Table 2) and KV "
-                                          "cache, per pipeline stage; what fits a device; a sequence sweep.",
-                              epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "estimate", "memory per device of a transformer job",
+                    "Estimate per-device memory of a transformer job: parameters, gradients, optimizer states, "
+                    "activations (Korthikanti et al. 2022, Table 2) and KV cache, per pipeline stage; what fits a "
+                    "device; a sequence sweep.", EXAMPLES)
     source = p.add_argument_group("model")
     source.add_argument("--preset", choices=sorted(PRESETS), help="start from a named model")
     source.add_argument("--config", metavar="FILE", help="a job YAML (model:, strategy:, device_memory:)")

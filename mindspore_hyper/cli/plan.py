@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
-from mindspore_hyper.cli.arg_types import byte_size, json_object, positive_int
-from mindspore_hyper.cli.model_spec import GPT_DEFAULTS, GPT_PRESET, build_model, gpt_inputs, make_inputs
+from mindspore_hyper.cli.arg_types import byte_size, positive_int
+from mindspore_hyper.cli.common import add_command, add_model_arguments
+from mindspore_hyper.cli.model_spec import (GPT_DEFAULTS, GPT_PRESET, build_model, gpt_inputs, make_inputs,
+                                             parse_input_spec)
 
 __all__ = ["add_parser", "run"]
 
@@ -24,23 +27,14 @@ OPTIMIZERS = ("adam", "momentum", "sgd")
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the `plan` subcommand."""
-    p = subparsers.add_parser("plan", help="resolve a strategy and simulate one step: memory and collectives",
-                              description="Resolve a parallel strategy for a model (where every parameter lives, "
-                                          "per device) and simulate one training step on this CPU: memory per "
-                                          "device, collectives per mesh axis, replication fallbacks. The step "
-                                          "runs with Python's cyclic garbage collector paused, so the activation "
-                                          "figure is deterministic: every tensor the forward creates "
-                                          "(docs/estimate.md).",
-                              epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    model = p.add_argument_group("model")
-    model.add_argument("--model", default=GPT_PRESET, metavar="SPEC",
-                       help="'gpt' (examples/models.py GPT, the default) or package.module:Class")
-    model.add_argument("--init-args", dest="init_args", type=json_object, default={}, metavar="JSON",
-                       help=f"keyword arguments of the model class (gpt defaults: {json.dumps(GPT_DEFAULTS)})")
-    model.add_argument("--inputs", nargs="+", metavar="SPEC",
-                       help="model inputs as DTYPE:SHAPE[:HIGH], e.g. int32:8x16:128 float32:8x64 (gpt: token ids "
-                            "and labels of --batch x seq)")
-    model.add_argument("--batch", type=positive_int, default=8, help="gpt preset: global batch (default 8)")
+    p = add_command(subparsers, "plan", "resolve a strategy and simulate one step: memory and collectives",
+                    "Resolve a parallel strategy for a model (where every parameter lives, per device) and simulate "
+                    "one training step on this CPU: memory per device, collectives per mesh axis, replication "
+                    "fallbacks. The step runs with Python's cyclic garbage collector paused, so the activation "
+                    "figure is deterministic: every tensor the forward creates (docs/estimate.md).", EXAMPLES)
+    add_model_arguments(p, "'gpt' (examples/models.py GPT, the default) or package.module:Class",
+                        "model inputs as DTYPE:SHAPE[:HIGH], e.g. int32:8x16:128 float32:8x64 (gpt: token ids and "
+                        "labels of --batch x seq)")
     layout = p.add_argument_group("strategy (a parallel config YAML, or the GPT layout flags)")
     layout.add_argument("--config", metavar="YAML", help="a parallel config file (docs/config.md)")
     layout.add_argument("--data", type=positive_int, help="GPT layout: data-parallel size")
@@ -107,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("no strategy: give --config YAML, or --data/--tensor/--pipeline/--zero (GPT layout)")
     if args.model != GPT_PRESET and args.inputs is None:
         raise ValueError(f"--model {args.model}: give its --inputs (e.g. float32:8x64)")
+    for spec in args.inputs or ():
+        parse_input_spec(spec)
+    if args.config and not os.path.isfile(args.config):
+        raise FileNotFoundError(f"--config {args.config}: no such file")
     strategy = None if args.config else _gpt_strategy(args)
     if strategy is not None and args.inputs is None and args.batch % strategy.data:
         raise ValueError(f"--batch {args.batch} must divide by --data {strategy.data}")

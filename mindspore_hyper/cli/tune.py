@@ -4,8 +4,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from mindspore_hyper.cli.arg_types import byte_size, int_list, json_object, positive_int, size_list
-from mindspore_hyper.cli.model_spec import GPT_DEFAULTS, GPT_PRESET, build_model, gpt_inputs, make_inputs
+from mindspore_hyper.cli.arg_types import byte_size, int_list, nonnegative_int, positive_int, size_list
+from mindspore_hyper.cli.common import add_command, add_model_arguments
+from mindspore_hyper.cli.model_spec import GPT_PRESET, build_model, gpt_inputs, make_inputs, parse_input_spec
 
 __all__ = ["add_parser", "run"]
 
@@ -24,24 +25,17 @@ examples:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the `tune` subcommand."""
-    p = subparsers.add_parser("tune", help="HyperOffload tuners: prefetch depth or cache-block size",
-                              description="Run real offloaded training steps of a model for each candidate "
-                                          "prefetch depth (blocks in flight) or cache-block size and report the "
-                                          "fastest, with stall time and prefetch hits/misses per candidate.",
-                              epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "tune", "HyperOffload tuners: prefetch depth or cache-block size",
+                    "Run real offloaded training steps of a model for each candidate prefetch depth (blocks in "
+                    "flight) or cache-block size and report the fastest, with stall time and prefetch hits/misses "
+                    "per candidate.", EXAMPLES)
     p.add_argument("target", choices=TARGETS, help="what to tune")
-    model = p.add_argument_group("model")
-    model.add_argument("--model", default=GPT_PRESET, metavar="SPEC",
-                       help="'gpt' (examples/models.py GPT, the default) or package.module:Class returning the loss")
-    model.add_argument("--init-args", dest="init_args", type=json_object, default={}, metavar="JSON",
-                       help=f"keyword arguments of the model class (gpt defaults: {json.dumps(GPT_DEFAULTS)})")
-    model.add_argument("--inputs", nargs="+", metavar="SPEC",
-                       help="model inputs as DTYPE:SHAPE[:HIGH] (gpt: token ids and labels of --batch x seq)")
-    model.add_argument("--batch", type=positive_int, default=8, help="gpt preset: batch (default 8)")
-    model.add_argument("--offload-cells", dest="offload_cells", nargs="+", metavar="PATTERN",
+    add_model_arguments(p, "'gpt' (examples/models.py GPT, the default) or package.module:Class returning the loss",
+                        "model inputs as DTYPE:SHAPE[:HIGH] (gpt: token ids and labels of --batch x seq)")
+    store = p.add_argument_group("store")
+    store.add_argument("--offload-cells", dest="offload_cells", nargs="+", metavar="PATTERN",
                        help="Cells whose parameters live in the store (gpt default: blocks.*; else every direct "
                             "child with parameters)")
-    store = p.add_argument_group("store")
     store.add_argument("--device-memory", dest="device_memory", type=byte_size, metavar="SIZE",
                        help="device tier budget (default: the context flag)")
     store.add_argument("--host-memory", dest="host_memory", type=byte_size, metavar="SIZE",
@@ -54,7 +48,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                        help=f"prefetch-depth: ints (default {DEFAULT_CANDIDATES['prefetch-depth']}); block-size: "
                             f"sizes (default {DEFAULT_CANDIDATES['block-size']})")
     tuner.add_argument("--steps", type=positive_int, default=3, help="measured steps per candidate (default 3)")
-    tuner.add_argument("--warmup", type=int, default=1, help="unmeasured steps per candidate (default 1)")
+    tuner.add_argument("--warmup", type=nonnegative_int, default=1, help="unmeasured steps per candidate (default 1)")
     tuner.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="optimizer (host update rule)")
     tuner.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     tuner.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -73,13 +67,13 @@ def _candidates(args: argparse.Namespace) -> list:
 
 def run(args: argparse.Namespace) -> int:
     """Build the offloaded model, run the tuner, print the table (or JSON)."""
-    if args.warmup < 0:
-        raise ValueError(f"--warmup {args.warmup}: expected an int >= 0")
     if args.block_size is not None and args.target == "block-size":
         raise ValueError("--block-size sets the block of the prefetch-depth tuner; block-size tunes it: use --candidates")
     if args.model != GPT_PRESET and args.inputs is None:
         raise ValueError(f"--model {args.model}: give its --inputs (e.g. float32:32x512 float32:32x1)")
     candidates = _candidates(args)
+    for spec in args.inputs or ():
+        parse_input_spec(spec)
     import mindspore as ms
     from mindspore import nn
 

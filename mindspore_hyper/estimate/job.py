@@ -12,9 +12,9 @@ Per device of pipeline stage k (d data, t tensor, p pipeline, e = dtype_bytes):
   gradients, like DeepSpeed's ZeRO-3 offload estimate); the rest, and offloaded optimizer states,
   are counted in the host or disk tier.
 - activations ("megatron"): Table 2's bytes per layer x the stage's layers x in-flight
-  micro-batches (1F1B: min(p - k, microbatches)); with recomputation, one layer's recomputed part
-  while its backward runs; on the last stage the fp32 logits for the cross-entropy, 4sbv/t bytes
-  per in-flight micro-batch. Inference: one layer's activations without the attention core
+  micro-batches (1F1B: min(p - k, microbatches)); on the last stage the fp32 logits for the
+  cross-entropy, 4sbv/t bytes per in-flight micro-batch. Like Table 2, the transient buffers of
+  a layer being recomputed are not counted. Inference: one layer's activations without the attention core
   (Table 2's selective-recompute row; fused attention never materialises the scores), no logits.
 - activations ("simulation"): `simulation_activation_bytes` (every forward tensor of the
   examples' GPT, all layers: the simulation runs all stages' layers in one program).
@@ -267,9 +267,6 @@ def _megatron_activations(config: TransformerConfig, strategy: JobStrategy, stag
     notes.append(f"activations per layer: Korthikanti et al. 2022 Table 2 row {row}, {TABLE2_ROWS[row]}, "
                  f"16-bit activations")
     total = per_layer * layers * in_flight
-    if st.recompute != "none":
-        total += activation_bytes_per_layer(*args, "none") - per_layer
-        notes.append("recomputation: plus one layer's recomputed activations during its backward")
     if stage == st.pipeline - 1:
         total += FP32_BYTES * c.seq_len * c.micro_batch * c.vocab / st.tensor * in_flight
         notes.append("last stage: plus the fp32 logits of the cross-entropy, 4sbv/t per in-flight micro-batch")

@@ -7,10 +7,11 @@ position table are replicated.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Dict, Optional
+from dataclasses import dataclass
+from typing import Dict, Optional
 
 from mindspore_hyper.estimate._checks import check_bool, check_choice, check_int
+from mindspore_hyper.estimate._record import Record
 
 __all__ = ["TransformerConfig", "ParamCounts", "PRESETS", "preset", "NORMS"]
 
@@ -48,7 +49,7 @@ class ParamCounts:
 
 
 @dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(Record):
     """A decoder-only transformer and one micro-batch of its input.
 
     Args:
@@ -112,22 +113,6 @@ class TransformerConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
-
-    def with_(self, **changes: Any) -> "TransformerConfig":
-        """A copy with some fields changed (validated again)."""
-        return replace(self, **changes)
-
-    def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: Dict[str, Any], where: str = "model") -> "TransformerConfig":
-        """Build from a mapping (a YAML `model:` section); unknown keys are an error naming `where`."""
-        known = {f.name for f in fields(cls)}
-        unknown = [k for k in values if k not in known]
-        if unknown:
-            raise ValueError(f"{where}.{unknown[0]}: unknown key; expected one of {', '.join(sorted(known))}")
-        return cls(**values)
 
     # -- parameter counts ----------------------------------------------------------------------
     def _norm_params(self) -> int:

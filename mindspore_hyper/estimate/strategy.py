@@ -1,10 +1,11 @@
 """JobStrategy: how a job runs on its devices, as the estimator sees it (sizes, not layouts)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Dict, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 from mindspore_hyper.estimate._checks import check_bool, check_choice, check_int
+from mindspore_hyper.estimate._record import Record
 from mindspore_hyper.estimate.activations import RECOMPUTE_MODES
 
 __all__ = ["JobStrategy", "TIERS", "ACTIVATION_MODELS"]
@@ -14,7 +15,7 @@ ACTIVATION_MODELS = ("megatron", "simulation")
 
 
 @dataclass(frozen=True)
-class JobStrategy:
+class JobStrategy(Record):
     """Parallel sizes, ZeRO stage, offload tiers, pipeline schedule and what activations count.
 
     Args:
@@ -90,20 +91,4 @@ class JobStrategy:
     def devices(self) -> int:
         """Devices of the job: data x tensor x pipeline."""
         return self.data * self.tensor * self.pipeline
-
-    def with_(self, **changes: Any) -> "JobStrategy":
-        """A copy with some fields changed (validated again)."""
-        return replace(self, **changes)
-
-    def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: Dict[str, Any], where: str = "strategy") -> "JobStrategy":
-        """Build from a mapping (a YAML `strategy:` section); unknown keys are an error naming `where`."""
-        known = {f.name for f in fields(cls)}
-        unknown = [k for k in values if k not in known]
-        if unknown:
-            raise ValueError(f"{where}.{unknown[0]}: unknown key; expected one of {', '.join(sorted(known))}")
-        return cls(**values)
 

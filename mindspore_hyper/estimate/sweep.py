@@ -60,8 +60,9 @@ def plot_sweep(estimates: Sequence[JobEstimate], path: str, title: Optional[str]
     ax.set_xlabel("sequence length (tokens)")
     ax.set_ylabel("GiB per device (peak stage)")
     c, st = estimates[0].config, estimates[0].strategy
-    ax.set_title(title or f"{c.layers}L h{c.hidden} b{c.micro_batch}, d{st.data} t{st.tensor} p{st.pipeline} "
-                          f"ZeRO-{st.zero_stage}, {'inference' if st.inference else 'recompute ' + st.recompute}")
+    ax.set_title(title or f"{c.layers}L h{c.hidden} b{c.micro_batch}, d{st.data} t{st.tensor} p{st.pipeline}"
+                          f"{' SP' if st.sequence_parallel else ''} ZeRO-{st.zero_stage}, "
+                          f"{'inference' if st.inference else 'recompute ' + st.recompute}")
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

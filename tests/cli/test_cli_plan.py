@@ -1,6 +1,10 @@
 """`mindspore-hyper plan` through the console script: the GPT preset with the layout flags (the
 simulated report and the estimate agree), a user model with a parallel config YAML, errors."""
-from cli_run import cli, cli_json
+import os
+
+from cli_run import ROOT, cli, cli_json
+
+TESTS = os.path.join(ROOT, "tests")
 
 GPT_PARAMS = 117_504  # examples/models.py GPT with its defaults
 
@@ -34,21 +38,6 @@ def test_gpt_preset_text_with_tensor_parallelism(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-MLP_MODULE = '''
-from mindspore import nn
-
-
-class MLP(nn.Cell):
-    def __init__(self, dim=16, hidden=32):
-        super().__init__()
-        self.fc1 = nn.Dense(dim, hidden)
-        self.act = nn.GELU()
-        self.fc2 = nn.Dense(hidden, dim)
-
-    def construct(self, x):
-        return self.fc2(self.act(self.fc1(x)))
-'''
-
 MLP_CONFIG = '''
 parallel_config:
   device_matrix: [2, 4]
@@ -66,11 +55,11 @@ parallel_config:
 
 
 def test_user_model_with_a_parallel_config(tmp_path):
-    (tmp_path / "mlp_model.py").write_text(MLP_MODULE)
+    """tests/sim_models.py's MLP (fc1, act, fc2), imported from the current directory."""
     (tmp_path / "tp.yaml").write_text(MLP_CONFIG)
-    out = cli_json("plan", "--model", "mlp_model:MLP", "--init-args", '{"dim": 16, "hidden": 32}',
-                   "--inputs", "float32:8x16", "--config", "tp.yaml", "--forward-only", "--optimizer", "sgd",
-                   cwd=str(tmp_path))
+    out = cli_json("plan", "--model", "sim_models:MLP", "--init-args", '{"d_in": 16, "d_hidden": 32, "d_out": 16}',
+                   "--inputs", "float32:8x16", "--config", str(tmp_path / "tp.yaml"), "--forward-only",
+                   "--optimizer", "sgd", cwd=TESTS)
     # fc1 weight (32,16)/4 + bias 32/4 + fc2 weight (16,32) split on dim 1 + bias 16 = 280 parameters
     assert all(m["parameters"] == 280 * 4 for m in out["report"]["memory"].values())
     assert out["report"]["comm"]["AllReduce"]["tensor"]["count"] == 1  # the row-parallel partial sums
@@ -83,18 +72,17 @@ def check_usage_error(args, fragment, cwd=None):
     assert fragment in err, err
 
 
-def test_errors_exit_2_naming_the_flag(tmp_path):
+def test_errors_exit_2_naming_the_flag():
     check_usage_error(["plan"], "no strategy: give --config YAML, or --data/--tensor/--pipeline/--zero")
     check_usage_error(["plan", "--config", "x.yaml", "--data", "2"], "--config and --data both give the strategy")
     check_usage_error(["plan", "--data", "2", "--batch", "7"], "--batch 7 must divide by --data 2")
     check_usage_error(["plan", "--data", "2", "--init-args", "{layers: 2}"], "argument --init-args: expected a JSON")
     check_usage_error(["plan", "--data", "2", "--init-args", '{"depth": 2}'], "--init-args")
-    check_usage_error(["plan", "--model", "nowhere.mod:Net", "--inputs", "float32:8x4", "--config", "c.yaml"],
+    check_usage_error(["plan", "--model", "nowhere.mod:Net", "--inputs", "float32:8x4", "--data", "2"],
                       "cannot import module 'nowhere.mod'")
-    check_usage_error(["plan", "--model", "mlp_model:MLP", "--config", "c.yaml"], "give its --inputs")
+    check_usage_error(["plan", "--model", "sim_models:MLP", "--config", "c.yaml"], "give its --inputs")
     check_usage_error(["plan", "--zero", "2"], "argument --zero: invalid choice: 2")
-    (tmp_path / "mlp_model.py").write_text(MLP_MODULE)
-    check_usage_error(["plan", "--model", "mlp_model:MLP", "--inputs", "float32:8", "--config", "c.yaml"],
-                      "No such file", cwd=str(tmp_path))
-    check_usage_error(["plan", "--model", "mlp_model:MLP", "--inputs", "complex:8x16", "--data", "2"],
-                      "--inputs 'complex:8x16': expected DTYPE:SHAPE[:HIGH]", cwd=str(tmp_path))
+    check_usage_error(["plan", "--model", "sim_models:MLP", "--inputs", "float32:8", "--config", "c.yaml"],
+                      "--config c.yaml: no such file", cwd=TESTS)
+    check_usage_error(["plan", "--model", "sim_models:MLP", "--inputs", "complex:8x16", "--data", "2"],
+                      "--inputs 'complex:8x16': expected DTYPE:SHAPE[:HIGH]", cwd=TESTS)

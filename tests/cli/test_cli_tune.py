@@ -7,11 +7,11 @@ STORE = ("--device-memory", "1MB", "--host-memory", "8MB")
 
 
 def test_prefetch_depth(tmp_path):
-    out = cli_json("tune", "prefetch-depth", *STORE, "--block-size", "64KB", "--candidates", "0,1,2",
-                   "--steps", "1", "--warmup", "1", "--no-progress", "--offload-dir", str(tmp_path))
-    assert out["target"] == "prefetch-depth" and out["best"] in (0, 1, 2)
+    out = cli_json("tune", "prefetch-depth", *STORE, "--block-size", "64KB", "--candidates", "0,2",
+                   "--steps", "1", "--warmup", "0", "--no-progress", "--offload-dir", str(tmp_path))
+    assert out["target"] == "prefetch-depth" and out["best"] in (0, 2)
     m = out["measurements"]
-    assert set(m) == {"0", "1", "2"}
+    assert set(m) == {"0", "2"}
     assert m["0"]["issued"] == 0  # depth 0 never prefetches
     assert all(v["hits"] + v["misses"] > 0 for v in m.values())  # every candidate ran offloaded steps
     assert all(m[str(out["best"])]["step_s"] <= v["step_s"] for v in m.values())

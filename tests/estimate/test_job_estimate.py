@@ -90,9 +90,10 @@ def test_megatron_activations_by_hand():
     assert first.activations == 37_748_736 * 2 * 2
     # last stage: 2 layers x 1 micro-batch + fp32 logits 4 * s * b * v / t
     assert last.activations == 37_748_736 * 2 + 4 * 1024 * 2 * 1000 // 4
-    # selective: row 4 = 16,777,216 per layer, plus one layer's recomputed part (row 2 - row 4)
+    # selective: row 4 = 16,777,216 per layer; full: 2sbh = 2,097,152 per layer
     sel = estimate_stage(c, JobStrategy(tensor=4, pipeline=2, recompute="selective"), 0)
-    assert sel.activations == 16_777_216 * 4 + (37_748_736 - 16_777_216)
+    assert sel.activations == 16_777_216 * 4
+    assert estimate_stage(c, JobStrategy(tensor=4, pipeline=2, recompute="full"), 0).activations == 2_097_152 * 4
     assert any("Table 2 row 4" in n for n in sel.notes)
 
 
