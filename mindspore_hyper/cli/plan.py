@@ -6,9 +6,8 @@ import json
 import os
 
 from mindspore_hyper.cli.arg_types import byte_size, positive_int
-from mindspore_hyper.cli.common import add_command, add_model_arguments
-from mindspore_hyper.cli.model_spec import (GPT_DEFAULTS, GPT_PRESET, build_model, gpt_inputs, make_inputs,
-                                             parse_input_spec)
+from mindspore_hyper.cli.common import add_command, add_model_arguments, check_model_arguments
+from mindspore_hyper.cli.model_spec import GPT_DEFAULTS, GPT_PRESET, build_model, gpt_inputs, make_inputs
 
 __all__ = ["add_parser", "run"]
 
@@ -99,10 +98,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--config and {', '.join(layout_flags)} both give the strategy; use one")
     if not args.config and not layout_flags:
         raise ValueError("no strategy: give --config YAML, or --data/--tensor/--pipeline/--zero (GPT layout)")
-    if args.model != GPT_PRESET and args.inputs is None:
-        raise ValueError(f"--model {args.model}: give its --inputs (e.g. float32:8x64)")
-    for spec in args.inputs or ():
-        parse_input_spec(spec)
+    check_model_arguments(args, "float32:8x64")
     if args.config and not os.path.isfile(args.config):
         raise FileNotFoundError(f"--config {args.config}: no such file")
     strategy = None if args.config else _gpt_strategy(args)
@@ -116,14 +112,18 @@ def run(args: argparse.Namespace) -> int:
     table = mh.resolve_strategy(model, config)
     report = simulate_step(model, config, inputs, optimizer=_optimizer_factory(args.optimizer),
                            backward=not args.forward_only, pause_gc=True)
-    estimate = []
-    if args.model == GPT_PRESET and strategy is not None and not args.forward_only and args.optimizer == "adam":
-        estimate = _gpt_estimate(args, strategy, report)
+    estimate, unavailable = [], None
+    if (args.model == GPT_PRESET and strategy is not None and args.inputs is None and not args.forward_only
+            and args.optimizer == "adam"):
+        try:
+            estimate = _gpt_estimate(args, strategy, report)
+        except ValueError as exc:  # a layout the simulation runs but the estimator's model does not cover
+            unavailable = f"the estimator does not cover this layout: {exc}"
     if args.plot:
         report.plot(args.plot)
     if args.json:
         print(json.dumps({"strategy_table": table.to_dict(), "report": report.to_dict(), "estimate": estimate,
-                          "plot": args.plot}, indent=2))
+                          "estimate_unavailable": unavailable, "plot": args.plot}, indent=2))
         return 0
     print(table)
     print()
@@ -131,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
     if estimate:
         print()
         print(_estimate_text(estimate))
+    if unavailable:
+        print()
+        print(f"estimate: {unavailable}")
     if args.plot:
         print(f"plot: {args.plot}")
     return 0

@@ -5,8 +5,8 @@ import argparse
 import json
 
 from mindspore_hyper.cli.arg_types import byte_size, int_list, nonnegative_int, positive_int, size_list
-from mindspore_hyper.cli.common import add_command, add_model_arguments
-from mindspore_hyper.cli.model_spec import GPT_PRESET, build_model, gpt_inputs, make_inputs, parse_input_spec
+from mindspore_hyper.cli.common import add_command, add_model_arguments, check_model_arguments
+from mindspore_hyper.cli.model_spec import GPT_PRESET, build_model, gpt_inputs, make_inputs
 
 __all__ = ["add_parser", "run"]
 
@@ -69,11 +69,8 @@ def run(args: argparse.Namespace) -> int:
     """Build the offloaded model, run the tuner, print the table (or JSON)."""
     if args.block_size is not None and args.target == "block-size":
         raise ValueError("--block-size sets the block of the prefetch-depth tuner; block-size tunes it: use --candidates")
-    if args.model != GPT_PRESET and args.inputs is None:
-        raise ValueError(f"--model {args.model}: give its --inputs (e.g. float32:32x512 float32:32x1)")
+    check_model_arguments(args, "float32:32x512 float32:32x1")
     candidates = _candidates(args)
-    for spec in args.inputs or ():
-        parse_input_spec(spec)
     import mindspore as ms
     from mindspore import nn
 

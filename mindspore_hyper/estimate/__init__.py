@@ -6,8 +6,12 @@
 - `estimate_job(TransformerConfig, JobStrategy)`: parameters, gradients, optimizer states,
   activations and KV cache per device and pipeline stage; `largest_fitting`; `sequence_sweep`
   and `plot_sweep`.
+- `crosscheck_gpt` / `simulate_step` / `compare`: the estimate against the simulation's measured
+  accounting for examples/models.py's GPT (laid out by `gpt_parallel_config`).
 """
 from mindspore_hyper.estimate.activations import RECOMPUTE_MODES, TABLE2_ROWS, activation_bytes_per_layer, table2_row
+from mindspore_hyper.estimate.crosscheck import Comparison, compare, crosscheck_gpt, simulate_step
+from mindspore_hyper.estimate.gpt_layout import gpt_parallel_config
 from mindspore_hyper.estimate.job import (JobEstimate, StageEstimate, estimate_job, estimate_stage, format_bytes,
                                           in_flight_microbatches, stage_layers)
 from mindspore_hyper.estimate.job_file import build_config, build_job, build_strategy, read_job_file
@@ -34,4 +38,5 @@ __all__ = [
     "format_bytes", "simulation_activation_bytes", "largest_fitting", "FIT_FIELDS",
     "sequence_sweep", "plot_sweep", "DEFAULT_SEQ_LENS",
     "read_job_file", "build_config", "build_strategy", "build_job",
+    "gpt_parallel_config", "crosscheck_gpt", "simulate_step", "compare", "Comparison",
 ]

@@ -24,9 +24,10 @@ __all__ = [
 ]
 
 
-def estimate_zero3_model_states_mem_needs(total_params, largest_layer_params, num_gpus_per_node=1, num_nodes=1,
-                                          cpu_offload=True, cpu_offload_params=True, zero_init=True,
-                                          additional_buffer_factor=1.5) -> Tuple[int, int, int]:
+def estimate_zero3_model_states_mem_needs(total_params: int, largest_layer_params: int, num_gpus_per_node: int = 1,
+                                          num_nodes: int = 1, cpu_offload: bool = True,
+                                          cpu_offload_params: bool = True, zero_init: bool = True,
+                                          additional_buffer_factor: float = 1.5) -> Tuple[int, int, int]:
     """Model-state memory of ZeRO-3 per CPU (node) and per GPU (DeepSpeed's function of this name).
 
     Args:
@@ -60,8 +61,9 @@ def estimate_zero3_model_states_mem_needs(total_params, largest_layer_params, nu
     return int(cpu_mem), int(gpu_mem), largest_layer_memory
 
 
-def estimate_zero2_model_states_mem_needs(total_params, num_gpus_per_node=1, num_nodes=1, cpu_offload=True,
-                                          additional_buffer_factor=1.5) -> Tuple[int, int]:
+def estimate_zero2_model_states_mem_needs(total_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1,
+                                          cpu_offload: bool = True,
+                                          additional_buffer_factor: float = 1.5) -> Tuple[int, int]:
     """Model-state memory of ZeRO-2 per CPU (node) and per GPU (DeepSpeed's function of this name).
 
     Args:
@@ -98,8 +100,9 @@ def _row_text(row: dict) -> str:
     return f" {row['cpu_bytes'] / 2**30:7.2f}GB | {row['gpu_bytes'] / 2**30:6.2f}GB | {row['options']}"
 
 
-def estimate_zero3_model_states_mem_needs_all_cold(total_params, largest_layer_params, num_gpus_per_node=1,
-                                                   num_nodes=1, additional_buffer_factor=1.5,
+def estimate_zero3_model_states_mem_needs_all_cold(total_params: int, largest_layer_params: int,
+                                                   num_gpus_per_node: int = 1, num_nodes: int = 1,
+                                                   additional_buffer_factor: float = 1.5,
                                                    stream: Optional[TextIO] = None) -> List[dict]:
     """Print ZeRO-3's estimate for every offload option, as DeepSpeed's function of this name does.
 
@@ -127,10 +130,15 @@ def estimate_zero3_model_states_mem_needs_all_cold(total_params, largest_layer_p
     return rows
 
 
-def estimate_zero2_model_states_mem_needs_all_cold(total_params, num_gpus_per_node=1, num_nodes=1,
-                                                   additional_buffer_factor=1.5,
+def estimate_zero2_model_states_mem_needs_all_cold(total_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1,
+                                                   additional_buffer_factor: float = 1.5,
                                                    stream: Optional[TextIO] = None) -> List[dict]:
     """Print ZeRO-2's estimate with and without optimizer offload, as DeepSpeed's function does.
+
+    Args:
+        total_params, num_gpus_per_node, num_nodes, additional_buffer_factor: as in
+            `estimate_zero2_model_states_mem_needs`.
+        stream: where to print (default stdout).
 
     Returns:
         The rows printed: dicts with cpu_offload, cpu_bytes, gpu_bytes and the options text.
@@ -157,8 +165,8 @@ def cell_param_counts(cell) -> Tuple[int, int]:
     return total, largest
 
 
-def estimate_zero3_model_states_mem_needs_all_live(model, num_gpus_per_node=1, num_nodes=1,
-                                                   additional_buffer_factor=1.5,
+def estimate_zero3_model_states_mem_needs_all_live(model, num_gpus_per_node: int = 1, num_nodes: int = 1,
+                                                   additional_buffer_factor: float = 1.5,
                                                    stream: Optional[TextIO] = None) -> List[dict]:
     """`estimate_zero3_model_states_mem_needs_all_cold` with the counts of a MindSpore Cell."""
     total, largest = cell_param_counts(model)
@@ -166,8 +174,8 @@ def estimate_zero3_model_states_mem_needs_all_live(model, num_gpus_per_node=1, n
                                                           additional_buffer_factor, stream)
 
 
-def estimate_zero2_model_states_mem_needs_all_live(model, num_gpus_per_node=1, num_nodes=1,
-                                                   additional_buffer_factor=1.5,
+def estimate_zero2_model_states_mem_needs_all_live(model, num_gpus_per_node: int = 1, num_nodes: int = 1,
+                                                   additional_buffer_factor: float = 1.5,
                                                    stream: Optional[TextIO] = None) -> List[dict]:
     """`estimate_zero2_model_states_mem_needs_all_cold` with the parameter count of a MindSpore Cell."""
     total, _ = cell_param_counts(model)

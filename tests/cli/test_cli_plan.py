@@ -82,7 +82,15 @@ def test_errors_exit_2_naming_the_flag():
                       "cannot import module 'nowhere.mod'")
     check_usage_error(["plan", "--model", "sim_models:MLP", "--config", "c.yaml"], "give its --inputs")
     check_usage_error(["plan", "--zero", "2"], "argument --zero: invalid choice: 2")
+    check_usage_error(["plan", "--data", "2", "--batch", "4", "--inputs", "int32:4x16:128"],
+                      "--batch sets the gpt preset's batch")
     check_usage_error(["plan", "--model", "sim_models:MLP", "--inputs", "float32:8", "--config", "c.yaml"],
                       "--config c.yaml: no such file", cwd=TESTS)
     check_usage_error(["plan", "--model", "sim_models:MLP", "--inputs", "complex:8x16", "--data", "2"],
                       "--inputs 'complex:8x16': expected DTYPE:SHAPE[:HIGH]", cwd=TESTS)
+
+
+def test_a_layout_the_estimator_does_not_cover_is_said():
+    out = cli_json("plan", "--tensor", "8", "--init-args", '{"layers": 1}', "--batch", "2")
+    assert out["estimate"] == [] and "tensor=8: the attention heads (4) must divide" in out["estimate_unavailable"]
+    assert len(out["report"]["memory"]) == 8
