@@ -29,8 +29,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = add_command(subparsers, "plan", "resolve a strategy and simulate one step: memory and collectives",
                     "Resolve a parallel strategy for a model (where every parameter lives, per device) and simulate "
                     "one training step on this CPU: memory per device, collectives per mesh axis, replication "
-                    "fallbacks. The step runs with Python's cyclic garbage collector paused, so the activation "
-                    "figure is deterministic: every tensor the forward creates (docs/estimate.md).", EXAMPLES)
+                    "fallbacks. The activation figure counts every tensor the training forward creates, held until "
+                    "the step ends (docs/estimate.md).", EXAMPLES)
     add_model_arguments(p, "'gpt' (examples/models.py GPT, the default) or package.module:Class",
                         "model inputs as DTYPE:SHAPE[:HIGH], e.g. int32:8x16:128 float32:8x64 (gpt: token ids and "
                         "labels of --batch x seq)")
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = make_inputs(args.inputs or gpt_inputs(args.init_args, args.batch))
     table = mh.resolve_strategy(model, config)
     report = simulate_step(model, config, inputs, optimizer=_optimizer_factory(args.optimizer),
-                           backward=not args.forward_only, pause_gc=True)
+                           backward=not args.forward_only)
     estimate, unavailable = [], None
     if (args.model == GPT_PRESET and strategy is not None and args.inputs is None and not args.forward_only
             and args.optimizer == "adam"):

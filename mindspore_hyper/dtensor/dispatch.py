@@ -57,17 +57,19 @@ class OpCall:
         """Put `new[i]` where the i-th DTensor operand was (by position, so one DTensor used
         twice can take two layouts)."""
         supply = iter(new)
-
-        def swap(v):
-            if isinstance(v, DTensor):
-                return next(supply)
-            if isinstance(v, (list, tuple)) and any(isinstance(x, DTensor) for x in v):
-                return type(v)(swap(x) for x in v)
-            return v
-
-        self.inputs = [swap(v) for v in self.inputs]
-        self.kwargs = {k: swap(v) for k, v in self.kwargs.items()}
+        self.inputs = [_swap(v, supply) for v in self.inputs]
+        self.kwargs = {k: _swap(v, supply) for k, v in self.kwargs.items()}
         self.tensors = list(new)
+
+
+def _swap(value, supply):
+    """`value` with each DTensor in it replaced by the next of `supply` (a module-level function:
+    a nested one that calls itself would keep the op's tensors in a reference cycle)."""
+    if isinstance(value, DTensor):
+        return next(supply)
+    if isinstance(value, (list, tuple)) and any(isinstance(x, DTensor) for x in value):
+        return type(value)(_swap(x, supply) for x in value)
+    return value
 
 
 # -- turning operands into DTensors --------------------------------------------------------------
@@ -197,7 +199,8 @@ def _hinted(t: DTensor, layout: TensorLayout) -> DTensor:
     (`execute` redistributes from `t` itself, so a gather can take over the gradient sum)."""
     if layout == t.layout:
         return t
-    view = DTensor._lazy(layout, lambda: t.redistribute(layout).shards, t.global_shape, t.dtype, t.execution)
+    with t.execution.uncounted():  # moved only when used, and then counted as moved
+        view = DTensor._lazy(layout, lambda: t.redistribute(layout).shards, t.global_shape, t.dtype, t.execution)
     view._hint_source = t
     return view
 
@@ -253,7 +256,8 @@ def _fan_out(execution, t: DTensor, fan: List[int]) -> DTensor:
             shards[key] = execution.parameter_fan_out(shard, group, slot)
         else:
             shards[key] = execution.collectives.fan_out(shard, group)
-    out = DTensor._create(t.layout, shards, t.global_shape, t.dtype, execution)
+    with execution.uncounted():  # the same bytes as `t`
+        out = DTensor._create(t.layout, shards, t.global_shape, t.dtype, execution)
     out._parameter_id = t._parameter_id
     return out
 

@@ -67,8 +67,11 @@ class DTensor(Tensor):
         dt._local_nbytes = nbytes
         dt._parameter_id = None  # id of the Parameter this DTensor lays out, if any
         accounting = execution.accounting
-        accounting.allocate(nbytes)
-        weakref.finalize(dt, accounting.free, nbytes)
+        if execution.holds_activations:
+            accounting.hold(nbytes)
+        else:
+            accounting.allocate(nbytes)
+            weakref.finalize(dt, accounting.free, nbytes)
         return dt
 
     # -- views -------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ memory. `crosscheck_gpt` does both for examples/models.py's GPT under a JobStrat
 """
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -42,7 +41,7 @@ class Comparison:
 
 
 def simulate_step(model, parallel_config, inputs: Sequence, optimizer: Optional[Callable] = None,
-                  backward: bool = True, pause_gc: bool = False):
+                  backward: bool = True):
     """Run one step of `model` on the simulated mesh of `parallel_config`; return the report.
 
     Sets the context to simulation mode with the config's device count and MindSpore to
@@ -54,11 +53,9 @@ def simulate_step(model, parallel_config, inputs: Sequence, optimizer: Optional[
         inputs: the model's inputs (global tensors).
         optimizer: factory ``params -> nn.Optimizer`` whose states the report counts (default Adam).
         backward: run `value_and_grad` (forward + backward), else the forward only.
-        pause_gc: pause Python's cyclic garbage collector during the step, so every DTensor the
-            forward creates is still counted at its end (see simulation_activations).
 
     Returns:
-        The `SimulationReport` of the step.
+        The `StepReport` of the step.
     """
     import mindspore as ms
     from mindspore import nn
@@ -71,14 +68,7 @@ def simulate_step(model, parallel_config, inputs: Sequence, optimizer: Optional[
     parallel = mh.auto_parallelize(model, loaded)
     params = model.trainable_params()
     run = ms.value_and_grad(lambda *xs: parallel(*xs), None, params) if backward else parallel
-    gc.collect()
-    if pause_gc:
-        gc.disable()
-    try:
-        run(*inputs)
-    finally:
-        if pause_gc:
-            gc.enable()
+    run(*inputs)
     states = (optimizer or (lambda ps: nn.Adam(ps, learning_rate=1e-3)))(params)
     return parallel.report(states)
 
@@ -107,8 +97,7 @@ def compare(config: TransformerConfig, strategy: JobStrategy, report) -> List[Co
     return rows
 
 
-def crosscheck_gpt(gpt_class, config: TransformerConfig, strategy: JobStrategy, seed: int = 0,
-                   pause_gc: bool = True) -> List[Comparison]:
+def crosscheck_gpt(gpt_class, config: TransformerConfig, strategy: JobStrategy, seed: int = 0) -> List[Comparison]:
     """Build examples/models.py's GPT for `config`, simulate one training step under `strategy`
     (laid out by `gpt_parallel_config`) and compare every device with the estimate.
 
@@ -119,7 +108,6 @@ def crosscheck_gpt(gpt_class, config: TransformerConfig, strategy: JobStrategy, 
         strategy: data / tensor / pipeline sizes and ZeRO stage; its optimizer_states must be 2
             (the step's optimizer is Adam).
         seed: seeds the weights and the token ids.
-        pause_gc: see `simulate_step`.
 
     Returns:
         The comparisons (see `compare`).
@@ -137,5 +125,5 @@ def crosscheck_gpt(gpt_class, config: TransformerConfig, strategy: JobStrategy, 
     shape = (config.micro_batch * strategy.data, config.seq_len)
     ids = Tensor(rng.integers(0, config.vocab, shape).astype(np.int32))
     labels = Tensor(rng.integers(0, config.vocab, shape).astype(np.int32))
-    report = simulate_step(model, gpt_parallel_config(strategy), (ids, labels), pause_gc=pause_gc)
+    report = simulate_step(model, gpt_parallel_config(strategy), (ids, labels))
     return compare(config, strategy, report)

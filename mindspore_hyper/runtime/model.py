@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn
+from mindspore.graph.api import _pynative_executor
 
 from mindspore_hyper.dtensor import shard_hints
 from mindspore_hyper.dtensor.accounting import Accounting
@@ -66,6 +67,7 @@ class ParallelModel(nn.Cell):
         self.accounting.reset_step()
         self.begin_step()
         injected = self._parameters_as_dtensors()
+        self.execution.holds_activations = _pynative_executor.requires_grad()
         try:
             args = [self._distribute_input(x) for x in inputs]
             outputs = self.network(*args)
@@ -74,6 +76,7 @@ class ParallelModel(nn.Cell):
             for cell, name in injected:
                 del cell.__dict__[name]
             self.execution.parameter_dtensors.clear()
+            self.execution.holds_activations = False
         self.accounting.steps += 1
         self.last_step_seconds = time.perf_counter() - start
         return result
