@@ -17,7 +17,8 @@ from typing import List, Optional
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
-SUBCOMMANDS = ("mindspore_hyper.cli.estimate", "mindspore_hyper.cli.plan", "mindspore_hyper.cli.tune")
+SUBCOMMANDS = ("mindspore_hyper.cli.estimate", "mindspore_hyper.cli.plan", "mindspore_hyper.cli.timeline",
+               "mindspore_hyper.cli.tune")
 
 DESCRIPTION = """\
 HyperParallel for MindSpore: plan a parallel job before renting the cluster.
@@ -26,6 +27,8 @@ HyperParallel for MindSpore: plan a parallel job before renting the cluster.
              states, activations, KV cache), what fits a device, a 4K-128K sequence sweep
   plan       resolve a parallel strategy for a model and simulate one step on a CPU:
              per-device memory and collectives (and, for the GPT preset, the estimate beside it)
+  timeline   a pipeline schedule's simulated timeline: bubble, in-flight microbatches,
+             PNG Gantt chart, Chrome trace
   tune       HyperOffload tuners: prefetch depth or cache-block size, by running real steps
 
 Run `mindspore-hyper COMMAND --help` for each command's flags and examples."""
