@@ -4,6 +4,7 @@ A call whose operands are all Python numbers (fx traces `x.shape[1] // heads`) s
 expression; a call with a tensor becomes the mint function (functional calls, so a simulated
 DTensor on either side reaches its dispatcher).
 """
+import math
 import operator
 
 import torch
@@ -85,6 +86,13 @@ for _name, _keys in {
     "logical_not": (aten.logical_not, torch.logical_not, method("logical_not")),
 }.items():
     function(f"mint.{_name}", *_keys)(_unary(f"mint.{_name}"))
+
+
+@function("math.sqrt", math.sqrt)
+def python_sqrt(x):
+    if not is_python(x):
+        raise Unsupported("math.sqrt of a tensor; use torch.sqrt")
+    return call("math.sqrt", x)
 
 
 @function("mint.clamp", aten.clamp, torch.clamp, method("clamp"), torch.clip, method("clip"))

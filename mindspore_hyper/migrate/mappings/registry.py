@@ -152,7 +152,7 @@ def torch_name(key: Hashable) -> str:
     if qualified:
         return qualified.replace("::", ".")
     module = getattr(key, "__module__", None) or ""
-    name = getattr(key, "__qualname__", None) or getattr(key, "__name__", None) or repr(key)
+    name = getattr(key, "__name__", None) or repr(key)
     module = {"_operator": "operator", "torch._C._nn": "torch.nn.functional",
               "torch._C._VariableFunctions": "torch", "torch.functional": "torch"}.get(module, module)
     if module == "builtins":
