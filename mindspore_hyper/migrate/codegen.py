@@ -119,8 +119,6 @@ class _Forward:
             if node.op == "input":
                 self.expr[node] = _variable(str(node.target), self.taken)
                 continue
-            if node not in used and node.op in ("function", "module", "attr", "constant"):
-                continue
             if any(ref in self.failed for ref in node_refs((node.args, node.kwargs))):
                 self.failed.add(node)  # its input already has a problem reported
                 continue
@@ -130,8 +128,8 @@ class _Forward:
                 self.problems.append(f"{node.display}: {exc} ({node.where()})")
                 self.failed.add(node)
                 continue
-            if line is None:
-                continue
+            if line is None or node not in used:
+                continue  # an unused value is converted (so unmapped ops still surface) but not written
             if node.scope != scope:
                 scope = node.scope
                 self.lines.append("")

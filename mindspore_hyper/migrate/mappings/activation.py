@@ -68,23 +68,23 @@ def relu(self, inplace=False):
     return call("mint.nn.functional.relu", self)
 
 
-@function("ops.gelu", F.gelu, aten.gelu, method("gelu"))
+@function("ops.gelu", F.gelu, aten.gelu)
 def gelu(self, approximate="none"):
     expect(approximate, ("none", "tanh"), "approximate")
     return call("ops.gelu", self, approximate=approximate)
 
 
-@function("mint.nn.functional.silu", F.silu, aten.silu, method("silu"))
+@function("mint.nn.functional.silu", F.silu, aten.silu)
 def silu(self, inplace=False):
     return call("mint.nn.functional.silu", self)
 
 
-@function("mint.sigmoid", torch.sigmoid, F.sigmoid, method("sigmoid"), aten.sigmoid)
+@function("mint.sigmoid", torch.sigmoid, method("sigmoid"), aten.sigmoid)
 def sigmoid(self):
     return call("mint.sigmoid", self)
 
 
-@function("mint.tanh", torch.tanh, F.tanh, method("tanh"), aten.tanh)
+@function("mint.tanh", torch.tanh, method("tanh"), aten.tanh)
 def tanh(self):
     return call("mint.tanh", self)
 
@@ -96,12 +96,6 @@ def _softmax_dtype(self, dtype):
 @function("mint.softmax", F.softmax, torch.softmax, method("softmax"), aten.softmax)
 def softmax(self, dim=None, _stacklevel=3, dtype=None):
     return call("mint.softmax", _softmax_dtype(self, dtype), dim=dim.const("dim"))
-
-
-@function("mint.softmax", aten._softmax)
-def softmax_aten(self, dim, half_to_float):
-    expect(half_to_float, (False,), "half_to_float")
-    return call("mint.softmax", self, dim=dim.const("dim"))
 
 
 @function("ops.log_softmax", F.log_softmax, torch.log_softmax, method("log_softmax"), aten.log_softmax)

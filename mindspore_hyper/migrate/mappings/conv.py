@@ -39,14 +39,19 @@ def conv2d_module(m: torch.nn.Conv2d) -> str:
     return _conv(m, "Conv2d")
 
 
+def _ints(arg):
+    """An int or a tuple of ints (MindSpore refuses lists here)."""
+    value = arg.const(arg.code)
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
 def _functional_conv(fn: str, input, weight, bias, stride, padding, dilation, groups) -> str:
+    stride, dilation = _ints(stride), _ints(dilation)
     pad = padding.const("padding")
     if isinstance(pad, str):
         return call(fn, input, weight, bias, stride=stride, pad_mode=repr(pad), dilation=dilation, groups=groups)
     pad = tuple(pad) if isinstance(pad, (list, tuple)) else (pad,)
-    if fn.endswith("conv2d") and len(pad) == 2:
-        pad = (pad[0], pad[0], pad[1], pad[1])
-    padding_code = pad[0] if len(pad) == 1 else pad
+    padding_code = pad[0] if len(pad) == 1 else pad  # ops.conv2d takes (height, width) padding
     return call(fn, input, weight, bias, stride=stride, pad_mode="'pad'", padding=padding_code, dilation=dilation,
                 groups=groups)
 

@@ -14,7 +14,7 @@ aten = torch.ops.aten
 
 def _result_dtype(dtype, result) -> str:
     """The dtype argument, else the dtype torch gave the result (`result`: the call's own value)."""
-    value = dtype.value if dtype is not None else None
+    value = dtype.value
     if value is None:
         value = result.dtype
     if value is None:
@@ -22,10 +22,10 @@ def _result_dtype(dtype, result) -> str:
     return ms_dtype(value)
 
 
-@function("ops.arange", aten.arange, torch.arange)
+@function("ops.arange", torch.arange)
 def arange(start=0, end=None, step=1, dtype=None, layout=None, device=None, pin_memory=None, requires_grad=False, *,
            result):
-    if end is None or end.value is None:
+    if end.value is None:
         start, end = None, start
     args = [end] if start is None else [start, end] + ([step] if step.value != 1 else [])
     return call("ops.arange", *args, dtype=_result_dtype(dtype, result))
@@ -38,20 +38,21 @@ def _filled(fn: str):
     return emit
 
 
-function("mint.zeros", aten.zeros, torch.zeros)(_filled("mint.zeros"))
-function("mint.ones", aten.ones, torch.ones)(_filled("mint.ones"))
+function("mint.zeros", torch.zeros)(_filled("mint.zeros"))
+function("mint.ones", torch.ones)(_filled("mint.ones"))
 
 
-@function("ops.full", aten.full, torch.full)
+@function("ops.full", torch.full)
 def full(size, fill_value, dtype=None, layout=None, device=None, pin_memory=None, requires_grad=False, *,
          result):
     return call("ops.full", sizes([size]), fill_value, dtype=_result_dtype(dtype, result))
 
 
 def _like(fn: str):
-    def emit(self, *fill, dtype=None, layout=None, device=None, pin_memory=None, requires_grad=False,
-             memory_format=None, result):
-        return call(fn, self, *fill[:1], dtype=_result_dtype(dtype, result))
+    def emit(self, fill_value=None, dtype=None, layout=None, device=None, pin_memory=None, requires_grad=False,
+             memory_format=None, *, result):
+        fill = [fill_value] if fill_value.value is not None or not fill_value.is_constant else []
+        return call(fn, self, *fill, dtype=_result_dtype(dtype, result))
     return emit
 
 
@@ -63,8 +64,8 @@ function("ops.full_like", aten.full_like, torch.full_like)(_like("ops.full_like"
 def _new(fn: str):
     def emit(self, *size_and_fill, dtype=None, layout=None, device=None, pin_memory=None, requires_grad=False,
              size=None, fill_value=None, result):
-        if size is not None:
-            shape, fill = size, [fill_value] if fill_value is not None else []
+        if size.value is not None:
+            shape, fill = size, [fill_value] if fill_value.value is not None else []
         elif fn == "ops.full":
             shape, fill = sizes(size_and_fill[:-1]), [size_and_fill[-1]]
         else:

@@ -19,15 +19,15 @@ def _binary(ms_fn: str, py_op: str):
     def emit(self, other, alpha=None):
         if is_python(self, other):
             return f"({self} {py_op} {other})"
-        if alpha is not None and alpha.value not in (None, 1):
+        if alpha.value not in (None, 1):
             return call(ms_fn, self, other, alpha=alpha)
         return call(ms_fn, self, other)
     return emit
 
 
 function("mint.add", aten.add, torch.add, method("add"), operator.add)(_binary("mint.add", "+"))
-function("mint.sub", aten.sub, torch.sub, torch.subtract, method("sub"), operator.sub)(_binary("mint.sub", "-"))
-function("mint.mul", aten.mul, torch.mul, torch.multiply, method("mul"), operator.mul)(_binary("mint.mul", "*"))
+function("mint.sub", aten.sub, aten.subtract, torch.sub, torch.subtract, method("sub"), operator.sub)(_binary("mint.sub", "-"))
+function("mint.mul", aten.mul, aten.multiply, torch.mul, torch.multiply, method("mul"), operator.mul)(_binary("mint.mul", "*"))
 
 
 @function("mint.pow", aten.pow, torch.pow, method("pow"), operator.pow)
@@ -49,11 +49,11 @@ def rsub(self, other, alpha=1):
     return call("mint.sub", other, self)
 
 
-@function("mint.div", aten.div, torch.div, torch.true_divide, method("div"), operator.truediv)
+@function("mint.div", aten.div, aten.true_divide, torch.div, torch.true_divide, method("div"), operator.truediv)
 def div(self, other, rounding_mode=None):
     if is_python(self, other):
         return f"({self} / {other})"
-    mode = rounding_mode.value if rounding_mode is not None else None
+    mode = rounding_mode.value
     if mode is None:
         return call("mint.div", self, other)
     if mode == "floor":
@@ -95,7 +95,7 @@ def python_sqrt(x):
     return call("math.sqrt", x)
 
 
-@function("mint.clamp", aten.clamp, torch.clamp, method("clamp"), torch.clip, method("clip"))
+@function("mint.clamp", aten.clamp, aten.clip, torch.clamp, method("clamp"), torch.clip, method("clip"))
 def clamp(self, min=None, max=None):
     return call("mint.clamp", self, min=min, max=max)
 
@@ -125,27 +125,34 @@ def logical_or(self, other):
     return call("mint.logical_or", self, other)
 
 
-@function("mint.logical_and / mint.bitwise_and", aten.bitwise_and, aten.__and__, torch.bitwise_and, operator.and_,
+def _int_operands(self, other):
+    """Both operands as tensors (MindSpore 2.10 has no CPU kernel for bitwise ops with a Python scalar)."""
+    tensor = self if self.is_tensor else other
+    return [a if a.is_tensor else f"Tensor({a}, {tensor}.dtype)" for a in (self, other)]
+
+
+@function("mint.logical_and / ops.bitwise_and", aten.bitwise_and, aten.__and__, torch.bitwise_and, operator.and_,
           method("bitwise_and"))
 def bitwise_and(self, other):
     if is_python(self, other):
         return f"({self} & {other})"
-    return call("mint.logical_and" if _is_bool(self, other) else "mint.bitwise_and", self, other)
+    if _is_bool(self, other):
+        return call("mint.logical_and", self, other)
+    return call("ops.bitwise_and", *_int_operands(self, other))
 
 
-@function("mint.logical_or", aten.bitwise_or, aten.__or__, torch.bitwise_or, operator.or_, method("bitwise_or"))
+@function("mint.logical_or / ops.bitwise_or", aten.bitwise_or, aten.__or__, torch.bitwise_or, operator.or_,
+          method("bitwise_or"))
 def bitwise_or(self, other):
     if is_python(self, other):
         return f"({self} | {other})"
-    if not _is_bool(self, other):
-        raise Unsupported("bitwise_or on integer tensors: MindSpore 2.10 has no CPU kernel (BitwiseOrTensor)")
-    return call("mint.logical_or", self, other)
+    if _is_bool(self, other):
+        return call("mint.logical_or", self, other)  # mint.bitwise_or has no CPU kernel
+    return call("ops.bitwise_or", *_int_operands(self, other))
 
 
-@function("mint.logical_not", aten.bitwise_not, torch.bitwise_not, operator.invert, method("bitwise_not"))
+@function("mint.logical_not / ops.invert", aten.bitwise_not, torch.bitwise_not, operator.invert, method("bitwise_not"))
 def bitwise_not(self):
     if is_python(self):
         return f"(~{self})"
-    if not _is_bool(self):
-        raise Unsupported("bitwise_not on integer tensors: MindSpore 2.10 has no CPU kernel (BitwiseNot)")
-    return call("mint.logical_not", self)
+    return call("mint.logical_not" if _is_bool(self) else "ops.invert", self)

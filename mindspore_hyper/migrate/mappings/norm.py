@@ -7,7 +7,7 @@ defaults to 1e-7 in MindSpore and 1e-5 in torch. The constructors below always p
 import torch
 import torch.nn.functional as F
 
-from mindspore_hyper.migrate.mappings.common import call
+from mindspore_hyper.migrate.mappings.common import call, sizes
 from mindspore_hyper.migrate.mappings.registry import Unsupported, function, module
 
 aten = torch.ops.aten
@@ -50,7 +50,7 @@ def group_norm_module(m: torch.nn.GroupNorm) -> str:
 @function("ops.LayerNorm (helper layer_norm)", F.layer_norm, aten.layer_norm)
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
     # mint.nn.functional.layer_norm has no CPU kernel; the helper calls the LayerNorm primitive.
-    return call("layer_norm", input, tuple(normalized_shape.const("normalized_shape")), weight, bias, eps)
+    return call("layer_norm", input, sizes([normalized_shape]), weight, bias, eps)
 
 
 @function("mint.nn.functional.group_norm", F.group_norm, aten.group_norm)

@@ -70,8 +70,10 @@ def avg_pool2d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_i
     expect(divisor_override, (None,), "divisor_override")
     kernel = _pair(kernel_size.const("kernel_size"))
     steps = stride.const("stride")
-    return call("ops.avg_pool2d", self, kernel, _pair(steps) if steps else kernel, _pair(padding.const("padding")),
-                ceil_mode=ceil_mode, count_include_pad=count_include_pad)
+    top_bottom, left_right = _pair(padding.const("padding"))
+    return call("ops.avg_pool2d", self, kernel, _pair(steps) if steps else kernel,
+                (top_bottom, top_bottom, left_right, left_right), ceil_mode=ceil_mode,
+                count_include_pad=count_include_pad)
 
 
 @function("ops.adaptive_avg_pool2d", aten.adaptive_avg_pool2d, F.adaptive_avg_pool2d)

@@ -9,29 +9,39 @@ aten = torch.ops.aten
 
 def _dims(dim):
     """None (all dimensions) or a tuple of dimensions from an int / list argument."""
-    value = dim.const("dim") if dim is not None else None
+    value = dim.const("dim")
     if value is None or value == []:
         return None
     return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
+def _reduce(fn: str, self, dim, keepdim, **extra) -> str:
+    """fn over `dim` (all dimensions when None; mint reductions take no keepdim without a dim)."""
+    dims = _dims(dim)
+    if dims is None and not keepdim.value:
+        return call(fn, self, **extra)
+    if dims is None:
+        dims = tuple(range(self.ndim))
+    return call(fn, self, dim=dims, keepdim=keepdim, **extra)
+
+
 def _dtype(dtype):
-    return None if dtype is None or dtype.value is None else ms_dtype(dtype.value)
+    return None if dtype.value is None else ms_dtype(dtype.value)
 
 
 @function("mint.sum", aten.sum, torch.sum, method("sum"))
 def sum_(self, dim=None, keepdim=False, dtype=None):
-    return call("mint.sum", self, dim=_dims(dim), keepdim=keepdim, dtype=_dtype(dtype))
+    return _reduce("mint.sum", self, dim, keepdim, dtype=_dtype(dtype))
 
 
 @function("mint.mean", aten.mean, torch.mean, method("mean"))
 def mean(self, dim=None, keepdim=False, dtype=None):
-    return call("mint.mean", self, dim=_dims(dim), keepdim=keepdim, dtype=_dtype(dtype))
+    return _reduce("mint.mean", self, dim, keepdim, dtype=_dtype(dtype))
 
 
 @function("mint.prod", aten.prod, torch.prod, method("prod"))
 def prod(self, dim=None, keepdim=False, dtype=None):
-    return call("mint.prod", self, dim=_dims(dim), keepdim=keepdim, dtype=_dtype(dtype))
+    return _reduce("mint.prod", self, dim, keepdim, dtype=_dtype(dtype))
 
 
 def _amax_amin(fn: str):
@@ -76,9 +86,6 @@ def _var_std(fn: str):
             ddof = correction.const("correction")
         else:
             ddof = 1 if unbiased is None or unbiased.value in (None, True) else 0
-        if isinstance(unbiased.value if unbiased is not None else None, (list, tuple, int)) and not isinstance(
-                unbiased.value, bool):
-            raise Unsupported(f"{fn}: positional dim after unbiased is ambiguous; pass dim=")
         return call(fn, self, axis=_dims(dim), ddof=ddof, keepdims=keepdim)
     return emit
 
@@ -89,7 +96,7 @@ function("ops.std", aten.std, torch.std, method("std"))(_var_std("ops.std"))
 
 def _any_all(fn: str):
     def emit(self, dim=None, keepdim=False):
-        return call(fn, self, dim=_dims(dim), keepdim=keepdim)
+        return _reduce(fn, self, dim, keepdim)
     return emit
 
 

@@ -20,7 +20,7 @@ _INT64_MAX = 2 ** 63 - 1
 
 
 # -- views and shapes --------------------------------------------------------------------------
-@function("mint.reshape", aten.view, aten._unsafe_view, aten.reshape, torch.reshape)
+@function("mint.reshape", aten.view, aten.reshape, torch.reshape)
 def reshape(self, size=None, shape=None):
     target = shape if size is None or size.value is None else size
     if isinstance(target.value, torch.dtype):
@@ -33,7 +33,7 @@ def reshape_method(self, *shape):
     return reshape(self, sizes(shape))
 
 
-@function("mint.reshape", method("view_as"), method("reshape_as"))
+@function("mint.reshape", method("view_as"), method("reshape_as"), aten.view_as, aten.reshape_as)
 def reshape_as(self, other):
     return call("mint.reshape", self, f"{other}.shape")
 
@@ -49,9 +49,10 @@ def permute_method(self, *dims):
 
 
 @function("mint.transpose", aten.transpose, torch.transpose, method("transpose"), torch.swapaxes,
-          method("swapaxes"))
-def transpose(self, dim0, dim1):
-    return call("mint.transpose", self, dim0, dim1)
+          method("swapaxes"), aten.swapaxes)
+def transpose(self, dim0=None, dim1=None, axis0=None, axis1=None):
+    first, second = (dim0, dim1) if axis0.value is None else (axis0, axis1)
+    return call("mint.transpose", self, first, second)
 
 
 @function("mint.transpose", aten.t, torch.t, method("t"))
@@ -67,7 +68,7 @@ def unsqueeze(self, dim):
 @function("mint.squeeze", aten.squeeze, torch.squeeze, method("squeeze"))
 def squeeze(self, dim=None):
     if dim.value is None:
-        return call("mint.squeeze", self)
+        return call("ops.squeeze", self)  # mint.squeeze needs dims
     dims = dim.const("dim")
     dims = tuple(dims) if isinstance(dims, (list, tuple)) else (dims,)
     # torch ignores dimensions that are not 1; mint.squeeze refuses them, so keep only the size-1 ones.
@@ -91,13 +92,13 @@ def expand_method(self, *sizes_):
     return call("mint.broadcast_to", self, sizes(sizes_))
 
 
-@function("mint.broadcast_to", method("expand_as"))
+@function("mint.broadcast_to", method("expand_as"), aten.expand_as)
 def expand_as(self, other):
     return call("mint.broadcast_to", self, f"{other}.shape")
 
 
-@function("(identity)", aten.contiguous, method("contiguous"), aten.clone, torch.clone, method("clone"), aten.alias,
-          aten.detach, method("detach"), aten.lift_fresh_copy)
+@function("(identity)", method("contiguous"), aten.clone, torch.clone, method("clone"), aten.alias, aten.detach,
+          method("detach"))
 def identity(self, memory_format=None):
     return Alias(self)
 
@@ -109,7 +110,7 @@ def _cast(self: Arg, dtype) -> object:
     return call("ops.cast", self, ms_dtype(dtype))
 
 
-@function("ops.cast", aten.to, aten._to_copy)
+@function("ops.cast", aten.to)
 def to_aten(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, copy=False,
             memory_format=None, other=None):
     target = other.dtype if other.is_tensor else dtype.const("dtype")
@@ -124,7 +125,7 @@ def to_method(self, *args, **kwargs):
             dtype = a.value
         elif a.is_tensor:
             dtype = a.dtype
-        elif not (isinstance(a.value, (str, torch.device)) or a.value is None):
+        elif not (isinstance(a.value, (str, torch.device)) or a.value is None or isinstance(a.example, torch.device)):
             raise Unsupported(f"Tensor.to({a.code}) is not mapped (expected a dtype, device or tensor)")
     return _cast(self, dtype)
 
@@ -177,7 +178,7 @@ def _tensor_list(tensors: Arg) -> str:
     return "[" + ", ".join(str(t) for t in tensors.items) + "]" if tensors.items is not None else str(tensors)
 
 
-@function("mint.cat", aten.cat, torch.cat, torch.concat)
+@function("mint.cat", aten.cat, aten.concat, torch.cat, torch.concat)
 def cat(tensors, dim=0):
     return call("mint.cat", _tensor_list(tensors), dim=dim)
 
@@ -261,27 +262,30 @@ def repeat_method(self, *repeats):
 
 
 # -- sizes and attributes ------------------------------------------------------------------------
-@function("Tensor.shape", method("size"), aten.sym_size)
+@function("Tensor.shape", method("size"))
 def size(self, dim=None):
     return f"{self}.shape" if dim.value is None else f"{self}.shape[{dim}]"
 
 
-@function("Tensor.ndim", method("dim"), aten.dim)
+@function("Tensor.ndim", method("dim"))
 def dim(self):
     return f"{self}.ndim"
 
 
-@function("Tensor.size (element count)", method("numel"), torch.numel)
+@function("Tensor.size (element count)", method("numel"))
 def numel(self):
     return f"{self}.size"
 
 
 _ATTRIBUTES = {"shape": "{}.shape", "dtype": "{}.dtype", "ndim": "{}.ndim"}
+_RESULT_FIELDS = {"values": 0, "indices": 1}  # torch.max(x, dim) & co. return (values, indices)
 
 
 @function("Tensor attributes", builtins.getattr)
 def getattr_(obj, name, default=None):
     attribute = name.const("attribute name")
+    if isinstance(obj.example, tuple) and attribute in _RESULT_FIELDS:
+        return f"{obj}[{_RESULT_FIELDS[attribute]}]"
     if attribute == "T":
         return call("mint.permute", obj, tuple(reversed(range(obj.ndim))))
     if attribute == "device":
@@ -292,13 +296,7 @@ def getattr_(obj, name, default=None):
 
 
 # -- checks that only guard the trace ------------------------------------------------------------
-@function("(dropped: trace-time assertion)", aten._assert_tensor_metadata, torch._assert,
-          torch.fx._symbolic_trace._assert_is_none)
-def trace_assertion(*args, **kwargs):
-    return NO_VALUE
-
-
-@function("(expect)", aten._assert_scalar)
-def assert_scalar(self, assert_msg):
-    expect(self, (True,), "trace-time assertion")
+@function("(dropped: export's metadata assertion)", aten._assert_tensor_metadata)
+def tensor_metadata_assertion(a, size=None, stride=None, dtype=None, device=None, layout=None):
+    # torch.export checks an input's dtype/shape here; the Cell checks input shapes up front.
     return NO_VALUE
