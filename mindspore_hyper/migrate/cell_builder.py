@@ -94,10 +94,6 @@ def member_access(owner: str, name: str) -> str:
     return f"{owner}.{name}" if is_identifier(name) else f"getattr({owner}, {name!r})"
 
 
-def _non_persistent(module: torch.nn.Module) -> set:
-    return set(getattr(module, "_non_persistent_buffers_set", ()))
-
-
 def _build_node(module: torch.nn.Module, path: str, access: str, plan: CellPlan, first_owner: Dict[int, str]) -> CellNode:
     mapping = lookup_module(module) if path else None  # the root is the generated class itself
     plan.module_access[path] = access
@@ -119,7 +115,7 @@ def _build_node(module: torch.nn.Module, path: str, access: str, plan: CellPlan,
     if isinstance(module, torch.nn.ParameterList) or isinstance(module, torch.nn.ParameterDict):
         plan.problems.append(f"{node.torch_type} at {path!r}: parameter containers are not mapped; hold the "
                              "parameters as module attributes")
-    skip = _non_persistent(module)
+    skip = set(getattr(module, "_non_persistent_buffers_set", ()))  # torch's own record of them
     for name, p in list(module.named_parameters(recurse=False)) + [
             (n, b) for n, b in module.named_buffers(recurse=False) if n not in skip]:
         full = f"{path}.{name}" if path else name
@@ -150,7 +146,7 @@ def plan_cells(module: torch.nn.Module, graph: Graph) -> CellPlan:
     """The Cell tree of `module` and how `graph`'s forward code reaches its parts."""
     plan = CellPlan(root=CellNode("", "", "module"))
     first_owner: Dict[int, str] = {}
-    plan.root = _build_node(module, "", "self", plan, first_owner)
+    plan.root = _build_node(module, "", "self", plan, first_owner)  # needs plan for its maps and problems
     for name, p in module.named_parameters(remove_duplicate=False):
         owner = first_owner.get(id(p))
         if owner is not None and owner != name:

@@ -11,14 +11,14 @@ import inspect
 import keyword
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import torch
 
 from mindspore_hyper.migrate import helpers
-from mindspore_hyper.migrate.cell_builder import CellNode, CellPlan, is_identifier, member_access
+from mindspore_hyper.migrate.cell_builder import CellNode, CellPlan, ParamSpec, is_identifier, member_access
 from mindspore_hyper.migrate.graph import Graph, Node, node_refs
-from mindspore_hyper.migrate.mappings import lookup_function, lookup_module
+from mindspore_hyper.migrate.mappings import lookup_function
 from mindspore_hyper.migrate.mappings.common import literal, ms_dtype, render_literal
 from mindspore_hyper.migrate.mappings.registry import NO_VALUE, NOT_CONSTANT, Alias, Arg, Unsupported
 
@@ -132,7 +132,8 @@ class _Forward:
                 continue  # an unused value is converted (so unmapped ops still surface) but not written
             if node.scope != scope:
                 scope = node.scope
-                self.lines.append("")
+                if self.lines:
+                    self.lines.append("")
                 self.lines.append(f"# {scope} ({node.scope_type})" if scope else "# (root module)")
             if node.location is not None and node.location != location:
                 location = node.location
@@ -240,9 +241,7 @@ def _init_lines(plan: CellPlan) -> List[str]:
     return lines
 
 
-def _constant_spec(value: torch.Tensor):
-    from mindspore_hyper.migrate.cell_builder import ParamSpec
-
+def _constant_spec(value: torch.Tensor) -> ParamSpec:
     return ParamSpec(tuple(value.shape), value.dtype, False)
 
 
@@ -269,7 +268,7 @@ def generate(graph: Graph, plan: CellPlan, class_name: str, torch_type: str, che
     forward.render()
     returned = forward.outputs()
     inputs = [forward.expr[n] for n in graph.inputs]
-    body = []
+    body: List[str] = []
     if graph.shape_specialized:
         body.append("# torch.export specialised the program to these input shapes")
         for node in graph.inputs:
@@ -279,6 +278,8 @@ def generate(graph: Graph, plan: CellPlan, class_name: str, torch_type: str, che
                 body.append(f"if tuple({var}.shape) != {shape!r}:")
                 body.append(f"{_INDENT}raise ValueError(f\"{class_name} was converted for {var} of shape "
                             f"{shape}, got {{tuple({var}.shape)}}\")")
+    if body:
+        body.append("")
     body += forward.lines
     body.append("")
     body.append(f"return {returned}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import mindspore as ms

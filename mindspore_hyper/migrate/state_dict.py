@@ -119,13 +119,14 @@ def _candidates(torch_name: str) -> List[str]:
 def _hyperparameters(torch_module, cell: nn.Cell, apply: bool) -> List[HyperParameter]:
     import torch
 
+    torch_batch_norms = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)
     cells = dict(cell.cells_and_names())
     found = []
     for path, m in torch_module.named_modules():
         target = cells.get(path)
         if target is None:
             continue
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and isinstance(target, nn.layer.normalization._BatchNorm):
+        if isinstance(m, torch_batch_norms) and isinstance(target, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)):
             if m.momentum is not None and not np.isclose(target.momentum, m.momentum):
                 found.append(HyperParameter(path, "momentum (weight of the new batch statistic)", m.momentum,
                                             float(target.momentum), apply))

@@ -13,7 +13,7 @@ import torch.fx
 from torch.export.graph_signature import InputKind, OutputKind
 
 from mindspore_hyper.migrate.errors import UnsupportedOpError
-from mindspore_hyper.migrate.graph import Graph, Node, map_args, node_refs
+from mindspore_hyper.migrate.graph import Graph, Node, node_refs
 from mindspore_hyper.migrate.lowering import Lowering, output_names, record_values, type_name
 from mindspore_hyper.migrate.mappings import lookup_module
 from mindspore_hyper.migrate.trace_fx import bind_inputs

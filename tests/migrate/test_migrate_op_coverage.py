@@ -1,6 +1,8 @@
 """Every registered mapping runs on MindSpore's CPU kernels and matches torch: a model using every
 mapped torch function, method, operator and module is converted through torch.fx and through
 torch.export (aten ops), and both Cells are compared with torch (<= 1e-5 relative)."""
+import os
+
 import pytest
 import torch
 import mindspore as ms
@@ -11,6 +13,8 @@ from mindspore_hyper.migrate.state_dict import NAME_RULES
 
 from migrate_models import TOL
 from migrate_zoo import OpZoo, zoo_inputs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -40,3 +44,11 @@ def test_module_parameter_names_follow_the_state_dict_rules():
     for mapping in module_mappings():
         for torch_name, ms_name in mapping.params.items():
             assert ms_name == torch_name or ms_name in NAME_RULES[torch_name], (mapping.torch_type, torch_name)
+
+
+def test_docs_table_lists_every_mapping():
+    with open(os.path.join(ROOT, "docs", "migration.md"), encoding="utf-8") as f:
+        text = f.read()
+    missing = [m.torch_name for m in function_mappings() if f"`{m.torch_name}`" not in text]
+    missing += [m.torch_type.__name__ for m in module_mappings() if f"`torch.nn.{m.torch_type.__name__}`" not in text]
+    assert missing == []

@@ -2,7 +2,7 @@
 import torch
 
 from mindspore_hyper.migrate.mappings.common import call, ms_dtype
-from mindspore_hyper.migrate.mappings.registry import Unsupported, function, method
+from mindspore_hyper.migrate.mappings.registry import function, method
 
 aten = torch.ops.aten
 

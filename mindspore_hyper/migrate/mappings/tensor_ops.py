@@ -9,9 +9,8 @@ import builtins
 import operator
 
 import torch
-import torch.fx
 
-from mindspore_hyper.migrate.mappings.common import call, expect, literal, ms_dtype, sizes, subscript
+from mindspore_hyper.migrate.mappings.common import call, literal, ms_dtype, sizes, subscript
 from mindspore_hyper.migrate.mappings.registry import (
     NO_VALUE, Alias, Arg, Unsupported, function, method)
 
