@@ -5,9 +5,10 @@ the torch original and (MLP, TransformerBlock) a hand-written MindSpore Cell, al
     python benchmarks/bench_migration.py --repeat 5 --models mlp,gpt2
 
 Conversion time is the wall time of `convert(model, inputs, check=False)` (trace, map, generate,
-build, load weights). Forward times are medians of --repeat eval-mode forwards after one warm-up
-(torch under no_grad; MindSpore in PyNative mode, output synchronised with asnumpy()). The
-hand-written Cells get the same weights through convert_state_dict.
+build, load weights). Forward times are medians of --repeat eval-mode forwards after one warm-up,
+interleaved (torch, converted, hand-written, torch, ...) so that load from other processes hits
+all alike (torch under no_grad; MindSpore in PyNative mode, outputs synchronised with asnumpy()).
+The hand-written Cells get the same weights through convert_state_dict.
 """
 import argparse
 import os
@@ -38,14 +39,17 @@ def models(batch: int):
     }
 
 
-def median_time(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
+def interleaved_medians(fns, repeat: int):
+    """Median seconds of each function, timed in rounds (one call of each per round) after a warm-up."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, record in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            record.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def main() -> None:
@@ -69,15 +73,20 @@ def main() -> None:
         ms_inputs = [to_mindspore(x) for x in inputs]
         with torch.no_grad():
             want = torch_outputs(model(*inputs))
-            torch_s = median_time(lambda: model(*inputs), args.repeat)
         error = relative_error(cell_outputs(cell(*ms_inputs)), want)
-        cell_s = median_time(lambda: cell_outputs(cell(*ms_inputs)), args.repeat)
-        hand_s = None
+
+        def torch_forward():
+            with torch.no_grad():
+                model(*inputs)
+
+        fns = [torch_forward, lambda: cell_outputs(cell(*ms_inputs))]
         if hand is not None:
             hand_cell = hand()
             convert_state_dict(model, hand_cell)
             assert relative_error(cell_outputs(hand_cell(*ms_inputs)), want) <= 1e-5
-            hand_s = median_time(lambda: hand_cell(*ms_inputs).asnumpy(), args.repeat)
+            fns.append(lambda: hand_cell(*ms_inputs).asnumpy())
+        torch_s, cell_s, *rest = interleaved_medians(fns, args.repeat)
+        hand_s = rest[0] if rest else None
         hand_text = f"{hand_s * 1e3:8.2f}" if hand_s else f"{'-':>8}"
         ratio_hand = f"{cell_s / hand_s:9.2f}" if hand_s else f"{'-':>9}"
         print(f"{name:<18} {report.tracer:<13} {convert_s:9.2f} {torch_s * 1e3:9.2f} {cell_s * 1e3:12.2f} "

@@ -118,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _error(str(exc), 2)
     module_name, attr = args.target
-    sys.path.insert(0, os.getcwd())
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # the user's module may raise anything on import

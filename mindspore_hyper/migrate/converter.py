@@ -61,11 +61,15 @@ def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[st
 
     Raises:
         TypeError: `torch_module` is not a torch module, or the inputs do not fit its forward.
+        ValueError: MindSpore is not in PyNative mode, or `tracer` is unknown.
         UnsupportedOpError: ops or modules without a mapping (every one, with its source location).
         TraceFailedError: neither tracer can trace the model.
     """
     if not isinstance(torch_module, torch.nn.Module):
         raise TypeError(f"torch_module: expected a torch.nn.Module, got {type(torch_module).__name__}")
+    if ms.get_context("mode") != ms.PYNATIVE_MODE:
+        raise ValueError("convert builds and checks the Cell op by op: call "
+                         "mindspore.set_context(mode=mindspore.PYNATIVE_MODE) first")
     start = time.perf_counter()
     args, kwargs = _example_args(example_inputs), dict(example_kwargs or {})
     bound = bind_inputs(torch_module, args, kwargs)

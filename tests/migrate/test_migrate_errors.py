@@ -108,6 +108,12 @@ def test_bad_arguments():
         convert(TorchMLP(), (torch.randn(2, 16), torch.randn(2, 16)))
     with pytest.raises(ValueError, match=r"tracer='jit'; expected one of \('auto', 'fx', 'export'\)"):
         convert(TorchMLP(), torch.randn(2, 16), tracer="jit")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        with pytest.raises(ValueError, match="mindspore.set_context\\(mode=mindspore.PYNATIVE_MODE\\)"):
+            convert(TorchMLP(), torch.randn(2, 16))
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
 class Untraceable(torch.nn.Module):
