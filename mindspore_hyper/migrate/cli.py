@@ -93,7 +93,7 @@ def add_parser(subparsers: "argparse._SubParsersAction") -> None:
                         help="convert in training mode (BatchNorm batch statistics, active dropout); default eval")
     parser.add_argument("--class-name", metavar="NAME", help="name of the generated Cell class (default: the torch class)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random example inputs and weights (default 0)")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, parser=parser)
 
 
 def _error(message: str, status: int) -> int:

@@ -49,8 +49,9 @@ def workdir(tmp_path, monkeypatch):
 def test_subprocess_converts_and_written_files_reproduce_torch(workdir):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     result = subprocess.run(
-        [sys.executable, "-m", "mindspore_hyper.migrate", "convert", "cli_models:Net", "--input-shape", "4,12",
-         "--init-args", '{"dim": 12}', "--out", "out"], cwd=workdir, env=env, capture_output=True, text=True,
+        [os.path.join(os.path.dirname(sys.executable), "mindspore-hyper"), "convert", "cli_models:Net",
+         "--input-shape", "4,12", "--init-args", '{"dim": 12}', "--out", "out"], cwd=workdir, env=env,
+        capture_output=True, text=True,
         timeout=300)
     assert result.returncode == 0, result.stderr
     assert re.search(r"torch.nn.Linear +-> nn.Dense", result.stdout) and "max_relative_error" in result.stdout
