@@ -133,12 +133,16 @@ class ParallelModel(nn.Cell):
 
     def optimizer_gradients(self, optimizer: nn.Optimizer, weights: Sequence[Parameter], grads) -> tuple:
         """The gradients in the order of `optimizer.parameters`."""
-        by_id = {id(w): g for w, g in zip(weights, grads)}
+        by_id = {id(self.updated_parameter(w)): g for w, g in zip(weights, grads)}
         try:
             return tuple(by_id[id(p)] for p in optimizer.parameters)
         except KeyError:
             raise ValueError("train_step: the optimizer updates Parameters that are not the model's "
                              "optimizer_parameters(); build it as nn.Adam(model.optimizer_parameters(), ...)") from None
+
+    def updated_parameter(self, param: Parameter) -> Parameter:
+        """The Parameter the optimizer updates for model parameter `param` (itself here)."""
+        return param
 
     def after_update(self) -> None:
         """Called after the optimizer step (runtimes bring sliced updates back here)."""

@@ -185,16 +185,9 @@ class DistributedModel(ParallelModel):
                 offset += width
                 yield pid, np.moveaxis(part, 0, zero.dim)
 
-    def optimizer_gradients(self, optimizer: nn.Optimizer, weights: Sequence[Parameter], grads) -> tuple:
-        by_id = {}
-        for w, g in zip(weights, grads):
-            zero = self._zero.get(id(w))
-            by_id[id(zero.slice_param) if zero is not None else id(w)] = g
-        try:
-            return tuple(by_id[id(p)] for p in optimizer.parameters)
-        except KeyError:
-            raise ValueError("train_step: the optimizer updates Parameters that are not the model's "
-                             "optimizer_parameters(); build it as nn.Adam(model.optimizer_parameters(), ...)") from None
+    def updated_parameter(self, param: Parameter) -> Parameter:
+        zero = self._zero.get(id(param))
+        return param if zero is None else zero.slice_param
 
     def after_update(self) -> None:
         """All-gather the updated ZeRO-1 slices into the parameters' shards."""
