@@ -1,10 +1,10 @@
 """Element types as MindSpore names them (the manifest's `dtype`), as safetensors codes them, and in numpy."""
 from __future__ import annotations
 
+import functools
 from typing import Dict
 
 import numpy as np
-from mindspore.common import dtype as mstype
 
 from mindspore_hyper.checkpoint.errors import CheckpointError
 
@@ -31,10 +31,13 @@ def safetensors_code(dtype: str) -> str:
                               f"{', '.join(SAFETENSORS_CODES)}") from None
 
 
+@functools.lru_cache(maxsize=None)
 def numpy_dtype(dtype: str) -> np.dtype:
-    """The numpy dtype of a MindSpore dtype name (BFloat16 is MindSpore's numpy bfloat16)."""
+    """The numpy dtype of a MindSpore dtype name (BFloat16: the bfloat16 type MindSpore's
+    `asnumpy` returns)."""
     safetensors_code(dtype)
-    return np.dtype(mstype.dtype_to_nptype(getattr(mstype, _ATTRIBUTES.get(dtype, dtype.lower()))))
+    if dtype == "BFloat16":
+        import mindspore as ms
 
-
-_ATTRIBUTES = {"Bool": "bool_"}
+        return ms.Tensor([0.0], ms.bfloat16).asnumpy().dtype
+    return np.dtype("bool" if dtype == "Bool" else dtype.lower())

@@ -146,9 +146,11 @@ def _optimizer_states(holdings: Holdings, optimizer: nn.Optimizer, model) -> Lis
     optimizer updates) laid out like the parameter's optimizer states; other optimizer
     Parameters (step counters, learning rate, beta powers) replicated."""
     held = {t.name: t for t in holdings.tensors}
+    own = model.optimizer_parameters() if isinstance(model, ParallelModel) else model.get_parameters()
+    own_ids = {id(p) for p in own}
     updated: Dict[str, Parameter] = {}
     for p in optimizer.parameters:
-        if p.name not in held:
+        if id(p) not in own_ids or p.name not in held:
             raise CheckpointError(f"optimizer: it updates Parameter {p.name!r}, which is not a parameter of the model; "
                                   "build it on the model's optimizer_parameters() (ParallelModel) or parameters")
         updated[p.name] = p

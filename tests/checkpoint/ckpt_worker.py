@@ -1,7 +1,8 @@
 """msrun worker of the checkpoint tests: one process of a 4-process job (data 2 x tensor 2, ZeRO-1
 over data) loads the 8-device simulated checkpoint OUT/sim8 (model and Adam states), checks that
 its shards equal the saved global values, trains two more steps, saves OUT/dist4 and writes what
-it holds (arrays and their regions) and its load report.
+it holds (arrays and their regions) and its load report. First it tries OUT/broken, a copy of
+OUT/sim8 with a file only rank 3 reads corrupted: every rank must refuse it and change nothing.
 
 Usage (under msrun): ckpt_worker.py OUT_DIR
 """
@@ -26,6 +27,7 @@ def main():
     par = auto_parallelize(model, megatron(2, 2, zero=True))
     rank = par.local_ranks[0]
     optimizer = adam(par.optimizer_parameters())
+    refused = _load_broken(par, optimizer, os.path.join(out, "broken"))
     report = mh.load_checkpoint(par, os.path.join(out, "sim8"), optimizer=optimizer)
     saved = np.load(os.path.join(out, "sim8_values.npz"))
     loaded_error = max(_held_error(par, optimizer, saved).values())
@@ -35,7 +37,19 @@ def main():
     np.savez(os.path.join(out, f"held_rank{rank}.npz"), **arrays)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"rank": rank, "losses": losses, "loaded_error": loaded_error, "regions": regions,
-                   "report": report.__dict__}, f)
+                   "report": report.__dict__, "refused": refused}, f)
+
+
+def _load_broken(par, optimizer, directory):
+    """Load a checkpoint only some ranks find corrupt: (error message, whether anything changed)."""
+    before, _ = _held(par, optimizer)
+    try:
+        mh.load_checkpoint(par, directory, optimizer=optimizer)
+        message = None
+    except mh.checkpoint.CheckpointError as exc:
+        message = str(exc)
+    after, _ = _held(par, optimizer)
+    return {"message": message, "changed": [n for n in before if not np.array_equal(before[n], after[n])]}
 
 
 def _held(par, optimizer):

@@ -2,9 +2,10 @@
 ZeRO-1) loads into 4 msrun processes (data 2 x tensor 2, ZeRO-1), each reading only its
 regions' bytes; they train on and save; that checkpoint loads into one device and into a
 2-device simulation (ZeRO-1) with the values the processes held, and MindSpore reads every
-per-rank file."""
+per-rank file. A checkpoint corrupt for one process only is refused by all, changing nothing."""
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -35,6 +36,17 @@ def saved_by_simulation(tmp_path):
     return values
 
 
+def break_for_rank3(tmp_path):
+    """OUT/broken: OUT/sim8 with the header of the file only process 3 reads (simulated rank 7:
+    ZeRO-1 states of data 1 x tensor 3) made invalid, its size unchanged."""
+    shutil.copytree(tmp_path / "sim8", tmp_path / "broken")
+    path = tmp_path / "broken" / "rank_7" / "checkpoint_rank7.safetensors"
+    path.chmod(0o644)
+    data = bytearray(path.read_bytes())
+    data[8] = ord("#")
+    path.write_bytes(bytes(data))
+
+
 def held_by_processes(tmp_path):
     """The global arrays the 4 processes held after saving, put together from their regions."""
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORKERS)]
@@ -62,10 +74,20 @@ def assert_equal_values(actual, expected):
 @pytest.mark.msrun
 def test_sim8_to_distributed4_to_single_device_and_sim2(tmp_path, clean_context):
     sim8 = saved_by_simulation(tmp_path)
+    break_for_rank3(tmp_path)
     proc = run_msrun(WORKER, [tmp_path], WORKERS, tmp_path / "logs", timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(tmp_path / "logs", WORKERS)
     results, held = held_by_processes(tmp_path)
     assert not any(np.isnan(v).any() for v in held.values() if v.dtype.kind == "f")  # the regions tile
+
+    # a file only rank 3 needs is corrupt: every rank refuses the load and changes nothing
+    for result in results:
+        refused = result["refused"]
+        assert refused["changed"] == [] and refused["message"] is not None
+        if result["rank"] == 3:
+            assert "rank_7/checkpoint_rank7.safetensors: corrupt safetensors file" in refused["message"]
+        else:
+            assert "rank(s) [3] failed to read" in refused["message"] and "nothing was loaded" in refused["message"]
 
     stored = Manifest.read(str(tmp_path / "sim8"))
     total = sum(e.nbytes for _, e in stored.tensors())
