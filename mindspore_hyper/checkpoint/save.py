@@ -65,8 +65,9 @@ def save_checkpoint(model, directory, optimizer: Optional[nn.Optimizer] = None) 
         os.makedirs(directory, exist_ok=True)
         if holdings.lead and os.path.exists(manifest_path):
             os.remove(manifest_path)
+        values: Dict[str, np.ndarray] = {}  # each held tensor read once, however many ranks write from it
         for rank in holdings.local_ranks:
-            _write_rank(directory, rank, holdings, entries)
+            _write_rank(directory, rank, holdings, entries, values)
     except Exception as exc:  # every process must reach the agreement below
         error = exc
     _agree(holdings, error, "write its shards")
@@ -108,7 +109,8 @@ def _check_unique_keys(holdings: Holdings) -> None:
         seen[t.name] = t.section
 
 
-def _write_rank(directory: str, rank: int, holdings: Holdings, entries: Dict[str, TensorEntry]) -> None:
+def _write_rank(directory: str, rank: int, holdings: Holdings, entries: Dict[str, TensorEntry],
+                values: Dict[str, np.ndarray]) -> None:
     """Write the shards `rank` writes (none: no file) with `mindspore.save_checkpoint`."""
     items = []
     for t in holdings.tensors:
@@ -118,7 +120,9 @@ def _write_rank(directory: str, rank: int, holdings: Holdings, entries: Dict[str
             if not t.held.contains(shard.box):
                 raise CheckpointError(f"{t.section} {t.name!r}: rank {rank} writes {shard.box} but this process "
                                       f"holds only {t.held}")
-            data = np.ascontiguousarray(t.param.asnumpy()[shard.box.within(t.held)])
+            if t.name not in values:
+                values[t.name] = t.param.asnumpy()
+            data = np.ascontiguousarray(values[t.name][shard.box.within(t.held)])
             items.append({"name": shard.key, "data": Tensor(data, dtype=t.param.dtype)})
     if not items:
         return

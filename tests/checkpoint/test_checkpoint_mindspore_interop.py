@@ -3,7 +3,6 @@
 `load_distributed_checkpoint` loads into a plain Cell or re-slices for a target strategy file
 (`save_strategy_file`); `transform_checkpoints` refuses deduplicated checkpoints (documented)."""
 import glob
-import os
 
 import numpy as np
 import pytest

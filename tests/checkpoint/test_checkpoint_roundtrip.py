@@ -1,7 +1,6 @@
 """Save and load in one process: a plain Cell (one device) and simulated meshes of 2 and 8
 devices under other strategies, with Adam states (ZeRO-1 sliced); replicas written once;
 MindSpore reads every per-rank file; a region is read without a byte outside it."""
-import os
 
 import numpy as np
 import pytest
