@@ -62,6 +62,20 @@ class ParallelModel(nn.Cell):
         """The mesh ranks this process holds."""
         return self.execution.local_ranks
 
+    def held_region(self, name: str, optimizer: bool = False) -> Tuple[slice, ...]:
+        """The region of parameter `name`'s global tensor that this process's Parameter holds
+        (all of it in simulation, the shard under msrun); optimizer=True: the region of the
+        Parameter its optimizer updates (`optimizer_parameters()`), which ZeRO-1 may cut further."""
+        row = self.table[name]
+        slot = next(self.execution.parameters[pid] for pid, r in self.rows.items() if r is row)
+        if not slot.local:
+            return tuple(slice(0, n) for n in row.global_shape)
+        return row.layout.rank_slices(self.local_ranks[0], row.global_shape)
+
+    def after_parameters_set(self) -> None:
+        """Called after the Parameters' data were replaced from outside (a checkpoint load):
+        runtimes refresh what they derived from them here."""
+
     def construct(self, *inputs):
         start = time.perf_counter()
         self.accounting.reset_step()

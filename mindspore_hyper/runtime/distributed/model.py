@@ -43,6 +43,15 @@ class _ZeroSlice:
     def take(self, full: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(np.array_split(full, len(self.ranks), axis=self.dim)[self.index])
 
+    def region(self, shard: Tuple[slice, ...]) -> Tuple[slice, ...]:
+        """The region of the global tensor this slice covers, given the local shard's region
+        (the part `take` keeps, with np.array_split's piece sizes)."""
+        start, stop = shard[self.dim].start, shard[self.dim].stop
+        q, r = divmod(stop - start, len(self.ranks))
+        begin = start + self.index * q + min(self.index, r)
+        size = q + (1 if self.index < r else 0)
+        return shard[:self.dim] + (slice(begin, begin + size),) + shard[self.dim + 1:]
+
 
 class _ParameterGradient(nn.Cell):
     """Identity in forward; in backward, the parameter gradient's sum over the group."""
@@ -113,6 +122,19 @@ class DistributedModel(ParallelModel):
             zero = self._zero.get(id(param)) or self._make_zero_slice(param, slot)
             out.append(param if zero is None else zero.slice_param)
         return out
+
+    def held_region(self, name: str, optimizer: bool = False) -> Tuple[slice, ...]:
+        region = super().held_region(name)
+        if optimizer:
+            zero = next((z for pid, z in self._zero.items() if self.rows[pid].name == name), None)
+            if zero is not None:
+                return zero.region(region)
+        return region
+
+    def after_parameters_set(self) -> None:
+        """Re-cut the ZeRO-1 optimizer slices from the (newly set) parameter shards."""
+        for zero in self._zero.values():
+            zero.slice_param.set_data(Tensor(zero.take(zero.param.asnumpy()), dtype=zero.param.dtype))
 
     def _make_zero_slice(self, param: Parameter, slot):
         if not slot.zero_axes:
