@@ -1,5 +1,6 @@
 #include "comm/aggregator.h"
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -30,7 +31,7 @@ void Request::Wait(double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
   if (timeout_s < 0) {
     cv_.wait(lock, [&] { return done_; });
-  } else if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return done_; })) {
+  } else if (!cv_.wait_for(lock, WaitDuration(timeout_s), [&] { return done_; })) {
     throw CommTimeout("aggregated all_reduce request not completed within " + std::to_string(timeout_s) +
                       " s (did every rank submit it, and flush?)");
   }
@@ -45,37 +46,61 @@ void Request::Wait(double timeout_s) {
 Aggregator::Aggregator(std::shared_ptr<PacketBackend> backend, size_t packet_bytes, double max_delay_s)
     : backend_(std::move(backend)), packet_bytes_(packet_bytes), max_delay_s_(max_delay_s) {
   if (packet_bytes_ < 8) throw CommError("aggregator: packet_bytes must be >= 8, got " + std::to_string(packet_bytes));
-  if (!(max_delay_s_ >= 0)) throw CommError("aggregator: max_delay must be >= 0");
+  if (!(max_delay_s_ >= 0)) throw CommError("aggregator: max_delay must be >= 0 seconds, got " + std::to_string(max_delay_s));
   thread_ = std::thread([this] { Loop(); });
 }
 
 Aggregator::~Aggregator() { Close(); }
 
 void Aggregator::Close() {
+  uint64_t unfinished = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_ && !thread_.joinable()) return;
     stop_ = true;
+    unfinished = submitted_ - finished_;
     cv_.notify_all();
+  }
+  if (unfinished > 0) {
+    backend_->Abort("an aggregator was closed with " + std::to_string(unfinished) + " requests unfinished");
   }
   if (thread_.joinable()) thread_.join();
 }
 
-std::shared_ptr<Request> Aggregator::Submit(void* buf, size_t count, DType dtype, ReduceOp op) {
-  auto req = std::make_shared<Request>(buf, count, dtype, op);
-  req->submit_time_ = Now();
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stop_) throw CommError("aggregator is closed");
-  if (broken_kind_ != 0) {
-    req->Finish(broken_kind_, "the group failed earlier: " + broken_);
-    return req;
+std::shared_ptr<Request> Aggregator::Submit(const void* data, size_t count, DType dtype, ReduceOp op) {
+  return SubmitMany({RequestSpec{data, count, dtype}}, op)[0];
+}
+
+std::vector<std::shared_ptr<Request>> Aggregator::SubmitMany(const std::vector<RequestSpec>& specs, ReduceOp op) {
+  size_t total = 0;
+  for (const auto& s : specs) total += RoundUp8(s.count * DTypeSize(s.dtype));
+  std::shared_ptr<char[]> block(new char[total]);
+  std::vector<std::shared_ptr<Request>> reqs;
+  reqs.reserve(specs.size());
+  const double now = Now();
+  size_t off = 0;
+  for (const auto& s : specs) {
+    const size_t n = s.count * DTypeSize(s.dtype);
+    if (n > 0) std::memcpy(block.get() + off, s.data, n);
+    reqs.push_back(std::make_shared<Request>(block, block.get() + off, s.count, s.dtype, op));
+    reqs.back()->submit_time_ = now;
+    off += RoundUp8(n);
   }
-  queue_.push_back(req);
-  queued_bytes_ += req->bytes();
-  ++submitted_;
-  ++stats_.requests;
-  if (queued_bytes_ >= packet_bytes_ || queue_.size() == 1) cv_.notify_all();
-  return req;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) throw CommError("aggregator is closed: no request can be submitted after close()");
+  if (broken_kind_ != 0) {
+    for (auto& r : reqs) r->Finish(broken_kind_, "the group failed earlier: " + broken_);
+    return reqs;
+  }
+  const bool was_empty = queue_.empty();
+  for (auto& r : reqs) {
+    queue_.push_back(r);
+    queued_bytes_ += r->bytes();
+  }
+  submitted_ += reqs.size();
+  stats_.requests += reqs.size();
+  if (queued_bytes_ >= packet_bytes_ || (was_empty && !queue_.empty())) cv_.notify_all();
+  return reqs;
 }
 
 void Aggregator::Flush() {
@@ -116,7 +141,7 @@ void Aggregator::Loop() {
           bool flushing = finished_ < flush_target_;
           double age = Now() - queue_.front()->submit_time_;
           if (full || flushing || age >= max_delay_s_) break;
-          cv_.wait_for(lock, std::chrono::duration<double>(max_delay_s_ - age));
+          cv_.wait_for(lock, WaitDuration(max_delay_s_ - age));
         } else {
           cv_.wait(lock);
         }
@@ -136,8 +161,9 @@ void Aggregator::Loop() {
     int kind = 0;
     std::string why;
     try {
-      int64_t m = local;
-      backend_->AllReduce(&m, 1, DType::kInt64, ReduceOp::kMin);
+      auto agreed = std::make_shared<int64_t>(local);
+      backend_->AllReduce(agreed.get(), 1, DType::kInt64, ReduceOp::kMin, agreed);
+      const int64_t m = *agreed;
       {
         std::lock_guard<std::mutex> lock(mu_);
         for (int64_t i = 0; i < m && !queue_.empty(); ++i) {
@@ -180,6 +206,14 @@ void Aggregator::Loop() {
   }
 }
 
+char* Aggregator::PacketSpace(size_t bytes) {
+  if (!packet_ || packet_capacity_ < bytes || packet_.use_count() > 1) {
+    packet_capacity_ = std::max(packet_capacity_, bytes);
+    packet_.reset(new char[packet_capacity_]);
+  }
+  return packet_.get();
+}
+
 void Aggregator::RunBatch(std::vector<std::shared_ptr<Request>>& batch) {
   // Same requests everywhere? Hash (count, dtype, op) and compare MAX(h) with -MAX(-h).
   uint64_t h = 1469598103934665603ULL;
@@ -190,8 +224,9 @@ void Aggregator::RunBatch(std::vector<std::shared_ptr<Request>>& batch) {
     total += static_cast<int64_t>(r->bytes());
   }
   int64_t hv = static_cast<int64_t>(h >> 12);  // 52 bits: exact through a float64 transport
-  int64_t check[4] = {hv, -hv, total, -total};
-  backend_->AllReduce(check, 4, DType::kInt64, ReduceOp::kMax);
+  auto agreed = std::make_shared<std::array<int64_t, 4>>(std::array<int64_t, 4>{hv, -hv, total, -total});
+  backend_->AllReduce(agreed->data(), 4, DType::kInt64, ReduceOp::kMax, agreed);
+  const std::array<int64_t, 4>& check = *agreed;
   if (check[0] != hv || -check[1] != hv) {
     std::ostringstream os;
     os << "aggregated all_reduce requests differ across ranks: this rank's batch of " << batch.size()
@@ -220,22 +255,34 @@ void Aggregator::RunBatch(std::vector<std::shared_ptr<Request>>& batch) {
     size_t fill = 0;
     auto send_packet = [&]() {
       if (pending.empty()) return;
-      packet_.resize(std::max(packet_.size(), fill));
-      size_t off = 0;
-      for (Request* r : pending) {
-        std::memcpy(packet_.data() + off, r->buf_, r->bytes());
-        off += r->bytes();
+      // One all-reduce of `fill` bytes per packet on every rank; whether it runs in place (the
+      // requests lie back to back) or on a packed copy is this rank's own business.
+      bool in_place = true;
+      for (size_t i = 1; i < pending.size() && in_place; ++i) {
+        in_place = pending[i]->storage_ == pending[0]->storage_ &&
+                   pending[i]->data_ == pending[i - 1]->data_ + pending[i - 1]->bytes();
       }
-      backend_->AllReduce(packet_.data(), fill / esz, dtype, op);
-      off = 0;
-      for (Request* r : pending) {
-        std::memcpy(r->buf_, packet_.data() + off, r->bytes());
-        off += r->bytes();
-        r->Finish(0, "");
+      if (in_place) {
+        backend_->AllReduce(pending[0]->data_, fill / esz, dtype, op, pending[0]->storage_);
+      } else {
+        char* packet = PacketSpace(fill);
+        size_t off = 0;
+        for (Request* r : pending) {
+          std::memcpy(packet + off, r->data_, r->bytes());
+          off += r->bytes();
+        }
+        backend_->AllReduce(packet, fill / esz, dtype, op, packet_);
+        off = 0;
+        for (Request* r : pending) {
+          std::memcpy(r->data_, packet + off, r->bytes());
+          off += r->bytes();
+        }
       }
+      for (Request* r : pending) r->Finish(0, "");
       {
         std::lock_guard<std::mutex> lock(mu_);
         ++stats_.packets;
+        if (in_place) ++stats_.in_place;
         stats_.bytes += fill;
       }
       pending.clear();
@@ -243,7 +290,7 @@ void Aggregator::RunBatch(std::vector<std::shared_ptr<Request>>& batch) {
     };
     for (Request* r : reqs) {
       if (r->bytes() > packet_bytes_) {
-        backend_->AllReduce(r->buf_, r->count_, dtype, op);
+        backend_->AllReduce(r->data_, r->count_, dtype, op, r->storage_);
         r->Finish(0, "");
         std::lock_guard<std::mutex> lock(mu_);
         ++stats_.bypassed;

@@ -3,6 +3,11 @@
 // on Flush(), or `max_delay` seconds after its oldest request. Requests larger than a packet
 // bypass packing (reduced in place, in queue order). Each request has a handle with Wait().
 //
+// A request owns the storage it is reduced in (a copy of the caller's data, made on submission):
+// the caller's buffer may go away at once, and a request whose handle was dropped still
+// completes safely. Requests submitted together share one storage block; consecutive requests
+// of a packet that lie back to back in it are reduced in place, without packing copies.
+//
 // Ranks must agree on which requests form a packet although their timers fire at different
 // moments: before each batch the executor all-reduces (MIN) the number of queued requests, so
 // every rank packs exactly the first m requests, and then checks (MAX of +h/-h) that the sizes,
@@ -22,19 +27,27 @@
 
 namespace mshyper::comm {
 
-// What the aggregator sends packets through: an all-reduce over the group.
+// What the aggregator sends packets through: an all-reduce over the group, in place at `buf`.
+// `owner` keeps `buf` alive: a backend that hands the memory to other code (Python) passes it
+// along, so that code may keep a view beyond the call.
 class PacketBackend {
  public:
   virtual ~PacketBackend() = default;
-  virtual void AllReduce(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
+  virtual void AllReduce(void* buf, size_t count, DType dtype, ReduceOp op, const std::shared_ptr<void>& owner) = 0;
   virtual int group_size() const = 0;
+  // Makes a pending AllReduce (here and on the peers) fail fast: the aggregator closes with
+  // requests unfinished, and the peers must not wait for this rank until their timeout.
+  virtual void Abort(const std::string& why) { (void)why; }
 };
 
 class CommunicatorBackend : public PacketBackend {
  public:
   explicit CommunicatorBackend(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {}
-  void AllReduce(void* buf, size_t count, DType dtype, ReduceOp op) override { comm_->AllReduce(buf, count, dtype, op); }
+  void AllReduce(void* buf, size_t count, DType dtype, ReduceOp op, const std::shared_ptr<void>&) override {
+    comm_->AllReduce(buf, count, dtype, op);
+  }
   int group_size() const override { return comm_->size(); }
+  void Abort(const std::string& why) override { comm_->transport().Abort(why); }
 
  private:
   std::shared_ptr<Communicator> comm_;
@@ -42,17 +55,25 @@ class CommunicatorBackend : public PacketBackend {
 
 class Request {
  public:
-  Request(void* buf, size_t count, DType dtype, ReduceOp op) : buf_(buf), count_(count), dtype_(dtype), op_(op) {}
-  // Blocks until the result is in the caller's buffer; rethrows the failure of its packet.
+  // `data` points into `storage`, which the request keeps alive: `count` elements of `dtype`, the
+  // request's input on submission and its result once done.
+  Request(std::shared_ptr<char[]> storage, char* data, size_t count, DType dtype, ReduceOp op)
+      : storage_(std::move(storage)), data_(data), count_(count), dtype_(dtype), op_(op) {}
+  // Blocks until the result is in data(); rethrows the failure of its packet.
   // timeout < 0: no limit of its own (the transport's timeouts still apply).
   void Wait(double timeout_s = -1);
   bool done();
   size_t bytes() const { return count_ * DTypeSize(dtype_); }
+  void* data() const { return data_; }
+  size_t count() const { return count_; }
+  DType dtype() const { return dtype_; }
+  const std::shared_ptr<char[]>& storage() const { return storage_; }
 
  private:
   friend class Aggregator;
   void Finish(int error_kind, const std::string& error);
-  void* buf_;
+  std::shared_ptr<char[]> storage_;
+  char* data_;
   size_t count_;
   DType dtype_;
   ReduceOp op_;
@@ -64,9 +85,17 @@ class Request {
   std::string error_;
 };
 
+// One request of a batch submission: `count` elements of `dtype` at `data` (copied on submission).
+struct RequestSpec {
+  const void* data;
+  size_t count;
+  DType dtype;
+};
+
 struct AggregatorStats {
   uint64_t requests = 0;
-  uint64_t packets = 0;      // packed super-packets sent
+  uint64_t packets = 0;      // super-packets sent
+  uint64_t in_place = 0;     // of which reduced in place (requests back to back in one block)
   uint64_t bypassed = 0;     // requests sent alone (larger than a packet)
   uint64_t batches = 0;      // negotiated batches
   uint64_t bytes = 0;        // request bytes reduced
@@ -79,12 +108,18 @@ class Aggregator {
   Aggregator(const Aggregator&) = delete;
   Aggregator& operator=(const Aggregator&) = delete;
 
-  std::shared_ptr<Request> Submit(void* buf, size_t count, DType dtype, ReduceOp op);
+  // Copies the data into storage the request owns and queues it.
+  std::shared_ptr<Request> Submit(const void* data, size_t count, DType dtype, ReduceOp op);
+  // Copies every spec into one storage block (each request 8-byte aligned) and queues them in
+  // order, atomically with respect to the executor.
+  std::vector<std::shared_ptr<Request>> SubmitMany(const std::vector<RequestSpec>& specs, ReduceOp op);
   // Sends everything queued now and waits until it is done (errors stay with the handles).
   void Flush();
   void RequestFlush();  // non-blocking: mark everything queued now for sending
   void WaitFlushed();   // wait for everything marked by RequestFlush
-  void Close();  // stops the executor; queued requests fail
+  // Stops the executor; queued requests fail. With requests unfinished, the backend is aborted
+  // first (the group is then broken: the peers fail fast instead of waiting for this rank).
+  void Close();
   AggregatorStats stats();
   size_t packet_bytes() const { return packet_bytes_; }
   double max_delay() const { return max_delay_s_; }
@@ -109,7 +144,10 @@ class Aggregator {
   int broken_kind_ = 0;
   std::string broken_;
   AggregatorStats stats_;
-  std::vector<char> packet_;
+  // Packing space; replaced instead of reused while a backend's caller still holds the last one.
+  char* PacketSpace(size_t bytes);
+  std::shared_ptr<char[]> packet_;
+  size_t packet_capacity_ = 0;
   std::thread thread_;
 };
 

@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name
-from mindspore_hyper.comm._handles import AggregatorOwner, AsyncHandle, submit_single
+from mindspore_hyper.comm._handles import AggregatorOwner, Closed
 
 __all__ = ["MindSporeGroup"]
 
@@ -74,9 +74,9 @@ class MindSporeGroup(AggregatorOwner):
             res = res / self.size if arr.dtype.kind == "f" else np.trunc(res / self.size)
         return res.astype(arr.dtype, copy=False).reshape(arr.shape)
 
-    def _packet(self, mv, dtype: str, op: str) -> None:
-        """Callback of the C++ aggregator: all-reduce one packet in place."""
-        arr = np.frombuffer(mv, dtype=np.dtype(dtype))
+    def _packet(self, buf: np.ndarray, dtype: str, op: str) -> None:
+        """Callback of the C++ aggregator: all-reduce one packet (`buf`, its bytes) in place."""
+        arr = buf.view(np.dtype(dtype))
         arr[...] = self._ms_all_reduce(arr, op)
         self.packets_sent += 1
 
@@ -176,20 +176,17 @@ class MindSporeGroup(AggregatorOwner):
         return self.shm().recv(shape, dtype, peer)
 
     # ----- aggregation ------------------------------------------------------------------------
-    def all_reduce_async(self, x, op: str = "sum") -> AsyncHandle:
-        """Queue an all-reduce; packets of `aggregation_bytes` go through mint.distributed.all_reduce."""
-        check_op(op)
-        if self._agg is None:
-            self._agg = _C.python_aggregator(self._packet, self.size, self.aggregation_bytes, self.max_delay)
-            import atexit
+    def _new_aggregator(self):
+        agg = _C.python_aggregator(self._packet, self.size, self.aggregation_bytes, self.max_delay)
+        import atexit
 
-            atexit.register(self.close)  # stop the executor (it calls into Python) before shutdown
-        return submit_single(self._agg, x, op)
+        atexit.register(self.close)  # stop the executor (it calls into Python) before shutdown
+        return agg
 
     def close(self) -> None:
-        if self._agg is not None:
-            self._agg.close()
-            self._agg = None
-        if self._shm is not None:
-            self._shm.close()
-            self._shm = None
+        """Stop the aggregator (queued requests fail) and the shared-memory group; later calls
+        raise CommError."""
+        if self._close_aggregator(f"MindSporeGroup(rank {self.rank})"):
+            if self._shm is not None:
+                self._shm.close()
+            self._shm = Closed(f"MindSporeGroup(rank {self.rank})")

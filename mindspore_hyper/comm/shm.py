@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name, split_counts
-from mindspore_hyper.comm._handles import AggregatorOwner, AsyncHandle, submit_single
+from mindspore_hyper.comm._handles import AggregatorOwner, Closed
 
 __all__ = ["ShmGroup", "cleanup_stale_segments", "SEGMENT_PREFIX"]
 
@@ -213,19 +213,14 @@ class ShmGroup(AggregatorOwner):
         self._g.barrier()
 
     # ----- aggregation ------------------------------------------------------------------------
-    def all_reduce_async(self, x, op: str = "sum") -> AsyncHandle:
-        """Queue an all-reduce in the aggregator (see InProcessGroup.all_reduce_async)."""
-        check_op(op)
-        if self._agg is None:
-            self._agg = self._g.make_aggregator(self.aggregation_bytes, self.max_delay)
-        return submit_single(self._agg, x, op)
+    def _new_aggregator(self):
+        return self._g.make_aggregator(self.aggregation_bytes, self.max_delay)
 
     def close(self) -> None:
-        """Stop the aggregator and unmap the segment (also happens at garbage collection)."""
-        if self._agg is not None:
-            self._agg.close()
-            self._agg = None
-        self._g = None
+        """Stop the aggregator (queued requests fail) and unmap the segment; later calls raise
+        CommError. Also happens at garbage collection."""
+        if self._close_aggregator(f"ShmGroup {self.name!r}"):
+            self._g = Closed(f"ShmGroup {self.name!r}")
 
     def __enter__(self):
         return self
