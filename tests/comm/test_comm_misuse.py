@@ -8,7 +8,7 @@ import gc
 
 import numpy as np
 import pytest
-from conftest import on_both_ranks, run_isolated, shm_group_pair
+from comm_helpers import on_both_ranks, run_isolated, shm_group_pair
 
 from mindspore_hyper.comm import CommError, CommMismatch, InProcessGroup, ShmGroup
 from mindspore_hyper.comm._common import _C

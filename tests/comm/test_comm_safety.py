@@ -9,7 +9,7 @@ import uuid
 
 import numpy as np
 import pytest
-from conftest import on_both_ranks, run_isolated
+from comm_helpers import on_both_ranks, run_isolated
 
 from mindspore_hyper.comm import CommError, InProcessGroup, ShmGroup
 from mindspore_hyper.comm._common import _C
