@@ -122,12 +122,13 @@ class PyBackend : public PacketBackend {
     py::gil_scoped_acquire gil;
     fn_ = py::function();
   }
-  void AllReduce(void* buf, size_t count, DType dtype, ReduceOp op, const std::shared_ptr<void>& owner) override {
+  void AllReduce(const Packet& p) override {
     py::gil_scoped_acquire gil;
-    py::capsule keep(new std::shared_ptr<void>(owner), [](void* p) { delete static_cast<std::shared_ptr<void>*>(p); });
-    py::array_t<uint8_t> view({static_cast<ssize_t>(count * DTypeSize(dtype))}, {1}, static_cast<uint8_t*>(buf), keep);
+    py::capsule keep(new std::shared_ptr<void>(p.owner), [](void* o) { delete static_cast<std::shared_ptr<void>*>(o); });
+    py::array_t<uint8_t> view({static_cast<ssize_t>(p.count * DTypeSize(p.dtype))}, {1}, static_cast<uint8_t*>(p.buf),
+                              keep);
     try {
-      fn_(view, DTypeName(dtype), OpName(op));
+      fn_(view, DTypeName(p.dtype), OpName(p.op));
     } catch (py::error_already_set& e) {
       throw CommError(std::string("MindSpore transport: ") + e.what());
     }

@@ -9,9 +9,45 @@
 namespace mshyper::comm {
 
 namespace {
+
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+// What the ranks must agree on for a batch: a hash of the (count, dtype, op) of its requests, in
+// order, and their bytes.
+struct BatchDigest {
+  int64_t hash = 0;
+  int64_t bytes = 0;
+};
+
+template <class It>
+BatchDigest Digest(It first, It last) {
+  uint64_t h = 1469598103934665603ULL;
+  BatchDigest d;
+  for (It it = first; it != last; ++it) {
+    const Request& r = **it;
+    for (uint64_t v : {static_cast<uint64_t>(r.count()), static_cast<uint64_t>(r.dtype()),
+                       static_cast<uint64_t>(r.op())}) {
+      h = (h ^ v) * 1099511628211ULL;
+    }
+    d.bytes += static_cast<int64_t>(r.bytes());
+  }
+  d.hash = static_cast<int64_t>(h >> 12);  // 52 bits: exact through a float64 transport
+  return d;
+}
+
+// `maxed` = MAX over ranks of {hash, -hash, bytes, -bytes}: CommMismatch unless every rank's
+// digest equals `mine`.
+void CheckAgreement(const int64_t* maxed, const BatchDigest& mine, size_t n) {
+  if (maxed[0] == mine.hash && -maxed[1] == mine.hash) return;
+  std::ostringstream os;
+  os << "aggregated all_reduce requests differ across ranks: this rank's batch of " << n << " requests holds "
+     << mine.bytes << " bytes, the ranks hold between " << -maxed[3] << " and " << maxed[2]
+     << " bytes (request sizes, dtypes or ops differ)";
+  throw CommMismatch(os.str());
+}
+
 }  // namespace
 
 void Request::Finish(int error_kind, const std::string& error) {
@@ -54,17 +90,20 @@ Aggregator::~Aggregator() { Close(); }
 
 void Aggregator::Close() {
   uint64_t unfinished = 0;
+  std::thread executor;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_ && !thread_.joinable()) return;
+    unfinished = stop_ ? 0 : submitted_ - finished_;
     stop_ = true;
-    unfinished = submitted_ - finished_;
+    executor = std::move(thread_);  // joined by exactly one caller
     cv_.notify_all();
   }
   if (unfinished > 0) {
     backend_->Abort("an aggregator was closed with " + std::to_string(unfinished) + " requests unfinished");
   }
-  if (thread_.joinable()) thread_.join();
+  if (executor.joinable()) executor.join();
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return !running_; });  // a batch a flusher runs inline
 }
 
 std::shared_ptr<Request> Aggregator::Submit(const void* data, size_t count, DType dtype, ReduceOp op) {
@@ -104,8 +143,16 @@ std::vector<std::shared_ptr<Request>> Aggregator::SubmitMany(const std::vector<R
 }
 
 void Aggregator::Flush() {
-  RequestFlush();
-  WaitFlushed();
+  std::unique_lock<std::mutex> lock(mu_);
+  if (submitted_ > flush_target_) flush_target_ = submitted_;
+  const uint64_t target = flush_target_;
+  while (finished_ < target && !stop_) {
+    if (!running_ && !queue_.empty()) {
+      RunBatch(lock);  // on this thread: no hand-off to the executor and back
+    } else {
+      done_cv_.wait(lock);
+    }
+  }
 }
 
 void Aggregator::RequestFlush() {
@@ -130,80 +177,94 @@ void Aggregator::Fail(std::vector<std::shared_ptr<Request>>& reqs, int kind, con
 }
 
 void Aggregator::Loop() {
-  while (true) {
-    int64_t local = 0;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      while (true) {
-        if (stop_) break;
-        if (!queue_.empty()) {
-          bool full = queued_bytes_ >= packet_bytes_;
-          bool flushing = finished_ < flush_target_;
-          double age = Now() - queue_.front()->submit_time_;
-          if (full || flushing || age >= max_delay_s_) break;
-          cv_.wait_for(lock, WaitDuration(max_delay_s_ - age));
-        } else {
-          cv_.wait(lock);
-        }
-      }
-      if (stop_) {
-        std::vector<std::shared_ptr<Request>> rest(queue_.begin(), queue_.end());
-        queue_.clear();
-        finished_ += rest.size();
-        lock.unlock();
-        Fail(rest, 1, "aggregator closed before the request was sent");
-        done_cv_.notify_all();
-        return;
-      }
-      local = static_cast<int64_t>(queue_.size());
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    if (queue_.empty() || running_) {
+      cv_.wait(lock);
+      continue;
     }
-    std::vector<std::shared_ptr<Request>> batch;
-    int kind = 0;
-    std::string why;
-    try {
-      auto agreed = std::make_shared<int64_t>(local);
-      backend_->AllReduce(agreed.get(), 1, DType::kInt64, ReduceOp::kMin, agreed);
-      const int64_t m = *agreed;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        for (int64_t i = 0; i < m && !queue_.empty(); ++i) {
-          batch.push_back(queue_.front());
-          queued_bytes_ -= queue_.front()->bytes();
-          queue_.pop_front();
-        }
-        ++stats_.batches;
-      }
-      RunBatch(batch);
-    } catch (const CommMismatch& e) {
-      kind = 3;
-      why = e.what();
-    } catch (const CommTimeout& e) {
-      kind = 2;
-      why = e.what();
-    } catch (const std::exception& e) {
-      kind = 1;
-      why = e.what();
+    const bool full = queued_bytes_ >= packet_bytes_;
+    const bool flushing = finished_ < flush_target_;
+    const double age = Now() - queue_.front()->submit_time_;
+    if (full || flushing || age >= max_delay_s_) {
+      RunBatch(lock);
+    } else {
+      cv_.wait_for(lock, WaitDuration(max_delay_s_ - age));
     }
-    std::vector<std::shared_ptr<Request>> failed;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      finished_ += batch.size();
-      if (kind != 0) {
-        for (auto& r : batch)
-          if (!r->done()) failed.push_back(r);
-        if (kind != 3) {  // the transport failed: the group is unusable, fail everything queued
-          broken_kind_ = kind;
-          broken_ = why;
-          for (auto& r : queue_) failed.push_back(r);
-          finished_ += queue_.size();
-          queue_.clear();
-          queued_bytes_ = 0;
-        }
-      }
-    }
-    Fail(failed, kind, why);
-    done_cv_.notify_all();
   }
+  std::vector<std::shared_ptr<Request>> rest(queue_.begin(), queue_.end());
+  queue_.clear();
+  queued_bytes_ = 0;
+  finished_ += rest.size();
+  lock.unlock();
+  Fail(rest, 1, "aggregator closed before the request was sent");
+  done_cv_.notify_all();
+}
+
+void Aggregator::RunBatch(std::unique_lock<std::mutex>& lock) {
+  running_ = true;
+  const int64_t local = static_cast<int64_t>(queue_.size());
+  const BatchDigest queued = Digest(queue_.begin(), queue_.end());
+  lock.unlock();
+  std::vector<std::shared_ptr<Request>> batch;
+  int kind = 0;
+  std::string why;
+  try {
+    // One exchange: the MIN of the queue lengths (as MAX of -length) and, for the common case of
+    // equal lengths, the digests of the whole queues.
+    auto agreed = std::make_shared<std::array<int64_t, 6>>(
+        std::array<int64_t, 6>{-local, local, queued.hash, -queued.hash, queued.bytes, -queued.bytes});
+    backend_->AllReduce({agreed->data(), 6, DType::kInt64, ReduceOp::kMax, agreed, false});
+    const int64_t m = -(*agreed)[0];
+    lock.lock();
+    for (int64_t i = 0; i < m && !queue_.empty(); ++i) {
+      batch.push_back(queue_.front());
+      queued_bytes_ -= queue_.front()->bytes();
+      queue_.pop_front();
+    }
+    ++stats_.batches;
+    lock.unlock();
+    if ((*agreed)[1] == m) {  // every rank sends its whole queue: the digests compared are the batch's
+      CheckAgreement(agreed->data() + 2, queued, batch.size());
+    } else {
+      BatchDigest mine = Digest(batch.begin(), batch.end());
+      auto check = std::make_shared<std::array<int64_t, 4>>(
+          std::array<int64_t, 4>{mine.hash, -mine.hash, mine.bytes, -mine.bytes});
+      backend_->AllReduce({check->data(), 4, DType::kInt64, ReduceOp::kMax, check, true});
+      CheckAgreement(check->data(), mine, batch.size());
+    }
+    SendPackets(batch);
+  } catch (const CommMismatch& e) {
+    kind = 3;
+    why = e.what();
+  } catch (const CommTimeout& e) {
+    kind = 2;
+    why = e.what();
+  } catch (const std::exception& e) {
+    kind = 1;
+    why = e.what();
+  }
+  std::vector<std::shared_ptr<Request>> failed;
+  lock.lock();
+  finished_ += batch.size();
+  if (kind != 0) {
+    for (auto& r : batch)
+      if (!r->done()) failed.push_back(r);
+    if (kind != 3) {  // the transport failed: the group is unusable, fail everything queued
+      broken_kind_ = kind;
+      broken_ = why;
+      failed.insert(failed.end(), queue_.begin(), queue_.end());
+      finished_ += queue_.size();
+      queue_.clear();
+      queued_bytes_ = 0;
+    }
+  }
+  running_ = false;
+  lock.unlock();
+  Fail(failed, kind, why);
+  lock.lock();
+  done_cv_.notify_all();
+  cv_.notify_all();
 }
 
 char* Aggregator::PacketSpace(size_t bytes) {
@@ -214,26 +275,7 @@ char* Aggregator::PacketSpace(size_t bytes) {
   return packet_.get();
 }
 
-void Aggregator::RunBatch(std::vector<std::shared_ptr<Request>>& batch) {
-  // Same requests everywhere? Hash (count, dtype, op) and compare MAX(h) with -MAX(-h).
-  uint64_t h = 1469598103934665603ULL;
-  int64_t total = 0;
-  for (auto& r : batch) {
-    for (uint64_t v : {static_cast<uint64_t>(r->count_), static_cast<uint64_t>(r->dtype_), static_cast<uint64_t>(r->op_)})
-      h = (h ^ v) * 1099511628211ULL;
-    total += static_cast<int64_t>(r->bytes());
-  }
-  int64_t hv = static_cast<int64_t>(h >> 12);  // 52 bits: exact through a float64 transport
-  auto agreed = std::make_shared<std::array<int64_t, 4>>(std::array<int64_t, 4>{hv, -hv, total, -total});
-  backend_->AllReduce(agreed->data(), 4, DType::kInt64, ReduceOp::kMax, agreed);
-  const std::array<int64_t, 4>& check = *agreed;
-  if (check[0] != hv || -check[1] != hv) {
-    std::ostringstream os;
-    os << "aggregated all_reduce requests differ across ranks: this rank's batch of " << batch.size()
-       << " requests holds " << total << " bytes, the ranks hold between " << -check[3] << " and " << check[2]
-       << " bytes (request sizes, dtypes or ops differ)";
-    throw CommMismatch(os.str());
-  }
+void Aggregator::SendPackets(std::vector<std::shared_ptr<Request>>& batch) {
   // Group by (dtype, op) in order of first appearance; pack up to packet_bytes; bypass large ones.
   std::vector<std::pair<int, std::vector<Request*>>> keys;
   std::map<int, size_t> index;
@@ -263,7 +305,7 @@ void Aggregator::RunBatch(std::vector<std::shared_ptr<Request>>& batch) {
                    pending[i]->data_ == pending[i - 1]->data_ + pending[i - 1]->bytes();
       }
       if (in_place) {
-        backend_->AllReduce(pending[0]->data_, fill / esz, dtype, op, pending[0]->storage_);
+        backend_->AllReduce({pending[0]->data_, fill / esz, dtype, op, pending[0]->storage_, true});
       } else {
         char* packet = PacketSpace(fill);
         size_t off = 0;
@@ -271,7 +313,7 @@ void Aggregator::RunBatch(std::vector<std::shared_ptr<Request>>& batch) {
           std::memcpy(packet + off, r->data_, r->bytes());
           off += r->bytes();
         }
-        backend_->AllReduce(packet, fill / esz, dtype, op, packet_);
+        backend_->AllReduce({packet, fill / esz, dtype, op, packet_, true});
         off = 0;
         for (Request* r : pending) {
           std::memcpy(r->data_, packet + off, r->bytes());
@@ -290,7 +332,7 @@ void Aggregator::RunBatch(std::vector<std::shared_ptr<Request>>& batch) {
     };
     for (Request* r : reqs) {
       if (r->bytes() > packet_bytes_) {
-        backend_->AllReduce(r->data_, r->count_, dtype, op, r->storage_);
+        backend_->AllReduce({r->data_, r->count_, dtype, op, r->storage_, true});
         r->Finish(0, "");
         std::lock_guard<std::mutex> lock(mu_);
         ++stats_.bypassed;

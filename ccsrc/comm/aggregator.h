@@ -10,9 +10,10 @@
 //
 // Ranks must agree on which requests form a packet although their timers fire at different
 // moments: before each batch the executor all-reduces (MIN) the number of queued requests, so
-// every rank packs exactly the first m requests, and then checks (MAX of +h/-h) that the sizes,
-// dtypes and ops of those m requests hash equal everywhere (else every request of the batch
-// fails with CommMismatch).
+// every rank packs exactly the first m requests, and checks (MAX of +h/-h) that the sizes, dtypes
+// and ops of those m requests hash equal everywhere (else every request of the batch fails with
+// CommMismatch). Both travel in one exchange when every rank queued the same number (the usual
+// case of a flush); otherwise the hash of the first m goes in a second one.
 #pragma once
 #include <condition_variable>
 #include <deque>
@@ -27,13 +28,24 @@
 
 namespace mshyper::comm {
 
-// What the aggregator sends packets through: an all-reduce over the group, in place at `buf`.
-// `owner` keeps `buf` alive: a backend that hands the memory to other code (Python) passes it
-// along, so that code may keep a view beyond the call.
+// One all-reduce of the aggregator, in place at `buf`. `owner` keeps `buf` alive: a backend that
+// hands the memory to other code (Python) passes it along, so that code may keep a view beyond
+// the call. `agreed`: every rank is known to be in the same step of the same batch (after the
+// batch's first negotiation), so the transport's cross-rank check of the call may be skipped.
+struct Packet {
+  void* buf;
+  size_t count;
+  DType dtype;
+  ReduceOp op;
+  std::shared_ptr<void> owner;
+  bool agreed;
+};
+
+// What the aggregator sends packets through: an all-reduce over the group.
 class PacketBackend {
  public:
   virtual ~PacketBackend() = default;
-  virtual void AllReduce(void* buf, size_t count, DType dtype, ReduceOp op, const std::shared_ptr<void>& owner) = 0;
+  virtual void AllReduce(const Packet& p) = 0;
   virtual int group_size() const = 0;
   // Makes a pending AllReduce (here and on the peers) fail fast: the aggregator closes with
   // requests unfinished, and the peers must not wait for this rank until their timeout.
@@ -43,8 +55,8 @@ class PacketBackend {
 class CommunicatorBackend : public PacketBackend {
  public:
   explicit CommunicatorBackend(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {}
-  void AllReduce(void* buf, size_t count, DType dtype, ReduceOp op, const std::shared_ptr<void>&) override {
-    comm_->AllReduce(buf, count, dtype, op);
+  void AllReduce(const Packet& p) override {
+    comm_->AllReduce(p.buf, p.count, p.dtype, p.op, "auto", /*check=*/!p.agreed);
   }
   int group_size() const override { return comm_->size(); }
   void Abort(const std::string& why) override { comm_->transport().Abort(why); }
@@ -67,6 +79,7 @@ class Request {
   void* data() const { return data_; }
   size_t count() const { return count_; }
   DType dtype() const { return dtype_; }
+  ReduceOp op() const { return op_; }
   const std::shared_ptr<char[]>& storage() const { return storage_; }
 
  private:
@@ -113,9 +126,11 @@ class Aggregator {
   // Copies every spec into one storage block (each request 8-byte aligned) and queues them in
   // order, atomically with respect to the executor.
   std::vector<std::shared_ptr<Request>> SubmitMany(const std::vector<RequestSpec>& specs, ReduceOp op);
-  // Sends everything queued now and waits until it is done (errors stay with the handles).
+  // Sends everything queued now and waits until it is done (errors stay with the handles). Runs
+  // the batches on the calling thread while the executor is idle, so one thread must not flush
+  // the aggregators of several ranks of a group this way (use RequestFlush + WaitFlushed).
   void Flush();
-  void RequestFlush();  // non-blocking: mark everything queued now for sending
+  void RequestFlush();  // non-blocking: mark everything queued now for the executor to send
   void WaitFlushed();   // wait for everything marked by RequestFlush
   // Stops the executor; queued requests fail. With requests unfinished, the backend is aborted
   // first (the group is then broken: the peers fail fast instead of waiting for this rank).
@@ -126,7 +141,10 @@ class Aggregator {
 
  private:
   void Loop();
-  void RunBatch(std::vector<std::shared_ptr<Request>>& batch);
+  // Negotiates, checks and sends one batch; `lock` (on mu_) is held on entry and on return, and
+  // released meanwhile. Only one thread at a time (running_).
+  void RunBatch(std::unique_lock<std::mutex>& lock);
+  void SendPackets(std::vector<std::shared_ptr<Request>>& batch);
   void Fail(std::vector<std::shared_ptr<Request>>& reqs, int kind, const std::string& why);
 
   std::shared_ptr<PacketBackend> backend_;
@@ -141,6 +159,7 @@ class Aggregator {
   uint64_t finished_ = 0;
   uint64_t flush_target_ = 0;
   bool stop_ = false;
+  bool running_ = false;  // a thread (the executor or a flusher) is running a batch
   int broken_kind_ = 0;
   std::string broken_;
   AggregatorStats stats_;

@@ -31,7 +31,9 @@ class Communicator {
   double direct_min_bytes = 1 << 20;
   bool direct_enabled();  // collective on first use: probes every rank, agrees on the minimum
 
-  void AllReduce(void* buf, size_t count, DType dtype, ReduceOp op, const std::string& algorithm = "auto");
+  // check=false skips the cross-rank check even with `validate` (the caller knows the ranks agree).
+  void AllReduce(void* buf, size_t count, DType dtype, ReduceOp op, const std::string& algorithm = "auto",
+                 bool check = true);
   void AllGather(const void* in, void* out, size_t count, DType dtype);
   void AllGatherV(const void* in, void* out, const std::vector<size_t>& counts, DType dtype);
   void ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype, ReduceOp op);

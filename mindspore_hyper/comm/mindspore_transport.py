@@ -49,35 +49,37 @@ class MindSporeGroup(AggregatorOwner):
         self.params = None  # TransportParams after calibrate()
 
     # ----- the transport itself ---------------------------------------------------------------
-    def _ms_all_reduce(self, arr: np.ndarray, op: str) -> np.ndarray:
+    def _ms_all_reduce_into(self, arr: np.ndarray, op: str) -> None:
+        """All-reduce the C-contiguous array `arr` in place through mint.distributed."""
         import mindspore as ms
         from mindspore.mint import distributed as dist
 
         if arr.dtype.itemsize == 8:
             # MindSpore's CPU backend fails AllReduce on 64-bit types: gather the raw bits as
             # int32 (a copy, exact) and reduce here.
-            bits = np.ascontiguousarray(arr).reshape(-1).view(np.int32)
+            bits = arr.reshape(-1).view(np.int32)
             outs = [ms.Tensor(np.empty_like(bits)) for _ in range(self.size)]
             dist.all_gather(outs, ms.Tensor(bits))
-            st = np.stack([o.asnumpy().view(arr.dtype) for o in outs])
+            st = np.stack([o.asnumpy().view(arr.dtype).reshape(arr.shape) for o in outs])
             if op in ("sum", "avg"):
-                res = st.sum(0, dtype=arr.dtype)
-                if op == "avg":
-                    res = res / self.size if arr.dtype.kind == "f" else np.trunc(res / self.size)
+                st.sum(0, dtype=arr.dtype, out=arr)
             else:
-                res = st.max(0) if op == "max" else st.min(0)
-            return np.asarray(res).astype(arr.dtype).reshape(arr.shape)
-        t = ms.Tensor(arr)
-        dist.all_reduce(t, op=_MS_OPS[op])
-        res = t.asnumpy()
+                (np.max if op == "max" else np.min)(st, axis=0, out=arr)
+        else:
+            t = ms.Tensor.from_numpy(arr)  # shares arr's memory: the result normally lands in place
+            dist.all_reduce(t, op=_MS_OPS[op])
+            res = t.asnumpy()
+            if not np.shares_memory(res, arr):
+                arr[...] = res.reshape(arr.shape)
         if op == "avg":
-            res = res / self.size if arr.dtype.kind == "f" else np.trunc(res / self.size)
-        return res.astype(arr.dtype, copy=False).reshape(arr.shape)
+            if arr.dtype.kind == "f":
+                arr /= self.size
+            else:
+                arr[...] = np.trunc(arr / self.size)
 
     def _packet(self, buf: np.ndarray, dtype: str, op: str) -> None:
         """Callback of the C++ aggregator: all-reduce one packet (`buf`, its bytes) in place."""
-        arr = buf.view(np.dtype(dtype))
-        arr[...] = self._ms_all_reduce(arr, op)
+        self._ms_all_reduce_into(buf.view(np.dtype(dtype)), op)
         self.packets_sent += 1
 
     def _before_direct(self) -> None:
@@ -87,10 +89,11 @@ class MindSporeGroup(AggregatorOwner):
     # ----- collectives ------------------------------------------------------------------------
     def all_reduce(self, x, op: str = "sum") -> np.ndarray:
         check_op(op)
-        arr = contiguous(x)
-        dtype_name(arr)
+        out = contiguous(x).copy()
+        dtype_name(out)
         self._before_direct()
-        return self._ms_all_reduce(arr, op).reshape(arr.shape)
+        self._ms_all_reduce_into(out, op)
+        return out
 
     def all_gather(self, x) -> np.ndarray:
         """Concatenation along axis 0 (equal shapes on every rank)."""
@@ -144,7 +147,8 @@ class MindSporeGroup(AggregatorOwner):
         steps = 2.0 * (p - 1)
         alpha = t_small / steps
         beta = max(1e-13, (t_large - t_small) / (steps / p * large_bytes))
-        vals = self._ms_all_reduce(np.array([alpha, beta], np.float32), "max")
+        vals = np.array([alpha, beta], np.float32)
+        self._ms_all_reduce_into(vals, "max")
         self.params = TransportParams(float(vals[0]), float(vals[1]), 0.0)
         return self.params
 
