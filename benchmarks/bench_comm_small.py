@@ -114,9 +114,9 @@ def msrun_worker(out_dir: str, trials: int) -> None:
         check([h.wait() for h in hs])
 
     def ms_aggregated_many():
-        hs = g.all_reduce_async_many(xs)
+        h = g.all_reduce_async_many(xs)
         g.flush()
-        check([h.wait() for h in hs])
+        check(h.wait())
 
     shm = g.shm()
 
@@ -134,9 +134,9 @@ def msrun_worker(out_dir: str, trials: int) -> None:
         check([h.wait() for h in hs])
 
     def shm_aggregated_many():
-        hs = shm.all_reduce_async_many(xs)
+        h = shm.all_reduce_async_many(xs)
         shm.flush()
-        check([h.wait() for h in hs])
+        check(h.wait())
 
     res = _interleaved({f.__name__: f for f in (
         ms_individual, ms_one_allreduce, ms_bucketed, ms_aggregated, ms_aggregated_many,

@@ -41,7 +41,7 @@ WORKER = textwrap.dedent('''
     # the batched submit (one storage block: reduced in place), and averages in place
     hm = g.all_reduce_async_many([np.full(5, r + 1, np.float32), np.arange(3, dtype=np.int32) * (r + 1)], "avg")
     g.flush()
-    res["many_avg"] = [h.wait().tolist() for h in hm]
+    res["many_avg"] = [y.tolist() for y in hm.wait()]
     res["avg_i64"] = g.all_reduce(np.array([r, 3 * r + 1], np.int64), "avg").tolist()
     # what MindSpore's CPU backend lacks, through the shared-memory transport
     x = np.arange(4 * 3, dtype=np.float32).reshape(4, 3) + 100 * r

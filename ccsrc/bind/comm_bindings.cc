@@ -6,6 +6,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -180,46 +182,88 @@ void ToRequestSpecs(const py::sequence& xs, const std::string& what, bool indexe
   }
 }
 
-// Handle of an aggregated request; its result is a numpy view of the request's own storage (the
-// view keeps the storage alive), made when the request is submitted.
-class ArrayHandle {
- public:
-  ArrayHandle(std::shared_ptr<Request> req, py::array result) : req_(std::move(req)), result_(std::move(result)) {}
-  py::array wait(double timeout) {
-    if (!req_->done()) {
-      py::gil_scoped_release rel;
-      req_->Wait(timeout);
-    } else {
-      req_->Wait(timeout);  // done: returns at once or rethrows the packet's error
+// Waits for every request (timeout < 0: no limit; else one deadline for all), the GIL released
+// unless all are done already; rethrows the first failure.
+void WaitAll(const std::vector<std::shared_ptr<Request>>& reqs, double timeout) {
+  auto wait = [&] {
+    const auto deadline = std::chrono::steady_clock::now() + WaitDuration(timeout);
+    for (const auto& r : reqs) {
+      const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+      r->Wait(timeout < 0 ? -1.0 : std::max(0.0, left));
     }
-    return result_;
+  };
+  bool done = true;
+  for (const auto& r : reqs) done = done && r->done();
+  if (done) {
+    wait();  // returns at once or rethrows a packet's error
+  } else {
+    py::gil_scoped_release rel;
+    wait();
   }
-  bool done() { return req_->done(); }
+}
 
- private:
-  std::shared_ptr<Request> req_;
-  py::array result_;
+// Requests just submitted and their results: numpy views of the requests' storage (the views
+// keep it alive), with the inputs' shapes and dtypes.
+struct Submitted {
+  std::vector<std::shared_ptr<Request>> reqs;
+  py::list results;
 };
 
-// Copies every array into one storage block of the aggregator and queues them in order; one
-// handle per array (result: the array's shape and dtype). `what`/`indexed` name items in errors.
-std::vector<ArrayHandle> SubmitArrays(Aggregator& agg, const py::sequence& xs, ReduceOp op, const std::string& what,
-                                      bool indexed) {
+// Handle of one aggregated request.
+class ArrayHandle {
+ public:
+  ArrayHandle(std::shared_ptr<Request> req, py::object result) : req_{std::move(req)}, result_(std::move(result)) {}
+  py::object wait(double timeout) {
+    WaitAll(req_, timeout);
+    return result_;
+  }
+  bool done() { return req_[0]->done(); }
+
+ private:
+  std::vector<std::shared_ptr<Request>> req_;
+  py::object result_;
+};
+
+// Handle of one batched submission: wait() returns the results in submission order.
+class BatchHandle {
+ public:
+  explicit BatchHandle(Submitted s) : s_(std::move(s)) {}
+  py::list wait(double timeout) {
+    WaitAll(s_.reqs, timeout);
+    return py::list(s_.results);  // a new list each time; the same arrays
+  }
+  bool done() {
+    for (const auto& r : s_.reqs)
+      if (!r->done()) return false;
+    return true;
+  }
+  size_t size() const { return s_.reqs.size(); }
+
+ private:
+  Submitted s_;
+};
+
+// Copies every array into one storage block of the aggregator and queues them in order.
+// `what`/`indexed` name the items in errors.
+Submitted SubmitArrays(Aggregator& agg, const py::sequence& xs, ReduceOp op, const std::string& what, bool indexed) {
   std::vector<py::array> arrays;
   std::vector<RequestSpec> specs;
   ToRequestSpecs(xs, what, indexed, &arrays, &specs);
-  std::vector<std::shared_ptr<Request>> reqs = agg.SubmitMany(specs, op);
-  std::vector<ArrayHandle> handles;
-  handles.reserve(reqs.size());
-  if (reqs.empty()) return handles;
-  py::capsule owner(new std::shared_ptr<char[]>(reqs[0]->storage()),
+  Submitted out{agg.SubmitMany(specs, op), py::list(specs.size())};
+  if (out.reqs.empty()) return out;
+  py::capsule owner(new std::shared_ptr<char[]>(out.reqs[0]->storage()),
                     [](void* p) { delete static_cast<std::shared_ptr<char[]>*>(p); });
-  for (size_t i = 0; i < reqs.size(); ++i) {
+  for (size_t i = 0; i < out.reqs.size(); ++i) {
     const py::array& a = arrays[i];
     std::vector<ssize_t> shape(a.shape(), a.shape() + a.ndim());
-    handles.emplace_back(reqs[i], py::array(a.dtype(), shape, reqs[i]->data(), owner));
+    out.results[i] = py::array(a.dtype(), shape, out.reqs[i]->data(), owner);
   }
-  return handles;
+  return out;
+}
+
+ArrayHandle SubmitOne(Aggregator& agg, const py::object& x, ReduceOp op, const std::string& what) {
+  Submitted s = SubmitArrays(agg, py::make_tuple(x), op, what, false);
+  return ArrayHandle(s.reqs[0], s.results[0]);
 }
 
 double WaitTimeout(const py::object& timeout) {
@@ -340,14 +384,20 @@ void BindComm(py::module_& root) {
            "The reduced array (a view of the request's own storage); rethrows the packet's failure. Waiting again "
            "returns the same array.")
       .def("done", &ArrayHandle::done);
+  py::class_<BatchHandle>(m, "BatchHandle")
+      .def("wait", [](BatchHandle& h, py::object timeout) { return h.wait(WaitTimeout(timeout)); },
+           py::arg("timeout") = py::none(),
+           "The reduced arrays in submission order (views of the batch's storage block); rethrows the first failure.")
+      .def("done", &BatchHandle::done)
+      .def("__len__", &BatchHandle::size);
 
   py::class_<Aggregator, std::shared_ptr<Aggregator>>(m, "Aggregator")
       .def("submit", [](Aggregator& a, py::object x, const std::string& op) {
-        return SubmitArrays(a, py::make_tuple(x), OpFromName(op), "all_reduce_async: x", false)[0];
+        return SubmitOne(a, x, OpFromName(op), "all_reduce_async: x");
       }, py::arg("x"), py::arg("op"), "Copies x (any array-like of a supported dtype) and queues its all-reduce.")
       .def("submit_many", [](Aggregator& a, py::sequence xs, const std::string& op) {
-        return SubmitArrays(a, xs, OpFromName(op), "all_reduce_async_many: arrays", true);
-      }, py::arg("arrays"), py::arg("op"), "Copies the arrays into one block and queues them in order; a handle each.")
+        return BatchHandle(SubmitArrays(a, xs, OpFromName(op), "all_reduce_async_many: arrays", true));
+      }, py::arg("arrays"), py::arg("op"), "Copies the arrays into one block and queues them in order; one handle.")
       .def("flush", &Aggregator::Flush, py::call_guard<py::gil_scoped_release>())
       .def("close", &Aggregator::Close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("packet_bytes", &Aggregator::packet_bytes)
@@ -559,8 +609,7 @@ void BindComm(py::module_& root) {
         const ReduceOp o = OpFromName(op);
         std::vector<ArrayHandle> handles;
         for (int r = 0; r < g.size(); ++r) {
-          handles.push_back(SubmitArrays(g.aggregator(r), py::make_tuple(arrays[r]), o,
-                                         "all_reduce_async: arrays[" + std::to_string(r) + "]", false)[0]);
+          handles.push_back(SubmitOne(g.aggregator(r), arrays[r], o, "all_reduce_async: arrays[" + std::to_string(r) + "]"));
         }
         return handles;
       }, py::arg("arrays"), py::arg("op"), "Queues rank r's copy of arrays[r] in rank r's aggregator; a handle per rank.")

@@ -65,9 +65,10 @@ class AggregatorOwner:
         check_op(op)
         return self._aggregator().submit(x, op)
 
-    def all_reduce_async_many(self, arrays: Sequence, op: str = "sum") -> list:
+    def all_reduce_async_many(self, arrays: Sequence, op: str = "sum"):
         """`all_reduce_async` of every array in one call (one copy into one block, one queueing):
-        the batched path for many small requests. Returns one handle per array, in order."""
+        the batched path for many small requests. Returns one handle whose wait() gives the
+        results in order."""
         check_op(op)
         return self._aggregator().submit_many(arrays, op)
 

@@ -79,8 +79,8 @@ def test_batched_submission_is_one_in_place_packet(pair):
     _flush_both(aggs)
     assert t.calls[0] == [("int64", 6), ("int32", 40)]
     for r in range(2):
-        for i, h in enumerate(hs[r]):
-            np.testing.assert_array_equal(h.wait(1), np.full(8, 1 + i, np.int32))
+        for i, y in enumerate(hs[r].wait(1)):
+            np.testing.assert_array_equal(y, np.full(8, 1 + i, np.int32))
     assert aggs[0].stats()["in_place"] == 1 and aggs[0].stats()["packets"] == 1
 
 

@@ -186,11 +186,10 @@ def test_shm_dropped_handles_and_double_wait(shm_pair):
     def work(g):
         for i in range(30):
             g.all_reduce_async(np.full(100, i, np.float32))  # dropped
-        hs = g.all_reduce_async_many([np.full(4, g.rank + i, np.int32) for i in range(3)], "min")
+        h = g.all_reduce_async_many([np.full(4, g.rank + i, np.int32) for i in range(3)], "min")
         gc.collect()
         g.flush()
-        first = [h.wait(10) for h in hs]
-        return first, [h.wait(10) for h in hs]
+        return h.wait(10), h.wait(10)
 
     for first, second in on_both_ranks(shm_pair, work):
         for i, (a, b) in enumerate(zip(first, second)):

@@ -101,11 +101,10 @@ def test_destroying_a_python_aggregator_while_its_callback_runs_does_not_deadloc
 def test_python_callback_may_keep_the_packet_it_was_given():
     kept = []
     agg = _C.python_aggregator(lambda buf, d, o: kept.append(buf), 1, 4096, 0.0)
-    hs = agg.submit_many([np.full(3, 7, np.int32), np.full(5, 2.5, np.float32)], "sum")
-    hs[0].wait(10)
-    hs[1].wait(10)
+    h = agg.submit_many([np.full(3, 7, np.int32), np.full(5, 2.5, np.float32)], "sum")
+    h.wait(10)
     agg.close()
-    del agg, hs
+    del agg, h
     # the aggregator and its requests are gone; the packets the callback kept are still valid memory
     assert any(k.view(np.int32).tolist() == [7, 7, 7] for k in kept)
     assert any(k.view(np.float32).tolist() == [2.5] * 5 for k in kept)
@@ -234,9 +233,10 @@ def test_batched_submission_reduces_in_place_and_matches_numpy(shm_pair):
     data[1].append(np.arange(6, dtype=np.int32).reshape(2, 3) * 10)
 
     def submit(g):
-        hs = g.all_reduce_async_many(data[g.rank], "sum")
+        h = g.all_reduce_async_many(data[g.rank], "sum")
         g.flush()
-        return [h.wait() for h in hs], g.aggregator_stats()
+        assert len(h) == len(data[g.rank])
+        return h.wait(), g.aggregator_stats()
 
     (res0, stats0), (res1, _) = on_both_ranks(shm_pair, submit)
     for i in range(len(data[0])):
@@ -251,9 +251,9 @@ def test_batched_submission_reduces_in_place_and_matches_numpy(shm_pair):
 
 def test_requests_back_to_back_in_one_block_are_reduced_in_place(shm_pair):
     def submit(g):
-        hs = g.all_reduce_async_many([np.full(256, g.rank + i, np.float32) for i in range(100)])
+        h = g.all_reduce_async_many([np.full(256, g.rank + i, np.float32) for i in range(100)])
         g.flush()
-        return [h.wait() for h in hs], g.aggregator_stats()
+        return h.wait(), g.aggregator_stats()
 
     (res, stats), _ = on_both_ranks(shm_pair, submit)
     for i, y in enumerate(res):
