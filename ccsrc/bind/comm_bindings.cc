@@ -460,7 +460,8 @@ void BindComm(py::module_& root) {
         py::gil_scoped_release rel;
         g.comm_->ReduceScatter(i.ptr(), ob.ptr(), counts, d, o);
       })
-      .def("all_to_all_v", [](ShmGroup& g, py::buffer in, const std::vector<size_t>& send_counts, const std::string& dtype) {
+      .def("all_to_all_v", [](ShmGroup& g, py::buffer in, const std::vector<size_t>& send_counts, const std::string& dtype,
+                              uint64_t shape_key) {
         const DType d = DTypeFromName(dtype);
         CheckPerRank("ShmGroup.all_to_all_v", {{"send_counts", send_counts.size()}}, g.comm_->size());
         Buf i = GetBuf(in, false, d, "ShmGroup.all_to_all_v: in");
@@ -469,10 +470,10 @@ void BindComm(py::module_& root) {
         std::vector<char> out;
         {
           py::gil_scoped_release rel;
-          out = g.comm_->AllToAllV(i.ptr(), send_counts, d, &rc);
+          out = g.comm_->AllToAllV(i.ptr(), send_counts, d, &rc, shape_key);
         }
         return py::make_tuple(ToArray(std::move(out)), rc);
-      })
+      }, py::arg("in"), py::arg("send_counts"), py::arg("dtype"), py::arg("shape_key") = 0)
       .def("broadcast", [](ShmGroup& g, py::buffer b, const std::string& dtype, int root, const std::string& algo) {
         const DType d = DTypeFromName(dtype);
         Buf buf = GetBuf(b, true, d, "ShmGroup.broadcast: buf");

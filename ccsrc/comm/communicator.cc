@@ -70,7 +70,7 @@ void Communicator::Check(int kind, DType dtype, ReduceOp op, int root, uint64_t 
   auto describe = [&](const Desc& d) {
     std::ostringstream os;
     os << KindName(d.kind) << "(" << DTypeName(static_cast<DType>(d.dtype));
-    if (d.kind == kAllToAll || d.kind == kAllGatherV) {
+    if (d.kind == kAllGatherV || (d.kind == kAllToAll && d.extra == 0)) {
       os << ")";
       return os.str();
     }
@@ -84,12 +84,13 @@ void Communicator::Check(int kind, DType dtype, ReduceOp op, int root, uint64_t 
     const Desc& a = all[0];
     const Desc& b = all[j];
     bool same = a.kind == b.kind && a.dtype == b.dtype;
-    if (same && a.kind != kAllToAll && a.kind != kAllGatherV) {
+    if (same && a.kind != kAllGatherV) {  // all_to_all_v: count and extra are 0 everywhere
       same = a.count == b.count && a.op == b.op && a.root == b.root && a.extra == b.extra;
     }
     if (!same) {
-      throw CommMismatch("mismatched collective across ranks: rank 0 calls " + describe(a) + " but rank " +
-                         std::to_string(j) + " calls " + describe(b));
+      const std::string da = describe(a), db = describe(b);
+      throw CommMismatch("mismatched collective across ranks: rank 0 calls " + da + " but rank " + std::to_string(j) +
+                         " calls " + db + (da == db ? " (with different array shapes or axes)" : ""));
     }
   }
 }
@@ -163,12 +164,16 @@ void Communicator::ReduceScatter(const void* in, void* out, const std::vector<si
 }
 
 std::vector<char> Communicator::AllToAllV(const void* in, const std::vector<size_t>& send_counts, DType dtype,
-                                          std::vector<size_t>* recv_counts) {
+                                          std::vector<size_t>* recv_counts, uint64_t shape_key) {
   if (static_cast<int>(send_counts.size()) != size()) {
     throw CommError("all_to_all: " + std::to_string(send_counts.size()) + " send counts for a group of " +
                     std::to_string(size()));
   }
-  Check(kAllToAll, dtype, ReduceOp::kSum, 0, 0, 0);
+  uint64_t total = 0;
+  if (shape_key != 0) {
+    for (size_t c : send_counts) total += c;
+  }
+  Check(kAllToAll, dtype, ReduceOp::kSum, 0, total, shape_key);
   last_algorithm_ = "pairwise";
   return AllToAllPairwise(group_, in, send_counts, dtype, recv_counts);
 }

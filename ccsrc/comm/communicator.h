@@ -37,8 +37,10 @@ class Communicator {
   void AllGather(const void* in, void* out, size_t count, DType dtype);
   void AllGatherV(const void* in, void* out, const std::vector<size_t>& counts, DType dtype);
   void ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype, ReduceOp op);
+  // shape_key != 0: an all-to-all of equal shapes; ranks must pass the same key (the check
+  // compares it with the element count). 0: uneven (all_to_all_v), only the dtype is compared.
   std::vector<char> AllToAllV(const void* in, const std::vector<size_t>& send_counts, DType dtype,
-                              std::vector<size_t>* recv_counts);
+                              std::vector<size_t>* recv_counts, uint64_t shape_key = 0);
   void Broadcast(void* buf, size_t count, DType dtype, int root, const std::string& algorithm = "auto");
   void Send(const void* buf, size_t count, DType dtype, int peer);
   void Recv(void* buf, size_t count, DType dtype, int peer);

@@ -203,6 +203,10 @@ class InProcessGroup:
         part j to rank j; rank j concatenates what it receives along `concat_axis` in rank order."""
         xs = self._check(arrays)
         self._agree(xs, "all_to_all", sizes=False)
+        for r, x in enumerate(xs):
+            if x.shape != xs[0].shape:
+                raise _C.CommMismatch(f"all_to_all: rank 0 passes shape {xs[0].shape} but rank {r} passes {x.shape}; "
+                                      "every rank must pass the same shape")
         chunks = [np.array_split(x, self.size, axis=split_axis) for x in xs]
         sends = [np.concatenate([np.ascontiguousarray(c).ravel() for c in cs]) for cs in chunks]
         send_counts = [[c.size for c in cs] for cs in chunks]

@@ -69,7 +69,7 @@ class MindSporeGroup(AggregatorOwner):
             t = ms.Tensor.from_numpy(arr)  # shares arr's memory: the result normally lands in place
             dist.all_reduce(t, op=_MS_OPS[op])
             res = t.asnumpy()
-            if not np.shares_memory(res, arr):
+            if not np.may_share_memory(res, arr):
                 arr[...] = res.reshape(arr.shape)
         if op == "avg":
             if arr.dtype.kind == "f":
