@@ -14,17 +14,11 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// What the ranks must agree on for a batch: a hash of the (count, dtype, op) of its requests, in
-// order, and their bytes.
-struct BatchDigest {
-  int64_t hash = 0;
-  int64_t bytes = 0;
-};
-
+// The digest of the requests [first, last).
 template <class It>
-BatchDigest Digest(It first, It last) {
+QueueDigest Digest(It first, It last) {
   uint64_t h = 1469598103934665603ULL;
-  BatchDigest d;
+  QueueDigest d;
   for (It it = first; it != last; ++it) {
     const Request& r = **it;
     for (uint64_t v : {static_cast<uint64_t>(r.count()), static_cast<uint64_t>(r.dtype()),
@@ -32,20 +26,23 @@ BatchDigest Digest(It first, It last) {
       h = (h ^ v) * 1099511628211ULL;
     }
     d.bytes += static_cast<int64_t>(r.bytes());
+    ++d.length;
   }
   d.hash = static_cast<int64_t>(h >> 12);  // 52 bits: exact through a float64 transport
   return d;
 }
 
-// `maxed` = MAX over ranks of {hash, -hash, bytes, -bytes}: CommMismatch unless every rank's
-// digest equals `mine`.
-void CheckAgreement(const int64_t* maxed, const BatchDigest& mine, size_t n) {
-  if (maxed[0] == mine.hash && -maxed[1] == mine.hash) return;
+// `maxed` = MAX over ranks of {hash, -hash, bytes, -bytes}: whether every hash equals `mine`'s.
+Agreement FromMaxed(int64_t min_length, int64_t max_length, const int64_t* maxed, const QueueDigest& mine) {
+  return {min_length, max_length, maxed[0] == mine.hash && -maxed[1] == mine.hash, -maxed[3], maxed[2]};
+}
+
+CommMismatch Mismatch(const Agreement& a, const QueueDigest& mine) {
   std::ostringstream os;
-  os << "aggregated all_reduce requests differ across ranks: this rank's batch of " << n << " requests holds "
-     << mine.bytes << " bytes, the ranks hold between " << -maxed[3] << " and " << maxed[2]
-     << " bytes (request sizes, dtypes or ops differ)";
-  throw CommMismatch(os.str());
+  os << "aggregated all_reduce requests differ across ranks: this rank's batch of " << mine.length
+     << " requests holds " << mine.bytes << " bytes, the ranks hold between " << a.min_bytes << " and "
+     << a.max_bytes << " bytes (request sizes, dtypes or ops differ)";
+  return CommMismatch(os.str());
 }
 
 }  // namespace
@@ -77,6 +74,25 @@ void Request::Wait(double timeout_s) {
     case 3: throw CommMismatch(error_);
     default: throw CommError(error_);
   }
+}
+
+Agreement PacketBackend::Negotiate(const QueueDigest& mine) {
+  auto maxed = std::make_shared<std::array<int64_t, 6>>(
+      std::array<int64_t, 6>{-mine.length, mine.length, mine.hash, -mine.hash, mine.bytes, -mine.bytes});
+  AllReduce({maxed->data(), 6, DType::kInt64, ReduceOp::kMax, maxed, false});
+  return FromMaxed(-(*maxed)[0], (*maxed)[1], maxed->data() + 2, mine);
+}
+
+Agreement CommunicatorBackend::Negotiate(const QueueDigest& mine) {
+  Agreement a{mine.length, mine.length, true, mine.bytes, mine.bytes};
+  for (const QueueDigest& d : comm_->GatherQueueDigests(mine)) {
+    a.min_length = std::min(a.min_length, d.length);
+    a.max_length = std::max(a.max_length, d.length);
+    a.same_hash = a.same_hash && d.hash == mine.hash;
+    a.min_bytes = std::min(a.min_bytes, d.bytes);
+    a.max_bytes = std::max(a.max_bytes, d.bytes);
+  }
+  return a;
 }
 
 Aggregator::Aggregator(std::shared_ptr<PacketBackend> backend, size_t packet_bytes, double max_delay_s)
@@ -203,19 +219,16 @@ void Aggregator::Loop() {
 
 void Aggregator::RunBatch(std::unique_lock<std::mutex>& lock) {
   running_ = true;
-  const int64_t local = static_cast<int64_t>(queue_.size());
-  const BatchDigest queued = Digest(queue_.begin(), queue_.end());
+  const QueueDigest queued = Digest(queue_.begin(), queue_.end());
   lock.unlock();
   std::vector<std::shared_ptr<Request>> batch;
+  bool negotiated = false;
   int kind = 0;
   std::string why;
   try {
-    // One exchange: the MIN of the queue lengths (as MAX of -length) and, for the common case of
-    // equal lengths, the digests of the whole queues.
-    auto agreed = std::make_shared<std::array<int64_t, 6>>(
-        std::array<int64_t, 6>{-local, local, queued.hash, -queued.hash, queued.bytes, -queued.bytes});
-    backend_->AllReduce({agreed->data(), 6, DType::kInt64, ReduceOp::kMax, agreed, false});
-    const int64_t m = -(*agreed)[0];
+    const Agreement a = backend_->Negotiate(queued);
+    negotiated = true;
+    const int64_t m = a.min_length;
     lock.lock();
     for (int64_t i = 0; i < m && !queue_.empty(); ++i) {
       batch.push_back(queue_.front());
@@ -224,14 +237,15 @@ void Aggregator::RunBatch(std::unique_lock<std::mutex>& lock) {
     }
     ++stats_.batches;
     lock.unlock();
-    if ((*agreed)[1] == m) {  // every rank sends its whole queue: the digests compared are the batch's
-      CheckAgreement(agreed->data() + 2, queued, batch.size());
-    } else {
-      BatchDigest mine = Digest(batch.begin(), batch.end());
-      auto check = std::make_shared<std::array<int64_t, 4>>(
+    if (a.max_length == m) {  // every rank sends its whole queue: the hashes compared are the batch's
+      if (!a.same_hash) throw Mismatch(a, queued);
+    } else {  // the hashes of the first m requests, in a second exchange
+      const QueueDigest mine = Digest(batch.begin(), batch.end());
+      auto maxed = std::make_shared<std::array<int64_t, 4>>(
           std::array<int64_t, 4>{mine.hash, -mine.hash, mine.bytes, -mine.bytes});
-      backend_->AllReduce({check->data(), 4, DType::kInt64, ReduceOp::kMax, check, true});
-      CheckAgreement(check->data(), mine, batch.size());
+      backend_->AllReduce({maxed->data(), 4, DType::kInt64, ReduceOp::kMax, maxed, true});
+      const Agreement first_m = FromMaxed(m, m, maxed->data(), mine);
+      if (!first_m.same_hash) throw Mismatch(first_m, mine);
     }
     SendPackets(batch);
   } catch (const CommMismatch& e) {
@@ -246,6 +260,13 @@ void Aggregator::RunBatch(std::unique_lock<std::mutex>& lock) {
   }
   std::vector<std::shared_ptr<Request>> failed;
   lock.lock();
+  if (!negotiated) {  // the negotiation itself failed: so do the requests this rank offered in it
+    for (int64_t i = 0; i < queued.length && !queue_.empty(); ++i) {
+      batch.push_back(queue_.front());
+      queued_bytes_ -= queue_.front()->bytes();
+      queue_.pop_front();
+    }
+  }
   finished_ += batch.size();
   if (kind != 0) {
     for (auto& r : batch)

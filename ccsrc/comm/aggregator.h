@@ -41,11 +41,24 @@ struct Packet {
   bool agreed;
 };
 
+// What the ranks' queue digests say: the shortest and longest queue, whether every rank's hash
+// equals this rank's, and the range of bytes (for the error message).
+struct Agreement {
+  int64_t min_length;
+  int64_t max_length;
+  bool same_hash;
+  int64_t min_bytes;
+  int64_t max_bytes;
+};
+
 // What the aggregator sends packets through: an all-reduce over the group.
 class PacketBackend {
  public:
   virtual ~PacketBackend() = default;
   virtual void AllReduce(const Packet& p) = 0;
+  // The batch negotiation: one exchange of the ranks' queue digests. By default one AllReduce
+  // (MAX) of {-length, length, hash, -hash, bytes, -bytes}.
+  virtual Agreement Negotiate(const QueueDigest& mine);
   virtual int group_size() const = 0;
   // Makes a pending AllReduce (here and on the peers) fail fast: the aggregator closes with
   // requests unfinished, and the peers must not wait for this rank until their timeout.
@@ -58,6 +71,9 @@ class CommunicatorBackend : public PacketBackend {
   void AllReduce(const Packet& p) override {
     comm_->AllReduce(p.buf, p.count, p.dtype, p.op, "auto", /*check=*/!p.agreed);
   }
+  // The descriptor exchange of the cross-rank check carries the digests: one round trip, and a
+  // rank in another collective is a CommMismatch.
+  Agreement Negotiate(const QueueDigest& mine) override;
   int group_size() const override { return comm_->size(); }
   void Abort(const std::string& why) override { comm_->transport().Abort(why); }
 

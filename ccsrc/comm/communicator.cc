@@ -10,7 +10,7 @@ namespace mshyper::comm {
 
 namespace {
 
-enum Kind { kAllReduce = 1, kAllGather, kAllGatherV, kReduceScatter, kAllToAll, kBroadcast, kBarrier };
+enum Kind { kAllReduce = 1, kAllGather, kAllGatherV, kReduceScatter, kAllToAll, kBroadcast, kBarrier, kAggregate };
 
 const char* KindName(int kind) {
   switch (kind) {
@@ -21,6 +21,7 @@ const char* KindName(int kind) {
     case kAllToAll: return "all_to_all";
     case kBroadcast: return "broadcast";
     case kBarrier: return "barrier";
+    case kAggregate: return "an aggregated all_reduce batch";
   }
   return "unknown";
 }
@@ -60,27 +61,39 @@ Communicator::Communicator(std::shared_ptr<Transport> transport, std::vector<int
 
 std::vector<int> Communicator::ModelGroup() const { return devices_.empty() ? group_.members : devices_; }
 
-void Communicator::Check(int kind, DType dtype, ReduceOp op, int root, uint64_t count, uint64_t extra) {
-  if (!validate || size() == 1) return;
+std::vector<Communicator::Desc> Communicator::GatherDescs(const Desc& mine) {
   const int p = size();
-  Desc mine{kind, static_cast<int32_t>(dtype), static_cast<int32_t>(op), root, count, extra};
   std::vector<Desc> all(p);
   std::vector<size_t> counts(p, sizeof(Desc));
   AllGatherRing(group_, &mine, all.data(), counts, DType::kUInt8);
-  auto describe = [&](const Desc& d) {
-    std::ostringstream os;
-    os << KindName(d.kind) << "(" << DTypeName(static_cast<DType>(d.dtype));
-    if (d.kind == kAllGatherV || (d.kind == kAllToAll && d.extra == 0)) {
-      os << ")";
-      return os.str();
-    }
-    if (d.kind != kBarrier) os << ", " << d.count << " elements";
-    if (d.kind == kAllReduce || d.kind == kReduceScatter) os << ", op " << OpName(static_cast<ReduceOp>(d.op));
-    if (d.kind == kBroadcast) os << ", root " << d.root;
+  return all;
+}
+
+namespace {
+
+std::string Describe(int kind, int32_t dtype, int32_t op, int32_t root, uint64_t count, uint64_t extra) {
+  std::ostringstream os;
+  os << KindName(kind);
+  if (kind == kAggregate) return os.str();
+  os << "(" << DTypeName(static_cast<DType>(dtype));
+  if (kind == kAllGatherV || (kind == kAllToAll && extra == 0)) {
     os << ")";
     return os.str();
-  };
-  for (int j = 1; j < p; ++j) {
+  }
+  if (kind != kBarrier) os << ", " << count << " elements";
+  if (kind == kAllReduce || kind == kReduceScatter) os << ", op " << OpName(static_cast<ReduceOp>(op));
+  if (kind == kBroadcast) os << ", root " << root;
+  os << ")";
+  return os.str();
+}
+
+}  // namespace
+
+void Communicator::Check(int kind, DType dtype, ReduceOp op, int root, uint64_t count, uint64_t extra) {
+  if (!validate || size() == 1) return;
+  std::vector<Desc> all = GatherDescs({kind, static_cast<int32_t>(dtype), static_cast<int32_t>(op), root, count, extra});
+  auto describe = [](const Desc& d) { return Describe(d.kind, d.dtype, d.op, d.root, d.count, d.extra); };
+  for (int j = 1; j < size(); ++j) {
     const Desc& a = all[0];
     const Desc& b = all[j];
     bool same = a.kind == b.kind && a.dtype == b.dtype;
@@ -93,6 +106,27 @@ void Communicator::Check(int kind, DType dtype, ReduceOp op, int root, uint64_t 
                          " calls " + db + (da == db ? " (with different array shapes or axes)" : ""));
     }
   }
+}
+
+std::vector<QueueDigest> Communicator::GatherQueueDigests(const QueueDigest& mine) {
+  if (size() == 1) return {mine};
+  // bytes travel in the dtype (low) and op (high) words of the descriptor
+  const auto bytes = static_cast<uint64_t>(mine.bytes);
+  std::vector<Desc> all = GatherDescs({kAggregate, static_cast<int32_t>(bytes & 0xffffffffu),
+                                       static_cast<int32_t>(bytes >> 32), 0, static_cast<uint64_t>(mine.length),
+                                       static_cast<uint64_t>(mine.hash)});
+  std::vector<QueueDigest> out;
+  for (int j = 0; j < size(); ++j) {
+    const Desc& d = all[j];
+    if (d.kind != kAggregate) {
+      throw CommMismatch("mismatched collective across ranks: rank " + std::to_string(rank()) + " calls " +
+                         KindName(kAggregate) + " but rank " + std::to_string(j) + " calls " +
+                         Describe(d.kind, d.dtype, d.op, d.root, d.count, d.extra));
+    }
+    const uint64_t b = (static_cast<uint64_t>(static_cast<uint32_t>(d.op)) << 32) | static_cast<uint32_t>(d.dtype);
+    out.push_back({static_cast<int64_t>(d.count), static_cast<int64_t>(d.extra), static_cast<int64_t>(b)});
+  }
+  return out;
 }
 
 void Communicator::AllReduce(void* buf, size_t count, DType dtype, ReduceOp op, const std::string& algorithm,

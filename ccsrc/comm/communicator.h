@@ -12,6 +12,14 @@
 
 namespace mshyper::comm {
 
+// A rank's aggregator queue as its batch negotiation sees it: the number of requests, a hash of
+// their (count, dtype, op) in order, and their bytes.
+struct QueueDigest {
+  int64_t length = 0;
+  int64_t hash = 0;
+  int64_t bytes = 0;
+};
+
 class Communicator {
  public:
   // members: transport ranks of the group in logical order. devices: the topology device of each
@@ -45,6 +53,9 @@ class Communicator {
   void Send(const void* buf, size_t count, DType dtype, int peer);
   void Recv(void* buf, size_t count, DType dtype, int peer);
   void Barrier();
+  // Every rank's queue digest, in one exchange: the exchange of the cross-rank check, so a rank
+  // in another collective is reported as CommMismatch (whatever `validate` says).
+  std::vector<QueueDigest> GatherQueueDigests(const QueueDigest& mine);
 
   // Measures alpha/beta/gamma of this transport with timed collectives (every member must call),
   // takes the maximum over ranks so that all ranks choose the same algorithms, stores and returns them.
@@ -60,6 +71,7 @@ class Communicator {
     uint64_t extra;
   };
   void Check(int kind, DType dtype, ReduceOp op, int root, uint64_t count, uint64_t extra);
+  std::vector<Desc> GatherDescs(const Desc& mine);
   std::vector<int> ModelGroup() const;
 
   std::shared_ptr<Transport> transport_;

@@ -209,6 +209,23 @@ def test_axis_out_of_range(shm_pair, inproc):
         inproc.all_gather([np.ones((2, 2))] * 2, axis=5)
 
 
+def test_shm_aggregated_batch_against_a_direct_collective(shm_pair):
+    def step(g):
+        if g.rank == 0:
+            h = g.all_reduce_async(np.ones(3, np.float32))
+            g.flush()
+            return h.wait(10)
+        return g.all_reduce(np.ones(3, np.float32))
+
+    res = on_both_ranks(shm_pair, step)
+    assert isinstance(res[0], CommMismatch) and "rank 0 calls an aggregated all_reduce batch but rank 1 calls " \
+        "all_reduce(float32, 3 elements, op sum)" in str(res[0]), res
+    assert isinstance(res[1], CommMismatch) and "rank 0 calls an aggregated all_reduce batch but rank 1 calls " \
+        "all_reduce(float32, 3 elements, op sum)" in str(res[1]), res
+    for y in on_both_ranks(shm_pair, lambda g: g.all_reduce(np.ones(2, np.float32))):  # still usable
+        np.testing.assert_array_equal(y, [2, 2])
+
+
 def test_shm_non_contiguous_input_and_bad_out(shm_pair):
     x = np.arange(20, dtype=np.float64).reshape(4, 5)[:, 1::2]
     for y in on_both_ranks(shm_pair, lambda g: g.all_reduce(x)):
