@@ -558,8 +558,8 @@ void BindComm(py::module_& root) {
       })
       .def("all_to_all_v", [](InProcGroup& g, const std::vector<py::buffer>& ins,
                               const std::vector<std::vector<size_t>>& send_counts, const std::vector<std::string>& dtypes) {
-        CheckPerRank("InProcGroup.all_to_all_v", {{"ins", ins.size()}, {"send_counts", send_counts.size()}, {"dtypes", dtypes.size()}},
-                     g.size());
+        CheckPerRank("InProcGroup.all_to_all_v",
+                     {{"ins", ins.size()}, {"send_counts", send_counts.size()}, {"dtypes", dtypes.size()}}, g.size());
         auto i = Bufs(ins, false, dtypes, "InProcGroup.all_to_all_v: ins");
         for (int r = 0; r < g.size(); ++r) {
           CheckPerRank("InProcGroup.all_to_all_v", {{"send_counts[" + std::to_string(r) + "]", send_counts[r].size()}},
@@ -570,7 +570,9 @@ void BindComm(py::module_& root) {
         std::vector<std::vector<size_t>> rcs(g.size());
         {
           py::gil_scoped_release rel;
-          g.Run([&](int r) { outs[r] = g.comm(r).AllToAllV(i[r].ptr(), send_counts[r], DTypeFromName(dtypes[r]), &rcs[r]); });
+          g.Run([&](int r) {
+            outs[r] = g.comm(r).AllToAllV(i[r].ptr(), send_counts[r], DTypeFromName(dtypes[r]), &rcs[r]);
+          });
         }
         py::list res;
         for (int r = 0; r < g.size(); ++r) res.append(py::make_tuple(ToArray(std::move(outs[r])), rcs[r]));

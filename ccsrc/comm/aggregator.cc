@@ -1,5 +1,6 @@
 #include "comm/aggregator.h"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -98,7 +99,9 @@ Agreement CommunicatorBackend::Negotiate(const QueueDigest& mine) {
 Aggregator::Aggregator(std::shared_ptr<PacketBackend> backend, size_t packet_bytes, double max_delay_s)
     : backend_(std::move(backend)), packet_bytes_(packet_bytes), max_delay_s_(max_delay_s) {
   if (packet_bytes_ < 8) throw CommError("aggregator: packet_bytes must be >= 8, got " + std::to_string(packet_bytes));
-  if (!(max_delay_s_ >= 0)) throw CommError("aggregator: max_delay must be >= 0 seconds, got " + std::to_string(max_delay_s));
+  if (!(max_delay_s_ >= 0)) {
+    throw CommError("aggregator: max_delay must be >= 0 seconds, got " + std::to_string(max_delay_s));
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 

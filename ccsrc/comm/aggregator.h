@@ -9,11 +9,11 @@
 // of a packet that lie back to back in it are reduced in place, without packing copies.
 //
 // Ranks must agree on which requests form a packet although their timers fire at different
-// moments: before each batch the executor all-reduces (MIN) the number of queued requests, so
-// every rank packs exactly the first m requests, and checks (MAX of +h/-h) that the sizes, dtypes
-// and ops of those m requests hash equal everywhere (else every request of the batch fails with
-// CommMismatch). Both travel in one exchange when every rank queued the same number (the usual
-// case of a flush); otherwise the hash of the first m goes in a second one.
+// moments: before each batch the ranks exchange the digests of their queues (PacketBackend::
+// Negotiate: lengths, hashes of the requests' sizes, dtypes and ops, bytes); every rank packs
+// exactly the first m = MIN(length) requests, and the batch fails with CommMismatch unless the
+// hashes of those m agree. When every rank queued the same number (the usual case of a flush)
+// the one exchange settles both; otherwise the hashes of the first m go in a second one.
 #pragma once
 #include <condition_variable>
 #include <deque>

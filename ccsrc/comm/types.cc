@@ -54,7 +54,9 @@ std::chrono::steady_clock::duration WaitDuration(double seconds) {
 }
 
 void CheckTimeout(const char* what, double seconds) {
-  if (!(seconds > 0)) throw CommError(std::string(what) + " must be > 0 seconds (inf: no limit), got " + std::to_string(seconds));
+  if (!(seconds > 0)) {
+    throw CommError(std::string(what) + " must be > 0 seconds (inf: no limit), got " + std::to_string(seconds));
+  }
 }
 
 ReduceOp OpFromName(const std::string& name) {

@@ -158,7 +158,8 @@ def test_buffer_stays_exported_while_a_collective_uses_it(shm_pair):
     ("g._g.all_gather_v([np.ones(2, np.float32)] * 2, [np.ones(1, np.float32)] * 2, [[2, 2]] * 2, ['float32'] * 2)",
      "InProcGroup.all_gather_v: outs[0]: buffer holds 1 elements but the counts need 4"),
     ("g._g.reduce_scatter([np.ones(4, np.float32)] * 2, [np.ones(2, np.float32)] * 2, [[200, 2]] * 2,"
-     " ['float32'] * 2, ['sum'] * 2)", "InProcGroup.reduce_scatter: ins[0]: buffer holds 4 elements but the counts need 202"),
+     " ['float32'] * 2, ['sum'] * 2)",
+     "InProcGroup.reduce_scatter: ins[0]: buffer holds 4 elements but the counts need 202"),
     ("g._g.all_to_all_v([np.ones(4, np.float32)] * 2, [[2, 2000]] * 2, ['float32'] * 2)",
      "InProcGroup.all_to_all_v: ins[0]: buffer holds 4 elements but the counts need 2002"),
     ("g._g.all_reduce([np.ones(4, np.float64)] * 2, ['float32'] * 2, ['sum'] * 2, 'auto')",
