@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name
-from mindspore_hyper.comm._handles import AggregatorOwner, AsyncHandle, submit_single
+from mindspore_hyper.comm._handles import AggregatorOwner, Closed
 
 __all__ = ["MindSporeGroup"]
 
@@ -49,35 +49,37 @@ class MindSporeGroup(AggregatorOwner):
         self.params = None  # TransportParams after calibrate()
 
     # ----- the transport itself ---------------------------------------------------------------
-    def _ms_all_reduce(self, arr: np.ndarray, op: str) -> np.ndarray:
+    def _ms_all_reduce_into(self, arr: np.ndarray, op: str) -> None:
+        """All-reduce the C-contiguous array `arr` in place through mint.distributed."""
         import mindspore as ms
         from mindspore.mint import distributed as dist
 
         if arr.dtype.itemsize == 8:
             # MindSpore's CPU backend fails AllReduce on 64-bit types: gather the raw bits as
             # int32 (a copy, exact) and reduce here.
-            bits = np.ascontiguousarray(arr).reshape(-1).view(np.int32)
+            bits = arr.reshape(-1).view(np.int32)
             outs = [ms.Tensor(np.empty_like(bits)) for _ in range(self.size)]
             dist.all_gather(outs, ms.Tensor(bits))
-            st = np.stack([o.asnumpy().view(arr.dtype) for o in outs])
+            st = np.stack([o.asnumpy().view(arr.dtype).reshape(arr.shape) for o in outs])
             if op in ("sum", "avg"):
-                res = st.sum(0, dtype=arr.dtype)
-                if op == "avg":
-                    res = res / self.size if arr.dtype.kind == "f" else np.trunc(res / self.size)
+                st.sum(0, dtype=arr.dtype, out=arr)
             else:
-                res = st.max(0) if op == "max" else st.min(0)
-            return np.asarray(res).astype(arr.dtype).reshape(arr.shape)
-        t = ms.Tensor(arr)
-        dist.all_reduce(t, op=_MS_OPS[op])
-        res = t.asnumpy()
+                (np.max if op == "max" else np.min)(st, axis=0, out=arr)
+        else:
+            t = ms.Tensor.from_numpy(arr)  # shares arr's memory: the result normally lands in place
+            dist.all_reduce(t, op=_MS_OPS[op])
+            res = t.asnumpy()
+            if not np.may_share_memory(res, arr):
+                arr[...] = res.reshape(arr.shape)
         if op == "avg":
-            res = res / self.size if arr.dtype.kind == "f" else np.trunc(res / self.size)
-        return res.astype(arr.dtype, copy=False).reshape(arr.shape)
+            if arr.dtype.kind == "f":
+                arr /= self.size
+            else:
+                arr[...] = np.trunc(arr / self.size)
 
-    def _packet(self, mv, dtype: str, op: str) -> None:
-        """Callback of the C++ aggregator: all-reduce one packet in place."""
-        arr = np.frombuffer(mv, dtype=np.dtype(dtype))
-        arr[...] = self._ms_all_reduce(arr, op)
+    def _packet(self, buf: np.ndarray, dtype: str, op: str) -> None:
+        """Callback of the C++ aggregator: all-reduce one packet (`buf`, its bytes) in place."""
+        self._ms_all_reduce_into(buf.view(np.dtype(dtype)), op)
         self.packets_sent += 1
 
     def _before_direct(self) -> None:
@@ -87,10 +89,11 @@ class MindSporeGroup(AggregatorOwner):
     # ----- collectives ------------------------------------------------------------------------
     def all_reduce(self, x, op: str = "sum") -> np.ndarray:
         check_op(op)
-        arr = contiguous(x)
-        dtype_name(arr)
+        out = contiguous(x).copy()
+        dtype_name(out)
         self._before_direct()
-        return self._ms_all_reduce(arr, op).reshape(arr.shape)
+        self._ms_all_reduce_into(out, op)
+        return out
 
     def all_gather(self, x) -> np.ndarray:
         """Concatenation along axis 0 (equal shapes on every rank)."""
@@ -144,7 +147,8 @@ class MindSporeGroup(AggregatorOwner):
         steps = 2.0 * (p - 1)
         alpha = t_small / steps
         beta = max(1e-13, (t_large - t_small) / (steps / p * large_bytes))
-        vals = self._ms_all_reduce(np.array([alpha, beta], np.float32), "max")
+        vals = np.array([alpha, beta], np.float32)
+        self._ms_all_reduce_into(vals, "max")
         self.params = TransportParams(float(vals[0]), float(vals[1]), 0.0)
         return self.params
 
@@ -176,20 +180,17 @@ class MindSporeGroup(AggregatorOwner):
         return self.shm().recv(shape, dtype, peer)
 
     # ----- aggregation ------------------------------------------------------------------------
-    def all_reduce_async(self, x, op: str = "sum") -> AsyncHandle:
-        """Queue an all-reduce; packets of `aggregation_bytes` go through mint.distributed.all_reduce."""
-        check_op(op)
-        if self._agg is None:
-            self._agg = _C.python_aggregator(self._packet, self.size, self.aggregation_bytes, self.max_delay)
-            import atexit
+    def _new_aggregator(self):
+        agg = _C.python_aggregator(self._packet, self.size, self.aggregation_bytes, self.max_delay)
+        import atexit
 
-            atexit.register(self.close)  # stop the executor (it calls into Python) before shutdown
-        return submit_single(self._agg, x, op)
+        atexit.register(self.close)  # stop the executor (it calls into Python) before shutdown
+        return agg
 
     def close(self) -> None:
-        if self._agg is not None:
-            self._agg.close()
-            self._agg = None
-        if self._shm is not None:
-            self._shm.close()
-            self._shm = None
+        """Stop the aggregator (queued requests fail) and the shared-memory group; later calls
+        raise CommError."""
+        if self._close_aggregator(f"MindSporeGroup(rank {self.rank})"):
+            if self._shm is not None:
+                self._shm.close()
+            self._shm = Closed(f"MindSporeGroup(rank {self.rank})")
