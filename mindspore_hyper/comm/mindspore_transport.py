@@ -2,13 +2,15 @@
 
 Under msrun (after ``mindspore.communication.init()``), `MindSporeGroup` sends all-reduce
 packets of the C++ aggregator, and direct all_reduce / all_gather / broadcast, through
-``mindspore.mint.distributed`` -- on Ascend that is HCCL, on CPU MindSpore's mccl backend.
-MindSpore's CPU backend has no AllToAll, ReduceScatter or send/recv: for those the group uses
-the shared-memory transport (`ShmGroup.from_env()`), created on first use (collectively).
+``mindspore.mint.distributed`` -- on Ascend that is HCCL, on CPU MindSpore's mccl backend -- over
+the whole job or a group of its ranks (`ranks=`, made with `new_group`), so processes may be on
+several hosts. MindSpore's CPU backend has no AllToAll, ReduceScatter or send/recv: reduce_scatter
+and all_to_all are composed from all_reduce / all_gather (more bytes than the real collectives),
+and `shm()` gives the shared-memory group of the whole job (one host) for the rest.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -21,9 +23,11 @@ _MS_OPS = {"sum": "sum", "max": "max", "min": "min", "avg": "sum"}
 
 
 class MindSporeGroup(AggregatorOwner):
-    """The world group of an initialised MindSpore job (``mindspore.communication.init()``).
+    """A group of an initialised MindSpore job (``mindspore.communication.init()``).
 
     Args:
+        ranks: the group's global ranks (member order); None = the whole job. Every member
+            must create it (collectively), in the same order of groups.
         aggregation_bytes: super-packet size of all_reduce_async (default: context flag).
         max_delay: seconds after which a partly filled packet is sent (default 20 ms: packets go
             through a Python callback that needs the GIL, so a burst of submissions from the
@@ -31,11 +35,22 @@ class MindSporeGroup(AggregatorOwner):
         shm_timeout: timeout of the shared-memory fallback for all_to_all/reduce_scatter/send/recv.
     """
 
-    def __init__(self, aggregation_bytes: Optional[int] = None, max_delay: float = 20e-3, shm_timeout: float = 30.0):
+    def __init__(self, aggregation_bytes: Optional[int] = None, max_delay: float = 20e-3, shm_timeout: float = 30.0,
+                 ranks: Optional[Sequence[int]] = None):
         from mindspore.communication import get_group_size, get_rank
 
-        self.rank = get_rank()
-        self.size = get_group_size()
+        world_rank, world_size = get_rank(), get_group_size()
+        self.ranks = tuple(range(world_size)) if ranks is None else tuple(int(r) for r in ranks)
+        if world_rank not in self.ranks or len(set(self.ranks)) != len(self.ranks):
+            raise ValueError(f"ranks={list(self.ranks)}: expected distinct global ranks including this one "
+                             f"({world_rank})")
+        self._group = None
+        if self.ranks != tuple(range(world_size)):
+            from mindspore.mint.distributed import new_group
+
+            self._group = new_group(list(self.ranks))
+        self.rank = self.ranks.index(world_rank)
+        self.size = len(self.ranks)
         if aggregation_bytes is None:
             from mindspore_hyper.context import get_context
 
@@ -59,7 +74,7 @@ class MindSporeGroup(AggregatorOwner):
             # int32 (a copy, exact) and reduce here.
             bits = arr.reshape(-1).view(np.int32)
             outs = [ms.Tensor(np.empty_like(bits)) for _ in range(self.size)]
-            dist.all_gather(outs, ms.Tensor(bits))
+            dist.all_gather(outs, ms.Tensor(bits), group=self._group)
             st = np.stack([o.asnumpy().view(arr.dtype).reshape(arr.shape) for o in outs])
             if op in ("sum", "avg"):
                 st.sum(0, dtype=arr.dtype, out=arr)
@@ -67,7 +82,7 @@ class MindSporeGroup(AggregatorOwner):
                 (np.max if op == "max" else np.min)(st, axis=0, out=arr)
         else:
             t = ms.Tensor.from_numpy(arr)  # shares arr's memory: the result normally lands in place
-            dist.all_reduce(t, op=_MS_OPS[op])
+            dist.all_reduce(t, op=_MS_OPS[op], group=self._group)
             res = t.asnumpy()
             if not np.may_share_memory(res, arr):
                 arr[...] = res.reshape(arr.shape)
@@ -95,26 +110,32 @@ class MindSporeGroup(AggregatorOwner):
         self._ms_all_reduce_into(out, op)
         return out
 
-    def all_gather(self, x) -> np.ndarray:
-        """Concatenation along axis 0 (equal shapes on every rank)."""
+    def all_gather(self, x, axis: int = 0) -> np.ndarray:
+        """Concatenation along `axis` in member order (equal shapes on every rank)."""
+        return np.concatenate(self._gather_all(x), axis=axis)
+
+    def _gather_all(self, x) -> list:
+        """Every member's array (equal shapes on every rank), in member order."""
         import mindspore as ms
         from mindspore.mint import distributed as dist
 
         arr = contiguous(x)
+        dtype_name(arr)
         self._before_direct()
-        t = ms.Tensor(arr)
-        outs = [ms.Tensor(np.empty_like(arr)) for _ in range(self.size)]
-        dist.all_gather(outs, t)
-        return np.concatenate([o.asnumpy() for o in outs], axis=0)
+        wire = arr.view(np.uint8) if arr.dtype == np.bool_ else arr
+        outs = [ms.Tensor(np.empty_like(wire)) for _ in range(self.size)]
+        dist.all_gather(outs, ms.Tensor(wire), group=self._group)
+        return [o.asnumpy().view(arr.dtype) for o in outs]
 
     def broadcast(self, x, root: int = 0) -> np.ndarray:
+        """Every member gets member `root`'s array."""
         import mindspore as ms
         from mindspore.mint import distributed as dist
 
         arr = contiguous(x)
         self._before_direct()
         t = ms.Tensor(arr.copy())
-        dist.broadcast(t, root)
+        dist.broadcast(t, self.ranks[root], group=self._group)
         return t.asnumpy()
 
     def calibrate(self, repeats: int = 10, large_bytes: int = 1 << 20):
@@ -131,12 +152,12 @@ class MindSporeGroup(AggregatorOwner):
         def timed(n_elem: int, reps: int) -> float:
             x = np.ones(n_elem, np.float32)
             t = ms.Tensor(x)
-            dist.all_reduce(t)
+            dist.all_reduce(t, group=self._group)
             t.asnumpy()
             start = time.perf_counter()
             for _ in range(reps):
                 t = ms.Tensor(x)
-                dist.all_reduce(t)
+                dist.all_reduce(t, group=self._group)
                 t.asnumpy()  # waits for the collective
             return (time.perf_counter() - start) / reps
 
@@ -161,14 +182,16 @@ class MindSporeGroup(AggregatorOwner):
         return self._shm
 
     def all_to_all(self, x, split_axis: int = 0, concat_axis: int = 0) -> np.ndarray:
-        """Through the shared-memory transport (MindSpore's CPU backend has no AlltoAll)."""
-        self._before_direct()
-        return self.shm().all_to_all(x, split_axis, concat_axis)
+        """Member j gets chunk j of every member's `split_axis`, concatenated along `concat_axis`
+        (an all_gather of the whole arrays: MindSpore's CPU backend has no AlltoAll)."""
+        everyone = self._gather_all(x)
+        return np.concatenate([np.array_split(a, self.size, axis=split_axis)[self.rank] for a in everyone],
+                              axis=concat_axis)
 
     def reduce_scatter(self, x, axis: int = 0, op: str = "sum") -> np.ndarray:
-        """Through the shared-memory transport (MindSpore's CPU backend has no ReduceScatter)."""
-        self._before_direct()
-        return self.shm().reduce_scatter(x, axis, op)
+        """This member's np.array_split chunk of the reduction (an all_reduce of the whole array:
+        MindSpore's CPU backend has no ReduceScatter)."""
+        return np.array_split(self.all_reduce(x, op), self.size, axis=axis)[self.rank]
 
     def send(self, x, peer: int) -> None:
         """Through the shared-memory transport (MindSpore's CPU backend has no send/recv)."""
