@@ -79,13 +79,19 @@ class DistributedModel(ParallelModel):
         self._zero_pending: List[tuple] = []  # (parameter id, group, contribution) for ZeRO-1
         self._zero: Dict[int, _ZeroSlice] = {}
         self._recorded: Set[Tuple[int, str]] = set()
+        self._gradient_cells: Dict[Tuple[int, AxisGroup], _ParameterGradient] = {}
 
     def begin_step(self) -> None:
         self._recorded.clear()
 
     # -- gradient sums ---------------------------------------------------------------------------
     def _parameter_fan_out(self, shard: Tensor, group: AxisGroup, slot):
-        return shard if group.size == 1 else _ParameterGradient(self, slot, group)(shard)
+        if group.size == 1:
+            return shard
+        key = (id(slot.param), group)
+        if key not in self._gradient_cells:
+            self._gradient_cells[key] = _ParameterGradient(self, slot, group)
+        return self._gradient_cells[key](shard)
 
     def sum_parameter_gradient(self, slot, group: AxisGroup, dout: Tensor) -> Tensor:
         """A parameter's gradient contribution from an op sharded over `group` (called by the
