@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 CC_FILES := $(shell find ccsrc -name '*.cc' -o -name '*.h' 2>/dev/null)
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test build tsan bench clean
+.PHONY: demo test build tsan asan bench clean
 
 $(STAMP): setup.py pyproject.toml Makefile $(CC_FILES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,17 +25,34 @@ test: $(STAMP)
 clean:
 	rm -rf build *.egg-info mindspore_hyper/_core*.so
 
-# HyperOffload: the stress programs of the block store / prefetch scheduler and of the kernel
-# fences / tensor mailboxes, under ThreadSanitizer.
-TSAN_SRCS := ccsrc/tools/store_stress.cc $(wildcard ccsrc/store/*.cc) $(wildcard ccsrc/prefetch/*.cc)
-TSAN_MAILBOX_SRCS := ccsrc/tools/mailbox_stress.cc ccsrc/aot/kernel_fence.cc ccsrc/aot/tensor_mailbox.cc
+# Stress programs of the block store / prefetch scheduler, of the kernel fences / tensor
+# mailboxes and of the communication library, under ThreadSanitizer (tsan) and under
+# AddressSanitizer + UndefinedBehaviorSanitizer (asan; float-cast-overflow is not part of
+# -fsanitize=undefined in GCC, so it is named).
+STORE_STRESS_SRCS := ccsrc/tools/store_stress.cc $(wildcard ccsrc/store/*.cc) $(wildcard ccsrc/prefetch/*.cc)
+MAILBOX_STRESS_SRCS := ccsrc/tools/mailbox_stress.cc ccsrc/aot/kernel_fence.cc ccsrc/aot/tensor_mailbox.cc
+COMM_STRESS_SRCS := ccsrc/tools/comm_stress.cc $(wildcard ccsrc/comm/*.cc)
 TSAN_FLAGS := -std=c++17 -O1 -g -fsanitize=thread -Wno-tsan -pthread -Iccsrc
+ASAN_FLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow \
+	-fno-sanitize-recover=all -pthread -Iccsrc
+ASAN_ENV := ASAN_OPTIONS="detect_leaks=1:halt_on_error=1" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 tsan:
 	mkdir -p build/tsan
-	g++ $(TSAN_FLAGS) $(TSAN_SRCS) -o build/tsan/store_stress
+	g++ $(TSAN_FLAGS) $(STORE_STRESS_SRCS) -o build/tsan/store_stress
 	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build/tsan/store_stress 2000
-	g++ $(TSAN_FLAGS) $(TSAN_MAILBOX_SRCS) -o build/tsan/mailbox_stress
+	g++ $(TSAN_FLAGS) $(MAILBOX_STRESS_SRCS) -o build/tsan/mailbox_stress
 	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build/tsan/mailbox_stress 2000
+	g++ $(TSAN_FLAGS) $(COMM_STRESS_SRCS) -o build/tsan/comm_stress -lrt
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" build/tsan/comm_stress 3
+
+asan:
+	mkdir -p build/asan
+	g++ $(ASAN_FLAGS) $(STORE_STRESS_SRCS) -o build/asan/store_stress
+	$(ASAN_ENV) build/asan/store_stress 2000
+	g++ $(ASAN_FLAGS) $(MAILBOX_STRESS_SRCS) -o build/asan/mailbox_stress
+	$(ASAN_ENV) build/asan/mailbox_stress 2000
+	g++ $(ASAN_FLAGS) $(COMM_STRESS_SRCS) -o build/asan/comm_stress -lrt
+	$(ASAN_ENV) build/asan/comm_stress 5
 
 bench-offload: $(STAMP)
 	$(PY) benchmarks/bench_offload.py

@@ -46,8 +46,10 @@ setup(
     ext_modules=[core],
     cmdclass={"build_ext": build_ext},
     install_requires=["mindspore==2.10.0", "numpy<2", "pyyaml>=6", "matplotlib>=3.7"],
-    # torch only for the side-by-side benchmarks (gloo, LocalTensor); never needed by the package
-    extras_require={"test": ["pytest>=7"], "bench": ["torch==2.13.0"]},
+    # torch for the side-by-side benchmarks (gloo, LocalTensor) and, with transformers and safetensors,
+    # for the PyTorch -> MindSpore migration tests; the package itself never imports torch at import time
+    extras_require={"test": ["pytest>=7", "torch==2.13.0", "transformers", "safetensors"],
+                    "bench": ["torch==2.13.0"]},
     entry_points={"console_scripts": ["mindspore-hyper=mindspore_hyper.cli:main"]},
     zip_safe=False,
 )

@@ -1,9 +1,23 @@
 #include "aot/tensor_mailbox.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
 namespace mshyper::aot {
+
+namespace {
+
+// `seconds` from now as a deadline that cannot overflow the clock: NaN and negative mean now,
+// anything above ~3 years (inf included) ~3 years from now.
+std::chrono::steady_clock::time_point DeadlineAfter(double seconds) {
+  constexpr double kMaxSeconds = 1e8;
+  const double s = seconds > 0 ? std::min(seconds, kMaxSeconds) : 0.0;
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+}
+
+}  // namespace
 
 uint64_t MailboxTable::NewId() {
   std::lock_guard<std::mutex> g(mu_);
@@ -23,10 +37,7 @@ void MailboxTable::Deliver(uint64_t id, const void* data, size_t n) {
 
 bool MailboxTable::Take(uint64_t id, double timeout_s, std::vector<uint8_t>* out) {
   std::unique_lock<std::mutex> lock(mu_);
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(timeout_s));
-  if (!cv_.wait_until(lock, deadline, [&] { return delivered_.count(id) != 0; })) return false;
+  if (!cv_.wait_until(lock, DeadlineAfter(timeout_s), [&] { return delivered_.count(id) != 0; })) return false;
   auto it = delivered_.find(id);
   if (out != nullptr) *out = std::move(it->second);
   delivered_.erase(it);

@@ -24,8 +24,8 @@ class MailboxTable {
   // Stores a copy of `n` bytes at `data` as `id`'s content and wakes its waiter; dropped if `id`
   // was forgotten.
   void Deliver(uint64_t id, const void* data, size_t n);
-  // Waits up to `timeout_s` seconds for `id`; true (content moved to `out` if not null, `id`
-  // forgotten) if it was delivered.
+  // Waits up to `timeout_s` seconds for `id` (<= 0 or NaN: no wait; huge or inf: clamped to ~3
+  // years); true (content moved to `out` if not null, `id` forgotten) if it was delivered.
   bool Take(uint64_t id, double timeout_s, std::vector<uint8_t>* out);
   // Forgets `id` whether or not it was delivered (its owner stopped waiting).
   void Forget(uint64_t id);

@@ -6,6 +6,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstring>
 #include <memory>
 
@@ -21,25 +24,72 @@ using namespace mshyper::comm;
 
 namespace {
 
+// A C-contiguous Python buffer holding `count` elements of a dtype. The buffer stays exported (its
+// owner cannot free or resize it) for as long as this object lives: keep it alive across the GIL
+// release and until the last use of ptr().
 struct Buf {
-  void* ptr;
-  size_t bytes;
+  py::buffer_info info;
+  size_t bytes = 0;
+  size_t count = 0;
+  void* ptr() const { return info.ptr; }
 };
 
-Buf GetBuf(const py::buffer& b, bool writable) {
-  py::buffer_info info = b.request(writable);
+// `what` names the call and the argument in errors ("ShmGroup.all_reduce: buf").
+Buf GetBuf(const py::buffer& b, bool writable, DType dtype, const std::string& what) {
+  Buf out;
+  try {
+    out.info = b.request(writable);
+  } catch (py::error_already_set& e) {
+    throw py::value_error(what + (writable ? ": needs a writable buffer (" : ": needs a buffer (") + e.what() + ")");
+  }
+  const py::buffer_info& info = out.info;
   ssize_t expect = info.itemsize;
   for (ssize_t i = info.ndim - 1; i >= 0; --i) {
-    if (info.shape[i] != 1 && info.strides[i] != expect) throw CommError("buffer must be C-contiguous");
+    if (info.shape[i] != 1 && info.strides[i] != expect) throw py::value_error(what + ": buffer must be C-contiguous");
     expect *= info.shape[i];
   }
-  return {info.ptr, static_cast<size_t>(info.size * info.itemsize)};
+  const size_t esz = DTypeSize(dtype);
+  if (static_cast<size_t>(info.itemsize) != esz) {
+    throw py::value_error(what + ": buffer items have " + std::to_string(info.itemsize) + " bytes but dtype " +
+                          DTypeName(dtype) + " has " + std::to_string(esz));
+  }
+  out.bytes = static_cast<size_t>(info.size * info.itemsize);
+  out.count = out.bytes / esz;
+  return out;
 }
 
-size_t Count(const Buf& b, DType d, const char* what) {
-  size_t esz = DTypeSize(d);
-  if (b.bytes % esz != 0) throw CommError(std::string(what) + ": buffer size is not a multiple of the dtype size");
-  return b.bytes / esz;
+std::vector<Buf> Bufs(const std::vector<py::buffer>& list, bool writable, const std::vector<std::string>& dtypes,
+                      const std::string& what) {
+  std::vector<Buf> out;
+  for (size_t r = 0; r < list.size(); ++r) {
+    out.push_back(GetBuf(list[r], writable, DTypeFromName(dtypes[r]), what + "[" + std::to_string(r) + "]"));
+  }
+  return out;
+}
+
+// Raises ValueError unless every per-rank list argument (name, length) has one entry per rank.
+void CheckPerRank(const std::string& call, std::initializer_list<std::pair<std::string, size_t>> args, int size) {
+  for (const auto& [arg, got] : args) {
+    if (got != static_cast<size_t>(size)) {
+      throw py::value_error(call + ": " + arg + " has " + std::to_string(got) + " entries, expected " +
+                            std::to_string(size) + " (one per rank)");
+    }
+  }
+}
+
+// Raises ValueError unless `buf` holds exactly `count` elements (the counts a collective reads or
+// writes at the raw pointer).
+void CheckElements(const std::string& what, const Buf& buf, uint64_t count) {
+  if (buf.count != count) {
+    throw py::value_error(what + ": buffer holds " + std::to_string(buf.count) + " elements but the counts need " +
+                          std::to_string(count));
+  }
+}
+
+uint64_t Sum(const std::vector<size_t>& counts) {
+  uint64_t total = 0;
+  for (size_t c : counts) total += c;
+  return total;
 }
 
 py::array_t<uint8_t> ToArray(std::vector<char>&& v) {
@@ -49,8 +99,24 @@ py::array_t<uint8_t> ToArray(std::vector<char>&& v) {
                               owner);
 }
 
-// Packets through a Python callable fn(memoryview, dtype_name, op_name) that all-reduces in place
-// (the MindSpore transport: mint.distributed under msrun).
+// A shared_ptr whose deleter releases the GIL (when this thread holds it) around `delete`: the
+// destructors join threads, and a thread that needs the GIL to finish (a Python callback) must
+// be able to take it.
+template <class T>
+std::shared_ptr<T> GilFreeDelete(T* p) {
+  return std::shared_ptr<T>(p, [](T* q) {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release rel;
+      delete q;
+    } else {
+      delete q;
+    }
+  });
+}
+
+// Packets through a Python callable fn(buffer, dtype_name, op_name) that all-reduces `buffer` (a
+// 1-D uint8 numpy array over the packet) in place: the MindSpore transport (mint.distributed under
+// msrun). The array keeps the packet's memory alive, so a callable may keep it beyond the call.
 class PyBackend : public PacketBackend {
  public:
   PyBackend(py::function fn, int size) : fn_(std::move(fn)), size_(size) {}
@@ -58,11 +124,13 @@ class PyBackend : public PacketBackend {
     py::gil_scoped_acquire gil;
     fn_ = py::function();
   }
-  void AllReduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
+  void AllReduce(const Packet& p) override {
     py::gil_scoped_acquire gil;
-    py::memoryview mv = py::memoryview::from_memory(buf, static_cast<ssize_t>(count * DTypeSize(dtype)));
+    py::capsule keep(new std::shared_ptr<void>(p.owner), [](void* o) { delete static_cast<std::shared_ptr<void>*>(o); });
+    py::array_t<uint8_t> view({static_cast<ssize_t>(p.count * DTypeSize(p.dtype))}, {1}, static_cast<uint8_t*>(p.buf),
+                              keep);
     try {
-      fn_(mv, DTypeName(dtype), OpName(op));
+      fn_(view, DTypeName(p.dtype), OpName(p.op));
     } catch (py::error_already_set& e) {
       throw CommError(std::string("MindSpore transport: ") + e.what());
     }
@@ -73,7 +141,6 @@ class PyBackend : public PacketBackend {
   py::function fn_;
   int size_;
 };
-
 
 // dtype of a numpy array in the library's terms, or false when unsupported.
 bool NumpyDType(const py::array& a, DType* out) {
@@ -89,25 +156,122 @@ bool NumpyDType(const py::array& a, DType* out) {
   return true;
 }
 
-// Handle of an aggregated request whose result array was allocated here (fast submit path).
+// Requests of a batch submission: each item as a C-contiguous numpy array (a copy only when
+// needed) and its spec. TypeError naming the item (`what`, with "[i]" when `indexed`) otherwise.
+void ToRequestSpecs(const py::sequence& xs, const std::string& what, bool indexed, std::vector<py::array>* arrays,
+                    std::vector<RequestSpec>* specs) {
+  const size_t n = py::len(xs);
+  arrays->reserve(n);
+  specs->reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    py::object x = xs[i];
+    py::array a = py::array::ensure(x, py::array::c_style);
+    DType d = DType::kFloat32;
+    if (!a || !NumpyDType(a, &d)) {
+      const std::string item = indexed ? what + "[" + std::to_string(i) + "]" : what;
+      if (!a) {
+        throw py::type_error(item + ": expected an array-like of numbers, got " +
+                             py::str(py::type::handle_of(x).attr("__name__")).cast<std::string>());
+      }
+      throw py::type_error(item + ": dtype " + py::str(a.dtype()).cast<std::string>() +
+                           " is not supported by the comm library; supported: float32, float16, int32, float64, "
+                           "int64, uint8");
+    }
+    specs->push_back({a.data(), static_cast<size_t>(a.size()), d});
+    arrays->push_back(std::move(a));
+  }
+}
+
+// Waits for every request (timeout < 0: no limit; else one deadline for all), the GIL released
+// unless all are done already; rethrows the first failure.
+void WaitAll(const std::vector<std::shared_ptr<Request>>& reqs, double timeout) {
+  auto wait = [&] {
+    const auto deadline = std::chrono::steady_clock::now() + WaitDuration(timeout);
+    for (const auto& r : reqs) {
+      const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+      r->Wait(timeout < 0 ? -1.0 : std::max(0.0, left));
+    }
+  };
+  bool done = true;
+  for (const auto& r : reqs) done = done && r->done();
+  if (done) {
+    wait();  // returns at once or rethrows a packet's error
+  } else {
+    py::gil_scoped_release rel;
+    wait();
+  }
+}
+
+// Requests just submitted and their results: numpy views of the requests' storage (the views
+// keep it alive), with the inputs' shapes and dtypes.
+struct Submitted {
+  std::vector<std::shared_ptr<Request>> reqs;
+  py::list results;
+};
+
+// Handle of one aggregated request.
 class ArrayHandle {
  public:
-  ArrayHandle(std::shared_ptr<Request> req, py::array result) : req_(std::move(req)), result_(std::move(result)) {}
-  py::array wait(double timeout) {
-    if (!req_->done()) {
-      py::gil_scoped_release rel;
-      req_->Wait(timeout);
-    } else {
-      req_->Wait(timeout);  // done: returns at once or rethrows the packet's error
-    }
+  ArrayHandle(std::shared_ptr<Request> req, py::object result) : req_{std::move(req)}, result_(std::move(result)) {}
+  py::object wait(double timeout) {
+    WaitAll(req_, timeout);
     return result_;
   }
-  bool done() { return req_->done(); }
+  bool done() { return req_[0]->done(); }
 
  private:
-  std::shared_ptr<Request> req_;
-  py::array result_;
+  std::vector<std::shared_ptr<Request>> req_;
+  py::object result_;
 };
+
+// Handle of one batched submission: wait() returns the results in submission order.
+class BatchHandle {
+ public:
+  explicit BatchHandle(Submitted s) : s_(std::move(s)) {}
+  py::list wait(double timeout) {
+    WaitAll(s_.reqs, timeout);
+    return py::list(s_.results);  // a new list each time; the same arrays
+  }
+  bool done() {
+    for (const auto& r : s_.reqs)
+      if (!r->done()) return false;
+    return true;
+  }
+  size_t size() const { return s_.reqs.size(); }
+
+ private:
+  Submitted s_;
+};
+
+// Copies every array into one storage block of the aggregator and queues them in order.
+// `what`/`indexed` name the items in errors.
+Submitted SubmitArrays(Aggregator& agg, const py::sequence& xs, ReduceOp op, const std::string& what, bool indexed) {
+  std::vector<py::array> arrays;
+  std::vector<RequestSpec> specs;
+  ToRequestSpecs(xs, what, indexed, &arrays, &specs);
+  Submitted out{agg.SubmitMany(specs, op), py::list(specs.size())};
+  if (out.reqs.empty()) return out;
+  py::capsule owner(new std::shared_ptr<char[]>(out.reqs[0]->storage()),
+                    [](void* p) { delete static_cast<std::shared_ptr<char[]>*>(p); });
+  for (size_t i = 0; i < out.reqs.size(); ++i) {
+    const py::array& a = arrays[i];
+    std::vector<ssize_t> shape(a.shape(), a.shape() + a.ndim());
+    out.results[i] = py::array(a.dtype(), shape, out.reqs[i]->data(), owner);
+  }
+  return out;
+}
+
+ArrayHandle SubmitOne(Aggregator& agg, const py::object& x, ReduceOp op, const std::string& what) {
+  Submitted s = SubmitArrays(agg, py::make_tuple(x), op, what, false);
+  return ArrayHandle(s.reqs[0], s.results[0]);
+}
+
+double WaitTimeout(const py::object& timeout) {
+  if (timeout.is_none()) return -1.0;
+  const double t = timeout.cast<double>();
+  if (std::isnan(t)) throw py::value_error("wait: timeout must be a number of seconds or None, got nan");
+  return t;
+}
 
 // One process's member of a shared-memory group.
 class ShmGroup {
@@ -124,16 +288,11 @@ py::dict AggregatorStatsDict(const AggregatorStats& s) {
   py::dict d;
   d["requests"] = s.requests;
   d["packets"] = s.packets;
+  d["in_place"] = s.in_place;
   d["bypassed"] = s.bypassed;
   d["batches"] = s.batches;
   d["bytes"] = s.bytes;
   return d;
-}
-
-std::vector<Buf> Bufs(const std::vector<py::buffer>& list, bool writable) {
-  std::vector<Buf> out;
-  for (const auto& b : list) out.push_back(GetBuf(b, writable));
-  return out;
 }
 
 }  // namespace
@@ -219,42 +378,33 @@ void BindComm(py::module_& root) {
       .def_property_readonly("forced", &CostModel::forced)
       .def_property("params", &CostModel::params, &CostModel::set_params);
 
-  py::class_<Request, std::shared_ptr<Request>>(m, "Request")
-      .def("wait", &Request::Wait, py::arg("timeout") = -1.0, py::call_guard<py::gil_scoped_release>())
-      .def("done", &Request::done);
+  py::class_<ArrayHandle>(m, "ArrayHandle")
+      .def("wait", [](ArrayHandle& h, py::object timeout) { return h.wait(WaitTimeout(timeout)); },
+           py::arg("timeout") = py::none(),
+           "The reduced array (a view of the request's own storage); rethrows the packet's failure. Waiting again "
+           "returns the same array.")
+      .def("done", &ArrayHandle::done);
+  py::class_<BatchHandle>(m, "BatchHandle")
+      .def("wait", [](BatchHandle& h, py::object timeout) { return h.wait(WaitTimeout(timeout)); },
+           py::arg("timeout") = py::none(),
+           "The reduced arrays in submission order (views of the batch's storage block); rethrows the first failure.")
+      .def("done", &BatchHandle::done)
+      .def("__len__", &BatchHandle::size);
 
   py::class_<Aggregator, std::shared_ptr<Aggregator>>(m, "Aggregator")
-      .def("submit", [](Aggregator& a, py::buffer b, const std::string& dtype, const std::string& op) {
-        DType d = DTypeFromName(dtype);
-        Buf buf = GetBuf(b, true);
-        return a.Submit(buf.ptr, Count(buf, d, "submit"), d, OpFromName(op));
-      })
+      .def("submit", [](Aggregator& a, py::object x, const std::string& op) {
+        return SubmitOne(a, x, OpFromName(op), "all_reduce_async: x");
+      }, py::arg("x"), py::arg("op"), "Copies x (any array-like of a supported dtype) and queues its all-reduce.")
+      .def("submit_many", [](Aggregator& a, py::sequence xs, const std::string& op) {
+        return BatchHandle(SubmitArrays(a, xs, OpFromName(op), "all_reduce_async_many: arrays", true));
+      }, py::arg("arrays"), py::arg("op"), "Copies the arrays into one block and queues them in order; one handle.")
       .def("flush", &Aggregator::Flush, py::call_guard<py::gil_scoped_release>())
       .def("close", &Aggregator::Close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("packet_bytes", &Aggregator::packet_bytes)
       .def_property_readonly("max_delay", &Aggregator::max_delay)
-      .def("stats", [](Aggregator& a) {
-        return AggregatorStatsDict(a.stats());
-      });
-  py::class_<ArrayHandle>(m, "ArrayHandle")
-      .def("wait", [](ArrayHandle& h, py::object timeout) {
-        return h.wait(timeout.is_none() ? -1.0 : timeout.cast<double>());
-      }, py::arg("timeout") = py::none())
-      .def("done", &ArrayHandle::done);
-  m.def("submit_copy", [](Aggregator& a, const py::array& x, const std::string& op) -> py::object {
-    // Fast path of all_reduce_async: copy a C-contiguous array into a fresh result array and queue it.
-    DType d;
-    if (!NumpyDType(x, &d) || !(x.flags() & py::array::c_style)) return py::none();
-    ReduceOp o = OpFromName(op);
-    std::vector<ssize_t> shape(x.shape(), x.shape() + x.ndim());
-    py::array result(x.dtype(), shape);
-    const size_t bytes = static_cast<size_t>(x.nbytes());
-    std::memcpy(result.mutable_data(), x.data(), bytes);
-    auto req = a.Submit(result.mutable_data(), bytes / DTypeSize(d), d, o);
-    return py::cast(ArrayHandle(std::move(req), std::move(result)));
-  }, py::arg("aggregator"), py::arg("x"), py::arg("op"));
+      .def("stats", [](Aggregator& a) { return AggregatorStatsDict(a.stats()); });
   m.def("python_aggregator", [](py::function fn, int size, size_t packet_bytes, double max_delay) {
-    return std::make_shared<Aggregator>(std::make_shared<PyBackend>(std::move(fn), size), packet_bytes, max_delay);
+    return GilFreeDelete(new Aggregator(std::make_shared<PyBackend>(std::move(fn), size), packet_bytes, max_delay));
   }, py::arg("allreduce_fn"), py::arg("group_size"), py::arg("packet_bytes"), py::arg("max_delay"));
 
   // ----- shared memory: one member per process ---------------------------------------------
@@ -275,67 +425,78 @@ void BindComm(py::module_& root) {
       .def_property_readonly("model", [](ShmGroup& g) { return &g.comm_->model(); }, py::return_value_policy::reference_internal)
       .def("all_reduce", [](ShmGroup& g, py::buffer b, const std::string& dtype, const std::string& op,
                             const std::string& algo) {
-        DType d = DTypeFromName(dtype);
-        Buf buf = GetBuf(b, true);
+        const DType d = DTypeFromName(dtype);
+        const ReduceOp o = OpFromName(op);
+        Buf buf = GetBuf(b, true, d, "ShmGroup.all_reduce: buf");
         py::gil_scoped_release rel;
-        g.comm_->AllReduce(buf.ptr, Count(buf, d, "all_reduce"), d, OpFromName(op), algo);
+        g.comm_->AllReduce(buf.ptr(), buf.count, d, o, algo);
       })
       .def("all_gather_v", [](ShmGroup& g, py::buffer in, py::buffer out, const std::vector<size_t>& counts,
                               const std::string& dtype) {
-        DType d = DTypeFromName(dtype);
-        Buf i = GetBuf(in, false), o = GetBuf(out, true);
+        const DType d = DTypeFromName(dtype);
+        CheckPerRank("ShmGroup.all_gather_v", {{"counts", counts.size()}}, g.comm_->size());
+        Buf i = GetBuf(in, false, d, "ShmGroup.all_gather_v: in"), o = GetBuf(out, true, d, "ShmGroup.all_gather_v: out");
+        CheckElements("ShmGroup.all_gather_v: in", i, counts[g.comm_->rank()]);
+        CheckElements("ShmGroup.all_gather_v: out", o, Sum(counts));
         py::gil_scoped_release rel;
-        g.comm_->AllGatherV(i.ptr, o.ptr, counts, d);
+        g.comm_->AllGatherV(i.ptr(), o.ptr(), counts, d);
       })
       .def("all_gather", [](ShmGroup& g, py::buffer in, py::buffer out, const std::string& dtype) {
-        DType d = DTypeFromName(dtype);
-        Buf i = GetBuf(in, false), o = GetBuf(out, true);
-        size_t c = Count(i, d, "all_gather");
-        if (o.bytes != i.bytes * static_cast<size_t>(g.comm_->size())) throw CommError("all_gather: output size must be size x input");
+        const DType d = DTypeFromName(dtype);
+        Buf i = GetBuf(in, false, d, "ShmGroup.all_gather: in"), o = GetBuf(out, true, d, "ShmGroup.all_gather: out");
+        CheckElements("ShmGroup.all_gather: out", o, i.count * static_cast<uint64_t>(g.comm_->size()));
         py::gil_scoped_release rel;
-        g.comm_->AllGather(i.ptr, o.ptr, c, d);
+        g.comm_->AllGather(i.ptr(), o.ptr(), i.count, d);
       })
       .def("reduce_scatter", [](ShmGroup& g, py::buffer in, py::buffer out, const std::vector<size_t>& counts,
                                 const std::string& dtype, const std::string& op) {
-        DType d = DTypeFromName(dtype);
-        Buf i = GetBuf(in, false), o = GetBuf(out, true);
+        const DType d = DTypeFromName(dtype);
+        const ReduceOp o = OpFromName(op);
+        CheckPerRank("ShmGroup.reduce_scatter", {{"counts", counts.size()}}, g.comm_->size());
+        Buf i = GetBuf(in, false, d, "ShmGroup.reduce_scatter: in");
+        Buf ob = GetBuf(out, true, d, "ShmGroup.reduce_scatter: out");
+        CheckElements("ShmGroup.reduce_scatter: in", i, Sum(counts));
+        CheckElements("ShmGroup.reduce_scatter: out", ob, counts[g.comm_->rank()]);
         py::gil_scoped_release rel;
-        g.comm_->ReduceScatter(i.ptr, o.ptr, counts, d, OpFromName(op));
+        g.comm_->ReduceScatter(i.ptr(), ob.ptr(), counts, d, o);
       })
-      .def("all_to_all_v", [](ShmGroup& g, py::buffer in, const std::vector<size_t>& send_counts, const std::string& dtype) {
-        DType d = DTypeFromName(dtype);
-        Buf i = GetBuf(in, false);
+      .def("all_to_all_v", [](ShmGroup& g, py::buffer in, const std::vector<size_t>& send_counts, const std::string& dtype,
+                              uint64_t shape_key) {
+        const DType d = DTypeFromName(dtype);
+        CheckPerRank("ShmGroup.all_to_all_v", {{"send_counts", send_counts.size()}}, g.comm_->size());
+        Buf i = GetBuf(in, false, d, "ShmGroup.all_to_all_v: in");
+        CheckElements("ShmGroup.all_to_all_v: in", i, Sum(send_counts));
         std::vector<size_t> rc;
         std::vector<char> out;
         {
           py::gil_scoped_release rel;
-          out = g.comm_->AllToAllV(i.ptr, send_counts, d, &rc);
+          out = g.comm_->AllToAllV(i.ptr(), send_counts, d, &rc, shape_key);
         }
         return py::make_tuple(ToArray(std::move(out)), rc);
-      })
+      }, py::arg("in"), py::arg("send_counts"), py::arg("dtype"), py::arg("shape_key") = 0)
       .def("broadcast", [](ShmGroup& g, py::buffer b, const std::string& dtype, int root, const std::string& algo) {
-        DType d = DTypeFromName(dtype);
-        Buf buf = GetBuf(b, true);
+        const DType d = DTypeFromName(dtype);
+        Buf buf = GetBuf(b, true, d, "ShmGroup.broadcast: buf");
         py::gil_scoped_release rel;
-        g.comm_->Broadcast(buf.ptr, Count(buf, d, "broadcast"), d, root, algo);
+        g.comm_->Broadcast(buf.ptr(), buf.count, d, root, algo);
       })
       .def("send", [](ShmGroup& g, py::buffer b, const std::string& dtype, int peer) {
-        DType d = DTypeFromName(dtype);
-        Buf buf = GetBuf(b, false);
+        const DType d = DTypeFromName(dtype);
+        Buf buf = GetBuf(b, false, d, "ShmGroup.send: buf");
         py::gil_scoped_release rel;
-        g.comm_->Send(buf.ptr, Count(buf, d, "send"), d, peer);
+        g.comm_->Send(buf.ptr(), buf.count, d, peer);
       })
       .def("recv", [](ShmGroup& g, py::buffer b, const std::string& dtype, int peer) {
-        DType d = DTypeFromName(dtype);
-        Buf buf = GetBuf(b, true);
+        const DType d = DTypeFromName(dtype);
+        Buf buf = GetBuf(b, true, d, "ShmGroup.recv: buf");
         py::gil_scoped_release rel;
-        g.comm_->Recv(buf.ptr, Count(buf, d, "recv"), d, peer);
+        g.comm_->Recv(buf.ptr(), buf.count, d, peer);
       })
       .def("barrier", [](ShmGroup& g) { g.comm_->Barrier(); }, py::call_guard<py::gil_scoped_release>())
       .def("calibrate", [](ShmGroup& g, int repeats) { return g.comm_->Calibrate(repeats); }, py::arg("repeats") = 20,
            py::call_guard<py::gil_scoped_release>())
       .def("make_aggregator", [](ShmGroup& g, size_t packet_bytes, double max_delay) {
-        return std::make_shared<Aggregator>(std::make_shared<CommunicatorBackend>(g.comm_), packet_bytes, max_delay);
+        return GilFreeDelete(new Aggregator(std::make_shared<CommunicatorBackend>(g.comm_), packet_bytes, max_delay));
       }, py::arg("packet_bytes"), py::arg("max_delay"));
   m.def("cleanup_stale_segments", &ShmTransport::CleanupStale, py::arg("prefix"));
 
@@ -343,7 +504,7 @@ void BindComm(py::module_& root) {
   py::class_<InProcGroup, std::shared_ptr<InProcGroup>>(m, "InProcGroup")
       .def(py::init([](int n, std::shared_ptr<Topology> topo, std::vector<int> devices, size_t channel_bytes,
                        double timeout, TransportParams params) {
-             return std::make_shared<InProcGroup>(n, topo, devices, channel_bytes, timeout, params);
+             return GilFreeDelete(new InProcGroup(n, topo, devices, channel_bytes, timeout, params));
            }),
            py::arg("size"), py::arg("topology"), py::arg("devices"), py::arg("channel_bytes"), py::arg("timeout"),
            py::arg("params"), py::call_guard<py::gil_scoped_release>())
@@ -356,36 +517,62 @@ void BindComm(py::module_& root) {
       })
       .def("all_reduce", [](InProcGroup& g, const std::vector<py::buffer>& bufs, const std::vector<std::string>& dtypes,
                             const std::vector<std::string>& ops, const std::string& algo) {
-        auto b = Bufs(bufs, true);
+        CheckPerRank("InProcGroup.all_reduce", {{"bufs", bufs.size()}, {"dtypes", dtypes.size()}, {"ops", ops.size()}},
+                     g.size());
+        auto b = Bufs(bufs, true, dtypes, "InProcGroup.all_reduce: bufs");
         py::gil_scoped_release rel;
         g.Run([&](int r) {
-          DType d = DTypeFromName(dtypes[r]);
-          g.comm(r).AllReduce(b[r].ptr, Count(b[r], d, "all_reduce"), d, OpFromName(ops[r]), algo);
+          g.comm(r).AllReduce(b[r].ptr(), b[r].count, DTypeFromName(dtypes[r]), OpFromName(ops[r]), algo);
         });
       })
       .def("all_gather_v", [](InProcGroup& g, const std::vector<py::buffer>& ins, const std::vector<py::buffer>& outs,
                               const std::vector<std::vector<size_t>>& counts, const std::vector<std::string>& dtypes) {
-        auto i = Bufs(ins, false), o = Bufs(outs, true);
+        CheckPerRank("InProcGroup.all_gather_v", {{"ins", ins.size()}, {"outs", outs.size()}, {"counts", counts.size()},
+                              {"dtypes", dtypes.size()}}, g.size());
+        auto i = Bufs(ins, false, dtypes, "InProcGroup.all_gather_v: ins");
+        auto o = Bufs(outs, true, dtypes, "InProcGroup.all_gather_v: outs");
+        for (int r = 0; r < g.size(); ++r) {
+          CheckPerRank("InProcGroup.all_gather_v", {{"counts[" + std::to_string(r) + "]", counts[r].size()}}, g.size());
+          CheckElements("InProcGroup.all_gather_v: ins[" + std::to_string(r) + "]", i[r], counts[r][r]);
+          CheckElements("InProcGroup.all_gather_v: outs[" + std::to_string(r) + "]", o[r], Sum(counts[r]));
+        }
         py::gil_scoped_release rel;
-        g.Run([&](int r) { g.comm(r).AllGatherV(i[r].ptr, o[r].ptr, counts[r], DTypeFromName(dtypes[r])); });
+        g.Run([&](int r) { g.comm(r).AllGatherV(i[r].ptr(), o[r].ptr(), counts[r], DTypeFromName(dtypes[r])); });
       })
       .def("reduce_scatter", [](InProcGroup& g, const std::vector<py::buffer>& ins, const std::vector<py::buffer>& outs,
                                 const std::vector<std::vector<size_t>>& counts, const std::vector<std::string>& dtypes,
                                 const std::vector<std::string>& ops) {
-        auto i = Bufs(ins, false), o = Bufs(outs, true);
+        CheckPerRank("InProcGroup.reduce_scatter", {{"ins", ins.size()}, {"outs", outs.size()}, {"counts", counts.size()},
+                              {"dtypes", dtypes.size()}, {"ops", ops.size()}}, g.size());
+        auto i = Bufs(ins, false, dtypes, "InProcGroup.reduce_scatter: ins");
+        auto o = Bufs(outs, true, dtypes, "InProcGroup.reduce_scatter: outs");
+        for (int r = 0; r < g.size(); ++r) {
+          CheckPerRank("InProcGroup.reduce_scatter", {{"counts[" + std::to_string(r) + "]", counts[r].size()}}, g.size());
+          CheckElements("InProcGroup.reduce_scatter: ins[" + std::to_string(r) + "]", i[r], Sum(counts[r]));
+          CheckElements("InProcGroup.reduce_scatter: outs[" + std::to_string(r) + "]", o[r], counts[r][r]);
+        }
         py::gil_scoped_release rel;
         g.Run([&](int r) {
-          g.comm(r).ReduceScatter(i[r].ptr, o[r].ptr, counts[r], DTypeFromName(dtypes[r]), OpFromName(ops[r]));
+          g.comm(r).ReduceScatter(i[r].ptr(), o[r].ptr(), counts[r], DTypeFromName(dtypes[r]), OpFromName(ops[r]));
         });
       })
       .def("all_to_all_v", [](InProcGroup& g, const std::vector<py::buffer>& ins,
                               const std::vector<std::vector<size_t>>& send_counts, const std::vector<std::string>& dtypes) {
-        auto i = Bufs(ins, false);
+        CheckPerRank("InProcGroup.all_to_all_v",
+                     {{"ins", ins.size()}, {"send_counts", send_counts.size()}, {"dtypes", dtypes.size()}}, g.size());
+        auto i = Bufs(ins, false, dtypes, "InProcGroup.all_to_all_v: ins");
+        for (int r = 0; r < g.size(); ++r) {
+          CheckPerRank("InProcGroup.all_to_all_v", {{"send_counts[" + std::to_string(r) + "]", send_counts[r].size()}},
+                       g.size());
+          CheckElements("InProcGroup.all_to_all_v: ins[" + std::to_string(r) + "]", i[r], Sum(send_counts[r]));
+        }
         std::vector<std::vector<char>> outs(g.size());
         std::vector<std::vector<size_t>> rcs(g.size());
         {
           py::gil_scoped_release rel;
-          g.Run([&](int r) { outs[r] = g.comm(r).AllToAllV(i[r].ptr, send_counts[r], DTypeFromName(dtypes[r]), &rcs[r]); });
+          g.Run([&](int r) {
+            outs[r] = g.comm(r).AllToAllV(i[r].ptr(), send_counts[r], DTypeFromName(dtypes[r]), &rcs[r]);
+          });
         }
         py::list res;
         for (int r = 0; r < g.size(); ++r) res.append(py::make_tuple(ToArray(std::move(outs[r])), rcs[r]));
@@ -393,20 +580,22 @@ void BindComm(py::module_& root) {
       })
       .def("broadcast", [](InProcGroup& g, const std::vector<py::buffer>& bufs, const std::vector<std::string>& dtypes,
                            int root, const std::string& algo) {
-        auto b = Bufs(bufs, true);
+        CheckPerRank("InProcGroup.broadcast", {{"bufs", bufs.size()}, {"dtypes", dtypes.size()}}, g.size());
+        auto b = Bufs(bufs, true, dtypes, "InProcGroup.broadcast: bufs");
         py::gil_scoped_release rel;
-        g.Run([&](int r) {
-          DType d = DTypeFromName(dtypes[r]);
-          g.comm(r).Broadcast(b[r].ptr, Count(b[r], d, "broadcast"), d, root, algo);
-        });
+        g.Run([&](int r) { g.comm(r).Broadcast(b[r].ptr(), b[r].count, DTypeFromName(dtypes[r]), root, algo); });
       })
       .def("send_recv", [](InProcGroup& g, int src, int dst, py::buffer in, py::buffer out, const std::string& dtype) {
-        DType d = DTypeFromName(dtype);
-        Buf i = GetBuf(in, false), o = GetBuf(out, true);
+        if (src < 0 || src >= g.size() || dst < 0 || dst >= g.size() || src == dst) {
+          throw py::value_error("InProcGroup.send_recv: src " + std::to_string(src) + " and dst " + std::to_string(dst) +
+                                " must be two different ranks in [0, " + std::to_string(g.size()) + ")");
+        }
+        const DType d = DTypeFromName(dtype);
+        Buf i = GetBuf(in, false, d, "InProcGroup.send_recv: in"), o = GetBuf(out, true, d, "InProcGroup.send_recv: out");
         py::gil_scoped_release rel;
         g.Run([&](int r) {
-          if (r == src) g.comm(r).Send(i.ptr, Count(i, d, "send"), d, dst);
-          if (r == dst) g.comm(r).Recv(o.ptr, Count(o, d, "recv"), d, src);
+          if (r == src) g.comm(r).Send(i.ptr(), i.count, d, dst);
+          if (r == dst) g.comm(r).Recv(o.ptr(), o.count, d, src);
         });
       })
       .def("barrier", [](InProcGroup& g) { g.Run([&](int r) { g.comm(r).Barrier(); }); },
@@ -418,20 +607,17 @@ void BindComm(py::module_& root) {
       }, py::arg("repeats") = 10, py::call_guard<py::gil_scoped_release>())
       .def("enable_aggregation", &InProcGroup::EnableAggregation, py::call_guard<py::gil_scoped_release>())
       .def("has_aggregation", &InProcGroup::has_aggregators)
-      .def("submit", [](InProcGroup& g, const std::vector<py::buffer>& bufs, const std::vector<std::string>& dtypes,
-                        const std::vector<std::string>& ops) {
-        std::vector<std::shared_ptr<Request>> reqs;
+      .def("submit", [](InProcGroup& g, py::sequence arrays, const std::string& op) {
+        CheckPerRank("InProcGroup.submit", {{"arrays", py::len(arrays)}}, g.size());
+        const ReduceOp o = OpFromName(op);
+        std::vector<ArrayHandle> handles;
         for (int r = 0; r < g.size(); ++r) {
-          DType d = DTypeFromName(dtypes[r]);
-          Buf b = GetBuf(bufs[r], true);
-          reqs.push_back(g.aggregator(r).Submit(b.ptr, Count(b, d, "submit"), d, OpFromName(ops[r])));
+          handles.push_back(SubmitOne(g.aggregator(r), arrays[r], o, "all_reduce_async: arrays[" + std::to_string(r) + "]"));
         }
-        return reqs;
-      })
+        return handles;
+      }, py::arg("arrays"), py::arg("op"), "Queues rank r's copy of arrays[r] in rank r's aggregator; a handle per rank.")
       .def("flush", &InProcGroup::FlushAll, py::call_guard<py::gil_scoped_release>())
-      .def("aggregator_stats", [](InProcGroup& g, int r) {
-        return AggregatorStatsDict(g.aggregator(r).stats());
-      })
+      .def("aggregator_stats", [](InProcGroup& g, int r) { return AggregatorStatsDict(g.aggregator(r).stats()); })
       .def("close", &InProcGroup::CloseAggregators, py::call_guard<py::gil_scoped_release>());
 }
 

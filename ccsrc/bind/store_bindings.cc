@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,30 @@ void* WritableBytesOf(const py::buffer& buf, py::buffer_info& info, uint64_t* le
   ConstBytes b = BytesOf(buf, info);
   *len = b.len;
   return info.ptr;
+}
+
+// A mailbox / fence wait's timeout: any number of seconds (<= 0: no wait; inf: no limit) but NaN.
+void CheckTimeoutArg(double timeout_s) {
+  if (std::isnan(timeout_s)) throw py::value_error("timeout_s must be a number of seconds, got nan");
+}
+
+// An array that adam_step updates in place: a writeable C-contiguous float32 numpy array as it is
+// (never a converted copy, whose update the caller would not see).
+py::array_t<float, 0> InPlaceFloat32(const py::object& obj, const char* name) {
+  if (!py::isinstance<py::array>(obj)) {
+    throw py::type_error(std::string("adam_step: ") + name + " must be a float32 numpy array (updated in place), got " +
+                         py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>());
+  }
+  py::array a = py::reinterpret_borrow<py::array>(obj);
+  if (!py::isinstance<py::array_t<float, 0>>(a)) {
+    throw py::type_error(std::string("adam_step: ") + name + " must be float32 (updated in place), got " +
+                         py::str(a.dtype()).cast<std::string>());
+  }
+  if (!(a.flags() & py::array::c_style)) {
+    throw py::value_error(std::string("adam_step: arrays must be C-contiguous float32; ") + name + " is not");
+  }
+  if (!a.writeable()) throw py::value_error(std::string("adam_step: param, m and v must be writeable; ") + name + " is not");
+  return py::reinterpret_borrow<py::array_t<float, 0>>(a);
 }
 
 py::dict StoreStatsDict(const StoreStats& s, uint64_t block_size) {
@@ -291,8 +316,11 @@ void BindStore(py::module_& m) {
   m.def("fence_new_id", &aot::FenceNewId, "A fresh kernel-fence id (see ops.KernelFence).");
   m.def("fence_signal", &aot::FenceSignal, py::arg("id"), "Marks a fence as passed (what the kernel does).");
   m.def("fence_poll", &aot::FencePoll, py::arg("id"), "True (and forgotten) if the fence has passed.");
-  m.def("fence_wait", &aot::FenceWait, py::arg("id"), py::arg("timeout_s"),
-        py::call_guard<py::gil_scoped_release>(),
+  m.def("fence_wait", [](uint64_t id, double timeout_s) {
+          CheckTimeoutArg(timeout_s);
+          py::gil_scoped_release release;
+          return aot::FenceWait(id, timeout_s);
+        }, py::arg("id"), py::arg("timeout_s"),
         "Blocks (no spinning, GIL released) up to timeout_s for the fence; True (and forgotten) if it passed.");
   m.def("fence_forget", &aot::FenceForget, py::arg("id"), "Abandons a fence.");
   m.def("fence_pending", &aot::FencePending,
@@ -304,6 +332,7 @@ void BindStore(py::module_& m) {
           aot::MailboxDeliver(id, info.ptr, static_cast<size_t>(info.size * info.itemsize));
         }, py::arg("id"), py::arg("data"), "Delivers a copy of `data`'s bytes (what the kernel does).");
   m.def("mailbox_take", [](uint64_t id, double timeout_s) -> py::object {
+          CheckTimeoutArg(timeout_s);
           std::vector<uint8_t> bytes;
           bool delivered;
           {
@@ -320,27 +349,27 @@ void BindStore(py::module_& m) {
   m.def("mailbox_pending", &aot::MailboxPending,
         "Mailboxes delivered but not taken, plus those forgotten before delivery (a leak check).");
 
-  m.def("adam_step", [](py::array_t<float, 0> param, py::array_t<float, 0> m_, py::array_t<float, 0> v,
-                        py::array_t<float, 0> grad, float lr_t, float beta1, float beta2, float eps, bool nesterov) {
-          const py::ssize_t n = param.size();
-          for (const auto* a : {&m_, &v, &grad}) {
+  m.def("adam_step", [](py::object param, py::object m_, py::object v, py::array_t<float, 0> grad, float lr_t,
+                        float beta1, float beta2, float eps, bool nesterov) {
+          py::array_t<float, 0> p = InPlaceFloat32(param, "param");
+          py::array_t<float, 0> mv = InPlaceFloat32(m_, "m");
+          py::array_t<float, 0> vv = InPlaceFloat32(v, "v");
+          const py::ssize_t n = p.size();
+          for (const auto* a : {&mv, &vv, &grad}) {
             if (a->size() != n) throw py::value_error("adam_step: param, m, v and grad must have the same size");
           }
-          for (const auto* a : {&param, &m_, &v, &grad}) {
-            if (!(a->flags() & py::array::c_style)) throw py::value_error("adam_step: arrays must be C-contiguous float32");
-          }
-          for (const auto* a : {&param, &m_, &v}) {
-            if (!a->writeable()) throw py::value_error("adam_step: param, m and v must be writeable");
-          }
-          float* p = param.mutable_data();
-          float* mp = m_.mutable_data();
-          float* vp = v.mutable_data();
+          if (!(grad.flags() & py::array::c_style)) throw py::value_error("adam_step: arrays must be C-contiguous float32");
+          float* pp = p.mutable_data();
+          float* mp = mv.mutable_data();
+          float* vp = vv.mutable_data();
           const float* gp = grad.data();
           py::gil_scoped_release release;
-          optim::AdamStep(p, mp, vp, gp, static_cast<size_t>(n), lr_t, beta1, beta2, eps, nesterov);
+          optim::AdamStep(pp, mp, vp, gp, static_cast<size_t>(n), lr_t, beta1, beta2, eps, nesterov);
         }, py::arg("param"), py::arg("m"), py::arg("v"), py::arg("grad"), py::arg("lr_t"), py::arg("beta1"),
         py::arg("beta2"), py::arg("eps"), py::arg("nesterov"),
-        "Adam's element-wise update in place on float32 arrays (GIL released); see ccsrc/optim/adam.h.");
+        "Adam's element-wise update in place on float32 arrays (GIL released); see ccsrc/optim/adam.h. param, m and v "
+        "must be writeable C-contiguous float32 numpy arrays (TypeError otherwise: a converted copy would be updated "
+        "and thrown away); grad may be anything convertible to float32 without loss.");
 
   m.def("set_default_tensor_store", &store::SetDefaultTensorStore, py::arg("store"),
         "Make `store` the instance the aot kernels use (None clears it).");

@@ -1,5 +1,7 @@
 #include "comm/aggregator.h"
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -8,9 +10,42 @@
 namespace mshyper::comm {
 
 namespace {
+
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+// The digest of the requests [first, last).
+template <class It>
+QueueDigest Digest(It first, It last) {
+  uint64_t h = 1469598103934665603ULL;
+  QueueDigest d;
+  for (It it = first; it != last; ++it) {
+    const Request& r = **it;
+    for (uint64_t v : {static_cast<uint64_t>(r.count()), static_cast<uint64_t>(r.dtype()),
+                       static_cast<uint64_t>(r.op())}) {
+      h = (h ^ v) * 1099511628211ULL;
+    }
+    d.bytes += static_cast<int64_t>(r.bytes());
+    ++d.length;
+  }
+  d.hash = static_cast<int64_t>(h >> 12);  // 52 bits: exact through a float64 transport
+  return d;
+}
+
+// `maxed` = MAX over ranks of {hash, -hash, bytes, -bytes}: whether every hash equals `mine`'s.
+Agreement FromMaxed(int64_t min_length, int64_t max_length, const int64_t* maxed, const QueueDigest& mine) {
+  return {min_length, max_length, maxed[0] == mine.hash && -maxed[1] == mine.hash, -maxed[3], maxed[2]};
+}
+
+CommMismatch Mismatch(const Agreement& a, const QueueDigest& mine) {
+  std::ostringstream os;
+  os << "aggregated all_reduce requests differ across ranks: this rank's batch of " << mine.length
+     << " requests holds " << mine.bytes << " bytes, the ranks hold between " << a.min_bytes << " and "
+     << a.max_bytes << " bytes (request sizes, dtypes or ops differ)";
+  return CommMismatch(os.str());
+}
+
 }  // namespace
 
 void Request::Finish(int error_kind, const std::string& error) {
@@ -30,7 +65,7 @@ void Request::Wait(double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
   if (timeout_s < 0) {
     cv_.wait(lock, [&] { return done_; });
-  } else if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return done_; })) {
+  } else if (!cv_.wait_for(lock, WaitDuration(timeout_s), [&] { return done_; })) {
     throw CommTimeout("aggregated all_reduce request not completed within " + std::to_string(timeout_s) +
                       " s (did every rank submit it, and flush?)");
   }
@@ -42,45 +77,101 @@ void Request::Wait(double timeout_s) {
   }
 }
 
+Agreement PacketBackend::Negotiate(const QueueDigest& mine) {
+  auto maxed = std::make_shared<std::array<int64_t, 6>>(
+      std::array<int64_t, 6>{-mine.length, mine.length, mine.hash, -mine.hash, mine.bytes, -mine.bytes});
+  AllReduce({maxed->data(), 6, DType::kInt64, ReduceOp::kMax, maxed, false});
+  return FromMaxed(-(*maxed)[0], (*maxed)[1], maxed->data() + 2, mine);
+}
+
+Agreement CommunicatorBackend::Negotiate(const QueueDigest& mine) {
+  Agreement a{mine.length, mine.length, true, mine.bytes, mine.bytes};
+  for (const QueueDigest& d : comm_->GatherQueueDigests(mine)) {
+    a.min_length = std::min(a.min_length, d.length);
+    a.max_length = std::max(a.max_length, d.length);
+    a.same_hash = a.same_hash && d.hash == mine.hash;
+    a.min_bytes = std::min(a.min_bytes, d.bytes);
+    a.max_bytes = std::max(a.max_bytes, d.bytes);
+  }
+  return a;
+}
+
 Aggregator::Aggregator(std::shared_ptr<PacketBackend> backend, size_t packet_bytes, double max_delay_s)
     : backend_(std::move(backend)), packet_bytes_(packet_bytes), max_delay_s_(max_delay_s) {
   if (packet_bytes_ < 8) throw CommError("aggregator: packet_bytes must be >= 8, got " + std::to_string(packet_bytes));
-  if (!(max_delay_s_ >= 0)) throw CommError("aggregator: max_delay must be >= 0");
+  if (!(max_delay_s_ >= 0)) {
+    throw CommError("aggregator: max_delay must be >= 0 seconds, got " + std::to_string(max_delay_s));
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 
 Aggregator::~Aggregator() { Close(); }
 
 void Aggregator::Close() {
+  uint64_t unfinished = 0;
+  std::thread executor;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_ && !thread_.joinable()) return;
+    unfinished = stop_ ? 0 : submitted_ - finished_;
     stop_ = true;
+    executor = std::move(thread_);  // joined by exactly one caller
     cv_.notify_all();
   }
-  if (thread_.joinable()) thread_.join();
+  if (unfinished > 0) {
+    backend_->Abort("an aggregator was closed with " + std::to_string(unfinished) + " requests unfinished");
+  }
+  if (executor.joinable()) executor.join();
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return !running_; });  // a batch a flusher runs inline
 }
 
-std::shared_ptr<Request> Aggregator::Submit(void* buf, size_t count, DType dtype, ReduceOp op) {
-  auto req = std::make_shared<Request>(buf, count, dtype, op);
-  req->submit_time_ = Now();
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stop_) throw CommError("aggregator is closed");
-  if (broken_kind_ != 0) {
-    req->Finish(broken_kind_, "the group failed earlier: " + broken_);
-    return req;
+std::shared_ptr<Request> Aggregator::Submit(const void* data, size_t count, DType dtype, ReduceOp op) {
+  return SubmitMany({RequestSpec{data, count, dtype}}, op)[0];
+}
+
+std::vector<std::shared_ptr<Request>> Aggregator::SubmitMany(const std::vector<RequestSpec>& specs, ReduceOp op) {
+  size_t total = 0;
+  for (const auto& s : specs) total += RoundUp8(s.count * DTypeSize(s.dtype));
+  std::shared_ptr<char[]> block(new char[total]);
+  std::vector<std::shared_ptr<Request>> reqs;
+  reqs.reserve(specs.size());
+  const double now = Now();
+  size_t off = 0;
+  for (const auto& s : specs) {
+    const size_t n = s.count * DTypeSize(s.dtype);
+    if (n > 0) std::memcpy(block.get() + off, s.data, n);
+    reqs.push_back(std::make_shared<Request>(block, block.get() + off, s.count, s.dtype, op));
+    reqs.back()->submit_time_ = now;
+    off += RoundUp8(n);
   }
-  queue_.push_back(req);
-  queued_bytes_ += req->bytes();
-  ++submitted_;
-  ++stats_.requests;
-  if (queued_bytes_ >= packet_bytes_ || queue_.size() == 1) cv_.notify_all();
-  return req;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) throw CommError("aggregator is closed: no request can be submitted after close()");
+  if (broken_kind_ != 0) {
+    for (auto& r : reqs) r->Finish(broken_kind_, "the group failed earlier: " + broken_);
+    return reqs;
+  }
+  const bool was_empty = queue_.empty();
+  for (auto& r : reqs) {
+    queue_.push_back(r);
+    queued_bytes_ += r->bytes();
+  }
+  submitted_ += reqs.size();
+  stats_.requests += reqs.size();
+  if (queued_bytes_ >= packet_bytes_ || (was_empty && !queue_.empty())) cv_.notify_all();
+  return reqs;
 }
 
 void Aggregator::Flush() {
-  RequestFlush();
-  WaitFlushed();
+  std::unique_lock<std::mutex> lock(mu_);
+  if (submitted_ > flush_target_) flush_target_ = submitted_;
+  const uint64_t target = flush_target_;
+  while (finished_ < target && !stop_) {
+    if (!running_ && !queue_.empty()) {
+      RunBatch(lock);  // on this thread: no hand-off to the executor and back
+    } else {
+      done_cv_.wait(lock);
+    }
+  }
 }
 
 void Aggregator::RequestFlush() {
@@ -105,100 +196,110 @@ void Aggregator::Fail(std::vector<std::shared_ptr<Request>>& reqs, int kind, con
 }
 
 void Aggregator::Loop() {
-  while (true) {
-    int64_t local = 0;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      while (true) {
-        if (stop_) break;
-        if (!queue_.empty()) {
-          bool full = queued_bytes_ >= packet_bytes_;
-          bool flushing = finished_ < flush_target_;
-          double age = Now() - queue_.front()->submit_time_;
-          if (full || flushing || age >= max_delay_s_) break;
-          cv_.wait_for(lock, std::chrono::duration<double>(max_delay_s_ - age));
-        } else {
-          cv_.wait(lock);
-        }
-      }
-      if (stop_) {
-        std::vector<std::shared_ptr<Request>> rest(queue_.begin(), queue_.end());
-        queue_.clear();
-        finished_ += rest.size();
-        lock.unlock();
-        Fail(rest, 1, "aggregator closed before the request was sent");
-        done_cv_.notify_all();
-        return;
-      }
-      local = static_cast<int64_t>(queue_.size());
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    if (queue_.empty() || running_) {
+      cv_.wait(lock);
+      continue;
     }
-    std::vector<std::shared_ptr<Request>> batch;
-    int kind = 0;
-    std::string why;
-    try {
-      int64_t m = local;
-      backend_->AllReduce(&m, 1, DType::kInt64, ReduceOp::kMin);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        for (int64_t i = 0; i < m && !queue_.empty(); ++i) {
-          batch.push_back(queue_.front());
-          queued_bytes_ -= queue_.front()->bytes();
-          queue_.pop_front();
-        }
-        ++stats_.batches;
-      }
-      RunBatch(batch);
-    } catch (const CommMismatch& e) {
-      kind = 3;
-      why = e.what();
-    } catch (const CommTimeout& e) {
-      kind = 2;
-      why = e.what();
-    } catch (const std::exception& e) {
-      kind = 1;
-      why = e.what();
+    const bool full = queued_bytes_ >= packet_bytes_;
+    const bool flushing = finished_ < flush_target_;
+    const double age = Now() - queue_.front()->submit_time_;
+    if (full || flushing || age >= max_delay_s_) {
+      RunBatch(lock);
+    } else {
+      cv_.wait_for(lock, WaitDuration(max_delay_s_ - age));
     }
-    std::vector<std::shared_ptr<Request>> failed;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      finished_ += batch.size();
-      if (kind != 0) {
-        for (auto& r : batch)
-          if (!r->done()) failed.push_back(r);
-        if (kind != 3) {  // the transport failed: the group is unusable, fail everything queued
-          broken_kind_ = kind;
-          broken_ = why;
-          for (auto& r : queue_) failed.push_back(r);
-          finished_ += queue_.size();
-          queue_.clear();
-          queued_bytes_ = 0;
-        }
-      }
-    }
-    Fail(failed, kind, why);
-    done_cv_.notify_all();
   }
+  std::vector<std::shared_ptr<Request>> rest(queue_.begin(), queue_.end());
+  queue_.clear();
+  queued_bytes_ = 0;
+  finished_ += rest.size();
+  lock.unlock();
+  Fail(rest, 1, "aggregator closed before the request was sent");
+  done_cv_.notify_all();
 }
 
-void Aggregator::RunBatch(std::vector<std::shared_ptr<Request>>& batch) {
-  // Same requests everywhere? Hash (count, dtype, op) and compare MAX(h) with -MAX(-h).
-  uint64_t h = 1469598103934665603ULL;
-  int64_t total = 0;
-  for (auto& r : batch) {
-    for (uint64_t v : {static_cast<uint64_t>(r->count_), static_cast<uint64_t>(r->dtype_), static_cast<uint64_t>(r->op_)})
-      h = (h ^ v) * 1099511628211ULL;
-    total += static_cast<int64_t>(r->bytes());
+void Aggregator::RunBatch(std::unique_lock<std::mutex>& lock) {
+  running_ = true;
+  const QueueDigest queued = Digest(queue_.begin(), queue_.end());
+  lock.unlock();
+  std::vector<std::shared_ptr<Request>> batch;
+  bool negotiated = false;
+  int kind = 0;
+  std::string why;
+  try {
+    const Agreement a = backend_->Negotiate(queued);
+    negotiated = true;
+    const int64_t m = a.min_length;
+    lock.lock();
+    for (int64_t i = 0; i < m && !queue_.empty(); ++i) {
+      batch.push_back(queue_.front());
+      queued_bytes_ -= queue_.front()->bytes();
+      queue_.pop_front();
+    }
+    ++stats_.batches;
+    lock.unlock();
+    if (a.max_length == m) {  // every rank sends its whole queue: the hashes compared are the batch's
+      if (!a.same_hash) throw Mismatch(a, queued);
+    } else {  // the hashes of the first m requests, in a second exchange
+      const QueueDigest mine = Digest(batch.begin(), batch.end());
+      auto maxed = std::make_shared<std::array<int64_t, 4>>(
+          std::array<int64_t, 4>{mine.hash, -mine.hash, mine.bytes, -mine.bytes});
+      backend_->AllReduce({maxed->data(), 4, DType::kInt64, ReduceOp::kMax, maxed, true});
+      const Agreement first_m = FromMaxed(m, m, maxed->data(), mine);
+      if (!first_m.same_hash) throw Mismatch(first_m, mine);
+    }
+    SendPackets(batch);
+  } catch (const CommMismatch& e) {
+    kind = 3;
+    why = e.what();
+  } catch (const CommTimeout& e) {
+    kind = 2;
+    why = e.what();
+  } catch (const std::exception& e) {
+    kind = 1;
+    why = e.what();
   }
-  int64_t hv = static_cast<int64_t>(h >> 12);  // 52 bits: exact through a float64 transport
-  int64_t check[4] = {hv, -hv, total, -total};
-  backend_->AllReduce(check, 4, DType::kInt64, ReduceOp::kMax);
-  if (check[0] != hv || -check[1] != hv) {
-    std::ostringstream os;
-    os << "aggregated all_reduce requests differ across ranks: this rank's batch of " << batch.size()
-       << " requests holds " << total << " bytes, the ranks hold between " << -check[3] << " and " << check[2]
-       << " bytes (request sizes, dtypes or ops differ)";
-    throw CommMismatch(os.str());
+  std::vector<std::shared_ptr<Request>> failed;
+  lock.lock();
+  if (!negotiated) {  // the negotiation itself failed: so do the requests this rank offered in it
+    for (int64_t i = 0; i < queued.length && !queue_.empty(); ++i) {
+      batch.push_back(queue_.front());
+      queued_bytes_ -= queue_.front()->bytes();
+      queue_.pop_front();
+    }
   }
+  finished_ += batch.size();
+  if (kind != 0) {
+    for (auto& r : batch)
+      if (!r->done()) failed.push_back(r);
+    if (kind != 3) {  // the transport failed: the group is unusable, fail everything queued
+      broken_kind_ = kind;
+      broken_ = why;
+      failed.insert(failed.end(), queue_.begin(), queue_.end());
+      finished_ += queue_.size();
+      queue_.clear();
+      queued_bytes_ = 0;
+    }
+  }
+  running_ = false;
+  lock.unlock();
+  Fail(failed, kind, why);
+  lock.lock();
+  done_cv_.notify_all();
+  cv_.notify_all();
+}
+
+char* Aggregator::PacketSpace(size_t bytes) {
+  if (!packet_ || packet_capacity_ < bytes || packet_.use_count() > 1) {
+    packet_capacity_ = std::max(packet_capacity_, bytes);
+    packet_.reset(new char[packet_capacity_]);
+  }
+  return packet_.get();
+}
+
+void Aggregator::SendPackets(std::vector<std::shared_ptr<Request>>& batch) {
   // Group by (dtype, op) in order of first appearance; pack up to packet_bytes; bypass large ones.
   std::vector<std::pair<int, std::vector<Request*>>> keys;
   std::map<int, size_t> index;
@@ -220,22 +321,34 @@ void Aggregator::RunBatch(std::vector<std::shared_ptr<Request>>& batch) {
     size_t fill = 0;
     auto send_packet = [&]() {
       if (pending.empty()) return;
-      packet_.resize(std::max(packet_.size(), fill));
-      size_t off = 0;
-      for (Request* r : pending) {
-        std::memcpy(packet_.data() + off, r->buf_, r->bytes());
-        off += r->bytes();
+      // One all-reduce of `fill` bytes per packet on every rank; whether it runs in place (the
+      // requests lie back to back) or on a packed copy is this rank's own business.
+      bool in_place = true;
+      for (size_t i = 1; i < pending.size() && in_place; ++i) {
+        in_place = pending[i]->storage_ == pending[0]->storage_ &&
+                   pending[i]->data_ == pending[i - 1]->data_ + pending[i - 1]->bytes();
       }
-      backend_->AllReduce(packet_.data(), fill / esz, dtype, op);
-      off = 0;
-      for (Request* r : pending) {
-        std::memcpy(r->buf_, packet_.data() + off, r->bytes());
-        off += r->bytes();
-        r->Finish(0, "");
+      if (in_place) {
+        backend_->AllReduce({pending[0]->data_, fill / esz, dtype, op, pending[0]->storage_, true});
+      } else {
+        char* packet = PacketSpace(fill);
+        size_t off = 0;
+        for (Request* r : pending) {
+          std::memcpy(packet + off, r->data_, r->bytes());
+          off += r->bytes();
+        }
+        backend_->AllReduce({packet, fill / esz, dtype, op, packet_, true});
+        off = 0;
+        for (Request* r : pending) {
+          std::memcpy(r->data_, packet + off, r->bytes());
+          off += r->bytes();
+        }
       }
+      for (Request* r : pending) r->Finish(0, "");
       {
         std::lock_guard<std::mutex> lock(mu_);
         ++stats_.packets;
+        if (in_place) ++stats_.in_place;
         stats_.bytes += fill;
       }
       pending.clear();
@@ -243,7 +356,7 @@ void Aggregator::RunBatch(std::vector<std::shared_ptr<Request>>& batch) {
     };
     for (Request* r : reqs) {
       if (r->bytes() > packet_bytes_) {
-        backend_->AllReduce(r->buf_, r->count_, dtype, op);
+        backend_->AllReduce({r->data_, r->count_, dtype, op, r->storage_, true});
         r->Finish(0, "");
         std::lock_guard<std::mutex> lock(mu_);
         ++stats_.bypassed;

@@ -10,7 +10,7 @@ namespace mshyper::comm {
 
 namespace {
 
-enum Kind { kAllReduce = 1, kAllGather, kAllGatherV, kReduceScatter, kAllToAll, kBroadcast, kBarrier };
+enum Kind { kAllReduce = 1, kAllGather, kAllGatherV, kReduceScatter, kAllToAll, kBroadcast, kBarrier, kAggregate };
 
 const char* KindName(int kind) {
   switch (kind) {
@@ -21,6 +21,7 @@ const char* KindName(int kind) {
     case kAllToAll: return "all_to_all";
     case kBroadcast: return "broadcast";
     case kBarrier: return "barrier";
+    case kAggregate: return "an aggregated all_reduce batch";
   }
   return "unknown";
 }
@@ -60,42 +61,77 @@ Communicator::Communicator(std::shared_ptr<Transport> transport, std::vector<int
 
 std::vector<int> Communicator::ModelGroup() const { return devices_.empty() ? group_.members : devices_; }
 
-void Communicator::Check(int kind, DType dtype, ReduceOp op, int root, uint64_t count, uint64_t extra) {
-  if (!validate || size() == 1) return;
+std::vector<Communicator::Desc> Communicator::GatherDescs(const Desc& mine) {
   const int p = size();
-  Desc mine{kind, static_cast<int32_t>(dtype), static_cast<int32_t>(op), root, count, extra};
   std::vector<Desc> all(p);
   std::vector<size_t> counts(p, sizeof(Desc));
   AllGatherRing(group_, &mine, all.data(), counts, DType::kUInt8);
-  auto describe = [&](const Desc& d) {
-    std::ostringstream os;
-    os << KindName(d.kind) << "(" << DTypeName(static_cast<DType>(d.dtype));
-    if (d.kind == kAllToAll || d.kind == kAllGatherV) {
-      os << ")";
-      return os.str();
-    }
-    if (d.kind != kBarrier) os << ", " << d.count << " elements";
-    if (d.kind == kAllReduce || d.kind == kReduceScatter) os << ", op " << OpName(static_cast<ReduceOp>(d.op));
-    if (d.kind == kBroadcast) os << ", root " << d.root;
+  return all;
+}
+
+namespace {
+
+std::string Describe(int kind, int32_t dtype, int32_t op, int32_t root, uint64_t count, uint64_t extra) {
+  std::ostringstream os;
+  os << KindName(kind);
+  if (kind == kAggregate) return os.str();
+  os << "(" << DTypeName(static_cast<DType>(dtype));
+  if (kind == kAllGatherV || (kind == kAllToAll && extra == 0)) {
     os << ")";
     return os.str();
-  };
-  for (int j = 1; j < p; ++j) {
+  }
+  if (kind != kBarrier) os << ", " << count << " elements";
+  if (kind == kAllReduce || kind == kReduceScatter) os << ", op " << OpName(static_cast<ReduceOp>(op));
+  if (kind == kBroadcast) os << ", root " << root;
+  os << ")";
+  return os.str();
+}
+
+}  // namespace
+
+void Communicator::Check(int kind, DType dtype, ReduceOp op, int root, uint64_t count, uint64_t extra) {
+  if (!validate || size() == 1) return;
+  std::vector<Desc> all = GatherDescs({kind, static_cast<int32_t>(dtype), static_cast<int32_t>(op), root, count, extra});
+  auto describe = [](const Desc& d) { return Describe(d.kind, d.dtype, d.op, d.root, d.count, d.extra); };
+  for (int j = 1; j < size(); ++j) {
     const Desc& a = all[0];
     const Desc& b = all[j];
     bool same = a.kind == b.kind && a.dtype == b.dtype;
-    if (same && a.kind != kAllToAll && a.kind != kAllGatherV) {
+    if (same && a.kind != kAllGatherV) {  // all_to_all_v: count and extra are 0 everywhere
       same = a.count == b.count && a.op == b.op && a.root == b.root && a.extra == b.extra;
     }
     if (!same) {
-      throw CommMismatch("mismatched collective across ranks: rank 0 calls " + describe(a) + " but rank " +
-                         std::to_string(j) + " calls " + describe(b));
+      const std::string da = describe(a), db = describe(b);
+      throw CommMismatch("mismatched collective across ranks: rank 0 calls " + da + " but rank " + std::to_string(j) +
+                         " calls " + db + (da == db ? " (with different array shapes or axes)" : ""));
     }
   }
 }
 
-void Communicator::AllReduce(void* buf, size_t count, DType dtype, ReduceOp op, const std::string& algorithm) {
-  Check(kAllReduce, dtype, op, 0, count, 0);
+std::vector<QueueDigest> Communicator::GatherQueueDigests(const QueueDigest& mine) {
+  if (size() == 1) return {mine};
+  // bytes travel in the dtype (low) and op (high) words of the descriptor
+  const auto bytes = static_cast<uint64_t>(mine.bytes);
+  std::vector<Desc> all = GatherDescs({kAggregate, static_cast<int32_t>(bytes & 0xffffffffu),
+                                       static_cast<int32_t>(bytes >> 32), 0, static_cast<uint64_t>(mine.length),
+                                       static_cast<uint64_t>(mine.hash)});
+  std::vector<QueueDigest> out;
+  for (int j = 0; j < size(); ++j) {
+    const Desc& d = all[j];
+    if (d.kind != kAggregate) {
+      throw CommMismatch("mismatched collective across ranks: rank " + std::to_string(rank()) + " calls " +
+                         KindName(kAggregate) + " but rank " + std::to_string(j) + " calls " +
+                         Describe(d.kind, d.dtype, d.op, d.root, d.count, d.extra));
+    }
+    const uint64_t b = (static_cast<uint64_t>(static_cast<uint32_t>(d.op)) << 32) | static_cast<uint32_t>(d.dtype);
+    out.push_back({static_cast<int64_t>(d.count), static_cast<int64_t>(d.extra), static_cast<int64_t>(b)});
+  }
+  return out;
+}
+
+void Communicator::AllReduce(void* buf, size_t count, DType dtype, ReduceOp op, const std::string& algorithm,
+                             bool check) {
+  if (check) Check(kAllReduce, dtype, op, 0, count, 0);
   std::string algo = algorithm;
   if (algo.empty() || algo == "auto") {
     algo = model_.Choose("all_reduce", static_cast<double>(count * DTypeSize(dtype)), ModelGroup()).algorithm;
@@ -162,12 +198,16 @@ void Communicator::ReduceScatter(const void* in, void* out, const std::vector<si
 }
 
 std::vector<char> Communicator::AllToAllV(const void* in, const std::vector<size_t>& send_counts, DType dtype,
-                                          std::vector<size_t>* recv_counts) {
+                                          std::vector<size_t>* recv_counts, uint64_t shape_key) {
   if (static_cast<int>(send_counts.size()) != size()) {
     throw CommError("all_to_all: " + std::to_string(send_counts.size()) + " send counts for a group of " +
                     std::to_string(size()));
   }
-  Check(kAllToAll, dtype, ReduceOp::kSum, 0, 0, 0);
+  uint64_t total = 0;
+  if (shape_key != 0) {
+    for (size_t c : send_counts) total += c;
+  }
+  Check(kAllToAll, dtype, ReduceOp::kSum, 0, total, shape_key);
   last_algorithm_ = "pairwise";
   return AllToAllPairwise(group_, in, send_counts, dtype, recv_counts);
 }

@@ -12,6 +12,14 @@
 
 namespace mshyper::comm {
 
+// A rank's aggregator queue as its batch negotiation sees it: the number of requests, a hash of
+// their (count, dtype, op) in order, and their bytes.
+struct QueueDigest {
+  int64_t length = 0;
+  int64_t hash = 0;
+  int64_t bytes = 0;
+};
+
 class Communicator {
  public:
   // members: transport ranks of the group in logical order. devices: the topology device of each
@@ -31,16 +39,23 @@ class Communicator {
   double direct_min_bytes = 1 << 20;
   bool direct_enabled();  // collective on first use: probes every rank, agrees on the minimum
 
-  void AllReduce(void* buf, size_t count, DType dtype, ReduceOp op, const std::string& algorithm = "auto");
+  // check=false skips the cross-rank check even with `validate` (the caller knows the ranks agree).
+  void AllReduce(void* buf, size_t count, DType dtype, ReduceOp op, const std::string& algorithm = "auto",
+                 bool check = true);
   void AllGather(const void* in, void* out, size_t count, DType dtype);
   void AllGatherV(const void* in, void* out, const std::vector<size_t>& counts, DType dtype);
   void ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype, ReduceOp op);
+  // shape_key != 0: an all-to-all of equal shapes; ranks must pass the same key (the check
+  // compares it with the element count). 0: uneven (all_to_all_v), only the dtype is compared.
   std::vector<char> AllToAllV(const void* in, const std::vector<size_t>& send_counts, DType dtype,
-                              std::vector<size_t>* recv_counts);
+                              std::vector<size_t>* recv_counts, uint64_t shape_key = 0);
   void Broadcast(void* buf, size_t count, DType dtype, int root, const std::string& algorithm = "auto");
   void Send(const void* buf, size_t count, DType dtype, int peer);
   void Recv(void* buf, size_t count, DType dtype, int peer);
   void Barrier();
+  // Every rank's queue digest, in one exchange: the exchange of the cross-rank check, so a rank
+  // in another collective is reported as CommMismatch (whatever `validate` says).
+  std::vector<QueueDigest> GatherQueueDigests(const QueueDigest& mine);
 
   // Measures alpha/beta/gamma of this transport with timed collectives (every member must call),
   // takes the maximum over ranks so that all ranks choose the same algorithms, stores and returns them.
@@ -56,6 +71,7 @@ class Communicator {
     uint64_t extra;
   };
   void Check(int kind, DType dtype, ReduceOp op, int root, uint64_t count, uint64_t extra);
+  std::vector<Desc> GatherDescs(const Desc& mine);
   std::vector<int> ModelGroup() const;
 
   std::shared_ptr<Transport> transport_;

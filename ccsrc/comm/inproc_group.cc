@@ -120,6 +120,8 @@ void InProcGroup::FlushAll() {
 void InProcGroup::CloseAggregators() {
   for (auto& a : aggs_) a->Close();
   aggs_.clear();
+  std::string why;
+  if (agg_hub_->aborted(&why)) agg_hub_->reset_abort();  // every executor joined: channels can be reset
 }
 
 }  // namespace mshyper::comm

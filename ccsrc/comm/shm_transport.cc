@@ -63,6 +63,58 @@ bool ProcessGone(int pid, std::string* detail) {
   return false;
 }
 
+// Creator of segment `name` from its header: its pid (0 if not readable or not initialised yet)
+// and whether the segment is one of ours (magic).
+struct SegmentOwner {
+  bool ours = false;
+  int pid = 0;
+};
+
+SegmentOwner ReadOwner(const std::string& name) {
+  SegmentOwner owner;
+  int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return owner;
+  struct stat st;
+  if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= sizeof(ShmHeader)) {
+    void* mem = mmap(nullptr, sizeof(ShmHeader), PROT_READ, MAP_SHARED, fd, 0);
+    if (mem != MAP_FAILED) {
+      const auto* hdr = static_cast<const ShmHeader*>(mem);
+      owner.ours = hdr->magic == kMagic;
+      owner.pid = hdr->pids[0].load();
+      munmap(mem, sizeof(ShmHeader));
+    }
+  }
+  close(fd);
+  return owner;
+}
+
+// Ours, and the process that created it is gone (a crashed run's leftover).
+bool SegmentStale(const std::string& name) {
+  SegmentOwner owner = ReadOwner(name);
+  std::string detail;
+  return owner.ours && ProcessGone(owner.pid, &detail);
+}
+
+// Rank 0's new segment. An existing one of the same name is removed only when it is stale: a
+// live one belongs to another group (another job, or a group of this job not yet complete).
+int CreateSegment(const std::string& name) {
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  int err = errno;
+  if (fd < 0 && err == EEXIST && SegmentStale(name)) {
+    shm_unlink(name.c_str());
+    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    err = errno;
+  }
+  if (fd >= 0) return fd;
+  if (err != EEXIST) throw CommError("shm transport: cannot create " + name + ": " + std::strerror(err));
+  SegmentOwner owner = ReadOwner(name);
+  std::string who = !owner.ours       ? "is not a mindspore_hyper group segment"
+                    : owner.pid > 0 ? "belongs to the live process " + std::to_string(owner.pid)
+                                    : "is being created by another process";
+  throw CommError("shm transport: segment " + name + " already exists and " + who +
+                  ": another group uses the same name (give each group of a job, and each job, its own name)");
+}
+
 }  // namespace
 
 ShmTransport::ShmTransport(const std::string& name, int rank, int size, size_t channel_bytes, double timeout)
@@ -80,9 +132,7 @@ ShmTransport::ShmTransport(const std::string& name, int rank, int size, size_t c
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
   int fd = -1;
   if (rank == 0) {
-    shm_unlink(seg_name_.c_str());  // a stale segment of a crashed run with the same name
-    fd = shm_open(seg_name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) throw CommError("shm transport: cannot create " + seg_name_ + ": " + std::strerror(errno));
+    fd = CreateSegment(seg_name_);
     if (ftruncate(fd, static_cast<off_t>(total_)) != 0) {
       int err = errno;
       close(fd);
@@ -259,20 +309,7 @@ int ShmTransport::CleanupStale(const std::string& prefix) {
   while (dirent* ent = readdir(dir)) {
     std::string fname = ent->d_name;
     if (fname.rfind(pre, 0) != 0 || fname == "." || fname == "..") continue;
-    int fd = shm_open(("/" + fname).c_str(), O_RDONLY, 0);
-    if (fd < 0) continue;
-    struct stat st;
-    bool stale = false;
-    if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= sizeof(ShmHeader)) {
-      void* mem = mmap(nullptr, sizeof(ShmHeader), PROT_READ, MAP_SHARED, fd, 0);
-      if (mem != MAP_FAILED) {
-        auto* hdr = static_cast<ShmHeader*>(mem);
-        std::string detail;
-        stale = hdr->magic == kMagic && ProcessGone(hdr->pids[0].load(), &detail);
-        munmap(mem, sizeof(ShmHeader));
-      }
-    }
-    close(fd);
+    const bool stale = SegmentStale("/" + fname);
     if (stale && shm_unlink(("/" + fname).c_str()) == 0) ++removed;
   }
   closedir(dir);

@@ -1,7 +1,8 @@
 // Shared-memory transport between processes on one host: one POSIX shared-memory segment per
 // group holding a header (pids, attach count, abort flag) and size*(size-1) SPSC channels.
 //
-// Lifetime: rank 0 creates the segment (removing a stale one of the same name first); the others
+// Lifetime: rank 0 creates the segment (removing one of the same name only when its creator
+// process is gone; a live one is another group's: CommError naming the segment); the others
 // open it; the LAST rank to attach unlinks the name. From then on nothing is left in /dev/shm
 // whatever happens to any rank (the kernel frees the memory when the last mapping goes). A rank
 // that gives up while waiting for the others to attach unlinks the name too.

@@ -45,7 +45,10 @@ class Transport {
   int rank() const { return rank_; }
   int size() const { return size_; }
   double timeout() const { return timeout_s_; }
-  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  void set_timeout(double seconds) {
+    CheckTimeout("timeout", seconds);
+    timeout_s_ = seconds;
+  }
   virtual std::string name() const = 0;
 
   // Non-blocking: move what the channel allows; true when any byte moved.

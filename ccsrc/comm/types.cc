@@ -46,6 +46,19 @@ DType DTypeFromName(const std::string& name) {
   throw CommError("unsupported dtype '" + name + "': expected float32, float16, int32, float64, int64 or uint8");
 }
 
+std::chrono::steady_clock::duration WaitDuration(double seconds) {
+  constexpr double kMaxSeconds = 1e8;
+  if (!(seconds > 0)) return std::chrono::steady_clock::duration::zero();
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(std::min(seconds, kMaxSeconds)));
+}
+
+void CheckTimeout(const char* what, double seconds) {
+  if (!(seconds > 0)) {
+    throw CommError(std::string(what) + " must be > 0 seconds (inf: no limit), got " + std::to_string(seconds));
+  }
+}
+
 ReduceOp OpFromName(const std::string& name) {
   for (ReduceOp o : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kAvg}) {
     if (name == OpName(o)) return o;

@@ -1,6 +1,7 @@
 // Basic vocabulary of the communication library: element types, reduction ops, errors and the
 // reduction kernels every algorithm uses.
 #pragma once
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -41,5 +42,11 @@ float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);
 
 inline size_t RoundUp8(size_t n) { return (n + 7) & ~static_cast<size_t>(7); }
+
+// `seconds` as a steady-clock duration that cannot overflow: NaN and negative give 0, anything
+// above ~3 years (inf included) gives ~3 years, i.e. "no limit" for a wait.
+std::chrono::steady_clock::duration WaitDuration(double seconds);
+// Throws CommError naming `what` unless `seconds` is > 0 (inf allowed: no limit).
+void CheckTimeout(const char* what, double seconds);
 
 }  // namespace mshyper::comm

@@ -3,10 +3,13 @@
 // deliver payloads and signal fences; consumer threads (as the offload's updater threads would)
 // take each payload and wait for each fence; a third thread abandons some mailboxes before their
 // delivery. Every payload must arrive whole, exactly once, and an abandoned one never; at the
-// end nothing is left in the mailbox and fence tables.
+// end nothing is left in the mailbox and fence tables. Waits with huge, infinite, zero, negative
+// and NaN timeouts must behave (under UBSan: convert without overflow).
 //
 // usage: mailbox_stress [ids_per_producer=2000]
 #include <atomic>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -73,6 +76,25 @@ int main(int argc, char** argv) {
     });
   }
   for (auto& t : threads) t.join();
+  // Any timeout converts without overflow: huge or infinite ones wait for the delivery, zero,
+  // negative or NaN ones poll.
+  for (double timeout : {1e30, HUGE_VAL}) {
+    const uint64_t id = aot::MailboxNewId();
+    std::thread late([id] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const std::vector<uint64_t> data = Payload(id);
+      aot::MailboxDeliver(id, data.data(), data.size() * sizeof(uint64_t));
+    });
+    std::vector<uint8_t> bytes;
+    if (!aot::MailboxTake(id, timeout, &bytes)) ++missing;
+    late.join();
+  }
+  for (double timeout : {0.0, -1.0, -1e30, -HUGE_VAL, std::nan("")}) {
+    const uint64_t id = aot::FenceNewId();
+    if (aot::FenceWait(id, timeout)) ++unexpected;
+    aot::FenceSignal(id);
+    if (!aot::FenceWait(id, timeout)) ++missing;
+  }
   // Everything taken, waited for or dropped: nothing is left behind.
   const size_t left = aot::MailboxPending() + aot::FencePending();
   std::printf("ids=%d wrong=%d missing=%d unexpected=%d left=%zu\n", n, wrong.load(), missing.load(),

@@ -33,6 +33,13 @@ def check_op(op: str) -> str:
     return op
 
 
+def normalize_axis(axis: int, ndim: int, what: str) -> int:
+    """`axis` in [0, ndim); ValueError naming `what` when it is out of range."""
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{what}: axis {axis} is out of range for an array of {ndim} dimensions")
+    return axis % ndim
+
+
 def contiguous(array) -> np.ndarray:
     """A C-contiguous numpy array of the same shape, 0-d included (a copy only when needed)."""
     return np.require(np.asarray(array), requirements="C")

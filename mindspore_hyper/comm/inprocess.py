@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name, split_counts
-from mindspore_hyper.comm._handles import EMPTY_AGGREGATOR_STATS, AsyncHandle
+from mindspore_hyper.comm._handles import EMPTY_AGGREGATOR_STATS, AsyncHandle, Closed
 from mindspore_hyper.comm.cost import TransportParams, apply_overrides
 from mindspore_hyper.comm.topology import PRESETS, Topology, load_topology
 
@@ -37,6 +37,13 @@ def _resolve_topology(topology, size: int, devices: Optional[Sequence[int]]) -> 
         need = max(size, (max(devices) + 1) if devices else 0)
         return Topology.preset(topology, max(need, _PRESET_DEFAULT_DEVICES[topology]))
     return load_topology(topology)
+
+
+def _check_per_rank(values, arg: str, size: int) -> None:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        raise TypeError(f"{arg}: expected a list with one entry per rank, got {type(values).__name__}")
+    if len(values) != size:
+        raise ValueError(f"{arg} has {len(values)} entries, expected {size} (one per rank)")
 
 
 class InProcessGroup:
@@ -85,9 +92,9 @@ class InProcessGroup:
         self._g.set_validate(False)
 
     # ----- helpers ----------------------------------------------------------------------------
-    def _check(self, arrays) -> List[np.ndarray]:
-        if len(arrays) != self.size:
-            raise ValueError(f"expected {self.size} arrays (one per rank), got {len(arrays)}")
+    def _check(self, arrays, arg: str = "arrays") -> List[np.ndarray]:
+        """The per-rank list `arrays` as C-contiguous arrays; ValueError naming `arg` unless one per rank."""
+        _check_per_rank(arrays, arg, self.size)
         return [contiguous(a) for a in arrays]
 
     @staticmethod
@@ -196,6 +203,10 @@ class InProcessGroup:
         part j to rank j; rank j concatenates what it receives along `concat_axis` in rank order."""
         xs = self._check(arrays)
         self._agree(xs, "all_to_all", sizes=False)
+        for r, x in enumerate(xs):
+            if x.shape != xs[0].shape:
+                raise _C.CommMismatch(f"all_to_all: rank 0 passes shape {xs[0].shape} but rank {r} passes {x.shape}; "
+                                      "every rank must pass the same shape")
         chunks = [np.array_split(x, self.size, axis=split_axis) for x in xs]
         sends = [np.concatenate([np.ascontiguousarray(c).ravel() for c in cs]) for cs in chunks]
         send_counts = [[c.size for c in cs] for cs in chunks]
@@ -216,6 +227,7 @@ class InProcessGroup:
         """Uneven all-to-all of flat arrays: rank r sends send_counts[r][j] elements (in order) to
         rank j. Returns, per rank, (received 1-D array in source order, counts per source)."""
         xs = [x.ravel() for x in self._check(arrays)]
+        _check_per_rank(send_counts, "send_counts", self.size)
         self._agree(xs, "all_to_all", sizes=False)
         for r, (x, c) in enumerate(zip(xs, send_counts)):
             if len(c) != self.size or sum(c) != x.size:
@@ -246,28 +258,30 @@ class InProcessGroup:
 
     # ----- aggregation ------------------------------------------------------------------------
     def all_reduce_async(self, arrays: Sequence[np.ndarray], op: str = "sum") -> AsyncHandle:
-        """Queue an all-reduce in the aggregator; packed with others into super-packets of
-        `aggregation_bytes` per (dtype, op), sent when full, on flush() or after `max_delay`.
-        Returns a handle whose wait() gives the per-rank results."""
+        """Queue an all-reduce of copies of the ranks' arrays in the aggregator; packed with others
+        into super-packets of `aggregation_bytes` per (dtype, op), sent when full, on flush() or
+        after `max_delay`. Returns a handle whose wait() gives the per-rank results."""
         check_op(op)
-        xs = [a.copy() for a in self._check(arrays)]
+        xs = self._check(arrays)
         if not self._g.has_aggregation():
             self._g.enable_aggregation(self.aggregation_bytes, self.max_delay)
-        reqs = self._g.submit([x.reshape(-1) for x in xs], [dtype_name(x) for x in xs], [op] * self.size)
-        return AsyncHandle(reqs, xs, single=False)
+        return AsyncHandle(self._g.submit(xs, op))
 
     def flush(self) -> None:
         """Send every queued request now and wait for them."""
         self._flush_pending()
 
     def aggregator_stats(self, rank: int = 0) -> dict:
-        """{'requests', 'packets', 'bypassed', 'batches', 'bytes'} of rank `rank`'s aggregator."""
+        """{'requests', 'packets', 'in_place', 'bypassed', 'batches', 'bytes'} of rank `rank`'s aggregator."""
         if not self._g.has_aggregation():
             return dict(EMPTY_AGGREGATOR_STATS)
         return self._g.aggregator_stats(rank)
 
     def close(self) -> None:
-        self._g.close()
+        """Stop the aggregators (queued requests fail) and the rank threads; later calls raise CommError."""
+        if not isinstance(self._g, Closed):
+            self._g.close()
+            self._g = Closed(f"InProcessGroup(size={self.size})")
 
     def __enter__(self):
         return self

@@ -2,18 +2,20 @@
 
 Under msrun (after ``mindspore.communication.init()``), `MindSporeGroup` sends all-reduce
 packets of the C++ aggregator, and direct all_reduce / all_gather / broadcast, through
-``mindspore.mint.distributed`` -- on Ascend that is HCCL, on CPU MindSpore's mccl backend.
-MindSpore's CPU backend has no AllToAll, ReduceScatter or send/recv: for those the group uses
-the shared-memory transport (`ShmGroup.from_env()`), created on first use (collectively).
+``mindspore.mint.distributed`` -- on Ascend that is HCCL, on CPU MindSpore's mccl backend -- over
+the whole job or a group of its ranks (`ranks=`, made with `new_group`), so processes may be on
+several hosts. MindSpore's CPU backend has no AllToAll, ReduceScatter or send/recv: reduce_scatter
+and all_to_all are composed from all_reduce / all_gather (more bytes than the real collectives),
+and `shm()` gives the shared-memory group of the whole job (one host) for the rest.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
 from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name
-from mindspore_hyper.comm._handles import AggregatorOwner, AsyncHandle, submit_single
+from mindspore_hyper.comm._handles import AggregatorOwner, Closed
 
 __all__ = ["MindSporeGroup"]
 
@@ -21,9 +23,11 @@ _MS_OPS = {"sum": "sum", "max": "max", "min": "min", "avg": "sum"}
 
 
 class MindSporeGroup(AggregatorOwner):
-    """The world group of an initialised MindSpore job (``mindspore.communication.init()``).
+    """A group of an initialised MindSpore job (``mindspore.communication.init()``).
 
     Args:
+        ranks: the group's global ranks (member order); None = the whole job. Every member
+            must create it (collectively), in the same order of groups.
         aggregation_bytes: super-packet size of all_reduce_async (default: context flag).
         max_delay: seconds after which a partly filled packet is sent (default 20 ms: packets go
             through a Python callback that needs the GIL, so a burst of submissions from the
@@ -31,11 +35,22 @@ class MindSporeGroup(AggregatorOwner):
         shm_timeout: timeout of the shared-memory fallback for all_to_all/reduce_scatter/send/recv.
     """
 
-    def __init__(self, aggregation_bytes: Optional[int] = None, max_delay: float = 20e-3, shm_timeout: float = 30.0):
+    def __init__(self, aggregation_bytes: Optional[int] = None, max_delay: float = 20e-3, shm_timeout: float = 30.0,
+                 ranks: Optional[Sequence[int]] = None):
         from mindspore.communication import get_group_size, get_rank
 
-        self.rank = get_rank()
-        self.size = get_group_size()
+        world_rank, world_size = get_rank(), get_group_size()
+        self.ranks = tuple(range(world_size)) if ranks is None else tuple(int(r) for r in ranks)
+        if world_rank not in self.ranks or len(set(self.ranks)) != len(self.ranks):
+            raise ValueError(f"ranks={list(self.ranks)}: expected distinct global ranks including this one "
+                             f"({world_rank})")
+        self._group = None
+        if self.ranks != tuple(range(world_size)):
+            from mindspore.mint.distributed import new_group
+
+            self._group = new_group(list(self.ranks))
+        self.rank = self.ranks.index(world_rank)
+        self.size = len(self.ranks)
         if aggregation_bytes is None:
             from mindspore_hyper.context import get_context
 
@@ -49,35 +64,37 @@ class MindSporeGroup(AggregatorOwner):
         self.params = None  # TransportParams after calibrate()
 
     # ----- the transport itself ---------------------------------------------------------------
-    def _ms_all_reduce(self, arr: np.ndarray, op: str) -> np.ndarray:
+    def _ms_all_reduce_into(self, arr: np.ndarray, op: str) -> None:
+        """All-reduce the C-contiguous array `arr` in place through mint.distributed."""
         import mindspore as ms
         from mindspore.mint import distributed as dist
 
         if arr.dtype.itemsize == 8:
             # MindSpore's CPU backend fails AllReduce on 64-bit types: gather the raw bits as
             # int32 (a copy, exact) and reduce here.
-            bits = np.ascontiguousarray(arr).reshape(-1).view(np.int32)
+            bits = arr.reshape(-1).view(np.int32)
             outs = [ms.Tensor(np.empty_like(bits)) for _ in range(self.size)]
-            dist.all_gather(outs, ms.Tensor(bits))
-            st = np.stack([o.asnumpy().view(arr.dtype) for o in outs])
+            dist.all_gather(outs, ms.Tensor(bits), group=self._group)
+            st = np.stack([o.asnumpy().view(arr.dtype).reshape(arr.shape) for o in outs])
             if op in ("sum", "avg"):
-                res = st.sum(0, dtype=arr.dtype)
-                if op == "avg":
-                    res = res / self.size if arr.dtype.kind == "f" else np.trunc(res / self.size)
+                st.sum(0, dtype=arr.dtype, out=arr)
             else:
-                res = st.max(0) if op == "max" else st.min(0)
-            return np.asarray(res).astype(arr.dtype).reshape(arr.shape)
-        t = ms.Tensor(arr)
-        dist.all_reduce(t, op=_MS_OPS[op])
-        res = t.asnumpy()
+                (np.max if op == "max" else np.min)(st, axis=0, out=arr)
+        else:
+            t = ms.Tensor.from_numpy(arr)  # shares arr's memory: the result normally lands in place
+            dist.all_reduce(t, op=_MS_OPS[op], group=self._group)
+            res = t.asnumpy()
+            if not np.may_share_memory(res, arr):
+                arr[...] = res.reshape(arr.shape)
         if op == "avg":
-            res = res / self.size if arr.dtype.kind == "f" else np.trunc(res / self.size)
-        return res.astype(arr.dtype, copy=False).reshape(arr.shape)
+            if arr.dtype.kind == "f":
+                arr /= self.size
+            else:
+                arr[...] = np.trunc(arr / self.size)
 
-    def _packet(self, mv, dtype: str, op: str) -> None:
-        """Callback of the C++ aggregator: all-reduce one packet in place."""
-        arr = np.frombuffer(mv, dtype=np.dtype(dtype))
-        arr[...] = self._ms_all_reduce(arr, op)
+    def _packet(self, buf: np.ndarray, dtype: str, op: str) -> None:
+        """Callback of the C++ aggregator: all-reduce one packet (`buf`, its bytes) in place."""
+        self._ms_all_reduce_into(buf.view(np.dtype(dtype)), op)
         self.packets_sent += 1
 
     def _before_direct(self) -> None:
@@ -87,31 +104,38 @@ class MindSporeGroup(AggregatorOwner):
     # ----- collectives ------------------------------------------------------------------------
     def all_reduce(self, x, op: str = "sum") -> np.ndarray:
         check_op(op)
-        arr = contiguous(x)
-        dtype_name(arr)
+        out = contiguous(x).copy()
+        dtype_name(out)
         self._before_direct()
-        return self._ms_all_reduce(arr, op).reshape(arr.shape)
+        self._ms_all_reduce_into(out, op)
+        return out
 
-    def all_gather(self, x) -> np.ndarray:
-        """Concatenation along axis 0 (equal shapes on every rank)."""
+    def all_gather(self, x, axis: int = 0) -> np.ndarray:
+        """Concatenation along `axis` in member order (equal shapes on every rank)."""
+        return np.concatenate(self._gather_all(x), axis=axis)
+
+    def _gather_all(self, x) -> list:
+        """Every member's array (equal shapes on every rank), in member order."""
         import mindspore as ms
         from mindspore.mint import distributed as dist
 
         arr = contiguous(x)
+        dtype_name(arr)
         self._before_direct()
-        t = ms.Tensor(arr)
-        outs = [ms.Tensor(np.empty_like(arr)) for _ in range(self.size)]
-        dist.all_gather(outs, t)
-        return np.concatenate([o.asnumpy() for o in outs], axis=0)
+        wire = arr.view(np.uint8) if arr.dtype == np.bool_ else arr
+        outs = [ms.Tensor(np.empty_like(wire)) for _ in range(self.size)]
+        dist.all_gather(outs, ms.Tensor(wire), group=self._group)
+        return [o.asnumpy().view(arr.dtype) for o in outs]
 
     def broadcast(self, x, root: int = 0) -> np.ndarray:
+        """Every member gets member `root`'s array."""
         import mindspore as ms
         from mindspore.mint import distributed as dist
 
         arr = contiguous(x)
         self._before_direct()
         t = ms.Tensor(arr.copy())
-        dist.broadcast(t, root)
+        dist.broadcast(t, self.ranks[root], group=self._group)
         return t.asnumpy()
 
     def calibrate(self, repeats: int = 10, large_bytes: int = 1 << 20):
@@ -128,12 +152,12 @@ class MindSporeGroup(AggregatorOwner):
         def timed(n_elem: int, reps: int) -> float:
             x = np.ones(n_elem, np.float32)
             t = ms.Tensor(x)
-            dist.all_reduce(t)
+            dist.all_reduce(t, group=self._group)
             t.asnumpy()
             start = time.perf_counter()
             for _ in range(reps):
                 t = ms.Tensor(x)
-                dist.all_reduce(t)
+                dist.all_reduce(t, group=self._group)
                 t.asnumpy()  # waits for the collective
             return (time.perf_counter() - start) / reps
 
@@ -144,7 +168,8 @@ class MindSporeGroup(AggregatorOwner):
         steps = 2.0 * (p - 1)
         alpha = t_small / steps
         beta = max(1e-13, (t_large - t_small) / (steps / p * large_bytes))
-        vals = self._ms_all_reduce(np.array([alpha, beta], np.float32), "max")
+        vals = np.array([alpha, beta], np.float32)
+        self._ms_all_reduce_into(vals, "max")
         self.params = TransportParams(float(vals[0]), float(vals[1]), 0.0)
         return self.params
 
@@ -157,14 +182,16 @@ class MindSporeGroup(AggregatorOwner):
         return self._shm
 
     def all_to_all(self, x, split_axis: int = 0, concat_axis: int = 0) -> np.ndarray:
-        """Through the shared-memory transport (MindSpore's CPU backend has no AlltoAll)."""
-        self._before_direct()
-        return self.shm().all_to_all(x, split_axis, concat_axis)
+        """Member j gets chunk j of every member's `split_axis`, concatenated along `concat_axis`
+        (an all_gather of the whole arrays: MindSpore's CPU backend has no AlltoAll)."""
+        everyone = self._gather_all(x)
+        return np.concatenate([np.array_split(a, self.size, axis=split_axis)[self.rank] for a in everyone],
+                              axis=concat_axis)
 
     def reduce_scatter(self, x, axis: int = 0, op: str = "sum") -> np.ndarray:
-        """Through the shared-memory transport (MindSpore's CPU backend has no ReduceScatter)."""
-        self._before_direct()
-        return self.shm().reduce_scatter(x, axis, op)
+        """This member's np.array_split chunk of the reduction (an all_reduce of the whole array:
+        MindSpore's CPU backend has no ReduceScatter)."""
+        return np.array_split(self.all_reduce(x, op), self.size, axis=axis)[self.rank]
 
     def send(self, x, peer: int) -> None:
         """Through the shared-memory transport (MindSpore's CPU backend has no send/recv)."""
@@ -176,20 +203,17 @@ class MindSporeGroup(AggregatorOwner):
         return self.shm().recv(shape, dtype, peer)
 
     # ----- aggregation ------------------------------------------------------------------------
-    def all_reduce_async(self, x, op: str = "sum") -> AsyncHandle:
-        """Queue an all-reduce; packets of `aggregation_bytes` go through mint.distributed.all_reduce."""
-        check_op(op)
-        if self._agg is None:
-            self._agg = _C.python_aggregator(self._packet, self.size, self.aggregation_bytes, self.max_delay)
-            import atexit
+    def _new_aggregator(self):
+        agg = _C.python_aggregator(self._packet, self.size, self.aggregation_bytes, self.max_delay)
+        import atexit
 
-            atexit.register(self.close)  # stop the executor (it calls into Python) before shutdown
-        return submit_single(self._agg, x, op)
+        atexit.register(self.close)  # stop the executor (it calls into Python) before shutdown
+        return agg
 
     def close(self) -> None:
-        if self._agg is not None:
-            self._agg.close()
-            self._agg = None
-        if self._shm is not None:
-            self._shm.close()
-            self._shm = None
+        """Stop the aggregator (queued requests fail) and the shared-memory group; later calls
+        raise CommError."""
+        if self._close_aggregator(f"MindSporeGroup(rank {self.rank})"):
+            if self._shm is not None:
+                self._shm.close()
+            self._shm = Closed(f"MindSporeGroup(rank {self.rank})")

@@ -185,9 +185,17 @@ class ProcessCollectives:
     def __init__(self, communicator_for: Callable[[Tuple[int, ...]], object], recorder: Optional[Recorder] = None):
         self._communicator_for = communicator_for
         self.recorder = recorder
+        self._cells = {}
 
     def communicator(self, group: AxisGroup):
         return self._communicator_for(tuple(group.ranks))
+
+    def _cell(self, kind, group: AxisGroup, *params) -> nn.Cell:
+        """The (reusable) Cell of one collective kind over `group` with `params`."""
+        key = (kind, group, params)
+        if key not in self._cells:
+            self._cells[key] = kind(self, group, *params)
+        return self._cells[key]
 
     @staticmethod
     def _one(members: Sequence[Tensor], group: AxisGroup, name: str) -> Tensor:
@@ -198,34 +206,34 @@ class ProcessCollectives:
 
     def all_reduce(self, members, op: str, group: AxisGroup) -> List[Tensor]:
         x = self._one(members, group, "all_reduce")
-        return [x if group.size == 1 else _AllReduce(self, group, op)(x)]
+        return [x if group.size == 1 else self._cell(_AllReduce, group, op)(x)]
 
     def all_gather(self, members, dim: int, group: AxisGroup, grad_partial: bool = False) -> List[Tensor]:
         x = self._one(members, group, "all_gather")
-        return [x if group.size == 1 else _AllGather(self, group, dim, grad_partial)(x)]
+        return [x if group.size == 1 else self._cell(_AllGather, group, dim, grad_partial)(x)]
 
     def reduce_scatter(self, members, dim: int, op: str, group: AxisGroup) -> List[Tensor]:
         x = self._one(members, group, "reduce_scatter")
-        return [x if group.size == 1 else _ReduceScatter(self, group, dim, op)(x)]
+        return [x if group.size == 1 else self._cell(_ReduceScatter, group, dim, op)(x)]
 
     def all_to_all(self, members, split_dim: int, concat_dim: int, group: AxisGroup) -> List[Tensor]:
         x = self._one(members, group, "all_to_all")
-        return [x if group.size == 1 else _AllToAll(self, group, split_dim, concat_dim)(x)]
+        return [x if group.size == 1 else self._cell(_AllToAll, group, split_dim, concat_dim)(x)]
 
     def local_slice(self, tensor: Tensor, dim: int, group: AxisGroup, record: bool = True) -> List[Tensor]:
         self._one([tensor], group, "local_slice")
-        return [tensor if group.size == 1 else _LocalSlice(self, group, dim, record)(tensor)]
+        return [tensor if group.size == 1 else self._cell(_LocalSlice, group, dim, record)(tensor)]
 
     def make_partial(self, tensor: Tensor, op: str, group: AxisGroup) -> List[Tensor]:
         self._one([tensor], group, "make_partial")
         if op != "sum" or group.size == 1:
             return [tensor]
-        return [_MakePartialSum(self, group)(tensor)]
+        return [self._cell(_MakePartialSum, group)(tensor)]
 
     def fan_out(self, tensor: Tensor, group: AxisGroup) -> Tensor:
         self._one([tensor], group, "fan_out")
-        return tensor if group.size == 1 else _FanOut(self, group)(tensor)
+        return tensor if group.size == 1 else self._cell(_FanOut, group)(tensor)
 
     def broadcast(self, members, root: int, group: AxisGroup) -> List[Tensor]:
         x = self._one(members, group, "broadcast")
-        return [x if group.size == 1 else _Broadcast(self, group, root)(x)]
+        return [x if group.size == 1 else self._cell(_Broadcast, group, root)(x)]

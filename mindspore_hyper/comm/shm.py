@@ -13,16 +13,18 @@ Under msrun, `ShmGroup.from_env()` derives name/rank/size from msrun's environme
 from __future__ import annotations
 
 import os
+import zlib
 from typing import Optional, Sequence
 
 import numpy as np
 
-from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name, split_counts
-from mindspore_hyper.comm._handles import AggregatorOwner, AsyncHandle, submit_single
+from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name, normalize_axis, split_counts
+from mindspore_hyper.comm._handles import AggregatorOwner, Closed
 
 __all__ = ["ShmGroup", "cleanup_stale_segments", "SEGMENT_PREFIX"]
 
 SEGMENT_PREFIX = "mshyper_"
+_MAX_DIMS = 32  # numpy's limit: the shape descriptors all_gather exchanges
 
 
 def cleanup_stale_segments(prefix: str = SEGMENT_PREFIX) -> int:
@@ -136,17 +138,31 @@ class ShmGroup(AggregatorOwner):
         self._g.all_reduce(out, dtype_name(out), op, algorithm)
         return out
 
+    def _gather_shapes(self, shape: tuple) -> list:
+        """Every rank's array shape (a collective)."""
+        desc = np.full(1 + _MAX_DIMS, -1, np.int64)
+        desc[0] = len(shape)
+        desc[1:1 + len(shape)] = shape
+        out = np.empty(desc.size * self.size, np.int64)
+        self._g.all_gather(desc, out, "int64")
+        return [tuple(int(v) for v in row[1:1 + row[0]]) for row in out.reshape(self.size, desc.size)]
+
     def all_gather(self, x, axis: int = 0) -> np.ndarray:
-        """Concatenate every rank's array along `axis` (sizes along `axis` may differ)."""
+        """Concatenate every rank's array along `axis`. Sizes along `axis` may differ; the other
+        dimensions must agree (CommMismatch on every rank otherwise)."""
         arr = contiguous(x)
+        axis = normalize_axis(axis, arr.ndim, "all_gather")
         moved = np.ascontiguousarray(np.moveaxis(arr, axis, 0))
         self._before_direct()
-        rows = np.array([moved.shape[0]], dtype=np.int64)
-        all_rows = np.empty(self.size, dtype=np.int64)
-        self._g.all_gather(rows, all_rows, "int64")
+        shapes = self._gather_shapes(arr.shape)
+        for r, shape in enumerate(shapes):
+            if len(shape) != len(shapes[0]) or shape[:axis] + shape[axis + 1:] != shapes[0][:axis] + shapes[0][axis + 1:]:
+                raise _C.CommMismatch(f"all_gather: rank 0 passes shape {shapes[0]} but rank {r} passes {shape}; "
+                                      f"only axis {axis} may differ")
         inner = int(np.prod(moved.shape[1:])) if moved.ndim > 1 else 1
-        out = np.empty((int(all_rows.sum()),) + moved.shape[1:], dtype=moved.dtype)
-        self._g.all_gather_v(moved, out, [int(r) * inner for r in all_rows], dtype_name(moved))
+        rows = [shape[axis] for shape in shapes]
+        out = np.empty((sum(rows),) + moved.shape[1:], dtype=moved.dtype)
+        self._g.all_gather_v(moved, out, [r * inner for r in rows], dtype_name(moved))
         return np.moveaxis(out, 0, axis)
 
     def reduce_scatter(self, x, axis: int = 0, op: str = "sum") -> np.ndarray:
@@ -165,10 +181,14 @@ class ShmGroup(AggregatorOwner):
         """Split along `split_axis` into `size` parts (np.array_split), part j to rank j; concatenate
         the received parts along `concat_axis` in rank order. Every rank must pass the same shape."""
         arr = contiguous(x)
+        split_axis = normalize_axis(split_axis, arr.ndim, "all_to_all")
+        concat_axis = normalize_axis(concat_axis, arr.ndim, "all_to_all")
         chunks = np.array_split(arr, self.size, axis=split_axis)
         send = np.concatenate([np.ascontiguousarray(c).ravel() for c in chunks])
         self._before_direct()
-        buf, counts = self._g.all_to_all_v(send, [c.size for c in chunks], dtype_name(arr))
+        # ranks' shapes and axes must agree: the transport's cross-rank check compares this key
+        key = zlib.crc32(repr((arr.shape, split_axis, concat_axis)).encode()) + 1
+        buf, counts = self._g.all_to_all_v(send, [c.size for c in chunks], dtype_name(arr), key)
         flat = buf.view(arr.dtype)
         expect = chunks[self.rank].shape
         pieces, off = [], 0
@@ -213,19 +233,14 @@ class ShmGroup(AggregatorOwner):
         self._g.barrier()
 
     # ----- aggregation ------------------------------------------------------------------------
-    def all_reduce_async(self, x, op: str = "sum") -> AsyncHandle:
-        """Queue an all-reduce in the aggregator (see InProcessGroup.all_reduce_async)."""
-        check_op(op)
-        if self._agg is None:
-            self._agg = self._g.make_aggregator(self.aggregation_bytes, self.max_delay)
-        return submit_single(self._agg, x, op)
+    def _new_aggregator(self):
+        return self._g.make_aggregator(self.aggregation_bytes, self.max_delay)
 
     def close(self) -> None:
-        """Stop the aggregator and unmap the segment (also happens at garbage collection)."""
-        if self._agg is not None:
-            self._agg.close()
-            self._agg = None
-        self._g = None
+        """Stop the aggregator (queued requests fail) and unmap the segment; later calls raise
+        CommError. Also happens at garbage collection."""
+        if self._close_aggregator(f"ShmGroup {self.name!r}"):
+            self._g = Closed(f"ShmGroup {self.name!r}")
 
     def __enter__(self):
         return self

@@ -2,7 +2,9 @@
 by kind and mesh axis, the ops dispatched, and ops that fell back to replicated execution.
 
 All byte figures are per device. A DTensor's shards all have the same size, so a live tensor
-adds the same bytes to each device of its mesh. Forward collectives are recorded as the
+adds the same bytes to each device of its mesh. A DTensor made while a training step records
+gradients is held until the step ends (its backward needs most such activations; an upper bound
+for ops that save none); otherwise it is freed when it is garbage. Forward collectives are recorded as the
 redistribution planner's steps run; backward collectives by the collectives backend when a
 gradient actually passes through them (see mindspore_hyper.comm.collectives).
 """
@@ -22,6 +24,7 @@ class Accounting:
         self.device_num = device_num
         self.live_bytes = 0
         self.peak_bytes = 0
+        self.held_bytes = 0  # forward activations held until the step ends
         # (kind, axis) -> [count, bytes sent per device, input bytes per device], per phase
         self.comm: Dict[Tuple[str, str], list] = defaultdict(lambda: [0, 0, 0])
         self.comm_backward: Dict[Tuple[str, str], list] = defaultdict(lambda: [0, 0, 0])
@@ -30,7 +33,10 @@ class Accounting:
         self.steps = 0
 
     def reset_step(self) -> None:
-        """Clear per-step counters (peak restarts from what is live now)."""
+        """Clear per-step counters: the last step's held activations are released and the peak
+        restarts from what is live now."""
+        self.live_bytes -= self.held_bytes
+        self.held_bytes = 0
         self.peak_bytes = self.live_bytes
         self.comm.clear()
         self.comm_backward.clear()
@@ -43,6 +49,11 @@ class Accounting:
 
     def free(self, nbytes: int) -> None:
         self.live_bytes -= nbytes
+
+    def hold(self, nbytes: int) -> None:
+        """Allocate `nbytes` kept until the step ends (`reset_step`)."""
+        self.allocate(nbytes)
+        self.held_bytes += nbytes
 
     def record_comm(self, kind: str, axis: str, send_bytes: int, input_bytes: int = 0,
                     backward: bool = False) -> None:

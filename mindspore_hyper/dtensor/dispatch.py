@@ -70,17 +70,19 @@ class OpCall:
         """Put `new[i]` where the i-th DTensor operand was (by position, so one DTensor used
         twice can take two layouts)."""
         supply = iter(new)
-
-        def swap(v):
-            if isinstance(v, DTensor):
-                return next(supply)
-            if isinstance(v, (list, tuple)) and any(isinstance(x, DTensor) for x in v):
-                return type(v)(swap(x) for x in v)
-            return v
-
-        self.inputs = [swap(v) for v in self.inputs]
-        self.kwargs = {k: swap(v) for k, v in self.kwargs.items()}
+        self.inputs = [_swap(v, supply) for v in self.inputs]
+        self.kwargs = {k: _swap(v, supply) for k, v in self.kwargs.items()}
         self.tensors = list(new)
+
+
+def _swap(value, supply):
+    """`value` with each DTensor in it replaced by the next of `supply` (a module-level function:
+    a nested one that calls itself would keep the op's tensors in a reference cycle)."""
+    if isinstance(value, DTensor):
+        return next(supply)
+    if isinstance(value, (list, tuple)) and any(isinstance(x, DTensor) for x in value):
+        return type(value)(_swap(x, supply) for x in value)
+    return value
 
 
 # -- turning operands into DTensors --------------------------------------------------------------
@@ -198,8 +200,7 @@ def dispatch(execution, func, args, kwargs):
     originals = list(call.tensors)
     hint = shard_hints.take(execution, call.name, len(call.tensors))
     if hint is not None:
-        call.replace_tensors([t if layout is None else t.redistribute(layout)
-                              for t, layout in zip(call.tensors, hint)])
+        call.replace_tensors([t if layout is None else _hinted(t, layout) for t, layout in zip(call.tensors, hint)])
     decision = _decide(execution, call, written.rule if written is not None else call.name)
     if written is not None and not _covers_all_axes(decision, written.targets):
         execution.accounting.record_fallback(call.name)
@@ -258,6 +259,17 @@ def _describe(call: OpCall) -> str:
                      f"{' partial ' + repr(t.layout.partial) if t.layout.is_partial else ''}" for t in call.tensors)
 
 
+def _hinted(t: DTensor, layout: TensorLayout) -> DTensor:
+    """`t` as the primitive's `.shard()` asks; moved only if the op's rule then keeps that layout
+    (`execute` redistributes from `t` itself, so a gather can take over the gradient sum)."""
+    if layout == t.layout:
+        return t
+    with t.execution.uncounted():  # moved only when used, and then counted as moved
+        view = DTensor._lazy(layout, lambda: t.redistribute(layout).shards, t.global_shape, t.dtype, t.execution)
+    view._hint_source = t
+    return view
+
+
 def replicated_decision(call: OpCall) -> Decision:
     """Gather every input to a full replica, run once, return replicated outputs."""
     mesh = call.tensors[0].layout.mesh
@@ -273,6 +285,8 @@ def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] 
     ready = []
     for i, (t, layout) in enumerate(zip(call.tensors, decision.inputs)):
         fan = [a for a in axes if a not in significant_axes(layout)] if is_float(t.dtype) else []
+        if t._hint_source is not None and t._pending is not None:
+            t = t._hint_source  # not moved yet: move the original straight to the layout the op needs
         moved, fused = t.redistribute_with_fusion(layout, grad_partial_axes=fan)
         fan = [a for a in fan if a not in fused]
         ready.append(_fan_out(execution, moved, fan) if fan else moved)
@@ -340,7 +354,8 @@ def _fan_out(execution, t: DTensor, fan: List[int]) -> DTensor:
             shards[key] = execution.parameter_fan_out(shard, group, slot)
         else:
             shards[key] = execution.collectives.fan_out(shard, group)
-    out = DTensor._create(t.layout, shards, t.global_shape, t.dtype, execution)
+    with execution.uncounted():  # the same bytes as `t`
+        out = DTensor._create(t.layout, shards, t.global_shape, t.dtype, execution)
     out._parameter_id = t._parameter_id
     return out
 

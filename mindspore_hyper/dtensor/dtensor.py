@@ -60,14 +60,18 @@ class DTensor(Tensor):
         dt._layout = layout
         dt._shards = shards  # None until `_pending()` makes them (a lazily laid out Parameter)
         dt._pending = None
+        dt._hint_source = None  # a DTensor this one is a not yet moved `.shard()` view of
         dt._global_shape = global_shape
         dt._execution = execution
         nbytes = math.prod(layout.local_shape(global_shape)) * dtype.itemsize
         dt._local_nbytes = nbytes
         dt._parameter_id = None  # id of the Parameter this DTensor lays out, if any
         accounting = execution.accounting
-        accounting.allocate(nbytes)
-        weakref.finalize(dt, accounting.free, nbytes)
+        if execution.holds_activations:
+            accounting.hold(nbytes)
+        else:
+            accounting.allocate(nbytes)
+            weakref.finalize(dt, accounting.free, nbytes)
         return dt
 
     # -- views -------------------------------------------------------------------------------

@@ -74,6 +74,7 @@ class Execution:
         self.parameter_dtensors: Dict[int, Any] = {}
         self.hints: List[Tuple[str, Optional[list]]] = []
         self._running: Optional[Dict[int, int]] = None
+        self.holds_activations = False  # a training forward: new DTensors count until the step ends
 
     # -- bookkeeping ---------------------------------------------------------------------------
     @property
@@ -83,12 +84,12 @@ class Execution:
     @contextlib.contextmanager
     def uncounted(self):
         """Inside the block, new DTensors are not counted as this run's live memory."""
-        saved = self._accounting
-        self._accounting = Accounting(self.mesh.size)
+        saved, holds = self._accounting, self.holds_activations
+        self._accounting, self.holds_activations = Accounting(self.mesh.size), False
         try:
             yield
         finally:
-            self._accounting = saved
+            self._accounting, self.holds_activations = saved, holds
 
     def record_backward(self, kind: str, axis: str, send_bytes: int, input_bytes: int) -> None:
         self.accounting.record_comm(kind, axis, send_bytes, input_bytes, backward=True)

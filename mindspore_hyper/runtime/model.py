@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn
+from mindspore.graph.api import _pynative_executor
 
 from mindspore_hyper.dtensor import shard_hints
 from mindspore_hyper.dtensor.accounting import Accounting
@@ -61,11 +62,26 @@ class ParallelModel(nn.Cell):
         """The mesh ranks this process holds."""
         return self.execution.local_ranks
 
+    def held_region(self, name: str, optimizer: bool = False) -> Tuple[slice, ...]:
+        """The region of parameter `name`'s global tensor that this process's Parameter holds
+        (all of it in simulation, the shard under msrun); optimizer=True: the region of the
+        Parameter its optimizer updates (`optimizer_parameters()`), which ZeRO-1 may cut further."""
+        row = self.table[name]
+        slot = next(self.execution.parameters[pid] for pid, r in self.rows.items() if r is row)
+        if not slot.local:
+            return tuple(slice(0, n) for n in row.global_shape)
+        return row.layout.rank_slices(self.local_ranks[0], row.global_shape)
+
+    def after_parameters_set(self) -> None:
+        """Called after the Parameters' data were replaced from outside (a checkpoint load):
+        runtimes refresh what they derived from them here."""
+
     def construct(self, *inputs):
         start = time.perf_counter()
         self.accounting.reset_step()
         self.begin_step()
         injected = self._parameters_as_dtensors()
+        self.execution.holds_activations = _pynative_executor.requires_grad()
         try:
             args = [self._distribute_input(x) for x in inputs]
             outputs = self.network(*args)
@@ -74,6 +90,7 @@ class ParallelModel(nn.Cell):
             for cell, name in injected:
                 del cell.__dict__[name]
             self.execution.parameter_dtensors.clear()
+            self.execution.holds_activations = False
         self.accounting.steps += 1
         self.last_step_seconds = time.perf_counter() - start
         return result
@@ -130,12 +147,16 @@ class ParallelModel(nn.Cell):
 
     def optimizer_gradients(self, optimizer: nn.Optimizer, weights: Sequence[Parameter], grads) -> tuple:
         """The gradients in the order of `optimizer.parameters`."""
-        by_id = {id(w): g for w, g in zip(weights, grads)}
+        by_id = {id(self.updated_parameter(w)): g for w, g in zip(weights, grads)}
         try:
             return tuple(by_id[id(p)] for p in optimizer.parameters)
         except KeyError:
             raise ValueError("train_step: the optimizer updates Parameters that are not the model's "
                              "optimizer_parameters(); build it as nn.Adam(model.optimizer_parameters(), ...)") from None
+
+    def updated_parameter(self, param: Parameter) -> Parameter:
+        """The Parameter the optimizer updates for model parameter `param` (itself here)."""
+        return param
 
     def after_update(self) -> None:
         """Called after the optimizer step (runtimes bring sliced updates back here)."""

@@ -64,7 +64,7 @@ class StepReport:
             memory=memory, comm=_nest(acc.comm), comm_backward=_nest(acc.comm_backward),
             fallbacks=dict(acc.fallbacks),
             device_memory=get_context("device_memory"), step_seconds=model.last_step_seconds,
-            simulated=model.execution.holds_all_ranks,
+            simulated=model.runtime.name == "simulation",
         )
         report.comm_time_estimate_s = _comm_time(report, table.mesh)
         report.check_memory()

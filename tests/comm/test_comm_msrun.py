@@ -38,6 +38,11 @@ WORKER = textwrap.dedent('''
     res["agg_i32_min"] = hi.wait().tolist()
     res["stats"] = g.aggregator_stats()
     res["ms_packets"] = g.packets_sent
+    # the batched submit (one storage block: reduced in place), and averages in place
+    hm = g.all_reduce_async_many([np.full(5, r + 1, np.float32), np.arange(3, dtype=np.int32) * (r + 1)], "avg")
+    g.flush()
+    res["many_avg"] = [y.tolist() for y in hm.wait()]
+    res["avg_i64"] = g.all_reduce(np.array([r, 3 * r + 1], np.int64), "avg").tolist()
     # what MindSpore's CPU backend lacks, through the shared-memory transport
     x = np.arange(4 * 3, dtype=np.float32).reshape(4, 3) + 100 * r
     res["all_to_all"] = g.all_to_all(x, split_axis=0, concat_axis=0).tolist()
@@ -48,6 +53,11 @@ WORKER = textwrap.dedent('''
     params = g.calibrate(repeats=3, large_bytes=1 << 16)
     res["calib"] = [params.alpha_s, params.beta_s_per_byte]
     g.close()
+    try:
+        g.all_reduce(np.ones(2, np.float32))
+        res["after_close"] = "no error"
+    except Exception as exc:
+        res["after_close"] = type(exc).__name__ + ": " + str(exc)
     with open(os.path.join(out_dir, f"rank{r}.json"), "w") as f:
         json.dump(res, f)
 ''')
@@ -89,6 +99,9 @@ def test_mindspore_transport_and_shm_alltoall_under_msrun(tmp_path):
         for i, (n, got) in enumerate(zip([1, 100, 1000, 5, 3000], out["agg"])):
             np.testing.assert_allclose(got, np.arange(n) * 3 + 2 * i)
         assert out["agg_i32_min"] == [2] * 7
+        assert out["many_avg"] == [[1.5] * 5, [0, 1, 3]]  # int avg truncates: (0+0)/2, (1+2)/2, (2+4)/2
+        assert out["avg_i64"] == [0, 2]  # (0+1)/2 -> 0, (1+4)/2 -> 2
+        assert out["after_close"].startswith("CommError: MindSporeGroup(rank") and "is closed" in out["after_close"]
         stats = out["stats"]
         assert stats["requests"] == 6 and stats["bypassed"] == 1  # 12000 B > 4096 B
         # float32/sum in order 1, 100 | 1000, 5 (4096 B packets; 3000 floats bypass), int32/min: 3 packets,

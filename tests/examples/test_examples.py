@@ -12,7 +12,7 @@ ROOT = str(REPO_ROOT)
 
 @pytest.mark.parametrize("script,expect", [
     ("quickstart.py", "OK: the simulated 8-device run matches the single-device model"),
-    ("train_transformer_sim.py", "OK: 5 steps match single-device training"),
+    ("train_transformer.py", "OK: 5 steps match single-device training"),
     ("offload_training.py", "OK: offloaded training matches resident training"),
     ("offload_training.py --simulate", "OK: offloaded training matches resident training"),
 ])
@@ -21,3 +21,16 @@ def test_example_runs_and_checks_itself(script, expect):
                             text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert expect in result.stdout
+
+
+@pytest.mark.msrun
+def test_train_transformer_example_under_msrun(tmp_path):
+    """The README's msrun command: the same script, one process per device."""
+    from msrun_helpers import run_msrun, worker_logs
+
+    env = dict(os.environ, MS_HYPER_MODE="distributed")
+    proc = run_msrun(os.path.join(ROOT, "examples", "train_transformer.py"), [], 2, tmp_path / "logs", 600, env=env)
+    logs = worker_logs(tmp_path / "logs", 2, tail=100000)
+    assert proc.returncode == 0, proc.stderr[-2000:] + logs
+    assert logs.count("OK: 5 steps match single-device training") == 2, logs[-3000:]
+    assert "mode distributed, 2 devices, this process holds [0]" in logs

@@ -43,6 +43,15 @@ class _ZeroSlice:
     def take(self, full: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(np.array_split(full, len(self.ranks), axis=self.dim)[self.index])
 
+    def region(self, shard: Tuple[slice, ...]) -> Tuple[slice, ...]:
+        """The region of the global tensor this slice covers, given the local shard's region
+        (the part `take` keeps, with np.array_split's piece sizes)."""
+        start, stop = shard[self.dim].start, shard[self.dim].stop
+        q, r = divmod(stop - start, len(self.ranks))
+        begin = start + self.index * q + min(self.index, r)
+        size = q + (1 if self.index < r else 0)
+        return shard[:self.dim] + (slice(begin, begin + size),) + shard[self.dim + 1:]
+
 
 class _ParameterGradient(nn.Cell):
     """Identity in forward; in backward, the parameter gradient's sum over the group."""
@@ -70,13 +79,19 @@ class DistributedModel(ParallelModel):
         self._zero_pending: List[tuple] = []  # (parameter id, group, contribution) for ZeRO-1
         self._zero: Dict[int, _ZeroSlice] = {}
         self._recorded: Set[Tuple[int, str]] = set()
+        self._gradient_cells: Dict[Tuple[int, AxisGroup], _ParameterGradient] = {}
 
     def begin_step(self) -> None:
         self._recorded.clear()
 
     # -- gradient sums ---------------------------------------------------------------------------
     def _parameter_fan_out(self, shard: Tensor, group: AxisGroup, slot):
-        return shard if group.size == 1 else _ParameterGradient(self, slot, group)(shard)
+        if group.size == 1:
+            return shard
+        key = (id(slot.param), group)
+        if key not in self._gradient_cells:
+            self._gradient_cells[key] = _ParameterGradient(self, slot, group)
+        return self._gradient_cells[key](shard)
 
     def sum_parameter_gradient(self, slot, group: AxisGroup, dout: Tensor) -> Tensor:
         """A parameter's gradient contribution from an op sharded over `group` (called by the
@@ -113,6 +128,19 @@ class DistributedModel(ParallelModel):
             zero = self._zero.get(id(param)) or self._make_zero_slice(param, slot)
             out.append(param if zero is None else zero.slice_param)
         return out
+
+    def held_region(self, name: str, optimizer: bool = False) -> Tuple[slice, ...]:
+        region = super().held_region(name)
+        if optimizer:
+            zero = next((z for pid, z in self._zero.items() if self.rows[pid].name == name), None)
+            if zero is not None:
+                return zero.region(region)
+        return region
+
+    def after_parameters_set(self) -> None:
+        """Re-cut the ZeRO-1 optimizer slices from the (newly set) parameter shards."""
+        for zero in self._zero.values():
+            zero.slice_param.set_data(Tensor(zero.take(zero.param.asnumpy()), dtype=zero.param.dtype))
 
     def _make_zero_slice(self, param: Parameter, slot):
         if not slot.zero_axes:
@@ -185,16 +213,9 @@ class DistributedModel(ParallelModel):
                 offset += width
                 yield pid, np.moveaxis(part, 0, zero.dim)
 
-    def optimizer_gradients(self, optimizer: nn.Optimizer, weights: Sequence[Parameter], grads) -> tuple:
-        by_id = {}
-        for w, g in zip(weights, grads):
-            zero = self._zero.get(id(w))
-            by_id[id(zero.slice_param) if zero is not None else id(w)] = g
-        try:
-            return tuple(by_id[id(p)] for p in optimizer.parameters)
-        except KeyError:
-            raise ValueError("train_step: the optimizer updates Parameters that are not the model's "
-                             "optimizer_parameters(); build it as nn.Adam(model.optimizer_parameters(), ...)") from None
+    def updated_parameter(self, param: Parameter) -> Parameter:
+        zero = self._zero.get(id(param))
+        return param if zero is None else zero.slice_param
 
     def after_update(self) -> None:
         """All-gather the updated ZeRO-1 slices into the parameters' shards."""

@@ -15,8 +15,8 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_worker.p
 TOLERANCE = 1e-5
 
 
-def run(tmp_path, workers, cases, timeout=900):
-    proc = run_msrun(WORKER, [tmp_path, *cases], workers, tmp_path / "logs", timeout)
+def run(tmp_path, workers, cases, timeout=900, env=None):
+    proc = run_msrun(WORKER, [tmp_path, *cases], workers, tmp_path / "logs", timeout, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(tmp_path / "logs", workers)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(workers)]
 
@@ -57,6 +57,7 @@ def test_gpt_data_x_tensor_with_and_without_zero1_on_4_processes(tmp_path):
         assert zero["memory"]["optimizer_states"] == zero["optimizer_bytes_held"] == zero["param_bytes_held"]
         assert "ReduceScatter" in zero["comm_backward"] and "AllGather" in zero["comm_backward"]
         assert "AllReduce" in plain["comm_backward"]
+        assert plain["communicators"] == ["ShmGroup"]
 
 
 @pytest.mark.msrun
@@ -65,6 +66,16 @@ def test_gpt_tensor_parallel_and_data_parallel_zero1_on_2_processes(tmp_path):
     for res in results:
         check_matches_single_device(res["1x2"])
         check_matches_single_device(res["2x1+zero"])
+
+
+@pytest.mark.msrun
+def test_mindspore_transport_with_process_groups_on_4_processes(tmp_path):
+    """dist_transport="mindspore" (the several-hosts path: mindspore.communication.init() and
+    mint.distributed over new_group groups) gives the same training as the shared-memory one."""
+    env = dict(os.environ, MS_HYPER_DIST_TRANSPORT="mindspore")
+    for res in run(tmp_path, 4, ["2x2+zero"], env=env):
+        check_matches_single_device(res["2x2+zero"])
+        assert res["2x2+zero"]["communicators"] == ["MindSporeGroup"]
 
 
 @pytest.mark.msrun

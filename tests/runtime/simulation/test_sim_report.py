@@ -203,3 +203,57 @@ def test_auto_parallelize_defaults_to_simulation_and_can_return_dtensors():
     out = raw(X)
     assert isinstance(out, DTensor) and out.shape == (8, 16)
     np.testing.assert_allclose(out.full_tensor().asnumpy(), model(X).asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+def _megatron_mlp(sequence_parallel: bool):
+    """Column-parallel fc1 and row-parallel fc2 over a 2-device tensor axis; with sequence
+    parallelism the input arrives split along the batch/sequence dimension and `.shard()`
+    asks for it whole before fc1 (Megatron's AllGather) and split again after fc2."""
+    mesh = Layout((2,), ("tensor",))
+    model = MLP(16, 32, 16)
+    strategy = mesh(tensor_map=(), input_map=("tensor",) if sequence_parallel else None)
+    strategy.override("fc1.*", "tensor").override("fc2.weight", None, "tensor")
+    if sequence_parallel:
+        model.fc1.matmul.shard(((1, 1), (2, 1)))
+        model.fc2.matmul.shard(((1, 2), (1, 2)))
+    return model, mesh, strategy
+
+
+def test_backward_communication_of_megatron_mlp_is_observed():
+    mh.set_context(device_num=2)
+    model, _, strategy = _megatron_mlp(False)
+    sim = simulate(model, strategy)
+    grads = ms.grad(lambda x: (sim(x) ** 2).sum(), grad_position=0, weights=model.trainable_params())(X)
+    report = sim.report()
+    activation = 8 * 16 * 4  # the (8, 16) float32 activation around the MLP
+    # forward: the row-parallel output is all-reduced; backward: the input's gradient (Megatron's f)
+    assert report.comm == {"AllReduce": {"tensor": {"count": 1, "bytes": activation, "input_bytes": activation}}}
+    assert report.comm_backward == {"AllReduce": {"tensor": {"count": 1, "bytes": activation,
+                                                             "input_bytes": activation}}}
+    reference = ms.grad(lambda x: (model(x) ** 2).sum(), grad_position=0, weights=model.trainable_params())(X)
+    for got, want in zip([grads[0], *grads[1]], [reference[0], *reference[1]]):
+        np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_backward_communication_of_sequence_parallel_mlp_is_observed():
+    mh.set_context(device_num=2)
+    model, mesh, strategy = _megatron_mlp(True)
+    sim = simulate(model, strategy, return_dtensor=True)
+
+    def loss(x):
+        out = sim(x).redistribute(mesh("tensor", None))  # Partial -> split along the sequence
+        return (out ** 2).sum().full_tensor()
+
+    grads = ms.grad(loss, grad_position=0, weights=model.trainable_params())(X)
+    report = sim.report()
+    half, whole = 4 * 16 * 4, 8 * 16 * 4  # one device's half of the activation, and all of it
+    assert report.comm["AllGather"] == {"tensor": {"count": 1, "bytes": half, "input_bytes": half}}
+    assert report.comm["ReduceScatter"] == {"tensor": {"count": 1, "bytes": half, "input_bytes": whole}}
+    # backward: the gathered input's gradients are reduce-scattered, the scattered output's gathered
+    assert report.comm_backward == {
+        "AllGather": {"tensor": {"count": 1, "bytes": half, "input_bytes": half}},
+        "ReduceScatter": {"tensor": {"count": 1, "bytes": half, "input_bytes": whole}},
+    }
+    reference = ms.grad(lambda x: (model(x) ** 2).sum(), grad_position=0, weights=model.trainable_params())(X)
+    for got, want in zip([grads[0], *grads[1]], [reference[0], *reference[1]]):
+        np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6)

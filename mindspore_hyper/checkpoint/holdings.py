@@ -1,0 +1,184 @@
+"""What this process holds of a model (and its optimizer): every parameter and optimizer state,
+the Parameter holding it here, the region of the global tensor that Parameter holds, and the
+tensor's layout over the mesh (which region each rank holds). The same view for a plain Cell
+(one device), a simulated model (every virtual device in this process: its Parameters hold the
+global tensors) and a distributed model (this process's shards)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+from mindspore import Parameter, nn
+
+from mindspore_hyper.checkpoint.box import Box
+from mindspore_hyper.checkpoint.errors import CheckpointError
+from mindspore_hyper.checkpoint.regions import rank_box
+from mindspore_hyper.runtime.model import ParallelModel
+from mindspore_hyper.shard.layout import Layout
+from mindspore_hyper.shard.tensor_layout import TensorLayout
+
+__all__ = ["HeldTensor", "Holdings", "holdings_of", "SINGLE_MESH"]
+
+SINGLE_MESH = Layout((1,), ("device",))  # the mesh of a plain Cell
+PARAMETERS, OPTIMIZER = "parameters", "optimizer"
+
+
+@dataclass(frozen=True)
+class HeldTensor:
+    """One parameter or optimizer state as this process holds it.
+
+    Attributes:
+        section: "parameters" or "optimizer".
+        name: the parameter's name, or the optimizer's name of the state (e.g. "moment1.fc.weight").
+        param: the Parameter holding this process's region.
+        global_shape: the whole tensor's shape.
+        dtype: MindSpore dtype name.
+        layout: the tensor's layout on the mesh (rank r holds `box(r)`).
+        holders: the mesh ranks holding a region of it.
+        held: the region `param` holds.
+        state_of: for a per-parameter optimizer state, the parameter's name.
+    """
+
+    section: str
+    name: str
+    param: Parameter
+    global_shape: Tuple[int, ...]
+    dtype: str
+    layout: TensorLayout
+    holders: Tuple[int, ...]
+    held: Box
+    state_of: Optional[str] = None
+
+    def box(self, rank: int) -> Box:
+        return rank_box(self.layout, rank, self.global_shape)
+
+
+@dataclass
+class Holdings:
+    """A process's view of a model for checkpointing.
+
+    Attributes:
+        mesh: the model's mesh (SINGLE_MESH for a plain Cell).
+        mode: "single", "simulation" or "distributed".
+        local_ranks: the mesh ranks this process holds (and writes files for).
+        tensors: parameters first, then optimizer states.
+        optimizer_class: the optimizer's class name, or None.
+        group: the communicator of the whole job under msrun (None in one process).
+        model: the ParallelModel, to tell after a load (None for a plain Cell).
+    """
+
+    mesh: Layout
+    mode: str
+    local_ranks: Tuple[int, ...]
+    tensors: List[HeldTensor]
+    optimizer_class: Optional[str]
+    group: object = None
+    model: Optional[ParallelModel] = None
+
+    @property
+    def lead(self) -> bool:
+        """Whether this process writes the manifest (it holds mesh rank 0)."""
+        return min(self.mesh.ranks) in self.local_ranks
+
+    def failed_ranks(self, failed: bool) -> List[int]:
+        """Collective over the job: the ranks that report `failed` (every process learns the same
+        list); in one process, [its first rank] or []."""
+        if self.group is None:
+            return [self.local_ranks[0]] if failed else []
+        flags = np.zeros(self.mesh.size, np.float32)
+        flags[self.local_ranks[0]] = 1.0 if failed else 0.0
+        return [int(r) for r in np.flatnonzero(self.group.all_reduce(flags))]
+
+    def after_load(self) -> None:
+        if self.model is not None:
+            self.model.after_parameters_set()
+
+
+def holdings_of(model, optimizer: Optional[nn.Optimizer] = None) -> Holdings:
+    """This process's holdings of `model` (a ParallelModel or a plain nn.Cell) and `optimizer`.
+
+    Raises:
+        CheckpointError: `model` or `optimizer` of the wrong type, an optimizer updating
+            Parameters that are not the model's, a Parameter whose shape differs from the region
+            it should hold.
+    """
+    if isinstance(model, ParallelModel):
+        holdings = _parallel(model)
+    elif isinstance(model, nn.Cell):
+        holdings = _single(model)
+    else:
+        raise CheckpointError(f"model: expected a ParallelModel (auto_parallelize's result) or an nn.Cell, got "
+                              f"{type(model).__name__}")
+    if optimizer is not None:
+        if not isinstance(optimizer, nn.Optimizer):
+            raise CheckpointError(f"optimizer: expected an nn.Optimizer, got {type(optimizer).__name__}")
+        holdings.tensors.extend(_optimizer_states(holdings, optimizer, model))
+        holdings.optimizer_class = type(optimizer).__name__
+    for t in holdings.tensors:
+        if tuple(t.param.shape) != t.held.shape:
+            raise CheckpointError(f"{t.section} {t.name!r}: its Parameter has shape {tuple(t.param.shape)} but "
+                                  f"should hold the region {t.held} of {t.global_shape}")
+    return holdings
+
+
+def _single(cell: nn.Cell) -> Holdings:
+    tensors = [HeldTensor(PARAMETERS, name, p, tuple(p.shape), str(p.dtype),
+                          TensorLayout.replicated(SINGLE_MESH, len(p.shape)), (0,), Box.full(p.shape))
+               for name, p in cell.parameters_and_names()]
+    return Holdings(SINGLE_MESH, "single", (0,), tensors, None)
+
+
+def _parallel(model: ParallelModel) -> Holdings:
+    params = dict(model.network.parameters_and_names())
+    tensors = [HeldTensor(PARAMETERS, row.name, params[row.name], row.global_shape, str(params[row.name].dtype),
+                          row.layout, tuple(row.devices), Box.from_slices(model.held_region(row.name)))
+               for row in model.table]
+    group = None
+    world = getattr(model, "world", None)
+    if world is not None and world.size > 1:
+        group = world.communicator(tuple(range(world.size)))
+    return Holdings(model.mesh, model.runtime.name, tuple(model.local_ranks), tensors, None, group, model)
+
+
+def _optimizer_states(holdings: Holdings, optimizer: nn.Optimizer, model) -> List[HeldTensor]:
+    """Per-parameter states (named "<prefix>.<parameter name>", shaped like the Parameter the
+    optimizer updates) laid out like the parameter's optimizer states; other optimizer
+    Parameters (step counters, learning rate, beta powers) replicated."""
+    held = {t.name: t for t in holdings.tensors}
+    own = model.optimizer_parameters() if isinstance(model, ParallelModel) else model.get_parameters()
+    own_ids = {id(p) for p in own}
+    updated: Dict[str, Parameter] = {}
+    for p in optimizer.parameters:
+        if id(p) not in own_ids or p.name not in held:
+            raise CheckpointError(f"optimizer: it updates Parameter {p.name!r}, which is not a parameter of the model; "
+                                  "build it on the model's optimizer_parameters() (ParallelModel) or parameters")
+        updated[p.name] = p
+    mine = {id(p) for p in optimizer.parameters}
+    out = []
+    for name, state in optimizer.parameters_and_names():
+        if id(state) in mine:
+            continue
+        owner = _owner(name, state, updated)
+        if owner is None:
+            out.append(HeldTensor(OPTIMIZER, name, state, tuple(state.shape), str(state.dtype),
+                                  TensorLayout.replicated(holdings.mesh, len(state.shape)), tuple(holdings.mesh.ranks),
+                                  Box.full(state.shape)))
+            continue
+        param = held[owner]
+        if isinstance(model, ParallelModel):
+            layout = model.table[owner].optimizer_layout
+            region = Box.from_slices(model.held_region(owner, optimizer=True))
+        else:
+            layout, region = param.layout, param.held
+        out.append(HeldTensor(OPTIMIZER, name, state, param.global_shape, str(state.dtype), layout, param.holders,
+                              region, owner))
+    return out
+
+
+def _owner(name: str, state: Parameter, updated: Dict[str, Parameter]) -> Optional[str]:
+    """The parameter a state belongs to: the longest parameter name `name` ends with after a
+    dot, among the optimizer's Parameters of the state's shape."""
+    owners = [p for p, param in updated.items()
+              if name.endswith("." + p) and tuple(param.shape) == tuple(state.shape)]
+    return max(owners, key=len, default=None)

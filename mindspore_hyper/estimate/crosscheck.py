@@ -1,0 +1,129 @@
+"""The estimate against the simulation's measured accounting, device by device.
+
+`simulate_step` runs one training step (forward + backward) of a model in simulation mode
+through the public API (`set_context`, `auto_parallelize`, `report`) and returns its report;
+`compare` lines the estimate of each device's pipeline stage up with that device's measured
+memory. `crosscheck_gpt` does both for examples/models.py's GPT under a JobStrategy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+from mindspore_hyper.estimate.gpt_layout import gpt_parallel_config
+from mindspore_hyper.estimate.job import estimate_stage
+from mindspore_hyper.estimate.model import TransformerConfig
+from mindspore_hyper.estimate.strategy import JobStrategy
+
+__all__ = ["simulate_step", "compare", "crosscheck_gpt", "Comparison", "COMPARED"]
+
+# estimator field -> the report's memory key
+COMPARED = {"parameters": "parameters", "gradients": "gradients", "optimizer_states": "optimizer_states",
+            "activations": "activations_peak"}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One device's estimated and measured bytes of one kind."""
+
+    rank: int
+    stage: int
+    kind: str
+    estimated: int
+    measured: int
+
+    @property
+    def relative_error(self) -> float:
+        """(estimated - measured) / measured (0 when both are 0)."""
+        if self.measured == 0:
+            return 0.0 if self.estimated == 0 else float("inf")
+        return (self.estimated - self.measured) / self.measured
+
+
+def simulate_step(model, parallel_config, inputs: Sequence, optimizer: Optional[Callable] = None,
+                  backward: bool = True):
+    """Run one step of `model` on the simulated mesh of `parallel_config`; return the report.
+
+    Sets the context to simulation mode with the config's device count and MindSpore to
+    PYNATIVE mode.
+
+    Args:
+        model: an nn.Cell; with `backward` its output must be a scalar loss.
+        parallel_config: a Strategy, ParallelConfig, YAML path or mapping (as `auto_parallelize`).
+        inputs: the model's inputs (global tensors).
+        optimizer: factory ``params -> nn.Optimizer`` whose states the report counts (default Adam).
+        backward: run `value_and_grad` (forward + backward), else the forward only.
+
+    Returns:
+        The `StepReport` of the step.
+    """
+    import mindspore as ms
+    from mindspore import nn
+
+    import mindspore_hyper as mh
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    loaded = parallel_config if hasattr(parallel_config, "mesh") else mh.load_parallel_config(parallel_config)
+    mh.set_context(mode="simulation", device_num=loaded.mesh.size)
+    parallel = mh.auto_parallelize(model, loaded)
+    params = model.trainable_params()
+    run = ms.value_and_grad(lambda *xs: parallel(*xs), None, params) if backward else parallel
+    run(*inputs)
+    states = (optimizer or (lambda ps: nn.Adam(ps, learning_rate=1e-3)))(params)
+    return parallel.report(states)
+
+
+def _stage_of(rank: int, report) -> int:
+    from mindspore_hyper import Layout
+
+    names = tuple(report.mesh)
+    if "pipeline" not in names:
+        return 0
+    return Layout(tuple(report.mesh.values()), names).coords(rank)[names.index("pipeline")]
+
+
+def compare(config: TransformerConfig, strategy: JobStrategy, report) -> List[Comparison]:
+    """Estimated vs measured bytes for every device of `report` and every kind in COMPARED.
+
+    A device's stage is its coordinate on the mesh's "pipeline" axis (0 without one)."""
+    stages: Dict[int, object] = {}
+    rows = []
+    for rank, measured in sorted(report.memory.items()):
+        stage = _stage_of(rank, report)
+        if stage not in stages:
+            stages[stage] = estimate_stage(config, strategy, stage)
+        for kind, key in COMPARED.items():
+            rows.append(Comparison(rank, stage, kind, int(getattr(stages[stage], kind)), int(measured[key])))
+    return rows
+
+
+def crosscheck_gpt(gpt_class, config: TransformerConfig, strategy: JobStrategy, seed: int = 0) -> List[Comparison]:
+    """Build examples/models.py's GPT for `config`, simulate one training step under `strategy`
+    (laid out by `gpt_parallel_config`) and compare every device with the estimate.
+
+    Args:
+        gpt_class: the GPT class (``GPT(vocab, hidden, heads, layers, seq)``).
+        config: the model; micro_batch is per data-parallel rank (the step's global batch is
+            micro_batch x data).
+        strategy: data / tensor / pipeline sizes and ZeRO stage; its optimizer_states must be 2
+            (the step's optimizer is Adam).
+        seed: seeds the weights and the token ids.
+
+    Returns:
+        The comparisons (see `compare`).
+    """
+    import numpy as np
+    import mindspore as ms
+    from mindspore import Tensor
+
+    if strategy.optimizer_states != 2:
+        raise ValueError(f"optimizer_states={strategy.optimizer_states}: the simulated step uses Adam (2 states)")
+    ms.set_seed(seed)
+    model = gpt_class(vocab=config.vocab, hidden=config.hidden, heads=config.heads, layers=config.layers,
+                      seq=config.seq_len)
+    rng = np.random.default_rng(seed)
+    shape = (config.micro_batch * strategy.data, config.seq_len)
+    ids = Tensor(rng.integers(0, config.vocab, shape).astype(np.int32))
+    labels = Tensor(rng.integers(0, config.vocab, shape).astype(np.int32))
+    report = simulate_step(model, gpt_parallel_config(strategy), (ids, labels))
+    return compare(config, strategy, report)

@@ -1,0 +1,94 @@
+"""JobStrategy: how a job runs on its devices, as the estimator sees it (sizes, not layouts)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from mindspore_hyper.estimate._checks import check_bool, check_choice, check_int
+from mindspore_hyper.estimate._record import Record
+from mindspore_hyper.estimate.activations import RECOMPUTE_MODES
+
+__all__ = ["JobStrategy", "TIERS", "ACTIVATION_MODELS"]
+
+TIERS = ("device", "host", "disk")
+ACTIVATION_MODELS = ("megatron", "simulation")
+
+
+@dataclass(frozen=True)
+class JobStrategy(Record):
+    """Parallel sizes, ZeRO stage, offload tiers, pipeline schedule and what activations count.
+
+    Args:
+        data: data-parallel size d.
+        tensor: tensor-parallel size t (Megatron column/row parallel layers).
+        pipeline: pipeline stages p.
+        expert: expert-parallel size (MoE experts spread over this many ranks of the data group).
+        sequence_parallel: Megatron sequence parallelism over the tensor-parallel group.
+        zero_stage: 0 none; 1 optimizer states, 2 also gradients, 3 also parameters sharded over
+            the data-parallel group.
+        recompute: activation recomputation: "none", "selective" or "full".
+        offload_params: tier of parameters (and their gradients): "device", "host" or "disk"; off
+            the device, the device keeps the largest piece (layer, embedding or head) being used.
+        offload_optimizer: tier of the optimizer states (and fp32 master weights).
+        microbatches: micro-batches per step; None: as many as pipeline stages.
+        in_flight: micro-batches whose activations a stage holds at once; None: 1F1B's
+            min(p - stage, microbatches).
+        optimizer_states: fp32 states per parameter (Adam: 2, momentum SGD: 1, SGD: 0).
+        master_weights: an fp32 copy of 16-bit parameters in the optimizer; None: when the
+            config's dtype_bytes < 4.
+        inference: forward only with a KV cache (no gradients, optimizer states or stored activations).
+        activation_model: "megatron" (Korthikanti et al. Table 2, 16-bit) or "simulation" (what
+            the simulation's accounting counts for the examples' GPT, see simulation_activations).
+
+    Raises:
+        ValueError: a field of the wrong type or out of range, or fields that contradict each
+            other (named in the message).
+    """
+
+    data: int = 1
+    tensor: int = 1
+    pipeline: int = 1
+    expert: int = 1
+    sequence_parallel: bool = False
+    zero_stage: int = 0
+    recompute: str = "none"
+    offload_params: str = "device"
+    offload_optimizer: str = "device"
+    microbatches: Optional[int] = None
+    in_flight: Optional[int] = None
+    optimizer_states: int = 2
+    master_weights: Optional[bool] = None
+    inference: bool = False
+    activation_model: str = "megatron"
+
+    def __post_init__(self):
+        for name in ("data", "tensor", "pipeline", "expert"):
+            check_int(name, getattr(self, name), 1)
+        for name in ("microbatches", "in_flight"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), 1)
+        check_int("optimizer_states", self.optimizer_states, 0)
+        if isinstance(self.zero_stage, bool) or self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage={self.zero_stage!r}: expected 0, 1, 2 or 3")
+        check_choice("recompute", self.recompute, RECOMPUTE_MODES)
+        check_choice("offload_params", self.offload_params, TIERS)
+        check_choice("offload_optimizer", self.offload_optimizer, TIERS)
+        check_choice("activation_model", self.activation_model, ACTIVATION_MODELS)
+        for name in ("sequence_parallel", "inference"):
+            check_bool(name, getattr(self, name))
+        if self.master_weights is not None and not isinstance(self.master_weights, bool):
+            raise ValueError(f"master_weights={self.master_weights!r}: expected a bool or None")
+        if self.data % self.expert:
+            raise ValueError(f"expert={self.expert}: the expert-parallel size must divide data={self.data}")
+        if self.inference:
+            for name, default in (("recompute", "none"), ("microbatches", None), ("in_flight", None),
+                                  ("offload_optimizer", "device")):
+                if getattr(self, name) != default:
+                    raise ValueError(f"{name}={getattr(self, name)!r} has no meaning with inference=True "
+                                     f"(forward only, no optimizer); leave it at {default!r}")
+
+    @property
+    def devices(self) -> int:
+        """Devices of the job: data x tensor x pipeline."""
+        return self.data * self.tensor * self.pipeline
+

@@ -1,0 +1,77 @@
+"""Running a converted Cell beside its torch original: input conversion, flat outputs, relative error."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+from mindspore import Tensor, nn
+
+from mindspore_hyper.migrate.lowering import preserved_buffers
+from mindspore_hyper.migrate.mappings.common import DTYPES
+from mindspore_hyper.migrate.state_dict import cell_parameters
+
+__all__ = ["to_mindspore", "torch_outputs", "cell_outputs", "relative_error", "compare_outputs"]
+
+
+def to_mindspore(value: Any) -> Any:
+    """A torch tensor as a MindSpore Tensor of the same dtype (other values unchanged)."""
+    if isinstance(value, torch.Tensor):
+        import mindspore as ms
+
+        dtype = eval(DTYPES[value.dtype], {"ms": ms})  # noqa: S307 - a fixed table of dtype names
+        array = value.detach().cpu()
+        return Tensor((array.float() if value.dtype == torch.bfloat16 else array).numpy(), dtype=dtype)
+    return value
+
+
+def torch_outputs(value: Any) -> List[np.ndarray]:
+    """The tensor leaves of a torch output structure (ModelOutput, dict, tuple), as float64 arrays."""
+    return [leaf.detach().double().numpy() for leaf in pytree.tree_flatten(value)[0] if isinstance(leaf, torch.Tensor)]
+
+
+def cell_outputs(value: Any) -> List[np.ndarray]:
+    """The Cell's outputs (one tensor or a tuple) as float64 arrays."""
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    return [v.asnumpy().astype(np.float64) for v in values]
+
+
+def relative_error(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> float:
+    """max |got - want| / max |want| over all outputs (per output, then the worst).
+
+    Raises:
+        ValueError: different numbers or shapes of outputs.
+    """
+    if len(got) != len(want):
+        raise ValueError(f"{len(got)} outputs against {len(want)} expected")
+    worst = 0.0
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g.shape != w.shape:
+            raise ValueError(f"output {i}: shape {g.shape}, expected {w.shape}")
+        scale = max(float(np.abs(w).max()) if w.size else 0.0, 1e-30)
+        worst = max(worst, float(np.abs(g - w).max()) / scale if w.size else 0.0)
+    return worst
+
+
+def compare_outputs(torch_module: torch.nn.Module, cell: nn.Cell, torch_args: Sequence[Any],
+                    torch_kwargs: Dict[str, Any], cell_inputs: Sequence[Any]) -> Dict[str, Any]:
+    """Run both on the same inputs (model state restored afterwards on both sides) and compare.
+
+    Returns:
+        {"max_relative_error": float} or {"skipped": reason} when torch itself is not
+        deterministic on these inputs (dropout in training mode).
+    """
+    with torch.no_grad(), preserved_buffers(torch_module):
+        first = torch_outputs(torch_module(*torch_args, **torch_kwargs))
+        second = torch_outputs(torch_module(*torch_args, **torch_kwargs))
+    if relative_error(second, first) != 0.0:
+        return {"skipped": "torch gives different outputs on two runs (dropout active in training mode)"}
+    state = {name: p.value().copy() for name, p in cell_parameters(cell).items() if not p.requires_grad}
+    try:
+        got = cell_outputs(cell(*[to_mindspore(x) for x in cell_inputs]))
+    finally:
+        params = cell_parameters(cell)
+        for name, value in state.items():
+            params[name].set_data(value)
+    return {"max_relative_error": relative_error(got, first)}

@@ -1,0 +1,115 @@
+"""`convert(torch_module, example_inputs, out=None)`: a torch model as a MindSpore Cell, in one call."""
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+import mindspore as ms
+from mindspore import nn
+
+from mindspore_hyper.migrate.cell_builder import instantiate, plan_cells
+from mindspore_hyper.migrate.codegen import generate
+from mindspore_hyper.migrate.compare import compare_outputs, to_mindspore
+from mindspore_hyper.migrate.errors import UnsupportedOpError
+from mindspore_hyper.migrate.fold import fold_constants
+from mindspore_hyper.migrate.helpers import HELPERS
+from mindspore_hyper.migrate.inplace import rewrite_inplace
+from mindspore_hyper.migrate.lowering import type_name
+from mindspore_hyper.migrate.report import ConversionReport
+from mindspore_hyper.migrate.state_dict import convert_state_dict
+from mindspore_hyper.migrate.trace import trace
+from mindspore_hyper.migrate.trace_fx import bind_inputs
+
+__all__ = ["convert", "module_file_name"]
+
+
+def module_file_name(class_name: str) -> str:
+    """snake_case file stem of a class name: GPT2LMHeadModel -> gpt2_lm_head_model."""
+    words = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", class_name)
+    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", words).lower()
+
+
+def _example_args(example_inputs: Any) -> Tuple[Any, ...]:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs)
+    raise TypeError(f"example_inputs: expected a torch.Tensor or a tuple of them, got {type(example_inputs).__name__}")
+
+
+def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[str] = None, *,
+            example_kwargs: Optional[Dict[str, Any]] = None, tracer: str = "auto", check: bool = True,
+            class_name: Optional[str] = None) -> Tuple[nn.Cell, ConversionReport]:
+    """Convert a torch model to a MindSpore Cell with the same structure, weights and outputs.
+
+    Args:
+        torch_module: the torch model (its train/eval mode carries over to the Cell).
+        example_inputs: a tensor or tuple of tensors for its forward (positional).
+        out: a directory; when given, writes `<name>.py` (the Cell source, importable, with
+            `build(checkpoint)`), `<name>.ckpt` (MindSpore checkpoint) and `<name>.report.json`.
+        example_kwargs: keyword inputs of the forward (e.g. {"attention_mask": mask}); they become
+            positional inputs of the Cell, after `example_inputs`, in this order.
+        tracer: "auto" (torch.fx, torch.export when fx fails), "fx" or "export".
+        check: run both models on the example inputs and put the relative error in the report.
+        class_name: name of the generated class (default: the torch class name).
+
+    Returns:
+        (cell, report): the Cell (weights loaded) and the ConversionReport.
+
+    Raises:
+        TypeError: `torch_module` is not a torch module, or the inputs do not fit its forward.
+        ValueError: MindSpore is not in PyNative mode, or `tracer` is unknown.
+        UnsupportedOpError: ops or modules without a mapping (every one, with its source location).
+        TraceFailedError: neither tracer can trace the model.
+    """
+    if not isinstance(torch_module, torch.nn.Module):
+        raise TypeError(f"torch_module: expected a torch.nn.Module, got {type(torch_module).__name__}")
+    if ms.get_context("mode") != ms.PYNATIVE_MODE:
+        raise ValueError("convert builds and checks the Cell op by op: call "
+                         "mindspore.set_context(mode=mindspore.PYNATIVE_MODE) first")
+    start = time.perf_counter()
+    args, kwargs = _example_args(example_inputs), dict(example_kwargs or {})
+    bound = bind_inputs(torch_module, args, kwargs)
+    graph = trace(torch_module, args, kwargs, tracer)
+    rewritten, problems = rewrite_inplace(graph)
+    folded = fold_constants(graph)
+    plan = plan_cells(torch_module, graph)
+    name = class_name or type(torch_module).__name__
+    if name in HELPERS or not name.isidentifier():
+        name = re.sub(r"\W", "_", name) + "Cell"
+    file_stem = module_file_name(name)
+    code = generate(graph, plan, name, type_name(type(torch_module)), f"{file_stem}.ckpt")
+    report = ConversionReport(model=type_name(type(torch_module)), tracer=graph.tracer, uses=code.uses,
+                              notes=list(graph.notes), folded=folded, rewritten=rewritten,
+                              outputs=list(graph.output_names))
+    report.unsupported = problems + plan.problems + code.problems
+    if report.unsupported:
+        raise UnsupportedOpError(report.unsupported, report)
+    cell, _ = instantiate(code.source, name, file_stem)
+    for const_name, value in plan.constants.items():
+        getattr(cell.constants, const_name).set_data(to_mindspore(value))
+    report.weights = convert_state_dict(torch_module, cell,
+                                        ignore_missing=[f"constants.{n}" for n in plan.constants])
+    cell.set_train(torch_module.training)
+    report.seconds = time.perf_counter() - start
+    cell_inputs = [bound.arguments[str(n.target)] for n in graph.inputs]
+    if check:
+        report.check = compare_outputs(torch_module, cell, bound.args, bound.kwargs, cell_inputs)
+    if out is not None:
+        _write(out, file_stem, code.source, cell, report)
+    return cell, report
+
+
+def _write(out: str, stem: str, source: str, cell: nn.Cell, report: ConversionReport) -> None:
+    os.makedirs(out, exist_ok=True)
+    paths = {"source": os.path.join(out, f"{stem}.py"), "checkpoint": os.path.join(out, f"{stem}.ckpt"),
+             "report": os.path.join(out, f"{stem}.report.json")}
+    with open(paths["source"], "w", encoding="utf-8") as f:
+        f.write(source)
+    ms.save_checkpoint(cell, paths["checkpoint"])
+    report.files = dict(paths)
+    with open(paths["report"], "w", encoding="utf-8") as f:
+        f.write(report.to_json())

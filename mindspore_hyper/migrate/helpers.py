@@ -1,0 +1,62 @@
+"""Code the generated Cell modules contain: containers mirroring torch modules, and MindSpore
+compositions of torch functions that have no single MindSpore op with a CPU kernel.
+
+The code generator copies the source of each helper a generated module uses into that module, so
+the written file needs only MindSpore and NumPy. Each helper is checked against torch in
+tests/migrate.
+"""
+import math
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, mint, nn, ops
+
+__all__ = ["Module", "param", "scaled_dot_product_attention", "layer_norm", "HELPERS"]
+
+
+class Module(nn.Cell):
+    """A container mirroring one torch module: its sub-Cells and Parameters under their torch names."""
+
+    def __init__(self, /, **members):
+        super().__init__()
+        for name, member in members.items():
+            setattr(self, name, member)
+
+
+def param(shape, dtype=ms.float32, requires_grad=True):
+    """A zero-filled Parameter of `shape`; the checkpoint fills in the torch values."""
+    return Parameter(Tensor(np.zeros(shape), dtype), requires_grad=requires_grad)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """torch.nn.functional.scaled_dot_product_attention (boolean masks keep True positions)."""
+    length, source = query.shape[-2], key.shape[-2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    scores = mint.mul(mint.matmul(query, mint.transpose(key, -2, -1)), scale)
+    if is_causal:
+        keep = Tensor(np.tril(np.ones((length, source), np.bool_)))
+        scores = ops.masked_fill(scores, mint.logical_not(keep), float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == ms.bool_:
+            scores = ops.masked_fill(scores, mint.logical_not(attn_mask), float("-inf"))
+        else:
+            scores = mint.add(scores, attn_mask)
+    probs = mint.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        probs = ops.dropout(probs, p=dropout_p, training=True)
+    return mint.matmul(probs, value)
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """torch.nn.functional.layer_norm over the last len(normalized_shape) dimensions."""
+    axis = -len(normalized_shape)
+    if weight is None:
+        weight = mint.ones(tuple(normalized_shape), dtype=x.dtype)
+    if bias is None:
+        bias = mint.zeros(tuple(normalized_shape), dtype=x.dtype)
+    return ops.LayerNorm(begin_norm_axis=axis, begin_params_axis=axis, epsilon=eps)(x, weight, bias)[0]
+
+
+HELPERS = {"Module": Module, "param": param, "scaled_dot_product_attention": scaled_dot_product_attention,
+           "layer_norm": layer_norm}

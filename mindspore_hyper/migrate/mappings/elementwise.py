@@ -1,0 +1,158 @@
+"""Elementwise arithmetic, comparisons and logic on tensors, and on Python numbers (shape arithmetic).
+
+A call whose operands are all Python numbers (fx traces `x.shape[1] // heads`) stays a Python
+expression; a call with a tensor becomes the mint function (functional calls, so a simulated
+DTensor on either side reaches its dispatcher).
+"""
+import math
+import operator
+
+import torch
+
+from mindspore_hyper.migrate.mappings.common import call, expect, is_python
+from mindspore_hyper.migrate.mappings.registry import Unsupported, function, method
+
+aten = torch.ops.aten
+
+
+def _binary(ms_fn: str, py_op: str):
+    def emit(self, other, alpha=None):
+        if is_python(self, other):
+            return f"({self} {py_op} {other})"
+        if alpha.value not in (None, 1):
+            return call(ms_fn, self, other, alpha=alpha)
+        return call(ms_fn, self, other)
+    return emit
+
+
+function("mint.add", aten.add, torch.add, method("add"), operator.add)(_binary("mint.add", "+"))
+function("mint.sub", aten.sub, aten.subtract, torch.sub, torch.subtract, method("sub"), operator.sub)(_binary("mint.sub", "-"))
+function("mint.mul", aten.mul, aten.multiply, torch.mul, torch.multiply, method("mul"), operator.mul)(_binary("mint.mul", "*"))
+
+
+@function("mint.pow", aten.pow, torch.pow, method("pow"), operator.pow)
+def pow_(self, exponent):
+    if is_python(self, exponent):
+        return f"({self} ** {exponent})"
+    return call("mint.pow", self, exponent)
+
+
+function("mint.remainder", aten.remainder, torch.remainder, method("remainder"), operator.mod)(
+    _binary("mint.remainder", "%"))
+function("mint.minimum", aten.minimum, torch.minimum)(_binary("mint.minimum", "min"))
+function("mint.maximum", aten.maximum, torch.maximum)(_binary("mint.maximum", "max"))
+
+
+@function("mint.sub", aten.rsub, torch.rsub)
+def rsub(self, other, alpha=1):
+    expect(alpha, (1,), "alpha")
+    return call("mint.sub", other, self)
+
+
+@function("mint.div", aten.div, aten.true_divide, torch.div, torch.true_divide, method("div"), operator.truediv)
+def div(self, other, rounding_mode=None):
+    if is_python(self, other):
+        return f"({self} / {other})"
+    mode = rounding_mode.value
+    if mode is None:
+        return call("mint.div", self, other)
+    if mode == "floor":
+        return call("ops.floor_divide", self, other)
+    raise Unsupported(f"div(rounding_mode={mode!r}) is not mapped (MindSpore 2.10 has no CPU Trunc kernel)")
+
+
+@function("ops.floor_divide", aten.floor_divide, torch.floor_divide, method("floor_divide"), operator.floordiv)
+def floor_divide(self, other):
+    if is_python(self, other):
+        return f"({self} // {other})"
+    return call("ops.floor_divide", self, other)
+
+
+def _unary(ms_fn: str, py_op: str = ""):
+    def emit(self):
+        if py_op and is_python(self):
+            return f"({py_op}{self})"
+        return call(ms_fn, self)
+    return emit
+
+
+function("mint.neg", aten.neg, torch.neg, method("neg"), operator.neg)(_unary("mint.neg", "-"))
+for _name, _keys in {
+    "abs": (aten.abs, torch.abs, method("abs")), "exp": (aten.exp, torch.exp, method("exp")),
+    "log": (aten.log, torch.log, method("log")), "sqrt": (aten.sqrt, torch.sqrt, method("sqrt")),
+    "rsqrt": (aten.rsqrt, torch.rsqrt, method("rsqrt")), "erf": (aten.erf, torch.erf, method("erf")),
+    "sin": (aten.sin, torch.sin, method("sin")), "cos": (aten.cos, torch.cos, method("cos")),
+    "reciprocal": (aten.reciprocal, torch.reciprocal, method("reciprocal")),
+    "logical_not": (aten.logical_not, torch.logical_not, method("logical_not")),
+}.items():
+    function(f"mint.{_name}", *_keys)(_unary(f"mint.{_name}"))
+
+
+@function("math.sqrt", math.sqrt)
+def python_sqrt(x):
+    if not is_python(x):
+        raise Unsupported("math.sqrt of a tensor; use torch.sqrt")
+    return call("math.sqrt", x)
+
+
+@function("mint.clamp", aten.clamp, aten.clip, torch.clamp, method("clamp"), torch.clip, method("clip"))
+def clamp(self, min=None, max=None):
+    return call("mint.clamp", self, min=min, max=max)
+
+
+@function("mint.clamp", aten.clamp_min, method("clamp_min"))
+def clamp_min(self, min):
+    return call("mint.clamp", self, min=min)
+
+
+_COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+for _name, _op in _COMPARISONS.items():
+    function(f"mint.{_name}", getattr(aten, _name), getattr(torch, _name), method(_name), getattr(operator, _name))(
+        _binary(f"mint.{_name}", _op))
+
+
+def _is_bool(*args) -> bool:
+    return all(a.dtype == torch.bool for a in args if a.is_tensor)
+
+
+@function("mint.logical_and", aten.logical_and, torch.logical_and, method("logical_and"))
+def logical_and(self, other):
+    return call("mint.logical_and", self, other)
+
+
+@function("mint.logical_or", aten.logical_or, torch.logical_or, method("logical_or"))
+def logical_or(self, other):
+    return call("mint.logical_or", self, other)
+
+
+def _int_operands(self, other):
+    """Both operands as tensors (MindSpore 2.10 has no CPU kernel for bitwise ops with a Python scalar)."""
+    tensor = self if self.is_tensor else other
+    return [a if a.is_tensor else f"Tensor({a}, {tensor}.dtype)" for a in (self, other)]
+
+
+@function("mint.logical_and / ops.bitwise_and", aten.bitwise_and, aten.__and__, torch.bitwise_and, operator.and_,
+          method("bitwise_and"))
+def bitwise_and(self, other):
+    if is_python(self, other):
+        return f"({self} & {other})"
+    if _is_bool(self, other):
+        return call("mint.logical_and", self, other)
+    return call("ops.bitwise_and", *_int_operands(self, other))
+
+
+@function("mint.logical_or / ops.bitwise_or", aten.bitwise_or, aten.__or__, torch.bitwise_or, operator.or_,
+          method("bitwise_or"))
+def bitwise_or(self, other):
+    if is_python(self, other):
+        return f"({self} | {other})"
+    if _is_bool(self, other):
+        return call("mint.logical_or", self, other)  # mint.bitwise_or has no CPU kernel
+    return call("ops.bitwise_or", *_int_operands(self, other))
+
+
+@function("mint.logical_not / ops.invert", aten.bitwise_not, torch.bitwise_not, operator.invert, method("bitwise_not"))
+def bitwise_not(self):
+    if is_python(self):
+        return f"(~{self})"
+    return call("mint.logical_not" if _is_bool(self) else "ops.invert", self)

@@ -1,0 +1,58 @@
+"""Normalisation: LayerNorm, BatchNorm1d/2d, GroupNorm modules; functional layer_norm and group_norm.
+
+torch and MindSpore differ in defaults: BatchNorm momentum is the weight of the new statistic in
+torch (0.1) and of the old one in MindSpore (0.9), so m becomes 1 - m; nn.LayerNorm's epsilon
+defaults to 1e-7 in MindSpore and 1e-5 in torch. The constructors below always pass both.
+"""
+import torch
+import torch.nn.functional as F
+
+from mindspore_hyper.migrate.mappings.common import call, sizes
+from mindspore_hyper.migrate.mappings.registry import Unsupported, function, module
+
+aten = torch.ops.aten
+
+_NORM_PARAMS = {"weight": "gamma", "bias": "beta"}
+_BN_PARAMS = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}
+
+
+@module(torch.nn.LayerNorm, "nn.LayerNorm", params=_NORM_PARAMS)
+def layer_norm_module(m: torch.nn.LayerNorm) -> str:
+    n = len(m.normalized_shape)
+    return (f"nn.LayerNorm({tuple(m.normalized_shape)}, begin_norm_axis={-n}, begin_params_axis={-n}, "
+            f"epsilon={m.eps!r})")
+
+
+def _batch_norm(m, cls: str) -> str:
+    if m.momentum is None:
+        raise Unsupported(f"{type(m).__name__}(momentum=None) (a cumulative moving average) has no MindSpore "
+                          "equivalent; set a momentum")
+    use_batch_statistics = "" if m.track_running_stats else ", use_batch_statistics=True"
+    return (f"nn.{cls}({m.num_features}, eps={m.eps!r}, momentum={1.0 - m.momentum!r}, "
+            f"affine={m.affine}{use_batch_statistics})")
+
+
+@module(torch.nn.BatchNorm1d, "nn.BatchNorm1d", params=_BN_PARAMS)
+def batch_norm1d_module(m: torch.nn.BatchNorm1d) -> str:
+    return _batch_norm(m, "BatchNorm1d")
+
+
+@module(torch.nn.BatchNorm2d, "nn.BatchNorm2d", params=_BN_PARAMS)
+def batch_norm2d_module(m: torch.nn.BatchNorm2d) -> str:
+    return _batch_norm(m, "BatchNorm2d")
+
+
+@module(torch.nn.GroupNorm, "nn.GroupNorm", params=_NORM_PARAMS)
+def group_norm_module(m: torch.nn.GroupNorm) -> str:
+    return f"nn.GroupNorm({m.num_groups}, {m.num_channels}, eps={m.eps!r}, affine={m.affine})"
+
+
+@function("ops.LayerNorm (helper layer_norm)", F.layer_norm, aten.layer_norm)
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    # mint.nn.functional.layer_norm has no CPU kernel; the helper calls the LayerNorm primitive.
+    return call("layer_norm", input, sizes([normalized_shape]), weight, bias, eps)
+
+
+@function("mint.nn.functional.group_norm", F.group_norm, aten.group_norm)
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
+    return call("mint.nn.functional.group_norm", input, num_groups, weight, bias, eps)

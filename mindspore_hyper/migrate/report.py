@@ -1,0 +1,89 @@
+"""The conversion report: tracer, every mapping used, constants, rewrites, weights, output check."""
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from mindspore_hyper.migrate.codegen import MappingUse
+from mindspore_hyper.migrate.state_dict import StateDictReport
+
+__all__ = ["ConversionReport"]
+
+
+@dataclass
+class ConversionReport:
+    """What convert() did.
+
+    Attributes:
+        model: the torch class converted.
+        tracer: "torch.fx" or "torch.export".
+        uses: one MappingUse per converted op (torch op, MindSpore API, node, location).
+        unsupported: one line per op that could not be converted (empty when conversion succeeded).
+        notes: tracing facts (specialised shapes, why fx was not used).
+        folded: constants computed at conversion time.
+        rewritten: in-place ops made out-of-place.
+        weights: the state-dict placement report.
+        outputs: output names, in the order the Cell returns them.
+        check: the output comparison with torch on the example inputs (or why it was not run).
+        files: paths written with `out=`.
+    """
+
+    model: str
+    tracer: str = ""
+    uses: List[MappingUse] = field(default_factory=list)
+    unsupported: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+    folded: List[str] = field(default_factory=list)
+    rewritten: List[str] = field(default_factory=list)
+    weights: Optional[StateDictReport] = None
+    outputs: List[str] = field(default_factory=list)
+    check: Dict[str, Any] = field(default_factory=dict)
+    files: Dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def mapping_table(self) -> List[Dict[str, Any]]:
+        """One row per (torch op, MindSpore API): count and first location."""
+        rows: "OrderedDict[tuple, Dict[str, Any]]" = OrderedDict()
+        for use in self.uses:
+            row = rows.setdefault((use.torch_op, use.mindspore), {"torch": use.torch_op, "mindspore": use.mindspore,
+                                                                   "count": 0, "first": use.where})
+            row["count"] += 1
+        return list(rows.values())
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "tracer": self.tracer, "mappings": self.mapping_table(),
+                "unsupported": list(self.unsupported), "notes": list(self.notes), "folded": list(self.folded),
+                "rewritten": list(self.rewritten), "weights": self.weights.to_dict() if self.weights else None,
+                "outputs": list(self.outputs), "check": dict(self.check), "files": dict(self.files),
+                "seconds": self.seconds}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def __str__(self) -> str:
+        lines = [f"{self.model}: traced with {self.tracer}, {len(self.uses)} ops converted in {self.seconds:.2f} s"]
+        lines += [f"  note: {n}" for n in self.notes]
+        table = self.mapping_table()
+        if table:
+            width = max(len(r["torch"]) for r in table)
+            lines.append("mappings:")
+            lines += [f"  {r['torch']:<{width}}  -> {r['mindspore']}  (x{r['count']})" for r in table]
+        if self.unsupported:
+            lines.append("unsupported:")
+            lines += [f"  {u}" for u in self.unsupported]
+        if self.folded:
+            lines.append(f"constants computed at conversion time: {len(self.folded)}")
+            lines += [f"  {f}" for f in self.folded]
+        if self.rewritten:
+            lines.append("in-place ops rewritten:")
+            lines += [f"  {r}" for r in self.rewritten]
+        if self.weights is not None:
+            lines.append("weights: " + str(self.weights).replace("\n", "\n  "))
+        if self.outputs:
+            lines.append("outputs: " + ", ".join(self.outputs))
+        if self.check:
+            lines.append("check against torch: " + ", ".join(f"{k}={v}" for k, v in self.check.items()))
+        lines += [f"wrote {kind}: {path}" for kind, path in self.files.items()]
+        return "\n".join(lines)

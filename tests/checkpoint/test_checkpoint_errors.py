@@ -1,0 +1,198 @@
+"""Every refusal names what is wrong, and a refused load changes no Parameter: missing manifest
+or files, a model that does not fit (all missing/extra names and shape/dtype mismatches at
+once), corrupt files and manifests, optimizer mismatches, bad arguments."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn
+
+import mindspore_hyper as mh
+from mindspore_hyper import auto_parallelize
+from mindspore_hyper.checkpoint import CheckpointError
+from ckpt_models import GPT, adam, global_values, gpt, megatron
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A 4-device simulated GPT (data 2 x tensor 2) saved with Adam: (directory, values)."""
+    directory = tmp_path_factory.mktemp("saved")
+    mh.reset_context()
+    mh.set_context(device_num=4)
+    ms.set_seed(1)
+    model = gpt()
+    par = auto_parallelize(model, megatron(2, 2, zero=True))
+    optimizer = adam(par.optimizer_parameters())
+    mh.save_checkpoint(par, directory, optimizer=optimizer)
+    mh.reset_context()
+    return directory, global_values(model, optimizer)
+
+
+@pytest.fixture
+def copy(saved, tmp_path):
+    """A private copy of the saved checkpoint, to break."""
+    target = tmp_path / "copy"
+    shutil.copytree(saved[0], target)
+    for path in target.rglob("*"):
+        path.chmod(0o644 if path.is_file() else 0o755)
+    return target
+
+
+def unchanged_after(fn, model, optimizer=None):
+    """Run `fn` (which must raise CheckpointError) and check no Parameter changed; the error."""
+    before = global_values(model, optimizer)
+    with pytest.raises(CheckpointError) as info:
+        fn()
+    after = global_values(model, optimizer)
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+    return str(info.value)
+
+
+def test_no_checkpoint_there(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        mh.load_checkpoint(gpt(), tmp_path / "nowhere")
+    with pytest.raises(CheckpointError, match="no manifest"):
+        mh.load_checkpoint(gpt(), tmp_path)
+
+
+def test_missing_files_are_named(copy):
+    os.remove(copy / "rank_1" / "checkpoint_rank1.safetensors")
+    model = gpt()
+    message = unchanged_after(lambda: mh.load_checkpoint(model, copy), model)
+    assert "missing file(s) ['rank_1/checkpoint_rank1.safetensors']" in message
+
+
+def test_model_mismatch_names_every_missing_and_extra_parameter_and_shape(saved):
+    bigger = GPT(vocab=128, hidden=64, heads=4, layers=3, seq=16)
+    message = unchanged_after(lambda: mh.load_checkpoint(bigger, saved[0]), bigger)
+    missing = sorted(n for n, _ in bigger.parameters_and_names() if n.startswith("blocks.2."))
+    assert f"parameters of the model missing from the checkpoint: {missing}" in message
+    wider = GPT(vocab=256, hidden=64, heads=4, layers=1, seq=16)
+    message = unchanged_after(lambda: mh.load_checkpoint(wider, saved[0]), wider)
+    extra = sorted(n for n in saved[1] if n.startswith("blocks.1."))
+    assert f"parameters in the checkpoint but not in the model: {extra}" in message
+    assert "shape mismatch of 'embed.embedding_table': checkpoint (128, 64), model (256, 64)" in message
+    assert "shape mismatch of 'head.weight': checkpoint (128, 64), model (256, 64)" in message
+
+
+def test_dtype_mismatch_is_refused(saved):
+    model = gpt()
+    model.ln_f.gamma.set_dtype(ms.float16)
+    message = unchanged_after(lambda: mh.load_checkpoint(model, saved[0]), model)
+    assert "dtype mismatch of 'ln_f.gamma': checkpoint Float32, model Float16" in message
+
+
+def test_optimizer_mismatches(saved, tmp_path):
+    model = gpt()
+    sgd = nn.SGD(model.trainable_params(), learning_rate=0.1, momentum=0.9)
+    message = unchanged_after(lambda: mh.load_checkpoint(model, saved[0], optimizer=sgd), model, sgd)
+    assert "optimizer states of the model missing from the checkpoint: ['accum.blocks.0.attn.proj.bias'" in message
+    assert "optimizer states in the checkpoint but not in the model: ['beta1_power', 'beta2_power'" in message
+    mh.save_checkpoint(model, tmp_path)
+    optimizer = adam(model.trainable_params())
+    message = unchanged_after(lambda: mh.load_checkpoint(model, tmp_path, optimizer=optimizer), model, optimizer)
+    assert "the checkpoint holds no optimizer states" in message
+    with pytest.raises(CheckpointError, match="optimizer: it updates Parameter 'x', which is not a parameter"):
+        mh.save_checkpoint(gpt(), tmp_path, optimizer=nn.Adam([Parameter(Tensor(np.ones(2, np.float32)), "x")]))
+    twin = adam(gpt().trainable_params())  # same names, other Parameters
+    with pytest.raises(CheckpointError, match="'embed.embedding_table', which is not a parameter of the model"):
+        mh.load_checkpoint(model, saved[0], optimizer=twin)
+
+
+def test_truncated_file_is_corrupt(copy):
+    path = copy / "rank_0" / "checkpoint_rank0.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[:-100])
+    model = gpt()
+    message = unchanged_after(lambda: mh.load_checkpoint(model, copy), model)
+    assert f"rank_0/checkpoint_rank0.safetensors has {len(data) - 100} bytes, the manifest says {len(data)}" in message
+
+
+def rewrite_header(path, change):
+    """Apply `change` to the parsed JSON header of a safetensors file, keeping the file's size."""
+    data = bytearray(path.read_bytes())
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    change(header)
+    text = json.dumps(header, separators=(",", ":"))
+    assert len(text) <= length
+    data[8:8 + length] = text.ljust(length).encode()
+    path.write_bytes(bytes(data))
+
+
+def test_a_tensor_missing_from_its_file_fails_before_any_parameter_changes(copy):
+    """The last parameter's shard is gone from its file: every region read before it must not
+    reach the Parameters."""
+    rewrite_header(copy / "rank_1" / "checkpoint_rank1.safetensors", lambda h: h.pop("head.weight"))
+    model = gpt()
+    message = unchanged_after(lambda: mh.load_checkpoint(model, copy), model)
+    assert ("rank_1/checkpoint_rank1.safetensors: corrupt checkpoint file: no tensor 'head.weight', which the "
+            "manifest places there") in message
+
+
+def test_corrupt_headers_are_named(copy):
+    path = copy / "rank_1" / "checkpoint_rank1.safetensors"
+    original = path.read_bytes()
+    size = len(original) - 8 - int.from_bytes(original[:8], "little")
+    cases = [
+        (lambda h: h["head.weight"].update(data_offsets=[0, 0]),
+         "tensor 'head.weight': data_offsets [0, 0] hold 0 bytes, but shape [64, 64] of F32 needs 16384"),
+        (lambda h: h["head.weight"].update(data_offsets=[0, 10 * size]),
+         f"tensor 'head.weight': data_offsets [0, {10 * size}] point outside the file's {size} data bytes"),
+        (lambda h: h["head.weight"].update(dtype="F8"), "tensor 'head.weight': dtype 'F8' is not one of"),
+        (lambda h: h["head.weight"].update(dtype="F16", data_offsets=[0, 8192], shape=[64, 64]),
+         "corrupt checkpoint file: tensor 'head.weight' is F16 (64, 64), the manifest says Float32 (64, 64)"),
+    ]
+    model = gpt()
+    for change, expected in cases:
+        path.write_bytes(original)
+        rewrite_header(path, change)
+        message = unchanged_after(lambda: mh.load_checkpoint(model, copy), model)
+        assert "rank_1/checkpoint_rank1.safetensors: corrupt" in message and expected in message, message
+    data = bytearray(original)
+    data[8] = ord("#")
+    path.write_bytes(bytes(data))
+    assert "the header is not JSON" in unchanged_after(lambda: mh.load_checkpoint(model, copy), model)
+    path.write_bytes((10 ** 12).to_bytes(8, "little") + original[8:])
+    assert "header length 1000000000000 does not fit" in unchanged_after(lambda: mh.load_checkpoint(model, copy),
+                                                                           model)
+
+
+def test_manifest_fields_are_checked(copy):
+    path = copy / "manifest.json"
+    good = json.loads(path.read_text())
+    cases = [
+        (lambda m: m.pop("mesh"), "mesh: missing"),
+        (lambda m: m.update(version=99), "version: expected 1, got 99"),
+        (lambda m: m["parameters"]["ln_f.gamma"].update(dtype="Float7"), "parameters['ln_f.gamma'].dtype: 'Float7'"),
+        (lambda m: m["parameters"]["head.weight"]["shards"].pop(), "parameters['head.weight'].shards: the shards "
+                                                                   "cover 4096 of the 8192 elements"),
+        (lambda m: m["parameters"]["head.weight"]["shards"][0].update(box=[[0, 64], [0, 65]]),
+         "parameters['head.weight'].shards[0].box: Box[0:64, 0:65] is empty or outside the global shape [128, 64]"),
+        (lambda m: m["parameters"]["head.weight"]["shards"][0].update(file="elsewhere"),
+         "parameters['head.weight'].shards[0].file: 'elsewhere' is not listed in files"),
+    ]
+    model = gpt()
+    for change, expected in cases:
+        broken = json.loads(json.dumps(good))
+        change(broken)
+        path.write_text(json.dumps(broken))
+        message = unchanged_after(lambda: mh.load_checkpoint(model, copy), model)
+        assert f"manifest.json: {expected}" in message, message
+    path.write_text("{not json")
+    assert "not a readable JSON manifest" in unchanged_after(lambda: mh.load_checkpoint(model, copy), model)
+
+
+def test_bad_arguments_are_named(tmp_path):
+    with pytest.raises(CheckpointError, match="directory: expected a path, got int"):
+        mh.save_checkpoint(gpt(), 3)
+    with pytest.raises(CheckpointError, match="directory: expected a path, got NoneType"):
+        mh.load_checkpoint(gpt(), None)
+    with pytest.raises(CheckpointError, match="model: expected a ParallelModel .* got dict"):
+        mh.save_checkpoint({}, tmp_path)
+    with pytest.raises(CheckpointError, match="optimizer: expected an nn.Optimizer, got list"):
+        mh.save_checkpoint(gpt(), tmp_path, optimizer=[])

@@ -1,0 +1,96 @@
+"""`mindspore-hyper plan` through the console script: the GPT preset with the layout flags (the
+simulated report and the estimate agree), a user model with a parallel config YAML, errors."""
+import os
+
+from cli_run import ROOT, cli, cli_json
+
+TESTS = os.path.join(ROOT, "tests")
+
+GPT_PARAMS = 117_504  # examples/models.py GPT with its defaults
+
+
+def test_gpt_preset_json_report_and_estimate_agree():
+    out = cli_json("plan", "--data", "2", "--pipeline", "2", "--zero", "1")
+    assert out["report"]["mesh"] == {"data": 2, "tensor": 1, "pipeline": 2}
+    assert len(out["strategy_table"]["parameters"]) == 29
+    memory = out["report"]["memory"]
+    assert len(memory) == 4
+    # stage 0 (embedding + a layer, 59,200 parameters) and stage 1 (a layer + head, 58,304), fp32
+    assert sorted({m["parameters"] for m in memory.values()}) == [58_304 * 4, 59_200 * 4]
+    assert sum(m["parameters"] for m in memory.values()) == 2 * GPT_PARAMS * 4
+    rows = out["estimate"]
+    assert len(rows) == 4 * 4 and all(r["compared"] for r in rows)
+    for r in rows:
+        if r["kind"] != "activations":
+            assert r["estimated"] == r["simulated"], r
+        else:
+            assert abs(r["estimated"] - r["simulated"]) / r["simulated"] < 0.05, r
+
+
+def test_gpt_preset_text_with_tensor_parallelism(tmp_path):
+    png = tmp_path / "plan.png"
+    code, out, err = cli("plan", "--tensor", "2", "--init-args", '{"layers": 1}', "--batch", "4", "--plot", str(png))
+    assert code == 0, err
+    assert "StrategyTable: mesh (1, 2, 1)" in out and "blocks.0.attn.qkv.weight" in out
+    assert "communication per step" in out and "AllReduce" in out
+    assert "estimate (mindspore_hyper.estimate) vs simulated" in out
+    assert "parameters" in out and "exact" in out and "not comparable" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+MLP_CONFIG = '''
+parallel_config:
+  device_matrix: [2, 4]
+  alias_names: [data, tensor]
+  module_level:
+    - name: fc1
+      strategy:
+        tensor: (4,1)
+    - name: fc2
+      strategy:
+        tensor: (1,4)
+  parameter_level:
+    - {name: fc2.bias, tensor_map: [None]}
+'''
+
+
+def test_user_model_with_a_parallel_config(tmp_path):
+    """tests/sim_models.py's MLP (fc1, act, fc2), imported from the current directory."""
+    (tmp_path / "tp.yaml").write_text(MLP_CONFIG)
+    out = cli_json("plan", "--model", "sim_models:MLP", "--init-args", '{"d_in": 16, "d_hidden": 32, "d_out": 16}',
+                   "--inputs", "float32:8x16", "--config", str(tmp_path / "tp.yaml"), "--forward-only",
+                   "--optimizer", "sgd", cwd=TESTS)
+    # fc1 weight (32,16)/4 + bias 32/4 + fc2 weight (16,32) split on dim 1 + bias 16 = 280 parameters
+    assert all(m["parameters"] == 280 * 4 for m in out["report"]["memory"].values())
+    assert out["report"]["comm"]["AllReduce"]["tensor"]["count"] == 1  # the row-parallel partial sums
+    assert out["estimate"] == []
+
+
+def check_usage_error(args, fragment, cwd=None):
+    code, out, err = cli(*args, **({"cwd": cwd} if cwd else {}))
+    assert code == 2, (code, out, err)
+    assert fragment in err, err
+
+
+def test_errors_exit_2_naming_the_flag():
+    check_usage_error(["plan"], "no strategy: give --config YAML, or --data/--tensor/--pipeline/--zero")
+    check_usage_error(["plan", "--config", "x.yaml", "--data", "2"], "--config and --data both give the strategy")
+    check_usage_error(["plan", "--data", "2", "--batch", "7"], "--batch 7 must divide by --data 2")
+    check_usage_error(["plan", "--data", "2", "--init-args", "{layers: 2}"], "argument --init-args: expected a JSON")
+    check_usage_error(["plan", "--data", "2", "--init-args", '{"depth": 2}'], "--init-args")
+    check_usage_error(["plan", "--model", "nowhere.mod:Net", "--inputs", "float32:8x4", "--data", "2"],
+                      "cannot import module 'nowhere.mod'")
+    check_usage_error(["plan", "--model", "sim_models:MLP", "--config", "c.yaml"], "give its --inputs")
+    check_usage_error(["plan", "--zero", "2"], "argument --zero: invalid choice: 2")
+    check_usage_error(["plan", "--data", "2", "--batch", "4", "--inputs", "int32:4x16:128"],
+                      "--batch sets the gpt preset's batch")
+    check_usage_error(["plan", "--model", "sim_models:MLP", "--inputs", "float32:8", "--config", "c.yaml"],
+                      "--config c.yaml: no such file", cwd=TESTS)
+    check_usage_error(["plan", "--model", "sim_models:MLP", "--inputs", "complex:8x16", "--data", "2"],
+                      "--inputs 'complex:8x16': expected DTYPE:SHAPE[:HIGH]", cwd=TESTS)
+
+
+def test_a_layout_the_estimator_does_not_cover_is_said():
+    out = cli_json("plan", "--tensor", "8", "--init-args", '{"layers": 1}', "--batch", "2")
+    assert out["estimate"] == [] and "tensor=8: the attention heads (4) must divide" in out["estimate_unavailable"]
+    assert len(out["report"]["memory"]) == 8

@@ -1,0 +1,122 @@
+"""A model touching every mapped torch op in its torch-function, Tensor-method and operator forms
+(torch.fx sees those) and, exported, in its aten forms; converted, each must match torch."""
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+class OpZoo(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(6, 5))
+        self.w2 = torch.nn.Parameter(torch.randn(5, 6))
+        self.b = torch.nn.Parameter(torch.randn(5))
+        self.conv_w = torch.nn.Parameter(torch.randn(4, 3, 3, 3))
+        self.norm_w = torch.nn.Parameter(torch.rand(6) + 0.5)
+        self.table = torch.nn.Parameter(torch.randn(10, 6))
+        self.gn_w = torch.nn.Parameter(torch.rand(3) + 0.5)
+        self.layers = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(4, 4, 3, stride=2, padding="valid"), torch.nn.AvgPool2d(2, 1, 1, count_include_pad=False),
+            torch.nn.AdaptiveAvgPool2d(2), torch.nn.GroupNorm(2, 4), torch.nn.SiLU(), torch.nn.Flatten(),
+            torch.nn.Linear(16, 6), torch.nn.LayerNorm(6), torch.nn.Tanh(), torch.nn.Dropout(0.3),
+            torch.nn.LeakyReLU(0.2), torch.nn.Sigmoid(), torch.nn.Softmax(-1), torch.nn.LogSoftmax(-1),
+            torch.nn.GELU("tanh"), torch.nn.Identity())
+        self.seq1d = torch.nn.Sequential(torch.nn.Conv1d(4, 4, 3, padding=1), torch.nn.BatchNorm1d(4))
+        self.emb = torch.nn.Embedding(10, 6, padding_idx=0)
+
+    def forward(self, x, y, img, ids, mask):
+        b, h, n = x.shape
+        out = []
+        # modules
+        out += [self.layers(img), self.seq1d(x), self.emb(ids)]
+        # linear algebra
+        out += [F.linear(x, self.w.t(), self.b), torch.matmul(x, self.w), x.matmul(self.w), x @ self.w,
+                torch.mm(x[0], self.w), x[0].mm(self.w), torch.bmm(x, y.transpose(1, 2)), x.bmm(y.transpose(1, 2)),
+                torch.addmm(self.b, x[0], self.w, beta=0.5, alpha=2.0), x[0].new_zeros(5).addmm(x[0], self.w),
+                torch.baddbmm(x[:, :, :4], x, y.transpose(1, 2)[:, :, :4]),
+                x[:, :, :4].baddbmm(x, y.transpose(1, 2)[:, :, :4], beta=0.0)]
+        # convolution, norm, embedding, attention, dropout (functional)
+        out += [F.conv2d(img, self.conv_w, stride=1, padding=1), torch.conv2d(img, self.conv_w, padding="same"),
+                F.layer_norm(x, (n,), self.norm_w, None, 1e-5), F.group_norm(img, 3, self.gn_w),
+                F.embedding(ids, self.table), F.dropout(x, 0.5, training=False),
+                F.scaled_dot_product_attention(x, y, y, is_causal=True),
+                F.scaled_dot_product_attention(x, y, y, attn_mask=mask[:, :, :4])]
+        # activations
+        out += [F.relu(x), torch.relu(x), x.relu(), F.gelu(x), F.silu(x), torch.sigmoid(x),
+                F.sigmoid(x), x.sigmoid(), torch.tanh(x), F.tanh(x), x.tanh(), F.softmax(x, -1), torch.softmax(x, 1),
+                x.softmax(-1), F.softmax(x, dim=-1, dtype=torch.float32), F.log_softmax(x, -1),
+                torch.log_softmax(x, -1), x.log_softmax(-1), F.leaky_relu(x, 0.1),
+                F.max_pool2d(img, 2), F.avg_pool2d(img, 2, 1, 1), F.adaptive_avg_pool2d(img, 1)]
+        # shapes
+        z = x.view(b, -1).reshape(b, h, n).view(-1, n).view_as(x).reshape_as(y)
+        out += [z, torch.reshape(x, (b * h, n)), x.permute(2, 0, 1), torch.permute(x, (1, 0, 2)),
+                torch.transpose(x, 0, 2), x.transpose(1, 2), torch.swapaxes(x, 0, 1), x.swapaxes(0, 2),
+                x[0].t(), torch.t(x[0]), x.unsqueeze(1), torch.unsqueeze(x, -1), x.unsqueeze(0).squeeze(0),
+                torch.squeeze(x[:, :1], 1), x[:, :1].squeeze(), torch.flatten(x, 1), x.flatten(),
+                x[:, :1].expand(b, h, n), x[:, :1].expand_as(y), x.contiguous(), x.clone(), torch.clone(x),
+                x.detach()]
+        # dtypes
+        out += [x.float(), x.half().float(), x.double().float(), x.int(), x.long(), x.bool(),
+                x.bfloat16().float(), x.to(torch.int32), x.to(ids), x.type(torch.int64), x.type_as(ids),
+                x.to("cpu"), ids.to(x.device, torch.float32)]
+        # splitting, joining, indexing
+        p1, p2 = x.split(3, dim=2)
+        q1, q2 = torch.split(x, [2, 4], 2)
+        c1, c2 = x.chunk(2, -1)
+        d1, d2 = torch.chunk(x, 2, 1)
+        u = x.unbind(0)
+        v = torch.unbind(x, 1)
+        out += [p1, p2, q1, q2, c1, c2, d1, d2, u[1], v[2], torch.cat([x, y], 1), torch.concat((x, y), -1),
+                torch.stack([x, y], 1), x[:, 1:3], x[..., None, ::2], x[0, :, -1], x[:, ids[0, :2]],
+                torch.select(x, 1, 2), x.select(2, -1), torch.gather(x, 2, ids[:, None, :].expand(b, h, n) % n),
+                x.gather(1, (ids[:, :3, None] % h).expand(b, 3, n)), torch.index_select(x, 2, ids[0] % n),
+                x.index_select(0, ids[:, 0] % b), torch.masked_fill(x, mask, -1.0), x.masked_fill(mask, 2.0),
+                torch.where(mask, x, y), torch.where(mask, x, 0.5), x.where(mask, y), x.repeat(1, 2, 1),
+                x.repeat((2, 1, 1))]
+        # sizes as Python values
+        out += [x * x.size(1), x + x.size()[2] // 3, y - x.dim(), x / math.sqrt(x.numel() % 7 + 1),
+                x * x.shape[-1] ** 2 - (-n), torch.full((b, n), n % 4)]
+        # elementwise
+        out += [torch.add(x, y, alpha=2), x.add(y), x + 1, 1 - x, torch.sub(x, y), torch.subtract(x, y, alpha=0.5),
+                x.sub(1), torch.rsub(x, 1.5), x * y, torch.mul(x, 3), torch.multiply(x, y), x.mul(y),
+                x ** 2, 2 ** x, torch.pow(x, 3), x.pow(y.abs()), x % 0.7, torch.remainder(x, 0.6), x.remainder(y + 3),
+                torch.minimum(x, y), torch.maximum(x, y), x / y, torch.div(x, 2), torch.true_divide(x, y), x.div(y),
+                torch.div(x, y, rounding_mode="floor"), x // 0.3, torch.floor_divide(ids, 3), ids.floor_divide(4),
+                -x, torch.neg(x), x.neg(), torch.abs(x), x.abs(), torch.exp(x), x.exp(), torch.log(x.abs() + 1),
+                (x.abs() + 1).log(), torch.sqrt(x.abs()), x.abs().sqrt(), torch.rsqrt(x.abs() + 1),
+                (x.abs() + 1).rsqrt(), torch.erf(x), x.erf(), torch.sin(x), x.sin(), torch.cos(x), x.cos(),
+                torch.reciprocal(x.abs() + 1), (x + 9).reciprocal(), torch.clamp(x, -0.5, 0.5), x.clamp(min=0.1),
+                torch.clip(x, max=0.2), x.clip(-0.1, 0.1), x.clamp_min(0.3)]
+        # comparisons and logic
+        out += [x == y, torch.eq(x, 0.5), x.eq(y), x != y, torch.ne(x, y), x.ne(0.0), x < y, torch.lt(x, y),
+                x.lt(0.2), x <= y, torch.le(x, y), x.le(0.0), x > y, torch.gt(x, y), x.gt(0.1), x >= y,
+                torch.ge(x, y), x.ge(0.3), torch.logical_and(mask, x > 0), mask.logical_and(x < 0),
+                torch.logical_or(mask, x > 0), mask.logical_or(x < 0), torch.logical_not(mask), mask.logical_not(),
+                mask & (x > 0), torch.bitwise_and(mask, x > 1), mask.bitwise_and(x < 1), ids & 6,
+                mask | (x > 0), torch.bitwise_or(mask, x > 1), mask.bitwise_or(x < 1), ~mask,
+                torch.bitwise_not(mask), mask.bitwise_not()]
+        # reductions
+        out += [torch.sum(x), x.sum(1), x.sum((0, 2), keepdim=True), torch.mean(x, -1), x.mean(), torch.prod(x, 1),
+                x.prod(-1, keepdim=True), torch.amax(x, 1), x.amax((0, 1)), torch.amin(x, -1), x.amin(),
+                torch.max(x), torch.max(x, 1).values, x.max(-1, keepdim=True)[1], torch.max(x, y), x.max(y),
+                torch.min(x), torch.min(x, 2)[0], x.min(0).indices, torch.min(x, y), torch.argmax(x, -1),
+                x.argmax(1, keepdim=True), torch.cumsum(x, 1), x.cumsum(-1), ids.cumsum(1), torch.var(x, 1),
+                x.var(-1, unbiased=False), torch.std(x, 2, keepdim=True), x.std(correction=0), torch.any(mask),
+                mask.any(1), torch.all(mask, -1), mask.all()]
+        # creation
+        out += [torch.arange(n) + x, torch.arange(1, n, 2) + x[..., :3], torch.arange(0.0, 3.0, 0.5) + x.sum(),
+                torch.zeros((b, h)) + x[..., 0], torch.zeros((b, n), dtype=torch.int64) + ids,
+                torch.ones((b, h, n)) * x, torch.full((b, h), 2.0) + x[..., 1], torch.zeros_like(x) + y,
+                torch.ones_like(ids) + ids, torch.full_like(x, 7) * y, x.new_ones(b, h) + x[..., 2],
+                x.new_zeros((b, n)) + x[:, 0], x.new_full((h, n), 3.0) * x, torch.tril(x), x.tril(-1),
+                torch.triu(x, 1), x.triu()]
+        return tuple(out)
+
+
+def zoo_inputs():
+    torch.manual_seed(0)
+    mask = torch.rand(2, 4, 6) > 0.5
+    mask[..., 0] = True  # every attention row keeps a key
+    return (torch.randn(2, 4, 6), torch.randn(2, 4, 6), torch.randn(2, 3, 8, 8), torch.randint(0, 10, (2, 6)), mask)

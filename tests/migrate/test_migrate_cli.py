@@ -1,0 +1,113 @@
+"""The `convert` subcommand: through a subprocess (python -m mindspore_hyper.migrate convert) and,
+for the error paths, in-process (same parser, faster)."""
+import argparse
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+import mindspore as ms
+
+from mindspore_hyper.migrate.__main__ import main
+from mindspore_hyper.migrate.cli import add_parser
+from mindspore_hyper.migrate.compare import cell_outputs, to_mindspore
+
+MODELS = textwrap.dedent("""
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self, dim=16, out=8):
+            super().__init__()
+            self.fc = torch.nn.Linear(dim, out)
+            self.norm = torch.nn.LayerNorm(out)
+
+        def forward(self, x):
+            return self.norm(torch.relu(self.fc(x)))
+
+    class Odd(torch.nn.Module):
+        def forward(self, x):
+            return torch.cummax(x, 0).values
+
+    def broken():
+        raise RuntimeError("no weights here")
+""")
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    (tmp_path / "cli_models.py").write_text(MODELS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_subprocess_converts_and_written_files_reproduce_torch(workdir):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "mindspore-hyper"), "convert", "cli_models:Net",
+         "--input-shape", "4,12", "--init-args", '{"dim": 12}', "--out", "out"], cwd=workdir, env=env,
+        capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"torch.nn.Linear +-> nn.Dense", result.stdout) and "max_relative_error" in result.stdout
+    assert sorted(os.listdir(workdir / "out")) == ["net.ckpt", "net.py", "net.report.json"]
+    spec = importlib.util.spec_from_file_location("cli_written_net", workdir / "out" / "net.py")
+    written = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(written)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    cell = written.build(str(workdir / "out" / "net.ckpt"))
+    import cli_models
+
+    torch.manual_seed(0)  # the CLI's default seed: the same weights
+    model = cli_models.Net(dim=12).eval()
+    x = torch.randn(3, 12)
+    with torch.no_grad():
+        want = model(x).numpy()
+    np.testing.assert_allclose(cell_outputs(cell(to_mindspore(x)))[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_help_lists_the_flags(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["convert", "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("module:Class", "--input-shape", "--input-dtype", "--init-args", "--out", "--tracer", "examples:"):
+        assert flag in text
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["convert", "cli_models:Net", "--input-shape", "4,16"], "the following arguments are required: --out"),
+    (["convert", "cli_models", "--input-shape", "4", "--out", "o"], "expected module:Class"),
+    (["convert", "cli_models:Net", "--input-shape", "4,x", "--out", "o"], "expected comma-separated positive"),
+    (["convert", "cli_models:Net", "--input-shape", "4,0", "--out", "o"], "expected comma-separated positive"),
+    (["convert", "cli_models:Net", "--input-shape", "4,16", "--input-dtype", "int8", "--out", "o"], "invalid choice"),
+    (["convert", "cli_models:Net", "--input-shape", "4,16", "--init-args", "{dim", "--out", "o"], "expected JSON"),
+    (["convert", "cli_models:Net", "--input-shape", "4,16", "--init-args", "3", "--out", "o"], "a JSON list or object"),
+    (["convert", "cli_models:Net", "--input-shape", "4,16", "--int-high", "0", "--out", "o"], "positive integer"),
+])
+def test_bad_flags_exit_2(workdir, capsys, argv, message):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,status,message", [
+    (["nowhere:Net"], 2, "cannot import module 'nowhere'"),
+    (["cli_models:Missing"], 2, "module 'cli_models' has no attribute 'Missing'"),
+    (["cli_models:broken"], 2, "cli_models:broken([]) failed: RuntimeError: no weights here"),
+    (["cli_models:Net", "--input-dtype", "int64", "--input-dtype", "bool"], 2, "2 given for 1 --input-shape"),
+    (["cli_models:Odd"], 1, "torch.cummax: no MindSpore mapping"),
+])
+def test_run_errors(workdir, capsys, argv, status, message):
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["convert"] + argv[:1] + ["--input-shape", "4,16", "--out", "out"] + argv[1:])
+    assert args.func(args) == status
+    assert message in capsys.readouterr().err
+    assert not (workdir / "out").exists()
