@@ -50,8 +50,8 @@ class TrainResult:
 
     Attributes:
         losses: batch id -> loss of that batch.
-        grads: gradients aligned with `AsyncEncoderPipeline.parameters()` (encoder's, then the
-            LM's), each summed over the batches in batch order.
+        grads: gradients aligned with `AsyncEncoderPipeline.local_parameters()` (in simulation all
+            parameters: the encoder's, then the LM's), each summed over the batches in batch order.
         timeline: as in PipelineResult.
     """
 
@@ -140,6 +140,17 @@ class AsyncEncoderPipeline:
         """Trainable parameters: the encoder's, then the LM's (the order of TrainResult.grads)."""
         return list(self.encoder.trainable_params()) + list(self.lm.trainable_params())
 
+    def local_parameters(self) -> List[ms.Parameter]:
+        """The parameters this process trains (the order of its TrainResult.grads): all of
+        `parameters()` in simulation; under msrun the encoder's on encoder processes, the LM's on
+        the LM process, none elsewhere."""
+        role = self.role
+        if role == "all":
+            return self.parameters()
+        if role == "encoder":
+            return list(self.encoder.trainable_params())
+        return list(self.lm.trainable_params()) if role == "lm" else []
+
     @property
     def role(self) -> str:
         """"all" in simulation; in distributed mode "encoder", "lm" or "idle" for this process."""
@@ -163,7 +174,7 @@ class AsyncEncoderPipeline:
     def train_step(self, batches: Sequence[Batch], loss_fn: Callable) -> TrainResult:
         """Forward and backward of every batch (encoders ahead of the LM as in inference); the
         gradients of the step's loss (the sum of the batches' losses) w.r.t. `parameters()`.
-        Apply them with a MindSpore optimizer over `parameters()`: `optimizer(result.grads)`.
+        Apply them with a MindSpore optimizer over `local_parameters()`: `optimizer(result.grads)`.
 
         Raises:
             ValueError: a cache is set (a reused feature has no gradient path to the encoder),

@@ -6,7 +6,7 @@ import pytest
 from mindspore import nn
 
 from mindspore_hyper.multimodal import AsyncEncoderPipeline, Batch, FeatureCache, signature_dim
-from tests.multimodal.mm_models import direct_outputs, loss_fn, make_batches, make_models
+from mm_models import direct_outputs, loss_fn, make_batches, make_models
 
 
 def unit_costs(encode=1.0, lm=1.0, backward=0.5, slow=None):
