@@ -95,8 +95,9 @@ class AsyncEncoderPipeline:
             process that holds it (each encoder process passes its own).
         signature: image -> signature for the cache (default `image_signature`).
         mode: "simulation" or "distributed"; None reads the `mode` context flag.
-        cost_model: simulation only: (kind, batch) -> seconds replacing the measured duration of
-            a compute (kind "encode", "lm" or "encoder_backward"); None measures.
+        cost_model: simulation only: (kind, batch, rows) -> seconds replacing the measured
+            duration of a compute (kind "encode", "lm" or "encoder_backward"; rows = images the
+            encoder really ran, cache hits excluded, or the batch size); None measures.
         encoder_ranks, lm_rank: distributed only: the world ranks of the encoder group and of
             the LM (default: ranks 0..num_encoders-1 encode, rank num_encoders runs the LM).
 
@@ -123,7 +124,7 @@ class AsyncEncoderPipeline:
         if not callable(signature):
             raise ValueError("signature: expected a callable image -> vector")
         if cost_model is not None and (mode != "simulation" or not callable(cost_model)):
-            raise ValueError("cost_model: a callable (kind, batch) -> seconds, only in simulation mode "
+            raise ValueError("cost_model: a callable (kind, batch, rows) -> seconds, only in simulation mode "
                              "(distributed mode measures real processes)")
         if mode == "simulation" and (encoder_ranks is not None or lm_rank is not None):
             raise ValueError("encoder_ranks/lm_rank: only in distributed mode (simulation uses virtual groups)")

@@ -16,10 +16,15 @@ __all__ = ["run_simulated"]
 
 
 def _timed(cost_model: Optional[Callable], kind: str, batch: Batch, fn: Callable):
+    """Runs fn; its seconds are measured, or priced by cost_model(kind, batch, rows) where rows is
+    the number of images the encoder really ran (cache hits excluded) or the batch size."""
     start = time.perf_counter()
     result = fn()
     measured = time.perf_counter() - start
-    return result, (measured if cost_model is None else float(cost_model(kind, batch)))
+    if cost_model is None:
+        return result, measured
+    rows = sum(r is None for r in result.reused_from) if kind == "encode" else batch.size
+    return result, float(cost_model(kind, batch, rows))
 
 
 def run_simulated(batches: Sequence[Batch], encoders: List[EncoderStage], lm: LanguageStage, ahead: int,

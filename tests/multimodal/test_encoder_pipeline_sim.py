@@ -11,7 +11,7 @@ from mm_models import direct_outputs, loss_fn, make_batches, make_models
 
 def unit_costs(encode=1.0, lm=1.0, backward=0.5, slow=None):
     """A cost model: `slow` maps batch_id -> encode seconds."""
-    def cost(kind, batch):
+    def cost(kind, batch, rows):
         if kind == "encode":
             return (slow or {}).get(batch.batch_id, encode)
         return lm if kind == "lm" else backward
@@ -106,8 +106,11 @@ def test_cache_reuses_features_of_repeated_images():
     encoder, lm = make_models()
     batches = make_batches(4, duplicates_of={2: 0, 3: 1})
     cache = FeatureCache(signature_dim(16), threshold=0.98)
-    result = AsyncEncoderPipeline(encoder, lm, ahead=1, cache=cache, mode="simulation").infer(batches)
+    result = AsyncEncoderPipeline(encoder, lm, ahead=1, cache=cache, mode="simulation",
+                                  cost_model=lambda kind, batch, rows: float(rows)).infer(batches)
     assert result.reused_from == {4: 0, 5: 1, 6: 2, 7: 3}
+    # the cost model sees the images really encoded: none for the repeated batches
+    assert [e.duration for e in result.timeline.of("encoder0", "encode")] == [2.0, 2.0, 0.0, 0.0]
     assert result.cache_stats["hits"] == 4 and result.cache_stats["misses"] == 4
     for b in batches:
         expected = direct_outputs(encoder, lm, b)
