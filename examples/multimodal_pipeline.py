@@ -157,16 +157,17 @@ def build_models(seed=0):
     return VisionEncoder(), DecoderLM()
 
 
-def run_variants(stream: Stream, ahead=1, threshold=0.95, warmup=True):
-    """sync, async and async+cache over the same stream; returns {name: PipelineResult}."""
-    encoder, lm = build_models()
+def run_variants(stream: Stream, ahead=1, threshold=0.95, warmup=True, cost_model=None, models=None):
+    """sync, async and async+cache over the same stream; returns {name: PipelineResult}.
+    `cost_model` (simulation): priced instead of measured compute times."""
+    encoder, lm = models or build_models()
     if warmup:  # first calls of each shape compile kernels; keep them out of the timings
         AsyncEncoderPipeline(encoder, lm, ahead=0).infer(stream.batches[:1] + [
             b for b in stream.batches if b.images.shape != stream.batches[0].images.shape][:3])
     results = {}
     for name, a, cache in (("sync", 0, None), ("async", ahead, None),
                            ("async+cache", ahead, FeatureCache(signature_dim(16), threshold=threshold))):
-        results[name] = AsyncEncoderPipeline(encoder, lm, ahead=a, cache=cache).infer(stream.batches)
+        results[name] = AsyncEncoderPipeline(encoder, lm, ahead=a, cache=cache, cost_model=cost_model).infer(stream.batches)
     return results
 
 
