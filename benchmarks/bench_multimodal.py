@@ -141,11 +141,12 @@ def print_report(title: str, report: dict) -> None:
     sync = report["figures"]["sync"]
     print(f"\n{title}:\nencoder time per batch {report['encode_spread'][0]:+.0%} .. {report['encode_spread'][1]:+.0%} "
           f"of its mean (synchronous run)")
-    print(f"{'variant':<12} {'lat. mean':>10} {'lat. p99':>10} {'thr. r/s':>9} {'latency':>9} {'throughput':>11}")
+    print(f"{'variant':<12} {'lat. mean':>10} {'lat. p99':>10} {'thr. r/s':>9} {'latency':>9} {'throughput':>11} "
+          f"{'enc/LM overlap':>15}")
     for name, f in report["figures"].items():
         print(f"{name:<12} {f['latency_mean'] * 1e3:>7.0f} ms {f['latency_p99'] * 1e3:>7.0f} ms "
               f"{f['throughput']:>9.2f} {f['latency_mean'] / sync['latency_mean'] - 1:>+9.0%} "
-              f"{f['throughput'] / sync['throughput']:>10.2f}x")
+              f"{f['throughput'] / sync['throughput']:>10.2f}x {f['overlap'] / f['makespan']:>14.0%}")
     print(f"near-duplicates reused: {report['hits']} of {report['duplicates']}; false reuse: {report['false_reuse']}")
 
 

@@ -232,8 +232,8 @@ def _lm_loop(pipe, split: GroupSplit, batches: List[Batch], loss_fn: Optional[Ca
             reused = tuple(None if k < 0 else int(k) for k in msg.ids[n:])
             events.append(StageEvent(encoder_group(tag), "encode", msg.batch_id, msg.values[0], msg.values[1]))
             encoded = EncodedBatch(msg.batch_id, batch.request_ids, msg.array, reused, tag)
+            start = time.time()  # before TAKEN: an encoder's next start is never before it (tested)
             to_encoder.send(Message(TAKEN, msg.batch_id))
-            start = time.time()
             if loss_fn is None:
                 results[msg.batch_id] = (stage.infer(encoded, batch), reused)
                 done = Message(DONE, msg.batch_id)

@@ -11,7 +11,7 @@ the gradients of a step are summed in batch order, so they equal the synchronous
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import mindspore as ms

@@ -9,7 +9,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
-import mindspore as ms  # noqa: E402
 from mindspore import nn  # noqa: E402
 
 import mindspore_hyper as mh  # noqa: E402

@@ -40,6 +40,13 @@ def test_inference_on_two_encoder_processes_and_one_lm_process(tmp_path):
     assert sorted(meta["consume"]) == list(range(6))
     groups = {g for g, *_ in meta["events"]}
     assert groups == {"encoder0", "encoder1", "lm"}
+    # back-pressure across processes: an encoder starts its k-th batch only after the LM took its
+    # (k - ahead)-th (ahead = 2; the LM records its start before it sends TAKEN)
+    lm_start = {b: s for g, k, b, s, e in meta["events"] if g == "lm"}
+    for enc in ("encoder0", "encoder1"):
+        starts = sorted((s, b) for g, k, b, s, e in meta["events"] if g == enc and k == "encode")
+        for k in range(2, len(starts)):
+            assert starts[k][0] >= lm_start[starts[k - 2][1]]
 
 
 @pytest.mark.msrun
