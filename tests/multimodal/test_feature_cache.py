@@ -117,18 +117,23 @@ def test_constant_image_never_matches():
     assert cache.lookup(flat) is None and len(cache) == 0
 
 
-def test_offload_store_backing_round_trip_and_eviction():
+def test_offload_store_backing_spills_to_disk_round_trips_and_erases_evicted():
     from mindspore_hyper.offload.store import OffloadStore
 
-    store = OffloadStore(block_size=4096, device_memory=1 << 16, host_memory=1 << 16, make_default=False)
+    # host pool of 4 blocks of 4 KiB: features of 4 KiB each beyond the fourth go to the disk tier
+    store = OffloadStore(block_size=4096, device_memory=8192, host_memory=16384, make_default=False)
     try:
-        images, _ = _images(3, seed=11)
-        cache = FeatureCache(DIM, capacity=2, store=store)
-        features = [np.random.default_rng(i).standard_normal((8, 16)).astype(np.float32) for i in range(3)]
-        for i in range(3):
+        images, _ = _images(10, seed=11)
+        cache = FeatureCache(DIM, capacity=8, store=store)
+        features = [np.random.default_rng(i).standard_normal((32, 32)).astype(np.float32) for i in range(10)]
+        for i in range(10):
             cache.insert(image_signature(images[i]), features[i], key=i)
-        assert cache.stats.evictions == 1 and cache.lookup(image_signature(images[0])) is None
-        for i in (1, 2):
+        stats = store.stats()
+        assert stats["disk"]["used_blocks"] > 0 and stats["host"]["used_blocks"] <= 4
+        assert stats["blocks"] == 8  # the two evicted features were erased from the store
+        assert cache.stats.evictions == 2
+        assert cache.lookup(image_signature(images[0])) is None and cache.lookup(image_signature(images[1])) is None
+        for i in range(2, 10):
             np.testing.assert_array_equal(cache.lookup(image_signature(images[i])), features[i])
     finally:
         store.close()
