@@ -197,6 +197,7 @@ def main():
     parser.add_argument("--duplicates", type=float, default=0.3, help="share of near-duplicate images")
     parser.add_argument("--variance", type=float, default=0.3, help="+- share of encoder work variation")
     parser.add_argument("--ahead", type=int, default=1)
+    parser.add_argument("--plot", metavar="PREFIX", help="write PREFIX_<variant>.png Gantt charts of the timelines")
     args = parser.parse_args()
     ms.set_context(mode=ms.PYNATIVE_MODE)
     stream = request_stream(args.batches, args.batch_size, variance=args.variance, duplicate_share=args.duplicates)
@@ -204,6 +205,9 @@ def main():
     if mh.get_context("mode") == "distributed" and not results["sync"].outputs:
         return  # an encoder process: the LM process checks and reports
     report = check_and_report(stream, results)
+    if args.plot:
+        for name, result in results.items():
+            result.timeline.plot(f"{args.plot}_{name.replace('+', '_')}.png", title=name)
     print(f"mode {mh.get_context('mode')}; encoder time per batch {report['encode_spread'][0]:+.0%} .. "
           f"{report['encode_spread'][1]:+.0%} of its mean")
     print(f"{'variant':<12} {'latency mean':>13} {'p99':>8} {'throughput':>12} {'overlap':>8}")

@@ -95,6 +95,30 @@ class PipelineTimeline:
                 "throughput": float(lat.size / self.makespan), "makespan": self.makespan,
                 "overlap": overlap, "requests": int(lat.size)}
 
+    def plot(self, path: str, title: str = "") -> None:
+        """Gantt chart PNG: one row per group, bars labelled with batch ids (matplotlib, Agg)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        colours = {"encode": "tab:blue", "lm": "tab:orange", "encoder_backward": "tab:green"}
+        groups = self.groups
+        fig, ax = plt.subplots(figsize=(10, 0.6 * len(groups) + 1.2))
+        for row, group in enumerate(groups):
+            for e in self.of(group):
+                ax.barh(row, e.duration, left=e.start - self.start, color=colours[e.kind], edgecolor="black")
+                ax.text(e.start - self.start + e.duration / 2, row, str(e.batch_id), ha="center", va="center",
+                        fontsize=7)
+        ax.set_yticks(range(len(groups)))
+        ax.set_yticklabels(groups)
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds")
+        ax.set_title(title or f"makespan {self.makespan:.2f} s")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+
     def to_chrome_trace(self, path: str) -> None:
         """Trace-event JSON (chrome://tracing, ui.perfetto.dev): one thread per group."""
         tids = {g: i for i, g in enumerate(self.groups)}

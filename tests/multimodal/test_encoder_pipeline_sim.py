@@ -188,3 +188,12 @@ def test_bad_arguments():
         Batch(0, (0, 1), b[0].images[:1], b[0].text)
     with pytest.raises(ValueError, match="duplicates"):
         Batch(0, (0, 0), b[0].images, b[0].text)
+
+
+def test_timeline_plot_writes_a_png(tmp_path):
+    encoder, lm = make_models()
+    t = AsyncEncoderPipeline(encoder, lm, ahead=1, mode="simulation", cost_model=unit_costs()).infer(
+        make_batches(3)).timeline
+    path = tmp_path / "gantt.png"
+    t.plot(str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
