@@ -1,4 +1,4 @@
-"""AsyncEncoderPipeline under msrun: encoders and the LM in separate processes give the per-request
+"""AsyncEncoderPipeline under msrun: two encoder processes and an LM process give the per-request
 outputs and the training gradients/parameters of the single-process synchronous model."""
 import json
 import os
@@ -51,7 +51,7 @@ def test_inference_on_two_encoder_processes_and_one_lm_process(tmp_path):
 
 @pytest.mark.msrun
 def test_training_matches_the_synchronous_single_process_model(tmp_path):
-    ranks = run(tmp_path, 2, "train", 1)
+    ranks = run(tmp_path, 3, "train", 1)  # 2 encoder replicas (gradients all-reduced) + the LM
     encoder, lm = make_models(seed=3)
     batches = make_batches(5, seed=1)
     params = encoder.trainable_params() + lm.trainable_params()
@@ -69,8 +69,11 @@ def test_training_matches_the_synchronous_single_process_model(tmp_path):
             first = {p.name: g.asnumpy() for p, g in zip(params, grads)}
         opt(grads)
     enc_out, enc_meta = ranks[0]
-    lm_out, lm_meta = ranks[1]
-    assert enc_meta["role"] == "encoder" and lm_meta["role"] == "lm"
+    lm_out, lm_meta = ranks[2]
+    assert [meta["role"] for _, meta in ranks] == ["encoder", "encoder", "lm"]
+    assert enc_out.keys() == ranks[1][0].keys()
+    for key in enc_out:  # both replicas hold the summed gradient and so the same parameters
+        np.testing.assert_array_equal(enc_out[key], ranks[1][0][key])
     for step in range(2):
         got = [lm_meta["losses"][step][str(b)] for b in range(5)]
         np.testing.assert_allclose(got, ref_losses[step], rtol=1e-5)
@@ -80,4 +83,4 @@ def test_training_matches_the_synchronous_single_process_model(tmp_path):
         np.testing.assert_allclose(held["grad:" + p.name], first[p.name], rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(held["param:" + p.name], p.asnumpy(), rtol=1e-4, atol=1e-6)
     kinds = {(g, k) for g, k, *_ in lm_meta["events"]}
-    assert ("encoder0", "encoder_backward") in kinds and ("lm", "lm") in kinds
+    assert {("encoder0", "encoder_backward"), ("encoder1", "encoder_backward"), ("lm", "lm")} <= kinds
