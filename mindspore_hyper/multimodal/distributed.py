@@ -92,8 +92,14 @@ def _receiver(channel: Channel, tag: int, out: queue.Queue) -> threading.Thread:
                 out.put((tag, msg))
                 if msg.kind == END:
                     return
-        except Exception as exc:  # the consumer re-raises it
-            out.put((tag, exc))
+        except Exception as exc:  # the consumer re-raises it, naming the channel's world ranks
+            message = f"encoder pipeline: receiving on world ranks {channel.source} -> {channel.target}: {exc}"
+            try:
+                wrapped = type(exc)(message)
+            except Exception:
+                wrapped = RuntimeError(message)
+            wrapped.__cause__ = exc
+            out.put((tag, wrapped))
 
     thread = threading.Thread(target=loop, name=f"mm-recv-{channel.source}", daemon=True)
     thread.start()

@@ -1,7 +1,8 @@
 """Worker of the multimodal msrun tests: runs the encoder pipeline in distributed mode (encoders on
 ranks 0..N-2, the LM on the last rank) and writes what this rank got to OUT_DIR/rank<r>.npz.
 
-Usage (under msrun): mm_worker.py OUT_DIR infer|train AHEAD
+Usage (under msrun): mm_worker.py OUT_DIR infer|train|fail AHEAD
+("fail": encoder 0 raises while encoding its second batch.)
 """
 import json
 import os
@@ -24,6 +25,17 @@ def main(out_dir, what, ahead):
     workers = int(os.environ["MS_WORKER_NUM"])
     encoder, lm = make_models(seed=3)
     out = {}
+    if what == "fail":
+        calls = []
+
+        def failing(*args):
+            calls.append(1)
+            if rank == 0 and len(calls) == 2:
+                raise RuntimeError("encoder failure injected by the test")
+        encoder.register_forward_pre_hook(lambda cell, inputs: failing())
+        pipe = AsyncEncoderPipeline(encoder, lm, ahead=ahead, num_encoders=workers - 1)
+        pipe.infer(make_batches(6, seed=1, labels=False))
+        return
     if what == "infer":
         batches = make_batches(6, seed=1, labels=False, duplicates_of={4: 0})
         cache = FeatureCache(signature_dim(16), threshold=0.98)

@@ -14,9 +14,13 @@ from msrun_helpers import run_msrun, worker_logs
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mm_worker.py")
 
 
-def run(tmp_path, workers, what, ahead, timeout=300):
-    proc = run_msrun(WORKER, [tmp_path, what, ahead], workers, tmp_path / "logs", timeout,
-                     env=dict(os.environ, MS_HYPER_MODE="distributed"))
+def launch(tmp_path, workers, what, ahead, timeout=300, **env):
+    return run_msrun(WORKER, [tmp_path, what, ahead], workers, tmp_path / "logs", timeout,
+                     env=dict(os.environ, MS_HYPER_MODE="distributed", **env))
+
+
+def run(tmp_path, workers, what, ahead):
+    proc = launch(tmp_path, workers, what, ahead)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(tmp_path / "logs", workers)
     return [(dict(np.load(tmp_path / f"rank{r}.npz")), json.loads((tmp_path / f"rank{r}.json").read_text()))
             for r in range(workers)]
@@ -84,3 +88,14 @@ def test_training_matches_the_synchronous_single_process_model(tmp_path):
         np.testing.assert_allclose(held["param:" + p.name], p.asnumpy(), rtol=1e-4, atol=1e-6)
     kinds = {(g, k) for g, k, *_ in lm_meta["events"]}
     assert {("encoder0", "encoder_backward"), ("encoder1", "encoder_backward"), ("lm", "lm")} <= kinds
+
+
+@pytest.mark.msrun
+def test_a_failing_encoder_process_fails_the_lm_instead_of_hanging(tmp_path):
+    proc = launch(tmp_path, 2, "fail", 1, timeout=120, MS_HYPER_COMM_TIMEOUT="30")
+    assert proc.returncode != 0
+    logs = worker_logs(tmp_path / "logs", 2, tail=100000)
+    assert "encoder failure injected by the test" in logs
+    lm_log = logs[logs.index("--- worker 1"):]
+    assert "CommTimeout: encoder pipeline: receiving on world ranks 0 -> 1" in lm_log, lm_log[-3000:]
+    assert "died" in lm_log
