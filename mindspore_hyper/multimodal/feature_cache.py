@@ -155,10 +155,11 @@ class FeatureCache:
         for table, h in zip(self._tables, self._hashes(sig)):
             candidates.update(table.get(h, ()))
         best_id, best = None, -2.0
-        for entry_id in candidates:
-            similarity = float(self._entries[entry_id].signature @ sig)
-            if similarity > best:
-                best_id, best = entry_id, similarity
+        if candidates:
+            ids = sorted(candidates)
+            similarities = np.stack([self._entries[i].signature for i in ids]) @ sig
+            k = int(np.argmax(similarities))
+            best_id, best = ids[k], float(similarities[k])
         self.stats.candidates_checked += len(candidates)
         if best_id is None or best < self.threshold:
             self.stats.misses += 1
