@@ -35,7 +35,8 @@ class PipelineResult:
         outputs: request id -> the LM's output row for that request.
         reused_from: request id -> the cache key whose feature it reused (cache hits only).
         timeline: when each group computed what (virtual or measured seconds).
-        cache_stats: the feature cache's counters (summed over encoders), or None.
+        cache_stats: the feature cache's counters since it was made (distributed: summed over
+            the encoder processes' caches, on the LM process), or None without a cache.
     """
 
     outputs: Dict[int, np.ndarray]
