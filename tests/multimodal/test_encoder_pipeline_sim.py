@@ -197,3 +197,19 @@ def test_timeline_plot_writes_a_png(tmp_path):
     path = tmp_path / "gantt.png"
     t.plot(str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_custom_signature_function_is_used_by_the_cache():
+    from mindspore_hyper.multimodal import image_signature
+
+    encoder, lm = make_models()
+    calls = []
+
+    def small_signature(image):
+        calls.append(image.shape)
+        return image_signature(image, size=8)
+
+    cache = FeatureCache(signature_dim(8), threshold=0.98)
+    result = AsyncEncoderPipeline(encoder, lm, cache=cache, signature=small_signature, mode="simulation").infer(
+        make_batches(2, duplicates_of={1: 0}))
+    assert len(calls) == 4 and result.reused_from == {2: 0, 3: 1}
