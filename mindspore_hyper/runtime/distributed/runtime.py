@@ -59,6 +59,12 @@ class DistributedRuntime(Runtime):
             raise ValueError("distributed mode runs op by op: call mindspore.set_context(mode=mindspore.PYNATIVE_MODE)")
         w = world()
         table = resolve_strategy(model, strategy_or_config, optimizer_states=optimizer_states)
+        if table.groups:
+            from mindspore_hyper.runtime.mpmd import check_mpmd_enabled
+
+            check_mpmd_enabled(table)
+            raise NotImplementedError("device groups (HyperMPMD) run in simulation mode only so far; under msrun "
+                                      "they are refused rather than run as one SPMD program")
         if table.mesh.size != w.size:
             raise ValueError(f"the strategy's mesh {table.mesh.device_matrix} has {table.mesh.size} devices but the job "
                              f"has {w.size} processes; launch with msrun --worker_num={table.mesh.size} "

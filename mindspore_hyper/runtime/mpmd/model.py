@@ -1,0 +1,241 @@
+"""MPMDModel: a model whose submodules run on their own device groups (HyperMPMD, simulation).
+
+Each device group (a `process_groups` entry or a `strategy: mpmd` module entry) runs its Cells
+on a mesh of its own ranks with its own strategy (`GroupRunner`). Activations crossing groups
+are gathered from the producer's layout and laid out by the consumer's (forward; the gradient
+goes back the same way). Parameter-free code between groups (a concat, the loss) runs on the
+global tensors. Every step yields a per-group timeline (`GroupTimeline`): the measured forward
+time of each group call, placed by data dependencies, so groups that do not read each other's
+outputs overlap. With `scheduler: dynamic`, measured group times feed a `GroupRebalancer` and
+its device moves are applied between steps (a group re-sharded over more or fewer ranks: the
+computation, hence the numerics, stays the same).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn
+
+from mindspore_hyper.runtime.mpmd.group_runner import GroupRunner
+from mindspore_hyper.runtime.mpmd.placement import GroupPlacement, place_groups
+from mindspore_hyper.runtime.mpmd.timeline import GroupTimeline
+from mindspore_hyper.schedule.rebalance import GroupRebalancer, GroupSharePlan, RebalancePolicy
+from mindspore_hyper.strategy.config import ParallelConfig
+from mindspore_hyper.strategy.strategy import Strategy
+
+__all__ = ["MPMDModel", "RebalanceRecord", "MPMDReport"]
+
+HOST = "<between groups>"  # source of tensors computed by parameter-free code between groups
+
+
+@dataclass(frozen=True)
+class RebalanceRecord:
+    """One between-steps decision: the plan, and whether it was applied (and why not)."""
+
+    step: int
+    plan: GroupSharePlan
+    applied: bool
+    note: str = ""
+
+
+@dataclass
+class MPMDReport:
+    """What the last step did per group.
+
+    Attributes:
+        groups: name -> {"ranks", "cells", "hardware", "scheduler", "forward_seconds"}.
+        timeline: the per-group timeline of the last forward.
+        cross_group_bytes: (source group, target group) -> bytes of activations that crossed
+            (the same bytes return as gradients in a training step); the source is
+            "<between groups>" for tensors made by parameter-free code between groups.
+        memory: global rank -> bytes the rank holds (parameters, gradients, optimizer states,
+            activation peak) by its group's report.
+        rebalances: the decisions of the dynamic scheduler so far.
+    """
+
+    groups: Dict[str, Dict[str, Any]]
+    timeline: GroupTimeline
+    cross_group_bytes: Dict[Tuple[str, str], int]
+    memory: Dict[int, int]
+    rebalances: List[RebalanceRecord] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = ["group            ranks            forward s"]
+        for name, g in self.groups.items():
+            r = g["ranks"]
+            text = f"{r[0]}-{r[-1]}" if list(r) == list(range(r[0], r[-1] + 1)) else ",".join(map(str, r))
+            lines.append(f"{name:<16} {text:<16} {g['forward_seconds']:.4f}")
+        for (src, dst), n in self.cross_group_bytes.items():
+            lines.append(f"{src} -> {dst}: {n} bytes")
+        lines.append(str(self.timeline))
+        return "\n".join(lines)
+
+
+class MPMDModel(nn.Cell):
+    """`network` with its device groups run as separate programs (see module docstring).
+
+    Args:
+        network: the model; every Cell with parameters must belong to a device group.
+        config: the ParallelConfig holding the groups.
+        runtime: the simulation runtime.
+        group_strategies: optional explicit Strategy per group name (mesh size = group size);
+            default: data parallel over the group's ranks.
+        policy: the dynamic scheduler's thresholds and smoothing.
+        optimizer_states: optimizer states per parameter assumed by memory reports.
+
+    Raises:
+        ValueError: see `place_groups`; `scheduler: dynamic` on a group with an explicit strategy.
+    """
+
+    def __init__(self, network: nn.Cell, config: ParallelConfig, runtime,
+                 group_strategies: Optional[Mapping[str, Strategy]] = None,
+                 policy: RebalancePolicy = RebalancePolicy(), optimizer_states: int = 2):
+        super().__init__(auto_prefix=False)
+        self.network = network
+        self.config = config
+        self.runtime = runtime
+        self._zero = config.optimizer_sharding is not None
+        placements = place_groups(network, config, group_strategies)
+        for p in placements:
+            if p.group.scheduler == "dynamic" and p.explicit:
+                raise ValueError(f"{p.group.path}.scheduler: dynamic moves devices between data-parallel groups; "
+                                 f"group {p.name!r} has an explicit strategy (drop it or use scheduler: static)")
+        self.runners: Dict[str, GroupRunner] = {
+            p.name: GroupRunner(network, p, runtime, self._on_call, optimizer_states) for p in placements}
+        dynamic = [p.name for p in placements if p.group.scheduler == "dynamic"]
+        self.rebalancer = GroupRebalancer(dynamic, [self.runners[n].placement.size for n in dynamic], "devices",
+                                          policy) if len(dynamic) >= 2 else None
+        self.rebalances: List[RebalanceRecord] = []
+        self.steps = 0
+        self._reset_step(())
+
+    # -- the forward -------------------------------------------------------------------------
+    def construct(self, *inputs):
+        self._reset_step(inputs)
+        return self.network(*inputs)
+
+    def _reset_step(self, inputs) -> None:
+        self.timeline = GroupTimeline(tuple(self.runners))
+        self._raw = {id(x) for x in inputs if isinstance(x, Tensor)}
+        self._produced: Dict[int, int] = {}
+        self._keep: List[Any] = list(inputs)  # keeps ids unique while the step runs
+        self.cross_group_bytes: Dict[Tuple[str, str], int] = {}
+        self.group_seconds: Dict[str, float] = {name: 0.0 for name in self.runners}
+        self.group_batches: Dict[str, List[int]] = {name: [] for name in self.runners}
+
+    def _on_call(self, runner: GroupRunner, cell: str, args: tuple, out, seconds: float) -> None:
+        deps = set()
+        for arg in args:
+            if not isinstance(arg, Tensor) or id(arg) in self._raw:
+                continue
+            if id(arg) in self._produced:
+                task = self._produced[id(arg)]
+                deps.add(task)
+                source = self.timeline.tasks[task].group
+            else:  # computed between groups: conservatively after everything before it
+                deps.update(range(len(self.timeline.tasks)))
+                source = HOST
+            if source != runner.name:
+                key = (source, runner.name)
+                self.cross_group_bytes[key] = self.cross_group_bytes.get(key, 0) + arg.nbytes
+        index = self.timeline.add(runner.name, f"{cell} forward", seconds, deps)
+        for o in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(o, Tensor):
+                self._produced[id(o)] = index
+                self._keep.append(o)
+        self._keep.extend(args)
+        self.group_seconds[runner.name] += seconds
+        self.group_batches[runner.name].extend(runner.batch_sizes(args))
+
+    # -- training ----------------------------------------------------------------------------
+    def optimizer_parameters(self) -> List[Parameter]:
+        """The Parameters an optimizer must update (every group's, global in simulation)."""
+        return list(self.network.trainable_params())
+
+    def train_step(self, optimizer: nn.Optimizer, *inputs) -> Tensor:
+        """Forward (the model returns the loss), backward through every group, optimizer update,
+        then, under `scheduler: dynamic`, one rebalancing decision applied before the next step.
+
+        Returns:
+            The loss.
+        """
+        weights = tuple(self.network.trainable_params())
+        if getattr(self, "_grad_fn", None) is None or self._grad_weights != weights:
+            self._grad_fn = ms.value_and_grad(self, None, weights)
+            self._grad_weights = weights
+        loss, grads = self._grad_fn(*inputs)
+        self.last_gradients = {w.name: g.asnumpy() for w, g in zip(weights, grads)}
+        by_id = {id(w): g for w, g in zip(weights, grads)}
+        try:
+            optimizer(tuple(by_id[id(p)] for p in optimizer.parameters))
+        except KeyError:
+            raise ValueError("train_step: the optimizer updates Parameters that are not the model's "
+                             "optimizer_parameters(); build it as nn.Adam(model.optimizer_parameters(), ...)") from None
+        self.steps += 1
+        self.rebalance()
+        return loss
+
+    def rebalance(self) -> Optional[RebalanceRecord]:
+        """Feed the last step's measured group times to the dynamic scheduler and apply its plan.
+
+        A group's time is its measured forward seconds divided by its device count (the
+        simulation runs a group's devices one after another). A plan whose new device count
+        does not divide a group's batch is not applied (recorded with the reason).
+
+        Returns:
+            The decision, or None without dynamic groups.
+        """
+        if self.rebalancer is None:
+            return None
+        names = self.rebalancer.groups
+        times = [self.group_seconds[n] / self.runners[n].placement.size for n in names]
+        if any(t <= 0 for t in times):
+            return None
+        plan = self.rebalancer.observe(times)
+        if plan.is_empty:
+            return None
+        refused = [f"group {n!r} would run batch {b} on {size} devices"
+                   for n, size in zip(plan.groups, plan.after) for b in self.group_batches[n] if b % size]
+        if refused:
+            record = RebalanceRecord(self.steps, plan, False, "; ".join(sorted(set(refused))) + " (not divisible)")
+        else:
+            self.apply(plan)
+            self.rebalancer.commit(plan)
+            record = RebalanceRecord(self.steps, plan, True)
+        self.rebalances.append(record)
+        return record
+
+    def apply(self, plan: GroupSharePlan) -> None:
+        """Move devices as `plan` says: a losing group gives up its highest ranks, a gaining group
+        takes them; both are laid out again on their new meshes (parameters and optimizer
+        states are the global ones in simulation, so nothing else moves)."""
+        ranks = {n: list(self.runners[n].placement.ranks) for n in plan.groups}
+        for move in plan.moves:
+            given = ranks[move.source][-move.amount:]
+            del ranks[move.source][-move.amount:]
+            ranks[move.target].extend(given)
+        for name, size in zip(plan.groups, plan.after):
+            runner = self.runners[name]
+            if len(ranks[name]) != size:
+                raise AssertionError(f"group {name!r}: {len(ranks[name])} ranks after the moves, plan says {size}")
+            if tuple(sorted(ranks[name])) != runner.placement.ranks:
+                runner.build(runner.placement.with_ranks(ranks[name], self._zero))
+
+    def placements(self) -> Dict[str, GroupPlacement]:
+        return {n: r.placement for n, r in self.runners.items()}
+
+    def report(self) -> MPMDReport:
+        """Per-group ranks and times, cross-group bytes, per-rank memory and the timeline of the last step."""
+        memory: Dict[int, int] = {}
+        for runner in self.runners.values():
+            for model in runner.models.values():
+                rep = model.report()
+                for local, mem in rep.memory.items():
+                    rank = runner.placement.ranks[local]
+                    memory[rank] = memory.get(rank, 0) + mem["total"]
+        groups = {n: {"ranks": r.placement.ranks, "cells": r.placement.cells, "hardware": r.placement.group.hardware,
+                      "scheduler": r.placement.group.scheduler, "forward_seconds": self.group_seconds[n]}
+                  for n, r in self.runners.items()}
+        return MPMDReport(groups, self.timeline, dict(self.cross_group_bytes), memory, list(self.rebalances))
