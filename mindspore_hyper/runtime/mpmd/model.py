@@ -210,7 +210,19 @@ class MPMDModel(nn.Cell):
     def apply(self, plan: GroupSharePlan) -> None:
         """Move devices as `plan` says: a losing group gives up its highest ranks, a gaining group
         takes them; both are laid out again on their new meshes (parameters and optimizer
-        states are the global ones in simulation, so nothing else moves)."""
+        states are the global ones in simulation, so nothing else moves).
+
+        Raises:
+            ValueError: an unknown group, or a plan made for other group sizes than the current ones.
+        """
+        unknown = [n for n in plan.groups if n not in self.runners]
+        if unknown:
+            raise ValueError(f"plan.groups: {unknown[0]!r} is not a device group; groups: {list(self.runners)}")
+        plan.validate()
+        current = tuple(self.runners[n].placement.size for n in plan.groups)
+        if plan.before != current:
+            raise ValueError(f"plan.before={list(plan.before)}: the groups {list(plan.groups)} have {list(current)} "
+                             "devices now")
         ranks = {n: list(self.runners[n].placement.ranks) for n in plan.groups}
         for move in plan.moves:
             given = ranks[move.source][-move.amount:]
@@ -218,8 +230,6 @@ class MPMDModel(nn.Cell):
             ranks[move.target].extend(given)
         for name, size in zip(plan.groups, plan.after):
             runner = self.runners[name]
-            if len(ranks[name]) != size:
-                raise AssertionError(f"group {name!r}: {len(ranks[name])} ranks after the moves, plan says {size}")
             if tuple(sorted(ranks[name])) != runner.placement.ranks:
                 runner.build(runner.placement.with_ranks(ranks[name], self._zero))
 
