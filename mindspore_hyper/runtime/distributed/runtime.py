@@ -62,7 +62,7 @@ class DistributedRuntime(Runtime):
         if table.groups:
             from mindspore_hyper.runtime.mpmd import check_mpmd_enabled
 
-            check_mpmd_enabled(table)
+            check_mpmd_enabled(table.groups)
             raise NotImplementedError("device groups (HyperMPMD) run in simulation mode only so far; under msrun "
                                       "they are refused rather than run as one SPMD program")
         if table.mesh.size != w.size:

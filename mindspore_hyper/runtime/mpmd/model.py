@@ -20,24 +20,15 @@ from mindspore import Parameter, Tensor, nn
 
 from mindspore_hyper.runtime.mpmd.group_runner import GroupRunner
 from mindspore_hyper.runtime.mpmd.placement import GroupPlacement, place_groups
+from mindspore_hyper.runtime.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord, apply_device_plan
 from mindspore_hyper.runtime.mpmd.timeline import GroupTimeline
-from mindspore_hyper.schedule.rebalance import GroupRebalancer, GroupSharePlan, RebalancePolicy
+from mindspore_hyper.schedule.rebalance import GroupSharePlan, RebalancePolicy
 from mindspore_hyper.strategy.config import ParallelConfig
 from mindspore_hyper.strategy.strategy import Strategy
 
 __all__ = ["MPMDModel", "RebalanceRecord", "MPMDReport"]
 
 HOST = "<between groups>"  # source of tensors computed by parameter-free code between groups
-
-
-@dataclass(frozen=True)
-class RebalanceRecord:
-    """One between-steps decision: the plan, and whether it was applied (and why not)."""
-
-    step: int
-    plan: GroupSharePlan
-    applied: bool
-    note: str = ""
 
 
 @dataclass
@@ -105,9 +96,7 @@ class MPMDModel(nn.Cell):
         self.runners: Dict[str, GroupRunner] = {
             p.name: GroupRunner(network, p, runtime, self._on_call, optimizer_states) for p in placements}
         dynamic = [p.name for p in placements if p.group.scheduler == "dynamic"]
-        self.rebalancer = GroupRebalancer(dynamic, [self.runners[n].placement.size for n in dynamic], "devices",
-                                          policy) if len(dynamic) >= 2 else None
-        self.rebalances: List[RebalanceRecord] = []
+        self.rebalancing = DeviceRebalancing(self.runners, dynamic, policy, self._zero) if len(dynamic) >= 2 else None
         self.steps = 0
         self._reset_step(())
 
@@ -178,60 +167,19 @@ class MPMDModel(nn.Cell):
         return loss
 
     def rebalance(self) -> Optional[RebalanceRecord]:
-        """Feed the last step's measured group times to the dynamic scheduler and apply its plan.
+        """Feed the last step's measured group times to the dynamic scheduler and apply its plan
+        (see `DeviceRebalancing.step`). Returns the decision, or None."""
+        if self.rebalancing is None:
+            return None
+        return self.rebalancing.step(self.steps, self.group_seconds, self.group_batches)
 
-        A group's time is its measured forward seconds divided by its device count (the
-        simulation runs a group's devices one after another). A plan whose new device count
-        does not divide a group's batch is not applied (recorded with the reason).
-
-        Returns:
-            The decision, or None without dynamic groups.
-        """
-        if self.rebalancer is None:
-            return None
-        names = self.rebalancer.groups
-        times = [self.group_seconds[n] / self.runners[n].placement.size for n in names]
-        if any(t <= 0 for t in times):
-            return None
-        plan = self.rebalancer.observe(times)
-        if plan.is_empty:
-            return None
-        refused = [f"group {n!r} would run batch {b} on {size} devices"
-                   for n, size in zip(plan.groups, plan.after) for b in self.group_batches[n] if b % size]
-        if refused:
-            record = RebalanceRecord(self.steps, plan, False, "; ".join(sorted(set(refused))) + " (not divisible)")
-        else:
-            self.apply(plan)
-            self.rebalancer.commit(plan)
-            record = RebalanceRecord(self.steps, plan, True)
-        self.rebalances.append(record)
-        return record
+    @property
+    def rebalances(self) -> List[RebalanceRecord]:
+        return self.rebalancing.records if self.rebalancing is not None else []
 
     def apply(self, plan: GroupSharePlan) -> None:
-        """Move devices as `plan` says: a losing group gives up its highest ranks, a gaining group
-        takes them; both are laid out again on their new meshes (parameters and optimizer
-        states are the global ones in simulation, so nothing else moves).
-
-        Raises:
-            ValueError: an unknown group, or a plan made for other group sizes than the current ones.
-        """
-        unknown = [n for n in plan.groups if n not in self.runners]
-        if unknown:
-            raise ValueError(f"plan.groups: {unknown[0]!r} is not a device group; groups: {list(self.runners)}")
-        plan.validate()
-        current = tuple(self.runners[n].placement.size for n in plan.groups)
-        if plan.before != current:
-            raise ValueError(f"plan.before={list(plan.before)}: the groups {list(plan.groups)} have {list(current)} "
-                             "devices now")
-        ranks = {n: list(self.runners[n].placement.ranks) for n in plan.groups}
-        for move in plan.moves:
-            given = ranks[move.source][-move.amount:]
-            del ranks[move.source][-move.amount:]
-            ranks[move.target].extend(given)
-        for name, size in zip(plan.groups, plan.after):
-            runner = self.runners[name]
-            if tuple(sorted(ranks[name])) != runner.placement.ranks:
-                runner.build(runner.placement.with_ranks(ranks[name], self._zero))
+        """Move devices between groups as `plan` says (see `apply_device_plan`)."""
+        apply_device_plan(self.runners, plan, self._zero)
 
     def placements(self) -> Dict[str, GroupPlacement]:
         return {n: r.placement for n, r in self.runners.items()}

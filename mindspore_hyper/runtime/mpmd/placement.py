@@ -71,7 +71,8 @@ def _outermost_matches(cell_names: Sequence[str], pattern: str) -> List[str]:
 
 
 def place_groups(network: nn.Cell, config: ParallelConfig,
-                 strategies: Optional[Mapping[str, Strategy]] = None) -> List[GroupPlacement]:
+                 strategies: Optional[Mapping[str, Strategy]] = None,
+                 colocated: Optional[Mapping[str, str]] = None) -> List[GroupPlacement]:
     """Match the config's device groups to the network's Cells and give each its strategy.
 
     Args:
@@ -79,6 +80,8 @@ def place_groups(network: nn.Cell, config: ParallelConfig,
         config: a ParallelConfig with at least one device group.
         strategies: optional explicit Strategy per group name; its mesh must have as many
             devices as the group has ranks.
+        colocated: optional Cell name -> group name: Cells no group pattern names that run on
+            (time-share) that group's devices, e.g. an RLHF reference model on the actor's.
 
     Returns:
         One GroupPlacement per group, in config order.
@@ -89,15 +92,22 @@ def place_groups(network: nn.Cell, config: ParallelConfig,
             strategy of the wrong size in `strategies`.
     """
     strategies = dict(strategies or {})
+    colocated = dict(colocated or {})
     names = {g.name for g in config.groups}
     for name in strategies:
         if name not in names:
             raise ValueError(f"group_strategies: {name!r} is not a device group; groups: {sorted(names)}")
     cell_names = [n for n, _ in network.cells_and_names()]
+    for cell, name in colocated.items():
+        if name not in names:
+            raise ValueError(f"colocated[{cell!r}]: {name!r} is not a device group; groups: {sorted(names)}")
+        if cell not in cell_names:
+            raise ValueError(f"colocated: {cell!r} is not a Cell of the model")
     owner: Dict[str, str] = {}
     placements = []
     for group in config.groups:
         cells = _outermost_matches(cell_names, group.modules)
+        cells += [c for c, name in colocated.items() if name == group.name and c not in cells]
         if not cells:
             raise ValueError(f"{group.path}: modules pattern {group.modules!r} matches no Cell of the model; "
                              f"Cells: {[c for c in cell_names if c][:20]}")

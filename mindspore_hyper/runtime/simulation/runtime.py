@@ -55,7 +55,7 @@ class SimulationRuntime(Runtime):
         if table.groups:
             from mindspore_hyper.runtime.mpmd import MPMDModel, check_mpmd_enabled
 
-            check_mpmd_enabled(table)
+            check_mpmd_enabled(table.groups)
             return MPMDModel(model, table.config, self, group_strategies, optimizer_states=optimizer_states)
         if group_strategies:
             raise ValueError("group_strategies: the strategy declares no device groups (process_groups or "

@@ -12,9 +12,10 @@ from mpmd_models import Multimodal, assert_same_training, make_pair, multimodal_
 ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
-def config(scheduler="dynamic"):
+def config(scheduler="dynamic", fusion_scheduler=None):
+    fusion = {"ranks": 6} if fusion_scheduler is None else {"ranks": 6, "scheduler": fusion_scheduler}
     return load_parallel_config({"process_groups": {
-        "text_encoder": {"ranks": [0, 1]}, "vision_encoder": {"ranks": ["2-5"]}, "fusion_layer": {"ranks": 6}},
+        "text_encoder": {"ranks": [0, 1]}, "vision_encoder": {"ranks": ["2-5"]}, "fusion_layer": fusion},
         "scheduler": scheduler})
 
 
@@ -55,9 +56,11 @@ def test_hand_made_move_is_applied_and_keeps_training_numerics(mpmd):
 
 def test_dynamic_scheduler_moves_devices_to_the_heavy_group_between_steps(mpmd):
     """A text encoder ~8x heavier than the vision encoder on half its devices: the measured group
-    times make the scheduler move devices to it, and training still equals one device."""
+    times make the scheduler move devices to it, and training still equals one device. The
+    fusion group stays static (per-group scheduler), so only text and vision trade devices."""
     net, ref = make_pair(lambda: Multimodal(text_layers=8, hidden=32))
-    model = mh.auto_parallelize(net, config(), mode="simulation")
+    model = mh.auto_parallelize(net, config(fusion_scheduler="static"), mode="simulation")
+    assert model.rebalancing.rebalancer.groups == ("text_encoder", "vision_encoder")
     data = batches(6)
     result = train_parallel(model, data)
     assert_same_training(result, train_reference(ref, data))
@@ -67,7 +70,7 @@ def test_dynamic_scheduler_moves_devices_to_the_heavy_group_between_steps(mpmd):
     text = first.groups.index("text_encoder")
     assert first.after[text] > first.before[text]
     sizes = {n: p.size for n, p in model.placements().items()}
-    assert sizes["text_encoder"] > 2 and sum(sizes.values()) == 7
+    assert sizes["text_encoder"] > 2 and sizes["fusion_layer"] == 1 and sum(sizes.values()) == 7
     ranks = sorted(r for p in model.placements().values() for r in p.ranks)
     assert ranks == list(range(7))  # disjoint, none lost
 
@@ -75,7 +78,7 @@ def test_dynamic_scheduler_moves_devices_to_the_heavy_group_between_steps(mpmd):
 def test_static_scheduler_never_moves(mpmd):
     model = mh.auto_parallelize(Multimodal(text_layers=8, hidden=32), config("static"), mode="simulation")
     train_parallel(model, batches(3))
-    assert model.rebalancer is None and model.rebalances == []
+    assert model.rebalancing is None and model.rebalances == []
     assert model.placements()["text_encoder"].ranks == (0, 1)
 
 
@@ -90,7 +93,7 @@ def test_plan_that_does_not_divide_the_batch_is_not_applied(mpmd):
             return GroupSharePlan(ShareUnit.DEVICES, self.groups, (2, 4, 1), (5, 1, 1),
                                   (ShareMove("vision_encoder", "text_encoder", 3),), (1, 1, 1), (1, 1, 1), "test")
 
-    model.rebalancer = Planner()
+    model.rebalancing.rebalancer = Planner()
     model.group_seconds = {"text_encoder": 1.0, "vision_encoder": 1.0, "fusion_layer": 1.0}
     model.group_batches["text_encoder"] = [12]
     record = model.rebalance()
