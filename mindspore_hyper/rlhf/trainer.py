@@ -73,6 +73,10 @@ class PPOTrainer:
                 raise ValueError(f"colocate[{role!r}] = {host!r}: role {host!r} is in no device group")
             if config.group_of_module(role) is None:
                 host_groups[role] = group.name
+        for role in ROLES:
+            if config.group_of_module(role) is None and role not in host_groups:
+                raise ValueError(f"role {role!r} runs in no device group: name it in a group's modules or "
+                                 f"colocate it (colocate={{{role!r}: 'actor'}})")
         self.models = models
         self.settings = settings
         placements = place_groups(models, config, colocated=host_groups)
@@ -80,11 +84,7 @@ class PPOTrainer:
         self.runners: Dict[str, GroupRunner] = {p.name: GroupRunner(models, p, runtime) for p in placements}
         self.role_group = {}
         for role in ROLES:
-            found = [p.name for p in placements if role in p.cells]
-            if not found:
-                raise ValueError(f"role {role!r} runs in no device group: name it in a group's modules or "
-                                 f"colocate it (colocate={{{role!r}: 'actor'}})")
-            self.role_group[role] = found[0]
+            self.role_group[role] = next(p.name for p in placements if role in p.cells)
         self.actor_optimizer = nn.Adam(models.actor.trainable_params(), learning_rate=actor_lr)
         self.critic_optimizer = nn.Adam(models.critic.trainable_params(), learning_rate=critic_lr)
         dynamic = [p.name for p in placements if p.group.scheduler == "dynamic"]
