@@ -13,7 +13,7 @@ computation, hence the numerics, stays the same).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn
@@ -75,6 +75,8 @@ class MPMDModel(nn.Cell):
             default: data parallel over the group's ranks.
         policy: the dynamic scheduler's thresholds and smoothing.
         optimizer_states: optimizer states per parameter assumed by memory reports.
+        runner_class: how a group runs: `GroupRunner` (simulation, every group in this process)
+            or `DistributedGroupRunner` (msrun, this process's group only).
 
     Raises:
         ValueError: see `place_groups`; `scheduler: dynamic` on a group with an explicit strategy.
@@ -82,7 +84,8 @@ class MPMDModel(nn.Cell):
 
     def __init__(self, network: nn.Cell, config: ParallelConfig, runtime,
                  group_strategies: Optional[Mapping[str, Strategy]] = None,
-                 policy: RebalancePolicy = RebalancePolicy(), optimizer_states: int = 2):
+                 policy: RebalancePolicy = RebalancePolicy(), optimizer_states: int = 2,
+                 runner_class: Type[GroupRunner] = GroupRunner):
         super().__init__(auto_prefix=False)
         self.network = network
         self.config = config
@@ -94,7 +97,7 @@ class MPMDModel(nn.Cell):
                 raise ValueError(f"{p.group.path}.scheduler: dynamic moves devices between data-parallel groups; "
                                  f"group {p.name!r} has an explicit strategy (drop it or use scheduler: static)")
         self.runners: Dict[str, GroupRunner] = {
-            p.name: GroupRunner(network, p, runtime, self._on_call, optimizer_states) for p in placements}
+            p.name: runner_class(network, p, runtime, self._on_call, optimizer_states) for p in placements}
         dynamic = [p.name for p in placements if p.group.scheduler == "dynamic"]
         self.rebalancing = DeviceRebalancing(self.runners, dynamic, policy, self._zero) if len(dynamic) >= 2 else None
         self.steps = 0
@@ -140,8 +143,11 @@ class MPMDModel(nn.Cell):
 
     # -- training ----------------------------------------------------------------------------
     def optimizer_parameters(self) -> List[Parameter]:
-        """The Parameters an optimizer must update (every group's, global in simulation)."""
-        return list(self.network.trainable_params())
+        """The Parameters an optimizer must update: those of the groups this process belongs to
+        (every group in simulation; under msrun, this process's group)."""
+        mine = [cell for runner in self.runners.values() if getattr(runner, "member", True)
+                for cell in runner.cells.values()]
+        return [p for cell in mine for p in cell.trainable_params()]
 
     def train_step(self, optimizer: nn.Optimizer, *inputs) -> Tensor:
         """Forward (the model returns the loss), backward through every group, optimizer update,
@@ -150,12 +156,15 @@ class MPMDModel(nn.Cell):
         Returns:
             The loss.
         """
+        # gradients of every parameter (also other groups' unused copies under msrun), so the
+        # backward takes the same path in every process and cross-group gradients meet
         weights = tuple(self.network.trainable_params())
         if getattr(self, "_grad_fn", None) is None or self._grad_weights != weights:
             self._grad_fn = ms.value_and_grad(self, None, weights)
             self._grad_weights = weights
         loss, grads = self._grad_fn(*inputs)
-        self.last_gradients = {w.name: g.asnumpy() for w, g in zip(weights, grads)}
+        mine = {id(p) for p in self.optimizer_parameters()}
+        self.last_gradients = {w.name: g.asnumpy() for w, g in zip(weights, grads) if id(w) in mine}
         by_id = {id(w): g for w, g in zip(weights, grads)}
         try:
             optimizer(tuple(by_id[id(p)] for p in optimizer.parameters))
