@@ -180,9 +180,21 @@ def test_nested_groups_are_refused(mpmd):
         mh.auto_parallelize(Multimodal(), cfg, mode="simulation")
 
 
-def test_distributed_mode_refuses_groups_instead_of_spmd(mpmd):
-    with pytest.raises(NotImplementedError, match="simulation mode only"):
-        mh.auto_parallelize(Multimodal(), seed_config_on(7), mode="distributed")
+def test_distributed_mode_checks_groups(mpmd):
+    """In a plain process (a job of one): the groups must fit the job, dynamic moves and ZeRO-1
+    are refused under msrun, hyper_mpmd gates it; one group on the one process trains exactly."""
+    with pytest.raises(ValueError, match="groups span 7 devices but the job has 1 processes"):
+        mh.auto_parallelize(Multimodal(), seed_config_on(7, "static"), mode="distributed")
+    one = {"parallel_config": {"device_num": 1}, "process_groups": {"everything": {"ranks": 0, "modules": "*"}},
+           "scheduler": "dynamic"}
+    with pytest.raises(ValueError, match="process_groups.everything.scheduler: dynamic .* simulation mode only"):
+        mh.auto_parallelize(Multimodal(), load_parallel_config(one), mode="distributed")
+    one["scheduler"] = "static"
+    net, ref = make_pair(Multimodal)
+    model = mh.auto_parallelize(net, load_parallel_config(one), mode="distributed")
+    assert model.placements()["everything"].cells == ("text_encoder", "vision_encoder", "fusion_layer")
+    batches = [multimodal_batch(seed=s) for s in range(2)]
+    assert_same_training(train_parallel(model, batches), train_reference(ref, batches))
     mpmd.set_context(hyper_mpmd=False)
     with pytest.raises(ValueError, match="hyper_mpmd=True"):
         mh.auto_parallelize(Multimodal(), seed_config_on(7), mode="distributed")

@@ -33,7 +33,7 @@ def test_hand_made_move_is_applied_and_keeps_training_numerics(mpmd):
     plan_groups = ("text_encoder", "vision_encoder", "fusion_layer")
     net, ref = make_pair(lambda: Multimodal(text_layers=2))
     model = mh.auto_parallelize(net, config("static"), mode="simulation")
-    data = batches(4)
+    data = batches(3)
     opt = nn.Adam(model.optimizer_parameters(), learning_rate=1e-2)  # one optimizer across the move
     losses = [float(model.train_step(opt, *b)) for b in data[:2]]
     with pytest.raises(ValueError, match=r"plan.before=\[4, 2, 1\]: the groups .* have \[2, 4, 1\] devices now"):
@@ -61,7 +61,7 @@ def test_dynamic_scheduler_moves_devices_to_the_heavy_group_between_steps(mpmd):
     net, ref = make_pair(lambda: Multimodal(text_layers=8, hidden=32))
     model = mh.auto_parallelize(net, config(fusion_scheduler="static"), mode="simulation")
     assert model.rebalancing.rebalancer.groups == ("text_encoder", "vision_encoder")
-    data = batches(6)
+    data = batches(4)
     result = train_parallel(model, data)
     assert_same_training(result, train_reference(ref, data))
     applied = [r for r in model.rebalances if r.applied]
