@@ -18,6 +18,9 @@ Method:
    (what a perfect offline estimate would give): the headroom dynamic can at best reach.
 4. Cluster utilisation = sum of work / (devices x step time), averaged over the steps after
    `--warmup`; p99 step latency over the same steps.
+5. `--drift N`: every N steps each module's cost is multiplied by a new factor drawn from
+   [0.5, 1.5] (the modality mix changes during training); the static oracle keeps the split
+   it computed from the mean costs of the whole run.
 
 The measured module costs are noisy on a loaded machine (they enter only as the costs' ratios).
 Usage: .venv/bin/python benchmarks/bench_rebalance.py [--devices 64] [--steps 300] [--noise 0.3]
@@ -91,15 +94,16 @@ def measure_costs(repeats: int) -> Dict[str, float]:
     return costs
 
 
-def run(costs: Sequence[float], shares: Sequence[int], noise: np.ndarray, microbatches: int, dynamic: bool,
+def run(costs: np.ndarray, shares: Sequence[int], noise: np.ndarray, microbatches: int, dynamic: bool,
         move_cost: float, names: Sequence[str]) -> Tuple[np.ndarray, np.ndarray, int]:
-    """Step times and utilisations of one policy over the noise draws; returns (times, utils, moves)."""
+    """Step times and utilisations of one policy; `costs` and `noise` are (steps, groups).
+    Returns (step times, utilisations, devices moved)."""
     shares = list(shares)
     devices = sum(shares)
     rebalancer = GroupRebalancer(list(names), shares, "devices", RebalancePolicy()) if dynamic else None
     times, utils, moved_total, moved_now = [], [], 0, 0
-    for step_noise in noise:
-        work = np.asarray(costs) * microbatches * (1 + step_noise)
+    for step_costs, step_noise in zip(costs, noise):
+        work = step_costs * microbatches * (1 + step_noise)
         group_times = work / np.asarray(shares)
         step = group_times.max() + move_cost * moved_now
         times.append(step)
@@ -125,6 +129,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per module cost")
     parser.add_argument("--move-cost", type=float, default=0.0, help="seconds added to a step per device moved")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--drift", type=int, default=0, help="re-draw each module's cost factor every N steps")
     args = parser.parse_args()
     ms.set_context(mode=ms.PYNATIVE_MODE)
 
@@ -135,18 +140,25 @@ def main():
     if args.devices < groups:
         raise SystemExit(f"--devices={args.devices}: need at least one device per group ({groups})")
     equal = [args.devices // groups + (1 if i < args.devices % groups else 0) for i in range(groups)]
-    oracle = list(plan_group_shares(costs, names, equal, "devices", RebalancePolicy(min_gain=0.0)).after)
-    noise = np.random.default_rng(args.seed).uniform(-args.noise, args.noise, (args.steps, groups))
+    rng = np.random.default_rng(args.seed)
+    noise = rng.uniform(-args.noise, args.noise, (args.steps, groups))
+    step_costs = np.tile(np.asarray(costs), (args.steps, 1))
+    if args.drift:
+        for start in range(0, args.steps, args.drift):
+            step_costs[start:start + args.drift] *= rng.uniform(0.5, 1.5, groups)
+    oracle = list(plan_group_shares(list(step_costs.mean(0)), names, equal, "devices",
+                                    RebalancePolicy(min_gain=0.0)).after)
 
     print(f"module cost per microbatch (forward + backward, median of {args.repeats}, this CPU):")
     for n, c in zip(names, costs):
         print(f"  {n:<12} {c * 1e3:8.2f} ms")
     print(f"{args.devices} devices, {groups} groups, {args.microbatches} microbatches per group per step, "
-          f"noise +-{args.noise:.0%}, {args.steps} steps ({args.warmup} warm-up steps not counted)")
+          f"noise +-{args.noise:.0%}, {args.steps} steps ({args.warmup} warm-up steps not counted), "
+          f"move cost {args.move_cost} s/device" + (f", costs drift every {args.drift} steps" if args.drift else ""))
     rows = []
     for label, shares, dynamic in (("static (equal)", equal, False), ("static oracle", oracle, False),
                                    ("dynamic", equal, True)):
-        times, utils, moves = run(costs, shares, noise, args.microbatches, dynamic, args.move_cost, names)
+        times, utils, moves = run(step_costs, shares, noise, args.microbatches, dynamic, args.move_cost, names)
         times, utils = times[args.warmup:], utils[args.warmup:]
         rows.append((label, utils.mean(), np.percentile(times, 99), times.mean(), moves))
     print(f"{'policy':<16} {'utilisation':>11} {'p99 step s':>11} {'mean step s':>11} {'devices moved':>13}")

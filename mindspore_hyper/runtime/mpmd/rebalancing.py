@@ -48,6 +48,7 @@ class DeviceRebalancing:
         self.rebalancer = GroupRebalancer(list(dynamic), [runners[n].placement.size for n in dynamic], "devices",
                                           policy)
         self.records: List[RebalanceRecord] = []
+        self.last_plan: Optional[GroupSharePlan] = None  # the planner's latest decision (also "no move")
 
     def step(self, step: int, group_seconds: Mapping[str, float],
              group_batches: Mapping[str, Sequence[int]]) -> Optional[RebalanceRecord]:
@@ -72,6 +73,7 @@ class DeviceRebalancing:
         if any(t <= 0 for t in times):
             return None
         plan = self.rebalancer.observe(times)
+        self.last_plan = plan
         if plan.is_empty:
             return None
         refused = sorted({f"group {n!r} would run batch {b} on {size} devices"
