@@ -47,7 +47,7 @@ class PPOTrainer:
         policy: the dynamic scheduler's thresholds (groups with `scheduler: dynamic`).
 
     Raises:
-        ValueError: hyper_mpmd off, a device_num mismatch, a role without a group, or a bad
+        ValueError: not simulation mode, hyper_mpmd off, a device_num mismatch, a role without a group, or a bad
             `colocate` entry (named in the message).
     """
 
@@ -56,6 +56,9 @@ class PPOTrainer:
                  actor_lr: float = 1e-3, critic_lr: float = 1e-3, policy: RebalancePolicy = RebalancePolicy()):
         from mindspore_hyper.runtime.simulation.runtime import SimulationRuntime
 
+        if get_context("mode") != "simulation":
+            raise ValueError(f"PPOTrainer runs its device groups in simulation mode only; mode="
+                             f"{get_context('mode')!r} (set_context(mode='simulation'))")
         config = load_parallel_config(config)
         check_mpmd_enabled(config.groups)
         if not config.groups:

@@ -61,11 +61,6 @@ class GroupRunner:
             models[name] = SimulatedModel(cell, table, self.runtime)
         self.placement, self.models = placement, models
 
-    def restore(self) -> None:
-        """Give the Cells their own `construct` back."""
-        for cell in self.cells.values():
-            cell.__dict__.pop("construct", None)
-
     def _entry(self, name: str, cell: nn.Cell):
         plain = type(cell).construct
 

@@ -106,6 +106,9 @@ def test_bad_trainer_inputs(mpmd):
     mpmd.set_context(hyper_mpmd=False, device_num=16)
     with pytest.raises(ValueError, match="hyper_mpmd=True"):
         PPOTrainer(roles(), RLHF_CONFIG)
+    mpmd.set_context(hyper_mpmd=True, mode="distributed")
+    with pytest.raises(ValueError, match="simulation mode only; mode='distributed'"):
+        PPOTrainer(roles(), RLHF_CONFIG)
     with pytest.raises(ValueError, match="response_len=0"):
         PPOSettings(response_len=0)
     with pytest.raises(ValueError, match="clip=1.5"):
