@@ -56,6 +56,9 @@ class SimulationRuntime(Runtime):
             from mindspore_hyper.runtime.mpmd import MPMDModel, check_mpmd_enabled
 
             check_mpmd_enabled(table.groups)
+            if return_dtensor:
+                raise ValueError("return_dtensor=True: an MPMD model returns global tensors (each group has its own "
+                                 "mesh); drop return_dtensor")
             return MPMDModel(model, table.config, self, group_strategies, optimizer_states=optimizer_states)
         if group_strategies:
             raise ValueError("group_strategies: the strategy declares no device groups (process_groups or "

@@ -154,6 +154,8 @@ def test_bad_group_inputs_are_refused(mpmd):
     with pytest.raises(ValueError, match="scheduler: dynamic moves devices"):
         mh.auto_parallelize(Multimodal(), cfg, mode="simulation",
                             group_strategies={"vision_encoder": Strategy(Layout([2], ["data"]))})
+    with pytest.raises(ValueError, match="return_dtensor=True: an MPMD model returns global tensors"):
+        mh.auto_parallelize(Multimodal(), cfg, mode="simulation", return_dtensor=True)
     model = mh.auto_parallelize(Multimodal(), cfg, mode="simulation")
     with pytest.raises(ValueError, match=r"process_groups.text_encoder.batch_size: 32, but Cell 'text_encoder' got "
                                          r"input 0 with batch 16"):
