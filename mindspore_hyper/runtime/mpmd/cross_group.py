@@ -3,36 +3,106 @@
 Every process runs the model's code between groups on global tensors; a group's output is
 computed by its members and sent by the group's leader (its first rank) to every other process,
 and in the backward the gradient of the group's inputs goes the same way. Transfers are
-point-to-point over a two-member communicator per pair of processes (`world().communicator`),
-each tensor preceded by a small header (count, dtype, shape). A peer that died or stalls makes
-the receiver fail with the transport's CommTimeout, naming the peer, the group and the tensor.
+point-to-point over one shared-memory channel per direction (sender -> receiver), each tensor
+preceded by a small header (count, dtype, shape). Sends are handed to one sender thread per
+process (the `Outbox`), so a process never blocks on a full channel while its peer is busy;
+receives block the caller. A peer that died or stalls makes the receiver fail with the
+transport's CommTimeout naming the peer, the group and the tensor; a failed send is raised by
+the next cross-group operation of the sender.
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+import atexit
+import queue
+import threading
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mindspore_hyper.comm import CommError
+from mindspore_hyper.comm.shm import ShmGroup
 from mindspore_hyper.runtime.distributed.world import world
 
-__all__ = ["send_arrays", "recv_arrays", "send_output", "SendInputGradient", "RecvInputGradient",
+__all__ = ["send_arrays", "recv_arrays", "send_output", "outbox", "Outbox", "SendInputGradient", "RecvInputGradient",
            "RemoteGroupOutput"]
 
 _DTYPES = (np.float32, np.float16, np.float64, np.int32, np.int64, np.bool_, np.uint8, np.int8)
 _HEADER = 10  # dtype code, ndim, up to 8 dims
 
 
-def _pair(peer: int):
-    me = world().rank
-    ranks = (min(me, peer), max(me, peer))
-    return world().communicator(ranks), ranks.index(peer)
+def _channel(src: int, dst: int) -> ShmGroup:
+    """The one-way channel src -> dst (member 0 sends, member 1 receives), made on first use by
+    both ends; the sender's is used only by its Outbox thread, the receiver's by its main thread."""
+    key = (src, dst)
+    if key not in _CHANNELS:
+        w = world()
+        _CHANNELS[key] = ShmGroup(f"{w.job}_x{src}to{dst}", 0 if w.rank == src else 1, 2, timeout=w.timeout)
+    return _CHANNELS[key]
+
+
+_CHANNELS: Dict[Tuple[int, int], ShmGroup] = {}
+
+
+class Outbox:
+    """One sender thread per process: `post` queues arrays for a peer and returns at once."""
+
+    def __init__(self):
+        self._queue: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="mpmd-outbox", daemon=True)
+        self._thread.start()
+
+    def post(self, arrays: Sequence[np.ndarray], peer: int, what: str) -> None:
+        self.check()
+        self._queue.put(([np.ascontiguousarray(a) for a in arrays], peer, what))
+
+    def flush(self) -> None:
+        """Wait until every posted send was handed to its channel; raise a failed send."""
+        self._queue.join()
+        self.check()
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                if self._error is None:
+                    _send_now(*item)
+            except BaseException as exc:  # noqa: BLE001 - reported to the main thread
+                self._error = exc
+            finally:
+                self._queue.task_done()
+
+
+_OUTBOX: Optional[Outbox] = None
+
+
+def outbox() -> Outbox:
+    """This process's Outbox (started on first use, drained at exit)."""
+    global _OUTBOX
+    if _OUTBOX is None:
+        _OUTBOX = Outbox()
+        atexit.register(_OUTBOX.close)
+    return _OUTBOX
 
 
 def send_arrays(arrays: Sequence[np.ndarray], peer: int, what: str) -> None:
-    """Send `arrays` (count, then header + data each) to global rank `peer`."""
-    comm, index = _pair(peer)
+    """Queue `arrays` (count, then header + data each) for global rank `peer`."""
+    outbox().post(arrays, peer, what)
+
+
+def _send_now(arrays: Sequence[np.ndarray], peer: int, what: str) -> None:
+    comm, index = _channel(world().rank, peer), 1
     try:
         comm.send(np.array([len(arrays)], np.int64), index)
         for a in arrays:
@@ -50,8 +120,9 @@ def send_arrays(arrays: Sequence[np.ndarray], peer: int, what: str) -> None:
 
 
 def recv_arrays(peer: int, what: str) -> List[np.ndarray]:
-    """Receive the arrays `send_arrays` sent from global rank `peer`."""
-    comm, index = _pair(peer)
+    """Receive the arrays `send_arrays` sent from global rank `peer` (blocks)."""
+    outbox().check()
+    comm, index = _channel(peer, world().rank), 0
     try:
         count = int(comm.recv((1,), np.int64, index)[0])
         out = []

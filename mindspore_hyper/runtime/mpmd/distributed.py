@@ -10,7 +10,7 @@ see `cross_group.py`. Each process's optimizer updates its own group's parameter
 from __future__ import annotations
 
 import time
-from typing import List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 from mindspore import Parameter, Tensor
@@ -20,7 +20,7 @@ from mindspore_hyper.dtensor.execution import ParameterSlot
 from mindspore_hyper.runtime.distributed.runtime import DistributedRuntime
 from mindspore_hyper.runtime.distributed.world import world
 from mindspore_hyper.runtime.mpmd.cross_group import (RecvInputGradient, RemoteGroupOutput, SendInputGradient,
-                                                      send_output)
+                                                      outbox, send_output)
 from mindspore_hyper.runtime.mpmd.group_runner import GroupRunner
 from mindspore_hyper.runtime.mpmd.placement import GroupPlacement
 from mindspore_hyper.runtime.simulation.runtime import zero_axes
@@ -74,10 +74,17 @@ class GroupProcessRuntime(DistributedRuntime):
 class DistributedGroupRunner(GroupRunner):
     """A group's Cells in one msrun process: run for real by members, received by the others.
 
+    A Cell called once per step on the model's own inputs only (an encoder reading the raw
+    batch) is run by its members at the start of the forward (`begin_step`), before the code
+    between groups, and its output is sent at once; so groups that read only the batch compute
+    at the same time in their processes instead of in the model's program order. The members
+    learn which Cells qualify from the first step (the same in every process).
+
     Attributes:
         member: whether this process belongs to the group.
         leader: the group's first global rank (sends outputs and input gradients).
-        events: (cell, start, end) wall-clock seconds (time.time) of this process's member calls.
+        events: ("forward" | "receive", cell, start, end) wall-clock seconds (time.time) of this
+            process's member calls and of its waits for the group's outputs.
     """
 
     def __init__(self, network, placement: GroupPlacement, runtime, on_call=None, optimizer_states: int = 2):
@@ -85,8 +92,31 @@ class DistributedGroupRunner(GroupRunner):
         self.member = w.rank in placement.ranks
         self.leader = placement.ranks[0]
         self.outside = tuple(r for r in range(w.size) if r not in placement.ranks)
-        self.events: List[Tuple[str, float, float]] = []
+        self.events: List[Tuple[str, str, float, float]] = []
+        self._raw_positions: Dict[str, Optional[Tuple[int, ...]]] = {}  # Cell -> input positions (None: not raw)
+        self._order: List[str] = []  # the group's Cell calls of the first step, in order
+        self._step_inputs: tuple = ()
+        self._calls_this_step: Dict[str, int] = {}
+        self._early: Dict[str, Tuple[Tuple[int, ...], object]] = {}
         super().__init__(network, placement, runtime, on_call, optimizer_states)
+
+    def begin_step(self, inputs: tuple) -> None:
+        """Run this group's Cells that read only the model's inputs now (members only)."""
+        self._step_inputs = tuple(inputs)
+        self._early.clear()
+        self._calls_this_step: Dict[str, int] = {}
+        if not self.member:
+            return
+        for name in self._order:  # the leading calls reading only model inputs (sends keep program order)
+            positions = self._raw_positions.get(name)
+            if positions is None or any(p >= len(inputs) for p in positions):
+                break
+            args = tuple(inputs[p] for p in positions)
+            self._early[name] = (tuple(id(a) for a in args), self._run_member(name, args))
+
+    def end_step(self) -> None:
+        """Wait until this process's cross-group sends of the step left (a failed one raises)."""
+        outbox().flush()
 
     def build(self, placement: GroupPlacement) -> None:
         from mindspore_hyper.runtime.distributed.model import DistributedModel
@@ -114,28 +144,53 @@ class DistributedGroupRunner(GroupRunner):
             if self._inside.get(name):
                 return plain(cell, *args)
             self._check_batch(name, args)
+            self._learn(name, args)
             if not self.member:
                 wrapped = [RecvInputGradient(self.leader, f"{what} (leader rank {self.leader})")(a)
                            if _carries_gradient(a) else a for a in args]
-                return self._remote[name](*wrapped, *cell.trainable_params())
-            leader = world().rank == self.leader
-            wrapped = [SendInputGradient(self.outside, what)(a) if leader and _carries_gradient(a) else a
-                       for a in args]
-            self._inside[name] = True
-            start, clock = time.perf_counter(), time.time()
-            try:
-                out = self.models[name](*wrapped)
-            finally:
-                self._inside[name] = False
-            seconds = time.perf_counter() - start
-            self.events.append((name, clock, clock + seconds))
-            if leader:
-                send_output(out, self.outside, f"group {self.placement.name!r} output of {name!r}")
-            if self.on_call is not None:
-                self.on_call(self, name, args, out, seconds)
-            return out
+                clock = time.time()
+                out = self._remote[name](*wrapped, *cell.trainable_params())
+                self.events.append(("receive", name, clock, time.time()))
+                return out
+            early = self._early.pop(name, None)
+            if early is not None and early[0] == tuple(id(a) for a in args):
+                return early[1]
+            return self._run_member(name, args)
 
         return construct
+
+    def _run_member(self, name: str, args: tuple):
+        """Run Cell `name` on the group's mesh; the leader sends the output to the other processes."""
+        leader = world().rank == self.leader
+        what = f"group {self.placement.name!r} input gradient of {name!r}"
+        wrapped = [SendInputGradient(self.outside, what)(a) if leader and _carries_gradient(a) else a for a in args]
+        self._inside[name] = True
+        start, clock = time.perf_counter(), time.time()
+        try:
+            out = self.models[name](*wrapped)
+        finally:
+            self._inside[name] = False
+        seconds = time.perf_counter() - start
+        self.events.append(("forward", name, clock, clock + seconds))
+        if leader:
+            send_output(out, self.outside, f"group {self.placement.name!r} output of {name!r}")
+        if self.on_call is not None:
+            self.on_call(self, name, args, out, seconds)
+        return out
+
+    def _learn(self, name: str, args: tuple) -> None:
+        """Remember where a Cell's inputs sit among the model's inputs (None when any input is
+        computed, or the Cell runs more than once per step)."""
+        count = self._calls_this_step.get(name, 0) + 1
+        self._calls_this_step[name] = count
+        if name not in self._order:
+            self._order.append(name)
+        ids = [id(x) for x in self._step_inputs]
+        positions = tuple(ids.index(id(a)) if id(a) in ids else -1 for a in args)
+        if count > 1 or -1 in positions or not args:
+            self._raw_positions[name] = None
+        elif name not in self._raw_positions:
+            self._raw_positions[name] = positions
 
 
 def _carries_gradient(x) -> bool:
@@ -164,6 +219,9 @@ def parallelize_groups(model, table, runtime, group_strategies=None, optimizer_s
     if dynamic:
         raise ValueError(f"{dynamic[0].path}.scheduler: dynamic moves devices between groups, which runs in simulation "
                          "mode only; under msrun use scheduler: static")
+    if w.transport != "shm":
+        raise ValueError(f"dist_transport={w.transport!r}: MPMD groups under msrun send tensors between groups over "
+                         "the shared-memory transport; set dist_transport='shm' (one host)")
     if table.config.optimizer_sharding is not None:
         raise ValueError("parallel_config.optimizer.sharding: ZeRO-1 inside MPMD groups runs in simulation mode only; "
                          "under msrun set sharding: False")

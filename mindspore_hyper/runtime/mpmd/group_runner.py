@@ -61,6 +61,12 @@ class GroupRunner:
             models[name] = SimulatedModel(cell, table, self.runtime)
         self.placement, self.models = placement, models
 
+    def begin_step(self, inputs: tuple) -> None:
+        """Called with the model's inputs at the start of each forward (nothing to do here)."""
+
+    def end_step(self) -> None:
+        """Called after each training step's optimizer update (nothing to do here)."""
+
     def _entry(self, name: str, cell: nn.Cell):
         plain = type(cell).construct
 

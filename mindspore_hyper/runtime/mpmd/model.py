@@ -106,6 +106,8 @@ class MPMDModel(nn.Cell):
     # -- the forward -------------------------------------------------------------------------
     def construct(self, *inputs):
         self._reset_step(inputs)
+        for runner in self.runners.values():
+            runner.begin_step(inputs)
         return self.network(*inputs)
 
     def _reset_step(self, inputs) -> None:
@@ -172,8 +174,14 @@ class MPMDModel(nn.Cell):
             raise ValueError("train_step: the optimizer updates Parameters that are not the model's "
                              "optimizer_parameters(); build it as nn.Adam(model.optimizer_parameters(), ...)") from None
         self.steps += 1
+        self.end_step()
         self.rebalance()
         return loss
+
+    def end_step(self) -> None:
+        """After the optimizer step (under msrun: wait until this process's cross-group sends left)."""
+        for runner in self.runners.values():
+            runner.end_step()
 
     def rebalance(self) -> Optional[RebalanceRecord]:
         """Feed the last step's measured group times to the dynamic scheduler and apply its plan

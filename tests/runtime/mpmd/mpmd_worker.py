@@ -56,7 +56,7 @@ def main(out_dir, mode="train"):
         "params": sorted(mine),
         "grad_error": {n: float(np.abs(first[n] - ref_grads[n]).max()) for n in first},
         "param_error": {n: float(np.abs(mine[n] - ref_params[n]).max()) for n in mine},
-        "events": [[n, e[0], e[1], e[2]] for n, r in model.runners.items() for e in r.events],
+        "events": [[n, *e] for n, r in model.runners.items() for e in r.events],  # group, kind, cell, start, end
     }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)

@@ -1,5 +1,6 @@
 """MPMD groups under msrun: each process runs its group, cross-group tensors over shared memory;
-training equals one device; a dead peer is named by the survivors."""
+training equals one device; groups reading only the batch do not wait for each other; a dead
+peer is named by the survivors."""
 import json
 import os
 
@@ -24,8 +25,18 @@ def test_groups_on_4_processes_train_like_one_device(tmp_path):
             assert set(res[what]) == set(res["params"])
             for name, err in res[what].items():
                 assert err < 1e-5, (rank, what, name, err)
-        # only members ran the group's Cells
-        assert {e[0] for e in res["events"]} == set(expected_members[rank])
+        # only members ran the group's Cells; the others received the outputs
+        assert {e[0] for e in res["events"] if e[1] == "forward"} == set(expected_members[rank])
+        assert {e[0] for e in res["events"] if e[1] == "receive"} == \
+            {"text_encoder", "vision_encoder", "fusion_layer"} - set(expected_members[rank])
+
+    def last(rank, kind, group):
+        return max(e[3] for e in results[rank]["events"] if e[1] == kind and e[0] == group)
+
+    # after the first step the encoders, which read only the batch, run before waiting for each
+    # other's output: text (ranks 0-1) and vision (rank 2) compute at the same time
+    assert last(0, "forward", "text_encoder") < last(0, "receive", "vision_encoder")
+    assert last(2, "forward", "vision_encoder") < last(2, "receive", "text_encoder")
 
 
 @pytest.mark.msrun
