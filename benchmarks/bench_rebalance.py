@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms

@@ -6,7 +6,8 @@ from mindspore_hyper.runtime.mpmd.placement import GroupPlacement, data_parallel
 from mindspore_hyper.runtime.mpmd.scaling import scale_groups
 from mindspore_hyper.runtime.mpmd.timeline import GroupTask, GroupTimeline
 
-__all__ = ["MPMDModel", "MPMDReport", "RebalanceRecord", "DeviceRebalancing", "apply_device_plan", "GroupPlacement", "data_parallel_strategy", "place_groups",
+__all__ = ["MPMDModel", "MPMDReport", "RebalanceRecord", "DeviceRebalancing", "apply_device_plan", "GroupPlacement",
+           "data_parallel_strategy", "place_groups",
            "scale_groups", "GroupTask", "GroupTimeline", "check_mpmd_enabled"]
 
 

@@ -4,7 +4,6 @@ import pytest
 import mindspore as ms
 from mindspore import nn
 
-import mindspore_hyper as mh
 from mindspore_hyper.rlhf import PPOModels, PPOSettings, PPOTrainer, TinyPolicy, TinyReward, TinyValue, ppo_step
 from paths import CONFIGS
 
@@ -118,5 +117,6 @@ def test_bad_trainer_inputs(mpmd):
 def test_prompt_batch_must_match_the_actor_group_batch_size(mpmd):
     trainer = PPOTrainer(roles(), RLHF_CONFIG)
     bad = ms.Tensor(np.zeros((4, 3), np.int32))
-    with pytest.raises(ValueError, match="process_groups.actor.batch_size: 8, but Cell 'actor' got input 0 with batch 4"):
+    with pytest.raises(ValueError,
+                       match="process_groups.actor.batch_size: 8, but Cell 'actor' got input 0 with batch 4"):
         trainer.step(bad)
