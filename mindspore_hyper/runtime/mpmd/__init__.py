@@ -1,5 +1,5 @@
 """HyperMPMD runtime: submodules on their own device groups, per-group timelines, dynamic
-rebalancing of devices between groups, and RLHF roles running concurrently (simulation)."""
+rebalancing of devices between groups (simulation), groups on real processes under msrun."""
 from mindspore_hyper.runtime.mpmd.model import MPMDModel, MPMDReport
 from mindspore_hyper.runtime.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord, apply_device_plan
 from mindspore_hyper.runtime.mpmd.placement import GroupPlacement, data_parallel_strategy, place_groups
