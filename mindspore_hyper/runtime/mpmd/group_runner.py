@@ -11,7 +11,9 @@ from __future__ import annotations
 import time
 from typing import Callable, Dict, List, Optional
 
-from mindspore import Tensor, nn
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.graph.api import _pynative_executor
 
 from mindspore_hyper.runtime.mpmd.placement import GroupPlacement
 from mindspore_hyper.runtime.simulation.model import SimulatedModel
@@ -19,7 +21,62 @@ from mindspore_hyper.strategy.resolve import resolve_strategy
 
 __all__ = ["GroupRunner"]
 
-CallHook = Callable[["GroupRunner", str, tuple, object, float], None]
+# (runner, cell name, inputs, outputs, seconds) -> the call's task index on the timeline
+CallHook = Callable[["GroupRunner", str, tuple, object, float], int]
+
+
+class _GradientArrival(nn.Cell):
+    """Identity on a group output; its backward reports when autograd reaches the output (the
+    start of the group's backward: the backward runs the recorded ops in reverse order)."""
+
+    def __init__(self, report: Callable[[], None]):
+        super().__init__()
+        self.report = report
+
+    def construct(self, x):
+        return x
+
+    def bprop(self, x, out, dout):
+        self.report()
+        return (dout,)
+
+
+class _BackwardEnd(nn.Cell):
+    """Identity on a group input, also reading `anchor` (a scalar Parameter the training step
+    differentiates): its backward runs right after the group's backward, even when the input
+    itself needs no gradient, and reports the time."""
+
+    def __init__(self, report: Callable[[], None]):
+        super().__init__()
+        self.report = report
+
+    def construct(self, x, anchor):
+        return x
+
+    def bprop(self, x, anchor, out, dout):
+        self.report()
+        return dout, ops.zeros_like(anchor)
+
+
+_FLOATS = (ms.float16, ms.float32, ms.float64, ms.bfloat16)
+
+
+def _mark_input(args: tuple, anchor, report: Callable[[], None]) -> tuple:
+    """`args` with its first floating-point Tensor passed through a _BackwardEnd (unchanged
+    when there is none)."""
+    for k, a in enumerate(args):
+        if isinstance(a, Tensor) and not isinstance(a, Parameter) and a.dtype in _FLOATS:
+            return args[:k] + (_BackwardEnd(report)(a, anchor),) + args[k + 1:]
+    return args
+
+
+def _mark_outputs(out, report: Callable[[], None]):
+    floats = _FLOATS
+    if isinstance(out, Tensor):
+        return _GradientArrival(report)(out) if out.dtype in floats else out
+    if isinstance(out, (tuple, list)):
+        return type(out)(_mark_outputs(o, report) for o in out)
+    return out
 
 
 class GroupRunner:
@@ -29,7 +86,9 @@ class GroupRunner:
         network: the whole model (the Cells are looked up by name in it).
         placement: the group's ranks, Cells and strategy.
         runtime: the simulation runtime (holds every virtual device in this process).
-        on_call: called after each Cell call with (runner, cell name, inputs, outputs, seconds).
+        on_call: called after each Cell call with (runner, cell name, inputs, outputs, seconds);
+            returns the call's task index. With `on_output_gradient` set, the outputs of a call
+            under gradient recording report, with that index, when the backward reaches them.
         optimizer_states: optimizer states per parameter assumed by memory reports.
     """
 
@@ -38,6 +97,9 @@ class GroupRunner:
         self.network = network
         self.runtime = runtime
         self.on_call = on_call
+        self.on_output_gradient: Optional[Callable[[int], None]] = None  # gets on_call's result
+        self.on_backward_end: Optional[Callable[[int], None]] = None
+        self.backward_anchor: Optional[Parameter] = None  # see _BackwardEnd
         self.optimizer_states = optimizer_states
         self.cells: Dict[str, nn.Cell] = dict((n, c) for n, c in network.cells_and_names() if n in placement.cells)
         self.models: Dict[str, SimulatedModel] = {}
@@ -74,15 +136,21 @@ class GroupRunner:
             if self._inside.get(name):
                 return plain(cell, *args)  # the group's simulated model runs the Cell itself
             self._check_batch(name, args)
+            marked = self.on_output_gradient is not None and _pynative_executor.requires_grad()
+            slot: Dict[str, int] = {}
+            call_args = _mark_input(args, self.backward_anchor, lambda: self.on_backward_end(slot["index"])) \
+                if marked and self.backward_anchor is not None else args
             self._inside[name] = True
             start = time.perf_counter()
             try:
-                out = self.models[name](*args)
+                out = self.models[name](*call_args)
             finally:
                 self._inside[name] = False
             seconds = time.perf_counter() - start
+            if marked:
+                out = _mark_outputs(out, lambda: self.on_output_gradient(slot["index"]))
             if self.on_call is not None:
-                self.on_call(self, name, args, out, seconds)
+                slot["index"] = self.on_call(self, name, args, out, seconds)
             return out
 
         return construct

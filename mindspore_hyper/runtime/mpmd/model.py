@@ -6,12 +6,14 @@ are gathered from the producer's layout and laid out by the consumer's (forward;
 goes back the same way). Parameter-free code between groups (a concat, the loss) runs on the
 global tensors. Every step yields a per-group timeline (`GroupTimeline`): the measured forward
 time of each group call, placed by data dependencies, so groups that do not read each other's
-outputs overlap. With `scheduler: dynamic`, measured group times feed a `GroupRebalancer` and
+outputs overlap (`train_step` adds each call's measured backward after the backwards of the
+calls that read its outputs). With `scheduler: dynamic`, measured group times feed a `GroupRebalancer` and
 its device moves are applied between steps (a group re-sharded over more or fewer ranks: the
 computation, hence the numerics, stays the same).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
@@ -98,6 +100,12 @@ class MPMDModel(nn.Cell):
                                  f"group {p.name!r} has an explicit strategy (drop it or use scheduler: static)")
         self.runners: Dict[str, GroupRunner] = {
             p.name: runner_class(network, p, runtime, self._on_call, optimizer_states) for p in placements}
+        # a scalar the training step also differentiates, so each group's backward end is marked
+        self.__dict__["_anchor"] = Parameter(Tensor(0.0, ms.float32), name="mpmd_backward_anchor")
+        for runner in self.runners.values():
+            runner.on_output_gradient = self._on_output_gradient
+            runner.on_backward_end = self._on_backward_end
+            runner.backward_anchor = self._anchor
         dynamic = [p.name for p in placements if p.group.scheduler == "dynamic"]
         self.rebalancing = DeviceRebalancing(self.runners, dynamic, policy, self._zero) if len(dynamic) >= 2 else None
         self.steps = 0
@@ -118,6 +126,8 @@ class MPMDModel(nn.Cell):
         self.cross_group_bytes: Dict[Tuple[str, str], int] = {}
         self.group_seconds: Dict[str, float] = {name: 0.0 for name in self.runners}
         self.group_batches: Dict[str, List[int]] = {name: [] for name in self.runners}
+        self._arrivals: List[Tuple[float, int]] = []  # (perf_counter, task index) when the backward reached a call
+        self._ends: Dict[int, float] = {}  # task index -> when the backward left the call
 
     def _on_call(self, runner: GroupRunner, cell: str, args: tuple, out, seconds: float) -> None:
         deps = set()
@@ -142,6 +152,35 @@ class MPMDModel(nn.Cell):
         self._keep.extend(args)
         self.group_seconds[runner.name] += seconds
         self.group_batches[runner.name].extend(runner.batch_sizes(args))
+        return index
+
+    def _on_output_gradient(self, index: int) -> None:
+        self._arrivals.append((time.perf_counter(), index))
+
+    def _on_backward_end(self, index: int) -> None:
+        self._ends.setdefault(index, time.perf_counter())
+
+    def _place_backward(self, finished: float) -> None:
+        """Add each group call's backward to the timeline. The backward runs the recorded ops in
+        reverse, so a call's backward lasts from the moment autograd reaches its outputs to the
+        moment it passes its first floating-point input (marked by `_BackwardEnd`); without such
+        an input, to the next call's start (or the end of the backward). It follows the
+        backwards of the calls that read its outputs, or, when only the loss does, the whole
+        forward."""
+        first: Dict[int, float] = {}
+        for t, i in self._arrivals:
+            first[i] = min(t, first.get(i, t))
+        times = sorted(first.values())
+        forward = list(self.timeline.tasks)
+        placed: Dict[int, int] = {}
+        for i in sorted(first, key=first.get):
+            start = first[i]
+            end = self._ends.get(i) or next((t for t in times if t > start), finished)
+            consumers = [placed[t.index] for t in forward if i in t.depends_on and t.index in placed]
+            task = forward[i]
+            label = task.label[:-len(" forward")] if task.label.endswith(" forward") else task.label
+            placed[i] = self.timeline.add(task.group, f"{label} backward", end - start,
+                                          consumers or range(len(forward)))
 
     # -- training ----------------------------------------------------------------------------
     def optimizer_parameters(self) -> List[Parameter]:
@@ -162,9 +201,11 @@ class MPMDModel(nn.Cell):
         # backward takes the same path in every process and cross-group gradients meet
         weights = tuple(self.network.trainable_params())
         if getattr(self, "_grad_fn", None) is None or self._grad_weights != weights:
-            self._grad_fn = ms.value_and_grad(self, None, weights)
+            self._grad_fn = ms.value_and_grad(self, None, weights + (self._anchor,))
             self._grad_weights = weights
         loss, grads = self._grad_fn(*inputs)
+        grads = grads[:-1]  # the anchor's (zero) gradient
+        self._place_backward(time.perf_counter())
         mine = {id(p) for p in self.optimizer_parameters()}
         self.last_gradients = {w.name: g.asnumpy() for w, g in zip(weights, grads) if id(w) in mine}
         by_id = {id(w): g for w, g in zip(weights, grads)}

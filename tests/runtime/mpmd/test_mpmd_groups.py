@@ -90,6 +90,22 @@ def test_timeline_overlaps_independent_groups(mpmd, tmp_path):
     assert threads == {"text_encoder", "vision_encoder", "fusion_layer"}
 
 
+def test_training_step_timeline_has_measured_backwards(mpmd):
+    """train_step adds each group's backward: the fusion's first (after the whole forward), then
+    the two encoders' concurrently (each reads only the fusion's backward)."""
+    mpmd.set_context(device_num=7)
+    model = mh.auto_parallelize(Multimodal(), seed_config_on(7, "static"), mode="simulation")
+    model.train_step(nn.Adam(model.optimizer_parameters()), *multimodal_batch())
+    task = {t.label: t for t in model.report().timeline.tasks}
+    assert set(task) == {f"{g} {p}" for g in ("text_encoder", "vision_encoder", "fusion_layer")
+                         for p in ("forward", "backward")}
+    fusion, text, vision = (task[f"{g} backward"] for g in ("fusion_layer", "text_encoder", "vision_encoder"))
+    assert all(t.duration > 0 for t in (fusion, text, vision))
+    assert fusion.start == task["fusion_layer forward"].end
+    assert text.start == vision.start == fusion.end
+    assert tuple(sorted((text.index, vision.index))) in model.report().timeline.overlaps()
+
+
 class EncoderHead(nn.Cell):
     """MindSpore layers the runtime was not written for: Conv2d, BatchNorm-free pooling, Embedding."""
 
@@ -124,7 +140,7 @@ def test_mpmd_module_entries_with_mindspore_layers(mpmd):
     model = mh.auto_parallelize(net, mpmd_entries_config(), mode="simulation")
     batches = eh_batches()
     assert_same_training(train_parallel(model, batches), train_reference(ref, batches))
-    tasks = model.report().timeline.tasks
+    tasks = [t for t in model.report().timeline.tasks if t.label.endswith("forward")]
     assert [t.group for t in tasks] == ["encoder", "table", "head"]
     assert tasks[0].start == tasks[1].start == 0.0 and tasks[2].depends_on == (0, 1)
 
