@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Dict, List, Optional, Tuple
 
+import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor
 
@@ -205,8 +206,10 @@ def parallelize_groups(model, table, runtime, group_strategies=None, optimizer_s
     """The MPMDModel of `model` in this msrun process (called by the distributed runtime).
 
     Raises:
-        ValueError: hyper_mpmd off, a mesh size other than the job's process count, or
-            `scheduler: dynamic` (device moves between processes are not done under msrun).
+        ValueError: hyper_mpmd off, a mesh size other than the job's process count, this
+            process's group declaring other `hardware` than its device target, a transport
+            other than shm, ZeRO-1, or `scheduler: dynamic` (device moves between processes are
+            not done under msrun).
     """
     from mindspore_hyper.runtime.mpmd import MPMDModel, check_mpmd_enabled
 
@@ -219,6 +222,12 @@ def parallelize_groups(model, table, runtime, group_strategies=None, optimizer_s
     if dynamic:
         raise ValueError(f"{dynamic[0].path}.scheduler: dynamic moves devices between groups, which runs in simulation "
                          "mode only; under msrun use scheduler: static")
+    target = {"ASCEND": "NPU"}.get(str(ms.get_context("device_target")).upper(),
+                                   str(ms.get_context("device_target")).upper())
+    mine = next(g for g in table.groups if w.rank in g.ranks)
+    if mine.hardware != target:
+        raise ValueError(f"{mine.path}.hardware: {mine.hardware}, but this process (rank {w.rank}) runs on {target} "
+                         f"(mindspore device_target); set hardware: {target} for the group")
     if w.transport != "shm":
         raise ValueError(f"dist_transport={w.transport!r}: MPMD groups under msrun send tensors between groups over "
                          "the shared-memory transport; set dist_transport='shm' (one host)")

@@ -16,8 +16,10 @@ import mindspore_hyper as mh  # noqa: E402
 from mindspore_hyper.strategy.config import load_parallel_config  # noqa: E402
 from mpmd_models import Multimodal, make_pair, multimodal_batch, train_reference  # noqa: E402
 
-CONFIG = {"parallel_config": {"device_num": 4}, "process_groups": {"text_encoder": {"ranks": [0, 1], "batch_size": 32},
-                             "vision_encoder": {"ranks": 2}, "fusion_layer": {"ranks": 3}},
+CONFIG = {"parallel_config": {"device_num": 4},
+          "process_groups": {"text_encoder": {"ranks": [0, 1], "batch_size": 32, "hardware": "CPU"},
+                             "vision_encoder": {"ranks": 2, "hardware": "CPU"},
+                             "fusion_layer": {"ranks": 3, "hardware": "CPU"}},
           "scheduler": "static"}
 
 

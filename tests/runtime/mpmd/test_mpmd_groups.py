@@ -208,6 +208,10 @@ def test_distributed_mode_checks_groups(mpmd):
     with pytest.raises(ValueError, match="process_groups.everything.scheduler: dynamic .* simulation mode only"):
         mh.auto_parallelize(Multimodal(), load_parallel_config(one), mode="distributed")
     one["scheduler"] = "static"
+    with pytest.raises(ValueError, match=r"process_groups.everything.hardware: NPU, but this process \(rank 0\) runs "
+                                         "on CPU"):
+        mh.auto_parallelize(Multimodal(), load_parallel_config(one), mode="distributed")
+    one["process_groups"]["everything"]["hardware"] = "CPU"
     net, ref = make_pair(Multimodal)
     model = mh.auto_parallelize(net, load_parallel_config(one), mode="distributed")
     assert model.placements()["everything"].cells == ("text_encoder", "vision_encoder", "fusion_layer")
