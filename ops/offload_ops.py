@@ -20,7 +20,7 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
-from mindspore.common.api import _pynative_executor
+from mindspore.graph.api import _pynative_executor
 
 __all__ = ["StoreFetch", "StorePut", "store_fetch", "store_put", "core_library"]
 

@@ -44,10 +44,11 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn
-from mindspore.common.api import _pynative_executor
+from mindspore.graph.api import _pynative_executor
 
 from mindspore_hyper import _core
 from mindspore_hyper.context import get_context
+from mindspore_hyper.units import format_bytes
 from mindspore_hyper.offload.copy_out import TensorCopyOut
 from mindspore_hyper.offload.fence import KernelFence
 from mindspore_hyper.offload.placement import DeviceShard, assemble, from_strategy_rows, single_device
@@ -180,13 +181,6 @@ def _unique(blocks) -> List[int]:
             seen.add(b)
             out.append(b)
     return out
-
-
-def _fmt(n: int) -> str:
-    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return f"{n}B"
 
 
 class OffloadedModel:
@@ -329,10 +323,10 @@ class OffloadedModel:
                     where = f" on device {rank}" if len(self.stores) > 1 else ""
                     raise WorkingSetError(
                         f"Cell '{g.name}' cannot run offloaded{where}: its working set is {need} blocks of "
-                        f"{_fmt(store.block_size)} ({_fmt(need * store.block_size)}: parameters "
-                        f"{_fmt(dev.param_bytes)} in {fwd} blocks, with optimizer states and gradients {upd} "
+                        f"{format_bytes(store.block_size, short=True)} ({format_bytes(need * store.block_size, short=True)}: parameters "
+                        f"{format_bytes(dev.param_bytes, short=True)} in {fwd} blocks, with optimizer states and gradients {upd} "
                         f"blocks) but the device tier holds {store.device_blocks} blocks "
-                        f"({_fmt(store.device_memory)}). Raise device_memory, lower cache_block_size, "
+                        f"({format_bytes(store.device_memory, short=True)}). Raise device_memory, lower cache_block_size, "
                         f"or offload smaller sub-Cells.")
 
     def _install(self, cell_backward_hooks: bool) -> None:

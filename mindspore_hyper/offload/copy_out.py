@@ -12,11 +12,11 @@ from typing import Optional
 
 import numpy as np
 
-import mindspore as ms
 from mindspore import Tensor
 
 from mindspore_hyper import _core
 from mindspore_hyper.offload.fence import AotOpPool
+from mindspore_hyper.units import numpy_dtype
 
 __all__ = ["TensorCopyOut"]
 
@@ -33,7 +33,7 @@ class TensorCopyOut:
     def __init__(self, tensor: Tensor):
         op = TensorCopyOut._ops.next()
         self.shape = tuple(tensor.shape)
-        self.dtype = np.dtype(ms.dtype_to_nptype(tensor.dtype))
+        self.dtype = numpy_dtype(tensor.dtype)
         self.id = _core.mailbox_new_id()
         self._value: Optional[np.ndarray] = None
         self._abandoned = False

@@ -16,7 +16,7 @@ import numpy as np
 
 from mindspore import Tensor, ops
 from mindspore.common import dtype as mstype
-from mindspore.common.api import _pynative_executor
+from mindspore.graph.api import _pynative_executor
 
 from mindspore_hyper import _core
 

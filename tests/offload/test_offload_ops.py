@@ -211,7 +211,7 @@ def test_cpp_mailbox_stress_program(tmp_path):
 
 
 def test_abandoned_copies_and_fences_leave_nothing_behind():
-    from mindspore.common.api import _pynative_executor
+    from mindspore.graph.api import _pynative_executor
     from mindspore_hyper.offload.copy_out import TensorCopyOut
     from mindspore_hyper.offload.fence import KernelFence
 

@@ -7,30 +7,19 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from mindspore.common.api import _pynative_executor
+from mindspore.graph.api import _pynative_executor
 
 from mindspore_hyper import _core, set_context, reset_context
 from test_prefetch_scheduler import os_threads
 from mindspore_hyper.offload import (OffloadedModel, OffloadPolicy, OffloadStore, WorkingSetError,
                                      hyper_offload, maybe_offload)
 
+from sim_models import DenseStack
+
 ms.set_context(mode=ms.PYNATIVE_MODE)
 
 BS = 8192
 DIM = 32
-
-
-class MLP(nn.Cell):
-    def __init__(self, n_layers=4, dim=DIM):
-        super().__init__()
-        self.layers = nn.CellList([nn.Dense(dim, dim) for _ in range(n_layers)])
-        self.act = nn.Tanh()
-        self.head = nn.Dense(dim, 1)
-
-    def construct(self, x):
-        for layer in self.layers:
-            x = self.act(layer(x))
-        return self.head(x)
 
 
 def copy_params(src, dst):
@@ -41,7 +30,7 @@ def copy_params(src, dst):
 
 
 def copy_model(src, n_layers=4, dim=DIM):
-    return copy_params(src, MLP(n_layers, dim))
+    return copy_params(src, DenseStack(n_layers, dim))
 
 
 def data(dim=DIM):
@@ -96,7 +85,7 @@ def make_store(tmp_path, device_blocks=4, host_blocks=6, depth=2):
 def test_offloaded_training_matches_resident(tmp_path, opt_name, swap_activations):
     make_opt = OPTIMIZERS[opt_name]
     x, y = data()
-    base = MLP()
+    base = DenseStack()
     ref_losses, ref_params = reference_run(copy_model(base), make_opt, x, y)
 
     model = copy_model(base)
@@ -136,7 +125,7 @@ def test_offloaded_training_matches_resident(tmp_path, opt_name, swap_activation
 
 
 def test_refuses_cell_larger_than_device_tier(tmp_path):
-    model = MLP(n_layers=2, dim=64)  # a 64x64 float32 weight is 16KB: 2+ blocks of 8KB
+    model = DenseStack(n_layers=2, dim=64)  # a 64x64 float32 weight is 16KB: 2+ blocks of 8KB
     before = {p.name: p.asnumpy().copy() for p in model.trainable_params()}
     store = make_store(tmp_path, device_blocks=2)
     with pytest.raises(WorkingSetError, match=r"Cell 'layers.0' cannot run offloaded: its working set is \d+ "
@@ -148,7 +137,7 @@ def test_refuses_cell_larger_than_device_tier(tmp_path):
 
 
 def test_enabled_through_context(tmp_path):
-    model = MLP(n_layers=2)
+    model = DenseStack(n_layers=2)
     reset_context()
     assert maybe_offload(model, optimizer=OPTIMIZERS["sgd"]) is None
     set_context(hyper_offload=True, device_memory=4 * BS, host_memory=8 * BS, offload_dir=str(tmp_path),
@@ -175,7 +164,7 @@ def test_enabled_through_context(tmp_path):
 
 def test_synchronous_writes_give_the_same_result(tmp_path):
     x, y = data()
-    base = MLP(n_layers=3)
+    base = DenseStack(n_layers=3)
     ref_losses, ref_params = reference_run(copy_model(base, 3), OPTIMIZERS["adam"], x, y, steps=3)
     model = copy_model(base, 3)
     store = make_store(tmp_path)
@@ -191,7 +180,7 @@ def test_value_and_grad_then_apply_gradients(tmp_path):
     """The two-call API: gradients returned to the caller, then applied by the optimizer Cells
     after the backward (no host updates)."""
     x, y = data()
-    base = MLP(n_layers=3)
+    base = DenseStack(n_layers=3)
     ref_losses, ref_params = reference_run(copy_model(base, 3), OPTIMIZERS["adam"], x, y, steps=3)
     model = copy_model(base, 3)
     store = make_store(tmp_path)
