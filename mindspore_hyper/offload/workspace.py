@@ -15,7 +15,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mindspore_hyper.offload.host_optimizer import host_rule
-from mindspore_hyper.offload.placement import DeviceShard
+from mindspore_hyper.offload.device_shards import DeviceShard
 from mindspore_hyper.offload.store import OffloadStore, TensorRef
 
 __all__ = ["Workspace"]

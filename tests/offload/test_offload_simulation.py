@@ -8,7 +8,7 @@ import pytest
 from mindspore import Tensor, ops
 
 from mindspore_hyper.offload import OffloadPolicy, OffloadStore, WorkingSetError, hyper_offload
-from mindspore_hyper.offload.placement import from_strategy_rows
+from mindspore_hyper.offload.device_shards import from_strategy_rows
 from mindspore_hyper.shard import Layout
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 from mindspore_hyper.runtime.simulation import simulate
@@ -76,7 +76,7 @@ def test_each_simulated_device_has_its_own_tier(tmp_path, opt_name, clean_contex
     w0 = base.layers[0].weight.asnumpy()
     for rank in range(8):
         d, t = divmod(rank, 4)
-        dev = off.groups[0].devices[rank]
+        dev = off.units[0].devices[rank]
         shard = dev.store.get(dev.params[0])
         np.testing.assert_array_equal(shard, w0[16 * t:16 * t + 16])
         assert dev.grads[0].shape == (8, DIM)
@@ -93,7 +93,7 @@ def test_each_simulated_device_has_its_own_tier(tmp_path, opt_name, clean_contex
         assert 0 < stats["per_device_peak_materialized_bytes"][rank] <= budget
     # layers.1's saved activations are per shard: each distinct one is kept by the devices
     # holding it (its replicas), not by all eight.
-    holders = [sorted(slots) for (name, _), slots in off._activation_refs.items() if name == "layers.1"]
+    holders = [sorted(slots) for (name, _), slots in off.activations.refs.items() if name == "layers.1"]
     assert holders and any(len(h) < 8 for h in holders)
     report = sim.report()
     assert report.fallbacks == {}
@@ -112,7 +112,7 @@ def test_shards_fit_where_the_whole_model_does_not(tmp_path, clean_context):
     _, sim = sharded_mlp(base)
     off = hyper_offload(sim, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["adam"], block_size=BS,
                         device_memory=3 * BS, host_memory=48 * BS, offload_dir=str(tmp_path))
-    assert len(off.groups) == 4
+    assert len(off.units) == 4
     off.close()
 
 

@@ -11,6 +11,7 @@ from mindspore.graph.api import _pynative_executor
 
 from mindspore_hyper import _core, set_context, reset_context
 from test_prefetch_scheduler import os_threads
+from mindspore_hyper.offload.updates import UnitUpdates
 from mindspore_hyper.offload import (OffloadedModel, OffloadPolicy, OffloadStore, WorkingSetError,
                                      hyper_offload, maybe_offload)
 
@@ -93,7 +94,7 @@ def test_offloaded_training_matches_resident(tmp_path, opt_name, swap_activation
     pending = (_core.fence_pending(), _core.mailbox_pending())
     policy = OffloadPolicy(cells=["layers.*"], activation_cells=["layers.1", "layers.2"] if swap_activations else ())
     off = hyper_offload(model, policy, optimizer=make_opt, store=store)
-    assert [g.name for g in off.groups] == ["layers.0", "layers.1", "layers.2", "layers.3"]
+    assert [g.name for g in off.units] == ["layers.0", "layers.1", "layers.2", "layers.3"]
     # Between uses the offloaded Parameters hold one-element placeholders: values live in the store.
     assert model.layers[0].weight.shape == (1,)
     step = off.train_step(lambda a, b: ops.reduce_mean((model(a) - b) ** 2))
@@ -110,13 +111,13 @@ def test_offloaded_training_matches_resident(tmp_path, opt_name, swap_activation
     assert stats["device"]["peak_blocks"] <= stats["device"]["capacity_blocks"]
     assert 0 < stats["peak_materialized_param_bytes"] <= budget
     # The offloaded state is larger than the device tier, so it really moves through the tiers.
-    total_blocks = len({b for g in off.groups for b in g.devices[0].update_blocks})
+    total_blocks = len({b for g in off.units for b in g.devices[0].update_blocks})
     assert total_blocks > stats["device"]["capacity_blocks"]
     assert stats["bytes_moved"]["host->device"] > 0 and stats["bytes_moved"]["host->disk"] > 0
     pf = stats["prefetch"]
     assert pf["trace_valid"] and pf["hits"] + pf["late"] > 0
     if swap_activations:
-        assert len(off._activation_refs) > 0
+        assert len(off.activations.refs) > 0
     off.remove()
     for name, ref in ref_params.items():
         np.testing.assert_allclose({p.name: p.asnumpy() for p in model.trainable_params()}[name], ref,
@@ -245,7 +246,7 @@ def test_shared_and_multi_input_cells_match_resident(tmp_path):
     assert_matches_reference(off, losses, ref_losses, ref_params)
     # every group updated in the backward: the hooks of layers.1 (called twice) ran once per step
     assert_update_path(off, "adam", 4 * 4)
-    assert all(g.resident_depth == 0 for g in off.groups)
+    assert all(g.resident_depth == 0 for g in off.units)
     assert model.mix.b.shape == (1,)  # scrubbed between steps
     stats = off.stats()
     assert 0 < stats["device"]["peak_bytes"] <= store.device_memory
@@ -305,12 +306,12 @@ def test_parameter_unused_in_some_steps(tmp_path, monkeypatch, hook_missing):
     pending = (_core.fence_pending(), _core.mailbox_pending())
     off = hyper_offload(model, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["sgd"], store=store)
     if hook_missing:
-        deliver = OffloadedModel._on_param_grad
+        deliver = UnitUpdates.on_param_grad
 
         def drop_unused_bias_hook(self, g, i, grad):
             if not (g.name == "layers.1" and i == 1 and not model.layers[1].use_bias):
                 deliver(self, g, i, grad)
-        monkeypatch.setattr(OffloadedModel, "_on_param_grad", drop_unused_bias_hook)
+        monkeypatch.setattr(UnitUpdates, "on_param_grad", drop_unused_bias_hook)
     step = off.train_step(lambda a, b: ops.reduce_mean((model(a) - b) ** 2))
     losses = []
     for use in uses:
@@ -358,5 +359,5 @@ def test_backward_failure_after_host_updates_says_which_groups_were_updated(tmp_
                                            r"it \(layers.0, layers.1, layers.2\)") as info:
         step(x, y)
     assert "injected backward failure" in repr(info.value.__cause__)
-    assert all(g.resident_depth == 0 for g in off.groups)
+    assert all(g.resident_depth == 0 for g in off.units)
     store.close()
