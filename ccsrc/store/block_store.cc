@@ -1,19 +1,14 @@
 #include "store/block_store.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <sys/uio.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <sstream>
-#include <thread>
 
 #include "store/crc32c.h"
 
@@ -51,13 +46,14 @@ class MoveTimer {
   const std::chrono::steady_clock::time_point start_;
 };
 
-std::string Errno(int err) { return std::strerror(err); }
-
-uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
-
-uint8_t* AllocBuffer(uint64_t bytes) {
-  void* p = std::aligned_alloc(4096, RoundUp(bytes, 4096));
-  return static_cast<uint8_t*>(p);
+// The configuration with its block size checked (StoreError) and at least one block per file.
+StoreConfig Checked(StoreConfig config) {
+  if (config.block_size == 0 || config.block_size % 64 != 0) {
+    throw StoreError("block_size must be a positive multiple of 64 bytes, got " +
+                     std::to_string(config.block_size));
+  }
+  if (config.blocks_per_file == 0) config.blocks_per_file = 1;
+  return config;
 }
 
 // Per-thread staging buffer for write-down snapshots (a seqlock snapshot must be private before
@@ -69,7 +65,7 @@ struct Staging {
   uint8_t* Get(uint64_t bytes) {
     if (n < bytes) {
       std::free(p);
-      p = AllocBuffer(bytes);
+      p = AllocBlockBuffer(bytes);
       n = p ? bytes : 0;
       if (!p) throw CapacityError("out of host memory for a disk staging buffer");
     }
@@ -77,170 +73,19 @@ struct Staging {
   }
 };
 
-void MkdirP(const std::string& dir) {
-  std::string cur;
-  std::stringstream ss(dir);
-  std::string part;
-  if (!dir.empty() && dir[0] == '/') cur = "/";
-  while (std::getline(ss, part, '/')) {
-    if (part.empty()) continue;
-    cur += part;
-    if (::mkdir(cur.c_str(), 0700) != 0 && errno != EEXIST) {
-      throw DiskError("offload directory '" + dir + "' cannot be created (" + cur + "): " +
-                      Errno(errno));
-    }
-    cur += "/";
-  }
-}
-
-inline void CpuRelax(int& spins) {
-  if (++spins > 64) {
-    std::this_thread::yield();
-  } else {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-  }
-}
-
 }  // namespace
 
-const char* TierName(Tier t) {
-  switch (t) {
-    case Tier::kDevice: return "device";
-    case Tier::kHost: return "host";
-    case Tier::kDisk: return "disk";
-  }
-  return "?";
-}
-
-void AtomicCopyOut(void* dst, const uint64_t* words, uint64_t offset, uint64_t len) {
-  auto* out = static_cast<uint8_t*>(dst);
-  uint64_t w = offset / 8;
-  const uint64_t head = offset % 8;
-  if (head != 0 && len > 0) {
-    const uint64_t x = __atomic_load_n(&words[w++], __ATOMIC_RELAXED);
-    const uint64_t n = std::min<uint64_t>(8 - head, len);
-    std::memcpy(out, reinterpret_cast<const uint8_t*>(&x) + head, n);
-    out += n;
-    len -= n;
-  }
-  while (len >= 32) {
-    const uint64_t a = __atomic_load_n(&words[w], __ATOMIC_RELAXED);
-    const uint64_t b = __atomic_load_n(&words[w + 1], __ATOMIC_RELAXED);
-    const uint64_t c = __atomic_load_n(&words[w + 2], __ATOMIC_RELAXED);
-    const uint64_t d = __atomic_load_n(&words[w + 3], __ATOMIC_RELAXED);
-    std::memcpy(out, &a, 8);
-    std::memcpy(out + 8, &b, 8);
-    std::memcpy(out + 16, &c, 8);
-    std::memcpy(out + 24, &d, 8);
-    w += 4;
-    out += 32;
-    len -= 32;
-  }
-  while (len >= 8) {
-    const uint64_t x = __atomic_load_n(&words[w++], __ATOMIC_RELAXED);
-    std::memcpy(out, &x, 8);
-    out += 8;
-    len -= 8;
-  }
-  if (len > 0) {
-    const uint64_t x = __atomic_load_n(&words[w], __ATOMIC_RELAXED);
-    std::memcpy(out, &x, len);
-  }
-}
-
-void AtomicCopyIn(uint64_t* words, uint64_t offset, const void* src, uint64_t len) {
-  const auto* in = static_cast<const uint8_t*>(src);
-  uint64_t w = offset / 8;
-  const uint64_t head = offset % 8;
-  if (head != 0 && len > 0) {
-    // The writer owns the block exclusively, so read-merge-write of a partial word is safe.
-    uint64_t x = __atomic_load_n(&words[w], __ATOMIC_RELAXED);
-    const uint64_t n = std::min<uint64_t>(8 - head, len);
-    std::memcpy(reinterpret_cast<uint8_t*>(&x) + head, in, n);
-    __atomic_store_n(&words[w++], x, __ATOMIC_RELAXED);
-    in += n;
-    len -= n;
-  }
-  while (len >= 8) {
-    uint64_t x;
-    std::memcpy(&x, in, 8);
-    __atomic_store_n(&words[w++], x, __ATOMIC_RELAXED);
-    in += 8;
-    len -= 8;
-  }
-  if (len > 0) {
-    uint64_t x = __atomic_load_n(&words[w], __ATOMIC_RELAXED);
-    std::memcpy(&x, in, len);
-    __atomic_store_n(&words[w], x, __ATOMIC_RELAXED);
-  }
-}
-
-void AtomicZero(uint64_t* words, uint64_t offset, uint64_t len) {
-  uint64_t w = offset / 8;
-  const uint64_t head = offset % 8;
-  if (head != 0 && len > 0) {
-    uint64_t x = __atomic_load_n(&words[w], __ATOMIC_RELAXED);
-    const uint64_t n = std::min<uint64_t>(8 - head, len);
-    std::memset(reinterpret_cast<uint8_t*>(&x) + head, 0, n);
-    __atomic_store_n(&words[w++], x, __ATOMIC_RELAXED);
-    len -= n;
-  }
-  for (; len >= 8; len -= 8) __atomic_store_n(&words[w++], uint64_t{0}, __ATOMIC_RELAXED);
-  if (len > 0) {
-    uint64_t x = __atomic_load_n(&words[w], __ATOMIC_RELAXED);
-    std::memset(&x, 0, len);
-    __atomic_store_n(&words[w], x, __ATOMIC_RELAXED);
-  }
-}
-
-BlockStore::BlockStore(const StoreConfig& config) : config_(config) {
-  if (config_.block_size == 0 || config_.block_size % 64 != 0) {
-    throw StoreError("block_size must be a positive multiple of 64 bytes, got " +
-                     std::to_string(config_.block_size));
-  }
-  words_ = config_.block_size / 8;
-  mem_[kD].capacity = config_.device_capacity / config_.block_size;
-  mem_[kH].capacity = config_.host_capacity / config_.block_size;
-  if (mem_[kD].capacity == 0) {
-    throw StoreError("device tier of " + std::to_string(config_.device_capacity) +
-                     " bytes holds no block of " + std::to_string(config_.block_size) + " bytes");
-  }
-  if (mem_[kH].capacity == 0) {
-    throw StoreError("host tier of " + std::to_string(config_.host_capacity) +
-                     " bytes holds no block of " + std::to_string(config_.block_size) + " bytes");
-  }
-  if (config_.blocks_per_file == 0) config_.blocks_per_file = 1;
-  for (auto& m : mem_) m.buffers.assign(m.capacity, nullptr);
+BlockStore::BlockStore(const StoreConfig& config)
+    : config_(Checked(config)),
+      words_(config_.block_size / 8),
+      mem_{std::make_unique<MemoryTier>(Tier::kDevice, config_.device_capacity, config_.block_size),
+           std::make_unique<MemoryTier>(Tier::kHost, config_.host_capacity, config_.block_size)},
+      disk_(config_) {
   chunks_.reset(new std::atomic<Block*>[kMaxChunks]);
   for (uint64_t i = 0; i < kMaxChunks; ++i) chunks_[i].store(nullptr, std::memory_order_relaxed);
-
-  disk_dir_ = config_.disk_dir;
-  if (disk_dir_.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    disk_dir_ = (tmp && *tmp) ? tmp : "/tmp";
-  }
-  MkdirP(disk_dir_);
-  // Probe: the directory must accept a new file now, not at the first eviction.
-  std::string probe = disk_dir_ + "/.mshyper_probe_" + std::to_string(::getpid()) + "_" +
-                      std::to_string(reinterpret_cast<uintptr_t>(this));
-  int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    throw DiskError("offload directory '" + disk_dir_ + "' is not writable: " + Errno(errno));
-  }
-  ::close(fd);
-  ::unlink(probe.c_str());
 }
 
 BlockStore::~BlockStore() {
-  for (auto& f : files_) {
-    if (f.fd >= 0) ::close(f.fd);
-    ::unlink(f.path.c_str());
-  }
-  for (auto& m : mem_) {
-    for (uint8_t* p : m.buffers) std::free(p);
-  }
   for (uint64_t i = 0; i < kMaxChunks; ++i) delete[] chunks_[i].load(std::memory_order_relaxed);
 }
 
@@ -257,8 +102,6 @@ BlockStore::Block& BlockStore::GetAllocated(uint64_t id) const {
   return b;
 }
 
-uint8_t* BlockStore::SlotPtr(Tier t, int64_t slot) const { return mem_[Ti(t)].buffers[slot]; }
-
 uint64_t BlockStore::CopyLen(uint64_t fill) const {
   // Whole 4KB pages (page cache and DMA granularity); an empty block (never written, or
   // discarded) moves nothing.
@@ -268,42 +111,32 @@ uint64_t BlockStore::CopyLen(uint64_t fill) const {
 bool BlockStore::Valid(const Block& b, Tier t) const {
   const Copy& c = b.copy[Ti(t)];
   if (c.slot < 0) return false;
-  // While a write is in progress (seq odd) its targets hold either the old version (seq - 1) or,
-  // just before seq turns even, the new one (seq + 1); both count as valid here.
-  const uint64_t seq = b.seq.load(std::memory_order_relaxed);
-  const uint64_t cv = c.version.load(std::memory_order_relaxed);
-  return cv == (seq & ~1ull) || ((seq & 1) && cv == seq + 1);
+  return CopyIsCurrent(b.seq.load(std::memory_order_relaxed), c.version.load(std::memory_order_relaxed));
 }
 
 void BlockStore::Touch(Block& b, uint64_t id, Tier t) {
   if (t == Tier::kDisk) return;
   Copy& c = b.copy[Ti(t)];
-  auto& lru = mem_[Ti(t)].lru;
   if (c.in_lru) {
-    lru.splice(lru.end(), lru, c.lru_it);
+    Mem(t).MakeMostRecent(c.lru_it);
   } else {
-    c.lru_it = lru.insert(lru.end(), id);
+    c.lru_it = Mem(t).AddMostRecent(id);
     c.in_lru = true;
   }
 }
 
-void BlockStore::ReleaseSlot(Tier t, int64_t slot) {
-  MemTier& m = mem_[Ti(t)];
-  m.free_slots.push_back(slot);
-  --m.used;
-}
+void BlockStore::ReleaseSlot(Tier t, int64_t slot) { Mem(t).ReleaseSlot(slot); }
 
 void BlockStore::DropCopy(Block& b, uint64_t /*id*/, Tier t) {
   Copy& c = b.copy[Ti(t)];
   c.version.store(kNoVersion, std::memory_order_relaxed);
   if (c.slot < 0) return;
   if (t == Tier::kDisk) {
-    free_disk_slots_.push_back(c.slot);
-    --disk_used_;
+    disk_.Release(c.slot);
   } else {
     ReleaseSlot(t, c.slot);
     if (c.in_lru) {
-      mem_[Ti(t)].lru.erase(c.lru_it);
+      Mem(t).RemoveFromLru(c.lru_it);
       c.in_lru = false;
     }
   }
@@ -321,112 +154,10 @@ void BlockStore::UnpinLocked(Block& b, uint64_t id, Tier t) {
   }
 }
 
-int64_t BlockStore::ReserveDiskSlot(Lock& /*lock*/) {
-  if (!free_disk_slots_.empty()) {
-    int64_t s = free_disk_slots_.back();
-    free_disk_slots_.pop_back();
-    ++disk_used_;
-    disk_peak_ = std::max(disk_peak_, disk_used_);
-    return s;
-  }
-  const uint64_t bs = config_.block_size;
-  if (config_.disk_capacity != 0 && (disk_slots_ + 1) * bs > config_.disk_capacity) {
-    throw DiskError("disk tier full: its capacity of " + std::to_string(config_.disk_capacity) +
-                    " bytes (" + std::to_string(disk_slots_) + " blocks) is in use");
-  }
-  const uint64_t bpf = config_.blocks_per_file;
-  if (disk_slots_ % bpf == 0) {
-    DiskFile f;
-    f.path = disk_dir_ + "/mshyper_store_" + std::to_string(::getpid()) + "_" +
-             std::to_string(reinterpret_cast<uintptr_t>(this)) + "_" +
-             std::to_string(files_.size()) + ".blk";
-    // Direct I/O needs 4KB-aligned buffers, offsets and lengths: slots are 4KB-aligned, disk
-    // offsets are multiples of the block size and copies are whole 4KB pages (CopyLen).
-    const bool want_direct = config_.drop_page_cache && config_.direct_io && bs % 4096 == 0;
-    f.fd = ::open(f.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | (want_direct ? O_DIRECT : 0), 0600);
-    f.direct = want_direct && f.fd >= 0;
-    if (f.fd < 0 && want_direct && errno == EINVAL) {  // the file system refuses O_DIRECT
-      f.fd = ::open(f.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    }
-    if (f.fd < 0) {
-      throw DiskError("cannot create disk-tier file '" + f.path + "': " + Errno(errno));
-    }
-    const int rc = ::posix_fallocate(f.fd, 0, static_cast<off_t>(bpf * bs));
-    if (rc != 0) {
-      ::close(f.fd);
-      ::unlink(f.path.c_str());
-      throw DiskError("cannot preallocate " + std::to_string(bpf * bs) + " bytes for disk-tier file '" +
-                      f.path + "': " + Errno(rc));
-    }
-    files_.push_back(f);
-  }
-  const int64_t s = static_cast<int64_t>(disk_slots_++);
-  ++disk_used_;
-  disk_peak_ = std::max(disk_peak_, disk_used_);
-  return s;
-}
-
-std::string BlockStore::DiskPath(int64_t slot) const {
-  return files_[slot / config_.blocks_per_file].path;
-}
-
-namespace {
-
-void PreadFull(int fd, void* dst, uint64_t len, uint64_t off, const std::string& what) {
-  auto* p = static_cast<uint8_t*>(dst);
-  while (len > 0) {
-    const ssize_t n = ::pread(fd, p, len, static_cast<off_t>(off));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw DiskError("read of " + what + " failed: " + Errno(errno));
-    }
-    if (n == 0) throw DiskError("read of " + what + " failed: unexpected end of file");
-    p += n;
-    off += n;
-    len -= n;
-  }
-}
-
-void PwriteFull(int fd, const void* src, uint64_t len, uint64_t off, const std::string& what) {
-  const auto* p = static_cast<const uint8_t*>(src);
-  while (len > 0) {
-    const ssize_t n = ::pwrite(fd, p, len, static_cast<off_t>(off));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw DiskError("write of " + what + " failed: " + Errno(errno));
-    }
-    p += n;
-    off += n;
-    len -= n;
-  }
-}
-
-}  // namespace
-
 uint64_t BlockStore::SeqRead(Block& b, Tier t, const uint8_t* base, uint64_t off, void* dst,
                              uint64_t len, uint64_t* fill_out) {
-  const auto* words = reinterpret_cast<const uint64_t*>(base);
-  int spins = 0;
-  for (;;) {
-    const uint64_t v1 = b.seq.load(std::memory_order_acquire);
-    if (v1 & 1) {
-      CpuRelax(spins);
-      continue;
-    }
-    if (b.copy[Ti(t)].version.load(std::memory_order_acquire) != v1) return kNoVersion;
-    // Bytes at or beyond the fill mark read as zero (the slot may hold anything there).
-    const uint64_t fill = b.fill.load(std::memory_order_relaxed);
-    const uint64_t n = off >= fill ? 0 : std::min(len, fill - off);
-    if (n > 0) AtomicCopyOut(dst, words, off, n);
-    if (n < len) std::memset(static_cast<uint8_t*>(dst) + n, 0, len - n);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (b.seq.load(std::memory_order_relaxed) == v1) {
-      if (fill_out != nullptr) *fill_out = fill;
-      return v1;
-    }
-    read_retries_.fetch_add(1, std::memory_order_relaxed);
-    CpuRelax(spins);
-  }
+  return SeqlockRead(SeqlockView{b.seq, b.copy[Ti(t)].version, b.fill}, base, off, dst, len, fill_out,
+                     read_retries_);
 }
 
 void BlockStore::Migrate(Block& b, uint64_t id, Tier src, Tier dst, Lock& lock) {
@@ -438,7 +169,7 @@ void BlockStore::Migrate(Block& b, uint64_t id, Tier src, Tier dst, Lock& lock) 
     if (dst == Tier::kDisk) {
       dslot = b.copy[kK].slot;
       if (dslot < 0) {
-        dslot = ReserveDiskSlot(lock);
+        dslot = disk_.Reserve();
         b.copy[kK].slot = dslot;
       }
       b.copy[kK].version.store(kNoVersion, std::memory_order_relaxed);
@@ -455,10 +186,7 @@ void BlockStore::Migrate(Block& b, uint64_t id, Tier src, Tier dst, Lock& lock) 
   const uint64_t disk_version = b.copy[kK].version.load(std::memory_order_relaxed);
   const uint32_t disk_crc = b.disk_crc;
   const uint64_t disk_len = b.disk_len;
-  const int fd = kslot >= 0 ? files_[kslot / config_.blocks_per_file].fd : -1;
-  const bool drop_cache = config_.drop_page_cache && !(kslot >= 0 && files_[kslot / config_.blocks_per_file].direct);
-  const uint64_t foff = kslot >= 0 ? (kslot % config_.blocks_per_file) * bs : 0;
-  const std::string fpath = kslot >= 0 ? DiskPath(kslot) : std::string();
+  const DiskExtent at = kslot >= 0 ? disk_.Locate(kslot) : DiskExtent{};
   const uint8_t* sbase = src != Tier::kDisk ? SlotPtr(src, b.copy[Ti(src)].slot) : nullptr;
   uint8_t* dbase = dst != Tier::kDisk ? SlotPtr(dst, dslot) : nullptr;
   // Writers wait for `moving` to clear before they start, so when no write is in progress now,
@@ -479,13 +207,12 @@ void BlockStore::Migrate(Block& b, uint64_t id, Tier src, Tier dst, Lock& lock) 
     if (src == Tier::kDisk) {
       // The disk copy holds disk_len bytes (those written down, covering its fill mark).
       n = disk_len;
-      PreadFull(fd, dbase, n, foff, "block " + std::to_string(id) + " from '" + fpath + "'");
-      if (drop_cache && n > 0) ::posix_fadvise(fd, foff, n, POSIX_FADV_DONTNEED);
+      disk_.Read(at, dbase, n, "block " + std::to_string(id) + " from '" + at.path + "'");
       const uint32_t got = Crc32c(dbase, n);
       if (got != disk_crc) {
         crc_failures_.fetch_add(1, std::memory_order_relaxed);
         std::ostringstream msg;
-        msg << "corrupted block " << id << ": disk copy in '" << fpath << "' at offset " << foff
+        msg << "corrupted block " << id << ": disk copy in '" << at.path << "' at offset " << at.offset
             << " failed its CRC32C check (stored 0x" << std::hex << disk_crc << ", computed 0x" << got
             << ")";
         throw CorruptBlockError(msg.str());
@@ -505,12 +232,7 @@ void BlockStore::Migrate(Block& b, uint64_t id, Tier src, Tier dst, Lock& lock) 
       }
       if (v != kNoVersion) {
         crc = Crc32c(buf, n);
-        PwriteFull(fd, buf, n, foff, "block " + std::to_string(id) + " to '" + fpath + "'");
-        if (drop_cache && n > 0) {
-          ::sync_file_range(fd, foff, n,
-                            SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
-          ::posix_fadvise(fd, foff, n, POSIX_FADV_DONTNEED);
-        }
+        disk_.Write(at, buf, n, "block " + std::to_string(id) + " to '" + at.path + "'");
       }
     } else if (exclusive) {
       std::memcpy(dbase, sbase, n);
@@ -549,32 +271,18 @@ void BlockStore::Migrate(Block& b, uint64_t id, Tier src, Tier dst, Lock& lock) 
 }
 
 int64_t BlockStore::ReserveSlot(Tier t, Lock& lock) {
-  MemTier& m = mem_[Ti(t)];
+  MemoryTier& m = Mem(t);
   // Bounded wait for busy slots (see below); a deadline, not a count of wake-ups.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (;;) {
-    if (!m.free_slots.empty()) {
-      const int64_t s = m.free_slots.back();
-      m.free_slots.pop_back();
-      m.peak = std::max(m.peak, ++m.used);
-      return s;
-    }
-    // Slots are created lazily; `buffers` has one entry per possible slot.
-    for (uint64_t s = 0; s < m.capacity; ++s) {
-      if (m.buffers[s] != nullptr) continue;
-      m.buffers[s] = AllocBuffer(config_.block_size);
-      if (m.buffers[s] == nullptr) {
-        throw CapacityError(std::string("out of host memory creating a ") + TierName(t) + " slot");
-      }
-      m.peak = std::max(m.peak, ++m.used);
-      return static_cast<int64_t>(s);
-    }
+    const int64_t free_slot = m.TakeFreeSlot();
+    if (free_slot >= 0) return free_slot;
     // Evict: lowest priority first, least recently used among equals.
     Block* victim = nullptr;
     uint64_t vid = 0;
     int best = INT_MAX;
     uint64_t held = 0;  // slots whose copy a caller of Pin() holds (not transient pins)
-    for (uint64_t id : m.lru) {
+    for (uint64_t id : m.lru()) {
       Block& c = Get(id);
       if (c.copy[Ti(t)].held != 0) ++held;
       if (c.copy[Ti(t)].pins != 0) continue;
@@ -585,14 +293,14 @@ int64_t BlockStore::ReserveSlot(Tier t, Lock& lock) {
         vid = id;
       }
     }
-    if (victim == nullptr && held < m.capacity && std::chrono::steady_clock::now() < deadline) {
+    if (victim == nullptr && held < m.capacity() && std::chrono::steady_clock::now() < deadline) {
       // Some slots are only busy for a moment (a read, copy or write in progress): they become
       // evictable shortly. Bounded wait, so a cycle of movers in a tiny tier ends in an error, not a hang.
       cv_.wait_for(lock, std::chrono::milliseconds(1));
       continue;
     }
     if (victim == nullptr) {
-      throw CapacityError(std::string(TierName(t)) + " tier full: all " + std::to_string(m.capacity) +
+      throw CapacityError(std::string(TierName(t)) + " tier full: all " + std::to_string(m.capacity()) +
                           " blocks of " + std::to_string(config_.block_size) +
                           " bytes are pinned");
     }
@@ -600,7 +308,7 @@ int64_t BlockStore::ReserveSlot(Tier t, Lock& lock) {
                                             : (Valid(*victim, Tier::kDisk) || Valid(*victim, Tier::kDevice));
     if (covered || !Valid(*victim, t)) {
       DropCopy(*victim, vid, t);
-      ++m.evictions;
+      m.CountEviction();
       continue;
     }
     // The only valid copy: write it one tier down first (the block is never lost; a disk error
@@ -611,14 +319,14 @@ int64_t BlockStore::ReserveSlot(Tier t, Lock& lock) {
       // The disk cannot take the victim (full, I/O error); it stays in memory. Fall back to a
       // clean copy (another valid copy exists below), if any, rather than failing.
       bool dropped = false;
-      for (uint64_t id : m.lru) {
+      for (uint64_t id : m.lru()) {
         Block& c = Get(id);
         if (c.copy[Ti(t)].pins != 0 || c.moving || c.writing) continue;
         const bool clean = t == Tier::kDevice ? (Valid(c, Tier::kHost) || Valid(c, Tier::kDisk))
                                               : (Valid(c, Tier::kDisk) || Valid(c, Tier::kDevice));
         if (clean) {
           DropCopy(c, id, t);
-          ++m.evictions;
+          m.CountEviction();
           dropped = true;
           break;
         }
@@ -966,10 +674,7 @@ void BlockStore::LoadFromDiskBatch(const std::vector<uint64_t>& ids, Lock& lock)
     uint64_t version = 0;
     uint32_t crc = 0;
     uint64_t len = 0;  // bytes of the disk copy
-    int fd = -1;
-    bool direct = false;
-    uint64_t off = 0;
-    std::string path;
+    DiskExtent at;
     uint8_t* buf = nullptr;
     bool ok = false;
   };
@@ -1003,15 +708,12 @@ void BlockStore::LoadFromDiskBatch(const std::vector<uint64_t>& ids, Lock& lock)
     it.version = it.b->copy[kK].version.load(std::memory_order_relaxed);
     it.crc = it.b->disk_crc;
     it.len = it.b->disk_len;
-    it.fd = files_[k / config_.blocks_per_file].fd;
-    it.direct = files_[k / config_.blocks_per_file].direct;
-    it.off = (k % config_.blocks_per_file) * bs;
-    it.path = DiskPath(k);
+    it.at = disk_.Locate(k);
     it.buf = SlotPtr(Tier::kHost, it.hslot);
   }
   lock.unlock();
   std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-    return a.fd != b.fd ? a.fd < b.fd : a.off < b.off;
+    return a.at.fd != b.at.fd ? a.at.fd < b.at.fd : a.at.offset < b.at.offset;
   });
   std::exception_ptr err;
   size_t i = 0;
@@ -1020,8 +722,8 @@ void BlockStore::LoadFromDiskBatch(const std::vector<uint64_t>& ids, Lock& lock)
     // have a full-size disk copy (a partly filled one ends the run).
     size_t j = i + 1;
     uint64_t total = items[i].len;
-    while (j < items.size() && j - i < IOV_MAX && items[j - 1].len == bs && items[j].fd == items[i].fd &&
-           items[j].off == items[j - 1].off + bs) {
+    while (j < items.size() && j - i < IOV_MAX && items[j - 1].len == bs && items[j].at.fd == items[i].at.fd &&
+           items[j].at.offset == items[j - 1].at.offset + bs) {
       total += items[j].len;
       ++j;
     }
@@ -1031,21 +733,16 @@ void BlockStore::LoadFromDiskBatch(const std::vector<uint64_t>& ids, Lock& lock)
       if (j - i > 1) {
         std::vector<iovec> iov(j - i);
         for (size_t k = i; k < j; ++k) iov[k - i] = iovec{items[k].buf, items[k].len};
-        const ssize_t n = ::preadv(items[i].fd, iov.data(), static_cast<int>(iov.size()),
-                                   static_cast<off_t>(items[i].off));
-        if (n == static_cast<ssize_t>(total)) {
+        if (disk_.ReadRun(items[i].at, iov, total)) {
           done = true;
           coalesced_reads_.fetch_add(1, std::memory_order_relaxed);
         }
       }
       if (!done) {
         for (size_t k = i; k < j; ++k) {
-          PreadFull(items[k].fd, items[k].buf, items[k].len, items[k].off,
-                    "block " + std::to_string(items[k].id) + " from '" + items[k].path + "'");
+          disk_.Read(items[k].at, items[k].buf, items[k].len,
+                     "block " + std::to_string(items[k].id) + " from '" + items[k].at.path + "'");
         }
-      }
-      if (config_.drop_page_cache && !items[i].direct && total > 0) {
-        ::posix_fadvise(items[i].fd, items[i].off, total, POSIX_FADV_DONTNEED);
       }
       for (size_t k = i; k < j; ++k) {
         const uint32_t got = Crc32c(items[k].buf, items[k].len);
@@ -1053,8 +750,8 @@ void BlockStore::LoadFromDiskBatch(const std::vector<uint64_t>& ids, Lock& lock)
           crc_failures_.fetch_add(1, std::memory_order_relaxed);
           if (!err) {
             std::ostringstream msg;
-            msg << "corrupted block " << items[k].id << ": disk copy in '" << items[k].path
-                << "' at offset " << items[k].off << " failed its CRC32C check (stored 0x" << std::hex
+            msg << "corrupted block " << items[k].id << ": disk copy in '" << items[k].at.path
+                << "' at offset " << items[k].at.offset << " failed its CRC32C check (stored 0x" << std::hex
                 << items[k].crc << ", computed 0x" << got << ")";
             err = std::make_exception_ptr(CorruptBlockError(msg.str()));
           }
@@ -1115,7 +812,7 @@ bool BlockStore::Evict(uint64_t id, Tier tier) {
                                                : (Valid(b, Tier::kDisk) || Valid(b, Tier::kDevice));
     if (covered || !Valid(b, tier)) {
       DropCopy(b, id, tier);
-      ++mem_[Ti(tier)].evictions;
+      Mem(tier).CountEviction();
       return true;
     }
     Migrate(b, id, tier, tier == Tier::kDevice ? Tier::kHost : Tier::kDisk, lock);
@@ -1124,11 +821,11 @@ bool BlockStore::Evict(uint64_t id, Tier tier) {
 
 size_t BlockStore::WriteBack(size_t max_blocks) {
   Lock lock(mu_);
-  MemTier& m = mem_[kH];
+  const std::list<uint64_t>& lru = Mem(Tier::kHost).lru();
   std::vector<uint64_t> dirty;
   size_t scanned = 0;
-  const size_t limit = std::max<size_t>(1, m.lru.size() / 2);  // the older half of the pool
-  for (uint64_t id : m.lru) {
+  const size_t limit = std::max<size_t>(1, lru.size() / 2);  // the older half of the pool
+  for (uint64_t id : lru) {
     if (scanned++ >= limit || dirty.size() >= max_blocks) break;
     const Block& b = Get(id);
     if (!b.moving && !b.writing && Valid(b, Tier::kHost) && !Valid(b, Tier::kDisk) &&
@@ -1174,14 +871,15 @@ std::pair<std::string, uint64_t> BlockStore::DiskLocation(uint64_t id) const {
   const Block& b = GetAllocated(id);
   const int64_t k = b.copy[kK].slot;
   if (k < 0) return {std::string(), 0};
-  return {DiskPath(k), (k % config_.blocks_per_file) * config_.block_size};
+  const DiskExtent at = disk_.Locate(k);
+  return {at.path, at.offset};
 }
 
 std::vector<uint64_t> BlockStore::LruOrder(Tier tier) const {
   if (tier == Tier::kDisk) throw StoreError("the disk tier has no LRU order");
   Lock lock(mu_);
   std::vector<uint64_t> out;
-  for (uint64_t id : mem_[Ti(tier)].lru) {
+  for (uint64_t id : Mem(tier).lru()) {
     if (Valid(Get(id), tier)) out.push_back(id);
   }
   return out;
@@ -1190,15 +888,8 @@ std::vector<uint64_t> BlockStore::LruOrder(Tier tier) const {
 StoreStats BlockStore::Stats() const {
   Lock lock(mu_);
   StoreStats s;
-  for (int t = 0; t < 2; ++t) {
-    s.tiers[t].capacity_blocks = mem_[t].capacity;
-    s.tiers[t].used_blocks = mem_[t].used;
-    s.tiers[t].peak_blocks = mem_[t].peak;
-    s.tiers[t].evictions = mem_[t].evictions;
-  }
-  s.tiers[kK].capacity_blocks = config_.disk_capacity / config_.block_size;
-  s.tiers[kK].used_blocks = disk_used_;
-  s.tiers[kK].peak_blocks = disk_peak_;
+  for (int t = 0; t < 2; ++t) s.tiers[t] = mem_[t]->Stats();
+  s.tiers[kK] = disk_.Stats();
   for (int a = 0; a < kNumTiers; ++a) {
     for (int b = 0; b < kNumTiers; ++b) {
       s.bytes_moved[a][b] = bytes_moved_[a][b].load(std::memory_order_relaxed);
@@ -1218,8 +909,8 @@ StoreStats BlockStore::Stats() const {
 
 void BlockStore::ResetPeaks() {
   Lock lock(mu_);
-  for (auto& m : mem_) m.peak = m.used;
-  disk_peak_ = disk_used_;
+  for (auto& m : mem_) m->ResetPeak();
+  disk_.ResetPeak();
 }
 
 }  // namespace mshyper::store

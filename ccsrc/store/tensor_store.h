@@ -69,8 +69,4 @@ class TensorStore {
   uint64_t pack_fill_ = 0;
 };
 
-// The process-wide tensor store shared by the Python API and the MindSpore aot kernels.
-std::shared_ptr<TensorStore> DefaultTensorStore();
-void SetDefaultTensorStore(std::shared_ptr<TensorStore> store);
-
 }  // namespace mshyper::store

@@ -216,7 +216,7 @@ def _simulation_stores(n: int, store_options: dict) -> Tuple[List[OffloadStore],
     root = tempfile.mkdtemp(prefix="mshyper_offload_", dir=base or None)
     store_options.setdefault("io_workers", 1)
     stores = [OffloadStore(host_memory=host // n, offload_dir=os.path.join(root, f"device{r}"),
-                           make_default=(r == 0), **store_options) for r in range(n)]
+                           **store_options) for r in range(n)]
     return stores, root
 
 

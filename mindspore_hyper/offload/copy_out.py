@@ -2,7 +2,7 @@
 
 ``Tensor.asnumpy()`` waits for every kernel launched so far (measured on MindSpore 2.10 CPU: from
 a background thread too), so reading a gradient in the middle of the backward stalls it.
-`TensorCopyOut` launches a tiny aot kernel (``MsHyperCopyOut`` in ``ccsrc/aot/store_kernels.cc``)
+`TensorCopyOut` launches a tiny aot kernel (``MsHyperCopyOut`` in ``ccsrc/kernels/store_kernels.cc``)
 behind the kernels producing the tensor; when MindSpore executes it, the bytes land in a mailbox
 that any thread can wait for (``take``, GIL released).
 """
