@@ -46,8 +46,8 @@ class TensorStore {
   std::vector<uint64_t> Blocks(uint64_t tid) const;
   void Erase(uint64_t tid);
   size_t Count() const;
-  // Starts a fresh pack block for the next small tensor (so a group of tensors shares no block
-  // with the previous group).
+  // Starts a fresh pack block for the next small tensor (so the tensors of one offload unit share
+  // no block with the previous unit's).
   void ClosePack();
 
  private:

@@ -233,7 +233,7 @@ def hyper_offload(model: nn.Cell, policy: Optional[OffloadPolicy] = None, *,
             the network (for a SimulatedModel, of the model it wraps).
         optimizer: factory ``params -> nn.Optimizer`` (e.g. ``lambda ps: nn.Adam(ps, 1e-3)``); it
             must be element-wise (SGD, Momentum, Adam, AdamWeightDecay, ...): one instance is made
-            per distinct shape of an offloaded group's update and one for the resident parameters.
+            per distinct shape of an offload unit's update and one for the resident parameters.
         store: an `OffloadStore` (one device) or a sequence of one per simulated device; default:
             new ones from the context flags and `store_options` (block_size, device_memory,
             host_memory, offload_dir, prefetch_depth, ...), closed by `OffloadedModel.close()`.
