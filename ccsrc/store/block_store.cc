@@ -1,13 +1,9 @@
+// BlockStore's table, copies and pins, reads, writes and queries; the moves between tiers are in
+// block_moves.cc.
 #include "store/block_store.h"
 
-#include <sys/uio.h>
-
 #include <algorithm>
-#include <chrono>
-#include <climits>
-#include <cstdlib>
 #include <cstring>
-#include <exception>
 #include <sstream>
 
 #include "store/crc32c.h"
@@ -15,36 +11,9 @@
 namespace mshyper::store {
 namespace {
 
-constexpr int kD = static_cast<int>(Tier::kDevice);
-constexpr int kH = static_cast<int>(Tier::kHost);
-constexpr int kK = static_cast<int>(Tier::kDisk);
-
-inline int Ti(Tier t) { return static_cast<int>(t); }
-
-// Times one block move (or one coalesced read): while it lasts the store's transfer clock is busy,
-// and its duration, failed or not, is added to its tier pair's copy time (so the busy time, a union
-// of these intervals, never exceeds the sum of the copy times).
-class MoveTimer {
- public:
-  MoveTimer(BusyClock& clock, std::atomic<uint64_t>& ns)
-      : clock_(clock), ns_(ns), start_(std::chrono::steady_clock::now()) {
-    clock_.Begin();
-  }
-  ~MoveTimer() {
-    clock_.End();
-    ns_.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                            std::chrono::steady_clock::now() - start_)
-                                            .count()),
-                  std::memory_order_relaxed);
-  }
-  MoveTimer(const MoveTimer&) = delete;
-  MoveTimer& operator=(const MoveTimer&) = delete;
-
- private:
-  BusyClock& clock_;
-  std::atomic<uint64_t>& ns_;
-  const std::chrono::steady_clock::time_point start_;
-};
+constexpr int kD = TierIndex(Tier::kDevice);
+constexpr int kH = TierIndex(Tier::kHost);
+constexpr int kK = TierIndex(Tier::kDisk);
 
 // The configuration with its block size checked (StoreError) and at least one block per file.
 StoreConfig Checked(StoreConfig config) {
@@ -55,23 +24,6 @@ StoreConfig Checked(StoreConfig config) {
   if (config.blocks_per_file == 0) config.blocks_per_file = 1;
   return config;
 }
-
-// Per-thread staging buffer for write-down snapshots (a seqlock snapshot must be private before
-// it is handed to pwrite).
-struct Staging {
-  uint8_t* p = nullptr;
-  uint64_t n = 0;
-  ~Staging() { std::free(p); }
-  uint8_t* Get(uint64_t bytes) {
-    if (n < bytes) {
-      std::free(p);
-      p = AllocBlockBuffer(bytes);
-      n = p ? bytes : 0;
-      if (!p) throw CapacityError("out of host memory for a disk staging buffer");
-    }
-    return p;
-  }
-};
 
 }  // namespace
 
@@ -109,14 +61,14 @@ uint64_t BlockStore::CopyLen(uint64_t fill) const {
 }
 
 bool BlockStore::Valid(const Block& b, Tier t) const {
-  const Copy& c = b.copy[Ti(t)];
+  const Copy& c = b.copy[TierIndex(t)];
   if (c.slot < 0) return false;
   return CopyIsCurrent(b.seq.load(std::memory_order_relaxed), c.version.load(std::memory_order_relaxed));
 }
 
 void BlockStore::Touch(Block& b, uint64_t id, Tier t) {
   if (t == Tier::kDisk) return;
-  Copy& c = b.copy[Ti(t)];
+  Copy& c = b.copy[TierIndex(t)];
   if (c.in_lru) {
     Mem(t).MakeMostRecent(c.lru_it);
   } else {
@@ -128,7 +80,7 @@ void BlockStore::Touch(Block& b, uint64_t id, Tier t) {
 void BlockStore::ReleaseSlot(Tier t, int64_t slot) { Mem(t).ReleaseSlot(slot); }
 
 void BlockStore::DropCopy(Block& b, uint64_t /*id*/, Tier t) {
-  Copy& c = b.copy[Ti(t)];
+  Copy& c = b.copy[TierIndex(t)];
   c.version.store(kNoVersion, std::memory_order_relaxed);
   if (c.slot < 0) return;
   if (t == Tier::kDisk) {
@@ -144,7 +96,7 @@ void BlockStore::DropCopy(Block& b, uint64_t /*id*/, Tier t) {
 }
 
 void BlockStore::UnpinLocked(Block& b, uint64_t id, Tier t) {
-  Copy& c = b.copy[Ti(t)];
+  Copy& c = b.copy[TierIndex(t)];
   if (c.pins == 0) {
     throw StoreError("unpin of block " + std::to_string(id) + " in the " + TierName(t) +
                      " tier, which is not pinned");
@@ -156,184 +108,8 @@ void BlockStore::UnpinLocked(Block& b, uint64_t id, Tier t) {
 
 uint64_t BlockStore::SeqRead(Block& b, Tier t, const uint8_t* base, uint64_t off, void* dst,
                              uint64_t len, uint64_t* fill_out) {
-  return SeqlockRead(SeqlockView{b.seq, b.copy[Ti(t)].version, b.fill}, base, off, dst, len, fill_out,
+  return SeqlockRead(SeqlockView{b.seq, b.copy[TierIndex(t)].version, b.fill}, base, off, dst, len, fill_out,
                      read_retries_);
-}
-
-void BlockStore::Migrate(Block& b, uint64_t id, Tier src, Tier dst, Lock& lock) {
-  const uint64_t bs = config_.block_size;
-  b.moving = true;
-  if (src != Tier::kDisk) PinLocked(b, src);
-  int64_t dslot = -1;
-  try {
-    if (dst == Tier::kDisk) {
-      dslot = b.copy[kK].slot;
-      if (dslot < 0) {
-        dslot = disk_.Reserve();
-        b.copy[kK].slot = dslot;
-      }
-      b.copy[kK].version.store(kNoVersion, std::memory_order_relaxed);
-    } else {
-      dslot = ReserveSlot(dst, lock);
-    }
-  } catch (...) {
-    if (src != Tier::kDisk) UnpinLocked(b, id, src);
-    b.moving = false;
-    cv_.notify_all();
-    throw;
-  }
-  const int64_t kslot = b.copy[kK].slot;
-  const uint64_t disk_version = b.copy[kK].version.load(std::memory_order_relaxed);
-  const uint32_t disk_crc = b.disk_crc;
-  const uint64_t disk_len = b.disk_len;
-  const DiskExtent at = kslot >= 0 ? disk_.Locate(kslot) : DiskExtent{};
-  const uint8_t* sbase = src != Tier::kDisk ? SlotPtr(src, b.copy[Ti(src)].slot) : nullptr;
-  uint8_t* dbase = dst != Tier::kDisk ? SlotPtr(dst, dslot) : nullptr;
-  // Writers wait for `moving` to clear before they start, so when no write is in progress now,
-  // none can run during this copy: the source can then be copied with plain memcpy (no data
-  // race). Otherwise fall back to the seqlock read (atomic word loads + retry).
-  const bool exclusive = !b.writing;
-  const uint64_t seq_now = b.seq.load(std::memory_order_relaxed);
-  // With no write in progress the fill mark is stable: only the first CopyLen(fill) bytes of the
-  // source hold data, the rest reads as zero and need not move.
-  uint64_t n = exclusive ? CopyLen(b.fill.load(std::memory_order_relaxed)) : bs;
-  lock.unlock();
-
-  uint64_t v = kNoVersion;
-  uint32_t crc = 0;
-  std::exception_ptr err;
-  try {
-    MoveTimer timer(transfer_clock_, copy_ns_[Ti(src)][Ti(dst)]);
-    if (src == Tier::kDisk) {
-      // The disk copy holds disk_len bytes (those written down, covering its fill mark).
-      n = disk_len;
-      disk_.Read(at, dbase, n, "block " + std::to_string(id) + " from '" + at.path + "'");
-      const uint32_t got = Crc32c(dbase, n);
-      if (got != disk_crc) {
-        crc_failures_.fetch_add(1, std::memory_order_relaxed);
-        std::ostringstream msg;
-        msg << "corrupted block " << id << ": disk copy in '" << at.path << "' at offset " << at.offset
-            << " failed its CRC32C check (stored 0x" << std::hex << disk_crc << ", computed 0x" << got
-            << ")";
-        throw CorruptBlockError(msg.str());
-      }
-      v = disk_version;
-    } else if (dst == Tier::kDisk) {
-      const uint8_t* buf = sbase;
-      if (exclusive) {
-        v = seq_now;
-      } else {
-        thread_local Staging staging;
-        uint8_t* snapshot = staging.Get(bs);
-        uint64_t fill = 0;
-        v = SeqRead(b, src, sbase, 0, snapshot, bs, &fill);
-        n = CopyLen(fill);
-        buf = snapshot;
-      }
-      if (v != kNoVersion) {
-        crc = Crc32c(buf, n);
-        disk_.Write(at, buf, n, "block " + std::to_string(id) + " to '" + at.path + "'");
-      }
-    } else if (exclusive) {
-      std::memcpy(dbase, sbase, n);
-      v = seq_now;
-    } else {
-      v = SeqRead(b, src, sbase, 0, dbase, bs);  // n == bs: beyond the fill mark it writes zeros
-    }
-    if (v != kNoVersion) {
-      bytes_moved_[Ti(src)][Ti(dst)].fetch_add(n, std::memory_order_relaxed);
-      copies_[Ti(src)][Ti(dst)].fetch_add(1, std::memory_order_relaxed);
-    }
-  } catch (...) {
-    err = std::current_exception();
-  }
-
-  lock.lock();
-  b.moving = false;
-  if (src != Tier::kDisk) UnpinLocked(b, id, src);
-  const bool ok = !err && v != kNoVersion && b.allocated &&
-                  b.seq.load(std::memory_order_relaxed) == v;
-  if (dst == Tier::kDisk) {
-    if (ok) {
-      b.disk_crc = crc;
-      b.disk_len = n;
-      b.copy[kK].version.store(v, std::memory_order_release);
-    }
-  } else if (ok && b.copy[Ti(dst)].slot < 0) {
-    b.copy[Ti(dst)].slot = dslot;
-    b.copy[Ti(dst)].version.store(v, std::memory_order_release);
-    Touch(b, id, dst);
-  } else {
-    ReleaseSlot(dst, dslot);
-  }
-  cv_.notify_all();
-  if (err) std::rethrow_exception(err);
-}
-
-int64_t BlockStore::ReserveSlot(Tier t, Lock& lock) {
-  MemoryTier& m = Mem(t);
-  // Bounded wait for busy slots (see below); a deadline, not a count of wake-ups.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  for (;;) {
-    const int64_t free_slot = m.TakeFreeSlot();
-    if (free_slot >= 0) return free_slot;
-    // Evict: lowest priority first, least recently used among equals.
-    Block* victim = nullptr;
-    uint64_t vid = 0;
-    int best = INT_MAX;
-    uint64_t held = 0;  // slots whose copy a caller of Pin() holds (not transient pins)
-    for (uint64_t id : m.lru()) {
-      Block& c = Get(id);
-      if (c.copy[Ti(t)].held != 0) ++held;
-      if (c.copy[Ti(t)].pins != 0) continue;
-      if (c.moving || c.writing) continue;
-      if (c.priority < best) {
-        best = c.priority;
-        victim = &c;
-        vid = id;
-      }
-    }
-    if (victim == nullptr && held < m.capacity() && std::chrono::steady_clock::now() < deadline) {
-      // Some slots are only busy for a moment (a read, copy or write in progress): they become
-      // evictable shortly. Bounded wait, so a cycle of movers in a tiny tier ends in an error, not a hang.
-      cv_.wait_for(lock, std::chrono::milliseconds(1));
-      continue;
-    }
-    if (victim == nullptr) {
-      throw CapacityError(std::string(TierName(t)) + " tier full: all " + std::to_string(m.capacity()) +
-                          " blocks of " + std::to_string(config_.block_size) +
-                          " bytes are pinned");
-    }
-    const bool covered = t == Tier::kDevice ? (Valid(*victim, Tier::kHost) || Valid(*victim, Tier::kDisk))
-                                            : (Valid(*victim, Tier::kDisk) || Valid(*victim, Tier::kDevice));
-    if (covered || !Valid(*victim, t)) {
-      DropCopy(*victim, vid, t);
-      m.CountEviction();
-      continue;
-    }
-    // The only valid copy: write it one tier down first (the block is never lost; a disk error
-    // propagates and the copy stays).
-    try {
-      Migrate(*victim, vid, t, t == Tier::kDevice ? Tier::kHost : Tier::kDisk, lock);
-    } catch (const DiskError&) {
-      // The disk cannot take the victim (full, I/O error); it stays in memory. Fall back to a
-      // clean copy (another valid copy exists below), if any, rather than failing.
-      bool dropped = false;
-      for (uint64_t id : m.lru()) {
-        Block& c = Get(id);
-        if (c.copy[Ti(t)].pins != 0 || c.moving || c.writing) continue;
-        const bool clean = t == Tier::kDevice ? (Valid(c, Tier::kHost) || Valid(c, Tier::kDisk))
-                                              : (Valid(c, Tier::kDisk) || Valid(c, Tier::kDevice));
-        if (clean) {
-          DropCopy(c, id, t);
-          m.CountEviction();
-          dropped = true;
-          break;
-        }
-      }
-      if (!dropped) throw;
-    }
-  }
 }
 
 std::string BlockStore::NoCopyMessage(const Block& b, uint64_t id) const {
@@ -480,7 +256,7 @@ void BlockStore::Read(uint64_t id, uint64_t offset, void* dst, uint64_t len) {
       Lock lock(mu_);
       bp = &GetAllocated(id);
       t = EnsureInMemoryPinned(*bp, id, lock);
-      base = SlotPtr(t, bp->copy[Ti(t)].slot);
+      base = SlotPtr(t, bp->copy[TierIndex(t)].slot);
     }
     const uint64_t v = SeqRead(*bp, t, base, offset, dst, len);
     {
@@ -500,7 +276,7 @@ void BlockStore::ReadPinned(uint64_t id, Tier tier, uint64_t offset, void* dst, 
   Block& b = Get(id);
   // The caller's pin keeps the slot assigned; the slot index itself was published under mu_
   // before the caller's Pin returned.
-  const int64_t slot = b.copy[Ti(tier)].slot;
+  const int64_t slot = b.copy[TierIndex(tier)].slot;
   // No shared counter is touched on this path: a read-modify-write of a shared cache line per
   // read is exactly the cost a seqlock reader avoids (pinned reads are not counted in `reads`).
   if (slot >= 0 && SeqRead(b, tier, SlotPtr(tier, slot), offset, dst, len) != kNoVersion) return;
@@ -582,15 +358,15 @@ void BlockStore::Write(uint64_t id, uint64_t offset, const void* src, uint64_t l
     ntargets = 0;
     targets[ntargets++] = t;
     for (Tier u : {Tier::kDevice, Tier::kHost}) {
-      if (u == t || b.copy[Ti(u)].slot < 0) continue;
-      if (Valid(b, u) && b.copy[Ti(u)].pins != 0) {
+      if (u == t || b.copy[TierIndex(u)].slot < 0) continue;
+      if (Valid(b, u) && b.copy[TierIndex(u)].pins != 0) {
         PinLocked(b, u);
         targets[ntargets++] = u;
-      } else if (b.copy[Ti(u)].pins == 0) {
+      } else if (b.copy[TierIndex(u)].pins == 0) {
         DropCopy(b, id, u);
       }
     }
-    for (int i = 0; i < ntargets; ++i) bases[i] = SlotPtr(targets[i], b.copy[Ti(targets[i])].slot);
+    for (int i = 0; i < ntargets; ++i) bases[i] = SlotPtr(targets[i], b.copy[TierIndex(targets[i])].slot);
     v = b.seq.load(std::memory_order_relaxed);
     b.seq.store(v + 1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);
@@ -606,7 +382,7 @@ void BlockStore::Write(uint64_t id, uint64_t offset, const void* src, uint64_t l
   }
   for (int i = 0; i < ntargets; ++i) AtomicCopyIn(reinterpret_cast<uint64_t*>(bases[i]), offset, src, len);
   if (offset + len > fill) b.fill.store(offset + len, std::memory_order_relaxed);
-  for (int i = 0; i < ntargets; ++i) b.copy[Ti(targets[i])].version.store(v + 2, std::memory_order_relaxed);
+  for (int i = 0; i < ntargets; ++i) b.copy[TierIndex(targets[i])].version.store(v + 2, std::memory_order_relaxed);
   b.seq.store(v + 2, std::memory_order_release);
   writes_.fetch_add(1, std::memory_order_relaxed);
   {
@@ -650,201 +426,19 @@ void BlockStore::Pin(uint64_t id, Tier tier) {
   Lock lock(mu_);
   Block& b = GetAllocated(id);
   EnsurePinned(b, id, tier, lock);
-  ++b.copy[Ti(tier)].held;
+  ++b.copy[TierIndex(tier)].held;
 }
 
 void BlockStore::Unpin(uint64_t id, Tier tier) {
   if (tier == Tier::kDisk) throw StoreError("only the device and host tiers can be pinned");
   Lock lock(mu_);
   Block& b = GetAllocated(id);
-  if (b.copy[Ti(tier)].held == 0) {
+  if (b.copy[TierIndex(tier)].held == 0) {
     throw StoreError("unpin of block " + std::to_string(id) + " in the " + TierName(tier) +
                      " tier, which is not pinned");
   }
-  --b.copy[Ti(tier)].held;
+  --b.copy[TierIndex(tier)].held;
   UnpinLocked(b, id, tier);
-}
-
-void BlockStore::LoadFromDiskBatch(const std::vector<uint64_t>& ids, Lock& lock) {
-  const uint64_t bs = config_.block_size;
-  struct Item {
-    uint64_t id = 0;
-    Block* b = nullptr;
-    int64_t hslot = -1;
-    uint64_t version = 0;
-    uint32_t crc = 0;
-    uint64_t len = 0;  // bytes of the disk copy
-    DiskExtent at;
-    uint8_t* buf = nullptr;
-    bool ok = false;
-  };
-  std::vector<Item> items;
-  for (uint64_t id : ids) {
-    Block& b = Get(id);
-    if (!b.allocated || b.moving || Valid(b, Tier::kHost) || Valid(b, Tier::kDevice) ||
-        !Valid(b, Tier::kDisk)) {
-      continue;
-    }
-    b.moving = true;
-    Item it;
-    it.id = id;
-    it.b = &b;
-    items.push_back(std::move(it));
-  }
-  size_t reserved = 0;
-  try {
-    for (; reserved < items.size(); ++reserved) items[reserved].hslot = ReserveSlot(Tier::kHost, lock);
-  } catch (const CapacityError&) {
-    // Load what fits; the rest falls back to single fetches (which report the error if any).
-  }
-  for (size_t i = reserved; i < items.size(); ++i) items[i].b->moving = false;
-  items.resize(reserved);
-  if (items.empty()) {
-    cv_.notify_all();
-    return;
-  }
-  for (Item& it : items) {
-    const int64_t k = it.b->copy[kK].slot;
-    it.version = it.b->copy[kK].version.load(std::memory_order_relaxed);
-    it.crc = it.b->disk_crc;
-    it.len = it.b->disk_len;
-    it.at = disk_.Locate(k);
-    it.buf = SlotPtr(Tier::kHost, it.hslot);
-  }
-  lock.unlock();
-  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-    return a.at.fd != b.at.fd ? a.at.fd < b.at.fd : a.at.offset < b.at.offset;
-  });
-  std::exception_ptr err;
-  size_t i = 0;
-  while (i < items.size()) {
-    // A run of adjacent disk slots is one contiguous file range: every block but the last must
-    // have a full-size disk copy (a partly filled one ends the run).
-    size_t j = i + 1;
-    uint64_t total = items[i].len;
-    while (j < items.size() && j - i < IOV_MAX && items[j - 1].len == bs && items[j].at.fd == items[i].at.fd &&
-           items[j].at.offset == items[j - 1].at.offset + bs) {
-      total += items[j].len;
-      ++j;
-    }
-    try {
-      MoveTimer timer(transfer_clock_, copy_ns_[kK][kH]);
-      bool done = false;
-      if (j - i > 1) {
-        std::vector<iovec> iov(j - i);
-        for (size_t k = i; k < j; ++k) iov[k - i] = iovec{items[k].buf, items[k].len};
-        if (disk_.ReadRun(items[i].at, iov, total)) {
-          done = true;
-          coalesced_reads_.fetch_add(1, std::memory_order_relaxed);
-        }
-      }
-      if (!done) {
-        for (size_t k = i; k < j; ++k) {
-          disk_.Read(items[k].at, items[k].buf, items[k].len,
-                     "block " + std::to_string(items[k].id) + " from '" + items[k].at.path + "'");
-        }
-      }
-      for (size_t k = i; k < j; ++k) {
-        const uint32_t got = Crc32c(items[k].buf, items[k].len);
-        if (got != items[k].crc) {
-          crc_failures_.fetch_add(1, std::memory_order_relaxed);
-          if (!err) {
-            std::ostringstream msg;
-            msg << "corrupted block " << items[k].id << ": disk copy in '" << items[k].at.path
-                << "' at offset " << items[k].at.offset << " failed its CRC32C check (stored 0x" << std::hex
-                << items[k].crc << ", computed 0x" << got << ")";
-            err = std::make_exception_ptr(CorruptBlockError(msg.str()));
-          }
-          continue;
-        }
-        items[k].ok = true;
-        bytes_moved_[kK][kH].fetch_add(items[k].len, std::memory_order_relaxed);
-        copies_[kK][kH].fetch_add(1, std::memory_order_relaxed);
-      }
-    } catch (...) {
-      if (!err) err = std::current_exception();
-    }
-    i = j;
-  }
-  lock.lock();
-  for (Item& it : items) {
-    Block& b = *it.b;
-    b.moving = false;
-    if (it.ok && b.allocated && b.seq.load(std::memory_order_relaxed) == it.version) {
-      b.copy[kH].slot = it.hslot;
-      b.copy[kH].version.store(it.version, std::memory_order_release);
-      Touch(b, it.id, Tier::kHost);
-    } else {
-      ReleaseSlot(Tier::kHost, it.hslot);
-    }
-  }
-  cv_.notify_all();
-  if (err) std::rethrow_exception(err);
-}
-
-void BlockStore::Fetch(const std::vector<uint64_t>& ids, Tier tier) {
-  if (tier == Tier::kDisk) throw StoreError("Fetch targets the device or host tier");
-  Lock lock(mu_);
-  std::vector<uint64_t> disk_only;
-  for (uint64_t id : ids) {
-    Block& b = GetAllocated(id);
-    if (!b.moving && !Valid(b, Tier::kHost) && !Valid(b, Tier::kDevice) && Valid(b, Tier::kDisk)) {
-      disk_only.push_back(id);
-    }
-  }
-  if (disk_only.size() > 1) LoadFromDiskBatch(disk_only, lock);
-  for (uint64_t id : ids) {
-    Block& b = GetAllocated(id);
-    EnsurePinned(b, id, tier, lock);
-    UnpinLocked(b, id, tier);
-  }
-}
-
-bool BlockStore::Evict(uint64_t id, Tier tier) {
-  if (tier == Tier::kDisk) throw StoreError("the disk tier is the last tier; nothing to evict to");
-  Lock lock(mu_);
-  Block& b = GetAllocated(id);
-  for (;;) {
-    Copy& c = b.copy[Ti(tier)];
-    if (c.slot < 0) return true;
-    if (c.pins != 0 || b.moving || b.writing) return false;
-    const bool covered = tier == Tier::kDevice ? (Valid(b, Tier::kHost) || Valid(b, Tier::kDisk))
-                                               : (Valid(b, Tier::kDisk) || Valid(b, Tier::kDevice));
-    if (covered || !Valid(b, tier)) {
-      DropCopy(b, id, tier);
-      Mem(tier).CountEviction();
-      return true;
-    }
-    Migrate(b, id, tier, tier == Tier::kDevice ? Tier::kHost : Tier::kDisk, lock);
-  }
-}
-
-size_t BlockStore::WriteBack(size_t max_blocks) {
-  Lock lock(mu_);
-  const std::list<uint64_t>& lru = Mem(Tier::kHost).lru();
-  std::vector<uint64_t> dirty;
-  size_t scanned = 0;
-  const size_t limit = std::max<size_t>(1, lru.size() / 2);  // the older half of the pool
-  for (uint64_t id : lru) {
-    if (scanned++ >= limit || dirty.size() >= max_blocks) break;
-    const Block& b = Get(id);
-    if (!b.moving && !b.writing && Valid(b, Tier::kHost) && !Valid(b, Tier::kDisk) &&
-        !Valid(b, Tier::kDevice)) {
-      dirty.push_back(id);
-    }
-  }
-  size_t written = 0;
-  for (uint64_t id : dirty) {
-    Block& b = Get(id);
-    if (!b.allocated || b.moving || b.writing || !Valid(b, Tier::kHost) || Valid(b, Tier::kDisk)) continue;
-    try {
-      Migrate(b, id, Tier::kHost, Tier::kDisk, lock);
-    } catch (const StoreError&) {
-      break;
-    }
-    ++written;
-  }
-  return written;
 }
 
 void BlockStore::SetPriority(uint64_t id, int priority) {
@@ -863,7 +457,7 @@ bool BlockStore::HasValidCopy(uint64_t id, Tier tier) const {
 
 int BlockStore::PinCount(uint64_t id, Tier tier) const {
   Lock lock(mu_);
-  return static_cast<int>(GetAllocated(id).copy[Ti(tier)].held);
+  return static_cast<int>(GetAllocated(id).copy[TierIndex(tier)].held);
 }
 
 std::pair<std::string, uint64_t> BlockStore::DiskLocation(uint64_t id) const {

@@ -9,6 +9,7 @@ namespace mshyper::store {
 
 enum class Tier : int { kDevice = 0, kHost = 1, kDisk = 2 };
 constexpr int kNumTiers = 3;
+constexpr int TierIndex(Tier t) { return static_cast<int>(t); }
 inline const char* TierName(Tier t) {
   switch (t) {
     case Tier::kDevice: return "device";
