@@ -48,4 +48,8 @@ def auto_parallelize(model, strategy_or_config: StrategyLike, mode: str = None, 
     if not isinstance(strategy_or_config, (Strategy, ParallelConfig)):
         raise TypeError(f"auto_parallelize: expected a Strategy, ParallelConfig, YAML path or mapping, got "
                         f"{type(strategy_or_config).__name__}")
+    if mode != "native" and isinstance(strategy_or_config, ParallelConfig) and strategy_or_config.optimizer_offload:
+        raise ValueError(f"parallel_config.optimizer.offload=True: not acted on in mode={mode!r}; offload the "
+                         "optimizer states with mindspore_hyper.offload.hyper_offload (it keeps parameters, "
+                         "optimizer states and gradients in the tiered store), or set it to False")
     return get_runtime(mode).parallelize(model, strategy_or_config, **kwargs)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from mindspore import Parameter, Tensor, ops
 from mindspore._c_expression import NoFallbackGuard
-from mindspore.common.api import _pynative_executor
+from mindspore.graph.api import _pynative_executor
 from mindspore.ops.primitive import Primitive
 
 from mindspore_hyper.dtensor import mutation, shard_hints

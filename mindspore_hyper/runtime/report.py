@@ -19,6 +19,7 @@ from typing import Dict, List
 import numpy as np
 
 from mindspore_hyper.context import get_context
+from mindspore_hyper.units import format_bytes as _fmt
 
 __all__ = ["StepReport", "DeviceMemoryError"]
 
@@ -198,13 +199,6 @@ def _nest(flat) -> Dict[str, Dict[str, Dict[str, int]]]:
     for (kind, axis), (count, nbytes, input_bytes) in sorted(flat.items()):
         out.setdefault(kind, {})[axis] = {"count": count, "bytes": nbytes, "input_bytes": input_bytes}
     return out
-
-
-def _fmt(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
 
 
 def _table(head, rows) -> List[str]:

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace mshyper::aot {
+namespace mshyper::kernels {
 
 // A fresh fence id (never 0, never reused in the process).
 uint64_t FenceNewId();
@@ -24,4 +24,4 @@ void FenceForget(uint64_t id);
 // Fences that passed and were not consumed, plus those forgotten before they passed.
 size_t FencePending();
 
-}  // namespace mshyper::aot
+}  // namespace mshyper::kernels

@@ -1,8 +1,8 @@
-#include "aot/kernel_fence.h"
+#include "kernels/kernel_fence.h"
 
-#include "aot/tensor_mailbox.h"
+#include "kernels/tensor_mailbox.h"
 
-namespace mshyper::aot {
+namespace mshyper::kernels {
 namespace {
 
 MailboxTable g_fences;  // a fence is a mailbox delivered without bytes when the kernel runs
@@ -21,4 +21,4 @@ void FenceForget(uint64_t id) { g_fences.Forget(id); }
 
 size_t FencePending() { return g_fences.Pending(); }
 
-}  // namespace mshyper::aot
+}  // namespace mshyper::kernels

@@ -1,10 +1,10 @@
-#include "aot/tensor_mailbox.h"
+#include "kernels/tensor_mailbox.h"
 
 #include <algorithm>
 #include <chrono>
 #include <utility>
 
-namespace mshyper::aot {
+namespace mshyper::kernels {
 
 namespace {
 
@@ -66,4 +66,4 @@ bool MailboxTake(uint64_t id, double timeout_s, std::vector<uint8_t>* out) {
 void MailboxForget(uint64_t id) { g_tensors.Forget(id); }
 size_t MailboxPending() { return g_tensors.Pending(); }
 
-}  // namespace mshyper::aot
+}  // namespace mshyper::kernels

@@ -1,20 +1,23 @@
-// MindSpore aot custom-op kernels over the process-wide tensor store (the same instance the
-// Python API uses, since these kernels live in mindspore_hyper._core).
+// MindSpore aot custom-op kernels over the tensor stores (the same instances the Python API uses,
+// since these kernels live in mindspore_hyper._core). A tensor is named by `ref` = [store handle,
+// tensor id] (store_handles.h), so each store serves the kernels of its own tensors.
 //
 // Kernel signature (MindSpore aot): inputs then outputs in `params`, 0 = success.
-//   MsHyperStoreFetch(tid: int64[1]) -> out           copies stored tensor `tid` into out
-//   MsHyperStorePut(x, tid: int64[1]) -> out          stores x as tensor `tid`, out = x
+//   MsHyperStoreFetch(ref: int64[2]) -> out           copies the stored tensor into out
+//   MsHyperStorePut(x, ref: int64[2]) -> out          stores x as the tensor, out = x
 //   MsHyperFence(id: int64[1]) -> out: int64[1]        marks kernel fence `id` as passed, out = id
 //   MsHyperCopyOut(x, id: int64[1]) -> out: int64[1]   delivers a copy of x to mailbox `id`, out = id
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <stdexcept>
 #include <string>
 
-#include "aot/kernel_fence.h"
-#include "aot/tensor_mailbox.h"
-#include "store/tensor_store.h"
+#include "kernels/kernel_fence.h"
+#include "kernels/tensor_mailbox.h"
+#include "store/store_handles.h"
 
 namespace {
 
@@ -38,15 +41,28 @@ int Fail(const char* op, const std::string& why) {
   return 1;
 }
 
+// The store and tensor id a `ref` input names; throws if the store handle is unknown.
+std::shared_ptr<mshyper::store::TensorStore> StoreOf(const void* ref, uint64_t* tid) {
+  int64_t v[2];
+  std::memcpy(v, ref, sizeof(v));
+  auto store = mshyper::store::FindTensorStore(static_cast<uint64_t>(v[0]));
+  if (!store) {
+    throw std::runtime_error("unknown tensor store handle " + std::to_string(v[0]) +
+                             " (its OffloadStore was closed?)");
+  }
+  *tid = static_cast<uint64_t>(v[1]);
+  return store;
+}
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) int MsHyperStoreFetch(int nparam, void** params, int* ndims, int64_t** shapes,
                                  const char** dtypes, void* /*stream*/, void* /*extra*/) {
   try {
     if (nparam != 2) return Fail("MsHyperStoreFetch", "expects 1 input and 1 output");
-    auto store = mshyper::store::DefaultTensorStore();
-    if (!store) return Fail("MsHyperStoreFetch", "no default tensor store (create an OffloadStore)");
-    const auto tid = static_cast<uint64_t>(*static_cast<const int64_t*>(params[0]));
+    if (ndims[0] != 1 || shapes[0][0] != 2) return Fail("MsHyperStoreFetch", "ref must be int64[2]");
+    uint64_t tid = 0;
+    auto store = StoreOf(params[0], &tid);
     store->Get(tid, params[1], Bytes(ndims[1], shapes[1], dtypes[1]));
     return 0;
   } catch (const std::exception& e) {
@@ -60,10 +76,10 @@ extern "C" __attribute__((visibility("default"))) int MsHyperStorePut(int nparam
                                const char** dtypes, void* /*stream*/, void* /*extra*/) {
   try {
     if (nparam != 3) return Fail("MsHyperStorePut", "expects 2 inputs and 1 output");
-    auto store = mshyper::store::DefaultTensorStore();
-    if (!store) return Fail("MsHyperStorePut", "no default tensor store (create an OffloadStore)");
+    if (ndims[1] != 1 || shapes[1][0] != 2) return Fail("MsHyperStorePut", "ref must be int64[2]");
     const uint64_t n = Bytes(ndims[0], shapes[0], dtypes[0]);
-    const auto tid = static_cast<uint64_t>(*static_cast<const int64_t*>(params[1]));
+    uint64_t tid = 0;
+    auto store = StoreOf(params[1], &tid);
     store->Update(tid, params[0], n);
     if (params[2] != params[0]) std::memcpy(params[2], params[0], n);
     return 0;
@@ -81,7 +97,7 @@ extern "C" __attribute__((visibility("default"))) int MsHyperFence(int nparam, v
   int64_t id;
   std::memcpy(&id, params[0], sizeof(id));
   std::memcpy(params[1], &id, sizeof(id));
-  mshyper::aot::FenceSignal(static_cast<uint64_t>(id));
+  mshyper::kernels::FenceSignal(static_cast<uint64_t>(id));
   return 0;
 }
 
@@ -93,7 +109,7 @@ extern "C" __attribute__((visibility("default"))) int MsHyperCopyOut(int nparam,
     if (DtypeSize(dtypes[0]) == 0) return Fail("MsHyperCopyOut", std::string("unsupported dtype ") + dtypes[0]);
     int64_t id;
     std::memcpy(&id, params[1], sizeof(id));
-    mshyper::aot::MailboxDeliver(static_cast<uint64_t>(id), params[0], Bytes(ndims[0], shapes[0], dtypes[0]));
+    mshyper::kernels::MailboxDeliver(static_cast<uint64_t>(id), params[0], Bytes(ndims[0], shapes[0], dtypes[0]));
     std::memcpy(params[2], &id, sizeof(id));
     return 0;
   } catch (const std::exception& e) {

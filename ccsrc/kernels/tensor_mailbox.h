@@ -13,7 +13,7 @@
 #include <unordered_set>
 #include <vector>
 
-namespace mshyper::aot {
+namespace mshyper::kernels {
 
 // Ids, each delivered once (with bytes) by one thread and taken once by another, which may wait.
 // Also the mechanism of the kernel fences (kernel_fence.cc: deliveries without bytes).
@@ -47,4 +47,4 @@ bool MailboxTake(uint64_t id, double timeout_s, std::vector<uint8_t>* out);
 void MailboxForget(uint64_t id);
 size_t MailboxPending();
 
-}  // namespace mshyper::aot
+}  // namespace mshyper::kernels
