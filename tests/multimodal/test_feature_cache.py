@@ -121,7 +121,7 @@ def test_offload_store_backing_spills_to_disk_round_trips_and_erases_evicted():
     from mindspore_hyper.offload.store import OffloadStore
 
     # host pool of 4 blocks of 4 KiB: features of 4 KiB each beyond the fourth go to the disk tier
-    store = OffloadStore(block_size=4096, device_memory=8192, host_memory=16384, make_default=False)
+    store = OffloadStore(block_size=4096, device_memory=8192, host_memory=16384)
     try:
         images, _ = _images(10, seed=11)
         cache = FeatureCache(DIM, capacity=8, store=store)
