@@ -1,0 +1,351 @@
+"""Expert parallelism for `MoE`: tokens go to the devices holding their experts and come back.
+
+The strategy splits the expert dimension (dim 0) of the batched expert weights over one or more
+mesh axes (the *expert axes*); it may split their feed-forward dimension over others (tensor
+parallelism inside each expert); the router weight stays replicated. For one call:
+
+1. the tokens [T, H] are laid out split over the token axes: the axes they already were split
+   over (data) plus the expert axes, minus the experts' tensor axes (every tensor-parallel member
+   holds the same tokens);
+2. each device routes its own tokens (router gradients summed over the token axes) and plans its
+   dispatch (`dispatch.plan_dispatch`);
+3. *dispatch*: an uneven AllToAll within the expert group (the devices that differ only on the
+   expert axes) sends each expert the rows routed to it (`exchange`);
+4. each device runs its experts on what it received (with tensor-parallel experts, on its slice
+   of F, then an AllReduce over the tensor axes);
+5. *combine*: the reverse AllToAll brings the rows back; each token's output is the gate-weighted
+   sum of its copies. The load-balancing loss adds the devices' routing sums first (one AllReduce
+   over the token axes), so it is the whole batch's loss, as on one device.
+
+Dispatch and combine are separate calls whose state is kept per microbatch
+(`dispatch.DispatchStates`), so microbatches (and chunks of one) can interleave. A placement from
+`eplb.rebalance_experts` (`apply_placement`) replaces logical experts by physical replicas:
+replicas hold copies of their expert's weights (gathered from it, so their gradients are summed
+into it) and an expert's copies are dealt round-robin to its replicas.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Hashable, List, Optional, Tuple
+
+import numpy as np
+from mindspore import Tensor, ops
+
+from mindspore_hyper.dtensor.dispatch import _fan_out, parameter_dtensor, replicated_dtensor
+from mindspore_hyper.dtensor.dtensor import DTensor, significant_axes
+from mindspore_hyper.moe.dispatch import DispatchPlan, DispatchStates, expert_capacity, plan_dispatch
+from mindspore_hyper.moe.exchange import InProcessExchange, ProcessExchange
+from mindspore_hyper.moe.experts import combine_copies, swiglu
+from mindspore_hyper.moe.losses import logsumexp_square_sum
+from mindspore_hyper.shard.tensor_layout import TensorLayout
+
+__all__ = ["ExpertParallel", "ExpertInputs", "ExpertOutputs"]
+
+Key = Tuple[int, ...]
+
+
+@dataclass
+class _Axes:
+    """The mesh axes of one call (see module docstring)."""
+
+    token: Tuple[int, ...]  # ascending
+    expert: Tuple[int, ...]  # in the expert weights' order (member index = mixed radix over them)
+    tensor: Tuple[int, ...]  # the experts' F split, in the weights' order
+    members: int  # devices in an expert group
+    per_member: int  # (physical) experts per device
+
+
+@dataclass
+class ExpertInputs:
+    """What dispatch delivered: received[dest token key][source][expert slot] -> rows or None."""
+
+    microbatch: Hashable
+    received: Dict[Key, Dict[Hashable, Dict[int, Optional[Tensor]]]]
+
+
+@dataclass
+class ExpertOutputs:
+    """Expert outputs in the same structure, to be sent back by combine."""
+
+    microbatch: Hashable
+    outputs: Dict[Key, Dict[Hashable, Dict[int, Optional[Tensor]]]]
+
+
+@dataclass
+class _State:
+    """What a dispatch leaves for its combine (and for the expert compute)."""
+
+    x_shape: tuple
+    layout: TensorLayout
+    axes: _Axes
+    plans: Dict[Key, DispatchPlan] = field(default_factory=dict)
+    gates: Dict[Key, Tensor] = field(default_factory=dict)
+    counts: Dict[Key, Tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # (send, recv) under msrun
+    weights: tuple = ()
+    aux: Optional[Tensor] = None
+
+
+class ExpertParallel:
+    """The expert-parallel engine of one MoE layer (see module docstring).
+
+    Attributes:
+        states: dispatch states waiting for their combine, keyed by microbatch.
+        placement: the `placement.ExpertPlacement` in use (None: expert e on member e // per).
+        last_stats: bytes moved by the last call on this process's first device: rows sent
+            (forward dispatch + combine) and routing metadata.
+    """
+
+    def __init__(self, moe):
+        self.moe = moe
+        self.states = DispatchStates()
+        self.placement = None
+        self.last_stats: Dict[str, int] = {}
+
+    # -- the whole layer ---------------------------------------------------------------------------
+    def forward(self, x: DTensor, microbatch: Hashable = 0):
+        """(routed output DTensor like x, aux loss DTensor) of the layer on `x`."""
+        return self.combine(self.compute(self.dispatch(x, microbatch)))
+
+    # -- set-up -------------------------------------------------------------------------------------
+    def _param(self, ex, cell, name: str) -> DTensor:
+        value = cell.__dict__.get(name)
+        if isinstance(value, DTensor):
+            return value
+        param = cell._params[name]
+        if id(param) in ex.parameters:
+            return parameter_dtensor(ex, param)
+        return replicated_dtensor(ex, param)
+
+    def _axes(self, ex, x: DTensor, weights) -> _Axes:
+        wr, wg, wu, wd = weights
+        mesh = ex.mesh
+        if wr.layout.sharded_axes() or wr.layout.is_partial:
+            raise ValueError(f"MoE expert parallel: the router weight must be replicated; the strategy lays it "
+                             f"out as {wr.layout.tensor_map}")
+        expert = tuple(wg.layout.dims[0])
+        tensor = tuple(wg.layout.dims[2])
+        expect = {"w_gate": (expert, (), tensor), "w_up": (expert, (), tensor), "w_down": (expert, tensor, ())}
+        for name, w in (("w_gate", wg), ("w_up", wu), ("w_down", wd)):
+            if tuple(tuple(d) for d in w.layout.dims) != expect[name] or w.layout.is_partial:
+                names = lambda dims: tuple(tuple(mesh.alias_names[a] for a in d) or None for d in dims)
+                raise ValueError(f"MoE expert parallel: experts.{name} is laid out as {names(w.layout.dims)}; expected "
+                                 f"{names(expect[name])} (experts split on dim 0, the feed-forward dimension on "
+                                 f"the same axes in every expert weight)")
+        tokens_dim = x.layout.dims[0] if x.ndim == 2 else ()
+        token = tuple(sorted((set(tokens_dim) | set(expert)) - set(tensor)))
+        members = math.prod(mesh.device_matrix[a] for a in expert)
+        physical = self.moe.num_experts if self.placement is None else self.placement.num_physical
+        if physical % members:
+            raise ValueError(f"MoE expert parallel: {physical} experts do not split over {members} devices")
+        return _Axes(token, expert, tensor, members, physical // members)
+
+    def _member(self, ex, key: Key, axes: _Axes) -> int:
+        coords = dict(zip(axes.token, key))
+        return ex.member_index(axes.expert, coords)
+
+    def _key_of_member(self, ex, key: Key, member: int, axes: _Axes) -> Key:
+        coords = dict(zip(axes.token, key))
+        for a in reversed(axes.expert):
+            coords[a] = member % ex.mesh.device_matrix[a]
+            member //= ex.mesh.device_matrix[a]
+        return tuple(coords[a] for a in axes.token)
+
+    def _process_exchange(self, ex, key: Key, axes: _Axes) -> ProcessExchange:
+        group = ex.group(axes.expert, dict(zip(axes.token, key)))
+        comm = ex.collectives.communicator(group)
+        if not hasattr(comm, "all_to_all_v"):
+            raise RuntimeError("MoE expert parallel under msrun needs the communication library's uneven all-to-all "
+                               "(dist_transport='shm'); the configured transport has none")
+        return ProcessExchange(comm, group.local[0], group.size, self.moe.hidden, self._recorder(ex, axes, "rows"))
+
+    def _recorder(self, ex, axes: _Axes, what: str):
+        name = "+".join(ex.mesh.alias_names[a] for a in axes.expert) or "expert"
+
+        def record(nbytes: int) -> None:
+            self.last_stats[what] = self.last_stats.get(what, 0) + int(nbytes)
+            ex.accounting.record_comm("AllToAll", name, int(nbytes), int(nbytes))
+
+        return record
+
+    # -- dispatch -----------------------------------------------------------------------------------
+    def dispatch(self, x: DTensor, microbatch: Hashable = 0) -> ExpertInputs:
+        """Route `x` [..., H] and send every expert its rows; the state waits for `combine`."""
+        moe = self.moe
+        ex = x.execution
+        weights = (self._param(ex, moe.router, "weight"), self._param(ex, moe.experts, "w_gate"),
+                   self._param(ex, moe.experts, "w_up"), self._param(ex, moe.experts, "w_down"))
+        num_tokens = math.prod(x.shape[:-1])
+        xt = x.reshape(num_tokens, moe.hidden)
+        axes = self._axes(ex, xt, weights)
+        layout = TensorLayout.from_dims(ex.mesh, [list(axes.token), []])
+        if num_tokens % layout.shard_count(0):
+            raise ValueError(f"MoE expert parallel: {num_tokens} tokens do not split over the token axes "
+                             f"{[ex.mesh.alias_names[a] for a in axes.token]} ({layout.shard_count(0)} devices)")
+        xt = xt.redistribute(layout)
+        wr, wg, wu, wd = weights
+        if axes.token:
+            wr = _fan_out(ex, wr, list(axes.token))
+        data = [a for a in axes.token if a not in axes.expert]
+        if data:
+            wg, wu, wd = (_fan_out(ex, w, data) for w in (wg, wu, wd))
+        state = _State(tuple(x.shape), layout, axes, weights=(wg, wu, wd))
+        self.last_stats = {}
+        local_tokens = num_tokens // layout.shard_count(0)
+        capacity = expert_capacity(local_tokens, moe.num_experts, moe.top_k, moe.capacity_factor)
+        prob_sums, sq_sums, choice_counts = [], [], []
+        sends: Dict[Key, Dict[Key, Dict[int, Optional[Tensor]]]] = {}
+        keys = ex.keys(axes.token)
+        for key in keys:
+            tokens = xt.shards[key]
+            routing = moe.router.route(tokens, wr.shards[()], moe.router.noise(local_tokens))
+            plan = plan_dispatch(routing.experts, moe.num_experts, capacity)
+            prob_sums.append(routing.probs.sum(0))
+            sq_sums.append(logsumexp_square_sum(routing.logits))
+            choice_counts.append(Tensor(plan.choice_counts.astype(np.float32)))
+            if self.placement is not None:
+                plan = self.placement.physical_plan(plan)
+            state.plans[key], state.gates[key] = plan, routing.gates
+            sends[key] = {}
+            for member in range(axes.members):
+                dest = self._key_of_member(ex, key, member, axes)
+                segs = {}
+                for slot in range(axes.per_member):
+                    rows = plan.tokens[member * axes.per_member + slot]
+                    segs[slot] = ops.gather(tokens, Tensor(rows.astype(np.int32)), 0) if len(rows) else None
+                sends[key][dest] = segs
+        state.aux = self._aux(ex, axes, prob_sums, sq_sums, choice_counts, num_tokens)
+        received = self._send(ex, state, sends, forward=True)
+        self.states.put(microbatch, state)
+        return ExpertInputs(microbatch, received)
+
+    def _aux(self, ex, axes: _Axes, prob_sums, sq_sums, choice_counts, num_tokens: int) -> Tensor:
+        if axes.token:
+            group = ex.group(axes.token, {})
+            coll = ex.collectives
+            prob_sums = coll.all_reduce(prob_sums, "sum", group)
+            sq_sums = coll.all_reduce(sq_sums, "sum", group)
+            choice_counts = coll.all_reduce(choice_counts, "sum", group)
+        self.moe.last_expert_counts = choice_counts[0].asnumpy().astype(np.int64)
+        return self.moe.aux_loss(prob_sums[0], choice_counts[0], sq_sums[0], num_tokens)
+
+    def _send(self, ex, state: _State, sends, forward: bool):
+        """sends[src key][dest key][slot] -> received[dest key][src][slot] (src: a key in
+        simulation, a member index under msrun)."""
+        axes = state.axes
+        if ex.holds_all_ranks:
+            record = self._recorder(ex, axes, "rows")
+            first = ex.keys(axes.token)[0]
+            return InProcessExchange(record).exchange(sends, first)
+        (key, by_dest), = sends.items()
+        exchange = self._process_exchange(ex, key, axes)
+        segs = {self._member(ex, d, axes): s for d, s in by_dest.items()}
+        if forward:
+            send_counts = np.zeros((axes.members, axes.per_member), dtype=np.int64)
+            plan = state.plans[key]
+            for m in range(axes.members):
+                for s in range(axes.per_member):
+                    send_counts[m, s] = len(plan.tokens[m * axes.per_member + s])
+            recv_counts = self._metadata(ex, exchange, state, key, send_counts)
+            state.counts[key] = (send_counts, recv_counts)
+        else:
+            recv_counts, send_counts = state.counts[key]  # the way back
+        received = exchange.exchange(segs, send_counts, recv_counts, self._dtype(state))
+        return {key: received}
+
+    def _metadata(self, ex, exchange: ProcessExchange, state: _State, key: Key, send_counts: np.ndarray) -> np.ndarray:
+        """Rows per (source, my expert slot): from int64 counts, or from the 1-bit routing mask."""
+        record = self._recorder(ex, state.axes, "metadata")
+        if not self.moe.routing_bits:
+            record(send_counts.size * 8)
+            return exchange.counts(send_counts)
+        from mindspore_hyper.moe.routing_bits import exchange_routing_mask
+
+        return exchange_routing_mask(exchange, state.plans[key], state.axes.per_member, record)
+
+    def _dtype(self, state: _State):
+        return state.weights[0].dtype
+
+    # -- expert compute -----------------------------------------------------------------------------
+    def compute(self, inputs: ExpertInputs) -> ExpertOutputs:
+        """Every local expert on the rows it received (tensor-parallel experts: partial sums
+        all-reduced over the tensor axes)."""
+        state = self.states._states.get(inputs.microbatch)
+        if state is None:
+            raise RuntimeError(f"expert compute of microbatch {inputs.microbatch!r} without a dispatch")
+        ex = state.weights[0].execution
+        axes = state.axes
+        outputs = {}
+        for key, by_src in inputs.received.items():
+            order = [(slot, src) for slot in range(axes.per_member) for src in sorted(by_src)
+                     if by_src[src].get(slot) is not None]
+            outputs[key] = {src: {slot: None for slot in range(axes.per_member)} for src in by_src}
+            if not order:
+                continue
+            pieces = [by_src[src][slot] for slot, src in order]
+            rows = pieces[0] if len(pieces) == 1 else ops.concat(pieces, 0)
+            tp_group = ex.group(axes.tensor, dict(zip(axes.token, key))) if axes.tensor else None
+            if tp_group is not None:
+                rows = ex.collectives.fan_out(rows, tp_group)
+            sizes = [int(p.shape[0]) for p in pieces]
+            slot_sizes = [sum(n for (s, _), n in zip(order, sizes) if s == slot) for slot in range(axes.per_member)]
+            results = []
+            for tp_key in (ex.keys(axes.tensor) if axes.tensor else [()]):
+                wg, wu, wd = self._weights(ex, state, key, tp_key)
+                outs, start = [], 0
+                for slot, n in enumerate(slot_sizes):
+                    if n:
+                        outs.append(swiglu(rows[start:start + n], wg[slot], wu[slot], wd[slot]))
+                    start += n
+                results.append(outs[0] if len(outs) == 1 else ops.concat(outs, 0))
+            if tp_group is not None:
+                if len(results) != len(tp_group.local):
+                    raise AssertionError(f"{len(results)} tensor-parallel results for {tp_group}")
+                results = ex.collectives.all_reduce(results, "sum", tp_group)
+            y, start = results[0], 0
+            for (slot, src), n in zip(order, sizes):
+                outputs[key][src][slot] = y[start:start + n]
+                start += n
+        return ExpertOutputs(inputs.microbatch, outputs)
+
+    def _weights(self, ex, state: _State, key: Key, tp_key: Key):
+        """This device's expert weights [per, H, F_local] ... for token key `key`, tensor key `tp_key`."""
+        axes = state.axes
+        coords = dict(zip(axes.token, key))
+        coords.update(zip(axes.tensor, tp_key))
+        if self.placement is not None:
+            return self.placement.member_weights(self.moe, self._member(ex, key, axes), axes.per_member,
+                                                 state.weights, coords, axes.tensor, ex)
+        out = []
+        for w in state.weights:
+            out.append(w.shards[tuple(coords[a] for a in significant_axes(w.layout))])
+        return out
+
+    # -- combine ------------------------------------------------------------------------------------
+    def combine(self, outputs: ExpertOutputs):
+        """Send the expert outputs back and sum each token's copies; returns (y like the input
+        of dispatch, aux loss) and forgets the microbatch's state."""
+        state = self.states.pop(outputs.microbatch)
+        ex = state.weights[0].execution
+        moe = self.moe
+        if ex.holds_all_ranks:  # outputs[dest][src] are what dest sends back to src
+            returned = self._send(ex, state, outputs.outputs, forward=False)
+        else:
+            (key,) = state.plans
+            (by_src,) = outputs.outputs.values()
+            to_keys = {self._key_of_member(ex, key, src, state.axes): segs for src, segs in by_src.items()}
+            returned = self._send(ex, state, {key: to_keys}, forward=False)
+        shards = {}
+        dtype = self._dtype(state)
+        for key, plan in state.plans.items():
+            by_dest = returned[key]
+            outs = []
+            for e in range(plan.num_experts):
+                member, slot = divmod(e, state.axes.per_member)
+                src = self._key_of_member(ex, key, member, state.axes) if ex.holds_all_ranks else member
+                outs.append(by_dest[src][slot])
+            shards[key] = combine_copies(plan, outs, state.gates[key], moe.hidden, dtype)
+        total = math.prod(state.x_shape[:-1])
+        y = DTensor._create(state.layout, shards, (total, moe.hidden), dtype, ex)
+        aux = DTensor._create(TensorLayout.replicated(ex.mesh, 0), {(): state.aux}, (), state.aux.dtype, ex)
+        return y.reshape(state.x_shape), aux
