@@ -13,4 +13,7 @@ void BindStore(pybind11::module_& m);
 // Communication library: topology, cost model, transports, aggregator (comm_bindings.cc).
 void BindComm(pybind11::module_& m);
 
+// MoE: 1-bit routing masks (moe_bindings.cc).
+void BindMoe(pybind11::module_& m);
+
 }  // namespace mshyper::bind

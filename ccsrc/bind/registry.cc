@@ -7,6 +7,7 @@ void RegisterAll(pybind11::module_& m) {
   (void)m;
   BindStore(m);
   BindComm(m);
+  BindMoe(m);
 }
 
 }  // namespace mshyper::bind
