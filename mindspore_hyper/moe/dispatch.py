@@ -70,6 +70,16 @@ class DispatchPlan:
             out[toks, e] = True
         return out
 
+    def chunk(self, start: int, stop: int) -> "DispatchPlan":
+        """The copies of tokens start..stop-1, renumbered from 0 (choice counts: the kept ones)."""
+        tokens, slots = [], []
+        for toks, sl in zip(self.tokens, self.slots):
+            sel = (toks >= start) & (toks < stop)
+            tokens.append(toks[sel] - start)
+            slots.append(sl[sel])
+        counts = np.array([len(t) for t in tokens], dtype=np.int64)
+        return DispatchPlan(stop - start, self.num_experts, tokens, slots, counts)
+
     def validate(self) -> None:
         """Raises ValueError unless every copy is a distinct (token, expert) pair in range."""
         if len(self.tokens) != self.num_experts or len(self.slots) != self.num_experts:

@@ -35,26 +35,37 @@ class RowExchange(nn.Cell):
         record: called with the bytes this member sends forward (the backward moves as many).
     """
 
-    def __init__(self, comm, send_rows: Sequence[int], recv_rows: Sequence[int], hidden: int, record=None):
+    def __init__(self, comm, send_rows: Sequence[int], recv_rows: Sequence[int], hidden: int, record=None,
+                 ready: Optional[np.ndarray] = None):
         super().__init__()
         self.comm, self.hidden, self.record = comm, hidden, record
         self.send_rows, self.recv_rows = list(send_rows), list(recv_rows)
+        self.ready = ready  # the forward's result, already moved in the background
 
     def _move(self, x: Tensor, send_rows: List[int], recv_rows: List[int]) -> Tensor:
-        arr = np.ascontiguousarray(x.asnumpy().reshape(-1))
-        buf, counts = self.comm.all_to_all_v(arr, [r * self.hidden for r in send_rows])
-        expect = [r * self.hidden for r in recv_rows]
-        if list(counts) != expect:
-            raise RuntimeError(f"expert all-to-all: received {list(counts)} elements per member, expected {expect}")
+        buf = move_rows(self.comm, x.asnumpy(), send_rows, recv_rows, self.hidden)
         return Tensor(buf.reshape(-1, self.hidden), dtype=x.dtype)
 
     def construct(self, x):
+        if self.ready is not None:
+            return Tensor(self.ready.reshape(-1, self.hidden), dtype=x.dtype)
         if self.record is not None:
             self.record(int(np.prod(x.shape)) * x.dtype.itemsize)
         return self._move(x, self.send_rows, self.recv_rows)
 
     def bprop(self, x, out, dout):
         return (self._move(dout, self.recv_rows, self.send_rows),)
+
+
+def move_rows(comm, rows: np.ndarray, send_rows: Sequence[int], recv_rows: Sequence[int], hidden: int) -> np.ndarray:
+    """The numpy uneven all-to-all of rows [N, H]: send_rows[j] rows to member j; returns the
+    received rows flat, in source order (checked against recv_rows)."""
+    arr = np.ascontiguousarray(rows.reshape(-1))
+    buf, counts = comm.all_to_all_v(arr, [int(r) * hidden for r in send_rows])
+    expect = [int(r) * hidden for r in recv_rows]
+    if list(counts) != expect:
+        raise RuntimeError(f"expert all-to-all: received {list(counts)} elements per member, expected {expect}")
+    return buf
 
 
 def _concat(parts: List[Tensor], hidden: int, dtype) -> Tensor:
@@ -124,12 +135,21 @@ class ProcessExchange:
         buf, _ = self.comm.all_to_all_v(flat, [per] * self.size)
         return buf.reshape(self.size, per)
 
-    def exchange(self, segs: Segments, send_counts: np.ndarray, recv_counts: np.ndarray, dtype) -> Segments:
-        """segs[dst][expert slot 0..per-1] with send_counts[dst][slot] rows -> received[src][slot]."""
-        order = [segs.get(d, {}).get(s) for d in range(self.size) for s in range(send_counts.shape[1])]
-        flat = _concat(order, self.hidden, dtype)
+    def flatten(self, segs: Segments, counts: np.ndarray, dtype) -> Tensor:
+        """segs[member][slot] -> one [rows, H] tensor in (member, slot) order."""
+        order = [segs.get(d, {}).get(s) for d in range(self.size) for s in range(counts.shape[1])]
+        return _concat(order, self.hidden, dtype)
+
+    def move(self, flat: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray) -> np.ndarray:
+        """The rows' all-to-all in numpy (safe on a background thread: no MindSpore op)."""
+        if self.record is not None:
+            self.record(flat.nbytes)
+        return move_rows(self.comm, flat, send_counts.sum(1), recv_counts.sum(1), self.hidden)
+
+    def receive(self, flat: Tensor, moved: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray) -> Segments:
+        """The differentiable result of the exchange of `flat` (already `moved`): received[src][slot]."""
         cell = RowExchange(self.comm, send_counts.sum(1).tolist(), recv_counts.sum(1).tolist(), self.hidden,
-                           self.record)
+                           ready=moved)
         pieces = _split(cell(flat), recv_counts.reshape(-1).tolist())
         per = recv_counts.shape[1]
         return {src: {s: pieces[src * per + s] for s in range(per)} for src in range(self.size)}

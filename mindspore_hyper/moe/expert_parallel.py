@@ -26,6 +26,8 @@ into it) and an expert's copies are dealt round-robin to its replicas.
 from __future__ import annotations
 
 import math
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, Hashable, List, Optional, Tuple
 
@@ -73,39 +75,93 @@ class ExpertOutputs:
 
 
 @dataclass
-class _State:
-    """What a dispatch leaves for its combine (and for the expert compute)."""
+class _Prepared:
+    """One call's routing, shared by its chunks."""
 
     x_shape: tuple
     layout: TensorLayout
     axes: _Axes
-    plans: Dict[Key, DispatchPlan] = field(default_factory=dict)
+    weights: tuple  # the expert weights (w_gate, w_up, w_down) as laid out for this call
+    tokens: Dict[Key, Tensor]  # this call's token shards [T_local, H] by token key
+    plans: Dict[Key, DispatchPlan]  # over the logical experts, all local tokens
+    gates: Dict[Key, Tensor]
+    aux: Tensor
+
+
+@dataclass
+class _State:
+    """What a dispatch (of a microbatch, or a chunk of one) leaves for its combine."""
+
+    prep: _Prepared
+    rows: slice  # the chunk's local token rows
+    plans: Dict[Key, DispatchPlan] = field(default_factory=dict)  # the chunk's (physical) plans
     gates: Dict[Key, Tensor] = field(default_factory=dict)
     counts: Dict[Key, Tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # (send, recv) under msrun
-    weights: tuple = ()
-    aux: Optional[Tensor] = None
+    pending: object = None  # received segments (simulation) or the background exchange (msrun)
+    flat: Optional[Tensor] = None  # what this process sent (msrun), the autograd input of the exchange
+
+    @property
+    def axes(self) -> _Axes:
+        return self.prep.axes
+
+    @property
+    def weights(self) -> tuple:
+        return self.prep.weights
 
 
 class ExpertParallel:
     """The expert-parallel engine of one MoE layer (see module docstring).
 
     Attributes:
-        states: dispatch states waiting for their combine, keyed by microbatch.
+        states: dispatch states waiting for their combine, keyed by microbatch (or
+            (microbatch, chunk) inside `forward` with overlap chunks).
         placement: the `placement.ExpertPlacement` in use (None: expert e on member e // per).
         last_stats: bytes moved by the last call on this process's first device: rows sent
-            (forward dispatch + combine) and routing metadata.
+            (forward dispatch + combine) and routing metadata; under msrun with overlap chunks
+            also the seconds the background exchanges took and the seconds the layer waited.
     """
 
     def __init__(self, moe):
         self.moe = moe
         self.states = DispatchStates()
         self.placement = None
-        self.last_stats: Dict[str, int] = {}
+        self.last_stats: Dict[str, float] = {}
+        self._worker = None  # one background thread for the exchanges (msrun, overlap chunks)
 
     # -- the whole layer ---------------------------------------------------------------------------
     def forward(self, x: DTensor, microbatch: Hashable = 0):
-        """(routed output DTensor like x, aux loss DTensor) of the layer on `x`."""
-        return self.combine(self.compute(self.dispatch(x, microbatch)))
+        """(routed output DTensor like x, aux loss DTensor) of the layer on `x`. With
+        `moe.overlap_chunks` = c > 1 each device's tokens go in c chunks, pipelined: under msrun
+        the AllToAlls run on a background thread, chunk i+1's dispatch and chunk i-1's combine
+        while chunk i is computed."""
+        chunks = self.moe.overlap_chunks
+        prep = self._prepare(x)
+        if chunks == 1:
+            return self._assemble(prep, [self._combine(self.compute(self._dispatch(prep, microbatch, slice(None))))])
+        local = next(iter(prep.tokens.values())).shape[0]
+        if local < chunks:
+            raise ValueError(f"MoE overlap: {local} tokens per device cannot form overlap_chunks={chunks} chunks")
+        bounds = [local * c // chunks for c in range(chunks + 1)]
+        keys = [(microbatch, c) for c in range(chunks)]
+        background = not prep.weights[0].execution.holds_all_ranks
+        self._start_dispatch(prep, keys[0], slice(bounds[0], bounds[1]), background)
+        for c in range(chunks):
+            inputs = self._receive_dispatch(keys[c])
+            if c + 1 < chunks:
+                self._start_dispatch(prep, keys[c + 1], slice(bounds[c + 1], bounds[c + 2]), background)
+            self._start_combine(self.compute(inputs), background)
+        return self._assemble(prep, [self._receive_combine(k) for k in keys])
+
+    def dispatch(self, x: DTensor, microbatch: Hashable = 0) -> ExpertInputs:
+        """Route `x` [..., H] and send every expert its rows; the state waits for `combine`."""
+        return self._dispatch(self._prepare(x), microbatch, slice(None))
+
+    def combine(self, outputs: "ExpertOutputs"):
+        """Send the expert outputs back and sum each token's copies; returns (y like the input
+        of dispatch, aux loss) and forgets the microbatch's state."""
+        prep = self.states._states[outputs.microbatch].prep if outputs.microbatch in self.states._states else None
+        shards = self._combine(outputs)
+        return self._assemble(prep, [shards])
 
     # -- set-up -------------------------------------------------------------------------------------
     def _param(self, ex, cell, name: str) -> DTensor:
@@ -169,8 +225,8 @@ class ExpertParallel:
         return record
 
     # -- dispatch -----------------------------------------------------------------------------------
-    def dispatch(self, x: DTensor, microbatch: Hashable = 0) -> ExpertInputs:
-        """Route `x` [..., H] and send every expert its rows; the state waits for `combine`."""
+    def _prepare(self, x: DTensor) -> _Prepared:
+        """Lay the tokens out, route them and plan every device's dispatch (no exchange yet)."""
         moe = self.moe
         ex = x.execution
         weights = (self._param(ex, moe.router, "weight"), self._param(ex, moe.experts, "w_gate"),
@@ -189,35 +245,101 @@ class ExpertParallel:
         data = [a for a in axes.token if a not in axes.expert]
         if data:
             wg, wu, wd = (_fan_out(ex, w, data) for w in (wg, wu, wd))
-        state = _State(tuple(x.shape), layout, axes, weights=(wg, wu, wd))
         self.last_stats = {}
         local_tokens = num_tokens // layout.shard_count(0)
         capacity = expert_capacity(local_tokens, moe.num_experts, moe.top_k, moe.capacity_factor)
+        tokens, plans, gates = {}, {}, {}
         prob_sums, sq_sums, choice_counts = [], [], []
-        sends: Dict[Key, Dict[Key, Dict[int, Optional[Tensor]]]] = {}
-        keys = ex.keys(axes.token)
-        for key in keys:
-            tokens = xt.shards[key]
-            routing = moe.router.route(tokens, wr.shards[()], moe.router.noise(local_tokens))
-            plan = plan_dispatch(routing.experts, moe.num_experts, capacity)
+        for key in ex.keys(axes.token):
+            tokens[key] = xt.shards[key]
+            routing = moe.router.route(tokens[key], wr.shards[()], moe.router.noise(local_tokens))
+            plans[key] = plan_dispatch(routing.experts, moe.num_experts, capacity)
+            gates[key] = routing.gates
             prob_sums.append(routing.probs.sum(0))
             sq_sums.append(logsumexp_square_sum(routing.logits))
-            choice_counts.append(Tensor(plan.choice_counts.astype(np.float32)))
+            choice_counts.append(Tensor(plans[key].choice_counts.astype(np.float32)))
+        aux = self._aux(ex, axes, prob_sums, sq_sums, choice_counts, num_tokens)
+        return _Prepared(tuple(x.shape), layout, axes, (wg, wu, wd), tokens, plans, gates, aux)
+
+    def _dispatch(self, prep: _Prepared, microbatch: Hashable, rows: slice) -> ExpertInputs:
+        self._start_dispatch(prep, microbatch, rows, background=False)
+        return self._receive_dispatch(microbatch)
+
+    def _start_dispatch(self, prep: _Prepared, microbatch: Hashable, rows: slice, background: bool) -> None:
+        """Plan the chunk `rows` of every device's tokens and start sending it (in the background
+        under msrun when `background`); the state waits under `microbatch`."""
+        ex = prep.weights[0].execution
+        axes = prep.axes
+        state = _State(prep, rows)
+        sends: Dict[Key, Dict[Key, Dict[int, Optional[Tensor]]]] = {}
+        for key, full in prep.plans.items():
+            plan = full if rows == slice(None) else full.chunk(rows.start, rows.stop)
             if self.placement is not None:
                 plan = self.placement.physical_plan(plan)
-            state.plans[key], state.gates[key] = plan, routing.gates
+            tokens = prep.tokens[key] if rows == slice(None) else prep.tokens[key][rows]
+            state.plans[key] = plan
+            state.gates[key] = prep.gates[key] if rows == slice(None) else prep.gates[key][rows]
             sends[key] = {}
             for member in range(axes.members):
-                dest = self._key_of_member(ex, key, member, axes)
                 segs = {}
                 for slot in range(axes.per_member):
-                    rows = plan.tokens[member * axes.per_member + slot]
-                    segs[slot] = ops.gather(tokens, Tensor(rows.astype(np.int32)), 0) if len(rows) else None
-                sends[key][dest] = segs
-        state.aux = self._aux(ex, axes, prob_sums, sq_sums, choice_counts, num_tokens)
-        received = self._send(ex, state, sends, forward=True)
+                    ids = plan.tokens[member * axes.per_member + slot]
+                    segs[slot] = ops.gather(tokens, Tensor(ids.astype(np.int32)), 0) if len(ids) else None
+                sends[key][self._key_of_member(ex, key, member, axes)] = segs
+        if ex.holds_all_ranks:
+            state.pending = InProcessExchange(self._recorder(ex, axes, "rows")).exchange(sends, ex.keys(axes.token)[0])
+        else:
+            (key, by_dest), = sends.items()
+            exchange = self._process_exchange(ex, key, axes)
+            plan = state.plans[key]
+            send_counts = np.array([[len(plan.tokens[m * axes.per_member + s]) for s in range(axes.per_member)]
+                                    for m in range(axes.members)], dtype=np.int64)
+            state.flat = exchange.flatten({self._member(ex, d, axes): s for d, s in by_dest.items()}, send_counts,
+                                          prep.weights[0].dtype)
+            flat = state.flat.asnumpy()
+
+            def job():
+                recv_counts = self._metadata(ex, exchange, state, key, send_counts)
+                return recv_counts, exchange.move(flat, send_counts, recv_counts)
+
+            state.pending = (exchange, key, send_counts, self._run(job, background))
         self.states.put(microbatch, state)
-        return ExpertInputs(microbatch, received)
+
+    def _receive_dispatch(self, microbatch: Hashable) -> ExpertInputs:
+        state = self.states._states.get(microbatch)
+        if state is None:
+            raise RuntimeError(f"no dispatch of microbatch {microbatch!r} is waiting")
+        if isinstance(state.pending, dict):
+            received, state.pending = state.pending, None
+            return ExpertInputs(microbatch, received)
+        exchange, key, send_counts, future = state.pending
+        recv_counts, moved = self._wait(future)
+        state.counts[key] = (send_counts, recv_counts)
+        state.pending = exchange
+        return ExpertInputs(microbatch, {key: exchange.receive(state.flat, moved, send_counts, recv_counts)})
+
+    def _run(self, job, background: bool) -> Future:
+        """Run `job` now, or on the background thread; its seconds go to last_stats."""
+        def timed():
+            start = time.perf_counter()
+            try:
+                return job()
+            finally:
+                self.last_stats["comm_seconds"] = self.last_stats.get("comm_seconds", 0.0) + time.perf_counter() - start
+
+        if background:
+            if self._worker is None:
+                self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moe-alltoall")
+            return self._worker.submit(timed)
+        done: Future = Future()
+        done.set_result(timed())
+        return done
+
+    def _wait(self, future: Future):
+        start = time.perf_counter()
+        result = future.result()
+        self.last_stats["wait_seconds"] = self.last_stats.get("wait_seconds", 0.0) + time.perf_counter() - start
+        return result
 
     def _aux(self, ex, axes: _Axes, prob_sums, sq_sums, choice_counts, num_tokens: int) -> Tensor:
         if axes.token:
@@ -229,30 +351,6 @@ class ExpertParallel:
         self.moe.last_expert_counts = choice_counts[0].asnumpy().astype(np.int64)
         return self.moe.aux_loss(prob_sums[0], choice_counts[0], sq_sums[0], num_tokens)
 
-    def _send(self, ex, state: _State, sends, forward: bool):
-        """sends[src key][dest key][slot] -> received[dest key][src][slot] (src: a key in
-        simulation, a member index under msrun)."""
-        axes = state.axes
-        if ex.holds_all_ranks:
-            record = self._recorder(ex, axes, "rows")
-            first = ex.keys(axes.token)[0]
-            return InProcessExchange(record).exchange(sends, first)
-        (key, by_dest), = sends.items()
-        exchange = self._process_exchange(ex, key, axes)
-        segs = {self._member(ex, d, axes): s for d, s in by_dest.items()}
-        if forward:
-            send_counts = np.zeros((axes.members, axes.per_member), dtype=np.int64)
-            plan = state.plans[key]
-            for m in range(axes.members):
-                for s in range(axes.per_member):
-                    send_counts[m, s] = len(plan.tokens[m * axes.per_member + s])
-            recv_counts = self._metadata(ex, exchange, state, key, send_counts)
-            state.counts[key] = (send_counts, recv_counts)
-        else:
-            recv_counts, send_counts = state.counts[key]  # the way back
-        received = exchange.exchange(segs, send_counts, recv_counts, self._dtype(state))
-        return {key: received}
-
     def _metadata(self, ex, exchange: ProcessExchange, state: _State, key: Key, send_counts: np.ndarray) -> np.ndarray:
         """Rows per (source, my expert slot): from int64 counts, or from the 1-bit routing mask."""
         record = self._recorder(ex, state.axes, "metadata")
@@ -262,9 +360,6 @@ class ExpertParallel:
         from mindspore_hyper.moe.routing_bits import exchange_routing_mask
 
         return exchange_routing_mask(exchange, state.plans[key], state.axes.per_member, record)
-
-    def _dtype(self, state: _State):
-        return state.weights[0].dtype
 
     # -- expert compute -----------------------------------------------------------------------------
     def compute(self, inputs: ExpertInputs) -> ExpertOutputs:
@@ -322,21 +417,43 @@ class ExpertParallel:
         return out
 
     # -- combine ------------------------------------------------------------------------------------
-    def combine(self, outputs: ExpertOutputs):
-        """Send the expert outputs back and sum each token's copies; returns (y like the input
-        of dispatch, aux loss) and forgets the microbatch's state."""
-        state = self.states.pop(outputs.microbatch)
+    def _combine(self, outputs: ExpertOutputs) -> Dict[Key, Tensor]:
+        self._start_combine(outputs, background=False)
+        return self._receive_combine(outputs.microbatch)
+
+    def _start_combine(self, outputs: ExpertOutputs, background: bool) -> None:
+        """Start sending the expert outputs back to their tokens' devices."""
+        state = self.states._states.get(outputs.microbatch)
+        if state is None:
+            raise RuntimeError(f"combine of microbatch {outputs.microbatch!r} without a dispatch")
         ex = state.weights[0].execution
-        moe = self.moe
         if ex.holds_all_ranks:  # outputs[dest][src] are what dest sends back to src
-            returned = self._send(ex, state, outputs.outputs, forward=False)
+            state.pending = InProcessExchange(self._recorder(ex, state.axes, "rows")).exchange(
+                outputs.outputs, ex.keys(state.axes.token)[0])
+            return
+        (key,) = state.plans
+        (by_src,) = outputs.outputs.values()
+        exchange = state.pending
+        send_counts, recv_counts = state.counts[key]
+        state.flat = exchange.flatten(by_src, recv_counts, state.weights[0].dtype)
+        flat = state.flat.asnumpy()
+        future = self._run(lambda: exchange.move(flat, recv_counts, send_counts), background)
+        state.pending = (exchange, key, future)
+
+    def _receive_combine(self, microbatch: Hashable) -> Dict[Key, Tensor]:
+        """Wait for the outputs of `microbatch` and sum each token's copies; forgets its state."""
+        state = self.states.pop(microbatch)
+        ex = state.weights[0].execution
+        if isinstance(state.pending, dict):
+            returned = state.pending
         else:
-            (key,) = state.plans
-            (by_src,) = outputs.outputs.values()
-            to_keys = {self._key_of_member(ex, key, src, state.axes): segs for src, segs in by_src.items()}
-            returned = self._send(ex, state, {key: to_keys}, forward=False)
+            exchange, key, future = state.pending
+            send_counts, recv_counts = state.counts[key]
+            moved = self._wait(future)
+            back = exchange.receive(state.flat, moved, recv_counts, send_counts)
+            returned = {key: back}
         shards = {}
-        dtype = self._dtype(state)
+        dtype = state.weights[0].dtype
         for key, plan in state.plans.items():
             by_dest = returned[key]
             outs = []
@@ -344,8 +461,16 @@ class ExpertParallel:
                 member, slot = divmod(e, state.axes.per_member)
                 src = self._key_of_member(ex, key, member, state.axes) if ex.holds_all_ranks else member
                 outs.append(by_dest[src][slot])
-            shards[key] = combine_copies(plan, outs, state.gates[key], moe.hidden, dtype)
-        total = math.prod(state.x_shape[:-1])
-        y = DTensor._create(state.layout, shards, (total, moe.hidden), dtype, ex)
-        aux = DTensor._create(TensorLayout.replicated(ex.mesh, 0), {(): state.aux}, (), state.aux.dtype, ex)
-        return y.reshape(state.x_shape), aux
+            shards[key] = combine_copies(plan, outs, state.gates[key], self.moe.hidden, dtype)
+        return shards
+
+    def _assemble(self, prep: _Prepared, chunks: List[Dict[Key, Tensor]]):
+        """(y DTensor shaped like the layer's input, aux loss DTensor) from the chunks' shards."""
+        ex = prep.weights[0].execution
+        shards = {key: chunks[0][key] if len(chunks) == 1 else ops.concat([c[key] for c in chunks], 0)
+                  for key in chunks[0]}
+        total = math.prod(prep.x_shape[:-1])
+        dtype = prep.weights[0].dtype
+        y = DTensor._create(prep.layout, shards, (total, self.moe.hidden), dtype, ex)
+        aux = DTensor._create(TensorLayout.replicated(ex.mesh, 0), {(): prep.aux}, (), prep.aux.dtype, ex)
+        return y.reshape(prep.x_shape), aux

@@ -39,6 +39,8 @@ class MoE(nn.Cell):
         noise_std: router logit noise in training (0: none).
         routing_bits: under msrun, send the routing as a 1-bit token x expert mask instead of
             per-expert counts (`mindspore_hyper.moe.routing_bits`).
+        overlap_chunks: under expert parallelism, pipeline each device's tokens in this many
+            chunks (dispatch / compute / combine; background AllToAll under msrun). 1: none.
 
     Raises:
         ValueError: sizes or options out of range (named in the message).
@@ -47,7 +49,7 @@ class MoE(nn.Cell):
     def __init__(self, hidden: int, ffn_hidden: int, num_experts: int, top_k: int = 2,
                  capacity_factor: Optional[float] = None, aux_loss_coef: float = 0.01, z_loss_coef: float = 0.0,
                  shared_ffn_hidden: int = 0, normalize_top_k: bool = True, noise_std: float = 0.0,
-                 routing_bits: bool = False):
+                 routing_bits: bool = False, overlap_chunks: int = 1):
         super().__init__()
         expert_capacity(1, num_experts, 1, capacity_factor)  # validates the factor
         if aux_loss_coef < 0 or z_loss_coef < 0:
@@ -58,6 +60,9 @@ class MoE(nn.Cell):
         self.capacity_factor = capacity_factor
         self.aux_loss_coef, self.z_loss_coef = float(aux_loss_coef), float(z_loss_coef)
         self.routing_bits = bool(routing_bits)
+        if not isinstance(overlap_chunks, int) or overlap_chunks < 1:
+            raise ValueError(f"MoE: overlap_chunks={overlap_chunks!r} must be an integer >= 1")
+        self.overlap_chunks = overlap_chunks
         self.router = TopKRouter(hidden, num_experts, top_k, normalize_top_k, noise_std)
         self.experts = GroupedExperts(num_experts, hidden, ffn_hidden)
         self.shared = SharedExpert(hidden, shared_ffn_hidden) if shared_ffn_hidden else None

@@ -1,7 +1,8 @@
 """Worker of the MoE msrun test: trains MoENet expert parallel in distributed mode and the same
 model on one device in the same process; writes per rank the largest relative errors to JSON.
 
-Usage (under msrun): moe_msrun_worker.py OUT_DIR CASE [CASE ...], CASE = "<data>x<expert>x<tensor>[+bits]".
+Usage (under msrun): moe_msrun_worker.py OUT_DIR CASE [CASE ...],
+CASE = "<data>x<expert>x<tensor>[+bits][+overlap]" (1-bit routing metadata; 2 overlap chunks).
 """
 import json
 import os
@@ -25,11 +26,12 @@ def relative(local, expected):
 
 
 def run_case(case: str) -> dict:
-    dims, _, extra = case.partition("+")
+    dims, *extra = case.split("+")
     data, expert, tensor = (int(v) for v in dims.split("x"))
     ms.set_seed(0)
     ref = MoENet(shared=8 if tensor > 1 else 0)
-    model = MoENet(shared=8 if tensor > 1 else 0, routing_bits=extra == "bits")
+    model = MoENet(shared=8 if tensor > 1 else 0, routing_bits="bits" in extra,
+                   overlap_chunks=2 if "overlap" in extra else 1)
     copy_weights(ref, model)
     mesh = Layout((data, expert, tensor), ("data", "expert", "tensor"))
     par = auto_parallelize(model, expert_strategy(mesh, tensor=tensor > 1))

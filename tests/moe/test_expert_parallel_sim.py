@@ -115,3 +115,20 @@ def test_router_must_be_replicated_and_weights_consistent():
     sim = simulate(MoENet(), strategy)
     with pytest.raises(ValueError, match=r"experts.w_up is laid out as \(None, None, None\); expected \(\('expert',\), None, None\)"):
         sim(x, t)
+
+
+def test_overlap_chunks_give_the_same_numbers():
+    mh.set_context(device_num=4)
+    ms.set_seed(0)
+    ref, par = MoENet(), MoENet(overlap_chunks=3)
+    copy_weights(ref, par)
+    sim = simulate(par, expert_strategy(Layout((2, 2), ("data", "expert"))))
+    x, t = batches(1)[0]
+    ref_loss, ref_grads = ms.value_and_grad(ref, None, ref.trainable_params())(x, t)
+    loss, grads = ms.value_and_grad(sim, None, par.trainable_params())(x, t)
+    assert abs(float(loss.asnumpy()) - float(ref_loss.asnumpy())) < 1e-6
+    for p, a, b in zip(ref.trainable_params(), ref_grads, grads):
+        np.testing.assert_allclose(b.asnumpy(), a.asnumpy(), rtol=1e-4, atol=1e-7, err_msg=p.name)
+    assert par.moe.parallel().states.pending() == []
+    with pytest.raises(ValueError, match="overlap_chunks=0 must be an integer >= 1"):
+        MoENet(overlap_chunks=0)
