@@ -1,0 +1,211 @@
+"""MoE benchmarks: load balance by hot-expert replication, 1-bit routing metadata, overlapped
+expert-parallel dispatch.
+
+1. balance  Zipf-skewed top-8 routing of --tokens tokens over 128 experts in 16 groups on 16
+            devices (2 nodes). Tokens per device, max/mean: experts placed in order (8 per
+            device) vs `rebalance_experts` placements with more physical slots. The placement
+            is computed from one batch's counts and also evaluated on the next batch (EPLB
+            works from history). Goal: max/mean <= 1.1.
+2. metadata Bytes a device sends to describe its routing for --tokens tokens, top-8, 128
+            experts: int32 expert index + float32 gate per token copy, a float32 T x E routing
+            matrix, the 1-bit mask (C++ `pack_routing`); pack+unpack time vs numpy packbits.
+3. overlap  (msrun, 2 processes, shared-memory transport) the forward of an expert-parallel
+            MoE layer, --overlap-tokens tokens per device: whole (no overlap) vs
+            `overlap_chunks` 4 (AllToAlls on a background thread). Reports step time of both,
+            the ratio, and the overlap ratio 1 - waited / communication seconds.
+
+Usage: .venv/bin/python benchmarks/bench_moe.py [--section all|balance|metadata|overlap]
+Timings on a shared 2-core machine are noisy: compare ratios within one run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def zipf_routing(rng, tokens: int, experts: int, top_k: int, s: float, perm: np.ndarray) -> np.ndarray:
+    """[tokens, top_k] distinct experts per token, expert popularity ~ 1/rank^s (ranks shuffled by perm)."""
+    p = 1.0 / np.arange(1, experts + 1) ** s
+    p = p[np.argsort(perm)] / p.sum()
+    # Gumbel top-k: k distinct experts drawn without replacement with probabilities p
+    keys = np.log(p)[None, :] - np.log(-np.log(rng.random((tokens, experts))))
+    return np.argsort(-keys, axis=1)[:, :top_k]
+
+
+def balance(tokens: int, zipf_s: float) -> dict:
+    from mindspore_hyper.moe.eplb import rebalance_experts
+    from mindspore_hyper.moe.placement import ExpertPlacement, member_loads
+
+    experts, groups, nodes, gpus, top_k = 128, 16, 2, 16, 8
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(experts)
+    history = np.bincount(zipf_routing(rng, tokens, experts, top_k, zipf_s, perm).ravel(), minlength=experts)
+    fresh = np.bincount(zipf_routing(rng, tokens, experts, top_k, zipf_s, perm).ravel(), minlength=experts)
+    ratio = lambda loads: float(loads.max() / loads.mean())
+    identity = ExpertPlacement(np.arange(experts), experts)
+    out = {"tokens": tokens, "zipf_s": zipf_s, "hottest_expert_share": float(history.max() / history.sum()),
+           "in_order": ratio(member_loads(history, identity, gpus)), "replicated": {}}
+    for slots in (144, 160, 192, 256):
+        t0 = time.perf_counter()
+        phy2log, _, _ = rebalance_experts(history[None, :], slots, groups, nodes, gpus)
+        seconds = time.perf_counter() - t0
+        placement = ExpertPlacement.from_eplb(phy2log)
+        out["replicated"][slots] = {"same_batch": ratio(member_loads(history, placement, gpus)),
+                                    "next_batch": ratio(member_loads(fresh, placement, gpus)),
+                                    "rebalance_seconds": seconds}
+    return out
+
+
+def metadata(tokens: int) -> dict:
+    from mindspore_hyper.moe.routing_bits import pack_routing, unpack_routing
+
+    experts, top_k = 128, 8
+    rng = np.random.default_rng(1)
+    chosen = zipf_routing(rng, tokens, experts, top_k, 1.0, rng.permutation(experts))
+    mask = np.zeros((tokens, experts), bool)
+    mask[np.arange(tokens)[:, None], chosen] = True
+    packed = pack_routing(mask)
+    assert np.array_equal(unpack_routing(packed, tokens, experts), mask)
+
+    def best(fn, n=20):
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    return {"tokens": tokens, "experts": experts, "top_k": top_k,
+            "index_gate_bytes": tokens * top_k * (4 + 4), "float_matrix_bytes": tokens * experts * 4,
+            "one_bit_bytes": int(packed.size),
+            "pack_unpack_seconds": best(lambda: unpack_routing(pack_routing(mask), tokens, experts)),
+            "numpy_packbits_seconds": best(lambda: np.unpackbits(np.packbits(mask.ravel(), bitorder="little"),
+                                                                 bitorder="little")[:tokens * experts])}
+
+
+def overlap_worker(out_dir: str, tokens: int, steps: int) -> None:
+    """Runs under msrun: forward of one expert-parallel MoE layer, whole vs 4 overlap chunks."""
+    import mindspore as ms
+    from mindspore import Tensor, nn
+
+    import mindspore_hyper as mh
+    from mindspore_hyper import Layout, auto_parallelize
+    from mindspore_hyper.moe import MoE
+
+    class Layer(nn.Cell):
+        def __init__(self, chunks):
+            super().__init__()
+            self.moe = MoE(256, 512, num_experts=8, top_k=2, overlap_chunks=chunks)
+
+        def construct(self, x):
+            return self.moe(x)[0]
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    mh.set_context(mode="distributed")
+    world = int(os.environ["MS_WORKER_NUM"])
+    x = Tensor(np.random.default_rng(0).normal(size=(world * tokens, 256)).astype(np.float32))
+    result = {}
+    for chunks in (1, 4, 1, 4):  # interleaved, twice
+        ms.set_seed(0)
+        layer = Layer(chunks)
+        par = auto_parallelize(layer, Layout((world,), ("expert",))(tensor_map=()).override("*.experts.*", "expert"))
+        par(x).asnumpy()  # warm-up
+        times, comm, wait = [], 0.0, 0.0
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            par(x).asnumpy()
+            times.append(time.perf_counter() - t0)
+            stats = layer.moe.parallel().last_stats
+            comm += stats.get("comm_seconds", 0.0)
+            wait += stats.get("wait_seconds", 0.0)
+        entry = result.setdefault(chunks, {"step_seconds": [], "comm_seconds": 0.0, "wait_seconds": 0.0})
+        entry["step_seconds"].append(statistics.median(times))
+        entry["comm_seconds"] += comm
+        entry["wait_seconds"] += wait
+    rank = int(os.environ.get("RANK_ID", "0"))
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def overlap(tokens: int, steps: int) -> dict:
+    bindir = os.path.dirname(sys.executable)
+    env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""), PYTHONPATH=ROOT)
+    with tempfile.TemporaryDirectory() as tmp:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [os.path.join(bindir, "msrun"), "--worker_num=2", "--local_worker_num=2", f"--master_port={port}",
+               f"--log_dir={tmp}/logs", "--join=True", os.path.abspath(__file__), "--worker", tmp,
+               "--overlap-tokens", str(tokens), "--steps", str(steps)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        if proc.returncode:
+            logs = "".join(open(os.path.join(tmp, "logs", f)).read()[-2000:] for f in os.listdir(os.path.join(tmp, "logs")))
+            raise RuntimeError(f"msrun failed:\n{logs}")
+        ranks = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(2)]
+    out = {"tokens_per_device": tokens}
+    for chunks in ("1", "4"):
+        step = max(min(r[chunks]["step_seconds"]) for r in ranks)
+        comm = sum(r[chunks]["comm_seconds"] for r in ranks)
+        wait = sum(r[chunks]["wait_seconds"] for r in ranks)
+        out[chunks] = {"step_seconds": step, "comm_seconds": comm, "wait_seconds": wait,
+                       "overlap_ratio": (1.0 - wait / comm) if chunks == "4" and comm > 0 else 0.0}
+    out["step_ratio_overlap_vs_whole"] = out["4"]["step_seconds"] / out["1"]["step_seconds"]
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--section", default="all", choices=["all", "balance", "metadata", "overlap"])
+    parser.add_argument("--tokens", type=int, default=8192, help="tokens of the balance and metadata sections")
+    parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of expert popularity")
+    parser.add_argument("--overlap-tokens", type=int, default=2048, help="tokens per device, overlap section")
+    parser.add_argument("--steps", type=int, default=3, help="timed forwards per variant, overlap section")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        if os.environ.get("MS_ROLE") == "MS_SCHED":
+            return
+        overlap_worker(args.worker, args.overlap_tokens, args.steps)
+        return
+    if args.section in ("all", "balance"):
+        r = balance(args.tokens, args.zipf)
+        print(f"balance: {r['tokens']} tokens, top-8 of 128 experts (16 groups), 16 devices on 2 nodes, Zipf s={r['zipf_s']} "
+              f"(hottest expert {r['hottest_expert_share']:.1%} of copies)")
+        print(f"  experts in order, 8 per device: max/mean tokens per device = {r['in_order']:.3f}")
+        for slots, v in r["replicated"].items():
+            print(f"  rebalance_experts, {slots} slots: max/mean = {v['same_batch']:.3f} (placement's batch), "
+                  f"{v['next_batch']:.3f} (next batch)   [{v['rebalance_seconds'] * 1e3:.1f} ms]")
+    if args.section in ("all", "metadata"):
+        r = metadata(args.tokens)
+        print(f"metadata per device for {r['tokens']} tokens, top-{r['top_k']} of {r['experts']} experts:")
+        print(f"  int32 index + float32 gate per copy: {r['index_gate_bytes']:>9} B")
+        print(f"  float32 T x E routing matrix:        {r['float_matrix_bytes']:>9} B")
+        print(f"  1-bit mask:                          {r['one_bit_bytes']:>9} B "
+              f"({r['index_gate_bytes'] / r['one_bit_bytes']:.1f}x less than index+gate, "
+              f"{r['float_matrix_bytes'] / r['one_bit_bytes']:.0f}x less than the float matrix)")
+        print(f"  pack+unpack (C++): {r['pack_unpack_seconds'] * 1e6:.0f} us; numpy packbits+unpackbits: "
+              f"{r['numpy_packbits_seconds'] * 1e6:.0f} us")
+    if args.section in ("all", "overlap"):
+        r = overlap(args.overlap_tokens, args.steps)
+        print(f"overlap (msrun, 2 processes, {r['tokens_per_device']} tokens per device, H=256, F=512, 8 experts, top-2):")
+        print(f"  whole:    step {r['1']['step_seconds'] * 1e3:.1f} ms, AllToAll {r['1']['comm_seconds']:.3f} s in all")
+        print(f"  4 chunks: step {r['4']['step_seconds'] * 1e3:.1f} ms, AllToAll {r['4']['comm_seconds']:.3f} s, "
+              f"waited {r['4']['wait_seconds']:.3f} s -> overlap ratio {r['4']['overlap_ratio']:.2f}")
+        print(f"  step time ratio 4 chunks / whole: {r['step_ratio_overlap_vs_whole']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
