@@ -9,7 +9,9 @@ expert-parallel dispatch.
 2. metadata Bytes a device sends to describe its routing for --tokens tokens, top-8, 128
             experts: int32 expert index + float32 gate per token copy, a float32 T x E routing
             matrix, the 1-bit mask (C++ `pack_routing`); pack+unpack time vs numpy packbits.
-3. overlap  (msrun, 2 processes, shared-memory transport) the forward of an expert-parallel
+3. links    Dispatch bytes per topology link level (node8: 2 nodes of 8 devices), flat vs
+            group-limited routing (4 of 16 expert groups) and flat vs two-level dispatch.
+4. overlap  (msrun, 2 processes, shared-memory transport) the forward of an expert-parallel
             MoE layer, --overlap-tokens tokens per device: whole (no overlap) vs
             `overlap_chunks` 4 (AllToAlls on a background thread). Reports step time of both,
             the ratio, and the overlap ratio 1 - waited / communication seconds.
@@ -34,12 +36,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-def zipf_routing(rng, tokens: int, experts: int, top_k: int, s: float, perm: np.ndarray) -> np.ndarray:
-    """[tokens, top_k] distinct experts per token, expert popularity ~ 1/rank^s (ranks shuffled by perm)."""
+def zipf_routing(rng, tokens: int, experts: int, top_k: int, s: float, perm: np.ndarray, groups: int = 1,
+                 topk_groups: int = 1) -> np.ndarray:
+    """[tokens, top_k] distinct experts per token, expert popularity ~ 1/rank^s (ranks shuffled by
+    perm); with `groups` > 1, limited to each token's best `topk_groups` groups (as the router)."""
+    from mindspore_hyper.moe.router import limit_groups
+
     p = 1.0 / np.arange(1, experts + 1) ** s
     p = p[np.argsort(perm)] / p.sum()
     # Gumbel top-k: k distinct experts drawn without replacement with probabilities p
     keys = np.log(p)[None, :] - np.log(-np.log(rng.random((tokens, experts))))
+    if groups > 1:
+        keys = limit_groups(keys, groups, topk_groups)
     return np.argsort(-keys, axis=1)[:, :top_k]
 
 
@@ -92,6 +100,26 @@ def metadata(tokens: int) -> dict:
             "pack_unpack_seconds": best(lambda: unpack_routing(pack_routing(mask), tokens, experts)),
             "numpy_packbits_seconds": best(lambda: np.unpackbits(np.packbits(mask.ravel(), bitorder="little"),
                                                                  bitorder="little")[:tokens * experts])}
+
+
+def links(tokens: int) -> dict:
+    """Dispatch bytes per link level of the node8 topology (16 devices, 2 nodes of 8): 128
+    experts, 8 per device; top-8 routing flat or limited to 4 of 16 expert groups (a group = a
+    device's experts), dispatched flat or two-level."""
+    from mindspore_hyper.comm.topology import Topology
+    from mindspore_hyper.moe.groups import link_bytes
+
+    topo = Topology.preset("node8", 16)
+    rng = np.random.default_rng(2)
+    perm = rng.permutation(128)
+    per_device = tokens // 16
+    row = 7168 * 2  # a DeepSeek-V3 hidden row in bf16
+    out = {}
+    for name, groups in (("unlimited", 1), ("4 of 16 groups", 16)):
+        chosen = [zipf_routing(rng, per_device, 128, 8, 1.0, perm, groups, 4) for _ in range(16)]
+        for two_level in (False, True):
+            out[f"{name}, {'two-level' if two_level else 'flat'}"] = link_bytes(chosen, 8, topo, row, two_level)
+    return out
 
 
 def overlap_worker(out_dir: str, tokens: int, steps: int) -> None:
@@ -148,12 +176,14 @@ def overlap(tokens: int, steps: int) -> dict:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         cmd = [os.path.join(bindir, "msrun"), "--worker_num=2", "--local_worker_num=2", f"--master_port={port}",
-               f"--log_dir={tmp}/logs", "--join=True", os.path.abspath(__file__), "--worker", tmp,
+               f"--log_dir={tmp}/logs", "--join=True", os.path.abspath(__file__), "--run-worker", tmp,
                "--overlap-tokens", str(tokens), "--steps", str(steps)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
         if proc.returncode:
-            logs = "".join(open(os.path.join(tmp, "logs", f)).read()[-2000:] for f in os.listdir(os.path.join(tmp, "logs")))
-            raise RuntimeError(f"msrun failed:\n{logs}")
+            logdir = os.path.join(tmp, "logs")
+            logs = "".join(open(os.path.join(logdir, f)).read()[-2000:] for f in os.listdir(logdir)) \
+                if os.path.isdir(logdir) else ""
+            raise RuntimeError(f"msrun failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}{logs}")
         ranks = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(2)]
     out = {"tokens_per_device": tokens}
     for chunks in ("1", "4"):
@@ -168,17 +198,17 @@ def overlap(tokens: int, steps: int) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--section", default="all", choices=["all", "balance", "metadata", "overlap"])
+    parser.add_argument("--section", default="all", choices=["all", "balance", "metadata", "links", "overlap"])
     parser.add_argument("--tokens", type=int, default=8192, help="tokens of the balance and metadata sections")
     parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of expert popularity")
     parser.add_argument("--overlap-tokens", type=int, default=2048, help="tokens per device, overlap section")
     parser.add_argument("--steps", type=int, default=3, help="timed forwards per variant, overlap section")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--run-worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker is not None:
+    if args.run_worker is not None:
         if os.environ.get("MS_ROLE") == "MS_SCHED":
             return
-        overlap_worker(args.worker, args.overlap_tokens, args.steps)
+        overlap_worker(args.run_worker, args.overlap_tokens, args.steps)
         return
     if args.section in ("all", "balance"):
         r = balance(args.tokens, args.zipf)
@@ -198,6 +228,12 @@ def main():
               f"{r['float_matrix_bytes'] / r['one_bit_bytes']:.0f}x less than the float matrix)")
         print(f"  pack+unpack (C++): {r['pack_unpack_seconds'] * 1e6:.0f} us; numpy packbits+unpackbits: "
               f"{r['numpy_packbits_seconds'] * 1e6:.0f} us")
+    if args.section in ("all", "links"):
+        print(f"dispatch bytes per link level, {args.tokens} tokens over 16 devices (node8: 2 nodes x 8), top-8 of 128, "
+              "rows of 7168 bf16:")
+        for name, v in links(args.tokens).items():
+            print(f"  {name:<28} local {v['local'] / 2**20:8.1f} MiB  intra-node {v['intra_node'] / 2**20:8.1f} MiB  "
+                  f"inter-node {v['inter_node'] / 2**20:8.1f} MiB")
     if args.section in ("all", "overlap"):
         r = overlap(args.overlap_tokens, args.steps)
         print(f"overlap (msrun, 2 processes, {r['tokens_per_device']} tokens per device, H=256, F=512, 8 experts, top-2):")

@@ -39,6 +39,8 @@ class MoE(nn.Cell):
         noise_std: router logit noise in training (0: none).
         routing_bits: under msrun, send the routing as a 1-bit token x expert mask instead of
             per-expert counts (`mindspore_hyper.moe.routing_bits`).
+        num_groups: expert groups for group-limited routing (1: none).
+        topk_groups: groups each token may use (DeepSeek-V3: 4 of 8).
         overlap_chunks: under expert parallelism, pipeline each device's tokens in this many
             chunks (dispatch / compute / combine; background AllToAll under msrun). 1: none.
 
@@ -49,7 +51,7 @@ class MoE(nn.Cell):
     def __init__(self, hidden: int, ffn_hidden: int, num_experts: int, top_k: int = 2,
                  capacity_factor: Optional[float] = None, aux_loss_coef: float = 0.01, z_loss_coef: float = 0.0,
                  shared_ffn_hidden: int = 0, normalize_top_k: bool = True, noise_std: float = 0.0,
-                 routing_bits: bool = False, overlap_chunks: int = 1):
+                 routing_bits: bool = False, overlap_chunks: int = 1, num_groups: int = 1, topk_groups: int = 1):
         super().__init__()
         expert_capacity(1, num_experts, 1, capacity_factor)  # validates the factor
         if aux_loss_coef < 0 or z_loss_coef < 0:
@@ -63,7 +65,8 @@ class MoE(nn.Cell):
         if not isinstance(overlap_chunks, int) or overlap_chunks < 1:
             raise ValueError(f"MoE: overlap_chunks={overlap_chunks!r} must be an integer >= 1")
         self.overlap_chunks = overlap_chunks
-        self.router = TopKRouter(hidden, num_experts, top_k, normalize_top_k, noise_std)
+        self.router = TopKRouter(hidden, num_experts, top_k, normalize_top_k, noise_std, num_groups=num_groups,
+                                 topk_groups=topk_groups)
         self.experts = GroupedExperts(num_experts, hidden, ffn_hidden)
         self.shared = SharedExpert(hidden, shared_ffn_hidden) if shared_ffn_hidden else None
         self.last_expert_counts: Optional[np.ndarray] = None  # [E] copies per expert of the last call
