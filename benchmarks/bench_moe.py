@@ -13,8 +13,9 @@ expert-parallel dispatch.
             group-limited routing (4 of 16 expert groups) and flat vs two-level dispatch.
 4. overlap  (msrun, 2 processes, shared-memory transport) the forward of an expert-parallel
             MoE layer, --overlap-tokens tokens per device: whole (no overlap) vs
-            `overlap_chunks` 4 (AllToAlls on a background thread). Reports step time of both,
-            the ratio, and the overlap ratio 1 - waited / communication seconds.
+            `overlap_chunks` 4 (AllToAlls on a background thread) vs 4 chunks exchanged in line.
+            Reports step times, their ratios, and the overlap ratio 1 - waited / communication
+            seconds (communication seconds as timed on the background thread).
 
 Usage: .venv/bin/python benchmarks/bench_moe.py [--section all|balance|metadata|overlap]
 Timings on a shared 2-core machine are noisy: compare ratios within one run.
@@ -144,9 +145,11 @@ def overlap_worker(out_dir: str, tokens: int, steps: int) -> None:
     world = int(os.environ["MS_WORKER_NUM"])
     x = Tensor(np.random.default_rng(0).normal(size=(world * tokens, 256)).astype(np.float32))
     result = {}
-    for chunks in (1, 4, 1, 4):  # interleaved, twice
+    for variant in ("1", "4", "4-inline", "1", "4", "4-inline"):  # interleaved, twice
+        chunks = int(variant[0])
         ms.set_seed(0)
         layer = Layer(chunks)
+        layer.moe.parallel().background = variant != "4-inline"
         par = auto_parallelize(layer, Layout((world,), ("expert",))(tensor_map=()).override("*.experts.*", "expert"))
         par(x).asnumpy()  # warm-up
         times, comm, wait = [], 0.0, 0.0
@@ -157,7 +160,7 @@ def overlap_worker(out_dir: str, tokens: int, steps: int) -> None:
             stats = layer.moe.parallel().last_stats
             comm += stats.get("comm_seconds", 0.0)
             wait += stats.get("wait_seconds", 0.0)
-        entry = result.setdefault(chunks, {"step_seconds": [], "comm_seconds": 0.0, "wait_seconds": 0.0})
+        entry = result.setdefault(variant, {"step_seconds": [], "comm_seconds": 0.0, "wait_seconds": 0.0})
         entry["step_seconds"].append(statistics.median(times))
         entry["comm_seconds"] += comm
         entry["wait_seconds"] += wait
@@ -186,12 +189,12 @@ def overlap(tokens: int, steps: int) -> dict:
             raise RuntimeError(f"msrun failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}{logs}")
         ranks = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(2)]
     out = {"tokens_per_device": tokens}
-    for chunks in ("1", "4"):
-        step = max(min(r[chunks]["step_seconds"]) for r in ranks)
-        comm = sum(r[chunks]["comm_seconds"] for r in ranks)
-        wait = sum(r[chunks]["wait_seconds"] for r in ranks)
-        out[chunks] = {"step_seconds": step, "comm_seconds": comm, "wait_seconds": wait,
-                       "overlap_ratio": (1.0 - wait / comm) if chunks == "4" and comm > 0 else 0.0}
+    for variant in ("1", "4", "4-inline"):
+        step = max(min(r[variant]["step_seconds"]) for r in ranks)
+        comm = sum(r[variant]["comm_seconds"] for r in ranks)
+        wait = sum(r[variant]["wait_seconds"] for r in ranks)
+        out[variant] = {"step_seconds": step, "comm_seconds": comm, "wait_seconds": wait,
+                        "overlap_ratio": (1.0 - wait / comm) if variant == "4" and comm > 0 else 0.0}
     out["step_ratio_overlap_vs_whole"] = out["4"]["step_seconds"] / out["1"]["step_seconds"]
     return out
 
@@ -240,7 +243,10 @@ def main():
         print(f"  whole:    step {r['1']['step_seconds'] * 1e3:.1f} ms, AllToAll {r['1']['comm_seconds']:.3f} s in all")
         print(f"  4 chunks: step {r['4']['step_seconds'] * 1e3:.1f} ms, AllToAll {r['4']['comm_seconds']:.3f} s, "
               f"waited {r['4']['wait_seconds']:.3f} s -> overlap ratio {r['4']['overlap_ratio']:.2f}")
-        print(f"  step time ratio 4 chunks / whole: {r['step_ratio_overlap_vs_whole']:.2f}")
+        print(f"  4 chunks, exchanged in line (no background thread): step {r['4-inline']['step_seconds'] * 1e3:.1f} ms, "
+              f"AllToAll {r['4-inline']['comm_seconds']:.3f} s")
+        print(f"  step time ratio 4 chunks / whole: {r['step_ratio_overlap_vs_whole']:.2f}; "
+              f"4 chunks background / in line: {r['4']['step_seconds'] / r['4-inline']['step_seconds']:.2f}")
 
 
 if __name__ == "__main__":

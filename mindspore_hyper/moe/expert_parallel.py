@@ -119,6 +119,8 @@ class ExpertParallel:
         last_stats: bytes moved by the last call on this process's first device: rows sent
             (forward dispatch + combine) and routing metadata; under msrun with overlap chunks
             also the seconds the background exchanges took and the seconds the layer waited.
+        background: run the chunks' exchanges on the background thread (msrun); False runs them
+            in line, to measure what chunking alone costs.
     """
 
     def __init__(self, moe):
@@ -127,6 +129,7 @@ class ExpertParallel:
         self.placement = None
         self.last_stats: Dict[str, float] = {}
         self._worker = None  # one background thread for the exchanges (msrun, overlap chunks)
+        self.background = True  # False: overlap chunks exchange synchronously (for measurements)
 
     # -- the whole layer ---------------------------------------------------------------------------
     def forward(self, x: DTensor, microbatch: Hashable = 0):
@@ -143,7 +146,7 @@ class ExpertParallel:
             raise ValueError(f"MoE overlap: {local} tokens per device cannot form overlap_chunks={chunks} chunks")
         bounds = [local * c // chunks for c in range(chunks + 1)]
         keys = [(microbatch, c) for c in range(chunks)]
-        background = not prep.weights[0].execution.holds_all_ranks
+        background = self.background and not prep.weights[0].execution.holds_all_ranks
         self._start_dispatch(prep, keys[0], slice(bounds[0], bounds[1]), background)
         for c in range(chunks):
             inputs = self._receive_dispatch(keys[c])
