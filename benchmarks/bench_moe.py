@@ -11,7 +11,10 @@ expert-parallel dispatch.
             matrix, the 1-bit mask (C++ `pack_routing`); pack+unpack time vs numpy packbits.
 3. links    Dispatch bytes per topology link level (node8: 2 nodes of 8 devices), flat vs
             group-limited routing (4 of 16 expert groups) and flat vs two-level dispatch.
-4. overlap  (msrun, 2 processes, shared-memory transport) the forward of an expert-parallel
+4. cache    Hot-expert cache (`moe/cache.py`): 128 experts in the offload store, the device
+            tier for 32; cold fetches per step and step time, routing-statistics priorities vs
+            plain LRU, over a Zipf routing trace (first fifth of the steps excluded as warm-up).
+5. overlap  (msrun, 2 processes, shared-memory transport) the forward of an expert-parallel
             MoE layer, --overlap-tokens tokens per device: whole (no overlap) vs
             `overlap_chunks` 4 (AllToAlls on a background thread) vs 4 chunks exchanged in line.
             Reports step times, their ratios, and the overlap ratio 1 - waited / communication
@@ -123,6 +126,31 @@ def links(tokens: int) -> dict:
     return out
 
 
+def cache(steps: int) -> dict:
+    """Hot-expert cache: 128 experts of 3 x 256 x 512 float32 (1.5 MiB) in the offload store,
+    device tier for 32; each step brings in the experts of 64 tokens' top-8 Zipf routing."""
+    from mindspore_hyper.moe.cache import HotExpertCache
+
+    experts = 128
+    rng = np.random.default_rng(3)
+    perm = rng.permutation(experts)
+    trace = [zipf_routing(rng, 64, experts, 8, 1.0, perm).ravel() for _ in range(steps)]
+    weights = [np.full(3 * 256 * 512, e, np.float32) for e in range(experts)]
+    out = {}
+    for policy in ("lru", "routing"):
+        c = HotExpertCache(weights, 32, policy)
+        rows = []
+        for used in trace:
+            rows.append(c.step(used))
+            c.observe(np.bincount(used, minlength=experts))
+        c.close()
+        warm = rows[steps // 5:]
+        out[policy] = {"cold_per_step": float(np.mean([r["cold_fetches"] for r in warm])),
+                       "experts_per_step": float(np.mean([len(set(u.tolist())) for u in trace[steps // 5:]])),
+                       "step_seconds": float(np.median([r["seconds"] for r in warm]))}
+    return out
+
+
 def overlap_worker(out_dir: str, tokens: int, steps: int) -> None:
     """Runs under msrun: forward of one expert-parallel MoE layer, whole vs 4 overlap chunks."""
     import mindspore as ms
@@ -201,7 +229,8 @@ def overlap(tokens: int, steps: int) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--section", default="all", choices=["all", "balance", "metadata", "links", "overlap"])
+    parser.add_argument("--section", default="all", choices=["all", "balance", "metadata", "links", "cache", "overlap"])
+    parser.add_argument("--cache-steps", type=int, default=40, help="steps of the cache section")
     parser.add_argument("--tokens", type=int, default=8192, help="tokens of the balance and metadata sections")
     parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of expert popularity")
     parser.add_argument("--overlap-tokens", type=int, default=2048, help="tokens per device, overlap section")
@@ -237,6 +266,12 @@ def main():
         for name, v in links(args.tokens).items():
             print(f"  {name:<28} local {v['local'] / 2**20:8.1f} MiB  intra-node {v['intra_node'] / 2**20:8.1f} MiB  "
                   f"inter-node {v['inter_node'] / 2**20:8.1f} MiB")
+    if args.section in ("all", "cache"):
+        r = cache(args.cache_steps)
+        print("hot-expert cache: 128 experts (1.5 MiB each) in the offload store, device tier for 32, "
+              f"{r['lru']['experts_per_step']:.0f} distinct experts per step (64 tokens, top-8, Zipf):")
+        for policy, v in r.items():
+            print(f"  {policy:<8} cold fetches per step {v['cold_per_step']:5.1f}   step {v['step_seconds'] * 1e3:6.1f} ms")
     if args.section in ("all", "overlap"):
         r = overlap(args.overlap_tokens, args.steps)
         print(f"overlap (msrun, 2 processes, {r['tokens_per_device']} tokens per device, H=256, F=512, 8 experts, top-2):")
