@@ -10,7 +10,7 @@ hottest experts), which changes which device computes what but not the numbers.
     .venv/bin/python examples/moe_training.py                      # simulation: 8 virtual devices
     MS_HYPER_MODE=distributed .venv/bin/msrun --worker_num=2 --local_worker_num=2 \\
         --master_port=8128 --log_dir=msrun_log --join=True examples/moe_training.py
-                                                                   # 2 processes: expert 2 (no re-placement)
+                                                                   # 2 processes: expert 2
 """
 import os
 import sys
@@ -77,9 +77,10 @@ def main():
     print(f"mode {mode}, {devices} devices, this process holds {list(parallel.local_ranks)}")
     ok = True
     for step, (ids, labels) in enumerate(batches):
-        if step == 2 and mode == "simulation":  # re-place the experts from what the router did
+        if step == 2:  # re-place the experts from what the router did
             counts = model.moe.last_expert_counts
-            phy2log, _, logcnt = rebalance_experts(counts[None, :], 12, 1, 1, 2)
+            members = 2 if devices == 8 else devices  # devices along the expert axis
+            phy2log, _, logcnt = rebalance_experts(counts[None, :], 8 + 2 * members, 1, 1, members)
             apply_placement(model.moe, ExpertPlacement.from_eplb(phy2log))
             print(f"  expert copies per expert {counts.tolist()} -> replicas {logcnt[0].tolist()}")
         loss = float(parallel.train_step(optimizer, ids, labels).asnumpy())

@@ -20,8 +20,9 @@ parallelism inside each expert); the router weight stays replicated. For one cal
 Dispatch and combine are separate calls whose state is kept per microbatch
 (`dispatch.DispatchStates`), so microbatches (and chunks of one) can interleave. A placement from
 `eplb.rebalance_experts` (`apply_placement`) replaces logical experts by physical replicas:
-replicas hold copies of their expert's weights (gathered from it, so their gradients are summed
-into it) and an expert's copies are dealt round-robin to its replicas.
+replicas hold copies of their expert's weights (all-gathered over the expert axes each call;
+the backward reduce-scatters, so replica gradients are summed into their expert) and an
+expert's copies are dealt round-robin to its replicas.
 """
 from __future__ import annotations
 
@@ -98,6 +99,7 @@ class _State:
     gates: Dict[Key, Tensor] = field(default_factory=dict)
     counts: Dict[Key, Tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # (send, recv) under msrun
     pending: object = None  # received segments (simulation) or the background exchange (msrun)
+    gathered: Dict[tuple, list] = field(default_factory=dict)  # all experts' weights, with a placement
     flat: Optional[Tensor] = None  # what this process sent (msrun), the autograd input of the exchange
 
     @property
@@ -411,13 +413,21 @@ class ExpertParallel:
         axes = state.axes
         coords = dict(zip(axes.token, key))
         coords.update(zip(axes.tensor, tp_key))
-        if self.placement is not None:
-            return self.placement.member_weights(self.moe, self._member(ex, key, axes), axes.per_member,
-                                                 state.weights, coords, axes.tensor, ex)
-        out = []
-        for w in state.weights:
-            out.append(w.shards[tuple(coords[a] for a in significant_axes(w.layout))])
-        return out
+        if self.placement is None:
+            return [w.shards[tuple(coords[a] for a in significant_axes(w.layout))] for w in state.weights]
+        # replicas: every logical expert's weights (this tensor slice), all-gathered over the
+        # expert axes (backward: reduce-scatter, so each replica's gradient reaches its expert)
+        cache_key = tuple(sorted((a, c) for a, c in coords.items() if a not in axes.expert))
+        if cache_key not in state.gathered:
+            group = ex.group(axes.expert, {a: c for a, c in coords.items() if a not in axes.expert})
+            gathered = []
+            for w in state.weights:
+                sig = significant_axes(w.layout)
+                shards = [w.shards[tuple(ex.mesh.coords(group.ranks[i])[a] for a in sig)] for i in group.local]
+                gathered.append(ex.collectives.all_gather(shards, 0, group, grad_partial=True)[0]
+                                if group.size > 1 else shards[0])
+            state.gathered[cache_key] = gathered
+        return self.placement.member_weights(self._member(ex, key, axes), axes.per_member, state.gathered[cache_key])
 
     # -- combine ------------------------------------------------------------------------------------
     def _combine(self, outputs: ExpertOutputs) -> Dict[Key, Tensor]:

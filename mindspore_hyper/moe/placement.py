@@ -1,15 +1,15 @@
 """A placement of one MoE layer's experts on its expert-parallel devices: physical expert slots,
 each holding a copy of a logical expert (from `eplb.rebalance_experts`).
 
-Slot p lives on expert-group member p // (slots per member). A replica's weights are gathered
-from its logical expert's weights, so the replicas' gradients add up in the logical expert's
-gradient; an expert's token copies are dealt round-robin (in token order) to its replicas. The
-layer's numbers do not change, only which device computes what.
+Slot p lives on expert-group member p // (slots per member). A replica's weights are taken from
+its logical expert's weights (differentiably, so the replicas' gradients add up in the logical
+expert's gradient); an expert's token copies are dealt round-robin (in token order) to its
+replicas. The layer's numbers do not change, only which device computes what.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Sequence
+from typing import List, Sequence
 
 import numpy as np
 from mindspore import Tensor, ops
@@ -66,26 +66,12 @@ class ExpertPlacement:
         counts = np.array([len(t) for t in tokens], dtype=np.int64)
         return DispatchPlan(plan.num_tokens, self.num_physical, tokens, slots, counts)
 
-    def member_weights(self, moe, member: int, per_member: int, weights, coords: Dict[int, int],
-                       tensor_axes: Sequence[int], ex):
-        """Member `member`'s slot weights ([per, H, F_local] ...) gathered from the layer's
-        global expert Parameters (simulation: this process holds them whole)."""
-        if not ex.holds_all_ranks:
-            raise RuntimeError("an expert placement with replicas needs every replica's weights on its device; under "
-                               "msrun this is not implemented (each process holds only its own experts)")
+    def member_weights(self, member: int, per_member: int, experts_weights: Sequence[Tensor]) -> List[Tensor]:
+        """Member `member`'s slot weights ([per, ...] each) taken from every logical expert's
+        weights ([E, ...] each, e.g. all-gathered over the expert axes); differentiable, so the
+        replicas' gradients add up in their expert's."""
         index = Tensor(np.asarray(self.phy2log[member * per_member:(member + 1) * per_member], np.int32))
-        params = moe.experts._params
-        out = []
-        for name, f_dim in (("w_gate", 2), ("w_up", 2), ("w_down", 1)):
-            w = ops.gather(params[name], index, 0)
-            if tensor_axes:
-                count, shard = 1, 0
-                for a in tensor_axes:
-                    count *= ex.mesh.device_matrix[a]
-                    shard = shard * ex.mesh.device_matrix[a] + coords[a]
-                w = ops.split(w, w.shape[f_dim] // count, f_dim)[shard]
-            out.append(w)
-        return out
+        return [ops.gather(w, index, 0) for w in experts_weights]
 
 
 def apply_placement(moe, placement) -> None:

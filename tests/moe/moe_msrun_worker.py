@@ -2,7 +2,8 @@
 model on one device in the same process; writes per rank the largest relative errors to JSON.
 
 Usage (under msrun): moe_msrun_worker.py OUT_DIR CASE [CASE ...],
-CASE = "<data>x<expert>x<tensor>[+bits][+overlap]" (1-bit routing metadata; 2 overlap chunks).
+CASE = "<data>x<expert>x<tensor>[+bits][+overlap][+place]" (1-bit routing metadata; 2 overlap
+chunks; after 2 steps, experts re-placed by rebalance_experts with 4 extra replicas).
 """
 import json
 import os
@@ -16,6 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ms.set_context(mode=ms.PYNATIVE_MODE)
 import mindspore_hyper as mh  # noqa: E402
 from mindspore_hyper import Layout, auto_parallelize  # noqa: E402
+from mindspore_hyper.moe.eplb import rebalance_experts  # noqa: E402
+from mindspore_hyper.moe.placement import ExpertPlacement, apply_placement  # noqa: E402
 from moe_models import MoENet, batches, copy_weights, expert_strategy  # noqa: E402
 
 STEPS = 5
@@ -42,6 +45,10 @@ def run_case(case: str) -> dict:
     out = {"rank": rank, "losses": [], "ref_losses": []}
     names = [n for n, p in ref.parameters_and_names() if p.requires_grad]
     for i, (x, t) in enumerate(batches(STEPS)):
+        if i == 2 and "place" in extra:
+            phy2log, _, logcnt = rebalance_experts(model.moe.last_expert_counts[None, :], 12, 1, 1, expert)
+            apply_placement(model.moe, ExpertPlacement.from_eplb(phy2log))
+            out["replicas"] = logcnt[0].tolist()
         loss = par.train_step(opt, x, t)
         ref_loss, ref_grads = ref_step(x, t)
         if i == 0:
