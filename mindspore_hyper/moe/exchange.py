@@ -153,3 +153,73 @@ class ProcessExchange:
         pieces = _split(cell(flat), recv_counts.reshape(-1).tolist())
         per = recv_counts.shape[1]
         return {src: {s: pieces[src * per + s] for s in range(per)} for src in range(self.size)}
+
+
+class _LibraryAllToAllV(nn.Cell):
+    """The uneven all-to-all of every member's rows through the C++ library's in-process
+    transport (`InProcessGroup.all_to_all_v`); backward: the reverse one."""
+
+    def __init__(self, group, send_rows: List[List[int]], hidden: int):
+        super().__init__()
+        self.group, self.send_rows, self.hidden = group, send_rows, hidden
+
+    def _move(self, xs, counts) -> tuple:
+        arrays = [np.ascontiguousarray(x.asnumpy().reshape(-1)) for x in xs]
+        res = self.group.all_to_all_v(arrays, [[r * self.hidden for r in row] for row in counts])
+        return tuple(Tensor(buf.reshape(-1, self.hidden), dtype=xs[0].dtype) for buf, _ in res)
+
+    def construct(self, *xs):
+        return self._move(xs, self.send_rows)
+
+    def bprop(self, *args):
+        n = len(self.send_rows)
+        douts = args[n + 1]
+        back = [[self.send_rows[j][i] for j in range(n)] for i in range(n)]  # member i sends back what it got
+        return self._move(douts, back)
+
+
+class LibraryExchange:
+    """Every member in this process, rows moved by the communication library's in-process
+    transport (simulation with `sim_collectives="library"`). `record(nbytes)`: member 0's bytes."""
+
+    def __init__(self, hidden: int, record=None):
+        self.hidden, self.record = hidden, record
+
+    def exchange(self, sends: Dict, members: Sequence) -> Dict:
+        """sends[src][dst][slot] over the group `members` (keys, member order) ->
+        received[dst][src][slot]."""
+        from mindspore_hyper.comm.library_collectives import _group
+
+        n = len(members)
+        flats, counts, sizes = [], [], {}
+        dtype = None
+        for src in members:
+            parts, row = [], []
+            for dst in members:
+                segs = sends[src].get(dst, {})
+                rows = 0
+                for slot in sorted(segs):
+                    t = segs[slot]
+                    sizes[(src, dst, slot)] = 0 if t is None else int(t.shape[0])
+                    if t is not None:
+                        parts.append(t)
+                        dtype = t.dtype
+                        rows += int(t.shape[0])
+                row.append(rows)
+            flats.append(parts)
+            counts.append(row)
+        if dtype is None:  # nothing moves at all
+            return {dst: {src: {slot: None for slot in sends[src].get(dst, {})} for src in members} for dst in members}
+        flats = [_concat(parts, self.hidden, dtype) for parts in flats]
+        if self.record is not None:
+            self.record(sum(counts[0][j] for j in range(1, n)) * self.hidden * dtype.itemsize)
+        outs = _LibraryAllToAllV(_group(n), counts, self.hidden)(*flats) if n > 1 else (flats[0],)
+        received: Dict = {}
+        for j, dst in enumerate(members):
+            start = 0
+            for src in members:
+                for slot in sorted(sends[src].get(dst, {})):
+                    k = sizes[(src, dst, slot)]
+                    received.setdefault(dst, {}).setdefault(src, {})[slot] = outs[j][start:start + k] if k else None
+                    start += k
+        return received

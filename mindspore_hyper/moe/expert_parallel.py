@@ -38,7 +38,7 @@ from mindspore import Tensor, ops
 from mindspore_hyper.dtensor.dispatch import _fan_out, parameter_dtensor, replicated_dtensor
 from mindspore_hyper.dtensor.dtensor import DTensor, significant_axes
 from mindspore_hyper.moe.dispatch import DispatchPlan, DispatchStates, expert_capacity, plan_dispatch
-from mindspore_hyper.moe.exchange import InProcessExchange, ProcessExchange
+from mindspore_hyper.moe.exchange import InProcessExchange, LibraryExchange, ProcessExchange
 from mindspore_hyper.moe.experts import combine_copies, swiglu
 from mindspore_hyper.moe.losses import logsumexp_square_sum
 from mindspore_hyper.shard.tensor_layout import TensorLayout
@@ -292,7 +292,7 @@ class ExpertParallel:
                     segs[slot] = ops.gather(tokens, Tensor(ids.astype(np.int32)), 0) if len(ids) else None
                 sends[key][self._key_of_member(ex, key, member, axes)] = segs
         if ex.holds_all_ranks:
-            state.pending = InProcessExchange(self._recorder(ex, axes, "rows")).exchange(sends, ex.keys(axes.token)[0])
+            state.pending = self._in_process(ex, axes, sends)
         else:
             (key, by_dest), = sends.items()
             exchange = self._process_exchange(ex, key, axes)
@@ -309,6 +309,24 @@ class ExpertParallel:
 
             state.pending = (exchange, key, send_counts, self._run(job, background))
         self.states.put(microbatch, state)
+
+    def _in_process(self, ex, axes: _Axes, sends):
+        """Simulation: sends[src key][dest key][slot] -> received[dest key][src key][slot], handed
+        over, or with `sim_collectives="library"` moved by the library's in-process all-to-all."""
+        from mindspore_hyper.context import get_context
+
+        record = self._recorder(ex, axes, "rows")
+        if get_context("sim_collectives") != "library":
+            return InProcessExchange(record).exchange(sends, ex.keys(axes.token)[0])
+        groups: Dict[tuple, List[Key]] = {}
+        for key in sends:  # expert groups: keys that differ only on the expert axes
+            rest = tuple(c for a, c in zip(axes.token, key) if a not in axes.expert)
+            groups.setdefault(rest, []).append(key)
+        received = {}
+        for i, members in enumerate(groups.values()):
+            members.sort(key=lambda k: self._member(ex, k, axes))
+            received.update(LibraryExchange(self.moe.hidden, record if i == 0 else None).exchange(sends, members))
+        return received
 
     def _receive_dispatch(self, microbatch: Hashable) -> ExpertInputs:
         state = self.states._states.get(microbatch)
@@ -441,8 +459,7 @@ class ExpertParallel:
             raise RuntimeError(f"combine of microbatch {outputs.microbatch!r} without a dispatch")
         ex = state.weights[0].execution
         if ex.holds_all_ranks:  # outputs[dest][src] are what dest sends back to src
-            state.pending = InProcessExchange(self._recorder(ex, state.axes, "rows")).exchange(
-                outputs.outputs, ex.keys(state.axes.token)[0])
+            state.pending = self._in_process(ex, state.axes, outputs.outputs)
             return
         (key,) = state.plans
         (by_src,) = outputs.outputs.values()

@@ -134,3 +134,26 @@ def test_overlap_chunks_give_the_same_numbers():
     assert par.moe.parallel().states.pending() == []
     with pytest.raises(ValueError, match="overlap_chunks=0 must be an integer >= 1"):
         MoENet(overlap_chunks=0)
+
+
+def test_library_all_to_all_in_simulation_gives_the_same_numbers(monkeypatch):
+    """sim_collectives="library": the rows move through the C++ library's in-process all_to_all_v."""
+    from mindspore_hyper.comm.inprocess import InProcessGroup
+
+    calls = []
+    original = InProcessGroup.all_to_all_v
+    monkeypatch.setattr(InProcessGroup, "all_to_all_v", lambda self, *a: calls.append(1) or original(self, *a))
+    mh.set_context(device_num=4, sim_collectives="library")
+    ms.set_seed(0)
+    ref, par = MoENet(shared=8), MoENet(shared=8)
+    copy_weights(ref, par)
+    sim = simulate(par, expert_strategy(Layout((2, 2), ("expert", "tensor")), tensor=True))
+    x, t = batches(1)[0]
+    ref_loss, ref_grads = ms.value_and_grad(ref, None, ref.trainable_params())(x, t)
+    loss, grads = ms.value_and_grad(sim, None, par.trainable_params())(x, t)
+    assert abs(float(loss.asnumpy()) - float(ref_loss.asnumpy())) < 1e-6
+    for p, a, b in zip(ref.trainable_params(), ref_grads, grads):
+        np.testing.assert_allclose(b.asnumpy(), a.asnumpy(), rtol=1e-4, atol=1e-7, err_msg=p.name)
+    assert sim.report().to_dict()["comm"]["AllToAll"]["expert"]["count"] == 2
+    assert len(calls) == 2 * 2  # dispatch + combine, forward + backward (one expert group: tokens are
+    # replicated over "tensor")
