@@ -148,5 +148,14 @@ class DispatchStates:
             raise RuntimeError(f"combine of microbatch {key!r} without a dispatch (waiting: {sorted(map(repr, self._states))})")
         return self._states.pop(key)
 
+    def peek(self, key: Hashable) -> Any:
+        """The state of `key`, kept.
+
+        Raises:
+            RuntimeError: no dispatch of `key` is waiting."""
+        if key not in self._states:
+            raise RuntimeError(f"microbatch {key!r} has no dispatch waiting (waiting: {sorted(map(repr, self._states))})")
+        return self._states[key]
+
     def pending(self) -> List[Hashable]:
         return list(self._states)

@@ -48,6 +48,11 @@ __all__ = ["ExpertParallel", "ExpertInputs", "ExpertOutputs"]
 Key = Tuple[int, ...]
 
 
+def _names(mesh, dims) -> tuple:
+    """A layout's dims as alias tuples (None for a whole dimension), for messages."""
+    return tuple(tuple(mesh.alias_names[a] for a in d) or None for d in dims)
+
+
 @dataclass
 class _Axes:
     """The mesh axes of one call (see module docstring)."""
@@ -164,9 +169,8 @@ class ExpertParallel:
     def combine(self, outputs: "ExpertOutputs"):
         """Send the expert outputs back and sum each token's copies; returns (y like the input
         of dispatch, aux loss) and forgets the microbatch's state."""
-        prep = self.states._states[outputs.microbatch].prep if outputs.microbatch in self.states._states else None
-        shards = self._combine(outputs)
-        return self._assemble(prep, [shards])
+        prep = self.states.peek(outputs.microbatch).prep
+        return self._assemble(prep, [self._combine(outputs)])
 
     # -- set-up -------------------------------------------------------------------------------------
     def _param(self, ex, cell, name: str) -> DTensor:
@@ -189,10 +193,9 @@ class ExpertParallel:
         expect = {"w_gate": (expert, (), tensor), "w_up": (expert, (), tensor), "w_down": (expert, tensor, ())}
         for name, w in (("w_gate", wg), ("w_up", wu), ("w_down", wd)):
             if tuple(tuple(d) for d in w.layout.dims) != expect[name] or w.layout.is_partial:
-                names = lambda dims: tuple(tuple(mesh.alias_names[a] for a in d) or None for d in dims)
-                raise ValueError(f"MoE expert parallel: experts.{name} is laid out as {names(w.layout.dims)}; expected "
-                                 f"{names(expect[name])} (experts split on dim 0, the feed-forward dimension on "
-                                 f"the same axes in every expert weight)")
+                raise ValueError(f"MoE expert parallel: experts.{name} is laid out as {_names(mesh, w.layout.dims)}; "
+                                 f"expected {_names(mesh, expect[name])} (experts split on dim 0, the feed-forward "
+                                 f"dimension on the same axes in every expert weight)")
         tokens_dim = x.layout.dims[0] if x.ndim == 2 else ()
         token = tuple(sorted((set(tokens_dim) | set(expert)) - set(tensor)))
         members = math.prod(mesh.device_matrix[a] for a in expert)
@@ -200,6 +203,11 @@ class ExpertParallel:
         if physical % members:
             raise ValueError(f"MoE expert parallel: {physical} experts do not split over {members} devices")
         return _Axes(token, expert, tensor, members, physical // members)
+
+    @staticmethod
+    def _local(ex, axes: _Axes) -> bool:
+        """Every member of the expert groups is in this process (simulation, or no expert axis)."""
+        return ex.holds_all_ranks or axes.members == 1
 
     def _member(self, ex, key: Key, axes: _Axes) -> int:
         coords = dict(zip(axes.token, key))
@@ -291,7 +299,7 @@ class ExpertParallel:
                     ids = plan.tokens[member * axes.per_member + slot]
                     segs[slot] = ops.gather(tokens, Tensor(ids.astype(np.int32)), 0) if len(ids) else None
                 sends[key][self._key_of_member(ex, key, member, axes)] = segs
-        if ex.holds_all_ranks:
+        if self._local(ex, axes):
             state.pending = self._in_process(ex, axes, sends)
         else:
             (key, by_dest), = sends.items()
@@ -329,9 +337,7 @@ class ExpertParallel:
         return received
 
     def _receive_dispatch(self, microbatch: Hashable) -> ExpertInputs:
-        state = self.states._states.get(microbatch)
-        if state is None:
-            raise RuntimeError(f"no dispatch of microbatch {microbatch!r} is waiting")
+        state = self.states.peek(microbatch)
         if isinstance(state.pending, dict):
             received, state.pending = state.pending, None
             return ExpertInputs(microbatch, received)
@@ -388,9 +394,7 @@ class ExpertParallel:
     def compute(self, inputs: ExpertInputs) -> ExpertOutputs:
         """Every local expert on the rows it received (tensor-parallel experts: partial sums
         all-reduced over the tensor axes)."""
-        state = self.states._states.get(inputs.microbatch)
-        if state is None:
-            raise RuntimeError(f"expert compute of microbatch {inputs.microbatch!r} without a dispatch")
+        state = self.states.peek(inputs.microbatch)
         ex = state.weights[0].execution
         axes = state.axes
         outputs = {}
@@ -454,11 +458,9 @@ class ExpertParallel:
 
     def _start_combine(self, outputs: ExpertOutputs, background: bool) -> None:
         """Start sending the expert outputs back to their tokens' devices."""
-        state = self.states._states.get(outputs.microbatch)
-        if state is None:
-            raise RuntimeError(f"combine of microbatch {outputs.microbatch!r} without a dispatch")
+        state = self.states.peek(outputs.microbatch)
         ex = state.weights[0].execution
-        if ex.holds_all_ranks:  # outputs[dest][src] are what dest sends back to src
+        if self._local(ex, state.axes):  # outputs[dest][src] are what dest sends back to src
             state.pending = self._in_process(ex, state.axes, outputs.outputs)
             return
         (key,) = state.plans
@@ -489,7 +491,7 @@ class ExpertParallel:
             outs = []
             for e in range(plan.num_experts):
                 member, slot = divmod(e, state.axes.per_member)
-                src = self._key_of_member(ex, key, member, state.axes) if ex.holds_all_ranks else member
+                src = self._key_of_member(ex, key, member, state.axes) if self._local(ex, state.axes) else member
                 outs.append(by_dest[src][slot])
             shards[key] = combine_copies(plan, outs, state.gates[key], self.moe.hidden, dtype)
         return shards

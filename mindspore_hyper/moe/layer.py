@@ -13,6 +13,7 @@ from typing import Hashable, Optional, Tuple
 import numpy as np
 from mindspore import Tensor, nn, ops
 
+from mindspore_hyper.dtensor import DTensor
 from mindspore_hyper.moe.dispatch import expert_capacity, plan_dispatch
 from mindspore_hyper.moe.experts import GroupedExperts, SharedExpert, combine_copies, run_experts
 from mindspore_hyper.moe.losses import load_balancing_loss, logsumexp_square_sum
@@ -80,8 +81,8 @@ class MoE(nn.Cell):
         return aux
 
     def construct(self, x: Tensor, microbatch: Hashable = 0) -> Tuple[Tensor, Tensor]:
-        from mindspore_hyper.dtensor import DTensor
-
+        """(y, aux loss) of x [..., H]; `microbatch` keys the dispatch state under expert
+        parallelism (ignored on one device)."""
         if x.shape[-1] != self.hidden:
             raise ValueError(f"MoE: input's last dimension is {x.shape[-1]}, expected hidden={self.hidden}")
         if isinstance(x, DTensor):

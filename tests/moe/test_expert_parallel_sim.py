@@ -9,6 +9,7 @@ from mindspore import nn, ops
 import mindspore_hyper as mh
 from mindspore_hyper import Layout
 from mindspore_hyper.runtime.simulation import simulate
+from mindspore_hyper.moe.expert_parallel import ExpertInputs
 
 from moe_models import MoENet, batches, copy_weights, expert_strategy
 
@@ -157,3 +158,24 @@ def test_library_all_to_all_in_simulation_gives_the_same_numbers(monkeypatch):
     assert sim.report().to_dict()["comm"]["AllToAll"]["expert"]["count"] == 2
     assert len(calls) == 2 * 2  # dispatch + combine, forward + backward (one expert group: tokens are
     # replicated over "tensor")
+
+
+def test_experts_replicated_under_data_parallelism():
+    """No expert axis: every device runs all experts on its own tokens (no exchange)."""
+    mh.set_context(device_num=2)
+    ms.set_seed(0)
+    ref, par = MoENet(), MoENet()
+    copy_weights(ref, par)
+    sim = simulate(par, Layout((2,), ("data",))(tensor_map=()))
+    x, t = batches(1)[0]
+    ref_loss, ref_grads = ms.value_and_grad(ref, None, ref.trainable_params())(x, t)
+    loss, grads = ms.value_and_grad(sim, None, par.trainable_params())(x, t)
+    assert abs(float(loss.asnumpy()) - float(ref_loss.asnumpy())) < 1e-6
+    for p, a, b in zip(ref.trainable_params(), ref_grads, grads):
+        np.testing.assert_allclose(b.asnumpy(), a.asnumpy(), rtol=1e-4, atol=1e-7, err_msg=p.name)
+
+
+def test_engine_errors_name_the_microbatch():
+    engine = MoENet().moe.parallel()
+    with pytest.raises(RuntimeError, match="microbatch 7 has no dispatch waiting"):
+        engine.compute(ExpertInputs(7, {}))
