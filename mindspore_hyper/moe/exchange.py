@@ -75,12 +75,14 @@ def _concat(parts: List[Tensor], hidden: int, dtype) -> Tensor:
     return parts[0] if len(parts) == 1 else ops.concat(parts, 0)
 
 
-def _split(flat: Tensor, sizes: Sequence[int]) -> List[Optional[Tensor]]:
-    out, start = [], 0
-    for n in sizes:
-        out.append(flat[start:start + n] if n else None)
-        start += n
-    return out
+def split_rows(flat: Tensor, sizes: Sequence[int]) -> List[Optional[Tensor]]:
+    """`flat` [sum(sizes), ...] cut into pieces of `sizes` rows (None for 0) by one Split op
+    (Python slicing of a Tensor costs a StridedSlice with heavy per-call overhead each)."""
+    nonzero = [int(n) for n in sizes if n]
+    if not nonzero:
+        return [None] * len(sizes)
+    pieces = iter([flat] if len(nonzero) == 1 else ops.split(flat, nonzero, 0))
+    return [next(pieces) if n else None for n in sizes]
 
 
 class InProcessExchange:
@@ -150,7 +152,7 @@ class ProcessExchange:
         """The differentiable result of the exchange of `flat` (already `moved`): received[src][slot]."""
         cell = RowExchange(self.comm, send_counts.sum(1).tolist(), recv_counts.sum(1).tolist(), self.hidden,
                            ready=moved)
-        pieces = _split(cell(flat), recv_counts.reshape(-1).tolist())
+        pieces = split_rows(cell(flat), recv_counts.reshape(-1).tolist())
         per = recv_counts.shape[1]
         return {src: {s: pieces[src * per + s] for s in range(per)} for src in range(self.size)}
 
@@ -216,10 +218,8 @@ class LibraryExchange:
         outs = _LibraryAllToAllV(_group(n), counts, self.hidden)(*flats) if n > 1 else (flats[0],)
         received: Dict = {}
         for j, dst in enumerate(members):
-            start = 0
-            for src in members:
-                for slot in sorted(sends[src].get(dst, {})):
-                    k = sizes[(src, dst, slot)]
-                    received.setdefault(dst, {}).setdefault(src, {})[slot] = outs[j][start:start + k] if k else None
-                    start += k
+            where = [(src, slot) for src in members for slot in sorted(sends[src].get(dst, {}))]
+            pieces = split_rows(outs[j], [sizes[(src, dst, slot)] for src, slot in where])
+            for (src, slot), piece in zip(where, pieces):
+                received.setdefault(dst, {}).setdefault(src, {})[slot] = piece
         return received

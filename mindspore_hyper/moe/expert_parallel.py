@@ -38,7 +38,7 @@ from mindspore import Tensor, ops
 from mindspore_hyper.dtensor.dispatch import _fan_out, parameter_dtensor, replicated_dtensor
 from mindspore_hyper.dtensor.dtensor import DTensor, significant_axes
 from mindspore_hyper.moe.dispatch import DispatchPlan, DispatchStates, expert_capacity, plan_dispatch
-from mindspore_hyper.moe.exchange import InProcessExchange, LibraryExchange, ProcessExchange
+from mindspore_hyper.moe.exchange import InProcessExchange, LibraryExchange, ProcessExchange, split_rows
 from mindspore_hyper.moe.experts import combine_copies, swiglu
 from mindspore_hyper.moe.losses import logsumexp_square_sum
 from mindspore_hyper.shard.tensor_layout import TensorLayout
@@ -289,9 +289,11 @@ class ExpertParallel:
             plan = full if rows == slice(None) else full.chunk(rows.start, rows.stop)
             if self.placement is not None:
                 plan = self.placement.physical_plan(plan)
-            tokens = prep.tokens[key] if rows == slice(None) else prep.tokens[key][rows]
+            whole = rows == slice(None)
+            tokens = prep.tokens[key] if whole else ops.narrow(prep.tokens[key], 0, rows.start, rows.stop - rows.start)
             state.plans[key] = plan
-            state.gates[key] = prep.gates[key] if rows == slice(None) else prep.gates[key][rows]
+            state.gates[key] = prep.gates[key] if whole else ops.narrow(prep.gates[key], 0, rows.start,
+                                                                          rows.stop - rows.start)
             sends[key] = {}
             for member in range(axes.members):
                 segs = {}
@@ -412,22 +414,17 @@ class ExpertParallel:
             sizes = [int(p.shape[0]) for p in pieces]
             slot_sizes = [sum(n for (s, _), n in zip(order, sizes) if s == slot) for slot in range(axes.per_member)]
             results = []
+            slot_rows = split_rows(rows, slot_sizes)
             for tp_key in (ex.keys(axes.tensor) if axes.tensor else [()]):
-                wg, wu, wd = self._weights(ex, state, key, tp_key)
-                outs, start = [], 0
-                for slot, n in enumerate(slot_sizes):
-                    if n:
-                        outs.append(swiglu(rows[start:start + n], wg[slot], wu[slot], wd[slot]))
-                    start += n
+                wg, wu, wd = (ops.unstack(w, 0) for w in self._weights(ex, state, key, tp_key))
+                outs = [swiglu(r, wg[slot], wu[slot], wd[slot]) for slot, r in enumerate(slot_rows) if r is not None]
                 results.append(outs[0] if len(outs) == 1 else ops.concat(outs, 0))
             if tp_group is not None:
                 if len(results) != len(tp_group.local):
                     raise AssertionError(f"{len(results)} tensor-parallel results for {tp_group}")
                 results = ex.collectives.all_reduce(results, "sum", tp_group)
-            y, start = results[0], 0
-            for (slot, src), n in zip(order, sizes):
-                outputs[key][src][slot] = y[start:start + n]
-                start += n
+            for (slot, src), piece in zip(order, split_rows(results[0], sizes)):
+                outputs[key][src][slot] = piece
         return ExpertOutputs(inputs.microbatch, outputs)
 
     def _weights(self, ex, state: _State, key: Key, tp_key: Key):

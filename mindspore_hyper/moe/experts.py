@@ -63,13 +63,14 @@ def run_experts(tokens: Tensor, plan: DispatchPlan, w_gate: Tensor, w_up: Tensor
     """Every expert's output on the tokens the plan sends it (None for an expert with none);
     `experts`: which experts' weights the batched tensors hold (default: all, in order)."""
     experts = range(plan.num_experts) if experts is None else experts
+    wg, wu, wd = ops.unstack(w_gate, 0), ops.unstack(w_up, 0), ops.unstack(w_down, 0)
     outs: List[Tensor] = []
     for local, e in enumerate(experts):
         if len(plan.tokens[e]) == 0:
             outs.append(None)
             continue
         rows = ops.gather(tokens, Tensor(plan.tokens[e].astype(np.int32)), 0)
-        outs.append(swiglu(rows, w_gate[local], w_up[local], w_down[local]))
+        outs.append(swiglu(rows, wg[local], wu[local], wd[local]))
     return outs
 
 
