@@ -3,7 +3,9 @@ and combine.
 
 Rows travel as segments: a source sends, for every expert, the rows of the token copies routed to
 it (possibly none). `InProcessExchange` (simulation: every member in this process) hands the
-segment tensors over, so autograd carries the gradients back. `ProcessExchange` (msrun: one
+segment tensors over, so autograd carries the gradients back; `LibraryExchange` (simulation with
+`sim_collectives="library"`) moves them through the C++ library's in-process `all_to_all_v`.
+`ProcessExchange` (msrun: one
 member per process) packs a source's segments for each destination into one buffer and sends
 them with the communication library's uneven all-to-all (`all_to_all_v` of the shared-memory
 transport); its backward is the reverse all-to-all of the gradient rows. The receivers learn the
@@ -18,43 +20,36 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-__all__ = ["Segments", "InProcessExchange", "ProcessExchange", "RowExchange"]
+__all__ = ["Segments", "InProcessExchange", "LibraryExchange", "ProcessExchange", "RowExchange", "move_rows",
+           "split_rows"]
 
 # Segments[member][expert] -> rows Tensor or None; "member" is the peer (source or destination)
 Segments = Dict[int, Dict[int, Optional[Tensor]]]
 
 
 class RowExchange(nn.Cell):
-    """One uneven all-to-all of rows [N, H] over a communicator; backward: the reverse one.
+    """The autograd face of one uneven all-to-all of rows [N, H] whose forward already moved
+    (`moved`, e.g. on the background thread); backward: the reverse all-to-all.
 
     Args:
         comm: the group's communicator (numpy `all_to_all_v(x, send_counts)`).
         send_rows: rows to each member, in member order.
         recv_rows: rows from each member, in member order.
         hidden: H.
-        record: called with the bytes this member sends forward (the backward moves as many).
+        moved: the received rows, flat, as the forward exchange returned them.
     """
 
-    def __init__(self, comm, send_rows: Sequence[int], recv_rows: Sequence[int], hidden: int, record=None,
-                 ready: Optional[np.ndarray] = None):
+    def __init__(self, comm, send_rows: Sequence[int], recv_rows: Sequence[int], hidden: int, moved: np.ndarray):
         super().__init__()
-        self.comm, self.hidden, self.record = comm, hidden, record
+        self.comm, self.hidden, self.moved = comm, hidden, moved
         self.send_rows, self.recv_rows = list(send_rows), list(recv_rows)
-        self.ready = ready  # the forward's result, already moved in the background
-
-    def _move(self, x: Tensor, send_rows: List[int], recv_rows: List[int]) -> Tensor:
-        buf = move_rows(self.comm, x.asnumpy(), send_rows, recv_rows, self.hidden)
-        return Tensor(buf.reshape(-1, self.hidden), dtype=x.dtype)
 
     def construct(self, x):
-        if self.ready is not None:
-            return Tensor(self.ready.reshape(-1, self.hidden), dtype=x.dtype)
-        if self.record is not None:
-            self.record(int(np.prod(x.shape)) * x.dtype.itemsize)
-        return self._move(x, self.send_rows, self.recv_rows)
+        return Tensor(self.moved.reshape(-1, self.hidden), dtype=x.dtype)
 
     def bprop(self, x, out, dout):
-        return (self._move(dout, self.recv_rows, self.send_rows),)
+        back = move_rows(self.comm, dout.asnumpy(), self.recv_rows, self.send_rows, self.hidden)
+        return (Tensor(back.reshape(-1, self.hidden), dtype=dout.dtype),)
 
 
 def move_rows(comm, rows: np.ndarray, send_rows: Sequence[int], recv_rows: Sequence[int], hidden: int) -> np.ndarray:
@@ -150,8 +145,7 @@ class ProcessExchange:
 
     def receive(self, flat: Tensor, moved: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray) -> Segments:
         """The differentiable result of the exchange of `flat` (already `moved`): received[src][slot]."""
-        cell = RowExchange(self.comm, send_counts.sum(1).tolist(), recv_counts.sum(1).tolist(), self.hidden,
-                           ready=moved)
+        cell = RowExchange(self.comm, send_counts.sum(1).tolist(), recv_counts.sum(1).tolist(), self.hidden, moved)
         pieces = split_rows(cell(flat), recv_counts.reshape(-1).tolist())
         per = recv_counts.shape[1]
         return {src: {s: pieces[src * per + s] for s in range(per)} for src in range(self.size)}
