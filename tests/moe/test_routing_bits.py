@@ -27,3 +27,19 @@ def test_integer_masks_and_errors():
         unpack_routing(np.zeros(1, np.uint8), 3, 5)
     with pytest.raises(ValueError, match="padding bits of the last byte are not zero"):
         unpack_routing(np.array([0, 0xFF], np.uint8), 3, 3)
+
+
+def test_custom_ops_match_the_python_functions():
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from mindspore_hyper.moe.routing_ops import PackRouting, UnpackRouting
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    for tokens, experts in ((13, 7), (16, 8)):
+        mask = np.random.default_rng(tokens).random((tokens, experts)) < 0.25
+        packed = PackRouting()(Tensor(mask)).asnumpy()
+        np.testing.assert_array_equal(packed, pack_routing(mask))
+        unpacked = UnpackRouting(tokens, experts)(Tensor(packed)).asnumpy()
+        assert unpacked.dtype == np.bool_
+        np.testing.assert_array_equal(unpacked, mask)
