@@ -45,3 +45,35 @@ def test_link_bytes_flat_vs_two_level():
     assert flat == {"local": 100, "intra_node": 100, "inter_node": 200}
     two = link_bytes(chosen, 1, topo, 100, two_level=True)
     assert two == {"local": 100, "intra_node": 200, "inter_node": 100}
+
+
+def test_group_limited_routing_under_expert_parallelism(clean_context):
+    """8 experts on expert=4 devices, 4 groups of 2 experts (one group per device): with one
+    group per token both copies of a token go to one device; numbers equal one device. The
+    dispatch sends one row per copy (no per-device de-duplication), so the rows sent do not
+    shrink here; `link_bytes` counts one row per (token, device) as a de-duplicating dispatch
+    would."""
+    import mindspore_hyper as mh
+    from mindspore import nn
+    from mindspore_hyper import Layout
+    from mindspore_hyper.runtime.simulation import simulate
+
+    class Routed(nn.Cell):
+        def __init__(self, moe):
+            super().__init__()
+            self.moe = moe
+
+        def construct(self, x):
+            return self.moe(x)[0]
+
+    mh.set_context(device_num=4)
+    x = Tensor(np.random.default_rng(1).normal(size=(64, 16)).astype(np.float32))
+    for groups in (1, 4):
+        ms.set_seed(0)
+        moe = MoE(16, 16, num_experts=8, top_k=2, num_groups=groups, topk_groups=1)
+        sim = simulate(Routed(moe), Layout((4,), ("expert",))(tensor_map=()).override("*.experts.*", "expert"))
+        y = sim(x).asnumpy()
+        np.testing.assert_allclose(y, moe(x)[0].asnumpy(), rtol=1e-5, atol=1e-6)  # same as one device
+        assert moe.parallel().last_stats["rows"] > 0
+        devices_per_token = {len(set((row // 2).tolist())) for row in moe.router(x).experts}
+        assert devices_per_token == ({1} if groups == 4 else {1, 2})
