@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import mindspore_hyper as mh  # noqa: E402

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Hashable, Optional, Tuple
 
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, nn
 
 from mindspore_hyper.dtensor import DTensor
 from mindspore_hyper.moe.dispatch import expert_capacity, plan_dispatch
