@@ -28,4 +28,7 @@ void BindShmGroup(pybind11::module_& comm);
 // In-process group, every rank in this process (inproc_group_bindings.cc).
 void BindInProcGroup(pybind11::module_& comm);
 
+// MoE: 1-bit routing masks (moe_bindings.cc).
+void BindMoe(pybind11::module_& m);
+
 }  // namespace mshyper::bind

@@ -10,6 +10,7 @@ void RegisterAll(pybind11::module_& m) {
   BindKernels(m);
   BindOptim(m);
   BindComm(m);
+  BindMoe(m);
 }
 
 }  // namespace mshyper::bind
