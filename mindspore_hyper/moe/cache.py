@@ -49,8 +49,7 @@ class HotExpertCache:
         block = block_size or -(-expert_bytes // 4096) * 4096
         per_expert = -(-expert_bytes // block)
         self.store = OffloadStore(block_size=block, device_memory=capacity * per_expert * block,
-                                  host_memory=(len(weights) + 1) * per_expert * block, prefetch_depth=0,
-                                  make_default=False)
+                                  host_memory=(len(weights) + 1) * per_expert * block, prefetch_depth=0)
         self.refs = []
         for w in weights:
             self.store.close_pack()
