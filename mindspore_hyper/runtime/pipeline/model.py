@@ -1,0 +1,291 @@
+"""PipelineModel: a model cut into pipeline stages, trained by running a Schedule.
+
+`train_step(optimizer, *inputs)` splits the batch into microbatches, runs every rank's action
+list (all ranks interleaved in this process in simulation; this process's rank under msrun),
+sums each Parameter's gradient over the microbatches and steps the optimizer once.
+In simulation a stage whose mesh has data / tensor axes runs as a SimulatedModel on that
+sub-mesh (the strategy without the pipeline axis).
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from mindspore_hyper.runtime.pipeline.computation import StageComputation
+from mindspore_hyper.runtime.pipeline.microbatch import loss_scale, split_microbatches
+from mindspore_hyper.runtime.pipeline.options import PipelineOptions
+from mindspore_hyper.runtime.pipeline.p2p import LocalTransport
+from mindspore_hyper.runtime.pipeline.runner import StageRunner
+from mindspore_hyper.runtime.pipeline.stages import PipelineLayers, StageCell
+from mindspore_hyper.schedule.actions import ActionKind
+from mindspore_hyper.schedule.schedule import Schedule
+from mindspore_hyper.schedule.simulate import simulate
+from mindspore_hyper.schedule.timeline import Timeline
+from mindspore_hyper.shard.layout import Layout
+from mindspore_hyper.strategy.strategy import Strategy
+
+__all__ = ["PipelineModel"]
+
+
+class PipelineModel(nn.Cell):
+    """A pipelined model (see module docstring).
+
+    Attributes:
+        network: the user's model (its Cells and Parameters are the stages').
+        schedule: the Schedule run each step.
+        split: layers per virtual stage.
+        options: the PipelineOptions.
+        mode: "simulation" or "distributed".
+        ranks: the pipeline ranks this process runs (all in simulation).
+        rebalance_log: the StageMovePlans applied between steps (scheduler: dynamic).
+    """
+
+    def __init__(self, network: nn.Cell, layers: PipelineLayers, schedule: Schedule, split: Tuple[int, ...],
+                 options: PipelineOptions, strategy: Strategy, mode: str, reduction: str, table=None,
+                 world=None, transport=None):
+        super().__init__(auto_prefix=False)
+        self.network, self.layers, self.schedule, self.options = network, layers, schedule, options
+        self.strategy, self.mode, self.reduction, self.table = strategy, mode, reduction, table
+        self.world = world
+        self.mesh = strategy.mesh
+        self.stage_mesh = _without_axis(self.mesh, options.axis)
+        self.ranks = tuple(range(schedule.num_ranks)) if mode == "simulation" else (world.rank,)
+        self.transport = transport if transport is not None else LocalTransport(schedule.num_ranks)
+        self.rebalance_log: List[object] = []
+        self.last_step_seconds = 0.0
+        self.last_events: List[tuple] = []
+        self.last_loss: Optional[float] = None
+        self._rebalancer = None
+        self._build_stages(split)
+        if self.mode == "distributed":
+            me = world.rank
+            counts: Dict[int, int] = {}
+            for a in schedule.actions[me]:
+                if a.kind is ActionKind.RECV:
+                    counts[a.peer] = counts.get(a.peer, 0) + 1
+            self._recv_counts = counts
+
+    # -- stages -----------------------------------------------------------------------------------
+    def _build_stages(self, split: Tuple[int, ...]) -> None:
+        self.split = tuple(split)
+        m = self.schedule.num_microbatches
+        scale = loss_scale(self.reduction, m)
+        bounds = np.cumsum((0,) + self.split)
+        held = {s for r in self.ranks for s in self.schedule.stages_of(r)}
+        last = len(self.split) - 1
+        self.stage_cells: Dict[int, StageCell] = {}
+        self.stage_models: Dict[int, object] = {}
+        self.computations: Dict[int, StageComputation] = {}
+        for s in range(len(self.split)):
+            cells = self.layers.cells[bounds[s]:bounds[s + 1]]
+            cell = StageCell(cells, self.layers.param_names, self.layers.loss if s == last else None)
+            self.stage_cells[s] = cell
+            if s not in held:
+                continue
+            run = cell
+            if self.stage_mesh is not None:
+                run = self._simulated_stage(cell)
+                self.stage_models[s] = run
+            self.computations[s] = StageComputation(run, cell.trainable_params(), s == 0, s == last, scale)
+        self.runners = {r: StageRunner(self.schedule, r, {s: self.computations[s] for s in self.schedule.stages_of(r)},
+                                       self.transport) for r in self.ranks}
+
+    def _simulated_stage(self, cell: StageCell):
+        from mindspore_hyper.runtime.simulation.model import SimulatedModel
+        from mindspore_hyper.runtime.simulation.runtime import SimulationRuntime
+        from mindspore_hyper.strategy.resolve import resolve_strategy
+
+        names = [n for n, _ in cell.parameters_and_names()]
+        import fnmatch
+
+        overrides = {p: t for p, t in self.strategy.overrides.items() if any(fnmatch.fnmatchcase(n, p) for n in names)}
+        optimizer_axis = self.strategy.optimizer_state if self.strategy.optimizer_state != self.options.axis else None
+        strategy = Strategy(self.stage_mesh, self.strategy.tensor_map, optimizer_axis, self.strategy.data_axis,
+                            self.strategy.input_map, overrides)
+        return SimulatedModel(cell, resolve_strategy(cell, strategy), SimulationRuntime())
+
+    def held_stages(self) -> Tuple[int, ...]:
+        """The virtual stages this process runs."""
+        return tuple(sorted(self.computations))
+
+    # -- parameters -------------------------------------------------------------------------------
+    def parameters_and_names(self, name_prefix: str = "", expand: bool = True):
+        return self.network.parameters_and_names(name_prefix, expand)
+
+    def optimizer_parameters(self) -> List[Parameter]:
+        """The Parameters the optimizer of this process updates: every trainable parameter in
+        simulation; under msrun the ones of this process's stages."""
+        if self.mode == "simulation":
+            return list(self.network.trainable_params())
+        out, seen = [], set()
+        for s in self.held_stages():
+            for p in self.stage_cells[s].trainable_params():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+    # -- running ----------------------------------------------------------------------------------
+    def construct(self, *inputs):
+        """Forward of the whole batch through the stages in order (simulation only)."""
+        if self.mode != "simulation":
+            raise ValueError("a pipelined model under msrun runs through train_step(optimizer, *inputs); "
+                             "a forward-only call needs every stage's process and is not supported")
+        x = inputs[0]
+        last = len(self.split) - 1
+        for s in range(len(self.split)):
+            run = self.stage_models.get(s, self.stage_cells[s])
+            x = run(x, *inputs[1:]) if s == last else run(x)
+        return x
+
+    def train_step(self, optimizer: nn.Optimizer, *inputs) -> Tensor:
+        """One step: the schedule over microbatches of `inputs`, one optimizer update.
+
+        Args:
+            optimizer: built on `optimizer_parameters()`.
+            *inputs: the model input (fed to stage 0), then the loss's targets; global batch.
+
+        Returns:
+            The batch loss (on every process).
+
+        Raises:
+            ValueError: the microbatches do not divide the batch; the optimizer updates other
+                Parameters than `optimizer_parameters()`.
+        """
+        start = time.perf_counter()
+        microbatches = split_microbatches(inputs, self.schedule.num_microbatches)
+        for c in self.computations.values():
+            c.reset()
+        for runner in self.runners.values():
+            runner.start_step(microbatches)
+        if self.mode == "simulation":
+            self._run_in_process()
+        else:
+            self.transport.expect(self._recv_counts)
+            self.runners[self.world.rank].advance(blocking=True)
+            self.transport.flush()
+        grads = self._gradients(optimizer)
+        optimizer(grads)
+        loss = self._loss()
+        self.last_events = [e for r in self.ranks for e in self.runners[r].events]
+        self.last_step_seconds = time.perf_counter() - start
+        self.last_loss = loss
+        if self._rebalancing():
+            self._rebalance()
+        return Tensor(np.float32(loss))
+
+    def _run_in_process(self) -> None:
+        runners = list(self.runners.values())
+        while not all(r.done for r in runners):
+            if sum(r.advance(blocking=False) for r in runners) == 0:
+                stuck = {r.rank: str(r.actions[r.pc]) for r in runners if not r.done}
+                raise RuntimeError(f"pipeline: no rank can progress (waiting: {stuck})")
+
+    def _gradients(self, optimizer: nn.Optimizer) -> tuple:
+        found: Dict[int, Tensor] = {}
+        for c in self.computations.values():
+            for key, g in c.grads.items():
+                found[key] = g if key not in found else found[key] + g
+        allowed = {id(p) for p in self.optimizer_parameters()}
+        out = []
+        for p in optimizer.parameters:
+            if id(p) not in allowed:
+                raise ValueError(f"train_step: the optimizer updates {p.name!r}, which is not in this process's "
+                                 f"optimizer_parameters(); build it as nn.Adam(model.optimizer_parameters(), ...)")
+            out.append(found.get(id(p), ops.zeros(p.shape, p.dtype)))
+        self.last_gradients = {self.layers.param_names.get(id(p), p.name): g.asnumpy()
+                               for p, g in zip(optimizer.parameters, out)}
+        return tuple(out)
+
+    def _loss(self) -> float:
+        last = len(self.split) - 1
+        scale = loss_scale(self.reduction, self.schedule.num_microbatches)
+        owner = self.schedule.stage_to_rank[last]
+        value = sum(self.computations[last].losses) * scale if last in self.computations else 0.0
+        if self.mode == "distributed" and self.world.size > 1:
+            comm = self.world.communicator(tuple(range(self.world.size)))
+            value = float(comm.broadcast(np.array([value], dtype=np.float64), owner)[0])
+        return float(value)
+
+    # -- timelines ----------------------------------------------------------------------------------
+    def stage_times(self) -> Tuple[float, ...]:
+        """Seconds of compute per virtual stage in the last step (this process's stages; 0 for others)."""
+        times = [0.0] * len(self.split)
+        for _, action, start, end in self.last_events:
+            if action.is_compute:
+                times[action.stage] += end - start
+        return tuple(times)
+
+    def measured_timeline(self) -> Timeline:
+        """The last step's real start/end of every action. Under msrun every process must call
+        this (the records are all-gathered); the clock is the host's monotonic clock."""
+        records = list(self.last_events)
+        if self.mode == "distributed" and self.world.size > 1:
+            records = self._gather_records()
+        return Timeline.from_records(records, num_ranks=self.schedule.num_ranks,
+                                     label=f"{self.schedule.kind} measured")
+
+    def _gather_records(self) -> List[tuple]:
+        longest = max(len(a) for a in self.schedule.actions)
+        table = np.full((longest, 2), np.nan)
+        for index, (_, _, start, end) in enumerate(self.last_events):
+            table[index] = (start, end)
+        comm = self.world.communicator(tuple(range(self.world.size)))
+        gathered = comm.all_gather(table[None], axis=0)
+        records = []
+        for rank, rows in enumerate(gathered):
+            for index, action in enumerate(self.schedule.actions[rank]):
+                records.append((rank, action, rows[index, 0], rows[index, 1]))
+        return records
+
+    def simulated_timeline(self, measured: Optional[Timeline] = None) -> Timeline:
+        """The schedule simulated with the measured mean cost per (action kind, stage) (of
+        `measured`, default this process's last step) and zero p2p latency."""
+        measured = measured if measured is not None else Timeline.from_records(self.last_events,
+                                                                                num_ranks=self.schedule.num_ranks)
+        return simulate(self.schedule, measured=measured.mean_costs())
+
+    # -- rebalancing --------------------------------------------------------------------------------
+    def _rebalancing(self) -> bool:
+        if self.options.rebalance is not None:
+            return self.options.rebalance
+        return self.table is not None and self.table.config is not None and self.table.config.scheduler == "dynamic"
+
+    def _rebalance(self) -> None:
+        """Feed the stage times to the planner; apply a move (layers change stage, with their
+        Parameters, gradients' slots and optimizer states, which in one process stay where
+        they are: the optimizer holds every Parameter)."""
+        from mindspore_hyper.schedule.rebalance import LayerSpec, StageRebalancer
+
+        if self._rebalancer is None:
+            weights = self.layers.weights(self.network)
+            specs = [LayerSpec(name, w, params) for name, w, params in
+                     zip(self.layers.names, weights, self.layers.parameters)]
+            self._rebalancer = StageRebalancer(specs, self.split)
+        plan = self._rebalancer.observe(self.stage_times())
+        if plan.is_empty:
+            return
+        self._build_stages(plan.after)
+        self._rebalancer.commit(plan)
+        self.rebalance_log.append(plan)
+
+    # -- report -----------------------------------------------------------------------------------
+    def report(self, optimizer: Optional[nn.Optimizer] = None):
+        """The last step's StepReport: memory per device of the stages it holds, the stages'
+        collectives (axis named `axis@stageK`), the stage-boundary send/recv bytes (`p2p`) and
+        the schedule's timeline with the measured per-stage costs (`timeline`)."""
+        from mindspore_hyper.runtime.pipeline.report import pipeline_report
+
+        return pipeline_report(self, optimizer)
+
+
+def _without_axis(mesh: Layout, axis: str) -> Optional[Layout]:
+    """The mesh of one stage (the pipeline axis dropped), or None when that is a single device."""
+    keep = [i for i, a in enumerate(mesh.alias_names) if a != axis]
+    if not keep or all(mesh.device_matrix[i] == 1 for i in keep):
+        return None
+    return Layout(tuple(mesh.device_matrix[i] for i in keep), tuple(mesh.alias_names[i] for i in keep))
