@@ -1,0 +1,53 @@
+"""msrun worker: 5 pipelined Adam steps of pipeline_models.dense_chain; each rank writes its
+losses, its stages' parameters and (rank 0) the measured and simulated timelines to OUT/rank<r>.npz.
+
+Usage: msrun ... pipeline_msrun_worker.py KIND MICROBATCHES OUT [WIDTH DEPTH BATCH STEPS]
+"""
+import json
+import os
+import sys
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mindspore_hyper as mh  # noqa: E402
+from mindspore_hyper import Layout  # noqa: E402
+from pipeline_models import batch, dense_chain  # noqa: E402
+
+
+def main():
+    kind, m, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    width, depth, n, steps = (int(a) for a in (sys.argv[4:8] if len(sys.argv) > 4 else (16, 4, 8, 5)))
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    mh.set_context(mode="distributed", comm_timeout=60.0)
+    size = int(os.environ.get("MS_WORKER_NUM", "1"))
+    model = dense_chain(width, depth)
+    x, y = batch(n)
+    strategy = Layout((size,), ("pipeline",))(tensor_map=())
+    parallel = mh.auto_parallelize(model, strategy, pipeline={"schedule": kind, "microbatches": m})
+    optimizer = nn.Adam(parallel.optimizer_parameters(), 1e-2)
+    losses = []
+    timelines = []
+    for _ in range(steps):
+        losses.append(float(parallel.train_step(optimizer, x, y).asnumpy()))
+        measured = parallel.measured_timeline()  # collective: every rank calls it
+        timelines.append(measured)
+    rank = parallel.world.rank
+    arrays = {f"param:{p.name}": p.asnumpy() for p in parallel.optimizer_parameters()}
+    arrays["losses"] = np.array(losses)
+    if rank == 0:
+        figures = []
+        for t in timelines:
+            sim = parallel.simulated_timeline(t)
+            figures.append({"measured_makespan": t.makespan, "measured_bubble": t.bubble_fraction,
+                            "simulated_makespan": sim.makespan, "simulated_bubble": sim.bubble_fraction,
+                            "costs": {f"{k.value}:{s}": v for (k, s), v in t.mean_costs().items()}})
+        arrays["timelines"] = np.array(json.dumps(figures))
+        timelines[-1].to_chrome_trace(os.path.join(out, "measured_trace.json"))
+    np.savez(os.path.join(out, f"rank{rank}.npz"), **arrays)
+
+
+if __name__ == "__main__":
+    main()
