@@ -60,6 +60,7 @@ class PipelineModel(nn.Cell):
         self.last_events: List[tuple] = []
         self.last_loss: Optional[float] = None
         self._rebalancer = None
+        self._steps = 0
         self._build_stages(split)
         if self.mode == "distributed":
             me = world.rank
@@ -174,7 +175,8 @@ class PipelineModel(nn.Cell):
         self.last_events = [e for r in self.ranks for e in self.runners[r].events]
         self.last_step_seconds = time.perf_counter() - start
         self.last_loss = loss
-        if self._rebalancing():
+        self._steps += 1
+        if self._rebalancing() and self._steps > 1:  # the first step's times include building the grad graphs
             self._rebalance()
         return Tensor(np.float32(loss))
 

@@ -26,3 +26,18 @@ def single_device_run(model, x, y, steps: int = 5, lr: float = 1e-2):
     step = nn.TrainOneStepCell(model, nn.Adam(model.trainable_params(), lr))
     losses = [float(step(x, y).asnumpy()) for _ in range(steps)]
     return losses, {p.name: p.asnumpy().copy() for p in model.trainable_params()}
+
+
+def assert_same_training(model, losses, reference, atol=1e-6, loose=()):
+    """Losses and parameters equal up to float32 rounding: each parameter's relative error (norm)
+    <= 1e-5 and every element within `atol` (Adam turns rounding noise in near-zero gradients
+    into steps of up to the learning rate's order, as on one device run twice in another order)."""
+    ref_losses, ref_params = reference
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-7)
+    for p in model.trainable_params():
+        got, want = p.asnumpy(), ref_params[p.name]
+        if p.name in loose:
+            np.testing.assert_allclose(got, want, rtol=0, atol=loose[p.name], err_msg=p.name)
+            continue
+        assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want), p.name
+        np.testing.assert_allclose(got, want, rtol=0, atol=atol, err_msg=p.name)

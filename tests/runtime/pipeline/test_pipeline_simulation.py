@@ -9,7 +9,7 @@ from mindspore import Tensor, nn
 import mindspore_hyper as mh
 from mindspore_hyper import Layout
 from mindspore_hyper.runtime.pipeline import PipelineModel
-from pipeline_models import batch, dense_chain, single_device_run
+from pipeline_models import assert_same_training, batch, dense_chain, single_device_run
 
 KINDS = ["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v"]
 MICROBATCHES = {"gpipe": 4, "1f1b": 4, "interleaved_1f1b": 4, "zb_h1": 4, "zb_v": 4, "dualpipe_v": 4}
@@ -30,21 +30,6 @@ def pipelined(model, mesh, kind, m=4, **options):
 def train(parallel, x, y, steps=5, lr=1e-2):
     optimizer = nn.Adam(parallel.optimizer_parameters(), lr)
     return [float(parallel.train_step(optimizer, x, y).asnumpy()) for _ in range(steps)]
-
-
-def assert_same_training(model, losses, reference, atol=1e-6, loose=()):
-    """Losses and parameters equal up to float32 rounding: each parameter's relative error (norm)
-    <= 1e-5 and every element within `atol` (Adam turns rounding noise in near-zero gradients
-    into steps of up to the learning rate's order, as on one device run twice in another order)."""
-    ref_losses, ref_params = reference
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-7)
-    for p in model.trainable_params():
-        got, want = p.asnumpy(), ref_params[p.name]
-        if p.name in loose:
-            np.testing.assert_allclose(got, want, rtol=0, atol=loose[p.name], err_msg=p.name)
-            continue
-        assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want), p.name
-        np.testing.assert_allclose(got, want, rtol=0, atol=atol, err_msg=p.name)
 
 
 @pytest.fixture(scope="module")
