@@ -245,11 +245,11 @@ class PipelineModel(nn.Cell):
         return records
 
     def simulated_timeline(self, measured: Optional[Timeline] = None) -> Timeline:
-        """The schedule simulated with the measured mean cost per (action kind, stage) (of
-        `measured`, default this process's last step) and zero p2p latency."""
+        """The schedule simulated with the measured mean cost per (action kind, stage) and the
+        measured p2p latency (`p2p_latency`) of `measured` (default: this process's last step)."""
         measured = measured if measured is not None else Timeline.from_records(self.last_events,
                                                                                 num_ranks=self.schedule.num_ranks)
-        return simulate(self.schedule, measured=measured.mean_costs())
+        return simulate(self.schedule, measured=measured.mean_costs(), p2p=p2p_latency(measured))
 
     # -- rebalancing --------------------------------------------------------------------------------
     def _rebalancing(self) -> bool:
@@ -283,6 +283,20 @@ class PipelineModel(nn.Cell):
         from mindspore_hyper.runtime.pipeline.report import pipeline_report
 
         return pipeline_report(self, optimizer)
+
+
+def p2p_latency(timeline: Timeline) -> float:
+    """Median seconds from a send's start to its receive's end, over the transfers whose receiver
+    was already waiting (so the time is the transfer's, not the receiver's lateness); 0 if none.
+    In simulation all ranks share one process and transfers are dictionary puts (about 0)."""
+    sends = {(e.action.tensor, e.rank): e for e in timeline.events if e.action.kind is ActionKind.SEND}
+    latencies = []
+    for e in timeline.events:
+        if e.action.kind is ActionKind.RECV:
+            send = sends.get((e.action.tensor, e.action.peer))
+            if send is not None and e.start <= send.start:
+                latencies.append(e.end - send.start)
+    return float(np.median(latencies)) if latencies else 0.0
 
 
 def _without_axis(mesh: Layout, axis: str) -> Optional[Layout]:
