@@ -61,6 +61,8 @@ class PipelineModel(nn.Cell):
         self.last_loss: Optional[float] = None
         self._rebalancer = None
         self._steps = 0
+        self.last_measured: Optional[Timeline] = None  # the gathered timeline of step `_measured_step`
+        self._measured_step = -1
         self._build_stages(split)
         if self.mode == "distributed":
             me = world.rank
@@ -228,8 +230,10 @@ class PipelineModel(nn.Cell):
         records = list(self.last_events)
         if self.mode == "distributed" and self.world.size > 1:
             records = self._gather_records()
-        return Timeline.from_records(records, num_ranks=self.schedule.num_ranks,
-                                     label=f"{self.schedule.kind} measured")
+        self.last_measured = Timeline.from_records(records, num_ranks=self.schedule.num_ranks,
+                                                   label=f"{self.schedule.kind} measured")
+        self._measured_step = self._steps
+        return self.last_measured
 
     def _gather_records(self) -> List[tuple]:
         longest = max(len(a) for a in self.schedule.actions)
@@ -247,8 +251,12 @@ class PipelineModel(nn.Cell):
     def simulated_timeline(self, measured: Optional[Timeline] = None) -> Timeline:
         """The schedule simulated with the measured mean cost per (action kind, stage) and the
         measured p2p latency (`p2p_latency`) of `measured` (default: this process's last step)."""
-        measured = measured if measured is not None else Timeline.from_records(self.last_events,
-                                                                                num_ranks=self.schedule.num_ranks)
+        if measured is None:
+            if self.mode == "distributed" and self._measured_step != self._steps:
+                raise ValueError("simulated_timeline(): under msrun, call measured_timeline() on every process "
+                                 "after the step first (each process holds only its own actions' times)")
+            measured = self.last_measured if self.mode == "distributed" else \
+                Timeline.from_records(self.last_events, num_ranks=self.schedule.num_ranks)
         return simulate(self.schedule, measured=measured.mean_costs(), p2p=p2p_latency(measured))
 
     # -- rebalancing --------------------------------------------------------------------------------

@@ -53,7 +53,9 @@ def pipeline_report(model, optimizer=None) -> StepReport:
                                                             "gradient_count": 0, "gradient_bytes": 0})
             entry[f"{payload}_count"] += count
             entry[f"{payload}_bytes"] += nbytes
-    timeline = model.simulated_timeline() if model.last_events else None
+    timeline = None
+    if model.last_events and (model.mode == "simulation" or model._measured_step == model._steps):
+        timeline = model.simulated_timeline()
     report = StepReport(mesh=dict(zip(mesh.alias_names, mesh.device_matrix)), memory=memory, comm=comm,
                         comm_backward=comm_backward, fallbacks=fallbacks, device_memory=get_context("device_memory"),
                         step_seconds=model.last_step_seconds, simulated=model.mode == "simulation",
