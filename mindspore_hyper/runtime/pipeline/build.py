@@ -108,14 +108,26 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
     if mesh.size != w.size:
         raise ValueError(f"the strategy's mesh {mesh.device_matrix} has {mesh.size} devices but the job has {w.size} "
                          f"processes; launch with msrun --worker_num={mesh.size} --local_worker_num={mesh.size}")
-    if options.rebalance or (options.rebalance is None and table.config is not None
-                             and table.config.scheduler == "dynamic"):
-        raise ValueError("scheduler: dynamic (pipeline.rebalance) under msrun: moving layers between processes is not "
-                         "implemented; rebalance in simulation or use scheduler: static")
+    _check_unshared(layers, schedule, split)
     _broadcast_parameters(model, w)
     transport = ShmTransport(w, peer_pairs(schedule))
     return PipelineModel(model, layers, schedule, split, options, strategy, mode, reduction, table, world=w,
                          transport=transport)
+
+
+def _check_unshared(layers, schedule, split) -> None:
+    """Under msrun a Parameter used by stages on two ranks (tied weights) would get two
+    diverging copies: refused."""
+    owner = {}
+    start = 0
+    for stage, count in enumerate(split):
+        rank = schedule.stage_to_rank[stage]
+        for names in layers.parameters[start:start + count]:
+            for name in names:
+                if owner.setdefault(name, rank) != rank:
+                    raise ValueError(f"pipeline under msrun: parameter {name!r} is used by stages on ranks "
+                                     f"{owner[name]} and {rank} (tied weights); run it in simulation")
+        start += count
 
 
 def _check_no_pipeline_sharding(strategy: Strategy, axis: str) -> None:

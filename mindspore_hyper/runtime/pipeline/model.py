@@ -56,6 +56,7 @@ class PipelineModel(nn.Cell):
         self.ranks = tuple(range(schedule.num_ranks)) if mode == "simulation" else (world.rank,)
         self.transport = transport if transport is not None else LocalTransport(schedule.num_ranks)
         self.rebalance_log: List[object] = []
+        self.migrated_bytes = 0  # under msrun: bytes of Parameters and optimizer states moved by rebalancing
         self.last_step_seconds = 0.0
         self.last_events: List[tuple] = []
         self.last_loss: Optional[float] = None
@@ -121,8 +122,11 @@ class PipelineModel(nn.Cell):
 
     def optimizer_parameters(self) -> List[Parameter]:
         """The Parameters the optimizer of this process updates: every trainable parameter in
-        simulation; under msrun the ones of this process's stages."""
-        if self.mode == "simulation":
+        simulation, and under msrun with rebalancing (a layer may move here later, so its
+        optimizer states are kept; a Parameter of another process's stage gets a zero gradient
+        and its values here are replaced by its owner's when it moves in); under msrun without
+        rebalancing the ones of this process's stages."""
+        if self.mode == "simulation" or self._rebalancing():
             return list(self.network.trainable_params())
         out, seen = [], set()
         for s in self.held_stages():
@@ -179,7 +183,7 @@ class PipelineModel(nn.Cell):
         self.last_loss = loss
         self._steps += 1
         if self._rebalancing() and self._steps > 1:  # the first step's times include building the grad graphs
-            self._rebalance()
+            self._rebalance(optimizer)
         return Tensor(np.float32(loss))
 
     def _run_in_process(self) -> None:
@@ -265,10 +269,12 @@ class PipelineModel(nn.Cell):
             return self.options.rebalance
         return self.table is not None and self.table.config is not None and self.table.config.scheduler == "dynamic"
 
-    def _rebalance(self) -> None:
-        """Feed the stage times to the planner; apply a move (layers change stage, with their
-        Parameters, gradients' slots and optimizer states, which in one process stay where
-        they are: the optimizer holds every Parameter)."""
+    def _rebalance(self, optimizer: nn.Optimizer) -> None:
+        """Feed every stage's measured time to the planner; apply a move: the stages are re-cut
+        at the new boundaries. In one process the optimizer holds every Parameter and its
+        states, so nothing else moves; under msrun each moved layer's Parameters and optimizer
+        states are sent from the process that ran it to every process (`_migrate`), and every
+        process plans from the same all-gathered times, so all apply the same plan."""
         from mindspore_hyper.schedule.rebalance import LayerSpec, StageRebalancer
 
         if self._rebalancer is None:
@@ -276,12 +282,42 @@ class PipelineModel(nn.Cell):
             specs = [LayerSpec(name, w, params) for name, w, params in
                      zip(self.layers.names, weights, self.layers.parameters)]
             self._rebalancer = StageRebalancer(specs, self.split)
-        plan = self._rebalancer.observe(self.stage_times())
+        plan = self._rebalancer.observe(self._all_stage_times())
         if plan.is_empty:
             return
+        if self.mode == "distributed":
+            self._migrate(plan, optimizer)
         self._build_stages(plan.after)
         self._rebalancer.commit(plan)
         self.rebalance_log.append(plan)
+
+    def _all_stage_times(self) -> Tuple[float, ...]:
+        times = np.asarray(self.stage_times(), dtype=np.float64)
+        if self.mode == "distributed" and self.world.size > 1:
+            comm = self.world.communicator(tuple(range(self.world.size)))
+            times = comm.all_gather(times[None], axis=0).sum(axis=0)
+        return tuple(float(t) for t in times)
+
+    def _migrate(self, plan, optimizer: nn.Optimizer) -> None:
+        """Bring each moved layer's Parameters and optimizer states (the optimizer's state
+        Parameters named `<state>.<parameter name>`) from the process of its old stage to every
+        process; counts the bytes in `migrated_bytes`."""
+        comm = self.world.communicator(tuple(range(self.world.size)))
+        states: Dict[str, List[Parameter]] = {}
+        for _, state in optimizer.parameters_and_names():
+            prefix, _, pname = state.name.partition(".")
+            if pname and prefix:
+                states.setdefault(pname, []).append(state)
+        for move in plan.moves:
+            src = self.schedule.stage_to_rank[move.source_stage]
+            if src == self.schedule.stage_to_rank[move.target_stage]:
+                continue
+            for param in self.layers.cells[move.layer].trainable_params():
+                for tensor in [param] + states.get(param.name, []):
+                    value = comm.broadcast(np.ascontiguousarray(tensor.asnumpy()), src)
+                    # in place: after set_data, MindSpore's optimizer kernels keep updating the old buffer
+                    ops.assign(tensor, Tensor(value, dtype=tensor.dtype))
+                    self.migrated_bytes += int(value.nbytes)
 
     # -- report -----------------------------------------------------------------------------------
     def report(self, optimizer: Optional[nn.Optimizer] = None):

@@ -2,6 +2,9 @@
 losses, its stages' parameters and (rank 0) the measured and simulated timelines to OUT/rank<r>.npz.
 
 Usage: msrun ... pipeline_msrun_worker.py KIND MICROBATCHES OUT [WIDTH DEPTH BATCH STEPS]
+With env PIPELINE_TEST_REBALANCE=1: start from the split (1, 6) with rebalancing on, the
+planner fed fixed per-layer costs (test_pipeline_rebalance.LAYER_COSTS) for this process's
+stages; the applied plans and migrated bytes are written too.
 """
 import json
 import os
@@ -26,7 +29,20 @@ def main():
     model = dense_chain(width, depth)
     x, y = batch(n)
     strategy = Layout((size,), ("pipeline",))(tensor_map=())
-    parallel = mh.auto_parallelize(model, strategy, pipeline={"schedule": kind, "microbatches": m})
+    options = {"schedule": kind, "microbatches": m}
+    rebalance = os.environ.get("PIPELINE_TEST_REBALANCE") == "1"
+    if rebalance:
+        from mindspore_hyper.runtime.pipeline.model import PipelineModel
+        from test_pipeline_rebalance import LAYER_COSTS
+
+        def fixed_stage_times(self):
+            bounds = np.cumsum((0,) + self.split)
+            return tuple(float(sum(LAYER_COSTS[bounds[s]:bounds[s + 1]])) if s in self.held_stages() else 0.0
+                         for s in range(len(self.split)))
+
+        PipelineModel.stage_times = fixed_stage_times
+        options.update(rebalance=True, layers_per_stage=(1, 6))
+    parallel = mh.auto_parallelize(model, strategy, pipeline=options)
     optimizer = nn.Adam(parallel.optimizer_parameters(), 1e-2)
     losses = []
     timelines = []
@@ -37,6 +53,14 @@ def main():
     rank = parallel.world.rank
     arrays = {f"param:{p.name}": p.asnumpy() for p in parallel.optimizer_parameters()}
     arrays["losses"] = np.array(losses)
+    if rebalance:
+        arrays["plans"] = np.array(json.dumps([[list(p.before), list(p.after)] for p in parallel.rebalance_log]))
+        arrays["migrated_bytes"] = np.array(parallel.migrated_bytes)
+        arrays["held"] = np.array(parallel.held_stages())
+        arrays = {k: v for k, v in arrays.items() if not k.startswith("param:")}
+        for s in parallel.held_stages():  # the Parameters this process owns now
+            for p in parallel.stage_cells[s].trainable_params():
+                arrays[f"param:{p.name}"] = p.asnumpy()
     if rank == 0:
         figures = []
         for t in timelines:

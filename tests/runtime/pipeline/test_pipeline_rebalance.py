@@ -76,3 +76,35 @@ def test_static_scheduler_keeps_the_split():
     for _ in range(2):
         parallel.train_step(optimizer, x, y)
     assert parallel.split == (1, 6) and not parallel.rebalance_log
+
+
+@pytest.mark.msrun
+def test_rebalancing_under_msrun_migrates_parameters_and_optimizer_states(tmp_path):
+    """2 processes start from (1, 6); the planner's move sends the moved layers' Parameters and
+    Adam states to the new owner; the 5-step training still equals one device."""
+    import json
+    import os
+
+    from msrun_helpers import run_msrun, worker_logs
+    from paths import REPO_ROOT
+    from pipeline_models import dense_chain
+
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_msrun_worker.py")
+    env = dict(os.environ, PIPELINE_TEST_REBALANCE="1",
+               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    result = run_msrun(worker, ["1f1b", 2, tmp_path], 2, tmp_path / "log", timeout=240, env=env)
+    assert result.returncode == 0, worker_logs(tmp_path / "log", 2)
+    x, y = batch()
+    losses, params = single_device_run(dense_chain(), x, y)
+    owned = {}
+    for rank in range(2):
+        out = np.load(tmp_path / f"rank{rank}.npz")
+        plans = json.loads(str(out["plans"]))
+        assert plans and plans[0][0] == [1, 6] and plans[0][1][0] > 1, plans
+        assert int(out["migrated_bytes"]) > 0
+        np.testing.assert_allclose(out["losses"], losses, rtol=1e-5)
+        for key in out.files:
+            if key.startswith("param:"):
+                owned.setdefault(key[6:], []).append(rank)
+                np.testing.assert_allclose(out[key], params[key[6:]], rtol=1e-5, atol=1e-6, err_msg=key)
+    assert sorted(owned) == sorted(params) and all(len(r) == 1 for r in owned.values()), owned
