@@ -101,16 +101,29 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
     from mindspore_hyper.runtime.pipeline.p2p import ShmTransport, peer_pairs
 
     w = world()
-    if stage_mesh_size > 1:
-        raise ValueError(f"pipeline under msrun: the mesh {dict(zip(mesh.alias_names, mesh.device_matrix))} has "
-                         f"data/tensor axes besides {axis!r}; only pipeline-only meshes run under msrun (combine them "
-                         f"in simulation)")
+    rebalance = options.rebalance or (options.rebalance is None and table.config is not None
+                                      and table.config.scheduler == "dynamic")
+    if stage_mesh_size > 1 and strategy.optimizer_state is not None:
+        raise ValueError(f"optimizer_state={strategy.optimizer_state!r} (ZeRO-1) with pipeline stages under msrun is not "
+                         f"supported; drop it or run in simulation")
+    if stage_mesh_size > 1 and rebalance:
+        raise ValueError("scheduler: dynamic (pipeline.rebalance) under msrun with data/tensor axes besides the pipeline "
+                         "is not supported (moved layers would need resharding); use a pipeline-only mesh or simulation")
     if mesh.size != w.size:
         raise ValueError(f"the strategy's mesh {mesh.device_matrix} has {mesh.size} devices but the job has {w.size} "
                          f"processes; launch with msrun --worker_num={mesh.size} --local_worker_num={mesh.size}")
     _check_unshared(layers, schedule, split)
     _broadcast_parameters(model, w)
-    transport = ShmTransport(w, peer_pairs(schedule))
+    a = mesh.axis_index(axis)
+
+    def process(pipeline_rank: int, like: int) -> int:
+        coords = list(mesh.coords(like))
+        coords[a] = pipeline_rank
+        return mesh.rank_at(coords)
+
+    pairs = sorted({(g, process(dst, g)) for src, dst in peer_pairs(schedule) for g in mesh.ranks
+                    if mesh.coords(g)[a] == src})
+    transport = ShmTransport(w, pairs, peer_of=lambda r: process(r, w.rank))
     return PipelineModel(model, layers, schedule, split, options, strategy, mode, reduction, table, world=w,
                          transport=transport)
 

@@ -52,8 +52,14 @@ class PipelineModel(nn.Cell):
         self.strategy, self.mode, self.reduction, self.table = strategy, mode, reduction, table
         self.world = world
         self.mesh = strategy.mesh
-        self.stage_mesh = _without_axis(self.mesh, options.axis)
-        self.ranks = tuple(range(schedule.num_ranks)) if mode == "simulation" else (world.rank,)
+        axis_index = self.mesh.axis_index(options.axis)
+        if mode == "simulation":
+            self.ranks = tuple(range(schedule.num_ranks))
+            self.stage_mesh = _without_axis(self.mesh, options.axis)
+        else:  # this process: its pipeline coordinate, and the processes of its stage as the stage mesh
+            self.ranks = (self.mesh.coords(world.rank)[axis_index],)
+            self.stage_mesh = _without_axis(self.mesh, options.axis)
+            self.stage_processes = tuple(g for g in self.mesh.ranks if self.mesh.coords(g)[axis_index] == self.ranks[0])
         self.transport = transport if transport is not None else LocalTransport(schedule.num_ranks)
         self.rebalance_log: List[object] = []
         self.migrated_bytes = 0  # under msrun: bytes of Parameters and optimizer states moved by rebalancing
@@ -66,9 +72,8 @@ class PipelineModel(nn.Cell):
         self._measured_step = -1
         self._build_stages(split)
         if self.mode == "distributed":
-            me = world.rank
             counts: Dict[int, int] = {}
-            for a in schedule.actions[me]:
+            for a in schedule.actions[self.ranks[0]]:
                 if a.kind is ActionKind.RECV:
                     counts[a.peer] = counts.get(a.peer, 0) + 1
             self._recv_counts = counts
@@ -92,13 +97,17 @@ class PipelineModel(nn.Cell):
                 continue
             run = cell
             if self.stage_mesh is not None:
-                run = self._simulated_stage(cell)
+                run = self._parallel_stage(cell)
                 self.stage_models[s] = run
             self.computations[s] = StageComputation(run, cell.trainable_params(), s == 0, s == last, scale)
         self.runners = {r: StageRunner(self.schedule, r, {s: self.computations[s] for s in self.schedule.stages_of(r)},
                                        self.transport) for r in self.ranks}
 
-    def _simulated_stage(self, cell: StageCell):
+    def _parallel_stage(self, cell: StageCell):
+        """The stage on its data/tensor sub-mesh: a SimulatedModel (simulation) or a
+        DistributedModel over this stage's processes (msrun)."""
+        from mindspore_hyper.runtime.pipeline.stage_runtime import StageDistributedRuntime, StageWorld
+        from mindspore_hyper.runtime.distributed.model import DistributedModel
         from mindspore_hyper.runtime.simulation.model import SimulatedModel
         from mindspore_hyper.runtime.simulation.runtime import SimulationRuntime
         from mindspore_hyper.strategy.resolve import resolve_strategy
@@ -110,7 +119,23 @@ class PipelineModel(nn.Cell):
         optimizer_axis = self.strategy.optimizer_state if self.strategy.optimizer_state != self.options.axis else None
         strategy = Strategy(self.stage_mesh, self.strategy.tensor_map, optimizer_axis, self.strategy.data_axis,
                             self.strategy.input_map, overrides)
-        return SimulatedModel(cell, resolve_strategy(cell, strategy), SimulationRuntime())
+        table = resolve_strategy(cell, strategy)
+        for row in table:
+            row.layout.check_shape(row.global_shape)
+        if self.mode == "simulation":
+            return SimulatedModel(cell, table, SimulationRuntime())
+        stage_world = StageWorld(self.world, self.stage_processes)
+        model = DistributedModel(cell, table, StageDistributedRuntime(stage_world))
+        model.world = stage_world  # its gradient sums go to this stage's processes
+        return model
+
+    def process_of(self, pipeline_rank: int, like: Optional[int] = None) -> int:
+        """The global rank running `pipeline_rank` at the stage-mesh coordinates of global rank
+        `like` (default: the first process of that pipeline rank)."""
+        a = self.mesh.axis_index(self.options.axis)
+        coords = list(self.mesh.coords(like if like is not None else self.mesh.ranks[0]))
+        coords[a] = pipeline_rank
+        return self.mesh.rank_at(coords)
 
     def held_stages(self) -> Tuple[int, ...]:
         """The virtual stages this process runs."""
@@ -173,7 +198,7 @@ class PipelineModel(nn.Cell):
             self._run_in_process()
         else:
             self.transport.expect(self._recv_counts)
-            self.runners[self.world.rank].advance(blocking=True)
+            self.runners[self.ranks[0]].advance(blocking=True)
             self.transport.flush()
         grads = self._gradients(optimizer)
         optimizer(grads)
@@ -212,7 +237,7 @@ class PipelineModel(nn.Cell):
     def _loss(self) -> float:
         last = len(self.split) - 1
         scale = loss_scale(self.reduction, self.schedule.num_microbatches)
-        owner = self.schedule.stage_to_rank[last]
+        owner = self.process_of(self.schedule.stage_to_rank[last])
         value = sum(self.computations[last].losses) * scale if last in self.computations else 0.0
         if self.mode == "distributed" and self.world.size > 1:
             comm = self.world.communicator(tuple(range(self.world.size)))
@@ -247,7 +272,8 @@ class PipelineModel(nn.Cell):
         comm = self.world.communicator(tuple(range(self.world.size)))
         gathered = comm.all_gather(table[None], axis=0)
         records = []
-        for rank, rows in enumerate(gathered):
+        for rank in range(self.schedule.num_ranks):  # each pipeline rank as its first process ran it
+            rows = gathered[self.process_of(rank)]
             for index, action in enumerate(self.schedule.actions[rank]):
                 records.append((rank, action, rows[index, 0], rows[index, 1]))
         return records
@@ -344,8 +370,10 @@ def p2p_latency(timeline: Timeline) -> float:
 
 
 def _without_axis(mesh: Layout, axis: str) -> Optional[Layout]:
-    """The mesh of one stage (the pipeline axis dropped), or None when that is a single device."""
-    keep = [i for i, a in enumerate(mesh.alias_names) if a != axis]
+    """The mesh of one stage (the pipeline axis dropped; stage ranks in the order of the global
+    ranks sharing a pipeline coordinate), or None when that is a single device."""
+    a = mesh.axis_index(axis)
+    keep = [i for i in range(mesh.ndim) if i != a]
     if not keep or all(mesh.device_matrix[i] == 1 for i in keep):
         return None
     return Layout(tuple(mesh.device_matrix[i] for i in keep), tuple(mesh.alias_names[i] for i in keep))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import numpy as np
 from mindspore import Tensor
@@ -187,18 +187,19 @@ class ShmTransport:
 
     Args:
         world: the process's World (rank, job name, timeout).
-        pairs: every directed (source, destination) pair of the schedule (`peer_pairs`); the
+        pairs: every directed (source, destination) pair of global ranks that sends; the
             groups are made collectively in this order by the two members of each.
+        peer_of: the global rank of this process's peer at a schedule (pipeline) rank.
     """
 
-    def __init__(self, world, pairs: Iterable[Tuple[int, int]]):
+    def __init__(self, world, pairs: Iterable[Tuple[int, int]], peer_of: Callable[[int], int] = lambda r: r):
         from mindspore_hyper.comm.shm import ShmGroup
 
         if world.transport != "shm":
             raise ValueError(f"dist_transport={world.transport!r}: pipeline stages send point-to-point over the "
                              f"shared-memory transport; MindSpore's CPU backend has no send/recv. Use "
                              f"set_context(dist_transport='shm')")
-        self.rank, self.timeout = world.rank, world.timeout
+        self.rank, self.timeout, self.peer_of = world.rank, world.timeout, peer_of
         self.mailbox = Mailbox(self.rank)
         self._senders: Dict[int, _Sender] = {}
         self._receivers: Dict[int, _Receiver] = {}
@@ -216,9 +217,10 @@ class ShmTransport:
     def expect(self, counts: Dict[int, int]) -> None:
         """Announce this step's receives: source rank -> number of tensors."""
         for peer, count in counts.items():
-            self._receivers[peer].expect(count)
+            self._receivers[self.peer_of(peer)].expect(count)
 
     def send(self, src: int, key: P2PTensor, value: Tensor, peer: int) -> None:
+        peer = self.peer_of(peer)
         sender = self._senders[peer]
         if sender.error is not None:
             raise P2PError(f"rank {self.rank}: sending to rank {peer} failed: {sender.error}") from sender.error
@@ -226,7 +228,7 @@ class ShmTransport:
         sender.queue.put((_encode(key, arr), arr))
 
     def recv(self, key: P2PTensor, peer: int):
-        return self.mailbox.take(key, peer, self.timeout)
+        return self.mailbox.take(key, self.peer_of(peer), self.timeout)
 
     def flush(self) -> None:
         """Wait until every queued send was handed to the transport; raise a failed one."""

@@ -70,6 +70,8 @@ def pipeline_report(model, optimizer=None) -> StepReport:
 def _stage_rank(model, coords, a: int) -> int:
     if model.stage_mesh is None:
         return 0
+    if model.mode == "distributed":
+        return model.stage_processes.index(model.world.rank)  # the stage rank its DistributedModel reports
     rest = tuple(c for i, c in enumerate(coords) if i != a)
     return int(np.ravel_multi_index(rest, model.stage_mesh.device_matrix))
 

@@ -28,7 +28,11 @@ def main():
     size = int(os.environ.get("MS_WORKER_NUM", "1"))
     model = dense_chain(width, depth)
     x, y = batch(n)
-    strategy = Layout((size,), ("pipeline",))(tensor_map=())
+    mesh_kind = os.environ.get("PIPELINE_TEST_MESH", "pipeline")  # or "data" / "tensor": that axis 2 x pipeline
+    if mesh_kind == "pipeline":
+        strategy = Layout((size,), ("pipeline",))(tensor_map=())
+    else:
+        strategy = Layout((2, size // 2), (mesh_kind, "pipeline"))(tensor_map=(mesh_kind,) if mesh_kind == "tensor" else ())
     options = {"schedule": kind, "microbatches": m}
     rebalance = os.environ.get("PIPELINE_TEST_REBALANCE") == "1"
     if rebalance:
@@ -52,6 +56,14 @@ def main():
         timelines.append(measured)
     rank = parallel.world.rank
     arrays = {f"param:{p.name}": p.asnumpy() for p in parallel.optimizer_parameters()}
+    if mesh_kind == "tensor":  # shards: write where each came from
+        arrays = {}
+        for s in parallel.held_stages():
+            model_s = parallel.stage_models[s]
+            for p in model_s.network.trainable_params():
+                region = model_s.held_region(model_s.rows[id(p)].name)
+                arrays[f"param:{p.name}"] = p.asnumpy()
+                arrays[f"region:{p.name}"] = np.array([[r.start, r.stop] for r in region])
     arrays["losses"] = np.array(losses)
     if rebalance:
         arrays["plans"] = np.array(json.dumps([[list(p.before), list(p.after)] for p in parallel.rebalance_log]))

@@ -1,6 +1,6 @@
-"""Pipeline execution under msrun: 1f1b on 2 processes and zb_h1 on 4 train like one device
-(losses and each process's stage parameters after 5 Adam steps); a receive that waits too long
-names the peer rank."""
+"""Pipeline execution under msrun: 1f1b on 2 processes, zb_h1 on 4, and tensor 2 x pipeline 2
+and data 2 x pipeline 2 on 4 train like one device (losses and each process's stage parameters,
+or their shards, after 5 Adam steps); a receive that waits too long names the peer rank."""
 import os
 import threading
 
@@ -16,9 +16,11 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_msru
 
 
 @pytest.mark.msrun
-@pytest.mark.parametrize("kind, workers", [("1f1b", 2), ("zb_h1", 4)])
-def test_distributed_pipeline_trains_like_one_device(kind, workers, tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+@pytest.mark.parametrize("kind, workers, mesh", [("1f1b", 2, "pipeline"), ("zb_h1", 4, "pipeline"),
+                                                 ("1f1b", 4, "tensor"), ("zb_h1", 4, "data")])
+def test_distributed_pipeline_trains_like_one_device(kind, workers, mesh, tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+               PIPELINE_TEST_MESH=mesh)
     result = run_msrun(WORKER, [kind, 4, tmp_path], workers, tmp_path / "log", timeout=240, env=env)
     assert result.returncode == 0, worker_logs(tmp_path / "log", workers)
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -31,7 +33,11 @@ def test_distributed_pipeline_trains_like_one_device(kind, workers, tmp_path):
         for key in out.files:
             if key.startswith("param:"):
                 name = key[len("param:"):]
-                np.testing.assert_allclose(out[key], params[name], rtol=1e-5, atol=1e-6, err_msg=name)
+                want = params[name]
+                if f"region:{name}" in out.files:  # a tensor-parallel shard
+                    want = want[tuple(slice(a, b) for a, b in out[f"region:{name}"])]
+                    assert want.size < params[name].size
+                np.testing.assert_allclose(out[key], want, rtol=1e-5, atol=1e-6, err_msg=name)
                 seen.add(name)
     assert seen == set(params)  # every parameter lives on exactly one of the processes
     assert (tmp_path / "measured_trace.json").exists()
