@@ -97,7 +97,7 @@ def test_transformer_encoder_layers_from_mindspore():
     assert_same_training(model, train(parallel, x, y, steps=2), reference, atol=1e-5, loose=loose)
 
 
-def test_report_counts_stage_boundary_bytes_and_has_the_timeline():
+def test_report_counts_stage_boundary_bytes_and_has_the_timeline(tmp_path):
     model = dense_chain()
     x, y = batch()
     parallel = pipelined(model, Layout((2,), ("pipeline",)), "1f1b", layers_per_stage=(4, 3))
@@ -110,6 +110,16 @@ def test_report_counts_stage_boundary_bytes_and_has_the_timeline():
                                          "gradient_count": 4, "gradient_bytes": 4 * 2 * 16 * 4}}
     assert report.timeline.makespan > 0 and 0 < report.timeline.bubble_fraction < 1
     assert "stage 0->1" in str(report)
+    import json
+
+    from mindspore_hyper.runtime.pipeline.side_by_side import write_side_by_side_trace
+
+    path = tmp_path / "side.json"
+    write_side_by_side_trace(str(path), [parallel.measured_timeline(), report.timeline])
+    events = json.loads(path.read_text())["traceEvents"]
+    computes = [e for e in events if e["ph"] == "X" and e["cat"] != "send" and e["cat"] != "recv"]
+    assert {e["pid"] for e in computes} == {0, 1}
+    assert sum(e["pid"] == 0 for e in computes) == sum(e["pid"] == 1 for e in computes) == 16  # 4 mb x (F+B) x 2
     params = {r: sum(p.asnumpy().nbytes for p in parallel.stage_cells[r].trainable_params()) for r in (0, 1)}
     assert {r: report.memory[r]["parameters"] for r in (0, 1)} == params
 
