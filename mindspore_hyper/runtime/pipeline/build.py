@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import warnings
-from typing import Optional
 
 from mindspore_hyper.runtime.pipeline.options import PipelineOptions
 from mindspore_hyper.runtime.pipeline.stages import balanced_split, check_split, layers_of, split_from_table

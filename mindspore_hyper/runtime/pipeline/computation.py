@@ -66,7 +66,7 @@ class StageComputation:
     def backward(self, microbatch: int, dy: Optional[Tensor]) -> Optional[Tensor]:
         """Input and weight gradients together; returns the input gradient (None on the first stage)."""
         x, targets = self._inputs.pop(microbatch)
-        dy = self._seed(dy, x)
+        dy = self._seed(dy)
         if self.first:
             if self.params:
                 self._accumulate(self._grad_fn("weight")(x, dy, *targets))
@@ -80,7 +80,7 @@ class StageComputation:
     def backward_input(self, microbatch: int, dy: Optional[Tensor]) -> Optional[Tensor]:
         """The input gradient only; the output gradient is kept for `backward_weight`."""
         x, targets = self._inputs[microbatch]
-        dy = self._seed(dy, x)
+        dy = self._seed(dy)
         self._pending_dy[microbatch] = dy
         if self.first:
             return None
@@ -94,7 +94,7 @@ class StageComputation:
             self._accumulate(self._grad_fn("weight")(x, dy, *targets))
 
     # -- helpers ----------------------------------------------------------------------------------
-    def _seed(self, dy, x):
+    def _seed(self, dy):
         if self.last:
             return Tensor(np.float32(0.0))  # unused by the loss objective
         if dy is None:

@@ -8,9 +8,9 @@ sub-mesh (the strategy without the pipeline axis).
 """
 from __future__ import annotations
 
+import fnmatch
 import time
-import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
@@ -113,8 +113,6 @@ class PipelineModel(nn.Cell):
         from mindspore_hyper.strategy.resolve import resolve_strategy
 
         names = [n for n, _ in cell.parameters_and_names()]
-        import fnmatch
-
         overrides = {p: t for p, t in self.strategy.overrides.items() if any(fnmatch.fnmatchcase(n, p) for n in names)}
         optimizer_axis = self.strategy.optimizer_state if self.strategy.optimizer_state != self.options.axis else None
         strategy = Strategy(self.stage_mesh, self.strategy.tensor_map, optimizer_axis, self.strategy.data_axis,

@@ -10,7 +10,7 @@ recorded (`events`), and the bytes sent per stage boundary (`sent_bytes`).
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 from mindspore import Tensor
 
