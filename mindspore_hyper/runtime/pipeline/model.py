@@ -161,16 +161,53 @@ class PipelineModel(nn.Cell):
 
     # -- running ----------------------------------------------------------------------------------
     def construct(self, *inputs):
-        """Forward of the whole batch through the stages in order (simulation only)."""
-        if self.mode != "simulation":
-            raise ValueError("a pipelined model under msrun runs through train_step(optimizer, *inputs); "
-                             "a forward-only call needs every stage's process and is not supported")
-        x = inputs[0]
+        """Forward of the whole batch through the stages in order, no microbatches (e.g. an
+        evaluation). Under msrun every process must call it: each runs its stages, activations
+        go stage to stage point-to-point, and the output is broadcast from the last stage."""
         last = len(self.split) - 1
-        for s in range(len(self.split)):
+        if self.mode == "simulation":
+            x = inputs[0]
+            for s in range(len(self.split)):
+                run = self.stage_models.get(s, self.stage_cells[s])
+                x = run(x, *inputs[1:]) if s == last else run(x)
+            return x
+        return self._distributed_forward(inputs)
+
+    def _distributed_forward(self, inputs) -> Tensor:
+        from mindspore_hyper.schedule.actions import P2PTensor, Payload
+
+        me, owner = self.ranks[0], self.schedule.stage_to_rank
+        tag = self.schedule.num_microbatches  # a microbatch index no schedule action uses
+        incoming: Dict[int, int] = {}
+        for s in range(1, len(self.split)):
+            if owner[s] == me and owner[s - 1] != me:
+                incoming[owner[s - 1]] = incoming.get(owner[s - 1], 0) + 1
+        self.transport.expect(incoming)
+        x, last, out = inputs[0], len(self.split) - 1, None
+        for s in self.held_stages():
+            if s > 0 and owner[s - 1] != me:
+                x = self.transport.recv(P2PTensor(Payload.ACTIVATION, s - 1, s, tag), owner[s - 1])
+                x = x if isinstance(x, Tensor) else Tensor(x)
             run = self.stage_models.get(s, self.stage_cells[s])
             x = run(x, *inputs[1:]) if s == last else run(x)
-        return x
+            if s == last:
+                out = x
+            elif owner[s + 1] != me:
+                self.transport.send(me, P2PTensor(Payload.ACTIVATION, s, s + 1, tag), x, owner[s + 1])
+        self.transport.flush()
+        return self._broadcast_output(out, self.process_of(owner[last]))
+
+    def _broadcast_output(self, out: Optional[Tensor], root: int) -> Tensor:
+        """The last stage's output on every process (its shape first, then its values)."""
+        comm = self.world.communicator(tuple(range(self.world.size)))
+        header = np.zeros(9, dtype=np.int64)
+        if out is not None:
+            header[0] = out.ndim
+            header[1:1 + out.ndim] = out.shape
+        header = comm.broadcast(header, root)
+        shape = tuple(int(d) for d in header[1:1 + int(header[0])])
+        value = out.asnumpy().astype(np.float32) if out is not None else np.zeros(shape, np.float32)
+        return Tensor(comm.broadcast(np.ascontiguousarray(value), root))
 
     def train_step(self, optimizer: nn.Optimizer, *inputs) -> Tensor:
         """One step: the schedule over microbatches of `inputs`, one optimizer update.

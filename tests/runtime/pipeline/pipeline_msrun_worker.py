@@ -55,6 +55,8 @@ def main():
         measured = parallel.measured_timeline()  # collective: every rank calls it
         timelines.append(measured)
     rank = parallel.world.rank
+    eval_loss = float(parallel(x, y).asnumpy())  # forward only, every process
+
     arrays = {f"param:{p.name}": p.asnumpy() for p in parallel.optimizer_parameters()}
     if mesh_kind == "tensor":  # shards: write where each came from
         arrays = {}
@@ -65,6 +67,7 @@ def main():
                 arrays[f"param:{p.name}"] = p.asnumpy()
                 arrays[f"region:{p.name}"] = np.array([[r.start, r.stop] for r in region])
     arrays["losses"] = np.array(losses)
+    arrays["eval_loss"] = np.array(eval_loss)
     if rebalance:
         arrays["plans"] = np.array(json.dumps([[list(p.before), list(p.after)] for p in parallel.rebalance_log]))
         arrays["migrated_bytes"] = np.array(parallel.migrated_bytes)

@@ -25,11 +25,14 @@ def test_distributed_pipeline_trains_like_one_device(kind, workers, mesh, tmp_pa
     assert result.returncode == 0, worker_logs(tmp_path / "log", workers)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     x, y = batch()
-    losses, params = single_device_run(dense_chain(), x, y)
+    model = dense_chain()
+    losses, params = single_device_run(model, x, y)
+    eval_loss = float(model(x, y).asnumpy())  # the trained model's forward-only loss
     seen = set()
     for rank in range(workers):
         out = np.load(tmp_path / f"rank{rank}.npz")
         np.testing.assert_allclose(out["losses"], losses, rtol=1e-5)
+        np.testing.assert_allclose(float(out["eval_loss"]), eval_loss, rtol=1e-5)
         for key in out.files:
             if key.startswith("param:"):
                 name = key[len("param:"):]
