@@ -21,7 +21,7 @@ of the last step per rank (busy, idle in receives, other idle).
 Usage: .venv/bin/python benchmarks/bench_pipeline.py [--pictures DIR] [--measured] [--width W]
         [--depth D] [--batch N] [--steps S] [--kinds K ...] [--trace DIR]
   --pictures DIR  also write a PNG Gantt chart of each kind at p=4, m=8 (v=2 where it applies)
-  --measured      run the 4-process measured section (msrun; ~20 s per kind at the defaults)
+  --measured      run the measured section (msrun, --workers processes, default 4; ~20 s per kind)
   --trace DIR     write the last step's measured timeline beside its simulation (one chrome trace per kind)
 """
 from __future__ import annotations
@@ -120,7 +120,6 @@ def write_pictures(directory: str) -> None:
 SECTIONS = [("Simulated bubble vs published formula (unit costs, zero p2p)", simulated_section, print_rows)]
 
 # ---------------------------------------------------------------- measured (msrun, 4 processes)
-WORKERS = 4
 MEASURED_KINDS = ("gpipe", "1f1b", "zb_h1")
 WORKER_ENV = "BENCH_PIPELINE_WORKER"  # msrun parses options after the script: the worker's arguments travel here
 
@@ -142,7 +141,7 @@ def measured_worker(spec: dict) -> None:
     rng = np.random.default_rng(0)
     x = Tensor(rng.standard_normal((spec["batch"], width)).astype(np.float32))
     y = Tensor(rng.standard_normal((spec["batch"], width)).astype(np.float32))
-    parallel = mh.auto_parallelize(model, Layout((WORKERS,), ("pipeline",))(tensor_map=()),
+    parallel = mh.auto_parallelize(model, Layout((spec["workers"],), ("pipeline",))(tensor_map=()),
                                    pipeline={"schedule": spec["kind"], "microbatches": spec["microbatches"]})
     optimizer = nn.SGD(parallel.optimizer_parameters(), 1e-3)
     rows = []
@@ -175,7 +174,7 @@ def _profile(t: Timeline) -> list:
 
 def run_measured(kind: str, args) -> list:
     out = tempfile.mkdtemp(prefix="bench_pipeline_")
-    spec = {"kind": kind, "microbatches": args.microbatches, "width": args.width, "depth": args.depth,
+    spec = {"kind": kind, "workers": args.workers, "microbatches": args.microbatches, "width": args.width, "depth": args.depth,
             "batch": args.batch, "steps": args.steps, "out": out, "trace": args.trace}
     env = dict(os.environ, **{WORKER_ENV: json.dumps(spec)})
     bindir = os.path.dirname(sys.executable)
@@ -185,7 +184,7 @@ def run_measured(kind: str, args) -> list:
     with socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [os.path.join(bindir, "msrun"), f"--worker_num={WORKERS}", f"--local_worker_num={WORKERS}",
+    cmd = [os.path.join(bindir, "msrun"), f"--worker_num={args.workers}", f"--local_worker_num={args.workers}",
            f"--master_port={port}", f"--log_dir={out}/logs", "--join=True", os.path.abspath(__file__)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode:
@@ -195,7 +194,7 @@ def run_measured(kind: str, args) -> list:
 
 
 def measured_section(args) -> None:
-    print(f"## Measured (4 processes, msrun, shared-memory p2p) vs simulated with the measured costs\n")
+    print(f"## Measured ({args.workers} processes, msrun, shared-memory p2p) vs simulated with the measured costs\n")
     print(f"model: {args.depth} nn.Dense({args.width}, {args.width}) with ReLUs between, batch {args.batch}, "
           f"{args.microbatches} microbatches, {args.steps} steps (the first is not counted), SGD; "
           f"{os.cpu_count()} cores shared with whatever else runs (see docs/benchmarks.md)\n")
@@ -224,6 +223,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pictures", metavar="DIR", help="write a Gantt PNG per schedule kind at p=4, m=8")
     parser.add_argument("--measured", action="store_true", help="run the 4-process measured section (msrun)")
+    parser.add_argument("--workers", type=int, default=4, help="processes = pipeline ranks of the measured run")
     parser.add_argument("--kinds", nargs="+", default=list(MEASURED_KINDS), choices=list(SCHEDULE_KINDS))
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--depth", type=int, default=8, help="Dense layers (2 per stage at the default)")

@@ -4,9 +4,12 @@ or by the shared-memory transport (msrun).
 A send is buffered (the schedules' contract, docs/mpmd.md): it hands the tensor over and
 returns. A receive blocks until the tensor named by its `P2PTensor` arrives, so tensors may
 arrive in any order. Between processes, each directed pair of ranks gets its own two-member
-shared-memory group; a sender thread per destination writes (header, data) messages and a
-receiver thread per source reads the messages the schedule announces for the step into the
-mailbox. A receive that waits longer than `timeout` raises `P2PTimeout` naming the peer rank.
+shared-memory group; a sender thread per destination writes (header, data) messages, and a
+receiver thread per source reads messages (in the order they were sent, keeping those not
+needed yet in the mailbox) only while a receive waits for one of its source's tensors, within
+the number the schedule announces for the step: the shared-memory transport waits by polling,
+and a thread polling while the stage computes would take CPU time from it. A receive that
+waits longer than `timeout` raises `P2PTimeout` naming the peer rank.
 """
 from __future__ import annotations
 
@@ -53,6 +56,10 @@ class Mailbox:
         with self._cond:
             self._failed[peer] = exc
             self._cond.notify_all()
+
+    def has(self, key: P2PTensor) -> bool:
+        with self._cond:
+            return key in self._items
 
     def poll(self, key: P2PTensor):
         """The tensor if it has arrived (removed from the mailbox), else None."""
@@ -145,12 +152,14 @@ class _Sender(threading.Thread):
 
 
 class _Receiver(threading.Thread):
-    """Reads the announced number of messages from one source into the mailbox."""
+    """Reads messages from one source into the mailbox while a wanted tensor is missing, at
+    most the announced number."""
 
     def __init__(self, group, peer: int, mailbox: Mailbox):
         super().__init__(name=f"pipeline-recv-{peer}", daemon=True)
         self.group, self.peer, self.mailbox = group, peer, mailbox
         self._pending = 0
+        self._wanted = set()
         self._closed = False
         self._cond = threading.Condition()
 
@@ -158,6 +167,16 @@ class _Receiver(threading.Thread):
         with self._cond:
             self._pending += count
             self._cond.notify_all()
+
+    def need(self, key: P2PTensor) -> None:
+        """A receive waits for `key`: read messages until it is in the mailbox."""
+        with self._cond:
+            self._wanted.add(key)
+            self._cond.notify_all()
+
+    def _missing(self) -> bool:
+        self._wanted = {k for k in self._wanted if not self.mailbox.has(k)}
+        return bool(self._wanted)
 
     def close(self) -> None:
         with self._cond:
@@ -167,7 +186,7 @@ class _Receiver(threading.Thread):
     def run(self) -> None:
         while True:
             with self._cond:
-                while self._pending == 0 and not self._closed:
+                while not self._closed and not (self._pending > 0 and self._missing()):
                     self._cond.wait()
                 if self._closed:
                     return
@@ -228,7 +247,10 @@ class ShmTransport:
         sender.queue.put((_encode(key, arr), arr))
 
     def recv(self, key: P2PTensor, peer: int):
-        return self.mailbox.take(key, self.peer_of(peer), self.timeout)
+        peer = self.peer_of(peer)
+        if not self.mailbox.has(key):
+            self._receivers[peer].need(key)
+        return self.mailbox.take(key, peer, self.timeout)
 
     def flush(self) -> None:
         """Wait until every queued send was handed to the transport; raise a failed one."""
