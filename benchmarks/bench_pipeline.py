@@ -163,12 +163,18 @@ def measured_worker(spec: dict) -> None:
 
 
 def _profile(t: Timeline) -> list:
-    """Per rank: busy seconds, seconds waiting in receives, other idle seconds (in the makespan)."""
+    """Per rank, seconds of the makespan: compute, waiting in receives, in sends (tensor to numpy,
+    queued), before the rank's first action (head), after its last (tail), between actions."""
     out = []
     for rank in range(t.num_ranks):
+        events = [e for e in t.events if e.rank == rank]
         busy = t.busy_time(rank)
-        waiting = sum(e.duration for e in t.events if e.rank == rank and e.action.kind.value == "recv")
-        out.append({"busy": busy, "recv_wait": waiting, "other_idle": t.makespan - busy - waiting})
+        waiting = sum(e.duration for e in events if e.action.kind.value == "recv")
+        sending = sum(e.duration for e in events if e.action.kind.value == "send")
+        head = min(e.start for e in events) - t.start
+        tail = t.start + t.makespan - max(e.end for e in events)
+        out.append({"busy": busy, "recv_wait": waiting, "send": sending, "head": head, "tail": tail,
+                    "gaps": t.makespan - busy - waiting - sending - head - tail})
     return out
 
 
@@ -209,9 +215,11 @@ def measured_section(args) -> None:
         sm = float(np.median([r["simulated_makespan"] for r in rows])) * 1e3
         print(f"| {kind} | {mb:.3f} | {sb:.3f} | {mb / sb:.2f} | {mm:.1f} | {sm:.1f} |")
         profiles[kind] = rows[-1]["profile"]
-    print("\nprofile of the last measured step (ms per rank: busy / waiting in receives / other idle):\n")
+    print("\nprofile of the last measured step (ms per rank: compute / waiting in receives / sends / head / "
+          "tail / between actions):\n")
     for kind, ranks in profiles.items():
-        cells = ", ".join(f"r{i} {p['busy'] * 1e3:.0f}/{p['recv_wait'] * 1e3:.0f}/{p['other_idle'] * 1e3:.0f}"
+        cells = ", ".join(f"r{i} " + "/".join(f"{p[k] * 1e3:.0f}" for k in ("busy", "recv_wait", "send", "head", "tail",
+                                                                           "gaps"))
                           for i, p in enumerate(ranks))
         print(f"- {kind}: {cells}")
 

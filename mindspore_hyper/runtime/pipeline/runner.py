@@ -5,13 +5,17 @@ s-1 (received, or handed over locally when s-1 runs on the same rank, the turn o
 produces the activation for s+1 (the last stage produces the loss). A backward reads the
 gradient from stage s+1 and produces the one for s-1. Sends take what a compute produced;
 receives put what arrived where the compute finds it. Every action's real start and end are
-recorded (`events`), and the bytes sent per stage boundary (`sent_bytes`).
+recorded (`events`), and the bytes sent per stage boundary (`sent_bytes`). MindSpore launches
+kernels asynchronously, so a compute action ends with `mindspore.runtime.synchronize()`: its
+recorded end is when its kernels finished (else the next send's copy to numpy would absorb the
+rest of the compute time).
 """
 from __future__ import annotations
 
 import time
 from typing import Callable, Dict, List, Sequence, Tuple
 
+import mindspore as ms
 from mindspore import Tensor
 
 from mindspore_hyper.schedule.actions import Action, ActionKind, P2PTensor, Payload
@@ -80,6 +84,7 @@ class StageRunner:
                 self.transport.send(self.rank, action.tensor, value, action.peer)
             else:
                 self._compute(action)
+                ms.runtime.synchronize()
             self.events.append((self.rank, action, start, self.clock()))
             self.pc += 1
             ran += 1
