@@ -15,6 +15,8 @@ ROOT = str(REPO_ROOT)
     ("train_transformer.py", "OK: 5 steps match single-device training"),
     ("offload_training.py", "OK: offloaded training matches resident training"),
     ("offload_training.py --simulate", "OK: offloaded training matches resident training"),
+    ("mpmd_multimodal.py --steps 2", "OK: 2 steps on the seed's device groups match one device"),
+    ("rlhf_ppo.py --steps 1", "OK: 1 PPO steps on device groups match the roles run one after another"),
 ])
 def test_example_runs_and_checks_itself(script, expect):
     result = subprocess.run([sys.executable, *os.path.join(ROOT, "examples", script).split()], capture_output=True,
