@@ -29,11 +29,14 @@ def auto_parallelize(model, strategy_or_config: StrategyLike, mode: str = None, 
             ParallelConfig, or a YAML path / mapping accepted by `load_parallel_config`.
         mode: "simulation", "distributed" or "native"; None reads `get_context("mode")`.
         **kwargs: passed to the runtime: `return_dtensor`, `optimizer_states` in simulation and
-            distributed mode; in native mode `activation_ndim`, `input_ndims`,
+            distributed mode; `pipeline` (PipelineOptions or a mapping of its fields: schedule,
+            microbatches, chunks, layers_per_stage, ...) runs pipeline stages, as does a config
+            with `pipeline: N` (see docs/mpmd.md, "Pipeline execution"); in native mode `activation_ndim`, `input_ndims`,
             `pipeline_scheduler`, `parallel_mode`, `optimizer_states` (see `apply_native`).
 
     Returns:
-        simulation: a `SimulatedModel`; distributed: a `DistributedModel`; native: the
+        simulation: a `SimulatedModel`; distributed: a `DistributedModel`; with pipeline stages
+        in either: a `PipelineModel`; native: the
         `AutoParallel`-wrapped net (with `hyper_native_plan` and `hyper_strategy_table`).
 
     Raises:
@@ -52,4 +55,12 @@ def auto_parallelize(model, strategy_or_config: StrategyLike, mode: str = None, 
         raise ValueError(f"parallel_config.optimizer.offload=True: not acted on in mode={mode!r}; offload the "
                          "optimizer states with mindspore_hyper.offload.hyper_offload (it keeps parameters, "
                          "optimizer states and gradients in the tiered store), or set it to False")
+    if mode != "native":
+        from mindspore_hyper.runtime.pipeline import parallelize_pipeline, wants_pipeline
+
+        pipeline = kwargs.pop("pipeline", None)
+        if wants_pipeline(strategy_or_config, pipeline):
+            pipelined = parallelize_pipeline(model, strategy_or_config, mode, pipeline, **kwargs)
+            if pipelined is not None:
+                return pipelined
     return get_runtime(mode).parallelize(model, strategy_or_config, **kwargs)

@@ -44,6 +44,8 @@ class StepReport:
     comm_time_estimate_s: float = 0.0
     notes: List[str] = field(default_factory=list)
     simulated: bool = True  # every device of the mesh simulated in this process (else: this process's own)
+    p2p: Dict[str, Dict[str, int]] = field(default_factory=dict)  # pipeline: stage boundary -> send counts/bytes
+    timeline: object = None  # pipeline: the schedule's Timeline with measured per-stage costs
 
     @classmethod
     def build(cls, model, optimizer=None) -> "StepReport":
@@ -97,7 +99,7 @@ class StepReport:
             "comm_backward": {k: {a: dict(v) for a, v in axes.items()} for k, axes in self.comm_backward.items()},
             "fallbacks": dict(self.fallbacks), "device_memory": self.device_memory,
             "step_seconds": self.step_seconds, "comm_time_estimate_s": self.comm_time_estimate_s,
-            "notes": list(self.notes),
+            "notes": list(self.notes), "p2p": {k: dict(v) for k, v in self.p2p.items()},
         }
 
     def __str__(self) -> str:
@@ -120,6 +122,14 @@ class StepReport:
                          f"(alpha-beta, topology {get_context('topology')!r}, no overlap)")
         else:
             lines.append("communication per step: none")
+        if self.p2p:
+            lines.append("pipeline stage-boundary sends per step (activations / gradients):")
+            lines += _table(["boundary", "act count", "act bytes", "grad count", "grad bytes"],
+                            [[k, str(v["activation_count"]), _fmt(v["activation_bytes"]), str(v["gradient_count"]),
+                              _fmt(v["gradient_bytes"])] for k, v in self.p2p.items()])
+        if self.timeline is not None:
+            lines.append(f"pipeline timeline (simulated with measured costs): makespan "
+                         f"{self.timeline.makespan * 1e3:.1f} ms, bubble {self.timeline.bubble_fraction:.1%}")
         if self.fallbacks:
             lines.append("replication fallbacks (op: count): " +
                          ", ".join(f"{k}: {v}" for k, v in sorted(self.fallbacks.items())))
