@@ -15,7 +15,19 @@ from mindspore_hyper.runtime.simulation.runtime import zero_axes
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.strategy.resolve import resolve_strategy
 
-__all__ = ["DistributedRuntime"]
+__all__ = ["DistributedRuntime", "local_shard_slot"]
+
+
+def local_shard_slot(network, param, row, rank: int, value: np.ndarray) -> ParameterSlot:
+    """Keep only `rank`'s shard of `value` (the parameter's global initial value): a new Parameter
+    of the same name holding it replaces `param` in every Cell of `network` that holds it."""
+    local = np.require(value[row.layout.rank_slices(rank, row.global_shape)], requirements="C")
+    shard = Parameter(Tensor(local, dtype=param.dtype), name=param.name, requires_grad=param.requires_grad)
+    for _, cell in network.cells_and_names():
+        for key, held in list(cell._params.items()):
+            if held is param:
+                cell._params[key] = shard
+    return ParameterSlot(shard, row.layout, row.global_shape, zero_axes(row), local=True)
 
 
 @register_runtime
@@ -39,13 +51,7 @@ class DistributedRuntime(Runtime):
         value = param.asnumpy()
         if w.size > 1:
             value = w.communicator(tuple(range(w.size))).broadcast(value, 0)
-        local = np.require(value[row.layout.rank_slices(w.rank, row.global_shape)], requirements="C")
-        shard = Parameter(Tensor(local, dtype=param.dtype), name=param.name, requires_grad=param.requires_grad)
-        for _, cell in network.cells_and_names():
-            for key, held in list(cell._params.items()):
-                if held is param:
-                    cell._params[key] = shard
-        return ParameterSlot(shard, row.layout, row.global_shape, zero_axes(row), local=True)
+        return local_shard_slot(network, param, row, w.rank, value)
 
     def parallelize(self, model, strategy_or_config, return_dtensor: bool = False, optimizer_states: int = 2,
                     group_strategies=None):

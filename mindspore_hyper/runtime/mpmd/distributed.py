@@ -13,18 +13,16 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 import mindspore as ms
-import numpy as np
 from mindspore import Parameter, Tensor
 
 from mindspore_hyper.comm.process_collectives import ProcessCollectives
 from mindspore_hyper.dtensor.execution import ParameterSlot
-from mindspore_hyper.runtime.distributed.runtime import DistributedRuntime
+from mindspore_hyper.runtime.distributed.runtime import DistributedRuntime, local_shard_slot
 from mindspore_hyper.runtime.distributed.world import world
 from mindspore_hyper.runtime.mpmd.cross_group import (RecvInputGradient, RemoteGroupOutput, SendInputGradient,
                                                       outbox, send_output)
 from mindspore_hyper.runtime.mpmd.group_runner import GroupRunner
 from mindspore_hyper.runtime.mpmd.placement import GroupPlacement
-from mindspore_hyper.runtime.simulation.runtime import zero_axes
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.strategy.resolve import resolve_strategy
 
@@ -63,13 +61,7 @@ class GroupProcessRuntime(DistributedRuntime):
         value = param.asnumpy()
         if self.view.size > 1:
             value = self.view.communicator(tuple(range(self.view.size))).broadcast(value, 0)
-        local = np.require(value[row.layout.rank_slices(self.view.rank, row.global_shape)], requirements="C")
-        shard = Parameter(Tensor(local, dtype=param.dtype), name=param.name, requires_grad=param.requires_grad)
-        for _, cell in network.cells_and_names():
-            for key, held in list(cell._params.items()):
-                if held is param:
-                    cell._params[key] = shard
-        return ParameterSlot(shard, row.layout, row.global_shape, zero_axes(row), local=True)
+        return local_shard_slot(network, param, row, self.view.rank, value)
 
 
 class DistributedGroupRunner(GroupRunner):

@@ -12,13 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Tuple
 
-import numpy as np
-from mindspore import Parameter, Tensor
 
 from mindspore_hyper.comm.process_collectives import ProcessCollectives
 from mindspore_hyper.dtensor.execution import ParameterSlot
-from mindspore_hyper.runtime.distributed.runtime import DistributedRuntime
-from mindspore_hyper.runtime.simulation.runtime import zero_axes
+from mindspore_hyper.runtime.distributed.runtime import DistributedRuntime, local_shard_slot
 from mindspore_hyper.shard.layout import Layout
 
 __all__ = ["StageWorld", "StageDistributedRuntime"]
@@ -67,10 +64,4 @@ class StageDistributedRuntime(DistributedRuntime):
 
     def materialize(self, network, param, row) -> ParameterSlot:
         value = param.asnumpy()
-        local = np.require(value[row.layout.rank_slices(self.stage_world.rank, row.global_shape)], requirements="C")
-        shard = Parameter(Tensor(local, dtype=param.dtype), name=param.name, requires_grad=param.requires_grad)
-        for _, cell in network.cells_and_names():
-            for key, held in list(cell._params.items()):
-                if held is param:
-                    cell._params[key] = shard
-        return ParameterSlot(shard, row.layout, row.global_shape, zero_axes(row), local=True)
+        return local_shard_slot(network, param, row, self.stage_world.rank, value)
