@@ -1,6 +1,6 @@
 """Large-message AllReduce bandwidth on the shared-memory transport against memcpy.
 
-2 processes on this host all-reduce 64MB of float32 (max, in place) through `ShmGroup`:
+2 processes on this host all-reduce 64MB of float32 (max, in place) through `ShmCommunicator`:
   ring                chunk-pipelined ring through the shared-memory channels (two copies per byte:
                       into the ring, out of it -- reduced straight out of the ring)
   ring_direct         ring whose steps read the predecessor's buffer directly (cross-memory attach,
@@ -42,9 +42,9 @@ def _memcpy_proc(nbytes, trials, q):
 
 
 def _shm_worker(rank, size, name, nbytes, trials, channel_bytes, algorithms, q):
-    from mindspore_hyper.comm import ShmGroup
+    from mindspore_hyper.comm import ShmCommunicator
 
-    g = ShmGroup(name, rank, size, timeout=60, channel_bytes=channel_bytes)
+    g = ShmCommunicator(name, rank, size, timeout=60, channel_bytes=channel_bytes)
     x = np.full(nbytes // 4, rank + 1, np.float32)
     x[::7] = -rank  # max over ranks: 0 there, `size` elsewhere; stable when reduced in place again
     times = {a: [] for a in algorithms}

@@ -81,9 +81,9 @@ def msrun_worker(out_dir: str, trials: int) -> None:
         return
     from mindspore.mint import distributed as dist
 
-    from mindspore_hyper.comm import MindSporeGroup
+    from mindspore_hyper.comm import MindSporeCommunicator
 
-    g = MindSporeGroup(aggregation_bytes=4 << 20)
+    g = MindSporeCommunicator(aggregation_bytes=4 << 20)
     rank, size = g.rank, g.size
     xs = [np.full(N_ELEM, rank + i % 7, np.float32) for i in range(N_MSG)]
     expect = [float(sum(r + i % 7 for r in range(size))) for i in range(N_MSG)]

@@ -23,10 +23,10 @@ void BindOptim(pybind11::module_& m);
 void BindComm(pybind11::module_& m);
 // Aggregator and its request handles (aggregator_bindings.cc).
 void BindAggregator(pybind11::module_& comm);
-// Shared-memory group member, one per process (shm_group_bindings.cc).
-void BindShmGroup(pybind11::module_& comm);
-// In-process group, every rank in this process (inproc_group_bindings.cc).
-void BindInProcGroup(pybind11::module_& comm);
+// Shared-memory group member, one per process (shm_communicator_bindings.cc).
+void BindShmCommunicator(pybind11::module_& comm);
+// In-process group, every rank in this process (inproc_communicator_bindings.cc).
+void BindInProcCommunicator(pybind11::module_& comm);
 
 // MoE: 1-bit routing masks (moe_bindings.cc).
 void BindMoe(pybind11::module_& m);

@@ -102,8 +102,8 @@ void BindComm(py::module_& root) {
       .def_property("params", &CostModel::params, &CostModel::set_params);
 
   BindAggregator(m);
-  BindShmGroup(m);
-  BindInProcGroup(m);
+  BindShmCommunicator(m);
+  BindInProcCommunicator(m);
 }
 
 }  // namespace mshyper::bind

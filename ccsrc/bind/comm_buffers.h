@@ -25,7 +25,7 @@ struct Buf {
   void* ptr() const { return info.ptr; }
 };
 
-// `what` names the call and the argument in errors ("ShmGroup.all_reduce: buf").
+// `what` names the call and the argument in errors ("ShmCommunicator.all_reduce: buf").
 Buf GetBuf(const pybind11::buffer& b, bool writable, comm::DType dtype, const std::string& what);
 // GetBuf of each rank's buffer (`what[r]` in errors).
 std::vector<Buf> Bufs(const std::vector<pybind11::buffer>& list, bool writable, const std::vector<std::string>& dtypes,

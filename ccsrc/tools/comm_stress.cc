@@ -25,7 +25,7 @@
 
 #include "comm/aggregator.h"
 #include "comm/communicator.h"
-#include "comm/inproc_group.h"
+#include "comm/inproc_communicator.h"
 #include "comm/shm_transport.h"
 
 using namespace mshyper::comm;
@@ -53,7 +53,7 @@ void RunOnThreads(int n, const std::function<void(int)>& fn) {
 }
 
 // ----- 1. collectives ------------------------------------------------------------------------
-void Collectives(InProcGroup& g, int round) {
+void Collectives(InProcCommunicator& g, int round) {
   for (const char* algo : {"ring", "recursive_doubling", "ring_direct"}) {
     for (size_t n : {size_t{1}, size_t{7}, size_t{1000}, size_t{70000}}) {
       std::vector<std::vector<int32_t>> bufs(kRanks, std::vector<int32_t>(n));
@@ -164,7 +164,7 @@ bool Correct(const Kept& k) {
   return true;
 }
 
-void Aggregation(InProcGroup& g, int round) {
+void Aggregation(InProcCommunicator& g, int round) {
   g.EnableAggregation(4096, 0.001);
   const int n = 300;
   RunOnThreads(kRanks, [&](int r) {
@@ -210,7 +210,7 @@ void Aggregation(InProcGroup& g, int round) {
 }
 
 // ----- 3. misuse under load --------------------------------------------------------------------
-void ConcurrentSubmitters(InProcGroup& g) {
+void ConcurrentSubmitters(InProcCommunicator& g) {
   g.EnableAggregation(2048, 0.0005);
   std::atomic<int> ok{0}, mismatched{0}, other{0};
   RunOnThreads(kRanks, [&](int r) {
@@ -304,7 +304,7 @@ void SharedMemory(int rounds) {
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 10;
   try {
-    InProcGroup g(kRanks, nullptr, {}, 64 << 10, 30.0, kParams);
+    InProcCommunicator g(kRanks, nullptr, {}, 64 << 10, 30.0, kParams);
     for (int k = 0; k < rounds; ++k) Collectives(g, k);
     std::printf("collectives: %d rounds\n", rounds);
     for (int k = 0; k < rounds; ++k) Aggregation(g, k);

@@ -3,9 +3,9 @@ an alpha-beta model, topology-aware routing; in-process, shared-memory and MindS
 
 Main entry points:
 
-* `InProcessGroup(size, topology=...)` -- every rank's buffer in this process (simulation mode).
-* `ShmGroup(name, rank, size)` -- one process per rank on one host (POSIX shared memory).
-* `MindSporeGroup()` -- under msrun, packets through mint.distributed.
+* `InProcessCommunicator(size, topology=...)` -- every rank's buffer in this process (simulation mode).
+* `ShmCommunicator(name, rank, size)` -- one process per rank on one host (POSIX shared memory).
+* `MindSporeCommunicator()` -- under msrun, packets through mint.distributed.
 * `Topology`, `load_topology` -- presets (supernode384, node8, ring) and YAML files.
 * `estimate_time`, `choose_algorithm`, `set_threshold`, `force_algorithm` -- the cost model.
 
@@ -24,15 +24,15 @@ from mindspore_hyper.comm.cost import (
     overrides,
     set_threshold,
 )
-from mindspore_hyper.comm.inprocess import InProcessGroup
-from mindspore_hyper.comm.mindspore_transport import MindSporeGroup
-from mindspore_hyper.comm.shm import ShmGroup, cleanup_stale_segments
+from mindspore_hyper.comm.inprocess import InProcessCommunicator
+from mindspore_hyper.comm.mindspore_transport import MindSporeCommunicator
+from mindspore_hyper.comm.shm import ShmCommunicator, cleanup_stale_segments
 from mindspore_hyper.comm.topology import PRESETS, Topology, load_topology
 
 __all__ = [
     "CommError", "CommMismatch", "CommTimeout", "AsyncHandle",
     "KINDS", "TransportParams", "choose_algorithm", "clear_overrides", "estimate_time", "force_algorithm",
     "make_cost_model", "overrides", "set_threshold",
-    "InProcessGroup", "MindSporeGroup", "ShmGroup", "cleanup_stale_segments",
+    "InProcessCommunicator", "MindSporeCommunicator", "ShmCommunicator", "cleanup_stale_segments",
     "PRESETS", "Topology", "load_topology",
 ]

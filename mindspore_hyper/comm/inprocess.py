@@ -1,6 +1,6 @@
 """In-process transport: one Python process holds every rank's buffer (simulation mode).
 
-`InProcessGroup(size)` runs the C++ algorithms with one thread per virtual rank over heap
+`InProcessCommunicator(size)` runs the C++ algorithms with one thread per virtual rank over heap
 channels, so the algorithm choice (from the topology's alpha-beta model), the chunked ring, the
 recursive doubling, the hierarchy and the aggregator are the real ones; results are exact
 (integer) or equal to a numpy reference up to floating-point reassociation.
@@ -19,7 +19,7 @@ from mindspore_hyper.comm._handles import EMPTY_AGGREGATOR_STATS, AsyncHandle, C
 from mindspore_hyper.comm.cost import TransportParams, apply_overrides
 from mindspore_hyper.comm.topology import PRESETS, Topology, load_topology
 
-__all__ = ["InProcessGroup"]
+__all__ = ["InProcessCommunicator"]
 
 _PRESET_DEFAULT_DEVICES = {"supernode384": 384, "node8": 16, "ring": 8}
 
@@ -46,7 +46,7 @@ def _check_per_rank(values, arg: str, size: int) -> None:
         raise ValueError(f"{arg} has {len(values)} entries, expected {size} (one per rank)")
 
 
-class InProcessGroup:
+class InProcessCommunicator:
     """All ranks of one group in this process.
 
     Args:
@@ -82,7 +82,7 @@ class InProcessGroup:
         # With a topology the model uses the hardware costs only (what the simulated cluster
         # would spend); without one, nominal in-process costs until calibrate() measures them.
         params = TransportParams() if self.topology is not None else TransportParams(2e-6, 2e-10, 2.5e-10)
-        self._g = _C.InProcGroup(size, self.topology.cpp if self.topology is not None else None,
+        self._g = _C.InProcCommunicator(size, self.topology.cpp if self.topology is not None else None,
                                  self.devices if self.topology is not None else [], int(channel_bytes),
                                  float(timeout), params)
         for r in range(size):
@@ -281,7 +281,7 @@ class InProcessGroup:
         """Stop the aggregators (queued requests fail) and the rank threads; later calls raise CommError."""
         if not isinstance(self._g, Closed):
             self._g.close()
-            self._g = Closed(f"InProcessGroup(size={self.size})")
+            self._g = Closed(f"InProcessCommunicator(size={self.size})")
 
     def __enter__(self):
         return self

@@ -1,7 +1,7 @@
 """In-process collectives served by the C++ communication library's in-process transport.
 
 Same contract as `InProcessCollectives` (selected by `set_context(sim_collectives="library")`):
-the forward data really moves through `InProcessGroup` (its algorithms, chosen by the alpha-beta
+the forward data really moves through `InProcessCommunicator` (its algorithms, chosen by the alpha-beta
 model of the `topology` flag). Each collective is a Cell with a custom `bprop` implementing the
 backward of `mindspore_hyper.comm.collectives` (AllReduce-sum -> identity per member,
 ReduceScatter -> AllGather, AllToAll -> the inverse AllToAll, AllGather -> the member's slice),
@@ -23,10 +23,10 @@ _GROUPS: Dict[int, object] = {}
 
 
 def _group(size: int):
-    from mindspore_hyper.comm.inprocess import InProcessGroup
+    from mindspore_hyper.comm.inprocess import InProcessCommunicator
 
     if size not in _GROUPS:
-        _GROUPS[size] = InProcessGroup(size)
+        _GROUPS[size] = InProcessCommunicator(size)
     return _GROUPS[size]
 
 

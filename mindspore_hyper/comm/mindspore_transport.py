@@ -1,6 +1,6 @@
 """MindSpore transport: packets travel through MindSpore communication (mint.distributed).
 
-Under msrun (after ``mindspore.communication.init()``), `MindSporeGroup` sends all-reduce
+Under msrun (after ``mindspore.communication.init()``), `MindSporeCommunicator` sends all-reduce
 packets of the C++ aggregator, and direct all_reduce / all_gather / broadcast, through
 ``mindspore.mint.distributed`` -- on Ascend that is HCCL, on CPU MindSpore's mccl backend -- over
 the whole job or a group of its ranks (`ranks=`, made with `new_group`), so processes may be on
@@ -17,12 +17,12 @@ import numpy as np
 from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name
 from mindspore_hyper.comm._handles import AggregatorOwner, Closed
 
-__all__ = ["MindSporeGroup"]
+__all__ = ["MindSporeCommunicator"]
 
 _MS_OPS = {"sum": "sum", "max": "max", "min": "min", "avg": "sum"}
 
 
-class MindSporeGroup(AggregatorOwner):
+class MindSporeCommunicator(AggregatorOwner):
     """A group of an initialised MindSpore job (``mindspore.communication.init()``).
 
     Args:
@@ -176,9 +176,9 @@ class MindSporeGroup(AggregatorOwner):
     def shm(self):
         """The shared-memory group of the same processes (created collectively on first use)."""
         if self._shm is None:
-            from mindspore_hyper.comm.shm import ShmGroup
+            from mindspore_hyper.comm.shm import ShmCommunicator
 
-            self._shm = ShmGroup.from_env(timeout=self.shm_timeout)
+            self._shm = ShmCommunicator.from_env(timeout=self.shm_timeout)
         return self._shm
 
     def all_to_all(self, x, split_axis: int = 0, concat_axis: int = 0) -> np.ndarray:
@@ -213,7 +213,7 @@ class MindSporeGroup(AggregatorOwner):
     def close(self) -> None:
         """Stop the aggregator (queued requests fail) and the shared-memory group; later calls
         raise CommError."""
-        if self._close_aggregator(f"MindSporeGroup(rank {self.rank})"):
+        if self._close_aggregator(f"MindSporeCommunicator(rank {self.rank})"):
             if self._shm is not None:
                 self._shm.close()
-            self._shm = Closed(f"MindSporeGroup(rank {self.rank})")
+            self._shm = Closed(f"MindSporeCommunicator(rank {self.rank})")

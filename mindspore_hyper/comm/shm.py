@@ -1,6 +1,6 @@
 """Shared-memory transport between processes on one host (POSIX shared memory + atomics).
 
-Each process creates one `ShmGroup(name, rank, size)` with the same `name` (rank 0 creates the
+Each process creates one `ShmCommunicator(name, rank, size)` with the same `name` (rank 0 creates the
 segment, the others attach; all block until everyone is there). Collectives take this rank's
 numpy array. A peer that dies or stalls makes the waiting ranks fail with `CommTimeout` within
 `timeout` seconds of no progress (a dead peer is noticed within ~20 ms); ranks disagreeing on a
@@ -8,7 +8,7 @@ collective's kind, dtype or sizes fail with `CommMismatch` naming both. The segm
 removed from /dev/shm as soon as every rank attached, so nothing is left behind after a normal
 exit or a crash of any rank.
 
-Under msrun, `ShmGroup.from_env()` derives name/rank/size from msrun's environment.
+Under msrun, `ShmCommunicator.from_env()` derives name/rank/size from msrun's environment.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import numpy as np
 from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name, normalize_axis, split_counts
 from mindspore_hyper.comm._handles import AggregatorOwner, Closed
 
-__all__ = ["ShmGroup", "cleanup_stale_segments", "SEGMENT_PREFIX"]
+__all__ = ["ShmCommunicator", "cleanup_stale_segments", "SEGMENT_PREFIX"]
 
 SEGMENT_PREFIX = "mshyper_"
 _MAX_DIMS = 32  # numpy's limit: the shape descriptors all_gather exchanges
@@ -32,7 +32,7 @@ def cleanup_stale_segments(prefix: str = SEGMENT_PREFIX) -> int:
     return _C.cleanup_stale_segments(prefix)
 
 
-class ShmGroup(AggregatorOwner):
+class ShmCommunicator(AggregatorOwner):
     """This process's member of a shared-memory group.
 
     Args:
@@ -52,7 +52,7 @@ class ShmGroup(AggregatorOwner):
         if int(rank) == 0:
             # segments left by crashed runs whose peers never attached (their creator is gone)
             cleanup_stale_segments()
-        self._g = _C.ShmGroup(SEGMENT_PREFIX + name, int(rank), int(size), int(channel_bytes), float(timeout))
+        self._g = _C.ShmCommunicator(SEGMENT_PREFIX + name, int(rank), int(size), int(channel_bytes), float(timeout))
         if aggregation_bytes is None:
             from mindspore_hyper.context import get_context
 
@@ -65,7 +65,7 @@ class ShmGroup(AggregatorOwner):
         apply_overrides(self._g.model)
 
     @classmethod
-    def from_env(cls, name: Optional[str] = None, **kwargs) -> "ShmGroup":
+    def from_env(cls, name: Optional[str] = None, **kwargs) -> "ShmCommunicator":
         """Under msrun: rank from RANK_ID, size from MS_WORKER_NUM, name from the master port."""
         rank = int(os.environ.get("RANK_ID", os.environ.get("MS_NODE_ID", "0")))
         size = int(os.environ.get("MS_WORKER_NUM", os.environ.get("RANK_SIZE", "1")))
@@ -239,8 +239,8 @@ class ShmGroup(AggregatorOwner):
     def close(self) -> None:
         """Stop the aggregator (queued requests fail) and unmap the segment; later calls raise
         CommError. Also happens at garbage collection."""
-        if self._close_aggregator(f"ShmGroup {self.name!r}"):
-            self._g = Closed(f"ShmGroup {self.name!r}")
+        if self._close_aggregator(f"ShmCommunicator {self.name!r}"):
+            self._g = Closed(f"ShmCommunicator {self.name!r}")
 
     def __enter__(self):
         return self

@@ -153,7 +153,7 @@ class ProcessExchange:
 
 class _LibraryAllToAllV(nn.Cell):
     """The uneven all-to-all of every member's rows through the C++ library's in-process
-    transport (`InProcessGroup.all_to_all_v`); backward: the reverse one."""
+    transport (`InProcessCommunicator.all_to_all_v`); backward: the reverse one."""
 
     def __init__(self, group, send_rows: List[List[int]], hidden: int):
         super().__init__()

@@ -3,7 +3,7 @@ id, request ids or keys, float values such as timestamps, an optional float32 ar
 one-directional shared-memory channel.
 
 The HyperMPMD process-group runtime (runtime/mpmd/) is not available yet, so the encoder pipeline
-brings its own transport: each directed pair of ranks gets its own two-member `ShmGroup`, so one
+brings its own transport: each directed pair of ranks gets its own two-member `ShmCommunicator`, so one
 thread sends and one thread receives on it without sharing a communicator between threads. A
 message is a fixed int64 header, then its parts (the header says their sizes).
 """
@@ -57,7 +57,7 @@ class Message:
 
 
 class Channel:
-    """One direction between this process and `peer` (global ranks), over its own ShmGroup.
+    """One direction between this process and `peer` (global ranks), over its own ShmCommunicator.
 
     Both ends construct it (in the same order of channels on every process: construction
     waits until both are attached).
@@ -71,13 +71,13 @@ class Channel:
     """
 
     def __init__(self, job: str, source: int, target: int, me: int, timeout: float, channel_bytes: int = 4 << 20):
-        from mindspore_hyper.comm.shm import ShmGroup
+        from mindspore_hyper.comm.shm import ShmCommunicator
 
         if me not in (source, target) or source == target:
             raise ValueError(f"channel {source} -> {target}: rank {me} is not one of its two ends")
         self.source, self.target = int(source), int(target)
         self._sending = me == source
-        self._group = ShmGroup(f"{job}_mm{source}to{target}", 0 if self._sending else 1, 2, timeout=timeout,
+        self._group = ShmCommunicator(f"{job}_mm{source}to{target}", 0 if self._sending else 1, 2, timeout=timeout,
                                channel_bytes=channel_bytes)
 
     def send(self, message: Message) -> None:

@@ -8,12 +8,12 @@ from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.strategy.config import ModuleEntry, ParallelConfig, ParameterEntry, load_parallel_config
 from mindspore_hyper.strategy.process_groups import ConfigError, DeviceGroup, parse_ranks
 from mindspore_hyper.strategy.resolve import ParamRow, StrategyTable, assign_pipeline_stages, resolve_strategy
-from mindspore_hyper.strategy.strategy import ParamPlacement, Strategy
+from mindspore_hyper.strategy.strategy import ParamLayout, Strategy
 
 Layout.strategy_builder = Strategy
 
 __all__ = [
-    "Strategy", "ParamPlacement", "ConfigError", "DeviceGroup", "parse_ranks", "ModuleEntry", "ParallelConfig",
+    "Strategy", "ParamLayout", "ConfigError", "DeviceGroup", "parse_ranks", "ModuleEntry", "ParallelConfig",
     "ParameterEntry", "load_parallel_config", "ParamRow", "StrategyTable", "assign_pipeline_stages",
     "resolve_strategy",
 ]

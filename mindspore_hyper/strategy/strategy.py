@@ -4,7 +4,7 @@ Semantics, for a parameter named N of shape S:
 1. Its tensor map is the last override whose pattern (fnmatch glob on N) matches, else the
    default `tensor_map` applied by dimension position: truncated to len(S), padded with None.
 2. Default maps adapt: a dimension whose size does not divide by its axes' device count is left
-   unsharded and the fact is reported in `ParamPlacement.notes`. Overrides are explicit, so
+   unsharded and the fact is reported in `ParamLayout.notes`. Overrides are explicit, so
    they are checked strictly (wrong rank or indivisible -> ValueError).
 3. Optimizer states (ZeRO-1) follow the parameter's layout and are additionally split along the
    `optimizer_state` axis, on the first dimension that divides, if the parameter does not
@@ -21,13 +21,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from mindspore_hyper.shard.layout import NONE_ALIAS, Layout
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
-__all__ = ["Strategy", "ParamPlacement"]
+__all__ = ["Strategy", "ParamLayout"]
 
 _AUTO = object()
 
 
 @dataclass(frozen=True)
-class ParamPlacement:
+class ParamLayout:
     """Where one parameter lives: its layout, its optimizer states' layout and why."""
 
     name: str
@@ -103,7 +103,7 @@ class Strategy:
         return found
 
     # -- per-tensor resolution ---------------------------------------------------------------
-    def param_placement(self, name: str, shape: Sequence[int]) -> ParamPlacement:
+    def param_placement(self, name: str, shape: Sequence[int]) -> ParamLayout:
         """Resolve one parameter.
 
         Raises:
@@ -126,7 +126,7 @@ class Strategy:
                 raise ValueError(f"override {pattern!r} for parameter {name!r}: {exc}") from None
         else:
             layout, notes = self._fit(self.tensor_map, shape, f"parameter {name!r}")
-        return ParamPlacement(name, shape, layout, self._optimizer_layout(layout, shape),
+        return ParamLayout(name, shape, layout, self._optimizer_layout(layout, shape),
                               pattern or "default", tuple(notes))
 
     def input_layout(self, shape: Sequence[int]) -> Tuple[TensorLayout, List[str]]:

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from mindspore_hyper.comm import ShmGroup
+from mindspore_hyper.comm import ShmCommunicator
 
 
 def run_isolated(code: str, timeout: float = 60.0) -> str:
@@ -46,7 +46,7 @@ def on_both_ranks(groups, fn):
 def shm_group_pair(timeout: float = 10.0, **kwargs):
     """Two ranks of one new shared-memory group, made on two threads (the constructor waits for both)."""
     name = "p" + uuid.uuid4().hex[:12]
-    made = on_both_ranks([0, 1], lambda r: ShmGroup(name, r, 2, timeout=timeout, **kwargs))
+    made = on_both_ranks([0, 1], lambda r: ShmCommunicator(name, r, 2, timeout=timeout, **kwargs))
     for g in made:
         if isinstance(g, Exception):
             raise g

@@ -3,7 +3,7 @@ choice, hierarchy on node8, aggregation and mismatch errors."""
 import numpy as np
 import pytest
 
-from mindspore_hyper.comm import CommMismatch, InProcessGroup
+from mindspore_hyper.comm import CommMismatch, InProcessCommunicator
 
 DTYPES = [np.float32, np.float16, np.int32]
 
@@ -35,7 +35,7 @@ def _assert_close(y, ref, dtype):
 @pytest.mark.parametrize("p", [2, 3, 4, 5])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_all_reduce_every_algorithm_and_op(p, dtype):
-    g = InProcessGroup(p, topology=False, channel_bytes=4096)
+    g = InProcessCommunicator(p, topology=False, channel_bytes=4096)
     for n in (1, 7, 1001, 40001):
         xs = _inputs(p, n, dtype, n)
         for algo in ("ring", "ring_direct", "recursive_doubling"):
@@ -51,7 +51,7 @@ def test_all_reduce_every_algorithm_and_op(p, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gather_scatter_alltoall_broadcast(dtype):
     p = 3
-    g = InProcessGroup(p, topology=False, channel_bytes=4096)
+    g = InProcessCommunicator(p, topology=False, channel_bytes=4096)
     for n in (1, 5, 2001):
         xs = [x.reshape(1, n) for x in _inputs(p, n, dtype, n)]
         # all_gather along axis 1 with uneven sizes
@@ -77,7 +77,7 @@ def test_gather_scatter_alltoall_broadcast(dtype):
 
 def test_all_to_all_v_uneven_and_empty():
     p = 4
-    g = InProcessGroup(p, topology=False)
+    g = InProcessCommunicator(p, topology=False)
     counts = [[(r * j) % 3 for j in range(p)] for r in range(p)]
     counts[2] = [0, 0, 0, 0]  # a rank that sends nothing
     data = [np.arange(sum(c), dtype=np.float32) + 100 * r for r, c in enumerate(counts)]
@@ -93,14 +93,14 @@ def test_all_to_all_v_uneven_and_empty():
 
 
 def test_send_recv_and_barrier():
-    g = InProcessGroup(4, topology=False)
+    g = InProcessCommunicator(4, topology=False)
     x = np.arange(11, dtype=np.int32)
     np.testing.assert_array_equal(g.send_recv(x, src=3, dst=1), x)
     g.barrier()
 
 
 def test_hierarchical_on_node8_and_routing():
-    g = InProcessGroup(16, topology="node8")
+    g = InProcessCommunicator(16, topology="node8")
     assert sorted(g.ring) == list(range(16))
     xs = _inputs(16, 1 << 16, np.float32, 1)
     ys = g.all_reduce(xs)  # 256KB across two nodes: the model picks the two-level algorithm
@@ -108,14 +108,14 @@ def test_hierarchical_on_node8_and_routing():
     for y in ys:
         _assert_close(y, _ref(xs, "sum"), np.float32)
     # one node only: uniform links, no hierarchy
-    g8 = InProcessGroup(8, topology="node8")
+    g8 = InProcessCommunicator(8, topology="node8")
     g8.all_reduce(_inputs(8, 1 << 16, np.float32, 2))
     assert g8.last_algorithm in ("ring", "recursive_doubling")
 
 
 def test_hierarchical_with_unequal_clusters():
     # 3 devices of node 0 and 2 of node 1: leader-based two-level all-reduce
-    g = InProcessGroup(5, topology="node8", devices=[0, 1, 2, 8, 9])
+    g = InProcessCommunicator(5, topology="node8", devices=[0, 1, 2, 8, 9])
     xs = _inputs(5, 1001, np.int32, 3)
     for op in ("sum", "max", "avg"):
         ys = g.all_reduce(xs, op, algorithm="hierarchical")
@@ -127,7 +127,7 @@ def test_hierarchical_with_unequal_clusters():
 def test_ring_topology_orders_ring_by_links():
     # ranks mapped to ring devices out of order: the ring follows the physical neighbours
     devices = [0, 4, 1, 5, 2, 6, 3, 7]
-    g = InProcessGroup(8, topology="ring", devices=devices)
+    g = InProcessCommunicator(8, topology="ring", devices=devices)
     order = [devices[r] for r in g.ring]
     assert order in ([0, 1, 2, 3, 4, 5, 6, 7], [0, 7, 6, 5, 4, 3, 2, 1])
     xs = _inputs(8, 333, np.float32, 4)
@@ -136,7 +136,7 @@ def test_ring_topology_orders_ring_by_links():
 
 
 def test_threshold_and_force_override_choice():
-    g = InProcessGroup(4, topology="supernode384")
+    g = InProcessCommunicator(4, topology="supernode384")
     xs = _inputs(4, 64, np.float32, 5)
     g.all_reduce(xs)
     assert g.last_algorithm == "recursive_doubling"  # 256 bytes: latency-optimal
@@ -154,7 +154,7 @@ def test_threshold_and_force_override_choice():
 
 @pytest.mark.parametrize("cpp_check", [False, True])
 def test_mismatch_names_both_ranks(cpp_check):
-    g = InProcessGroup(3, topology=False)
+    g = InProcessCommunicator(3, topology=False)
     if cpp_check:  # the C++ descriptor all-gather, as between processes (Python check bypassed)
         g.set_validate(True)
         g._agree = lambda *a, **k: None
@@ -171,7 +171,7 @@ def test_mismatch_names_both_ranks(cpp_check):
 
 def test_aggregation_unpacks_mixed_sizes_exactly():
     p = 3
-    g = InProcessGroup(p, topology=False, aggregation_bytes=4096, max_delay=3600.0)  # packets only on flush
+    g = InProcessCommunicator(p, topology=False, aggregation_bytes=4096, max_delay=3600.0)  # packets only on flush
     specs = [(1, np.float32, "sum"), (999, np.float32, "sum"), (100, np.int32, "max"), (2000, np.float32, "sum"),
              (17, np.float16, "sum"), (3, np.int32, "sum"), (50, np.float32, "avg"), (5, np.float32, "sum")]
     handles, refs = [], []
@@ -196,7 +196,7 @@ def test_aggregation_unpacks_mixed_sizes_exactly():
 
 
 def test_aggregation_sends_after_bounded_delay_without_flush():
-    g = InProcessGroup(2, topology=False, aggregation_bytes=1 << 20, max_delay=0.002)
+    g = InProcessCommunicator(2, topology=False, aggregation_bytes=1 << 20, max_delay=0.002)
     h = g.all_reduce_async([np.ones(3, np.float32), np.full(3, 2, np.float32)])
     ys = h.wait(timeout=10)  # no flush(): the packet leaves after max_delay
     for y in ys:
@@ -205,7 +205,7 @@ def test_aggregation_sends_after_bounded_delay_without_flush():
 
 
 def test_aggregation_full_packet_is_sent_without_flush():
-    g = InProcessGroup(2, topology=False, aggregation_bytes=1024, max_delay=3600.0)
+    g = InProcessCommunicator(2, topology=False, aggregation_bytes=1024, max_delay=3600.0)
     hs = [g.all_reduce_async([np.full(64, i, np.float32)] * 2) for i in range(4)]  # 4 x 256 B = one full packet
     for i, h in enumerate(hs):
         for y in h.wait(timeout=30):
@@ -213,7 +213,7 @@ def test_aggregation_full_packet_is_sent_without_flush():
 
 
 def test_calibrate_gives_positive_costs():
-    g = InProcessGroup(2, topology=False)
+    g = InProcessCommunicator(2, topology=False)
     params = g.calibrate(repeats=5)
     assert params.alpha_s > 0 and params.beta_s_per_byte > 0 and params.gamma_s_per_byte > 0
     assert g.model(0).params.alpha_s == params.alpha_s == g.model(1).params.alpha_s
@@ -224,7 +224,7 @@ def test_aggregation_bytes_from_context_flag():
 
     set_context(comm_aggregation_bytes="8KB")
     try:
-        g = InProcessGroup(2, topology=False)
+        g = InProcessCommunicator(2, topology=False)
         assert g.aggregation_bytes == 8192
         hs = [g.all_reduce_async([np.full(1024, i, np.float32)] * 2) for i in range(5)]  # 5 x 4KB
         g.flush()
@@ -238,7 +238,7 @@ def test_aggregation_bytes_from_context_flag():
 
 
 def test_aggregation_mismatch_fails_the_batch_on_every_rank():
-    g = InProcessGroup(2, topology=False, max_delay=3600.0)
+    g = InProcessCommunicator(2, topology=False, max_delay=3600.0)
     h = g.all_reduce_async([np.ones(10, np.float32), np.ones(11, np.float32)])
     g.flush()
     with pytest.raises(CommMismatch, match="differ across ranks"):
@@ -256,7 +256,7 @@ def test_float16_conversion_is_exact_for_max_min_and_rounds_like_numpy():
     vals = vals[~np.isnan(vals)]  # every finite/infinite half, subnormals included
     rng = np.random.default_rng(7)
     other = rng.permutation(vals)
-    g = InProcessGroup(2, topology=False)
+    g = InProcessCommunicator(2, topology=False)
     for op, ref in (("max", np.maximum(vals, other)), ("min", np.minimum(vals, other))):
         for y in g.all_reduce([vals, other], op):
             np.testing.assert_array_equal(y.view(np.uint16), ref.view(np.uint16))
@@ -269,7 +269,7 @@ def test_float16_conversion_is_exact_for_max_min_and_rounds_like_numpy():
 
 
 def test_zero_dim_arrays_keep_their_shape():
-    group = InProcessGroup(2)
+    group = InProcessCommunicator(2)
     out = group.all_reduce([np.array(1.5, np.float32), np.array(2.0, np.float32)], "sum")
     assert out[0].shape == () and float(out[1]) == 3.5
     group.close()

@@ -1,6 +1,6 @@
 """Misuse corpus of the communication library: wrong list lengths, wrong dtypes, non-contiguous
 buffers, dropped handles, double wait, wrong shapes between ranks, use after close, bad
-arguments -- for InProcessGroup, ShmGroup (two ranks on two threads) and the aggregator. Each
+arguments -- for InProcessCommunicator, ShmCommunicator (two ranks on two threads) and the aggregator. Each
 ends in a Python exception whose type and message name the problem (or, where the input is
 legal, in the right result), never a crash or a hang. The raw C++ entry points, where a missed
 check would crash, run in a subprocess."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from comm_helpers import on_both_ranks, run_isolated, shm_group_pair
 
-from mindspore_hyper.comm import CommError, CommMismatch, InProcessGroup, ShmGroup
+from mindspore_hyper.comm import CommError, CommMismatch, InProcessCommunicator, ShmCommunicator
 from mindspore_hyper.comm._common import _C
 
 UNSUPPORTED = [np.bool_, np.complex64, np.int16, np.uint32, object]
@@ -18,12 +18,12 @@ UNSUPPORTED = [np.bool_, np.complex64, np.int16, np.uint32, object]
 
 @pytest.fixture
 def inproc():
-    g = InProcessGroup(2, topology=False, max_delay=3600.0)
+    g = InProcessCommunicator(2, topology=False, max_delay=3600.0)
     yield g
     g.close()
 
 
-# ----- InProcessGroup ------------------------------------------------------------------------
+# ----- InProcessCommunicator ------------------------------------------------------------------------
 @pytest.mark.parametrize("call", [
     lambda g: g.all_reduce([np.ones(3, np.float32)]),
     lambda g: g.all_gather([np.ones(3, np.float32)] * 3),
@@ -114,13 +114,13 @@ def test_inproc_bad_arguments(inproc):
     with pytest.raises(CommError, match="timed out|not completed within"):
         h.wait(0.01)  # never flushed: a bounded wait ends with CommTimeout
     with pytest.raises(CommError, match="timeout must be > 0 seconds"):
-        InProcessGroup(2, topology=False, timeout=float("nan"))
+        InProcessCommunicator(2, topology=False, timeout=float("nan"))
     with pytest.raises(CommError, match="max_delay must be >= 0 seconds"):
-        InProcessGroup(2, topology=False, max_delay=-1.0).all_reduce_async([np.ones(1, np.float32)] * 2)
+        InProcessCommunicator(2, topology=False, max_delay=-1.0).all_reduce_async([np.ones(1, np.float32)] * 2)
 
 
 def test_inproc_use_after_close():
-    g = InProcessGroup(2, topology=False, max_delay=3600.0)
+    g = InProcessCommunicator(2, topology=False, max_delay=3600.0)
     pending = g.all_reduce_async([np.ones(2, np.float32)] * 2)  # queued, never flushed
     g.close()
     with pytest.raises(CommError, match="aggregator closed before the request was sent|aggregator was closed"):
@@ -128,12 +128,12 @@ def test_inproc_use_after_close():
     for call in (lambda: g.all_reduce([np.ones(2, np.float32)] * 2),
                  lambda: g.all_reduce_async([np.ones(2, np.float32)] * 2),
                  lambda: g.flush(), lambda: g.barrier(), lambda: g.aggregator_stats()):
-        with pytest.raises(CommError, match=r"InProcessGroup\(size=2\) is closed"):
+        with pytest.raises(CommError, match=r"InProcessCommunicator\(size=2\) is closed"):
             call()
     g.close()  # closing twice is harmless
 
 
-# ----- ShmGroup: two ranks on two threads ----------------------------------------------------
+# ----- ShmCommunicator: two ranks on two threads ----------------------------------------------------
 @pytest.mark.parametrize("dtype", UNSUPPORTED)
 def test_shm_unsupported_dtype(shm_pair, dtype):
     g = shm_pair[0]
@@ -251,7 +251,7 @@ def test_shm_dropped_handles_and_double_wait(shm_pair):
 
 def test_shm_raw_buffers_are_checked(shm_pair):
     g = shm_pair[0]._g
-    with pytest.raises(ValueError, match="ShmGroup.all_reduce: buf: buffer must be C-contiguous"):
+    with pytest.raises(ValueError, match="ShmCommunicator.all_reduce: buf: buffer must be C-contiguous"):
         g.all_reduce(np.ones(8, np.float32)[::2], "float32", "sum", "auto")
     with pytest.raises(ValueError, match="buffer items have 4 bytes but dtype float64 has 8"):
         g.all_reduce(np.ones(8, np.float32), "float64", "sum", "auto")
@@ -259,19 +259,19 @@ def test_shm_raw_buffers_are_checked(shm_pair):
         g.all_reduce(np.ones(8, np.float32), "bfloat16", "sum", "auto")
     with pytest.raises(CommError, match="unsupported reduce op 'prod'"):
         g.all_reduce(np.ones(8, np.float32), "float32", "prod", "auto")
-    with pytest.raises(ValueError, match="ShmGroup.all_reduce: buf: needs a writable buffer"):
+    with pytest.raises(ValueError, match="ShmCommunicator.all_reduce: buf: needs a writable buffer"):
         g.all_reduce(b"readonly bytes", "uint8", "sum", "auto")
 
 
 def test_shm_bad_construction():
     with pytest.raises(ValueError, match="expected a non-empty name without '/'"):
-        ShmGroup("a/b", 0, 1)
+        ShmCommunicator("a/b", 0, 1)
     with pytest.raises(CommError, match=r"rank 3 outside \[0, 2\)"):
-        ShmGroup("misuse_rank", 3, 2, timeout=1.0)
+        ShmCommunicator("misuse_rank", 3, 2, timeout=1.0)
     with pytest.raises(CommError, match=r"group size 0 outside \[1, 256\]"):
-        ShmGroup("misuse_size", 0, 0, timeout=1.0)
+        ShmCommunicator("misuse_size", 0, 0, timeout=1.0)
     with pytest.raises(CommError, match="timeout must be > 0 seconds"):
-        ShmGroup("misuse_timeout", 0, 1, timeout=float("nan"))
+        ShmCommunicator("misuse_timeout", 0, 1, timeout=float("nan"))
 
 
 def test_shm_use_after_close():
@@ -283,7 +283,7 @@ def test_shm_use_after_close():
     for call in (lambda: g0.all_reduce(np.ones(2, np.float32)), lambda: g0.all_reduce_async(np.ones(2)),
                  lambda: g0.all_reduce_async_many([np.ones(2)]), lambda: g0.flush(), lambda: g0.barrier(),
                  lambda: g0.rank, lambda: g0.aggregator_stats()):
-        with pytest.raises(CommError, match=f"ShmGroup {g0.name!r} is closed"):
+        with pytest.raises(CommError, match=f"ShmCommunicator {g0.name!r} is closed"):
             call()
     g0.close()
     # rank 1 is not left waiting for its timeout: the closed rank aborted the group
@@ -323,8 +323,8 @@ def test_raw_entry_points_never_crash_in_a_subprocess():
     # write past a buffer): each must end in an exception.
     out = run_isolated("""
         import numpy as np
-        from mindspore_hyper.comm import InProcessGroup, ShmGroup
-        g = InProcessGroup(3, topology=False)
+        from mindspore_hyper.comm import InProcessCommunicator, ShmCommunicator
+        g = InProcessCommunicator(3, topology=False)
         g.all_reduce_async([np.ones(4, np.float32)] * 3)
         f = np.ones(4, np.float32)
         calls = [
@@ -346,7 +346,7 @@ def test_raw_entry_points_never_crash_in_a_subprocess():
                 print(i, "NO ERROR")
             except Exception as exc:
                 print(i, type(exc).__name__, exc)
-        s = ShmGroup("rawmisuse", 0, 1, timeout=5.0)
+        s = ShmCommunicator("rawmisuse", 0, 1, timeout=5.0)
         for call in (lambda: s._g.all_gather_v(f, np.ones(2, np.float32), [4], "float32"),
                      lambda: s._g.reduce_scatter(f, f, [40], "float32", "sum"),
                      lambda: s._g.all_to_all_v(f, [4, 4], "float32")):

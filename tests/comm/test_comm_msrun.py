@@ -20,9 +20,9 @@ WORKER = textwrap.dedent('''
     init()
     if os.environ.get("MS_ROLE") == "MS_SCHED":
         sys.exit(0)
-    from mindspore_hyper.comm import MindSporeGroup, ShmGroup
+    from mindspore_hyper.comm import MindSporeCommunicator, ShmCommunicator
     out_dir = sys.argv[1]
-    g = MindSporeGroup(aggregation_bytes=4096, max_delay=3600.0)  # packets only when full or on flush
+    g = MindSporeCommunicator(aggregation_bytes=4096, max_delay=3600.0)  # packets only when full or on flush
     r, p = g.rank, g.size
     res = {"rank": r, "size": p}
     res["all_reduce"] = g.all_reduce(np.arange(10, dtype=np.float32) + r).tolist()
@@ -101,7 +101,7 @@ def test_mindspore_transport_and_shm_alltoall_under_msrun(tmp_path):
         assert out["agg_i32_min"] == [2] * 7
         assert out["many_avg"] == [[1.5] * 5, [0, 1, 3]]  # int avg truncates: (0+0)/2, (1+2)/2, (2+4)/2
         assert out["avg_i64"] == [0, 2]  # (0+1)/2 -> 0, (1+4)/2 -> 2
-        assert out["after_close"].startswith("CommError: MindSporeGroup(rank") and "is closed" in out["after_close"]
+        assert out["after_close"].startswith("CommError: MindSporeCommunicator(rank") and "is closed" in out["after_close"]
         stats = out["stats"]
         assert stats["requests"] == 6 and stats["bypassed"] == 1  # 12000 B > 4096 B
         # float32/sum in order 1, 100 | 1000, 5 (4096 B packets; 3000 floats bypass), int32/min: 3 packets,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from comm_helpers import on_both_ranks, run_isolated
 
-from mindspore_hyper.comm import CommError, InProcessGroup, ShmGroup
+from mindspore_hyper.comm import CommError, InProcessCommunicator, ShmCommunicator
 from mindspore_hyper.comm._common import _C
 
 # Above glibc's largest mmap threshold (32MB): such an array's memory is unmapped when it is
@@ -23,9 +23,9 @@ def test_dropped_handles_then_flush_complete_safely_on_shm():
     out = run_isolated(f"""
         import gc, uuid
         import numpy as np
-        from mindspore_hyper.comm import ShmGroup
+        from mindspore_hyper.comm import ShmCommunicator
         # packets of 64MB, sent on flush only: every request below waits in the queue
-        g = ShmGroup("d" + uuid.uuid4().hex[:12], 0, 1, timeout=10.0, aggregation_bytes=64 << 20, max_delay=3600.0)
+        g = ShmCommunicator("d" + uuid.uuid4().hex[:12], 0, 1, timeout=10.0, aggregation_bytes=64 << 20, max_delay=3600.0)
         kept = [g.all_reduce_async(np.full(100, i, np.float32)) for i in range(10)]
         g.all_reduce_async(np.ones({BIG}, np.float32))  # handle dropped at once
         for i in range(50):
@@ -44,8 +44,8 @@ def test_dropped_handles_then_flush_complete_safely_in_process():
     out = run_isolated(f"""
         import gc
         import numpy as np
-        from mindspore_hyper.comm import InProcessGroup
-        g = InProcessGroup(2, topology=False, aggregation_bytes=64 << 20, max_delay=3600.0)
+        from mindspore_hyper.comm import InProcessCommunicator
+        g = InProcessCommunicator(2, topology=False, aggregation_bytes=64 << 20, max_delay=3600.0)
         g.all_reduce_async([np.ones({BIG}, np.float32)] * 2)  # handle dropped at once
         kept = g.all_reduce_async([np.ones(10, np.float32), np.full(10, 2, np.float32)])
         gc.collect()
@@ -58,7 +58,7 @@ def test_dropped_handles_then_flush_complete_safely_in_process():
 
 
 def test_caller_may_reuse_its_array_right_after_submitting():
-    g = InProcessGroup(2, topology=False, max_delay=3600.0)
+    g = InProcessCommunicator(2, topology=False, max_delay=3600.0)
     x = [np.full(5, 1, np.float32), np.full(5, 2, np.float32)]
     h = g.all_reduce_async(x)
     x[0][:] = 100  # the request holds its own copy
@@ -115,12 +115,12 @@ def test_buffer_stays_exported_while_a_collective_uses_it(shm_pair):
     # bytearray must not be resizable, or the C++ side would write into freed memory.
     out = run_isolated("""
         import threading, time, uuid
-        from mindspore_hyper.comm import ShmGroup
+        from mindspore_hyper.comm import ShmCommunicator
         name = "x" + uuid.uuid4().hex[:12]
         groups = [None, None]
-        t = threading.Thread(target=lambda: groups.__setitem__(1, ShmGroup(name, 1, 2, timeout=20.0)))
+        t = threading.Thread(target=lambda: groups.__setitem__(1, ShmCommunicator(name, 1, 2, timeout=20.0)))
         t.start()
-        groups[0] = ShmGroup(name, 0, 2, timeout=20.0)
+        groups[0] = ShmCommunicator(name, 0, 2, timeout=20.0)
         t.join()
         buf = bytearray(b"\\x01" * 64)
         t = threading.Thread(target=lambda: groups[0]._g.all_reduce(buf, "uint8", "sum", "auto"))
@@ -141,27 +141,27 @@ def test_buffer_stays_exported_while_a_collective_uses_it(shm_pair):
 
 
 @pytest.mark.parametrize("call, message", [
-    ("g._g.submit([np.ones(4, np.float32)], 'sum')", "InProcGroup.submit: arrays has 1 entries, expected 2"),
+    ("g._g.submit([np.ones(4, np.float32)], 'sum')", "InProcCommunicator.submit: arrays has 1 entries, expected 2"),
     ("g._g.all_reduce([np.ones(4, np.float32)] * 2, ['float32'], ['sum'] * 2, 'auto')",
-     "InProcGroup.all_reduce: dtypes has 1 entries, expected 2"),
+     "InProcCommunicator.all_reduce: dtypes has 1 entries, expected 2"),
     ("g._g.broadcast([np.ones(4, np.float32)], ['float32'] * 2, 0, 'auto')",
-     "InProcGroup.broadcast: bufs has 1 entries, expected 2"),
+     "InProcCommunicator.broadcast: bufs has 1 entries, expected 2"),
     ("g._g.all_gather_v([np.ones(2, np.float32)] * 2, [np.ones(4, np.float32)] * 2, [[2, 2]], ['float32'] * 2)",
-     "InProcGroup.all_gather_v: counts has 1 entries, expected 2"),
+     "InProcCommunicator.all_gather_v: counts has 1 entries, expected 2"),
     ("g._g.all_gather_v([np.ones(2, np.float32)] * 2, [np.ones(4, np.float32)] * 2, [[2, 2], [2]], ['float32'] * 2)",
-     "InProcGroup.all_gather_v: counts[1] has 1 entries, expected 2"),
+     "InProcCommunicator.all_gather_v: counts[1] has 1 entries, expected 2"),
     ("g._g.reduce_scatter([np.ones(4, np.float32)] * 2, [np.ones(2, np.float32)] * 2, [[2, 2]] * 2, ['float32'] * 2,"
-     " ['sum'])", "InProcGroup.reduce_scatter: ops has 1 entries, expected 2"),
+     " ['sum'])", "InProcCommunicator.reduce_scatter: ops has 1 entries, expected 2"),
     ("g._g.all_to_all_v([np.ones(4, np.float32)] * 2, [[2, 2]], ['float32'] * 2)",
-     "InProcGroup.all_to_all_v: send_counts has 1 entries, expected 2"),
+     "InProcCommunicator.all_to_all_v: send_counts has 1 entries, expected 2"),
     # counts larger than the buffers: the C++ side would read / write past them
     ("g._g.all_gather_v([np.ones(2, np.float32)] * 2, [np.ones(1, np.float32)] * 2, [[2, 2]] * 2, ['float32'] * 2)",
-     "InProcGroup.all_gather_v: outs[0]: buffer holds 1 elements but the counts need 4"),
+     "InProcCommunicator.all_gather_v: outs[0]: buffer holds 1 elements but the counts need 4"),
     ("g._g.reduce_scatter([np.ones(4, np.float32)] * 2, [np.ones(2, np.float32)] * 2, [[200, 2]] * 2,"
      " ['float32'] * 2, ['sum'] * 2)",
-     "InProcGroup.reduce_scatter: ins[0]: buffer holds 4 elements but the counts need 202"),
+     "InProcCommunicator.reduce_scatter: ins[0]: buffer holds 4 elements but the counts need 202"),
     ("g._g.all_to_all_v([np.ones(4, np.float32)] * 2, [[2, 2000]] * 2, ['float32'] * 2)",
-     "InProcGroup.all_to_all_v: ins[0]: buffer holds 4 elements but the counts need 2002"),
+     "InProcCommunicator.all_to_all_v: ins[0]: buffer holds 4 elements but the counts need 2002"),
     ("g._g.all_reduce([np.ones(4, np.float64)] * 2, ['float32'] * 2, ['sum'] * 2, 'auto')",
      "buffer items have 8 bytes but dtype float32 has 4"),
     ("g._g.send_recv(0, 7, np.ones(4, np.float32), np.ones(4, np.float32), 'float32')",
@@ -170,8 +170,8 @@ def test_buffer_stays_exported_while_a_collective_uses_it(shm_pair):
 def test_per_rank_lists_and_counts_are_checked_before_use(call, message):
     out = run_isolated(f"""
         import numpy as np
-        from mindspore_hyper.comm import InProcessGroup
-        g = InProcessGroup(2, topology=False)
+        from mindspore_hyper.comm import InProcessCommunicator
+        g = InProcessCommunicator(2, topology=False)
         g.all_reduce_async([np.ones(4, np.float32)] * 2)  # makes the aggregators
         try:
             {call}
@@ -183,21 +183,21 @@ def test_per_rank_lists_and_counts_are_checked_before_use(call, message):
 
 
 def test_shm_counts_are_checked_against_the_buffers():
-    g = ShmGroup("c" + uuid.uuid4().hex[:12], 0, 1, timeout=5.0)
+    g = ShmCommunicator("c" + uuid.uuid4().hex[:12], 0, 1, timeout=5.0)
     x = np.ones(4, np.float32)
-    with pytest.raises(ValueError, match=r"ShmGroup.all_gather_v: out: buffer holds 3 elements but the counts need 4"):
+    with pytest.raises(ValueError, match=r"ShmCommunicator.all_gather_v: out: buffer holds 3 elements but the counts need 4"):
         g._g.all_gather_v(x, np.ones(3, np.float32), [4], "float32")
-    with pytest.raises(ValueError, match=r"ShmGroup.reduce_scatter: counts has 2 entries, expected 1"):
+    with pytest.raises(ValueError, match=r"ShmCommunicator.reduce_scatter: counts has 2 entries, expected 1"):
         g._g.reduce_scatter(x, np.ones(4, np.float32), [2, 2], "float32", "sum")
-    with pytest.raises(ValueError, match=r"ShmGroup.all_to_all_v: in: buffer holds 4 elements but the counts need 400"):
+    with pytest.raises(ValueError, match=r"ShmCommunicator.all_to_all_v: in: buffer holds 4 elements but the counts need 400"):
         g._g.all_to_all_v(x, [400], "float32")
-    with pytest.raises(ValueError, match=r"ShmGroup.all_gather: out: buffer holds 3 elements but the counts need 4"):
+    with pytest.raises(ValueError, match=r"ShmCommunicator.all_gather: out: buffer holds 3 elements but the counts need 4"):
         g._g.all_gather(x, np.ones(3, np.float32), "float32")
     g.close()
 
 
 def test_in_process_per_rank_arguments_are_checked():
-    g = InProcessGroup(3, topology=False)
+    g = InProcessCommunicator(3, topology=False)
     with pytest.raises(ValueError, match=r"arrays has 2 entries, expected 3 \(one per rank\)"):
         g.all_reduce_async([np.ones(2, np.float32)] * 2)
     with pytest.raises(ValueError, match=r"send_counts has 2 entries, expected 3 \(one per rank\)"):
@@ -210,15 +210,15 @@ def test_in_process_per_rank_arguments_are_checked():
 def test_a_live_shm_segment_of_the_same_name_is_an_error_not_deleted():
     name = "s" + uuid.uuid4().hex[:12]
     first = {}
-    forming = threading.Thread(target=lambda: first.__setitem__(0, ShmGroup(name, 0, 2, timeout=20.0)))
+    forming = threading.Thread(target=lambda: first.__setitem__(0, ShmCommunicator(name, 0, 2, timeout=20.0)))
     forming.start()  # group A's rank 0 waits for its rank 1: its segment is in /dev/shm
     seg = "/dev/shm/mshyper_" + name
     deadline = time.time() + 10
     while not os.path.exists(seg) and time.time() < deadline:
         time.sleep(0.01)
     with pytest.raises(CommError, match=f"segment /mshyper_{name} already exists and belongs to the live process"):
-        ShmGroup(name, 0, 2, timeout=2.0)  # group B, same name
-    first[1] = ShmGroup(name, 1, 2, timeout=20.0)  # A's rank 1 still finds A's segment
+        ShmCommunicator(name, 0, 2, timeout=2.0)  # group B, same name
+    first[1] = ShmCommunicator(name, 1, 2, timeout=20.0)  # A's rank 1 still finds A's segment
     forming.join()
     sums = on_both_ranks([first[0], first[1]], lambda g: g.all_reduce(np.full(3, g.rank + 1, np.float32)))
     for s in sums:

@@ -11,7 +11,7 @@ import uuid
 import numpy as np
 import pytest
 
-from mindspore_hyper.comm import CommMismatch, CommTimeout, ShmGroup
+from mindspore_hyper.comm import CommMismatch, CommTimeout, ShmCommunicator
 from mindspore_hyper.comm.shm import SEGMENT_PREFIX
 
 # spawn: the children must not inherit threads (MindSpore, other tests) of the pytest process
@@ -71,7 +71,7 @@ def _close(a, ref, dtype):
 
 
 def _collectives(rank, size, name):
-    g = ShmGroup(name, rank, size, timeout=20, channel_bytes=64 << 10)
+    g = ShmCommunicator(name, rank, size, timeout=20, channel_bytes=64 << 10)
     failures = []
     for dtype in (np.float32, np.float16, np.int32):
         for n in (1, 13, 4099, 100003):  # odd sizes; 100003 streams through the 64KB rings
@@ -165,7 +165,7 @@ def test_shm_collectives_match_numpy(size):
 
 
 def _killed_peer(rank, size, name, direct):
-    g = ShmGroup(name, rank, size, timeout=5, channel_bytes=64 << 10)
+    g = ShmCommunicator(name, rank, size, timeout=5, channel_bytes=64 << 10)
     if not direct:
         g.direct_min_bytes = -1  # the channel ring instead of single-copy direct reads
     x = np.ones(4 << 20, np.float32)  # 16MB: many ring chunks through 64KB channels
@@ -194,7 +194,7 @@ def test_dead_peer_gives_timeout_and_no_leftovers(size, direct):
 
 
 def _stalled_peer(rank, size, name):
-    g = ShmGroup(name, rank, size, timeout=1.0)
+    g = ShmCommunicator(name, rank, size, timeout=1.0)
     if rank == 1:
         time.sleep(4)  # never joins the collective within rank 0's timeout
         return ("slept", "")
@@ -213,7 +213,7 @@ def test_stalled_peer_gives_timeout():
 
 
 def _mismatch(rank, size, name):
-    g = ShmGroup(name, rank, size, timeout=10)
+    g = ShmCommunicator(name, rank, size, timeout=10)
     out = []
     try:
         g.all_reduce(np.ones(10 + rank, np.float32))
@@ -250,7 +250,7 @@ def _crash_before_attach(rank, size, name):
     if rank == 1:
         os._exit(3)  # never attaches
     try:
-        ShmGroup(name, rank, size, timeout=1.0)
+        ShmCommunicator(name, rank, size, timeout=1.0)
     except CommTimeout as exc:
         return ("timeout", str(exc))
     return ("no error", "")
@@ -264,7 +264,7 @@ def test_rank_missing_at_setup_times_out_without_leftovers():
 
 
 def _create_and_wait(name):
-    ShmGroup(name, 0, 2, timeout=60.0)  # waits for a rank 1 that never comes
+    ShmCommunicator(name, 0, 2, timeout=60.0)  # waits for a rank 1 that never comes
 
 
 def test_segment_of_a_creator_killed_before_anyone_attached_is_removed_by_the_next_group():
@@ -279,6 +279,6 @@ def test_segment_of_a_creator_killed_before_anyone_attached_is_removed_by_the_ne
     os.kill(creator.pid, signal.SIGKILL)  # rank 0 dies while the group forms
     creator.join(timeout=JOIN_TIMEOUT)
     assert os.path.exists(path)  # left behind: nobody else knew of it
-    fresh = ShmGroup("t" + uuid.uuid4().hex[:12], 0, 1, timeout=5.0)  # any new group's rank 0 cleans up
+    fresh = ShmCommunicator("t" + uuid.uuid4().hex[:12], 0, 1, timeout=5.0)  # any new group's rank 0 cleans up
     fresh.close()
     assert not os.path.exists(path)

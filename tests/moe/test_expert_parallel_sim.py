@@ -139,11 +139,11 @@ def test_overlap_chunks_give_the_same_numbers():
 
 def test_library_all_to_all_in_simulation_gives_the_same_numbers(monkeypatch):
     """sim_collectives="library": the rows move through the C++ library's in-process all_to_all_v."""
-    from mindspore_hyper.comm.inprocess import InProcessGroup
+    from mindspore_hyper.comm.inprocess import InProcessCommunicator
 
     calls = []
-    original = InProcessGroup.all_to_all_v
-    monkeypatch.setattr(InProcessGroup, "all_to_all_v", lambda self, *a: calls.append(1) or original(self, *a))
+    original = InProcessCommunicator.all_to_all_v
+    monkeypatch.setattr(InProcessCommunicator, "all_to_all_v", lambda self, *a: calls.append(1) or original(self, *a))
     mh.set_context(device_num=4, sim_collectives="library")
     ms.set_seed(0)
     ref, par = MoENet(shared=8), MoENet(shared=8)

@@ -69,13 +69,13 @@ class World:
 
     def _make(self, ranks: Tuple[int, ...]):
         if self.transport == "mindspore":
-            from mindspore_hyper.comm.mindspore_transport import MindSporeGroup
+            from mindspore_hyper.comm.mindspore_transport import MindSporeCommunicator
 
-            return MindSporeGroup(ranks=ranks, shm_timeout=self.timeout)
-        from mindspore_hyper.comm.shm import ShmGroup
+            return MindSporeCommunicator(ranks=ranks, shm_timeout=self.timeout)
+        from mindspore_hyper.comm.shm import ShmCommunicator
 
         name = f"{self.job}_g{'-'.join(map(str, ranks))}"
-        return ShmGroup(name, ranks.index(self.rank), len(ranks), timeout=self.timeout)
+        return ShmCommunicator(name, ranks.index(self.rank), len(ranks), timeout=self.timeout)
 
     def close(self) -> None:
         """Close every communicator (also done at interpreter exit)."""

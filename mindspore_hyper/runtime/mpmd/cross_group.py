@@ -21,7 +21,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mindspore_hyper.comm import CommError
-from mindspore_hyper.comm.shm import ShmGroup
+from mindspore_hyper.comm.shm import ShmCommunicator
 from mindspore_hyper.runtime.distributed.world import world
 
 __all__ = ["send_arrays", "recv_arrays", "send_output", "outbox", "Outbox", "SendInputGradient", "RecvInputGradient",
@@ -31,17 +31,17 @@ _DTYPES = (np.float32, np.float16, np.float64, np.int32, np.int64, np.bool_, np.
 _HEADER = 10  # dtype code, ndim, up to 8 dims
 
 
-def _channel(src: int, dst: int) -> ShmGroup:
+def _channel(src: int, dst: int) -> ShmCommunicator:
     """The one-way channel src -> dst (member 0 sends, member 1 receives), made on first use by
     both ends; the sender's is used only by its Outbox thread, the receiver's by its main thread."""
     key = (src, dst)
     if key not in _CHANNELS:
         w = world()
-        _CHANNELS[key] = ShmGroup(f"{w.job}_x{src}to{dst}", 0 if w.rank == src else 1, 2, timeout=w.timeout)
+        _CHANNELS[key] = ShmCommunicator(f"{w.job}_x{src}to{dst}", 0 if w.rank == src else 1, 2, timeout=w.timeout)
     return _CHANNELS[key]
 
 
-_CHANNELS: Dict[Tuple[int, int], ShmGroup] = {}
+_CHANNELS: Dict[Tuple[int, int], ShmCommunicator] = {}
 
 
 class Outbox:

@@ -57,7 +57,7 @@ def test_gpt_data_x_tensor_with_and_without_zero1_on_4_processes(tmp_path):
         assert zero["memory"]["optimizer_states"] == zero["optimizer_bytes_held"] == zero["param_bytes_held"]
         assert "ReduceScatter" in zero["comm_backward"] and "AllGather" in zero["comm_backward"]
         assert "AllReduce" in plain["comm_backward"]
-        assert plain["communicators"] == ["ShmGroup"]
+        assert plain["communicators"] == ["ShmCommunicator"]
 
 
 @pytest.mark.msrun
@@ -75,7 +75,7 @@ def test_mindspore_transport_with_process_groups_on_4_processes(tmp_path):
     env = dict(os.environ, MS_HYPER_DIST_TRANSPORT="mindspore")
     for res in run(tmp_path, 4, ["2x2+zero"], env=env):
         check_matches_single_device(res["2x2+zero"])
-        assert res["2x2+zero"]["communicators"] == ["MindSporeGroup"]
+        assert res["2x2+zero"]["communicators"] == ["MindSporeCommunicator"]
 
 
 @pytest.mark.msrun

@@ -14,11 +14,11 @@
 
 namespace mshyper::comm {
 
-class InProcGroup {
+class InProcCommunicator {
  public:
-  InProcGroup(int n, std::shared_ptr<const Topology> topology, std::vector<int> devices, size_t channel_bytes,
+  InProcCommunicator(int n, std::shared_ptr<const Topology> topology, std::vector<int> devices, size_t channel_bytes,
               double timeout, TransportParams params);
-  ~InProcGroup();
+  ~InProcCommunicator();
   int size() const { return static_cast<int>(comms_.size()); }
   Communicator& comm(int rank) { return *comms_.at(rank); }
   // Runs fn(rank) on one (persistent) thread per rank; rethrows the root-cause error (the other

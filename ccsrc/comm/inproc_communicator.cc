@@ -1,4 +1,4 @@
-#include "comm/inproc_group.h"
+#include "comm/inproc_communicator.h"
 
 #include <exception>
 #include <string>
@@ -6,7 +6,7 @@
 
 namespace mshyper::comm {
 
-InProcGroup::InProcGroup(int n, std::shared_ptr<const Topology> topology, std::vector<int> devices,
+InProcCommunicator::InProcCommunicator(int n, std::shared_ptr<const Topology> topology, std::vector<int> devices,
                          size_t channel_bytes, double timeout, TransportParams params) {
   if (n <= 0) throw CommError("in-process group needs at least one rank, got " + std::to_string(n));
   hub_ = std::make_shared<InProcHub>(n, channel_bytes);
@@ -23,12 +23,12 @@ InProcGroup::InProcGroup(int n, std::shared_ptr<const Topology> topology, std::v
   }
 }
 
-InProcGroup::~InProcGroup() {
+InProcCommunicator::~InProcCommunicator() {
   CloseAggregators();
   StopWorkers();
 }
 
-void InProcGroup::StopWorkers() {
+void InProcCommunicator::StopWorkers() {
   {
     std::lock_guard<std::mutex> lock(pool_mu_);
     quit_ = true;
@@ -38,7 +38,7 @@ void InProcGroup::StopWorkers() {
   workers_.clear();
 }
 
-void InProcGroup::Worker(int rank) {
+void InProcCommunicator::Worker(int rank) {
   uint64_t seen = 0;
   std::unique_lock<std::mutex> lock(pool_mu_);
   while (true) {
@@ -53,7 +53,7 @@ void InProcGroup::Worker(int rank) {
   }
 }
 
-void InProcGroup::Run(const std::function<void(int)>& fn) {
+void InProcCommunicator::Run(const std::function<void(int)>& fn) {
   const int n = size();
   std::vector<std::exception_ptr> errors(n);
   std::vector<std::string> messages(n);
@@ -100,24 +100,24 @@ void InProcGroup::Run(const std::function<void(int)>& fn) {
   if (any) std::rethrow_exception(any);
 }
 
-void InProcGroup::EnableAggregation(size_t packet_bytes, double max_delay_s) {
+void InProcCommunicator::EnableAggregation(size_t packet_bytes, double max_delay_s) {
   CloseAggregators();
   for (auto& c : agg_comms_) {
     aggs_.push_back(std::make_shared<Aggregator>(std::make_shared<CommunicatorBackend>(c), packet_bytes, max_delay_s));
   }
 }
 
-Aggregator& InProcGroup::aggregator(int rank) {
+Aggregator& InProcCommunicator::aggregator(int rank) {
   if (aggs_.empty()) throw CommError("in-process group: aggregation is not enabled");
   return *aggs_.at(rank);
 }
 
-void InProcGroup::FlushAll() {
+void InProcCommunicator::FlushAll() {
   for (auto& a : aggs_) a->RequestFlush();
   for (auto& a : aggs_) a->WaitFlushed();
 }
 
-void InProcGroup::CloseAggregators() {
+void InProcCommunicator::CloseAggregators() {
   for (auto& a : aggs_) a->Close();
   aggs_.clear();
   std::string why;
