@@ -4,7 +4,8 @@ For an op it (1) normalises the call into its tensor inputs, (2) asks the op's s
 for the input layouts it needs and the output layouts it produces, (3) redistributes the
 inputs through the run's collectives (recorded), (4) fans out inputs that are replicated along
 mesh axes the op runs sharded over (their gradients are summed over those axes in backward),
-and (5) runs the real op once per distinct shard this process holds. An op without a rule runs
+and (5) runs the real op once per distinct shard this process holds, or once over all of them
+stacked when the op batches (`batched`). An op without a rule runs
 on replicated inputs and is recorded as a replication fallback. Ops that write into operands
 (in-place ops, Assign, BatchNorm's moving statistics) run by their out-of-place rule and the
 written values go back to what the caller passed (`mutation`). A failing op raises
@@ -21,6 +22,7 @@ from mindspore.common.api import _pynative_executor
 from mindspore.ops.primitive import Primitive
 
 from mindspore_hyper.dtensor import mutation, shard_hints
+from mindspore_hyper.dtensor.batched import run_batched
 from mindspore_hyper.dtensor.dtensor import DTensor, is_float, key_of, significant_axes
 from mindspore_hyper.dtensor.rules.registry import RULES, Decision
 from mindspore_hyper.shard.tensor_layout import TensorLayout
@@ -295,9 +297,14 @@ def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] 
                                         t.global_shape, t.dtype, execution)
     call.replace_tensors(ready)
     mesh = execution.mesh
+    keys = execution.keys(axes)
+    if execution.batch_shards:
+        batched_result = run_batched(execution, call, decision, axes, keys)
+        if batched_result is not None:
+            return batched_result
     results = {}
     try:
-        for key in execution.keys(axes):
+        for key in keys:
             coords = dict(zip(axes, key))
             execution.set_running(coords)
             results[key] = _run_local(call, decision, coords)

@@ -60,6 +60,7 @@ class DTensor(Tensor):
         dt._layout = layout
         dt._shards = shards  # None until `_pending()` makes them (a lazily laid out Parameter)
         dt._pending = None
+        dt._stacked = None  # the shards stacked along a new leading dimension, when made so (`batched`)
         dt._hint_source = None  # a DTensor this one is a not yet moved `.shard()` view of
         dt._global_shape = global_shape
         dt._execution = execution
@@ -85,6 +86,15 @@ class DTensor(Tensor):
         when an op first reads it, so hooks that fill it just before its Cell runs compose)."""
         dt = cls._create(layout, None, global_shape, dtype, execution)
         dt._pending = make_shards
+        return dt
+
+    @classmethod
+    def _from_stack(cls, layout: TensorLayout, stacked: Tensor, keys: Sequence[Key], global_shape: Sequence[int],
+                    dtype, execution) -> "DTensor":
+        """A DTensor whose distinct shards are `stacked[i]` for `keys[i]`, cut out only when read
+        (a batched op's result; the next batched op reads `stacked` itself)."""
+        dt = cls._lazy(layout, lambda: dict(zip(keys, ops.unstack(stacked, 0))), global_shape, dtype, execution)
+        dt._stacked = stacked
         return dt
 
     @property
@@ -245,7 +255,7 @@ class DTensor(Tensor):
     def _become(self, other: "DTensor") -> "DTensor":
         """Take `other`'s layout and shards (the result of an in-place op on this DTensor)."""
         self._layout, self._shards, self._local_nbytes = other._layout, other.shards, other._local_nbytes
-        self._pending = None
+        self._pending, self._stacked = None, other._stacked
         return self
 
     # -- operators with a plain Tensor on the left ---------------------------------------------

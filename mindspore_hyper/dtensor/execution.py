@@ -75,6 +75,7 @@ class Execution:
         self.hints: List[Tuple[str, Optional[list]]] = []
         self._running: Optional[Dict[int, int]] = None
         self.holds_activations = False  # a training forward: new DTensors count until the step ends
+        self.batch_shards = True  # run batchable ops once over their stacked shards (`dtensor.batched`)
 
     # -- bookkeeping ---------------------------------------------------------------------------
     @property
