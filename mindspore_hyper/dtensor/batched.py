@@ -163,10 +163,14 @@ def _matmul(call, inputs, batch: Batch):
 
 
 def _batch_matmul(call, inputs, batch: Batch):
-    """BatchMatMul-style ops do not broadcast on CPU: only operands split alike."""
-    if batch.sizes_of(0) != batch.sizes or batch.sizes_of(1) != batch.sizes:
+    """bmm: 3-D operands only, no broadcasting: operands split alike, batch folded into its
+    batch dimension."""
+    if (batch.sizes_of(0) != batch.sizes or batch.sizes_of(1) != batch.sizes or batch.local_ranks != [3, 3]
+            or len(inputs) != 2):
         return None
-    return _matmul(call, inputs, batch)
+    a, b = (t.reshape((-1,) + tuple(t.shape[batch.nb + 1:])) for t in batch.stacked)  # bmm takes 3-D only
+    out = call.run([a, b], call.kwargs)
+    return out.reshape(batch.sizes + (-1,) + tuple(out.shape[1:]))
 
 
 def _matmul_2d(call, inputs, batch: Batch):

@@ -154,20 +154,36 @@ class DTensor(Tensor):
         if layout == self._layout:
             return self, set()
         plan = plan_redistribution(self._layout, layout, self._global_shape, self.dtype.itemsize)
-        shards, current = self.shards, self._layout
-        accounting = self._execution.accounting
+        execution = self._execution
+        shards, stacked, current = None, self._stacked, self._layout
+        accounting = execution.accounting
         itemsize = self.dtype.itemsize
         fused = set()
         for step in plan:
             input_bytes = math.prod(current.local_shape(self._global_shape)) * itemsize
             grad_partial = isinstance(step, AllGather) and step.axis in grad_partial_axes
-            shards, current = _apply_step(self._execution, step, shards, current, record, grad_partial)
+            if isinstance(step, AllReduce) and _reduces_stacked(execution, current):
+                if stacked is None:
+                    from mindspore_hyper.dtensor.batched import stacked_shards
+
+                    stacked = stacked_shards(execution, self if shards is None else
+                                             DTensor._create(current, shards, self._global_shape, self.dtype, execution))
+                stacked, current = _all_reduce_stacked(execution, step, stacked, current)
+                shards = None
+            else:
+                if shards is None:
+                    shards = self.shards if stacked is self._stacked else _unstacked(execution, stacked, current)
+                shards, current = _apply_step(execution, step, shards, current, record, grad_partial)
+                stacked = None
             if grad_partial:
                 fused.add(step.axis)
             if record and not isinstance(step, (LocalSlice, MakePartial)):
                 axis = current.mesh.alias_names[step.axis]
                 accounting.record_comm(type(step).__name__, axis, step.send_bytes, input_bytes)
-        return DTensor._create(layout, shards, self._global_shape, self.dtype, self._execution), fused
+        if shards is None:
+            keys = execution.keys(significant_axes(layout))
+            return DTensor._from_stack(layout, stacked, keys, self._global_shape, self.dtype, execution), fused
+        return DTensor._create(layout, shards, self._global_shape, self.dtype, execution), fused
 
     # -- values ------------------------------------------------------------------------------
     def asnumpy(self) -> np.ndarray:
@@ -328,6 +344,38 @@ def _bool():
     import mindspore as ms
 
     return ms.bool_
+
+
+def _reduces_stacked(execution, layout: TensorLayout) -> bool:
+    """Whether an AllReduce runs on the stacked shards (in-process MindSpore collectives
+    holding every device: the same additions as per group, on all groups at once)."""
+    from mindspore_hyper.comm.inprocess_collectives import InProcessCollectives
+
+    return (execution.batch_shards and execution.holds_all_ranks and type(execution.collectives) is InProcessCollectives
+            and len(significant_axes(layout)) > 1)
+
+
+def _all_reduce_stacked(execution, step, stacked: Tensor, layout: TensorLayout):
+    """AllReduce along `step.axis` of stacked shards: the members' shards (slices of the stack
+    along that axis) reduced in member order, for every group at once."""
+    from mindspore_hyper.comm.inprocess_collectives import reduce_tensors
+
+    mesh = layout.mesh
+    axes = significant_axes(layout)
+    sizes = tuple(mesh.device_matrix[a] for a in axes)
+    local = tuple(stacked.shape[1:])
+    grid = stacked.reshape(sizes + local)
+    position = axes.index(step.axis)
+    lead = (slice(None),) * position
+    reduced = reduce_tensors([grid[lead + (i,)] for i in range(sizes[position])], step.op)
+    partial = layout.partial
+    del partial[step.axis]
+    new_layout = TensorLayout.from_dims(mesh, layout.dims, partial)
+    return reduced.reshape((-1,) + local), new_layout
+
+
+def _unstacked(execution, stacked: Tensor, layout: TensorLayout) -> Dict[Key, Tensor]:
+    return dict(zip(execution.keys(significant_axes(layout)), ops.unstack(stacked, 0)))
 
 
 def _apply_step(execution, step, shards: Dict[Key, Tensor], layout: TensorLayout, record: bool,
