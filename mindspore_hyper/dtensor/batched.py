@@ -9,13 +9,13 @@ replicated, so broadcasting reads it once), and the op runs once. A result stays
 tensors are only cut out (one Unstack) when a per-shard path reads them.
 
 Only ops listed in `BATCHED` run batched, each with an adapter that shifts its axis arguments
-past the batch dimensions. They are ops whose batched kernel computes every shard exactly as
-the per-shard kernel does (elementwise ops, matmuls, softmax, LayerNorm over trailing axes,
-max/min, copies: forward values bitwise equal, tested); sums are excluded because MindSpore's CPU
-sum kernel rounds differently on a longer batch. Gradients flow through the stacking
-(autograd sums a replicated operand's gradient over the batch, as `_fan_out` would), possibly
-in another summation order. Everything else, random ops included (each shard draws its own
-values), runs per shard.
+past the batch dimensions. Forward values equal the per-shard kernels' bitwise for elementwise
+ops, softmax, LayerNorm over trailing axes, max/min and copies (tested); matmuls and sums agree
+to float rounding only: MindSpore's CPU GEMM picks its kernel by matrix size (an 8-row MatMul
+rounds differently from the same rows inside a larger or batched one) and a longer sum adds in
+another order. Gradients flow through the stacking (autograd sums a replicated operand's
+gradient over the batch, as `_fan_out` would), possibly in another summation order. Everything
+else, random ops included (each shard draws its own values), runs per shard.
 """
 from __future__ import annotations
 
