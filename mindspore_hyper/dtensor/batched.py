@@ -59,6 +59,14 @@ class Batch:
         """Operand i's batch dimensions (1 where it is replicated)."""
         return tuple(self.stacked[i].shape[:self.nb])
 
+    def full(self, i: int) -> Tensor:
+        """Operand i tiled to the full batch dimensions (a copy where it is replicated)."""
+        own = self.sizes_of(i)
+        if own == self.sizes:
+            return self.stacked[i]
+        reps = tuple(n // m for n, m in zip(self.sizes, own)) + (1,) * self.local_ranks[i]
+        return ops.tile(self.stacked[i], reps)
+
     def stacked_shape(self, i: int, rank: int) -> Tuple[int, ...]:
         """Operand i's stacked shape with its local shape left-padded with 1s to `rank`."""
         shape = tuple(self.stacked[i].shape)
@@ -156,32 +164,38 @@ def _transpose(call, inputs, batch: Batch):
 
 
 def _matmul(call, inputs, batch: Batch):
-    """matmul (MatMulExt): batch dimensions broadcast like its own batch dimensions."""
-    if min(batch.local_ranks) < 2 or batch.local_ranks[0] != batch.local_ranks[1]:
+    """matmul (MatMulExt) on operands of equal rank: one BatchMatMul over the batch and local
+    batch dimensions (MindSpore's CPU matmul is several times slower when it broadcasts, so an
+    operand replicated along some batch dimensions is tiled first)."""
+    ranks = batch.local_ranks
+    if len(ranks) != 2 or ranks[0] != ranks[1] or ranks[0] < 2 or len(inputs) != 2:
         return None
-    return call.run(_put(inputs, iter(batch.stacked)), call.kwargs)
+    a, b = batch.full(0), batch.full(1)
+    if tuple(a.shape[:-2]) != tuple(b.shape[:-2]):
+        return None  # broadcasting local batch dimensions: per shard
+    return _bmm(a, b, False, False)
 
 
 def _batch_matmul(call, inputs, batch: Batch):
-    """bmm: 3-D operands only, no broadcasting: operands split alike, batch folded into its
-    batch dimension."""
-    if (batch.sizes_of(0) != batch.sizes or batch.sizes_of(1) != batch.sizes or batch.local_ranks != [3, 3]
-            or len(inputs) != 2):
+    """bmm: 3-D operands split alike."""
+    if batch.local_ranks != [3, 3] or len(inputs) != 2:
         return None
-    a, b = (t.reshape((-1,) + tuple(t.shape[batch.nb + 1:])) for t in batch.stacked)  # bmm takes 3-D only
-    out = call.run([a, b], call.kwargs)
-    return out.reshape(batch.sizes + (-1,) + tuple(out.shape[1:]))
+    return _matmul(call, inputs, batch)
 
 
 def _matmul_2d(call, inputs, batch: Batch):
-    """MatMul (2-D, transpose flags as arguments): `ops.matmul` on the (transposed) stacks,
-    which broadcasts a weight replicated along some batch dimensions."""
-    if batch.local_ranks[:2] != [2, 2] or len(inputs) != 4:
+    """MatMul (2-D, transpose flags as arguments): BatchMatMul with the same flags."""
+    if batch.local_ranks != [2, 2] or len(inputs) != 4:
         return None
-    a, b = batch.stacked[0], batch.stacked[1]
-    a = a.swapaxes(-1, -2) if inputs[2] else a
-    b = b.swapaxes(-1, -2) if inputs[3] else b
-    return ops.matmul(a, b)
+    return _bmm(batch.full(0), batch.full(1), bool(inputs[2]), bool(inputs[3]))
+
+
+def _bmm(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool) -> Tensor:
+    """BatchMatMul over every leading dimension of equally batched `a` and `b`."""
+    lead = tuple(a.shape[:-2])
+    out = ops.BatchMatMul(transpose_a, transpose_b)(a.reshape((-1,) + tuple(a.shape[-2:])),
+                                                    b.reshape((-1,) + tuple(b.shape[-2:])))
+    return out.reshape(lead + tuple(out.shape[-2:]))
 
 
 def _bias_add(call, inputs, batch: Batch):
