@@ -162,13 +162,16 @@ class DTensor(Tensor):
         for step in plan:
             input_bytes = math.prod(current.local_shape(self._global_shape)) * itemsize
             grad_partial = isinstance(step, AllGather) and step.axis in grad_partial_axes
-            if isinstance(step, AllReduce) and _reduces_stacked(execution, current):
+            if _runs_stacked(execution, step, current):
                 if stacked is None:
                     from mindspore_hyper.dtensor.batched import stacked_shards
 
                     stacked = stacked_shards(execution, self if shards is None else
                                              DTensor._create(current, shards, self._global_shape, self.dtype, execution))
-                stacked, current = _all_reduce_stacked(execution, step, stacked, current)
+                if isinstance(step, AllReduce):
+                    stacked, current = _all_reduce_stacked(execution, step, stacked, current)
+                else:
+                    stacked, current = _all_gather_stacked(execution, step, stacked, current, record, grad_partial)
                 shards = None
             else:
                 if shards is None:
@@ -346,13 +349,40 @@ def _bool():
     return ms.bool_
 
 
-def _reduces_stacked(execution, layout: TensorLayout) -> bool:
-    """Whether an AllReduce runs on the stacked shards (in-process MindSpore collectives
-    holding every device: the same additions as per group, on all groups at once)."""
+def _runs_stacked(execution, step, layout: TensorLayout) -> bool:
+    """Whether a step runs on the stacked shards of every group at once: an AllReduce (the same
+    additions in member order) or an AllGather along a dimension's innermost axis (the same
+    concatenation), with the in-process MindSpore collectives holding every device."""
     from mindspore_hyper.comm.inprocess_collectives import InProcessCollectives
 
-    return (execution.batch_shards and execution.holds_all_ranks and type(execution.collectives) is InProcessCollectives
-            and len(significant_axes(layout)) > 1)
+    if not (execution.batch_shards and execution.holds_all_ranks and type(execution.collectives) is InProcessCollectives
+            and len(significant_axes(layout)) > 1):
+        return False
+    if isinstance(step, AllGather):
+        return layout.dims[step.dim][-1] == step.axis
+    return isinstance(step, AllReduce)
+
+
+def _all_gather_stacked(execution, step, stacked: Tensor, layout: TensorLayout, record: bool, grad_partial: bool):
+    """AllGather along `step.axis` into local dimension `step.dim` of stacked shards: the batch
+    dimension of that axis moved next to the local dimension and merged into it (the members'
+    shards concatenated in member order, for every group at once)."""
+    mesh = layout.mesh
+    axes = significant_axes(layout)
+    sizes = tuple(mesh.device_matrix[a] for a in axes)
+    local = tuple(stacked.shape[1:])
+    nb, p, d = len(axes), axes.index(step.axis), step.dim
+    perm = [i for i in range(nb) if i != p] + [nb + j for j in range(d)] + [p] + [nb + j for j in range(d, len(local))]
+    moved = stacked.reshape(sizes + local).transpose(tuple(perm))
+    gathered = local[:d] + (sizes[p] * local[d],) + local[d + 1:]
+    out = moved.reshape((-1,) + gathered)
+    if grad_partial and record:  # the consumers' partial gradients are reduce-scattered back
+        coords = mesh.coords(execution.local_ranks[0])  # the group through it records
+        group = execution.group([step.axis], {a: coords[a] for a in axes if a != step.axis})
+        execution.collectives._on_backward(out, "ReduceScatter", group, math.prod(gathered) * out.dtype.itemsize)
+    dims = [list(e) for e in layout.dims]
+    dims[d].remove(step.axis)
+    return out, TensorLayout.from_dims(mesh, dims, layout.partial)
 
 
 def _all_reduce_stacked(execution, step, stacked: Tensor, layout: TensorLayout):
