@@ -76,6 +76,7 @@ class Execution:
         self._running: Optional[Dict[int, int]] = None
         self.holds_activations = False  # a training forward: new DTensors count until the step ends
         self.batch_shards = True  # run batchable ops once over their stacked shards (`dtensor.batched`)
+        self.observer: Optional[Callable[[Any, Any], None]] = None  # sees (call, decision) of every op (native mode)
 
     # -- bookkeeping ---------------------------------------------------------------------------
     @property
