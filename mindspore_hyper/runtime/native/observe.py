@@ -66,9 +66,10 @@ class Observation:
     input_shapes: List[Tuple[int, ...]] = field(default_factory=list)
 
 
-def observe_primitives(model, table: StrategyTable, example_inputs: Sequence) -> Observation:
+def observe_primitives(model, table: StrategyTable, example_inputs: Sequence, loss_fn=None) -> Observation:
     """Run `model` once (forward, no gradients) on `table`'s simulated mesh with
-    `example_inputs` and record its primitive calls.
+    `example_inputs` and record its primitive calls; with `loss_fn` the last input is the label
+    and the loss runs on the model's (global) output, outside the observation.
 
     Raises:
         ValueError: an input cannot be split as the strategy declares (from the simulation).
@@ -120,7 +121,10 @@ def observe_primitives(model, table: StrategyTable, example_inputs: Sequence) ->
 
     sim.execution.observer = observe
     try:
-        sim(*example_inputs)
+        if loss_fn is None:
+            sim(*example_inputs)
+        else:
+            loss_fn(sim(*example_inputs[:-1]), example_inputs[-1])
     finally:
         sim.execution.observer = None
         for handle in handles:

@@ -33,7 +33,6 @@ __all__ = ["NativePlan", "apply_native", "native_mesh"]
 
 # Primitives MindSpore takes no in-strategy for (shape-only ops) or that run on scalars.
 NOT_SHARDED = ("Reshape", "Shape", "Cast", "ToDtype", "Depend", "Load")
-LOSS_WRAPPER_PREFIX = "_backbone."  # nn.WithLossCell's name for the model
 
 
 @dataclass
@@ -122,9 +121,9 @@ def apply_native(model, table: StrategyTable, example_inputs: Optional[Sequence]
                          "the shapes seen by running the model once in simulation on one global batch")
     mesh = native_mesh(table)
     plan = NativePlan(mesh=mesh)
+    observation = observe_primitives(model, table, tuple(example_inputs), loss_fn)
+    _shard_primitives(table, mesh, observation, plan)
     network = model if loss_fn is None else nn.WithLossCell(model, loss_fn)
-    observation = observe_primitives(network, table, tuple(example_inputs))
-    _shard_primitives(network, table, mesh, observation, plan)
     plan.left_to_mindspore.update(observation.unowned)
 
     for name, cell in model.cells_and_names():
@@ -200,11 +199,11 @@ def _train_one_step(network, optimizer, pipelined: bool, optimizer_sharded: bool
     return train_one_step
 
 
-def _shard_primitives(network, table: StrategyTable, mesh: Layout, observation: Observation, plan: NativePlan):
+def _shard_primitives(table: StrategyTable, mesh: Layout, observation: Observation, plan: NativePlan):
     conflicted = {c.split(":")[0] for c in observation.conflicts}
     rows = {row.name: row for row in table}
     for key, seen in observation.primitives.items():
-        cell = seen.cell[len(LOSS_WRAPPER_PREFIX):] if seen.cell.startswith(LOSS_WRAPPER_PREFIX) else seen.cell
+        cell = seen.cell
         if any(fnmatch.fnmatchcase(cell, g.modules) or fnmatch.fnmatchcase(cell, g.modules + ".*") for g in table.groups):
             continue  # reported once per group by apply_native
         if seen.op in NOT_SHARDED or key in conflicted or any(len(s) == 0 for s in seen.shapes):
@@ -217,14 +216,9 @@ def _shard_primitives(network, table: StrategyTable, mesh: Layout, observation: 
         plan.primitive_shapes[key] = seen.shapes
         for position, pname in seen.parameters.items():
             plan.parameter_layouts[pname] = _ms(layouts[position]).to_dict()
-            row = rows.get(_table_name(pname, rows))
+            row = rows.get(pname)
             if row is not None and row.layout.tensor_map != layouts[position].tensor_map:
                 plan.relaid_parameters[pname] = (row.layout.tensor_map, layouts[position].tensor_map)
-
-
-def _table_name(pname: str, rows) -> str:
-    """A Parameter's name as the table has it (WithLossCell adds no prefix to parameter names)."""
-    return pname if pname in rows else pname.split(".", 1)[-1]
 
 
 def _on_native_mesh(layout: TensorLayout, mesh: Layout) -> TensorLayout:
