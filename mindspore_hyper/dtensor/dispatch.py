@@ -282,10 +282,10 @@ def replicated_decision(call: OpCall) -> Decision:
 
 def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] = ()):
     """Redistribute inputs per `decision`, fan out replicated inputs of a sharded op, and run
-    the op once per distinct output shard this process holds. When the op writes operands
-    (`private`: their positions) every input gets copies of its shards first: a shard may be a
-    view of a caller's tensor or of a batched op's stack, and MindSpore's in-place kernels refuse
-    views."""
+    the op once per distinct output shard this process holds. The inputs at positions
+    `private` (operands the op writes), and for such an op every input cut out of a batched
+    op's stack, get copies of their shards first: a shard may be a view of a caller's tensor or
+    of a stack, and MindSpore's in-place kernels refuse views."""
     axes = sorted(set().union(*[significant_axes(layout) for layout in decision.inputs]))
     ready = []
     for i, (t, layout) in enumerate(zip(call.tensors, decision.inputs)):
@@ -295,7 +295,7 @@ def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] 
         moved, fused = t.redistribute_with_fusion(layout, grad_partial_axes=fan)
         fan = [a for a in fan if a not in fused]
         ready.append(_fan_out(execution, moved, fan) if fan else moved)
-        if private:  # in-place kernels also refuse views (a shard cut out of a batched op's stack) as sources
+        if i in private or (private and ready[-1]._stacked is not None):  # in-place kernels refuse views
             ready[-1] = DTensor._create(layout, {k: ops.deepcopy(v) for k, v in ready[-1].shards.items()},
                                         t.global_shape, t.dtype, execution)
     call.replace_tensors(ready)

@@ -40,7 +40,6 @@ def gpt_strategy(mesh: Layout):
 def run_gpt(mesh: Layout, batched: bool, model=None):
     """Logits, loss and parameter gradients of the small GPT on `mesh`, batched or per shard."""
     mh.set_context(device_num=mesh.size)
-    ms.set_seed(0)
     model = model or GPT(vocab=64, hidden=32, heads=4, layers=1, seq=8)
     sim = simulate(model, gpt_strategy(mesh))
     sim.execution.batch_shards = batched
