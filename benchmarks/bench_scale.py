@@ -114,14 +114,17 @@ def main():
     print(f"model: GPT {MODELS[args.model]}, batch {BATCH}; machine load now: {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores (timings are noisy under load)")
     single = run_child(args.model, 1, args.repeat)
-    print(f"single device: step median {single['seconds']:.3f} s, max RSS {single['max_rss_bytes'] / 2**20:.0f} MiB")
+    print(f"single device: step median {single['seconds']:.3f} s (all: {', '.join(f'{t:.3f}' for t in single['all'])}), "
+          f"max RSS {single['max_rss_bytes'] / 2**20:.0f} MiB")
     largest = max(args.devices)
     for devices in args.devices:
         sim = run_child(args.model, devices, args.repeat, args.report if devices == largest else "")
         ratio = sim["seconds"] / single["seconds"]
         memory = sim["max_rss_bytes"] / single["max_rss_bytes"]
         same = max(abs(a - b) / abs(b) for a, b in zip(sim["losses"], single["losses"]))
-        print(f"{devices:4d} devices {MESHES[devices]}: step median {sim['seconds']:.3f} s = {ratio:.2f}x single "
+        fastest = min(sim["all"]) / min(single["all"])
+        print(f"{devices:4d} devices {MESHES[devices]}: step median {sim['seconds']:.3f} s = {ratio:.2f}x single, "
+              f"fastest step {fastest:.2f}x single's fastest "
               f"(all: {', '.join(f'{t:.3f}' for t in sim['all'])}); max RSS {memory:.2f}x single; "
               f"losses vs single: max rel diff {same:.1e}; estimated comm {sim['comm_time_estimate_s'] * 1e3:.2f} ms/step; "
               f"report rows {sim['memory_groups']}")

@@ -166,7 +166,8 @@ class StepReport:
         right.barh(labels or ["none"], values or [0])
         right.invert_yaxis()
         right.set_xlabel("MiB sent per device per step")
-        right.set_title("communication by phase, collective and mesh axis")
+        right.set_title(f"communication by phase, collective and mesh axis\n(estimated {self.comm_time_estimate_s * 1e3:.2f} "
+                        f"ms/step, topology {get_context('topology')!r}, no overlap)", fontsize=10)
         fig.tight_layout()
         fig.savefig(path, dpi=100)
         plt.close(fig)
