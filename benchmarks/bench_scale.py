@@ -5,6 +5,7 @@
     python benchmarks/bench_scale.py                          # small GPT (hidden 128, 2 layers)
     python benchmarks/bench_scale.py --model benchmark        # hidden 768, 4 layers, seq 256
     python benchmarks/bench_scale.py --devices 384 --report report384.png   # + the 384-device report
+    python benchmarks/bench_scale.py --per-shard              # one kernel per shard, for comparison
 
 Meshes (Megatron-style tensor parallel with vocabulary-parallel embedding and head, ZeRO-1 over
 "data"): 8 = data 2 x tensor 4, 64 = data 8 x tensor 8, 384 = data 8 x tensor 8 x pipeline 6
@@ -44,7 +45,7 @@ def strategy(shape):
     return s
 
 
-def child(model_name: str, devices: int, repeat: int, report_png: str) -> dict:
+def child(model_name: str, devices: int, repeat: int, report_png: str, per_shard: bool = False) -> dict:
     """One run in this process: `devices` = 1 is the single-device baseline."""
     import numpy as np
     import mindspore as ms
@@ -66,6 +67,7 @@ def child(model_name: str, devices: int, repeat: int, report_png: str) -> dict:
     if devices > 1:
         mh.set_context(mode="simulation", device_num=devices, topology="supernode384" if devices == 384 else "node8")
         net = auto_parallelize(model, strategy(MESHES[devices]))
+        net.execution.batch_shards = not per_shard  # --per-shard: one kernel per shard (before batching)
     optimizer = nn.AdamWeightDecay(model.trainable_params(), learning_rate=1e-4)
     step = ms.value_and_grad(net, None, optimizer.parameters)
     times, losses = [], []
@@ -88,8 +90,10 @@ def child(model_name: str, devices: int, repeat: int, report_png: str) -> dict:
     return out
 
 
-def run_child(model_name, devices, repeat, report_png="") -> dict:
+def run_child(model_name, devices, repeat, report_png="", per_shard=False) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", model_name, str(devices), "--repeat", str(repeat)]
+    if per_shard:
+        cmd.append("--per-shard")
     if report_png:
         cmd += ["--report", report_png]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -105,10 +109,12 @@ def main():
     parser.add_argument("--devices", type=int, nargs="+", default=[8, 64, 384], choices=sorted(MESHES))
     parser.add_argument("--repeat", type=int, default=3, help="timed steps after one warm-up step")
     parser.add_argument("--report", default="", help="PNG path: the report of the largest run, plotted")
+    parser.add_argument("--per-shard", action="store_true",
+                        help="simulate with one kernel per shard (batched execution off), for comparison")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "DEVICES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child[0], int(args.child[1]), args.repeat, args.report)))
+        print(json.dumps(child(args.child[0], int(args.child[1]), args.repeat, args.report, args.per_shard)))
         return
 
     print(f"model: GPT {MODELS[args.model]}, batch {BATCH}; machine load now: {os.getloadavg()[0]:.1f} "
@@ -118,7 +124,7 @@ def main():
           f"max RSS {single['max_rss_bytes'] / 2**20:.0f} MiB")
     largest = max(args.devices)
     for devices in args.devices:
-        sim = run_child(args.model, devices, args.repeat, args.report if devices == largest else "")
+        sim = run_child(args.model, devices, args.repeat, args.report if devices == largest else "", args.per_shard)
         ratio = sim["seconds"] / single["seconds"]
         memory = sim["max_rss_bytes"] / single["max_rss_bytes"]
         same = max(abs(a - b) / abs(b) for a, b in zip(sim["losses"], single["losses"]))
