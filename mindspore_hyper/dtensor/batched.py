@@ -73,10 +73,10 @@ class Batch:
         return shape[:self.nb] + (1,) * (rank - self.local_ranks[i]) + shape[self.nb:]
 
 
-def _shift(axis, nb: int, rank: int):
+def _shift(axis, nb: int):
     """An axis argument (int or tuple) moved past `nb` leading batch dimensions."""
     if isinstance(axis, (tuple, list)):
-        return type(axis)(_shift(a, nb, rank) for a in axis)
+        return type(axis)(_shift(a, nb) for a in axis)
     return axis + nb if axis >= 0 else axis
 
 
@@ -117,7 +117,7 @@ def _with_axes(positions: Sequence[int]):
         for p in positions:
             if p >= len(args) or not _is_axis(args[p]):
                 return None  # a default axis (often: all of them) is not moved past the batch
-            args[p] = _shift(args[p], batch.nb, batch.local_ranks[0])
+            args[p] = _shift(args[p], batch.nb)
         return call.run(_put(args, iter(batch.stacked)), call.kwargs)
     return adapter
 
@@ -130,7 +130,7 @@ def _reduce(call, inputs, batch: Batch):
     if len(args) == 1 or args[1] is None or args[1] == ():
         axis = tuple(range(batch.nb, batch.nb + rank))
     elif _is_axis(args[1]):
-        axis = _shift(args[1], batch.nb, rank)
+        axis = _shift(args[1], batch.nb)
     else:
         return None
     if rank == 0:
@@ -143,7 +143,7 @@ def _sum_keyword(call, inputs, batch: Batch):
     axis = call.kwargs.get("axis")
     if len(inputs) != 1 or not _is_axis(axis):
         return None
-    kwargs = dict(call.kwargs, axis=_shift(axis, batch.nb, batch.local_ranks[0]))
+    kwargs = dict(call.kwargs, axis=_shift(axis, batch.nb))
     return call.run([batch.stacked[0]], kwargs)
 
 
@@ -210,10 +210,9 @@ def _layer_norm(call, inputs, batch: Batch):
     """LayerNorm with gamma and beta the same on every device of the op (the usual case)."""
     if len(inputs) != 6 or batch.raw[1] is None or batch.raw[2] is None:
         return None
-    x, _, _, begin_norm, begin_params, eps = inputs
-    rank = batch.local_ranks[0]
-    args = [batch.stacked[0], batch.raw[1], batch.raw[2], _shift(begin_norm, batch.nb, rank),
-            _shift(begin_params, batch.nb, rank), eps]
+    _, _, _, begin_norm, begin_params, eps = inputs
+    args = [batch.stacked[0], batch.raw[1], batch.raw[2], _shift(begin_norm, batch.nb),
+            _shift(begin_params, batch.nb), eps]
     return call.run(args, call.kwargs)
 
 
