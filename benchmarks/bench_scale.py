@@ -14,7 +14,8 @@ replicas: the simulation runs pipeline stages in one program order). Every run i
 process (peak RSS is per process), each timing the median of --repeat steps after one warm-up
 step. Both sides set pynative_synchronize=True (the simulation does by default, flag
 sim_synchronize; the single-device run likewise so the ratio compares like with like).
-Goals (issue 15): benchmark GPT <= 1.5x at 384; small GPT <= 3x at every count; host memory
+Wall time and process CPU time (all threads) are both reported: under machine load the CPU-time
+ratio is the steadier one. Goals (issue 15): benchmark GPT <= 1.5x at 384; small GPT <= 3x at every count; host memory
 <= 2x single device.
 """
 import argparse

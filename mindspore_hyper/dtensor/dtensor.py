@@ -395,9 +395,8 @@ def _all_reduce_stacked(execution, step, stacked: Tensor, layout: TensorLayout):
     sizes = tuple(mesh.device_matrix[a] for a in axes)
     local = tuple(stacked.shape[1:])
     grid = stacked.reshape(sizes + local)
-    position = axes.index(step.axis)
-    lead = (slice(None),) * position
-    reduced = reduce_tensors([grid[lead + (i,)] for i in range(sizes[position])], step.op)
+    members = ops.unstack(grid, axes.index(step.axis))  # one op (its backward one stack), not n slices
+    reduced = reduce_tensors(list(members), step.op)
     partial = layout.partial
     del partial[step.axis]
     new_layout = TensorLayout.from_dims(mesh, layout.dims, partial)
