@@ -29,12 +29,12 @@ def auto_parallelize(model, strategy_or_config: StrategyLike, mode: str = None, 
             ParallelConfig, or a YAML path / mapping accepted by `load_parallel_config`.
         mode: "simulation", "distributed" or "native"; None reads `get_context("mode")`.
         **kwargs: passed to the runtime: `return_dtensor`, `optimizer_states` in simulation and
-            distributed mode; in native mode `activation_ndim`, `input_ndims`,
-            `pipeline_scheduler`, `parallel_mode`, `optimizer_states` (see `apply_native`).
+            distributed mode; in native mode `example_inputs` (required), `loss_fn`, `optimizer`,
+            `micro_batches`, `pipeline_scheduler`, `parallel_mode`, `optimizer_states` (see `apply_native`).
 
     Returns:
-        simulation: a `SimulatedModel`; distributed: a `DistributedModel`; native: the
-        `AutoParallel`-wrapped net (with `hyper_native_plan` and `hyper_strategy_table`).
+        simulation: a `SimulatedModel`; distributed: a `DistributedModel`; native: `AutoParallel`
+        wrapping the training step (with `hyper_native_plan` and `hyper_strategy_table`).
 
     Raises:
         ValueError: unknown mode, or an invalid strategy/config (the message names the field).
