@@ -9,7 +9,8 @@ replicated, so broadcasting reads it once), and the op runs once. A result stays
 tensors are only cut out (one Unstack) when a per-shard path reads them.
 
 Only ops listed in `BATCHED` run batched, each with an adapter that shifts its axis arguments
-past the batch dimensions. Forward values equal the per-shard kernels' bitwise for elementwise
+past the batch dimensions, and ops whose rule gives a `Decision.batch_fn` (the batched form of
+its per-shard `local_fn`, e.g. the vocabulary-parallel embedding). Forward values equal the per-shard kernels' bitwise for elementwise
 ops, softmax, LayerNorm over trailing axes, max/min and copies (tested); matmuls and sums agree
 to float rounding only: MindSpore's CPU GEMM picks its kernel by matrix size (an 8-row MatMul
 rounds differently from the same rows inside a larger or batched one) and a longer sum adds in
