@@ -30,7 +30,7 @@ clean:
 # AddressSanitizer + UndefinedBehaviorSanitizer (asan; float-cast-overflow is not part of
 # -fsanitize=undefined in GCC, so it is named).
 STORE_STRESS_SRCS := ccsrc/tools/store_stress.cc $(wildcard ccsrc/store/*.cc) $(wildcard ccsrc/prefetch/*.cc)
-MAILBOX_STRESS_SRCS := ccsrc/tools/mailbox_stress.cc ccsrc/aot/kernel_fence.cc ccsrc/aot/tensor_mailbox.cc
+MAILBOX_STRESS_SRCS := ccsrc/tools/mailbox_stress.cc ccsrc/kernels/kernel_fence.cc ccsrc/kernels/tensor_mailbox.cc
 COMM_STRESS_SRCS := ccsrc/tools/comm_stress.cc $(wildcard ccsrc/comm/*.cc)
 TSAN_FLAGS := -std=c++17 -O1 -g -fsanitize=thread -Wno-tsan -pthread -Iccsrc
 ASAN_FLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow \

@@ -18,7 +18,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def build() -> str:
     exe = os.path.join(tempfile.mkdtemp(prefix="mshyper_bench_"), "bench_versioned_read")
-    srcs = ["ccsrc/tools/bench_versioned_read.cc", "ccsrc/store/block_store.cc", "ccsrc/store/crc32c.cc"]
+    srcs = ["ccsrc/tools/bench_versioned_read.cc", *(f"ccsrc/store/{name}.cc" for name in
+                                                      ("block_store", "block_moves", "memory_tier", "disk_tier", "seqlock", "crc32c"))]
     subprocess.run(["g++", "-std=c++17", "-O2", "-pthread", "-Iccsrc", *srcs, "-o", exe], cwd=ROOT, check=True)
     return exe
 

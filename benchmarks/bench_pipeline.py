@@ -10,19 +10,32 @@ a rank's share). Bubble fraction = idle / (idle + work) per rank, measured
 over the synchronous step ("step"), or, for zb_v, within each rank's own span ("span", the
 zero-bubble papers' measure).
 
-Measured section (comes with the pipeline runtime): a 4-process msrun run records every action's
-start/end, `Timeline.from_records` holds it, and `simulate(schedule, measured=timeline.mean_costs())`
-is set beside it (goal: bubble within 15%). It is a function added to SECTIONS.
+Measured section: a 4-process msrun job trains a chain of nn.Dense/ReLU layers with the
+pipeline runtime (one process per pipeline rank, shared-memory p2p); every action's real start
+and end are recorded and all-gathered (`PipelineModel.measured_timeline`), and the schedule is
+simulated with the measured mean cost of each (action kind, stage) of the same step
+(`simulated_timeline`). Printed per kind: measured and simulated bubble fraction and makespan
+(medians over the steps after the first), their ratio (goal: bubble within 15%), and a profile
+of the last step per rank (busy, idle in receives, other idle).
 
-Usage: .venv/bin/python benchmarks/bench_pipeline.py [--pictures DIR]
+Usage: .venv/bin/python benchmarks/bench_pipeline.py [--pictures DIR] [--measured] [--width W]
+        [--depth D] [--batch N] [--steps S] [--kinds K ...] [--trace DIR]
   --pictures DIR  also write a PNG Gantt chart of each kind at p=4, m=8 (v=2 where it applies)
+  --measured      run the measured section (msrun, --workers processes, default 4; ~20 s per kind)
+  --trace DIR     write the last step's measured timeline beside its simulation (one chrome trace per kind)
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
 from typing import List, Optional
+
+import numpy as np
 
 from mindspore_hyper.schedule import SCHEDULE_KINDS, Timeline, build_schedule, simulate
 from mindspore_hyper.schedule.formulas import BUBBLE_FORMULAS, bubble_fraction, published_idle
@@ -106,16 +119,134 @@ def write_pictures(directory: str) -> None:
 
 SECTIONS = [("Simulated bubble vs published formula (unit costs, zero p2p)", simulated_section, print_rows)]
 
+# ---------------------------------------------------------------- measured (msrun, 4 processes)
+MEASURED_KINDS = ("gpipe", "1f1b", "zb_h1")
+WORKER_ENV = "BENCH_PIPELINE_WORKER"  # msrun parses options after the script: the worker's arguments travel here
+
+
+def measured_worker(spec: dict) -> None:
+    """One msrun process: train the chain pipelined, write this step's timelines (rank 0)."""
+    import mindspore as ms
+    from mindspore import Tensor, nn
+
+    import mindspore_hyper as mh
+    from mindspore_hyper import Layout
+
+    ms.set_context(mode=ms.PYNATIVE_MODE, runtime_num_threads=1)  # 4 processes share the cores
+    mh.set_context(mode="distributed", comm_timeout=120.0)
+    ms.set_seed(0)
+    width, depth = spec["width"], spec["depth"]
+    layers = [nn.Dense(width, width) if i % 2 == 0 else nn.ReLU() for i in range(2 * depth - 1)]
+    model = nn.WithLossCell(nn.SequentialCell(layers), nn.MSELoss())
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal((spec["batch"], width)).astype(np.float32))
+    y = Tensor(rng.standard_normal((spec["batch"], width)).astype(np.float32))
+    parallel = mh.auto_parallelize(model, Layout((spec["workers"],), ("pipeline",))(tensor_map=()),
+                                   pipeline={"schedule": spec["kind"], "microbatches": spec["microbatches"]})
+    optimizer = nn.SGD(parallel.optimizer_parameters(), 1e-3)
+    rows = []
+    for _ in range(spec["steps"]):
+        parallel.train_step(optimizer, x, y)
+        measured = parallel.measured_timeline()
+        simulated = parallel.simulated_timeline(measured)
+        rows.append({"measured_bubble": measured.bubble_fraction, "simulated_bubble": simulated.bubble_fraction,
+                     "measured_makespan": measured.makespan, "simulated_makespan": simulated.makespan,
+                     "profile": _profile(measured)})
+    if parallel.world.rank == 0:
+        if spec.get("trace"):
+            os.makedirs(spec["trace"], exist_ok=True)
+            from mindspore_hyper.runtime.pipeline.side_by_side import write_side_by_side_trace
+
+            write_side_by_side_trace(os.path.join(spec["trace"], f"pipeline_{spec['kind']}.json"), [measured, simulated])
+        with open(os.path.join(spec["out"], "result.json"), "w") as f:
+            json.dump(rows, f)
+
+
+def _profile(t: Timeline) -> list:
+    """Per rank, seconds of the makespan: compute, waiting in receives, in sends (tensor to numpy,
+    queued), before the rank's first action (head), after its last (tail), between actions."""
+    out = []
+    for rank in range(t.num_ranks):
+        events = [e for e in t.events if e.rank == rank]
+        busy = t.busy_time(rank)
+        waiting = sum(e.duration for e in events if e.action.kind.value == "recv")
+        sending = sum(e.duration for e in events if e.action.kind.value == "send")
+        head = min(e.start for e in events) - t.start
+        tail = t.start + t.makespan - max(e.end for e in events)
+        out.append({"busy": busy, "recv_wait": waiting, "send": sending, "head": head, "tail": tail,
+                    "gaps": t.makespan - busy - waiting - sending - head - tail})
+    return out
+
+
+def run_measured(kind: str, args) -> list:
+    out = tempfile.mkdtemp(prefix="bench_pipeline_")
+    spec = {"kind": kind, "workers": args.workers, "microbatches": args.microbatches, "width": args.width, "depth": args.depth,
+            "batch": args.batch, "steps": args.steps, "out": out, "trace": args.trace}
+    env = dict(os.environ, **{WORKER_ENV: json.dumps(spec)})
+    bindir = os.path.dirname(sys.executable)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    from socket import socket
+
+    with socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [os.path.join(bindir, "msrun"), f"--worker_num={args.workers}", f"--local_worker_num={args.workers}",
+           f"--master_port={port}", f"--log_dir={out}/logs", "--join=True", os.path.abspath(__file__)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode:
+        sys.exit(f"msrun failed ({proc.returncode}); logs in {out}/logs")
+    with open(os.path.join(out, "result.json")) as f:
+        return json.load(f)
+
+
+def measured_section(args) -> None:
+    print(f"## Measured ({args.workers} processes, msrun, shared-memory p2p) vs simulated with the measured costs\n")
+    print(f"model: {args.depth} nn.Dense({args.width}, {args.width}) with ReLUs between, batch {args.batch}, "
+          f"{args.microbatches} microbatches, {args.steps} steps (the first is not counted), SGD; "
+          f"{os.cpu_count()} cores shared with whatever else runs (see docs/benchmarks.md)\n")
+    print("| kind | measured bubble | simulated bubble | ratio | measured makespan (ms) | simulated makespan (ms) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    profiles = {}
+    for kind in args.kinds:
+        rows = run_measured(kind, args)[1:]
+        mb = float(np.median([r["measured_bubble"] for r in rows]))
+        sb = float(np.median([r["simulated_bubble"] for r in rows]))
+        mm = float(np.median([r["measured_makespan"] for r in rows])) * 1e3
+        sm = float(np.median([r["simulated_makespan"] for r in rows])) * 1e3
+        print(f"| {kind} | {mb:.3f} | {sb:.3f} | {mb / sb:.2f} | {mm:.1f} | {sm:.1f} |")
+        profiles[kind] = rows[-1]["profile"]
+    print("\nprofile of the last measured step (ms per rank: compute / waiting in receives / sends / head / "
+          "tail / between actions):\n")
+    for kind, ranks in profiles.items():
+        cells = ", ".join(f"r{i} " + "/".join(f"{p[k] * 1e3:.0f}" for k in ("busy", "recv_wait", "send", "head", "tail",
+                                                                           "gaps"))
+                          for i, p in enumerate(ranks))
+        print(f"- {kind}: {cells}")
+
 
 def main() -> None:
+    if os.environ.get(WORKER_ENV):
+        measured_worker(json.loads(os.environ[WORKER_ENV]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pictures", metavar="DIR", help="write a Gantt PNG per schedule kind at p=4, m=8")
+    parser.add_argument("--measured", action="store_true", help="run the 4-process measured section (msrun)")
+    parser.add_argument("--workers", type=int, default=4, help="processes = pipeline ranks of the measured run")
+    parser.add_argument("--kinds", nargs="+", default=list(MEASURED_KINDS), choices=list(SCHEDULE_KINDS))
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--depth", type=int, default=8, help="Dense layers (2 per stage at the default)")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--trace", metavar="DIR", help="write measured/simulated chrome traces of the last step")
     args = parser.parse_args()
     for title, run, show in SECTIONS:
         print(f"## {title}\n")
         show(run())
     if args.pictures:
         write_pictures(args.pictures)
+    if args.measured:
+        measured_section(args)
 
 
 if __name__ == "__main__":

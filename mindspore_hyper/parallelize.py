@@ -29,12 +29,16 @@ def auto_parallelize(model, strategy_or_config: StrategyLike, mode: str = None, 
             ParallelConfig, or a YAML path / mapping accepted by `load_parallel_config`.
         mode: "simulation", "distributed" or "native"; None reads `get_context("mode")`.
         **kwargs: passed to the runtime: `return_dtensor`, `optimizer_states` in simulation and
-            distributed mode; in native mode `example_inputs` (required), `loss_fn`, `optimizer`,
-            `micro_batches`, `pipeline_scheduler`, `parallel_mode`, `optimizer_states` (see `apply_native`).
+            distributed mode; `pipeline` (PipelineOptions or a mapping of its fields: schedule,
+            microbatches, chunks, layers_per_stage, ...) runs pipeline stages, as does a config
+            with `pipeline: N` (see docs/mpmd.md, "Pipeline execution"); in native mode
+            `example_inputs` (required), `loss_fn`, `optimizer`, `micro_batches`,
+            `pipeline_scheduler`, `parallel_mode`, `optimizer_states` (see `apply_native`).
 
     Returns:
-        simulation: a `SimulatedModel`; distributed: a `DistributedModel`; native: `AutoParallel`
-        wrapping the training step (with `hyper_native_plan` and `hyper_strategy_table`).
+        simulation: a `SimulatedModel`; distributed: a `DistributedModel`; with pipeline stages
+        in either: a `PipelineModel`; native: `AutoParallel` wrapping the training step (with
+        `hyper_native_plan` and `hyper_strategy_table`).
 
     Raises:
         ValueError: unknown mode, or an invalid strategy/config (the message names the field).
@@ -48,4 +52,16 @@ def auto_parallelize(model, strategy_or_config: StrategyLike, mode: str = None, 
     if not isinstance(strategy_or_config, (Strategy, ParallelConfig)):
         raise TypeError(f"auto_parallelize: expected a Strategy, ParallelConfig, YAML path or mapping, got "
                         f"{type(strategy_or_config).__name__}")
+    if mode != "native" and isinstance(strategy_or_config, ParallelConfig) and strategy_or_config.optimizer_offload:
+        raise ValueError(f"parallel_config.optimizer.offload=True: not acted on in mode={mode!r}; offload the "
+                         "optimizer states with mindspore_hyper.offload.hyper_offload (it keeps parameters, "
+                         "optimizer states and gradients in the tiered store), or set it to False")
+    if mode != "native":
+        from mindspore_hyper.runtime.pipeline import parallelize_pipeline, wants_pipeline
+
+        pipeline = kwargs.pop("pipeline", None)
+        if wants_pipeline(strategy_or_config, pipeline):
+            pipelined = parallelize_pipeline(model, strategy_or_config, mode, pipeline, **kwargs)
+            if pipelined is not None:
+                return pipelined
     return get_runtime(mode).parallelize(model, strategy_or_config, **kwargs)

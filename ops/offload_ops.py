@@ -1,11 +1,12 @@
 """MindSpore custom ops (aot, CPU) that fetch / store a tensor from the HyperOffload store.
 
-The kernels (``ccsrc/aot/store_kernels.cc``) live in ``mindspore_hyper._core`` itself, so they use
-the same store instance as the Python API (`OffloadStore(make_default=True)` makes its tensor
-store the one the kernels see). Usable in PYNATIVE and GRAPH mode.
+The kernels (``ccsrc/kernels/store_kernels.cc``) live in ``mindspore_hyper._core`` itself, so they use
+the same store instances as the Python API: a reference names its store by handle (each
+`OffloadStore` registers one), so several stores in one process each serve their own kernels.
+Usable in PYNATIVE and GRAPH mode.
 
 * ``StoreFetch(ref)()`` / ``store_fetch(ref)``: a tensor with the stored tensor's value. Not
-  differentiable (its only input is the tensor id).
+  differentiable (its only input names the tensor).
 * ``StorePut(ref)(x)`` / ``store_put(x, ref)``: writes ``x`` into the stored tensor (a new
   version) and returns ``x``; the gradient passes straight through to ``x``.
 
@@ -20,7 +21,7 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
-from mindspore.common.api import _pynative_executor
+from mindspore.graph.api import _pynative_executor
 
 __all__ = ["StoreFetch", "StorePut", "store_fetch", "store_put", "core_library"]
 
@@ -33,12 +34,13 @@ def core_library() -> str:
 
 
 def _ms_dtype(np_dtype) -> ms.dtype:
-    return ms.dtype_to_ms_type(np.dtype(np_dtype)) if hasattr(ms, "dtype_to_ms_type") else \
-        ms.common.dtype.pytype_to_dtype(np.dtype(np_dtype).type)
+    """The MindSpore dtype of a numpy dtype (as a tensor of it gets)."""
+    return Tensor(np.zeros((1,), np.dtype(np_dtype))).dtype
 
 
-def _tid_tensor(ref) -> Tensor:
-    return Tensor(np.array([ref.tid], dtype=np.int64))
+def _ref_tensor(ref) -> Tensor:
+    """The kernels' name of a stored tensor: [store handle, tensor id]."""
+    return Tensor(np.array([ref.store_handle, ref.tid], dtype=np.int64))
 
 
 class StoreFetch(nn.Cell):
@@ -47,20 +49,20 @@ class StoreFetch(nn.Cell):
     def __init__(self, ref):
         super().__init__()
         shape, dtype = tuple(ref.shape), _ms_dtype(ref.dtype)
-        self.tid = _tid_tensor(ref)
+        self.ref_ids = _ref_tensor(ref)
 
-        def bprop(tid, out, dout):
-            return (ops.zeros_like(tid),)
+        def bprop(ref_ids, out, dout):
+            return (ops.zeros_like(ref_ids),)
 
-        self.op = ops.Custom(f"{core_library()}:MsHyperStoreFetch", out_shape=lambda tid: shape,
-                             out_dtype=lambda tid: dtype, func_type="aot", bprop=bprop)
+        self.op = ops.Custom(f"{core_library()}:MsHyperStoreFetch", out_shape=lambda ref_ids: shape,
+                             out_dtype=lambda ref_ids: dtype, func_type="aot", bprop=bprop)
         self.op.add_prim_attr("primitive_target", "CPU")
         # The output shape is not a function of the input's shape: make the op's attributes differ
         # per output signature so MindSpore's infer/kernel caches never mix two fetches.
         self.op.add_prim_attr("mshyper_out_signature", f"{shape}:{np.dtype(ref.dtype).name}")
 
     def construct(self):
-        return self.op(self.tid)
+        return self.op(self.ref_ids)
 
 
 class StorePut(nn.Cell):
@@ -69,17 +71,17 @@ class StorePut(nn.Cell):
     def __init__(self, ref):
         super().__init__()
         self.shape = tuple(ref.shape)
-        self.tid = _tid_tensor(ref)
+        self.ref_ids = _ref_tensor(ref)
 
-        def bprop(x, tid, out, dout):
-            return (dout, ops.zeros_like(tid))
+        def bprop(x, ref_ids, out, dout):
+            return (dout, ops.zeros_like(ref_ids))
 
-        self.op = ops.Custom(f"{core_library()}:MsHyperStorePut", out_shape=lambda x, tid: x,
-                             out_dtype=lambda x, tid: x, func_type="aot", bprop=bprop)
+        self.op = ops.Custom(f"{core_library()}:MsHyperStorePut", out_shape=lambda x, ref_ids: x,
+                             out_dtype=lambda x, ref_ids: x, func_type="aot", bprop=bprop)
         self.op.add_prim_attr("primitive_target", "CPU")
 
     def construct(self, x):
-        return self.op(x, self.tid)
+        return self.op(x, self.ref_ids)
 
 
 def store_fetch(ref) -> Tensor:

@@ -1,4 +1,4 @@
-"""Small models used by the simulation tests (plain nn.Cells, nothing parallel in them)."""
+"""Small models the tests share (plain nn.Cells, nothing parallel in them)."""
 import math
 
 import numpy as np
@@ -16,6 +16,21 @@ class MLP(nn.Cell):
 
     def construct(self, x):
         return self.fc2(self.act(self.fc1(x)))
+
+
+class DenseStack(nn.Cell):
+    """`n_layers` square Dense layers with tanh, then a Dense head to one output: each layer a
+    sub-Cell to offload (`layers.0`, ...)."""
+
+    def __init__(self, n_layers=4, dim=32):
+        super().__init__()
+        self.layers = nn.CellList([nn.Dense(dim, dim) for _ in range(n_layers)])
+        self.head = nn.Dense(dim, 1)
+
+    def construct(self, x):
+        for layer in self.layers:
+            x = ops.tanh(layer(x))
+        return self.head(x)
 
 
 class Attention(nn.Cell):

@@ -4,9 +4,13 @@
 namespace mshyper::bind {
 
 void RegisterAll(pybind11::module_& m) {
-  (void)m;
-  BindStore(m);
+  BindBlockStore(m);
+  BindTensorStore(m);
+  BindPrefetch(m);
+  BindKernels(m);
+  BindOptim(m);
   BindComm(m);
+  BindMoe(m);
 }
 
 }  // namespace mshyper::bind

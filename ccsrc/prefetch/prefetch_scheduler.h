@@ -1,4 +1,4 @@
-// Predictive prefetch scheduler over the block store (seed 2.2.1).
+// Predictive prefetch scheduler over the block store (docs/offload.md, "Prefetch scheduler").
 //
 // The consumer calls BeginStep() at every step boundary and Acquire(ids)/Release(ids) around each
 // use of blocks. During the first step the scheduler records the block access order (the trace).

@@ -1,246 +1,43 @@
+// BlockStore's table, copies and pins, reads, writes and queries; the moves between tiers are in
+// block_moves.cc.
 #include "store/block_store.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <sys/uio.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <chrono>
-#include <cerrno>
-#include <climits>
-#include <cstdlib>
 #include <cstring>
-#include <exception>
 #include <sstream>
-#include <thread>
 
 #include "store/crc32c.h"
 
 namespace mshyper::store {
 namespace {
 
-constexpr int kD = static_cast<int>(Tier::kDevice);
-constexpr int kH = static_cast<int>(Tier::kHost);
-constexpr int kK = static_cast<int>(Tier::kDisk);
+constexpr int kD = TierIndex(Tier::kDevice);
+constexpr int kH = TierIndex(Tier::kHost);
+constexpr int kK = TierIndex(Tier::kDisk);
 
-inline int Ti(Tier t) { return static_cast<int>(t); }
-
-// Times one block move (or one coalesced read): while it lasts the store's transfer clock is busy,
-// and its duration, failed or not, is added to its tier pair's copy time (so the busy time, a union
-// of these intervals, never exceeds the sum of the copy times).
-class MoveTimer {
- public:
-  MoveTimer(BusyClock& clock, std::atomic<uint64_t>& ns)
-      : clock_(clock), ns_(ns), start_(std::chrono::steady_clock::now()) {
-    clock_.Begin();
+// The configuration with its block size checked (StoreError) and at least one block per file.
+StoreConfig Checked(StoreConfig config) {
+  if (config.block_size == 0 || config.block_size % 64 != 0) {
+    throw StoreError("block_size must be a positive multiple of 64 bytes, got " +
+                     std::to_string(config.block_size));
   }
-  ~MoveTimer() {
-    clock_.End();
-    ns_.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                            std::chrono::steady_clock::now() - start_)
-                                            .count()),
-                  std::memory_order_relaxed);
-  }
-  MoveTimer(const MoveTimer&) = delete;
-  MoveTimer& operator=(const MoveTimer&) = delete;
-
- private:
-  BusyClock& clock_;
-  std::atomic<uint64_t>& ns_;
-  const std::chrono::steady_clock::time_point start_;
-};
-
-std::string Errno(int err) { return std::strerror(err); }
-
-uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
-
-uint8_t* AllocBuffer(uint64_t bytes) {
-  void* p = std::aligned_alloc(4096, RoundUp(bytes, 4096));
-  return static_cast<uint8_t*>(p);
-}
-
-// Per-thread staging buffer for write-down snapshots (a seqlock snapshot must be private before
-// it is handed to pwrite).
-struct Staging {
-  uint8_t* p = nullptr;
-  uint64_t n = 0;
-  ~Staging() { std::free(p); }
-  uint8_t* Get(uint64_t bytes) {
-    if (n < bytes) {
-      std::free(p);
-      p = AllocBuffer(bytes);
-      n = p ? bytes : 0;
-      if (!p) throw CapacityError("out of host memory for a disk staging buffer");
-    }
-    return p;
-  }
-};
-
-void MkdirP(const std::string& dir) {
-  std::string cur;
-  std::stringstream ss(dir);
-  std::string part;
-  if (!dir.empty() && dir[0] == '/') cur = "/";
-  while (std::getline(ss, part, '/')) {
-    if (part.empty()) continue;
-    cur += part;
-    if (::mkdir(cur.c_str(), 0700) != 0 && errno != EEXIST) {
-      throw DiskError("offload directory '" + dir + "' cannot be created (" + cur + "): " +
-                      Errno(errno));
-    }
-    cur += "/";
-  }
-}
-
-inline void CpuRelax(int& spins) {
-  if (++spins > 64) {
-    std::this_thread::yield();
-  } else {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-  }
+  if (config.blocks_per_file == 0) config.blocks_per_file = 1;
+  return config;
 }
 
 }  // namespace
 
-const char* TierName(Tier t) {
-  switch (t) {
-    case Tier::kDevice: return "device";
-    case Tier::kHost: return "host";
-    case Tier::kDisk: return "disk";
-  }
-  return "?";
-}
-
-void AtomicCopyOut(void* dst, const uint64_t* words, uint64_t offset, uint64_t len) {
-  auto* out = static_cast<uint8_t*>(dst);
-  uint64_t w = offset / 8;
-  const uint64_t head = offset % 8;
-  if (head != 0 && len > 0) {
-    const uint64_t x = __atomic_load_n(&words[w++], __ATOMIC_RELAXED);
-    const uint64_t n = std::min<uint64_t>(8 - head, len);
-    std::memcpy(out, reinterpret_cast<const uint8_t*>(&x) + head, n);
-    out += n;
-    len -= n;
-  }
-  while (len >= 32) {
-    const uint64_t a = __atomic_load_n(&words[w], __ATOMIC_RELAXED);
-    const uint64_t b = __atomic_load_n(&words[w + 1], __ATOMIC_RELAXED);
-    const uint64_t c = __atomic_load_n(&words[w + 2], __ATOMIC_RELAXED);
-    const uint64_t d = __atomic_load_n(&words[w + 3], __ATOMIC_RELAXED);
-    std::memcpy(out, &a, 8);
-    std::memcpy(out + 8, &b, 8);
-    std::memcpy(out + 16, &c, 8);
-    std::memcpy(out + 24, &d, 8);
-    w += 4;
-    out += 32;
-    len -= 32;
-  }
-  while (len >= 8) {
-    const uint64_t x = __atomic_load_n(&words[w++], __ATOMIC_RELAXED);
-    std::memcpy(out, &x, 8);
-    out += 8;
-    len -= 8;
-  }
-  if (len > 0) {
-    const uint64_t x = __atomic_load_n(&words[w], __ATOMIC_RELAXED);
-    std::memcpy(out, &x, len);
-  }
-}
-
-void AtomicCopyIn(uint64_t* words, uint64_t offset, const void* src, uint64_t len) {
-  const auto* in = static_cast<const uint8_t*>(src);
-  uint64_t w = offset / 8;
-  const uint64_t head = offset % 8;
-  if (head != 0 && len > 0) {
-    // The writer owns the block exclusively, so read-merge-write of a partial word is safe.
-    uint64_t x = __atomic_load_n(&words[w], __ATOMIC_RELAXED);
-    const uint64_t n = std::min<uint64_t>(8 - head, len);
-    std::memcpy(reinterpret_cast<uint8_t*>(&x) + head, in, n);
-    __atomic_store_n(&words[w++], x, __ATOMIC_RELAXED);
-    in += n;
-    len -= n;
-  }
-  while (len >= 8) {
-    uint64_t x;
-    std::memcpy(&x, in, 8);
-    __atomic_store_n(&words[w++], x, __ATOMIC_RELAXED);
-    in += 8;
-    len -= 8;
-  }
-  if (len > 0) {
-    uint64_t x = __atomic_load_n(&words[w], __ATOMIC_RELAXED);
-    std::memcpy(&x, in, len);
-    __atomic_store_n(&words[w], x, __ATOMIC_RELAXED);
-  }
-}
-
-void AtomicZero(uint64_t* words, uint64_t offset, uint64_t len) {
-  uint64_t w = offset / 8;
-  const uint64_t head = offset % 8;
-  if (head != 0 && len > 0) {
-    uint64_t x = __atomic_load_n(&words[w], __ATOMIC_RELAXED);
-    const uint64_t n = std::min<uint64_t>(8 - head, len);
-    std::memset(reinterpret_cast<uint8_t*>(&x) + head, 0, n);
-    __atomic_store_n(&words[w++], x, __ATOMIC_RELAXED);
-    len -= n;
-  }
-  for (; len >= 8; len -= 8) __atomic_store_n(&words[w++], uint64_t{0}, __ATOMIC_RELAXED);
-  if (len > 0) {
-    uint64_t x = __atomic_load_n(&words[w], __ATOMIC_RELAXED);
-    std::memset(&x, 0, len);
-    __atomic_store_n(&words[w], x, __ATOMIC_RELAXED);
-  }
-}
-
-BlockStore::BlockStore(const StoreConfig& config) : config_(config) {
-  if (config_.block_size == 0 || config_.block_size % 64 != 0) {
-    throw StoreError("block_size must be a positive multiple of 64 bytes, got " +
-                     std::to_string(config_.block_size));
-  }
-  words_ = config_.block_size / 8;
-  mem_[kD].capacity = config_.device_capacity / config_.block_size;
-  mem_[kH].capacity = config_.host_capacity / config_.block_size;
-  if (mem_[kD].capacity == 0) {
-    throw StoreError("device tier of " + std::to_string(config_.device_capacity) +
-                     " bytes holds no block of " + std::to_string(config_.block_size) + " bytes");
-  }
-  if (mem_[kH].capacity == 0) {
-    throw StoreError("host tier of " + std::to_string(config_.host_capacity) +
-                     " bytes holds no block of " + std::to_string(config_.block_size) + " bytes");
-  }
-  if (config_.blocks_per_file == 0) config_.blocks_per_file = 1;
-  for (auto& m : mem_) m.buffers.assign(m.capacity, nullptr);
+BlockStore::BlockStore(const StoreConfig& config)
+    : config_(Checked(config)),
+      words_(config_.block_size / 8),
+      mem_{std::make_unique<MemoryTier>(Tier::kDevice, config_.device_capacity, config_.block_size),
+           std::make_unique<MemoryTier>(Tier::kHost, config_.host_capacity, config_.block_size)},
+      disk_(config_) {
   chunks_.reset(new std::atomic<Block*>[kMaxChunks]);
   for (uint64_t i = 0; i < kMaxChunks; ++i) chunks_[i].store(nullptr, std::memory_order_relaxed);
-
-  disk_dir_ = config_.disk_dir;
-  if (disk_dir_.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    disk_dir_ = (tmp && *tmp) ? tmp : "/tmp";
-  }
-  MkdirP(disk_dir_);
-  // Probe: the directory must accept a new file now, not at the first eviction.
-  std::string probe = disk_dir_ + "/.mshyper_probe_" + std::to_string(::getpid()) + "_" +
-                      std::to_string(reinterpret_cast<uintptr_t>(this));
-  int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    throw DiskError("offload directory '" + disk_dir_ + "' is not writable: " + Errno(errno));
-  }
-  ::close(fd);
-  ::unlink(probe.c_str());
 }
 
 BlockStore::~BlockStore() {
-  for (auto& f : files_) {
-    if (f.fd >= 0) ::close(f.fd);
-    ::unlink(f.path.c_str());
-  }
-  for (auto& m : mem_) {
-    for (uint8_t* p : m.buffers) std::free(p);
-  }
   for (uint64_t i = 0; i < kMaxChunks; ++i) delete[] chunks_[i].load(std::memory_order_relaxed);
 }
 
@@ -257,8 +54,6 @@ BlockStore::Block& BlockStore::GetAllocated(uint64_t id) const {
   return b;
 }
 
-uint8_t* BlockStore::SlotPtr(Tier t, int64_t slot) const { return mem_[Ti(t)].buffers[slot]; }
-
 uint64_t BlockStore::CopyLen(uint64_t fill) const {
   // Whole 4KB pages (page cache and DMA granularity); an empty block (never written, or
   // discarded) moves nothing.
@@ -266,44 +61,34 @@ uint64_t BlockStore::CopyLen(uint64_t fill) const {
 }
 
 bool BlockStore::Valid(const Block& b, Tier t) const {
-  const Copy& c = b.copy[Ti(t)];
+  const Copy& c = b.copy[TierIndex(t)];
   if (c.slot < 0) return false;
-  // While a write is in progress (seq odd) its targets hold either the old version (seq - 1) or,
-  // just before seq turns even, the new one (seq + 1); both count as valid here.
-  const uint64_t seq = b.seq.load(std::memory_order_relaxed);
-  const uint64_t cv = c.version.load(std::memory_order_relaxed);
-  return cv == (seq & ~1ull) || ((seq & 1) && cv == seq + 1);
+  return CopyIsCurrent(b.seq.load(std::memory_order_relaxed), c.version.load(std::memory_order_relaxed));
 }
 
 void BlockStore::Touch(Block& b, uint64_t id, Tier t) {
   if (t == Tier::kDisk) return;
-  Copy& c = b.copy[Ti(t)];
-  auto& lru = mem_[Ti(t)].lru;
+  Copy& c = b.copy[TierIndex(t)];
   if (c.in_lru) {
-    lru.splice(lru.end(), lru, c.lru_it);
+    Mem(t).MakeMostRecent(c.lru_it);
   } else {
-    c.lru_it = lru.insert(lru.end(), id);
+    c.lru_it = Mem(t).AddMostRecent(id);
     c.in_lru = true;
   }
 }
 
-void BlockStore::ReleaseSlot(Tier t, int64_t slot) {
-  MemTier& m = mem_[Ti(t)];
-  m.free_slots.push_back(slot);
-  --m.used;
-}
+void BlockStore::ReleaseSlot(Tier t, int64_t slot) { Mem(t).ReleaseSlot(slot); }
 
 void BlockStore::DropCopy(Block& b, uint64_t /*id*/, Tier t) {
-  Copy& c = b.copy[Ti(t)];
+  Copy& c = b.copy[TierIndex(t)];
   c.version.store(kNoVersion, std::memory_order_relaxed);
   if (c.slot < 0) return;
   if (t == Tier::kDisk) {
-    free_disk_slots_.push_back(c.slot);
-    --disk_used_;
+    disk_.Release(c.slot);
   } else {
     ReleaseSlot(t, c.slot);
     if (c.in_lru) {
-      mem_[Ti(t)].lru.erase(c.lru_it);
+      Mem(t).RemoveFromLru(c.lru_it);
       c.in_lru = false;
     }
   }
@@ -311,7 +96,7 @@ void BlockStore::DropCopy(Block& b, uint64_t /*id*/, Tier t) {
 }
 
 void BlockStore::UnpinLocked(Block& b, uint64_t id, Tier t) {
-  Copy& c = b.copy[Ti(t)];
+  Copy& c = b.copy[TierIndex(t)];
   if (c.pins == 0) {
     throw StoreError("unpin of block " + std::to_string(id) + " in the " + TierName(t) +
                      " tier, which is not pinned");
@@ -321,311 +106,10 @@ void BlockStore::UnpinLocked(Block& b, uint64_t id, Tier t) {
   }
 }
 
-int64_t BlockStore::ReserveDiskSlot(Lock& /*lock*/) {
-  if (!free_disk_slots_.empty()) {
-    int64_t s = free_disk_slots_.back();
-    free_disk_slots_.pop_back();
-    ++disk_used_;
-    disk_peak_ = std::max(disk_peak_, disk_used_);
-    return s;
-  }
-  const uint64_t bs = config_.block_size;
-  if (config_.disk_capacity != 0 && (disk_slots_ + 1) * bs > config_.disk_capacity) {
-    throw DiskError("disk tier full: its capacity of " + std::to_string(config_.disk_capacity) +
-                    " bytes (" + std::to_string(disk_slots_) + " blocks) is in use");
-  }
-  const uint64_t bpf = config_.blocks_per_file;
-  if (disk_slots_ % bpf == 0) {
-    DiskFile f;
-    f.path = disk_dir_ + "/mshyper_store_" + std::to_string(::getpid()) + "_" +
-             std::to_string(reinterpret_cast<uintptr_t>(this)) + "_" +
-             std::to_string(files_.size()) + ".blk";
-    // Direct I/O needs 4KB-aligned buffers, offsets and lengths: slots are 4KB-aligned, disk
-    // offsets are multiples of the block size and copies are whole 4KB pages (CopyLen).
-    const bool want_direct = config_.drop_page_cache && config_.direct_io && bs % 4096 == 0;
-    f.fd = ::open(f.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | (want_direct ? O_DIRECT : 0), 0600);
-    f.direct = want_direct && f.fd >= 0;
-    if (f.fd < 0 && want_direct && errno == EINVAL) {  // the file system refuses O_DIRECT
-      f.fd = ::open(f.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    }
-    if (f.fd < 0) {
-      throw DiskError("cannot create disk-tier file '" + f.path + "': " + Errno(errno));
-    }
-    const int rc = ::posix_fallocate(f.fd, 0, static_cast<off_t>(bpf * bs));
-    if (rc != 0) {
-      ::close(f.fd);
-      ::unlink(f.path.c_str());
-      throw DiskError("cannot preallocate " + std::to_string(bpf * bs) + " bytes for disk-tier file '" +
-                      f.path + "': " + Errno(rc));
-    }
-    files_.push_back(f);
-  }
-  const int64_t s = static_cast<int64_t>(disk_slots_++);
-  ++disk_used_;
-  disk_peak_ = std::max(disk_peak_, disk_used_);
-  return s;
-}
-
-std::string BlockStore::DiskPath(int64_t slot) const {
-  return files_[slot / config_.blocks_per_file].path;
-}
-
-namespace {
-
-void PreadFull(int fd, void* dst, uint64_t len, uint64_t off, const std::string& what) {
-  auto* p = static_cast<uint8_t*>(dst);
-  while (len > 0) {
-    const ssize_t n = ::pread(fd, p, len, static_cast<off_t>(off));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw DiskError("read of " + what + " failed: " + Errno(errno));
-    }
-    if (n == 0) throw DiskError("read of " + what + " failed: unexpected end of file");
-    p += n;
-    off += n;
-    len -= n;
-  }
-}
-
-void PwriteFull(int fd, const void* src, uint64_t len, uint64_t off, const std::string& what) {
-  const auto* p = static_cast<const uint8_t*>(src);
-  while (len > 0) {
-    const ssize_t n = ::pwrite(fd, p, len, static_cast<off_t>(off));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw DiskError("write of " + what + " failed: " + Errno(errno));
-    }
-    p += n;
-    off += n;
-    len -= n;
-  }
-}
-
-}  // namespace
-
 uint64_t BlockStore::SeqRead(Block& b, Tier t, const uint8_t* base, uint64_t off, void* dst,
                              uint64_t len, uint64_t* fill_out) {
-  const auto* words = reinterpret_cast<const uint64_t*>(base);
-  int spins = 0;
-  for (;;) {
-    const uint64_t v1 = b.seq.load(std::memory_order_acquire);
-    if (v1 & 1) {
-      CpuRelax(spins);
-      continue;
-    }
-    if (b.copy[Ti(t)].version.load(std::memory_order_acquire) != v1) return kNoVersion;
-    // Bytes at or beyond the fill mark read as zero (the slot may hold anything there).
-    const uint64_t fill = b.fill.load(std::memory_order_relaxed);
-    const uint64_t n = off >= fill ? 0 : std::min(len, fill - off);
-    if (n > 0) AtomicCopyOut(dst, words, off, n);
-    if (n < len) std::memset(static_cast<uint8_t*>(dst) + n, 0, len - n);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (b.seq.load(std::memory_order_relaxed) == v1) {
-      if (fill_out != nullptr) *fill_out = fill;
-      return v1;
-    }
-    read_retries_.fetch_add(1, std::memory_order_relaxed);
-    CpuRelax(spins);
-  }
-}
-
-void BlockStore::Migrate(Block& b, uint64_t id, Tier src, Tier dst, Lock& lock) {
-  const uint64_t bs = config_.block_size;
-  b.moving = true;
-  if (src != Tier::kDisk) PinLocked(b, src);
-  int64_t dslot = -1;
-  try {
-    if (dst == Tier::kDisk) {
-      dslot = b.copy[kK].slot;
-      if (dslot < 0) {
-        dslot = ReserveDiskSlot(lock);
-        b.copy[kK].slot = dslot;
-      }
-      b.copy[kK].version.store(kNoVersion, std::memory_order_relaxed);
-    } else {
-      dslot = ReserveSlot(dst, lock);
-    }
-  } catch (...) {
-    if (src != Tier::kDisk) UnpinLocked(b, id, src);
-    b.moving = false;
-    cv_.notify_all();
-    throw;
-  }
-  const int64_t kslot = b.copy[kK].slot;
-  const uint64_t disk_version = b.copy[kK].version.load(std::memory_order_relaxed);
-  const uint32_t disk_crc = b.disk_crc;
-  const uint64_t disk_len = b.disk_len;
-  const int fd = kslot >= 0 ? files_[kslot / config_.blocks_per_file].fd : -1;
-  const bool drop_cache = config_.drop_page_cache && !(kslot >= 0 && files_[kslot / config_.blocks_per_file].direct);
-  const uint64_t foff = kslot >= 0 ? (kslot % config_.blocks_per_file) * bs : 0;
-  const std::string fpath = kslot >= 0 ? DiskPath(kslot) : std::string();
-  const uint8_t* sbase = src != Tier::kDisk ? SlotPtr(src, b.copy[Ti(src)].slot) : nullptr;
-  uint8_t* dbase = dst != Tier::kDisk ? SlotPtr(dst, dslot) : nullptr;
-  // Writers wait for `moving` to clear before they start, so when no write is in progress now,
-  // none can run during this copy: the source can then be copied with plain memcpy (no data
-  // race). Otherwise fall back to the seqlock read (atomic word loads + retry).
-  const bool exclusive = !b.writing;
-  const uint64_t seq_now = b.seq.load(std::memory_order_relaxed);
-  // With no write in progress the fill mark is stable: only the first CopyLen(fill) bytes of the
-  // source hold data, the rest reads as zero and need not move.
-  uint64_t n = exclusive ? CopyLen(b.fill.load(std::memory_order_relaxed)) : bs;
-  lock.unlock();
-
-  uint64_t v = kNoVersion;
-  uint32_t crc = 0;
-  std::exception_ptr err;
-  try {
-    MoveTimer timer(transfer_clock_, copy_ns_[Ti(src)][Ti(dst)]);
-    if (src == Tier::kDisk) {
-      // The disk copy holds disk_len bytes (those written down, covering its fill mark).
-      n = disk_len;
-      PreadFull(fd, dbase, n, foff, "block " + std::to_string(id) + " from '" + fpath + "'");
-      if (drop_cache && n > 0) ::posix_fadvise(fd, foff, n, POSIX_FADV_DONTNEED);
-      const uint32_t got = Crc32c(dbase, n);
-      if (got != disk_crc) {
-        crc_failures_.fetch_add(1, std::memory_order_relaxed);
-        std::ostringstream msg;
-        msg << "corrupted block " << id << ": disk copy in '" << fpath << "' at offset " << foff
-            << " failed its CRC32C check (stored 0x" << std::hex << disk_crc << ", computed 0x" << got
-            << ")";
-        throw CorruptBlockError(msg.str());
-      }
-      v = disk_version;
-    } else if (dst == Tier::kDisk) {
-      const uint8_t* buf = sbase;
-      if (exclusive) {
-        v = seq_now;
-      } else {
-        thread_local Staging staging;
-        uint8_t* snapshot = staging.Get(bs);
-        uint64_t fill = 0;
-        v = SeqRead(b, src, sbase, 0, snapshot, bs, &fill);
-        n = CopyLen(fill);
-        buf = snapshot;
-      }
-      if (v != kNoVersion) {
-        crc = Crc32c(buf, n);
-        PwriteFull(fd, buf, n, foff, "block " + std::to_string(id) + " to '" + fpath + "'");
-        if (drop_cache && n > 0) {
-          ::sync_file_range(fd, foff, n,
-                            SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
-          ::posix_fadvise(fd, foff, n, POSIX_FADV_DONTNEED);
-        }
-      }
-    } else if (exclusive) {
-      std::memcpy(dbase, sbase, n);
-      v = seq_now;
-    } else {
-      v = SeqRead(b, src, sbase, 0, dbase, bs);  // n == bs: beyond the fill mark it writes zeros
-    }
-    if (v != kNoVersion) {
-      bytes_moved_[Ti(src)][Ti(dst)].fetch_add(n, std::memory_order_relaxed);
-      copies_[Ti(src)][Ti(dst)].fetch_add(1, std::memory_order_relaxed);
-    }
-  } catch (...) {
-    err = std::current_exception();
-  }
-
-  lock.lock();
-  b.moving = false;
-  if (src != Tier::kDisk) UnpinLocked(b, id, src);
-  const bool ok = !err && v != kNoVersion && b.allocated &&
-                  b.seq.load(std::memory_order_relaxed) == v;
-  if (dst == Tier::kDisk) {
-    if (ok) {
-      b.disk_crc = crc;
-      b.disk_len = n;
-      b.copy[kK].version.store(v, std::memory_order_release);
-    }
-  } else if (ok && b.copy[Ti(dst)].slot < 0) {
-    b.copy[Ti(dst)].slot = dslot;
-    b.copy[Ti(dst)].version.store(v, std::memory_order_release);
-    Touch(b, id, dst);
-  } else {
-    ReleaseSlot(dst, dslot);
-  }
-  cv_.notify_all();
-  if (err) std::rethrow_exception(err);
-}
-
-int64_t BlockStore::ReserveSlot(Tier t, Lock& lock) {
-  MemTier& m = mem_[Ti(t)];
-  // Bounded wait for busy slots (see below); a deadline, not a count of wake-ups.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  for (;;) {
-    if (!m.free_slots.empty()) {
-      const int64_t s = m.free_slots.back();
-      m.free_slots.pop_back();
-      m.peak = std::max(m.peak, ++m.used);
-      return s;
-    }
-    // Slots are created lazily; `buffers` has one entry per possible slot.
-    for (uint64_t s = 0; s < m.capacity; ++s) {
-      if (m.buffers[s] != nullptr) continue;
-      m.buffers[s] = AllocBuffer(config_.block_size);
-      if (m.buffers[s] == nullptr) {
-        throw CapacityError(std::string("out of host memory creating a ") + TierName(t) + " slot");
-      }
-      m.peak = std::max(m.peak, ++m.used);
-      return static_cast<int64_t>(s);
-    }
-    // Evict: lowest priority first, least recently used among equals.
-    Block* victim = nullptr;
-    uint64_t vid = 0;
-    int best = INT_MAX;
-    uint64_t held = 0;  // slots whose copy a caller of Pin() holds (not transient pins)
-    for (uint64_t id : m.lru) {
-      Block& c = Get(id);
-      if (c.copy[Ti(t)].held != 0) ++held;
-      if (c.copy[Ti(t)].pins != 0) continue;
-      if (c.moving || c.writing) continue;
-      if (c.priority < best) {
-        best = c.priority;
-        victim = &c;
-        vid = id;
-      }
-    }
-    if (victim == nullptr && held < m.capacity && std::chrono::steady_clock::now() < deadline) {
-      // Some slots are only busy for a moment (a read, copy or write in progress): they become
-      // evictable shortly. Bounded wait, so a cycle of movers in a tiny tier ends in an error, not a hang.
-      cv_.wait_for(lock, std::chrono::milliseconds(1));
-      continue;
-    }
-    if (victim == nullptr) {
-      throw CapacityError(std::string(TierName(t)) + " tier full: all " + std::to_string(m.capacity) +
-                          " blocks of " + std::to_string(config_.block_size) +
-                          " bytes are pinned");
-    }
-    const bool covered = t == Tier::kDevice ? (Valid(*victim, Tier::kHost) || Valid(*victim, Tier::kDisk))
-                                            : (Valid(*victim, Tier::kDisk) || Valid(*victim, Tier::kDevice));
-    if (covered || !Valid(*victim, t)) {
-      DropCopy(*victim, vid, t);
-      ++m.evictions;
-      continue;
-    }
-    // The only valid copy: write it one tier down first (the block is never lost; a disk error
-    // propagates and the copy stays).
-    try {
-      Migrate(*victim, vid, t, t == Tier::kDevice ? Tier::kHost : Tier::kDisk, lock);
-    } catch (const DiskError&) {
-      // The disk cannot take the victim (full, I/O error); it stays in memory. Fall back to a
-      // clean copy (another valid copy exists below), if any, rather than failing.
-      bool dropped = false;
-      for (uint64_t id : m.lru) {
-        Block& c = Get(id);
-        if (c.copy[Ti(t)].pins != 0 || c.moving || c.writing) continue;
-        const bool clean = t == Tier::kDevice ? (Valid(c, Tier::kHost) || Valid(c, Tier::kDisk))
-                                              : (Valid(c, Tier::kDisk) || Valid(c, Tier::kDevice));
-        if (clean) {
-          DropCopy(c, id, t);
-          ++m.evictions;
-          dropped = true;
-          break;
-        }
-      }
-      if (!dropped) throw;
-    }
-  }
+  return SeqlockRead(SeqlockView{b.seq, b.copy[TierIndex(t)].version, b.fill}, base, off, dst, len, fill_out,
+                     read_retries_);
 }
 
 std::string BlockStore::NoCopyMessage(const Block& b, uint64_t id) const {
@@ -772,7 +256,7 @@ void BlockStore::Read(uint64_t id, uint64_t offset, void* dst, uint64_t len) {
       Lock lock(mu_);
       bp = &GetAllocated(id);
       t = EnsureInMemoryPinned(*bp, id, lock);
-      base = SlotPtr(t, bp->copy[Ti(t)].slot);
+      base = SlotPtr(t, bp->copy[TierIndex(t)].slot);
     }
     const uint64_t v = SeqRead(*bp, t, base, offset, dst, len);
     {
@@ -792,7 +276,7 @@ void BlockStore::ReadPinned(uint64_t id, Tier tier, uint64_t offset, void* dst, 
   Block& b = Get(id);
   // The caller's pin keeps the slot assigned; the slot index itself was published under mu_
   // before the caller's Pin returned.
-  const int64_t slot = b.copy[Ti(tier)].slot;
+  const int64_t slot = b.copy[TierIndex(tier)].slot;
   // No shared counter is touched on this path: a read-modify-write of a shared cache line per
   // read is exactly the cost a seqlock reader avoids (pinned reads are not counted in `reads`).
   if (slot >= 0 && SeqRead(b, tier, SlotPtr(tier, slot), offset, dst, len) != kNoVersion) return;
@@ -874,15 +358,15 @@ void BlockStore::Write(uint64_t id, uint64_t offset, const void* src, uint64_t l
     ntargets = 0;
     targets[ntargets++] = t;
     for (Tier u : {Tier::kDevice, Tier::kHost}) {
-      if (u == t || b.copy[Ti(u)].slot < 0) continue;
-      if (Valid(b, u) && b.copy[Ti(u)].pins != 0) {
+      if (u == t || b.copy[TierIndex(u)].slot < 0) continue;
+      if (Valid(b, u) && b.copy[TierIndex(u)].pins != 0) {
         PinLocked(b, u);
         targets[ntargets++] = u;
-      } else if (b.copy[Ti(u)].pins == 0) {
+      } else if (b.copy[TierIndex(u)].pins == 0) {
         DropCopy(b, id, u);
       }
     }
-    for (int i = 0; i < ntargets; ++i) bases[i] = SlotPtr(targets[i], b.copy[Ti(targets[i])].slot);
+    for (int i = 0; i < ntargets; ++i) bases[i] = SlotPtr(targets[i], b.copy[TierIndex(targets[i])].slot);
     v = b.seq.load(std::memory_order_relaxed);
     b.seq.store(v + 1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);
@@ -898,7 +382,7 @@ void BlockStore::Write(uint64_t id, uint64_t offset, const void* src, uint64_t l
   }
   for (int i = 0; i < ntargets; ++i) AtomicCopyIn(reinterpret_cast<uint64_t*>(bases[i]), offset, src, len);
   if (offset + len > fill) b.fill.store(offset + len, std::memory_order_relaxed);
-  for (int i = 0; i < ntargets; ++i) b.copy[Ti(targets[i])].version.store(v + 2, std::memory_order_relaxed);
+  for (int i = 0; i < ntargets; ++i) b.copy[TierIndex(targets[i])].version.store(v + 2, std::memory_order_relaxed);
   b.seq.store(v + 2, std::memory_order_release);
   writes_.fetch_add(1, std::memory_order_relaxed);
   {
@@ -942,212 +426,19 @@ void BlockStore::Pin(uint64_t id, Tier tier) {
   Lock lock(mu_);
   Block& b = GetAllocated(id);
   EnsurePinned(b, id, tier, lock);
-  ++b.copy[Ti(tier)].held;
+  ++b.copy[TierIndex(tier)].held;
 }
 
 void BlockStore::Unpin(uint64_t id, Tier tier) {
   if (tier == Tier::kDisk) throw StoreError("only the device and host tiers can be pinned");
   Lock lock(mu_);
   Block& b = GetAllocated(id);
-  if (b.copy[Ti(tier)].held == 0) {
+  if (b.copy[TierIndex(tier)].held == 0) {
     throw StoreError("unpin of block " + std::to_string(id) + " in the " + TierName(tier) +
                      " tier, which is not pinned");
   }
-  --b.copy[Ti(tier)].held;
+  --b.copy[TierIndex(tier)].held;
   UnpinLocked(b, id, tier);
-}
-
-void BlockStore::LoadFromDiskBatch(const std::vector<uint64_t>& ids, Lock& lock) {
-  const uint64_t bs = config_.block_size;
-  struct Item {
-    uint64_t id = 0;
-    Block* b = nullptr;
-    int64_t hslot = -1;
-    uint64_t version = 0;
-    uint32_t crc = 0;
-    uint64_t len = 0;  // bytes of the disk copy
-    int fd = -1;
-    bool direct = false;
-    uint64_t off = 0;
-    std::string path;
-    uint8_t* buf = nullptr;
-    bool ok = false;
-  };
-  std::vector<Item> items;
-  for (uint64_t id : ids) {
-    Block& b = Get(id);
-    if (!b.allocated || b.moving || Valid(b, Tier::kHost) || Valid(b, Tier::kDevice) ||
-        !Valid(b, Tier::kDisk)) {
-      continue;
-    }
-    b.moving = true;
-    Item it;
-    it.id = id;
-    it.b = &b;
-    items.push_back(std::move(it));
-  }
-  size_t reserved = 0;
-  try {
-    for (; reserved < items.size(); ++reserved) items[reserved].hslot = ReserveSlot(Tier::kHost, lock);
-  } catch (const CapacityError&) {
-    // Load what fits; the rest falls back to single fetches (which report the error if any).
-  }
-  for (size_t i = reserved; i < items.size(); ++i) items[i].b->moving = false;
-  items.resize(reserved);
-  if (items.empty()) {
-    cv_.notify_all();
-    return;
-  }
-  for (Item& it : items) {
-    const int64_t k = it.b->copy[kK].slot;
-    it.version = it.b->copy[kK].version.load(std::memory_order_relaxed);
-    it.crc = it.b->disk_crc;
-    it.len = it.b->disk_len;
-    it.fd = files_[k / config_.blocks_per_file].fd;
-    it.direct = files_[k / config_.blocks_per_file].direct;
-    it.off = (k % config_.blocks_per_file) * bs;
-    it.path = DiskPath(k);
-    it.buf = SlotPtr(Tier::kHost, it.hslot);
-  }
-  lock.unlock();
-  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-    return a.fd != b.fd ? a.fd < b.fd : a.off < b.off;
-  });
-  std::exception_ptr err;
-  size_t i = 0;
-  while (i < items.size()) {
-    // A run of adjacent disk slots is one contiguous file range: every block but the last must
-    // have a full-size disk copy (a partly filled one ends the run).
-    size_t j = i + 1;
-    uint64_t total = items[i].len;
-    while (j < items.size() && j - i < IOV_MAX && items[j - 1].len == bs && items[j].fd == items[i].fd &&
-           items[j].off == items[j - 1].off + bs) {
-      total += items[j].len;
-      ++j;
-    }
-    try {
-      MoveTimer timer(transfer_clock_, copy_ns_[kK][kH]);
-      bool done = false;
-      if (j - i > 1) {
-        std::vector<iovec> iov(j - i);
-        for (size_t k = i; k < j; ++k) iov[k - i] = iovec{items[k].buf, items[k].len};
-        const ssize_t n = ::preadv(items[i].fd, iov.data(), static_cast<int>(iov.size()),
-                                   static_cast<off_t>(items[i].off));
-        if (n == static_cast<ssize_t>(total)) {
-          done = true;
-          coalesced_reads_.fetch_add(1, std::memory_order_relaxed);
-        }
-      }
-      if (!done) {
-        for (size_t k = i; k < j; ++k) {
-          PreadFull(items[k].fd, items[k].buf, items[k].len, items[k].off,
-                    "block " + std::to_string(items[k].id) + " from '" + items[k].path + "'");
-        }
-      }
-      if (config_.drop_page_cache && !items[i].direct && total > 0) {
-        ::posix_fadvise(items[i].fd, items[i].off, total, POSIX_FADV_DONTNEED);
-      }
-      for (size_t k = i; k < j; ++k) {
-        const uint32_t got = Crc32c(items[k].buf, items[k].len);
-        if (got != items[k].crc) {
-          crc_failures_.fetch_add(1, std::memory_order_relaxed);
-          if (!err) {
-            std::ostringstream msg;
-            msg << "corrupted block " << items[k].id << ": disk copy in '" << items[k].path
-                << "' at offset " << items[k].off << " failed its CRC32C check (stored 0x" << std::hex
-                << items[k].crc << ", computed 0x" << got << ")";
-            err = std::make_exception_ptr(CorruptBlockError(msg.str()));
-          }
-          continue;
-        }
-        items[k].ok = true;
-        bytes_moved_[kK][kH].fetch_add(items[k].len, std::memory_order_relaxed);
-        copies_[kK][kH].fetch_add(1, std::memory_order_relaxed);
-      }
-    } catch (...) {
-      if (!err) err = std::current_exception();
-    }
-    i = j;
-  }
-  lock.lock();
-  for (Item& it : items) {
-    Block& b = *it.b;
-    b.moving = false;
-    if (it.ok && b.allocated && b.seq.load(std::memory_order_relaxed) == it.version) {
-      b.copy[kH].slot = it.hslot;
-      b.copy[kH].version.store(it.version, std::memory_order_release);
-      Touch(b, it.id, Tier::kHost);
-    } else {
-      ReleaseSlot(Tier::kHost, it.hslot);
-    }
-  }
-  cv_.notify_all();
-  if (err) std::rethrow_exception(err);
-}
-
-void BlockStore::Fetch(const std::vector<uint64_t>& ids, Tier tier) {
-  if (tier == Tier::kDisk) throw StoreError("Fetch targets the device or host tier");
-  Lock lock(mu_);
-  std::vector<uint64_t> disk_only;
-  for (uint64_t id : ids) {
-    Block& b = GetAllocated(id);
-    if (!b.moving && !Valid(b, Tier::kHost) && !Valid(b, Tier::kDevice) && Valid(b, Tier::kDisk)) {
-      disk_only.push_back(id);
-    }
-  }
-  if (disk_only.size() > 1) LoadFromDiskBatch(disk_only, lock);
-  for (uint64_t id : ids) {
-    Block& b = GetAllocated(id);
-    EnsurePinned(b, id, tier, lock);
-    UnpinLocked(b, id, tier);
-  }
-}
-
-bool BlockStore::Evict(uint64_t id, Tier tier) {
-  if (tier == Tier::kDisk) throw StoreError("the disk tier is the last tier; nothing to evict to");
-  Lock lock(mu_);
-  Block& b = GetAllocated(id);
-  for (;;) {
-    Copy& c = b.copy[Ti(tier)];
-    if (c.slot < 0) return true;
-    if (c.pins != 0 || b.moving || b.writing) return false;
-    const bool covered = tier == Tier::kDevice ? (Valid(b, Tier::kHost) || Valid(b, Tier::kDisk))
-                                               : (Valid(b, Tier::kDisk) || Valid(b, Tier::kDevice));
-    if (covered || !Valid(b, tier)) {
-      DropCopy(b, id, tier);
-      ++mem_[Ti(tier)].evictions;
-      return true;
-    }
-    Migrate(b, id, tier, tier == Tier::kDevice ? Tier::kHost : Tier::kDisk, lock);
-  }
-}
-
-size_t BlockStore::WriteBack(size_t max_blocks) {
-  Lock lock(mu_);
-  MemTier& m = mem_[kH];
-  std::vector<uint64_t> dirty;
-  size_t scanned = 0;
-  const size_t limit = std::max<size_t>(1, m.lru.size() / 2);  // the older half of the pool
-  for (uint64_t id : m.lru) {
-    if (scanned++ >= limit || dirty.size() >= max_blocks) break;
-    const Block& b = Get(id);
-    if (!b.moving && !b.writing && Valid(b, Tier::kHost) && !Valid(b, Tier::kDisk) &&
-        !Valid(b, Tier::kDevice)) {
-      dirty.push_back(id);
-    }
-  }
-  size_t written = 0;
-  for (uint64_t id : dirty) {
-    Block& b = Get(id);
-    if (!b.allocated || b.moving || b.writing || !Valid(b, Tier::kHost) || Valid(b, Tier::kDisk)) continue;
-    try {
-      Migrate(b, id, Tier::kHost, Tier::kDisk, lock);
-    } catch (const StoreError&) {
-      break;
-    }
-    ++written;
-  }
-  return written;
 }
 
 void BlockStore::SetPriority(uint64_t id, int priority) {
@@ -1166,7 +457,7 @@ bool BlockStore::HasValidCopy(uint64_t id, Tier tier) const {
 
 int BlockStore::PinCount(uint64_t id, Tier tier) const {
   Lock lock(mu_);
-  return static_cast<int>(GetAllocated(id).copy[Ti(tier)].held);
+  return static_cast<int>(GetAllocated(id).copy[TierIndex(tier)].held);
 }
 
 std::pair<std::string, uint64_t> BlockStore::DiskLocation(uint64_t id) const {
@@ -1174,14 +465,15 @@ std::pair<std::string, uint64_t> BlockStore::DiskLocation(uint64_t id) const {
   const Block& b = GetAllocated(id);
   const int64_t k = b.copy[kK].slot;
   if (k < 0) return {std::string(), 0};
-  return {DiskPath(k), (k % config_.blocks_per_file) * config_.block_size};
+  const DiskExtent at = disk_.Locate(k);
+  return {at.path, at.offset};
 }
 
 std::vector<uint64_t> BlockStore::LruOrder(Tier tier) const {
   if (tier == Tier::kDisk) throw StoreError("the disk tier has no LRU order");
   Lock lock(mu_);
   std::vector<uint64_t> out;
-  for (uint64_t id : mem_[Ti(tier)].lru) {
+  for (uint64_t id : Mem(tier).lru()) {
     if (Valid(Get(id), tier)) out.push_back(id);
   }
   return out;
@@ -1190,15 +482,8 @@ std::vector<uint64_t> BlockStore::LruOrder(Tier tier) const {
 StoreStats BlockStore::Stats() const {
   Lock lock(mu_);
   StoreStats s;
-  for (int t = 0; t < 2; ++t) {
-    s.tiers[t].capacity_blocks = mem_[t].capacity;
-    s.tiers[t].used_blocks = mem_[t].used;
-    s.tiers[t].peak_blocks = mem_[t].peak;
-    s.tiers[t].evictions = mem_[t].evictions;
-  }
-  s.tiers[kK].capacity_blocks = config_.disk_capacity / config_.block_size;
-  s.tiers[kK].used_blocks = disk_used_;
-  s.tiers[kK].peak_blocks = disk_peak_;
+  for (int t = 0; t < 2; ++t) s.tiers[t] = mem_[t]->Stats();
+  s.tiers[kK] = disk_.Stats();
   for (int a = 0; a < kNumTiers; ++a) {
     for (int b = 0; b < kNumTiers; ++b) {
       s.bytes_moved[a][b] = bytes_moved_[a][b].load(std::memory_order_relaxed);
@@ -1218,8 +503,8 @@ StoreStats BlockStore::Stats() const {
 
 void BlockStore::ResetPeaks() {
   Lock lock(mu_);
-  for (auto& m : mem_) m.peak = m.used;
-  disk_peak_ = disk_used_;
+  for (auto& m : mem_) m->ResetPeak();
+  disk_.ResetPeak();
 }
 
 }  // namespace mshyper::store

@@ -1,17 +1,17 @@
 // Versioned cache-block store over three tiers: device (a budgeted arena; on CPU host memory),
-// host DRAM pool, and disk (preallocated files, pread/pwrite, CRC32C per block).
+// host DRAM pool, and disk (preallocated files, pread/pwrite, CRC32C per block). BlockStore keeps
+// the block table, the pins and the moves between tiers; the tiers' slots are MemoryTier
+// (memory_tier.h: slots, LRU) and DiskTier (disk_tier.h: files, I/O), the versioning is the
+// seqlock of seqlock.h.
 //
 // Concurrency design
 //  * One metadata mutex (mu_) guards the block table entries' slot assignments, pin counts, LRU
 //    lists and free lists. It is never held during bulk data copies or disk I/O: a block being
 //    moved between tiers carries a `moving` flag, others wait on a condition variable.
-//  * Every block has a seqlock `seq` (even = stable, odd = a write in progress). Each tier copy
-//    records the seq value whose data it holds (`Copy::version`, atomic). A copy is valid when its
-//    version equals the block's current (even) seq. Writers serialise per block (`writing`
-//    flag), make seq odd, store the data with relaxed atomic word stores, publish the copy's
-//    version and make seq even with release. Readers follow Boehm's pattern: acquire-load seq,
-//    check the copy's version, copy the data with relaxed atomic word loads, acquire fence,
-//    relaxed re-load of seq; retry on a change. No plain access ever races with a write.
+//  * Every block has a seqlock `seq` (even = stable, odd = a write in progress; seqlock.h). Each
+//    tier copy records the seq value whose data it holds (`Copy::version`, atomic). A copy is
+//    valid when its version equals the block's current (even) seq. Writers serialise per block
+//    (`writing` flag).
 //  * A write makes every other tier copy stale (their versions no longer match) and frees their
 //    memory slots once unpinned; the disk slot stays assigned but is never served while stale.
 //  * A block always keeps at least one valid copy: evicting the only valid copy first writes it
@@ -31,58 +31,16 @@
 #include <list>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "store/busy_clock.h"
+#include "store/disk_tier.h"
+#include "store/memory_tier.h"
+#include "store/seqlock.h"
+#include "store/store_types.h"
 
 namespace mshyper::store {
-
-enum class Tier : int { kDevice = 0, kHost = 1, kDisk = 2 };
-constexpr int kNumTiers = 3;
-const char* TierName(Tier t);
-
-class StoreError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-// A memory tier has no evictable block left (everything pinned or in use), or ids ran out.
-class CapacityError : public StoreError {
- public:
-  using StoreError::StoreError;
-};
-// The disk tier cannot be used: unwritable directory, disk full, I/O error.
-class DiskError : public StoreError {
- public:
-  using StoreError::StoreError;
-};
-// A disk block failed its checksum; the message names the block, the file and the offset.
-class CorruptBlockError : public StoreError {
- public:
-  using StoreError::StoreError;
-};
-
-struct StoreConfig {
-  uint64_t block_size = 128ull << 20;   // bytes; a multiple of 64
-  uint64_t device_capacity = 1ull << 30;  // bytes of the device tier (>= one block)
-  uint64_t host_capacity = 4ull << 30;    // bytes of the host DRAM pool (>= one block)
-  std::string disk_dir;                   // "" = $TMPDIR or /tmp
-  uint64_t disk_capacity = 0;             // bytes; 0 = grow until the file system is full
-  uint32_t blocks_per_file = 8;           // disk files are preallocated this many blocks at a time
-  // Keep the page cache out of disk I/O (benchmarks): O_DIRECT when the block size is a multiple
-  // of 4KB and the file system accepts it (no copy through the page cache), else
-  // posix_fadvise(DONTNEED) after each read and after each write (once written, sync_file_range).
-  bool drop_page_cache = false;
-  bool direct_io = true;  // with drop_page_cache: try O_DIRECT (false: always posix_fadvise)
-};
-
-struct TierStats {
-  uint64_t capacity_blocks = 0;  // slots the tier may hold (disk: 0 = unlimited)
-  uint64_t used_blocks = 0;      // slots currently assigned (holding a copy or reserved)
-  uint64_t peak_blocks = 0;      // high-water mark of used_blocks
-  uint64_t evictions = 0;        // copies dropped from this tier to make room
-};
 
 struct StoreStats {
   TierStats tiers[kNumTiers];
@@ -163,7 +121,7 @@ class BlockStore {
     uint32_t pins = 0;       // guarded by mu_: all pins (Pin() callers and transient ones)
     uint32_t held = 0;       // guarded by mu_: pins taken through Pin()
     bool in_lru = false;     // guarded by mu_
-    std::list<uint64_t>::iterator lru_it;
+    MemoryTier::LruPosition lru_it;
   };
   struct Block {
     std::atomic<uint64_t> seq{0};
@@ -180,29 +138,17 @@ class BlockStore {
     // under mu_ while no write is in progress.
     std::atomic<uint64_t> fill{0};
   };
-  static constexpr uint64_t kNoVersion = ~0ull;
   static constexpr uint64_t kChunkBits = 12;
   static constexpr uint64_t kChunk = 1ull << kChunkBits;
   static constexpr uint64_t kMaxChunks = 4096;  // up to 16M blocks
-
-  struct MemTier {
-    uint64_t capacity = 0;
-    std::vector<uint8_t*> buffers;  // one aligned buffer per slot ever created
-    std::vector<int64_t> free_slots;
-    uint64_t used = 0, peak = 0, evictions = 0;
-    std::list<uint64_t> lru;  // block ids, front = least recently used
-  };
-  struct DiskFile {
-    int fd = -1;
-    bool direct = false;  // opened with O_DIRECT
-    std::string path;
-  };
 
   using Lock = std::unique_lock<std::mutex>;
 
   Block& Get(uint64_t id) const;           // lock-free lookup; throws on an unknown id
   Block& GetAllocated(uint64_t id) const;  // under mu_: also checks `allocated`
-  uint8_t* SlotPtr(Tier t, int64_t slot) const;
+  uint8_t* SlotPtr(Tier t, int64_t slot) const { return Mem(t).SlotPtr(slot); }
+  MemoryTier& Mem(Tier t) { return *mem_[static_cast<int>(t)]; }
+  const MemoryTier& Mem(Tier t) const { return *mem_[static_cast<int>(t)]; }
   bool Valid(const Block& b, Tier t) const;  // under mu_
   std::string NoCopyMessage(const Block& b, uint64_t id) const;
   void Touch(Block& b, uint64_t id, Tier t);  // move to the LRU tail
@@ -220,15 +166,11 @@ class BlockStore {
   // A free slot in memory tier t, evicting if needed. May drop and retake the lock.
   int64_t ReserveSlot(Tier t, Lock& lock);
   void ReleaseSlot(Tier t, int64_t slot);
-  int64_t ReserveDiskSlot(Lock& lock);
-  // Consistent snapshot of a memory copy into dst (bytes at or beyond the block's fill mark are
-  // zero-filled); returns the version read, or kNoVersion if the copy is stale. `fill_out`, if
-  // given, receives the fill mark of the version read.
+  // SeqlockRead of the block's copy in memory tier t at `base`.
   uint64_t SeqRead(Block& b, Tier t, const uint8_t* base, uint64_t off, void* dst, uint64_t len,
                    uint64_t* fill_out = nullptr);
   // Bytes of a copy that must be moved for a block whose fill mark is `fill`.
   uint64_t CopyLen(uint64_t fill) const;
-  std::string DiskPath(int64_t slot) const;
   void LoadFromDiskBatch(const std::vector<uint64_t>& ids, Lock& lock);
 
   StoreConfig config_;
@@ -238,11 +180,8 @@ class BlockStore {
   std::unique_ptr<std::atomic<Block*>[]> chunks_;
   uint64_t next_id_ = 0;              // guarded by mu_
   std::vector<uint64_t> free_ids_;    // guarded by mu_
-  MemTier mem_[2];                    // device, host
-  std::vector<DiskFile> files_;       // guarded by mu_ (fds stable once created)
-  std::vector<int64_t> free_disk_slots_;
-  uint64_t disk_slots_ = 0, disk_used_ = 0, disk_peak_ = 0;
-  std::string disk_dir_;
+  std::unique_ptr<MemoryTier> mem_[2];  // device, host; guarded by mu_
+  DiskTier disk_;                       // slot bookkeeping guarded by mu_
 
   // statistics
   std::atomic<uint64_t> bytes_moved_[kNumTiers][kNumTiers] = {};
@@ -253,11 +192,5 @@ class BlockStore {
       coalesced_reads_{0};
   uint64_t blocks_ = 0;  // guarded by mu_
 };
-
-// Word-wise copies with relaxed atomic accesses (the seqlock's data path). `words` points to
-// 8-byte aligned block memory; byte ranges need not be aligned (partial words are merged).
-void AtomicCopyOut(void* dst, const uint64_t* words, uint64_t offset, uint64_t len);
-void AtomicCopyIn(uint64_t* words, uint64_t offset, const void* src, uint64_t len);
-void AtomicZero(uint64_t* words, uint64_t offset, uint64_t len);
 
 }  // namespace mshyper::store

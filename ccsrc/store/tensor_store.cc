@@ -7,24 +7,7 @@
 namespace mshyper::store {
 namespace {
 constexpr uint64_t kAlign = 64;
-
-std::mutex g_default_mu;
-std::shared_ptr<TensorStore> g_default;
 }  // namespace
-
-std::shared_ptr<TensorStore> DefaultTensorStore() {
-  std::lock_guard<std::mutex> g(g_default_mu);
-  return g_default;
-}
-
-void SetDefaultTensorStore(std::shared_ptr<TensorStore> store) {
-  std::shared_ptr<TensorStore> old;
-  {
-    std::lock_guard<std::mutex> g(g_default_mu);
-    old = std::move(g_default);
-    g_default = std::move(store);
-  }
-}  // `old` released outside the lock
 
 TensorStore::TensorStore(std::shared_ptr<BlockStore> store) : store_(std::move(store)) {
   if (!store_) throw StoreError("TensorStore needs a BlockStore");

@@ -46,8 +46,8 @@ class TensorStore {
   std::vector<uint64_t> Blocks(uint64_t tid) const;
   void Erase(uint64_t tid);
   size_t Count() const;
-  // Starts a fresh pack block for the next small tensor (so a group of tensors shares no block
-  // with the previous group).
+  // Starts a fresh pack block for the next small tensor (so the tensors of one offload unit share
+  // no block with the previous unit's).
   void ClosePack();
 
  private:
@@ -68,9 +68,5 @@ class TensorStore {
   int64_t pack_block_ = -1;
   uint64_t pack_fill_ = 0;
 };
-
-// The process-wide tensor store shared by the Python API and the MindSpore aot kernels.
-std::shared_ptr<TensorStore> DefaultTensorStore();
-void SetDefaultTensorStore(std::shared_ptr<TensorStore> store);
 
 }  // namespace mshyper::store

@@ -17,10 +17,10 @@
 #include <thread>
 #include <vector>
 
-#include "aot/kernel_fence.h"
-#include "aot/tensor_mailbox.h"
+#include "kernels/kernel_fence.h"
+#include "kernels/tensor_mailbox.h"
 
-namespace aot = mshyper::aot;
+namespace kernels = mshyper::kernels;
 
 namespace {
 
@@ -36,11 +36,11 @@ int main(int argc, char** argv) {
   const int n = per * kProducers;
   std::vector<uint64_t> mail(n), fences(n);
   for (int i = 0; i < n; ++i) {
-    mail[i] = aot::MailboxNewId();
-    fences[i] = aot::FenceNewId();
+    mail[i] = kernels::MailboxNewId();
+    fences[i] = kernels::FenceNewId();
   }
   // Every 7th mailbox is abandoned before anything is delivered to it.
-  for (int i = 0; i < n; i += 7) aot::MailboxForget(mail[i]);
+  for (int i = 0; i < n; i += 7) kernels::MailboxForget(mail[i]);
 
   std::atomic<int> wrong{0}, missing{0}, unexpected{0};
   std::vector<std::thread> threads;
@@ -48,8 +48,8 @@ int main(int argc, char** argv) {
     threads.emplace_back([&, p] {
       for (int i = p; i < n; i += kProducers) {
         const std::vector<uint64_t> data = Payload(mail[i]);
-        aot::MailboxDeliver(mail[i], data.data(), data.size() * sizeof(uint64_t));
-        aot::FenceSignal(fences[i]);
+        kernels::MailboxDeliver(mail[i], data.data(), data.size() * sizeof(uint64_t));
+        kernels::FenceSignal(fences[i]);
       }
     });
   }
@@ -57,12 +57,12 @@ int main(int argc, char** argv) {
     threads.emplace_back([&, c] {
       std::vector<uint8_t> bytes;
       for (int i = c; i < n; i += 2) {
-        if (!aot::FenceWait(fences[i], 30.0)) ++missing;
+        if (!kernels::FenceWait(fences[i], 30.0)) ++missing;
         if (i % 7 == 0) {
-          if (aot::MailboxTake(mail[i], 0.0, &bytes)) ++unexpected;  // abandoned: never served
+          if (kernels::MailboxTake(mail[i], 0.0, &bytes)) ++unexpected;  // abandoned: never served
           continue;
         }
-        if (!aot::MailboxTake(mail[i], 30.0, &bytes)) {
+        if (!kernels::MailboxTake(mail[i], 30.0, &bytes)) {
           ++missing;
           continue;
         }
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
             std::memcmp(bytes.data(), want.data(), bytes.size()) != 0) {
           ++wrong;
         }
-        if (aot::MailboxTake(mail[i], 0.0, &bytes)) ++unexpected;  // served once only
+        if (kernels::MailboxTake(mail[i], 0.0, &bytes)) ++unexpected;  // served once only
       }
     });
   }
@@ -79,24 +79,24 @@ int main(int argc, char** argv) {
   // Any timeout converts without overflow: huge or infinite ones wait for the delivery, zero,
   // negative or NaN ones poll.
   for (double timeout : {1e30, HUGE_VAL}) {
-    const uint64_t id = aot::MailboxNewId();
+    const uint64_t id = kernels::MailboxNewId();
     std::thread late([id] {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       const std::vector<uint64_t> data = Payload(id);
-      aot::MailboxDeliver(id, data.data(), data.size() * sizeof(uint64_t));
+      kernels::MailboxDeliver(id, data.data(), data.size() * sizeof(uint64_t));
     });
     std::vector<uint8_t> bytes;
-    if (!aot::MailboxTake(id, timeout, &bytes)) ++missing;
+    if (!kernels::MailboxTake(id, timeout, &bytes)) ++missing;
     late.join();
   }
   for (double timeout : {0.0, -1.0, -1e30, -HUGE_VAL, std::nan("")}) {
-    const uint64_t id = aot::FenceNewId();
-    if (aot::FenceWait(id, timeout)) ++unexpected;
-    aot::FenceSignal(id);
-    if (!aot::FenceWait(id, timeout)) ++missing;
+    const uint64_t id = kernels::FenceNewId();
+    if (kernels::FenceWait(id, timeout)) ++unexpected;
+    kernels::FenceSignal(id);
+    if (!kernels::FenceWait(id, timeout)) ++missing;
   }
   // Everything taken, waited for or dropped: nothing is left behind.
-  const size_t left = aot::MailboxPending() + aot::FencePending();
+  const size_t left = kernels::MailboxPending() + kernels::FencePending();
   std::printf("ids=%d wrong=%d missing=%d unexpected=%d left=%zu\n", n, wrong.load(), missing.load(),
               unexpected.load(), left);
   if (wrong || missing || unexpected || left) return 1;

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from mindspore import Parameter, Tensor, ops
 from mindspore._c_expression import NoFallbackGuard
-from mindspore.common.api import _pynative_executor
+from mindspore.graph.api import _pynative_executor
 from mindspore.ops.primitive import Primitive
 
 from mindspore_hyper.dtensor import mutation, shard_hints
@@ -307,10 +307,10 @@ def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] 
             return batched_result
     results = {}
     try:
-        for key in keys:
+        for index, key in enumerate(keys):
             coords = dict(zip(axes, key))
             execution.set_running(coords)
-            results[key] = _run_local(call, decision, coords)
+            results[key] = _run_local(call, decision, coords, index)
     finally:
         execution.set_running(None)
     try:
@@ -319,8 +319,25 @@ def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] 
         raise _op_error(call, error) from error
 
 
-def _run_local(call: OpCall, decision: Decision, coords):
-    local_inputs = _localise(call.inputs, coords)
+# Random primitives whose seeds are call arguments: the argument positions of (seed0, seed1).
+_SEED_ARGS = {"Dropout": (2, 3)}
+
+
+def _reseeded(call: OpCall, local_inputs: List[Any], index: int) -> List[Any]:
+    """The `index`-th distinct shard's arguments. A random primitive with fixed seeds (a global
+    seed is set) draws the same values at every launch, so each further shard gets its own
+    seeds, as a device holding that shard would; unseeded calls (seeds 0) draw anew anyway."""
+    positions = _SEED_ARGS.get(call.name) if call.prim is not None else None
+    if not positions or index == 0 or all(local_inputs[i] == 0 for i in positions):
+        return local_inputs
+    local_inputs = list(local_inputs)
+    for i in positions:
+        local_inputs[i] = (local_inputs[i] + index * 0x9E3779B1) % (2 ** 31 - 1) or 1
+    return local_inputs
+
+
+def _run_local(call: OpCall, decision: Decision, coords, index: int = 0):
+    local_inputs = _reseeded(call, _localise(call.inputs, coords), index)
     try:
         if decision.local_fn is not None:
             return decision.local_fn(call, local_inputs, coords)

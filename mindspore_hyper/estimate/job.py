@@ -30,6 +30,7 @@ from mindspore_hyper.estimate.activations import TABLE2_ROWS, activation_bytes_p
 from mindspore_hyper.estimate.model import ParamCounts, TransformerConfig
 from mindspore_hyper.estimate.simulation_activations import simulation_activation_bytes
 from mindspore_hyper.estimate.strategy import JobStrategy
+from mindspore_hyper.units import format_bytes
 
 __all__ = ["StageEstimate", "JobEstimate", "estimate_job", "estimate_stage", "stage_layers", "in_flight_microbatches",
            "format_bytes", "DEVICE_KINDS"]
@@ -124,14 +125,6 @@ class JobEstimate:
         notes = dict.fromkeys(n for s in self.stages for n in s.notes)
         lines += [f"note: {n}" for n in notes]
         return "\n".join(lines)
-
-
-def format_bytes(n: float) -> str:
-    """Binary-unit text of a byte count, e.g. '4.00 GiB'."""
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
 
 
 def stage_layers(layers: int, pipeline: int, stage: int) -> int:

@@ -2,7 +2,7 @@
 
 ``Tensor.asnumpy()`` waits for every kernel launched so far (measured on MindSpore 2.10 CPU: from
 a background thread too), so reading a gradient in the middle of the backward stalls it.
-`TensorCopyOut` launches a tiny aot kernel (``MsHyperCopyOut`` in ``ccsrc/aot/store_kernels.cc``)
+`TensorCopyOut` launches a tiny aot kernel (``MsHyperCopyOut`` in ``ccsrc/kernels/store_kernels.cc``)
 behind the kernels producing the tensor; when MindSpore executes it, the bytes land in a mailbox
 that any thread can wait for (``take``, GIL released).
 """
@@ -12,11 +12,11 @@ from typing import Optional
 
 import numpy as np
 
-import mindspore as ms
 from mindspore import Tensor
 
 from mindspore_hyper import _core
 from mindspore_hyper.offload.fence import AotOpPool
+from mindspore_hyper.units import numpy_dtype
 
 __all__ = ["TensorCopyOut"]
 
@@ -33,7 +33,7 @@ class TensorCopyOut:
     def __init__(self, tensor: Tensor):
         op = TensorCopyOut._ops.next()
         self.shape = tuple(tensor.shape)
-        self.dtype = np.dtype(ms.dtype_to_nptype(tensor.dtype))
+        self.dtype = numpy_dtype(tensor.dtype)
         self.id = _core.mailbox_new_id()
         self._value: Optional[np.ndarray] = None
         self._abandoned = False

@@ -3,7 +3,7 @@
 ``_pynative_executor.sync()`` waits for every launched kernel by spinning on the calling thread
 (``AsyncRQueue::Wait``); on a small CPU machine the spinning thread takes a core from the very
 kernels it waits for. A `KernelFence` launches a tiny aot kernel (``MsHyperFence`` in
-``ccsrc/aot/store_kernels.cc``) that marks the fence as passed when MindSpore executes it.
+``ccsrc/kernels/store_kernels.cc``) that marks the fence as passed when MindSpore executes it.
 PyNative executes launched kernels in launch order (``tests/test_offload_ops.py`` checks it), so
 once the fence has passed every kernel launched before it has run. ``wait()`` sleeps on a
 condition variable with the GIL released.
@@ -16,7 +16,7 @@ import numpy as np
 
 from mindspore import Tensor, ops
 from mindspore.common import dtype as mstype
-from mindspore.common.api import _pynative_executor
+from mindspore.graph.api import _pynative_executor
 
 from mindspore_hyper import _core
 

@@ -1,4 +1,4 @@
-"""Optimizer updates computed on the host, for groups updated while the backward still runs.
+"""Optimizer updates computed on the host, for offload units updated while the backward still runs.
 
 MindSpore's optimizer Cells synchronize PyNative's kernel stream when called (``nn.Adam`` and
 ``nn.SGD`` run their ``construct`` under ``@jit``; eagerly, assigning their step Parameters
@@ -6,7 +6,7 @@ synchronizes too), so calling one in the middle of the backward stalls it. For t
 below the same element-wise update is computed with numpy on a host thread instead, from the
 stored parameters and states and the gradient copied out of the kernel stream, as ZeRO-Offload
 runs Adam on the host CPU where the states live. Other optimizers (or options) have no rule:
-their groups are updated after the backward by the optimizer Cell itself.
+their units are updated after the backward by the optimizer Cell itself.
 
 The formulas are those of MindSpore's CPU kernels (``Adam``, ``SGD``), in float32 (other
 parameter dtypes have no rule); the results agree with the optimizer Cells to float32 rounding

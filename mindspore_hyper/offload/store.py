@@ -20,12 +20,14 @@ CorruptBlockError = _core.CorruptBlockError
 
 @dataclass
 class TensorRef:
-    """A tensor in the store: its id, shape, dtype and blocks."""
+    """A tensor in the store: its id, shape, dtype and blocks, and the handle by which the
+    MindSpore kernels reach its store (`ops.StoreFetch` / `StorePut`)."""
 
     tid: int
     shape: tuple
     dtype: np.dtype
     blocks: tuple
+    store_handle: int
 
     @property
     def nbytes(self) -> int:
@@ -50,14 +52,12 @@ class OffloadStore:
             (benchmarks): O_DIRECT, or posix_fadvise(DONTNEED) after each I/O.
         direct_io: with `drop_page_cache`, use O_DIRECT (less CPU per block) where the file
             system accepts it; False: buffered I/O + posix_fadvise (streams faster on some disks).
-        make_default: make this the store the aot custom ops use.
     """
 
     def __init__(self, block_size: Optional[int] = None, device_memory: Optional[int] = None,
                  host_memory: Optional[int] = None, offload_dir: Optional[str] = None,
                  prefetch_depth: Optional[int] = None, io_workers: int = 2,
-                 drop_page_cache: bool = False, direct_io: bool = True, make_default: bool = True,
-                 worker_nice: Optional[int] = None):
+                 drop_page_cache: bool = False, direct_io: bool = True, worker_nice: Optional[int] = None):
         self.block_size = int(block_size if block_size is not None else get_context("cache_block_size"))
         self.device_memory = int(device_memory if device_memory is not None else get_context("device_memory"))
         self.host_memory = int(host_memory if host_memory is not None else get_context("host_memory"))
@@ -72,8 +72,7 @@ class OffloadStore:
         self.scheduler = _core.PrefetchScheduler(self.blocks, depth=int(depth), workers=io_workers,
                                                  worker_nice=self.worker_nice)
         self.device_blocks = self.device_memory // self.block_size
-        if make_default:
-            _core.set_default_tensor_store(self.tensors)
+        self.handle = _core.register_tensor_store(self.tensors)  # how the kernels reach it
 
     # -- tensors -------------------------------------------------------------------------
     def put(self, array: np.ndarray) -> TensorRef:
@@ -81,7 +80,7 @@ class OffloadStore:
         array = np.asarray(array)
         array = np.array(array, order="C", copy=not array.flags.c_contiguous)  # keeps 0-d shapes
         tid = self.tensors.put(array.reshape(-1).view(np.uint8))
-        return TensorRef(tid, tuple(array.shape), array.dtype, tuple(self.tensors.blocks(tid)))
+        return TensorRef(tid, tuple(array.shape), array.dtype, tuple(self.tensors.blocks(tid)), self.handle)
 
     def update(self, ref: TensorRef, array: np.ndarray) -> None:
         array = np.asarray(array, dtype=ref.dtype)
@@ -152,8 +151,7 @@ class OffloadStore:
 
     def close(self) -> None:
         """Stops the I/O workers and releases the store (its disk files are removed)."""
-        if _core.default_tensor_store() is self.tensors:
-            _core.set_default_tensor_store(None)
+        _core.release_tensor_store(self.handle)
         self.scheduler.drain()
         self.scheduler = None
         self.tensors = None

@@ -1,4 +1,4 @@
-"""Tuners for HyperOffload (seed 6.2): prefetch depth and cache-block size, chosen by running real
+"""Tuners for HyperOffload (docs/offload.md): prefetch depth and cache-block size, chosen by running real
 training steps and measuring them."""
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def tune_block_size(build: Callable[[int], Tuple[Callable[[], Any], Any]],
     Args:
         build: ``block_size -> (run_step, store)``; called once per candidate (a candidate whose
             working set does not fit the device tier raises WorkingSetError and is skipped).
-        candidates: block sizes in bytes (the seed recommends 64-128MB; small values for tests).
+        candidates: block sizes in bytes (64-128MB suit a real device; small values for tests).
 
     Returns:
         TuneResult(best=block_size, measurements={block_size: {...}}).

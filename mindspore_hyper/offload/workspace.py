@@ -1,10 +1,10 @@
-"""The optimizer workspace: where one device's part of an offloaded group is updated.
+"""The optimizer workspace: where one device's part of an offload unit is updated.
 
 MindSpore's optimizers keep using the data a Parameter had at their first call, so the optimizer
-never runs on the (placeholder-swapped) model Parameters. Instead a group's parameters, optimizer
+never runs on the (placeholder-swapped) model Parameters. Instead a unit's parameters, optimizer
 states and gradients are copied into a workspace (Parameters of the update's shapes and one
 optimizer instance over them), the optimizer runs once, and the results are written back to the
-store. Workspaces are shared by every group (and device) with the same shape signature.
+store. Workspaces are shared by every unit (and device) with the same shape signature.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mindspore_hyper.offload.host_optimizer import host_rule
-from mindspore_hyper.offload.placement import DeviceShard
+from mindspore_hyper.offload.device_shards import DeviceShard
 from mindspore_hyper.offload.store import OffloadStore, TensorRef
 
 __all__ = ["Workspace"]
@@ -29,7 +29,7 @@ class Workspace:
     the results written to the store straight from it; gradients go into buffers the optimizer's
     gradient Tensors share (``Tensor.from_numpy``). Where ``asnumpy()`` copies (another device),
     ``ops.assign`` and copies of the results are used instead. A workspace is busy from loading a
-    group until that group's results are in the store (`writes`).
+    unit until that unit's results are in the store (`writes`).
 
     Args:
         values: initial values of the update's parameters (shapes and dtypes matter).

@@ -19,6 +19,7 @@ from typing import Dict, List
 import numpy as np
 
 from mindspore_hyper.context import get_context
+from mindspore_hyper.units import format_bytes as _fmt
 
 __all__ = ["StepReport", "DeviceMemoryError"]
 
@@ -44,6 +45,8 @@ class StepReport:
     comm_time_estimate_s: float = 0.0
     notes: List[str] = field(default_factory=list)
     simulated: bool = True  # every device of the mesh simulated in this process (else: this process's own)
+    p2p: Dict[str, Dict[str, int]] = field(default_factory=dict)  # pipeline: stage boundary -> send counts/bytes
+    timeline: object = None  # pipeline: the schedule's Timeline with measured per-stage costs
 
     @classmethod
     def build(cls, model, optimizer=None) -> "StepReport":
@@ -97,7 +100,7 @@ class StepReport:
             "comm_backward": {k: {a: dict(v) for a, v in axes.items()} for k, axes in self.comm_backward.items()},
             "fallbacks": dict(self.fallbacks), "device_memory": self.device_memory,
             "step_seconds": self.step_seconds, "comm_time_estimate_s": self.comm_time_estimate_s,
-            "notes": list(self.notes),
+            "notes": list(self.notes), "p2p": {k: dict(v) for k, v in self.p2p.items()},
         }
 
     def __str__(self) -> str:
@@ -120,6 +123,14 @@ class StepReport:
                          f"(alpha-beta, topology {get_context('topology')!r}, no overlap)")
         else:
             lines.append("communication per step: none")
+        if self.p2p:
+            lines.append("pipeline stage-boundary sends per step (activations / gradients):")
+            lines += _table(["boundary", "act count", "act bytes", "grad count", "grad bytes"],
+                            [[k, str(v["activation_count"]), _fmt(v["activation_bytes"]), str(v["gradient_count"]),
+                              _fmt(v["gradient_bytes"])] for k, v in self.p2p.items()])
+        if self.timeline is not None:
+            lines.append(f"pipeline timeline (simulated with measured costs): makespan "
+                         f"{self.timeline.makespan * 1e3:.1f} ms, bubble {self.timeline.bubble_fraction:.1%}")
         if self.fallbacks:
             lines.append("replication fallbacks (op: count): " +
                          ", ".join(f"{k}: {v}" for k, v in sorted(self.fallbacks.items())))
@@ -224,13 +235,6 @@ def _nest(flat) -> Dict[str, Dict[str, Dict[str, int]]]:
     for (kind, axis), (count, nbytes, input_bytes) in sorted(flat.items()):
         out.setdefault(kind, {})[axis] = {"count": count, "bytes": nbytes, "input_bytes": input_bytes}
     return out
-
-
-def _fmt(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
 
 
 def _table(head, rows) -> List[str]:

@@ -11,15 +11,6 @@ REDUCE_OPS = ("sum", "avg", "max", "min")
 class Placement:
     """Base of the three placements of a tensor along one mesh axis."""
 
-    def is_shard(self, dim: int = None) -> bool:
-        return isinstance(self, Shard) and (dim is None or self.dim == dim)
-
-    def is_replicate(self) -> bool:
-        return isinstance(self, Replicate)
-
-    def is_partial(self) -> bool:
-        return isinstance(self, Partial)
-
 
 @dataclass(frozen=True)
 class Shard(Placement):

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Sequence, Tuple
 
-import numpy as np
 
+from mindspore_hyper import units
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
 __all__ = [
@@ -114,15 +114,6 @@ def _describe(step: PlanStep, names: Sequence[str]) -> str:
     return f"{type(step).__name__}({inner})"
 
 
-def _itemsize(dtype) -> int:
-    if isinstance(dtype, int):
-        return dtype
-    try:
-        return np.dtype(dtype).itemsize
-    except TypeError:
-        return int(dtype.itemsize)  # a MindSpore dtype
-
-
 def plan_redistribution(src: TensorLayout, dst: TensorLayout, global_shape: Sequence[int],
                         dtype="float32") -> RedistributionPlan:
     """Plan the steps that turn a tensor laid out as `src` into `dst`.
@@ -152,7 +143,7 @@ def plan_redistribution(src: TensorLayout, dst: TensorLayout, global_shape: Sequ
     dst.check_shape(global_shape)
     mesh = src.mesh
     sizes = mesh.device_matrix
-    itemsize = _itemsize(dtype)
+    itemsize = units.itemsize(dtype)
     plan = RedistributionPlan(src, dst, global_shape, itemsize)
 
     state: List[List[int]] = [list(e) for e in src.dims]

@@ -22,6 +22,7 @@ from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.strategy.process_groups import DeviceGroup
 from mindspore_hyper.strategy.strategy import Strategy
 from mindspore_hyper.shard.tensor_layout import TensorLayout
+from mindspore_hyper.units import format_bytes, itemsize as dtype_size
 
 __all__ = ["ParamRow", "StrategyTable", "resolve_strategy", "assign_pipeline_stages", "DEFAULT_OPTIMIZER_STATES"]
 
@@ -155,7 +156,7 @@ class StrategyTable:
                      else "all")
             tmap = "(" + ", ".join(_entry_text(e) for e in r.layout.tensor_map) + ")"
             lines.append([r.name, _shape(r.global_shape), _shape(r.local_shape), r.dtype, tmap, where,
-                          _bytes(r.param_bytes), _bytes(r.optimizer_bytes), r.source + (" *" if r.notes else "")])
+                          format_bytes(r.param_bytes, short=True), format_bytes(r.optimizer_bytes, short=True), r.source + (" *" if r.notes else "")])
         widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)] if lines else [len(h) for h in head]
         fmt = "  ".join("{:<%d}" % w for w in widths)
         out = [f"StrategyTable: mesh {self.mesh.device_matrix} {self.mesh.alias_names}, "
@@ -167,7 +168,7 @@ class StrategyTable:
         if notes:
             out.append("notes (*):")
             out += [f"  {name}: {note}" for name, note in notes]
-        out.append(f"max per device: {_bytes(self.max_bytes_per_device())} (parameters + optimizer states)")
+        out.append(f"max per device: {format_bytes(self.max_bytes_per_device(), short=True)} (parameters + optimizer states)")
         return "\n".join(out)
 
     def __repr__(self) -> str:
@@ -241,7 +242,7 @@ def resolve_strategy(cell, config_or_strategy: Union[Strategy, ParallelConfig, d
         notes = list(placement.notes)
         layout, opt_layout = placement.layout, placement.optimizer_layout
         group = config.group_of_module(owner) if config is not None else None
-        itemsize = _itemsize(param.dtype)
+        itemsize = dtype_size(param.dtype)
         local = layout.local_shape(shape)
         param_bytes = math.prod(local) * itemsize
         opt_bytes = math.prod(opt_layout.local_shape(shape)) * itemsize * optimizer_states
@@ -336,13 +337,6 @@ def _group_optimizer_bytes(shape: Tuple[int, ...], group: DeviceGroup, full: int
     return full, f"optimizer states not sharded in group {group.name!r}: no dimension divides by {group.size}"
 
 
-def _itemsize(dtype) -> int:
-    size = getattr(dtype, "itemsize", None)
-    if isinstance(size, int) and size > 0:
-        return size
-    raise ValueError(f"cannot tell the element size of dtype {dtype!r}")
-
-
 # -- pipeline stages -----------------------------------------------------------------------------
 
 def assign_pipeline_stages(cell, config: ParallelConfig) -> Tuple[Dict[str, int], Dict[str, int]]:
@@ -367,7 +361,7 @@ def assign_pipeline_stages(cell, config: ParallelConfig) -> Tuple[Dict[str, int]
     sizes = {}
     params = list(cell.parameters_and_names())
     for pname, p in params:
-        nbytes = math.prod(int(s) for s in p.shape) * _itemsize(p.dtype)
+        nbytes = math.prod(int(s) for s in p.shape) * dtype_size(p.dtype)
         parts = pname.split(".")
         for i in range(1, len(parts)):
             prefix = ".".join(parts[:i])
@@ -457,8 +451,3 @@ def _shape(shape: Sequence[int]) -> str:
     return "(" + ",".join(str(s) for s in shape) + ")"
 
 
-def _bytes(n: int) -> str:
-    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return f"{n}B"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import mindspore as ms
 from mindspore import Parameter, Tensor, mint, ops
-from mindspore.common.api import _pynative_executor
+from mindspore.graph.api import _pynative_executor
 
 from mindspore_hyper.dtensor import DTensor, distribute_tensor
 from mindspore_hyper.dtensor.dispatch import DTensorOpError

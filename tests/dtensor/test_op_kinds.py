@@ -43,6 +43,16 @@ def test_dropout_draws_one_mask_per_distinct_shard(p):
     assert not np.array_equal(first, second)  # the two shards drew their own masks
 
 
+def test_dropout_under_a_global_seed_draws_one_mask_per_distinct_shard():
+    ms.set_seed(11)  # fixed kernel seeds: every launch of one primitive would draw the same mask
+    d = distribute_tensor(Tensor(ONES), MESH("a", None))
+    first, second = shard_values(ops.dropout(d, 0.5))
+    assert not np.array_equal(first, second)
+    ms.set_seed(11)  # and the draw is reproducible, as a seeded single-device run is
+    again = shard_values(ops.dropout(distribute_tensor(Tensor(ONES), MESH("a", None)), 0.5))
+    assert np.array_equal(first, again[0]) and np.array_equal(second, again[1])
+
+
 def test_dropout_replicated_input_draws_one_mask():
     d = distribute_tensor(Tensor(ONES), MESH(None, None))
     out = ops.dropout(d, 0.5)

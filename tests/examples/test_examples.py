@@ -15,6 +15,8 @@ ROOT = str(REPO_ROOT)
     ("train_transformer.py", "OK: 5 steps match single-device training"),
     ("offload_training.py", "OK: offloaded training matches resident training"),
     ("offload_training.py --simulate", "OK: offloaded training matches resident training"),
+    ("mpmd_multimodal.py --steps 2", "OK: 2 steps on the seed's device groups match one device"),
+    ("rlhf_ppo.py --steps 1", "OK: 1 PPO steps on device groups match the roles run one after another"),
 ])
 def test_example_runs_and_checks_itself(script, expect):
     result = subprocess.run([sys.executable, *os.path.join(ROOT, "examples", script).split()], capture_output=True,
@@ -34,3 +36,30 @@ def test_train_transformer_example_under_msrun(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:] + logs
     assert logs.count("OK: 5 steps match single-device training") == 2, logs[-3000:]
     assert "mode distributed, 2 devices, this process holds [0]" in logs
+
+
+def _worktree_env(**extra):
+    """The environment with this checkout first on PYTHONPATH (the venv may hold another copy)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), **extra)
+
+
+def test_pipeline_example_in_simulation():
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "pipeline_training.py")],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT,
+                            env=_worktree_env(PIPELINE_SCHEDULE="zb_h1"))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "OK: 5 pipelined steps match single-device training" in result.stdout
+    assert "schedule zb_h1, mesh {'data': 2, 'pipeline': 2}" in result.stdout
+
+
+@pytest.mark.msrun
+def test_pipeline_example_under_msrun(tmp_path):
+    """The docstring's msrun command: one process per pipeline rank."""
+    from msrun_helpers import run_msrun, worker_logs
+
+    env = _worktree_env(MS_HYPER_MODE="distributed")
+    proc = run_msrun(os.path.join(ROOT, "examples", "pipeline_training.py"), [], 2, tmp_path / "logs", 300, env=env)
+    logs = worker_logs(tmp_path / "logs", 2, tail=100000)
+    assert proc.returncode == 0, proc.stderr[-2000:] + logs
+    assert logs.count("OK: 5 pipelined steps match single-device training") == 2, logs[-3000:]
+    assert "this process runs stages [0]" in logs and "this process runs stages [1]" in logs

@@ -41,7 +41,7 @@ def test_fetch_put_and_grad(store, mode):
     ms.set_context(mode=mode)
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     ref = store.put(a)
-    assert _core.default_tensor_store() is store.tensors  # kernels and Python share it
+    assert _core.find_tensor_store(ref.store_handle) is store.tensors  # kernels and Python share it
     np.testing.assert_array_equal(StoreFetch(ref)().asnumpy(), a)
 
     version = store.blocks.version(ref.blocks[0])
@@ -68,6 +68,28 @@ def test_ops_on_blocks_spread_over_tiers(store):
     out = store_put(Tensor(arrays[0] + 5), refs[0])
     np.testing.assert_array_equal(store.get(refs[0]), arrays[0] + 5)
     np.testing.assert_array_equal(out.asnumpy(), arrays[0] + 5)
+
+
+@pytest.mark.parametrize("mode", [ms.PYNATIVE_MODE, ms.GRAPH_MODE])
+def test_two_stores_in_one_process_each_serve_their_kernels(store, tmp_path, mode):
+    ms.set_context(mode=mode)
+    other = OffloadStore(block_size=BS, device_memory=2 * BS, host_memory=3 * BS,
+                         offload_dir=str(tmp_path / "other"), prefetch_depth=2)
+    try:
+        a, b = np.arange(6, dtype=np.float32), -np.arange(6, dtype=np.float32)
+        ref_a, ref_b = store.put(a), other.put(b)
+        assert ref_a.tid == ref_b.tid and ref_a.store_handle != ref_b.store_handle  # same id, two stores
+        np.testing.assert_array_equal(StoreFetch(ref_a)().asnumpy(), a)
+        np.testing.assert_array_equal(StoreFetch(ref_b)().asnumpy(), b)
+        StorePut(ref_b)(Tensor(b * 10)).asnumpy()
+        np.testing.assert_array_equal(other.get(ref_b), b * 10)
+        np.testing.assert_array_equal(store.get(ref_a), a)  # the first store is untouched
+    finally:
+        other.close()
+    assert _core.find_tensor_store(ref_b.store_handle) is None  # closed: its handle is released
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    with pytest.raises(Exception):
+        StoreFetch(ref_b)().asnumpy()  # the kernel reports the unknown handle
 
 
 def test_fetch_of_unknown_tensor_fails(store):
@@ -201,7 +223,7 @@ def test_cpp_mailbox_stress_program(tmp_path):
     # The fences and mailboxes under concurrent producers, consumers and abandonment (`make tsan`
     # runs the same program under ThreadSanitizer).
     root = str(REPO_ROOT)
-    srcs = ["ccsrc/tools/mailbox_stress.cc", "ccsrc/aot/kernel_fence.cc", "ccsrc/aot/tensor_mailbox.cc"]
+    srcs = ["ccsrc/tools/mailbox_stress.cc", "ccsrc/kernels/kernel_fence.cc", "ccsrc/kernels/tensor_mailbox.cc"]
     exe = tmp_path / "mailbox_stress"
     subprocess.run(["g++", "-std=c++17", "-O2", "-pthread", "-Iccsrc", *srcs, "-o", str(exe)],
                    cwd=root, check=True, timeout=300)
@@ -211,7 +233,7 @@ def test_cpp_mailbox_stress_program(tmp_path):
 
 
 def test_abandoned_copies_and_fences_leave_nothing_behind():
-    from mindspore.common.api import _pynative_executor
+    from mindspore.graph.api import _pynative_executor
     from mindspore_hyper.offload.copy_out import TensorCopyOut
     from mindspore_hyper.offload.fence import KernelFence
 

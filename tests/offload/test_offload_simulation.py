@@ -8,12 +8,13 @@ import pytest
 from mindspore import Tensor, ops
 
 from mindspore_hyper.offload import OffloadPolicy, OffloadStore, WorkingSetError, hyper_offload
-from mindspore_hyper.offload.placement import from_strategy_rows
+from mindspore_hyper.offload.device_shards import from_strategy_rows
 from mindspore_hyper.shard import Layout
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 from mindspore_hyper.runtime.simulation import simulate
 
-from test_offload_training import (BS, MLP, OPTIMIZERS, assert_update_path, copy_model, data, make_store,
+from sim_models import DenseStack
+from test_offload_training import (BS, OPTIMIZERS, assert_update_path, copy_model, data, make_store,
                                    reference_run)
 
 DIM = 64  # a 64x64 float32 weight is 16KB: 2 blocks unsharded, a quarter of a block per shard
@@ -42,7 +43,7 @@ def seeded_mlp(seed=0):
     the comparison's rounding noise depends on the weights, so the test sees the same weights in
     every run (with MindSpore's unseeded initialisation about 1 draw in 40 had a loss error above
     1e-5 for Adam, measured)."""
-    model = MLP(dim=DIM)
+    model = DenseStack(dim=DIM)
     rng = np.random.default_rng(seed)
     for p in model.trainable_params():
         fan_in = p.shape[-1] if len(p.shape) > 1 else DIM
@@ -75,7 +76,7 @@ def test_each_simulated_device_has_its_own_tier(tmp_path, opt_name, clean_contex
     w0 = base.layers[0].weight.asnumpy()
     for rank in range(8):
         d, t = divmod(rank, 4)
-        dev = off.groups[0].devices[rank]
+        dev = off.units[0].devices[rank]
         shard = dev.store.get(dev.params[0])
         np.testing.assert_array_equal(shard, w0[16 * t:16 * t + 16])
         assert dev.grads[0].shape == (8, DIM)
@@ -92,7 +93,7 @@ def test_each_simulated_device_has_its_own_tier(tmp_path, opt_name, clean_contex
         assert 0 < stats["per_device_peak_materialized_bytes"][rank] <= budget
     # layers.1's saved activations are per shard: each distinct one is kept by the devices
     # holding it (its replicas), not by all eight.
-    holders = [sorted(slots) for (name, _), slots in off._activation_refs.items() if name == "layers.1"]
+    holders = [sorted(slots) for (name, _), slots in off.activations.refs.items() if name == "layers.1"]
     assert holders and any(len(h) < 8 for h in holders)
     report = sim.report()
     assert report.fallbacks == {}
@@ -104,20 +105,20 @@ def test_each_simulated_device_has_its_own_tier(tmp_path, opt_name, clean_contex
 
 def test_shards_fit_where_the_whole_model_does_not(tmp_path, clean_context):
     clean_context.set_context(device_num=8)
-    base = MLP(dim=DIM)
+    base = DenseStack(dim=DIM)
     with pytest.raises(WorkingSetError, match=r"Cell 'layers.0' cannot run offloaded: .* the device tier holds 3"):
         hyper_offload(copy_model(base, dim=DIM), OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["adam"],
                       store=make_store(tmp_path, device_blocks=3))
     _, sim = sharded_mlp(base)
     off = hyper_offload(sim, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["adam"], block_size=BS,
                         device_memory=3 * BS, host_memory=48 * BS, offload_dir=str(tmp_path))
-    assert len(off.groups) == 4
+    assert len(off.units) == 4
     off.close()
 
 
 def test_tier_too_small_for_a_shard_names_the_device(tmp_path, clean_context):
     clean_context.set_context(device_num=8)
-    _, sim = sharded_mlp(MLP(dim=DIM))
+    _, sim = sharded_mlp(DenseStack(dim=DIM))
     with pytest.raises(WorkingSetError, match=r"Cell 'layers.0' cannot run offloaded on device 0: .* holds 1 blocks"):
         hyper_offload(sim, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["adam"], block_size=BS // 4,
                       device_memory=BS // 4, host_memory=48 * BS, offload_dir=str(tmp_path))
@@ -126,7 +127,7 @@ def test_tier_too_small_for_a_shard_names_the_device(tmp_path, clean_context):
 
 def test_store_argument_must_give_one_store_per_device(tmp_path, clean_context):
     clean_context.set_context(device_num=8)
-    _, sim = sharded_mlp(MLP(dim=DIM))
+    _, sim = sharded_mlp(DenseStack(dim=DIM))
     store = make_store(tmp_path)
     with pytest.raises(ValueError, match=r"store: expected 8 OffloadStores \(one per simulated device\)"):
         hyper_offload(sim, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["sgd"], store=store)

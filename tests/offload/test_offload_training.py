@@ -7,30 +7,20 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from mindspore.common.api import _pynative_executor
+from mindspore.graph.api import _pynative_executor
 
 from mindspore_hyper import _core, set_context, reset_context
 from test_prefetch_scheduler import os_threads
+from mindspore_hyper.offload.updates import UnitUpdates
 from mindspore_hyper.offload import (OffloadedModel, OffloadPolicy, OffloadStore, WorkingSetError,
                                      hyper_offload, maybe_offload)
+
+from sim_models import DenseStack
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 
 BS = 8192
 DIM = 32
-
-
-class MLP(nn.Cell):
-    def __init__(self, n_layers=4, dim=DIM):
-        super().__init__()
-        self.layers = nn.CellList([nn.Dense(dim, dim) for _ in range(n_layers)])
-        self.act = nn.Tanh()
-        self.head = nn.Dense(dim, 1)
-
-    def construct(self, x):
-        for layer in self.layers:
-            x = self.act(layer(x))
-        return self.head(x)
 
 
 def copy_params(src, dst):
@@ -41,7 +31,7 @@ def copy_params(src, dst):
 
 
 def copy_model(src, n_layers=4, dim=DIM):
-    return copy_params(src, MLP(n_layers, dim))
+    return copy_params(src, DenseStack(n_layers, dim))
 
 
 def data(dim=DIM):
@@ -96,7 +86,7 @@ def make_store(tmp_path, device_blocks=4, host_blocks=6, depth=2):
 def test_offloaded_training_matches_resident(tmp_path, opt_name, swap_activations):
     make_opt = OPTIMIZERS[opt_name]
     x, y = data()
-    base = MLP()
+    base = DenseStack()
     ref_losses, ref_params = reference_run(copy_model(base), make_opt, x, y)
 
     model = copy_model(base)
@@ -104,7 +94,7 @@ def test_offloaded_training_matches_resident(tmp_path, opt_name, swap_activation
     pending = (_core.fence_pending(), _core.mailbox_pending())
     policy = OffloadPolicy(cells=["layers.*"], activation_cells=["layers.1", "layers.2"] if swap_activations else ())
     off = hyper_offload(model, policy, optimizer=make_opt, store=store)
-    assert [g.name for g in off.groups] == ["layers.0", "layers.1", "layers.2", "layers.3"]
+    assert [g.name for g in off.units] == ["layers.0", "layers.1", "layers.2", "layers.3"]
     # Between uses the offloaded Parameters hold one-element placeholders: values live in the store.
     assert model.layers[0].weight.shape == (1,)
     step = off.train_step(lambda a, b: ops.reduce_mean((model(a) - b) ** 2))
@@ -121,13 +111,13 @@ def test_offloaded_training_matches_resident(tmp_path, opt_name, swap_activation
     assert stats["device"]["peak_blocks"] <= stats["device"]["capacity_blocks"]
     assert 0 < stats["peak_materialized_param_bytes"] <= budget
     # The offloaded state is larger than the device tier, so it really moves through the tiers.
-    total_blocks = len({b for g in off.groups for b in g.devices[0].update_blocks})
+    total_blocks = len({b for g in off.units for b in g.devices[0].update_blocks})
     assert total_blocks > stats["device"]["capacity_blocks"]
     assert stats["bytes_moved"]["host->device"] > 0 and stats["bytes_moved"]["host->disk"] > 0
     pf = stats["prefetch"]
     assert pf["trace_valid"] and pf["hits"] + pf["late"] > 0
     if swap_activations:
-        assert len(off._activation_refs) > 0
+        assert len(off.activations.refs) > 0
     off.remove()
     for name, ref in ref_params.items():
         np.testing.assert_allclose({p.name: p.asnumpy() for p in model.trainable_params()}[name], ref,
@@ -136,7 +126,7 @@ def test_offloaded_training_matches_resident(tmp_path, opt_name, swap_activation
 
 
 def test_refuses_cell_larger_than_device_tier(tmp_path):
-    model = MLP(n_layers=2, dim=64)  # a 64x64 float32 weight is 16KB: 2+ blocks of 8KB
+    model = DenseStack(n_layers=2, dim=64)  # a 64x64 float32 weight is 16KB: 2+ blocks of 8KB
     before = {p.name: p.asnumpy().copy() for p in model.trainable_params()}
     store = make_store(tmp_path, device_blocks=2)
     with pytest.raises(WorkingSetError, match=r"Cell 'layers.0' cannot run offloaded: its working set is \d+ "
@@ -148,7 +138,7 @@ def test_refuses_cell_larger_than_device_tier(tmp_path):
 
 
 def test_enabled_through_context(tmp_path):
-    model = MLP(n_layers=2)
+    model = DenseStack(n_layers=2)
     reset_context()
     assert maybe_offload(model, optimizer=OPTIMIZERS["sgd"]) is None
     set_context(hyper_offload=True, device_memory=4 * BS, host_memory=8 * BS, offload_dir=str(tmp_path),
@@ -175,7 +165,7 @@ def test_enabled_through_context(tmp_path):
 
 def test_synchronous_writes_give_the_same_result(tmp_path):
     x, y = data()
-    base = MLP(n_layers=3)
+    base = DenseStack(n_layers=3)
     ref_losses, ref_params = reference_run(copy_model(base, 3), OPTIMIZERS["adam"], x, y, steps=3)
     model = copy_model(base, 3)
     store = make_store(tmp_path)
@@ -191,7 +181,7 @@ def test_value_and_grad_then_apply_gradients(tmp_path):
     """The two-call API: gradients returned to the caller, then applied by the optimizer Cells
     after the backward (no host updates)."""
     x, y = data()
-    base = MLP(n_layers=3)
+    base = DenseStack(n_layers=3)
     ref_losses, ref_params = reference_run(copy_model(base, 3), OPTIMIZERS["adam"], x, y, steps=3)
     model = copy_model(base, 3)
     store = make_store(tmp_path)
@@ -256,7 +246,7 @@ def test_shared_and_multi_input_cells_match_resident(tmp_path):
     assert_matches_reference(off, losses, ref_losses, ref_params)
     # every group updated in the backward: the hooks of layers.1 (called twice) ran once per step
     assert_update_path(off, "adam", 4 * 4)
-    assert all(g.resident_depth == 0 for g in off.groups)
+    assert all(g.resident_depth == 0 for g in off.units)
     assert model.mix.b.shape == (1,)  # scrubbed between steps
     stats = off.stats()
     assert 0 < stats["device"]["peak_bytes"] <= store.device_memory
@@ -316,12 +306,12 @@ def test_parameter_unused_in_some_steps(tmp_path, monkeypatch, hook_missing):
     pending = (_core.fence_pending(), _core.mailbox_pending())
     off = hyper_offload(model, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["sgd"], store=store)
     if hook_missing:
-        deliver = OffloadedModel._on_param_grad
+        deliver = UnitUpdates.on_param_grad
 
         def drop_unused_bias_hook(self, g, i, grad):
             if not (g.name == "layers.1" and i == 1 and not model.layers[1].use_bias):
                 deliver(self, g, i, grad)
-        monkeypatch.setattr(OffloadedModel, "_on_param_grad", drop_unused_bias_hook)
+        monkeypatch.setattr(UnitUpdates, "on_param_grad", drop_unused_bias_hook)
     step = off.train_step(lambda a, b: ops.reduce_mean((model(a) - b) ** 2))
     losses = []
     for use in uses:
@@ -369,5 +359,5 @@ def test_backward_failure_after_host_updates_says_which_groups_were_updated(tmp_
                                            r"it \(layers.0, layers.1, layers.2\)") as info:
         step(x, y)
     assert "injected backward failure" in repr(info.value.__cause__)
-    assert all(g.resident_depth == 0 for g in off.groups)
+    assert all(g.resident_depth == 0 for g in off.units)
     store.close()

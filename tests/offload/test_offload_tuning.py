@@ -9,23 +9,13 @@ from mindspore import Tensor, nn, ops
 from mindspore_hyper.offload import (OffloadPolicy, OffloadStore, hyper_offload, tune_block_size,
                                      tune_prefetch_depth)
 
+from sim_models import DenseStack
+
 ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
-class MLP(nn.Cell):
-    def __init__(self, n_layers=4, dim=32):
-        super().__init__()
-        self.layers = nn.CellList([nn.Dense(dim, dim) for _ in range(n_layers)])
-        self.head = nn.Dense(dim, 1)
-
-    def construct(self, x):
-        for layer in self.layers:
-            x = ops.tanh(layer(x))
-        return self.head(x)
-
-
 def build(tmp_path, block_size, device_blocks=4, dim=32):
-    model = MLP(dim=dim)
+    model = DenseStack(dim=dim)
     store = OffloadStore(block_size=block_size, device_memory=device_blocks * block_size,
                          host_memory=6 * block_size, offload_dir=str(tmp_path), prefetch_depth=2)
     off = hyper_offload(model, OffloadPolicy(cells=["layers.*"]),

@@ -47,8 +47,10 @@ class DistributedRuntime(Runtime):
                     cell._params[key] = shard
         return ParameterSlot(shard, row.layout, row.global_shape, zero_axes(row), local=True)
 
-    def parallelize(self, model, strategy_or_config, return_dtensor: bool = False, optimizer_states: int = 2):
-        """Wrap `model` for this process's rank (see DistributedModel).
+    def parallelize(self, model, strategy_or_config, return_dtensor: bool = False, optimizer_states: int = 2,
+                    group_strategies=None):
+        """Wrap `model` for this process's rank (see DistributedModel); a config with device
+        groups (hyper_mpmd on) gives an `MPMDModel` running this process's group.
 
         Raises:
             ValueError: GRAPH_MODE, or the strategy's mesh size differs from the job's process count.
@@ -59,6 +61,13 @@ class DistributedRuntime(Runtime):
             raise ValueError("distributed mode runs op by op: call mindspore.set_context(mode=mindspore.PYNATIVE_MODE)")
         w = world()
         table = resolve_strategy(model, strategy_or_config, optimizer_states=optimizer_states)
+        if table.groups:
+            from mindspore_hyper.runtime.mpmd.distributed import parallelize_groups
+
+            return parallelize_groups(model, table, self, group_strategies, optimizer_states)
+        if group_strategies:
+            raise ValueError("group_strategies: the strategy declares no device groups (process_groups or "
+                             "strategy: mpmd entries)")
         if table.mesh.size != w.size:
             raise ValueError(f"the strategy's mesh {table.mesh.device_matrix} has {table.mesh.size} devices but the job "
                              f"has {w.size} processes; launch with msrun --worker_num={table.mesh.size} "

@@ -35,8 +35,11 @@ class SimulationRuntime(Runtime):
         """The global Parameter stays as is; each op slices what it reads (differentiably)."""
         return ParameterSlot(param, row.layout, row.global_shape, zero_axes(row), local=False)
 
-    def parallelize(self, model, strategy_or_config, return_dtensor: bool = False, optimizer_states: int = 2):
-        """`simulate(...)`: see mindspore_hyper.runtime.simulation.model.simulate."""
+    def parallelize(self, model, strategy_or_config, return_dtensor: bool = False, optimizer_states: int = 2,
+                    group_strategies=None):
+        """`simulate(...)`: see mindspore_hyper.runtime.simulation.model.simulate. A config with
+        device groups (hyper_mpmd on) gives an `MPMDModel`; `group_strategies` (group name ->
+        Strategy) replaces a group's default data-parallel strategy."""
         from mindspore_hyper.runtime.simulation.model import SimulatedModel
 
         if ms.get_context("mode") != ms.PYNATIVE_MODE:
@@ -53,6 +56,17 @@ class SimulationRuntime(Runtime):
                 f"the strategy's mesh {table.mesh.device_matrix} has {table.mesh.size} devices but "
                 f"device_num={device_num}; call set_context(device_num={table.mesh.size}) or change the mesh"
             )
+        if table.groups:
+            from mindspore_hyper.runtime.mpmd import MPMDModel, check_mpmd_enabled
+
+            check_mpmd_enabled(table.groups)
+            if return_dtensor:
+                raise ValueError("return_dtensor=True: an MPMD model returns global tensors (each group has its own "
+                                 "mesh); drop return_dtensor")
+            return MPMDModel(model, table.config, self, group_strategies, optimizer_states=optimizer_states)
+        if group_strategies:
+            raise ValueError("group_strategies: the strategy declares no device groups (process_groups or "
+                             "strategy: mpmd entries)")
         for row in table:
             row.layout.check_shape(row.global_shape)
         return SimulatedModel(model, table, self, return_dtensor=return_dtensor)

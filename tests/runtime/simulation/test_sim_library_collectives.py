@@ -9,7 +9,7 @@ from mindspore_hyper.shard.reference_executor import reduce_arrays
 from mindspore_hyper.comm.library_collectives import LibraryCollectives
 
 from sim_models import MLP, TinyLM
-from test_sim_numerics import MESHES, assert_same_as_single_device, tp_strategy
+from sim_checks import MESHES, assert_same_as_single_device, tp_strategy
 
 RNG = np.random.default_rng(5)
 

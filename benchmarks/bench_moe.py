@@ -1,0 +1,288 @@
+"""MoE benchmarks: load balance by hot-expert replication, 1-bit routing metadata, overlapped
+expert-parallel dispatch.
+
+1. balance  Zipf-skewed top-8 routing of --tokens tokens over 128 experts in 16 groups on 16
+            devices (2 nodes). Tokens per device, max/mean: experts placed in order (8 per
+            device) vs `rebalance_experts` placements with more physical slots. The placement
+            is computed from one batch's counts and also evaluated on the next batch (EPLB
+            works from history). Goal: max/mean <= 1.1.
+2. metadata Bytes a device sends to describe its routing for --tokens tokens, top-8, 128
+            experts: int32 expert index + float32 gate per token copy, a float32 T x E routing
+            matrix, the 1-bit mask (C++ `pack_routing`); pack+unpack time vs numpy packbits.
+3. links    Dispatch bytes per topology link level (node8: 2 nodes of 8 devices), flat vs
+            group-limited routing (4 of 16 expert groups) and flat vs two-level dispatch.
+4. cache    Hot-expert cache (`moe/cache.py`): 128 experts in the offload store, the device
+            tier for 32; cold fetches per step and step time, routing-statistics priorities vs
+            plain LRU, over a Zipf routing trace (first fifth of the steps excluded as warm-up).
+5. overlap  (msrun, 2 processes, shared-memory transport) the forward of an expert-parallel
+            MoE layer, --overlap-tokens tokens per device: whole (no overlap) vs
+            `overlap_chunks` 4 (AllToAlls on a background thread) vs 4 chunks exchanged in line.
+            Reports step times, their ratios, and the overlap ratio 1 - waited / communication
+            seconds (communication seconds as timed on the background thread).
+
+Usage: .venv/bin/python benchmarks/bench_moe.py [--section all|balance|metadata|overlap]
+Timings on a shared 2-core machine are noisy: compare ratios within one run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def zipf_routing(rng, tokens: int, experts: int, top_k: int, s: float, perm: np.ndarray, groups: int = 1,
+                 topk_groups: int = 1) -> np.ndarray:
+    """[tokens, top_k] distinct experts per token, expert popularity ~ 1/rank^s (ranks shuffled by
+    perm); with `groups` > 1, limited to each token's best `topk_groups` groups (as the router)."""
+    from mindspore_hyper.moe.router import limit_groups
+
+    p = 1.0 / np.arange(1, experts + 1) ** s
+    p = p[np.argsort(perm)] / p.sum()
+    # Gumbel top-k: k distinct experts drawn without replacement with probabilities p
+    keys = np.log(p)[None, :] - np.log(-np.log(rng.random((tokens, experts))))
+    if groups > 1:
+        keys = limit_groups(keys, groups, topk_groups)
+    return np.argsort(-keys, axis=1)[:, :top_k]
+
+
+def balance(tokens: int, zipf_s: float) -> dict:
+    from mindspore_hyper.moe.eplb import rebalance_experts
+    from mindspore_hyper.moe.placement import ExpertPlacement, member_loads
+
+    experts, groups, nodes, gpus, top_k = 128, 16, 2, 16, 8
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(experts)
+    history = np.bincount(zipf_routing(rng, tokens, experts, top_k, zipf_s, perm).ravel(), minlength=experts)
+    fresh = np.bincount(zipf_routing(rng, tokens, experts, top_k, zipf_s, perm).ravel(), minlength=experts)
+    ratio = lambda loads: float(loads.max() / loads.mean())
+    identity = ExpertPlacement(np.arange(experts), experts)
+    out = {"tokens": tokens, "zipf_s": zipf_s, "hottest_expert_share": float(history.max() / history.sum()),
+           "in_order": ratio(member_loads(history, identity, gpus)), "replicated": {}}
+    for slots in (144, 160, 192, 256):
+        t0 = time.perf_counter()
+        phy2log, _, _ = rebalance_experts(history[None, :], slots, groups, nodes, gpus)
+        seconds = time.perf_counter() - t0
+        placement = ExpertPlacement.from_eplb(phy2log)
+        out["replicated"][slots] = {"same_batch": ratio(member_loads(history, placement, gpus)),
+                                    "next_batch": ratio(member_loads(fresh, placement, gpus)),
+                                    "rebalance_seconds": seconds}
+    return out
+
+
+def metadata(tokens: int) -> dict:
+    from mindspore_hyper.moe.routing_bits import pack_routing, unpack_routing
+
+    experts, top_k = 128, 8
+    rng = np.random.default_rng(1)
+    chosen = zipf_routing(rng, tokens, experts, top_k, 1.0, rng.permutation(experts))
+    mask = np.zeros((tokens, experts), bool)
+    mask[np.arange(tokens)[:, None], chosen] = True
+    packed = pack_routing(mask)
+    assert np.array_equal(unpack_routing(packed, tokens, experts), mask)
+
+    def best(fn, n=20):
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    return {"tokens": tokens, "experts": experts, "top_k": top_k,
+            "index_gate_bytes": tokens * top_k * (4 + 4), "float_matrix_bytes": tokens * experts * 4,
+            "one_bit_bytes": int(packed.size),
+            "pack_unpack_seconds": best(lambda: unpack_routing(pack_routing(mask), tokens, experts)),
+            "numpy_packbits_seconds": best(lambda: np.unpackbits(np.packbits(mask.ravel(), bitorder="little"),
+                                                                 bitorder="little")[:tokens * experts])}
+
+
+def links(tokens: int) -> dict:
+    """Dispatch bytes per link level of the node8 topology (16 devices, 2 nodes of 8): 128
+    experts, 8 per device; top-8 routing flat or limited to 4 of 16 expert groups (a group = a
+    device's experts), dispatched flat or two-level."""
+    from mindspore_hyper.comm.topology import Topology
+    from mindspore_hyper.moe.groups import link_bytes
+
+    topo = Topology.preset("node8", 16)
+    rng = np.random.default_rng(2)
+    perm = rng.permutation(128)
+    per_device = tokens // 16
+    row = 7168 * 2  # a DeepSeek-V3 hidden row in bf16
+    out = {}
+    for name, groups in (("unlimited", 1), ("4 of 16 groups", 16)):
+        chosen = [zipf_routing(rng, per_device, 128, 8, 1.0, perm, groups, 4) for _ in range(16)]
+        for two_level in (False, True):
+            out[f"{name}, {'two-level' if two_level else 'flat'}"] = link_bytes(chosen, 8, topo, row, two_level)
+    return out
+
+
+def cache(steps: int) -> dict:
+    """Hot-expert cache: 128 experts of 3 x 256 x 512 float32 (1.5 MiB) in the offload store,
+    device tier for 32; each step brings in the experts of 64 tokens' top-8 Zipf routing."""
+    from mindspore_hyper.moe.cache import HotExpertCache
+
+    experts = 128
+    rng = np.random.default_rng(3)
+    perm = rng.permutation(experts)
+    trace = [zipf_routing(rng, 64, experts, 8, 1.0, perm).ravel() for _ in range(steps)]
+    weights = [np.full(3 * 256 * 512, e, np.float32) for e in range(experts)]
+    out = {}
+    for policy in ("lru", "routing"):
+        c = HotExpertCache(weights, 32, policy)
+        rows = []
+        for used in trace:
+            rows.append(c.step(used))
+            c.observe(np.bincount(used, minlength=experts))
+        c.close()
+        warm = rows[steps // 5:]
+        out[policy] = {"cold_per_step": float(np.mean([r["cold_fetches"] for r in warm])),
+                       "experts_per_step": float(np.mean([len(set(u.tolist())) for u in trace[steps // 5:]])),
+                       "step_seconds": float(np.median([r["seconds"] for r in warm]))}
+    return out
+
+
+def overlap_worker(out_dir: str, tokens: int, steps: int) -> None:
+    """Runs under msrun: forward of one expert-parallel MoE layer, whole vs 4 overlap chunks."""
+    import mindspore as ms
+    from mindspore import Tensor, nn
+
+    import mindspore_hyper as mh
+    from mindspore_hyper import Layout, auto_parallelize
+    from mindspore_hyper.moe import MoE
+
+    class Layer(nn.Cell):
+        def __init__(self, chunks):
+            super().__init__()
+            self.moe = MoE(256, 512, num_experts=8, top_k=2, overlap_chunks=chunks)
+
+        def construct(self, x):
+            return self.moe(x)[0]
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    mh.set_context(mode="distributed")
+    world = int(os.environ["MS_WORKER_NUM"])
+    x = Tensor(np.random.default_rng(0).normal(size=(world * tokens, 256)).astype(np.float32))
+    result = {}
+    for variant in ("1", "4", "4-inline", "1", "4", "4-inline"):  # interleaved, twice
+        chunks = int(variant[0])
+        ms.set_seed(0)
+        layer = Layer(chunks)
+        layer.moe.parallel().background = variant != "4-inline"
+        par = auto_parallelize(layer, Layout((world,), ("expert",))(tensor_map=()).override("*.experts.*", "expert"))
+        par(x).asnumpy()  # warm-up
+        times, comm, wait = [], 0.0, 0.0
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            par(x).asnumpy()
+            times.append(time.perf_counter() - t0)
+            stats = layer.moe.parallel().last_stats
+            comm += stats.get("comm_seconds", 0.0)
+            wait += stats.get("wait_seconds", 0.0)
+        entry = result.setdefault(variant, {"step_seconds": [], "comm_seconds": 0.0, "wait_seconds": 0.0})
+        entry["step_seconds"].append(statistics.median(times))
+        entry["comm_seconds"] += comm
+        entry["wait_seconds"] += wait
+    rank = int(os.environ.get("RANK_ID", "0"))
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def overlap(tokens: int, steps: int) -> dict:
+    bindir = os.path.dirname(sys.executable)
+    env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""), PYTHONPATH=ROOT)
+    with tempfile.TemporaryDirectory() as tmp:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [os.path.join(bindir, "msrun"), "--worker_num=2", "--local_worker_num=2", f"--master_port={port}",
+               f"--log_dir={tmp}/logs", "--join=True", os.path.abspath(__file__), "--run-worker", tmp,
+               "--overlap-tokens", str(tokens), "--steps", str(steps)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        if proc.returncode:
+            logdir = os.path.join(tmp, "logs")
+            logs = "".join(open(os.path.join(logdir, f)).read()[-2000:] for f in os.listdir(logdir)) \
+                if os.path.isdir(logdir) else ""
+            raise RuntimeError(f"msrun failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}{logs}")
+        ranks = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(2)]
+    out = {"tokens_per_device": tokens}
+    for variant in ("1", "4", "4-inline"):
+        step = max(min(r[variant]["step_seconds"]) for r in ranks)
+        comm = sum(r[variant]["comm_seconds"] for r in ranks)
+        wait = sum(r[variant]["wait_seconds"] for r in ranks)
+        out[variant] = {"step_seconds": step, "comm_seconds": comm, "wait_seconds": wait,
+                        "overlap_ratio": (1.0 - wait / comm) if variant == "4" and comm > 0 else 0.0}
+    out["step_ratio_overlap_vs_whole"] = out["4"]["step_seconds"] / out["1"]["step_seconds"]
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--section", default="all", choices=["all", "balance", "metadata", "links", "cache", "overlap"])
+    parser.add_argument("--cache-steps", type=int, default=40, help="steps of the cache section")
+    parser.add_argument("--tokens", type=int, default=8192, help="tokens of the balance and metadata sections")
+    parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of expert popularity")
+    parser.add_argument("--overlap-tokens", type=int, default=2048, help="tokens per device, overlap section")
+    parser.add_argument("--steps", type=int, default=3, help="timed forwards per variant, overlap section")
+    parser.add_argument("--run-worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run_worker is not None:
+        if os.environ.get("MS_ROLE") == "MS_SCHED":
+            return
+        overlap_worker(args.run_worker, args.overlap_tokens, args.steps)
+        return
+    if args.section in ("all", "balance"):
+        r = balance(args.tokens, args.zipf)
+        print(f"balance: {r['tokens']} tokens, top-8 of 128 experts (16 groups), 16 devices on 2 nodes, Zipf s={r['zipf_s']} "
+              f"(hottest expert {r['hottest_expert_share']:.1%} of copies)")
+        print(f"  experts in order, 8 per device: max/mean tokens per device = {r['in_order']:.3f}")
+        for slots, v in r["replicated"].items():
+            print(f"  rebalance_experts, {slots} slots: max/mean = {v['same_batch']:.3f} (placement's batch), "
+                  f"{v['next_batch']:.3f} (next batch)   [{v['rebalance_seconds'] * 1e3:.1f} ms]")
+    if args.section in ("all", "metadata"):
+        r = metadata(args.tokens)
+        print(f"metadata per device for {r['tokens']} tokens, top-{r['top_k']} of {r['experts']} experts:")
+        print(f"  int32 index + float32 gate per copy: {r['index_gate_bytes']:>9} B")
+        print(f"  float32 T x E routing matrix:        {r['float_matrix_bytes']:>9} B")
+        print(f"  1-bit mask:                          {r['one_bit_bytes']:>9} B "
+              f"({r['index_gate_bytes'] / r['one_bit_bytes']:.1f}x less than index+gate, "
+              f"{r['float_matrix_bytes'] / r['one_bit_bytes']:.0f}x less than the float matrix)")
+        print(f"  pack+unpack (C++): {r['pack_unpack_seconds'] * 1e6:.0f} us; numpy packbits+unpackbits: "
+              f"{r['numpy_packbits_seconds'] * 1e6:.0f} us")
+    if args.section in ("all", "links"):
+        print(f"dispatch bytes per link level, {args.tokens} tokens over 16 devices (node8: 2 nodes x 8), top-8 of 128, "
+              "rows of 7168 bf16:")
+        for name, v in links(args.tokens).items():
+            print(f"  {name:<28} local {v['local'] / 2**20:8.1f} MiB  intra-node {v['intra_node'] / 2**20:8.1f} MiB  "
+                  f"inter-node {v['inter_node'] / 2**20:8.1f} MiB")
+    if args.section in ("all", "cache"):
+        r = cache(args.cache_steps)
+        print("hot-expert cache: 128 experts (1.5 MiB each) in the offload store, device tier for 32, "
+              f"{r['lru']['experts_per_step']:.0f} distinct experts per step (64 tokens, top-8, Zipf):")
+        for policy, v in r.items():
+            print(f"  {policy:<8} cold fetches per step {v['cold_per_step']:5.1f}   step {v['step_seconds'] * 1e3:6.1f} ms")
+    if args.section in ("all", "overlap"):
+        r = overlap(args.overlap_tokens, args.steps)
+        print(f"overlap (msrun, 2 processes, {r['tokens_per_device']} tokens per device, H=256, F=512, 8 experts, top-2):")
+        print(f"  whole:    step {r['1']['step_seconds'] * 1e3:.1f} ms, AllToAll {r['1']['comm_seconds']:.3f} s in all")
+        print(f"  4 chunks: step {r['4']['step_seconds'] * 1e3:.1f} ms, AllToAll {r['4']['comm_seconds']:.3f} s, "
+              f"waited {r['4']['wait_seconds']:.3f} s -> overlap ratio {r['4']['overlap_ratio']:.2f}")
+        print(f"  4 chunks, exchanged in line (no background thread): step {r['4-inline']['step_seconds'] * 1e3:.1f} ms, "
+              f"AllToAll {r['4-inline']['comm_seconds']:.3f} s")
+        print(f"  step time ratio 4 chunks / whole: {r['step_ratio_overlap_vs_whole']:.2f}; "
+              f"4 chunks background / in line: {r['4']['step_seconds'] / r['4-inline']['step_seconds']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""Moving token rows between the members of an expert group: the uneven AllToAll of dispatch
+and combine.
+
+Rows travel as segments: a source sends, for every expert, the rows of the token copies routed to
+it (possibly none). `InProcessExchange` (simulation: every member in this process) hands the
+segment tensors over, so autograd carries the gradients back; `LibraryExchange` (simulation with
+`sim_collectives="library"`) moves them through the C++ library's in-process `all_to_all_v`.
+`ProcessExchange` (msrun: one
+member per process) packs a source's segments for each destination into one buffer and sends
+them with the communication library's uneven all-to-all (`all_to_all_v` of the shared-memory
+transport); its backward is the reverse all-to-all of the gradient rows. The receivers learn the
+segment sizes first from a small metadata exchange: per-expert counts (int64), or with
+`routing_bits` the bit-packed token x expert mask (`mindspore_hyper.moe.routing_bits`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+__all__ = ["Segments", "InProcessExchange", "LibraryExchange", "ProcessExchange", "RowExchange", "move_rows",
+           "split_rows"]
+
+# Segments[member][expert] -> rows Tensor or None; "member" is the peer (source or destination)
+Segments = Dict[int, Dict[int, Optional[Tensor]]]
+
+
+class RowExchange(nn.Cell):
+    """The autograd face of one uneven all-to-all of rows [N, H] whose forward already moved
+    (`moved`, e.g. on the background thread); backward: the reverse all-to-all.
+
+    Args:
+        comm: the group's communicator (numpy `all_to_all_v(x, send_counts)`).
+        send_rows: rows to each member, in member order.
+        recv_rows: rows from each member, in member order.
+        hidden: H.
+        moved: the received rows, flat, as the forward exchange returned them.
+    """
+
+    def __init__(self, comm, send_rows: Sequence[int], recv_rows: Sequence[int], hidden: int, moved: np.ndarray):
+        super().__init__()
+        self.comm, self.hidden, self.moved = comm, hidden, moved
+        self.send_rows, self.recv_rows = list(send_rows), list(recv_rows)
+
+    def construct(self, x):
+        return Tensor(self.moved.reshape(-1, self.hidden), dtype=x.dtype)
+
+    def bprop(self, x, out, dout):
+        back = move_rows(self.comm, dout.asnumpy(), self.recv_rows, self.send_rows, self.hidden)
+        return (Tensor(back.reshape(-1, self.hidden), dtype=dout.dtype),)
+
+
+def move_rows(comm, rows: np.ndarray, send_rows: Sequence[int], recv_rows: Sequence[int], hidden: int) -> np.ndarray:
+    """The numpy uneven all-to-all of rows [N, H]: send_rows[j] rows to member j; returns the
+    received rows flat, in source order (checked against recv_rows)."""
+    arr = np.ascontiguousarray(rows.reshape(-1))
+    buf, counts = comm.all_to_all_v(arr, [int(r) * hidden for r in send_rows])
+    expect = [int(r) * hidden for r in recv_rows]
+    if list(counts) != expect:
+        raise RuntimeError(f"expert all-to-all: received {list(counts)} elements per member, expected {expect}")
+    return buf
+
+
+def _concat(parts: List[Tensor], hidden: int, dtype) -> Tensor:
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return ops.zeros((0, hidden), dtype)
+    return parts[0] if len(parts) == 1 else ops.concat(parts, 0)
+
+
+def split_rows(flat: Tensor, sizes: Sequence[int]) -> List[Optional[Tensor]]:
+    """`flat` [sum(sizes), ...] cut into pieces of `sizes` rows (None for 0) by one Split op
+    (Python slicing of a Tensor costs a StridedSlice with heavy per-call overhead each)."""
+    nonzero = [int(n) for n in sizes if n]
+    if not nonzero:
+        return [None] * len(sizes)
+    pieces = iter([flat] if len(nonzero) == 1 else ops.split(flat, nonzero, 0))
+    return [next(pieces) if n else None for n in sizes]
+
+
+class InProcessExchange:
+    """Every member of the group is in this process: segments change hands (see module docstring).
+    `record(nbytes)` is told what each member would send (member 0's share)."""
+
+    def __init__(self, record=None):
+        self.record = record
+
+    def exchange(self, sends: Dict, recording_source) -> Dict:
+        """sends[src][dst][expert] -> received[dst][src][expert]; the bytes `recording_source`
+        sends to the others are recorded."""
+        received: Dict = {}
+        sent = 0
+        for src, by_dst in sends.items():
+            for dst, segs in by_dst.items():
+                received.setdefault(dst, {})[src] = segs
+                if src == recording_source and dst != src:
+                    sent += sum(_nbytes(s) for s in segs.values() if s is not None)
+        if self.record is not None:
+            self.record(sent)
+        return received
+
+
+def _nbytes(t: Tensor) -> int:
+    return int(np.prod(t.shape)) * t.dtype.itemsize
+
+
+@dataclass
+class ProcessExchange:
+    """This process is member `index` of `size` (see module docstring).
+
+    Attributes:
+        comm: the group's communicator (shared-memory transport: `all_to_all_v`).
+        index: this process's member index.
+        size: members in the group.
+        hidden: H.
+        record: told the row bytes this member sends.
+    """
+
+    comm: object
+    index: int
+    size: int
+    hidden: int
+    record: object = None
+
+    def counts(self, send_counts: np.ndarray) -> np.ndarray:
+        """send_counts [members, experts per member] (rows to each destination's experts) ->
+        recv_counts [members, experts per member] (rows from each source to mine)."""
+        flat = np.ascontiguousarray(send_counts.astype(np.int64).reshape(-1))
+        per = send_counts.shape[1]
+        buf, _ = self.comm.all_to_all_v(flat, [per] * self.size)
+        return buf.reshape(self.size, per)
+
+    def flatten(self, segs: Segments, counts: np.ndarray, dtype) -> Tensor:
+        """segs[member][slot] -> one [rows, H] tensor in (member, slot) order."""
+        order = [segs.get(d, {}).get(s) for d in range(self.size) for s in range(counts.shape[1])]
+        return _concat(order, self.hidden, dtype)
+
+    def move(self, flat: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray) -> np.ndarray:
+        """The rows' all-to-all in numpy (safe on a background thread: no MindSpore op)."""
+        if self.record is not None:
+            self.record(flat.nbytes)
+        return move_rows(self.comm, flat, send_counts.sum(1), recv_counts.sum(1), self.hidden)
+
+    def receive(self, flat: Tensor, moved: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray) -> Segments:
+        """The differentiable result of the exchange of `flat` (already `moved`): received[src][slot]."""
+        cell = RowExchange(self.comm, send_counts.sum(1).tolist(), recv_counts.sum(1).tolist(), self.hidden, moved)
+        pieces = split_rows(cell(flat), recv_counts.reshape(-1).tolist())
+        per = recv_counts.shape[1]
+        return {src: {s: pieces[src * per + s] for s in range(per)} for src in range(self.size)}
+
+
+class _LibraryAllToAllV(nn.Cell):
+    """The uneven all-to-all of every member's rows through the C++ library's in-process
+    transport (`InProcessGroup.all_to_all_v`); backward: the reverse one."""
+
+    def __init__(self, group, send_rows: List[List[int]], hidden: int):
+        super().__init__()
+        self.group, self.send_rows, self.hidden = group, send_rows, hidden
+
+    def _move(self, xs, counts) -> tuple:
+        arrays = [np.ascontiguousarray(x.asnumpy().reshape(-1)) for x in xs]
+        res = self.group.all_to_all_v(arrays, [[r * self.hidden for r in row] for row in counts])
+        return tuple(Tensor(buf.reshape(-1, self.hidden), dtype=xs[0].dtype) for buf, _ in res)
+
+    def construct(self, *xs):
+        return self._move(xs, self.send_rows)
+
+    def bprop(self, *args):
+        n = len(self.send_rows)
+        douts = args[n + 1]
+        back = [[self.send_rows[j][i] for j in range(n)] for i in range(n)]  # member i sends back what it got
+        return self._move(douts, back)
+
+
+class LibraryExchange:
+    """Every member in this process, rows moved by the communication library's in-process
+    transport (simulation with `sim_collectives="library"`). `record(nbytes)`: member 0's bytes."""
+
+    def __init__(self, hidden: int, record=None):
+        self.hidden, self.record = hidden, record
+
+    def exchange(self, sends: Dict, members: Sequence) -> Dict:
+        """sends[src][dst][slot] over the group `members` (keys, member order) ->
+        received[dst][src][slot]."""
+        from mindspore_hyper.comm.library_collectives import _group
+
+        n = len(members)
+        flats, counts, sizes = [], [], {}
+        dtype = None
+        for src in members:
+            parts, row = [], []
+            for dst in members:
+                segs = sends[src].get(dst, {})
+                rows = 0
+                for slot in sorted(segs):
+                    t = segs[slot]
+                    sizes[(src, dst, slot)] = 0 if t is None else int(t.shape[0])
+                    if t is not None:
+                        parts.append(t)
+                        dtype = t.dtype
+                        rows += int(t.shape[0])
+                row.append(rows)
+            flats.append(parts)
+            counts.append(row)
+        if dtype is None:  # nothing moves at all
+            return {dst: {src: {slot: None for slot in sends[src].get(dst, {})} for src in members} for dst in members}
+        flats = [_concat(parts, self.hidden, dtype) for parts in flats]
+        if self.record is not None:
+            self.record(sum(counts[0][j] for j in range(1, n)) * self.hidden * dtype.itemsize)
+        outs = _LibraryAllToAllV(_group(n), counts, self.hidden)(*flats) if n > 1 else (flats[0],)
+        received: Dict = {}
+        for j, dst in enumerate(members):
+            where = [(src, slot) for src in members for slot in sorted(sends[src].get(dst, {}))]
+            pieces = split_rows(outs[j], [sizes[(src, dst, slot)] for src, slot in where])
+            for (src, slot), piece in zip(where, pieces):
+                received.setdefault(dst, {}).setdefault(src, {})[slot] = piece
+        return received

@@ -1,0 +1,93 @@
+"""Experts as batched weights, and the DeepSeek-V3 shared expert.
+
+Routed experts are SwiGLU feed-forward blocks, ``y = (silu(x Wg) * (x Wu)) Wd``, stored as three
+batched Parameters (expert dimension first) so a strategy can split the expert dimension over an
+expert mesh axis and the feed-forward dimension over a tensor axis:
+``w_gate`` [E, H, F], ``w_up`` [E, H, F], ``w_down`` [E, F, H].
+"""
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal, initializer
+
+from mindspore_hyper.moe.dispatch import DispatchPlan
+
+__all__ = ["GroupedExperts", "SharedExpert", "swiglu", "run_experts", "combine_copies"]
+
+
+def swiglu(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
+    """One expert on rows `x` [N, H] with its weights [H, F], [H, F], [F, H]."""
+    g = ops.matmul(x, w_gate)
+    return ops.matmul(g * ops.sigmoid(g) * ops.matmul(x, w_up), w_down)
+
+
+class GroupedExperts(nn.Cell):
+    """E routed experts' weights (see module docstring).
+
+    Raises:
+        ValueError: a size < 1.
+    """
+
+    def __init__(self, num_experts: int, hidden: int, ffn_hidden: int):
+        super().__init__()
+        if min(num_experts, hidden, ffn_hidden) < 1:
+            raise ValueError(f"GroupedExperts: num_experts={num_experts}, hidden={hidden}, ffn_hidden={ffn_hidden} "
+                             "must all be >= 1")
+        self.num_experts = num_experts
+        self.w_gate = Parameter(initializer(Normal(0.05), (num_experts, hidden, ffn_hidden), ms.float32), name="w_gate")
+        self.w_up = Parameter(initializer(Normal(0.05), (num_experts, hidden, ffn_hidden), ms.float32), name="w_up")
+        self.w_down = Parameter(initializer(Normal(0.05), (num_experts, ffn_hidden, hidden), ms.float32), name="w_down")
+
+
+class SharedExpert(nn.Cell):
+    """An always-active SwiGLU block every token passes through (DeepSeek-V3's shared expert);
+    plain Dense layers, so tensor parallelism comes from the strategy's overrides."""
+
+    def __init__(self, hidden: int, ffn_hidden: int):
+        super().__init__()
+        self.gate = nn.Dense(hidden, ffn_hidden, has_bias=False)
+        self.up = nn.Dense(hidden, ffn_hidden, has_bias=False)
+        self.down = nn.Dense(ffn_hidden, hidden, has_bias=False)
+
+    def construct(self, x):
+        g = self.gate(x)
+        return self.down(g * ops.sigmoid(g) * self.up(x))
+
+
+def run_experts(tokens: Tensor, plan: DispatchPlan, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
+                experts: Sequence[int] = None) -> List[Tensor]:
+    """Every expert's output on the tokens the plan sends it (None for an expert with none);
+    `experts`: which experts' weights the batched tensors hold (default: all, in order)."""
+    experts = range(plan.num_experts) if experts is None else experts
+    wg, wu, wd = ops.unstack(w_gate, 0), ops.unstack(w_up, 0), ops.unstack(w_down, 0)
+    outs: List[Tensor] = []
+    for local, e in enumerate(experts):
+        if len(plan.tokens[e]) == 0:
+            outs.append(None)
+            continue
+        rows = ops.gather(tokens, Tensor(plan.tokens[e].astype(np.int32)), 0)
+        outs.append(swiglu(rows, wg[local], wu[local], wd[local]))
+    return outs
+
+
+def combine_copies(plan: DispatchPlan, outputs: Sequence[Tensor], gates: Tensor, hidden: int, dtype) -> Tensor:
+    """Each token's output: the gate-weighted sum of its kept copies' expert outputs
+    (`outputs[e]` rows in the plan's token order for expert e; dropped copies add nothing)."""
+    rows, token_ids, flat_slots = [], [], []
+    top_k = gates.shape[1]
+    for e, out in enumerate(outputs):
+        if out is None:
+            continue
+        rows.append(out)
+        token_ids.append(plan.tokens[e])
+        flat_slots.append(plan.tokens[e] * top_k + plan.slots[e])
+    if not rows:
+        return ops.zeros((plan.num_tokens, hidden), dtype)
+    token_ids = Tensor(np.concatenate(token_ids).astype(np.int32))
+    weights = ops.gather(gates.reshape(-1), Tensor(np.concatenate(flat_slots).astype(np.int32)), 0)
+    weighted = ops.concat(rows, 0) * weights.astype(dtype).reshape(-1, 1)
+    return ops.unsorted_segment_sum(weighted, token_ids, plan.num_tokens)

@@ -1,0 +1,118 @@
+"""Softmax top-k router: which experts each token goes to, and with what weight.
+
+The router is a linear map from the hidden state to one logit per expert; probabilities are the
+softmax over experts, a token goes to its `top_k` most probable experts, and its output is the
+sum of those experts' outputs weighted by their probabilities (renormalised over the chosen k
+when `normalize_top_k`, as DeepSeek-V3 does). Optional Gaussian noise on the logits during
+training (noisy top-k gating, Shazeer et al. 2017, with a fixed standard deviation) spreads the
+choice while the router is still undecided. Group-limited routing (DeepSeek-V2/V3) confines a
+token to its best few expert groups; with expert groups placed on groups of devices (nodes),
+each token's copies then cross fewer slow links (`mindspore_hyper.moe.groups`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal, initializer
+
+__all__ = ["TopKRouter", "Routing", "route_tokens", "limit_groups"]
+
+
+@dataclass
+class Routing:
+    """The router's decision for T tokens over E experts.
+
+    Attributes:
+        logits: [T, E] router logits (differentiable).
+        probs: [T, E] softmax of the logits (differentiable).
+        gates: [T, k] weights of the chosen experts (differentiable).
+        experts: [T, k] int64 numpy array of the chosen expert ids, most probable first.
+    """
+
+    logits: Tensor
+    probs: Tensor
+    gates: Tensor
+    experts: np.ndarray
+
+
+def limit_groups(choice: np.ndarray, num_groups: int, topk_groups: int) -> np.ndarray:
+    """Group-limited routing (DeepSeek-V2/V3): experts split into `num_groups` contiguous groups;
+    a token may only choose experts in its `topk_groups` groups of highest score (the group's
+    largest probability). Returns `choice` with the other groups' entries set to -inf."""
+    tokens, experts = choice.shape
+    grouped = choice.reshape(tokens, num_groups, experts // num_groups)
+    best = np.argsort(-grouped.max(-1), axis=-1, kind="stable")[:, :topk_groups]
+    keep = np.zeros((tokens, num_groups), dtype=bool)
+    keep[np.arange(tokens)[:, None], best] = True
+    return np.where(np.repeat(keep, experts // num_groups, axis=1), choice, -np.inf)
+
+
+def route_tokens(tokens: Tensor, weight: Tensor, top_k: int, normalize_top_k: bool = True,
+                 noise: Tensor = None, num_groups: int = 1, topk_groups: int = 1) -> Routing:
+    """Route `tokens` [T, H] with router `weight` [H, E]; `noise` [T, E] is added to the logits
+    used for the choice (not to the probabilities); with `num_groups` > 1 the choice is limited
+    to each token's `topk_groups` best expert groups (`limit_groups`)."""
+    logits = ops.matmul(tokens, weight)
+    probs = ops.softmax(logits.astype(ms.float32), -1)
+    choice = (probs if noise is None else ops.softmax(logits.astype(ms.float32) + noise, -1)).asnumpy()
+    if num_groups > 1:
+        choice = limit_groups(choice, num_groups, topk_groups)
+    experts = np.argsort(-choice, axis=-1, kind="stable")[:, :top_k].astype(np.int64)
+    gates = ops.gather_elements(probs, 1, Tensor(experts))
+    if normalize_top_k and top_k > 1:
+        gates = gates / gates.sum(-1, keepdims=True)
+    return Routing(logits, probs, gates, experts)
+
+
+class TopKRouter(nn.Cell):
+    """The router's parameters and options (see module docstring).
+
+    Args:
+        hidden: hidden size H.
+        num_experts: E.
+        top_k: experts per token (1 <= k <= E).
+        normalize_top_k: renormalise the k chosen probabilities to sum to 1.
+        noise_std: standard deviation of the Gaussian logit noise in training (0: none).
+        seed: seed of the noise generator.
+        num_groups: expert groups for group-limited routing (1: unlimited).
+        topk_groups: groups a token may use; their experts must hold at least top_k.
+
+    Raises:
+        ValueError: a size or option out of range (named in the message).
+    """
+
+    def __init__(self, hidden: int, num_experts: int, top_k: int, normalize_top_k: bool = True,
+                 noise_std: float = 0.0, seed: int = 0, num_groups: int = 1, topk_groups: int = 1):
+        super().__init__()
+        if hidden < 1 or num_experts < 1:
+            raise ValueError(f"TopKRouter: hidden={hidden} and num_experts={num_experts} must be >= 1")
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"TopKRouter: top_k={top_k} must be between 1 and num_experts={num_experts}")
+        if noise_std < 0:
+            raise ValueError(f"TopKRouter: noise_std={noise_std} must be >= 0")
+        if num_groups < 1 or num_experts % num_groups:
+            raise ValueError(f"TopKRouter: num_groups={num_groups} must divide num_experts={num_experts}")
+        if num_groups > 1 and not (1 <= topk_groups <= num_groups and topk_groups * (num_experts // num_groups) >= top_k):
+            raise ValueError(f"TopKRouter: topk_groups={topk_groups} must be in 1..num_groups={num_groups} and its "
+                             f"groups must hold top_k={top_k} experts")
+        self.num_groups, self.topk_groups = num_groups, topk_groups
+        self.num_experts, self.top_k = num_experts, top_k
+        self.normalize_top_k, self.noise_std = normalize_top_k, float(noise_std)
+        self._rng = np.random.default_rng(seed)
+        self.weight = Parameter(initializer(Normal(0.02), (hidden, num_experts), ms.float32), name="weight")
+
+    def noise(self, num_tokens: int):
+        """Logit noise for this call ([T, E] Tensor), or None outside training or without noise."""
+        if not self.training or self.noise_std == 0.0:
+            return None
+        return Tensor(self._rng.normal(0.0, self.noise_std, (num_tokens, self.num_experts)).astype(np.float32))
+
+    def route(self, tokens: Tensor, weight: Tensor, noise=None) -> Routing:
+        """Route `tokens` [T, H] with `weight` (this router's weight or a shard of it)."""
+        return route_tokens(tokens, weight, self.top_k, self.normalize_top_k, noise, self.num_groups, self.topk_groups)
+
+    def construct(self, tokens: Tensor) -> Routing:
+        return self.route(tokens, self.weight, self.noise(tokens.shape[0]))

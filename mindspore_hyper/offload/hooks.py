@@ -1,0 +1,130 @@
+"""The hooks that tell `Residency` when an offload unit is used: its Cell's forward, and the
+backward of each of its calls."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from mindspore import Parameter, Tensor
+from mindspore.graph.api import _pynative_executor
+
+from mindspore_hyper.offload.offload_unit import OffloadUnit
+from mindspore_hyper.offload.residency import Residency
+
+__all__ = ["UseHooks"]
+
+
+def _flat_tensors(obj):
+    """The Tensors in a (nested) tuple/list."""
+    if isinstance(obj, Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            yield from _flat_tensors(o)
+
+
+class UseHooks:
+    """Brings a unit's parameters for each forward and backward use of its Cell, drops them after.
+
+    Args:
+        units: the offload units.
+        residency: what brings and drops them.
+        cell_backward_hooks: track backward uses with MindSpore's Cell backward hooks from the
+            start (a SimulatedModel: DTensors between Cells take no tensor hooks).
+    """
+
+    def __init__(self, units: Sequence[OffloadUnit], residency: Residency, cell_backward_hooks: bool):
+        self.units = list(units)
+        self.residency = residency
+        self.handles = []  # removed by `remove`
+        self._tensor_hooks = []  # this step's hooks on Cell inputs/outputs (removed after backward)
+        for u in self.units:
+            self.handles.append(u.cell.register_forward_pre_hook(self._make_bring(u)))
+            self.handles.append(u.cell.register_forward_hook(self._make_drop(u)))
+            if cell_backward_hooks:
+                self._use_cell_backward_hooks(u)
+
+    def remove(self) -> None:
+        """Removes every hook."""
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    def end_backward(self) -> None:
+        """After backward: every unit's use is over (also those whose inputs got no gradient)."""
+        hooks, self._tensor_hooks = self._tensor_hooks, []
+        for h in hooks:
+            h.remove()
+        for u in self.units:
+            if u.resident_depth > 0:
+                u.resident_depth = 1
+                self.residency.drop(u)
+        self.residency.scrub_all()
+
+    def _make_bring(self, u: OffloadUnit):
+        def hook(cell, inputs):
+            self.residency.bring(u)
+        return hook
+
+    def _make_drop(self, u: OffloadUnit):
+        def hook(cell, inputs, output):
+            self.residency.drop(u)
+            if _pynative_executor.requires_grad() and not u.cell_backward_hooks:
+                if not self._hook_backward_use(u, inputs, output):
+                    self._use_cell_backward_hooks(u)
+        return hook
+
+    def _hook_backward_use(self, u: OffloadUnit, inputs, output) -> bool:
+        """Brings the unit's parameters back for this call's backward and drops them after it.
+
+        Tensor hooks instead of Cell backward (pre-)hooks: the first gradient reaching one of the
+        call's outputs brings the parameters (before MindSpore launches the Cell's backward, as a
+        backward pre-hook would), and the gradients of all its (non-Parameter) Tensor inputs
+        being complete drops them (as a backward hook would). MindSpore's Cell backward hooks
+        wrap inputs and outputs in CellBackwardHook ops that copy them and wait for the forward
+        pipeline; measured on this model they cost more than the offloading's own work. A call
+        whose inputs get no gradient (e.g. the first layer's data) is dropped when the backward
+        ends (`end_backward`). False if no output takes a hook."""
+        outs = list(_flat_tensors(output))
+        if not outs:
+            return True
+        ins = [t for t in _flat_tensors(inputs) if not isinstance(t, Parameter)]
+        use = {"brought": False, "left": len(ins)}
+
+        def on_output_grad(grad):
+            if not use["brought"]:
+                use["brought"] = True
+                self.residency.bring(u)
+
+        def on_input_grad(grad):
+            use["left"] -= 1
+            if use["left"] == 0 and use["brought"]:
+                use["brought"] = False
+                self.residency.drop(u)
+
+        hooked = 0
+        for t in outs:
+            try:
+                self._tensor_hooks.append(t.register_hook(on_output_grad))
+                hooked += 1
+            except RuntimeError:  # a Tensor outside autograd (e.g. a DTensor of the simulation)
+                pass
+        if not hooked:
+            return False
+        for t in ins:
+            try:
+                self._tensor_hooks.append(t.register_hook(on_input_grad))
+            except RuntimeError:
+                use["left"] -= 1  # gets no gradient: dropped when the backward ends
+        return True
+
+    def _use_cell_backward_hooks(self, u: OffloadUnit) -> None:
+        """MindSpore's Cell backward hooks, for a Cell whose call's outputs take no tensor hooks
+        (the simulation passes DTensors between Cells; their shards carry the autograd): from the
+        start for a SimulatedModel, else from the first such call on. Registered from the forward
+        hook, the pre-hook already wraps this call's output; the inputs were not wrapped, so this
+        call's use ends with the backward."""
+        u.cell_backward_hooks = True
+        self.handles.append(u.cell.register_backward_pre_hook(lambda cell, grad_output: self.residency.bring(u)))
+        self.handles.append(u.cell.register_backward_hook(
+            lambda cell, grad_input, grad_output: self.residency.drop(u)))
+

@@ -1,0 +1,238 @@
+"""MPMD groups under msrun: each process belongs to one device group and runs only its Cells.
+
+A group runs its Cells as a `DistributedModel` on the group's own mesh (its ranks renumbered
+0..n-1 through a `GroupView`, collectives over communicators of the group's global ranks).
+The model's code between groups runs in every process on global tensors; a group's output is
+sent by its leader to the processes outside the group (`RemoteGroupOutput` there), and the
+gradient of its inputs travels back the same way (`SendInputGradient` / `RecvInputGradient`),
+see `cross_group.py`. Each process's optimizer updates its own group's parameters.
+"""
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional, Tuple
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor
+
+from mindspore_hyper.comm.process_collectives import ProcessCollectives
+from mindspore_hyper.dtensor.execution import ParameterSlot
+from mindspore_hyper.runtime.distributed.runtime import DistributedRuntime
+from mindspore_hyper.runtime.distributed.world import world
+from mindspore_hyper.runtime.mpmd.cross_group import (RecvInputGradient, RemoteGroupOutput, SendInputGradient,
+                                                      outbox, send_output)
+from mindspore_hyper.runtime.mpmd.group_runner import GroupRunner
+from mindspore_hyper.runtime.mpmd.placement import GroupPlacement
+from mindspore_hyper.runtime.simulation.runtime import zero_axes
+from mindspore_hyper.shard.layout import Layout
+from mindspore_hyper.strategy.resolve import resolve_strategy
+
+__all__ = ["GroupView", "GroupProcessRuntime", "DistributedGroupRunner", "parallelize_groups"]
+
+
+class GroupView:
+    """A device group seen as a world of its own: rank = this process's position in `ranks`,
+    communicators of mesh ranks mapped to the group's global ranks."""
+
+    def __init__(self, ranks: Tuple[int, ...]):
+        w = world()
+        self.ranks = tuple(ranks)
+        self.rank = self.ranks.index(w.rank)
+        self.size = len(self.ranks)
+        self.timeout = w.timeout
+
+    def communicator(self, mesh_ranks):
+        return world().communicator(tuple(self.ranks[int(r)] for r in mesh_ranks))
+
+
+class GroupProcessRuntime(DistributedRuntime):
+    """The distributed runtime restricted to one group: this process holds the group-mesh rank
+    `view.rank`; parameters start from the group leader's values."""
+
+    def __init__(self, view: GroupView):
+        self.view = view
+
+    def local_ranks(self, mesh: Layout) -> Tuple[int, ...]:
+        return (self.view.rank,)
+
+    def make_collectives(self, mesh: Layout):
+        return ProcessCollectives(self.view.communicator)
+
+    def materialize(self, network, param, row) -> ParameterSlot:
+        value = param.asnumpy()
+        if self.view.size > 1:
+            value = self.view.communicator(tuple(range(self.view.size))).broadcast(value, 0)
+        local = np.require(value[row.layout.rank_slices(self.view.rank, row.global_shape)], requirements="C")
+        shard = Parameter(Tensor(local, dtype=param.dtype), name=param.name, requires_grad=param.requires_grad)
+        for _, cell in network.cells_and_names():
+            for key, held in list(cell._params.items()):
+                if held is param:
+                    cell._params[key] = shard
+        return ParameterSlot(shard, row.layout, row.global_shape, zero_axes(row), local=True)
+
+
+class DistributedGroupRunner(GroupRunner):
+    """A group's Cells in one msrun process: run for real by members, received by the others.
+
+    A Cell called once per step on the model's own inputs only (an encoder reading the raw
+    batch) is run by its members at the start of the forward (`begin_step`), before the code
+    between groups, and its output is sent at once; so groups that read only the batch compute
+    at the same time in their processes instead of in the model's program order. The members
+    learn which Cells qualify from the first step (the same in every process).
+
+    Attributes:
+        member: whether this process belongs to the group.
+        leader: the group's first global rank (sends outputs and input gradients).
+        events: ("forward" | "receive", cell, start, end) wall-clock seconds (time.time) of this
+            process's member calls and of its waits for the group's outputs.
+    """
+
+    def __init__(self, network, placement: GroupPlacement, runtime, on_call=None, optimizer_states: int = 2):
+        w = world()
+        self.member = w.rank in placement.ranks
+        self.leader = placement.ranks[0]
+        self.outside = tuple(r for r in range(w.size) if r not in placement.ranks)
+        self.events: List[Tuple[str, str, float, float]] = []
+        self._raw_positions: Dict[str, Optional[Tuple[int, ...]]] = {}  # Cell -> input positions (None: not raw)
+        self._order: List[str] = []  # the group's Cell calls of the first step, in order
+        self._step_inputs: tuple = ()
+        self._calls_this_step: Dict[str, int] = {}
+        self._early: Dict[str, Tuple[Tuple[int, ...], object]] = {}
+        super().__init__(network, placement, runtime, on_call, optimizer_states)
+
+    def begin_step(self, inputs: tuple) -> None:
+        """Run this group's Cells that read only the model's inputs now (members only)."""
+        self._step_inputs = tuple(inputs)
+        self._early.clear()
+        self._calls_this_step: Dict[str, int] = {}
+        if not self.member:
+            return
+        for name in self._order:  # the leading calls reading only model inputs (sends keep program order)
+            positions = self._raw_positions.get(name)
+            if positions is None or any(p >= len(inputs) for p in positions):
+                break
+            args = tuple(inputs[p] for p in positions)
+            self._early[name] = (tuple(id(a) for a in args), self._run_member(name, args))
+
+    def end_step(self) -> None:
+        """Wait until this process's cross-group sends of the step left (a failed one raises)."""
+        outbox().flush()
+
+    def build(self, placement: GroupPlacement) -> None:
+        from mindspore_hyper.runtime.distributed.model import DistributedModel
+
+        models = {}
+        if self.member:
+            view = GroupView(placement.ranks)
+            for name, cell in self.cells.items():
+                table = resolve_strategy(cell, placement.strategy, optimizer_states=self.optimizer_states)
+                for row in table:
+                    row.layout.check_shape(row.global_shape)
+                model = DistributedModel(cell, table, GroupProcessRuntime(view))
+                model.world = view  # its gradient sums run over the group's communicators
+                models[name] = model
+        self.placement, self.models = placement, models
+        self._remote = {name: RemoteGroupOutput(self.leader, f"group {placement.name!r} output of {name!r} "
+                                                             f"(leader rank {self.leader})")
+                        for name in self.cells}
+
+    def _entry(self, name: str, cell):
+        plain = type(cell).construct
+        what = f"group {self.placement.name!r} input gradient of {name!r}"
+
+        def construct(*args):
+            if self._inside.get(name):
+                return plain(cell, *args)
+            self._check_batch(name, args)
+            self._learn(name, args)
+            if not self.member:
+                wrapped = [RecvInputGradient(self.leader, f"{what} (leader rank {self.leader})")(a)
+                           if _carries_gradient(a) else a for a in args]
+                clock = time.time()
+                out = self._remote[name](*wrapped, *cell.trainable_params())
+                self.events.append(("receive", name, clock, time.time()))
+                return out
+            early = self._early.pop(name, None)
+            if early is not None and early[0] == tuple(id(a) for a in args):
+                return early[1]
+            return self._run_member(name, args)
+
+        return construct
+
+    def _run_member(self, name: str, args: tuple):
+        """Run Cell `name` on the group's mesh; the leader sends the output to the other processes."""
+        leader = world().rank == self.leader
+        what = f"group {self.placement.name!r} input gradient of {name!r}"
+        wrapped = [SendInputGradient(self.outside, what)(a) if leader and _carries_gradient(a) else a for a in args]
+        self._inside[name] = True
+        start, clock = time.perf_counter(), time.time()
+        try:
+            out = self.models[name](*wrapped)
+        finally:
+            self._inside[name] = False
+        seconds = time.perf_counter() - start
+        self.events.append(("forward", name, clock, clock + seconds))
+        if leader:
+            send_output(out, self.outside, f"group {self.placement.name!r} output of {name!r}")
+        if self.on_call is not None:
+            self.on_call(self, name, args, out, seconds)
+        return out
+
+    def _learn(self, name: str, args: tuple) -> None:
+        """Remember where a Cell's inputs sit among the model's inputs (None when any input is
+        computed, or the Cell runs more than once per step)."""
+        count = self._calls_this_step.get(name, 0) + 1
+        self._calls_this_step[name] = count
+        if name not in self._order:
+            self._order.append(name)
+        ids = [id(x) for x in self._step_inputs]
+        positions = tuple(ids.index(id(a)) if id(a) in ids else -1 for a in args)
+        if count > 1 or -1 in positions or not args:
+            self._raw_positions[name] = None
+        elif name not in self._raw_positions:
+            self._raw_positions[name] = positions
+
+
+def _carries_gradient(x) -> bool:
+    """A floating-point Tensor input (integer inputs such as token ids have no gradient)."""
+    import mindspore as ms
+
+    return isinstance(x, Tensor) and not isinstance(x, Parameter) and x.dtype in (ms.float16, ms.float32, ms.float64,
+                                                                                  ms.bfloat16)
+
+
+def parallelize_groups(model, table, runtime, group_strategies=None, optimizer_states: int = 2):
+    """The MPMDModel of `model` in this msrun process (called by the distributed runtime).
+
+    Raises:
+        ValueError: hyper_mpmd off, a mesh size other than the job's process count, this
+            process's group declaring other `hardware` than its device target, a transport
+            other than shm, ZeRO-1, or `scheduler: dynamic` (device moves between processes are
+            not done under msrun).
+    """
+    from mindspore_hyper.runtime.mpmd import MPMDModel, check_mpmd_enabled
+
+    check_mpmd_enabled(table.groups)
+    w = world()
+    if table.mesh.size != w.size:
+        raise ValueError(f"the config's groups span {table.mesh.size} devices but the job has {w.size} processes; "
+                         f"launch with msrun --worker_num={table.mesh.size} --local_worker_num={table.mesh.size}")
+    dynamic = [g for g in table.groups if g.scheduler == "dynamic"]
+    if dynamic:
+        raise ValueError(f"{dynamic[0].path}.scheduler: dynamic moves devices between groups, which runs in simulation "
+                         "mode only; under msrun use scheduler: static")
+    target = {"ASCEND": "NPU"}.get(str(ms.get_context("device_target")).upper(),
+                                   str(ms.get_context("device_target")).upper())
+    mine = next(g for g in table.groups if w.rank in g.ranks)
+    if mine.hardware != target:
+        raise ValueError(f"{mine.path}.hardware: {mine.hardware}, but this process (rank {w.rank}) runs on {target} "
+                         f"(mindspore device_target); set hardware: {target} for the group")
+    if w.transport != "shm":
+        raise ValueError(f"dist_transport={w.transport!r}: MPMD groups under msrun send tensors between groups over "
+                         "the shared-memory transport; set dist_transport='shm' (one host)")
+    if table.config.optimizer_sharding is not None:
+        raise ValueError("parallel_config.optimizer.sharding: ZeRO-1 inside MPMD groups runs in simulation mode only; "
+                         "under msrun set sharding: False")
+    return MPMDModel(model, table.config, runtime, group_strategies, optimizer_states=optimizer_states,
+                     runner_class=DistributedGroupRunner)

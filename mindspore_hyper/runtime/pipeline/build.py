@@ -1,0 +1,176 @@
+"""`parallelize_pipeline`: from a model and a strategy with pipeline stages to a PipelineModel."""
+from __future__ import annotations
+
+import warnings
+
+from mindspore_hyper.runtime.pipeline.options import PipelineOptions
+from mindspore_hyper.runtime.pipeline.stages import balanced_split, check_split, layers_of, split_from_table
+from mindspore_hyper.schedule.build import build_schedule
+from mindspore_hyper.strategy.config import ParallelConfig
+from mindspore_hyper.strategy.strategy import Strategy
+
+__all__ = ["wants_pipeline", "parallelize_pipeline"]
+
+
+def wants_pipeline(strategy_or_config, pipeline) -> bool:
+    """Whether `auto_parallelize` runs a pipeline: `pipeline=` given, or a config with `pipeline: N > 1`."""
+    if pipeline is not None:
+        return True
+    return isinstance(strategy_or_config, ParallelConfig) and strategy_or_config.pipeline_stages > 1
+
+
+def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, return_dtensor: bool = False,
+                         optimizer_states: int = 2):
+    """Wrap `model` to run its pipeline schedule in `mode` ("simulation" or "distributed").
+
+    Args:
+        model: a chain of layers (see runtime/pipeline/stages.py).
+        strategy_or_config: a Strategy or ParallelConfig whose mesh has the pipeline axis.
+        mode: "simulation" or "distributed".
+        pipeline: PipelineOptions, a mapping of its fields, or None (defaults).
+        return_dtensor: must be False (stages hand global tensors to each other).
+        optimizer_states: states per parameter for the StrategyTable.
+
+    Returns:
+        A PipelineModel, or None when a config asks for stages but the model is not a chain of
+        layers (a warning says so; the caller then runs it as one SPMD program).
+
+    Raises:
+        ValueError: naming the argument: unknown schedule kind, microbatches or stage counts that
+            do not fit, a mesh without the pipeline axis, a strategy sharding along it, data or
+            tensor axes under msrun, `scheduler: dynamic` under msrun.
+    """
+    import mindspore as ms
+
+    from mindspore_hyper.context import get_context
+    from mindspore_hyper.runtime.pipeline.model import PipelineModel
+    from mindspore_hyper.strategy.resolve import resolve_strategy
+
+    explicit = pipeline is not None
+    options = PipelineOptions.of(pipeline)
+    if return_dtensor:
+        raise ValueError("return_dtensor=True: a pipelined model returns the loss of train_step, not DTensors")
+    if ms.get_context("mode") != ms.PYNATIVE_MODE:
+        raise ValueError("pipeline execution runs op by op: call mindspore.set_context(mode=mindspore.PYNATIVE_MODE)")
+    layers = layers_of(model)
+    if layers is None:
+        message = (f"the model ({type(model).__name__}) is not a chain of layers (nn.SequentialCell, nn.WithLossCell "
+                   f"over one, or a Cell with pipeline_layers()), so its pipeline stages cannot be cut")
+        if explicit:
+            raise ValueError(f"pipeline: {message}")
+        warnings.warn(f"{message}: it runs as one SPMD program in program order (stages only place parameters)",
+                      UserWarning, stacklevel=3)
+        return None
+    table = resolve_strategy(model, strategy_or_config, optimizer_states=optimizer_states)
+    strategy = table.strategy
+    mesh = strategy.mesh
+    axis = options.axis
+    if axis not in mesh.alias_names:
+        raise ValueError(f"pipeline.axis={axis!r}: the strategy's mesh {mesh.alias_names} has no such axis; add the "
+                         f"pipeline ranks as a mesh axis, e.g. Layout((2, 4), ('data', '{axis}'))")
+    p = mesh.axis_size(axis)
+    if options.stages is not None and options.stages != p:
+        raise ValueError(f"pipeline.stages={options.stages}, but the mesh's {axis!r} axis has size {p}")
+    if p < 2:
+        raise ValueError(f"pipeline: the mesh's {axis!r} axis has size {p}; a pipeline needs at least 2 ranks")
+    _check_no_pipeline_sharding(strategy, axis)
+    v = options.num_chunks()
+    m = options.microbatches if options.microbatches is not None else p * v
+    try:
+        schedule = build_schedule(options.schedule, p, m, v)
+    except ValueError as exc:
+        raise ValueError(f"pipeline (schedule={options.schedule!r}, stages={p}, microbatches={m}, chunks={v}): {exc}") \
+            from None
+    if options.layers_per_stage is not None:
+        split = check_split(options.layers_per_stage, len(layers), p * v, "pipeline.layers_per_stage")
+    else:
+        split = (split_from_table(layers, table) if v == 1 else None) or \
+            balanced_split(layers.weights(model), p * v)
+    reduction = _reduction(options, layers)
+    stage_mesh_size = mesh.size // p
+    if mode == "simulation":
+        device_num = get_context("device_num")
+        if mesh.size != device_num:
+            raise ValueError(f"the strategy's mesh {mesh.device_matrix} has {mesh.size} devices but "
+                             f"device_num={device_num}; call set_context(device_num={mesh.size})")
+        return PipelineModel(model, layers, schedule, split, options, strategy, mode, reduction, table)
+    if mode != "distributed":
+        raise ValueError(f"pipeline execution: mode={mode!r}; expected 'simulation' or 'distributed'")
+    from mindspore_hyper.runtime.distributed.world import world
+    from mindspore_hyper.runtime.pipeline.p2p import ShmTransport, peer_pairs
+
+    w = world()
+    rebalance = options.rebalance or (options.rebalance is None and table.config is not None
+                                      and table.config.scheduler == "dynamic")
+    if stage_mesh_size > 1 and strategy.optimizer_state is not None:
+        raise ValueError(f"optimizer_state={strategy.optimizer_state!r} (ZeRO-1) with pipeline stages under msrun is not "
+                         f"supported; drop it or run in simulation")
+    if stage_mesh_size > 1 and rebalance:
+        raise ValueError("scheduler: dynamic (pipeline.rebalance) under msrun with data/tensor axes besides the pipeline "
+                         "is not supported (moved layers would need resharding); use a pipeline-only mesh or simulation")
+    if mesh.size != w.size:
+        raise ValueError(f"the strategy's mesh {mesh.device_matrix} has {mesh.size} devices but the job has {w.size} "
+                         f"processes; launch with msrun --worker_num={mesh.size} --local_worker_num={mesh.size}")
+    _check_unshared(layers, schedule, split)
+    _broadcast_parameters(model, w)
+    a = mesh.axis_index(axis)
+
+    def process(pipeline_rank: int, like: int) -> int:
+        coords = list(mesh.coords(like))
+        coords[a] = pipeline_rank
+        return mesh.rank_at(coords)
+
+    pairs = sorted({(g, process(dst, g)) for src, dst in peer_pairs(schedule) for g in mesh.ranks
+                    if mesh.coords(g)[a] == src})
+    transport = ShmTransport(w, pairs, peer_of=lambda r: process(r, w.rank))
+    return PipelineModel(model, layers, schedule, split, options, strategy, mode, reduction, table, world=w,
+                         transport=transport)
+
+
+def _check_unshared(layers, schedule, split) -> None:
+    """Under msrun a Parameter used by stages on two ranks (tied weights) would get two
+    diverging copies: refused."""
+    owner = {}
+    start = 0
+    for stage, count in enumerate(split):
+        rank = schedule.stage_to_rank[stage]
+        for names in layers.parameters[start:start + count]:
+            for name in names:
+                if owner.setdefault(name, rank) != rank:
+                    raise ValueError(f"pipeline under msrun: parameter {name!r} is used by stages on ranks "
+                                     f"{owner[name]} and {rank} (tied weights); run it in simulation")
+        start += count
+
+
+def _check_no_pipeline_sharding(strategy: Strategy, axis: str) -> None:
+    def uses(tmap) -> bool:
+        return any(e == axis or (isinstance(e, tuple) and axis in e) for e in (tmap or ()))
+
+    if uses(strategy.tensor_map) or any(uses(t) for t in strategy.overrides.values()) or uses(strategy.input_map):
+        raise ValueError(f"the strategy shards tensors along {axis!r}, which holds the pipeline ranks; a stage's "
+                         f"tensors live on one pipeline rank")
+    if strategy.data_axis == axis:
+        raise ValueError(f"data_axis={axis!r} is the pipeline axis")
+
+
+def _reduction(options: PipelineOptions, layers) -> str:
+    if options.loss_reduction is not None:
+        return options.loss_reduction
+    reduction = getattr(layers.loss, "reduction", "mean")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"pipeline: the loss's reduction is {reduction!r}; microbatch losses combine only by 'mean' "
+                         f"or 'sum' (set pipeline.loss_reduction or the loss's reduction)")
+    return reduction
+
+
+def _broadcast_parameters(model, w) -> None:
+    """Every process starts from rank 0's initial values (as if one model had been built)."""
+    import numpy as np
+    from mindspore import Tensor
+
+    if w.size == 1:
+        return
+    comm = w.communicator(tuple(range(w.size)))
+    for _, param in model.parameters_and_names():
+        value = comm.broadcast(np.ascontiguousarray(param.asnumpy()), 0)
+        param.set_data(Tensor(value, dtype=param.dtype))

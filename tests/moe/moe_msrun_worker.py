@@ -1,0 +1,81 @@
+"""Worker of the MoE msrun test: trains MoENet expert parallel in distributed mode and the same
+model on one device in the same process; writes per rank the largest relative errors to JSON.
+
+Usage (under msrun): moe_msrun_worker.py OUT_DIR CASE [CASE ...],
+CASE = "<data>x<expert>x<tensor>[+bits][+overlap][+place]" (1-bit routing metadata; 2 overlap
+chunks; after 2 steps, experts re-placed by rebalance_experts with 4 extra replicas).
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import mindspore as ms
+from mindspore import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ms.set_context(mode=ms.PYNATIVE_MODE)
+import mindspore_hyper as mh  # noqa: E402
+from mindspore_hyper import Layout, auto_parallelize  # noqa: E402
+from mindspore_hyper.moe.eplb import rebalance_experts  # noqa: E402
+from mindspore_hyper.moe.placement import ExpertPlacement, apply_placement  # noqa: E402
+from moe_models import MoENet, batches, copy_weights, expert_strategy  # noqa: E402
+
+STEPS = 5
+
+
+def relative(local, expected):
+    return float(np.linalg.norm(local - expected) / max(np.linalg.norm(expected), 1e-30))
+
+
+def run_case(case: str) -> dict:
+    dims, *extra = case.split("+")
+    data, expert, tensor = (int(v) for v in dims.split("x"))
+    ms.set_seed(0)
+    ref = MoENet(shared=8 if tensor > 1 else 0)
+    model = MoENet(shared=8 if tensor > 1 else 0, routing_bits="bits" in extra,
+                   overlap_chunks=2 if "overlap" in extra else 1)
+    copy_weights(ref, model)
+    mesh = Layout((data, expert, tensor), ("data", "expert", "tensor"))
+    par = auto_parallelize(model, expert_strategy(mesh, tensor=tensor > 1))
+    rank = par.local_ranks[0]
+    opt = nn.Adam(par.optimizer_parameters(), learning_rate=1e-2)
+    ref_opt = nn.Adam(ref.trainable_params(), learning_rate=1e-2)
+    ref_step = ms.value_and_grad(ref, None, ref_opt.parameters)
+    out = {"rank": rank, "losses": [], "ref_losses": []}
+    names = [n for n, p in ref.parameters_and_names() if p.requires_grad]
+    for i, (x, t) in enumerate(batches(STEPS)):
+        if i == 2 and "place" in extra:
+            phy2log, _, logcnt = rebalance_experts(model.moe.last_expert_counts[None, :], 12, 1, 1, expert)
+            apply_placement(model.moe, ExpertPlacement.from_eplb(phy2log))
+            out["replicas"] = logcnt[0].tolist()
+        loss = par.train_step(opt, x, t)
+        ref_loss, ref_grads = ref_step(x, t)
+        if i == 0:
+            expected = dict(zip(names, [g.asnumpy() for g in ref_grads]))
+            out["grad_error"] = {row.name: relative(par.last_gradients[row.name],
+                                                    expected[row.name][row.layout.rank_slices(rank, row.global_shape)])
+                                 for row in par.table if row.name in par.last_gradients}
+        ref_opt(ref_grads)
+        out["losses"].append(float(loss.asnumpy()))
+        out["ref_losses"].append(float(ref_loss.asnumpy()))
+    expected = {n: p.asnumpy() for n, p in ref.parameters_and_names()}
+    local = {n: p.asnumpy() for n, p in model.parameters_and_names()}
+    out["param_error"] = {row.name: relative(local[row.name], expected[row.name][row.layout.rank_slices(rank, row.global_shape)])
+                          for row in par.table if row.name in local}
+    out["held_expert_shape"] = list(local["moe.experts.w_gate"].shape)
+    out["stats"] = model.moe.parallel().last_stats
+    return out
+
+
+def main():
+    out_dir, cases = sys.argv[1], sys.argv[2:]
+    mh.set_context(mode="distributed", comm_timeout=float(os.environ.get("TEST_COMM_TIMEOUT", "60")))
+    results = {case: run_case(case) for case in cases}
+    rank = results[cases[0]]["rank"]
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main()

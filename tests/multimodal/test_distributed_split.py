@@ -1,0 +1,34 @@
+"""Distributed-mode argument checks that need no msrun (a plain process is a job of one), and the
+point-to-point message type."""
+import numpy as np
+import pytest
+
+from mindspore_hyper.multimodal import AsyncEncoderPipeline
+from mindspore_hyper.multimodal.p2p import FEATURES, Message
+from mm_models import make_models
+
+
+def test_split_needs_enough_processes():
+    encoder, lm = make_models()
+    with pytest.raises(ValueError, match=r"outside the job of 1 processes: launch msrun with --worker_num >= 2"):
+        AsyncEncoderPipeline(encoder, lm, mode="distributed")
+
+
+def test_split_ranks_must_be_distinct_and_match_num_encoders():
+    encoder, lm = make_models()
+    with pytest.raises(ValueError, match="must be distinct"):
+        AsyncEncoderPipeline(encoder, lm, mode="distributed", encoder_ranks=[0], lm_rank=0)
+    with pytest.raises(ValueError, match="2 ranks given for num_encoders=1"):
+        AsyncEncoderPipeline(encoder, lm, mode="distributed", encoder_ranks=[0, 1], lm_rank=2)
+    with pytest.raises(ValueError, match="cost_model"):
+        AsyncEncoderPipeline(encoder, lm, mode="distributed", cost_model=lambda *a: 1.0)
+
+
+def test_message_checks_and_normalises():
+    m = Message(FEATURES, 3, [1, 2], [0.5], np.ones((2, 3), np.float64))
+    assert m.ids.dtype == np.int64 and m.values.dtype == np.float64 and m.array.dtype == np.float32
+    assert m.kind_name == "features"
+    with pytest.raises(ValueError, match="kind"):
+        Message(99)
+    with pytest.raises(ValueError, match="at most 8 dimensions"):
+        Message(FEATURES, 0, array=np.zeros((1,) * 9))

@@ -1,0 +1,76 @@
+"""Small multimodal models and a single-device reference trainer for the MPMD tests."""
+import numpy as np
+import mindspore as ms
+from mindspore import nn, ops
+
+
+class Multimodal(nn.Cell):
+    """Text and vision encoders feeding a fusion layer; two captions per image; returns the loss."""
+
+    def __init__(self, text_layers=1, hidden=16):
+        super().__init__()
+        cells = [nn.Dense(8, hidden), nn.ReLU()]
+        for _ in range(text_layers):
+            cells += [nn.Dense(hidden, hidden), nn.GELU()]
+        self.text_encoder = nn.SequentialCell(cells)
+        self.vision_encoder = nn.SequentialCell(nn.Dense(12, hidden), nn.Tanh(), nn.LayerNorm((hidden,)))
+        self.fusion_layer = nn.Dense(2 * hidden, 4)
+        self.hidden = hidden
+
+    def construct(self, text, image, target):
+        pooled = self.text_encoder(text).reshape(image.shape[0], -1, self.hidden).mean(1)
+        out = self.fusion_layer(ops.concat((pooled, self.vision_encoder(image)), -1))
+        return ((out - target) ** 2).mean()
+
+
+def multimodal_batch(images=16, captions_per_image=2, seed=0):
+    rng = np.random.default_rng(seed)
+    text = rng.standard_normal((images * captions_per_image, 8)).astype(np.float32)
+    image = rng.standard_normal((images, 12)).astype(np.float32)
+    target = rng.standard_normal((images, 4)).astype(np.float32)
+    return ms.Tensor(text), ms.Tensor(image), ms.Tensor(target)
+
+
+def make_pair(factory, seed=1):
+    """Two identically initialised models (one to parallelize, one reference)."""
+    ms.set_seed(seed)
+    a = factory()
+    ms.set_seed(seed)
+    b = factory()
+    for p, q in zip(a.trainable_params(), b.trainable_params()):
+        q.set_data(p.data.copy())
+    return a, b
+
+
+def train_reference(model, batches, lr=1e-2):
+    """Losses, first-step gradients and final parameters of plain single-device Adam training."""
+    opt = nn.Adam(model.trainable_params(), learning_rate=lr)
+    grad_fn = ms.value_and_grad(model, None, model.trainable_params())
+    losses, first = [], None
+    for batch in batches:
+        loss, grads = grad_fn(*batch)
+        if first is None:
+            first = {p.name: g.asnumpy() for p, g in zip(model.trainable_params(), grads)}
+        opt(grads)
+        losses.append(float(loss))
+    return losses, first, {p.name: p.asnumpy() for p in model.trainable_params()}
+
+
+def train_parallel(model, batches, lr=1e-2):
+    opt = nn.Adam(model.optimizer_parameters(), learning_rate=lr)
+    losses, first = [], None
+    for batch in batches:
+        losses.append(float(model.train_step(opt, *batch)))
+        if first is None:
+            first = dict(model.last_gradients)
+    return losses, first, {p.name: p.asnumpy() for p in model.network.trainable_params()}
+
+
+def assert_same_training(parallel, reference, atol=1e-5):
+    (pl, pg, pp), (rl, rg, rp) = parallel, reference
+    np.testing.assert_allclose(pl, rl, rtol=1e-5, atol=atol)
+    assert pg.keys() == rg.keys() and pp.keys() == rp.keys()
+    for name in rg:
+        np.testing.assert_allclose(pg[name], rg[name], rtol=1e-4, atol=atol, err_msg=name)
+    for name in rp:
+        np.testing.assert_allclose(pp[name], rp[name], rtol=1e-4, atol=atol, err_msg=name)

@@ -1,0 +1,50 @@
+"""MPMD groups under msrun: each process runs its group, cross-group tensors over shared memory;
+training equals one device; groups reading only the batch do not wait for each other; a dead
+peer is named by the survivors."""
+import json
+import os
+
+import pytest
+
+from msrun_helpers import run_msrun, worker_logs
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpmd_worker.py")
+
+
+@pytest.mark.msrun
+def test_groups_on_4_processes_train_like_one_device(tmp_path):
+    proc = run_msrun(WORKER, [tmp_path], 4, tmp_path / "logs", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(tmp_path / "logs", 4)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    expected_members = [["text_encoder"], ["text_encoder"], ["vision_encoder"], ["fusion_layer"]]
+    for rank, res in enumerate(results):
+        assert res["members"] == expected_members[rank]
+        assert all(name.startswith(expected_members[rank][0] + ".") for name in res["params"]) and res["params"]
+        assert res["losses"] == pytest.approx(res["ref_losses"], rel=1e-5)
+        for what in ("grad_error", "param_error"):
+            assert set(res[what]) == set(res["params"])
+            for name, err in res[what].items():
+                assert err < 1e-5, (rank, what, name, err)
+        # only members ran the group's Cells; the others received the outputs
+        assert {e[0] for e in res["events"] if e[1] == "forward"} == set(expected_members[rank])
+        assert {e[0] for e in res["events"] if e[1] == "receive"} == \
+            {"text_encoder", "vision_encoder", "fusion_layer"} - set(expected_members[rank])
+
+    def last(rank, kind, group):
+        return max(e[3] for e in results[rank]["events"] if e[1] == kind and e[0] == group)
+
+    # after the first step the encoders, which read only the batch, run before waiting for each
+    # other's output: text (ranks 0-1) and vision (rank 2) compute at the same time
+    assert last(0, "forward", "text_encoder") < last(0, "receive", "vision_encoder")
+    assert last(2, "forward", "vision_encoder") < last(2, "receive", "text_encoder")
+
+
+@pytest.mark.msrun
+def test_a_dead_group_peer_is_named(tmp_path):
+    env = dict(os.environ, TEST_COMM_TIMEOUT="20")
+    proc = run_msrun(WORKER, [tmp_path, "fail@0"], 4, tmp_path / "logs", timeout=300, env=env)
+    assert proc.returncode != 0
+    fusion = json.loads((tmp_path / "fail_rank3.json").read_text())  # waits for the text output
+    assert fusion["error"] == "CommTimeout", fusion
+    assert "rank 0" in fusion["message"] and "text_encoder" in fusion["message"], fusion["message"]
+    assert fusion["seconds"] < 20

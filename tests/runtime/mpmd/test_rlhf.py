@@ -1,0 +1,122 @@
+"""RLHF PPO step with roles on device groups: same numbers as the roles one after another, overlap."""
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import nn
+
+from mindspore_hyper.rlhf import PPOModels, PPOSettings, PPOTrainer, TinyPolicy, TinyReward, TinyValue, ppo_step
+from paths import CONFIGS
+
+ms.set_context(mode=ms.PYNATIVE_MODE)
+
+RLHF_CONFIG = CONFIGS / "rlhf_process_groups.yaml"
+
+
+def roles(seed=0):
+    ms.set_seed(seed)
+    actor, reference = TinyPolicy(), TinyPolicy()
+    for p, q in zip(actor.trainable_params(), reference.trainable_params()):
+        q.set_data(p.data.copy())
+    return PPOModels(actor, TinyValue(), TinyReward(), reference)
+
+
+def twin_roles():
+    a, b = roles(), roles()
+    for p, q in zip(a.get_parameters(), b.get_parameters()):
+        q.set_data(p.data.copy())
+    return a, b
+
+
+def prompts(seed=0):
+    return ms.Tensor(np.random.default_rng(seed).integers(0, 16, (8, 3)).astype(np.int32))
+
+
+@pytest.fixture
+def mpmd(clean_context):
+    clean_context.set_context(hyper_mpmd=True, device_num=16)
+    return clean_context
+
+
+def test_ppo_on_groups_equals_roles_one_after_another(mpmd):
+    grouped, plain = twin_roles()
+    trainer = PPOTrainer(grouped, RLHF_CONFIG)
+    assert trainer.role_group == {"actor": "actor", "critic": "critic", "reward_model": "reward",
+                                  "reference": "actor"}
+    assert trainer.runners["critic"].models["critic"].mesh.size == 4  # data parallel over ranks 8-11
+    actor_opt = nn.Adam(plain.actor.trainable_params(), learning_rate=1e-3)
+    critic_opt = nn.Adam(plain.critic.trainable_params(), learning_rate=1e-3)
+    reference_before = {p.name: p.asnumpy().copy() for p in grouped.reference.get_parameters()}
+    for step in range(2):
+        got = trainer.step(prompts(step))
+        want = ppo_step(plain, actor_opt, critic_opt, prompts(step))
+        np.testing.assert_array_equal(got.sequences, want.sequences)
+        np.testing.assert_allclose(got.scores, want.scores, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got.advantages, want.advantages, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose([got.actor_loss, got.critic_loss, got.kl],
+                                   [want.actor_loss, want.critic_loss, want.kl], rtol=1e-4, atol=1e-7)
+    for p, q in zip(grouped.get_parameters(), plain.get_parameters()):
+        np.testing.assert_allclose(p.asnumpy(), q.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=p.name)
+    for p in grouped.reference.get_parameters():
+        np.testing.assert_array_equal(p.asnumpy(), reference_before[p.name])
+    assert not np.allclose(grouped.actor.head.weight.asnumpy(), reference_before["reference.head.weight"])
+
+
+def test_timeline_overlaps_disjoint_groups_and_queues_colocated_roles(mpmd):
+    trainer = PPOTrainer(roles(), RLHF_CONFIG)
+    trainer.step(prompts())
+    tl = trainer.timeline
+    task = {t.label: t for t in tl.tasks}
+    generated = task["generate 3"].end
+    # scoring: reward, critic and the actor's own pass start together once generation ended
+    assert task["score"].start == task["values"].start == task["old logp"].start == generated
+    assert task["score"].group == "reward" and task["values"].group == "critic"
+    # the reference shares the actor's devices: it queues behind the actor's pass
+    assert task["reference logp"].group == "actor" and task["reference logp"].start == task["old logp"].end
+    # training: actor and critic updates run concurrently after every scoring pass
+    scoring_end = max(task[k].end for k in ("score", "values", "old logp", "reference logp"))
+    assert task["actor update"].start == task["critic update"].start == scoring_end
+    assert (task["actor update"].index, task["critic update"].index) in tl.overlaps()
+    assert tl.makespan < tl.serial_time
+
+
+def test_colocating_a_role_without_a_group(mpmd):
+    config = {"parallel_config": {"device_matrix": [8], "alias_names": ["data"]},
+              "process_groups": {"actor": {"ranks": ["0-3"]}, "reward": {"ranks": ["4-7"], "modules": "reward_model"}}}
+    mpmd.set_context(device_num=8)
+    grouped, plain = twin_roles()
+    trainer = PPOTrainer(grouped, config, colocate={"reference": "actor", "critic": "reward_model"})
+    assert trainer.role_group["critic"] == "reward"
+    got = trainer.step(prompts())
+    want = ppo_step(plain, nn.Adam(plain.actor.trainable_params(), learning_rate=1e-3),
+                    nn.Adam(plain.critic.trainable_params(), learning_rate=1e-3), prompts())
+    np.testing.assert_allclose([got.actor_loss, got.critic_loss], [want.actor_loss, want.critic_loss], rtol=1e-4)
+    task = {t.label: t for t in trainer.timeline.tasks}
+    assert task["values"].group == "reward" and task["values"].start >= task["score"].end  # time-shared
+    with pytest.raises(ValueError, match="role 'critic' runs in no device group"):
+        PPOTrainer(roles(), config)
+
+
+def test_bad_trainer_inputs(mpmd):
+    with pytest.raises(ValueError, match=r"colocate\['reference'\] = 'judge'"):
+        PPOTrainer(roles(), RLHF_CONFIG, colocate={"reference": "judge"})
+    mpmd.set_context(device_num=8)
+    with pytest.raises(ValueError, match="set_context\\(device_num=16\\)"):
+        PPOTrainer(roles(), RLHF_CONFIG)
+    mpmd.set_context(hyper_mpmd=False, device_num=16)
+    with pytest.raises(ValueError, match="hyper_mpmd=True"):
+        PPOTrainer(roles(), RLHF_CONFIG)
+    mpmd.set_context(hyper_mpmd=True, mode="distributed")
+    with pytest.raises(ValueError, match="simulation mode only; mode='distributed'"):
+        PPOTrainer(roles(), RLHF_CONFIG)
+    with pytest.raises(ValueError, match="response_len=0"):
+        PPOSettings(response_len=0)
+    with pytest.raises(ValueError, match="clip=1.5"):
+        PPOSettings(clip=1.5)
+
+
+def test_prompt_batch_must_match_the_actor_group_batch_size(mpmd):
+    trainer = PPOTrainer(roles(), RLHF_CONFIG)
+    bad = ms.Tensor(np.zeros((4, 3), np.int32))
+    with pytest.raises(ValueError,
+                       match="process_groups.actor.batch_size: 8, but Cell 'actor' got input 0 with batch 4"):
+        trainer.step(bad)
