@@ -12,8 +12,10 @@ Meshes (Megatron-style tensor parallel with vocabulary-parallel embedding and he
 (topology supernode384; the strategy lays nothing out on "pipeline", so its 6 devices hold
 replicas: the simulation runs pipeline stages in one program order). Every run is a fresh
 process (peak RSS is per process), each timing the median of --repeat steps after one warm-up
-step. Both sides set pynative_synchronize=True (the simulation does by default, flag
-sim_synchronize; the single-device run likewise so the ratio compares like with like).
+step. Both sides launch kernels synchronously (mindspore.runtime.launch_blocking, which the
+simulation calls by default, flag sim_synchronize; the single-device run likewise so the ratio
+compares like with like; the figures in docs/benchmarks.md were measured with the equivalent
+set_context(pynative_synchronize=True)).
 Wall time and process CPU time (all threads) are both reported: under machine load the CPU-time
 ratio is the steadier one. Goals (issue 15): benchmark GPT <= 1.5x at 384; small GPT <= 3x at every count; host memory
 <= 2x single device.
@@ -57,7 +59,7 @@ def child(model_name: str, devices: int, repeat: int, report_png: str, per_shard
     from mindspore_hyper import auto_parallelize
     from models import GPT
 
-    ms.set_context(pynative_synchronize=True)
+    ms.runtime.launch_blocking()  # synchronous launches on both sides (the simulation sets it too)
     ms.set_seed(0)
     cfg = MODELS[model_name]
     rng = np.random.default_rng(0)
