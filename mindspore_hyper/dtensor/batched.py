@@ -240,6 +240,12 @@ BATCHED.update({
     "GatherD": _with_axes([1]),
 })
 
+# An op batches only while every operand's shard has fewer elements than this: batching pays
+# where per-kernel overhead dominates (small shards); on larger shards MindSpore's 2-D CPU
+# kernels beat the batched ones plus the stacking copies (benchmark GPT, hidden 768, 384 devices:
+# 1.36x single device per shard vs 1.84x all batched; docs/benchmarks.md).
+BATCH_BELOW_ELEMENTS = 1 << 15
+
 # Ops whose rule's `local_args` give every shard the same arguments (a local shape or axes).
 SAME_ARGS_ON_EVERY_SHARD = ("Reshape", "View", "Squeeze")
 
@@ -280,6 +286,9 @@ def run_batched(execution, call, decision, axes: Sequence[int], keys: Sequence[t
             or any(isinstance(v, DTensor) for v in call.kwargs.values())):
         return None
     if decision.local_args is not None and call.name not in SAME_ARGS_ON_EVERY_SHARD:
+        return None
+    if any(math.prod(layout.local_shape(t.global_shape)) >= BATCH_BELOW_ELEMENTS
+           for t, layout in zip(call.tensors, decision.inputs)):
         return None
     mesh = execution.mesh
     sizes = tuple(mesh.device_matrix[a] for a in axes)

@@ -162,7 +162,7 @@ class DTensor(Tensor):
         for step in plan:
             input_bytes = math.prod(current.local_shape(self._global_shape)) * itemsize
             grad_partial = isinstance(step, AllGather) and step.axis in grad_partial_axes
-            if _runs_stacked(execution, step, current):
+            if _runs_stacked(execution, step, current, self._global_shape):
                 if stacked is None:
                     from mindspore_hyper.dtensor.batched import stacked_shards
 
@@ -349,14 +349,15 @@ def _bool():
     return ms.bool_
 
 
-def _runs_stacked(execution, step, layout: TensorLayout) -> bool:
+def _runs_stacked(execution, step, layout: TensorLayout, global_shape) -> bool:
     """Whether a step runs on the stacked shards of every group at once: an AllReduce (the same
     additions in member order) or an AllGather along a dimension's innermost axis (the same
     concatenation), with the in-process MindSpore collectives holding every device."""
     from mindspore_hyper.comm.inprocess_collectives import InProcessCollectives
+    from mindspore_hyper.dtensor.batched import BATCH_BELOW_ELEMENTS
 
     if not (execution.batch_shards and execution.holds_all_ranks and type(execution.collectives) is InProcessCollectives
-            and len(significant_axes(layout)) > 1):
+            and len(significant_axes(layout)) > 1 and math.prod(layout.local_shape(global_shape)) < BATCH_BELOW_ELEMENTS):
         return False
     if isinstance(step, AllGather):
         return layout.dims[step.dim][-1] == step.axis
