@@ -180,6 +180,8 @@ FLAGS: Dict[str, Flag] = {f.name: f for f in (
          "what simulation does when a device exceeds device_memory: warn or error"),
     Flag("sim_collectives", _choice(SIM_COLLECTIVES), "mindspore",
          "simulation collectives: differentiable MindSpore ops, or the C++ communication library"),
+    Flag("sim_synchronize", _parse_bool, True,
+         "simulation: launch MindSpore kernels synchronously (mindspore.runtime.launch_blocking), much cheaper for many small ops"),
     Flag("hyper_offload", _parse_bool, False, "enable HyperOffload (tiered parameter/activation store)"),
     Flag("cache_block_size", _bytes_range(MB, GB), "128MB", "offload cache-block size in bytes"),
     Flag("prefetch_depth", _int_range(1, 64), 4, "blocks the prefetch scheduler keeps in flight"),

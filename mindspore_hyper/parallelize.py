@@ -31,13 +31,14 @@ def auto_parallelize(model, strategy_or_config: StrategyLike, mode: str = None, 
         **kwargs: passed to the runtime: `return_dtensor`, `optimizer_states` in simulation and
             distributed mode; `pipeline` (PipelineOptions or a mapping of its fields: schedule,
             microbatches, chunks, layers_per_stage, ...) runs pipeline stages, as does a config
-            with `pipeline: N` (see docs/mpmd.md, "Pipeline execution"); in native mode `activation_ndim`, `input_ndims`,
+            with `pipeline: N` (see docs/mpmd.md, "Pipeline execution"); in native mode
+            `example_inputs` (required), `loss_fn`, `optimizer`, `micro_batches`,
             `pipeline_scheduler`, `parallel_mode`, `optimizer_states` (see `apply_native`).
 
     Returns:
         simulation: a `SimulatedModel`; distributed: a `DistributedModel`; with pipeline stages
-        in either: a `PipelineModel`; native: the
-        `AutoParallel`-wrapped net (with `hyper_native_plan` and `hyper_strategy_table`).
+        in either: a `PipelineModel`; native: `AutoParallel` wrapping the training step (with
+        `hyper_native_plan` and `hyper_strategy_table`).
 
     Raises:
         ValueError: unknown mode, or an invalid strategy/config (the message names the field).

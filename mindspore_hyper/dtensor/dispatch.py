@@ -4,7 +4,8 @@ For an op it (1) normalises the call into its tensor inputs, (2) asks the op's s
 for the input layouts it needs and the output layouts it produces, (3) redistributes the
 inputs through the run's collectives (recorded), (4) fans out inputs that are replicated along
 mesh axes the op runs sharded over (their gradients are summed over those axes in backward),
-and (5) runs the real op once per distinct shard this process holds. An op without a rule runs
+and (5) runs the real op once per distinct shard this process holds, or once over all of them
+stacked when the op batches (`batched`). An op without a rule runs
 on replicated inputs and is recorded as a replication fallback. Ops that write into operands
 (in-place ops, Assign, BatchNorm's moving statistics) run by their out-of-place rule and the
 written values go back to what the caller passed (`mutation`). A failing op raises
@@ -21,6 +22,7 @@ from mindspore.graph.api import _pynative_executor
 from mindspore.ops.primitive import Primitive
 
 from mindspore_hyper.dtensor import mutation, shard_hints
+from mindspore_hyper.dtensor.batched import run_batched
 from mindspore_hyper.dtensor.dtensor import DTensor, is_float, key_of, significant_axes
 from mindspore_hyper.dtensor.rules.registry import RULES, Decision
 from mindspore_hyper.shard.tensor_layout import TensorLayout
@@ -205,6 +207,8 @@ def dispatch(execution, func, args, kwargs):
     if written is not None and not _covers_all_axes(decision, written.targets):
         execution.accounting.record_fallback(call.name)
         decision = replicated_decision(call)
+    if execution.observer is not None:
+        execution.observer(call, decision)
     result = execute(execution, call, decision, private=written.targets if written is not None else ())
     return result if written is None else _write_back(execution, call, written, originals, result)
 
@@ -279,8 +283,9 @@ def replicated_decision(call: OpCall) -> Decision:
 def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] = ()):
     """Redistribute inputs per `decision`, fan out replicated inputs of a sharded op, and run
     the op once per distinct output shard this process holds. The inputs at positions
-    `private` (operands the op writes) get copies of their shards first: a shard may be a view
-    of a caller's tensor, and MindSpore refuses in-place kernels on views."""
+    `private` (operands the op writes), and for such an op every input cut out of a batched
+    op's stack, get copies of their shards first: a shard may be a view of a caller's tensor or
+    of a stack, and MindSpore's in-place kernels refuse views."""
     axes = sorted(set().union(*[significant_axes(layout) for layout in decision.inputs]))
     ready = []
     for i, (t, layout) in enumerate(zip(call.tensors, decision.inputs)):
@@ -290,14 +295,19 @@ def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] 
         moved, fused = t.redistribute_with_fusion(layout, grad_partial_axes=fan)
         fan = [a for a in fan if a not in fused]
         ready.append(_fan_out(execution, moved, fan) if fan else moved)
-        if i in private:
+        if i in private or (private and ready[-1]._stacked is not None):  # in-place kernels refuse views
             ready[-1] = DTensor._create(layout, {k: ops.deepcopy(v) for k, v in ready[-1].shards.items()},
                                         t.global_shape, t.dtype, execution)
     call.replace_tensors(ready)
     mesh = execution.mesh
+    keys = execution.keys(axes)
+    if execution.batch_shards:
+        batched_result = run_batched(execution, call, decision, axes, keys)
+        if batched_result is not None:
+            return batched_result
     results = {}
     try:
-        for index, key in enumerate(execution.keys(axes)):
+        for index, key in enumerate(keys):
             coords = dict(zip(axes, key))
             execution.set_running(coords)
             results[key] = _run_local(call, decision, coords, index)

@@ -60,6 +60,7 @@ class DTensor(Tensor):
         dt._layout = layout
         dt._shards = shards  # None until `_pending()` makes them (a lazily laid out Parameter)
         dt._pending = None
+        dt._stacked = None  # the shards stacked along a new leading dimension, when made so (`batched`)
         dt._hint_source = None  # a DTensor this one is a not yet moved `.shard()` view of
         dt._global_shape = global_shape
         dt._execution = execution
@@ -85,6 +86,15 @@ class DTensor(Tensor):
         when an op first reads it, so hooks that fill it just before its Cell runs compose)."""
         dt = cls._create(layout, None, global_shape, dtype, execution)
         dt._pending = make_shards
+        return dt
+
+    @classmethod
+    def _from_stack(cls, layout: TensorLayout, stacked: Tensor, keys: Sequence[Key], global_shape: Sequence[int],
+                    dtype, execution) -> "DTensor":
+        """A DTensor whose distinct shards are `stacked[i]` for `keys[i]`, cut out only when read
+        (a batched op's result; the next batched op reads `stacked` itself)."""
+        dt = cls._lazy(layout, lambda: dict(zip(keys, ops.unstack(stacked, 0))), global_shape, dtype, execution)
+        dt._stacked = stacked
         return dt
 
     @property
@@ -144,20 +154,39 @@ class DTensor(Tensor):
         if layout == self._layout:
             return self, set()
         plan = plan_redistribution(self._layout, layout, self._global_shape, self.dtype.itemsize)
-        shards, current = self.shards, self._layout
-        accounting = self._execution.accounting
+        execution = self._execution
+        shards, stacked, current = None, self._stacked, self._layout
+        accounting = execution.accounting
         itemsize = self.dtype.itemsize
         fused = set()
         for step in plan:
             input_bytes = math.prod(current.local_shape(self._global_shape)) * itemsize
             grad_partial = isinstance(step, AllGather) and step.axis in grad_partial_axes
-            shards, current = _apply_step(self._execution, step, shards, current, record, grad_partial)
+            if _runs_stacked(execution, step, current, self._global_shape):
+                if stacked is None:
+                    from mindspore_hyper.dtensor.batched import stacked_shards
+
+                    stacked = stacked_shards(execution, self if shards is None else
+                                             DTensor._create(current, shards, self._global_shape, self.dtype, execution))
+                if isinstance(step, AllReduce):
+                    stacked, current = _all_reduce_stacked(execution, step, stacked, current)
+                else:
+                    stacked, current = _all_gather_stacked(execution, step, stacked, current, record, grad_partial)
+                shards = None
+            else:
+                if shards is None:
+                    shards = self.shards if stacked is self._stacked else _unstacked(execution, stacked, current)
+                shards, current = _apply_step(execution, step, shards, current, record, grad_partial)
+                stacked = None
             if grad_partial:
                 fused.add(step.axis)
             if record and not isinstance(step, (LocalSlice, MakePartial)):
                 axis = current.mesh.alias_names[step.axis]
                 accounting.record_comm(type(step).__name__, axis, step.send_bytes, input_bytes)
-        return DTensor._create(layout, shards, self._global_shape, self.dtype, self._execution), fused
+        if shards is None:
+            keys = execution.keys(significant_axes(layout))
+            return DTensor._from_stack(layout, stacked, keys, self._global_shape, self.dtype, execution), fused
+        return DTensor._create(layout, shards, self._global_shape, self.dtype, execution), fused
 
     # -- values ------------------------------------------------------------------------------
     def asnumpy(self) -> np.ndarray:
@@ -245,7 +274,7 @@ class DTensor(Tensor):
     def _become(self, other: "DTensor") -> "DTensor":
         """Take `other`'s layout and shards (the result of an in-place op on this DTensor)."""
         self._layout, self._shards, self._local_nbytes = other._layout, other.shards, other._local_nbytes
-        self._pending = None
+        self._pending, self._stacked = None, other._stacked
         return self
 
     # -- operators with a plain Tensor on the left ---------------------------------------------
@@ -318,6 +347,65 @@ def _bool():
     import mindspore as ms
 
     return ms.bool_
+
+
+def _runs_stacked(execution, step, layout: TensorLayout, global_shape) -> bool:
+    """Whether a step runs on the stacked shards of every group at once: an AllReduce (the same
+    additions in member order) or an AllGather along a dimension's innermost axis (the same
+    concatenation), with the in-process MindSpore collectives holding every device."""
+    from mindspore_hyper.comm.inprocess_collectives import InProcessCollectives
+    from mindspore_hyper.dtensor.batched import BATCH_BELOW_ELEMENTS
+
+    if not (execution.batch_shards and execution.holds_all_ranks and type(execution.collectives) is InProcessCollectives
+            and len(significant_axes(layout)) > 1 and math.prod(layout.local_shape(global_shape)) < BATCH_BELOW_ELEMENTS):
+        return False
+    if isinstance(step, AllGather):
+        return layout.dims[step.dim][-1] == step.axis
+    return isinstance(step, AllReduce)
+
+
+def _all_gather_stacked(execution, step, stacked: Tensor, layout: TensorLayout, record: bool, grad_partial: bool):
+    """AllGather along `step.axis` into local dimension `step.dim` of stacked shards: the batch
+    dimension of that axis moved next to the local dimension and merged into it (the members'
+    shards concatenated in member order, for every group at once)."""
+    mesh = layout.mesh
+    axes = significant_axes(layout)
+    sizes = tuple(mesh.device_matrix[a] for a in axes)
+    local = tuple(stacked.shape[1:])
+    nb, p, d = len(axes), axes.index(step.axis), step.dim
+    perm = [i for i in range(nb) if i != p] + [nb + j for j in range(d)] + [p] + [nb + j for j in range(d, len(local))]
+    moved = stacked.reshape(sizes + local).transpose(tuple(perm))
+    gathered = local[:d] + (sizes[p] * local[d],) + local[d + 1:]
+    out = moved.reshape((-1,) + gathered)
+    if grad_partial and record:  # the consumers' partial gradients are reduce-scattered back
+        coords = mesh.coords(execution.local_ranks[0])  # the group through it records
+        group = execution.group([step.axis], {a: coords[a] for a in axes if a != step.axis})
+        execution.collectives._on_backward(out, "ReduceScatter", group, math.prod(gathered) * out.dtype.itemsize)
+    dims = [list(e) for e in layout.dims]
+    dims[d].remove(step.axis)
+    return out, TensorLayout.from_dims(mesh, dims, layout.partial)
+
+
+def _all_reduce_stacked(execution, step, stacked: Tensor, layout: TensorLayout):
+    """AllReduce along `step.axis` of stacked shards: the members' shards (slices of the stack
+    along that axis) reduced in member order, for every group at once."""
+    from mindspore_hyper.comm.inprocess_collectives import reduce_tensors
+
+    mesh = layout.mesh
+    axes = significant_axes(layout)
+    sizes = tuple(mesh.device_matrix[a] for a in axes)
+    local = tuple(stacked.shape[1:])
+    grid = stacked.reshape(sizes + local)
+    members = ops.unstack(grid, axes.index(step.axis))  # one op (its backward one stack), not n slices
+    reduced = reduce_tensors(list(members), step.op)
+    partial = layout.partial
+    del partial[step.axis]
+    new_layout = TensorLayout.from_dims(mesh, layout.dims, partial)
+    return reduced.reshape((-1,) + local), new_layout
+
+
+def _unstacked(execution, stacked: Tensor, layout: TensorLayout) -> Dict[Key, Tensor]:
+    return dict(zip(execution.keys(significant_axes(layout)), ops.unstack(stacked, 0)))
 
 
 def _apply_step(execution, step, shards: Dict[Key, Tensor], layout: TensorLayout, record: bool,

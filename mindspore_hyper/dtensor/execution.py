@@ -65,6 +65,7 @@ class Execution:
         if not self.local_ranks:
             raise ValueError("Execution: a process must hold at least one rank of the mesh")
         self._coords = [mesh.coords(r) for r in self.local_ranks]
+        self._groups: Dict[tuple, AxisGroup] = {}
         self._accounting = accounting
         self.collectives = collectives
         if hasattr(collectives, "recorder"):
@@ -75,6 +76,8 @@ class Execution:
         self.hints: List[Tuple[str, Optional[list]]] = []
         self._running: Optional[Dict[int, int]] = None
         self.holds_activations = False  # a training forward: new DTensors count until the step ends
+        self.batch_shards = True  # run batchable ops once over their stacked shards (`dtensor.batched`)
+        self.observer: Optional[Callable[[Any, Any], None]] = None  # sees (call, decision) of every op (native mode)
 
     # -- bookkeeping ---------------------------------------------------------------------------
     @property
@@ -109,7 +112,12 @@ class Execution:
         """The group along mesh `axes` through the held ranks whose coordinates match `fixed`
         (other axes); its local members are the held ones. Only the group through this
         process's first held rank records, so per-device figures count each collective once."""
-        axes = list(axes)
+        key = (tuple(axes), tuple(sorted(fixed.items())))
+        if key not in self._groups:  # the held ranks never change: one scan per distinct group
+            self._groups[key] = self._make_group(list(axes), fixed)
+        return self._groups[key]
+
+    def _make_group(self, axes: List[int], fixed: Dict[int, int]) -> AxisGroup:
         holders = [(r, c) for r, c in zip(self.local_ranks, self._coords)
                    if all(c[a] == v for a, v in fixed.items())]
         if not holders:

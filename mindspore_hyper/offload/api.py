@@ -263,6 +263,7 @@ def hyper_offload(model: nn.Cell, policy: Optional[OffloadPolicy] = None, *,
                 "offload a simulated model or a single-device one")
         network, n = model.network, model.mesh.size
         running_ranks = model.execution.running_ranks
+        model.execution.batch_shards = False  # activations are saved per shard, for the devices holding each
         named = dict(network.parameters_and_names())
         table = from_strategy_rows({id(named[row.name]): row for row in model.table}, n)
         shards_of = lambda p: table[id(p)]  # noqa: E731

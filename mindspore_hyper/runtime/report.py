@@ -24,6 +24,7 @@ from mindspore_hyper.units import format_bytes as _fmt
 __all__ = ["StepReport", "DeviceMemoryError"]
 
 KINDS = ("parameters", "gradients", "optimizer_states", "activations_peak")
+GROUP_ABOVE = 16  # more devices than this: the table and plot show groups of equal devices
 
 
 class DeviceMemoryError(MemoryError):
@@ -107,9 +108,9 @@ class StepReport:
         lines = [f"{'Simulated step' if self.simulated else 'Step'} on mesh {self.mesh} ({who}), "
                  f"wall time {self.step_seconds * 1e3:.1f} ms"]
         head = ["device", "parameters", "gradients", "optimizer", "activations(peak)", "total", "budget"]
-        rows = [[str(r), _fmt(m["parameters"]), _fmt(m["gradients"]), _fmt(m["optimizer_states"]),
+        rows = [[label, _fmt(m["parameters"]), _fmt(m["gradients"]), _fmt(m["optimizer_states"]),
                  _fmt(m["activations_peak"]), _fmt(m["total"]),
-                 "OVER" if m["total"] > self.device_memory else "ok"] for r, m in self.memory.items()]
+                 "OVER" if m["total"] > self.device_memory else "ok"] for label, m in self.memory_groups()]
         lines += _table(head, rows)
         crow = [[phase, kind, axis, str(v["count"]), _fmt(v["bytes"])]
                 for phase, comm in (("forward", self.comm), ("backward", self.comm_backward))
@@ -136,6 +137,17 @@ class StepReport:
         lines += self.notes
         return "\n".join(lines)
 
+    def memory_groups(self):
+        """(label, memory row) per set of devices with equal memory figures: one row per device
+        up to `GROUP_ABOVE` devices, else one per group ("0-47 (48)"), so 384 devices read as a
+        few lines."""
+        if len(self.memory) <= GROUP_ABOVE:
+            return [(str(r), m) for r, m in self.memory.items()]
+        groups: Dict[tuple, List[int]] = {}
+        for rank, m in self.memory.items():
+            groups.setdefault(tuple(sorted(m.items())), []).append(rank)
+        return [(f"{_ranges(ranks)} ({len(ranks)})", dict(key)) for key, ranks in groups.items()]
+
     def plot(self, path: str) -> str:
         """Save a PNG: per-device memory as stacked bars, and bytes per collective kind/axis."""
         import matplotlib
@@ -144,17 +156,18 @@ class StepReport:
         import matplotlib.pyplot as plt
 
         fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-        ranks = list(self.memory)
-        bottom = np.zeros(len(ranks))
+        groups = self.memory_groups()
+        bottom = np.zeros(len(groups))
         for kind in KINDS:
-            values = np.array([self.memory[r][kind] for r in ranks], dtype=float) / 2**20
-            left.bar([str(r) for r in ranks], values, bottom=bottom, label=kind)
+            values = np.array([m[kind] for _, m in groups], dtype=float) / 2**20
+            left.bar([label for label, _ in groups], values, bottom=bottom, label=kind)
             bottom += values
         top = max(bottom.max(), 1e-9) * 1.3
         if self.device_memory / 2**20 <= top:
             left.axhline(self.device_memory / 2**20, color="red", linestyle="--", label="device_memory")
         left.set_ylim(0, top)
-        left.set_xlabel("virtual device")
+        left.set_xlabel("virtual device" if len(groups) == len(self.memory) else "virtual devices (count)")
+        left.tick_params(axis="x", labelsize=7)
         left.set_ylabel("MiB")
         left.set_title(f"memory per device (budget {_fmt(self.device_memory)})")
         left.legend(fontsize=8)
@@ -164,11 +177,24 @@ class StepReport:
         right.barh(labels or ["none"], values or [0])
         right.invert_yaxis()
         right.set_xlabel("MiB sent per device per step")
-        right.set_title("communication by phase, collective and mesh axis")
+        right.set_title(f"communication by phase, collective and mesh axis\n(estimated {self.comm_time_estimate_s * 1e3:.2f} "
+                        f"ms/step, topology {get_context('topology')!r}, no overlap)", fontsize=10)
         fig.tight_layout()
         fig.savefig(path, dpi=100)
         plt.close(fig)
         return path
+
+
+def _ranges(ranks: List[int]) -> str:
+    """Ranks as compact ranges: [0, 1, 2, 5] -> "0-2,5"."""
+    parts, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ",".join(parts)
 
 
 def _optimizer_bytes(table, optimizer, ranks) -> Dict[int, int]:

@@ -90,7 +90,8 @@ def elementwise_decision(call, keep_partial: str) -> Decision:
             in_partial = {}
         inputs.append(make(mesh, dims, in_partial))
     out = make(mesh, out_dims, partial if keep_partial != "drop" else {})
-    local_args = _numbers_added_once(partial) if keep_partial == "add" and partial else None
+    numbers = any(_is_number(v) for v in call.inputs[:2])
+    local_args = _numbers_added_once(partial) if keep_partial == "add" and partial and numbers else None
     return Decision(inputs=inputs, outputs=out, local_args=local_args)
 
 

@@ -7,7 +7,10 @@ another axis needs that axis whole; the other dimensions of both inputs keep the
 """
 from __future__ import annotations
 
-from mindspore import ops
+import math
+
+import numpy as np
+from mindspore import Tensor, ops
 
 from mindspore_hyper.dtensor.rules.common import make, without_partial
 from mindspore_hyper.dtensor.rules.registry import Decision, register
@@ -45,7 +48,30 @@ def gather(call):
         mask = ops.expand_dims(inside, -1).astype(rows.dtype) if rows.ndim > ids.ndim else inside.astype(rows.dtype)
         return rows * mask
 
-    return Decision(inputs=[params_layout, index_layout], outputs=out, local_fn=local_fn)
+    def batch_fn(call_, inputs, batch):
+        """`local_fn` for every shard at once: each shard's local ids index its own table,
+        flattened into one (stacked tables x local vocabulary) table."""
+        if len(inputs) != 4 or batch.local_ranks[0] != 2:
+            return None
+        table, ids = batch.stacked
+        table_sizes = batch.sizes_of(0)
+        op_axes = list(batch.axes)
+        shard = np.zeros(batch.sizes, np.int64)  # each batch element's vocabulary shard
+        for a in vocab_axes:
+            shape = [1] * batch.nb
+            shape[op_axes.index(a)] = mesh.device_matrix[a]
+            shard = shard * mesh.device_matrix[a] + np.arange(mesh.device_matrix[a]).reshape(shape)
+        position = np.arange(math.prod(table_sizes)).reshape(table_sizes)  # each element's table
+        pad = (1,) * batch.local_ranks[1]
+        offset = Tensor((shard * local_vocab).reshape(batch.sizes + pad), ids.dtype)
+        base = Tensor(np.broadcast_to(position, batch.sizes).reshape(batch.sizes + pad) * local_vocab, ids.dtype)
+        local_ids = ids - offset
+        inside = ops.logical_and(local_ids >= 0, local_ids < local_vocab)
+        safe = ops.select(inside, local_ids, ops.zeros_like(local_ids)) + base
+        rows = call_.run([table.reshape((-1, table.shape[-1])), safe] + list(inputs[2:]))
+        return rows * ops.expand_dims(inside, -1).astype(rows.dtype)
+
+    return Decision(inputs=[params_layout, index_layout], outputs=out, local_fn=local_fn, batch_fn=batch_fn)
 
 
 def _gather_other_axis(params, indices, axis: int) -> Decision:

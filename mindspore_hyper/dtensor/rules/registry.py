@@ -17,12 +17,16 @@ class Decision:
     outputs: the layout of each tensor output (one layout for all, a list, or None = replicated).
     local_args: optional (local_inputs, coords) -> local_inputs, e.g. a reshape's local shape.
     local_fn: optional (call, local_inputs, coords) -> output, replacing the op per shard.
+    batch_fn: optional (call, local_inputs, batch) -> output: what `local_fn` computes, for all
+        shards at once on stacked operands (`dtensor.batched.Batch`); without it a `local_fn`
+        op runs per shard.
     """
 
     inputs: List[TensorLayout]
     outputs: Union[None, TensorLayout, Sequence[TensorLayout]]
     local_args: Optional[Callable[[List[Any], Dict[int, int]], List[Any]]] = None
     local_fn: Optional[Callable[[Any, List[Any], Dict[int, int]], Any]] = None
+    batch_fn: Optional[Callable[[Any, List[Any], Any], Any]] = None
 
 
 RULES: Dict[str, Callable] = {}

@@ -13,7 +13,7 @@ from mindspore_hyper.shard.layout import Layout
 
 __all__ = ["NativeRuntime"]
 
-NATIVE_KEYWORDS = ("activation_ndim", "input_ndims", "pipeline_scheduler", "parallel_mode")
+NATIVE_KEYWORDS = ("example_inputs", "loss_fn", "optimizer", "micro_batches", "pipeline_scheduler", "parallel_mode")
 
 
 @register_runtime

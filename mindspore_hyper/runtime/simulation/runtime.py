@@ -45,6 +45,11 @@ class SimulationRuntime(Runtime):
         if ms.get_context("mode") != ms.PYNATIVE_MODE:
             raise ValueError("simulation mode runs op by op: call mindspore.set_context(mode=mindspore.PYNATIVE_MODE) "
                              "(GRAPH_MODE compiles the whole network and bypasses the simulated devices)")
+        if get_context("sim_synchronize"):
+            # MindSpore's asynchronous launch pipeline costs more than the simulation's many small
+            # kernels (docs/benchmarks.md, "Simulation at scale"); best set before the first kernel.
+            # launch_blocking is MindSpore 2.10's replacement of set_context(pynative_synchronize=True).
+            ms.runtime.launch_blocking()
         table = resolve_strategy(model, strategy_or_config, optimizer_states=optimizer_states)
         device_num = get_context("device_num")
         if table.mesh.size != device_num:

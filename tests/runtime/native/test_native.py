@@ -51,7 +51,8 @@ class Net(nn.Cell):
         self.proj = MatMulCell()
 
     def construct(self, x):
-        return self.proj(ops.relu(self.fc(self.norm(self.embed(x)))[..., :16]))
+        h = ops.relu(self.fc(self.norm(self.embed(x)))[..., :16])
+        return self.proj(h.reshape(-1, 16))
 
 
 MESH = Layout((2, 4), ("data", "tensor"))
@@ -63,173 +64,171 @@ def tp_strategy():
             .override("embed.embedding_table", "tensor", None).override("proj.w", "tensor", None))
 
 
-def test_dense_layouts():
+IDS = ms.Tensor(np.arange(16).reshape(8, 2) % 32, ms.int32)  # Net's input: (batch 8, 2 tokens)
+
+
+def native(net, strategy, **kwargs):
+    return auto_parallelize(net, strategy, mode="native", example_inputs=(IDS,), **kwargs)
+
+
+def check_in_layouts(plan, mesh_size):
+    """Every in_layout as MindSpore's semi-auto parallel checks it: one tensor-map entry per
+    input dimension, each dimension divisible by the devices splitting it (MindSpore numbers
+    mesh axes from the right), a device matrix holding the stage's devices, and a Layout that
+    mindspore.parallel.Layout rebuilds identically."""
+    assert plan.primitive_layouts
+    for key, layouts in plan.primitive_layouts.items():
+        shapes = plan.primitive_shapes[key]
+        assert len(layouts) == len(shapes), key
+        for shape, lay in zip(shapes, layouts):
+            matrix, tmap = lay["device_matrix"], lay["tensor_map"]
+            assert len(tmap) == len(shape), (key, shape, tmap)
+            assert int(np.prod(matrix)) == mesh_size, (key, matrix)
+            for size, entry in zip(shape, tmap):
+                axes = entry if isinstance(entry, tuple) else (entry,)
+                splits = int(np.prod([matrix[len(matrix) - 1 - a] for a in axes if a != -1]))
+                assert size % splits == 0, (key, shape, tmap)
+            names = lay["alias_name"]
+            aliases = [tuple(names[len(names) - 1 - a] for a in e) if isinstance(e, tuple)
+                       else "None" if e == -1 else names[len(names) - 1 - e] for e in tmap]
+            rebuilt = MsLayout(matrix, names)(*aliases).to_dict()
+            assert {k: rebuilt[k] for k in lay} == lay, key
+
+
+def test_layouts_come_from_the_observed_calls():
     net = Net()
-    out = auto_parallelize(net, tp_strategy(), mode="native")
-    # MindSpore counts mesh axes from the right: "data" -> 1, "tensor" -> 0.
-    # MatMul(x, W^T): x = (data, W_in) = (1, -1); W = (tensor, None) = (0, -1)
-    assert tmaps(net.fc.matmul) == [(1, -1), (0, -1)]
-    # BiasAdd(y, b): y = (data, W_out) = (1, 0); b = (0,)
-    assert tmaps(net.fc.bias_add) == [(1, 0), (0,)]
-    assert net.fc.matmul.attrs["in_layout"][0]["device_matrix"] == (2, 4)
-    assert net.fc.matmul.attrs["in_layout"][0]["alias_name"] == ("data", "tensor")
+    out = native(net, tp_strategy())
     plan = out.hyper_native_plan
+    # shapes as the model ran them: the embedding's flattened ids, Dense's 2-D input after its reshape
+    assert plan.primitive_shapes["embed.gather"] == ((32, 16), (16,))
+    assert plan.primitive_shapes["fc.matmul"] == ((16, 16), (64, 16))
+    assert plan.primitive_shapes["norm.layer_norm"] == ((8, 2, 16), (16,), (16,))
+    # MindSpore counts mesh axes from the right: "data" -> 1, "tensor" -> 0.
+    assert tmaps(net.fc.matmul) == [(1, -1), (0, -1)]  # column parallel: x (data, None), W (tensor, None)
+    assert tmaps(net.fc.bias_add) == [(1, 0), (0,)]
+    assert tmaps(net.norm.layer_norm) == [(1, -1, -1), (-1,), (-1,)]  # rank 3 as observed
     assert plan.primitive_layouts["fc.matmul"] == tuple(net.fc.matmul.attrs["in_layout"])
     assert plan.parameter_layouts["fc.weight"]["tensor_map"] == (0, -1)
+    check_in_layouts(plan, 8)
 
 
 def test_layouts_equal_mindspore_layout_objects():
     net = Net()
-    auto_parallelize(net, tp_strategy(), mode="native")
+    native(net, tp_strategy())
     ms_mesh = MsLayout((2, 4), ("data", "tensor"))
     reference = ops.MatMul(transpose_b=True).shard((ms_mesh("data", "None"), ms_mesh("tensor", "None")))
     assert net.fc.matmul.attrs["in_layout"] == reference.attrs["in_layout"]
 
 
-def test_layer_norm_layouts():
+def test_readme_gpt_is_a_training_step_with_valid_strategies_and_no_warnings():
+    """The README's GPT and quickstart strategy: no warnings; every strategy valid; the step
+    carries the loss (the model's own) and the optimizer, with hsdp for the optimizer axis."""
+    import sys
+
+    from paths import EXAMPLES
+    sys.path.insert(0, str(EXAMPLES))
+    from models import GPT
+
+    model = GPT()
+    layout = Layout(device_matrix=(2, 2, 2), alias_names=("data", "tensor", "pipeline"))
+    strategy = layout(tensor_map=("tensor", None, "pipeline"), optimizer_state="data")
+    ids = ms.Tensor(np.arange(8 * 16).reshape(8, 16) % 128, ms.int32)
+    optimizer = nn.AdamWeightDecay(model.trainable_params(), 1e-4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = auto_parallelize(model, strategy, mode="native", example_inputs=(ids, ids), optimizer=optimizer)
+    plan = out.hyper_native_plan
+    check_in_layouts(plan, 8)
+    assert plan.primitive_shapes["blocks.0.ln1.layer_norm"][0] == (8, 16, 64)  # 3-D, as run
+    assert len([k for k in plan.primitive_layouts if k.endswith(".matmul")]) == 9  # 4 Dense per block + head
+    assert callable(out.network) and not isinstance(out.network, nn.Cell)  # train_one_step
+    assert out.hyper_network is model and out.hyper_optimizer is optimizer
+    assert out._enable_parallel_optimizer and out._optimizer_weight_shard_size == 2
+    assert [lay.to_dict()["tensor_map"] for lay in out._dataset_strategy_config] == [(2, -1), (2, -1)]
+    assert plan.skipped == [] and "MatMulExt" in plan.left_to_mindspore
+
+
+def test_loss_fn_wraps_the_model_and_labels_are_inputs():
     net = Net()
-    auto_parallelize(net, tp_strategy(), mode="native", activation_ndim=3)
-    # x = (data, None, gamma's layout); gamma, beta replicated
-    assert tmaps(net.norm.layer_norm) == [(1, -1, -1), (-1,), (-1,)]
+    labels = ms.Tensor(np.zeros((16, 8), np.float32))
+    optimizer = nn.SGD(net.trainable_params(), 1e-2)
+    out = auto_parallelize(net, tp_strategy(), mode="native", example_inputs=(IDS, labels), loss_fn=nn.MSELoss(),
+                           optimizer=optimizer)
+    assert isinstance(out.hyper_network, nn.WithLossCell)
+    assert "fc.matmul" in out.hyper_native_plan.primitive_layouts
+    assert len(out._dataset_strategy_config) == 2
 
 
-def test_layer_norm_positive_begin_params_axis_sets_the_rank():
-    class Norm(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.norm = nn.LayerNorm((4, 8), begin_norm_axis=2, begin_params_axis=2)
-
-        def construct(self, x):
-            return self.norm(x)
-
-    net = Norm()
-    auto_parallelize(net, MESH(tensor_map=()), mode="native")
-    assert tmaps(net.norm.layer_norm) == [(1, -1, -1, -1), (-1, -1), (-1, -1)]
-
-
-def test_sharded_layer_norm_warns():
+def test_autoparallel_settings_without_optimizer():
     net = Net()
-    strategy = MESH(tensor_map=()).override("norm.*", "tensor")
-    with pytest.warns(UserWarning, match="'norm' normalizes over dimensions split"):
-        auto_parallelize(net, strategy, mode="native")
-    assert tmaps(net.norm.layer_norm) == [(1, 0), (0,), (0,)]
-
-
-def test_embedding_gather_layouts():
-    net = Net()
-    auto_parallelize(net, tp_strategy(), mode="native")
-    # Gather(table, flat_ids): table (tensor, None); ids (data,)
-    assert tmaps(net.embed.gather) == [(0, -1), (1,)]
-
-
-def test_embedding_one_hot_layouts():
-    net = Net(one_hot=True)
-    auto_parallelize(net, tp_strategy(), mode="native")
-    # MatMul(one_hot (N, vocab), table (vocab, emb)): (data, tensor), (tensor, None)
-    assert tmaps(net.embed.array_mul) == [(1, 0), (0, -1)]
-    assert "in_layout" not in net.embed.gather.attrs
-
-
-def test_embedding_table_using_data_axis_leaves_batch_unsplit():
-    net = Net()
-    strategy = MESH(tensor_map=()).override("embed.embedding_table", "data", None)
-    auto_parallelize(net, strategy, mode="native")
-    assert tmaps(net.embed.gather) == [(1, -1), (-1,)]
-
-
-@pytest.mark.parametrize("transpose_b, expected", [(False, [(1, 0), (0, -1)]), (True, [(1, -1), (0, -1)])])
-def test_generic_matmul_cell(transpose_b, expected):
-    class Wrap(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.proj = MatMulCell(transpose_b)
-
-        def construct(self, x):
-            return self.proj(x)
-
-    net = Wrap()
-    auto_parallelize(net, MESH(tensor_map=()).override("proj.w", "tensor", None), mode="native")
-    assert tmaps(net.proj.matmul) == expected
-
-
-def test_dense_bias_must_follow_weight():
-    net = Net()
-    strategy = MESH(tensor_map=()).override("fc.weight", "tensor", None)
-    with pytest.raises(ValueError, match=r"nn.Dense 'fc': bias layout \(None,\)"):
-        auto_parallelize(net, strategy, mode="native")
-
-
-def test_unsupported_cell_with_sharded_parameter_warns():
-    class Conv(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.conv = nn.Conv2d(4, 8, 3)
-
-        def construct(self, x):
-            return self.conv(x)
-
-    net = Conv()
-    with pytest.warns(UserWarning, match=r"'conv' \(Conv2d\) has no native translation rule"):
-        out = auto_parallelize(net, MESH(tensor_map=("tensor",)), mode="native")
-    assert any("Conv2d" in s for s in out.hyper_native_plan.skipped)
-
-
-def test_autoparallel_settings():
-    net = Net()
-    out = auto_parallelize(net, tp_strategy(), mode="native", activation_ndim=3)
+    out = native(net, tp_strategy())
     assert isinstance(out, AutoParallel) and out.network is net
     assert out._parallel_mode == "semi_auto"
+    assert not out._enable_parallel_optimizer  # no optimizer: no training step, no hsdp
+    assert any("no optimizer" in s for s in out.hyper_native_plan.skipped)
+    assert out._pipeline_stages == 1
+    (layout,) = out._dataset_strategy_config  # the input's observed rank 2: (data, None)
+    assert layout.to_dict()["tensor_map"] == (1, -1)
+    out = native(Net(), tp_strategy(), optimizer=nn.SGD(net.trainable_params(), 1e-2))
     assert out._enable_parallel_optimizer and out._optimizer_weight_shard_size == 2
     assert out._parallel_optimizer_threshold == 0 and out._optimizer_level == "level1"
-    assert out._pipeline_stages == 1
-    (layout,) = out._dataset_strategy_config  # one input of rank 3: (data, None, None)
-    assert layout.to_dict()["tensor_map"] == (1, -1, -1)
     assert out.hyper_native_plan.hsdp == {"shard_size": 2, "threshold": 0, "optimizer_level": "level1"}
-    assert out.hyper_strategy_table["fc.weight"].local_shape == (16, 16)
 
 
 def test_no_optimizer_sharding_and_full_batch():
     mesh = Layout((4,), ("tensor",))
-    out = auto_parallelize(Net(), mesh(tensor_map=()), mode="native", input_ndims=(2,))
+    out = native(Net(), mesh(tensor_map=()))
     assert not out._enable_parallel_optimizer
     assert out._dataset_strategy_config == "full_batch"
 
 
-def test_input_ndims_and_input_map():
-    strategy = Layout((2, 4), ("data", "seq"))(tensor_map=(), input_map=("data", "seq"))
-    out = auto_parallelize(Net(), strategy, mode="native", input_ndims=(3, 1))
-    maps = [lay.to_dict()["tensor_map"] for lay in out._dataset_strategy_config]
-    assert maps == [(1, 0, -1), (1,)]
+def test_example_inputs_are_required():
+    with pytest.raises(ValueError, match="example_inputs"):
+        auto_parallelize(Net(), tp_strategy(), mode="native")
 
 
-def test_pipeline_stages_from_config():
-    class Deep(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(32, 16)
-            self.transformer = nn.CellList([nn.Dense(16, 16) for _ in range(4)])
-            self.head = nn.Dense(16, 32, has_bias=False)
+class Deep(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(32, 16)
+        self.transformer = nn.CellList([nn.Dense(16, 16) for _ in range(4)])
+        self.head = nn.Dense(16, 32, has_bias=False)
 
-        def construct(self, x):
-            h = self.embed(x)
-            for layer in self.transformer:
-                h = layer(h)
-            return self.head(h)
+    def construct(self, x):
+        h = self.embed(x)
+        for layer in self.transformer:
+            h = layer(h)
+        return self.head(h)
 
-    cfg = {"parallel_config": {"device_matrix": [2, 2, 2], "alias_names": ["data", "tensor", "pipeline"],
-                               "optimizer": {"sharding": True},
-                               "module_level": [{"name": "transformer.*",
-                                                 "strategy": {"tensor": "(2,1)", "pipeline": 2}}]}}
+
+STAGED = {"parallel_config": {"device_matrix": [2, 2, 2], "alias_names": ["data", "tensor", "pipeline"],
+                              "optimizer": {"sharding": True},
+                              "module_level": [{"name": "transformer.*",
+                                                "strategy": {"tensor": "(2,1)", "pipeline": 2}}]}}
+
+
+def test_pipeline_stages_micro_batches_and_grad_reducer():
+    from mindspore.parallel.nn import Pipeline
+
     net = Deep()
-    out = auto_parallelize(net, cfg, mode="native", pipeline_scheduler="gpipe")
+    optimizer = nn.SGD(net.trainable_params(), 1e-2)
+    out = native(net, STAGED, optimizer=optimizer, micro_batches=4, loss_fn=None, pipeline_scheduler="gpipe")
     assert out._pipeline_stages == 2 and out._pipeline_scheduler == "gpipe"
+    assert isinstance(out.hyper_network, Pipeline) and out.hyper_native_plan.micro_batches == 4
     assert [net.transformer[i].pipeline_stage for i in range(4)] == [0, 0, 1, 1]
     assert net.embed.pipeline_stage == 0 and net.head.pipeline_stage == 1
     # A stage's devices: the strategies are written on the (data, tensor) matrix without the pipeline axis.
     assert native_mesh(out.hyper_strategy_table).device_matrix == (2, 2)
     assert net.transformer[0].matmul.attrs["in_layout"][1]["device_matrix"] == (2, 2)
     assert tmaps(net.transformer[0].matmul) == [(1, -1), (0, -1)]
-    assert out.hyper_native_plan.cell_stages["head"] == 1
+    check_in_layouts(out.hyper_native_plan, 4)
+
+
+def test_micro_batches_checked():
+    with pytest.raises(ValueError, match=r"micro_batches=1: expected an int >= the 2 pipeline stages"):
+        native(Deep(), STAGED, micro_batches=1)
+    with pytest.raises(ValueError, match="no pipeline stages"):
+        native(Net(), tp_strategy(), micro_batches=4)
 
 
 def test_seed_config_native_skips_mpmd_group_with_warning():
@@ -245,23 +244,40 @@ def test_seed_config_native_skips_mpmd_group_with_warning():
             return self.expert_layer(x)
 
     net = MoE()
+    x = ms.Tensor(np.ones((64, 16), np.float32))
     with pytest.warns(UserWarning, match="device groups not translated: expert_layer"):
-        out = auto_parallelize(net, str(CONFIGS / "parallel_config.yaml"), mode="native")
+        out = auto_parallelize(net, str(CONFIGS / "parallel_config.yaml"), mode="native", example_inputs=(x,),
+                               optimizer=nn.SGD(net.trainable_params(), 1e-2))
     assert "in_layout" not in net.expert_layer.matmul.attrs
-    assert tmaps(net.transformer[3].matmul) == [(1, -1), (0, -1)]
+    assert tmaps(net.transformer[0].matmul) == [(1, -1), (0, -1)]
     assert out._pipeline_stages == 4 and out._optimizer_weight_shard_size == 8
+    check_in_layouts(out.hyper_native_plan, 16)
+
+
+def test_check_in_strategy_refuses_what_mindspore_would():
+    from mindspore_hyper.runtime.native.checks import check_in_strategy
+    from mindspore_hyper.shard.tensor_layout import TensorLayout
+
+    good = [TensorLayout(MESH, ("data", None)), TensorLayout(MESH, ("tensor", None))]
+    check_in_strategy("fc.matmul", [(16, 16), (64, 16)], good, MESH)
+    with pytest.raises(ValueError, match="fc.matmul: input 0 has rank 3"):
+        check_in_strategy("fc.matmul", [(2, 8, 16), (64, 16)], good, MESH)
+    with pytest.raises(ValueError, match="input 1 dimension 0 of size 6 does not divide by the 4 devices"):
+        check_in_strategy("fc.matmul", [(16, 16), (6, 16)], good, MESH)
+    with pytest.raises(ValueError, match="2 layouts for 1 tensor inputs"):
+        check_in_strategy("fc.matmul", [(16, 16)], good, MESH)
 
 
 def test_apply_native_directly_from_table():
     net = Net()
     table = resolve_strategy(net, tp_strategy())
-    out = apply_native(net, table)
+    out = apply_native(net, table, example_inputs=(IDS,))
     assert out.hyper_strategy_table is table
 
 
 def test_mode_from_context():
     set_context(mode="native")
-    out = auto_parallelize(Net(), tp_strategy())
+    out = auto_parallelize(Net(), tp_strategy(), example_inputs=(IDS,))
     assert isinstance(out, AutoParallel)
 
 
@@ -304,7 +320,7 @@ def test_native_never_compiles_on_cpu_here():
     net = Net()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = auto_parallelize(net, tp_strategy(), mode="native", activation_ndim=3)
+        out = native(net, tp_strategy(), optimizer=nn.SGD(net.trainable_params(), 1e-2))
     assert out.hyper_native_plan.skipped == []
     assert set(out.hyper_native_plan.primitive_layouts) == {"embed.gather", "norm.layer_norm", "fc.matmul",
                                                            "fc.bias_add", "proj.matmul"}
@@ -314,6 +330,6 @@ def test_optimizer_offload_is_reported_not_translated():
     cfg = {"parallel_config": {"device_matrix": [2, 4], "alias_names": ["data", "tensor"],
                                "optimizer": {"sharding": True, "offload": True}}}
     with pytest.warns(UserWarning, match="optimizer.offload is not translated"):
-        out = auto_parallelize(Net(), cfg, mode="native")
+        out = native(Net(), cfg, optimizer=nn.SGD(Net().trainable_params(), 1e-2))
     assert any(s.startswith("optimizer.offload") for s in out.hyper_native_plan.skipped)
     assert out._enable_parallel_optimizer
