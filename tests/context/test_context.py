@@ -5,10 +5,6 @@ import mindspore_hyper as mh
 from mindspore_hyper.context import FLAGS, parse_bytes
 
 
-@pytest.fixture(autouse=True)
-def _context(clean_context):
-    yield
-
 
 def test_defaults():
     ctx = mh.get_context()

@@ -23,10 +23,6 @@ from models import GPT  # noqa: E402  examples/models.py
 RNG = np.random.default_rng(0)
 
 
-@pytest.fixture(autouse=True)
-def _context(clean_context):
-    yield
-
 
 def gpt_strategy(mesh: Layout):
     """Megatron-style tensor parallel GPT with a vocabulary-parallel embedding and head."""

@@ -11,10 +11,6 @@ from sim_checks import MESHES, assert_same_as_single_device, tp_strategy
 RNG = np.random.default_rng(0)
 
 
-@pytest.fixture(autouse=True)
-def _context(clean_context):
-    yield
-
 
 @pytest.mark.parametrize("mesh_name,kind", [
     ("8", "data"), ("2x4", "column"), ("2x4", "row"), ("2x4", "column+row"), ("2x2x2", "column+row"),

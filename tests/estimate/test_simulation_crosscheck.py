@@ -37,10 +37,6 @@ MODEL_STATES_ONLY = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _context(clean_context):
-    yield
-
 
 @pytest.mark.parametrize("name, batch, strategy", WITH_ACTIVATIONS, ids=[c[0] for c in WITH_ACTIVATIONS])
 def test_estimate_equals_simulation_with_activations(name, batch, strategy):

@@ -27,10 +27,6 @@ CASES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _context(clean_context):
-    yield
-
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_forward_gradients_and_training_match_single_device(case):

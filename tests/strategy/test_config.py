@@ -1,11 +1,10 @@
 """YAML parallel config: the seed's two examples, the mapping onto the mesh, every validation error."""
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
 
-from mindspore_hyper import reset_context, set_context
+from mindspore_hyper import set_context
 from mindspore_hyper.strategy.config import ConfigError, load_parallel_config, parse_split_tuple
 from mindspore_hyper.strategy.process_groups import parse_ranks
 
@@ -49,12 +48,6 @@ BASE = {"parallel_config": {"device_matrix": [2, 2, 2], "alias_names": ["data", 
                             "module_level": [{"name": "transformer.*", "strategy": {"tensor": "(2,1)", "pipeline": 2}},
                                              {"name": "expert_layer", "strategy": "mpmd", "devices": ["0-3"]}]}}
 
-
-@pytest.fixture(autouse=True)
-def _context():
-    reset_context()
-    yield
-    reset_context()
 
 
 def cfg(**changes):

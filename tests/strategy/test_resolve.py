@@ -1,13 +1,11 @@
 """resolve_strategy: per-parameter tables from a Strategy or a YAML config on small nn.Cell models."""
 import warnings
-from pathlib import Path
 
 import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Parameter, nn
 
-from mindspore_hyper import reset_context
 from mindspore_hyper.shard import Layout
 from mindspore_hyper.strategy.config import ConfigError, load_parallel_config
 from mindspore_hyper.strategy.resolve import StrategyTable, _partition, resolve_strategy
@@ -15,12 +13,6 @@ from mindspore_hyper.strategy.resolve import StrategyTable, _partition, resolve_
 from paths import CONFIGS  # noqa: E402
 MESH3 = {"device_matrix": [2, 2, 2], "alias_names": ["data", "tensor", "pipeline"]}
 
-
-@pytest.fixture(autouse=True)
-def _context():
-    reset_context()
-    yield
-    reset_context()
 
 
 class Block(nn.Cell):

@@ -1,7 +1,6 @@
 """Native translation: the Primitive.shard layouts and AutoParallel settings produced (never a run:
 MindSpore refuses to compile semi-auto parallel on CPU)."""
 import warnings
-from pathlib import Path
 
 import mindspore as ms
 import numpy as np
@@ -10,7 +9,7 @@ from mindspore import Parameter, nn, ops
 from mindspore.parallel import Layout as MsLayout
 from mindspore.parallel.auto_parallel import AutoParallel
 
-from mindspore_hyper import reset_context, set_context
+from mindspore_hyper import set_context
 from mindspore_hyper.parallelize import auto_parallelize
 from mindspore_hyper.shard import Layout
 from mindspore_hyper.runtime.native.translate import apply_native, native_mesh
@@ -18,12 +17,6 @@ from mindspore_hyper.strategy.resolve import resolve_strategy
 
 from paths import CONFIGS  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _context():
-    reset_context()
-    yield
-    reset_context()
 
 
 def tmaps(prim):

@@ -18,11 +18,9 @@ X = Tensor(np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32))
 
 
 @pytest.fixture(autouse=True)
-def _context():
-    mh.reset_context()
-    mh.set_context(device_num=8)
+def _eight_devices(clean_context):
+    clean_context.set_context(device_num=8)
     yield
-    mh.reset_context()
 
 
 def column_row_mlp(optimizer_state=None):

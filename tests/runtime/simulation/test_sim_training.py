@@ -13,10 +13,6 @@ from sim_models import TinyLM, copy_weights
 RNG = np.random.default_rng(3)
 
 
-@pytest.fixture(autouse=True)
-def _context(clean_context):
-    yield
-
 
 def train(net, optimizer, batches):
     step = ms.value_and_grad(net, None, optimizer.parameters)
