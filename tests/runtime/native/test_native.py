@@ -326,3 +326,27 @@ def test_optimizer_offload_is_reported_not_translated():
         out = native(Net(), cfg, optimizer=nn.SGD(Net().trainable_params(), 1e-2))
     assert any(s.startswith("optimizer.offload") for s in out.hyper_native_plan.skipped)
     assert out._enable_parallel_optimizer
+
+
+def test_moe_example_config_gives_valid_strategies():
+    """The MoE example's model and strategy (data x expert x tensor): every primitive strategy
+    passes MindSpore's checks; the shared expert's Dense layers are tensor parallel; the
+    experts' batched functional matmuls have no primitive and are left to MindSpore."""
+    import sys
+
+    from paths import EXAMPLES
+    sys.path.insert(0, str(EXAMPLES))
+    from moe_training import MoEClassifier, strategy
+
+    set_context(device_num=8)
+    model = MoEClassifier()
+    ids = ms.Tensor(np.arange(8 * 16).reshape(8, 16) % 64, ms.int32)
+    optimizer = nn.AdamWeightDecay(model.trainable_params(), 1e-3)
+    out = auto_parallelize(model, strategy(8), mode="native", example_inputs=(ids, ids), optimizer=optimizer)
+    plan = out.hyper_native_plan
+    check_in_layouts(plan, 8)
+    assert {"moe.shared.gate.matmul", "moe.shared.up.matmul", "moe.shared.down.matmul",
+            "head.matmul"} <= set(plan.primitive_layouts)
+    weight_map = plan.primitive_layouts["moe.shared.gate.matmul"][1]["tensor_map"]
+    assert weight_map == (0, -1)  # the gate's output features over "tensor" (axis 0 from the right)
+    assert plan.skipped == []
