@@ -21,7 +21,7 @@ import numpy as np
 from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name, normalize_axis, split_counts
 from mindspore_hyper.comm._handles import AggregatorOwner, Closed
 
-__all__ = ["ShmCommunicator", "cleanup_stale_segments", "SEGMENT_PREFIX"]
+__all__ = ["ShmCommunicator", "one_way_channel", "cleanup_stale_segments", "SEGMENT_PREFIX"]
 
 SEGMENT_PREFIX = "mshyper_"
 _MAX_DIMS = 32  # numpy's limit: the shape descriptors all_gather exchanges
@@ -247,3 +247,17 @@ class ShmCommunicator(AggregatorOwner):
 
     def __exit__(self, *exc):
         self.close()
+
+
+def one_way_channel(job: str, tag: str, source: int, target: int, me: int, timeout: float,
+                    **kwargs) -> "ShmCommunicator":
+    """The two-member communicator carrying `source` -> `target` (global ranks; member 0 sends,
+    member 1 receives), named by job, user tag and direction so that concurrent jobs and the
+    pipeline / MPMD / multimodal channels never share a segment. Both ends call it.
+
+    Raises:
+        ValueError: `me` is not one of the two ends.
+    """
+    if me not in (source, target) or source == target:
+        raise ValueError(f"channel {source} -> {target}: rank {me} is not one of its two ends")
+    return ShmCommunicator(f"{job}_{tag}{source}to{target}", 0 if me == source else 1, 2, timeout=timeout, **kwargs)

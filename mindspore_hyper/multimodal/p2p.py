@@ -71,14 +71,11 @@ class Channel:
     """
 
     def __init__(self, job: str, source: int, target: int, me: int, timeout: float, channel_bytes: int = 4 << 20):
-        from mindspore_hyper.comm.shm import ShmCommunicator
+        from mindspore_hyper.comm.shm import one_way_channel
 
-        if me not in (source, target) or source == target:
-            raise ValueError(f"channel {source} -> {target}: rank {me} is not one of its two ends")
+        self._group = one_way_channel(job, "mm", source, target, me, timeout, channel_bytes=channel_bytes)
         self.source, self.target = int(source), int(target)
         self._sending = me == source
-        self._group = ShmCommunicator(f"{job}_mm{source}to{target}", 0 if self._sending else 1, 2, timeout=timeout,
-                               channel_bytes=channel_bytes)
 
     def send(self, message: Message) -> None:
         if not self._sending:

@@ -21,7 +21,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mindspore_hyper.comm import CommError
-from mindspore_hyper.comm.shm import ShmCommunicator
+from mindspore_hyper.comm.shm import ShmCommunicator, one_way_channel
 from mindspore_hyper.runtime.distributed.world import world
 
 __all__ = ["send_arrays", "recv_arrays", "send_output", "outbox", "Outbox", "SendInputGradient", "RecvInputGradient",
@@ -37,7 +37,7 @@ def _channel(src: int, dst: int) -> ShmCommunicator:
     key = (src, dst)
     if key not in _CHANNELS:
         w = world()
-        _CHANNELS[key] = ShmCommunicator(f"{w.job}_x{src}to{dst}", 0 if w.rank == src else 1, 2, timeout=w.timeout)
+        _CHANNELS[key] = one_way_channel(w.job, "x", src, dst, w.rank, w.timeout)
     return _CHANNELS[key]
 
 

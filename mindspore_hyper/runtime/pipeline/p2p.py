@@ -212,7 +212,7 @@ class ShmTransport:
     """
 
     def __init__(self, world, pairs: Iterable[Tuple[int, int]], peer_of: Callable[[int], int] = lambda r: r):
-        from mindspore_hyper.comm.shm import ShmCommunicator
+        from mindspore_hyper.comm.shm import one_way_channel
 
         if world.transport != "shm":
             raise ValueError(f"dist_transport={world.transport!r}: pipeline stages send point-to-point over the "
@@ -225,7 +225,7 @@ class ShmTransport:
         for src, dst in pairs:
             if self.rank not in (src, dst):
                 continue
-            group = ShmCommunicator(f"{world.job}_pp{src}to{dst}", 0 if self.rank == src else 1, 2, timeout=world.timeout)
+            group = one_way_channel(world.job, "pp", src, dst, self.rank, world.timeout)
             if self.rank == src:
                 self._senders[dst] = _Sender(group, dst, self.mailbox)
                 self._senders[dst].start()
