@@ -1,4 +1,4 @@
-"""PPOTrainer: the PPO step with each RLHF role on its device group (HyperMPMD, simulation).
+"""PPOTrainer: the PPO step with each RLHF role on its device group (HyperMPMD, simulation or msrun).
 
 Roles map to device groups by the config's `modules` patterns (the RLHF config: `actor` on ranks
 0-7, `critic` on 8-11, `reward_model` on 12-15). A role no group names is colocated with
@@ -9,18 +9,25 @@ its group is free and the previous phase has finished, so disjoint groups overla
 critic and the actor's scoring; the actor's and the critic's updates) while colocated roles
 queue on their shared group. The numbers are those of the roles run one after another
 (`ppo_step` on the bare Cells).
+
+Under msrun (`mode="distributed"`) each process belongs to one group and runs only its roles
+(data parallel over the group's processes); each phase's results cross groups point-to-point
+(`ProcessPhases`), so disjoint groups compute at the same time in their processes, and
+`phases.events` holds the measured start and end of every unit and wait.
 """
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
+import numpy as np
 from mindspore import Tensor, nn
 
 from mindspore_hyper.context import get_context
 from mindspore_hyper.rlhf.models import PPOModels
-from mindspore_hyper.rlhf.ppo import PHASES, PPOResult, PPOSettings, ppo_step
+from mindspore_hyper.rlhf.ppo import PHASES, PPOResult, PPOSettings, Unit, ppo_step
+from mindspore_hyper.rlhf.process_phases import ProcessPhases
 from mindspore_hyper.runtime.mpmd import check_mpmd_enabled
 from mindspore_hyper.runtime.mpmd.group_runner import GroupRunner
 from mindspore_hyper.runtime.mpmd.placement import place_groups
@@ -46,24 +53,28 @@ class PPOTrainer:
         actor_lr, critic_lr: Adam learning rates.
         policy: the dynamic scheduler's thresholds (groups with `scheduler: dynamic`).
 
+    Attributes:
+        phases: under msrun, this process's `ProcessPhases` (measured events); None in simulation.
+        timeline: in simulation, the last step's per-group timeline.
+
     Raises:
-        ValueError: not simulation mode, hyper_mpmd off, a device_num mismatch, a role without a group, or a bad
-            `colocate` entry (named in the message).
+        ValueError: a mode other than simulation / distributed, hyper_mpmd off, a device_num (simulation) or
+            process count (msrun) mismatch, a role without a group, a bad `colocate` entry, and under msrun:
+            `scheduler: dynamic`, ZeRO-1 or a group `hardware` other than the process's (named in the message).
     """
 
     def __init__(self, models: PPOModels, config: Union[ParallelConfig, str, os.PathLike, dict],
                  colocate: Optional[Mapping[str, str]] = None, settings: PPOSettings = PPOSettings(),
                  actor_lr: float = 1e-3, critic_lr: float = 1e-3, policy: RebalancePolicy = RebalancePolicy()):
-        from mindspore_hyper.runtime.simulation.runtime import SimulationRuntime
-
-        if get_context("mode") != "simulation":
-            raise ValueError(f"PPOTrainer runs its device groups in simulation mode only; mode="
-                             f"{get_context('mode')!r} (set_context(mode='simulation'))")
+        mode = get_context("mode")
+        if mode not in ("simulation", "distributed"):
+            raise ValueError(f"PPOTrainer runs its device groups in simulation or under msrun (distributed); mode="
+                             f"{mode!r}")
         config = load_parallel_config(config)
         check_mpmd_enabled(config.groups)
         if not config.groups:
             raise ValueError("config: no device groups (process_groups); PPOTrainer places each role on a group")
-        if config.mesh.size != get_context("device_num"):
+        if mode == "simulation" and config.mesh.size != get_context("device_num"):
             raise ValueError(f"config: the mesh has {config.mesh.size} devices but device_num="
                              f"{get_context('device_num')}; call set_context(device_num={config.mesh.size})")
         colocate = dict({"reference": "actor"} if colocate is None else colocate)
@@ -83,11 +94,22 @@ class PPOTrainer:
         self.models = models
         self.settings = settings
         placements = place_groups(models, config, colocated=host_groups)
-        runtime = SimulationRuntime()
-        self.runners: Dict[str, GroupRunner] = {p.name: GroupRunner(models, p, runtime) for p in placements}
+        self.phases: Optional[ProcessPhases] = None
+        if mode == "distributed":
+            self.runners = self._process_runners(models, config, placements)
+        else:
+            from mindspore_hyper.runtime.simulation.runtime import SimulationRuntime
+
+            runtime = SimulationRuntime()
+            self.runners = {p.name: GroupRunner(models, p, runtime) for p in placements}
         self.role_group = {}
         for role in ROLES:
             self.role_group[role] = next(p.name for p in placements if role in p.cells)
+        if mode == "distributed":
+            from mindspore_hyper.runtime.distributed.world import world
+
+            self.phases = ProcessPhases(world().rank, world().size,
+                                        {role: self.runners[g].placement.ranks for role, g in self.role_group.items()})
         self.actor_optimizer = nn.Adam(models.actor.trainable_params(), learning_rate=actor_lr)
         self.critic_optimizer = nn.Adam(models.critic.trainable_params(), learning_rate=critic_lr)
         dynamic = [p.name for p in placements if p.group.scheduler == "dynamic"]
@@ -96,25 +118,44 @@ class PPOTrainer:
         self.steps = 0
         self.timeline = GroupTimeline(tuple(self.runners))
 
+    def _process_runners(self, models: PPOModels, config: ParallelConfig, placements) -> Dict[str, GroupRunner]:
+        """Under msrun: check this process's group and build every group's runner (only members hold models)."""
+        from mindspore_hyper.runtime.mpmd.distributed import MemberGroupRunner, check_group_process
+
+        dynamic = [g for g in config.groups if g.scheduler == "dynamic"]
+        if dynamic:
+            raise ValueError(f"{dynamic[0].path}.scheduler: dynamic moves devices between groups, which PPOTrainer "
+                             "does in simulation mode only; under msrun use scheduler: static")
+        check_group_process(config)
+        return {p.name: MemberGroupRunner(models, p) for p in placements}
+
     def step(self, prompts: Tensor) -> PPOResult:
         """One PPO step (generation, scoring, training) with the roles on their groups; then,
         under `scheduler: dynamic`, one rebalancing decision applied before the next step."""
+        if self.phases is not None:
+            result = ppo_step(self.models, self.actor_optimizer, self.critic_optimizer, prompts, self.settings,
+                              self.phases)
+            self.phases.end_step()
+            self.steps += 1
+            return result
         self.timeline = GroupTimeline(tuple(self.runners))
         phase_tasks: Dict[str, List[int]] = {p: [] for p in PHASES}
         seconds = {n: 0.0 for n in self.runners}
 
-        def execute(phase: str, role: str, label: str, work: Callable[[], Any]) -> Any:
-            start = time.perf_counter()
-            out = work()
-            duration = time.perf_counter() - start
+        def run_phase(phase: str, units: Sequence[Unit]) -> List[np.ndarray]:
             before = PHASES[:PHASES.index(phase)]
-            deps = phase_tasks[before[-1]] if before else []
-            group = self.role_group[role]
-            phase_tasks[phase].append(self.timeline.add(group, f"{label}", duration, deps))
-            seconds[group] += duration
-            return out
+            deps = list(phase_tasks[before[-1]]) if before else []
+            results = []
+            for unit in units:
+                start = time.perf_counter()
+                results.append(unit.work())
+                duration = time.perf_counter() - start
+                group = self.role_group[unit.role]
+                phase_tasks[phase].append(self.timeline.add(group, unit.label, duration, deps))
+                seconds[group] += duration
+            return results
 
-        result = ppo_step(self.models, self.actor_optimizer, self.critic_optimizer, prompts, self.settings, execute)
+        result = ppo_step(self.models, self.actor_optimizer, self.critic_optimizer, prompts, self.settings, run_phase)
         self.steps += 1
         if self.rebalancing is not None:
             batches = {n: [prompts.shape[0]] for n in self.runners}

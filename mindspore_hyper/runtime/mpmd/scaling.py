@@ -12,7 +12,7 @@ from dataclasses import replace
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.strategy.config import ParallelConfig
 
-__all__ = ["scale_groups"]
+__all__ = ["scale_groups", "for_processes"]
 
 
 def scale_groups(config: ParallelConfig, device_num: int) -> ParallelConfig:
@@ -41,3 +41,18 @@ def scale_groups(config: ParallelConfig, device_num: int) -> ParallelConfig:
         first += size
     return replace(config, groups=scaled, mesh=Layout([device_num], ["data"]), mesh_inferred=True,
                    data_axis="data")
+
+
+def for_processes(config: ParallelConfig, processes: int, hardware: str = "CPU") -> ParallelConfig:
+    """The config's groups on `processes` msrun processes of this host: `scale_groups`, then
+    every group on `hardware` with `scheduler: static`, and ZeRO-1 off (device moves and
+    ZeRO-1 inside groups are refused under msrun; the processes run on `hardware`).
+
+    Raises:
+        ValueError: as scale_groups; `hardware` not one of NPU, GPU, CPU.
+    """
+    if hardware not in ("NPU", "GPU", "CPU"):
+        raise ValueError(f"hardware={hardware!r}: expected 'NPU', 'GPU' or 'CPU'")
+    scaled = scale_groups(config, processes)
+    groups = [replace(g, hardware=hardware, scheduler="static") for g in scaled.groups]
+    return replace(scaled, groups=groups, optimizer_sharding=None, scheduler="static")

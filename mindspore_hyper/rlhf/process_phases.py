@@ -1,0 +1,96 @@
+"""A PPO phase in one msrun process: this process's roles run, the other groups' results arrive.
+
+Every process belongs to one device group and runs the units of the roles placed on it, in the
+phase's order (colocated roles time-share the group). The group's leader (its first rank) sends
+each result point-to-point to every process outside the group (`cross_group.send_arrays`, queued
+to the process's sender thread); then the process receives the results of the other groups'
+units from their leaders. So disjoint groups compute a phase at the same time, and every process
+ends the phase holding every result (the numbers between phases run in every process). Each run
+and each wait is recorded with its wall-clock start and end: the measured timeline.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from mindspore_hyper.rlhf.ppo import Unit
+from mindspore_hyper.runtime.mpmd.cross_group import outbox, recv_arrays, send_arrays
+
+__all__ = ["PhaseEvent", "ProcessPhases"]
+
+
+@dataclass(frozen=True)
+class PhaseEvent:
+    """One measured interval of this process in step `step` (from 0): `kind` "run" (its group
+    computed the unit) or "receive" (it waited for another group's result); `start` and `end`
+    in seconds since the epoch (time.time, one clock for the host's processes)."""
+
+    step: int
+    rank: int
+    phase: str
+    role: str
+    label: str
+    kind: str
+    start: float
+    end: float
+
+
+class ProcessPhases:
+    """Runs PPO phases in this process (see module docstring); a `RunPhase` for `ppo_step`.
+
+    Args:
+        rank: this process's global rank.
+        size: the job's process count.
+        role_ranks: role -> the global ranks of its group (first = leader).
+    """
+
+    def __init__(self, rank: int, size: int, role_ranks: Mapping[str, Tuple[int, ...]]):
+        self.rank, self.size = rank, size
+        self.role_ranks = {role: tuple(ranks) for role, ranks in role_ranks.items()}
+        self.events: List[PhaseEvent] = []
+        self.step = 0
+
+    def __call__(self, phase: str, units: Sequence[Unit]) -> List[np.ndarray]:
+        results: List[Optional[np.ndarray]] = [None] * len(units)
+        for i, unit in enumerate(units):
+            ranks = self._ranks(unit)
+            if self.rank not in ranks:
+                continue
+            start = time.time()
+            out = unit.work()
+            self._record(unit, "run", start)
+            if not isinstance(out, np.ndarray):
+                raise TypeError(f"{unit.phase} unit {unit.label!r} of role {unit.role!r} returned "
+                                f"{type(out).__name__}; a unit crossing processes must return a numpy array")
+            if self.rank == ranks[0]:
+                for peer in range(self.size):
+                    if peer not in ranks:
+                        send_arrays([out], peer, self._what(unit, ranks))
+            results[i] = out
+        for i, unit in enumerate(units):
+            if results[i] is None:
+                ranks = self._ranks(unit)
+                start = time.time()
+                (results[i],) = recv_arrays(ranks[0], self._what(unit, ranks))
+                self._record(unit, "receive", start)
+        return results
+
+    def end_step(self) -> None:
+        """Wait until this process's sends of the step left (a failed send raises); count the step."""
+        outbox().flush()
+        self.step += 1
+
+    def _ranks(self, unit: Unit) -> Tuple[int, ...]:
+        if unit.role not in self.role_ranks:
+            raise ValueError(f"{unit.phase} unit {unit.label!r}: role {unit.role!r} is in no device group; roles: "
+                             f"{sorted(self.role_ranks)}")
+        return self.role_ranks[unit.role]
+
+    def _what(self, unit: Unit, ranks: Tuple[int, ...]) -> str:
+        return f"{unit.phase} result {unit.label!r} of role {unit.role!r} (leader rank {ranks[0]})"
+
+    def _record(self, unit: Unit, kind: str, start: float) -> None:
+        self.events.append(PhaseEvent(self.step, self.rank, unit.phase, unit.role, unit.label, kind, start, time.time()))
