@@ -83,6 +83,18 @@ class ProcessPhases:
         outbox().flush()
         self.step += 1
 
+    def gather(self) -> List[PhaseEvent]:
+        """Every process's events, on every process (a collective: every process calls it)."""
+        from mindspore_hyper.runtime.distributed.world import world
+
+        names = sorted({(e.phase, e.role, e.label) for e in self.events})
+        kinds = ("run", "receive")
+        rows = np.array([[e.step, e.rank, names.index((e.phase, e.role, e.label)), kinds.index(e.kind), e.start, e.end]
+                         for e in self.events], np.float64).reshape(-1, 6)
+        everyone = world().communicator(tuple(range(self.size))).all_gather(rows, axis=0)
+        return [PhaseEvent(int(r[0]), int(r[1]), *names[int(r[2])], kinds[int(r[3])], float(r[4]), float(r[5]))
+                for r in everyone]
+
     def _ranks(self, unit: Unit) -> Tuple[int, ...]:
         if unit.role not in self.role_ranks:
             raise ValueError(f"{unit.phase} unit {unit.label!r}: role {unit.role!r} is in no device group; roles: "

@@ -55,7 +55,8 @@ def main(out_dir):
                    for role in mine for p in getattr(grouped, role).get_parameters()}
     moved = {p.name: float(np.abs(p.asnumpy() - q.asnumpy()).max())
              for p, q in zip(grouped.actor.get_parameters(), grouped.reference.get_parameters())}
-    result = {"rank": rank, "roles": mine, "steps": steps, "param_error": param_error, "actor_moved": moved,
+    gathered = trainer.phases.gather()  # every process's events, on every process
+    result = {"rank": rank, "gathered": sorted([e.rank, e.step, e.label, e.kind, e.start] for e in gathered), "roles": mine, "steps": steps, "param_error": param_error, "actor_moved": moved,
               "events": [[e.step, e.phase, e.role, e.label, e.kind, e.start, e.end] for e in trainer.phases.events]}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)

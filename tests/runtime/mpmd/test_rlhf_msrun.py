@@ -36,6 +36,8 @@ def test_ppo_on_4_processes_equals_roles_one_after_another(tmp_path):
         assert runs == set(ROLES[rank])
         assert {e[2] for e in res["events"] if e[4] == "receive"} == \
             {"actor", "reference", "critic", "reward_model"} - set(ROLES[rank])
+    everyone = sorted([r, e[0], e[3], e[4], e[5]] for r, res in enumerate(results) for e in res["events"])
+    assert all(res["gathered"] == everyone for res in results)  # ProcessPhases.gather
     assert max(results[0]["actor_moved"].values()) > 0  # the actor trained away from the frozen reference
 
     def interval(rank, step, label):
