@@ -27,12 +27,17 @@ PHASES = ("generation", "scoring", "training")
 @dataclass(frozen=True)
 class Unit:
     """One role's piece of a phase. `work()` returns a numpy array and reads no other unit of
-    its phase, so a runner may run the units of a phase in any order or at the same time."""
+    its phase, so a runner may run the units of a phase in any order or at the same time.
+
+    `rows`, set for a frozen role's work whose batch rows are independent, computes the result
+    for a slice of the batch's rows (`work()` is `rows(slice(None))`): a runner may split the
+    rows between groups (the msrun dynamic scheduler's microbatch shares)."""
 
     phase: str
     role: str
     label: str
     work: Callable[[], np.ndarray]
+    rows: Optional[Callable[[slice], np.ndarray]] = None
 
 
 # run_phase(phase, units) -> the units' results, in order
@@ -120,12 +125,18 @@ def ppo_step(models: PPOModels, actor_optimizer: nn.Optimizer, critic_optimizer:
         ids = np.concatenate([ids, nxt[:, None]], 1)
     seq = Tensor(ids)
 
+    def score(rows: slice) -> np.ndarray:
+        return models.reward_model(Tensor(ids[rows])).asnumpy()
+
+    def reference_logp(rows: slice) -> np.ndarray:
+        part = Tensor(ids[rows])
+        return _response_logp(models.reference(part), part, prompt_len).asnumpy()
+
     scores, values, old_logp, ref_logp = run("scoring", [
-        Unit("scoring", "reward_model", "score", lambda: models.reward_model(seq).asnumpy()),
+        Unit("scoring", "reward_model", "score", lambda: score(slice(None)), score),
         Unit("scoring", "critic", "values", lambda: models.critic(seq).asnumpy()[:, prompt_len - 1:-1]),
         Unit("scoring", "actor", "old logp", lambda: _response_logp(models.actor(seq), seq, prompt_len).asnumpy()),
-        Unit("scoring", "reference", "reference logp",
-             lambda: _response_logp(models.reference(seq), seq, prompt_len).asnumpy()),
+        Unit("scoring", "reference", "reference logp", lambda: reference_logp(slice(None)), reference_logp),
     ])
     rewards = -settings.kl_coef * (old_logp - ref_logp)
     rewards[:, -1] += scores

@@ -7,12 +7,17 @@ to the process's sender thread); then the process receives the results of the ot
 units from their leaders. So disjoint groups compute a phase at the same time, and every process
 ends the phase holding every result (the numbers between phases run in every process). Each run
 and each wait is recorded with its wall-clock start and end: the measured timeline.
+
+With `row_blocks` set (the msrun dynamic scheduler's microbatch shares), a unit that can be
+computed by rows (a frozen role's, `Unit.rows`) is split: each block of rows is computed by its
+group's leader on the plain Cell (every process holds the frozen roles) and sent to every other
+process; the blocks are put back together in row order.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, ContextManager, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -45,17 +50,31 @@ class ProcessPhases:
         rank: this process's global rank.
         size: the job's process count.
         role_ranks: role -> the global ranks of its group (first = leader).
+        bare: role -> a context in which the role's Cell runs as the plain Cell in this process
+            (needed with `row_blocks`).
+
+    Attributes:
+        row_blocks: None, or (group ranks, rows) per block: how units with `rows` are split.
+        seconds: phase -> this process's seconds running units in the current step.
     """
 
-    def __init__(self, rank: int, size: int, role_ranks: Mapping[str, Tuple[int, ...]]):
+    def __init__(self, rank: int, size: int, role_ranks: Mapping[str, Tuple[int, ...]],
+                 bare: Optional[Callable[[str], ContextManager]] = None):
         self.rank, self.size = rank, size
         self.role_ranks = {role: tuple(ranks) for role, ranks in role_ranks.items()}
+        self.bare = bare
+        self.row_blocks: Optional[List[Tuple[Tuple[int, ...], slice]]] = None
         self.events: List[PhaseEvent] = []
+        self.seconds: Dict[str, float] = {}
         self.step = 0
 
     def __call__(self, phase: str, units: Sequence[Unit]) -> List[np.ndarray]:
         results: List[Optional[np.ndarray]] = [None] * len(units)
+        split = [u.rows is not None and self.row_blocks is not None for u in units]
         for i, unit in enumerate(units):
+            if split[i]:
+                results[i] = self._run_blocks(unit)
+                continue
             ranks = self._ranks(unit)
             if self.rank not in ranks:
                 continue
@@ -71,17 +90,41 @@ class ProcessPhases:
                         send_arrays([out], peer, self._what(unit, ranks))
             results[i] = out
         for i, unit in enumerate(units):
-            if results[i] is None:
-                ranks = self._ranks(unit)
-                start = time.time()
-                (results[i],) = recv_arrays(ranks[0], self._what(unit, ranks))
-                self._record(unit, "receive", start)
+            if split[i]:
+                results[i] = np.concatenate([self._receive(unit, ranks, rows) if block is None else block
+                                             for (ranks, rows), block in zip(self.row_blocks, results[i])])
+            elif results[i] is None:
+                results[i] = self._receive(unit, self._ranks(unit))
         return results
+
+    def _run_blocks(self, unit: Unit) -> List[Optional[np.ndarray]]:
+        """This process's blocks of a split unit (None for the others'); a leader sends its block."""
+        blocks: List[Optional[np.ndarray]] = []
+        for ranks, rows in self.row_blocks:
+            if self.rank != ranks[0]:
+                blocks.append(None)
+                continue
+            start = time.time()
+            with self.bare(unit.role):
+                out = unit.rows(rows)
+            self._record(unit, "run", start, f" rows {rows.start}-{rows.stop - 1}")
+            for peer in range(self.size):
+                if peer != self.rank:
+                    send_arrays([out], peer, self._what(unit, ranks, rows))
+            blocks.append(out)
+        return blocks
+
+    def _receive(self, unit: Unit, ranks: Tuple[int, ...], rows: Optional[slice] = None) -> np.ndarray:
+        start = time.time()
+        (out,) = recv_arrays(ranks[0], self._what(unit, ranks, rows))
+        self._record(unit, "receive", start, "" if rows is None else f" rows {rows.start}-{rows.stop - 1}")
+        return out
 
     def end_step(self) -> None:
         """Wait until this process's sends of the step left (a failed send raises); count the step."""
         outbox().flush()
         self.step += 1
+        self.seconds = {}
 
     def gather(self) -> List[PhaseEvent]:
         """Every process's events, on every process (a collective: every process calls it)."""
@@ -101,8 +144,12 @@ class ProcessPhases:
                              f"{sorted(self.role_ranks)}")
         return self.role_ranks[unit.role]
 
-    def _what(self, unit: Unit, ranks: Tuple[int, ...]) -> str:
-        return f"{unit.phase} result {unit.label!r} of role {unit.role!r} (leader rank {ranks[0]})"
+    def _what(self, unit: Unit, ranks: Tuple[int, ...], rows: Optional[slice] = None) -> str:
+        part = "" if rows is None else f" rows {rows.start}-{rows.stop - 1}"
+        return f"{unit.phase} result {unit.label!r}{part} of role {unit.role!r} (leader rank {ranks[0]})"
 
-    def _record(self, unit: Unit, kind: str, start: float) -> None:
-        self.events.append(PhaseEvent(self.step, self.rank, unit.phase, unit.role, unit.label, kind, start, time.time()))
+    def _record(self, unit: Unit, kind: str, start: float, part: str = "") -> None:
+        end = time.time()
+        if kind == "run":
+            self.seconds[unit.phase] = self.seconds.get(unit.phase, 0.0) + end - start
+        self.events.append(PhaseEvent(self.step, self.rank, unit.phase, unit.role, unit.label + part, kind, start, end))

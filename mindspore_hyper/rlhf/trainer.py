@@ -13,7 +13,11 @@ queue on their shared group. The numbers are those of the roles run one after an
 Under msrun (`mode="distributed"`) each process belongs to one group and runs only its roles
 (data parallel over the group's processes); each phase's results cross groups point-to-point
 (`ProcessPhases`), so disjoint groups compute at the same time in their processes, and
-`phases.events` holds the measured start and end of every unit and wait.
+`phases.events` holds the measured start and end of every unit and wait. With `scheduler:
+dynamic` under msrun no process changes group: the frozen roles' scoring (reward score,
+reference log-probs) is split by rows between the dynamic groups, and each group's share of
+the rows moves between steps by the planner's decision on the measured scoring times, gathered
+to every process (`ShareRebalancing`).
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from mindspore_hyper.runtime.mpmd import check_mpmd_enabled
 from mindspore_hyper.runtime.mpmd.group_runner import GroupRunner
 from mindspore_hyper.runtime.mpmd.placement import place_groups
 from mindspore_hyper.runtime.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord
+from mindspore_hyper.runtime.mpmd.share_rebalancing import ShareRebalancing, gather_group_seconds, proportional_shares
 from mindspore_hyper.runtime.mpmd.timeline import GroupTimeline
 from mindspore_hyper.schedule.rebalance import RebalancePolicy
 from mindspore_hyper.strategy.config import ParallelConfig, load_parallel_config
@@ -51,7 +56,8 @@ class PPOTrainer:
         colocate: role -> role whose group it shares, for roles no group names.
         settings: PPO hyper-parameters.
         actor_lr, critic_lr: Adam learning rates.
-        policy: the dynamic scheduler's thresholds (groups with `scheduler: dynamic`).
+        policy: the dynamic scheduler's thresholds (groups with `scheduler: dynamic`): device moves in
+            simulation; under msrun, moves of the frozen roles' scoring rows between the groups.
 
     Attributes:
         phases: under msrun, this process's `ProcessPhases` (measured events); None in simulation.
@@ -60,7 +66,7 @@ class PPOTrainer:
     Raises:
         ValueError: a mode other than simulation / distributed, hyper_mpmd off, a device_num (simulation) or
             process count (msrun) mismatch, a role without a group, a bad `colocate` entry, and under msrun:
-            `scheduler: dynamic`, ZeRO-1 or a group `hardware` other than the process's (named in the message).
+            a single dynamic group, ZeRO-1 or a group `hardware` other than the process's (named in the message).
     """
 
     def __init__(self, models: PPOModels, config: Union[ParallelConfig, str, os.PathLike, dict],
@@ -105,16 +111,20 @@ class PPOTrainer:
         self.role_group = {}
         for role in ROLES:
             self.role_group[role] = next(p.name for p in placements if role in p.cells)
+        self.policy = policy
+        self.share_rebalancing: Optional[ShareRebalancing] = None
         if mode == "distributed":
             from mindspore_hyper.runtime.distributed.world import world
 
             self.phases = ProcessPhases(world().rank, world().size,
-                                        {role: self.runners[g].placement.ranks for role, g in self.role_group.items()})
+                                        {role: self.runners[g].placement.ranks for role, g in self.role_group.items()},
+                                        bare=lambda role: self.runners[self.role_group[role]].bare(role))
         self.actor_optimizer = nn.Adam(models.actor.trainable_params(), learning_rate=actor_lr)
         self.critic_optimizer = nn.Adam(models.critic.trainable_params(), learning_rate=critic_lr)
         dynamic = [p.name for p in placements if p.group.scheduler == "dynamic"]
+        self.dynamic_groups = dynamic if len(dynamic) >= 2 else []
         self.rebalancing = (DeviceRebalancing(self.runners, dynamic, policy, config.optimizer_sharding is not None)
-                            if len(dynamic) >= 2 else None)
+                            if self.dynamic_groups and mode == "simulation" else None)
         self.steps = 0
         self.timeline = GroupTimeline(tuple(self.runners))
 
@@ -123,9 +133,10 @@ class PPOTrainer:
         from mindspore_hyper.runtime.mpmd.distributed import MemberGroupRunner, check_group_process
 
         dynamic = [g for g in config.groups if g.scheduler == "dynamic"]
-        if dynamic:
-            raise ValueError(f"{dynamic[0].path}.scheduler: dynamic moves devices between groups, which PPOTrainer "
-                             "does in simulation mode only; under msrun use scheduler: static")
+        if len(dynamic) == 1:
+            raise ValueError(f"{dynamic[0].path}.scheduler: dynamic: group {dynamic[0].name!r} is the only dynamic "
+                             "group; under msrun rows of the frozen roles' scoring move between two or more dynamic "
+                             "groups (make another group dynamic or use scheduler: static)")
         check_group_process(config)
         return {p.name: MemberGroupRunner(models, p) for p in placements}
 
@@ -133,11 +144,7 @@ class PPOTrainer:
         """One PPO step (generation, scoring, training) with the roles on their groups; then,
         under `scheduler: dynamic`, one rebalancing decision applied before the next step."""
         if self.phases is not None:
-            result = ppo_step(self.models, self.actor_optimizer, self.critic_optimizer, prompts, self.settings,
-                              self.phases)
-            self.phases.end_step()
-            self.steps += 1
-            return result
+            return self._process_step(prompts)
         self.timeline = GroupTimeline(tuple(self.runners))
         phase_tasks: Dict[str, List[int]] = {p: [] for p in PHASES}
         seconds = {n: 0.0 for n in self.runners}
@@ -162,6 +169,35 @@ class PPOTrainer:
             self.rebalancing.step(self.steps, seconds, batches)
         return result
 
+    def _process_step(self, prompts: Tensor) -> PPOResult:
+        """The step in this msrun process; with dynamic groups, the frozen roles' scoring rows are
+        split by the groups' shares, and the measured scoring seconds (gathered to every
+        process) decide the shares of the next step."""
+        batch = prompts.shape[0]
+        if self.dynamic_groups:
+            if self.share_rebalancing is None:
+                sizes = [self.runners[n].placement.size for n in self.dynamic_groups]
+                self.share_rebalancing = ShareRebalancing(self.dynamic_groups, proportional_shares(batch, sizes),
+                                                          self.policy)
+            if batch != self.share_rebalancing.total:
+                raise ValueError(f"prompts: batch {batch}, but the dynamic groups share {self.share_rebalancing.total} "
+                                 "rows (the batch of the first step); keep the prompt batch fixed under "
+                                 "scheduler: dynamic")
+            rows = self.share_rebalancing.rows()
+            self.phases.row_blocks = [(self.runners[n].placement.ranks, rows[n]) for n in self.dynamic_groups]
+        result = ppo_step(self.models, self.actor_optimizer, self.critic_optimizer, prompts, self.settings,
+                          self.phases)
+        self.steps += 1
+        if self.share_rebalancing is not None:
+            seconds = gather_group_seconds(self.phases.seconds.get("scoring", 0.0),
+                                           {n: self.runners[n].placement.ranks for n in self.dynamic_groups},
+                                           self.phases.size)
+            self.share_rebalancing.step(self.steps, seconds)
+        self.phases.end_step()
+        return result
+
     @property
     def rebalances(self) -> List[RebalanceRecord]:
+        if self.share_rebalancing is not None:
+            return self.share_rebalancing.records
         return self.rebalancing.records if self.rebalancing is not None else []

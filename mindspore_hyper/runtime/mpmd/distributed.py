@@ -9,8 +9,9 @@ see `cross_group.py`. Each process's optimizer updates its own group's parameter
 """
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import mindspore as ms
 from mindspore import Parameter, Tensor
@@ -192,6 +193,16 @@ class MemberGroupRunner(GroupRunner):
     def build(self, placement: GroupPlacement) -> None:
         models = _member_models(self.cells, placement, self.optimizer_states) if self.member else {}
         self.placement, self.models = placement, models
+
+    @contextlib.contextmanager
+    def bare(self, name: str) -> Iterator[None]:
+        """Within the block, Cell `name` runs as the plain Cell in this process (whole inputs, no
+        group mesh), member or not: for a frozen role's rows computed by another group."""
+        self._inside[name] = True
+        try:
+            yield
+        finally:
+            self._inside[name] = False
 
     def _entry(self, name: str, cell):
         plain = type(cell).construct

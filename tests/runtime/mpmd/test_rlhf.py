@@ -110,13 +110,14 @@ def test_bad_trainer_inputs(mpmd):
         PPOTrainer(roles(), RLHF_CONFIG)
     # under msrun (a plain python process is a job of one): refused before any process waits
     mpmd.set_context(mode="distributed")
-    with pytest.raises(ValueError, match="process_groups.actor.scheduler: dynamic .* under msrun use scheduler: static"):
+    with pytest.raises(ValueError, match="span 16 devices but the job has 1 processes; launch with msrun --worker_num=16"):
         PPOTrainer(roles(), RLHF_CONFIG)
-    static = {"parallel_config": {"device_num": 4},
-              "process_groups": {"actor": {"ranks": [0, 1], "hardware": "CPU"}, "critic": {"ranks": 2, "hardware": "CPU"},
-                                 "reward": {"ranks": 3, "hardware": "CPU", "modules": "reward_model"}}}
-    with pytest.raises(ValueError, match="span 4 devices but the job has 1 processes; launch with msrun --worker_num=4"):
-        PPOTrainer(roles(), static)
+    one_dynamic = {"parallel_config": {"device_num": 4},
+                   "process_groups": {"actor": {"ranks": [0, 1], "hardware": "CPU", "scheduler": "dynamic"},
+                                      "critic": {"ranks": 2, "hardware": "CPU"},
+                                      "reward": {"ranks": 3, "hardware": "CPU", "modules": "reward_model"}}}
+    with pytest.raises(ValueError, match="process_groups.actor.scheduler: dynamic: group 'actor' is the only dynamic"):
+        PPOTrainer(roles(), one_dynamic)
     with pytest.raises(ValueError, match="response_len=0"):
         PPOSettings(response_len=0)
     with pytest.raises(ValueError, match="clip=1.5"):
