@@ -289,7 +289,9 @@ def parallelize_groups(model, table, runtime, group_strategies=None, optimizer_s
     dynamic = [g for g in table.groups if g.scheduler == "dynamic"]
     if dynamic:
         raise ValueError(f"{dynamic[0].path}.scheduler: dynamic moves devices between groups, which runs in simulation "
-                         "mode only; under msrun use scheduler: static")
+                         "mode only: under msrun a device move would change a process's group (its parameters and "
+                         "optimizer states migrated, communicators rebuilt), and the groups run different Cells, so "
+                         "no rows of work can move instead; under msrun use scheduler: static")
     check_group_process(table.config)
     return MPMDModel(model, table.config, runtime, group_strategies, optimizer_states=optimizer_states,
                      runner_class=DistributedGroupRunner)
