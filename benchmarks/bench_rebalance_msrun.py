@@ -65,7 +65,8 @@ def step_figures(events: List[PhaseEvent], processes: int) -> Dict[int, Tuple[fl
 
 def run(policy: str, args) -> Tuple[Dict[int, Tuple[float, float, float]], List[float], List[tuple]]:
     config = for_processes(load_parallel_config(CONFIG), world().size, scheduler=policy)
-    config = replace(config, groups=[replace(g, batch_size=args.batch if g.batch_size else None) for g in config.groups])
+    groups = [replace(g, batch_size=args.batch if g.batch_size else None) for g in config.groups]
+    config = replace(config, groups=groups)
     trainer = PPOTrainer(roles(args.vocab, args.hidden), config)
     rng = np.random.default_rng(0)
     losses = []

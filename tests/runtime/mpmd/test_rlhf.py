@@ -110,7 +110,8 @@ def test_bad_trainer_inputs(mpmd):
         PPOTrainer(roles(), RLHF_CONFIG)
     # under msrun (a plain python process is a job of one): refused before any process waits
     mpmd.set_context(mode="distributed")
-    with pytest.raises(ValueError, match="span 16 devices but the job has 1 processes; launch with msrun --worker_num=16"):
+    with pytest.raises(ValueError, match="span 16 devices but the job has 1 processes; launch with msrun "
+                                         "--worker_num=16"):
         PPOTrainer(roles(), RLHF_CONFIG)
     one_dynamic = {"parallel_config": {"device_num": 4},
                    "process_groups": {"actor": {"ranks": [0, 1], "hardware": "CPU", "scheduler": "dynamic"},
