@@ -227,6 +227,16 @@ class P2PChannel:
                 self._cond.wait(left)
             self._raise_send_error()
 
+    def check(self) -> None:
+        """Raise a failed send now (without waiting for the queue).
+
+        Raises:
+            CommError / CommTimeout: a send failed (names the peer).
+        """
+        self._check_end(True, "check")
+        with self._cond:
+            self._raise_send_error()
+
     def _raise_send_error(self) -> None:
         if self._send_error is not None:
             exc = self._send_error
