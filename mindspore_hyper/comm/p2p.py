@@ -28,6 +28,7 @@ from typing import Deque, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from mindspore_hyper.comm._common import CommError, CommTimeout
+from mindspore_hyper.comm.shm import ShmCommunicator, one_way_channel
 
 __all__ = ["P2PChannel", "Message", "Tag", "P2P_DTYPES"]
 
@@ -154,17 +155,10 @@ class P2PChannel:
         """True at the source end, False at the target end."""
         return self.me == self.source
 
-    @property
-    def peer(self) -> int:
-        """The global rank at the other end."""
-        return self.target if self.sending else self.source
-
     def __repr__(self) -> str:
         return f"P2PChannel({self.name!r}, {self.source} -> {self.target}, rank {self.me})"
 
-    def _open(self):
-        from mindspore_hyper.comm.shm import one_way_channel
-
+    def _open(self) -> ShmCommunicator:
         kwargs = {} if self._channel_bytes is None else {"channel_bytes": int(self._channel_bytes)}
         return one_way_channel(self.job, self.name, self.source, self.target, self.me, self.timeout, **kwargs)
 
