@@ -4,11 +4,13 @@ a two-member shared-memory communicator (`one_way_channel`).
 The pipeline's stage boundaries, the MPMD cross-group tensors and the multimodal encoder/LM
 requests all travel as `Message`s on a `P2PChannel`. A message is a tag (a few ints, the name
 the receiver asks for), optional metadata (a few ints) and arrays of any supported dtype and
-shape. On the wire: one int64 word (the descriptor's length), the int64 descriptor (tag, meta,
-each array's dtype code and shape), then each non-empty array's bytes.
+shape. On the wire: 32 int64 words holding the descriptor's length and the descriptor (tag,
+meta, each array's dtype code and shape; a longer descriptor's rest follows), then each
+non-empty array's bytes.
 
-The sending end hands messages to its own background thread (`send` copies the arrays and
-returns at once; `flush` waits until they are written), so a process never blocks on a full
+The sending end hands messages to its own background thread (`send` returns at once, having
+copied the arrays unless told not to; `flush` waits until they are written; the queue is not
+bounded: a sender that never flushes holds what its peer has not read), so a process never blocks on a full
 channel while its peer computes; that thread also opens the communicator, so constructing the
 sending end never waits for the peer. The receiving end opens the communicator in its
 constructor (it waits until the sender attached) and reads only inside `recv`, in the calling
@@ -36,6 +38,7 @@ P2P_DTYPES = ("float32", "float16", "float64", "int8", "int16", "int32", "int64"
 _CODES = {np.dtype(name): code for code, name in enumerate(P2P_DTYPES)}
 _MAX_TAG = 8  # ints in a tag
 _MAX_META = 64  # ints of metadata
+_HEAD = 32  # int64 words of a message's first write: the descriptor's length, then the descriptor (its rest follows)
 
 Tag = Union[int, Tuple[int, ...]]
 
@@ -52,12 +55,12 @@ def _ints(value, what: str, limit: int, allow_empty: bool) -> Tuple[int, ...]:
     return tuple(int(v) for v in items)
 
 
-def _check_array(value, index: int) -> np.ndarray:
-    """A C-contiguous copy of arrays[index]; TypeError naming the argument for unsupported dtypes."""
+def _check_array(value, index: int, copy: bool) -> np.ndarray:
+    """arrays[index] C-contiguous (a copy if `copy`); TypeError naming the argument for unsupported dtypes."""
     arr = np.asarray(value)
     if arr.dtype not in _CODES:
         raise TypeError(f"arrays[{index}]: dtype {arr.dtype} is not supported; expected one of {', '.join(P2P_DTYPES)}")
-    return np.array(arr, order="C", copy=True)
+    return np.array(arr, order="C", copy=True) if copy else np.ascontiguousarray(arr)
 
 
 @dataclass(frozen=True)
@@ -164,18 +167,21 @@ class P2PChannel:
 
     def _check_end(self, sending: bool, what: str) -> None:
         if self.sending != sending:
-            raise RuntimeError(f"{self!r}: {what} is not possible at this end (it {'sends' if self.sending else 'receives'})")
+            role = "sends" if self.sending else "receives"
+            raise RuntimeError(f"{self!r}: {what} is not possible at this end (it {role})")
         if self._closed:
             raise CommError(f"{self!r} is closed: no {what} after close()")
 
     # ----- sending end ---------------------------------------------------------------------------
-    def send(self, tag: Tag, arrays: Sequence[np.ndarray] = (), meta: Sequence[int] = ()) -> None:
-        """Queue a message for the peer and return (the arrays are copied now).
+    def send(self, tag: Tag, arrays: Sequence[np.ndarray] = (), meta: Sequence[int] = (), copy: bool = True) -> None:
+        """Queue a message for the peer and return.
 
         Args:
             tag: an int or a tuple of at most 8 ints, the name the receiver asks for.
             arrays: arrays of the dtypes in `P2P_DTYPES`, any shape (0-d and empty included).
             meta: at most 64 ints delivered with the message.
+            copy: copy the arrays now, so the caller may change them at once; False when they
+                are not changed until written (fresh arrays, or a `flush` before reuse).
 
         Raises:
             ValueError: `tag` or `meta` is not ints (names the argument).
@@ -184,7 +190,7 @@ class P2PChannel:
         """
         self._check_end(True, "send")
         message = Message(_ints(tag, "tag", _MAX_TAG, allow_empty=False),
-                          tuple(_check_array(a, i) for i, a in enumerate(arrays)),
+                          tuple(_check_array(a, i, copy) for i, a in enumerate(arrays)),
                           _ints(meta, "meta", _MAX_META, allow_empty=True))
         with self._cond:
             self._raise_send_error()
@@ -265,8 +271,13 @@ class P2PChannel:
     @staticmethod
     def _write(comm, message: Message) -> None:
         words = _descriptor(message)
-        comm.send(np.array([words.size], np.int64), 1)
-        comm.send(words, 1)
+        head = np.zeros(_HEAD, np.int64)
+        head[0] = words.size
+        inline = min(words.size, _HEAD - 1)
+        head[1:1 + inline] = words[:inline]
+        comm.send(head, 1)
+        if words.size > inline:
+            comm.send(words[inline:], 1)
         for arr in message.arrays:
             if arr.nbytes:
                 comm.send(arr.reshape(-1).view(np.uint8), 1)
@@ -336,10 +347,14 @@ class P2PChannel:
         comm = self._comm
         comm.timeout = wait
         try:
-            size = int(comm.recv((1,), np.int64, 0)[0])
+            head = comm.recv((_HEAD,), np.int64, 0)
         finally:
             comm.timeout = self.timeout
-        tag, meta, layout = _parse(comm.recv((size,), np.int64, 0))
+        size = int(head[0])
+        words = head[1:1 + min(size, _HEAD - 1)]
+        if size > _HEAD - 1:
+            words = np.concatenate([words, comm.recv((size - (_HEAD - 1),), np.int64, 0)])
+        tag, meta, layout = _parse(words)
         arrays = []
         for dtype, shape in layout:
             out = np.empty(shape, dtype)

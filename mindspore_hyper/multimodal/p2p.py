@@ -76,7 +76,7 @@ class Channel:
     def send(self, message: Message) -> None:
         """Send `message` and return once it is written to the transport (the peer may not have read it)."""
         arrays = [message.ids, message.values] + ([] if message.array is None else [message.array])
-        self._channel.send(message.kind, arrays, meta=(message.batch_id,))
+        self._channel.send(message.kind, arrays, meta=(message.batch_id,), copy=False)  # written before return
         self._channel.flush()
 
     def recv(self) -> Message:

@@ -47,7 +47,8 @@ class Outbox:
     def post(self, arrays: Sequence[np.ndarray], peer: int, what: str) -> None:
         self.check()
         try:
-            _channel(world().rank, peer).send(_TAG, arrays)
+            # not copied, as before this channel: group outputs and gradients are not changed in place
+            _channel(world().rank, peer).send(_TAG, arrays, copy=False)
         except TypeError as exc:
             raise TypeError(f"{what}: {exc}") from None
 

@@ -127,7 +127,8 @@ class ShmTransport:
     def send(self, src: int, key: P2PTensor, value: Tensor, peer: int) -> None:
         peer = self.peer_of(peer)
         try:
-            self._to[peer].send(_tag(key), [value.asnumpy()])
+            # not copied, as before this channel: stage outputs are not changed in place
+            self._to[peer].send(_tag(key), [value.asnumpy()], copy=False)
         except TypeError as exc:
             raise P2PError(f"pipeline send of '{key}': {exc}") from None
         except CommError as exc:
