@@ -245,7 +245,7 @@ class P2PChannel:
     def _send_loop(self) -> None:
         try:
             comm = self._open()
-        except CommError as exc:
+        except Exception as exc:  # noqa: BLE001 -- raised to the sending threads by send / flush / check
             comm, self._send_error = None, exc
         with self._cond:
             self._comm = comm
@@ -260,7 +260,7 @@ class P2PChannel:
             try:
                 if not failed:
                     self._write(comm, message)
-            except CommError as exc:
+            except Exception as exc:  # noqa: BLE001 -- raised to the sending threads by send / flush / check
                 with self._cond:
                     self._send_error = exc
             finally:
@@ -311,6 +311,8 @@ class P2PChannel:
                     found = self._take(want)
                     if found is not None:
                         return found
+                    if self._closed:
+                        raise CommError(f"{self!r} was closed while waiting for {what}")
                     if self._recv_error is not None:
                         exc = self._recv_error
                         raise type(exc)(f"rank {self.me}: waiting for {what} from rank {self.source} on "
@@ -325,7 +327,7 @@ class P2PChannel:
                     self._cond.wait(left)
             try:
                 message = self._read(left)
-            except CommError as exc:
+            except Exception as exc:  # noqa: BLE001 -- raised to every receive of this channel, naming its tag
                 with self._cond:
                     self._recv_error = exc
                     self._reading = False

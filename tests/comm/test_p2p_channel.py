@@ -163,25 +163,30 @@ def test_a_peer_that_never_attaches_fails_the_sends_and_leaves_nothing():
     assert _segments(job) == [] and not any(t.name == "p2p-t-0to1" for t in _p2p_threads())
 
 
-def _child_sends(job: str) -> None:
-    channel = P2PChannel(job, "x", 0, 1, me=0, timeout=30.0)
+def _child_sends(job: str, received) -> None:
+    channel = P2PChannel(job, "x", 0, 1, me=0, timeout=120.0)
     for mb in range(3):
         for kind in (0, 1):
             channel.send((kind, mb), [np.full((2, 3), 10 * kind + mb, np.float32), np.array([mb], np.int64)])
     channel.flush()
+    # the transport's dead-peer check may fire before data written just before the death is read
+    # (a known race of the C++ waiter), so die only once the receiver has everything
+    received.wait(120)
     os._exit(0)  # dies without closing: the receiver must notice
 
 
 def test_two_processes_exchange_tagged_messages_and_a_dead_peer_is_named():
     job = _job()
-    proc = CTX.Process(target=_child_sends, args=(job,))  # one process (a spawn costs seconds)
+    received = CTX.Event()
+    proc = CTX.Process(target=_child_sends, args=(job, received))  # one process (a spawn costs seconds)
     proc.start()
-    receiver = P2PChannel(job, "x", 0, 1, me=1, timeout=30.0)
+    receiver = P2PChannel(job, "x", 0, 1, me=1, timeout=120.0)  # the rendezvous waits for the child's imports
     got = [(kind, mb, receiver.recv((kind, mb))) for kind in (1, 0) for mb in (2, 0, 1)]
     for kind, mb, msg in got:
         np.testing.assert_array_equal(msg.arrays[0], np.full((2, 3), 10 * kind + mb, np.float32))
         np.testing.assert_array_equal(msg.arrays[1], [mb])
-    proc.join(60)
+    received.set()
+    proc.join(120)
     assert proc.exitcode == 0
     with pytest.raises(CommTimeout, match=r"rank 1: waiting for tag \(5, 5\) from rank 0 on 'x': .*peer rank 0 died"):
         receiver.recv((5, 5))
