@@ -14,6 +14,12 @@ expert-parallel dispatch.
 4. cache    Hot-expert cache (`moe/cache.py`): 128 experts in the offload store, the device
             tier for 32; cold fetches per step and step time, routing-statistics priorities vs
             plain LRU, over a Zipf routing trace (first fifth of the steps excluded as warm-up).
+   cache-train  The same in training (`hyper_offload` of a model with an MoE layer,
+            moe/expert_offload.py): --cache-experts experts (H=64, F=128) of which the
+            device tier holds --cache-capacity, a router skewed Zipf-like (a constant input
+            feature adds 0.7 log(1/rank) to the logits), --cache-tokens tokens top-2 per step,
+            Adam. Cold fetches per step and step time, routing vs LRU, and the step time of
+            the same model not offloaded (baseline, same run).
 5. overlap  (msrun, 2 processes, shared-memory transport) the forward of an expert-parallel
             MoE layer, --overlap-tokens tokens per device: whole (no overlap) vs
             `overlap_chunks` 4 (AllToAlls on a background thread) vs 4 chunks exchanged in line.
@@ -151,6 +157,78 @@ def cache(steps: int) -> dict:
     return out
 
 
+def cache_train(steps: int, experts: int, capacity: int, tokens: int) -> dict:
+    """Training with the experts in the hot-expert cache, routing priorities vs LRU, and the
+    same model not offloaded (see the module docstring)."""
+    import mindspore as ms
+    from mindspore import Tensor, nn
+
+    from mindspore_hyper.moe import MoE
+    from mindspore_hyper.moe.cache import ExpertCacheConfig
+    from mindspore_hyper.offload import OffloadPolicy, hyper_offload
+
+    hidden = 64
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.moe = MoE(hidden, 128, num_experts=experts, top_k=2, aux_loss_coef=0.0)
+            self.out = nn.Dense(hidden, hidden)
+
+        def construct(self, x, t):
+            y, aux = self.moe(x)
+            return ((self.out(y) - t) ** 2).mean() + aux
+
+    rng = np.random.default_rng(5)
+    popularity = np.log(1.0 / np.arange(1, experts + 1))[rng.permutation(experts)]
+    router = rng.normal(0.0, 1.0 / np.sqrt(hidden), (hidden, experts)).astype(np.float32)
+    router[0] = 0.7 * popularity  # x[:, 0] = 1: logits = 0.7 log(1/rank) + noise of std ~1
+    data = []
+    for _ in range(steps + 1):
+        x = rng.normal(size=(tokens, hidden)).astype(np.float32)
+        x[:, 0] = 1.0
+        data.append((Tensor(x), Tensor(rng.normal(size=(tokens, hidden)).astype(np.float32))))
+
+    def model():
+        ms.set_seed(0)
+        net = Net()
+        net.moe.router.weight.set_data(Tensor(router))
+        return net
+
+    adam = lambda ps: nn.Adam(ps, learning_rate=1e-3)  # noqa: E731
+    out = {}
+    net = model()
+    opt = adam(net.trainable_params())
+    grad_fn = ms.value_and_grad(net, None, opt.parameters)
+    times = []
+    for x, t in data:
+        t0 = time.perf_counter()
+        _, grads = grad_fn(x, t)
+        opt(grads)
+        float(_.asnumpy())
+        times.append(time.perf_counter() - t0)
+    out["not offloaded"] = {"step_seconds": float(np.median(times[1:]))}
+    for policy in ("lru", "routing"):
+        net = model()
+        off = hyper_offload(net, OffloadPolicy(cells=["out"], expert_cache=ExpertCacheConfig(policy, capacity)),
+                            optimizer=adam, block_size=1 << 20, device_memory=4 << 20, host_memory=64 << 20)
+        try:
+            step = off.train_step(net)
+            times = []
+            for x, t in data:
+                t0 = time.perf_counter()
+                float(step(x, t).asnumpy())
+                times.append(time.perf_counter() - t0)
+            s = off.stats()["expert_cache"][0]
+        finally:
+            off.close()
+        warm = steps // 5 + 1
+        out[policy] = {"cold_per_step": float(np.mean(s["cold_per_step"][warm:])),
+                       "step_seconds": float(np.median(times[1:]))}
+        out["experts_per_step"] = s["fetches"] / len(data)
+    return out
+
+
 def overlap_worker(out_dir: str, tokens: int, steps: int) -> None:
     """Runs under msrun: forward of one expert-parallel MoE layer, whole vs 4 overlap chunks."""
     import mindspore as ms
@@ -229,8 +307,14 @@ def overlap(tokens: int, steps: int) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--section", default="all", choices=["all", "balance", "metadata", "links", "cache", "overlap"])
+    parser.add_argument("--section", default="all", choices=["all", "balance", "metadata", "links", "cache", "cache-train",
+                                                               "overlap"])
     parser.add_argument("--cache-steps", type=int, default=40, help="steps of the cache section")
+    parser.add_argument("--cache-train-steps", type=int, default=20, help="steps of the cache-train section")
+    parser.add_argument("--cache-experts", type=int, default=32, help="experts, cache-train section")
+    parser.add_argument("--cache-capacity", type=int, default=12, help="experts on the device tier, cache-train")
+    parser.add_argument("--cache-tokens", type=int, default=6, help="tokens per step, cache-train (top-2: at most "
+                        "2x this many experts a step, which must fit the capacity)")
     parser.add_argument("--tokens", type=int, default=8192, help="tokens of the balance and metadata sections")
     parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of expert popularity")
     parser.add_argument("--overlap-tokens", type=int, default=2048, help="tokens per device, overlap section")
@@ -272,6 +356,17 @@ def main():
               f"{r['lru']['experts_per_step']:.0f} distinct experts per step (64 tokens, top-8, Zipf):")
         for policy, v in r.items():
             print(f"  {policy:<8} cold fetches per step {v['cold_per_step']:5.1f}   step {v['step_seconds'] * 1e3:6.1f} ms")
+    if args.section in ("all", "cache-train"):
+        r = cache_train(args.cache_train_steps, args.cache_experts, args.cache_capacity, args.cache_tokens)
+        print(f"hot-expert cache in training (hyper_offload): {args.cache_experts} experts (H=64, F=128), device tier for "
+              f"{args.cache_capacity}, {args.cache_tokens} tokens top-2 per step ({r['experts_per_step']:.1f} experts "
+              "per step), Zipf-skewed router, Adam:")
+        base = r["not offloaded"]["step_seconds"]
+        print(f"  not offloaded       step {base * 1e3:7.1f} ms")
+        for policy in ("lru", "routing"):
+            v = r[policy]
+            print(f"  {policy:<8} cold fetches per step {v['cold_per_step']:5.2f}   step {v['step_seconds'] * 1e3:7.1f} ms "
+                  f"({v['step_seconds'] / base:.2f}x not offloaded)")
     if args.section in ("all", "overlap"):
         r = overlap(args.overlap_tokens, args.steps)
         print(f"overlap (msrun, 2 processes, {r['tokens_per_device']} tokens per device, H=256, F=512, 8 experts, top-2):")
