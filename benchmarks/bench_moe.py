@@ -229,8 +229,12 @@ def cache_train(steps: int, experts: int, capacity: int, tokens: int) -> dict:
     return out
 
 
-def overlap_worker(out_dir: str, tokens: int, steps: int) -> None:
-    """Runs under msrun: forward of one expert-parallel MoE layer, whole vs 4 overlap chunks."""
+def overlap_worker(out_dir: str, tokens: int, steps: int, hidden: int, variants: list) -> None:
+    """Runs under msrun: forward of one expert-parallel MoE layer, whole vs chunked variants
+    ("<chunks>", "<chunks>-inline": exchanged in line, "<chunks>-nice": background thread at
+    nice 19), interleaved, twice; per variant the median step, the overlap report summed over
+    the timed steps (moe/overlap_stats.py) and the phase profile, and the largest difference of
+    its output from the whole layer's."""
     import mindspore as ms
     from mindspore import Tensor, nn
 
@@ -241,7 +245,7 @@ def overlap_worker(out_dir: str, tokens: int, steps: int) -> None:
     class Layer(nn.Cell):
         def __init__(self, chunks):
             super().__init__()
-            self.moe = MoE(256, 512, num_experts=8, top_k=2, overlap_chunks=chunks)
+            self.moe = MoE(hidden, 2 * hidden, num_experts=8, top_k=2, overlap_chunks=chunks)
 
         def construct(self, x):
             return self.moe(x)[0]
@@ -249,33 +253,39 @@ def overlap_worker(out_dir: str, tokens: int, steps: int) -> None:
     ms.set_context(mode=ms.PYNATIVE_MODE)
     mh.set_context(mode="distributed")
     world = int(os.environ["MS_WORKER_NUM"])
-    x = Tensor(np.random.default_rng(0).normal(size=(world * tokens, 256)).astype(np.float32))
-    result = {}
-    for variant in ("1", "4", "4-inline", "1", "4", "4-inline"):  # interleaved, twice
-        chunks = int(variant[0])
+    x = Tensor(np.random.default_rng(0).normal(size=(world * tokens, hidden)).astype(np.float32))
+    result, whole = {}, None
+    for variant in ["1", *variants, "1", *variants]:  # interleaved, twice
+        chunks = int(variant.split("-")[0])
         ms.set_seed(0)
         layer = Layer(chunks)
-        layer.moe.parallel().background = variant != "4-inline"
+        engine = layer.moe.parallel()
+        engine.background = not variant.endswith("-inline")
+        engine.worker_nice = 19 if variant.endswith("-nice") else None
         par = auto_parallelize(layer, Layout((world,), ("expert",))(tensor_map=()).override("*.experts.*", "expert"))
-        par(x).asnumpy()  # warm-up
-        times, comm, wait = [], 0.0, 0.0
+        y = par(x).asnumpy()  # warm-up
+        if variant == "1":
+            whole = y
+        entry = result.setdefault(variant, {"step_seconds": [], "max_abs_diff": 0.0, "phase_seconds": {}})
+        entry["max_abs_diff"] = max(entry["max_abs_diff"], float(np.abs(y - whole).max()))
+        times = []
         for _ in range(steps):
             t0 = time.perf_counter()
             par(x).asnumpy()
             times.append(time.perf_counter() - t0)
-            stats = layer.moe.parallel().last_stats
-            comm += stats.get("comm_seconds", 0.0)
-            wait += stats.get("wait_seconds", 0.0)
-        entry = result.setdefault(variant, {"step_seconds": [], "comm_seconds": 0.0, "wait_seconds": 0.0})
+            stats = engine.last_stats
+            for k in ("comm_seconds", "wait_seconds", "exposed_seconds", "hidden_seconds", "queue_seconds"):
+                entry[k] = entry.get(k, 0.0) + stats.get(k, 0.0)
+            for k, v in stats.get("phase_seconds", {}).items():
+                entry["phase_seconds"][k] = entry["phase_seconds"].get(k, 0.0) + v
         entry["step_seconds"].append(statistics.median(times))
-        entry["comm_seconds"] += comm
-        entry["wait_seconds"] += wait
+        entry["timed_steps"] = entry.get("timed_steps", 0) + steps
     rank = int(os.environ.get("RANK_ID", "0"))
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
 
 
-def overlap(tokens: int, steps: int) -> dict:
+def overlap(tokens: int, steps: int, hidden: int, variants: list) -> dict:
     bindir = os.path.dirname(sys.executable)
     env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""), PYTHONPATH=ROOT)
     with tempfile.TemporaryDirectory() as tmp:
@@ -286,7 +296,8 @@ def overlap(tokens: int, steps: int) -> dict:
             port = s.getsockname()[1]
         cmd = [os.path.join(bindir, "msrun"), "--worker_num=2", "--local_worker_num=2", f"--master_port={port}",
                f"--log_dir={tmp}/logs", "--join=True", os.path.abspath(__file__), "--run-worker", tmp,
-               "--overlap-tokens", str(tokens), "--steps", str(steps)]
+               "--overlap-tokens", str(tokens), "--steps", str(steps), "--overlap-hidden", str(hidden),
+               "--overlap-variants", ",".join(variants)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
         if proc.returncode:
             logdir = os.path.join(tmp, "logs")
@@ -294,14 +305,19 @@ def overlap(tokens: int, steps: int) -> dict:
                 if os.path.isdir(logdir) else ""
             raise RuntimeError(f"msrun failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}{logs}")
         ranks = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(2)]
-    out = {"tokens_per_device": tokens}
-    for variant in ("1", "4", "4-inline"):
-        step = max(min(r[variant]["step_seconds"]) for r in ranks)
-        comm = sum(r[variant]["comm_seconds"] for r in ranks)
-        wait = sum(r[variant]["wait_seconds"] for r in ranks)
-        out[variant] = {"step_seconds": step, "comm_seconds": comm, "wait_seconds": wait,
-                        "overlap_ratio": (1.0 - wait / comm) if variant == "4" and comm > 0 else 0.0}
-    out["step_ratio_overlap_vs_whole"] = out["4"]["step_seconds"] / out["1"]["step_seconds"]
+    out = {"tokens_per_device": tokens, "hidden": hidden, "variants": {}}
+    for variant in ["1", *variants]:
+        rs = [r[variant] for r in ranks]
+        v = {"step_seconds": max(min(r["step_seconds"]) for r in rs),
+             "max_abs_diff": max(r["max_abs_diff"] for r in rs)}
+        for k in ("comm_seconds", "wait_seconds", "exposed_seconds", "hidden_seconds", "queue_seconds"):
+            v[k] = sum(r.get(k, 0.0) for r in rs) / len(rs) / rs[0]["timed_steps"]  # per step and process
+        v["phases"] = {k: sum(r["phase_seconds"].get(k, 0.0) for r in rs) / len(rs) / rs[0]["timed_steps"]
+                       for k in rs[0]["phase_seconds"]}
+        if variant == "1" or variant.endswith("-inline"):  # exchanged in line: all of it exposed
+            v["exposed_seconds"], v["hidden_seconds"], v["queue_seconds"] = v["comm_seconds"], 0.0, 0.0
+        v["overlap_ratio"] = v["hidden_seconds"] / v["comm_seconds"] if v["comm_seconds"] > 0 else 0.0
+        out["variants"][variant] = v
     return out
 
 
@@ -319,12 +335,16 @@ def main():
     parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of expert popularity")
     parser.add_argument("--overlap-tokens", type=int, default=2048, help="tokens per device, overlap section")
     parser.add_argument("--steps", type=int, default=3, help="timed forwards per variant, overlap section")
+    parser.add_argument("--overlap-hidden", type=int, default=256, help="H of the overlap section (F = 2H)")
+    parser.add_argument("--overlap-variants", default="2,4,4-inline,4-nice",
+                        help="chunked variants of the overlap section: <chunks>[-inline|-nice], comma-separated")
     parser.add_argument("--run-worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run_worker is not None:
         if os.environ.get("MS_ROLE") == "MS_SCHED":
             return
-        overlap_worker(args.run_worker, args.overlap_tokens, args.steps)
+        overlap_worker(args.run_worker, args.overlap_tokens, args.steps, args.overlap_hidden,
+                       args.overlap_variants.split(","))
         return
     if args.section in ("all", "balance"):
         r = balance(args.tokens, args.zipf)
@@ -368,15 +388,17 @@ def main():
             print(f"  {policy:<8} cold fetches per step {v['cold_per_step']:5.2f}   step {v['step_seconds'] * 1e3:7.1f} ms "
                   f"({v['step_seconds'] / base:.2f}x not offloaded)")
     if args.section in ("all", "overlap"):
-        r = overlap(args.overlap_tokens, args.steps)
-        print(f"overlap (msrun, 2 processes, {r['tokens_per_device']} tokens per device, H=256, F=512, 8 experts, top-2):")
-        print(f"  whole:    step {r['1']['step_seconds'] * 1e3:.1f} ms, AllToAll {r['1']['comm_seconds']:.3f} s in all")
-        print(f"  4 chunks: step {r['4']['step_seconds'] * 1e3:.1f} ms, AllToAll {r['4']['comm_seconds']:.3f} s, "
-              f"waited {r['4']['wait_seconds']:.3f} s -> overlap ratio {r['4']['overlap_ratio']:.2f}")
-        print(f"  4 chunks, exchanged in line (no background thread): step {r['4-inline']['step_seconds'] * 1e3:.1f} ms, "
-              f"AllToAll {r['4-inline']['comm_seconds']:.3f} s")
-        print(f"  step time ratio 4 chunks / whole: {r['step_ratio_overlap_vs_whole']:.2f}; "
-              f"4 chunks background / in line: {r['4']['step_seconds'] / r['4-inline']['step_seconds']:.2f}")
+        r = overlap(args.overlap_tokens, args.steps, args.overlap_hidden, args.overlap_variants.split(","))
+        print(f"overlap (msrun, 2 processes, {r['tokens_per_device']} tokens per device, H={r['hidden']}, "
+              f"F={2 * r['hidden']}, 8 experts, top-2); per step and process:")
+        base = r["variants"]["1"]["step_seconds"]
+        for name, v in r["variants"].items():
+            label = "whole" if name == "1" else name
+            phases = ", ".join(f"{k} {t * 1e3:.0f}" for k, t in v["phases"].items())
+            print(f"  {label:<9} step {v['step_seconds'] * 1e3:7.1f} ms ({v['step_seconds'] / base:.2f}x whole)  "
+                  f"AllToAll {v['comm_seconds'] * 1e3:6.1f} ms, exposed {v['exposed_seconds'] * 1e3:6.1f} ms, "
+                  f"queued {v['queue_seconds'] * 1e3:5.1f} ms -> overlap ratio {v['overlap_ratio']:.2f}"
+                  f"{'  [ms: ' + phases + ']' if phases else ''}  max |y - whole| {v['max_abs_diff']:.1e}")
 
 
 if __name__ == "__main__":
