@@ -21,12 +21,15 @@ expert-parallel dispatch.
             Adam. Cold fetches per step and step time, routing vs LRU, and the step time of
             the same model not offloaded (baseline, same run).
 5. overlap  (msrun, 2 processes, shared-memory transport) the forward of an expert-parallel
-            MoE layer, --overlap-tokens tokens per device: whole (no overlap) vs
-            `overlap_chunks` 4 (AllToAlls on a background thread) vs 4 chunks exchanged in line.
-            Reports step times, their ratios, and the overlap ratio 1 - waited / communication
-            seconds (communication seconds as timed on the background thread).
+            MoE layer, --overlap-tokens tokens per device, H=--overlap-hidden: whole (no
+            overlap) vs the --overlap-variants ("<chunks>": AllToAlls on a background
+            thread; "-inline": exchanged in line; "-nice": the thread at nice 19). Reports per
+            step and process: step time and its ratio to the whole layer (same run), AllToAll
+            seconds, the exposed part, the overlap ratio hidden / total communication from
+            per-exchange timestamps (moe/overlap_stats.py), the layer thread's phase profile,
+            and the largest difference of the output from the whole layer's.
 
-Usage: .venv/bin/python benchmarks/bench_moe.py [--section all|balance|metadata|overlap]
+Usage: .venv/bin/python benchmarks/bench_moe.py [--section all|balance|metadata|links|cache|cache-train|overlap]
 Timings on a shared 2-core machine are noisy: compare ratios within one run.
 """
 from __future__ import annotations
