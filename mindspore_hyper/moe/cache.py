@@ -72,14 +72,15 @@ class HotExpertCache:
         policy: "routing" (priority hints from routing statistics) or "lru".
         decay: weight of the past in the moving average of the routing counts.
         block_size: bytes per store block (default: an expert's size rounded up to 4 KiB).
-        extra_host_bytes: host-tier room beyond the experts' weights (e.g. their optimizer states).
+        extra_bytes_per_expert: host-tier room each expert needs beyond its weights, in blocks of
+            its own (e.g. its optimizer states, stored after `store.close_pack()`).
 
     Raises:
         ValueError: an unknown policy, capacity out of 1..experts, or experts of different shapes.
     """
 
     def __init__(self, weights: Sequence[ExpertWeights], capacity: int, policy: str = "routing", decay: float = 0.8,
-                 block_size: int = None, extra_host_bytes: int = 0):
+                 block_size: int = None, extra_bytes_per_expert: int = 0):
         from mindspore_hyper.offload.store import OffloadStore
 
         if policy not in CACHE_POLICIES:
@@ -95,7 +96,7 @@ class HotExpertCache:
         expert_bytes = sum(-(-a.nbytes // 64) * 64 for a in experts[0])
         block = block_size or -(-expert_bytes // 4096) * 4096
         per_expert = -(-expert_bytes // block)
-        extra_blocks = -(-int(extra_host_bytes) // block)
+        extra_blocks = len(experts) * -(-int(extra_bytes_per_expert) // block)
         self.capacity, self.num_experts = capacity, len(experts)
         self.store = OffloadStore(block_size=block, device_memory=capacity * per_expert * block,
                                   host_memory=(len(experts) * per_expert + extra_blocks + 1) * block, prefetch_depth=0)

@@ -58,9 +58,9 @@ class ExpertOffload:
         per_expert = [[np.ascontiguousarray(v[e]) for v in values] for e in range(self.num_experts)]
         self.workspace = Workspace(per_expert[0], optimizer, f"_moe_{id(self)}")
         states = self.workspace.initial_states
-        state_bytes = sum(-(-s.nbytes // 64) * 64 for s in states) + 4096
+        state_bytes = sum(-(-s.nbytes // 64) * 64 for s in states)  # each 64-byte aligned
         self.cache = HotExpertCache(per_expert, capacity, config.policy, config.decay,
-                                    extra_host_bytes=self.num_experts * state_bytes)
+                                    extra_bytes_per_expert=state_bytes)
         store = self.cache.store
         self.state_refs = []
         for _ in range(self.num_experts):  # every expert its own optimizer states, in host DRAM

@@ -276,6 +276,8 @@ def hyper_offload(model: nn.Cell, policy: Optional[OffloadPolicy] = None, *,
             (parameter shards; gradients and optimizer states of the slice it updates).
         policy: which Cells (default: every direct child with parameters); names are those of
             the network (for a SimulatedModel, of the model it wraps).
+            The experts of `moe.MoE` layers go to a hot-expert cache per layer instead
+            (`policy.expert_cache`; docs/moe.md), single-device models only.
         optimizer: factory ``params -> nn.Optimizer`` (e.g. ``lambda ps: nn.Adam(ps, 1e-3)``); it
             must be element-wise (SGD, Momentum, Adam, AdamWeightDecay, ...): one instance is made
             per distinct shape of an offload unit's update and one for the resident parameters.
