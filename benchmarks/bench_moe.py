@@ -277,7 +277,8 @@ def overlap_worker(out_dir: str, tokens: int, steps: int, hidden: int, variants:
             par(x).asnumpy()
             times.append(time.perf_counter() - t0)
             stats = engine.last_stats
-            for k in ("comm_seconds", "wait_seconds", "exposed_seconds", "hidden_seconds", "queue_seconds"):
+            for k in ("comm_seconds", "wait_seconds", "exposed_seconds", "hidden_seconds", "queue_seconds",
+                      "metadata_seconds"):
                 entry[k] = entry.get(k, 0.0) + stats.get(k, 0.0)
             for k, v in stats.get("phase_seconds", {}).items():
                 entry["phase_seconds"][k] = entry["phase_seconds"].get(k, 0.0) + v
@@ -313,7 +314,8 @@ def overlap(tokens: int, steps: int, hidden: int, variants: list) -> dict:
         rs = [r[variant] for r in ranks]
         v = {"step_seconds": max(min(r["step_seconds"]) for r in rs),
              "max_abs_diff": max(r["max_abs_diff"] for r in rs)}
-        for k in ("comm_seconds", "wait_seconds", "exposed_seconds", "hidden_seconds", "queue_seconds"):
+        for k in ("comm_seconds", "wait_seconds", "exposed_seconds", "hidden_seconds", "queue_seconds",
+                  "metadata_seconds"):
             v[k] = sum(r.get(k, 0.0) for r in rs) / len(rs) / rs[0]["timed_steps"]  # per step and process
         v["phases"] = {k: sum(r["phase_seconds"].get(k, 0.0) for r in rs) / len(rs) / rs[0]["timed_steps"]
                        for k in rs[0]["phase_seconds"]}
@@ -399,7 +401,7 @@ def main():
             label = "whole" if name == "1" else name
             phases = ", ".join(f"{k} {t * 1e3:.0f}" for k, t in v["phases"].items())
             print(f"  {label:<9} step {v['step_seconds'] * 1e3:7.1f} ms ({v['step_seconds'] / base:.2f}x whole)  "
-                  f"AllToAll {v['comm_seconds'] * 1e3:6.1f} ms, exposed {v['exposed_seconds'] * 1e3:6.1f} ms, "
+                  f"AllToAll {v['comm_seconds'] * 1e3:6.1f} ms (counts {v['metadata_seconds'] * 1e3:5.1f}), exposed {v['exposed_seconds'] * 1e3:6.1f} ms, "
                   f"queued {v['queue_seconds'] * 1e3:5.1f} ms -> overlap ratio {v['overlap_ratio']:.2f}"
                   f"{'  [ms: ' + phases + ']' if phases else ''}  max |y - whole| {v['max_abs_diff']:.1e}")
 

@@ -343,8 +343,12 @@ class ExpertParallel:
                                           prep.weights[0].dtype)
             flat = state.flat.asnumpy()
 
+            stats = self.last_stats
+
             def job():
+                start = time.perf_counter()
                 recv_counts = self._metadata(ex, exchange, state, key, send_counts)
+                stats["metadata_seconds"] = stats.get("metadata_seconds", 0.0) + time.perf_counter() - start
                 return recv_counts, exchange.move(flat, send_counts, recv_counts)
 
             state.pending = (exchange, key, send_counts, self._run(job, background))
