@@ -131,6 +131,8 @@ class ExpertParallel:
         background: run the chunks' exchanges on the background thread (msrun); False runs them
             in line, to measure what chunking alone costs.
         worker_nice: nice value (0..19) of the background exchange thread; None: the process's.
+        counts_with_rows: under msrun with per-expert counts as metadata, send the counts in the
+            rows' message (one rendezvous per dispatch); False: a counts exchange, then the rows.
     """
 
     def __init__(self, moe):
@@ -141,6 +143,7 @@ class ExpertParallel:
         self._worker = None  # one background thread for the exchanges (msrun, overlap chunks)
         self.background = True  # False: overlap chunks exchange synchronously (for measurements)
         self.worker_nice: Optional[int] = None
+        self.counts_with_rows = True
 
     # -- the whole layer ---------------------------------------------------------------------------
     def forward(self, x: DTensor, microbatch: Hashable = 0):
@@ -346,6 +349,9 @@ class ExpertParallel:
             stats = self.last_stats
 
             def job():
+                if self.counts_with_rows and not self.moe.routing_bits:
+                    self._recorder(ex, axes, "metadata")(send_counts.size * 8)
+                    return exchange.move_counted(flat, send_counts)
                 start = time.perf_counter()
                 recv_counts = self._metadata(ex, exchange, state, key, send_counts)
                 stats["metadata_seconds"] = stats.get("metadata_seconds", 0.0) + time.perf_counter() - start
