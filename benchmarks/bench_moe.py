@@ -23,7 +23,8 @@ expert-parallel dispatch.
 5. overlap  (msrun, 2 processes, shared-memory transport) the forward of an expert-parallel
             MoE layer, --overlap-tokens tokens per device, H=--overlap-hidden: whole (no
             overlap) vs the --overlap-variants ("<chunks>": AllToAlls on a background
-            thread; "-inline": exchanged in line; "-nice": the thread at nice 19). Reports per
+            thread; "-inline": exchanged in line; "-nice": the thread at nice 19; "-sep":
+            the row counts in their own exchange, as before `counts_with_rows`). Reports per
             step and process: step time and its ratio to the whole layer (same run), AllToAll
             seconds, the exposed part, the overlap ratio hidden / total communication from
             per-exchange timestamps (moe/overlap_stats.py), the layer thread's phase profile,
@@ -235,7 +236,7 @@ def cache_train(steps: int, experts: int, capacity: int, tokens: int) -> dict:
 def overlap_worker(out_dir: str, tokens: int, steps: int, hidden: int, variants: list) -> None:
     """Runs under msrun: forward of one expert-parallel MoE layer, whole vs chunked variants
     ("<chunks>", "<chunks>-inline": exchanged in line, "<chunks>-nice": background thread at
-    nice 19), interleaved, twice; per variant the median step, the overlap report summed over
+    nice 19, "<chunks>-sep": row counts in their own exchange before the rows), interleaved, twice; per variant the median step, the overlap report summed over
     the timed steps (moe/overlap_stats.py) and the phase profile, and the largest difference of
     its output from the whole layer's."""
     import mindspore as ms
@@ -265,6 +266,7 @@ def overlap_worker(out_dir: str, tokens: int, steps: int, hidden: int, variants:
         engine = layer.moe.parallel()
         engine.background = not variant.endswith("-inline")
         engine.worker_nice = 19 if variant.endswith("-nice") else None
+        engine.counts_with_rows = not variant.endswith("-sep")
         par = auto_parallelize(layer, Layout((world,), ("expert",))(tensor_map=()).override("*.experts.*", "expert"))
         y = par(x).asnumpy()  # warm-up
         if variant == "1":
@@ -342,7 +344,7 @@ def main():
     parser.add_argument("--steps", type=int, default=3, help="timed forwards per variant, overlap section")
     parser.add_argument("--overlap-hidden", type=int, default=256, help="H of the overlap section (F = 2H)")
     parser.add_argument("--overlap-variants", default="2,4,4-inline,4-nice",
-                        help="chunked variants of the overlap section: <chunks>[-inline|-nice], comma-separated")
+                        help="chunked variants of the overlap section: <chunks>[-inline|-nice|-sep], comma-separated")
     parser.add_argument("--run-worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run_worker is not None:
