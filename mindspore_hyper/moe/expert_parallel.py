@@ -38,7 +38,8 @@ from mindspore import Tensor, ops
 from mindspore_hyper.dtensor.dispatch import _fan_out, parameter_dtensor, replicated_dtensor
 from mindspore_hyper.dtensor.dtensor import DTensor, significant_axes
 from mindspore_hyper.moe.dispatch import DispatchPlan, DispatchStates, expert_capacity, plan_dispatch
-from mindspore_hyper.moe.exchange import InProcessExchange, LibraryExchange, ProcessExchange, split_rows
+from mindspore_hyper.moe.exchange import InProcessExchange, LibraryExchange, ProcessExchange, _nbytes, split_rows
+from mindspore_hyper.moe.hierarchical import ExpertGroups, empty_levels, group_rows, level_bytes
 from mindspore_hyper.moe.experts import combine_copies, swiglu
 from mindspore_hyper.moe.losses import logsumexp_square_sum
 from mindspore_hyper.shard.tensor_layout import TensorLayout
@@ -137,6 +138,7 @@ class ExpertParallel:
         self.last_stats: Dict[str, float] = {}
         self._worker = None  # one background thread for the exchanges (msrun, overlap chunks)
         self.background = True  # False: overlap chunks exchange synchronously (for measurements)
+        self._groups: Optional[ExpertGroups] = None  # the link groups of the last dispatch
 
     # -- the whole layer ---------------------------------------------------------------------------
     def forward(self, x: DTensor, microbatch: Hashable = 0):
@@ -285,15 +287,19 @@ class ExpertParallel:
         axes = prep.axes
         state = _State(prep, rows)
         sends: Dict[Key, Dict[Key, Dict[int, Optional[Tensor]]]] = {}
+        chunk_tokens: Dict[Key, Tensor] = {}
         for key, full in prep.plans.items():
             plan = full if rows == slice(None) else full.chunk(rows.start, rows.stop)
             if self.placement is not None:
                 plan = self.placement.physical_plan(plan)
             whole = rows == slice(None)
             tokens = prep.tokens[key] if whole else ops.narrow(prep.tokens[key], 0, rows.start, rows.stop - rows.start)
+            chunk_tokens[key] = tokens
             state.plans[key] = plan
             state.gates[key] = prep.gates[key] if whole else ops.narrow(prep.gates[key], 0, rows.start,
                                                                           rows.stop - rows.start)
+            if self.moe.dispatch == "hierarchical":
+                continue
             sends[key] = {}
             for member in range(axes.members):
                 segs = {}
@@ -301,9 +307,21 @@ class ExpertParallel:
                     ids = plan.tokens[member * axes.per_member + slot]
                     segs[slot] = ops.gather(tokens, Tensor(ids.astype(np.int32)), 0) if len(ids) else None
                 sends[key][self._key_of_member(ex, key, member, axes)] = segs
-        if self._local(ex, axes):
+        if self.moe.dispatch == "hierarchical" and axes.members > 1:
+            if not self._local(ex, axes):
+                raise NotImplementedError("MoE dispatch='hierarchical' runs in simulation; under msrun use "
+                                          "dispatch='flat'")
+            from mindspore_hyper.context import get_context
+
+            if get_context("sim_collectives") == "library":
+                raise NotImplementedError("MoE dispatch='hierarchical' hands rows over in process; "
+                                          "sim_collectives='library' moves only the flat dispatch")
+            state.pending = self._hierarchical_dispatch(ex, axes, state, chunk_tokens)
+        elif self._local(ex, axes):
+            self._count_levels(ex, axes, "dispatch", sends)
             state.pending = self._in_process(ex, axes, sends)
         else:
+            self._count_levels(ex, axes, "dispatch", sends)
             (key, by_dest), = sends.items()
             exchange = self._process_exchange(ex, key, axes)
             plan = state.plans[key]
@@ -319,6 +337,108 @@ class ExpertParallel:
 
             state.pending = (exchange, key, send_counts, self._run(job, background))
         self.states.put(microbatch, state)
+
+    # -- link levels and the two-level dispatch ----------------------------------------------------
+    def link_groups(self, ex, axes: _Axes) -> ExpertGroups:
+        """The link groups of the expert-parallel devices: `moe.expert_groups`, else the topology's
+        nodes (for a flat dispatch whose devices the nodes do not cut evenly: one group).
+
+        Raises:
+            ValueError: `expert_groups` does not divide the expert devices; the hierarchical
+                dispatch without `expert_groups` on a topology whose nodes do not cut them evenly.
+        """
+        if self.moe.expert_groups is not None:
+            return ExpertGroups(axes.members, self.moe.expert_groups)
+        from mindspore_hyper.comm.topology import load_topology
+
+        ranks = ex.group(axes.expert, {}).ranks
+        try:
+            return ExpertGroups.from_topology(load_topology(None, ex.mesh.size), ranks)
+        except ValueError:
+            if self.moe.dispatch == "hierarchical":
+                raise
+            return ExpertGroups(axes.members, 1)
+
+    def _add_levels(self, what: str, pairs) -> None:
+        """Add transfers (src member, dst member, bytes) to last_stats[what + "_link_bytes"]."""
+        counted = self.last_stats.setdefault(f"{what}_link_bytes", empty_levels())
+        for level, n in level_bytes(pairs, self._groups).items():
+            counted[level] += n
+
+    def _count_levels(self, ex, axes: _Axes, what: str, sends) -> None:
+        """Bytes per link level of a flat exchange sends[src key][dst key][slot] (every device here)."""
+        self._groups = self.link_groups(ex, axes)
+        self._add_levels(what, [(self._member(ex, src, axes), self._member(ex, dst, axes), _nbytes(t))
+                                for src, by_dst in sends.items() for dst, segs in by_dst.items()
+                                for t in segs.values() if t is not None])
+
+    def _hierarchical_dispatch(self, ex, axes: _Axes, state: _State, tokens: Dict[Key, Tensor]):
+        """Simulation: the two-level dispatch of every device's chunk (`moe.hierarchical`); returns
+        received[dest key][src key][slot] as the flat exchange does. A row crosses to another
+        group once (to the peer), then the peer gathers each expert's copies from it."""
+        groups = self._groups = self.link_groups(ex, axes)
+        first = ex.keys(axes.token)[0]
+        received: Dict[Key, Dict[Key, Dict[int, Optional[Tensor]]]] = {}
+        for key in state.plans:
+            for member in range(axes.members):
+                dest = self._key_of_member(ex, key, member, axes)
+                received.setdefault(dest, {})[key] = {slot: None for slot in range(axes.per_member)}
+        inter, intra = [], []
+        sent = {"inter_group": 0, "intra_group": 0}  # what device `first` sends, per hop
+        for key, plan in state.plans.items():
+            me = self._member(ex, key, axes)
+            for send in group_rows(plan.tokens, groups, axes.per_member):
+                rows = ops.gather(tokens[key], Tensor(send.tokens.astype(np.int32)), 0)
+                peer = groups.peer(me, send.group)
+                inter.append((me, peer, _nbytes(rows)))
+                if key == first and peer != me:
+                    sent["inter_group"] += _nbytes(rows)
+                peer_key = self._key_of_member(ex, key, peer, axes)
+                for e, pos in send.positions.items():
+                    member, slot = divmod(e, axes.per_member)
+                    seg = ops.gather(rows, Tensor(pos.astype(np.int32)), 0)
+                    intra.append((peer, member, _nbytes(seg)))
+                    if peer_key == first and member != peer:
+                        sent["intra_group"] += _nbytes(seg)
+                    received[self._key_of_member(ex, key, member, axes)][key][slot] = seg
+        self._add_levels("dispatch", inter + intra)
+        self._record_hops(ex, axes, sent)
+        return received
+
+    def _hierarchical_combine(self, ex, axes: _Axes, outputs) -> Dict[Key, Dict[Key, Dict[int, Optional[Tensor]]]]:
+        """Simulation: outputs[dest][src][slot] go back member -> peer -> source (one row per copy);
+        returns returned[src][dest][slot]."""
+        groups = self._groups
+        first = ex.keys(axes.token)[0]
+        returned: Dict = {}
+        pairs = []
+        sent = {"inter_group": 0, "intra_group": 0}
+        for dest, by_src in outputs.items():
+            member = self._member(ex, dest, axes)
+            for src, segs in by_src.items():
+                me = self._member(ex, src, axes)
+                peer = groups.peer(me, groups.group_of(member))
+                peer_key = self._key_of_member(ex, src, peer, axes)
+                for slot, t in segs.items():
+                    returned.setdefault(src, {}).setdefault(dest, {})[slot] = t
+                    if t is None:
+                        continue
+                    pairs += [(member, peer, _nbytes(t)), (peer, me, _nbytes(t))]
+                    if dest == first and member != peer:
+                        sent["intra_group"] += _nbytes(t)
+                    if peer_key == first and peer != me:
+                        sent["inter_group"] += _nbytes(t)
+        self._add_levels("combine", pairs)
+        self._record_hops(ex, axes, sent)
+        return returned
+
+    def _record_hops(self, ex, axes: _Axes, sent: Dict[str, int]) -> None:
+        """Each hop as one AllToAll over the expert axes in the report, with device 0's bytes (the
+        bytes per link level are in `last_stats`)."""
+        name = "+".join(ex.mesh.alias_names[a] for a in axes.expert) or "expert"
+        for n in sent.values():
+            self.last_stats["rows"] = self.last_stats.get("rows", 0) + n
+            ex.accounting.record_comm("AllToAll", name, n, n)
 
     def _in_process(self, ex, axes: _Axes, sends):
         """Simulation: sends[src key][dest key][slot] -> received[dest key][src key][slot], handed
@@ -457,11 +577,18 @@ class ExpertParallel:
         """Start sending the expert outputs back to their tokens' devices."""
         state = self.states.peek(outputs.microbatch)
         ex = state.weights[0].execution
+        if self.moe.dispatch == "hierarchical" and state.axes.members > 1:
+            state.pending = self._hierarchical_combine(ex, state.axes, outputs.outputs)
+            return
         if self._local(ex, state.axes):  # outputs[dest][src] are what dest sends back to src
+            self._count_levels(ex, state.axes, "combine", outputs.outputs)
             state.pending = self._in_process(ex, state.axes, outputs.outputs)
             return
         (key,) = state.plans
         (by_src,) = outputs.outputs.values()
+        me = self._member(ex, key, state.axes)
+        self._add_levels("combine", [(me, src, _nbytes(t)) for src, segs in by_src.items()
+                                     for t in segs.values() if t is not None])
         exchange = state.pending
         send_counts, recv_counts = state.counts[key]
         state.flat = exchange.flatten(by_src, recv_counts, state.weights[0].dtype)
