@@ -107,6 +107,7 @@ class _State:
     pending: object = None  # received segments (simulation) or the background exchange (msrun)
     gathered: Dict[tuple, list] = field(default_factory=dict)  # all experts' weights, with a placement
     flat: Optional[Tensor] = None  # what this process sent (msrun), the autograd input of the exchange
+    hops: Optional[dict] = None  # msrun hierarchical dispatch: the row counts of both hops, for combine
 
     @property
     def axes(self) -> _Axes:
@@ -309,8 +310,10 @@ class ExpertParallel:
                 sends[key][self._key_of_member(ex, key, member, axes)] = segs
         if self.moe.dispatch == "hierarchical" and axes.members > 1:
             if not self._local(ex, axes):
-                raise NotImplementedError("MoE dispatch='hierarchical' runs in simulation; under msrun use "
-                                          "dispatch='flat'")
+                (key,) = state.plans
+                state.pending = self._hierarchical_process_dispatch(ex, axes, state, key, chunk_tokens[key])
+                self.states.put(microbatch, state)
+                return
             from mindspore_hyper.context import get_context
 
             if get_context("sim_collectives") == "library":
@@ -431,6 +434,123 @@ class ExpertParallel:
         self._add_levels("combine", pairs)
         self._record_hops(ex, axes, sent)
         return returned
+
+    def _hierarchical_process_dispatch(self, ex, axes: _Axes, state: _State, key: Key, tokens: Tensor):
+        """msrun: the two-level dispatch of this process's tokens; both hops are uneven AllToAlls
+        over the expert group's communicator with rows only to the hop's destinations (peers in
+        other groups, then members of the own group). Metadata: row counts (int64) and, with
+        the first hop's rows, the 1-bit token x expert mask of the destination group's experts.
+        Returns received {key: {source member: {slot: rows}}} as the flat exchange."""
+        from mindspore_hyper.moe.routing_bits import pack_routing, packed_routing_bytes, unpack_routing
+
+        groups = self._groups = self.link_groups(ex, axes)
+        exchange = self._process_exchange(ex, key, axes)
+        meta = self._recorder(ex, axes, "metadata")
+        per, members, me = axes.per_member, axes.members, self._member(ex, key, axes)
+        experts_in_group = groups.size * per
+        dtype = state.weights[0].dtype
+        # hop 1: each token once to the peer of every group holding one of its experts
+        sends = group_rows(state.plans[key].tokens, groups, per)
+        counts1 = np.zeros((members, 1), dtype=np.int64)
+        segs1, masks = {}, {}
+        for send in sends:
+            peer = groups.peer(me, send.group)
+            counts1[peer, 0] = len(send.tokens)
+            segs1[peer] = {0: ops.gather(tokens, Tensor(send.tokens.astype(np.int32)), 0)}
+            mask = np.zeros((len(send.tokens), experts_in_group), dtype=bool)
+            first_expert = groups.members_of(send.group).start * per
+            for e, pos in send.positions.items():
+                mask[pos, e - first_expert] = True
+            masks[peer] = pack_routing(mask)
+        meta(counts1.size * 8)
+        recv1 = exchange.counts(counts1)
+        nbytes = [packed_routing_bytes(int(counts1[m, 0]), experts_in_group) for m in range(members)]
+        packed = np.concatenate([masks[m] if m in masks else np.zeros(0, np.uint8) for m in range(members)])
+        meta(int(packed.size))
+        buf, got = exchange.comm.all_to_all_v(packed, nbytes)
+        flat1 = exchange.flatten(segs1, counts1, dtype)
+        moved1 = exchange.move(flat1.asnumpy(), counts1, recv1)
+        rows1 = exchange.receive(flat1, moved1, counts1, recv1)
+        self._add_levels("dispatch", [(me, peer, int(counts1[peer, 0]) * self.moe.hidden * dtype.itemsize)
+                                      for peer in segs1])
+        # hop 2: the peer (this process, for the sources sharing its index) to the experts' members
+        my_group = groups.group_of(me)
+        counts2 = np.zeros((members, members * per), dtype=np.int64)
+        segs2: Dict[int, Dict[int, Optional[Tensor]]] = {}
+        offset = 0
+        for src in range(members):
+            n = int(recv1[src, 0])
+            size = packed_routing_bytes(n, experts_in_group)
+            if not n:
+                offset += size
+                continue
+            mask = unpack_routing(buf[offset:offset + size], n, experts_in_group)
+            offset += size
+            for j in range(experts_in_group):
+                pos = np.nonzero(mask[:, j])[0]
+                if not len(pos):
+                    continue
+                member, slot = divmod(groups.members_of(my_group).start * per + j, per)
+                counts2[member, src * per + slot] = len(pos)
+                segs2.setdefault(member, {})[src * per + slot] = ops.gather(rows1[src][0],
+                                                                            Tensor(pos.astype(np.int32)), 0)
+        meta(counts2.size * 8)
+        recv2 = exchange.counts(counts2)
+        flat2 = exchange.flatten(segs2, counts2, dtype)
+        moved2 = exchange.move(flat2.asnumpy(), counts2, recv2)
+        rows2 = exchange.receive(flat2, moved2, counts2, recv2)
+        self._add_levels("dispatch", [(me, m, int(counts2[m].sum()) * self.moe.hidden * dtype.itemsize)
+                                      for m in segs2])
+        received = {}
+        for src in range(members):
+            peer = groups.peer(src, groups.group_of(me))
+            received[src] = {slot: rows2[peer][src * per + slot] for slot in range(per)}
+        state.hops = {"exchange": exchange, "counts2": counts2, "recv2": recv2}
+        return {key: received}
+
+    def _hierarchical_process_combine(self, ex, axes: _Axes, state: _State, by_src) -> Dict[Key, dict]:
+        """msrun: expert outputs back member -> peer -> source (one row per copy), reversing both hops;
+        returns {key: {expert member: {slot: rows}}}."""
+        groups, hops = self._groups, state.hops
+        exchange, counts2, recv2 = hops["exchange"], hops["counts2"], hops["recv2"]
+        per, members = axes.per_member, axes.members
+        (key,) = state.plans
+        me = self._member(ex, key, axes)
+        dtype = state.weights[0].dtype
+        row_bytes = self.moe.hidden * dtype.itemsize
+        # reverse hop 2: to the peer that forwarded each source's copies
+        segs = {}
+        for src, outs in by_src.items():
+            peer = groups.peer(src, groups.group_of(me))
+            for slot, t in outs.items():
+                if t is not None:
+                    segs.setdefault(peer, {})[src * per + slot] = t
+        flat = exchange.flatten(segs, recv2, dtype)
+        back2 = exchange.receive(flat, exchange.move(flat.asnumpy(), recv2, counts2), recv2, counts2)
+        self._add_levels("combine", [(me, p, int(recv2[p].sum()) * row_bytes) for p in segs])
+        # reverse hop 1: the peer returns each source's copies, grouped by (expert member, slot)
+        counts1 = np.zeros((members, members * per), dtype=np.int64)
+        segs1: Dict[int, Dict[int, Optional[Tensor]]] = {}
+        for member in range(members):
+            for src in range(members):
+                for slot in range(per):
+                    n = int(counts2[member, src * per + slot])
+                    if n:
+                        counts1[src, member * per + slot] = n
+                        segs1.setdefault(src, {})[member * per + slot] = back2[member][src * per + slot]
+        plan = state.plans[key]
+        recv1 = np.zeros((members, members * per), dtype=np.int64)
+        for e, toks in enumerate(plan.tokens):
+            member, slot = divmod(e, per)
+            recv1[groups.peer(me, groups.group_of(member)), e] = len(toks)
+        flat = exchange.flatten(segs1, counts1, dtype)
+        back1 = exchange.receive(flat, exchange.move(flat.asnumpy(), counts1, recv1), counts1, recv1)
+        self._add_levels("combine", [(me, s, int(counts1[s].sum()) * row_bytes) for s in segs1])
+        returned = {}
+        for e in range(members * per):
+            member, slot = divmod(e, per)
+            returned.setdefault(member, {})[slot] = back1[groups.peer(me, groups.group_of(member))][e]
+        return {key: returned}
 
     def _record_hops(self, ex, axes: _Axes, sent: Dict[str, int]) -> None:
         """Each hop as one AllToAll over the expert axes in the report, with device 0's bytes (the
@@ -578,7 +698,11 @@ class ExpertParallel:
         state = self.states.peek(outputs.microbatch)
         ex = state.weights[0].execution
         if self.moe.dispatch == "hierarchical" and state.axes.members > 1:
-            state.pending = self._hierarchical_combine(ex, state.axes, outputs.outputs)
+            if self._local(ex, state.axes):
+                state.pending = self._hierarchical_combine(ex, state.axes, outputs.outputs)
+            else:
+                (by_src,) = outputs.outputs.values()
+                state.pending = self._hierarchical_process_combine(ex, state.axes, state, by_src)
             return
         if self._local(ex, state.axes):  # outputs[dest][src] are what dest sends back to src
             self._count_levels(ex, state.axes, "combine", outputs.outputs)
