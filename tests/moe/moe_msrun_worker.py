@@ -2,8 +2,9 @@
 model on one device in the same process; writes per rank the largest relative errors to JSON.
 
 Usage (under msrun): moe_msrun_worker.py OUT_DIR CASE [CASE ...],
-CASE = "<data>x<expert>x<tensor>[+bits][+overlap][+place]" (1-bit routing metadata; 2 overlap
-chunks; after 2 steps, experts re-placed by rebalance_experts with 4 extra replicas).
+CASE = "<data>x<expert>x<tensor>[+bits][+overlap][+place][+hier]" (1-bit routing metadata; 2
+overlap chunks; after 2 steps, experts re-placed by rebalance_experts with 4 extra replicas;
+hierarchical dispatch over 2 expert groups).
 """
 import json
 import os
@@ -34,7 +35,8 @@ def run_case(case: str) -> dict:
     ms.set_seed(0)
     ref = MoENet(shared=8 if tensor > 1 else 0)
     model = MoENet(shared=8 if tensor > 1 else 0, routing_bits="bits" in extra,
-                   overlap_chunks=2 if "overlap" in extra else 1)
+                   overlap_chunks=2 if "overlap" in extra else 1,
+                   **(dict(dispatch="hierarchical", expert_groups=2) if "hier" in extra else {}))
     copy_weights(ref, model)
     mesh = Layout((data, expert, tensor), ("data", "expert", "tensor"))
     par = auto_parallelize(model, expert_strategy(mesh, tensor=tensor > 1))
