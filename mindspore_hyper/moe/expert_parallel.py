@@ -10,7 +10,9 @@ parallelism inside each expert); the router weight stays replicated. For one cal
 2. each device routes its own tokens (router gradients summed over the token axes) and plans its
    dispatch (`dispatch.plan_dispatch`);
 3. *dispatch*: an uneven AllToAll within the expert group (the devices that differ only on the
-   expert axes) sends each expert the rows routed to it (`exchange`);
+   expert axes) sends each expert the rows routed to it (`exchange`); or, with
+   `MoE(dispatch="hierarchical")`, two hops: each row once to every destination group, then
+   inside the group to its experts' devices (`hierarchical`);
 4. each device runs its experts on what it received (with tensor-parallel experts, on its slice
    of F, then an AllReduce over the tensor axes);
 5. *combine*: the reverse AllToAll brings the rows back; each token's output is the gate-weighted

@@ -15,15 +15,17 @@ Combine goes back the same way (member -> peer -> source, one row per copy) and 
 sums each token's copies weighted by its gates, as the flat dispatch does, so results and
 gradients equal the flat dispatch. `group_rows` is the plan of step 1 (data, no tensors);
 `ExpertGroups.level` names the link level a transfer uses, for the measured bytes per level.
+The exchanges themselves run in `expert_parallel.ExpertParallel` (in process in simulation;
+under msrun as uneven AllToAlls of the expert group's communicator).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["ExpertGroups", "GroupRows", "group_rows", "LEVELS"]
+__all__ = ["ExpertGroups", "GroupRows", "group_rows", "level_bytes", "empty_levels", "LEVELS"]
 
 LEVELS = ("local", "intra_group", "inter_group")
 
@@ -113,15 +115,8 @@ def group_rows(expert_tokens: Sequence[np.ndarray], groups: ExpertGroups, per_me
     return out
 
 
-def merge_levels(a: Optional[Dict[str, int]], b: Dict[str, int]) -> Dict[str, int]:
-    """The sum of two per-level byte counts."""
-    out = dict.fromkeys(LEVELS, 0) if a is None else dict(a)
-    for k, v in b.items():
-        out[k] = out.get(k, 0) + int(v)
-    return out
-
-
 def empty_levels() -> Dict[str, int]:
+    """{level: 0} for every link level."""
     return dict.fromkeys(LEVELS, 0)
 
 
