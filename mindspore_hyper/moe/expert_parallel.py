@@ -142,6 +142,7 @@ class ExpertParallel:
         self._worker = None  # one background thread for the exchanges (msrun, overlap chunks)
         self.background = True  # False: overlap chunks exchange synchronously (for measurements)
         self._groups: Optional[ExpertGroups] = None  # the link groups of the last dispatch
+        self._topology_groups: Dict[tuple, ExpertGroups] = {}  # from the topology, per (ranks, flag, dispatch)
 
     # -- the whole layer ---------------------------------------------------------------------------
     def forward(self, x: DTensor, microbatch: Hashable = 0):
@@ -355,14 +356,18 @@ class ExpertParallel:
         if self.moe.expert_groups is not None:
             return ExpertGroups(axes.members, self.moe.expert_groups)
         from mindspore_hyper.comm.topology import load_topology
+        from mindspore_hyper.context import get_context
 
-        ranks = ex.group(axes.expert, {}).ranks
-        try:
-            return ExpertGroups.from_topology(load_topology(None, ex.mesh.size), ranks)
-        except ValueError:
-            if self.moe.dispatch == "hierarchical":
-                raise
-            return ExpertGroups(axes.members, 1)
+        ranks = tuple(ex.group(axes.expert, {}).ranks)
+        key = (ranks, get_context("topology"), self.moe.dispatch)
+        if key not in self._topology_groups:  # one topology look-up per layout and flag
+            try:
+                self._topology_groups[key] = ExpertGroups.from_topology(load_topology(None, ex.mesh.size), ranks)
+            except ValueError:
+                if self.moe.dispatch == "hierarchical":
+                    raise
+                self._topology_groups[key] = ExpertGroups(axes.members, 1)
+        return self._topology_groups[key]
 
     def _add_levels(self, what: str, pairs) -> None:
         """Add transfers (src member, dst member, bytes) to last_stats[what + "_link_bytes"]."""

@@ -70,6 +70,9 @@ class ExpertGroups:
         Raises:
             ValueError: the nodes do not cut the members into contiguous groups of equal size.
         """
+        if max(ranks) >= topology.num_devices:
+            raise ValueError(f"expert_groups=None: topology {topology.name!r} has {topology.num_devices} devices, "
+                             f"fewer than the mesh's (rank {max(ranks)}); pass MoE(expert_groups=G)")
         nodes = [topology.node_of(int(r)) for r in ranks]
         starts = [i for i in range(len(nodes)) if i == 0 or nodes[i] != nodes[i - 1]]
         sizes = np.diff(starts + [len(nodes)])

@@ -25,6 +25,14 @@ def test_expert_groups_peers_levels_and_errors():
     assert [g.level(0, 0), g.level(0, 3), g.level(0, 4)] == ["local", "intra_group", "inter_group"]
     with pytest.raises(ValueError, match="expert_groups=3 must be a positive integer dividing the 8 devices"):
         ExpertGroups(8, 3)
+    from mindspore_hyper.comm.topology import Topology
+
+    assert ExpertGroups.from_topology(Topology.preset("node8", 16), range(16)) == ExpertGroups(16, 2)
+    assert ExpertGroups.from_topology(Topology.preset("node8", 16), [4, 5, 6, 7, 8, 9, 10, 11]).num_groups == 2
+    with pytest.raises(ValueError, match="not contiguous groups of equal size; pass MoE\\(expert_groups=G\\)"):
+        ExpertGroups.from_topology(Topology.preset("node8", 16), [0, 8, 1, 9])
+    with pytest.raises(ValueError, match="has 8 devices, fewer than the mesh's"):
+        ExpertGroups.from_topology(Topology.preset("node8", 8), range(16))
     with pytest.raises(ValueError, match="dispatch='ring'; expected 'flat' or 'hierarchical'"):
         MoE(16, 16, num_experts=8, dispatch="ring")
     with pytest.raises(ValueError, match="expert_groups=0 must be a positive integer"):
