@@ -83,17 +83,19 @@ MESHES = {"pipeline2": ((2,), ("pipeline",)), "pipeline2-expert2": ((2, 2), ("pi
 
 
 # every schedule kind asked for on the pipeline alone; with experts split inside the stages the
-# two 1f1b-family schedules (full and split backward), to keep the suite fast
-CASES = [("pipeline2", "gpipe"), ("pipeline2", "1f1b"), ("pipeline2", "zb_h1"), ("pipeline2-expert2", "1f1b"),
-         ("pipeline2-expert2", "zb_h1")]
+# two 1f1b-family schedules (full and split backward; the split one with the hierarchical
+# dispatch over 2 expert groups), to keep the suite fast
+CASES = [("pipeline2", "gpipe", {}), ("pipeline2", "1f1b", {}), ("pipeline2", "zb_h1", {}),
+         ("pipeline2-expert2", "1f1b", {}),
+         ("pipeline2-expert2", "zb_h1", {"dispatch": "hierarchical", "expert_groups": 2})]
 
 
-@pytest.mark.parametrize("mesh,kind", CASES)
-def test_moe_stages_train_like_one_device(mesh, kind, reference):
+@pytest.mark.parametrize("mesh,kind,moe_options", CASES)
+def test_moe_stages_train_like_one_device(mesh, kind, moe_options, reference):
     init, ref_losses, ref_params = reference
     matrix, names = MESHES[mesh]
     mh.set_context(mode="simulation", device_num=int(np.prod(matrix)))
-    model = MoEChain()
+    model = MoEChain(**moe_options)
     for p in model.trainable_params():
         p.set_data(Tensor(init[p.name]))
     strategy = Layout(matrix, names)(tensor_map=())
@@ -111,6 +113,8 @@ def test_moe_stages_train_like_one_device(mesh, kind, reference):
     # every stage's auxiliary loss was collected (one per microbatch forward) and is part of the loss
     assert [len(parallel.computations[s].aux_losses) for s in (0, 1)] == [MICROBATCHES, MICROBATCHES]
     assert all(a > 0 for s in (0, 1) for a in parallel.computations[s].aux_losses)
+    if moe_options:  # the two-level exchange ran inside the stages
+        assert model.block1.moe.parallel().last_stats["dispatch_link_bytes"]["inter_group"] > 0
 
 
 def test_aux_loss_gradient_reaches_the_first_stage_router():
