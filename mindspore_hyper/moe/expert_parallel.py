@@ -475,6 +475,9 @@ class ExpertParallel:
         packed = np.concatenate([masks[m] if m in masks else np.zeros(0, np.uint8) for m in range(members)])
         meta(int(packed.size))
         buf, got = exchange.comm.all_to_all_v(packed, nbytes)
+        expect = [packed_routing_bytes(int(recv1[m, 0]), experts_in_group) for m in range(members)]
+        if list(got) != expect:
+            raise RuntimeError(f"hierarchical dispatch: received {list(got)} mask bytes per member, expected {expect}")
         flat1 = exchange.flatten(segs1, counts1, dtype)
         moved1 = exchange.move(flat1.asnumpy(), counts1, recv1)
         rows1 = exchange.receive(flat1, moved1, counts1, recv1)
