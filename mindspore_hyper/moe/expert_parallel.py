@@ -110,6 +110,7 @@ class _State:
     gathered: Dict[tuple, list] = field(default_factory=dict)  # all experts' weights, with a placement
     flat: Optional[Tensor] = None  # what this process sent (msrun), the autograd input of the exchange
     hops: Optional[dict] = None  # msrun hierarchical dispatch: the row counts of both hops, for combine
+    chain: Optional[Tensor] = None  # msrun: the last exchange's output (`ProcessExchange.chained`)
 
     @property
     def axes(self) -> _Axes:
@@ -506,7 +507,7 @@ class ExpertParallel:
                                                                             Tensor(pos.astype(np.int32)), 0)
         meta(counts2.size * 8)
         recv2 = exchange.counts(counts2)
-        flat2 = exchange.flatten(segs2, counts2, dtype)
+        flat2 = exchange.chained(exchange.flatten(segs2, counts2, dtype), exchange.last_output)
         moved2 = exchange.move(flat2.asnumpy(), counts2, recv2)
         rows2 = exchange.receive(flat2, moved2, counts2, recv2)
         self._add_levels("dispatch", [(me, m, int(counts2[m].sum()) * self.moe.hidden * dtype.itemsize)
@@ -516,6 +517,7 @@ class ExpertParallel:
             peer = groups.peer(src, groups.group_of(me))
             received[src] = {slot: rows2[peer][src * per + slot] for slot in range(per)}
         state.hops = {"exchange": exchange, "counts2": counts2, "recv2": recv2}
+        state.chain = exchange.last_output
         return {key: received}
 
     def _hierarchical_process_combine(self, ex, axes: _Axes, state: _State, by_src) -> Dict[Key, dict]:
@@ -535,7 +537,7 @@ class ExpertParallel:
             for slot, t in outs.items():
                 if t is not None:
                     segs.setdefault(peer, {})[src * per + slot] = t
-        flat = exchange.flatten(segs, recv2, dtype)
+        flat = exchange.chained(exchange.flatten(segs, recv2, dtype), state.chain)
         back2 = exchange.receive(flat, exchange.move(flat.asnumpy(), recv2, counts2), recv2, counts2)
         self._add_levels("combine", [(me, p, int(recv2[p].sum()) * row_bytes) for p in segs])
         # reverse hop 1: the peer returns each source's copies, grouped by (expert member, slot)
@@ -553,8 +555,9 @@ class ExpertParallel:
         for e, toks in enumerate(plan.tokens):
             member, slot = divmod(e, per)
             recv1[groups.peer(me, groups.group_of(member)), e] = len(toks)
-        flat = exchange.flatten(segs1, counts1, dtype)
+        flat = exchange.chained(exchange.flatten(segs1, counts1, dtype), exchange.last_output)
         back1 = exchange.receive(flat, exchange.move(flat.asnumpy(), counts1, recv1), counts1, recv1)
+        state.chain = exchange.last_output
         self._add_levels("combine", [(me, s, int(counts1[s].sum()) * row_bytes) for s in segs1])
         returned = {}
         for e in range(members * per):
@@ -597,7 +600,9 @@ class ExpertParallel:
         recv_counts, moved = self._wait(future)
         state.counts[key] = (send_counts, recv_counts)
         state.pending = exchange
-        return ExpertInputs(microbatch, {key: exchange.receive(state.flat, moved, send_counts, recv_counts)})
+        received = exchange.receive(state.flat, moved, send_counts, recv_counts)
+        state.chain = exchange.last_output
+        return ExpertInputs(microbatch, {key: received})
 
     def _run(self, job, background: bool) -> Future:
         """Run `job` now, or on the background thread; its seconds go to last_stats."""
@@ -725,7 +730,7 @@ class ExpertParallel:
                                      for t in segs.values() if t is not None])
         exchange = state.pending
         send_counts, recv_counts = state.counts[key]
-        state.flat = exchange.flatten(by_src, recv_counts, state.weights[0].dtype)
+        state.flat = exchange.chained(exchange.flatten(by_src, recv_counts, state.weights[0].dtype), state.chain)
         flat = state.flat.asnumpy()
         future = self._run(lambda: exchange.move(flat, recv_counts, send_counts), background)
         state.pending = (exchange, key, future)
@@ -741,6 +746,7 @@ class ExpertParallel:
             send_counts, recv_counts = state.counts[key]
             moved = self._wait(future)
             back = exchange.receive(state.flat, moved, recv_counts, send_counts)
+            state.chain = exchange.last_output
             returned = {key: back}
         shards = {}
         dtype = state.weights[0].dtype
@@ -752,6 +758,8 @@ class ExpertParallel:
                 src = self._key_of_member(ex, key, member, state.axes) if self._local(ex, state.axes) else member
                 outs.append(by_dest[src][slot])
             shards[key] = combine_copies(plan, outs, state.gates[key], self.moe.hidden, dtype)
+            if state.chain is not None:  # msrun: the last exchange joins the output (see ProcessExchange.chained)
+                shards[key] = ProcessExchange.chained(shards[key], state.chain)
         return shards
 
     def _assemble(self, prep: _Prepared, chunks: List[Dict[Key, Tensor]]):
