@@ -9,8 +9,9 @@ expert-parallel dispatch.
 2. metadata Bytes a device sends to describe its routing for --tokens tokens, top-8, 128
             experts: int32 expert index + float32 gate per token copy, a float32 T x E routing
             matrix, the 1-bit mask (C++ `pack_routing`); pack+unpack time vs numpy packbits.
-3. links    Dispatch bytes per topology link level (node8: 2 nodes of 8 devices), flat vs
-            group-limited routing (4 of 16 expert groups) and flat vs two-level dispatch.
+3. links    Dispatch bytes per link level measured from executed exchanges (an MoE layer on
+            16 simulated devices, node8: 2 nodes of 8 = 2 expert groups), unlimited vs
+            group-limited routing (4 of 16 groups), flat vs hierarchical dispatch.
 4. cache    Hot-expert cache (`moe/cache.py`): 128 experts in the offload store, the device
             tier for 32; cold fetches per step and step time, routing-statistics priorities vs
             plain LRU, over a Zipf routing trace (first fifth of the steps excluded as warm-up).
@@ -116,23 +117,43 @@ def metadata(tokens: int) -> dict:
                                                                  bitorder="little")[:tokens * experts])}
 
 
-def links(tokens: int) -> dict:
-    """Dispatch bytes per link level of the node8 topology (16 devices, 2 nodes of 8): 128
-    experts, 8 per device; top-8 routing flat or limited to 4 of 16 expert groups (a group = a
-    device's experts), dispatched flat or two-level."""
-    from mindspore_hyper.comm.topology import Topology
-    from mindspore_hyper.moe.groups import link_bytes
+def links(tokens: int, experts: int, hidden: int) -> dict:
+    """Dispatch bytes per link level measured from executed exchanges: one expert-parallel MoE
+    layer forward on 16 simulated devices of the node8 topology (2 nodes of 8 = 2 expert
+    groups), `experts` experts, top-8, unlimited or group-limited routing (4 of 16 groups),
+    dispatched flat or hierarchical (`MoE(dispatch=...)`); float32 rows of `hidden`."""
+    import mindspore as ms
+    from mindspore import Tensor, nn
 
-    topo = Topology.preset("node8", 16)
-    rng = np.random.default_rng(2)
-    perm = rng.permutation(128)
-    per_device = tokens // 16
-    row = 7168 * 2  # a DeepSeek-V3 hidden row in bf16
+    import mindspore_hyper as mh
+    from mindspore_hyper import Layout
+    from mindspore_hyper.moe import MoE
+    from mindspore_hyper.runtime.simulation import simulate
+
+    class Routed(nn.Cell):
+        def __init__(self, moe):
+            super().__init__()
+            self.moe = moe
+
+        def construct(self, x):
+            return self.moe(x)[0]
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    mh.set_context(device_num=16, topology="node8")
+    x = Tensor(np.random.default_rng(2).normal(size=(tokens, hidden)).astype(np.float32))
+    strategy = Layout((16,), ("expert",))(tensor_map=()).override("*.experts.*", "expert")
     out = {}
-    for name, groups in (("unlimited", 1), ("4 of 16 groups", 16)):
-        chosen = [zipf_routing(rng, per_device, 128, 8, 1.0, perm, groups, 4) for _ in range(16)]
-        for two_level in (False, True):
-            out[f"{name}, {'two-level' if two_level else 'flat'}"] = link_bytes(chosen, 8, topo, row, two_level)
+    for name, groups in (("unlimited", {}), ("4 of 16 groups", {"num_groups": 16, "topk_groups": 4})):
+        results = {}
+        for dispatch in ("flat", "hierarchical"):
+            ms.set_seed(0)
+            moe = MoE(hidden, hidden, experts, top_k=8, dispatch=dispatch, **groups)
+            start = time.perf_counter()
+            results[dispatch] = simulate(Routed(moe), strategy)(x).asnumpy()
+            stats = moe.parallel().last_stats
+            out[f"{name}, {dispatch}"] = dict(stats["dispatch_link_bytes"], seconds=time.perf_counter() - start,
+                                              combine_inter_group=stats["combine_link_bytes"]["inter_group"])
+        assert np.allclose(results["flat"], results["hierarchical"], rtol=1e-5, atol=1e-6)
     return out
 
 
@@ -339,6 +360,9 @@ def main():
     parser.add_argument("--cache-tokens", type=int, default=6, help="tokens per step, cache-train (top-2: at most "
                         "2x this many experts a step, which must fit the capacity)")
     parser.add_argument("--tokens", type=int, default=8192, help="tokens of the balance and metadata sections")
+    parser.add_argument("--links-tokens", type=int, default=256, help="tokens of the links section")
+    parser.add_argument("--links-experts", type=int, default=32, help="experts of the links section")
+    parser.add_argument("--links-hidden", type=int, default=64, help="hidden size of the links section")
     parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of expert popularity")
     parser.add_argument("--overlap-tokens", type=int, default=2048, help="tokens per device, overlap section")
     parser.add_argument("--steps", type=int, default=3, help="timed forwards per variant, overlap section")
@@ -372,11 +396,18 @@ def main():
         print(f"  pack+unpack (C++): {r['pack_unpack_seconds'] * 1e6:.0f} us; numpy packbits+unpackbits: "
               f"{r['numpy_packbits_seconds'] * 1e6:.0f} us")
     if args.section in ("all", "links"):
-        print(f"dispatch bytes per link level, {args.tokens} tokens over 16 devices (node8: 2 nodes x 8), top-8 of 128, "
-              "rows of 7168 bf16:")
-        for name, v in links(args.tokens).items():
-            print(f"  {name:<28} local {v['local'] / 2**20:8.1f} MiB  intra-node {v['intra_node'] / 2**20:8.1f} MiB  "
-                  f"inter-node {v['inter_node'] / 2**20:8.1f} MiB")
+        print(f"dispatch bytes per link level, executed (simulation): {args.links_tokens} tokens over 16 devices "
+              f"(node8: 2 nodes x 8 = 2 expert groups), top-8 of {args.links_experts}, float32 rows of "
+              f"{args.links_hidden}:")
+        r = links(args.links_tokens, args.links_experts, args.links_hidden)
+        for name, v in r.items():
+            print(f"  {name:<30} local {v['local'] / 2**10:8.1f} KiB  intra-group {v['intra_group'] / 2**10:8.1f} KiB  "
+                  f"inter-group {v['inter_group'] / 2**10:8.1f} KiB  (combine inter-group "
+                  f"{v['combine_inter_group'] / 2**10:.1f} KiB, {v['seconds']:.1f} s)")
+        for name in ("unlimited", "4 of 16 groups"):
+            flat, hier = r[f"{name}, flat"], r[f"{name}, hierarchical"]
+            print(f"  {name}: inter-group dispatch bytes hierarchical / flat = "
+                  f"{hier['inter_group'] / flat['inter_group']:.3f}")
     if args.section in ("all", "cache"):
         r = cache(args.cache_steps)
         print("hot-expert cache: 128 experts (1.5 MiB each) in the offload store, device tier for 32, "

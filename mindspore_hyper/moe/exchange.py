@@ -123,6 +123,14 @@ class ProcessExchange:
     size: int
     hidden: int
     record: object = None
+    last_output: Optional[Tensor] = None  # the last `receive`'s exchanged rows, for `chained`
+
+    @staticmethod
+    def chained(flat: Tensor, previous: Optional[Tensor]) -> Tensor:
+        """`flat` made to depend (times 0) on the previous exchange's output, so every process
+        runs the backward AllToAlls in the same (reverse) order even when an exchange received
+        no rows here (its output otherwise unused: its backward would be skipped here only)."""
+        return flat if previous is None else flat + previous.sum() * 0.0
 
     def counts(self, send_counts: np.ndarray) -> np.ndarray:
         """send_counts [members, experts per member] (rows to each destination's experts) ->
@@ -178,7 +186,8 @@ class ProcessExchange:
     def receive(self, flat: Tensor, moved: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray) -> Segments:
         """The differentiable result of the exchange of `flat` (already `moved`): received[src][slot]."""
         cell = RowExchange(self.comm, send_counts.sum(1).tolist(), recv_counts.sum(1).tolist(), self.hidden, moved)
-        pieces = split_rows(cell(flat), recv_counts.reshape(-1).tolist())
+        self.last_output = cell(flat)
+        pieces = split_rows(self.last_output, recv_counts.reshape(-1).tolist())
         per = recv_counts.shape[1]
         return {src: {s: pieces[src * per + s] for s in range(per)} for src in range(self.size)}
 

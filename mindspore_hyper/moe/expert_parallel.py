@@ -10,7 +10,9 @@ parallelism inside each expert); the router weight stays replicated. For one cal
 2. each device routes its own tokens (router gradients summed over the token axes) and plans its
    dispatch (`dispatch.plan_dispatch`);
 3. *dispatch*: an uneven AllToAll within the expert group (the devices that differ only on the
-   expert axes) sends each expert the rows routed to it (`exchange`);
+   expert axes) sends each expert the rows routed to it (`exchange`); or, with
+   `MoE(dispatch="hierarchical")`, two hops: each row once to every destination group, then
+   inside the group to its experts' devices (`hierarchical`);
 4. each device runs its experts on what it received (with tensor-parallel experts, on its slice
    of F, then an AllReduce over the tensor axes);
 5. *combine*: the reverse AllToAll brings the rows back; each token's output is the gate-weighted
@@ -39,7 +41,8 @@ from mindspore_hyper import _core
 from mindspore_hyper.dtensor.dispatch import _fan_out, parameter_dtensor, replicated_dtensor
 from mindspore_hyper.dtensor.dtensor import DTensor, significant_axes
 from mindspore_hyper.moe.dispatch import DispatchPlan, DispatchStates, expert_capacity, plan_dispatch
-from mindspore_hyper.moe.exchange import InProcessExchange, LibraryExchange, ProcessExchange, split_rows
+from mindspore_hyper.moe.exchange import InProcessExchange, LibraryExchange, ProcessExchange, _nbytes, split_rows
+from mindspore_hyper.moe.hierarchical import ExpertGroups, empty_levels, group_rows, level_bytes
 from mindspore_hyper.moe.experts import combine_copies, swiglu
 from mindspore_hyper.moe.losses import logsumexp_square_sum
 from mindspore_hyper.moe.overlap_stats import overlap_report
@@ -108,6 +111,8 @@ class _State:
     pending: object = None  # received segments (simulation) or the background exchange (msrun)
     gathered: Dict[tuple, list] = field(default_factory=dict)  # all experts' weights, with a placement
     flat: Optional[Tensor] = None  # what this process sent (msrun), the autograd input of the exchange
+    hops: Optional[dict] = None  # msrun hierarchical dispatch: the row counts of both hops, for combine
+    chain: Optional[Tensor] = None  # msrun: the last exchange's output (`ProcessExchange.chained`)
 
     @property
     def axes(self) -> _Axes:
@@ -144,6 +149,8 @@ class ExpertParallel:
         self.background = True  # False: overlap chunks exchange synchronously (for measurements)
         self.worker_nice: Optional[int] = None
         self.counts_with_rows = True
+        self._groups: Optional[ExpertGroups] = None  # the link groups of the last dispatch
+        self._topology_groups: Dict[tuple, ExpertGroups] = {}  # from the topology, per (ranks, flag, dispatch)
 
     # -- the whole layer ---------------------------------------------------------------------------
     def forward(self, x: DTensor, microbatch: Hashable = 0):
@@ -318,15 +325,19 @@ class ExpertParallel:
         axes = prep.axes
         state = _State(prep, rows)
         sends: Dict[Key, Dict[Key, Dict[int, Optional[Tensor]]]] = {}
+        chunk_tokens: Dict[Key, Tensor] = {}
         for key, full in prep.plans.items():
             plan = full if rows == slice(None) else full.chunk(rows.start, rows.stop)
             if self.placement is not None:
                 plan = self.placement.physical_plan(plan)
             whole = rows == slice(None)
             tokens = prep.tokens[key] if whole else ops.narrow(prep.tokens[key], 0, rows.start, rows.stop - rows.start)
+            chunk_tokens[key] = tokens
             state.plans[key] = plan
             state.gates[key] = prep.gates[key] if whole else ops.narrow(prep.gates[key], 0, rows.start,
                                                                           rows.stop - rows.start)
+            if self.moe.dispatch == "hierarchical":
+                continue
             sends[key] = {}
             for member in range(axes.members):
                 segs = {}
@@ -334,9 +345,23 @@ class ExpertParallel:
                     ids = plan.tokens[member * axes.per_member + slot]
                     segs[slot] = ops.gather(tokens, Tensor(ids.astype(np.int32)), 0) if len(ids) else None
                 sends[key][self._key_of_member(ex, key, member, axes)] = segs
-        if self._local(ex, axes):
+        if self.moe.dispatch == "hierarchical" and axes.members > 1:
+            if not self._local(ex, axes):
+                (key,) = state.plans
+                state.pending = self._hierarchical_process_dispatch(ex, axes, state, key, chunk_tokens[key])
+                self.states.put(microbatch, state)
+                return
+            from mindspore_hyper.context import get_context
+
+            if get_context("sim_collectives") == "library":
+                raise NotImplementedError("MoE dispatch='hierarchical' hands rows over in process; "
+                                          "sim_collectives='library' moves only the flat dispatch")
+            state.pending = self._hierarchical_dispatch(ex, axes, state, chunk_tokens)
+        elif self._local(ex, axes):
+            self._count_levels(ex, axes, "dispatch", sends)
             state.pending = self._in_process(ex, axes, sends)
         else:
+            self._count_levels(ex, axes, "dispatch", sends)
             (key, by_dest), = sends.items()
             exchange = self._process_exchange(ex, key, axes)
             plan = state.plans[key]
@@ -359,6 +384,234 @@ class ExpertParallel:
 
             state.pending = (exchange, key, send_counts, self._run(job, background))
         self.states.put(microbatch, state)
+
+    # -- link levels and the two-level dispatch ----------------------------------------------------
+    def link_groups(self, ex, axes: _Axes) -> ExpertGroups:
+        """The link groups of the expert-parallel devices: `moe.expert_groups`, else the topology's
+        nodes (for a flat dispatch whose devices the nodes do not cut evenly: one group).
+
+        Raises:
+            ValueError: `expert_groups` does not divide the expert devices; the hierarchical
+                dispatch without `expert_groups` on a topology whose nodes do not cut them evenly.
+        """
+        if self.moe.expert_groups is not None:
+            return ExpertGroups(axes.members, self.moe.expert_groups)
+        from mindspore_hyper.comm.topology import load_topology
+        from mindspore_hyper.context import get_context
+
+        ranks = tuple(ex.group(axes.expert, {}).ranks)
+        key = (ranks, get_context("topology"), self.moe.dispatch)
+        if key not in self._topology_groups:  # one topology look-up per layout and flag
+            try:
+                self._topology_groups[key] = ExpertGroups.from_topology(load_topology(None, ex.mesh.size), ranks)
+            except ValueError:
+                if self.moe.dispatch == "hierarchical":
+                    raise
+                self._topology_groups[key] = ExpertGroups(axes.members, 1)
+        return self._topology_groups[key]
+
+    def _add_levels(self, what: str, pairs) -> None:
+        """Add transfers (src member, dst member, bytes) to last_stats[what + "_link_bytes"]."""
+        counted = self.last_stats.setdefault(f"{what}_link_bytes", empty_levels())
+        for level, n in level_bytes(pairs, self._groups).items():
+            counted[level] += n
+
+    def _count_levels(self, ex, axes: _Axes, what: str, sends) -> None:
+        """Bytes per link level of a flat exchange sends[src key][dst key][slot] (every device here)."""
+        self._groups = self.link_groups(ex, axes)
+        self._add_levels(what, [(self._member(ex, src, axes), self._member(ex, dst, axes), _nbytes(t))
+                                for src, by_dst in sends.items() for dst, segs in by_dst.items()
+                                for t in segs.values() if t is not None])
+
+    def _hierarchical_dispatch(self, ex, axes: _Axes, state: _State, tokens: Dict[Key, Tensor]):
+        """Simulation: the two-level dispatch of every device's chunk (`moe.hierarchical`); returns
+        received[dest key][src key][slot] as the flat exchange does. A row crosses to another
+        group once (to the peer), then the peer gathers each expert's copies from it."""
+        groups = self._groups = self.link_groups(ex, axes)
+        first = ex.keys(axes.token)[0]
+        received: Dict[Key, Dict[Key, Dict[int, Optional[Tensor]]]] = {}
+        for key in state.plans:
+            for member in range(axes.members):
+                dest = self._key_of_member(ex, key, member, axes)
+                received.setdefault(dest, {})[key] = {slot: None for slot in range(axes.per_member)}
+        inter, intra = [], []
+        sent = {"inter_group": 0, "intra_group": 0}  # what device `first` sends, per hop
+        for key, plan in state.plans.items():
+            me = self._member(ex, key, axes)
+            for send in group_rows(plan.tokens, groups, axes.per_member):
+                rows = ops.gather(tokens[key], Tensor(send.tokens.astype(np.int32)), 0)
+                peer = groups.peer(me, send.group)
+                inter.append((me, peer, _nbytes(rows)))
+                if key == first and peer != me:
+                    sent["inter_group"] += _nbytes(rows)
+                peer_key = self._key_of_member(ex, key, peer, axes)
+                for e, pos in send.positions.items():
+                    member, slot = divmod(e, axes.per_member)
+                    seg = ops.gather(rows, Tensor(pos.astype(np.int32)), 0)
+                    intra.append((peer, member, _nbytes(seg)))
+                    if peer_key == first and member != peer:
+                        sent["intra_group"] += _nbytes(seg)
+                    received[self._key_of_member(ex, key, member, axes)][key][slot] = seg
+        self._add_levels("dispatch", inter + intra)
+        self._record_hops(ex, axes, sent)
+        return received
+
+    def _hierarchical_combine(self, ex, axes: _Axes, outputs) -> Dict[Key, Dict[Key, Dict[int, Optional[Tensor]]]]:
+        """Simulation: outputs[dest][src][slot] go back member -> peer -> source (one row per copy);
+        returns returned[src][dest][slot]."""
+        groups = self._groups
+        first = ex.keys(axes.token)[0]
+        returned: Dict = {}
+        pairs = []
+        sent = {"inter_group": 0, "intra_group": 0}
+        for dest, by_src in outputs.items():
+            member = self._member(ex, dest, axes)
+            for src, segs in by_src.items():
+                me = self._member(ex, src, axes)
+                peer = groups.peer(me, groups.group_of(member))
+                peer_key = self._key_of_member(ex, src, peer, axes)
+                for slot, t in segs.items():
+                    returned.setdefault(src, {}).setdefault(dest, {})[slot] = t
+                    if t is None:
+                        continue
+                    pairs += [(member, peer, _nbytes(t)), (peer, me, _nbytes(t))]
+                    if dest == first and member != peer:
+                        sent["intra_group"] += _nbytes(t)
+                    if peer_key == first and peer != me:
+                        sent["inter_group"] += _nbytes(t)
+        self._add_levels("combine", pairs)
+        self._record_hops(ex, axes, sent)
+        return returned
+
+    def _hierarchical_process_dispatch(self, ex, axes: _Axes, state: _State, key: Key, tokens: Tensor):
+        """msrun: the two-level dispatch of this process's tokens; both hops are uneven AllToAlls
+        over the expert group's communicator with rows only to the hop's destinations (peers in
+        other groups, then members of the own group). Metadata: row counts (int64) and, with
+        the first hop's rows, the 1-bit token x expert mask of the destination group's experts.
+        Returns received {key: {source member: {slot: rows}}} as the flat exchange."""
+        from mindspore_hyper.moe.routing_bits import pack_routing, packed_routing_bytes, unpack_routing
+
+        groups = self._groups = self.link_groups(ex, axes)
+        exchange = self._process_exchange(ex, key, axes)
+        meta = self._recorder(ex, axes, "metadata")
+        per, members, me = axes.per_member, axes.members, self._member(ex, key, axes)
+        experts_in_group = groups.size * per
+        dtype = state.weights[0].dtype
+        # hop 1: each token once to the peer of every group holding one of its experts
+        sends = group_rows(state.plans[key].tokens, groups, per)
+        counts1 = np.zeros((members, 1), dtype=np.int64)
+        segs1, masks = {}, {}
+        for send in sends:
+            peer = groups.peer(me, send.group)
+            counts1[peer, 0] = len(send.tokens)
+            segs1[peer] = {0: ops.gather(tokens, Tensor(send.tokens.astype(np.int32)), 0)}
+            mask = np.zeros((len(send.tokens), experts_in_group), dtype=bool)
+            first_expert = groups.members_of(send.group).start * per
+            for e, pos in send.positions.items():
+                mask[pos, e - first_expert] = True
+            masks[peer] = pack_routing(mask)
+        meta(counts1.size * 8)
+        recv1 = exchange.counts(counts1)
+        nbytes = [packed_routing_bytes(int(counts1[m, 0]), experts_in_group) for m in range(members)]
+        packed = np.concatenate([masks[m] if m in masks else np.zeros(0, np.uint8) for m in range(members)])
+        meta(int(packed.size))
+        buf, got = exchange.comm.all_to_all_v(packed, nbytes)
+        expect = [packed_routing_bytes(int(recv1[m, 0]), experts_in_group) for m in range(members)]
+        if list(got) != expect:
+            raise RuntimeError(f"hierarchical dispatch: received {list(got)} mask bytes per member, expected {expect}")
+        flat1 = exchange.flatten(segs1, counts1, dtype)
+        moved1 = exchange.move(flat1.asnumpy(), counts1, recv1)
+        rows1 = exchange.receive(flat1, moved1, counts1, recv1)
+        self._add_levels("dispatch", [(me, peer, int(counts1[peer, 0]) * self.moe.hidden * dtype.itemsize)
+                                      for peer in segs1])
+        # hop 2: the peer (this process, for the sources sharing its index) to the experts' members
+        my_group = groups.group_of(me)
+        counts2 = np.zeros((members, members * per), dtype=np.int64)
+        segs2: Dict[int, Dict[int, Optional[Tensor]]] = {}
+        offset = 0
+        for src in range(members):
+            n = int(recv1[src, 0])
+            size = packed_routing_bytes(n, experts_in_group)
+            if not n:
+                offset += size
+                continue
+            mask = unpack_routing(buf[offset:offset + size], n, experts_in_group)
+            offset += size
+            for j in range(experts_in_group):
+                pos = np.nonzero(mask[:, j])[0]
+                if not len(pos):
+                    continue
+                member, slot = divmod(groups.members_of(my_group).start * per + j, per)
+                counts2[member, src * per + slot] = len(pos)
+                segs2.setdefault(member, {})[src * per + slot] = ops.gather(rows1[src][0],
+                                                                            Tensor(pos.astype(np.int32)), 0)
+        meta(counts2.size * 8)
+        recv2 = exchange.counts(counts2)
+        flat2 = exchange.chained(exchange.flatten(segs2, counts2, dtype), exchange.last_output)
+        moved2 = exchange.move(flat2.asnumpy(), counts2, recv2)
+        rows2 = exchange.receive(flat2, moved2, counts2, recv2)
+        self._add_levels("dispatch", [(me, m, int(counts2[m].sum()) * self.moe.hidden * dtype.itemsize)
+                                      for m in segs2])
+        received = {}
+        for src in range(members):
+            peer = groups.peer(src, groups.group_of(me))
+            received[src] = {slot: rows2[peer][src * per + slot] for slot in range(per)}
+        state.hops = {"exchange": exchange, "counts2": counts2, "recv2": recv2}
+        state.chain = exchange.last_output
+        return {key: received}
+
+    def _hierarchical_process_combine(self, ex, axes: _Axes, state: _State, by_src) -> Dict[Key, dict]:
+        """msrun: expert outputs back member -> peer -> source (one row per copy), reversing both hops;
+        returns {key: {expert member: {slot: rows}}}."""
+        groups, hops = self._groups, state.hops
+        exchange, counts2, recv2 = hops["exchange"], hops["counts2"], hops["recv2"]
+        per, members = axes.per_member, axes.members
+        (key,) = state.plans
+        me = self._member(ex, key, axes)
+        dtype = state.weights[0].dtype
+        row_bytes = self.moe.hidden * dtype.itemsize
+        # reverse hop 2: to the peer that forwarded each source's copies
+        segs = {}
+        for src, outs in by_src.items():
+            peer = groups.peer(src, groups.group_of(me))
+            for slot, t in outs.items():
+                if t is not None:
+                    segs.setdefault(peer, {})[src * per + slot] = t
+        flat = exchange.chained(exchange.flatten(segs, recv2, dtype), state.chain)
+        back2 = exchange.receive(flat, exchange.move(flat.asnumpy(), recv2, counts2), recv2, counts2)
+        self._add_levels("combine", [(me, p, int(recv2[p].sum()) * row_bytes) for p in segs])
+        # reverse hop 1: the peer returns each source's copies, grouped by (expert member, slot)
+        counts1 = np.zeros((members, members * per), dtype=np.int64)
+        segs1: Dict[int, Dict[int, Optional[Tensor]]] = {}
+        for member in range(members):
+            for src in range(members):
+                for slot in range(per):
+                    n = int(counts2[member, src * per + slot])
+                    if n:
+                        counts1[src, member * per + slot] = n
+                        segs1.setdefault(src, {})[member * per + slot] = back2[member][src * per + slot]
+        plan = state.plans[key]
+        recv1 = np.zeros((members, members * per), dtype=np.int64)
+        for e, toks in enumerate(plan.tokens):
+            member, slot = divmod(e, per)
+            recv1[groups.peer(me, groups.group_of(member)), e] = len(toks)
+        flat = exchange.chained(exchange.flatten(segs1, counts1, dtype), exchange.last_output)
+        back1 = exchange.receive(flat, exchange.move(flat.asnumpy(), counts1, recv1), counts1, recv1)
+        state.chain = exchange.last_output
+        self._add_levels("combine", [(me, s, int(counts1[s].sum()) * row_bytes) for s in segs1])
+        returned = {}
+        for e in range(members * per):
+            member, slot = divmod(e, per)
+            returned.setdefault(member, {})[slot] = back1[groups.peer(me, groups.group_of(member))][e]
+        return {key: returned}
+
+    def _record_hops(self, ex, axes: _Axes, sent: Dict[str, int]) -> None:
+        """Each hop as one AllToAll over the expert axes in the report, with device 0's bytes (the
+        bytes per link level are in `last_stats`)."""
+        name = "+".join(ex.mesh.alias_names[a] for a in axes.expert) or "expert"
+        for n in sent.values():
+            self.last_stats["rows"] = self.last_stats.get("rows", 0) + n
+            ex.accounting.record_comm("AllToAll", name, n, n)
 
     def _in_process(self, ex, axes: _Axes, sends):
         """Simulation: sends[src key][dest key][slot] -> received[dest key][src key][slot], handed
@@ -387,7 +640,9 @@ class ExpertParallel:
         recv_counts, moved = self._wait(future)
         state.counts[key] = (send_counts, recv_counts)
         state.pending = exchange
-        return ExpertInputs(microbatch, {key: exchange.receive(state.flat, moved, send_counts, recv_counts)})
+        received = exchange.receive(state.flat, moved, send_counts, recv_counts)
+        state.chain = exchange.last_output
+        return ExpertInputs(microbatch, {key: received})
 
     def _run(self, job, background: bool) -> Future:
         """Run `job` now, or on the background thread; its seconds go to last_stats."""
@@ -506,14 +761,25 @@ class ExpertParallel:
         """Start sending the expert outputs back to their tokens' devices."""
         state = self.states.peek(outputs.microbatch)
         ex = state.weights[0].execution
+        if self.moe.dispatch == "hierarchical" and state.axes.members > 1:
+            if self._local(ex, state.axes):
+                state.pending = self._hierarchical_combine(ex, state.axes, outputs.outputs)
+            else:
+                (by_src,) = outputs.outputs.values()
+                state.pending = self._hierarchical_process_combine(ex, state.axes, state, by_src)
+            return
         if self._local(ex, state.axes):  # outputs[dest][src] are what dest sends back to src
+            self._count_levels(ex, state.axes, "combine", outputs.outputs)
             state.pending = self._in_process(ex, state.axes, outputs.outputs)
             return
         (key,) = state.plans
         (by_src,) = outputs.outputs.values()
+        me = self._member(ex, key, state.axes)
+        self._add_levels("combine", [(me, src, _nbytes(t)) for src, segs in by_src.items()
+                                     for t in segs.values() if t is not None])
         exchange = state.pending
         send_counts, recv_counts = state.counts[key]
-        state.flat = exchange.flatten(by_src, recv_counts, state.weights[0].dtype)
+        state.flat = exchange.chained(exchange.flatten(by_src, recv_counts, state.weights[0].dtype), state.chain)
         flat = state.flat.asnumpy()
         future = self._run(lambda: exchange.move(flat, recv_counts, send_counts), background)
         state.pending = (exchange, key, future)
@@ -529,6 +795,7 @@ class ExpertParallel:
             send_counts, recv_counts = state.counts[key]
             moved = self._wait(future)
             back = exchange.receive(state.flat, moved, recv_counts, send_counts)
+            state.chain = exchange.last_output
             returned = {key: back}
         shards = {}
         dtype = state.weights[0].dtype
@@ -540,6 +807,8 @@ class ExpertParallel:
                 src = self._key_of_member(ex, key, member, state.axes) if self._local(ex, state.axes) else member
                 outs.append(by_dest[src][slot])
             shards[key] = combine_copies(plan, outs, state.gates[key], self.moe.hidden, dtype)
+            if state.chain is not None:  # msrun: the last exchange joins the output (see ProcessExchange.chained)
+                shards[key] = ProcessExchange.chained(shards[key], state.chain)
         return shards
 
     def _assemble(self, prep: _Prepared, chunks: List[Dict[Key, Tensor]]):

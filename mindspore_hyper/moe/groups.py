@@ -10,11 +10,11 @@ Routing is hierarchical in two ways:
 - two-level dispatch (as in DeepSeek's DeepEP): a token's row crosses to a remote group once,
   then is forwarded to the group's devices over the fast intra-group links.
 
-`link_bytes` counts the bytes a dispatch puts on each link level of a topology, flat (a token's
-row goes straight to each device holding one of its experts) or two-level. It counts one row
-per (token, device), as a dispatch that de-duplicates per device would send. It is an analysis
-over routing plans (a planner: it moves nothing); the runtime's dispatch is the flat uneven
-AllToAll within the expert group and sends one row per (token, expert) copy.
+`link_bytes` counts the bytes a dispatch would put on each link level of a topology, flat (a
+token's row goes straight to each device holding one of its experts) or two-level, one row per
+(token, device): an analysis over routing plans (a planner: it moves nothing). The executed
+two-level dispatch is `moe/hierarchical.py` (`MoE(dispatch="hierarchical")`); its bytes per link
+level are measured from the exchanges (`ExpertParallel.last_stats`).
 """
 from __future__ import annotations
 

@@ -44,6 +44,11 @@ class MoE(nn.Cell):
         topk_groups: groups each token may use (DeepSeek-V3: 4 of 8).
         overlap_chunks: under expert parallelism, pipeline each device's tokens in this many
             chunks (dispatch / compute / combine; background AllToAll under msrun). 1: none.
+        dispatch: under expert parallelism, "flat" (one uneven AllToAll over the expert axes) or
+            "hierarchical" (a token's row goes once to each destination group, then inside it to
+            its experts' devices; `mindspore_hyper.moe.hierarchical`).
+        expert_groups: the groups G of the expert-parallel devices (contiguous, equal size) for
+            the hierarchical dispatch and the bytes per link level; None: the topology's nodes.
 
     Raises:
         ValueError: sizes or options out of range (named in the message).
@@ -52,8 +57,16 @@ class MoE(nn.Cell):
     def __init__(self, hidden: int, ffn_hidden: int, num_experts: int, top_k: int = 2,
                  capacity_factor: Optional[float] = None, aux_loss_coef: float = 0.01, z_loss_coef: float = 0.0,
                  shared_ffn_hidden: int = 0, normalize_top_k: bool = True, noise_std: float = 0.0,
-                 routing_bits: bool = False, overlap_chunks: int = 1, num_groups: int = 1, topk_groups: int = 1):
+                 routing_bits: bool = False, overlap_chunks: int = 1, num_groups: int = 1, topk_groups: int = 1,
+                 dispatch: str = "flat", expert_groups: Optional[int] = None):
         super().__init__()
+        if dispatch not in ("flat", "hierarchical"):
+            raise ValueError(f"MoE: dispatch={dispatch!r}; expected 'flat' or 'hierarchical'")
+        if expert_groups is not None and (isinstance(expert_groups, bool) or not isinstance(expert_groups, int)
+                                          or expert_groups < 1):
+            raise ValueError(f"MoE: expert_groups={expert_groups!r} must be a positive integer (or None: the "
+                             f"topology's nodes)")
+        self.dispatch, self.expert_groups = dispatch, expert_groups
         expert_capacity(1, num_experts, 1, capacity_factor)  # validates the factor
         if aux_loss_coef < 0 or z_loss_coef < 0:
             raise ValueError(f"MoE: aux_loss_coef={aux_loss_coef} and z_loss_coef={z_loss_coef} must be >= 0")

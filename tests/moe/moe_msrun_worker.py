@@ -2,8 +2,9 @@
 model on one device in the same process; writes per rank the largest relative errors to JSON.
 
 Usage (under msrun): moe_msrun_worker.py OUT_DIR CASE [CASE ...],
-CASE = "<data>x<expert>x<tensor>[+bits][+overlap][+place]" (1-bit routing metadata; 2 overlap
-chunks; after 2 steps, experts re-placed by rebalance_experts with 4 extra replicas).
+CASE = "<data>x<expert>x<tensor>[+bits][+overlap][+place][+hier][+tiny]" (1-bit routing metadata;
+2 overlap chunks; after 2 steps, experts re-placed by rebalance_experts with 4 extra replicas;
+hierarchical dispatch over 2 expert groups; batches of 4 tokens, so some exchanges carry no rows).
 """
 import json
 import os
@@ -34,7 +35,8 @@ def run_case(case: str) -> dict:
     ms.set_seed(0)
     ref = MoENet(shared=8 if tensor > 1 else 0)
     model = MoENet(shared=8 if tensor > 1 else 0, routing_bits="bits" in extra,
-                   overlap_chunks=2 if "overlap" in extra else 1)
+                   overlap_chunks=2 if "overlap" in extra else 1,
+                   **(dict(dispatch="hierarchical", expert_groups=2) if "hier" in extra else {}))
     copy_weights(ref, model)
     mesh = Layout((data, expert, tensor), ("data", "expert", "tensor"))
     par = auto_parallelize(model, expert_strategy(mesh, tensor=tensor > 1))
@@ -44,7 +46,8 @@ def run_case(case: str) -> dict:
     ref_step = ms.value_and_grad(ref, None, ref_opt.parameters)
     out = {"rank": rank, "losses": [], "ref_losses": []}
     names = [n for n, p in ref.parameters_and_names() if p.requires_grad]
-    for i, (x, t) in enumerate(batches(STEPS)):
+    data = batches(STEPS, batch=1, seq=4) if "tiny" in extra else batches(STEPS)
+    for i, (x, t) in enumerate(data):
         if i == 2 and "place" in extra:
             phy2log, _, logcnt = rebalance_experts(model.moe.last_expert_counts[None, :], 12, 1, 1, expert)
             apply_placement(model.moe, ExpertPlacement.from_eplb(phy2log))

@@ -96,6 +96,10 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
         return PipelineModel(model, layers, schedule, split, options, strategy, mode, reduction, table)
     if mode != "distributed":
         raise ValueError(f"pipeline execution: mode={mode!r}; expected 'simulation' or 'distributed'")
+    for name, cell in model.cells_and_names():
+        if getattr(cell, "adds_aux_loss", False):
+            raise NotImplementedError(f"pipeline under msrun: layer {name!r} ({type(cell).__name__}) adds an auxiliary "
+                                      f"loss; stages' auxiliary losses are combined only in simulation")
     from mindspore_hyper.runtime.distributed.world import world
     from mindspore_hyper.runtime.pipeline.p2p import ShmTransport, peer_pairs
 

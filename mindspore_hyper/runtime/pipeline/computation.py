@@ -7,7 +7,9 @@ recording and keeps only the stage's input; each backward recomputes the stage's
 `mindspore.grad` (full activation recomputation, as Megatron-LM's `recompute_granularity=full`).
 The input-gradient action differentiates with respect to the input only, the weight-gradient
 action with respect to the parameters only, so the split backward does each half's own work and
-yields the same gradients as the full one.
+yields the same gradients as the full one. Auxiliary losses the stage's layers add
+(`aux_loss.add_aux_loss`, e.g. an MoE router's) join the objective scaled like the microbatch
+loss, so each stage's backward carries their gradient; their values join the step's loss.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor
+
+from mindspore_hyper.runtime.pipeline.aux_loss import AuxLosses
 
 __all__ = ["StageComputation"]
 
@@ -38,14 +42,17 @@ class StageComputation:
         self._pending_dy: Dict[int, Optional[Tensor]] = {}  # microbatch -> output gradient kept for the weight pass
         self.grads: Dict[int, Tensor] = {}  # id(Parameter) -> accumulated gradient
         self.losses: List[float] = []
+        self.aux_losses: List[float] = []  # per forward: the stage's auxiliary losses (unscaled)
         self._fns: Dict[str, Callable] = {}
 
     # -- objective whose gradient is the stage's vector-Jacobian product --------------------------
     def _objective(self, x, dy, *targets):
-        out = self.run(x, *targets)
-        if self.last:
-            return out * self.loss_scale
-        return (out * dy).sum()
+        with AuxLosses() as aux:
+            out = self.run(x, *targets)
+        objective = out * self.loss_scale if self.last else (out * dy).sum()
+        if aux:
+            objective = objective + aux.total() * self.loss_scale
+        return objective
 
     def _grad_fn(self, what: str) -> Callable:
         if what not in self._fns:
@@ -58,7 +65,10 @@ class StageComputation:
     def forward(self, microbatch: int, x, targets: Tuple = ()) -> Tensor:
         """Run the stage on `x`; keep the input for the backward. The last stage returns the loss."""
         self._inputs[microbatch] = (x, tuple(targets))
-        out = self.run(x, *targets)
+        with AuxLosses() as aux:
+            out = self.run(x, *targets)
+        if aux:
+            self.aux_losses.append(float(aux.total().asnumpy()))
         if self.last:
             self.losses.append(float(out.asnumpy()))
         return out
@@ -118,3 +128,4 @@ class StageComputation:
         self._pending_dy.clear()
         self.grads = {}
         self.losses = []
+        self.aux_losses = []

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
+from mindspore_hyper.runtime.pipeline.aux_loss import AuxLosses
 from mindspore_hyper.runtime.pipeline.computation import StageComputation
 from mindspore_hyper.runtime.pipeline.microbatch import loss_scale, split_microbatches
 from mindspore_hyper.runtime.pipeline.options import PipelineOptions
@@ -167,9 +168,12 @@ class PipelineModel(nn.Cell):
         last = len(self.split) - 1
         if self.mode == "simulation":
             x = inputs[0]
-            for s in range(len(self.split)):
-                run = self.stage_models.get(s, self.stage_cells[s])
-                x = run(x, *inputs[1:]) if s == last else run(x)
+            with AuxLosses() as aux:
+                for s in range(len(self.split)):
+                    run = self.stage_models.get(s, self.stage_cells[s])
+                    x = run(x, *inputs[1:]) if s == last else run(x)
+            if aux and self.layers.loss is not None:  # the layers' auxiliary losses join the loss
+                x = x + aux.total()
             return x
         return self._distributed_forward(inputs)
 
@@ -274,6 +278,7 @@ class PipelineModel(nn.Cell):
         scale = loss_scale(self.reduction, self.schedule.num_microbatches)
         owner = self.process_of(self.schedule.stage_to_rank[last])
         value = sum(self.computations[last].losses) * scale if last in self.computations else 0.0
+        value += sum(sum(c.aux_losses) for c in self.computations.values()) * scale  # (simulation only)
         if self.mode == "distributed" and self.world.size > 1:
             comm = self.world.communicator(tuple(range(self.world.size)))
             value = float(comm.broadcast(np.array([value], dtype=np.float64), owner)[0])
