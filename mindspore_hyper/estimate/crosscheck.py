@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
+from mindspore_hyper.autodiff import value_and_grad
 from mindspore_hyper.estimate.gpt_layout import gpt_parallel_config
 from mindspore_hyper.estimate.job import estimate_stage
 from mindspore_hyper.estimate.model import TransformerConfig
@@ -67,7 +68,7 @@ def simulate_step(model, parallel_config, inputs: Sequence, optimizer: Optional[
     mh.set_context(mode="simulation", device_num=loaded.mesh.size)
     parallel = mh.auto_parallelize(model, loaded)
     params = model.trainable_params()
-    run = ms.value_and_grad(lambda *xs: parallel(*xs), None, params) if backward else parallel
+    run = value_and_grad(lambda *xs: parallel(*xs), None, params) if backward else parallel
     run(*inputs)
     states = (optimizer or (lambda ps: nn.Adam(ps, learning_rate=1e-3)))(params)
     return parallel.report(states)

@@ -8,6 +8,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import mindspore as ms
 import numpy as np
 
+from mindspore_hyper.autodiff import grad, value_and_grad
 from mindspore_hyper.multimodal.requests import Batch, EncodedBatch
 
 __all__ = ["EncoderStage", "LanguageStage"]
@@ -75,7 +76,7 @@ class EncoderStage:
         def weighted(x):
             return (encoder(x) * cotangent).sum()
 
-        grads = ms.grad(weighted, grad_position=None, weights=encoder.trainable_params())(images)
+        grads = grad(weighted, grad_position=None, weights=encoder.trainable_params())(images)
         return [_numpy(g) for g in grads]
 
 
@@ -101,7 +102,7 @@ class LanguageStage:
         def loss_of(features, text, labels):
             return loss_fn(lm(features, text), labels)
 
-        grad_fn = ms.value_and_grad(loss_of, grad_position=0, weights=lm.trainable_params())
+        grad_fn = value_and_grad(loss_of, grad_position=0, weights=lm.trainable_params())
         loss, (feature_grad, weight_grads) = grad_fn(ms.Tensor(encoded.features), ms.Tensor(batch.text),
                                                      ms.Tensor(batch.labels))
         return float(_numpy(loss)), _numpy(feature_grad), [_numpy(g) for g in weight_grads]

@@ -15,9 +15,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
+from mindspore_hyper.autodiff import value_and_grad
 from mindspore_hyper.context import get_context
 from mindspore_hyper.moe.expert_offload import attach_expert_offloads
 from mindspore_hyper.offload.activations import ActivationSwap
@@ -91,8 +91,8 @@ class OffloadedModel:
         return [p for u in self.units for p in u.params] + list(self.resident_params) + list(self.expert_params)
 
     def value_and_grad(self, loss_fn: Callable) -> Callable:
-        """Like ``ms.value_and_grad(loss_fn, None, self.trainable_params())`` with offloading."""
-        grad_fn = ms.value_and_grad(loss_fn, None, self.trainable_params())
+        """Like ``value_and_grad(loss_fn, None, self.trainable_params())`` with offloading."""
+        grad_fn = value_and_grad(loss_fn, None, self.trainable_params())
 
         def run(*inputs):
             for store in self.stores:

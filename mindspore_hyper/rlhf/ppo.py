@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
-import mindspore as ms
 from mindspore import Tensor, nn, ops
 
+from mindspore_hyper.autodiff import value_and_grad
 from mindspore_hyper.rlhf.models import PPOModels
 
 __all__ = ["PPOSettings", "PPOResult", "ppo_step", "PHASES", "Unit", "RunPhase", "run_in_order"]
@@ -154,7 +154,7 @@ def ppo_step(models: PPOModels, actor_optimizer: nn.Optimizer, critic_optimizer:
         return ((models.critic(seq)[:, prompt_len - 1:-1] - ret) ** 2).mean()
 
     def update(loss_fn, optimizer) -> np.ndarray:
-        loss, grads = ms.value_and_grad(loss_fn, None, optimizer.parameters)()
+        loss, grads = value_and_grad(loss_fn, None, optimizer.parameters)()
         optimizer(grads)
         return loss.asnumpy()
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 from mindspore.graph.api import _pynative_executor
 
+from mindspore_hyper.autodiff import value_and_grad
 from mindspore_hyper.dtensor import shard_hints
 from mindspore_hyper.dtensor.accounting import Accounting
 from mindspore_hyper.dtensor.dispatch import distribute, parameter_dtensor
@@ -129,7 +129,7 @@ class ParallelModel(nn.Cell):
         """
         weights = tuple(self.network.trainable_params())
         if getattr(self, "_grad_fn", None) is None or self._grad_weights != weights:
-            self._grad_fn = ms.value_and_grad(self, None, weights)
+            self._grad_fn = value_and_grad(self, None, weights)
             self._grad_weights = weights
         loss, grads = self.compute_gradients(*inputs)
         optimizer(self.optimizer_gradients(optimizer, weights, grads))

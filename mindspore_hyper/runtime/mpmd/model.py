@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
+from mindspore_hyper.autodiff import value_and_grad
 from mindspore_hyper.runtime.mpmd.group_runner import GroupRunner
 from mindspore_hyper.runtime.mpmd.placement import GroupPlacement, place_groups
 from mindspore_hyper.runtime.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord, apply_device_plan
@@ -201,7 +202,7 @@ class MPMDModel(nn.Cell):
         # backward takes the same path in every process and cross-group gradients meet
         weights = tuple(self.network.trainable_params())
         if getattr(self, "_grad_fn", None) is None or self._grad_weights != weights:
-            self._grad_fn = ms.value_and_grad(self, None, weights + (self._anchor,))
+            self._grad_fn = value_and_grad(self, None, weights + (self._anchor,))
             self._grad_weights = weights
         loss, grads = self._grad_fn(*inputs)
         grads = grads[:-1]  # the anchor's (zero) gradient

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor
 
+from mindspore_hyper.autodiff import grad
 from mindspore_hyper.runtime.pipeline.aux_loss import AuxLosses
 
 __all__ = ["StageComputation"]
@@ -58,7 +58,7 @@ class StageComputation:
         if what not in self._fns:
             position = None if what == "weight" else 0
             weights = None if what == "input" else (list(self.params) or None)
-            self._fns[what] = ms.grad(self._objective, grad_position=position, weights=weights)
+            self._fns[what] = grad(self._objective, grad_position=position, weights=weights)
         return self._fns[what]
 
     # -- actions ----------------------------------------------------------------------------------
