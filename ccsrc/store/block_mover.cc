@@ -46,15 +46,15 @@ CorruptBlockError CorruptCopyError(uint64_t id, const DiskExtent& at, uint32_t s
 }
 
 void BlockMover::Migrate(Block& b, uint64_t id, Tier src, Tier dst, TableLock& lock) {
-  const uint64_t bs = block_size_;
+  const uint64_t bs = parts_.block_size;
   b.moving = true;
-  if (src != Tier::kDisk) copies_.Pin(b, src, lock);
+  if (src != Tier::kDisk) parts_.copies.Pin(b, src, lock);
   int64_t dslot = -1;
   try {
     if (dst == Tier::kDisk) {
       dslot = b.copy[kK].slot;
       if (dslot < 0) {
-        dslot = copies_.Disk(lock).Reserve();
+        dslot = parts_.copies.Disk(lock).Reserve();
         b.copy[kK].slot = dslot;
       }
       b.copy[kK].version.store(kNoVersion, std::memory_order_relaxed);
@@ -62,18 +62,18 @@ void BlockMover::Migrate(Block& b, uint64_t id, Tier src, Tier dst, TableLock& l
       dslot = ReserveSlot(dst, lock);
     }
   } catch (...) {
-    if (src != Tier::kDisk) copies_.Unpin(b, id, src, lock);
+    if (src != Tier::kDisk) parts_.copies.Unpin(b, id, src, lock);
     b.moving = false;
-    table_.NotifyAll();
+    parts_.table.NotifyAll();
     throw;
   }
   const int64_t kslot = b.copy[kK].slot;
   const uint64_t disk_version = b.copy[kK].version.load(std::memory_order_relaxed);
   const uint32_t disk_crc = b.disk_crc;
   const uint64_t disk_len = b.disk_len;
-  const DiskExtent at = kslot >= 0 ? copies_.Disk(lock).Locate(kslot) : DiskExtent{};
-  const uint8_t* sbase = src != Tier::kDisk ? copies_.SlotPtr(src, b.copy[TierIndex(src)].slot) : nullptr;
-  uint8_t* dbase = dst != Tier::kDisk ? copies_.SlotPtr(dst, dslot) : nullptr;
+  const DiskExtent at = kslot >= 0 ? parts_.copies.Disk(lock).Locate(kslot) : DiskExtent{};
+  const uint8_t* sbase = src != Tier::kDisk ? parts_.copies.SlotPtr(src, b.copy[TierIndex(src)].slot) : nullptr;
+  uint8_t* dbase = dst != Tier::kDisk ? parts_.copies.SlotPtr(dst, dslot) : nullptr;
   // Writers wait for `moving` to clear before they start, so when no write is in progress now,
   // none can run during this copy: the source can then be copied with plain memcpy (no data
   // race). Otherwise fall back to the seqlock read (atomic word loads + retry).
@@ -81,23 +81,23 @@ void BlockMover::Migrate(Block& b, uint64_t id, Tier src, Tier dst, TableLock& l
   const uint64_t seq_now = b.seq.load(std::memory_order_relaxed);
   // With no write in progress the fill mark is stable: only the first CopyLen(fill) bytes of the
   // source hold data, the rest reads as zero and need not move.
-  uint64_t n = exclusive ? copies_.CopyLen(b.fill.load(std::memory_order_relaxed)) : bs;
+  uint64_t n = exclusive ? parts_.copies.CopyLen(b.fill.load(std::memory_order_relaxed)) : bs;
 
   uint64_t v = kNoVersion;
   uint32_t crc = 0;
   std::exception_ptr err;
   {
     TableLock::Unlocked unlocked(lock);
-    const DiskTier& disk = copies_.DiskIo();
+    const DiskTier& disk = parts_.copies.DiskIo();
     try {
-      MoveTimer timer(counters_, src, dst);
+      MoveTimer timer(parts_.counters, src, dst);
       if (src == Tier::kDisk) {
         // The disk copy holds disk_len bytes (those written down, covering its fill mark).
         n = disk_len;
         disk.Read(at, dbase, n, "block " + std::to_string(id) + " from '" + at.path + "'");
         const uint32_t got = Crc32c(dbase, n);
         if (got != disk_crc) {
-          counters_.crc_failures.fetch_add(1, std::memory_order_relaxed);
+          parts_.counters.crc_failures.fetch_add(1, std::memory_order_relaxed);
           throw CorruptCopyError(id, at, disk_crc, got);
         }
         v = disk_version;
@@ -109,8 +109,8 @@ void BlockMover::Migrate(Block& b, uint64_t id, Tier src, Tier dst, TableLock& l
           thread_local Staging staging;
           uint8_t* snapshot = staging.Get(bs);
           uint64_t fill = 0;
-          v = SeqlockRead(b.View(src), sbase, 0, snapshot, bs, &fill, counters_.read_retries);
-          n = copies_.CopyLen(fill);
+          v = SeqlockRead(b.View(src), sbase, 0, snapshot, bs, &fill, parts_.counters.read_retries);
+          n = parts_.copies.CopyLen(fill);
           buf = snapshot;
         }
         if (v != kNoVersion) {
@@ -122,16 +122,16 @@ void BlockMover::Migrate(Block& b, uint64_t id, Tier src, Tier dst, TableLock& l
         v = seq_now;
       } else {
         // n == bs: beyond the fill mark it writes zeros
-        v = SeqlockRead(b.View(src), sbase, 0, dbase, bs, nullptr, counters_.read_retries);
+        v = SeqlockRead(b.View(src), sbase, 0, dbase, bs, nullptr, parts_.counters.read_retries);
       }
-      if (v != kNoVersion) counters_.CountMove(src, dst, n);
+      if (v != kNoVersion) parts_.counters.CountMove(src, dst, n);
     } catch (...) {
       err = std::current_exception();
     }
   }
 
   b.moving = false;
-  if (src != Tier::kDisk) copies_.Unpin(b, id, src, lock);
+  if (src != Tier::kDisk) parts_.copies.Unpin(b, id, src, lock);
   const bool ok = !err && v != kNoVersion && b.allocated &&
                   b.seq.load(std::memory_order_relaxed) == v;
   if (dst == Tier::kDisk) {
@@ -143,11 +143,11 @@ void BlockMover::Migrate(Block& b, uint64_t id, Tier src, Tier dst, TableLock& l
   } else if (ok && b.copy[TierIndex(dst)].slot < 0) {
     b.copy[TierIndex(dst)].slot = dslot;
     b.copy[TierIndex(dst)].version.store(v, std::memory_order_release);
-    copies_.Touch(b, id, dst, lock);
+    parts_.copies.Touch(b, id, dst, lock);
   } else {
-    copies_.ReleaseSlot(dst, dslot, lock);
+    parts_.copies.ReleaseSlot(dst, dslot, lock);
   }
-  table_.NotifyAll();
+  parts_.table.NotifyAll();
   if (err) std::rethrow_exception(err);
 }
 
@@ -155,7 +155,7 @@ int64_t BlockMover::ReserveSlot(Tier t, TableLock& lock) {
   // Bounded wait for busy slots (see below); a deadline, not a count of wake-ups.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (;;) {
-    MemoryTier& m = copies_.Mem(t, lock);
+    MemoryTier& m = parts_.copies.Mem(t, lock);
     const int64_t free_slot = m.TakeFreeSlot();
     if (free_slot >= 0) return free_slot;
     // Evict: lowest priority first, least recently used among equals.
@@ -164,7 +164,7 @@ int64_t BlockMover::ReserveSlot(Tier t, TableLock& lock) {
     int best = INT_MAX;
     uint64_t held = 0;  // slots whose copy a caller of Pin() holds (not transient pins)
     for (uint64_t id : m.lru()) {
-      Block& c = table_.Get(id);
+      Block& c = parts_.table.Get(id);
       if (c.copy[TierIndex(t)].held != 0) ++held;
       if (c.copy[TierIndex(t)].pins != 0) continue;
       if (c.moving || c.writing) continue;
@@ -177,15 +177,15 @@ int64_t BlockMover::ReserveSlot(Tier t, TableLock& lock) {
     if (victim == nullptr && held < m.capacity() && std::chrono::steady_clock::now() < deadline) {
       // Some slots are only busy for a moment (a read, copy or write in progress): they become
       // evictable shortly. Bounded wait, so a cycle of movers in a tiny tier ends in an error, not a hang.
-      table_.WaitFor(lock, std::chrono::milliseconds(1));
+      parts_.table.WaitFor(lock, std::chrono::milliseconds(1));
       continue;
     }
     if (victim == nullptr) {
       throw CapacityError(std::string(TierName(t)) + " tier full: all " + std::to_string(m.capacity()) +
-                          " blocks of " + std::to_string(block_size_) + " bytes are pinned");
+                          " blocks of " + std::to_string(parts_.block_size) + " bytes are pinned");
     }
     if (Covered(*victim, t, lock) || !Valid(*victim, t, lock)) {
-      copies_.DropCopy(*victim, t, lock);
+      parts_.copies.DropCopy(*victim, t, lock);
       m.CountEviction();
       continue;
     }
@@ -198,10 +198,10 @@ int64_t BlockMover::ReserveSlot(Tier t, TableLock& lock) {
       // clean copy (another valid copy exists below), if any, rather than failing.
       bool dropped = false;
       for (uint64_t id : m.lru()) {
-        Block& c = table_.Get(id);
+        Block& c = parts_.table.Get(id);
         if (c.copy[TierIndex(t)].pins != 0 || c.moving || c.writing) continue;
         if (Covered(c, t, lock)) {
-          copies_.DropCopy(c, t, lock);
+          parts_.copies.DropCopy(c, t, lock);
           m.CountEviction();
           dropped = true;
           break;
@@ -216,12 +216,12 @@ void BlockMover::EnsurePinned(Block& b, uint64_t id, Tier t, TableLock& lock) {
   for (;;) {
     if (!b.allocated) throw StoreError("block " + std::to_string(id) + " was freed");
     if (Valid(b, t, lock)) {
-      copies_.Pin(b, t, lock);
-      copies_.Touch(b, id, t, lock);
+      parts_.copies.Pin(b, t, lock);
+      parts_.copies.Touch(b, id, t, lock);
       return;
     }
     if (b.moving) {
-      table_.Wait(lock);
+      parts_.table.Wait(lock);
       continue;
     }
     // Up from the host or down from the device for a device / host copy; from disk to host.
@@ -241,13 +241,13 @@ Tier BlockMover::EnsureInMemoryPinned(Block& b, uint64_t id, TableLock& lock) {
     if (!b.allocated) throw StoreError("block " + std::to_string(id) + " was freed");
     for (Tier t : {Tier::kDevice, Tier::kHost}) {
       if (Valid(b, t, lock)) {
-        copies_.Pin(b, t, lock);
-        copies_.Touch(b, id, t, lock);
+        parts_.copies.Pin(b, t, lock);
+        parts_.copies.Touch(b, id, t, lock);
         return t;
       }
     }
     if (b.moving) {
-      table_.Wait(lock);
+      parts_.table.Wait(lock);
       continue;
     }
     if (!Valid(b, Tier::kDisk, lock)) throw StoreError(NoCopyMessage(b, id, lock));
@@ -261,8 +261,8 @@ bool BlockMover::Evict(Block& b, uint64_t id, Tier tier, TableLock& lock) {
     if (c.slot < 0) return true;
     if (c.pins != 0 || b.moving || b.writing) return false;
     if (Covered(b, tier, lock) || !Valid(b, tier, lock)) {
-      copies_.DropCopy(b, tier, lock);
-      copies_.Mem(tier, lock).CountEviction();
+      parts_.copies.DropCopy(b, tier, lock);
+      parts_.copies.Mem(tier, lock).CountEviction();
       return true;
     }
     Migrate(b, id, tier, Below(tier), lock);
@@ -270,13 +270,13 @@ bool BlockMover::Evict(Block& b, uint64_t id, Tier tier, TableLock& lock) {
 }
 
 size_t BlockMover::WriteBack(size_t max_blocks, TableLock& lock) {
-  const std::list<uint64_t>& lru = copies_.Mem(Tier::kHost, lock).lru();
+  const std::list<uint64_t>& lru = parts_.copies.Mem(Tier::kHost, lock).lru();
   std::vector<uint64_t> dirty;
   size_t scanned = 0;
   const size_t limit = std::max<size_t>(1, lru.size() / 2);  // the older half of the pool
   for (uint64_t id : lru) {
     if (scanned++ >= limit || dirty.size() >= max_blocks) break;
-    const Block& b = table_.Get(id);
+    const Block& b = parts_.table.Get(id);
     if (!b.moving && !b.writing && Valid(b, Tier::kHost, lock) && !Valid(b, Tier::kDisk, lock) &&
         !Valid(b, Tier::kDevice, lock)) {
       dirty.push_back(id);
@@ -284,7 +284,7 @@ size_t BlockMover::WriteBack(size_t max_blocks, TableLock& lock) {
   }
   size_t written = 0;
   for (uint64_t id : dirty) {
-    Block& b = table_.Get(id);
+    Block& b = parts_.table.Get(id);
     if (!b.allocated || b.moving || b.writing || !Valid(b, Tier::kHost, lock) || Valid(b, Tier::kDisk, lock)) {
       continue;
     }

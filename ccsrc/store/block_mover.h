@@ -12,10 +12,18 @@
 
 namespace mshyper::store {
 
+// What the store's parts work on (each owned by the BlockStore): the block size in bytes, the
+// table, the tiers' copies and the counters.
+struct StoreParts {
+  uint64_t block_size;
+  BlockTable& table;
+  TierCopies& copies;
+  StoreCounters& counters;
+};
+
 class BlockMover {
  public:
-  BlockMover(const StoreConfig& config, BlockTable& table, TierCopies& copies, StoreCounters& counters)
-      : block_size_(config.block_size), table_(table), copies_(copies), counters_(counters) {}
+  explicit BlockMover(const StoreParts& parts) : parts_(parts) {}
 
   // A free slot in memory tier t, evicting (and writing the only valid copy down) if needed.
   // Raises CapacityError if every slot is held by Pin() callers.
@@ -32,10 +40,7 @@ class BlockMover {
   size_t WriteBack(size_t max_blocks, TableLock& lock);
 
  private:
-  const uint64_t block_size_;
-  BlockTable& table_;
-  TierCopies& copies_;
-  StoreCounters& counters_;
+  const StoreParts parts_;
 };
 
 // The error for a disk copy of block `id` at `at` whose CRC32C `computed` differs from `stored`.

@@ -23,9 +23,10 @@ StoreConfig Checked(StoreConfig config) {
 BlockStore::BlockStore(const StoreConfig& config)
     : config_(Checked(config)),
       copies_(config_),
-      mover_(config_, table_, copies_, counters_),
-      loader_(config_, table_, copies_, counters_, mover_),
-      writer_(config_, table_, copies_, counters_, mover_) {}
+      parts_{config_.block_size, table_, copies_, counters_},
+      mover_(parts_),
+      loader_(parts_, mover_),
+      writer_(parts_, mover_) {}
 
 uint64_t BlockStore::Allocate() {
   TableLock lock = table_.Lock();

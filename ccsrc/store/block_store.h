@@ -111,6 +111,7 @@ class BlockStore {
   BlockTable table_;
   TierCopies copies_;
   StoreCounters counters_;
+  StoreParts parts_;
   BlockMover mover_;
   DiskBatchLoader loader_;
   BlockWriter writer_;

@@ -20,35 +20,35 @@ bool BlockWriter::WriteWholeFromDisk(Block& b, uint64_t id, const void* src, Tab
     slot = mover_.ReserveSlot(Tier::kHost, lock);
   } catch (...) {
     b.writing = false;
-    table_.NotifyAll();
+    parts_.table.NotifyAll();
     throw;
   }
   if (Valid(b, Tier::kDevice, lock) || Valid(b, Tier::kHost, lock) || b.moving) {
-    copies_.ReleaseSlot(Tier::kHost, slot, lock);
+    parts_.copies.ReleaseSlot(Tier::kHost, slot, lock);
     return false;
   }
   const uint64_t v = b.seq.load(std::memory_order_relaxed);
   b.seq.store(v + 1, std::memory_order_relaxed);  // disk copy readers will retry
   b.moving = true;
-  uint8_t* dst = copies_.SlotPtr(Tier::kHost, slot);
+  uint8_t* dst = parts_.copies.SlotPtr(Tier::kHost, slot);
   {
     TableLock::Unlocked unlocked(lock);
-    std::memcpy(dst, src, block_size_);  // private slot, published below under the lock
+    std::memcpy(dst, src, parts_.block_size);  // private slot, published below under the lock
   }
-  b.fill.store(block_size_, std::memory_order_relaxed);  // seq is odd: readers retry
+  b.fill.store(parts_.block_size, std::memory_order_relaxed);  // seq is odd: readers retry
   b.moving = false;
   b.copy[kH].slot = slot;
   b.copy[kH].version.store(v + 2, std::memory_order_relaxed);
   b.seq.store(v + 2, std::memory_order_release);
-  copies_.Touch(b, id, Tier::kHost, lock);
+  parts_.copies.Touch(b, id, Tier::kHost, lock);
   b.writing = false;
-  counters_.writes.fetch_add(1, std::memory_order_relaxed);
-  table_.NotifyAll();
+  parts_.counters.writes.fetch_add(1, std::memory_order_relaxed);
+  parts_.table.NotifyAll();
   return true;
 }
 
 void BlockWriter::Write(uint64_t id, uint64_t offset, const void* src, uint64_t len) {
-  if (offset > block_size_ || len > block_size_ - offset) {
+  if (offset > parts_.block_size || len > parts_.block_size - offset) {
     throw StoreError("write of [" + std::to_string(offset) + ", " + std::to_string(offset + len) +
                      ") is outside block " + std::to_string(id));
   }
@@ -59,14 +59,14 @@ void BlockWriter::Write(uint64_t id, uint64_t offset, const void* src, uint64_t 
   int ntargets = 0;
   uint64_t v = 0;
   {
-    TableLock lock = table_.Lock();
-    bp = &table_.GetAllocated(id, lock);
+    TableLock lock = parts_.table.Lock();
+    bp = &parts_.table.GetAllocated(id, lock);
     // Wait for other writers and for copies of this block between tiers (which rely on no write
     // starting while they run).
-    table_.Wait(lock, [&] { return (!bp->writing && !bp->moving) || !bp->allocated; });
+    parts_.table.Wait(lock, [&] { return (!bp->writing && !bp->moving) || !bp->allocated; });
     if (!bp->allocated) throw StoreError("block " + std::to_string(id) + " was freed");
     bp->writing = true;
-    if (offset == 0 && len == block_size_ && !Valid(*bp, Tier::kDevice, lock) && !Valid(*bp, Tier::kHost, lock) &&
+    if (offset == 0 && len == parts_.block_size && !Valid(*bp, Tier::kDevice, lock) && !Valid(*bp, Tier::kHost, lock) &&
         !bp->moving && WriteWholeFromDisk(*bp, id, src, lock)) {
       return;
     }
@@ -74,15 +74,15 @@ void BlockWriter::Write(uint64_t id, uint64_t offset, const void* src, uint64_t 
       // Prefer the host copy as the write target when the device copy is not in use: the device
       // copy is then dropped instead of becoming a dirty copy that must be written down later.
       if (Valid(*bp, Tier::kHost, lock) && Valid(*bp, Tier::kDevice, lock) && bp->copy[kD].pins == 0) {
-        copies_.Pin(*bp, Tier::kHost, lock);
-        copies_.Touch(*bp, id, Tier::kHost, lock);
+        parts_.copies.Pin(*bp, Tier::kHost, lock);
+        parts_.copies.Touch(*bp, id, Tier::kHost, lock);
         t = Tier::kHost;
       } else {
         t = mover_.EnsureInMemoryPinned(*bp, id, lock);
       }
     } catch (...) {
       bp->writing = false;
-      table_.NotifyAll();
+      parts_.table.NotifyAll();
       throw;
     }
     // Targets: the valid copy just pinned, plus any other memory copy that is pinned (its holder
@@ -95,13 +95,13 @@ void BlockWriter::Write(uint64_t id, uint64_t offset, const void* src, uint64_t 
     for (Tier u : {Tier::kDevice, Tier::kHost}) {
       if (u == t || b.copy[TierIndex(u)].slot < 0) continue;
       if (Valid(b, u, lock) && b.copy[TierIndex(u)].pins != 0) {
-        copies_.Pin(b, u, lock);
+        parts_.copies.Pin(b, u, lock);
         targets[ntargets++] = u;
       } else if (b.copy[TierIndex(u)].pins == 0) {
-        copies_.DropCopy(b, u, lock);
+        parts_.copies.DropCopy(b, u, lock);
       }
     }
-    for (int i = 0; i < ntargets; ++i) bases[i] = copies_.SlotPtr(targets[i], b.copy[TierIndex(targets[i])].slot);
+    for (int i = 0; i < ntargets; ++i) bases[i] = parts_.copies.SlotPtr(targets[i], b.copy[TierIndex(targets[i])].slot);
     v = b.seq.load(std::memory_order_relaxed);
     b.seq.store(v + 1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);
@@ -119,19 +119,19 @@ void BlockWriter::Write(uint64_t id, uint64_t offset, const void* src, uint64_t 
   if (offset + len > fill) b.fill.store(offset + len, std::memory_order_relaxed);
   for (int i = 0; i < ntargets; ++i) b.copy[TierIndex(targets[i])].version.store(v + 2, std::memory_order_relaxed);
   b.seq.store(v + 2, std::memory_order_release);
-  counters_.writes.fetch_add(1, std::memory_order_relaxed);
+  parts_.counters.writes.fetch_add(1, std::memory_order_relaxed);
   {
-    TableLock lock = table_.Lock();
+    TableLock lock = parts_.table.Lock();
     b.writing = false;
-    for (int i = 0; i < ntargets; ++i) copies_.Unpin(b, id, targets[i], lock);
-    table_.NotifyAll();
+    for (int i = 0; i < ntargets; ++i) parts_.copies.Unpin(b, id, targets[i], lock);
+    parts_.table.NotifyAll();
   }
 }
 
 void BlockWriter::Discard(uint64_t id) {
-  TableLock lock = table_.Lock();
-  Block& b = table_.GetAllocated(id, lock);
-  table_.Wait(lock, [&] { return (!b.writing && !b.moving) || !b.allocated; });
+  TableLock lock = parts_.table.Lock();
+  Block& b = parts_.table.GetAllocated(id, lock);
+  parts_.table.Wait(lock, [&] { return (!b.writing && !b.moving) || !b.allocated; });
   if (!b.allocated) throw StoreError("block " + std::to_string(id) + " was freed");
   // A new version whose content is all zeros: with the fill mark at 0 no byte of any copy is
   // read, so every copy that was valid stays valid as it is (nothing is copied or written), and a
@@ -152,8 +152,8 @@ void BlockWriter::Discard(uint64_t id) {
     b.copy[kK].version.store(v + 2, std::memory_order_relaxed);
   }
   b.seq.store(v + 2, std::memory_order_release);
-  counters_.writes.fetch_add(1, std::memory_order_relaxed);
-  table_.NotifyAll();
+  parts_.counters.writes.fetch_add(1, std::memory_order_relaxed);
+  parts_.table.NotifyAll();
 }
 
 }  // namespace mshyper::store

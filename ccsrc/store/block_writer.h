@@ -15,9 +15,7 @@ namespace mshyper::store {
 
 class BlockWriter {
  public:
-  BlockWriter(const StoreConfig& config, BlockTable& table, TierCopies& copies, StoreCounters& counters,
-              BlockMover& mover)
-      : block_size_(config.block_size), table_(table), copies_(copies), counters_(counters), mover_(mover) {}
+  BlockWriter(const StoreParts& parts, BlockMover& mover) : parts_(parts), mover_(mover) {}
 
   // BlockStore::Write and BlockStore::Discard (block_store.h); each takes the lock itself.
   void Write(uint64_t id, uint64_t offset, const void* src, uint64_t len);
@@ -28,10 +26,7 @@ class BlockWriter {
   // old data is not read). False if a concurrent move made a memory copy valid meanwhile.
   bool WriteWholeFromDisk(Block& b, uint64_t id, const void* src, TableLock& lock);
 
-  const uint64_t block_size_;
-  BlockTable& table_;
-  TierCopies& copies_;
-  StoreCounters& counters_;
+  const StoreParts parts_;
   BlockMover& mover_;
 };
 

@@ -18,7 +18,7 @@ constexpr int kK = TierIndex(Tier::kDisk);
 }  // namespace
 
 void DiskBatchLoader::Load(const std::vector<uint64_t>& ids, TableLock& lock) {
-  const uint64_t bs = block_size_;
+  const uint64_t bs = parts_.block_size;
   struct Item {
     uint64_t id = 0;
     Block* b = nullptr;
@@ -32,7 +32,7 @@ void DiskBatchLoader::Load(const std::vector<uint64_t>& ids, TableLock& lock) {
   };
   std::vector<Item> items;
   for (uint64_t id : ids) {
-    Block& b = table_.Get(id);
+    Block& b = parts_.table.Get(id);
     if (!b.allocated || b.moving || Valid(b, Tier::kHost, lock) || Valid(b, Tier::kDevice, lock) ||
         !Valid(b, Tier::kDisk, lock)) {
       continue;
@@ -52,7 +52,7 @@ void DiskBatchLoader::Load(const std::vector<uint64_t>& ids, TableLock& lock) {
   for (size_t i = reserved; i < items.size(); ++i) items[i].b->moving = false;
   items.resize(reserved);
   if (items.empty()) {
-    table_.NotifyAll();
+    parts_.table.NotifyAll();
     return;
   }
   for (Item& it : items) {
@@ -60,13 +60,13 @@ void DiskBatchLoader::Load(const std::vector<uint64_t>& ids, TableLock& lock) {
     it.version = it.b->copy[kK].version.load(std::memory_order_relaxed);
     it.crc = it.b->disk_crc;
     it.len = it.b->disk_len;
-    it.at = copies_.Disk(lock).Locate(k);
-    it.buf = copies_.SlotPtr(Tier::kHost, it.hslot);
+    it.at = parts_.copies.Disk(lock).Locate(k);
+    it.buf = parts_.copies.SlotPtr(Tier::kHost, it.hslot);
   }
   std::exception_ptr err;
   {
     TableLock::Unlocked unlocked(lock);
-    const DiskTier& disk = copies_.DiskIo();
+    const DiskTier& disk = parts_.copies.DiskIo();
     std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
       return a.at.fd != b.at.fd ? a.at.fd < b.at.fd : a.at.offset < b.at.offset;
     });
@@ -82,14 +82,14 @@ void DiskBatchLoader::Load(const std::vector<uint64_t>& ids, TableLock& lock) {
         ++j;
       }
       try {
-        MoveTimer timer(counters_, Tier::kDisk, Tier::kHost);
+        MoveTimer timer(parts_.counters, Tier::kDisk, Tier::kHost);
         bool done = false;
         if (j - i > 1) {
           std::vector<iovec> iov(j - i);
           for (size_t k = i; k < j; ++k) iov[k - i] = iovec{items[k].buf, items[k].len};
           if (disk.ReadRun(items[i].at, iov, total)) {
             done = true;
-            counters_.coalesced_reads.fetch_add(1, std::memory_order_relaxed);
+            parts_.counters.coalesced_reads.fetch_add(1, std::memory_order_relaxed);
           }
         }
         if (!done) {
@@ -101,12 +101,12 @@ void DiskBatchLoader::Load(const std::vector<uint64_t>& ids, TableLock& lock) {
         for (size_t k = i; k < j; ++k) {
           const uint32_t got = Crc32c(items[k].buf, items[k].len);
           if (got != items[k].crc) {
-            counters_.crc_failures.fetch_add(1, std::memory_order_relaxed);
+            parts_.counters.crc_failures.fetch_add(1, std::memory_order_relaxed);
             if (!err) err = std::make_exception_ptr(CorruptCopyError(items[k].id, items[k].at, items[k].crc, got));
             continue;
           }
           items[k].ok = true;
-          counters_.CountMove(Tier::kDisk, Tier::kHost, items[k].len);
+          parts_.counters.CountMove(Tier::kDisk, Tier::kHost, items[k].len);
         }
       } catch (...) {
         if (!err) err = std::current_exception();
@@ -120,12 +120,12 @@ void DiskBatchLoader::Load(const std::vector<uint64_t>& ids, TableLock& lock) {
     if (it.ok && b.allocated && b.seq.load(std::memory_order_relaxed) == it.version) {
       b.copy[kH].slot = it.hslot;
       b.copy[kH].version.store(it.version, std::memory_order_release);
-      copies_.Touch(b, it.id, Tier::kHost, lock);
+      parts_.copies.Touch(b, it.id, Tier::kHost, lock);
     } else {
-      copies_.ReleaseSlot(Tier::kHost, it.hslot, lock);
+      parts_.copies.ReleaseSlot(Tier::kHost, it.hslot, lock);
     }
   }
-  table_.NotifyAll();
+  parts_.table.NotifyAll();
   if (err) std::rethrow_exception(err);
 }
 

@@ -14,9 +14,7 @@ namespace mshyper::store {
 
 class DiskBatchLoader {
  public:
-  DiskBatchLoader(const StoreConfig& config, BlockTable& table, TierCopies& copies, StoreCounters& counters,
-                  BlockMover& mover)
-      : block_size_(config.block_size), table_(table), copies_(copies), counters_(counters), mover_(mover) {}
+  DiskBatchLoader(const StoreParts& parts, BlockMover& mover) : parts_(parts), mover_(mover) {}
 
   // Loads those of `ids` that have a valid copy on disk only and are not moving, as many as the
   // host tier takes (the rest is left to single moves). Releases the lock during the I/O. Raises
@@ -24,10 +22,7 @@ class DiskBatchLoader {
   void Load(const std::vector<uint64_t>& ids, TableLock& lock);
 
  private:
-  const uint64_t block_size_;
-  BlockTable& table_;
-  TierCopies& copies_;
-  StoreCounters& counters_;
+  const StoreParts parts_;
   BlockMover& mover_;
 };
 
