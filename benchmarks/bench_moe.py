@@ -14,13 +14,23 @@ expert-parallel dispatch.
 4. cache    Hot-expert cache (`moe/cache.py`): 128 experts in the offload store, the device
             tier for 32; cold fetches per step and step time, routing-statistics priorities vs
             plain LRU, over a Zipf routing trace (first fifth of the steps excluded as warm-up).
+   cache-train  The same in training (`hyper_offload` of a model with an MoE layer,
+            moe/expert_offload.py): --cache-experts experts (H=64, F=128) of which the
+            device tier holds --cache-capacity, a router skewed Zipf-like (a constant input
+            feature adds 0.7 log(1/rank) to the logits), --cache-tokens tokens top-2 per step,
+            Adam. Cold fetches per step and step time, routing vs LRU, and the step time of
+            the same model not offloaded (baseline, same run).
 5. overlap  (msrun, 2 processes, shared-memory transport) the forward of an expert-parallel
-            MoE layer, --overlap-tokens tokens per device: whole (no overlap) vs
-            `overlap_chunks` 4 (AllToAlls on a background thread) vs 4 chunks exchanged in line.
-            Reports step times, their ratios, and the overlap ratio 1 - waited / communication
-            seconds (communication seconds as timed on the background thread).
+            MoE layer, --overlap-tokens tokens per device, H=--overlap-hidden: whole (no
+            overlap) vs the --overlap-variants ("<chunks>": AllToAlls on a background
+            thread; "-inline": exchanged in line; "-nice": the thread at nice 19; "-sep":
+            the row counts in their own exchange, as before `counts_with_rows`). Reports per
+            step and process: step time and its ratio to the whole layer (same run), AllToAll
+            seconds, the exposed part, the overlap ratio hidden / total communication from
+            per-exchange timestamps (moe/overlap_stats.py), the layer thread's phase profile,
+            and the largest difference of the output from the whole layer's.
 
-Usage: .venv/bin/python benchmarks/bench_moe.py [--section all|balance|metadata|overlap]
+Usage: .venv/bin/python benchmarks/bench_moe.py [--section all|balance|metadata|links|cache|cache-train|overlap]
 Timings on a shared 2-core machine are noisy: compare ratios within one run.
 """
 from __future__ import annotations
@@ -151,8 +161,84 @@ def cache(steps: int) -> dict:
     return out
 
 
-def overlap_worker(out_dir: str, tokens: int, steps: int) -> None:
-    """Runs under msrun: forward of one expert-parallel MoE layer, whole vs 4 overlap chunks."""
+def cache_train(steps: int, experts: int, capacity: int, tokens: int) -> dict:
+    """Training with the experts in the hot-expert cache, routing priorities vs LRU, and the
+    same model not offloaded (see the module docstring)."""
+    import mindspore as ms
+    from mindspore import Tensor, nn
+
+    from mindspore_hyper.moe import MoE
+    from mindspore_hyper.moe.cache import ExpertCacheConfig
+    from mindspore_hyper.offload import OffloadPolicy, hyper_offload
+
+    hidden = 64
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.moe = MoE(hidden, 128, num_experts=experts, top_k=2, aux_loss_coef=0.0)
+            self.out = nn.Dense(hidden, hidden)
+
+        def construct(self, x, t):
+            y, aux = self.moe(x)
+            return ((self.out(y) - t) ** 2).mean() + aux
+
+    rng = np.random.default_rng(5)
+    popularity = np.log(1.0 / np.arange(1, experts + 1))[rng.permutation(experts)]
+    router = rng.normal(0.0, 1.0 / np.sqrt(hidden), (hidden, experts)).astype(np.float32)
+    router[0] = 0.7 * popularity  # x[:, 0] = 1: logits = 0.7 log(1/rank) + noise of std ~1
+    data = []
+    for _ in range(steps + 1):
+        x = rng.normal(size=(tokens, hidden)).astype(np.float32)
+        x[:, 0] = 1.0
+        data.append((Tensor(x), Tensor(rng.normal(size=(tokens, hidden)).astype(np.float32))))
+
+    def model():
+        ms.set_seed(0)
+        net = Net()
+        net.moe.router.weight.set_data(Tensor(router))
+        return net
+
+    adam = lambda ps: nn.Adam(ps, learning_rate=1e-3)  # noqa: E731
+    out = {}
+    net = model()
+    opt = adam(net.trainable_params())
+    grad_fn = ms.value_and_grad(net, None, opt.parameters)
+    times = []
+    for x, t in data:
+        t0 = time.perf_counter()
+        _, grads = grad_fn(x, t)
+        opt(grads)
+        float(_.asnumpy())
+        times.append(time.perf_counter() - t0)
+    out["not offloaded"] = {"step_seconds": float(np.median(times[1:]))}
+    for policy in ("lru", "routing"):
+        net = model()
+        off = hyper_offload(net, OffloadPolicy(cells=["out"], expert_cache=ExpertCacheConfig(policy, capacity)),
+                            optimizer=adam, block_size=1 << 20, device_memory=4 << 20, host_memory=64 << 20)
+        try:
+            step = off.train_step(net)
+            times = []
+            for x, t in data:
+                t0 = time.perf_counter()
+                float(step(x, t).asnumpy())
+                times.append(time.perf_counter() - t0)
+            s = off.stats()["expert_cache"][0]
+        finally:
+            off.close()
+        warm = steps // 5 + 1
+        out[policy] = {"cold_per_step": float(np.mean(s["cold_per_step"][warm:])),
+                       "step_seconds": float(np.median(times[1:]))}
+        out["experts_per_step"] = s["fetches"] / len(data)
+    return out
+
+
+def overlap_worker(out_dir: str, tokens: int, steps: int, hidden: int, variants: list) -> None:
+    """Runs under msrun: forward of one expert-parallel MoE layer, whole vs chunked variants
+    ("<chunks>", "<chunks>-inline": exchanged in line, "<chunks>-nice": background thread at
+    nice 19, "<chunks>-sep": row counts in their own exchange before the rows), interleaved, twice; per variant the median step, the overlap report summed over
+    the timed steps (moe/overlap_stats.py) and the phase profile, and the largest difference of
+    its output from the whole layer's."""
     import mindspore as ms
     from mindspore import Tensor, nn
 
@@ -163,7 +249,7 @@ def overlap_worker(out_dir: str, tokens: int, steps: int) -> None:
     class Layer(nn.Cell):
         def __init__(self, chunks):
             super().__init__()
-            self.moe = MoE(256, 512, num_experts=8, top_k=2, overlap_chunks=chunks)
+            self.moe = MoE(hidden, 2 * hidden, num_experts=8, top_k=2, overlap_chunks=chunks)
 
         def construct(self, x):
             return self.moe(x)[0]
@@ -171,33 +257,41 @@ def overlap_worker(out_dir: str, tokens: int, steps: int) -> None:
     ms.set_context(mode=ms.PYNATIVE_MODE)
     mh.set_context(mode="distributed")
     world = int(os.environ["MS_WORKER_NUM"])
-    x = Tensor(np.random.default_rng(0).normal(size=(world * tokens, 256)).astype(np.float32))
-    result = {}
-    for variant in ("1", "4", "4-inline", "1", "4", "4-inline"):  # interleaved, twice
-        chunks = int(variant[0])
+    x = Tensor(np.random.default_rng(0).normal(size=(world * tokens, hidden)).astype(np.float32))
+    result, whole = {}, None
+    for variant in ["1", *variants, "1", *variants]:  # interleaved, twice
+        chunks = int(variant.split("-")[0])
         ms.set_seed(0)
         layer = Layer(chunks)
-        layer.moe.parallel().background = variant != "4-inline"
+        engine = layer.moe.parallel()
+        engine.background = not variant.endswith("-inline")
+        engine.worker_nice = 19 if variant.endswith("-nice") else None
+        engine.counts_with_rows = not variant.endswith("-sep")
         par = auto_parallelize(layer, Layout((world,), ("expert",))(tensor_map=()).override("*.experts.*", "expert"))
-        par(x).asnumpy()  # warm-up
-        times, comm, wait = [], 0.0, 0.0
+        y = par(x).asnumpy()  # warm-up
+        if variant == "1":
+            whole = y
+        entry = result.setdefault(variant, {"step_seconds": [], "max_abs_diff": 0.0, "phase_seconds": {}})
+        entry["max_abs_diff"] = max(entry["max_abs_diff"], float(np.abs(y - whole).max()))
+        times = []
         for _ in range(steps):
             t0 = time.perf_counter()
             par(x).asnumpy()
             times.append(time.perf_counter() - t0)
-            stats = layer.moe.parallel().last_stats
-            comm += stats.get("comm_seconds", 0.0)
-            wait += stats.get("wait_seconds", 0.0)
-        entry = result.setdefault(variant, {"step_seconds": [], "comm_seconds": 0.0, "wait_seconds": 0.0})
+            stats = engine.last_stats
+            for k in ("comm_seconds", "wait_seconds", "exposed_seconds", "hidden_seconds", "queue_seconds",
+                      "metadata_seconds"):
+                entry[k] = entry.get(k, 0.0) + stats.get(k, 0.0)
+            for k, v in stats.get("phase_seconds", {}).items():
+                entry["phase_seconds"][k] = entry["phase_seconds"].get(k, 0.0) + v
         entry["step_seconds"].append(statistics.median(times))
-        entry["comm_seconds"] += comm
-        entry["wait_seconds"] += wait
+        entry["timed_steps"] = entry.get("timed_steps", 0) + steps
     rank = int(os.environ.get("RANK_ID", "0"))
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
 
 
-def overlap(tokens: int, steps: int) -> dict:
+def overlap(tokens: int, steps: int, hidden: int, variants: list) -> dict:
     bindir = os.path.dirname(sys.executable)
     env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""), PYTHONPATH=ROOT)
     with tempfile.TemporaryDirectory() as tmp:
@@ -208,7 +302,8 @@ def overlap(tokens: int, steps: int) -> dict:
             port = s.getsockname()[1]
         cmd = [os.path.join(bindir, "msrun"), "--worker_num=2", "--local_worker_num=2", f"--master_port={port}",
                f"--log_dir={tmp}/logs", "--join=True", os.path.abspath(__file__), "--run-worker", tmp,
-               "--overlap-tokens", str(tokens), "--steps", str(steps)]
+               "--overlap-tokens", str(tokens), "--steps", str(steps), "--overlap-hidden", str(hidden),
+               "--overlap-variants", ",".join(variants)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
         if proc.returncode:
             logdir = os.path.join(tmp, "logs")
@@ -216,31 +311,47 @@ def overlap(tokens: int, steps: int) -> dict:
                 if os.path.isdir(logdir) else ""
             raise RuntimeError(f"msrun failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}{logs}")
         ranks = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(2)]
-    out = {"tokens_per_device": tokens}
-    for variant in ("1", "4", "4-inline"):
-        step = max(min(r[variant]["step_seconds"]) for r in ranks)
-        comm = sum(r[variant]["comm_seconds"] for r in ranks)
-        wait = sum(r[variant]["wait_seconds"] for r in ranks)
-        out[variant] = {"step_seconds": step, "comm_seconds": comm, "wait_seconds": wait,
-                        "overlap_ratio": (1.0 - wait / comm) if variant == "4" and comm > 0 else 0.0}
-    out["step_ratio_overlap_vs_whole"] = out["4"]["step_seconds"] / out["1"]["step_seconds"]
+    out = {"tokens_per_device": tokens, "hidden": hidden, "variants": {}}
+    for variant in ["1", *variants]:
+        rs = [r[variant] for r in ranks]
+        v = {"step_seconds": max(min(r["step_seconds"]) for r in rs),
+             "max_abs_diff": max(r["max_abs_diff"] for r in rs)}
+        for k in ("comm_seconds", "wait_seconds", "exposed_seconds", "hidden_seconds", "queue_seconds",
+                  "metadata_seconds"):
+            v[k] = sum(r.get(k, 0.0) for r in rs) / len(rs) / rs[0]["timed_steps"]  # per step and process
+        v["phases"] = {k: sum(r["phase_seconds"].get(k, 0.0) for r in rs) / len(rs) / rs[0]["timed_steps"]
+                       for k in rs[0]["phase_seconds"]}
+        if variant == "1" or variant.endswith("-inline"):  # exchanged in line: all of it exposed
+            v["exposed_seconds"], v["hidden_seconds"], v["queue_seconds"] = v["comm_seconds"], 0.0, 0.0
+        v["overlap_ratio"] = v["hidden_seconds"] / v["comm_seconds"] if v["comm_seconds"] > 0 else 0.0
+        out["variants"][variant] = v
     return out
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--section", default="all", choices=["all", "balance", "metadata", "links", "cache", "overlap"])
+    parser.add_argument("--section", default="all", choices=["all", "balance", "metadata", "links", "cache", "cache-train",
+                                                               "overlap"])
     parser.add_argument("--cache-steps", type=int, default=40, help="steps of the cache section")
+    parser.add_argument("--cache-train-steps", type=int, default=20, help="steps of the cache-train section")
+    parser.add_argument("--cache-experts", type=int, default=32, help="experts, cache-train section")
+    parser.add_argument("--cache-capacity", type=int, default=12, help="experts on the device tier, cache-train")
+    parser.add_argument("--cache-tokens", type=int, default=6, help="tokens per step, cache-train (top-2: at most "
+                        "2x this many experts a step, which must fit the capacity)")
     parser.add_argument("--tokens", type=int, default=8192, help="tokens of the balance and metadata sections")
     parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of expert popularity")
     parser.add_argument("--overlap-tokens", type=int, default=2048, help="tokens per device, overlap section")
     parser.add_argument("--steps", type=int, default=3, help="timed forwards per variant, overlap section")
+    parser.add_argument("--overlap-hidden", type=int, default=256, help="H of the overlap section (F = 2H)")
+    parser.add_argument("--overlap-variants", default="2,4,4-inline,4-nice",
+                        help="chunked variants of the overlap section: <chunks>[-inline|-nice|-sep], comma-separated")
     parser.add_argument("--run-worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run_worker is not None:
         if os.environ.get("MS_ROLE") == "MS_SCHED":
             return
-        overlap_worker(args.run_worker, args.overlap_tokens, args.steps)
+        overlap_worker(args.run_worker, args.overlap_tokens, args.steps, args.overlap_hidden,
+                       args.overlap_variants.split(","))
         return
     if args.section in ("all", "balance"):
         r = balance(args.tokens, args.zipf)
@@ -272,16 +383,29 @@ def main():
               f"{r['lru']['experts_per_step']:.0f} distinct experts per step (64 tokens, top-8, Zipf):")
         for policy, v in r.items():
             print(f"  {policy:<8} cold fetches per step {v['cold_per_step']:5.1f}   step {v['step_seconds'] * 1e3:6.1f} ms")
+    if args.section in ("all", "cache-train"):
+        r = cache_train(args.cache_train_steps, args.cache_experts, args.cache_capacity, args.cache_tokens)
+        print(f"hot-expert cache in training (hyper_offload): {args.cache_experts} experts (H=64, F=128), device tier for "
+              f"{args.cache_capacity}, {args.cache_tokens} tokens top-2 per step ({r['experts_per_step']:.1f} experts "
+              "per step), Zipf-skewed router, Adam:")
+        base = r["not offloaded"]["step_seconds"]
+        print(f"  not offloaded       step {base * 1e3:7.1f} ms")
+        for policy in ("lru", "routing"):
+            v = r[policy]
+            print(f"  {policy:<8} cold fetches per step {v['cold_per_step']:5.2f}   step {v['step_seconds'] * 1e3:7.1f} ms "
+                  f"({v['step_seconds'] / base:.2f}x not offloaded)")
     if args.section in ("all", "overlap"):
-        r = overlap(args.overlap_tokens, args.steps)
-        print(f"overlap (msrun, 2 processes, {r['tokens_per_device']} tokens per device, H=256, F=512, 8 experts, top-2):")
-        print(f"  whole:    step {r['1']['step_seconds'] * 1e3:.1f} ms, AllToAll {r['1']['comm_seconds']:.3f} s in all")
-        print(f"  4 chunks: step {r['4']['step_seconds'] * 1e3:.1f} ms, AllToAll {r['4']['comm_seconds']:.3f} s, "
-              f"waited {r['4']['wait_seconds']:.3f} s -> overlap ratio {r['4']['overlap_ratio']:.2f}")
-        print(f"  4 chunks, exchanged in line (no background thread): step {r['4-inline']['step_seconds'] * 1e3:.1f} ms, "
-              f"AllToAll {r['4-inline']['comm_seconds']:.3f} s")
-        print(f"  step time ratio 4 chunks / whole: {r['step_ratio_overlap_vs_whole']:.2f}; "
-              f"4 chunks background / in line: {r['4']['step_seconds'] / r['4-inline']['step_seconds']:.2f}")
+        r = overlap(args.overlap_tokens, args.steps, args.overlap_hidden, args.overlap_variants.split(","))
+        print(f"overlap (msrun, 2 processes, {r['tokens_per_device']} tokens per device, H={r['hidden']}, "
+              f"F={2 * r['hidden']}, 8 experts, top-2); per step and process:")
+        base = r["variants"]["1"]["step_seconds"]
+        for name, v in r["variants"].items():
+            label = "whole" if name == "1" else name
+            phases = ", ".join(f"{k} {t * 1e3:.0f}" for k, t in v["phases"].items())
+            print(f"  {label:<9} step {v['step_seconds'] * 1e3:7.1f} ms ({v['step_seconds'] / base:.2f}x whole)  "
+                  f"AllToAll {v['comm_seconds'] * 1e3:6.1f} ms (counts {v['metadata_seconds'] * 1e3:5.1f}), exposed {v['exposed_seconds'] * 1e3:6.1f} ms, "
+                  f"queued {v['queue_seconds'] * 1e3:5.1f} ms -> overlap ratio {v['overlap_ratio']:.2f}"
+                  f"{'  [ms: ' + phases + ']' if phases else ''}  max |y - whole| {v['max_abs_diff']:.1e}")
 
 
 if __name__ == "__main__":

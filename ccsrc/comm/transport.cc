@@ -117,19 +117,25 @@ void Transport::SendRecv(int send_peer, const void* sbuf, size_t sbytes, int rec
 }
 
 void Transport::CheckHealth(int peer, const char* what) {
+  std::string detail;
+  if (CheckAbortedAndPeer(peer, what, &detail)) FailDeadPeer(peer, what, detail);
+}
+
+bool Transport::CheckAbortedAndPeer(int peer, const char* what, std::string* detail) {
   std::string why;
   if (IsAborted(&why)) {
     // Another rank timed out, saw a peer die or failed: this rank fails fast the same way.
     throw CommTimeout(name() + " transport: rank " + std::to_string(rank_) + " stopped " + what +
                       " because the group was aborted: " + why);
   }
-  std::string detail;
-  if (peer >= 0 && peer != rank_ && PeerDead(peer, &detail)) {
-    std::string msg = name() + " transport: rank " + std::to_string(rank_) + " timed out in " + what +
-                      ": peer rank " + std::to_string(peer) + " died (" + detail + ")";
-    SetAborted(msg);
-    throw CommTimeout(msg);
-  }
+  return peer >= 0 && peer != rank_ && PeerDead(peer, detail);
+}
+
+void Transport::FailDeadPeer(int peer, const char* what, const std::string& detail) {
+  std::string msg = name() + " transport: rank " + std::to_string(rank_) + " timed out in " + what +
+                    ": peer rank " + std::to_string(peer) + " died (" + detail + ")";
+  SetAborted(msg);
+  throw CommTimeout(msg);
 }
 
 Transport::Waiter::Waiter(Transport& t, const char* what, int peer) : t_(t), what_(what), peer_(peer) {
@@ -140,6 +146,7 @@ Transport::Waiter::Waiter(Transport& t, const char* what, int peer) : t_(t), wha
 void Transport::Waiter::Progressed() {
   if (idle_ > 64) last_ = std::chrono::steady_clock::now();
   idle_ = 0;
+  peer_seen_dead_ = false;
 }
 
 void Transport::Waiter::Idle() {
@@ -163,7 +170,13 @@ void Transport::Waiter::Idle() {
   auto now = std::chrono::steady_clock::now();
   if (now - last_health_ > std::chrono::milliseconds(20)) {
     last_health_ = now;
-    t_.CheckHealth(peer_, what_);
+    std::string detail;
+    if (t_.CheckAbortedAndPeer(peer_, what_, &detail)) {
+      // What the peer wrote before dying is still readable: fail only after a whole round of
+      // steps since the death was seen has moved nothing.
+      if (peer_seen_dead_) t_.FailDeadPeer(peer_, what_, detail);
+      peer_seen_dead_ = true;
+    }
   }
   double waited = std::chrono::duration<double>(now - last_).count();
   if (waited > t_.timeout()) {

@@ -78,6 +78,10 @@ class Transport {
   void Abort(const std::string& why) { SetAborted(why); }
   // Throws CommError/CommTimeout when the group is aborted or `peer` is dead.
   void CheckHealth(int peer, const char* what);
+  // Throws CommTimeout when the group is aborted; returns whether `peer` is dead (a dead peer
+  // may still have left data in the channel: the caller drains it before failing).
+  bool CheckAbortedAndPeer(int peer, const char* what, std::string* detail);
+  [[noreturn]] void FailDeadPeer(int peer, const char* what, const std::string& detail);
 
   class Waiter {
    public:
@@ -91,6 +95,7 @@ class Transport {
     const char* what_;
     int peer_;
     uint64_t idle_ = 0;
+    bool peer_seen_dead_ = false;  // seen dead, with no progress since: the next check fails
     std::chrono::steady_clock::time_point last_;
     std::chrono::steady_clock::time_point last_health_;
   };

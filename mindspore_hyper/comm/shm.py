@@ -223,7 +223,10 @@ class ShmCommunicator(AggregatorOwner):
         self._g.send(arr, dtype_name(arr), int(peer))
 
     def recv(self, shape, dtype, peer: int) -> np.ndarray:
-        out = np.empty(shape, dtype=dtype)
+        return self.recv_into(np.empty(shape, dtype=dtype), peer)
+
+    def recv_into(self, out: np.ndarray, peer: int) -> np.ndarray:
+        """Receive from `peer` into the C-contiguous array `out` (its size and dtype as sent); returns it."""
         self._before_direct()
         self._g.recv(out, dtype_name(out), int(peer))
         return out

@@ -15,7 +15,7 @@ segment sizes first from a small metadata exchange: per-expert counts (int64), o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mindspore import Tensor, nn, ops
@@ -142,6 +142,38 @@ class ProcessExchange:
         if self.record is not None:
             self.record(flat.nbytes)
         return move_rows(self.comm, flat, send_counts.sum(1), recv_counts.sum(1), self.hidden)
+
+    def move_counted(self, flat: np.ndarray, send_counts: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """The rows' all-to-all with each destination's row counts per expert slot in the same
+        message (int64 header before its rows, reinterpreted in the rows' dtype): one
+        rendezvous instead of a counts exchange and then the rows. Returns (recv_counts
+        [members, slots], the received rows flat in source order)."""
+        dtype = np.dtype(flat.dtype)
+        if 8 % dtype.itemsize:
+            raise ValueError(f"expert all-to-all: cannot carry int64 counts in rows of {dtype}")
+        header = np.ascontiguousarray(send_counts.astype(np.int64)).view(dtype)  # [members, slots * 8 / itemsize]
+        width = header.shape[1]
+        rows = np.ascontiguousarray(flat).reshape(-1)
+        ends = np.cumsum(send_counts.sum(1)) * self.hidden
+        parts, start = [], 0
+        for m in range(self.size):
+            parts += [header[m], rows[start:ends[m]]]
+            start = ends[m]
+        if self.record is not None:
+            self.record(rows.nbytes)
+        buf, counts = self.comm.all_to_all_v(np.concatenate(parts), [width + int(n) * self.hidden
+                                                                     for n in send_counts.sum(1)])
+        recv_counts = np.empty((self.size, send_counts.shape[1]), np.int64)
+        pieces, pos = [], 0
+        for src, n in enumerate(counts):
+            recv_counts[src] = buf[pos:pos + width].copy().view(np.int64)
+            pieces.append(buf[pos + width:pos + int(n)])
+            pos += int(n)
+        moved = np.concatenate(pieces)
+        if moved.size != int(recv_counts.sum()) * self.hidden:
+            raise RuntimeError(f"expert all-to-all: received {moved.size} elements, the counts say "
+                               f"{int(recv_counts.sum()) * self.hidden}")
+        return recv_counts, moved
 
     def receive(self, flat: Tensor, moved: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray) -> Segments:
         """The differentiable result of the exchange of `flat` (already `moved`): received[src][slot]."""

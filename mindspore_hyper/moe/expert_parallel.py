@@ -35,12 +35,14 @@ from typing import Dict, Hashable, List, Optional, Tuple
 import numpy as np
 from mindspore import Tensor, ops
 
+from mindspore_hyper import _core
 from mindspore_hyper.dtensor.dispatch import _fan_out, parameter_dtensor, replicated_dtensor
 from mindspore_hyper.dtensor.dtensor import DTensor, significant_axes
 from mindspore_hyper.moe.dispatch import DispatchPlan, DispatchStates, expert_capacity, plan_dispatch
 from mindspore_hyper.moe.exchange import InProcessExchange, LibraryExchange, ProcessExchange, split_rows
 from mindspore_hyper.moe.experts import combine_copies, swiglu
 from mindspore_hyper.moe.losses import logsumexp_square_sum
+from mindspore_hyper.moe.overlap_stats import overlap_report
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
 __all__ = ["ExpertParallel", "ExpertInputs", "ExpertOutputs"]
@@ -128,6 +130,9 @@ class ExpertParallel:
             also the seconds the background exchanges took and the seconds the layer waited.
         background: run the chunks' exchanges on the background thread (msrun); False runs them
             in line, to measure what chunking alone costs.
+        worker_nice: nice value (0..19) of the background exchange thread; None: the process's.
+        counts_with_rows: under msrun with per-expert counts as metadata, send the counts in the
+            rows' message (one rendezvous per dispatch); False: a counts exchange, then the rows.
     """
 
     def __init__(self, moe):
@@ -137,6 +142,8 @@ class ExpertParallel:
         self.last_stats: Dict[str, float] = {}
         self._worker = None  # one background thread for the exchanges (msrun, overlap chunks)
         self.background = True  # False: overlap chunks exchange synchronously (for measurements)
+        self.worker_nice: Optional[int] = None
+        self.counts_with_rows = True
 
     # -- the whole layer ---------------------------------------------------------------------------
     def forward(self, x: DTensor, microbatch: Hashable = 0):
@@ -154,13 +161,39 @@ class ExpertParallel:
         bounds = [local * c // chunks for c in range(chunks + 1)]
         keys = [(microbatch, c) for c in range(chunks)]
         background = self.background and not prep.weights[0].execution.holds_all_ranks
+        phase = self._phase_timer()
         self._start_dispatch(prep, keys[0], slice(bounds[0], bounds[1]), background)
+        phase("send")
         for c in range(chunks):
             inputs = self._receive_dispatch(keys[c])
+            phase("receive")
             if c + 1 < chunks:
                 self._start_dispatch(prep, keys[c + 1], slice(bounds[c + 1], bounds[c + 2]), background)
-            self._start_combine(self.compute(inputs), background)
-        return self._assemble(prep, [self._receive_combine(k) for k in keys])
+                phase("send")
+            outputs = self.compute(inputs)
+            phase("compute")
+            self._start_combine(outputs, background)
+            phase("send")
+        combined = [self._receive_combine(k) for k in keys]
+        phase("receive")
+        if "comm_intervals" in self.last_stats:
+            self.last_stats.update(overlap_report(self.last_stats["comm_intervals"],
+                                                  self.last_stats.get("wait_intervals", [])))
+        return self._assemble(prep, combined)
+
+    def _phase_timer(self):
+        """Calls mark the end of a phase: its seconds (since the previous call) are added to
+        ``last_stats["phase_seconds"][name]`` (send: planning and flattening a chunk on the layer's
+        thread; receive: waiting and unpacking; compute: the experts)."""
+        phases = self.last_stats.setdefault("phase_seconds", {})
+        last = [time.perf_counter()]
+
+        def mark(name: str) -> None:
+            now = time.perf_counter()
+            phases[name] = phases.get(name, 0.0) + now - last[0]
+            last[0] = now
+
+        return mark
 
     def dispatch(self, x: DTensor, microbatch: Hashable = 0) -> ExpertInputs:
         """Route `x` [..., H] and send every expert its rows; the state waits for `combine`."""
@@ -313,8 +346,15 @@ class ExpertParallel:
                                           prep.weights[0].dtype)
             flat = state.flat.asnumpy()
 
+            stats = self.last_stats
+
             def job():
+                if self.counts_with_rows and not self.moe.routing_bits:
+                    self._recorder(ex, axes, "metadata")(send_counts.size * 8)
+                    return exchange.move_counted(flat, send_counts)
+                start = time.perf_counter()
                 recv_counts = self._metadata(ex, exchange, state, key, send_counts)
+                stats["metadata_seconds"] = stats.get("metadata_seconds", 0.0) + time.perf_counter() - start
                 return recv_counts, exchange.move(flat, send_counts, recv_counts)
 
             state.pending = (exchange, key, send_counts, self._run(job, background))
@@ -351,16 +391,23 @@ class ExpertParallel:
 
     def _run(self, job, background: bool) -> Future:
         """Run `job` now, or on the background thread; its seconds go to last_stats."""
+        stats = self.last_stats
+
         def timed():
             start = time.perf_counter()
             try:
                 return job()
             finally:
-                self.last_stats["comm_seconds"] = self.last_stats.get("comm_seconds", 0.0) + time.perf_counter() - start
+                end = time.perf_counter()
+                stats["comm_seconds"] = stats.get("comm_seconds", 0.0) + end - start
+                if background:
+                    stats.setdefault("comm_intervals", []).append((start, end))
 
         if background:
             if self._worker is None:
-                self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moe-alltoall")
+                init = {} if self.worker_nice is None else {
+                    "initializer": _core.make_background_thread, "initargs": ("moe-alltoall", int(self.worker_nice))}
+                self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moe-alltoall", **init)
             return self._worker.submit(timed)
         done: Future = Future()
         done.set_result(timed())
@@ -369,7 +416,9 @@ class ExpertParallel:
     def _wait(self, future: Future):
         start = time.perf_counter()
         result = future.result()
-        self.last_stats["wait_seconds"] = self.last_stats.get("wait_seconds", 0.0) + time.perf_counter() - start
+        end = time.perf_counter()
+        self.last_stats["wait_seconds"] = self.last_stats.get("wait_seconds", 0.0) + end - start
+        self.last_stats.setdefault("wait_intervals", []).append((start, end))
         return result
 
     def _aux(self, ex, axes: _Axes, prob_sums, sq_sums, choice_counts, num_tokens: int) -> Tensor:

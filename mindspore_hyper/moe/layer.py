@@ -72,6 +72,7 @@ class MoE(nn.Cell):
         self.shared = SharedExpert(hidden, shared_ffn_hidden) if shared_ffn_hidden else None
         self.last_expert_counts: Optional[np.ndarray] = None  # [E] copies per expert of the last call
         self._parallel = None  # the ExpertParallel engine, made on the first parallel call
+        self.expert_offload = None  # moe.expert_offload.ExpertOffload when hyper_offload keeps the experts
 
     def aux_loss(self, prob_sums: Tensor, choice_counts: Tensor, logit_sq_sum: Tensor, num_tokens: int) -> Tensor:
         """Load-balancing + z-loss from sums over the batch's `num_tokens` tokens."""
@@ -86,6 +87,9 @@ class MoE(nn.Cell):
         if x.shape[-1] != self.hidden:
             raise ValueError(f"MoE: input's last dimension is {x.shape[-1]}, expected hidden={self.hidden}")
         if isinstance(x, DTensor):
+            if self.expert_offload is not None:
+                raise NotImplementedError("MoE: an offloaded layer's experts (hyper_offload's expert cache) run on "
+                                          "one device only, not expert parallel")
             routed, aux = self.parallel().forward(x, microbatch)
         else:
             routed, aux = self._local(x)
@@ -110,7 +114,13 @@ class MoE(nn.Cell):
                              expert_capacity(num_tokens, self.num_experts, self.top_k, self.capacity_factor))
         self.last_expert_counts = plan.choice_counts
         e = self.experts
-        outs = run_experts(tokens, plan, e.w_gate, e.w_up, e.w_down)
+        if self.expert_offload is None:
+            outs = run_experts(tokens, plan, e.w_gate, e.w_up, e.w_down)
+        else:  # the weights hold the routed experts only (moe/expert_offload.py)
+            used = self.expert_offload.bring(plan.counts)
+            outs = [None] * self.num_experts
+            for e_id, out in zip(used, run_experts(tokens, plan, e.w_gate, e.w_up, e.w_down, experts=used)):
+                outs[e_id] = out
         y = combine_copies(plan, outs, routing.gates, self.hidden, tokens.dtype)
         aux = self.aux_loss(routing.probs.sum(0), Tensor(plan.choice_counts.astype(np.float32)),
                             logsumexp_square_sum(routing.logits), num_tokens)

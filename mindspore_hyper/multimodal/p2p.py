@@ -1,11 +1,10 @@
-"""Point-to-point messages between two processes of an msrun job: a tagged request (kind, batch
-id, request ids or keys, float values such as timestamps, an optional float32 array) over a
-one-directional shared-memory channel.
+"""Point-to-point messages between two processes of an msrun job: a request (kind, batch id,
+request ids or keys, float values such as timestamps, an optional float32 array) over a
+one-directional `comm.p2p` channel.
 
-The HyperMPMD process-group runtime (runtime/mpmd/) is not available yet, so the encoder pipeline
-brings its own transport: each directed pair of ranks gets its own two-member `ShmCommunicator`, so one
-thread sends and one thread receives on it without sharing a communicator between threads. A
-message is a fixed int64 header, then its parts (the header says their sizes).
+Each directed pair of ranks gets its own channel, so one thread sends and one thread receives on
+it. A request travels as one channel message: its kind is the tag, its batch id the metadata,
+its parts the arrays; the receiver takes requests in the order sent.
 """
 from __future__ import annotations
 
@@ -14,12 +13,13 @@ from typing import Optional
 
 import numpy as np
 
+from mindspore_hyper.comm.p2p import P2PChannel
+
 __all__ = ["Message", "Channel", "FEATURES", "TAKEN", "DONE", "REPORT", "END"]
 
 FEATURES, TAKEN, DONE, REPORT, END = 1, 2, 3, 4, 5
 _KINDS = {FEATURES: "features", TAKEN: "taken", DONE: "done", REPORT: "report", END: "end"}
 _MAX_DIMS = 8
-_HEADER = 6 + _MAX_DIMS  # kind, batch_id, n_ids, n_values, ndim (-1: no array), pad, dims
 
 
 @dataclass
@@ -57,10 +57,9 @@ class Message:
 
 
 class Channel:
-    """One direction between this process and `peer` (global ranks), over its own ShmCommunicator.
+    """One direction between this process and `peer` (global ranks), over its own `P2PChannel`.
 
-    Both ends construct it (in the same order of channels on every process: construction
-    waits until both are attached).
+    Both ends construct it (the receiving end waits there until the sending end attached).
 
     Args:
         job: the job's name (`world().job`), so concurrent jobs do not share segments.
@@ -71,42 +70,20 @@ class Channel:
     """
 
     def __init__(self, job: str, source: int, target: int, me: int, timeout: float, channel_bytes: int = 4 << 20):
-        from mindspore_hyper.comm.shm import one_way_channel
-
-        self._group = one_way_channel(job, "mm", source, target, me, timeout, channel_bytes=channel_bytes)
+        self._channel = P2PChannel(job, "mm", source, target, me, timeout, channel_bytes=channel_bytes)
         self.source, self.target = int(source), int(target)
-        self._sending = me == source
 
     def send(self, message: Message) -> None:
-        if not self._sending:
-            raise RuntimeError(f"channel {self.source} -> {self.target}: this end receives")
-        header = np.zeros(_HEADER, np.int64)
-        header[:4] = (message.kind, message.batch_id, message.ids.size, message.values.size)
-        header[4] = -1 if message.array is None else message.array.ndim
-        if message.array is not None:
-            header[6:6 + message.array.ndim] = message.array.shape
-        peer = 1
-        self._group.send(header, peer)
-        if message.ids.size:
-            self._group.send(message.ids, peer)
-        if message.values.size:
-            self._group.send(message.values, peer)
-        if message.array is not None and message.array.size:
-            self._group.send(message.array, peer)
+        """Send `message` and return once it is written to the transport (the peer may not have read it)."""
+        arrays = [message.ids, message.values] + ([] if message.array is None else [message.array])
+        self._channel.send(message.kind, arrays, meta=(message.batch_id,), copy=False)  # written before return
+        self._channel.flush()
 
     def recv(self) -> Message:
-        if self._sending:
-            raise RuntimeError(f"channel {self.source} -> {self.target}: this end sends")
-        peer = 0
-        header = self._group.recv((_HEADER,), np.int64, peer)
-        kind, batch_id, n_ids, n_values, ndim = (int(v) for v in header[:5])
-        ids = self._group.recv((n_ids,), np.int64, peer) if n_ids else np.zeros(0, np.int64)
-        values = self._group.recv((n_values,), np.float64, peer) if n_values else np.zeros(0, np.float64)
-        array = None
-        if ndim >= 0:
-            shape = tuple(int(v) for v in header[6:6 + ndim])
-            array = self._group.recv(shape, np.float32, peer) if int(np.prod(shape)) else np.zeros(shape, np.float32)
-        return Message(kind, batch_id, ids, values, array)
+        """The next message (blocks)."""
+        got = self._channel.recv()
+        array = got.arrays[2] if len(got.arrays) == 3 else None
+        return Message(got.tag[0], got.meta[0], got.arrays[0], got.arrays[1], array)
 
     def close(self) -> None:
-        self._group.close()
+        self._channel.close()

@@ -19,6 +19,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
 from mindspore_hyper.context import get_context
+from mindspore_hyper.moe.expert_offload import attach_expert_offloads
 from mindspore_hyper.offload.activations import ActivationSwap
 from mindspore_hyper.offload.device_shards import DeviceShard, from_strategy_rows, single_device
 from mindspore_hyper.offload.hooks import UseHooks
@@ -47,14 +48,23 @@ class OffloadedModel:
         self.stores = list(stores)
         self._owned_stores: List[OffloadStore] = []  # set by hyper_offload: closed by close()
         self._owned_dirs: List[str] = []
-        self.units: List[OffloadUnit] = make_units(model, policy, self.stores, shards_of, optimizer)
+        # MoE layers' experts: in hot-expert caches, brought per step as routed (moe/expert_offload.py)
+        self.expert_offloads = attach_expert_offloads(model, optimizer, policy.expert_cache)
+        self.expert_params = [p for off in self.expert_offloads for p in off.params]
+        try:
+            self.units: List[OffloadUnit] = make_units(model, policy, self.stores, shards_of, optimizer,
+                                                       exclude={id(p) for p in self.expert_params})
+        except BaseException:
+            self._restore_experts()
+            raise
         self.residency = Residency(self.units, self.stores)
-        offloaded = {id(p) for u in self.units for p in u.params}
+        offloaded = {id(p) for u in self.units for p in u.params} | {id(p) for p in self.expert_params}
         self.resident_params = [p for p in model.trainable_params() if id(p) not in offloaded]
         try:
             check_working_sets(self.units)
         except WorkingSetError:
             self._restore_values()  # refused before running: leave the model as it was
+            self._restore_experts()
             raise
         self._resident_optimizer = optimizer(self.resident_params) if self.resident_params else None
         self.hooks = UseHooks(self.units, self.residency, cell_backward_hooks)
@@ -76,8 +86,9 @@ class OffloadedModel:
 
     # -- training ------------------------------------------------------------------------
     def trainable_params(self) -> List[Parameter]:
-        """The parameters gradients are taken for: offloaded units' first, then resident ones."""
-        return [p for u in self.units for p in u.params] + list(self.resident_params)
+        """The parameters gradients are taken for: offloaded units' first, then resident ones,
+        then the MoE layers' expert weights (each step: the rows of the experts it routed to)."""
+        return [p for u in self.units for p in u.params] + list(self.resident_params) + list(self.expert_params)
 
     def value_and_grad(self, loss_fn: Callable) -> Callable:
         """Like ``ms.value_and_grad(loss_fn, None, self.trainable_params())`` with offloading."""
@@ -88,9 +99,13 @@ class OffloadedModel:
                 store.begin_step()
             self.activations.begin_step()
             self.residency.begin_step()
+            for off in self.expert_offloads:
+                off.begin_step()
             try:
                 out = grad_fn(*inputs)
             except BaseException:
+                for off in self.expert_offloads:
+                    off.end_step()  # the step's experts are released
                 self.residency.in_step = False
                 try:
                     self.hooks.end_backward()
@@ -108,8 +123,10 @@ class OffloadedModel:
         grads = list(grads)
         self.residency.scrub_all()  # (after a forward outside value_and_grad)
         n_off = sum(len(u.params) for u in self.units)
-        if len(grads) != n_off + len(self.resident_params):
-            raise ValueError(f"expected {n_off + len(self.resident_params)} gradients, got {len(grads)}")
+        n_all = n_off + len(self.resident_params) + len(self.expert_params)
+        if len(grads) != n_all:
+            raise ValueError(f"expected {n_all} gradients, got {len(grads)}")
+        grads = self._apply_expert_gradients(grads)
         run = UpdateRun()
         try:
             self.updates.update_from_store(run, list(reversed(self.units)), grads, self._resident_optimizer)
@@ -152,7 +169,7 @@ class OffloadedModel:
                             if copy is not None:
                                 copy.abandon()
                         u.step_grads = None
-                grads = list(grads)
+                grads = self._apply_expert_gradients(list(grads))
                 rest = [u for u in reversed(self.units) if id(u) not in run.updated]
                 self.updates.update_from_store(run, rest, grads, self._resident_optimizer)
             finally:
@@ -170,6 +187,9 @@ class OffloadedModel:
                 out[p.name] = self.residency.gather(u, i, pinned=False)
         for p in self.resident_params:
             out[p.name] = p.asnumpy()
+        for off in self.expert_offloads:
+            for p, value in zip(off.params, off.values()):
+                out[p.name] = value
         return out
 
     def stats(self) -> Dict:
@@ -182,6 +202,8 @@ class OffloadedModel:
         out["device_peak_bytes"] = max(s["device"]["peak_bytes"] for s in per_device)
         out["group_updates"] = dict(self.updates.counts)  # host: during the backward; optimizer: after it
         out["update_wait_ns"] = self.updates.wait_ns
+        if self.expert_offloads:
+            out["expert_cache"] = [off.stats() for off in self.expert_offloads]
         return out
 
     def remove(self) -> None:
@@ -190,16 +212,39 @@ class OffloadedModel:
             part.remove()
         self.residency.scrub_all()
         self._restore_values()
+        self._restore_experts()
 
     def close(self) -> None:
         """Closes the stores `hyper_offload` created (their disk files and folders are removed);
         stores passed in by the caller stay open."""
         self.updates.shutdown()
+        for off in self.expert_offloads:
+            off.close()
+        self.expert_offloads, self.expert_params = [], []
         for store in self._owned_stores:
             store.close()
         for path in self._owned_dirs:
             shutil.rmtree(path, ignore_errors=True)
         self._owned_stores, self._owned_dirs = [], []
+
+    def _apply_expert_gradients(self, grads: List[Tensor]) -> List[Tensor]:
+        """Updates the MoE layers' experts from their gradients (the last ones of `grads`);
+        returns the others."""
+        if not self.expert_offloads:
+            return grads
+        k = len(grads) - len(self.expert_params)
+        rest, expert_grads = grads[:k], grads[k:]
+        for off in self.expert_offloads:
+            n = len(off.params)
+            off.apply(expert_grads[:n])
+            expert_grads = expert_grads[n:]
+        return rest
+
+    def _restore_experts(self) -> None:
+        for off in self.expert_offloads:
+            off.restore()
+            off.close()
+        self.expert_offloads, self.expert_params = [], []
 
     def _restore_values(self) -> None:
         for u in self.units:
@@ -231,6 +276,8 @@ def hyper_offload(model: nn.Cell, policy: Optional[OffloadPolicy] = None, *,
             (parameter shards; gradients and optimizer states of the slice it updates).
         policy: which Cells (default: every direct child with parameters); names are those of
             the network (for a SimulatedModel, of the model it wraps).
+            The experts of `moe.MoE` layers go to a hot-expert cache per layer instead
+            (`policy.expert_cache`; docs/moe.md), single-device models only.
         optimizer: factory ``params -> nn.Optimizer`` (e.g. ``lambda ps: nn.Adam(ps, 1e-3)``); it
             must be element-wise (SGD, Momentum, Adam, AdamWeightDecay, ...): one instance is made
             per distinct shape of an offload unit's update and one for the resident parameters.
@@ -262,6 +309,11 @@ def hyper_offload(model: nn.Cell, policy: Optional[OffloadPolicy] = None, *,
                 f"{model.mesh.size}: offloading under msrun (one device per process) is not implemented; "
                 "offload a simulated model or a single-device one")
         network, n = model.network, model.mesh.size
+        from mindspore_hyper.moe.layer import MoE
+
+        if any(isinstance(c, MoE) for _, c in network.cells_and_names()):
+            raise NotImplementedError("hyper_offload of a parallel model with MoE layers: the expert cache keeps the "
+                                      "experts of a single-device model only; offload a single-device MoE model")
         running_ranks = model.execution.running_ranks
         model.execution.batch_shards = False  # activations are saved per shard, for the devices holding each
         named = dict(network.parameters_and_names())

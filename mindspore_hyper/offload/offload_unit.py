@@ -33,11 +33,21 @@ class OffloadPolicy:
             the outer one. None: every direct child Cell that has parameters.
         activation_cells: name patterns of Cells whose saved activations are swapped to the store.
         min_activation_bytes: activations smaller than this stay in memory.
+        expert_cache: how the experts of `moe.MoE` layers are cached (`moe.cache.ExpertCacheConfig`:
+            policy, device-tier capacity in experts); None: the context flags `moe_cache_policy`
+            and `moe_cache_capacity`. Experts are always kept by the expert cache, whatever `cells`.
     """
 
     cells: Optional[Sequence[str]] = None
     activation_cells: Sequence[str] = ()
     min_activation_bytes: int = 0
+    expert_cache: Optional[object] = None
+
+    def __post_init__(self):
+        from mindspore_hyper.moe.cache import ExpertCacheConfig
+
+        if self.expert_cache is not None and not isinstance(self.expert_cache, ExpertCacheConfig):
+            raise ValueError(f"OffloadPolicy.expert_cache={self.expert_cache!r}: expected an ExpertCacheConfig or None")
 
 
 @dataclass
@@ -118,7 +128,7 @@ def _select_cells(model: nn.Cell, policy: OffloadPolicy) -> List[Tuple[str, nn.C
 
 def make_units(model: nn.Cell, policy: OffloadPolicy, stores: Sequence[OffloadStore],
                shards_of: Callable[[Parameter], List[DeviceShard]],
-               optimizer: Callable[[list], nn.Cell]) -> List[OffloadUnit]:
+               optimizer: Callable[[list], nn.Cell], exclude: Iterable[int] = ()) -> List[OffloadUnit]:
     """Puts the chosen sub-Cells' parameters (with fresh optimizer states and zero gradients)
     into the stores and leaves a one-element placeholder in each Parameter.
 
@@ -128,15 +138,19 @@ def make_units(model: nn.Cell, policy: OffloadPolicy, stores: Sequence[OffloadSt
         stores: one per device.
         shards_of: a parameter's `DeviceShard` per device.
         optimizer: factory ``params -> nn.Optimizer`` of the workspaces' optimizers.
+        exclude: ids of Parameters kept elsewhere (an MoE layer's experts); a Cell left without
+            parameters makes no unit.
 
     Returns:
         The units, in model order.
     """
-    units, seen = [], set()
+    units, seen = [], set(exclude)
     workspaces: Dict[tuple, List[Workspace]] = {}
     for name, cell in _select_cells(model, policy):
         unit = OffloadUnit(name, cell)
         unit.params = [p for p in cell.trainable_params() if id(p) not in seen]
+        if not unit.params:
+            continue
         seen.update(id(p) for p in unit.params)
         values = [p.asnumpy() for p in unit.params]
         unit.shapes = [v.shape for v in values]

@@ -3,13 +3,15 @@
 Phases: **generation** (the actor samples a response token by token), **scoring** (reward score
 of the full sequence, critic values, actor and reference log-probabilities of the response),
 **training** (one clipped-PPO update of the actor and one value-regression update of the
-critic). `PPOTrainer` runs the same function with every role on its device group; running it
-on the bare Cells is the "roles one after another" reference.
+critic). Each phase is a list of `Unit`s (a role's piece of work, independent of the other
+units of the phase) handed to a phase runner: `PPOTrainer` runs them on the roles' device
+groups (in simulation, or one group per msrun process); the default runner, one unit after
+another on the bare Cells, is the "roles one after another" reference.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 import mindspore as ms
@@ -17,16 +19,34 @@ from mindspore import Tensor, nn, ops
 
 from mindspore_hyper.rlhf.models import PPOModels
 
-__all__ = ["PPOSettings", "PPOResult", "ppo_step", "PHASES", "Execute"]
+__all__ = ["PPOSettings", "PPOResult", "ppo_step", "PHASES", "Unit", "RunPhase", "run_in_order"]
 
 PHASES = ("generation", "scoring", "training")
 
-# execute(phase, role, label, work) -> work(): how a unit of a role's work is run (and timed)
-Execute = Callable[[str, str, str, Callable[[], Any]], Any]
+
+@dataclass(frozen=True)
+class Unit:
+    """One role's piece of a phase. `work()` returns a numpy array and reads no other unit of
+    its phase, so a runner may run the units of a phase in any order or at the same time.
+
+    `rows`, set for a frozen role's work whose batch rows are independent, computes the result
+    for a slice of the batch's rows (`work()` is `rows(slice(None))`): a runner may split the
+    rows between groups (the msrun dynamic scheduler's microbatch shares)."""
+
+    phase: str
+    role: str
+    label: str
+    work: Callable[[], np.ndarray]
+    rows: Optional[Callable[[slice], np.ndarray]] = None
 
 
-def _run(phase: str, role: str, label: str, work: Callable[[], Any]) -> Any:
-    return work()
+# run_phase(phase, units) -> the units' results, in order
+RunPhase = Callable[[str, Sequence[Unit]], List[np.ndarray]]
+
+
+def run_in_order(phase: str, units: Sequence[Unit]) -> List[np.ndarray]:
+    """The reference runner: every unit in this process, one after another."""
+    return [unit.work() for unit in units]
 
 
 @dataclass(frozen=True)
@@ -74,7 +94,7 @@ def _response_logp(logits: Tensor, ids: Tensor, prompt_len: int) -> Tensor:
 
 
 def ppo_step(models: PPOModels, actor_optimizer: nn.Optimizer, critic_optimizer: nn.Optimizer, prompts: Tensor,
-             settings: PPOSettings = PPOSettings(), execute: Optional[Execute] = None) -> PPOResult:
+             settings: PPOSettings = PPOSettings(), run_phase: Optional[RunPhase] = None) -> PPOResult:
     """Run one PPO step (see module docstring) and update actor and critic.
 
     Args:
@@ -82,20 +102,22 @@ def ppo_step(models: PPOModels, actor_optimizer: nn.Optimizer, critic_optimizer:
         actor_optimizer, critic_optimizer: optimizers over the actor's / critic's parameters.
         prompts: (B, P) int32 token ids.
         settings: PPO hyper-parameters.
-        execute: runs each unit of work as `execute(phase, role, label, work)`; default: `work()`.
-            The MPMD trainer times the units and places them on its per-group timeline.
+        run_phase: runs the units of a phase and returns their results in order; default
+            `run_in_order`. The MPMD trainer runs them on the roles' groups and times them.
 
     Returns:
         The PPOResult.
     """
-    run = execute or _run
+    run = run_phase or run_in_order
     rng = np.random.default_rng(settings.seed)
     prompt_len = prompts.shape[1]
 
     ids = prompts.asnumpy().astype(np.int32)
     for t in range(settings.response_len):
-        logits = run("generation", "actor", f"generate {t}",
-                     lambda: models.actor(Tensor(ids))[:, -1].asnumpy()).astype(np.float64)
+        current = Tensor(ids)
+        (logits,) = run("generation", [Unit("generation", "actor", f"generate {t}",
+                                            lambda: models.actor(current)[:, -1].asnumpy())])
+        logits = logits.astype(np.float64)
         probs = np.exp(logits - logits.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         u = rng.random((ids.shape[0], 1))
@@ -103,11 +125,19 @@ def ppo_step(models: PPOModels, actor_optimizer: nn.Optimizer, critic_optimizer:
         ids = np.concatenate([ids, nxt[:, None]], 1)
     seq = Tensor(ids)
 
-    scores = run("scoring", "reward_model", "score", lambda: models.reward_model(seq).asnumpy())
-    values = run("scoring", "critic", "values", lambda: models.critic(seq).asnumpy()[:, prompt_len - 1:-1])
-    old_logp = run("scoring", "actor", "old logp", lambda: _response_logp(models.actor(seq), seq, prompt_len).asnumpy())
-    ref_logp = run("scoring", "reference", "reference logp",
-                   lambda: _response_logp(models.reference(seq), seq, prompt_len).asnumpy())
+    def score(rows: slice) -> np.ndarray:
+        return models.reward_model(Tensor(ids[rows])).asnumpy()
+
+    def reference_logp(rows: slice) -> np.ndarray:
+        part = Tensor(ids[rows])
+        return _response_logp(models.reference(part), part, prompt_len).asnumpy()
+
+    scores, values, old_logp, ref_logp = run("scoring", [
+        Unit("scoring", "reward_model", "score", lambda: score(slice(None)), score),
+        Unit("scoring", "critic", "values", lambda: models.critic(seq).asnumpy()[:, prompt_len - 1:-1]),
+        Unit("scoring", "actor", "old logp", lambda: _response_logp(models.actor(seq), seq, prompt_len).asnumpy()),
+        Unit("scoring", "reference", "reference logp", lambda: reference_logp(slice(None)), reference_logp),
+    ])
     rewards = -settings.kl_coef * (old_logp - ref_logp)
     rewards[:, -1] += scores
     returns = np.cumsum(rewards[:, ::-1], 1)[:, ::-1].copy()  # gamma = 1
@@ -123,11 +153,13 @@ def ppo_step(models: PPOModels, actor_optimizer: nn.Optimizer, critic_optimizer:
     def critic_loss():
         return ((models.critic(seq)[:, prompt_len - 1:-1] - ret) ** 2).mean()
 
-    def update(loss_fn, optimizer):
+    def update(loss_fn, optimizer) -> np.ndarray:
         loss, grads = ms.value_and_grad(loss_fn, None, optimizer.parameters)()
         optimizer(grads)
-        return loss
+        return loss.asnumpy()
 
-    a_loss = run("training", "actor", "actor update", lambda: update(actor_loss, actor_optimizer))
-    c_loss = run("training", "critic", "critic update", lambda: update(critic_loss, critic_optimizer))
+    a_loss, c_loss = run("training", [
+        Unit("training", "actor", "actor update", lambda: update(actor_loss, actor_optimizer)),
+        Unit("training", "critic", "critic update", lambda: update(critic_loss, critic_optimizer)),
+    ])
     return PPOResult(ids, scores, advantages, float((old_logp - ref_logp).mean()), float(a_loss), float(c_loss))

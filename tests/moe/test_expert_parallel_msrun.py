@@ -37,3 +37,8 @@ def test_expert_parallel_on_4_processes_equals_single_device(tmp_path):
         overlap = res["1x2x2+bits+overlap"]["stats"]
         assert overlap["metadata"] == 2 * 2 * 4
         assert overlap["comm_seconds"] > 0 and overlap["wait_seconds"] >= 0
+        # per-exchange timestamps: 2 chunks x (dispatch + combine) on the background thread
+        assert len(overlap["comm_intervals"]) == 4 and len(overlap["wait_intervals"]) == 4
+        assert 0.0 <= overlap["overlap_ratio"] <= 1.0
+        assert overlap["hidden_seconds"] + overlap["exposed_seconds"] == pytest.approx(overlap["comm_seconds"])
+        assert set(overlap["phase_seconds"]) == {"send", "receive", "compute"}

@@ -32,3 +32,27 @@ def test_message_checks_and_normalises():
         Message(99)
     with pytest.raises(ValueError, match="at most 8 dimensions"):
         Message(FEATURES, 0, array=np.zeros((1,) * 9))
+
+
+def test_channel_carries_messages_in_order_with_and_without_array():
+    import uuid
+
+    from mindspore_hyper.multimodal.p2p import DONE, END, Channel
+
+    job = "mm" + uuid.uuid4().hex[:10]
+    sender = Channel(job, 0, 1, me=0, timeout=10.0)  # returns at once; the receiving end waits for it
+    receiver = Channel(job, 0, 1, me=1, timeout=10.0)
+    sent = [Message(FEATURES, 3, [1, 2, -1], [0.5, 1.5], np.arange(6).reshape(2, 3)), Message(DONE, 4), Message(END)]
+    for m in sent:
+        sender.send(m)
+    for want in sent:
+        got = receiver.recv()
+        assert (got.kind, got.batch_id) == (want.kind, want.batch_id)
+        np.testing.assert_array_equal(got.ids, want.ids)
+        np.testing.assert_array_equal(got.values, want.values)
+        assert (got.array is None) == (want.array is None)
+        if want.array is not None:
+            assert got.array.dtype == np.float32
+            np.testing.assert_array_equal(got.array, want.array)
+    sender.close()
+    receiver.close()

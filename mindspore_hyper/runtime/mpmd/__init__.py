@@ -3,12 +3,12 @@ rebalancing of devices between groups (simulation), groups on real processes und
 from mindspore_hyper.runtime.mpmd.model import MPMDModel, MPMDReport
 from mindspore_hyper.runtime.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord, apply_device_plan
 from mindspore_hyper.runtime.mpmd.placement import GroupPlacement, data_parallel_strategy, place_groups
-from mindspore_hyper.runtime.mpmd.scaling import scale_groups
+from mindspore_hyper.runtime.mpmd.scaling import for_processes, scale_groups
 from mindspore_hyper.runtime.mpmd.timeline import GroupTask, GroupTimeline
 
 __all__ = ["MPMDModel", "MPMDReport", "RebalanceRecord", "DeviceRebalancing", "apply_device_plan", "GroupPlacement",
            "data_parallel_strategy", "place_groups",
-           "scale_groups", "GroupTask", "GroupTimeline", "check_mpmd_enabled"]
+           "scale_groups", "for_processes", "GroupTask", "GroupTimeline", "check_mpmd_enabled"]
 
 
 def check_mpmd_enabled(groups) -> None:

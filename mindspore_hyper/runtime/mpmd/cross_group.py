@@ -1,94 +1,81 @@
-"""Tensors crossing device groups between msrun processes, over the shared-memory transport.
+"""Tensors crossing device groups between msrun processes, over `comm.p2p` channels.
 
 Every process runs the model's code between groups on global tensors; a group's output is
 computed by its members and sent by the group's leader (its first rank) to every other process,
 and in the backward the gradient of the group's inputs goes the same way. Transfers are
-point-to-point over one shared-memory channel per direction (sender -> receiver), each tensor
-preceded by a small header (count, dtype, shape). Sends are handed to one sender thread per
-process (the `Outbox`), so a process never blocks on a full channel while its peer is busy;
-receives block the caller. A peer that died or stalls makes the receiver fail with the
-transport's CommTimeout naming the peer, the group and the tensor; a failed send is raised by
-the next cross-group operation of the sender.
+point-to-point over one `P2PChannel` per direction (sender -> receiver), in the order sent, each
+a message of arrays. Sends return at once (the channel's thread writes them, so a process never
+blocks on a full channel while its peer is busy); receives block the caller. A peer that died
+or stalls makes the receiver fail with the transport's CommTimeout naming the peer, the group
+and the tensor; a failed send is raised by the next cross-group operation of the sender.
 """
 from __future__ import annotations
 
 import atexit
-import queue
-import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mindspore_hyper.comm import CommError
-from mindspore_hyper.comm.shm import ShmCommunicator, one_way_channel
+from mindspore_hyper.comm.p2p import P2PChannel
 from mindspore_hyper.runtime.distributed.world import world
 
 __all__ = ["send_arrays", "recv_arrays", "send_output", "outbox", "Outbox", "SendInputGradient", "RecvInputGradient",
            "RemoteGroupOutput"]
 
-_DTYPES = (np.float32, np.float16, np.float64, np.int32, np.int64, np.bool_, np.uint8, np.int8)
-_HEADER = 10  # dtype code, ndim, up to 8 dims
+_TAG = 0  # one stream per direction: received in the order sent
 
 
-def _channel(src: int, dst: int) -> ShmCommunicator:
-    """The one-way channel src -> dst (member 0 sends, member 1 receives), made on first use by
-    both ends; the sender's is used only by its Outbox thread, the receiver's by its main thread."""
+def _channel(src: int, dst: int) -> P2PChannel:
+    """The one-way channel src -> dst, made on first use by each end (the receiving end waits
+    there until the sending end's first send attached)."""
     key = (src, dst)
     if key not in _CHANNELS:
         w = world()
-        _CHANNELS[key] = one_way_channel(w.job, "x", src, dst, w.rank, w.timeout)
+        _CHANNELS[key] = P2PChannel(w.job, "x", src, dst, w.rank, w.timeout)
     return _CHANNELS[key]
 
 
-_CHANNELS: Dict[Tuple[int, int], ShmCommunicator] = {}
+_CHANNELS: Dict[Tuple[int, int], P2PChannel] = {}
 
 
 class Outbox:
-    """One sender thread per process: `post` queues arrays for a peer and returns at once."""
-
-    def __init__(self):
-        self._queue: "queue.Queue[Optional[tuple]]" = queue.Queue()
-        self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._run, name="mpmd-outbox", daemon=True)
-        self._thread.start()
+    """This process's sends: `post` queues arrays for a peer and returns at once (each peer's
+    channel writes them in its own thread)."""
 
     def post(self, arrays: Sequence[np.ndarray], peer: int, what: str) -> None:
         self.check()
-        self._queue.put(([np.ascontiguousarray(a) for a in arrays], peer, what))
+        try:
+            # not copied, as before this channel: group outputs and gradients are not changed in place
+            _channel(world().rank, peer).send(_TAG, arrays, copy=False)
+        except TypeError as exc:
+            raise TypeError(f"{what}: {exc}") from None
 
     def flush(self) -> None:
         """Wait until every posted send was handed to its channel; raise a failed send."""
-        self._queue.join()
-        self.check()
+        for channel in self._sending():
+            channel.flush()
 
     def check(self) -> None:
-        if self._error is not None:
-            raise self._error
+        for channel in self._sending():
+            channel.check()
 
     def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
+        """Write what is posted, then close every channel of this process."""
+        for key in list(_CHANNELS):
+            _CHANNELS.pop(key).close()
 
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                if self._error is None:
-                    _send_now(*item)
-            except BaseException as exc:  # noqa: BLE001 - reported to the main thread
-                self._error = exc
-            finally:
-                self._queue.task_done()
+    @staticmethod
+    def _sending() -> List[P2PChannel]:
+        return [c for c in _CHANNELS.values() if c.sending]
 
 
 _OUTBOX: Optional[Outbox] = None
 
 
 def outbox() -> Outbox:
-    """This process's Outbox (started on first use, drained at exit)."""
+    """This process's Outbox (made on first use; its channels are drained and closed at exit)."""
     global _OUTBOX
     if _OUTBOX is None:
         _OUTBOX = Outbox()
@@ -97,41 +84,15 @@ def outbox() -> Outbox:
 
 
 def send_arrays(arrays: Sequence[np.ndarray], peer: int, what: str) -> None:
-    """Queue `arrays` (count, then header + data each) for global rank `peer`."""
+    """Queue `arrays` (one message) for global rank `peer`."""
     outbox().post(arrays, peer, what)
-
-
-def _send_now(arrays: Sequence[np.ndarray], peer: int, what: str) -> None:
-    comm, index = _channel(world().rank, peer), 1
-    try:
-        comm.send(np.array([len(arrays)], np.int64), index)
-        for a in arrays:
-            a = np.ascontiguousarray(a)
-            code = next(i for i, d in enumerate(_DTYPES) if a.dtype == d)
-            if a.ndim > _HEADER - 2:
-                raise ValueError(f"{what}: a {a.ndim}-d tensor; at most {_HEADER - 2} dimensions cross groups")
-            header = np.zeros(_HEADER, np.int64)
-            header[:2 + a.ndim] = [code, a.ndim, *a.shape]
-            comm.send(header, index)
-            if a.size:
-                comm.send(a, index)
-    except CommError as exc:
-        raise type(exc)(f"{what}: sending to rank {peer} (this is rank {world().rank}): {exc}") from None
 
 
 def recv_arrays(peer: int, what: str) -> List[np.ndarray]:
     """Receive the arrays `send_arrays` sent from global rank `peer` (blocks)."""
     outbox().check()
-    comm, index = _channel(peer, world().rank), 0
     try:
-        count = int(comm.recv((1,), np.int64, index)[0])
-        out = []
-        for _ in range(count):
-            header = comm.recv((_HEADER,), np.int64, index)
-            dtype, ndim = _DTYPES[int(header[0])], int(header[1])
-            shape = tuple(int(d) for d in header[2:2 + ndim])
-            out.append(comm.recv(shape, dtype, index) if int(np.prod(shape)) else np.zeros(shape, dtype))
-        return out
+        return list(_channel(peer, world().rank).recv(_TAG).arrays)
     except CommError as exc:
         raise type(exc)(f"{what}: waiting for rank {peer} (this is rank {world().rank}): {exc}") from None
 

@@ -9,8 +9,9 @@ see `cross_group.py`. Each process's optimizer updates its own group's parameter
 """
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import mindspore as ms
 from mindspore import Parameter, Tensor
@@ -26,7 +27,8 @@ from mindspore_hyper.runtime.mpmd.placement import GroupPlacement
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.strategy.resolve import resolve_strategy
 
-__all__ = ["GroupView", "GroupProcessRuntime", "DistributedGroupRunner", "parallelize_groups"]
+__all__ = ["GroupView", "GroupProcessRuntime", "DistributedGroupRunner", "MemberGroupRunner", "parallelize_groups",
+           "check_group_process"]
 
 
 class GroupView:
@@ -112,18 +114,7 @@ class DistributedGroupRunner(GroupRunner):
         outbox().flush()
 
     def build(self, placement: GroupPlacement) -> None:
-        from mindspore_hyper.runtime.distributed.model import DistributedModel
-
-        models = {}
-        if self.member:
-            view = GroupView(placement.ranks)
-            for name, cell in self.cells.items():
-                table = resolve_strategy(cell, placement.strategy, optimizer_states=self.optimizer_states)
-                for row in table:
-                    row.layout.check_shape(row.global_shape)
-                model = DistributedModel(cell, table, GroupProcessRuntime(view))
-                model.world = view  # its gradient sums run over the group's communicators
-                models[name] = model
+        models = _member_models(self.cells, placement, self.optimizer_states) if self.member else {}
         self.placement, self.models = placement, models
         self._remote = {name: RemoteGroupOutput(self.leader, f"group {placement.name!r} output of {name!r} "
                                                              f"(leader rank {self.leader})")
@@ -186,12 +177,101 @@ class DistributedGroupRunner(GroupRunner):
             self._raw_positions[name] = positions
 
 
+class MemberGroupRunner(GroupRunner):
+    """A group's Cells in one msrun process, run only by the group's members (each holding its
+    rank of the group's mesh); the caller moves tensors between groups itself (the RLHF trainer
+    sends each phase's results). A call from a process outside the group is an error.
+
+    Attributes:
+        member: whether this process belongs to the group.
+    """
+
+    def __init__(self, network, placement: GroupPlacement, runtime=None, on_call=None, optimizer_states: int = 2):
+        self.member = world().rank in placement.ranks
+        super().__init__(network, placement, runtime, on_call, optimizer_states)
+
+    def build(self, placement: GroupPlacement) -> None:
+        models = _member_models(self.cells, placement, self.optimizer_states) if self.member else {}
+        self.placement, self.models = placement, models
+
+    @contextlib.contextmanager
+    def bare(self, name: str) -> Iterator[None]:
+        """Within the block, Cell `name` runs as the plain Cell in this process (whole inputs, no
+        group mesh), member or not: for a frozen role's rows computed by another group."""
+        self._inside[name] = True
+        try:
+            yield
+        finally:
+            self._inside[name] = False
+
+    def _entry(self, name: str, cell):
+        plain = type(cell).construct
+
+        def construct(*args):
+            if self._inside.get(name):
+                return plain(cell, *args)
+            if not self.member:
+                raise RuntimeError(f"Cell {name!r} runs on group {self.placement.name!r} (ranks "
+                                   f"{list(self.placement.ranks)}); this process (rank {world().rank}) is not a "
+                                   "member and cannot run it")
+            self._check_batch(name, args)
+            self._inside[name] = True
+            try:
+                return self.models[name](*args)
+            finally:
+                self._inside[name] = False
+
+        return construct
+
+
+def _member_models(cells, placement: GroupPlacement, optimizer_states: int) -> dict:
+    """Cell name -> DistributedModel of the Cell on the group's mesh, in a member process."""
+    from mindspore_hyper.runtime.distributed.model import DistributedModel
+
+    view = GroupView(placement.ranks)
+    models = {}
+    for name, cell in cells.items():
+        table = resolve_strategy(cell, placement.strategy, optimizer_states=optimizer_states)
+        for row in table:
+            row.layout.check_shape(row.global_shape)
+        model = DistributedModel(cell, table, GroupProcessRuntime(view))
+        model.world = view  # its gradient sums run over the group's communicators
+        models[name] = model
+    return models
+
+
 def _carries_gradient(x) -> bool:
     """A floating-point Tensor input (integer inputs such as token ids have no gradient)."""
     import mindspore as ms
 
     return isinstance(x, Tensor) and not isinstance(x, Parameter) and x.dtype in (ms.float16, ms.float32, ms.float64,
                                                                                   ms.bfloat16)
+
+
+def check_group_process(config) -> None:
+    """Check that this msrun process can run its device group of `config` (a ParallelConfig).
+
+    Raises:
+        ValueError: a mesh size other than the job's process count, this process's group
+            declaring other `hardware` than its device target, a transport other than shm, or
+            ZeRO-1 (`optimizer.sharding`) inside the groups.
+    """
+    w = world()
+    if config.mesh.size != w.size:
+        raise ValueError(f"the config's groups span {config.mesh.size} devices but the job has {w.size} processes; "
+                         f"launch with msrun --worker_num={config.mesh.size} --local_worker_num={config.mesh.size}")
+    target = {"ASCEND": "NPU"}.get(str(ms.get_context("device_target")).upper(),
+                                   str(ms.get_context("device_target")).upper())
+    mine = next(g for g in config.groups if w.rank in g.ranks)
+    if mine.hardware != target:
+        raise ValueError(f"{mine.path}.hardware: {mine.hardware}, but this process (rank {w.rank}) runs on {target} "
+                         f"(mindspore device_target); set hardware: {target} for the group")
+    if w.transport != "shm":
+        raise ValueError(f"dist_transport={w.transport!r}: MPMD groups under msrun send tensors between groups over "
+                         "the shared-memory transport; set dist_transport='shm' (one host)")
+    if config.optimizer_sharding is not None:
+        raise ValueError("parallel_config.optimizer.sharding: ZeRO-1 inside MPMD groups runs in simulation mode only; "
+                         "under msrun set sharding: False")
 
 
 def parallelize_groups(model, table, runtime, group_strategies=None, optimizer_states: int = 2):
@@ -206,25 +286,12 @@ def parallelize_groups(model, table, runtime, group_strategies=None, optimizer_s
     from mindspore_hyper.runtime.mpmd import MPMDModel, check_mpmd_enabled
 
     check_mpmd_enabled(table.groups)
-    w = world()
-    if table.mesh.size != w.size:
-        raise ValueError(f"the config's groups span {table.mesh.size} devices but the job has {w.size} processes; "
-                         f"launch with msrun --worker_num={table.mesh.size} --local_worker_num={table.mesh.size}")
     dynamic = [g for g in table.groups if g.scheduler == "dynamic"]
     if dynamic:
         raise ValueError(f"{dynamic[0].path}.scheduler: dynamic moves devices between groups, which runs in simulation "
-                         "mode only; under msrun use scheduler: static")
-    target = {"ASCEND": "NPU"}.get(str(ms.get_context("device_target")).upper(),
-                                   str(ms.get_context("device_target")).upper())
-    mine = next(g for g in table.groups if w.rank in g.ranks)
-    if mine.hardware != target:
-        raise ValueError(f"{mine.path}.hardware: {mine.hardware}, but this process (rank {w.rank}) runs on {target} "
-                         f"(mindspore device_target); set hardware: {target} for the group")
-    if w.transport != "shm":
-        raise ValueError(f"dist_transport={w.transport!r}: MPMD groups under msrun send tensors between groups over "
-                         "the shared-memory transport; set dist_transport='shm' (one host)")
-    if table.config.optimizer_sharding is not None:
-        raise ValueError("parallel_config.optimizer.sharding: ZeRO-1 inside MPMD groups runs in simulation mode only; "
-                         "under msrun set sharding: False")
+                         "mode only: under msrun a device move would change a process's group (its parameters and "
+                         "optimizer states migrated, communicators rebuilt), and the groups run different Cells, so "
+                         "no rows of work can move instead; under msrun use scheduler: static")
+    check_group_process(table.config)
     return MPMDModel(model, table.config, runtime, group_strategies, optimizer_states=optimizer_states,
                      runner_class=DistributedGroupRunner)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Optional
 
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.strategy.config import ParallelConfig
 
-__all__ = ["scale_groups"]
+__all__ = ["scale_groups", "for_processes"]
 
 
 def scale_groups(config: ParallelConfig, device_num: int) -> ParallelConfig:
@@ -41,3 +42,27 @@ def scale_groups(config: ParallelConfig, device_num: int) -> ParallelConfig:
         first += size
     return replace(config, groups=scaled, mesh=Layout([device_num], ["data"]), mesh_inferred=True,
                    data_axis="data")
+
+
+def for_processes(config: ParallelConfig, processes: int, hardware: str = "CPU",
+                  scheduler: Optional[str] = "static") -> ParallelConfig:
+    """The config's groups on `processes` msrun processes of this host: `scale_groups`, then
+    every group on `hardware`, and ZeRO-1 off (refused inside groups under msrun).
+
+    Args:
+        config: a config with device groups.
+        processes: the msrun process count.
+        hardware: what the processes run on ("NPU", "GPU" or "CPU").
+        scheduler: every group's scheduler: "static" (MPMDModel under msrun refuses device moves),
+            "dynamic" (PPOTrainer under msrun moves microbatch shares), or None to keep the config's.
+
+    Raises:
+        ValueError: as scale_groups; a bad `hardware` or `scheduler`.
+    """
+    if hardware not in ("NPU", "GPU", "CPU"):
+        raise ValueError(f"hardware={hardware!r}: expected 'NPU', 'GPU' or 'CPU'")
+    if scheduler not in ("static", "dynamic", None):
+        raise ValueError(f"scheduler={scheduler!r}: expected 'static', 'dynamic' or None")
+    scaled = scale_groups(config, processes)
+    groups = [replace(g, hardware=hardware, scheduler=scheduler or g.scheduler) for g in scaled.groups]
+    return replace(scaled, groups=groups, optimizer_sharding=None, scheduler=scheduler or scaled.scheduler)

@@ -105,9 +105,20 @@ def test_bad_trainer_inputs(mpmd):
     mpmd.set_context(hyper_mpmd=False, device_num=16)
     with pytest.raises(ValueError, match="hyper_mpmd=True"):
         PPOTrainer(roles(), RLHF_CONFIG)
-    mpmd.set_context(hyper_mpmd=True, mode="distributed")
-    with pytest.raises(ValueError, match="simulation mode only; mode='distributed'"):
+    mpmd.set_context(hyper_mpmd=True, mode="native")
+    with pytest.raises(ValueError, match="simulation or under msrun \\(distributed\\); mode='native'"):
         PPOTrainer(roles(), RLHF_CONFIG)
+    # under msrun (a plain python process is a job of one): refused before any process waits
+    mpmd.set_context(mode="distributed")
+    with pytest.raises(ValueError, match="span 16 devices but the job has 1 processes; launch with msrun "
+                                         "--worker_num=16"):
+        PPOTrainer(roles(), RLHF_CONFIG)
+    one_dynamic = {"parallel_config": {"device_num": 4},
+                   "process_groups": {"actor": {"ranks": [0, 1], "hardware": "CPU", "scheduler": "dynamic"},
+                                      "critic": {"ranks": 2, "hardware": "CPU"},
+                                      "reward": {"ranks": 3, "hardware": "CPU", "modules": "reward_model"}}}
+    with pytest.raises(ValueError, match="process_groups.actor.scheduler: dynamic: group 'actor' is the only dynamic"):
+        PPOTrainer(roles(), one_dynamic)
     with pytest.raises(ValueError, match="response_len=0"):
         PPOSettings(response_len=0)
     with pytest.raises(ValueError, match="clip=1.5"):
@@ -120,3 +131,38 @@ def test_prompt_batch_must_match_the_actor_group_batch_size(mpmd):
     with pytest.raises(ValueError,
                        match="process_groups.actor.batch_size: 8, but Cell 'actor' got input 0 with batch 4"):
         trainer.step(bad)
+
+
+def test_process_phases_in_a_job_of_one():
+    """ProcessPhases without peers: units of its group run here, rows split into blocks are put
+    back in order, and bad units are named."""
+    import contextlib
+
+    from mindspore_hyper.rlhf import ProcessPhases, Unit
+
+    bare_calls = []
+
+    @contextlib.contextmanager
+    def bare(role):
+        bare_calls.append(role)
+        yield
+
+    phases = ProcessPhases(0, 1, {"actor": (0,), "reward_model": (0,)}, bare=bare)
+    data = np.arange(12.0).reshape(6, 2)
+    units = [Unit("scoring", "actor", "double", lambda: data * 2),
+             Unit("scoring", "reward_model", "score", lambda: data.sum(1), lambda rows: data[rows].sum(1))]
+    double, score = phases("scoring", units)
+    np.testing.assert_array_equal(double, data * 2)
+    np.testing.assert_array_equal(score, data.sum(1))
+    assert not bare_calls
+    phases.row_blocks = [((0,), slice(0, 4)), ((0,), slice(4, 6))]
+    double, score = phases("scoring", units)
+    np.testing.assert_array_equal(score, data.sum(1))
+    assert bare_calls == ["reward_model", "reward_model"]
+    labels = [e.label for e in phases.events if e.kind == "run"]
+    assert labels == ["double", "score", "double", "score rows 0-3", "score rows 4-5"]
+    assert phases.seconds["scoring"] > 0
+    with pytest.raises(TypeError, match="scoring unit 'loss' of role 'actor' returned float"):
+        phases("scoring", [Unit("scoring", "actor", "loss", lambda: 1.0)])
+    with pytest.raises(ValueError, match="role 'critic' is in no device group"):
+        phases("scoring", [Unit("scoring", "critic", "values", lambda: data)])

@@ -1,0 +1,391 @@
+"""One direction of point-to-point exchange between two processes: tagged messages of arrays over
+a two-member shared-memory communicator (`one_way_channel`).
+
+The pipeline's stage boundaries, the MPMD cross-group tensors and the multimodal encoder/LM
+requests all travel as `Message`s on a `P2PChannel`. A message is a tag (a few ints, the name
+the receiver asks for), optional metadata (a few ints) and arrays of any supported dtype and
+shape. On the wire: 32 int64 words holding the descriptor's length and the descriptor (tag,
+meta, each array's dtype code and shape; a longer descriptor's rest follows), then each
+non-empty array's bytes.
+
+The sending end hands messages to its own background thread (`send` returns at once, having
+copied the arrays unless told not to; `flush` waits until they are written; the queue is not
+bounded: a sender that never flushes holds what its peer has not read), so a process never blocks on a full
+channel while its peer computes; that thread also opens the communicator, so constructing the
+sending end never waits for the peer. The receiving end opens the communicator in its
+constructor (it waits until the sender attached) and reads only inside `recv`, in the calling
+thread: messages read while looking for another tag are kept, in arrival order, for later
+receives. A receive that waits too long, or whose peer died, raises the transport's
+`CommTimeout` naming this rank, the peer rank and the tag; the receiving end is unusable from
+then on (the transport aborts the group, as for any collective).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Deque, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from mindspore_hyper.comm._common import CommError, CommTimeout
+from mindspore_hyper.comm.shm import ShmCommunicator, one_way_channel
+
+__all__ = ["P2PChannel", "Message", "Tag", "P2P_DTYPES"]
+
+P2P_DTYPES = ("float32", "float16", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+_CODES = {np.dtype(name): code for code, name in enumerate(P2P_DTYPES)}
+_MAX_TAG = 8  # ints in a tag
+_MAX_META = 64  # ints of metadata
+_HEAD = 32  # int64 words of a message's first write: the descriptor's length, then the descriptor (its rest follows)
+
+Tag = Union[int, Tuple[int, ...]]
+
+
+def _ints(value, what: str, limit: int, allow_empty: bool) -> Tuple[int, ...]:
+    """`value` (an int or a sequence of ints) as a tuple of Python ints; ValueError naming `what`."""
+    def is_int(v) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+    items = (value,) if is_int(value) else tuple(value) if isinstance(value, (tuple, list, np.ndarray)) else None
+    if items is None or not all(is_int(v) for v in items) or len(items) > limit or not (items or allow_empty):
+        raise ValueError(f"{what}={value!r}: expected {'' if allow_empty else 'an int or '}a sequence of "
+                         f"{'' if allow_empty else '1 to '}{limit} ints at most")
+    return tuple(int(v) for v in items)
+
+
+def _check_array(value, index: int, copy: bool) -> np.ndarray:
+    """arrays[index] C-contiguous (a copy if `copy`); TypeError naming the argument for unsupported dtypes."""
+    arr = np.asarray(value)
+    if arr.dtype not in _CODES:
+        raise TypeError(f"arrays[{index}]: dtype {arr.dtype} is not supported; expected one of {', '.join(P2P_DTYPES)}")
+    return np.array(arr, order="C", copy=True) if copy else np.ascontiguousarray(arr)
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message of a channel.
+
+    Attributes:
+        tag: the name a receive asks for (a tuple of ints).
+        arrays: the arrays, in the order sent.
+        meta: small integer metadata (a tuple of ints, empty when none).
+    """
+
+    tag: Tuple[int, ...]
+    arrays: Tuple[np.ndarray, ...]
+    meta: Tuple[int, ...] = ()
+
+
+def _descriptor(message: Message) -> np.ndarray:
+    words: List[int] = [len(message.tag), *message.tag, len(message.meta), *message.meta, len(message.arrays)]
+    for arr in message.arrays:
+        words += [_CODES[arr.dtype], arr.ndim, *arr.shape]
+    return np.array(words, np.int64)
+
+
+def _parse(words: np.ndarray) -> Tuple[Tuple[int, ...], Tuple[int, ...], List[Tuple[np.dtype, Tuple[int, ...]]]]:
+    """(tag, meta, [(dtype, shape) per array]) from a descriptor."""
+    values = [int(v) for v in words]
+    pos = 0
+
+    def take(n: int) -> Tuple[int, ...]:
+        nonlocal pos
+        pos += n
+        return tuple(values[pos - n:pos])
+
+    tag = take(take(1)[0])
+    meta = take(take(1)[0])
+    layout = []
+    for _ in range(take(1)[0]):
+        code, ndim = take(2)
+        layout.append((np.dtype(P2P_DTYPES[code]), take(ndim)))
+    return tag, meta, layout
+
+
+class P2PChannel:
+    """This process's end of the one-way channel `source` -> `target` (global ranks).
+
+    Both ends construct it with the same arguments (in any order: the sending end's thread and
+    the receiving end's constructor meet). See the module docstring for the protocol.
+
+    Args:
+        job: the job's name (`world().job`), so concurrent jobs never share a segment.
+        name: the user's short name ("pp", "x", "mm", ...), so several users of one pair do not share one.
+        source: global rank of the sending process.
+        target: global rank of the receiving process.
+        me: this process's global rank (`source` or `target`).
+        timeout: seconds: bounds the rendezvous, a receive (default), a flush (default) and any
+            transfer without progress.
+        channel_bytes: ring-buffer bytes of the communicator (None: the transport's default); the
+            sender thread waits while the receiver has not read this much.
+
+    Raises:
+        ValueError: `me` is not one of the two ends, or `timeout` is not positive.
+    """
+
+    def __init__(self, job: str, name: str, source: int, target: int, me: int, timeout: float,
+                 channel_bytes: Optional[int] = None):
+        if me not in (source, target) or source == target:
+            raise ValueError(f"channel {source} -> {target}: me={me} is not one of its two ends")
+        if not timeout > 0:
+            raise ValueError(f"timeout={timeout!r}: expected a positive number of seconds")
+        self.job, self.name = job, name
+        self.source, self.target, self.me = int(source), int(target), int(me)
+        self.timeout = float(timeout)
+        self._channel_bytes = channel_bytes
+        self._cond = threading.Condition()
+        self._closed = False
+        self._comm = None
+        # sending end
+        self._outgoing: Deque[Message] = deque()
+        self._unsent = 0
+        self._send_error: Optional[BaseException] = None
+        self._thread: Optional[threading.Thread] = None
+        # receiving end
+        self._arrived: List[Message] = []
+        self._reading = False
+        self._recv_error: Optional[BaseException] = None
+        if self.sending:
+            self._thread = threading.Thread(target=self._send_loop, name=f"p2p-{name}-{source}to{target}", daemon=True)
+            self._thread.start()
+        else:
+            self._comm = self._open()
+
+    @property
+    def sending(self) -> bool:
+        """True at the source end, False at the target end."""
+        return self.me == self.source
+
+    def __repr__(self) -> str:
+        return f"P2PChannel({self.name!r}, {self.source} -> {self.target}, rank {self.me})"
+
+    def _open(self) -> ShmCommunicator:
+        kwargs = {} if self._channel_bytes is None else {"channel_bytes": int(self._channel_bytes)}
+        return one_way_channel(self.job, self.name, self.source, self.target, self.me, self.timeout, **kwargs)
+
+    def _check_end(self, sending: bool, what: str) -> None:
+        if self.sending != sending:
+            role = "sends" if self.sending else "receives"
+            raise RuntimeError(f"{self!r}: {what} is not possible at this end (it {role})")
+        if self._closed:
+            raise CommError(f"{self!r} is closed: no {what} after close()")
+
+    # ----- sending end ---------------------------------------------------------------------------
+    def send(self, tag: Tag, arrays: Sequence[np.ndarray] = (), meta: Sequence[int] = (), copy: bool = True) -> None:
+        """Queue a message for the peer and return.
+
+        Args:
+            tag: an int or a tuple of at most 8 ints, the name the receiver asks for.
+            arrays: arrays of the dtypes in `P2P_DTYPES`, any shape (0-d and empty included).
+            meta: at most 64 ints delivered with the message.
+            copy: copy the arrays now, so the caller may change them at once; False when they
+                are not changed until written (fresh arrays, or a `flush` before reuse).
+
+        Raises:
+            ValueError: `tag` or `meta` is not ints (names the argument).
+            TypeError: an array's dtype is not supported (names `arrays[i]`).
+            CommError / CommTimeout: an earlier send failed (names the peer).
+        """
+        self._check_end(True, "send")
+        message = Message(_ints(tag, "tag", _MAX_TAG, allow_empty=False),
+                          tuple(_check_array(a, i, copy) for i, a in enumerate(arrays)),
+                          _ints(meta, "meta", _MAX_META, allow_empty=True))
+        with self._cond:
+            self._raise_send_error()
+            self._outgoing.append(message)
+            self._unsent += 1
+            self._cond.notify_all()
+
+    @property
+    def pending(self) -> int:
+        """Messages queued by `send` and not yet written to the transport."""
+        with self._cond:
+            return self._unsent
+
+    def flush(self, timeout: Optional[float] = None) -> None:
+        """Wait until every queued message was written to the transport (the peer may not have
+        read it yet).
+
+        Args:
+            timeout: seconds (default: the channel's timeout).
+
+        Raises:
+            CommTimeout: messages are still queued after `timeout` (names the peer).
+            CommError / CommTimeout: a send failed (names the peer).
+        """
+        self._check_end(True, "flush")
+        timeout = self.timeout if timeout is None else float(timeout)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._unsent and self._send_error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CommTimeout(f"{self!r}: {self._unsent} messages to rank {self.target} not written within "
+                                      f"{timeout:g} s (rank {self.target} does not read)")
+                self._cond.wait(left)
+            self._raise_send_error()
+
+    def check(self) -> None:
+        """Raise a failed send now (without waiting for the queue).
+
+        Raises:
+            CommError / CommTimeout: a send failed (names the peer).
+        """
+        self._check_end(True, "check")
+        with self._cond:
+            self._raise_send_error()
+
+    def _raise_send_error(self) -> None:
+        if self._send_error is not None:
+            exc = self._send_error
+            raise type(exc)(f"rank {self.me}: sending to rank {self.target} on {self.name!r} failed: {exc}") from exc
+
+    def _send_loop(self) -> None:
+        try:
+            comm = self._open()
+        except Exception as exc:  # noqa: BLE001 -- raised to the sending threads by send / flush / check
+            comm, self._send_error = None, exc
+        with self._cond:
+            self._comm = comm
+        while True:
+            with self._cond:
+                while not self._outgoing and not self._closed:
+                    self._cond.wait()
+                if not self._outgoing:
+                    return
+                message = self._outgoing.popleft()
+                failed = self._send_error is not None
+            try:
+                if not failed:
+                    self._write(comm, message)
+            except Exception as exc:  # noqa: BLE001 -- raised to the sending threads by send / flush / check
+                with self._cond:
+                    self._send_error = exc
+            finally:
+                with self._cond:
+                    self._unsent -= 1
+                    self._cond.notify_all()
+
+    @staticmethod
+    def _write(comm, message: Message) -> None:
+        words = _descriptor(message)
+        head = np.zeros(_HEAD, np.int64)
+        head[0] = words.size
+        inline = min(words.size, _HEAD - 1)
+        head[1:1 + inline] = words[:inline]
+        comm.send(head, 1)
+        if words.size > inline:
+            comm.send(words[inline:], 1)
+        for arr in message.arrays:
+            if arr.nbytes:
+                comm.send(arr.reshape(-1).view(np.uint8), 1)
+
+    # ----- receiving end -------------------------------------------------------------------------
+    def recv(self, tag: Optional[Tag] = None, timeout: Optional[float] = None) -> Message:
+        """The first arrived message with `tag` (any tag if None), waiting for it.
+
+        Messages of the peer arrive in the order it sent them; those read while waiting for
+        another tag are kept for later receives. Several threads may receive at once.
+
+        Args:
+            tag: the tag to wait for (an int or a tuple of ints), or None for the next message.
+            timeout: seconds (default: the channel's timeout).
+
+        Raises:
+            CommTimeout: nothing with `tag` within `timeout`, or the peer died (names this rank,
+                the peer rank and the tag); the channel is unusable afterwards.
+            CommError: the transport failed (names the peer).
+        """
+        self._check_end(False, "recv")
+        want = None if tag is None else _ints(tag, "tag", _MAX_TAG, allow_empty=False)
+        timeout = self.timeout if timeout is None else float(timeout)
+        if not timeout > 0:
+            raise ValueError(f"timeout={timeout!r}: expected a positive number of seconds")
+        deadline = time.monotonic() + timeout
+        what = "any message" if want is None else f"tag {want}"
+        while True:
+            with self._cond:
+                while True:
+                    found = self._take(want)
+                    if found is not None:
+                        return found
+                    if self._closed:
+                        raise CommError(f"{self!r} was closed while waiting for {what}")
+                    if self._recv_error is not None:
+                        exc = self._recv_error
+                        raise type(exc)(f"rank {self.me}: waiting for {what} from rank {self.source} on "
+                                        f"{self.name!r}: {exc}") from exc
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise CommTimeout(f"rank {self.me}: no {what} from rank {self.source} on {self.name!r} "
+                                          f"within {timeout:g} s")
+                    if not self._reading:
+                        self._reading = True
+                        break
+                    self._cond.wait(left)
+            try:
+                message = self._read(left)
+            except Exception as exc:  # noqa: BLE001 -- raised to every receive of this channel, naming its tag
+                with self._cond:
+                    self._recv_error = exc
+                    self._reading = False
+                    self._cond.notify_all()
+                continue  # raised above, naming the tag
+            with self._cond:
+                self._arrived.append(message)
+                self._reading = False
+                self._cond.notify_all()
+
+    def _take(self, want: Optional[Tuple[int, ...]]) -> Optional[Message]:
+        for i, message in enumerate(self._arrived):
+            if want is None or message.tag == want:
+                return self._arrived.pop(i)
+        return None
+
+    def _read(self, wait: float) -> Message:
+        """Read one message: its start within `wait` seconds, the rest within the channel's timeout."""
+        comm = self._comm
+        comm.timeout = wait
+        try:
+            head = comm.recv((_HEAD,), np.int64, 0)
+        finally:
+            comm.timeout = self.timeout
+        size = int(head[0])
+        words = head[1:1 + min(size, _HEAD - 1)]
+        if size > _HEAD - 1:
+            words = np.concatenate([words, comm.recv((size - (_HEAD - 1),), np.int64, 0)])
+        tag, meta, layout = _parse(words)
+        arrays = []
+        for dtype, shape in layout:
+            out = np.empty(shape, dtype)
+            if out.nbytes:
+                comm.recv_into(out.reshape(-1).view(np.uint8), 0)
+            arrays.append(out)
+        return Message(tag, tuple(arrays), meta)
+
+    # ----- both ends -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Write what is still queued (at most the channel's timeout), stop the sender thread and
+        unmap the communicator; later calls raise CommError. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+            deadline = time.monotonic() + self.timeout
+            while self._reading and time.monotonic() < deadline:  # a receive in progress ends by its timeout
+                self._cond.wait(deadline - time.monotonic())
+        if self._thread is not None:
+            self._thread.join(2 * self.timeout + 1.0)
+        with self._cond:
+            comm, self._comm = self._comm, None
+        if comm is not None:
+            comm.close()
+
+    def __enter__(self) -> "P2PChannel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
