@@ -16,3 +16,14 @@ def clean_context():
     mh.reset_context()
     yield mh
     mh.reset_context()
+
+
+@pytest.fixture
+def pynative(clean_context):
+    """MindSpore in PYNATIVE_MODE for the test, and again after it (a test that switches to
+    GRAPH_MODE does not leak it). Modules that need it: `pytestmark = pytest.mark.usefixtures("pynative")`."""
+    import mindspore as ms
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    yield clean_context
+    ms.set_context(mode=ms.PYNATIVE_MODE)

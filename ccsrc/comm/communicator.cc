@@ -103,7 +103,7 @@ void Communicator::Check(int kind, DType dtype, ReduceOp op, int root, uint64_t 
     if (!same) {
       const std::string da = describe(a), db = describe(b);
       throw CommMismatch("mismatched collective across ranks: rank 0 calls " + da + " but rank " + std::to_string(j) +
-                         " calls " + db + (da == db ? " (with different array shapes or axes)" : ""));
+                         " calls " + db + (da == db ? " (with different array shapes or dims)" : ""));
     }
   }
 }

@@ -33,11 +33,11 @@ def check_op(op: str) -> str:
     return op
 
 
-def normalize_axis(axis: int, ndim: int, what: str) -> int:
-    """`axis` in [0, ndim); ValueError naming `what` when it is out of range."""
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"{what}: axis {axis} is out of range for an array of {ndim} dimensions")
-    return axis % ndim
+def normalize_dim(dim: int, ndim: int, what: str) -> int:
+    """`dim` in [0, ndim); ValueError naming `what` when it is out of range."""
+    if not -ndim <= dim < ndim:
+        raise ValueError(f"{what}: dim {dim} is out of range for an array of {ndim} dimensions")
+    return dim % ndim
 
 
 def contiguous(array) -> np.ndarray:

@@ -162,32 +162,32 @@ class InProcessCommunicator:
         self._g.all_reduce(xs, [dtype_name(x) for x in xs], [op] * self.size, algorithm)
         return xs
 
-    def all_gather(self, arrays: Sequence[np.ndarray], axis: int = 0) -> List[np.ndarray]:
-        """Concatenation of every rank's array along `axis` (sizes along `axis` may differ)."""
+    def all_gather(self, arrays: Sequence[np.ndarray], dim: int = 0) -> List[np.ndarray]:
+        """Concatenation of every rank's array along `dim` (sizes along `dim` may differ)."""
         xs = self._check(arrays)
         self._agree(xs, "all_gather", sizes=False)
-        moved = [np.ascontiguousarray(np.moveaxis(x, axis, 0)) for x in xs]
+        moved = [np.ascontiguousarray(np.moveaxis(x, dim, 0)) for x in xs]
         rest = moved[0].shape[1:]
         for r, m in enumerate(moved):
             if m.shape[1:] != rest:
                 raise ValueError(f"all_gather: rank {r} has shape {xs[r].shape}, rank 0 has {xs[0].shape}; "
-                                 f"only axis {axis} may differ")
+                                 f"only dim {dim} may differ")
         counts = [m.size for m in moved]
         rows = sum(m.shape[0] for m in moved)
         outs = [np.empty((rows,) + rest, dtype=m.dtype) for m in moved]
         self._flush_pending()
         self._g.all_gather_v(moved, outs, [counts] * self.size, [dtype_name(m) for m in moved])
-        return [np.moveaxis(o, 0, axis) for o in outs]
+        return [np.moveaxis(o, 0, dim) for o in outs]
 
-    def reduce_scatter(self, arrays: Sequence[np.ndarray], axis: int = 0, op: str = "sum") -> List[np.ndarray]:
-        """Reduce the ranks' arrays and give rank r the r-th part along `axis` (np.array_split parts)."""
+    def reduce_scatter(self, arrays: Sequence[np.ndarray], dim: int = 0, op: str = "sum") -> List[np.ndarray]:
+        """Reduce the ranks' arrays and give rank r the r-th part along `dim` (np.array_split parts)."""
         check_op(op)
         xs = self._check(arrays)
         self._agree(xs, "reduce_scatter", op=op)
         for r, x in enumerate(xs):
             if x.shape != xs[0].shape:
                 raise _C.CommMismatch(f"reduce_scatter: rank 0 passes shape {xs[0].shape} but rank {r} passes {x.shape}")
-        moved = [np.ascontiguousarray(np.moveaxis(x, axis, 0)) for x in xs]
+        moved = [np.ascontiguousarray(np.moveaxis(x, dim, 0)) for x in xs]
         rows = moved[0].shape[0]
         rest = moved[0].shape[1:]
         inner = int(np.prod(rest)) if rest else 1
@@ -196,18 +196,18 @@ class InProcessCommunicator:
         outs = [np.empty((parts[r],) + rest, dtype=moved[r].dtype) for r in range(self.size)]
         self._flush_pending()
         self._g.reduce_scatter(moved, outs, [counts] * self.size, [dtype_name(m) for m in moved], [op] * self.size)
-        return [np.moveaxis(o, 0, axis) for o in outs]
+        return [np.moveaxis(o, 0, dim) for o in outs]
 
-    def all_to_all(self, arrays: Sequence[np.ndarray], split_axis: int = 0, concat_axis: int = 0) -> List[np.ndarray]:
-        """Rank r splits its array along `split_axis` into `size` parts (np.array_split) and sends
-        part j to rank j; rank j concatenates what it receives along `concat_axis` in rank order."""
+    def all_to_all(self, arrays: Sequence[np.ndarray], split_dim: int = 0, concat_dim: int = 0) -> List[np.ndarray]:
+        """Rank r splits its array along `split_dim` into `size` parts (np.array_split) and sends
+        part j to rank j; rank j concatenates what it receives along `concat_dim` in rank order."""
         xs = self._check(arrays)
         self._agree(xs, "all_to_all", sizes=False)
         for r, x in enumerate(xs):
             if x.shape != xs[0].shape:
                 raise _C.CommMismatch(f"all_to_all: rank 0 passes shape {xs[0].shape} but rank {r} passes {x.shape}; "
                                       "every rank must pass the same shape")
-        chunks = [np.array_split(x, self.size, axis=split_axis) for x in xs]
+        chunks = [np.array_split(x, self.size, axis=split_dim) for x in xs]
         sends = [np.concatenate([np.ascontiguousarray(c).ravel() for c in cs]) for cs in chunks]
         send_counts = [[c.size for c in cs] for cs in chunks]
         self._flush_pending()
@@ -220,7 +220,7 @@ class InProcessCommunicator:
                 shape = chunks[r][j].shape
                 pieces.append(flat[off:off + recv_counts[r]].reshape(shape))
                 off += recv_counts[r]
-            outs.append(np.concatenate(pieces, axis=concat_axis))
+            outs.append(np.concatenate(pieces, axis=concat_dim))
         return outs
 
     def all_to_all_v(self, arrays: Sequence[np.ndarray], send_counts: Sequence[Sequence[int]]):

@@ -73,7 +73,7 @@ class _AllGather(_Recorded):
         self.dim, self.grad_partial = dim, grad_partial
 
     def construct(self, *xs):
-        return Tensor(_group(len(xs)).all_gather(_arrays(xs), axis=self.dim)[0])
+        return Tensor(_group(len(xs)).all_gather(_arrays(xs), dim=self.dim)[0])
 
     def bprop(self, *args):
         xs, dout = args[:-2], args[-1]
@@ -88,12 +88,12 @@ class _ReduceScatter(_Recorded):
         self.dim, self.op = dim, op
 
     def construct(self, *xs):
-        return tuple(Tensor(a) for a in _group(len(xs)).reduce_scatter(_arrays(xs), axis=self.dim, op=self.op))
+        return tuple(Tensor(a) for a in _group(len(xs)).reduce_scatter(_arrays(xs), dim=self.dim, op=self.op))
 
     def bprop(self, *args):
         xs, douts = args[:-2], args[-1]
         self.record("AllGather", nbytes_of(douts[0]))
-        gathered = Tensor(_group(len(xs)).all_gather(_arrays(douts), axis=self.dim)[0])
+        gathered = Tensor(_group(len(xs)).all_gather(_arrays(douts), dim=self.dim)[0])
         if self.op == "avg":
             gathered = gathered / len(xs)
         return tuple(gathered for _ in xs)
@@ -105,13 +105,13 @@ class _AllToAll(_Recorded):
         self.split_dim, self.concat_dim = split_dim, concat_dim
 
     def construct(self, *xs):
-        outs = _group(len(xs)).all_to_all(_arrays(xs), split_axis=self.split_dim, concat_axis=self.concat_dim)
+        outs = _group(len(xs)).all_to_all(_arrays(xs), split_dim=self.split_dim, concat_dim=self.concat_dim)
         return tuple(Tensor(a) for a in outs)
 
     def bprop(self, *args):
         xs, douts = args[:-2], args[-1]
         self.record("AllToAll", nbytes_of(douts[0]))
-        back = _group(len(xs)).all_to_all(_arrays(douts), split_axis=self.concat_dim, concat_axis=self.split_dim)
+        back = _group(len(xs)).all_to_all(_arrays(douts), split_dim=self.concat_dim, concat_dim=self.split_dim)
         return tuple(Tensor(a) for a in back)
 
 

@@ -110,9 +110,9 @@ class MindSporeCommunicator(AggregatorOwner):
         self._ms_all_reduce_into(out, op)
         return out
 
-    def all_gather(self, x, axis: int = 0) -> np.ndarray:
-        """Concatenation along `axis` in member order (equal shapes on every rank)."""
-        return np.concatenate(self._gather_all(x), axis=axis)
+    def all_gather(self, x, dim: int = 0) -> np.ndarray:
+        """Concatenation along `dim` in member order (equal shapes on every rank)."""
+        return np.concatenate(self._gather_all(x), axis=dim)
 
     def _gather_all(self, x) -> list:
         """Every member's array (equal shapes on every rank), in member order."""
@@ -181,17 +181,17 @@ class MindSporeCommunicator(AggregatorOwner):
             self._shm = ShmCommunicator.from_env(timeout=self.shm_timeout)
         return self._shm
 
-    def all_to_all(self, x, split_axis: int = 0, concat_axis: int = 0) -> np.ndarray:
-        """Member j gets chunk j of every member's `split_axis`, concatenated along `concat_axis`
+    def all_to_all(self, x, split_dim: int = 0, concat_dim: int = 0) -> np.ndarray:
+        """Member j gets chunk j of every member's `split_dim`, concatenated along `concat_dim`
         (an all_gather of the whole arrays: MindSpore's CPU backend has no AlltoAll)."""
         everyone = self._gather_all(x)
-        return np.concatenate([np.array_split(a, self.size, axis=split_axis)[self.rank] for a in everyone],
-                              axis=concat_axis)
+        return np.concatenate([np.array_split(a, self.size, axis=split_dim)[self.rank] for a in everyone],
+                              axis=concat_dim)
 
-    def reduce_scatter(self, x, axis: int = 0, op: str = "sum") -> np.ndarray:
+    def reduce_scatter(self, x, dim: int = 0, op: str = "sum") -> np.ndarray:
         """This member's np.array_split chunk of the reduction (an all_reduce of the whole array:
         MindSpore's CPU backend has no ReduceScatter)."""
-        return np.array_split(self.all_reduce(x, op), self.size, axis=axis)[self.rank]
+        return np.array_split(self.all_reduce(x, op), self.size, axis=dim)[self.rank]
 
     def send(self, x, peer: int) -> None:
         """Through the shared-memory transport (MindSpore's CPU backend has no send/recv)."""

@@ -5,8 +5,8 @@ Each collective is a Cell whose `construct` moves the bytes through the group's 
 `bprop` implements the backward of `mindspore_hyper.comm.collectives`, moving the gradient
 bytes the same way and reporting them to the recorder.
 
-A communicator is anything with numpy-level `all_reduce(x, op)`, `all_gather(x, axis)`,
-`reduce_scatter(x, axis, op)`, `all_to_all(x, split_axis, concat_axis)` and
+A communicator is anything with numpy-level `all_reduce(x, op)`, `all_gather(x, dim)`,
+`reduce_scatter(x, dim, op)`, `all_to_all(x, split_dim, concat_dim)` and
 `broadcast(x, root)`; `communicator_for(ranks)` returns the one of a group of global ranks.
 """
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name, normalize_axis, split_counts
+from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name, normalize_dim, split_counts
 from mindspore_hyper.comm._handles import AggregatorOwner, Closed
 
 __all__ = ["ShmCommunicator", "one_way_channel", "cleanup_stale_segments", "SEGMENT_PREFIX"]
@@ -147,47 +147,47 @@ class ShmCommunicator(AggregatorOwner):
         self._g.all_gather(desc, out, "int64")
         return [tuple(int(v) for v in row[1:1 + row[0]]) for row in out.reshape(self.size, desc.size)]
 
-    def all_gather(self, x, axis: int = 0) -> np.ndarray:
-        """Concatenate every rank's array along `axis`. Sizes along `axis` may differ; the other
+    def all_gather(self, x, dim: int = 0) -> np.ndarray:
+        """Concatenate every rank's array along `dim`. Sizes along `dim` may differ; the other
         dimensions must agree (CommMismatch on every rank otherwise)."""
         arr = contiguous(x)
-        axis = normalize_axis(axis, arr.ndim, "all_gather")
-        moved = np.ascontiguousarray(np.moveaxis(arr, axis, 0))
+        dim = normalize_dim(dim, arr.ndim, "all_gather")
+        moved = np.ascontiguousarray(np.moveaxis(arr, dim, 0))
         self._before_direct()
         shapes = self._gather_shapes(arr.shape)
         for r, shape in enumerate(shapes):
-            if len(shape) != len(shapes[0]) or shape[:axis] + shape[axis + 1:] != shapes[0][:axis] + shapes[0][axis + 1:]:
+            if len(shape) != len(shapes[0]) or shape[:dim] + shape[dim + 1:] != shapes[0][:dim] + shapes[0][dim + 1:]:
                 raise _C.CommMismatch(f"all_gather: rank 0 passes shape {shapes[0]} but rank {r} passes {shape}; "
-                                      f"only axis {axis} may differ")
+                                      f"only dim {dim} may differ")
         inner = int(np.prod(moved.shape[1:])) if moved.ndim > 1 else 1
-        rows = [shape[axis] for shape in shapes]
+        rows = [shape[dim] for shape in shapes]
         out = np.empty((sum(rows),) + moved.shape[1:], dtype=moved.dtype)
         self._g.all_gather_v(moved, out, [r * inner for r in rows], dtype_name(moved))
-        return np.moveaxis(out, 0, axis)
+        return np.moveaxis(out, 0, dim)
 
-    def reduce_scatter(self, x, axis: int = 0, op: str = "sum") -> np.ndarray:
-        """Reduce over ranks; this rank gets its np.array_split part along `axis`."""
+    def reduce_scatter(self, x, dim: int = 0, op: str = "sum") -> np.ndarray:
+        """Reduce over ranks; this rank gets its np.array_split part along `dim`."""
         check_op(op)
-        moved = np.ascontiguousarray(np.moveaxis(contiguous(x), axis, 0))
+        moved = np.ascontiguousarray(np.moveaxis(contiguous(x), dim, 0))
         rest = moved.shape[1:]
         inner = int(np.prod(rest)) if rest else 1
         parts = split_counts(moved.shape[0], self.size)
         out = np.empty((parts[self.rank],) + rest, dtype=moved.dtype)
         self._before_direct()
         self._g.reduce_scatter(moved, out, [p * inner for p in parts], dtype_name(moved), op)
-        return np.moveaxis(out, 0, axis)
+        return np.moveaxis(out, 0, dim)
 
-    def all_to_all(self, x, split_axis: int = 0, concat_axis: int = 0) -> np.ndarray:
-        """Split along `split_axis` into `size` parts (np.array_split), part j to rank j; concatenate
-        the received parts along `concat_axis` in rank order. Every rank must pass the same shape."""
+    def all_to_all(self, x, split_dim: int = 0, concat_dim: int = 0) -> np.ndarray:
+        """Split along `split_dim` into `size` parts (np.array_split), part j to rank j; concatenate
+        the received parts along `concat_dim` in rank order. Every rank must pass the same shape."""
         arr = contiguous(x)
-        split_axis = normalize_axis(split_axis, arr.ndim, "all_to_all")
-        concat_axis = normalize_axis(concat_axis, arr.ndim, "all_to_all")
-        chunks = np.array_split(arr, self.size, axis=split_axis)
+        split_dim = normalize_dim(split_dim, arr.ndim, "all_to_all")
+        concat_dim = normalize_dim(concat_dim, arr.ndim, "all_to_all")
+        chunks = np.array_split(arr, self.size, axis=split_dim)
         send = np.concatenate([np.ascontiguousarray(c).ravel() for c in chunks])
         self._before_direct()
         # ranks' shapes and axes must agree: the transport's cross-rank check compares this key
-        key = zlib.crc32(repr((arr.shape, split_axis, concat_axis)).encode()) + 1
+        key = zlib.crc32(repr((arr.shape, split_dim, concat_dim)).encode()) + 1
         buf, counts = self._g.all_to_all_v(send, [c.size for c in chunks], dtype_name(arr), key)
         flat = buf.view(arr.dtype)
         expect = chunks[self.rank].shape
@@ -198,7 +198,7 @@ class ShmCommunicator(AggregatorOwner):
                                       f"expects {int(np.prod(expect))} (shape {expect}); ranks passed different shapes")
             pieces.append(flat[off:off + counts[r]].reshape(expect))
             off += counts[r]
-        return np.concatenate(pieces, axis=concat_axis)
+        return np.concatenate(pieces, axis=concat_dim)
 
     def all_to_all_v(self, x, send_counts: Sequence[int]):
         """Uneven all-to-all of a flat array: send_counts[j] elements (in order) to rank j.

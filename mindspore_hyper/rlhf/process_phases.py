@@ -134,7 +134,7 @@ class ProcessPhases:
         kinds = ("run", "receive")
         rows = np.array([[e.step, e.rank, names.index((e.phase, e.role, e.label)), kinds.index(e.kind), e.start, e.end]
                          for e in self.events], np.float64).reshape(-1, 6)
-        everyone = world().communicator(tuple(range(self.size))).all_gather(rows, axis=0)
+        everyone = world().communicator(tuple(range(self.size))).all_gather(rows, dim=0)
         return [PhaseEvent(int(r[0]), int(r[1]), *names[int(r[2])], kinds[int(r[3])], float(r[4]), float(r[5]))
                 for r in everyone]
 

@@ -54,18 +54,18 @@ def test_gather_scatter_alltoall_broadcast(dtype):
     g = InProcessCommunicator(p, topology=False, channel_bytes=4096)
     for n in (1, 5, 2001):
         xs = [x.reshape(1, n) for x in _inputs(p, n, dtype, n)]
-        # all_gather along axis 1 with uneven sizes
+        # all_gather along dim 1 with uneven sizes
         parts = [np.concatenate([x] * (r + 1), axis=1) for r, x in enumerate(xs)]
-        for y in g.all_gather(parts, axis=1):
+        for y in g.all_gather(parts, dim=1):
             np.testing.assert_array_equal(y, np.concatenate(parts, axis=1))
         mats = [np.tile(x, (4, 1)) + np.arange(4, dtype=dtype)[:, None] for x in xs]
-        for axis in (0, 1):
-            out = g.reduce_scatter(mats, axis=axis, op="sum")
-            ref = np.array_split(np.stack([m.astype(np.float64) for m in mats]).sum(0), p, axis=axis)
+        for dim in (0, 1):
+            out = g.reduce_scatter(mats, dim=dim, op="sum")
+            ref = np.array_split(np.stack([m.astype(np.float64) for m in mats]).sum(0), p, axis=dim)
             for r in range(p):
                 assert out[r].shape == ref[r].shape
                 _assert_close(out[r], ref[r], dtype)
-        outs = g.all_to_all(mats, split_axis=1, concat_axis=0)
+        outs = g.all_to_all(mats, split_dim=1, concat_dim=0)
         for j in range(p):
             np.testing.assert_array_equal(
                 outs[j], np.concatenate([np.array_split(m, p, axis=1)[j] for m in mats], axis=0))

@@ -61,7 +61,7 @@ def test_inproc_dtypes_or_sizes_differ_between_ranks(inproc):
         inproc.all_reduce([np.ones(3, np.float32), np.ones(3, np.int32)])
     with pytest.raises(CommMismatch, match="rank 0 passes shape \\(4,\\) but rank 1 passes \\(2, 2\\)"):
         inproc.reduce_scatter([np.ones(4, np.float32), np.ones((2, 2), np.float32)])
-    with pytest.raises(ValueError, match="only axis 0 may differ"):
+    with pytest.raises(ValueError, match="only dim 0 may differ"):
         inproc.all_gather([np.ones((2, 3), np.float32), np.ones((2, 4), np.float32)])
     with pytest.raises(CommMismatch, match=r"all_to_all: rank 0 passes shape \(4, 2\) but rank 1 passes \(5, 2\)"):
         inproc.all_to_all([np.ones((4, 2), np.float32), np.ones((5, 2), np.float32)])
@@ -178,15 +178,15 @@ def test_shm_shapes_and_dtypes_differ_between_ranks(shm_pair):
 
 @pytest.mark.parametrize("call, message", [
     (lambda g: g.all_gather(np.ones((2, 3 + g.rank), np.float32)),
-     "all_gather: rank 0 passes shape (2, 3) but rank 1 passes (2, 4); only axis 0 may differ"),
+     "all_gather: rank 0 passes shape (2, 3) but rank 1 passes (2, 4); only dim 0 may differ"),
     (lambda g: g.all_gather(np.ones((2, 3) if g.rank else (2, 3, 1), np.float32)),
      "all_gather: rank 0 passes shape (2, 3, 1) but rank 1 passes (2, 3)"),
     (lambda g: g.all_to_all(np.ones((4 + g.rank, 2), np.float32)),
      "rank 0 calls all_to_all(float32, 8 elements) but rank 1 calls all_to_all(float32, 10 elements)"),
     (lambda g: g.all_to_all(np.ones((4, 2) if g.rank else (2, 4), np.float32)),
-     "all_to_all(float32, 8 elements) (with different array shapes or axes)"),
-    (lambda g: g.all_to_all(np.ones((4, 2), np.float32), concat_axis=g.rank),
-     "(with different array shapes or axes)"),
+     "all_to_all(float32, 8 elements) (with different array shapes or dims)"),
+    (lambda g: g.all_to_all(np.ones((4, 2), np.float32), concat_dim=g.rank),
+     "(with different array shapes or dims)"),
     (lambda g: g.reduce_scatter(np.ones((4, 2 + g.rank), np.float32)),
      "rank 0 calls reduce_scatter(float32, 8 elements, op sum) but rank 1 calls reduce_scatter(float32, 12 elements"),
     (lambda g: g.broadcast(np.ones(3 + g.rank, np.float32), root=1),
@@ -200,13 +200,13 @@ def test_shm_collective_shapes_differ_between_ranks(shm_pair, call, message):
         np.testing.assert_array_equal(y, [2, 2])
 
 
-def test_axis_out_of_range(shm_pair, inproc):
-    with pytest.raises(ValueError, match="all_gather: axis 2 is out of range for an array of 2 dimensions"):
-        shm_pair[0].all_gather(np.ones((2, 2)), axis=2)
-    with pytest.raises(ValueError, match="all_to_all: axis -3 is out of range for an array of 2 dimensions"):
-        shm_pair[0].all_to_all(np.ones((2, 2)), split_axis=-3)
+def test_dim_out_of_range(shm_pair, inproc):
+    with pytest.raises(ValueError, match="all_gather: dim 2 is out of range for an array of 2 dimensions"):
+        shm_pair[0].all_gather(np.ones((2, 2)), dim=2)
+    with pytest.raises(ValueError, match="all_to_all: dim -3 is out of range for an array of 2 dimensions"):
+        shm_pair[0].all_to_all(np.ones((2, 2)), split_dim=-3)
     with pytest.raises(np.AxisError):
-        inproc.all_gather([np.ones((2, 2))] * 2, axis=5)
+        inproc.all_gather([np.ones((2, 2))] * 2, dim=5)
 
 
 def test_shm_aggregated_batch_against_a_direct_collective(shm_pair):

@@ -45,8 +45,8 @@ WORKER = textwrap.dedent('''
     res["avg_i64"] = g.all_reduce(np.array([r, 3 * r + 1], np.int64), "avg").tolist()
     # what MindSpore's CPU backend lacks, through the shared-memory transport
     x = np.arange(4 * 3, dtype=np.float32).reshape(4, 3) + 100 * r
-    res["all_to_all"] = g.all_to_all(x, split_axis=0, concat_axis=0).tolist()
-    res["reduce_scatter"] = g.reduce_scatter(x, axis=0, op="sum").tolist()
+    res["all_to_all"] = g.all_to_all(x, split_dim=0, concat_dim=0).tolist()
+    res["reduce_scatter"] = g.reduce_scatter(x, dim=0, op="sum").tolist()
     res["all_to_all_v"] = [a.tolist() if hasattr(a, "tolist") else a
                            for a in g.shm().all_to_all_v(np.arange(3 + r, dtype=np.int32) + 10 * r, [1, 2 + r])]
     res["shm_segment"] = g.shm().segment_name

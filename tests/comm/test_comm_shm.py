@@ -86,18 +86,18 @@ def _collectives(rank, size, name):
                     if y.dtype != dtype or not _close(y, ref, dtype):
                         failures.append(f"all_reduce {algo} {op} {np.dtype(dtype).name} n={n}")
             m = np.stack([_inputs(r, 3 * n, dtype, n + 1).reshape(3, n) for r in range(size)])
-            y = g.reduce_scatter(m[rank], axis=1, op="sum")
+            y = g.reduce_scatter(m[rank], dim=1, op="sum")
             ref = np.array_split(m.astype(np.float64).sum(0), size, axis=1)[rank]
             if y.shape != ref.shape or not _close(y, ref, dtype):
                 failures.append(f"reduce_scatter {np.dtype(dtype).name} n={n}")
-            rows = rank + 1  # uneven along the gather axis
+            rows = rank + 1  # uneven along the gather dim
             parts = [np.full((r + 1, 3), r, dtype) + _inputs(r, 3 * (r + 1), dtype, n).reshape(r + 1, 3)
                      for r in range(size)]
-            y = g.all_gather(parts[rank], axis=0)
+            y = g.all_gather(parts[rank], dim=0)
             if not np.array_equal(y, np.concatenate(parts, axis=0)) or rows != parts[rank].shape[0]:
                 failures.append(f"all_gather {np.dtype(dtype).name} n={n}")
             a = np.stack([_inputs(r, 2 * n * size, dtype, n + 2).reshape(2 * size, n) for r in range(size)])
-            y = g.all_to_all(a[rank], split_axis=0, concat_axis=1)
+            y = g.all_to_all(a[rank], split_dim=0, concat_dim=1)
             ref = np.concatenate([np.array_split(a[r], size, axis=0)[rank] for r in range(size)], axis=1)
             if not np.array_equal(y, ref):
                 failures.append(f"all_to_all {np.dtype(dtype).name} n={n}")

@@ -17,9 +17,7 @@ def line_of(code: str) -> str:
     return f"{THIS_FILE}:{number}"
 
 
-@pytest.fixture(autouse=True)
-def _pynative():
-    ms.set_context(mode=ms.PYNATIVE_MODE)
+pytestmark = pytest.mark.usefixtures("pynative")
 
 
 class UnmappedOps(torch.nn.Module):

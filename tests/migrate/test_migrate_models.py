@@ -16,9 +16,11 @@ from mindspore_hyper.migrate.compare import cell_outputs, relative_error, to_min
 from migrate_models import TOL, TorchMLP, TorchTransformerBlock, assert_same_outputs, bert, gpt2, resnet
 
 
+pytestmark = pytest.mark.usefixtures("pynative")
+
+
 @pytest.fixture(autouse=True)
-def _pynative():
-    ms.set_context(mode=ms.PYNATIVE_MODE)
+def _seed():
     torch.manual_seed(0)
 
 

@@ -12,11 +12,12 @@ from mindspore_hyper.migrate.compare import cell_outputs, relative_error, to_min
 from migrate_models import TOL, gpt2, resnet
 
 
+pytestmark = pytest.mark.usefixtures("pynative")
+
+
 @pytest.fixture(autouse=True)
-def _context(clean_context):
-    ms.set_context(mode=ms.PYNATIVE_MODE)
+def _seed():
     torch.manual_seed(0)
-    yield
 
 
 def single_and_simulated(cell, x, strategy, mh):

@@ -11,9 +11,11 @@ from mindspore_hyper.migrate import StateDictMismatchError, convert_state_dict
 from migrate_models import MsTransformerBlock, TorchTransformerBlock, assert_same_outputs
 
 
+pytestmark = pytest.mark.usefixtures("pynative")
+
+
 @pytest.fixture(autouse=True)
-def _pynative():
-    ms.set_context(mode=ms.PYNATIVE_MODE)
+def _seed():
     torch.manual_seed(0)
 
 

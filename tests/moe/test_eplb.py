@@ -13,7 +13,7 @@ from mindspore_hyper.runtime.simulation import simulate
 
 from moe_models import MoENet, batches, copy_weights, expert_strategy
 
-ms.set_context(mode=ms.PYNATIVE_MODE)
+pytestmark = pytest.mark.usefixtures("pynative")
 
 # github.com/deepseek-ai/EPLB README: 2 layers x 12 experts, 16 replicas, 4 groups, 2 nodes, 8 GPUs
 README_WEIGHT = np.array([[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],

@@ -13,7 +13,7 @@ from mindspore_hyper.moe.expert_parallel import ExpertInputs
 
 from moe_models import MoENet, batches, copy_weights, expert_strategy
 
-ms.set_context(mode=ms.PYNATIVE_MODE)
+pytestmark = pytest.mark.usefixtures("pynative")
 
 # (device matrix, axis names, tensor-parallel experts, shared expert size, train 5 steps too).
 # 5 training steps on 8 devices (data x expert x tensor) run in examples/moe_training.py

@@ -9,7 +9,7 @@ from mindspore_hyper.moe import MoE
 from mindspore_hyper.moe.groups import expert_groups, link_bytes
 from mindspore_hyper.moe.router import limit_groups
 
-ms.set_context(mode=ms.PYNATIVE_MODE)
+pytestmark = pytest.mark.usefixtures("pynative")
 
 
 def test_limit_groups_keeps_the_best_groups():

@@ -8,7 +8,7 @@ from mindspore import Tensor
 
 from mindspore_hyper.moe import MoE, DispatchStates, load_balancing_loss, plan_dispatch, expert_capacity, z_loss
 
-ms.set_context(mode=ms.PYNATIVE_MODE)
+pytestmark = pytest.mark.usefixtures("pynative")
 
 
 def numpy_moe(x, moe, capacity_factor):

@@ -4,13 +4,12 @@ something the rule does not (weight decay, AdamWeightDecay, AMSGrad, learning-ra
 import numpy as np
 import pytest
 
-import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
 from mindspore_hyper import _core
 from mindspore_hyper.offload.host_optimizer import host_rule
 
-ms.set_context(mode=ms.PYNATIVE_MODE)
+pytestmark = pytest.mark.usefixtures("pynative")
 
 WITH_RULE = {
     "adam": lambda ps: nn.Adam(ps, learning_rate=0.01),

@@ -16,6 +16,7 @@ from paths import REPO_ROOT
 from mindspore_hyper.ops import StoreFetch, StorePut, store_fetch, store_put
 
 BS = 8192
+pytestmark = pytest.mark.usefixtures("pynative")
 
 
 @pytest.fixture
@@ -24,7 +25,6 @@ def store(tmp_path):
                      prefetch_depth=2)
     yield s
     s.close()
-    ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
 class PutNet(nn.Cell):
@@ -59,7 +59,6 @@ def test_fetch_put_and_grad(store, mode):
 
 
 def test_ops_on_blocks_spread_over_tiers(store):
-    ms.set_context(mode=ms.PYNATIVE_MODE)
     arrays = [np.full((BS // 4,), i, dtype=np.float32) for i in range(6)]  # one block each
     refs = [store.put(x) for x in arrays]
     assert store.stats()["disk"]["used_blocks"] > 0  # some live on disk only
@@ -93,7 +92,6 @@ def test_two_stores_in_one_process_each_serve_their_kernels(store, tmp_path, mod
 
 
 def test_fetch_of_unknown_tensor_fails(store):
-    ms.set_context(mode=ms.PYNATIVE_MODE)
     ref = store.put(np.zeros(4, np.float32))
     store.erase(ref)
     with pytest.raises(Exception):
@@ -108,7 +106,6 @@ def test_kernel_fence_passes_after_the_kernels_launched_before_it(store):
     from mindspore import ops
     from mindspore_hyper.offload.fence import KernelFence
 
-    ms.set_context(mode=ms.PYNATIVE_MODE)
     n = 256
     a = Tensor(np.random.default_rng(0).standard_normal((n, n)).astype(np.float32) / n)
     ref = store.put(np.zeros((n, n), np.float32))
@@ -162,7 +159,6 @@ def test_copy_out_delivers_values_in_the_backward_before_it_ends():
     from mindspore import ops
     from mindspore_hyper.offload.copy_out import TensorCopyOut
 
-    ms.set_context(mode=ms.PYNATIVE_MODE)
     net = nn.SequentialCell([nn.Dense(64, 64) for _ in range(4)])
     copies, order = {}, []
 
@@ -209,7 +205,6 @@ def test_mailbox_primitives():
 def test_copy_out_take_times_out_with_a_clear_error():
     from mindspore_hyper.offload.copy_out import TensorCopyOut
 
-    ms.set_context(mode=ms.PYNATIVE_MODE)
     copy = TensorCopyOut(Tensor(np.ones((2, 3), np.float32)))
     copy.take()  # delivered
     copy.id = _core.mailbox_new_id()  # a mailbox nothing will deliver to
@@ -237,7 +232,6 @@ def test_abandoned_copies_and_fences_leave_nothing_behind():
     from mindspore_hyper.offload.copy_out import TensorCopyOut
     from mindspore_hyper.offload.fence import KernelFence
 
-    ms.set_context(mode=ms.PYNATIVE_MODE)
     _pynative_executor.sync()
     before = (_core.fence_pending(), _core.mailbox_pending())
     copy = TensorCopyOut(Tensor(np.ones((4, 4), np.float32)))

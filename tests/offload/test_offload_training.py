@@ -17,7 +17,7 @@ from mindspore_hyper.offload import (OffloadedModel, OffloadPolicy, OffloadStore
 
 from sim_models import DenseStack
 
-ms.set_context(mode=ms.PYNATIVE_MODE)
+pytestmark = pytest.mark.usefixtures("pynative")
 
 BS = 8192
 DIM = 32

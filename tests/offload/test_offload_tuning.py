@@ -2,8 +2,8 @@
 import io
 
 import numpy as np
+import pytest
 
-import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindspore_hyper.offload import (OffloadPolicy, OffloadStore, hyper_offload, tune_block_size,
@@ -11,7 +11,7 @@ from mindspore_hyper.offload import (OffloadPolicy, OffloadStore, hyper_offload,
 
 from sim_models import DenseStack
 
-ms.set_context(mode=ms.PYNATIVE_MODE)
+pytestmark = pytest.mark.usefixtures("pynative")
 
 
 def build(tmp_path, block_size, device_blocks=4, dim=32):

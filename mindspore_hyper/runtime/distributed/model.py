@@ -203,7 +203,7 @@ class DistributedModel(ParallelModel):
             nbytes = bucket.nbytes
             self.accounting.record_comm("ReduceScatter", axis, ring_send_bytes("ReduceScatter", n, nbytes), nbytes,
                                         backward=True)
-            mine = self.world.communicator(ranks).reduce_scatter(bucket, axis=0)[0]
+            mine = self.world.communicator(ranks).reduce_scatter(bucket, dim=0)[0]
             offset = 0
             for (pid, contribution), row in zip(items, rows):
                 zero = self._zero[pid]
@@ -221,7 +221,7 @@ class DistributedModel(ParallelModel):
         """All-gather the updated ZeRO-1 slices into the parameters' shards."""
         for zero in self._zero.values():
             part = zero.slice_param.asnumpy()
-            full = self.world.communicator(zero.ranks).all_gather(np.ascontiguousarray(part), axis=zero.dim)
+            full = self.world.communicator(zero.ranks).all_gather(np.ascontiguousarray(part), dim=zero.dim)
             self.accounting.record_comm("AllGather", "+".join(self.mesh.alias_names[a] for a in zero.axes),
                                         ring_send_bytes("AllGather", len(zero.ranks), part.nbytes), part.nbytes,
                                         backward=True)

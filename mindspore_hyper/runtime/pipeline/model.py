@@ -310,7 +310,7 @@ class PipelineModel(nn.Cell):
         for index, (_, _, start, end) in enumerate(self.last_events):
             table[index] = (start, end)
         comm = self.world.communicator(tuple(range(self.world.size)))
-        gathered = comm.all_gather(table[None], axis=0)
+        gathered = comm.all_gather(table[None], dim=0)
         records = []
         for rank in range(self.schedule.num_ranks):  # each pipeline rank as its first process ran it
             rows = gathered[self.process_of(rank)]
@@ -361,7 +361,7 @@ class PipelineModel(nn.Cell):
         times = np.asarray(self.stage_times(), dtype=np.float64)
         if self.mode == "distributed" and self.world.size > 1:
             comm = self.world.communicator(tuple(range(self.world.size)))
-            times = comm.all_gather(times[None], axis=0).sum(axis=0)
+            times = comm.all_gather(times[None], dim=0).sum(axis=0)
         return tuple(float(t) for t in times)
 
     def _migrate(self, plan, optimizer: nn.Optimizer) -> None:

@@ -16,7 +16,7 @@ from mpmd_models import (Multimodal, assert_same_training, make_pair, multimodal
                          train_reference)
 from paths import CONFIGS
 
-ms.set_context(mode=ms.PYNATIVE_MODE)
+pytestmark = pytest.mark.usefixtures("pynative")
 
 SEED_CONFIG = CONFIGS / "multimodal_process_groups.yaml"
 

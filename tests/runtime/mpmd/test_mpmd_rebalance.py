@@ -1,7 +1,6 @@
 """Dynamic rebalancing between MPMD groups: applied device moves keep the numerics."""
 import numpy as np
 import pytest
-import mindspore as ms
 from mindspore import nn
 
 import mindspore_hyper as mh
@@ -9,7 +8,7 @@ from mindspore_hyper.schedule.rebalance import GroupSharePlan, ShareMove, ShareU
 from mindspore_hyper.strategy.config import load_parallel_config
 from mpmd_models import Multimodal, assert_same_training, make_pair, multimodal_batch, train_parallel, train_reference
 
-ms.set_context(mode=ms.PYNATIVE_MODE)
+pytestmark = pytest.mark.usefixtures("pynative")
 
 
 def config(scheduler="dynamic", fusion_scheduler=None):

@@ -7,7 +7,7 @@ from mindspore import nn
 from mindspore_hyper.rlhf import PPOModels, PPOSettings, PPOTrainer, TinyPolicy, TinyReward, TinyValue, ppo_step
 from paths import CONFIGS
 
-ms.set_context(mode=ms.PYNATIVE_MODE)
+pytestmark = pytest.mark.usefixtures("pynative")
 
 RLHF_CONFIG = CONFIGS / "rlhf_process_groups.yaml"
 

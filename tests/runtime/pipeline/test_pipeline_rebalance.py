@@ -19,10 +19,7 @@ def heavy_tail(seed: int = 4):
     return nn.WithLossCell(nn.SequentialCell(layers), nn.MSELoss())
 
 
-@pytest.fixture(autouse=True)
-def pynative(clean_context):
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    yield
+pytestmark = pytest.mark.usefixtures("pynative")
 
 
 LAYER_COSTS = (1.0, 2.0, 0.5, 4.0, 0.5, 4.0, 1.0)  # seconds per layer and step, made up but fixed

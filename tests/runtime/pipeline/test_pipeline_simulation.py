@@ -15,10 +15,7 @@ KINDS = ["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v"]
 MICROBATCHES = {"gpipe": 2, "1f1b": 2, "interleaved_1f1b": 2, "zb_h1": 2, "zb_v": 2, "dualpipe_v": 4}  # the least each takes
 
 
-@pytest.fixture(autouse=True)
-def pynative(clean_context):
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    yield
+pytestmark = pytest.mark.usefixtures("pynative")
 
 
 def pipelined(model, mesh, kind, m=4, **options):
