@@ -16,6 +16,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mindspore_hyper.runtime.pipeline.computation import StageComputation
+from mindspore_hyper.runtime.pipeline.dropout_replay import DropoutReplay
 from mindspore_hyper.runtime.pipeline.microbatch import loss_scale, split_microbatches
 from mindspore_hyper.runtime.pipeline.options import PipelineOptions
 from mindspore_hyper.runtime.pipeline.p2p import LocalTransport
@@ -99,7 +100,8 @@ class PipelineModel(nn.Cell):
             if self.stage_mesh is not None:
                 run = self._parallel_stage(cell)
                 self.stage_models[s] = run
-            self.computations[s] = StageComputation(run, cell.trainable_params(), s == 0, s == last, scale)
+            self.computations[s] = StageComputation(run, cell.trainable_params(), s == 0, s == last, scale,
+                                                    DropoutReplay(cell))
         self.runners = {r: StageRunner(self.schedule, r, {s: self.computations[s] for s in self.schedule.stages_of(r)},
                                        self.transport) for r in self.ranks}
 
