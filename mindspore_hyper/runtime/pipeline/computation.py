@@ -67,6 +67,9 @@ class StageComputation:
         with self._replay("record", microbatch):
             out = self.run(x, *targets)
         if self.last:
+            if not isinstance(out, Tensor) or out.ndim != 0:
+                raise ValueError(f"pipeline: the last stage returns {getattr(out, 'shape', type(out).__name__)}, "
+                                 f"expected a scalar loss (pass the loss's targets / labels to train_step)")
             self.losses.append(float(out.asnumpy()))
         return out
 
