@@ -60,6 +60,10 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
             f"pipeline stages cannot be cut")
     except ValueError as exc:
         message = str(exc).removeprefix("pipeline: ")
+    if message is None and layers.chain is not None and not explicit:
+        message = (f"the model ({type(model).__name__}) is not a chain of Cells; it can run as a pipeline through its "
+                   f"construct (its nn.CellList {layers.chain.path!r}) when auto_parallelize gets pipeline={{...}} "
+                   f"(e.g. pipeline={{'schedule': '1f1b'}})")
     if message is not None:
         return _not_pipelined(message, explicit)
     table = resolve_strategy(model, strategy_or_config, optimizer_states=optimizer_states)

@@ -17,16 +17,16 @@ norm, a head and the loss. `TracedChain` pipelines such a model without rewritin
   output; side inputs do not depend on parameters or random ops (they are compared after
   perturbing every parameter), since stages after the first recompute them with parameters
   they do not train. The first failed check raises a ValueError naming the call.
-- Parameters outside the blocks are given to the stages by gradient: those the first block's
-  input depends on train on stage 0, those the loss depends on after the last block on the last
-  stage (a tied embedding / head weight trains on both, its gradients summed).
+- Parameters outside the blocks are given to the stages by perturbation: those the first
+  block's input depends on train on stage 0, those the output depends on after the last block
+  on the last stage (a tied embedding / head weight trains on both, its gradients summed). The
+  trace runs forwards only, so it also works inside an outer `mindspore.grad`.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
 from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
@@ -139,7 +139,7 @@ class TracedChain:
         self._check_side_inputs(calls, inputs)
         self.prologue_cells = tuple(c for c, phase in phases.values() if phase == "before")
         self.epilogue_cells = tuple(c for c, phase in phases.values() if phase == "after")
-        self.prologue_params, self.epilogue_params = self._outer_params_by_gradient(inputs)
+        self.prologue_params, self.epilogue_params = self._outer_params_by_perturbation(inputs, calls)
         self.traced = True
 
     def _record(self, inputs) -> Tuple[List[tuple], Dict[int, tuple], object]:
@@ -218,44 +218,55 @@ class TracedChain:
                                      f"depends on parameters or random ops; stages after the first recompute side "
                                      f"inputs from the model inputs, so they may only depend on those and constants")
 
-    def _outer_params_by_gradient(self, inputs) -> Tuple[Tuple[Parameter, ...], Tuple[Parameter, ...]]:
+    def _outer_params_by_perturbation(self, inputs, calls) -> Tuple[Tuple[Parameter, ...], Tuple[Parameter, ...]]:
+        """Parameters outside the blocks that the first block's input depends on (prologue), and
+        that the model's output depends on with the last block's output held fixed (epilogue):
+        each is perturbed in turn and forwards are compared (forward only, so a trace may run
+        inside an outer gradient). A dependence through random ops counts too, which only adds
+        a stage that gets a zero gradient for it."""
         if not self.outer_params:
             return (), ()
-        weights = list(self.outer_params)
+        last_output = calls[-1][3]
+        x0, out = self._first_input(inputs), self._output_after(inputs, last_output)
         rng = np.random.default_rng(1)
+        pro, epi = [], []
+        for p in self.outer_params:
+            value = p.asnumpy().copy()
+            noise = rng.standard_normal(value.shape).astype(value.dtype) * (np.abs(value).mean() + 0.1)
+            ops.assign(p, Tensor(value + noise, dtype=p.dtype))
+            try:
+                x0_changed = not np.array_equal(self._first_input(inputs), x0)
+                out_changed = not np.array_equal(self._output_after(inputs, last_output), out)
+            finally:
+                ops.assign(p, Tensor(value, dtype=p.dtype))
+            if x0_changed:
+                pro.append(p)
+            if out_changed or not x0_changed:
+                epi.append(p)
+        return tuple(pro), tuple(epi)
 
-        def first_input(*xs):
-            def stop_at_first(i, block):
-                def call(x, *side, **kw):
-                    raise _StageEnd(x)
-                return call
-            with self._patched(stop_at_first):
-                try:
-                    self.model(*xs)
-                except _StageEnd as done:
-                    x = done.output
-            probe = Tensor(rng.standard_normal(x.shape).astype(np.float32))  # a sum could cancel (LayerNorm)
-            return (x.astype(ms.float32) * probe).sum()
+    def _first_input(self, inputs) -> np.ndarray:
+        """The first block's hidden input (the construct stops there)."""
+        def stop_at_first(i, block):
+            def call(x, *side, **kw):
+                raise _StageEnd(x)
+            return call
+        with self._patched(stop_at_first):
+            try:
+                self.model(*inputs)
+            except _StageEnd as done:
+                return done.output.asnumpy()
+        raise RuntimeError("pipeline: the traced construct did not call its first block")
 
-        def after_last(*xs):
-            def detach_last(i, block):
-                construct = type(block).construct
-
-                def call(x, *side, **kw):
-                    out = construct(block, x, *side, **kw)
-                    return ops.stop_gradient(out) if i == len(self.blocks) - 1 else out
-                return call
-            with self._patched(detach_last):
-                out = self.model(*xs)
-            if out.ndim == 0:
-                return out
-            return (out.astype(ms.float32) * Tensor(rng.standard_normal(out.shape).astype(np.float32))).sum()
-
-        before = ms.grad(first_input, grad_position=None, weights=weights)(*inputs)
-        after = ms.grad(after_last, grad_position=None, weights=weights)(*inputs)
-        pro = tuple(p for p, g in zip(weights, before) if np.any(g.asnumpy() != 0))
-        epi = tuple(p for p, g in zip(weights, after) if np.any(g.asnumpy() != 0) or not any(p is q for q in pro))
-        return pro, epi
+    def _output_after(self, inputs, last_output) -> np.ndarray:
+        """The model's output with the blocks skipped and the last one returning `last_output`."""
+        def fixed(i, block):
+            def call(x, *side, **kw):
+                return last_output if i == len(self.blocks) - 1 else x
+            return call
+        with self._patched(fixed):
+            out = self.model(*inputs)
+        return out.asnumpy() if isinstance(out, Tensor) else np.asarray(out)
 
     def stage_parameters(self, start: int, end: int, last: bool) -> List[Parameter]:
         """The trainable Parameters stage [start, end) trains (blocks, plus outer ones on the ends)."""

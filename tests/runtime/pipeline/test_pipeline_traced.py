@@ -182,12 +182,17 @@ def test_a_construct_that_is_not_a_chain_is_refused_naming_the_call(model, match
         parallel.train_step(nn.SGD(parallel.optimizer_parameters(), 0.1), x)
 
 
-def test_a_cell_list_model_on_a_data_by_pipeline_mesh_warns_from_a_config_and_is_refused_explicitly():
-    config = {"parallel_config": {"device_matrix": [2, 2], "alias_names": ["data", "pipeline"],
+def test_a_config_alone_keeps_a_cell_list_model_spmd_with_a_warning_naming_the_way():
+    config = {"parallel_config": {"device_matrix": [2], "alias_names": ["pipeline"],
                                   "module_level": [{"name": "*", "strategy": {"pipeline": 2}}]}}
-    mh.set_context(mode="simulation", device_num=4)
-    with pytest.warns(UserWarning, match="pipelined through its construct.*pipeline-only mesh"):
+    mh.set_context(mode="simulation", device_num=2)
+    with pytest.warns(UserWarning, match="its nn.CellList 'blocks'\\) when auto_parallelize gets pipeline="):
         assert not isinstance(mh.auto_parallelize(gpt(), config), PipelineModel)
+    assert isinstance(mh.auto_parallelize(gpt(), config, pipeline={"schedule": "1f1b"}), PipelineModel)
+
+
+def test_a_cell_list_model_on_a_data_by_pipeline_mesh_is_refused():
+    mh.set_context(mode="simulation", device_num=4)
     with pytest.raises(ValueError, match="pipeline: the model \\(GPT\\) is pipelined through its construct"):
         mh.auto_parallelize(gpt(), Layout((2, 2), ("data", "pipeline"))(tensor_map=()), pipeline={"schedule": "1f1b"})
 
