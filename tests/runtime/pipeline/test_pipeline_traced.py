@@ -10,12 +10,7 @@ from mindspore import Parameter, Tensor, nn, ops
 import mindspore_hyper as mh
 from mindspore_hyper import Layout
 from mindspore_hyper.runtime.pipeline import PipelineModel
-from paths import EXAMPLES
-from pipeline_models import assert_same_training, single_device_run
-
-import sys
-sys.path.insert(0, str(EXAMPLES))
-from models import GPT  # noqa: E402
+from pipeline_models import assert_same_training, gpt, single_device_run, tokens
 
 PIPELINE_2 = Layout((2,), ("pipeline",))
 
@@ -24,17 +19,6 @@ PIPELINE_2 = Layout((2,), ("pipeline",))
 def pynative(clean_context):
     ms.set_context(mode=ms.PYNATIVE_MODE)
     yield
-
-
-def gpt(seed=0):
-    ms.set_seed(seed)
-    return GPT(vocab=32, hidden=16, heads=2, layers=4, seq=8)
-
-
-def tokens(vocab=32, shape=(4, 8), seed=0):
-    rng = np.random.default_rng(seed)
-    return (Tensor(rng.integers(0, vocab, shape).astype(np.int32)),
-            Tensor(rng.integers(0, vocab, shape).astype(np.int32)))
 
 
 def pipelined(model, kind, m=4, mesh=PIPELINE_2, **options):
