@@ -189,6 +189,10 @@ class TracedChain:
             if not isinstance(out, Tensor):
                 raise ValueError(f"pipeline: {where}[{i}] returns a {type(out).__name__}, expected one Tensor (the "
                                  f"hidden state sent to the next stage)")
+        if not calls:
+            raise ValueError(f"pipeline: {where} is not a chain: the construct never calls its blocks as Cells (a "
+                             f"flattened construct, e.g. a converted model's, that uses their parameters directly "
+                             f"cannot be cut; give the chain with pipeline_layers())")
         if len(calls) != len(self.blocks):
             raise ValueError(f"pipeline: {where} is not a chain: the construct called {len(calls)} of its "
                              f"{len(self.blocks)} blocks (every block runs once, in order)")

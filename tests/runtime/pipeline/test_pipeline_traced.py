@@ -122,6 +122,9 @@ class Blocks(nn.Cell):
         elif self.how == "twice":
             x = self.blocks[1](self.blocks[0](x))
             x = self.blocks[1](x)
+        elif self.how == "flat":  # the blocks' parameters used without calling the blocks
+            for block in self.blocks:
+                x = ops.matmul(x, block.weight.T) + block.bias
         elif self.how == "skip":
             for block in self.blocks[:3]:
                 x = block(x)
@@ -157,6 +160,7 @@ class ParamSide(nn.Cell):
     (lambda: Blocks("between"), r"Blocks.blocks is not a chain: block 2's first argument is not block 1's output"),
     (lambda: Blocks("twice"), r"call 2 of its blocks is block 1 \(expected block 2"),
     (lambda: Blocks("skip"), r"called 3 of its 4 blocks"),
+    (lambda: Blocks("flat"), r"never calls its blocks as Cells"),
     (lambda: ParamSide(), r"ParamSide.blocks\[0\]'s side input argument 1 depends on parameters or random ops"),
 ])
 def test_a_construct_that_is_not_a_chain_is_refused_naming_the_call(model, match):
