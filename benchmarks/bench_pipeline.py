@@ -23,7 +23,7 @@ Usage: .venv/bin/python benchmarks/bench_pipeline.py [--pictures DIR] [--measure
   --pictures DIR  also write a PNG Gantt chart of each kind at p=4, m=8 (v=2 where it applies)
   --measured      run the measured section (msrun, --workers processes, default 4; ~20 s per kind)
   --trace DIR     write the last step's measured timeline beside its simulation (one chrome trace per kind)
-  --warmup N      first steps left out of the medians (default 1); --pin: one core per process
+  --warmup N      first steps left out of the medians (default 1); --no-pin: do not pin each process to a core
 """
 from __future__ import annotations
 
@@ -277,7 +277,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--trace", metavar="DIR", help="write measured/simulated chrome traces of the last step")
     parser.add_argument("--warmup", type=int, default=1, help="first steps not counted (they build the grad graphs)")
-    parser.add_argument("--pin", action="store_true", help="pin each process to one core (os.sched_setaffinity)")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                        help="pin each process to one core, round robin (os.sched_setaffinity; --no-pin: not)")
     args = parser.parse_args()
     for title, run, show in SECTIONS:
         print(f"## {title}\n")
