@@ -23,6 +23,7 @@ Usage: .venv/bin/python benchmarks/bench_pipeline.py [--pictures DIR] [--measure
   --pictures DIR  also write a PNG Gantt chart of each kind at p=4, m=8 (v=2 where it applies)
   --measured      run the measured section (msrun, --workers processes, default 4; ~20 s per kind)
   --trace DIR     write the last step's measured timeline beside its simulation (one chrome trace per kind)
+  --warmup N      first steps left out of the medians (default 1); --no-pin: do not pin each process to a core
 """
 from __future__ import annotations
 
@@ -131,6 +132,7 @@ def measured_worker(spec: dict) -> None:
 
     import mindspore_hyper as mh
     from mindspore_hyper import Layout
+    from mindspore_hyper.runtime.pipeline.measured_costs import simulate_measured
 
     ms.set_context(mode=ms.PYNATIVE_MODE, runtime_num_threads=1)  # 4 processes share the cores
     mh.set_context(mode="distributed", comm_timeout=120.0)
@@ -143,15 +145,25 @@ def measured_worker(spec: dict) -> None:
     y = Tensor(rng.standard_normal((spec["batch"], width)).astype(np.float32))
     parallel = mh.auto_parallelize(model, Layout((spec["workers"],), ("pipeline",))(tensor_map=()),
                                    pipeline={"schedule": spec["kind"], "microbatches": spec["microbatches"]})
+    if spec.get("pin"):  # one core per process, round robin (os.cpu_count() may be below the process count)
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[parallel.world.rank % len(os.sched_getaffinity(0))]})
     optimizer = nn.SGD(parallel.optimizer_parameters(), 1e-3)
-    rows = []
+    rows, timelines = [], []
     for _ in range(spec["steps"]):
         parallel.train_step(optimizer, x, y)
         measured = parallel.measured_timeline()
         simulated = parallel.simulated_timeline(measured)
+        timelines.append(measured)
         rows.append({"measured_bubble": measured.bubble_fraction, "simulated_bubble": simulated.bubble_fraction,
                      "measured_makespan": measured.makespan, "simulated_makespan": simulated.makespan,
                      "profile": _profile(measured)})
+    counted = timelines[spec["warmup"]:]  # the first steps build the gradient graphs
+    per_action = simulate_measured(parallel.schedule, counted)
+    rows[-1]["per_action"] = {"measured_bubble": float(np.median([t.bubble_fraction for t in counted])),
+                              "simulated_bubble": per_action.bubble_fraction,
+                              "measured_makespan": float(np.median([t.makespan for t in counted])),
+                              "simulated_makespan": per_action.makespan,
+                              "spread": _spread(counted)}
     if parallel.world.rank == 0:
         if spec.get("trace"):
             os.makedirs(spec["trace"], exist_ok=True)
@@ -160,6 +172,18 @@ def measured_worker(spec: dict) -> None:
             write_side_by_side_trace(os.path.join(spec["trace"], f"pipeline_{spec['kind']}.json"), [measured, simulated])
         with open(os.path.join(spec["out"], "result.json"), "w") as f:
             json.dump(rows, f)
+
+
+def _spread(timelines: List[Timeline]) -> float:
+    """Largest max/min ratio of one compute action's durations over the steps (how much a cost swings)."""
+    from collections import defaultdict
+
+    durations = defaultdict(list)
+    for t in timelines:
+        for e in t.events:
+            if e.action.is_compute:
+                durations[(e.action.kind, e.action.stage, e.action.microbatch)].append(e.duration)
+    return max(max(v) / max(min(v), 1e-9) for v in durations.values())
 
 
 def _profile(t: Timeline) -> list:
@@ -181,7 +205,8 @@ def _profile(t: Timeline) -> list:
 def run_measured(kind: str, args) -> list:
     out = tempfile.mkdtemp(prefix="bench_pipeline_")
     spec = {"kind": kind, "workers": args.workers, "microbatches": args.microbatches, "width": args.width, "depth": args.depth,
-            "batch": args.batch, "steps": args.steps, "out": out, "trace": args.trace}
+            "batch": args.batch, "steps": args.steps, "out": out, "trace": args.trace, "warmup": args.warmup,
+            "pin": args.pin}
     env = dict(os.environ, **{WORKER_ENV: json.dumps(spec)})
     bindir = os.path.dirname(sys.executable)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
@@ -202,19 +227,31 @@ def run_measured(kind: str, args) -> list:
 def measured_section(args) -> None:
     print(f"## Measured ({args.workers} processes, msrun, shared-memory p2p) vs simulated with the measured costs\n")
     print(f"model: {args.depth} nn.Dense({args.width}, {args.width}) with ReLUs between, batch {args.batch}, "
-          f"{args.microbatches} microbatches, {args.steps} steps (the first is not counted), SGD; "
+          f"{args.microbatches} microbatches, {args.steps} steps (the first {args.warmup} not counted), "
+          f"{'one core per process, ' if args.pin else ''}SGD; "
           f"{os.cpu_count()} cores shared with whatever else runs (see docs/benchmarks.md)\n")
     print("| kind | measured bubble | simulated bubble | ratio | measured makespan (ms) | simulated makespan (ms) |")
     print("|---|---:|---:|---:|---:|---:|")
-    profiles = {}
+    profiles, per_action = {}, {}
     for kind in args.kinds:
-        rows = run_measured(kind, args)[1:]
+        rows = run_measured(kind, args)
+        per_action[kind] = rows[-1]["per_action"]
+        rows = rows[args.warmup:]
         mb = float(np.median([r["measured_bubble"] for r in rows]))
         sb = float(np.median([r["simulated_bubble"] for r in rows]))
         mm = float(np.median([r["measured_makespan"] for r in rows])) * 1e3
         sm = float(np.median([r["simulated_makespan"] for r in rows])) * 1e3
         print(f"| {kind} | {mb:.3f} | {sb:.3f} | {mb / sb:.2f} | {mm:.1f} | {sm:.1f} |")
         profiles[kind] = rows[-1]["profile"]
+    print(f"\nper-action costs: each compute action (kind, stage, microbatch) priced by its median over steps "
+          f"{args.warmup + 1}-{args.steps}, against the median measured bubble of those steps\n")
+    print("| kind | measured bubble | simulated bubble | ratio | measured makespan (ms) | simulated makespan (ms) | "
+          "largest swing of one action |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for kind, r in per_action.items():
+        print(f"| {kind} | {r['measured_bubble']:.3f} | {r['simulated_bubble']:.3f} | "
+              f"{r['measured_bubble'] / r['simulated_bubble']:.2f} | {r['measured_makespan'] * 1e3:.1f} | "
+              f"{r['simulated_makespan'] * 1e3:.1f} | {r['spread']:.1f}x |")
     print("\nprofile of the last measured step (ms per rank: compute / waiting in receives / sends / head / "
           "tail / between actions):\n")
     for kind, ranks in profiles.items():
@@ -239,6 +276,9 @@ def main() -> None:
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--trace", metavar="DIR", help="write measured/simulated chrome traces of the last step")
+    parser.add_argument("--warmup", type=int, default=1, help="first steps not counted (they build the grad graphs)")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                        help="pin each process to one core, round robin (os.sched_setaffinity; --no-pin: not)")
     args = parser.parse_args()
     for title, run, show in SECTIONS:
         print(f"## {title}\n")

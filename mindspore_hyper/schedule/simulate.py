@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
-from mindspore_hyper.schedule.actions import ActionKind, P2PTensor
+from mindspore_hyper.schedule.actions import Action, ActionKind, P2PTensor
 from mindspore_hyper.schedule.costs import ActionCosts, Cost, MeasuredCosts
 from mindspore_hyper.schedule.schedule import Schedule
 from mindspore_hyper.schedule.timeline import Timeline, TimelineEvent
@@ -13,7 +13,8 @@ __all__ = ["simulate"]
 
 
 def simulate(schedule: Schedule, forward: Cost = 1.0, backward_input: Cost = 1.0, backward_weight: Cost = 1.0,
-             p2p: float = 0.0, measured: Optional[MeasuredCosts] = None) -> Timeline:
+             p2p: float = 0.0, measured: Optional[MeasuredCosts] = None,
+             action_cost: Optional[Callable[[Action], Optional[float]]] = None) -> Timeline:
     """Time every action: it starts when its rank is free and its inputs have arrived.
 
     Each rank runs its list in order. A compute action takes its cost; a full backward costs
@@ -29,6 +30,8 @@ def simulate(schedule: Schedule, forward: Cost = 1.0, backward_input: Cost = 1.0
         measured: measured costs per (ActionKind, stage) instead of the three above (a mapping
             such as `Timeline.mean_costs()` of a real run, or a callable returning None for a
             pair it cannot price).
+        action_cost: optional cost of one compute action itself (e.g. measured per stage and
+            microbatch); where it returns None the per-(kind, stage) cost applies.
 
     Returns:
         The Timeline of all actions.
@@ -62,7 +65,10 @@ def simulate(schedule: Schedule, forward: Cost = 1.0, backward_input: Cost = 1.0
                     end = start
                     arrival[a.tensor] = end + p2p
                 else:
-                    end = start + costs(a.kind, a.stage)
+                    cost = action_cost(a) if action_cost is not None else None
+                    if cost is not None and not (math.isfinite(cost) and cost >= 0):
+                        raise ValueError(f"action_cost({a}) = {cost!r}: expected a finite cost >= 0")
+                    end = start + (costs(a.kind, a.stage) if cost is None else cost)
                 events.append(TimelineEvent(rank, a, start, end))
                 clock[rank] = end
                 pc[rank] += 1

@@ -52,15 +52,20 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
         raise ValueError("return_dtensor=True: a pipelined model returns the loss of train_step, not DTensors")
     if ms.get_context("mode") != ms.PYNATIVE_MODE:
         raise ValueError("pipeline execution runs op by op: call mindspore.set_context(mode=mindspore.PYNATIVE_MODE)")
-    layers = layers_of(model)
-    if layers is None:
-        message = (f"the model ({type(model).__name__}) is not a chain of layers (nn.SequentialCell, nn.WithLossCell "
-                   f"over one, or a Cell with pipeline_layers()), so its pipeline stages cannot be cut")
-        if explicit:
-            raise ValueError(f"pipeline: {message}")
-        warnings.warn(f"{message}: it runs as one SPMD program in program order (stages only place parameters)",
-                      UserWarning, stacklevel=3)
-        return None
+    try:
+        layers = layers_of(model)
+        message = None if layers is not None else (
+            f"the model ({type(model).__name__}) is not a chain of layers (nn.SequentialCell, nn.WithLossCell over "
+            f"one, a Cell with pipeline_layers(), or a construct looping over an nn.CellList of blocks), so its "
+            f"pipeline stages cannot be cut")
+    except ValueError as exc:
+        message = str(exc).removeprefix("pipeline: ")
+    if message is None and layers.chain is not None and not explicit:
+        message = (f"the model ({type(model).__name__}) is not a chain of Cells; it can run as a pipeline through its "
+                   f"construct (its nn.CellList {layers.chain.path!r}) when auto_parallelize gets pipeline={{...}} "
+                   f"(e.g. pipeline={{'schedule': '1f1b'}})")
+    if message is not None:
+        return _not_pipelined(message, explicit)
     table = resolve_strategy(model, strategy_or_config, optimizer_states=optimizer_states)
     strategy = table.strategy
     mesh = strategy.mesh
@@ -88,6 +93,10 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
             balanced_split(layers.weights(model), p * v)
     reduction = _reduction(options, layers)
     stage_mesh_size = mesh.size // p
+    if layers.chain is not None and stage_mesh_size > 1:
+        return _not_pipelined(f"the model ({type(model).__name__}) is pipelined through its construct (its "
+                              f"nn.CellList {layers.chain.path!r}), which runs on a pipeline-only mesh; this mesh "
+                              f"{mesh.device_matrix} {mesh.alias_names} has data/tensor axes besides {axis!r}", explicit)
     if mode == "simulation":
         device_num = get_context("device_num")
         if mesh.size != device_num:
@@ -129,6 +138,16 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
     transport = ShmTransport(w, pairs, peer_of=lambda r: process(r, w.rank))
     return PipelineModel(model, layers, schedule, split, options, strategy, mode, reduction, table, world=w,
                          transport=transport)
+
+
+def _not_pipelined(message: str, explicit: bool):
+    """None with a warning (a config's `pipeline: N`: the caller runs the model as one SPMD
+    program), or a ValueError when `pipeline=` asked for the pipeline explicitly."""
+    if explicit:
+        raise ValueError(f"pipeline: {message}")
+    warnings.warn(f"{message}: it runs as one SPMD program in program order (stages only place parameters)",
+                  UserWarning, stacklevel=4)
+    return None
 
 
 def _check_unshared(layers, schedule, split) -> None:

@@ -17,11 +17,13 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from mindspore_hyper.runtime.pipeline.aux_loss import AuxLosses
 from mindspore_hyper.runtime.pipeline.computation import StageComputation
+from mindspore_hyper.runtime.pipeline.dropout_replay import DropoutReplay
 from mindspore_hyper.runtime.pipeline.microbatch import loss_scale, split_microbatches
 from mindspore_hyper.runtime.pipeline.options import PipelineOptions
 from mindspore_hyper.runtime.pipeline.p2p import LocalTransport
 from mindspore_hyper.runtime.pipeline.runner import StageRunner
 from mindspore_hyper.runtime.pipeline.stages import PipelineLayers, StageCell
+from mindspore_hyper.runtime.pipeline.traced_chain import TracedStageCell
 from mindspore_hyper.schedule.actions import ActionKind
 from mindspore_hyper.schedule.schedule import Schedule
 from mindspore_hyper.schedule.simulate import simulate
@@ -71,7 +73,11 @@ class PipelineModel(nn.Cell):
         self._steps = 0
         self.last_measured: Optional[Timeline] = None  # the gathered timeline of step `_measured_step`
         self._measured_step = -1
-        self._build_stages(split)
+        self.split = tuple(split)
+        if layers.chain is None or layers.chain.traced:
+            self._build_stages(self.split)
+        else:  # built on the first call, after the chain's trace (which needs inputs)
+            self.runners, self.computations = {}, {}
         if self.mode == "distributed":
             counts: Dict[int, int] = {}
             for a in schedule.actions[self.ranks[0]]:
@@ -91,8 +97,12 @@ class PipelineModel(nn.Cell):
         self.stage_models: Dict[int, object] = {}
         self.computations: Dict[int, StageComputation] = {}
         for s in range(len(self.split)):
-            cells = self.layers.cells[bounds[s]:bounds[s + 1]]
-            cell = StageCell(cells, self.layers.param_names, self.layers.loss if s == last else None)
+            if self.layers.chain is not None:
+                cell = TracedStageCell(self.layers.chain, int(bounds[s]), int(bounds[s + 1]), s == last,
+                                       self.layers.param_names)
+            else:
+                cells = self.layers.cells[bounds[s]:bounds[s + 1]]
+                cell = StageCell(cells, self.layers.param_names, self.layers.loss if s == last else None)
             self.stage_cells[s] = cell
             if s not in held:
                 continue
@@ -100,9 +110,24 @@ class PipelineModel(nn.Cell):
             if self.stage_mesh is not None:
                 run = self._parallel_stage(cell)
                 self.stage_models[s] = run
-            self.computations[s] = StageComputation(run, cell.trainable_params(), s == 0, s == last, scale)
+            self.computations[s] = StageComputation(run, cell.trainable_params(), s == 0, s == last, scale,
+                                                    DropoutReplay(cell))
         self.runners = {r: StageRunner(self.schedule, r, {s: self.computations[s] for s in self.schedule.stages_of(r)},
-                                       self.transport) for r in self.ranks}
+                                       self.transport, all_inputs=self.layers.chain is not None) for r in self.ranks}
+
+    def _trace(self, inputs, require_loss: bool) -> None:
+        """A model pipelined through its construct: record and check one forward on `inputs`
+        (the first call's first microbatch), then cut the stages."""
+        chain = self.layers.chain
+        if chain is None or chain.traced:
+            return
+        chain.trace(inputs, require_loss)
+        self.layers = self.layers.with_outer_parameters()
+        if self.mode == "distributed":
+            from mindspore_hyper.runtime.pipeline.build import _check_unshared
+
+            _check_unshared(self.layers, self.schedule, self.split)
+        self._build_stages(self.split)
 
     def _parallel_stage(self, cell: StageCell):
         """The stage on its data/tensor sub-mesh: a SimulatedModel (simulation) or a
@@ -148,9 +173,10 @@ class PipelineModel(nn.Cell):
         """The Parameters the optimizer of this process updates: every trainable parameter in
         simulation, and under msrun with rebalancing (a layer may move here later, so its
         optimizer states are kept; a Parameter of another process's stage gets a zero gradient
-        and its values here are replaced by its owner's when it moves in); under msrun without
-        rebalancing the ones of this process's stages."""
-        if self.mode == "simulation" or self._rebalancing():
+        and its values here are replaced by its owner's when it moves in) or for a model
+        pipelined through its construct (the stages are cut at its first step; a Parameter of
+        another process's stage gets a zero gradient); otherwise the ones of this process's stages."""
+        if self.mode == "simulation" or self._rebalancing() or self.layers.chain is not None:
             return list(self.network.trainable_params())
         out, seen = [], set()
         for s in self.held_stages():
@@ -165,17 +191,24 @@ class PipelineModel(nn.Cell):
         """Forward of the whole batch through the stages in order, no microbatches (e.g. an
         evaluation). Under msrun every process must call it: each runs its stages, activations
         go stage to stage point-to-point, and the output is broadcast from the last stage."""
-        last = len(self.split) - 1
+        self._trace(inputs, require_loss=False)
         if self.mode == "simulation":
             x = inputs[0]
             with AuxLosses() as aux:
                 for s in range(len(self.split)):
                     run = self.stage_models.get(s, self.stage_cells[s])
-                    x = run(x, *inputs[1:]) if s == last else run(x)
+                    x = run(x, *self._stage_inputs(s, inputs))
             if aux and self.layers.loss is not None:  # the layers' auxiliary losses join the loss
                 x = x + aux.total()
             return x
         return self._distributed_forward(inputs)
+
+    def _stage_inputs(self, stage: int, inputs) -> tuple:
+        """The model inputs a stage takes besides the activation: all of them for a model
+        pipelined through its construct, the loss's targets on the last stage, else none."""
+        if self.layers.chain is not None:
+            return tuple(inputs)
+        return tuple(inputs[1:]) if stage == len(self.split) - 1 else ()
 
     def _distributed_forward(self, inputs) -> Tensor:
         from mindspore_hyper.schedule.actions import P2PTensor, Payload
@@ -193,7 +226,7 @@ class PipelineModel(nn.Cell):
                 x = self.transport.recv(P2PTensor(Payload.ACTIVATION, s - 1, s, tag), owner[s - 1])
                 x = x if isinstance(x, Tensor) else Tensor(x)
             run = self.stage_models.get(s, self.stage_cells[s])
-            x = run(x, *inputs[1:]) if s == last else run(x)
+            x = run(x, *self._stage_inputs(s, inputs))
             if s == last:
                 out = x
             elif owner[s + 1] != me:
@@ -229,6 +262,7 @@ class PipelineModel(nn.Cell):
         """
         start = time.perf_counter()
         microbatches = split_microbatches(inputs, self.schedule.num_microbatches)
+        self._trace(microbatches[0], require_loss=True)
         for c in self.computations.values():
             c.reset()
         for runner in self.runners.values():

@@ -35,14 +35,17 @@ class StageRunner:
         transport: `send(src_rank, key, tensor, peer)`, and `poll(rank, key)` (in process) or
             `recv(key, peer)` (blocking, between processes).
         clock: seconds, for the recorded events.
+        all_inputs: every stage takes all the model inputs after its activation (a model
+            pipelined through its construct); else the last stage takes the loss's targets.
     """
 
     def __init__(self, schedule: Schedule, rank: int, stages: Dict[int, StageComputation], transport,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, all_inputs: bool = False):
         missing = set(schedule.stages_of(rank)) - set(stages)
         if missing:
             raise ValueError(f"rank {rank}: no computation for its stages {sorted(missing)}")
         self.schedule, self.rank, self.stages, self.transport, self.clock = schedule, rank, stages, transport, clock
+        self.all_inputs = all_inputs
         self.actions: Tuple[Action, ...] = schedule.actions[rank]
         self.last_stage = schedule.num_virtual_stages - 1
         self.start_step([])
@@ -96,7 +99,7 @@ class StageRunner:
         if action.kind is ActionKind.FORWARD:
             inputs = self.microbatches[k]
             x = inputs[0] if s == 0 else self._take(P2PTensor(Payload.ACTIVATION, s - 1, s, k))
-            targets = inputs[1:] if s == self.last_stage else ()
+            targets = inputs if self.all_inputs else (inputs[1:] if s == self.last_stage else ())
             out = stage.forward(k, x, targets)
             if s != self.last_stage:
                 self._give(P2PTensor(Payload.ACTIVATION, s, s + 1, k), out)

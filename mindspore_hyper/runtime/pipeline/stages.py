@@ -4,16 +4,19 @@ A model can be pipelined when its forward is a chain of layers: an `nn.Sequentia
 `nn.WithLossCell` whose backbone is one (the loss runs on the last stage with the remaining
 inputs as targets), or any Cell with `pipeline_layers()` (the chain) and optionally
 `pipeline_loss(output, *targets)`. The first model input feeds stage 0; the others are the
-loss's targets.
+loss's targets. Any other model with an nn.CellList of blocks is pipelined by running its own
+construct per stage (traced_chain.py): its layers are the blocks, and every stage gets all the
+model inputs.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from mindspore import nn
 
+from mindspore_hyper.runtime.pipeline.traced_chain import TracedChain, find_block_list
 from mindspore_hyper.strategy.resolve import _partition
 
 __all__ = ["PipelineLayers", "StageCell", "layers_of", "balanced_split", "split_from_table", "check_split"]
@@ -30,6 +33,8 @@ class PipelineLayers:
         loss: the loss Cell/function applied by the last stage, or None (the last layer's
             output is the model's output).
         param_names: id(Parameter) -> the parameter's name in the model.
+        chain: for a model pipelined through its construct (an nn.CellList of blocks), the
+            TracedChain; None for a chain of Cells.
     """
 
     cells: Tuple[nn.Cell, ...]
@@ -37,6 +42,15 @@ class PipelineLayers:
     parameters: Tuple[Tuple[str, ...], ...]
     loss: Optional[Callable]
     param_names: Dict[int, str]
+    chain: Optional[TracedChain] = None
+
+    def with_outer_parameters(self) -> "PipelineLayers":
+        """After the chain's trace: the Parameters outside the blocks counted with the first
+        layer (the ones stage 0 trains) and the last layer (the last stage's)."""
+        names = [list(n) for n in self.parameters]
+        for index, params in ((0, self.chain.prologue_params), (-1, self.chain.epilogue_params)):
+            names[index] += [self.param_names[id(p)] for p in params if self.param_names[id(p)] not in names[index]]
+        return replace(self, parameters=tuple(tuple(n) for n in names))
 
     def __len__(self) -> int:
         return len(self.cells)
@@ -48,8 +62,9 @@ class PipelineLayers:
 
 
 def layers_of(model: nn.Cell) -> Optional[PipelineLayers]:
-    """The chain of layers of `model`, or None when its forward is not a chain (see module docstring)."""
-    loss = None
+    """The chain of layers of `model`, or None when it is neither a chain of Cells nor holds an
+    nn.CellList (see module docstring)."""
+    loss, chain = None, None
     if hasattr(model, "pipeline_layers"):
         cells = list(model.pipeline_layers())
         loss = getattr(model, "pipeline_loss", None)
@@ -59,7 +74,11 @@ def layers_of(model: nn.Cell) -> Optional[PipelineLayers]:
         cells = list(model._backbone.cell_list)
         loss = model._loss_fn
     else:
-        return None
+        found = find_block_list(model)
+        if found is None:
+            return None
+        chain = TracedChain(model, *found)
+        cells = chain.blocks
     cell_names = {id(c): name for name, c in model.cells_and_names()}
     param_names = {id(p): name for name, p in model.parameters_and_names()}
     names, params = [], []
@@ -68,7 +87,7 @@ def layers_of(model: nn.Cell) -> Optional[PipelineLayers]:
             raise ValueError(f"pipeline layer {i} of {type(model).__name__} is a {type(cell).__name__}, expected an nn.Cell")
         names.append(cell_names.get(id(cell), f"layer{i}"))
         params.append(tuple(param_names[id(p)] for p in cell.trainable_params() if id(p) in param_names))
-    return PipelineLayers(tuple(cells), tuple(names), tuple(params), loss, param_names)
+    return PipelineLayers(tuple(cells), tuple(names), tuple(params), loss, param_names, chain)
 
 
 def check_split(counts: Sequence[int], num_layers: int, num_virtual_stages: int, what: str) -> Tuple[int, ...]:

@@ -1,4 +1,7 @@
 """Small models for the pipeline tests, built from MindSpore's own layers (same seed -> same weights)."""
+import os
+import sys
+
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
@@ -41,3 +44,19 @@ def assert_same_training(model, losses, reference, atol=1e-6, loose=()):
             continue
         assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want), p.name
         np.testing.assert_allclose(got, want, rtol=0, atol=atol, err_msg=p.name)
+
+
+def gpt(seed: int = 0, layers: int = 4):
+    """examples/models.py GPT, tiny: its construct passes a mask to every block of a CellList."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples"))
+    from models import GPT
+
+    ms.set_seed(seed)
+    return GPT(vocab=32, hidden=16, heads=2, layers=layers, seq=8)
+
+
+def tokens(vocab: int = 32, shape=(4, 8), seed: int = 0):
+    """Token ids and labels."""
+    rng = np.random.default_rng(seed)
+    return (Tensor(rng.integers(0, vocab, shape).astype(np.int32)),
+            Tensor(rng.integers(0, vocab, shape).astype(np.int32)))

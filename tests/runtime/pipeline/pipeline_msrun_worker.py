@@ -2,6 +2,7 @@
 losses, its stages' parameters and (rank 0) the measured and simulated timelines to OUT/rank<r>.npz.
 
 Usage: msrun ... pipeline_msrun_worker.py KIND MICROBATCHES OUT [WIDTH DEPTH BATCH STEPS]
+With env PIPELINE_TEST_MODEL=gpt: the examples' GPT instead (see gpt_main).
 With env PIPELINE_TEST_REBALANCE=1: start from the split (1, 6) with rebalancing on, the
 planner fed fixed per-layer costs (test_pipeline_rebalance.LAYER_COSTS) for this process's
 stages; the applied plans and migrated bytes are written too.
@@ -20,8 +21,30 @@ from mindspore_hyper import Layout  # noqa: E402
 from pipeline_models import batch, dense_chain  # noqa: E402
 
 
+def gpt_main(kind, m, out):
+    """PIPELINE_TEST_MODEL=gpt: examples/models.py GPT (a mask side input to every block)
+    pipelined through its construct; each rank writes its losses and its stages' parameters."""
+    from pipeline_models import gpt, tokens
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    mh.set_context(mode="distributed", comm_timeout=60.0)
+    size = int(os.environ.get("MS_WORKER_NUM", "1"))
+    model = gpt(layers=2)
+    ids, labels = tokens()
+    parallel = mh.auto_parallelize(model, Layout((size,), ("pipeline",))(tensor_map=()),
+                                   pipeline={"schedule": kind, "microbatches": m})
+    optimizer = nn.Adam(parallel.optimizer_parameters(), 1e-3)
+    losses = [float(parallel.train_step(optimizer, ids, labels).asnumpy()) for _ in range(5)]
+    arrays = {f"param:{name}": p.asnumpy() for s in parallel.held_stages()
+              for name, p in parallel.stage_cells[s].parameters_and_names()}
+    arrays["losses"] = np.array(losses)
+    np.savez(os.path.join(out, f"rank{parallel.world.rank}.npz"), **arrays)
+
+
 def main():
     kind, m, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    if os.environ.get("PIPELINE_TEST_MODEL") == "gpt":
+        return gpt_main(kind, m, out)
     width, depth, n, steps = (int(a) for a in (sys.argv[4:8] if len(sys.argv) > 4 else (16, 4, 8, 5)))
     ms.set_context(mode=ms.PYNATIVE_MODE)
     mh.set_context(mode="distributed", comm_timeout=60.0)
