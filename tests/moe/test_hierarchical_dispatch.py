@@ -15,7 +15,7 @@ from mindspore_hyper.runtime.simulation import simulate
 
 from moe_models import MoENet, batches, copy_weights, expert_strategy
 
-ms.set_context(mode=ms.PYNATIVE_MODE)
+pytestmark = pytest.mark.usefixtures("pynative")
 
 
 def test_expert_groups_peers_levels_and_errors():

@@ -14,7 +14,7 @@ from mindspore_hyper.runtime.pipeline import AuxLosses, PipelineModel, paralleli
 
 from moe_models import copy_weights
 
-ms.set_context(mode=ms.PYNATIVE_MODE)
+pytestmark = pytest.mark.usefixtures("pynative")
 MICROBATCHES = 2
 
 

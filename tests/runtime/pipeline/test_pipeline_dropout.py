@@ -13,10 +13,7 @@ from mindspore_hyper.runtime.pipeline.dropout_replay import DropoutReplay
 from pipeline_models import batch
 
 
-@pytest.fixture(autouse=True)
-def pynative(clean_context):
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    yield
+pytestmark = pytest.mark.usefixtures("pynative")
 
 
 def dropout_chain(seed=3):

@@ -15,10 +15,7 @@ from pipeline_models import assert_same_training, gpt, single_device_run, tokens
 PIPELINE_2 = Layout((2,), ("pipeline",))
 
 
-@pytest.fixture(autouse=True)
-def pynative(clean_context):
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    yield
+pytestmark = pytest.mark.usefixtures("pynative")
 
 
 def pipelined(model, kind, m=4, mesh=PIPELINE_2, **options):
