@@ -1,8 +1,12 @@
-"""A small model around an MoE layer, used by the expert-parallel tests and the example."""
+"""Small models around MoE layers, used by the expert-parallel and pipeline tests and the example."""
 import numpy as np
+import mindspore as ms
 from mindspore import Tensor, nn
 
-from mindspore_hyper.moe import MoE
+from mindspore_hyper.moe import MoE, MoEBlock
+from mindspore_hyper.runtime.pipeline import AuxLosses
+
+MICROBATCHES = 2  # of the MoEChain pipeline tests
 
 
 class MoENet(nn.Cell):
@@ -47,3 +51,55 @@ def expert_strategy(mesh, tensor=False):
     else:
         strategy.override("*.experts.*", "expert")
     return strategy
+
+
+class MoEChain(nn.Cell):
+    """Dense -> MoEBlock -> Dense -> MoEBlock -> Dense, MSE loss + the blocks' auxiliary losses."""
+
+    def __init__(self, **moe_options):
+        super().__init__()
+        opts = dict(top_k=2, aux_loss_coef=0.05, z_loss_coef=1e-3)
+        opts.update(moe_options)
+        self.inp = nn.Dense(16, 16)
+        self.block1 = MoEBlock(16, 24, 4, **opts)
+        self.mid = nn.Dense(16, 16)
+        self.block2 = MoEBlock(16, 24, 4, **opts)
+        self.out = nn.Dense(16, 4)
+        self.loss = nn.MSELoss()
+
+    def pipeline_layers(self):
+        return [self.inp, self.block1, self.mid, self.block2, self.out]
+
+    def pipeline_loss(self, out, target):
+        return self.loss(out, target)
+
+    def construct(self, x, target):
+        with AuxLosses() as aux:
+            h = x
+            for layer in self.pipeline_layers():
+                h = layer(h)
+        return self.pipeline_loss(h, target) + aux.total()
+
+
+def chain_data(steps=5):
+    rng = np.random.default_rng(4)
+    return [(Tensor(rng.normal(size=(8, 16)).astype(np.float32)), Tensor(rng.normal(size=(8, 4)).astype(np.float32)))
+            for _ in range(steps)]
+
+
+def one_device_accumulating(model, data):
+    """One device, the batch's microbatches accumulated (mean), one Adam step per batch: the
+    router's load-balancing loss is per microbatch, as in the pipeline."""
+    opt = nn.Adam(model.trainable_params(), learning_rate=1e-2)
+
+    def loss_fn(x, t):
+        xs, ts = np.split(x.asnumpy(), MICROBATCHES), np.split(t.asnumpy(), MICROBATCHES)
+        return sum(model(Tensor(a), Tensor(b)) for a, b in zip(xs, ts)) / MICROBATCHES
+
+    step = ms.value_and_grad(loss_fn, None, opt.parameters)
+    losses = []
+    for x, t in data:
+        loss, grads = step(x, t)
+        opt(grads)
+        losses.append(float(loss.asnumpy()))
+    return losses

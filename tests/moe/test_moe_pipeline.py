@@ -1,7 +1,7 @@
 """MoE layers inside pipeline stages (simulation): every stage's router auxiliary loss joins the
 loss and its gradient; losses and parameters after 5 Adam steps equal one device accumulating
-the same microbatches, pipeline alone and with an expert axis inside each stage; refused under
-msrun."""
+the same microbatches, pipeline alone and with an expert axis inside each stage; with an expert
+axis, refused under msrun (pipeline-only meshes: test_moe_pipeline_msrun.py)."""
 import numpy as np
 import pytest
 import mindspore as ms
@@ -10,64 +10,11 @@ from mindspore import Tensor, nn
 import mindspore_hyper as mh
 from mindspore_hyper import Layout
 from mindspore_hyper.moe import MoEBlock
-from mindspore_hyper.runtime.pipeline import AuxLosses, PipelineModel, parallelize_pipeline
+from mindspore_hyper.runtime.pipeline import PipelineModel, parallelize_pipeline
 
-from moe_models import copy_weights
+from moe_models import MICROBATCHES, MoEChain, chain_data as _data, copy_weights, one_device_accumulating as _one_device
 
 pytestmark = pytest.mark.usefixtures("pynative")
-MICROBATCHES = 2
-
-
-class MoEChain(nn.Cell):
-    """Dense -> MoEBlock -> Dense -> MoEBlock -> Dense, MSE loss + the blocks' auxiliary losses."""
-
-    def __init__(self, **moe_options):
-        super().__init__()
-        opts = dict(top_k=2, aux_loss_coef=0.05, z_loss_coef=1e-3)
-        opts.update(moe_options)
-        self.inp = nn.Dense(16, 16)
-        self.block1 = MoEBlock(16, 24, 4, **opts)
-        self.mid = nn.Dense(16, 16)
-        self.block2 = MoEBlock(16, 24, 4, **opts)
-        self.out = nn.Dense(16, 4)
-        self.loss = nn.MSELoss()
-
-    def pipeline_layers(self):
-        return [self.inp, self.block1, self.mid, self.block2, self.out]
-
-    def pipeline_loss(self, out, target):
-        return self.loss(out, target)
-
-    def construct(self, x, target):
-        with AuxLosses() as aux:
-            h = x
-            for layer in self.pipeline_layers():
-                h = layer(h)
-        return self.pipeline_loss(h, target) + aux.total()
-
-
-def _data(steps=5):
-    rng = np.random.default_rng(4)
-    return [(Tensor(rng.normal(size=(8, 16)).astype(np.float32)), Tensor(rng.normal(size=(8, 4)).astype(np.float32)))
-            for _ in range(steps)]
-
-
-def _one_device(model, data):
-    """One device, the batch's microbatches accumulated (mean), one Adam step per batch: the
-    router's load-balancing loss is per microbatch, as in the pipeline."""
-    opt = nn.Adam(model.trainable_params(), learning_rate=1e-2)
-
-    def loss_fn(x, t):
-        xs, ts = np.split(x.asnumpy(), MICROBATCHES), np.split(t.asnumpy(), MICROBATCHES)
-        return sum(model(Tensor(a), Tensor(b)) for a, b in zip(xs, ts)) / MICROBATCHES
-
-    step = ms.value_and_grad(loss_fn, None, opt.parameters)
-    losses = []
-    for x, t in data:
-        loss, grads = step(x, t)
-        opt(grads)
-        losses.append(float(loss.asnumpy()))
-    return losses
 
 
 @pytest.fixture(scope="module")
@@ -146,11 +93,14 @@ def test_evaluation_forward_adds_the_aux_losses():
     assert abs(float(parallel(x, t).asnumpy()) - expect) < 1e-6
 
 
-def test_aux_loss_without_a_collector_and_msrun_are_refused():
+def test_aux_loss_without_a_collector_and_msrun_with_an_expert_axis_are_refused():
     block = MoEBlock(16, 24, 4)
     with pytest.raises(RuntimeError, match="MoEBlock adds an auxiliary loss but nothing collects it"):
         block(Tensor(np.ones((4, 16), np.float32)))
-    mh.set_context(device_num=2)
-    with pytest.raises(NotImplementedError, match="pipeline under msrun: layer 'block1' .*combined only in simulation"):
-        parallelize_pipeline(MoEChain(), Layout((2,), ("pipeline",))(tensor_map=()), "distributed",
+    mh.set_context(device_num=4)
+    strategy = Layout((2, 2), ("pipeline", "expert"))(tensor_map=())
+    strategy.override("*.experts.*", "expert")
+    with pytest.raises(NotImplementedError, match="pipeline under msrun: layer 'block1' .*axes besides 'pipeline'.*"
+                                                  "pipeline-only mesh"):
+        parallelize_pipeline(MoEChain(), strategy, "distributed",
                              pipeline=dict(schedule="1f1b", microbatches=MICROBATCHES, layers_per_stage=(2, 3)))

@@ -221,18 +221,25 @@ class PipelineModel(nn.Cell):
                 incoming[owner[s - 1]] = incoming.get(owner[s - 1], 0) + 1
         self.transport.expect(incoming)
         x, last, out = inputs[0], len(self.split) - 1, None
-        for s in self.held_stages():
-            if s > 0 and owner[s - 1] != me:
-                x = self.transport.recv(P2PTensor(Payload.ACTIVATION, s - 1, s, tag), owner[s - 1])
-                x = x if isinstance(x, Tensor) else Tensor(x)
-            run = self.stage_models.get(s, self.stage_cells[s])
-            x = run(x, *self._stage_inputs(s, inputs))
-            if s == last:
-                out = x
-            elif owner[s + 1] != me:
-                self.transport.send(me, P2PTensor(Payload.ACTIVATION, s, s + 1, tag), x, owner[s + 1])
+        with AuxLosses() as aux:
+            for s in self.held_stages():
+                if s > 0 and owner[s - 1] != me:
+                    x = self.transport.recv(P2PTensor(Payload.ACTIVATION, s - 1, s, tag), owner[s - 1])
+                    x = x if isinstance(x, Tensor) else Tensor(x)
+                run = self.stage_models.get(s, self.stage_cells[s])
+                x = run(x, *self._stage_inputs(s, inputs))
+                if s == last:
+                    out = x
+                elif owner[s + 1] != me:
+                    self.transport.send(me, P2PTensor(Payload.ACTIVATION, s, s + 1, tag), x, owner[s + 1])
         self.transport.flush()
-        return self._broadcast_output(out, self.process_of(owner[last]))
+        out = self._broadcast_output(out, self.process_of(owner[last]))
+        if self.layers.loss is not None and self.world.size > 1:  # the stages' auxiliary losses join the loss
+            local = float(aux.total().asnumpy()) if aux else 0.0
+            comm = self.world.communicator(tuple(range(self.world.size)))
+            parts = comm.all_gather(np.array([local], dtype=np.float64), dim=0)
+            out = out + float(sum(parts[self.process_of(r)] for r in range(self.schedule.num_ranks)))
+        return out
 
     def _broadcast_output(self, out: Optional[Tensor], root: int) -> Tensor:
         """The last stage's output on every process (its shape first, then its values)."""
@@ -312,11 +319,15 @@ class PipelineModel(nn.Cell):
         scale = loss_scale(self.reduction, self.schedule.num_microbatches)
         owner = self.process_of(self.schedule.stage_to_rank[last])
         value = sum(self.computations[last].losses) * scale if last in self.computations else 0.0
-        value += sum(sum(c.aux_losses) for c in self.computations.values()) * scale  # (simulation only)
+        aux = sum(sum(c.aux_losses) for c in self.computations.values()) * scale
         if self.mode == "distributed" and self.world.size > 1:
+            # the last stage's loss, plus every stage's auxiliary losses (each pipeline rank's as
+            # its first process computed them), on every process
             comm = self.world.communicator(tuple(range(self.world.size)))
-            value = float(comm.broadcast(np.array([value], dtype=np.float64), owner)[0])
-        return float(value)
+            parts = comm.all_gather(np.array([[value, aux]], dtype=np.float64), dim=0)
+            value = float(parts[owner, 0])
+            aux = sum(float(parts[self.process_of(r), 1]) for r in range(self.schedule.num_ranks))
+        return float(value + aux)
 
     # -- timelines ----------------------------------------------------------------------------------
     def stage_times(self) -> Tuple[float, ...]:
