@@ -25,8 +25,6 @@ class MoEBlock(nn.Cell):
         **moe_options: the other `MoE` arguments (top_k, aux_loss_coef, dispatch, ...).
     """
 
-    adds_aux_loss = True  # read by the pipeline builder (under msrun: pipeline-only meshes)
-
     def __init__(self, hidden: int, ffn_hidden: int, num_experts: int, **moe_options):
         super().__init__()
         self.moe = MoE(hidden, ffn_hidden, num_experts, **moe_options)

@@ -1,7 +1,8 @@
-"""MoE layers inside pipeline stages under msrun (2 processes, a pipeline-only mesh, each
-stage's experts local): losses, evaluation loss and parameters after 5 Adam steps equal one
-device accumulating the same microbatches, with the full (1f1b) and the split (zb_h1) backward;
-each stage's auxiliary losses were collected by its own process."""
+"""MoE layers inside pipeline stages under msrun: losses, evaluation loss and parameters (expert
+shards against their slices) after 5 Adam steps equal one device accumulating the same
+microbatches, on a pipeline-only mesh (2 processes, each stage's experts local) and on pipeline
+2 x expert 2 (4 processes: the expert exchange runs over each stage's 2 processes, flat and
+hierarchical); each stage's auxiliary losses are collected by its processes."""
 import json
 import os
 
@@ -14,15 +15,15 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "moe_pipeline_
 
 
 @pytest.mark.msrun
-def test_moe_pipeline_on_2_processes_equals_single_device(tmp_path):
-    kinds = ["1f1b", "zb_h1"]
-    proc = run_msrun(WORKER, [tmp_path, *kinds], 2, tmp_path / "logs", timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(tmp_path / "logs", 2)
-    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
-    for kind in kinds:
+@pytest.mark.parametrize("workers, cases", [(2, ["1f1b"]), (4, ["1f1b+expert", "zb_h1+expert+hier"])])
+def test_moe_pipeline_under_msrun_equals_single_device(workers, cases, tmp_path):
+    proc = run_msrun(WORKER, [tmp_path, *cases], workers, tmp_path / "logs", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(tmp_path / "logs", workers)
+    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(workers)]
+    for case in cases:
         held = set()
         for rank, res in enumerate(results):
-            out = res[kind]
+            out = res[case]
             assert out["rank"] == rank
             np.testing.assert_allclose(out["losses"], out["ref_losses"], rtol=1e-5)
             assert out["eval_loss"] == pytest.approx(out["ref_eval_loss"], rel=1e-5)
@@ -32,4 +33,12 @@ def test_moe_pipeline_on_2_processes_equals_single_device(tmp_path):
             for name, value in out["params"].items():
                 np.testing.assert_allclose(value, out["ref_params"][name], rtol=1e-4, atol=2e-6, err_msg=name)
             held |= out["params"].keys()
+            stage_stats = [s for s in out["stats"] if s is not None]
+            if "expert" in case:  # this process holds 2 of its stage's 4 experts; rows went to the other process
+                expert = next(n for n in out["params"] if n.endswith("experts.w_gate"))
+                assert np.asarray(out["params"][expert]).shape[0] == 2
+                links = stage_stats[0]["dispatch_link_bytes"]
+                assert len(stage_stats) == 1 and links["intra_group"] + links["inter_group"] > 0
+            else:  # experts local: the layers ran on one device, no exchange
+                assert stage_stats == []
         assert {"block1.moe.router.weight", "block2.moe.experts.w_gate", "out.weight"} <= held

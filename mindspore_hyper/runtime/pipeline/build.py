@@ -105,12 +105,6 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
         return PipelineModel(model, layers, schedule, split, options, strategy, mode, reduction, table)
     if mode != "distributed":
         raise ValueError(f"pipeline execution: mode={mode!r}; expected 'simulation' or 'distributed'")
-    for name, cell in model.cells_and_names():
-        if getattr(cell, "adds_aux_loss", False) and stage_mesh_size > 1:
-            raise NotImplementedError(f"pipeline under msrun: layer {name!r} ({type(cell).__name__}) adds an auxiliary "
-                                      f"loss, and the mesh {mesh.device_matrix} {mesh.alias_names} has axes besides "
-                                      f"{axis!r}; such stages run under msrun on a pipeline-only mesh (an expert axis "
-                                      f"inside the stages runs in simulation)")
     from mindspore_hyper.runtime.distributed.world import world
     from mindspore_hyper.runtime.pipeline.p2p import ShmTransport, peer_pairs
 

@@ -237,8 +237,8 @@ class PipelineModel(nn.Cell):
         if self.layers.loss is not None and self.world.size > 1:  # the stages' auxiliary losses join the loss
             local = float(aux.total().asnumpy()) if aux else 0.0
             comm = self.world.communicator(tuple(range(self.world.size)))
-            parts = comm.all_gather(np.array([local], dtype=np.float64), dim=0)
-            out = out + float(sum(parts[self.process_of(r)] for r in range(self.schedule.num_ranks)))
+            parts = comm.all_gather(np.array([[local]], dtype=np.float64), dim=0)
+            out = out + float(sum(parts[self.process_of(r), 0] for r in range(self.schedule.num_ranks)))
         return out
 
     def _broadcast_output(self, out: Optional[Tensor], root: int) -> Tensor:
