@@ -112,6 +112,7 @@ class _State:
     gathered: Dict[tuple, list] = field(default_factory=dict)  # all experts' weights, with a placement
     flat: Optional[Tensor] = None  # what this process sent (msrun), the autograd input of the exchange
     hops: Optional[dict] = None  # msrun hierarchical dispatch: the row counts of both hops, for combine
+    group_sends: Optional[dict] = None  # simulation hierarchical dispatch: per source key, its GroupRows
     chain: Optional[Tensor] = None  # msrun: the last exchange's output (`ProcessExchange.chained`)
 
     @property
@@ -436,14 +437,18 @@ class ExpertParallel:
                 received.setdefault(dest, {})[key] = {slot: None for slot in range(axes.per_member)}
         inter, intra = [], []
         sent = {"inter_group": 0, "intra_group": 0}  # what device `first` sends, per hop
+        state.group_sends = {}
         for key, plan in state.plans.items():
             me = self._member(ex, key, axes)
-            for send in group_rows(plan.tokens, groups, axes.per_member):
+            state.group_sends[key] = group_rows(plan.tokens, groups, axes.per_member)
+            for send in state.group_sends[key]:
                 rows = ops.gather(tokens[key], Tensor(send.tokens.astype(np.int32)), 0)
                 peer = groups.peer(me, send.group)
-                inter.append((me, peer, _nbytes(rows)))
+                # the rows and their copies' gates (float32 each), which the peer weights the outputs by
+                nbytes = _nbytes(rows) + 4 * sum(len(pos) for pos in send.positions.values())
+                inter.append((me, peer, nbytes))
                 if key == first and peer != me:
-                    sent["inter_group"] += _nbytes(rows)
+                    sent["inter_group"] += nbytes
                 peer_key = self._key_of_member(ex, key, peer, axes)
                 for e, pos in send.positions.items():
                     member, slot = divmod(e, axes.per_member)
@@ -456,29 +461,42 @@ class ExpertParallel:
         self._record_hops(ex, axes, sent)
         return received
 
-    def _hierarchical_combine(self, ex, axes: _Axes, outputs) -> Dict[Key, Dict[Key, Dict[int, Optional[Tensor]]]]:
-        """Simulation: outputs[dest][src][slot] go back member -> peer -> source (one row per copy);
-        returns returned[src][dest][slot]."""
+    def _hierarchical_combine(self, ex, axes: _Axes, state: _State, outputs) -> Dict[Key, List[tuple]]:
+        """Simulation: outputs[dest][src][slot] go back member -> peer (one row per copy); the peer
+        weights each copy by its gate (sent with the rows) and sums them per token, then sends one
+        row per (token, group) to the source. Returns {src key: [(token indices, rows)] per group}."""
         groups = self._groups
         first = ex.keys(axes.token)[0]
-        returned: Dict = {}
+        dtype = state.weights[0].dtype
+        returned: Dict[Key, List[tuple]] = {}
         pairs = []
         sent = {"inter_group": 0, "intra_group": 0}
-        for dest, by_src in outputs.items():
-            member = self._member(ex, dest, axes)
-            for src, segs in by_src.items():
-                me = self._member(ex, src, axes)
-                peer = groups.peer(me, groups.group_of(member))
+        for src, sends in state.group_sends.items():
+            me = self._member(ex, src, axes)
+            plan, gates = state.plans[src], state.gates[src]
+            top_k = gates.shape[1]
+            returned[src] = []
+            for send in sends:
+                peer = groups.peer(me, send.group)
                 peer_key = self._key_of_member(ex, src, peer, axes)
-                for slot, t in segs.items():
-                    returned.setdefault(src, {}).setdefault(dest, {})[slot] = t
-                    if t is None:
-                        continue
-                    pairs += [(member, peer, _nbytes(t)), (peer, me, _nbytes(t))]
+                weighted, positions = [], []
+                for e, pos in send.positions.items():
+                    member, slot = divmod(e, axes.per_member)
+                    dest = self._key_of_member(ex, src, member, axes)
+                    out = outputs[dest][src][slot]
+                    pairs.append((member, peer, _nbytes(out)))
                     if dest == first and member != peer:
-                        sent["intra_group"] += _nbytes(t)
-                    if peer_key == first and peer != me:
-                        sent["inter_group"] += _nbytes(t)
+                        sent["intra_group"] += _nbytes(out)
+                    gate = ops.gather(gates.reshape(-1), Tensor((plan.tokens[e] * top_k + plan.slots[e]).astype(np.int32)),
+                                      0)
+                    weighted.append(out * gate.astype(dtype).reshape(-1, 1))
+                    positions.append(pos)
+                rows = ops.unsorted_segment_sum(ops.concat(weighted, 0) if len(weighted) > 1 else weighted[0],
+                                                Tensor(np.concatenate(positions).astype(np.int32)), len(send.tokens))
+                pairs.append((peer, me, _nbytes(rows)))
+                if peer_key == first and peer != me:
+                    sent["inter_group"] += _nbytes(rows)
+                returned[src].append((send.tokens, rows))
         self._add_levels("combine", pairs)
         self._record_hops(ex, axes, sent)
         return returned
@@ -763,7 +781,7 @@ class ExpertParallel:
         ex = state.weights[0].execution
         if self.moe.dispatch == "hierarchical" and state.axes.members > 1:
             if self._local(ex, state.axes):
-                state.pending = self._hierarchical_combine(ex, state.axes, outputs.outputs)
+                state.pending = self._hierarchical_combine(ex, state.axes, state, outputs.outputs)
             else:
                 (by_src,) = outputs.outputs.values()
                 state.pending = self._hierarchical_process_combine(ex, state.axes, state, by_src)
@@ -800,6 +818,13 @@ class ExpertParallel:
         shards = {}
         dtype = state.weights[0].dtype
         for key, plan in state.plans.items():
+            if state.group_sends is not None:  # simulation hierarchical: per group, rows already weighted and summed
+                parts = returned[key]
+                shards[key] = ops.zeros((plan.num_tokens, self.moe.hidden), dtype) if not parts else \
+                    ops.unsorted_segment_sum(ops.concat([r for _, r in parts], 0) if len(parts) > 1 else parts[0][1],
+                                             Tensor(np.concatenate([t for t, _ in parts]).astype(np.int32)),
+                                             plan.num_tokens)
+                continue
             by_dest = returned[key]
             outs = []
             for e in range(plan.num_experts):

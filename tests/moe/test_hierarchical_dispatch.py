@@ -96,18 +96,23 @@ def test_hierarchical_equals_flat_and_one_device(case):
     members = matrix[-1]
     row = 16 * 4
     tokens = ref.inp(x).reshape(-1, 16)
-    for name, dedup in (("flat", False), ("hierarchical", True)):
-        expect = 0
+    rows = {}
+    for dedup in (False, True):
+        rows[dedup] = 0
         for dp in range(devices // members):  # each data replica's expert group
             part = tokens[dp * 32 // (devices // members):(dp + 1) * 32 // (devices // members)]
-            expect += _expected_inter_group_rows(ref.moe, part, members, 2, dedup) * row
-        assert stats[name]["dispatch_link_bytes"]["inter_group"] == expect, name
+            rows[dedup] += _expected_inter_group_rows(ref.moe, part, members, 2, dedup)
+    # flat: one row per copy both ways; hierarchical: one row per (token, group) both ways, the
+    # dispatch also carrying each copy's gate (4 bytes) for the forwarding device's weighted sum
+    assert stats["flat"]["dispatch_link_bytes"]["inter_group"] == rows[False] * row
+    assert stats["flat"]["combine_link_bytes"]["inter_group"] == rows[False] * row
+    assert stats["hierarchical"]["dispatch_link_bytes"]["inter_group"] == rows[True] * row + rows[False] * 4
+    assert stats["hierarchical"]["combine_link_bytes"]["inter_group"] == rows[True] * row
     flat_d, hier_d = stats["flat"]["dispatch_link_bytes"], stats["hierarchical"]["dispatch_link_bytes"]
     assert hier_d["inter_group"] < flat_d["inter_group"]  # top-2 of 8: some tokens hit 2 experts of a group
     # every copy still reaches its expert: the copies leaving their source are the flat ones
     assert flat_d["intra_group"] + flat_d["inter_group"] <= hier_d["intra_group"] + hier_d["inter_group"]
-    assert stats["hierarchical"]["combine_link_bytes"]["inter_group"] == stats["flat"]["combine_link_bytes"][
-        "inter_group"]  # combine returns one row per copy (weighted at the source)
+    assert rows[True] < rows[False]
     report = sims["hierarchical"].report().to_dict()["comm"]["AllToAll"]["expert"]
     assert report["count"] == 4  # two hops, dispatch and combine
     if not train:
