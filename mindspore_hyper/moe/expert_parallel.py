@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, Hashable, List, Optional, Tuple
 
 import numpy as np
@@ -51,6 +51,12 @@ from mindspore_hyper.shard.tensor_layout import TensorLayout
 __all__ = ["ExpertParallel", "ExpertInputs", "ExpertOutputs"]
 
 Key = Tuple[int, ...]
+
+
+def _copy_gates(plan, gates: Tensor, expert: int) -> Tensor:
+    """The gates of expert `expert`'s copies, in the plan's token order (differentiable)."""
+    flat = plan.tokens[expert] * gates.shape[1] + plan.slots[expert]
+    return ops.gather(gates.reshape(-1), Tensor(flat.astype(np.int32)), 0)
 
 
 def _names(mesh, dims) -> tuple:
@@ -444,8 +450,9 @@ class ExpertParallel:
             for send in state.group_sends[key]:
                 rows = ops.gather(tokens[key], Tensor(send.tokens.astype(np.int32)), 0)
                 peer = groups.peer(me, send.group)
-                # the rows and their copies' gates (float32 each), which the peer weights the outputs by
-                nbytes = _nbytes(rows) + 4 * sum(len(pos) for pos in send.positions.values())
+                # the rows with their gates for the group's experts (the columns msrun appends to the
+                # rows), which the peer weights the outputs by
+                nbytes = _nbytes(rows) + len(send.tokens) * groups.size * axes.per_member * rows.dtype.itemsize
                 inter.append((me, peer, nbytes))
                 if key == first and peer != me:
                     sent["inter_group"] += nbytes
@@ -474,7 +481,6 @@ class ExpertParallel:
         for src, sends in state.group_sends.items():
             me = self._member(ex, src, axes)
             plan, gates = state.plans[src], state.gates[src]
-            top_k = gates.shape[1]
             returned[src] = []
             for send in sends:
                 peer = groups.peer(me, send.group)
@@ -487,9 +493,7 @@ class ExpertParallel:
                     pairs.append((member, peer, _nbytes(out)))
                     if dest == first and member != peer:
                         sent["intra_group"] += _nbytes(out)
-                    gate = ops.gather(gates.reshape(-1), Tensor((plan.tokens[e] * top_k + plan.slots[e]).astype(np.int32)),
-                                      0)
-                    weighted.append(out * gate.astype(dtype).reshape(-1, 1))
+                    weighted.append(out * _copy_gates(plan, gates, e).astype(dtype).reshape(-1, 1))
                     positions.append(pos)
                 rows = ops.unsorted_segment_sum(ops.concat(weighted, 0) if len(weighted) > 1 else weighted[0],
                                                 Tensor(np.concatenate(positions).astype(np.int32)), len(send.tokens))
@@ -514,19 +518,32 @@ class ExpertParallel:
         meta = self._recorder(ex, axes, "metadata")
         per, members, me = axes.per_member, axes.members, self._member(ex, key, axes)
         experts_in_group = groups.size * per
+        hidden = self.moe.hidden
+        wide = replace(exchange, hidden=hidden + experts_in_group)  # rows + their gates
         dtype = state.weights[0].dtype
-        # hop 1: each token once to the peer of every group holding one of its experts
-        sends = group_rows(state.plans[key].tokens, groups, per)
+        plan, gates = state.plans[key], state.gates[key]
+        # hop 1: each token once to the peer of every group holding one of its experts, with its
+        # gates for that group's experts (columns H.., differentiable: the router's gradient
+        # comes back through this exchange)
+        sends = group_rows(plan.tokens, groups, per)
+        state.group_sends = {key: sends}
         counts1 = np.zeros((members, 1), dtype=np.int64)
         segs1, masks = {}, {}
         for send in sends:
             peer = groups.peer(me, send.group)
             counts1[peer, 0] = len(send.tokens)
-            segs1[peer] = {0: ops.gather(tokens, Tensor(send.tokens.astype(np.int32)), 0)}
             mask = np.zeros((len(send.tokens), experts_in_group), dtype=bool)
             first_expert = groups.members_of(send.group).start * per
+            cells, values = [], []
             for e, pos in send.positions.items():
                 mask[pos, e - first_expert] = True
+                cells.append(pos * experts_in_group + (e - first_expert))
+                values.append(_copy_gates(plan, gates, e))
+            gate_matrix = ops.unsorted_segment_sum(ops.concat(values, 0) if len(values) > 1 else values[0],
+                                                   Tensor(np.concatenate(cells).astype(np.int32)),
+                                                   len(send.tokens) * experts_in_group)
+            segs1[peer] = {0: ops.concat([ops.gather(tokens, Tensor(send.tokens.astype(np.int32)), 0),
+                                          gate_matrix.astype(dtype).reshape(len(send.tokens), experts_in_group)], 1)}
             masks[peer] = pack_routing(mask)
         meta(counts1.size * 8)
         recv1 = exchange.counts(counts1)
@@ -537,15 +554,21 @@ class ExpertParallel:
         expect = [packed_routing_bytes(int(recv1[m, 0]), experts_in_group) for m in range(members)]
         if list(got) != expect:
             raise RuntimeError(f"hierarchical dispatch: received {list(got)} mask bytes per member, expected {expect}")
-        flat1 = exchange.flatten(segs1, counts1, dtype)
-        moved1 = exchange.move(flat1.asnumpy(), counts1, recv1)
-        rows1 = exchange.receive(flat1, moved1, counts1, recv1)
-        self._add_levels("dispatch", [(me, peer, int(counts1[peer, 0]) * self.moe.hidden * dtype.itemsize)
+        flat1 = wide.flatten(segs1, counts1, dtype)
+        moved1 = wide.move(flat1.asnumpy(), counts1, recv1)
+        wide_rows = wide.receive(flat1, moved1, counts1, recv1)
+        self._add_levels("dispatch", [(me, peer, int(counts1[peer, 0]) * wide.hidden * dtype.itemsize)
                                       for peer in segs1])
+        rows1, got_gates = {}, {}
+        for src in range(members):
+            if int(recv1[src, 0]):
+                rows1[src] = {0: wide_rows[src][0][:, :hidden]}
+                got_gates[src] = wide_rows[src][0][:, hidden:]
         # hop 2: the peer (this process, for the sources sharing its index) to the experts' members
         my_group = groups.group_of(me)
         counts2 = np.zeros((members, members * per), dtype=np.int64)
         segs2: Dict[int, Dict[int, Optional[Tensor]]] = {}
+        positions: Dict[int, Dict[int, np.ndarray]] = {}  # source -> its group-local expert -> token rows
         offset = 0
         for src in range(members):
             n = int(recv1[src, 0])
@@ -560,12 +583,13 @@ class ExpertParallel:
                 if not len(pos):
                     continue
                 member, slot = divmod(groups.members_of(my_group).start * per + j, per)
+                positions.setdefault(src, {})[j] = pos
                 counts2[member, src * per + slot] = len(pos)
                 segs2.setdefault(member, {})[src * per + slot] = ops.gather(rows1[src][0],
                                                                             Tensor(pos.astype(np.int32)), 0)
         meta(counts2.size * 8)
         recv2 = exchange.counts(counts2)
-        flat2 = exchange.chained(exchange.flatten(segs2, counts2, dtype), exchange.last_output)
+        flat2 = exchange.chained(exchange.flatten(segs2, counts2, dtype), wide.last_output)
         moved2 = exchange.move(flat2.asnumpy(), counts2, recv2)
         rows2 = exchange.receive(flat2, moved2, counts2, recv2)
         self._add_levels("dispatch", [(me, m, int(counts2[m].sum()) * self.moe.hidden * dtype.itemsize)
@@ -574,13 +598,15 @@ class ExpertParallel:
         for src in range(members):
             peer = groups.peer(src, groups.group_of(me))
             received[src] = {slot: rows2[peer][src * per + slot] for slot in range(per)}
-        state.hops = {"exchange": exchange, "counts2": counts2, "recv2": recv2}
+        state.hops = {"exchange": exchange, "counts1": counts1, "recv1": recv1, "counts2": counts2, "recv2": recv2,
+                      "gates": got_gates, "positions": positions}
         state.chain = exchange.last_output
         return {key: received}
 
     def _hierarchical_process_combine(self, ex, axes: _Axes, state: _State, by_src) -> Dict[Key, dict]:
-        """msrun: expert outputs back member -> peer -> source (one row per copy), reversing both hops;
-        returns {key: {expert member: {slot: rows}}}."""
+        """msrun: expert outputs back member -> peer (one row per copy); the peer weights them by the
+        gates that came with the rows and sends one row per (token, group) to the source;
+        returns {key: [(token indices, rows)] per destination group}."""
         groups, hops = self._groups, state.hops
         exchange, counts2, recv2 = hops["exchange"], hops["counts2"], hops["recv2"]
         per, members = axes.per_member, axes.members
@@ -598,30 +624,26 @@ class ExpertParallel:
         flat = exchange.chained(exchange.flatten(segs, recv2, dtype), state.chain)
         back2 = exchange.receive(flat, exchange.move(flat.asnumpy(), recv2, counts2), recv2, counts2)
         self._add_levels("combine", [(me, p, int(recv2[p].sum()) * row_bytes) for p in segs])
-        # reverse hop 1: the peer returns each source's copies, grouped by (expert member, slot)
-        counts1 = np.zeros((members, members * per), dtype=np.int64)
+        # the forwarding device weights each source's copies by their gates and sums them per token
+        first_expert = groups.members_of(groups.group_of(me)).start * per
         segs1: Dict[int, Dict[int, Optional[Tensor]]] = {}
-        for member in range(members):
-            for src in range(members):
-                for slot in range(per):
-                    n = int(counts2[member, src * per + slot])
-                    if n:
-                        counts1[src, member * per + slot] = n
-                        segs1.setdefault(src, {})[member * per + slot] = back2[member][src * per + slot]
-        plan = state.plans[key]
-        recv1 = np.zeros((members, members * per), dtype=np.int64)
-        for e, toks in enumerate(plan.tokens):
-            member, slot = divmod(e, per)
-            recv1[groups.peer(me, groups.group_of(member)), e] = len(toks)
-        flat = exchange.chained(exchange.flatten(segs1, counts1, dtype), exchange.last_output)
-        back1 = exchange.receive(flat, exchange.move(flat.asnumpy(), counts1, recv1), counts1, recv1)
+        for src, by_expert in hops["positions"].items():
+            weighted, rows_of = [], []
+            for j, pos in by_expert.items():
+                member, slot = divmod(first_expert + j, per)
+                gate = ops.gather(hops["gates"][src][:, j], Tensor(pos.astype(np.int32)), 0)
+                weighted.append(back2[member][src * per + slot] * gate.reshape(-1, 1))
+                rows_of.append(pos)
+            segs1[src] = {0: ops.unsorted_segment_sum(ops.concat(weighted, 0) if len(weighted) > 1 else weighted[0],
+                                                      Tensor(np.concatenate(rows_of).astype(np.int32)),
+                                                      int(hops["recv1"][src, 0]))}
+        # reverse hop 1: one row per (token, group) back to its source
+        recv1, counts1 = hops["recv1"], hops["counts1"]
+        flat = exchange.chained(exchange.flatten(segs1, recv1, dtype), exchange.last_output)
+        back1 = exchange.receive(flat, exchange.move(flat.asnumpy(), recv1, counts1), recv1, counts1)
         state.chain = exchange.last_output
-        self._add_levels("combine", [(me, s, int(counts1[s].sum()) * row_bytes) for s in segs1])
-        returned = {}
-        for e in range(members * per):
-            member, slot = divmod(e, per)
-            returned.setdefault(member, {})[slot] = back1[groups.peer(me, groups.group_of(member))][e]
-        return {key: returned}
+        self._add_levels("combine", [(me, s, int(recv1[s, 0]) * row_bytes) for s in segs1])
+        return {key: [(send.tokens, back1[groups.peer(me, send.group)][0]) for send in state.group_sends[key]]}
 
     def _record_hops(self, ex, axes: _Axes, sent: Dict[str, int]) -> None:
         """Each hop as one AllToAll over the expert axes in the report, with device 0's bytes (the
@@ -818,20 +840,20 @@ class ExpertParallel:
         shards = {}
         dtype = state.weights[0].dtype
         for key, plan in state.plans.items():
-            if state.group_sends is not None:  # simulation hierarchical: per group, rows already weighted and summed
+            if state.group_sends is not None:  # hierarchical: per group, the rows already weighted and summed
                 parts = returned[key]
                 shards[key] = ops.zeros((plan.num_tokens, self.moe.hidden), dtype) if not parts else \
                     ops.unsorted_segment_sum(ops.concat([r for _, r in parts], 0) if len(parts) > 1 else parts[0][1],
                                              Tensor(np.concatenate([t for t, _ in parts]).astype(np.int32)),
                                              plan.num_tokens)
-                continue
-            by_dest = returned[key]
-            outs = []
-            for e in range(plan.num_experts):
-                member, slot = divmod(e, state.axes.per_member)
-                src = self._key_of_member(ex, key, member, state.axes) if self._local(ex, state.axes) else member
-                outs.append(by_dest[src][slot])
-            shards[key] = combine_copies(plan, outs, state.gates[key], self.moe.hidden, dtype)
+            else:
+                by_dest = returned[key]
+                outs = []
+                for e in range(plan.num_experts):
+                    member, slot = divmod(e, state.axes.per_member)
+                    src = self._key_of_member(ex, key, member, state.axes) if self._local(ex, state.axes) else member
+                    outs.append(by_dest[src][slot])
+                shards[key] = combine_copies(plan, outs, state.gates[key], self.moe.hidden, dtype)
             if state.chain is not None:  # msrun: the last exchange joins the output (see ProcessExchange.chained)
                 shards[key] = ProcessExchange.chained(shards[key], state.chain)
         return shards

@@ -103,10 +103,11 @@ def test_hierarchical_equals_flat_and_one_device(case):
             part = tokens[dp * 32 // (devices // members):(dp + 1) * 32 // (devices // members)]
             rows[dedup] += _expected_inter_group_rows(ref.moe, part, members, 2, dedup)
     # flat: one row per copy both ways; hierarchical: one row per (token, group) both ways, the
-    # dispatch also carrying each copy's gate (4 bytes) for the forwarding device's weighted sum
+    # dispatch's rows also carrying the token's gates for the group's experts (float32 each), for
+    # the forwarding device's weighted sum
     assert stats["flat"]["dispatch_link_bytes"]["inter_group"] == rows[False] * row
     assert stats["flat"]["combine_link_bytes"]["inter_group"] == rows[False] * row
-    assert stats["hierarchical"]["dispatch_link_bytes"]["inter_group"] == rows[True] * row + rows[False] * 4
+    assert stats["hierarchical"]["dispatch_link_bytes"]["inter_group"] == rows[True] * (row + 4 * 4)  # 4 experts a group
     assert stats["hierarchical"]["combine_link_bytes"]["inter_group"] == rows[True] * row
     flat_d, hier_d = stats["flat"]["dispatch_link_bytes"], stats["hierarchical"]["dispatch_link_bytes"]
     assert hier_d["inter_group"] < flat_d["inter_group"]  # top-2 of 8: some tokens hit 2 experts of a group

@@ -1,6 +1,7 @@
 """The hierarchical (two-level) expert dispatch under msrun: 4 processes, expert 4 in 2 groups
 of 2; both hops are uneven AllToAlls of the shared-memory transport. 5 Adam steps equal one
-device; the bytes per link level are measured from the exchanges."""
+device; the bytes per link level are measured from the exchanges (the combine's inter-group rows
+de-duplicated like the dispatch's)."""
 import json
 import os
 
@@ -20,7 +21,7 @@ def test_hierarchical_dispatch_on_4_processes_equals_single_device(tmp_path):
     cases = ["1x4x1+hier", "1x4x1+hier+tiny", "1x4x1+tiny"]
     proc = run_msrun(WORKER, [tmp_path, *cases], 4, tmp_path / "logs", timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(tmp_path / "logs", 4)
-    inter = 0
+    inter = back = 0
     for rank in range(4):
         res = json.loads((tmp_path / f"rank{rank}.json").read_text())
         for case in cases:
@@ -34,5 +35,9 @@ def test_hierarchical_dispatch_on_4_processes_equals_single_device(tmp_path):
             assert set(levels) == {"local", "intra_group", "inter_group"}
             if case == "1x4x1+hier":
                 inter += levels["inter_group"]
+                back += out["stats"]["combine_link_bytes"]["inter_group"]
                 assert out["stats"]["metadata"] > 0  # counts of both hops and the first hop's 1-bit masks
     assert inter > 0
+    # combine: one row per (token, group) back, as many as the dispatch's rows (which also carry
+    # the token's gates for the group's 4 experts: 16 + 4 columns)
+    assert back * (16 + 4) == inter * 16
