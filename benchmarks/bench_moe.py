@@ -9,9 +9,9 @@ expert-parallel dispatch.
 2. metadata Bytes a device sends to describe its routing for --tokens tokens, top-8, 128
             experts: int32 expert index + float32 gate per token copy, a float32 T x E routing
             matrix, the 1-bit mask (C++ `pack_routing`); pack+unpack time vs numpy packbits.
-3. links    Dispatch bytes per link level measured from executed exchanges (an MoE layer on
-            16 simulated devices, node8: 2 nodes of 8 = 2 expert groups), unlimited vs
-            group-limited routing (4 of 16 groups), flat vs hierarchical dispatch.
+3. links    Dispatch (and combine inter-group) bytes per link level measured from executed
+            exchanges (an MoE layer on 16 simulated devices, node8: 2 nodes of 8 = 2 expert
+            groups), unlimited vs group-limited routing (4 of 16 groups), flat vs hierarchical.
 4. cache    Hot-expert cache (`moe/cache.py`): 128 experts in the offload store, the device
             tier for 32; cold fetches per step and step time, routing-statistics priorities vs
             plain LRU, over a Zipf routing trace (first fifth of the steps excluded as warm-up).
@@ -407,7 +407,8 @@ def main():
         for name in ("unlimited", "4 of 16 groups"):
             flat, hier = r[f"{name}, flat"], r[f"{name}, hierarchical"]
             print(f"  {name}: inter-group dispatch bytes hierarchical / flat = "
-                  f"{hier['inter_group'] / flat['inter_group']:.3f}")
+                  f"{hier['inter_group'] / flat['inter_group']:.3f}, combine "
+                  f"{hier['combine_inter_group'] / flat['combine_inter_group']:.3f}")
     if args.section in ("all", "cache"):
         r = cache(args.cache_steps)
         print("hot-expert cache: 128 experts (1.5 MiB each) in the offload store, device tier for 32, "

@@ -11,12 +11,13 @@ parallelism inside each expert); the router weight stays replicated. For one cal
    dispatch (`dispatch.plan_dispatch`);
 3. *dispatch*: an uneven AllToAll within the expert group (the devices that differ only on the
    expert axes) sends each expert the rows routed to it (`exchange`); or, with
-   `MoE(dispatch="hierarchical")`, two hops: each row once to every destination group, then
-   inside the group to its experts' devices (`hierarchical`);
+   `MoE(dispatch="hierarchical")`, two hops: each row (with its gates for that group's experts)
+   once to every destination group, then inside the group to its experts' devices (`hierarchical`);
 4. each device runs its experts on what it received (with tensor-parallel experts, on its slice
    of F, then an AllReduce over the tensor axes);
 5. *combine*: the reverse AllToAll brings the rows back; each token's output is the gate-weighted
-   sum of its copies. The load-balancing loss adds the devices' routing sums first (one AllReduce
+   sum of its copies (hierarchical: the group's copies weighted and summed by the device that
+   forwarded them, one row per (token, group) back to the source). The load-balancing loss adds the devices' routing sums first (one AllReduce
    over the token axes), so it is the whole batch's loss, as on one device.
 
 Dispatch and combine are separate calls whose state is kept per microbatch

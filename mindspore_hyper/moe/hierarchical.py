@@ -7,13 +7,15 @@ A hierarchical dispatch sends a token's row
 
 1. once to each destination group holding one of its experts (to the *peer*: the member of that
    group with the sender's index inside its own group; no hop when the group is the sender's own),
-   however many of that group's experts the token chose -- the inter-group hop, de-duplicated;
+   however many of that group's experts the token chose, with the token's gates for that group's
+   experts -- the inter-group hop, de-duplicated;
 2. from the peer to each expert's member inside the group, one row per (token, expert) copy --
    the intra-group hop.
 
-Combine goes back the same way (member -> peer -> source, one row per copy) and the source
-sums each token's copies weighted by its gates, as the flat dispatch does, so results and
-gradients equal the flat dispatch. `group_rows` is the plan of step 1 (data, no tensors);
+Combine reverses the hops: each member returns its copies to the peer (one row per copy); the
+peer weights them by the gates that came with the rows and sums them per token, and sends one
+row per (token, group) back to the source, which adds them. Results and gradients (the gates'
+too, through the first hop) equal the flat dispatch. `group_rows` is the plan of step 1 (data, no tensors);
 `ExpertGroups.level` names the link level a transfer uses, for the measured bytes per level.
 The exchanges themselves run in `expert_parallel.ExpertParallel` (in process in simulation;
 under msrun as uneven AllToAlls of the expert group's communicator).
