@@ -17,8 +17,9 @@ parallelism inside each expert); the router weight stays replicated. For one cal
    of F, then an AllReduce over the tensor axes);
 5. *combine*: the reverse AllToAll brings the rows back; each token's output is the gate-weighted
    sum of its copies (hierarchical: the group's copies weighted and summed by the device that
-   forwarded them, one row per (token, group) back to the source). The load-balancing loss adds the devices' routing sums first (one AllReduce
-   over the token axes), so it is the whole batch's loss, as on one device.
+   forwarded them, one row per (token, group) back to the source). The load-balancing loss adds
+   the devices' routing sums first (one AllReduce over the token axes), so it is the whole
+   batch's loss, as on one device.
 
 Dispatch and combine are separate calls whose state is kept per microbatch
 (`dispatch.DispatchStates`), so microbatches (and chunks of one) can interleave. A placement from
@@ -119,7 +120,7 @@ class _State:
     gathered: Dict[tuple, list] = field(default_factory=dict)  # all experts' weights, with a placement
     flat: Optional[Tensor] = None  # what this process sent (msrun), the autograd input of the exchange
     hops: Optional[dict] = None  # msrun hierarchical dispatch: the row counts of both hops, for combine
-    group_sends: Optional[dict] = None  # simulation hierarchical dispatch: per source key, its GroupRows
+    group_sends: Optional[dict] = None  # hierarchical dispatch: per source key, its GroupRows
     chain: Optional[Tensor] = None  # msrun: the last exchange's output (`ProcessExchange.chained`)
 
     @property
@@ -610,7 +611,7 @@ class ExpertParallel:
         returns {key: [(token indices, rows)] per destination group}."""
         groups, hops = self._groups, state.hops
         exchange, counts2, recv2 = hops["exchange"], hops["counts2"], hops["recv2"]
-        per, members = axes.per_member, axes.members
+        per = axes.per_member
         (key,) = state.plans
         me = self._member(ex, key, axes)
         dtype = state.weights[0].dtype

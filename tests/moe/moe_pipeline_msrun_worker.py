@@ -12,7 +12,6 @@ import json
 import os
 import sys
 
-import numpy as np
 import mindspore as ms
 from mindspore import nn
 
