@@ -1,7 +1,7 @@
 """Small models around MoE layers, used by the expert-parallel and pipeline tests and the example."""
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor, nn
+from mindspore import Tensor, nn, ops
 
 from mindspore_hyper.moe import MoE, MoEBlock
 from mindspore_hyper.runtime.pipeline import AuxLosses
@@ -26,6 +26,23 @@ class MoENet(nn.Cell):
         y, aux = self.moe(h)
         pred = self.out(h + y)
         return ((pred - target) ** 2).mean() + aux
+
+
+class Interleaved(nn.Cell):
+    """Two microbatches dispatched before either is combined, combined in reverse order."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def construct(self, x0, x1):
+        engine = self.net.moe.parallel()
+        a = engine.dispatch(self.net.inp(x0), microbatch=0)
+        b = engine.dispatch(self.net.inp(x1), microbatch=1)
+        out_b, out_a = engine.compute(b), engine.compute(a)
+        y1, _ = engine.combine(out_b)
+        y0, _ = engine.combine(out_a)
+        return ops.concat((y0, y1), 0)
 
 
 def copy_weights(src, dst):

@@ -4,14 +4,14 @@ state is per microbatch (interleaved microbatches)."""
 import numpy as np
 import pytest
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import nn
 
 import mindspore_hyper as mh
 from mindspore_hyper import Layout
 from mindspore_hyper.runtime.simulation import simulate
 from mindspore_hyper.moe.expert_parallel import ExpertInputs
 
-from moe_models import MoENet, batches, copy_weights, expert_strategy
+from moe_models import Interleaved, MoENet, batches, copy_weights, expert_strategy
 
 pytestmark = pytest.mark.usefixtures("pynative")
 
@@ -72,29 +72,12 @@ def test_report_counts_expert_all_to_all():
     assert sim.network.moe.parallel().last_stats["rows"] > 0
 
 
-class _Interleaved(nn.Cell):
-    """Two microbatches dispatched before either is combined, combined in reverse order."""
-
-    def __init__(self, net):
-        super().__init__()
-        self.net = net
-
-    def construct(self, x0, x1):
-        engine = self.net.moe.parallel()
-        a = engine.dispatch(self.net.inp(x0), microbatch=0)
-        b = engine.dispatch(self.net.inp(x1), microbatch=1)
-        out_b, out_a = engine.compute(b), engine.compute(a)
-        y1, _ = engine.combine(out_b)
-        y0, _ = engine.combine(out_a)
-        return ops.concat((y0, y1), 0)
-
-
 def test_interleaved_microbatches_keep_their_own_dispatch_state():
     mh.set_context(device_num=4)
     ms.set_seed(0)
     ref, par = MoENet(), MoENet()
     copy_weights(ref, par)
-    sim = simulate(_Interleaved(par), expert_strategy(Layout((2, 2), ("data", "expert"))))
+    sim = simulate(Interleaved(par), expert_strategy(Layout((2, 2), ("data", "expert"))))
     (x0, _), (x1, _) = batches(2)
     out = sim(x0, x1).asnumpy()
     expect = np.concatenate([ref.moe(ref.inp(x0))[0].asnumpy(), ref.moe(ref.inp(x1))[0].asnumpy()])

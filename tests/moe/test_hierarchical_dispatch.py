@@ -13,7 +13,7 @@ from mindspore_hyper.moe.dispatch import plan_dispatch
 from mindspore_hyper.moe.hierarchical import ExpertGroups, group_rows
 from mindspore_hyper.runtime.simulation import simulate
 
-from moe_models import MoENet, batches, copy_weights, expert_strategy
+from moe_models import Interleaved, MoENet, batches, copy_weights, expert_strategy
 
 pytestmark = pytest.mark.usefixtures("pynative")
 
@@ -135,23 +135,6 @@ def test_hierarchical_equals_flat_and_one_device(case):
         np.testing.assert_allclose(q.asnumpy(), p.asnumpy(), rtol=1e-4, atol=1e-6, err_msg=p.name)
 
 
-class _Interleaved(nn.Cell):
-    """Two microbatches dispatched before either is combined, combined in reverse order."""
-
-    def __init__(self, net):
-        super().__init__()
-        self.net = net
-
-    def construct(self, x0, x1):
-        engine = self.net.moe.parallel()
-        a = engine.dispatch(self.net.inp(x0), microbatch=0)
-        b = engine.dispatch(self.net.inp(x1), microbatch=1)
-        out_b, out_a = engine.compute(b), engine.compute(a)
-        y1, _ = engine.combine(out_b)
-        y0, _ = engine.combine(out_a)
-        return ms.ops.concat((y0, y1), 0)
-
-
 def test_hierarchical_with_overlap_chunks_and_interleaved_microbatches():
     mh.set_context(device_num=4)
     ms.set_seed(0)
@@ -167,7 +150,7 @@ def test_hierarchical_with_overlap_chunks_and_interleaved_microbatches():
     par2 = MoENet(dispatch="hierarchical", expert_groups=2)
     copy_weights(ref, par2)
     (x0, _), (x1, _) = batches(2)
-    out = simulate(_Interleaved(par2), strategy)(x0, x1).asnumpy()
+    out = simulate(Interleaved(par2), strategy)(x0, x1).asnumpy()
     expect = np.concatenate([ref.moe(ref.inp(x0))[0].asnumpy(), ref.moe(ref.inp(x1))[0].asnumpy()])
     np.testing.assert_allclose(out, expect, rtol=1e-5, atol=1e-6)
     assert par2.moe.parallel().states.pending() == []
