@@ -43,7 +43,8 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
     Raises:
         ValueError: naming the argument: unknown schedule kind, microbatches or stage counts that
             do not fit, a mesh without the pipeline axis, a strategy sharding along it, data or
-            tensor axes under msrun, `scheduler: dynamic` under msrun.
+            tensor axes under msrun for a model pipelined through its construct, `scheduler: dynamic`
+            under msrun.
     """
     import mindspore as ms
 
@@ -94,11 +95,11 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
             balanced_split(layers.weights(model), p * v)
     reduction = _reduction(options, layers)
     stage_mesh_size = mesh.size // p
-    if layers.chain is not None and stage_mesh_size > 1:
+    if layers.chain is not None and stage_mesh_size > 1 and mode == "distributed":
         return _not_pipelined(f"the model ({type(model).__name__}) is pipelined through its construct (its "
-                              f"nn.CellList {layers.chain.path!r}), which is supported on a pipeline-only mesh only; "
-                              f"this mesh {mesh.device_matrix} {mesh.alias_names} has data/tensor axes besides "
-                              f"{axis!r}", explicit)
+                              f"nn.CellList {layers.chain.path!r}), which under msrun is supported on a pipeline-only "
+                              f"mesh only (data/tensor axes besides the pipeline run in simulation); this mesh "
+                              f"{mesh.device_matrix} {mesh.alias_names} has data/tensor axes besides {axis!r}", explicit)
     if mode == "simulation":
         device_num = get_context("device_num")
         if mesh.size != device_num:

@@ -225,19 +225,50 @@ def test_a_config_alone_on_a_model_that_is_not_a_chain_is_refused_naming_the_opt
         parallel.train_step(nn.SGD(parallel.optimizer_parameters(), 0.1), Tensor(np.ones((4, 4), np.float32)))
 
 
-def test_a_cell_list_model_on_a_data_by_pipeline_mesh_is_refused():
-    mh.set_context(mode="simulation", device_num=4)
-    with pytest.raises(ValueError, match="pipeline: the model \\(GPT\\) is pipelined through its construct"):
-        mh.auto_parallelize(gpt(), Layout((2, 2), ("data", "pipeline"))(tensor_map=()), pipeline={"schedule": "1f1b"})
+def test_gpt_on_a_data_by_pipeline_mesh_trains_like_one_device(gpt_reference):
+    model = gpt()
+    parallel = pipelined(model, "1f1b", m=2, mesh=Layout((2, 2), ("data", "pipeline")))
+    losses = train(parallel, tokens(), lr=1e-3)
+    assert set(parallel.stage_models) == {0, 1}  # each stage a SimulatedModel on its data sub-mesh
+    loose = {f"blocks.{i}.attn.qkv.bias": 1e-4 for i in range(4)}
+    assert_same_training(model, losses, gpt_reference, atol=1e-5, loose=loose)
+    # each stage sums its gradients over its own data ranks
+    assert {"data@stage0", "data@stage1"} <= set(parallel.report().comm_backward["AllReduce"])
 
 
-def test_a_config_alone_on_a_data_by_pipeline_mesh_falls_back_to_spmd_with_a_warning_naming_the_reason():
+def test_gpt_on_a_tensor_by_pipeline_mesh_trains_like_one_device(gpt_reference):
+    mesh = Layout((2, 2), ("tensor", "pipeline"))
+    strategy = mesh(tensor_map=()).override("blocks.*.fc1.weight", ("tensor", None)) \
+        .override("blocks.*.fc2.weight", (None, "tensor"))
     mh.set_context(mode="simulation", device_num=4)
-    with pytest.warns(UserWarning, match=r"GPT\) is pipelined through its construct.*pipeline-only mesh only; this "
-                                         r"mesh \(2, 2\) \('data', 'pipeline'\) has data/tensor axes besides "
-                                         r"'pipeline': it runs as one SPMD program"):
+    model = gpt()
+    parallel = mh.auto_parallelize(model, strategy, pipeline={"schedule": "1f1b", "microbatches": 2})
+    losses = train(parallel, tokens(), lr=1e-3)
+    loose = {f"blocks.{i}.attn.qkv.bias": 1e-4 for i in range(4)}
+    assert_same_training(model, losses, gpt_reference, atol=1e-5, loose=loose)
+    assert {"tensor@stage0", "tensor@stage1"} <= set(parallel.report().comm["AllReduce"])
+
+
+def test_a_config_alone_pipelines_gpt_on_a_data_by_pipeline_mesh():
+    mh.set_context(mode="simulation", device_num=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         parallel = mh.auto_parallelize(gpt(), pipeline_config((2, "data"), (2, "pipeline")))
-    assert isinstance(parallel, SimulatedModel)
+    assert isinstance(parallel, PipelineModel)
+
+
+def test_under_msrun_a_cell_list_model_with_data_axes_is_refused_or_falls_back_naming_the_reason():
+    from mindspore_hyper.runtime.pipeline.build import parallelize_pipeline
+
+    reason = (r"GPT\) is pipelined through its construct \(its nn.CellList 'blocks'\), which under msrun is "
+              r"supported on a pipeline-only mesh only .* this mesh \(2, 2\) \('data', 'pipeline'\) has "
+              r"data/tensor axes besides 'pipeline'")
+    with pytest.raises(ValueError, match="pipeline: the model \\(" + reason):
+        mh.auto_parallelize(gpt(), Layout((2, 2), ("data", "pipeline"))(tensor_map=()), mode="distributed",
+                            pipeline={"schedule": "1f1b"})
+    config = mh.load_parallel_config(pipeline_config((2, "data"), (2, "pipeline")))
+    with pytest.warns(UserWarning, match=reason + ": it runs as one SPMD program"):
+        assert parallelize_pipeline(gpt(), config, "distributed") is None
 
 
 def test_two_equally_long_cell_lists_are_ambiguous():
