@@ -31,7 +31,8 @@ def auto_parallelize(model, strategy_or_config: StrategyLike, mode: str = None, 
         **kwargs: passed to the runtime: `return_dtensor`, `optimizer_states` in simulation and
             distributed mode; `pipeline` (PipelineOptions or a mapping of its fields: schedule,
             microbatches, chunks, layers_per_stage, ...) runs pipeline stages, as does a config
-            with `pipeline: N` (see docs/mpmd.md, "Pipeline execution"); in native mode
+            with `pipeline: N` (see docs/mpmd.md, "Pipeline execution"); `pipeline=False` runs
+            such a config as one SPMD program whose stages only place parameters; in native mode
             `example_inputs` (required), `loss_fn`, `optimizer`, `micro_batches`,
             `pipeline_scheduler`, `parallel_mode`, `optimizer_states` (see `apply_native`).
 

@@ -46,7 +46,9 @@ def simulate_step(model, parallel_config, inputs: Sequence, optimizer: Optional[
     """Run one step of `model` on the simulated mesh of `parallel_config`; return the report.
 
     Sets the context to simulation mode with the config's device count and MindSpore to
-    PYNATIVE mode.
+    PYNATIVE mode. The step runs as one SPMD program (`auto_parallelize(..., pipeline=False)`):
+    pipeline stages only place parameters (no microbatches, no schedule), the program whose
+    per-device accounting the estimator's `activation_model="simulation"` describes.
 
     Args:
         model: an nn.Cell; with `backward` its output must be a scalar loss.
@@ -66,7 +68,7 @@ def simulate_step(model, parallel_config, inputs: Sequence, optimizer: Optional[
     ms.set_context(mode=ms.PYNATIVE_MODE)
     loaded = parallel_config if hasattr(parallel_config, "mesh") else mh.load_parallel_config(parallel_config)
     mh.set_context(mode="simulation", device_num=loaded.mesh.size)
-    parallel = mh.auto_parallelize(model, loaded)
+    parallel = mh.auto_parallelize(model, loaded, pipeline=False)
     params = model.trainable_params()
     run = value_and_grad(lambda *xs: parallel(*xs), None, params) if backward else parallel
     run(*inputs)

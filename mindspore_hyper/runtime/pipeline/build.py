@@ -13,7 +13,11 @@ __all__ = ["wants_pipeline", "parallelize_pipeline"]
 
 
 def wants_pipeline(strategy_or_config, pipeline) -> bool:
-    """Whether `auto_parallelize` runs a pipeline: `pipeline=` given, or a config with `pipeline: N > 1`."""
+    """Whether `auto_parallelize` runs a pipeline: `pipeline=` given (not False), or a config with
+    `pipeline: N > 1` and no `pipeline=False` (the opt-out: one SPMD program, stages only place
+    parameters)."""
+    if pipeline is False:
+        return False
     if pipeline is not None:
         return True
     return isinstance(strategy_or_config, ParallelConfig) and strategy_or_config.pipeline_stages > 1
@@ -27,7 +31,8 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
         model: a chain of layers (see runtime/pipeline/stages.py).
         strategy_or_config: a Strategy or ParallelConfig whose mesh has the pipeline axis.
         mode: "simulation" or "distributed".
-        pipeline: PipelineOptions, a mapping of its fields, or None (defaults).
+        pipeline: PipelineOptions, a mapping of its fields, True (defaults), or None (a config's
+            `pipeline: N` with the defaults; a model that cannot be cut then warns and returns None).
         return_dtensor: must be False (stages hand global tensors to each other).
         optimizer_states: states per parameter for the StrategyTable.
 
@@ -38,7 +43,8 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
     Raises:
         ValueError: naming the argument: unknown schedule kind, microbatches or stage counts that
             do not fit, a mesh without the pipeline axis, a strategy sharding along it, data or
-            tensor axes under msrun, `scheduler: dynamic` under msrun.
+            tensor axes under msrun for a model pipelined through its construct, `scheduler: dynamic`
+            under msrun.
     """
     import mindspore as ms
 
@@ -60,10 +66,6 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
             f"pipeline stages cannot be cut")
     except ValueError as exc:
         message = str(exc).removeprefix("pipeline: ")
-    if message is None and layers.chain is not None and not explicit:
-        message = (f"the model ({type(model).__name__}) is not a chain of Cells; it can run as a pipeline through its "
-                   f"construct (its nn.CellList {layers.chain.path!r}) when auto_parallelize gets pipeline={{...}} "
-                   f"(e.g. pipeline={{'schedule': '1f1b'}})")
     if message is not None:
         return _not_pipelined(message, explicit)
     table = resolve_strategy(model, strategy_or_config, optimizer_states=optimizer_states)
@@ -93,16 +95,18 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
             balanced_split(layers.weights(model), p * v)
     reduction = _reduction(options, layers)
     stage_mesh_size = mesh.size // p
-    if layers.chain is not None and stage_mesh_size > 1:
+    if layers.chain is not None and stage_mesh_size > 1 and mode == "distributed":
         return _not_pipelined(f"the model ({type(model).__name__}) is pipelined through its construct (its "
-                              f"nn.CellList {layers.chain.path!r}), which runs on a pipeline-only mesh; this mesh "
+                              f"nn.CellList {layers.chain.path!r}), which under msrun is supported on a pipeline-only "
+                              f"mesh only (data/tensor axes besides the pipeline run in simulation); this mesh "
                               f"{mesh.device_matrix} {mesh.alias_names} has data/tensor axes besides {axis!r}", explicit)
     if mode == "simulation":
         device_num = get_context("device_num")
         if mesh.size != device_num:
             raise ValueError(f"the strategy's mesh {mesh.device_matrix} has {mesh.size} devices but "
                              f"device_num={device_num}; call set_context(device_num={mesh.size})")
-        return PipelineModel(model, layers, schedule, split, options, strategy, mode, reduction, table)
+        return PipelineModel(model, layers, schedule, split, options, strategy, mode, reduction, table,
+                             from_config=not explicit)
     if mode != "distributed":
         raise ValueError(f"pipeline execution: mode={mode!r}; expected 'simulation' or 'distributed'")
     from mindspore_hyper.runtime.distributed.world import world
@@ -133,7 +137,7 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
                     if mesh.coords(g)[a] == src})
     transport = ShmTransport(w, pairs, peer_of=lambda r: process(r, w.rank))
     return PipelineModel(model, layers, schedule, split, options, strategy, mode, reduction, table, world=w,
-                         transport=transport)
+                         transport=transport, from_config=not explicit)
 
 
 def _not_pipelined(message: str, explicit: bool):
@@ -141,8 +145,8 @@ def _not_pipelined(message: str, explicit: bool):
     program), or a ValueError when `pipeline=` asked for the pipeline explicitly."""
     if explicit:
         raise ValueError(f"pipeline: {message}")
-    warnings.warn(f"{message}: it runs as one SPMD program in program order (stages only place parameters)",
-                  UserWarning, stacklevel=4)
+    warnings.warn(f"{message}: it runs as one SPMD program in program order (stages only place parameters; "
+                  f"pass pipeline=False to choose that without this warning)", UserWarning, stacklevel=4)
     return None
 
 

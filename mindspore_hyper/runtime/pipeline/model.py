@@ -45,12 +45,14 @@ class PipelineModel(nn.Cell):
         mode: "simulation" or "distributed".
         ranks: the pipeline ranks this process runs (all in simulation).
         rebalance_log: the StageMovePlans applied between steps (scheduler: dynamic).
+        from_config: pipelined by a config's `pipeline: N` rather than an explicit `pipeline=`.
     """
 
     def __init__(self, network: nn.Cell, layers: PipelineLayers, schedule: Schedule, split: Tuple[int, ...],
                  options: PipelineOptions, strategy: Strategy, mode: str, reduction: str, table=None,
-                 world=None, transport=None):
+                 world=None, transport=None, from_config: bool = False):
         super().__init__(auto_prefix=False)
+        self.from_config = from_config  # pipelined by a config's `pipeline: N`, not by `pipeline=`
         self.network, self.layers, self.schedule, self.options = network, layers, schedule, options
         self.strategy, self.mode, self.reduction, self.table = strategy, mode, reduction, table
         self.world = world
@@ -121,7 +123,13 @@ class PipelineModel(nn.Cell):
         chain = self.layers.chain
         if chain is None or chain.traced:
             return
-        chain.trace(inputs, require_loss)
+        try:
+            chain.trace(inputs, require_loss)
+        except ValueError as exc:
+            if not self.from_config:
+                raise
+            raise ValueError(f"{exc} (the config's `pipeline: N` pipelines this model; auto_parallelize(..., "
+                             f"pipeline=False) runs it as one SPMD program whose stages only place parameters)") from None
         self.layers = self.layers.with_outer_parameters()
         if self.mode == "distributed":
             from mindspore_hyper.runtime.pipeline.build import _check_unshared

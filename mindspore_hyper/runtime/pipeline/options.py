@@ -64,13 +64,13 @@ class PipelineOptions:
             raise ValueError(f"pipeline.rebalance={self.rebalance!r}: expected True, False or None")
 
     @classmethod
-    def of(cls, value: Union["PipelineOptions", Mapping, None]) -> "PipelineOptions":
-        """Options from an instance, a mapping of its fields, or None (defaults).
+    def of(cls, value: Union["PipelineOptions", Mapping, bool, None]) -> "PipelineOptions":
+        """Options from an instance, a mapping of its fields, or True / None (defaults).
 
         Raises:
             ValueError: an unknown key or a bad value (named).
         """
-        if value is None:
+        if value is None or value is True:
             return cls()
         if isinstance(value, cls):
             return value
@@ -79,7 +79,8 @@ class PipelineOptions:
             if unknown:
                 raise ValueError(f"pipeline: unknown key(s) {sorted(unknown)}; expected {sorted(cls.__dataclass_fields__)}")
             return cls(**value)
-        raise ValueError(f"pipeline={value!r}: expected PipelineOptions, a mapping of its fields, or None")
+        raise ValueError(f"pipeline={value!r}: expected PipelineOptions, a mapping of its fields, True (defaults), "
+                         f"None, or False (no pipeline: one SPMD program)")
 
     def num_chunks(self) -> int:
         """Chunks per rank v (explicit, else the kind's default)."""

@@ -303,7 +303,7 @@ class TracedStageCell(nn.Cell):
         cells += list(chain.prologue_cells if start == 0 else ()) + list(chain.epilogue_cells if last else ())
         for i, cell in enumerate(cells):  # for cells_and_names (the stage's Dropouts), not called directly
             self.insert_child_to_cell(f"cell{i}", cell)
-        self._params = chain.stage_parameters(start, end, last)
+        self._stage_params = chain.stage_parameters(start, end, last)
         self._names = param_names
 
     def construct(self, x, *inputs):
@@ -311,8 +311,8 @@ class TracedStageCell(nn.Cell):
         return self._chain.run_stage(self._start, self._end, received, inputs, self._last)
 
     def trainable_params(self, recurse: bool = True) -> List[Parameter]:
-        return list(self._params)
+        return list(self._stage_params)
 
     def parameters_and_names(self, name_prefix: str = "", expand: bool = True):
-        for p in self._params:
+        for p in self._stage_params:
             yield self._names.get(id(p), p.name), p

@@ -2,6 +2,8 @@
 (examples/models.py GPT; MindSpore's TransformerEncoderLayer with a padding mask computed from
 the input ids): 5 Adam steps equal single-device training for 1f1b, zb_h1 and interleaved 1F1B;
 a tied embedding / head weight; models that cannot be cut are refused naming the call."""
+import warnings
+
 import mindspore as ms
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from mindspore import Parameter, Tensor, nn, ops
 import mindspore_hyper as mh
 from mindspore_hyper import Layout
 from mindspore_hyper.runtime.pipeline import PipelineModel
+from mindspore_hyper.runtime.simulation.model import SimulatedModel
 from pipeline_models import assert_same_training, gpt, single_device_run, tokens
 
 PIPELINE_2 = Layout((2,), ("pipeline",))
@@ -167,19 +170,105 @@ def test_a_construct_that_is_not_a_chain_is_refused_naming_the_call(model, match
         parallel.train_step(nn.SGD(parallel.optimizer_parameters(), 0.1), x)
 
 
-def test_a_config_alone_keeps_a_cell_list_model_spmd_with_a_warning_naming_the_way():
-    config = {"parallel_config": {"device_matrix": [2], "alias_names": ["pipeline"],
-                                  "module_level": [{"name": "*", "strategy": {"pipeline": 2}}]}}
+def pipeline_config(*mesh):
+    """A YAML-shaped config whose whole model is cut into the mesh's pipeline stages."""
+    sizes, names = zip(*mesh)
+    stages = sizes[names.index("pipeline")]
+    return {"parallel_config": {"device_matrix": list(sizes), "alias_names": list(names),
+                                "module_level": [{"name": "*", "strategy": {"pipeline": stages}}]}}
+
+
+def test_a_config_alone_pipelines_gpt_and_trains_like_one_device(gpt_reference):
     mh.set_context(mode="simulation", device_num=2)
-    with pytest.warns(UserWarning, match="its nn.CellList 'blocks'\\) when auto_parallelize gets pipeline="):
-        assert not isinstance(mh.auto_parallelize(gpt(), config), PipelineModel)
-    assert isinstance(mh.auto_parallelize(gpt(), config, pipeline={"schedule": "1f1b"}), PipelineModel)
+    model = gpt()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "runs as one SPMD program" warning
+        parallel = mh.auto_parallelize(model, pipeline_config((2, "pipeline")))
+    assert isinstance(parallel, PipelineModel) and parallel.schedule.kind == "1f1b"
+    assert parallel.schedule.num_microbatches == 2  # the default m = p
+    losses = train(parallel, tokens(), lr=1e-3)
+    assert parallel.split == (2, 2)
+    loose = {f"blocks.{i}.attn.qkv.bias": 1e-4 for i in range(4)}
+    assert_same_training(model, losses, gpt_reference, atol=1e-5, loose=loose)
 
 
-def test_a_cell_list_model_on_a_data_by_pipeline_mesh_is_refused():
+def test_pipeline_false_runs_a_config_with_stages_as_one_spmd_program_without_a_warning():
+    mh.set_context(mode="simulation", device_num=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        parallel = mh.auto_parallelize(gpt(), pipeline_config((2, "pipeline")), pipeline=False)
+    assert isinstance(parallel, SimulatedModel)
+    ids, labels = tokens()
+    model = gpt()
+    np.testing.assert_allclose(parallel(ids, labels).asnumpy(), model(ids, labels).asnumpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("value", ["1f1b", 2])
+def test_a_pipeline_argument_of_another_type_is_refused_naming_the_choices(value):
+    mh.set_context(mode="simulation", device_num=2)
+    with pytest.raises(ValueError, match=r"pipeline=.*expected PipelineOptions, a mapping of its fields, True "
+                                         r"\(defaults\), None, or False"):
+        mh.auto_parallelize(gpt(), pipeline_config((2, "pipeline")), pipeline=value)
+
+
+def test_pipeline_true_pipelines_with_the_defaults():
+    mh.set_context(mode="simulation", device_num=2)
+    parallel = mh.auto_parallelize(gpt(), PIPELINE_2(tensor_map=()), pipeline=True)
+    assert isinstance(parallel, PipelineModel) and parallel.schedule.kind == "1f1b" and not parallel.from_config
+
+
+def test_a_config_alone_on_a_model_that_is_not_a_chain_is_refused_naming_the_opt_out():
+    mh.set_context(mode="simulation", device_num=2)
+    parallel = mh.auto_parallelize(Blocks("between"), pipeline_config((2, "pipeline")))
+    with pytest.raises(ValueError, match=r"block 2's first argument is not block 1's output.*"
+                                         r"pipeline=False\) runs it as one SPMD program"):
+        parallel.train_step(nn.SGD(parallel.optimizer_parameters(), 0.1), Tensor(np.ones((4, 4), np.float32)))
+
+
+def test_gpt_on_a_data_by_pipeline_mesh_trains_like_one_device(gpt_reference):
+    model = gpt()
+    parallel = pipelined(model, "1f1b", m=2, mesh=Layout((2, 2), ("data", "pipeline")))
+    losses = train(parallel, tokens(), lr=1e-3)
+    assert set(parallel.stage_models) == {0, 1}  # each stage a SimulatedModel on its data sub-mesh
+    loose = {f"blocks.{i}.attn.qkv.bias": 1e-4 for i in range(4)}
+    assert_same_training(model, losses, gpt_reference, atol=1e-5, loose=loose)
+    # each stage sums its gradients over its own data ranks
+    assert {"data@stage0", "data@stage1"} <= set(parallel.report().comm_backward["AllReduce"])
+
+
+def test_gpt_on_a_tensor_by_pipeline_mesh_trains_like_one_device(gpt_reference):
+    mesh = Layout((2, 2), ("tensor", "pipeline"))
+    strategy = mesh(tensor_map=()).override("blocks.*.fc1.weight", ("tensor", None)) \
+        .override("blocks.*.fc2.weight", (None, "tensor"))
     mh.set_context(mode="simulation", device_num=4)
-    with pytest.raises(ValueError, match="pipeline: the model \\(GPT\\) is pipelined through its construct"):
-        mh.auto_parallelize(gpt(), Layout((2, 2), ("data", "pipeline"))(tensor_map=()), pipeline={"schedule": "1f1b"})
+    model = gpt()
+    parallel = mh.auto_parallelize(model, strategy, pipeline={"schedule": "1f1b", "microbatches": 2})
+    losses = train(parallel, tokens(), lr=1e-3)
+    loose = {f"blocks.{i}.attn.qkv.bias": 1e-4 for i in range(4)}
+    assert_same_training(model, losses, gpt_reference, atol=1e-5, loose=loose)
+    assert {"tensor@stage0", "tensor@stage1"} <= set(parallel.report().comm["AllReduce"])
+
+
+def test_a_config_alone_pipelines_gpt_on_a_data_by_pipeline_mesh():
+    mh.set_context(mode="simulation", device_num=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        parallel = mh.auto_parallelize(gpt(), pipeline_config((2, "data"), (2, "pipeline")))
+    assert isinstance(parallel, PipelineModel)
+
+
+def test_under_msrun_a_cell_list_model_with_data_axes_is_refused_or_falls_back_naming_the_reason():
+    from mindspore_hyper.runtime.pipeline.build import parallelize_pipeline
+
+    reason = (r"GPT\) is pipelined through its construct \(its nn.CellList 'blocks'\), which under msrun is "
+              r"supported on a pipeline-only mesh only .* this mesh \(2, 2\) \('data', 'pipeline'\) has "
+              r"data/tensor axes besides 'pipeline'")
+    with pytest.raises(ValueError, match="pipeline: the model \\(" + reason):
+        mh.auto_parallelize(gpt(), Layout((2, 2), ("data", "pipeline"))(tensor_map=()), mode="distributed",
+                            pipeline={"schedule": "1f1b"})
+    config = mh.load_parallel_config(pipeline_config((2, "data"), (2, "pipeline")))
+    with pytest.warns(UserWarning, match=reason + ": it runs as one SPMD program"):
+        assert parallelize_pipeline(gpt(), config, "distributed") is None
 
 
 def test_two_equally_long_cell_lists_are_ambiguous():
