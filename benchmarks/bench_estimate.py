@@ -88,18 +88,6 @@ def main():
     print("\nerrors: largest |estimate - measured| / measured over the devices; ratio: simulated step time / "
           "estimator time")
 
-    strategy = JobStrategy(data=2, activation_model="simulation")
-    config = TransformerConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, vocab=args.vocab,
-                               seq_len=args.seq, micro_batch=args.batch // 2, dtype_bytes=4)
-    running = []
-    for _ in range(3):
-        rows = crosscheck_gpt(GPT, config, strategy, pause_gc=False)
-        running.append(next(r for r in rows if r.kind == "activations"))
-    print(f"\nactivations, data 2, collector running (3 steps): "
-          f"{', '.join(format_bytes(r.measured) for r in running)}; with the collector paused and estimated: "
-          f"{format_bytes(running[0].estimated)} (the collector frees the simulation's DTensors caught in "
-          f"reference cycles whenever it runs)")
-
 
 if __name__ == "__main__":
     main()
