@@ -50,6 +50,23 @@ def copy_weights(src, dst):
         q.set_data(p.data.copy())
 
 
+def assert_trains_like_one_device(ref, par, sim, data, lr=1e-2):
+    """Adam steps of the simulated `sim` (over `par`) on `data` give the losses and parameters of
+    the same steps on the single-device `ref` (same initial weights)."""
+    ref_opt = nn.Adam(ref.trainable_params(), learning_rate=lr)
+    step = ms.value_and_grad(ref, None, ref_opt.parameters)
+    ref_losses = []
+    for x, t in data:
+        loss, grads = step(x, t)
+        ref_opt(grads)
+        ref_losses.append(float(loss.asnumpy()))
+    opt = nn.Adam(sim.optimizer_parameters(), learning_rate=lr)
+    losses = [float(sim.train_step(opt, x, t).asnumpy()) for x, t in data]
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    for p, q in zip(ref.trainable_params(), par.trainable_params()):
+        np.testing.assert_allclose(q.asnumpy(), p.asnumpy(), rtol=1e-4, atol=1e-6, err_msg=p.name)
+
+
 def batches(steps, batch=8, seq=4, hidden=16, seed=0):
     rng = np.random.default_rng(seed)
     return [(Tensor(rng.normal(size=(batch, seq, hidden)).astype(np.float32)),

@@ -3,7 +3,7 @@ brings only the routed ones, and training equals the non-offloaded model exactly
 import numpy as np
 import pytest
 import mindspore as ms
-from mindspore import Tensor, nn
+from mindspore import nn
 
 from mindspore_hyper import set_context
 from mindspore_hyper.moe.cache import ExpertCacheConfig

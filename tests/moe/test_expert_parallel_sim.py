@@ -11,7 +11,8 @@ from mindspore_hyper import Layout
 from mindspore_hyper.runtime.simulation import simulate
 from mindspore_hyper.moe.expert_parallel import ExpertInputs
 
-from moe_models import Interleaved, MoENet, batches, copy_weights, expert_strategy
+from moe_models import (Interleaved, MoENet, assert_trains_like_one_device, batches, copy_weights,
+                        expert_strategy)
 
 pytestmark = pytest.mark.usefixtures("pynative")
 
@@ -47,18 +48,7 @@ def test_forward_gradients_and_training_match_single_device(case):
     if not train:  # (training steps on 2, 4 and 8 devices above; this keeps the suite fast)
         return
 
-    ref_opt = nn.Adam(ref.trainable_params(), learning_rate=1e-2)
-    step = ms.value_and_grad(ref, None, ref_opt.parameters)
-    ref_losses = []
-    for x, t in data:
-        loss, grads = step(x, t)
-        ref_opt(grads)
-        ref_losses.append(float(loss.asnumpy()))
-    par_opt = nn.Adam(sim.optimizer_parameters(), learning_rate=1e-2)
-    par_losses = [float(sim.train_step(par_opt, x, t).asnumpy()) for x, t in data]
-    np.testing.assert_allclose(par_losses, ref_losses, rtol=1e-5)
-    for p, q in zip(ref.trainable_params(), par.trainable_params()):
-        np.testing.assert_allclose(q.asnumpy(), p.asnumpy(), rtol=1e-4, atol=1e-6, err_msg=p.name)
+    assert_trains_like_one_device(ref, par, sim, data)
 
 
 def test_report_counts_expert_all_to_all():

@@ -4,7 +4,6 @@ group once, then to the experts' devices), equal to the flat dispatch and to one
 import numpy as np
 import pytest
 import mindspore as ms
-from mindspore import nn
 
 import mindspore_hyper as mh
 from mindspore_hyper import Layout
@@ -13,7 +12,8 @@ from mindspore_hyper.moe.dispatch import plan_dispatch
 from mindspore_hyper.moe.hierarchical import ExpertGroups, group_rows
 from mindspore_hyper.runtime.simulation import simulate
 
-from moe_models import Interleaved, MoENet, batches, copy_weights, expert_strategy
+from moe_models import (Interleaved, MoENet, assert_trains_like_one_device, batches, copy_weights,
+                        expert_strategy)
 
 pytestmark = pytest.mark.usefixtures("pynative")
 
@@ -120,19 +120,7 @@ def test_hierarchical_equals_flat_and_one_device(case):
     if not train:
         return
 
-    ref_opt = nn.Adam(ref.trainable_params(), learning_rate=1e-2)
-    step = ms.value_and_grad(ref, None, ref_opt.parameters)
-    ref_losses = []
-    for x, t in data:
-        loss, grads = step(x, t)
-        ref_opt(grads)
-        ref_losses.append(float(loss.asnumpy()))
-    sim = sims["hierarchical"]
-    opt = nn.Adam(sim.optimizer_parameters(), learning_rate=1e-2)
-    par_losses = [float(sim.train_step(opt, x, t).asnumpy()) for x, t in data]
-    np.testing.assert_allclose(par_losses, ref_losses, rtol=1e-5)
-    for p, q in zip(ref.trainable_params(), hier.trainable_params()):
-        np.testing.assert_allclose(q.asnumpy(), p.asnumpy(), rtol=1e-4, atol=1e-6, err_msg=p.name)
+    assert_trains_like_one_device(ref, hier, sims["hierarchical"], data)
 
 
 def test_hierarchical_with_overlap_chunks_and_interleaved_microbatches():
