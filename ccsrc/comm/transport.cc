@@ -150,6 +150,12 @@ void Transport::Waiter::Progressed() {
 }
 
 void Transport::Waiter::Idle() {
+  if (peer_seen_dead_) {
+    // A whole round of steps since the peer was seen dead moved nothing: what it wrote is read.
+    std::string detail;
+    if (t_.CheckAbortedAndPeer(peer_, what_, &detail)) t_.FailDeadPeer(peer_, what_, detail);
+    peer_seen_dead_ = false;
+  }
   ++idle_;
   if (idle_ < 64) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -171,12 +177,8 @@ void Transport::Waiter::Idle() {
   if (now - last_health_ > std::chrono::milliseconds(20)) {
     last_health_ = now;
     std::string detail;
-    if (t_.CheckAbortedAndPeer(peer_, what_, &detail)) {
-      // What the peer wrote before dying is still readable: fail only after a whole round of
-      // steps since the death was seen has moved nothing.
-      if (peer_seen_dead_) t_.FailDeadPeer(peer_, what_, detail);
-      peer_seen_dead_ = true;
-    }
+    // What the peer wrote before dying may still be unread: the next idle round fails.
+    if (t_.CheckAbortedAndPeer(peer_, what_, &detail)) peer_seen_dead_ = true;
   }
   double waited = std::chrono::duration<double>(now - last_).count();
   if (waited > t_.timeout()) {
