@@ -6,7 +6,6 @@ CASE = "<data>x<expert>x<tensor>[+bits][+overlap][+place][+hier][+tiny]" (1-bit 
 2 overlap chunks; after 2 steps, experts re-placed by rebalance_experts with 4 extra replicas;
 hierarchical dispatch over 2 expert groups; batches of 4 tokens, so some exchanges carry no rows).
 """
-import json
 import os
 import sys
 
@@ -16,11 +15,10 @@ from mindspore import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ms.set_context(mode=ms.PYNATIVE_MODE)
-import mindspore_hyper as mh  # noqa: E402
 from mindspore_hyper import Layout, auto_parallelize  # noqa: E402
 from mindspore_hyper.moe.eplb import rebalance_experts  # noqa: E402
 from mindspore_hyper.moe.placement import ExpertPlacement, apply_placement  # noqa: E402
-from moe_models import MoENet, batches, copy_weights, expert_strategy  # noqa: E402
+from moe_models import MoENet, batches, copy_weights, expert_strategy, run_cases_and_write_results  # noqa: E402
 
 STEPS = 5
 
@@ -71,14 +69,7 @@ def run_case(case: str) -> dict:
     return out
 
 
-def main():
-    out_dir, cases = sys.argv[1], sys.argv[2:]
-    mh.set_context(mode="distributed", comm_timeout=float(os.environ.get("TEST_COMM_TIMEOUT", "60")))
-    results = {case: run_case(case) for case in cases}
-    rank = results[cases[0]]["rank"]
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)
 
 
 if __name__ == "__main__":
-    main()
+    run_cases_and_write_results(run_case)

@@ -8,7 +8,6 @@ CASE = "<kind>" (2 processes, pipeline-only mesh, each stage's experts local) or
 "<kind>+expert" (4 processes, pipeline 2 x expert 2: each stage's experts split over its 2
 processes) or "<kind>+expert+hier" (also the hierarchical dispatch over 2 expert groups).
 """
-import json
 import os
 import sys
 
@@ -19,7 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ms.set_context(mode=ms.PYNATIVE_MODE)
 import mindspore_hyper as mh  # noqa: E402
 from mindspore_hyper import Layout  # noqa: E402
-from moe_models import MICROBATCHES, MoEChain, chain_data, copy_weights, one_device_accumulating  # noqa: E402
+from moe_models import (MICROBATCHES, MoEChain, chain_data, copy_weights, one_device_accumulating,  # noqa: E402
+                        run_cases_and_write_results)
 
 
 def run_case(case: str) -> dict:
@@ -57,14 +57,7 @@ def run_case(case: str) -> dict:
                       for block in (model.block1, model.block2)]}
 
 
-def main():
-    out_dir, cases = sys.argv[1], sys.argv[2:]
-    mh.set_context(mode="distributed", comm_timeout=float(os.environ.get("TEST_COMM_TIMEOUT", "60")))
-    results = {case: run_case(case) for case in cases}
-    rank = results[cases[0]]["rank"]
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)
 
 
 if __name__ == "__main__":
-    main()
+    run_cases_and_write_results(run_case)
