@@ -47,8 +47,10 @@ setup(
     cmdclass={"build_ext": build_ext},
     install_requires=["mindspore==2.10.0", "numpy<2", "pyyaml>=6", "matplotlib>=3.7"],
     # torch for the side-by-side benchmarks (gloo, LocalTensor) and, with transformers and safetensors,
-    # for the PyTorch -> MindSpore migration tests; the package itself never imports torch at import time
-    extras_require={"test": ["pytest>=7", "torch==2.13.0", "transformers", "safetensors"],
+    # for the PyTorch -> MindSpore migration tests; the package itself never imports torch at import time;
+    # pytest-xdist runs the suite on two workers (the msrun tests one at a time on one of them; its
+    # loadgroup scheduling needs pytest < 9, which keeps node ids in `_nodeid`)
+    extras_require={"test": ["pytest>=8,<9", "pytest-xdist>=3", "torch==2.13.0", "transformers", "safetensors"],
                     "bench": ["torch==2.13.0"]},
     entry_points={"console_scripts": ["mindspore-hyper=mindspore_hyper.cli:main"]},
     zip_safe=False,

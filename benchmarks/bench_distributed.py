@@ -14,6 +14,7 @@ of --repeat timed steps after one warm-up step (distributed: the slowest rank's 
 ratios, and whether the distributed losses equal the single-device ones. Without torch the
 torch rows are skipped with a message. Goal: our distributed/single ratio <= torch's.
 """
+import contextlib
 import json
 import os
 import statistics
@@ -37,6 +38,14 @@ def threads_per_process(processes: int) -> int:
     return max(1, (os.cpu_count() or 1) // processes)
 
 
+def pin(rank: int) -> None:
+    """Pin this process (and the threads it starts later) to core rank % cores: on 2 cores the
+    tensor-parallel peers (ranks 2d, 2d+1 of mesh data x tensor) get different cores, so they can
+    compute at the same time instead of waiting for each other's time slice."""
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[rank % len(cores)]})
+
+
 def batch(args):
     rng = np.random.default_rng(0)
     return (rng.integers(0, args.vocab, (args.batch, args.seq)).astype(np.int32),
@@ -58,6 +67,10 @@ def ours(args, distributed: bool) -> dict:
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_seed(0)
+    if distributed and args.profile:
+        import dist_profile
+
+        dist_profile.install()
     ids, labels = (Tensor(a) for a in batch(args))
     model = GPT(**cfg_of(args))
     if distributed:
@@ -72,6 +85,8 @@ def ours(args, distributed: bool) -> dict:
 
         def step():
             return float(net.train_step(optimizer, ids, labels).asnumpy())
+        if args.profile:
+            return profiled(step, args.repeat)
     else:
         optimizer = nn.AdamWeightDecay(model.trainable_params(), learning_rate=1e-4)
         grad = ms.value_and_grad(model, None, optimizer.parameters)
@@ -93,6 +108,26 @@ def timed(step, repeat) -> dict:
     return {"median": statistics.median(times), "times": times, "losses": losses}
 
 
+def profiled(step, repeat) -> dict:
+    """`timed` with the profiler's timers on for the timed steps, and its table (dist_profile)."""
+    import dist_profile
+
+    count = [0]
+
+    def step_in_profile():
+        if count[0]:
+            dist_profile.PROFILE.step_begin()
+        count[0] += 1
+        try:
+            return step()
+        finally:
+            if dist_profile.PROFILE.active:
+                dist_profile.PROFILE.step_end()
+    result = timed(step_in_profile, repeat)
+    result["profile"] = dist_profile.table(result["median"])
+    return result
+
+
 def run_ours_distributed(args) -> dict:
     out = tempfile.mkdtemp(prefix="bench_distributed_")
     env = dict(os.environ)
@@ -106,6 +141,10 @@ def run_ours_distributed(args) -> dict:
         sys.exit(f"msrun failed ({proc.returncode}); logs in {out}/logs")
     ranks = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(WORKERS)]
     slowest = max(ranks, key=lambda r: r["median"])
+    if args.profile:
+        import dist_profile
+
+        print("mindspore_hyper profile:\n" + dist_profile.format_table(ranks[0]["profile"]))
     return {"median": slowest["median"], "times": slowest["times"], "losses": ranks[0]["losses"]}
 
 
@@ -131,6 +170,8 @@ def torch_rank(rank: int, args, out: str) -> None:
 
     import bench_sim_overhead_torch as peer
 
+    if args.pin:
+        pin(rank)
     torch.set_num_threads(threads_per_process(WORKERS))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29531")
     dist.init_process_group("gloo", rank=rank, world_size=WORKERS)
@@ -150,21 +191,43 @@ def torch_rank(rank: int, args, out: str) -> None:
     optimizer = peer.make_optimizer(model)
     dp_group = mesh.get_group("data")
 
+    phases = {}
+
+    @contextlib.contextmanager
+    def phase(name):
+        """Wall seconds of a phase, and a torch.profiler range named phase:<name>."""
+        start = time.perf_counter()
+        with torch.profiler.record_function("phase:" + name):
+            yield
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - start
+
     def step():
         optimizer.zero_grad(set_to_none=True)
         with loss_parallel():
-            loss = model(ids, labels)
-            loss.backward()
-        for p in params:
-            grad = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
-            dist.all_reduce(grad, op=dist.ReduceOp.AVG, group=dp_group)
-        optimizer.step()
-        local = loss.full_tensor() if isinstance(loss, DTensor) else loss
-        value = local.detach().clone()
-        dist.all_reduce(value, op=dist.ReduceOp.AVG, group=dp_group)
+            with phase("forward"):
+                loss = model(ids, labels)
+            with phase("backward"):
+                loss.backward()
+        with phase("grad sync"):
+            for p in params:
+                grad = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
+                dist.all_reduce(grad, op=dist.ReduceOp.AVG, group=dp_group)
+        with phase("optimizer"):
+            optimizer.step()
+        with phase("rest"):
+            local = loss.full_tensor() if isinstance(loss, DTensor) else loss
+            value = local.detach().clone()
+            dist.all_reduce(value, op=dist.ReduceOp.AVG, group=dp_group)
         return value.item()
 
     result = timed(step, args.repeat)
+    if args.profile:
+        import dist_profile
+
+        walls = {k: v / (args.repeat + 1) for k, v in phases.items()}  # mean over all steps, warm-up included
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            step()
+        result["profile"] = {"wall": walls, "collectives": dist_profile.torch_collective_seconds(prof)}
     with open(os.path.join(out, f"torch{rank}.json"), "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()
@@ -177,13 +240,19 @@ def run_torch_distributed(args) -> dict:
     mp.spawn(torch_rank, args=(args, out), nprocs=WORKERS, join=True)
     ranks = [json.load(open(os.path.join(out, f"torch{r}.json"))) for r in range(WORKERS)]
     slowest = max(ranks, key=lambda r: r["median"])
+    if args.profile:
+        prof = ranks[0]["profile"]
+        print("torch profile (rank 0, s/step: wall, of which in collectives):")
+        for name, wall in prof["wall"].items():
+            print(f"  {name:<10} {wall:8.3f}  {prof['collectives'].get(name, 0.0):8.3f}")
     return {"median": slowest["median"], "times": slowest["times"], "losses": ranks[0]["losses"]}
 
 
 # ---------------------------------------------------------------- driver
 def forwarded(args):
     return [f"--layers={args.layers}", f"--hidden={args.hidden}", f"--heads={args.heads}", f"--seq={args.seq}",
-            f"--batch={args.batch}", f"--vocab={args.vocab}", f"--repeat={args.repeat}"]
+            f"--batch={args.batch}", f"--vocab={args.vocab}", f"--repeat={args.repeat}"] + \
+        (["--profile"] if args.profile else []) + (["--pin"] if args.pin else [])
 
 
 def in_subprocess(which: str, args) -> dict:
@@ -207,11 +276,17 @@ def main():
     parser = gpt_argument_parser(__doc__.splitlines()[0])
     parser.add_argument("--worker", choices=("ours", "ours-single", "torch-single"), help=argparse_hidden())
     parser.add_argument("--out", help=argparse_hidden())
+    parser.add_argument("--pin", action="store_true", help="pin process r to core r %% cores (both libraries)")
+    parser.add_argument("--skip-torch", action="store_true", help="measure ours only (A/B of our changes)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print where rank 0's step time goes (dist_profile.py; blocking launches)")
     argv = json.loads(os.environ["BENCH_DISTRIBUTED_WORKER"]) if "BENCH_DISTRIBUTED_WORKER" in os.environ else None
     args = parser.parse_args(argv)
     if args.worker == "ours":
-        result = ours(args, distributed=True)
         rank = int(os.environ.get("RANK_ID", "0"))
+        if args.pin and os.environ.get("MS_ROLE") != "MS_SCHED":
+            pin(rank)
+        result = ours(args, distributed=True)
         with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
         return
@@ -222,6 +297,8 @@ def main():
     print(f"model: GPT {cfg_of(args)}, batch {args.batch}; {WORKERS} processes, mesh data {MESH[0]} x tensor "
           f"{MESH[1]}; {threads_per_process(WORKERS)} compute thread(s) per process, {os.cpu_count()} cores")
     ours_ratio = report("mindspore_hyper", in_subprocess("ours-single", args), run_ours_distributed(args))
+    if args.skip_torch:
+        return
     try:
         import torch  # noqa: F401
     except ImportError:

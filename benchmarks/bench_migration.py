@@ -1,8 +1,19 @@
 """PyTorch -> MindSpore migration: conversion time, and the converted Cell's forward time against
 the torch original and (MLP, TransformerBlock) a hand-written MindSpore Cell, all in this run.
 
-    python benchmarks/bench_migration.py              # MLP, TransformerBlock, ResNet, GPT-2, BERT
-    python benchmarks/bench_migration.py --repeat 5 --models mlp,gpt2
+    python benchmarks/bench_migration.py              # all parts
+    python benchmarks/bench_migration.py --part forward --repeat 5 --models mlp,gpt2
+    python benchmarks/bench_migration.py --part depth  # structure="modules": 2 vs 24 layers
+    python benchmarks/bench_migration.py --part gpt    # converted GPT-2 vs examples/models.py GPT
+
+depth: `convert(..., structure="modules", check=False)` of the 2- and 24-layer variants of GPT-2,
+Llama (GQA + RoPE) and BERT (hidden 32): conversion seconds and generated source lines, and the
+24/2 lines ratio (goal <= 1.2).
+
+gpt: GPT-2 (n_embd 64, 4 heads, 2 layers, vocab 128, exact GELU) converted with structure="modules"
+against examples/models.py GPT of the same sizes, written by hand: median eval forward (logits) and
+training step (value_and_grad of a next-token loss, then an SGD update) over --repeat rounds,
+interleaved; the ratios converted/hand (goal <= 1.1).
 
 Conversion time is the wall time of `convert(model, inputs, check=False)` (trace, map, generate,
 build, load weights). Forward times are medians of --repeat eval-mode forwards after one warm-up,
@@ -52,13 +63,93 @@ def interleaved_medians(fns, repeat: int):
     return [statistics.median(t) for t in times]
 
 
+def llama(layers: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=101,
+                                        max_position_embeddings=64, use_cache=False))
+
+
+def bert_layers(layers: int):
+    from transformers import BertConfig, BertModel
+
+    return BertModel(BertConfig(hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+                                intermediate_size=64, vocab_size=101, max_position_embeddings=32))
+
+
+def depth_part() -> None:
+    builders = {"gpt2": lambda n: gpt2(n_layer=n), "llama": llama, "bert": bert_layers}
+    print(f"{'model':<6} {'convert s (2)':>13} {'convert s (24)':>14} {'lines (2)':>9} {'lines (24)':>10} "
+          f"{'lines 24/2':>10} {'classes':>7}")
+    for name, build in builders.items():
+        row = []
+        for layers in (2, 24):
+            torch.manual_seed(0)
+            model = build(layers).eval()
+            start = time.perf_counter()
+            _, report = convert(model, torch.randint(0, 101, (2, 16)), structure="modules", check=False)
+            row.append((time.perf_counter() - start, report.source_lines, len(report.classes)))
+        (t2, l2, c2), (t24, l24, c24) = row
+        print(f"{name:<6} {t2:13.2f} {t24:14.2f} {l2:9d} {l24:10d} {l24 / l2:10.2f} {c2:>3}/{c24:<3}")
+
+
+def gpt_part(repeat: int, batch: int) -> None:
+    from mindspore import mint, nn, ops
+
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from models import GPT  # noqa: E402
+
+    torch.manual_seed(0)
+    model = gpt2(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=16, activation_function="gelu",
+                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0).eval()
+    ids_t = torch.randint(0, 128, (batch, 16))
+    converted, _ = convert(model, ids_t, structure="modules", check=False)
+    hand = GPT(vocab=128, hidden=64, heads=4, layers=2, seq=16)
+    ids = to_mindspore(ids_t)
+    labels = to_mindspore(torch.roll(ids_t, -1, 1))
+
+    def loss_of(logits):
+        b, t, v = logits.shape
+        return ops.cross_entropy(mint.reshape(logits, (b * t, v)), mint.reshape(labels, (b * t,)))
+
+    def train_step(cell):
+        optimizer = nn.SGD(cell.trainable_params(), 1e-3)
+        grad = ms.value_and_grad(lambda x: loss_of(cell(x)), None, optimizer.parameters)
+
+        def step():
+            loss, grads = grad(ids)
+            optimizer(grads)
+            return loss.asnumpy()
+        return step
+
+    fwd_conv, fwd_hand, step_conv, step_hand = interleaved_medians(
+        [lambda: converted(ids).asnumpy(), lambda: hand(ids).asnumpy(), train_step(converted), train_step(hand)],
+        repeat)
+    print(f"GPT (batch {batch}, seq 16): forward converted {fwd_conv * 1e3:.2f} ms, hand-written "
+          f"{fwd_hand * 1e3:.2f} ms, ratio {fwd_conv / fwd_hand:.2f} (goal <= 1.1); train step converted "
+          f"{step_conv * 1e3:.2f} ms, hand-written {step_hand * 1e3:.2f} ms, ratio {step_conv / step_hand:.2f} "
+          f"(goal <= 1.1)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("all", "forward", "depth", "gpt"), default="all")
     parser.add_argument("--repeat", type=int, default=20, help="timed forwards per model (median reported)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--models", default="mlp,transformer_block,resnet,gpt2,bert")
     args = parser.parse_args()
     ms.set_context(mode=ms.PYNATIVE_MODE)
+    print(f"load {os.getloadavg()}")
+    if args.part in ("all", "depth"):
+        depth_part()
+    if args.part in ("all", "gpt"):
+        gpt_part(args.repeat, args.batch)
+    if args.part in ("all", "forward"):
+        forward_part(args)
+
+
+def forward_part(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     table = models(args.batch)
     print(f"torch threads {torch.get_num_threads()}, repeat {args.repeat}, batch {args.batch}")

@@ -38,7 +38,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from mindspore_hyper.schedule import SCHEDULE_KINDS, Timeline, build_schedule, simulate
+from mindspore_hyper.schedule import SCHEDULE_KINDS, ScheduleTimeline, build_schedule, simulate
 from mindspore_hyper.schedule.formulas import BUBBLE_FORMULAS, bubble_fraction, published_idle
 
 CHUNKS = {"interleaved_1f1b": 2, "zb_v": 2, "dualpipe_v": 2}
@@ -57,12 +57,12 @@ class Row:
     note: str = ""
 
 
-def unit_timeline(kind: str, p: int, m: int) -> Timeline:
+def unit_timeline(kind: str, p: int, m: int) -> ScheduleTimeline:
     v = CHUNKS.get(kind, 1)
     return simulate(build_schedule(kind, p, m, v), forward=1 / v, backward_input=1 / v, backward_weight=1 / v)
 
 
-def span_bubble_fraction(t: Timeline) -> float:
+def span_bubble_fraction(t: ScheduleTimeline) -> float:
     idle = sum(t.span_bubble_time(r) for r in range(t.num_ranks))
     return idle / (idle + sum(t.busy_time(r) for r in range(t.num_ranks)))
 
@@ -174,24 +174,24 @@ def measured_worker(spec: dict) -> None:
             json.dump(rows, f)
 
 
-def _spread(timelines: List[Timeline]) -> float:
+def _spread(timelines: List[ScheduleTimeline]) -> float:
     """Largest max/min ratio of one compute action's durations over the steps (how much a cost swings)."""
     from collections import defaultdict
 
     durations = defaultdict(list)
     for t in timelines:
-        for e in t.events:
+        for e in t.spans:
             if e.action.is_compute:
                 durations[(e.action.kind, e.action.stage, e.action.microbatch)].append(e.duration)
     return max(max(v) / max(min(v), 1e-9) for v in durations.values())
 
 
-def _profile(t: Timeline) -> list:
+def _profile(t: ScheduleTimeline) -> list:
     """Per rank, seconds of the makespan: compute, waiting in receives, in sends (tensor to numpy,
     queued), before the rank's first action (head), after its last (tail), between actions."""
     out = []
     for rank in range(t.num_ranks):
-        events = [e for e in t.events if e.rank == rank]
+        events = t.of(rank)
         busy = t.busy_time(rank)
         waiting = sum(e.duration for e in events if e.action.kind.value == "recv")
         sending = sum(e.duration for e in events if e.action.kind.value == "send")

@@ -7,11 +7,12 @@ experts' feed-forward dimension and the shared expert over "tensor"). After two 
 experts are re-placed from the routing statistics (`rebalance_experts`: 4 extra replicas of the
 hottest experts), which changes which device computes what but not the numbers.
 
-    .venv/bin/python examples/moe_training.py                      # simulation: 8 virtual devices
+    .venv/bin/python examples/moe_training.py [--steps N]          # simulation: 8 virtual devices
     MS_HYPER_MODE=distributed .venv/bin/msrun --worker_num=2 --local_worker_num=2 \\
         --master_port=8128 --log_dir=msrun_log --join=True examples/moe_training.py
                                                                    # 2 processes: expert 2
 """
+import argparse
 import os
 import sys
 
@@ -26,7 +27,6 @@ from mindspore_hyper.moe import MoE  # noqa: E402
 from mindspore_hyper.moe.eplb import rebalance_experts  # noqa: E402
 from mindspore_hyper.moe.placement import ExpertPlacement, apply_placement  # noqa: E402
 
-STEPS = 5
 VOCAB, HIDDEN = 64, 32
 
 
@@ -57,6 +57,12 @@ def strategy(devices: int):
 
 
 def main():
+    args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    args.add_argument("--steps", type=int, default=5, help="training steps, at least 3 (the experts are re-placed "
+                      "before the third; default 5)")
+    steps = args.parse_args().steps
+    if steps < 3:
+        raise SystemExit(f"--steps must be at least 3 (the re-placement happens after step 2), got {steps}")
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_seed(1)
     mode = mh.get_context("mode")
@@ -68,7 +74,7 @@ def main():
         q.set_data(p.data.copy())
     rng = np.random.default_rng(1)
     batches = [(Tensor(rng.integers(0, VOCAB, (8, 8)).astype(np.int32)),
-                Tensor(rng.integers(0, VOCAB, (8, 8)).astype(np.int32))) for _ in range(STEPS)]
+                Tensor(rng.integers(0, VOCAB, (8, 8)).astype(np.int32))) for _ in range(steps)]
 
     parallel = auto_parallelize(model, strategy(devices))
     optimizer = nn.Adam(parallel.optimizer_parameters(), learning_rate=1e-2)
@@ -90,7 +96,7 @@ def main():
         print(f"step {step}: loss {loss:.6f} (one device {ref_loss:.6f})")
         ok &= abs(loss - ref_loss) <= 1e-5 * max(1.0, abs(ref_loss))
     if ok:
-        print("OK: 5 steps match single-device training")
+        print(f"OK: {steps} steps match single-device training")
     else:
         print("MISMATCH against single-device training")
         sys.exit(1)

@@ -14,7 +14,7 @@ On CPU the "device" tier is a budgeted arena in host memory. On Ascend the same 
 `mindspore.set_context(device_target="Ascend")`; the device tier then stands for HBM (this path
 was not run here).
 
-usage: python examples/offload_training.py [--simulate]
+usage: python examples/offload_training.py [--simulate] [--steps N] [--layers N]
 """
 import argparse
 import tempfile
@@ -28,15 +28,14 @@ from mindspore_hyper.offload import OffloadPolicy, hyper_offload
 from mindspore_hyper.shard import Layout
 from mindspore_hyper.runtime.simulation import simulate
 
-LAYERS, STEPS = 32, 5
-DIM = 512  # 32 x Dense(512, 512): 32 MiB of offloaded parameters (--simulate: 1024, 128 MiB, 32 per device)
+DIM = 512  # 32 x Dense(512, 512) by default: 32 MiB of offloaded parameters (--simulate: 1024, 128 MiB, 32 per device)
 MB = 1 << 20
 
 
 class Net(nn.Cell):
-    def __init__(self, dim):
+    def __init__(self, dim, layers):
         super().__init__()
-        self.layers = nn.CellList([nn.Dense(dim, dim) for _ in range(LAYERS)])
+        self.layers = nn.CellList([nn.Dense(dim, dim) for _ in range(layers)])
         self.head = nn.Dense(dim, 1)
 
     def construct(self, x):
@@ -45,11 +44,11 @@ class Net(nn.Cell):
         return self.head(x)
 
 
-def train_resident(model, x, y):
+def train_resident(model, x, y, steps):
     opt = nn.Adam(model.trainable_params(), learning_rate=1e-3)
     step = ms.value_and_grad(lambda a, b: ops.reduce_mean((model(a) - b) ** 2), None, model.trainable_params())
     losses = []
-    for _ in range(STEPS):
+    for _ in range(steps):
         loss, grads = step(x, y)
         opt(grads)
         losses.append(float(loss.asnumpy()))
@@ -60,7 +59,7 @@ def simulated(model):
     """`model` on 8 simulated devices: hidden layers alternately column- and row-parallel."""
     mh.set_context(device_num=8)
     strategy = Layout((2, 4), ("data", "tensor"))(tensor_map=(), optimizer_state="data")
-    for i in range(0, LAYERS, 2):
+    for i in range(0, len(model.layers), 2):
         strategy.override(f"layers.{i}.*", "tensor").override(f"layers.{i + 1}.weight", None, "tensor")
     return simulate(model, strategy)
 
@@ -68,7 +67,13 @@ def simulated(model):
 def main():
     args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     args.add_argument("--simulate", action="store_true", help="run on 8 simulated devices, a store per device")
+    args.add_argument("--steps", type=int, default=5, help="training steps (default 5)")
+    args.add_argument("--layers", type=int, default=32, help="offloaded hidden layers, an even number (default 32; at least 16 with --simulate, or a layer's working set exceeds the per-device tier, which is a quarter of its shard bytes)")
     args = args.parse_args()
+    if args.steps < 1:
+        raise SystemExit(f"--steps must be at least 1, got {args.steps}")
+    if args.layers < 2 or args.layers % 2:
+        raise SystemExit(f"--layers must be an even number >= 2 (column/row-parallel pairs), got {args.layers}")
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_seed(0)
     rng = np.random.default_rng(0)
@@ -76,7 +81,7 @@ def main():
     x = Tensor(rng.standard_normal((32, dim)).astype(np.float32))
     y = Tensor(rng.standard_normal((32, 1)).astype(np.float32))
 
-    reference, model = Net(dim), Net(dim)
+    reference, model = Net(dim, args.layers), Net(dim, args.layers)
     for p, q in zip(reference.get_parameters(), model.get_parameters()):
         q.set_data(p.data.copy())
     param_bytes = sum(p.asnumpy().nbytes for p in model.layers.get_parameters())
@@ -90,11 +95,11 @@ def main():
         off = hyper_offload(run, OffloadPolicy(cells=["layers.*"]),
                             optimizer=lambda params: nn.Adam(params, learning_rate=1e-3))
         step = off.train_step(lambda a, b: ops.reduce_mean((run(a) - b) ** 2))
-        losses = [float(step(x, y).asnumpy()) for _ in range(STEPS)]
+        losses = [float(step(x, y).asnumpy()) for _ in range(args.steps)]
         stats = off.stats()
         off.remove()
         off.close()
-    expected = train_resident(reference, x, y)
+    expected = train_resident(reference, x, y, args.steps)
 
     budget = mh.get_context("device_memory")
     print(f"offloaded parameters: {param_bytes / MB:.1f} MiB" + (f" over 8 simulated devices, "

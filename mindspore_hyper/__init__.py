@@ -2,10 +2,12 @@
 
 Declare parallelism once (a Layout over a named device matrix, or a YAML parallel config) and run
 it as a CPU simulation of N devices, under msrun, or through MindSpore's native auto-parallel.
+
+The context, layouts and strategies are imported with the package; `auto_parallelize` and the
+checkpoint functions (which need MindSpore, ~3 s to import) on first use, so tools that only need
+the communication library or the planner start without MindSpore.
 """
-from mindspore_hyper.checkpoint import load_checkpoint, save_checkpoint
 from mindspore_hyper.context import get_context, reset_context, set_context
-from mindspore_hyper.parallelize import auto_parallelize
 from mindspore_hyper.shard import Layout, Partial, Replicate, Shard
 from mindspore_hyper.strategy import load_parallel_config, resolve_strategy
 
@@ -15,3 +17,21 @@ __all__ = [
     "set_context", "get_context", "reset_context", "auto_parallelize", "Layout", "Shard", "Replicate",
     "Partial", "load_parallel_config", "resolve_strategy", "save_checkpoint", "load_checkpoint", "__version__",
 ]
+
+
+def __getattr__(name: str):
+    """The MindSpore-backed part of the public API, imported when first named."""
+    if name == "auto_parallelize":
+        from mindspore_hyper.parallelize import auto_parallelize as value
+    elif name == "save_checkpoint":
+        from mindspore_hyper.checkpoint import save_checkpoint as value
+    elif name == "load_checkpoint":
+        from mindspore_hyper.checkpoint import load_checkpoint as value
+    else:
+        raise AttributeError(f"module 'mindspore_hyper' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -24,7 +24,7 @@ MODES = ("simulation", "distributed", "native")
 TOPOLOGY_PRESETS = ("supernode384", "node8", "ring")
 MEMORY_CHECKS = ("warn", "error")
 SIM_COLLECTIVES = ("mindspore", "library")
-DIST_TRANSPORTS = ("shm", "mindspore")
+DIST_TRANSPORTS = ("shm", "mindspore", "hybrid")
 
 _UNITS = {
     "": 1, "B": 1,
@@ -196,8 +196,8 @@ FLAGS: Dict[str, Flag] = {f.name: f for f in (
          "super-packet size of the communication aggregator in bytes"),
     Flag("topology", _topology, "node8", "cluster topology: a preset name or a YAML file path"),
     Flag("dist_transport", _choice(DIST_TRANSPORTS), "shm",
-         "distributed mode's transport: shm (shared memory, one host) or mindspore (MindSpore communication, "
-         "several hosts)"),
+         "distributed mode's transport: shm (shared memory, one host), mindspore (MindSpore communication, "
+         "several hosts) or hybrid (shared memory for groups within one host, MindSpore's between hosts)"),
     Flag("comm_timeout", _seconds(0.1, 86400.0), 120.0,
          "distributed mode: seconds without progress before a collective fails with CommTimeout"),
 )}

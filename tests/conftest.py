@@ -7,6 +7,17 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+def pytest_configure(config):
+    """Synchronous MindSpore kernel launches for the whole test process, set before its first kernel:
+    the simulation turns them on when it wraps a model (`sim_synchronize`), but once MindSpore's
+    asynchronous launch pipeline has run a kernel (a single-device reference computed first) the
+    switch comes too late and every later simulated test in that process runs its thousands of small
+    kernels several times slower (a test file alone: 51 s instead of 13 s). Values are the same."""
+    import mindspore as ms
+
+    ms.runtime.launch_blocking()
+
+
 @pytest.fixture(autouse=True)
 def clean_context():
     """Reset mindspore_hyper's context flags before and after every test (tests that set flags
@@ -27,3 +38,11 @@ def pynative(clean_context):
     ms.set_context(mode=ms.PYNATIVE_MODE)
     yield clean_context
     ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def pytest_itemcollected(item):
+    """Under pytest-xdist (`make test` runs two workers), the msrun tests run one at a time on
+    one worker: each already starts several processes, two at once would only slow both (marked
+    as each is collected, before pytest-xdist reads the groups)."""
+    if item.get_closest_marker("msrun") is not None:
+        item.add_marker(pytest.mark.xdist_group("msrun"))

@@ -48,6 +48,7 @@ class PyBackend : public PacketBackend {
     }
   }
   int group_size() const override { return size_; }
+  bool bounded() const override { return false; }  // a Python callable may block for ever
 
  private:
   py::function fn_;
@@ -77,14 +78,22 @@ void BindAggregator(py::module_& m) {
       .def("submit_many", [](Aggregator& a, py::sequence xs, const std::string& op) {
         return BatchHandle(SubmitArrays(a, xs, OpFromName(op), "all_reduce_async_many: arrays", true));
       }, py::arg("arrays"), py::arg("op"), "Copies the arrays into one block and queues them in order; one handle.")
-      .def("flush", &Aggregator::Flush, py::call_guard<py::gil_scoped_release>())
+      .def("flush", [](Aggregator& a, py::object timeout) {
+        const double t = WaitTimeout(timeout);
+        py::gil_scoped_release rel;
+        a.Flush(t);
+      }, py::arg("timeout") = py::none(),
+         "Sends everything queued and waits; CommTimeout after `timeout` s (None: the aggregator's flush timeout) "
+         "without a finished request.")
       .def("close", &Aggregator::Close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("packet_bytes", &Aggregator::packet_bytes)
       .def_property_readonly("max_delay", &Aggregator::max_delay)
       .def("stats", [](Aggregator& a) { return AggregatorStatsDict(a.stats()); });
-  m.def("python_aggregator", [](py::function fn, int size, size_t packet_bytes, double max_delay) {
-    return GilFreeDelete(new Aggregator(std::make_shared<PyBackend>(std::move(fn), size), packet_bytes, max_delay));
-  }, py::arg("allreduce_fn"), py::arg("group_size"), py::arg("packet_bytes"), py::arg("max_delay"));
+  m.def("python_aggregator", [](py::function fn, int size, size_t packet_bytes, double max_delay, double flush_timeout) {
+    return GilFreeDelete(
+        new Aggregator(std::make_shared<PyBackend>(std::move(fn), size), packet_bytes, max_delay, flush_timeout));
+  }, py::arg("allreduce_fn"), py::arg("group_size"), py::arg("packet_bytes"), py::arg("max_delay"),
+     py::arg("flush_timeout") = 300.0);
 }
 
 }  // namespace mshyper::bind

@@ -1,6 +1,7 @@
 #include "bind/arg_helpers.h"
 
 #include <cmath>
+#include <string>
 
 namespace py = pybind11;
 
@@ -15,12 +16,12 @@ Tier ParseTier(const std::string& name) {
   throw py::value_error("tier must be 'device', 'host' or 'disk', got '" + name + "'");
 }
 
-ConstBytes BytesOf(const py::buffer& buf, py::buffer_info& info) {
+ConstBytes BytesOf(const py::buffer& buf, py::buffer_info& info, const char* what) {
   info = buf.request();
   ssize_t expect = info.itemsize;
   for (ssize_t d = info.ndim - 1; d >= 0; --d) {
     if (info.shape[d] > 1 && info.strides[d] != expect) {
-      throw py::value_error("buffer must be C-contiguous");
+      throw py::value_error(std::string(what) + " must be C-contiguous");
     }
     expect *= info.shape[d];
   }

@@ -18,8 +18,9 @@ struct ConstBytes {
   uint64_t len;
 };
 
-// A C-contiguous buffer of any dtype viewed as bytes (ValueError if not C-contiguous).
-ConstBytes BytesOf(const pybind11::buffer& buf, pybind11::buffer_info& info);
+// A C-contiguous buffer of any dtype viewed as bytes (ValueError naming `what` if not C-contiguous:
+// a strided view's bytes are not its elements, a reversed one's lie partly before its pointer).
+ConstBytes BytesOf(const pybind11::buffer& buf, pybind11::buffer_info& info, const char* what = "buffer");
 // The same for a writeable buffer; `len` receives its size in bytes.
 void* WritableBytesOf(const pybind11::buffer& buf, pybind11::buffer_info& info, uint64_t* len);
 // A mailbox / fence wait's timeout: any number of seconds (<= 0: no wait; inf: no limit) but NaN.

@@ -27,6 +27,8 @@ void BindAggregator(pybind11::module_& comm);
 void BindShmCommunicator(pybind11::module_& comm);
 // In-process group, every rank in this process (inproc_communicator_bindings.cc).
 void BindInProcCommunicator(pybind11::module_& comm);
+// Message framing: P2P descriptor limits and parser (frame_bindings.cc).
+void BindFrame(pybind11::module_& comm);
 
 // MoE: 1-bit routing masks (moe_bindings.cc).
 void BindMoe(pybind11::module_& m);

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,57 @@ void BindBlockStore(py::module_& m) {
     return store::Crc32cSoftware(b.ptr, b.len, crc);
   }, py::arg("data"), py::arg("crc") = 0, "Table-driven CRC32C (reference implementation).");
   m.def("crc32c_hardware", &store::Crc32cHardware, "True when crc32c uses the SSE4.2 instruction.");
+  m.def("crc32c_chunks", [](py::buffer data, uint64_t chunk_bytes) {
+    if (chunk_bytes == 0) throw py::value_error("chunk_bytes: expected an int >= 1, got 0");
+    py::buffer_info info;
+    ConstBytes b = BytesOf(data, info);
+    const uint64_t n = (b.len + chunk_bytes - 1) / chunk_bytes;
+    py::array_t<uint32_t> out(static_cast<py::ssize_t>(n));
+    uint32_t* crcs = out.mutable_data();
+    {
+      py::gil_scoped_release nogil;
+      const auto* p = static_cast<const uint8_t*>(b.ptr);
+      for (uint64_t i = 0; i < n; ++i) {
+        crcs[i] = store::Crc32c(p + i * chunk_bytes, std::min<uint64_t>(chunk_bytes, b.len - i * chunk_bytes));
+      }
+    }
+    return out;
+  }, py::arg("data"), py::arg("chunk_bytes"),
+     "CRC32C of every chunk_bytes piece of a contiguous buffer (the last may be shorter), as uint32.");
+  m.def("copy_crc32c_chunks", [](py::buffer src, py::buffer dst, uint64_t chunk_bytes) {
+    if (chunk_bytes == 0) throw py::value_error("chunk_bytes: expected an int >= 1, got 0");
+    py::buffer_info src_info, dst_info;
+    ConstBytes s = BytesOf(src, src_info, "src");
+    uint64_t dst_len = 0;
+    void* d = WritableBytesOf(dst, dst_info, &dst_len);
+    if (dst_len != s.len) {
+      throw py::value_error("dst: expected " + std::to_string(s.len) + " bytes (as src), got " +
+                            std::to_string(dst_len));
+    }
+    const uint64_t n = (s.len + chunk_bytes - 1) / chunk_bytes;
+    py::array_t<uint32_t> out(static_cast<py::ssize_t>(n));
+    uint32_t* crcs = out.mutable_data();
+    {
+      py::gil_scoped_release nogil;
+      // copy a block, then checksum the copy while it is still in the cache: one pass over memory
+      constexpr uint64_t kBlock = 64 << 10;
+      const auto* from = static_cast<const uint8_t*>(s.ptr);
+      auto* to = static_cast<uint8_t*>(d);
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint64_t begin = i * chunk_bytes, end = std::min<uint64_t>(begin + chunk_bytes, s.len);
+        uint32_t crc = 0;
+        for (uint64_t at = begin; at < end; at += kBlock) {
+          const uint64_t len = std::min<uint64_t>(kBlock, end - at);
+          std::memcpy(to + at, from + at, len);
+          crc = store::Crc32c(to + at, len, crc);
+        }
+        crcs[i] = crc;
+      }
+    }
+    return out;
+  }, py::arg("src"), py::arg("dst"), py::arg("chunk_bytes"),
+     "Copy the contiguous buffer src into dst (same size) and return the CRC32C of every chunk_bytes piece "
+     "of the copy (as crc32c_chunks(dst)), in one pass over memory.");
 
   py::class_<BlockStore, std::shared_ptr<BlockStore>>(m, "BlockStore",
       "Versioned cache-block store over device / host / disk tiers (see docs/offload.md).")

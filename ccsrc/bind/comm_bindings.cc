@@ -14,6 +14,7 @@
 
 #include "bind/bindings.h"
 #include "comm/communicator.h"
+#include "comm/frame.h"
 #include "comm/topology.h"
 
 namespace py = pybind11;
@@ -27,6 +28,7 @@ void BindComm(py::module_& root) {
   static py::exception<CommError> comm_error(m, "CommError", PyExc_RuntimeError);
   static py::exception<CommTimeout> comm_timeout(m, "CommTimeout", comm_error.ptr());
   static py::exception<CommMismatch> comm_mismatch(m, "CommMismatch", comm_error.ptr());
+  static py::exception<FrameError> frame_error(m, "FrameError", comm_error.ptr());
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -34,6 +36,8 @@ void BindComm(py::module_& root) {
       py::set_error(comm_timeout, e.what());
     } catch (const CommMismatch& e) {
       py::set_error(comm_mismatch, e.what());
+    } catch (const FrameError& e) {
+      py::set_error(frame_error, e.what());
     } catch (const CommError& e) {
       py::set_error(comm_error, e.what());
     }
@@ -104,6 +108,7 @@ void BindComm(py::module_& root) {
   BindAggregator(m);
   BindShmCommunicator(m);
   BindInProcCommunicator(m);
+  BindFrame(m);
 }
 
 }  // namespace mshyper::bind

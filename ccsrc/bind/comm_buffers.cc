@@ -6,6 +6,29 @@ namespace mshyper::bind {
 
 using namespace mshyper::comm;
 
+namespace {
+
+// Whether a buffer-protocol format string describes elements of `dtype` (native or little-endian
+// byte order; the item size is compared separately).
+bool FormatHolds(const std::string& format, DType dtype) {
+  std::string f = format;
+  if (!f.empty() && (f[0] == '@' || f[0] == '=' || (f[0] == '<' && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__))) {
+    f = f.substr(1);
+  }
+  if (f.size() != 1) return false;
+  switch (dtype) {
+    case DType::kFloat32: return f[0] == 'f';
+    case DType::kFloat16: return f[0] == 'e';
+    case DType::kFloat64: return f[0] == 'd';
+    case DType::kInt32: return f[0] == 'i' || f[0] == 'l';
+    case DType::kInt64: return f[0] == 'l' || f[0] == 'q';
+    case DType::kUInt8: return f[0] == 'B';
+  }
+  return false;
+}
+
+}  // namespace
+
 Buf GetBuf(const py::buffer& b, bool writable, DType dtype, const std::string& what) {
   Buf out;
   try {
@@ -23,6 +46,10 @@ Buf GetBuf(const py::buffer& b, bool writable, DType dtype, const std::string& w
   if (static_cast<size_t>(info.itemsize) != esz) {
     throw py::value_error(what + ": buffer items have " + std::to_string(info.itemsize) + " bytes but dtype " +
                           DTypeName(dtype) + " has " + std::to_string(esz));
+  }
+  if (!FormatHolds(info.format, dtype)) {
+    throw py::value_error(what + ": buffer format '" + info.format + "' does not hold " + DTypeName(dtype) +
+                          " elements (a different element type or byte order)");
   }
   out.bytes = static_cast<size_t>(info.size * info.itemsize);
   out.count = out.bytes / esz;
@@ -54,9 +81,13 @@ void CheckElements(const std::string& what, const Buf& buf, uint64_t count) {
   }
 }
 
-uint64_t Sum(const std::vector<size_t>& counts) {
+uint64_t Sum(const std::string& what, const std::vector<size_t>& counts) {
   uint64_t total = 0;
-  for (size_t c : counts) total += c;
+  for (size_t c : counts) {
+    if (__builtin_add_overflow(total, static_cast<uint64_t>(c), &total)) {
+      throw py::value_error(what + ": the counts' sum overflows 64 bits");
+    }
+  }
   return total;
 }
 

@@ -15,7 +15,7 @@
 
 namespace mshyper::bind {
 
-// A C-contiguous Python buffer holding `count` elements of a dtype. The buffer stays exported (its
+// A C-contiguous Python buffer holding `count` elements of a dtype (item size and format checked). The buffer stays exported (its
 // owner cannot free or resize it) for as long as this object lives: keep it alive across the GIL
 // release and until the last use of ptr().
 struct Buf {
@@ -35,7 +35,8 @@ void CheckPerRank(const std::string& call, std::initializer_list<std::pair<std::
 // Raises ValueError unless `buf` holds exactly `count` elements (the counts a collective reads or
 // writes at the raw pointer).
 void CheckElements(const std::string& what, const Buf& buf, uint64_t count);
-uint64_t Sum(const std::vector<size_t>& counts);
+// The sum of `counts`; ValueError naming `what` when it overflows 64 bits.
+uint64_t Sum(const std::string& what, const std::vector<size_t>& counts);
 // A uint8 numpy array owning `v`'s bytes (no copy).
 pybind11::array_t<uint8_t> ToArray(std::vector<char>&& v);
 

@@ -40,6 +40,11 @@ void BindInProcCommunicator(py::module_& m) {
       .def("set_validate", [](InProcCommunicator& g, bool v) {
         for (int r = 0; r < g.size(); ++r) g.comm(r).validate = v;
       })
+      .def_property("max_message_bytes", [](InProcCommunicator& g) { return g.comm(0).max_message_bytes; },
+                    [](InProcCommunicator& g, uint64_t v) {
+                      if (v == 0) throw py::value_error("InProcCommunicator.max_message_bytes must be > 0");
+                      for (int r = 0; r < g.size(); ++r) g.comm(r).max_message_bytes = v;
+                    })
       .def("all_reduce", [](InProcCommunicator& g, const std::vector<py::buffer>& bufs, const std::vector<std::string>& dtypes,
                             const std::vector<std::string>& ops, const std::string& algo) {
         CheckPerRank("InProcCommunicator.all_reduce", {{"bufs", bufs.size()}, {"dtypes", dtypes.size()}, {"ops", ops.size()}},
@@ -59,7 +64,9 @@ void BindInProcCommunicator(py::module_& m) {
         for (int r = 0; r < g.size(); ++r) {
           CheckPerRank("InProcCommunicator.all_gather_v", {{"counts[" + std::to_string(r) + "]", counts[r].size()}}, g.size());
           CheckElements("InProcCommunicator.all_gather_v: ins[" + std::to_string(r) + "]", i[r], counts[r][r]);
-          CheckElements("InProcCommunicator.all_gather_v: outs[" + std::to_string(r) + "]", o[r], Sum(counts[r]));
+          const std::string rs = "[" + std::to_string(r) + "]";
+          CheckElements("InProcCommunicator.all_gather_v: outs" + rs, o[r],
+                        Sum("InProcCommunicator.all_gather_v: counts" + rs, counts[r]));
         }
         py::gil_scoped_release rel;
         g.Run([&](int r) { g.comm(r).AllGatherV(i[r].ptr(), o[r].ptr(), counts[r], DTypeFromName(dtypes[r])); });
@@ -73,7 +80,9 @@ void BindInProcCommunicator(py::module_& m) {
         auto o = Bufs(outs, true, dtypes, "InProcCommunicator.reduce_scatter: outs");
         for (int r = 0; r < g.size(); ++r) {
           CheckPerRank("InProcCommunicator.reduce_scatter", {{"counts[" + std::to_string(r) + "]", counts[r].size()}}, g.size());
-          CheckElements("InProcCommunicator.reduce_scatter: ins[" + std::to_string(r) + "]", i[r], Sum(counts[r]));
+          const std::string rs = "[" + std::to_string(r) + "]";
+          CheckElements("InProcCommunicator.reduce_scatter: ins" + rs, i[r],
+                        Sum("InProcCommunicator.reduce_scatter: counts" + rs, counts[r]));
           CheckElements("InProcCommunicator.reduce_scatter: outs[" + std::to_string(r) + "]", o[r], counts[r][r]);
         }
         py::gil_scoped_release rel;
@@ -89,7 +98,9 @@ void BindInProcCommunicator(py::module_& m) {
         for (int r = 0; r < g.size(); ++r) {
           CheckPerRank("InProcCommunicator.all_to_all_v", {{"send_counts[" + std::to_string(r) + "]", send_counts[r].size()}},
                        g.size());
-          CheckElements("InProcCommunicator.all_to_all_v: ins[" + std::to_string(r) + "]", i[r], Sum(send_counts[r]));
+          const std::string rs = "[" + std::to_string(r) + "]";
+          CheckElements("InProcCommunicator.all_to_all_v: ins" + rs, i[r],
+                        Sum("InProcCommunicator.all_to_all_v: send_counts" + rs, send_counts[r]));
         }
         std::vector<std::vector<char>> outs(g.size());
         std::vector<std::vector<size_t>> rcs(g.size());

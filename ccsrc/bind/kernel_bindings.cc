@@ -32,9 +32,12 @@ void BindKernels(py::module_& m) {
 
   m.def("mailbox_new_id", &kernels::MailboxNewId, "A fresh tensor-mailbox id (see offload.TensorCopyOut).");
   m.def("mailbox_deliver", [](uint64_t id, py::buffer data) {
-          py::buffer_info info = data.request();
-          kernels::MailboxDeliver(id, info.ptr, static_cast<size_t>(info.size * info.itemsize));
-        }, py::arg("id"), py::arg("data"), "Delivers a copy of `data`'s bytes (what the kernel does).");
+          py::buffer_info info;
+          const ConstBytes b = BytesOf(data, info, "mailbox_deliver: data");
+          py::gil_scoped_release release;
+          kernels::MailboxDeliver(id, b.ptr, static_cast<size_t>(b.len));
+        }, py::arg("id"), py::arg("data"),
+        "Delivers a copy of `data`'s bytes (what the kernel does); `data` must be C-contiguous (ValueError).");
   m.def("mailbox_take", [](uint64_t id, double timeout_s) -> py::object {
           CheckTimeoutArg(timeout_s);
           std::vector<uint8_t> bytes;

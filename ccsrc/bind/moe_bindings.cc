@@ -35,6 +35,11 @@ void BindMoe(py::module_& m) {
         if (num_tokens < 0 || num_experts < 0) throw py::value_error("unpack_routing: sizes must be >= 0");
         const auto t = static_cast<std::size_t>(num_tokens);
         const auto e = static_cast<std::size_t>(num_experts);
+        std::size_t entries = 0;
+        if (__builtin_mul_overflow(t, e, &entries) || entries > (std::size_t{1} << 62)) {
+          throw py::value_error("unpack_routing: a " + std::to_string(t) + " x " + std::to_string(e) +
+                                " mask is too large");
+        }
         if (packed.ndim() != 1 || static_cast<std::size_t>(packed.shape(0)) != moe::PackedRoutingBytes(t, e)) {
           throw py::value_error("unpack_routing: packed holds " + std::to_string(packed.size()) + " bytes; a " +
                                 std::to_string(t) + " x " + std::to_string(e) + " mask needs " +

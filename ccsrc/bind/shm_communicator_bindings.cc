@@ -56,6 +56,13 @@ void BindShmCommunicator(py::module_& m) {
       .def_property_readonly("last_algorithm", [](ShmCommunicator& g) { return g.comm_->last_algorithm(); })
       .def_property("direct_min_bytes", [](ShmCommunicator& g) { return g.comm_->direct_min_bytes; },
                     [](ShmCommunicator& g, double v) { g.comm_->direct_min_bytes = v; })
+      .def_property("max_message_bytes", [](ShmCommunicator& g) { return g.comm_->max_message_bytes; },
+                    [](ShmCommunicator& g, uint64_t v) {
+                      if (v == 0) throw py::value_error("ShmCommunicator.max_message_bytes must be > 0");
+                      g.comm_->max_message_bytes = v;
+                    })
+      .def("abort", [](ShmCommunicator& g, const std::string& why) { g.transport_->Abort(why); }, py::arg("why"),
+           "Marks the group broken: every rank's next wait fails fast with CommTimeout naming `why`.")
       .def_property_readonly("model", [](ShmCommunicator& g) { return &g.comm_->model(); }, py::return_value_policy::reference_internal)
       .def("all_reduce", [](ShmCommunicator& g, py::buffer b, const std::string& dtype, const std::string& op,
                             const std::string& algo) {
@@ -71,7 +78,7 @@ void BindShmCommunicator(py::module_& m) {
         CheckPerRank("ShmCommunicator.all_gather_v", {{"counts", counts.size()}}, g.comm_->size());
         Buf i = GetBuf(in, false, d, "ShmCommunicator.all_gather_v: in"), o = GetBuf(out, true, d, "ShmCommunicator.all_gather_v: out");
         CheckElements("ShmCommunicator.all_gather_v: in", i, counts[g.comm_->rank()]);
-        CheckElements("ShmCommunicator.all_gather_v: out", o, Sum(counts));
+        CheckElements("ShmCommunicator.all_gather_v: out", o, Sum("ShmCommunicator.all_gather_v: counts", counts));
         py::gil_scoped_release rel;
         g.comm_->AllGatherV(i.ptr(), o.ptr(), counts, d);
       })
@@ -89,7 +96,7 @@ void BindShmCommunicator(py::module_& m) {
         CheckPerRank("ShmCommunicator.reduce_scatter", {{"counts", counts.size()}}, g.comm_->size());
         Buf i = GetBuf(in, false, d, "ShmCommunicator.reduce_scatter: in");
         Buf ob = GetBuf(out, true, d, "ShmCommunicator.reduce_scatter: out");
-        CheckElements("ShmCommunicator.reduce_scatter: in", i, Sum(counts));
+        CheckElements("ShmCommunicator.reduce_scatter: in", i, Sum("ShmCommunicator.reduce_scatter: counts", counts));
         CheckElements("ShmCommunicator.reduce_scatter: out", ob, counts[g.comm_->rank()]);
         py::gil_scoped_release rel;
         g.comm_->ReduceScatter(i.ptr(), ob.ptr(), counts, d, o);
@@ -99,7 +106,7 @@ void BindShmCommunicator(py::module_& m) {
         const DType d = DTypeFromName(dtype);
         CheckPerRank("ShmCommunicator.all_to_all_v", {{"send_counts", send_counts.size()}}, g.comm_->size());
         Buf i = GetBuf(in, false, d, "ShmCommunicator.all_to_all_v: in");
-        CheckElements("ShmCommunicator.all_to_all_v: in", i, Sum(send_counts));
+        CheckElements("ShmCommunicator.all_to_all_v: in", i, Sum("ShmCommunicator.all_to_all_v: send_counts", send_counts));
         std::vector<size_t> rc;
         std::vector<char> out;
         {
@@ -130,7 +137,8 @@ void BindShmCommunicator(py::module_& m) {
       .def("calibrate", [](ShmCommunicator& g, int repeats) { return g.comm_->Calibrate(repeats); }, py::arg("repeats") = 20,
            py::call_guard<py::gil_scoped_release>())
       .def("make_aggregator", [](ShmCommunicator& g, size_t packet_bytes, double max_delay) {
-        return GilFreeDelete(new Aggregator(std::make_shared<CommunicatorBackend>(g.comm_), packet_bytes, max_delay));
+        return GilFreeDelete(new Aggregator(std::make_shared<CommunicatorBackend>(g.comm_), packet_bytes, max_delay,
+                                            g.transport_->timeout()));
       }, py::arg("packet_bytes"), py::arg("max_delay"));
   m.def("cleanup_stale_segments", &ShmTransport::CleanupStale, py::arg("prefix"));
 }

@@ -96,8 +96,11 @@ Agreement CommunicatorBackend::Negotiate(const QueueDigest& mine) {
   return a;
 }
 
-Aggregator::Aggregator(std::shared_ptr<PacketBackend> backend, size_t packet_bytes, double max_delay_s)
-    : backend_(std::move(backend)), packet_bytes_(packet_bytes), max_delay_s_(max_delay_s) {
+Aggregator::Aggregator(std::shared_ptr<PacketBackend> backend, size_t packet_bytes, double max_delay_s,
+                       double flush_timeout_s)
+    : backend_(std::move(backend)), packet_bytes_(packet_bytes), max_delay_s_(max_delay_s),
+      flush_timeout_s_(flush_timeout_s) {
+  CheckTimeout("aggregator: flush timeout", flush_timeout_s_);
   if (packet_bytes_ < 8) throw CommError("aggregator: packet_bytes must be >= 8, got " + std::to_string(packet_bytes));
   if (!(max_delay_s_ >= 0)) {
     throw CommError("aggregator: max_delay must be >= 0 seconds, got " + std::to_string(max_delay_s));
@@ -161,17 +164,12 @@ std::vector<std::shared_ptr<Request>> Aggregator::SubmitMany(const std::vector<R
   return reqs;
 }
 
-void Aggregator::Flush() {
+void Aggregator::Flush(double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
   if (submitted_ > flush_target_) flush_target_ = submitted_;
-  const uint64_t target = flush_target_;
-  while (finished_ < target && !stop_) {
-    if (!running_ && !queue_.empty()) {
-      RunBatch(lock);  // on this thread: no hand-off to the executor and back
-    } else {
-      done_cv_.wait(lock);
-    }
-  }
+  const bool run_inline = backend_->bounded();
+  if (!run_inline) cv_.notify_all();  // the executor sends them
+  WaitFinished(lock, flush_target_, timeout_s, run_inline, "flush");
 }
 
 void Aggregator::RequestFlush() {
@@ -180,10 +178,31 @@ void Aggregator::RequestFlush() {
   cv_.notify_all();
 }
 
-void Aggregator::WaitFlushed() {
+void Aggregator::WaitFlushed(double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
-  uint64_t target = flush_target_;
-  done_cv_.wait(lock, [&] { return finished_ >= target || stop_; });
+  WaitFinished(lock, flush_target_, timeout_s, false, "flush");
+}
+
+void Aggregator::WaitFinished(std::unique_lock<std::mutex>& lock, uint64_t target, double timeout_s, bool run_inline,
+                              const char* what) {
+  const double limit = timeout_s < 0 ? flush_timeout_s_ : timeout_s;
+  auto deadline = std::chrono::steady_clock::now() + WaitDuration(limit);
+  uint64_t seen = finished_;
+  while (finished_ < target && !stop_) {
+    if (run_inline && !running_ && !queue_.empty()) {
+      RunBatch(lock);  // on this thread: no hand-off to the executor and back
+    } else if (done_cv_.wait_until(lock, deadline) == std::cv_status::timeout && finished_ == seen &&
+               finished_ < target && !stop_) {
+      throw CommTimeout("aggregator " + std::string(what) + ": " + std::to_string(target - finished_) +
+                        " requests unfinished after " + std::to_string(limit) +
+                        " s without progress (did every rank submit the same requests, and flush? is the "
+                        "transport stalled?)");
+    }
+    if (finished_ != seen) {
+      seen = finished_;
+      deadline = std::chrono::steady_clock::now() + WaitDuration(limit);
+    }
+  }
 }
 
 AggregatorStats Aggregator::stats() {

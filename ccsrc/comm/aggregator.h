@@ -63,6 +63,9 @@ class PacketBackend {
   // Makes a pending AllReduce (here and on the peers) fail fast: the aggregator closes with
   // requests unfinished, and the peers must not wait for this rank until their timeout.
   virtual void Abort(const std::string& why) { (void)why; }
+  // Whether AllReduce ends by itself (a transport with its own timeout): only then may a
+  // flushing thread run batches itself; otherwise it waits for the executor, under its deadline.
+  virtual bool bounded() const { return true; }
 };
 
 class CommunicatorBackend : public PacketBackend {
@@ -132,7 +135,8 @@ struct AggregatorStats {
 
 class Aggregator {
  public:
-  Aggregator(std::shared_ptr<PacketBackend> backend, size_t packet_bytes, double max_delay_s);
+  // flush_timeout_s: Flush / WaitFlushed fail after this many seconds without a finished request.
+  Aggregator(std::shared_ptr<PacketBackend> backend, size_t packet_bytes, double max_delay_s, double flush_timeout_s);
   ~Aggregator();
   Aggregator(const Aggregator&) = delete;
   Aggregator& operator=(const Aggregator&) = delete;
@@ -143,11 +147,13 @@ class Aggregator {
   // order, atomically with respect to the executor.
   std::vector<std::shared_ptr<Request>> SubmitMany(const std::vector<RequestSpec>& specs, ReduceOp op);
   // Sends everything queued now and waits until it is done (errors stay with the handles). Runs
-  // the batches on the calling thread while the executor is idle, so one thread must not flush
-  // the aggregators of several ranks of a group this way (use RequestFlush + WaitFlushed).
-  void Flush();
+  // the batches on the calling thread while the executor is idle (bounded backends only), so one
+  // thread must not flush the aggregators of several ranks of a group this way (use RequestFlush +
+  // WaitFlushed). CommTimeout when no request finished for `timeout_s` seconds (< 0: the
+  // aggregator's flush_timeout); the requests stay queued or in flight.
+  void Flush(double timeout_s = -1);
   void RequestFlush();  // non-blocking: mark everything queued now for the executor to send
-  void WaitFlushed();   // wait for everything marked by RequestFlush
+  void WaitFlushed(double timeout_s = -1);  // wait for everything marked by RequestFlush (deadline as Flush)
   // Stops the executor; queued requests fail. With requests unfinished, the backend is aborted
   // first (the group is then broken: the peers fail fast instead of waiting for this rank).
   void Close();
@@ -162,10 +168,15 @@ class Aggregator {
   void RunBatch(std::unique_lock<std::mutex>& lock);
   void SendPackets(std::vector<std::shared_ptr<Request>>& batch);
   void Fail(std::vector<std::shared_ptr<Request>>& reqs, int kind, const std::string& why);
+  // Waits (lock held) until `target` requests finished or the aggregator stopped; runs batches
+  // itself when `run_inline`. CommTimeout after `timeout_s` without a finished request.
+  void WaitFinished(std::unique_lock<std::mutex>& lock, uint64_t target, double timeout_s, bool run_inline,
+                    const char* what);
 
   std::shared_ptr<PacketBackend> backend_;
   size_t packet_bytes_;
   double max_delay_s_;
+  double flush_timeout_s_;
   std::mutex mu_;
   std::condition_variable cv_;       // executor wake-up
   std::condition_variable done_cv_;  // Flush() wake-up

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/frame.h"
+
 namespace mshyper::comm {
 
 namespace {
@@ -322,7 +324,7 @@ void ReduceScatterRing(Group& g, const void* in, void* out, const std::vector<si
 }
 
 std::vector<char> AllToAllPairwise(Group& g, const void* in, const std::vector<size_t>& send_counts, DType dtype,
-                                   std::vector<size_t>* recv_counts) {
+                                   std::vector<size_t>* recv_counts, uint64_t max_message_bytes) {
   const int p = g.size();
   const size_t esz = DTypeSize(dtype);
   Transport& t = *g.t;
@@ -345,11 +347,19 @@ std::vector<char> AllToAllPairwise(Group& g, const void* in, const std::vector<s
   }
   std::vector<size_t> soff(p), roff(p);
   size_t stotal = 0, rtotal = 0;
-  for (int j = 0; j < p; ++j) {
-    soff[j] = stotal;
-    stotal += scount[j];
-    roff[j] = rtotal;
-    rtotal += rcount[j];
+  try {  // what this rank sends and what the peers announced, before anything is allocated for it
+    for (int j = 0; j < p; ++j) {
+      CheckPeerCount(scount[j], esz, max_message_bytes, g.me, "all_to_all (this rank's send count)");
+      CheckPeerCount(rcount[j], esz, max_message_bytes, j, "all_to_all (counts)");
+      soff[j] = stotal;
+      stotal += scount[j];
+      roff[j] = rtotal;
+      rtotal = CheckedAdd(rtotal, rcount[j], "all_to_all: received counts");
+    }
+    CheckedMul(rtotal, esz, "all_to_all: received counts");
+  } catch (const CommError& e) {  // the peers would wait for data this rank will not exchange
+    t.Abort(e.what());
+    throw;
   }
   std::vector<char> out(rtotal * esz);
   const char* src = static_cast<const char*>(in);

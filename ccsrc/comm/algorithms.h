@@ -40,9 +40,10 @@ void AllGatherRing(Group& g, const void* in, void* out, const std::vector<size_t
 // in holds sum(counts) elements in members order; out receives the reduced counts[me] elements.
 void ReduceScatterRing(Group& g, const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
                        ReduceOp op);
-// send_counts[j] elements go to members[j]; returns the received elements in members order.
+// send_counts[j] elements go to members[j]; returns the received elements in members order. A
+// count sent or announced beyond `max_message_bytes` aborts the group (FrameError naming the peer).
 std::vector<char> AllToAllPairwise(Group& g, const void* in, const std::vector<size_t>& send_counts, DType dtype,
-                                   std::vector<size_t>* recv_counts);
+                                   std::vector<size_t>* recv_counts, uint64_t max_message_bytes);
 // root is a logical index.
 void BroadcastBinomial(Group& g, void* buf, size_t count, DType dtype, int root);
 void BroadcastPipelinedChain(Group& g, void* buf, size_t count, DType dtype, int root);

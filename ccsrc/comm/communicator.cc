@@ -6,6 +6,8 @@
 #include <map>
 #include <sstream>
 
+#include "comm/frame.h"
+
 namespace mshyper::comm {
 
 namespace {
@@ -131,14 +133,15 @@ std::vector<QueueDigest> Communicator::GatherQueueDigests(const QueueDigest& min
 
 void Communicator::AllReduce(void* buf, size_t count, DType dtype, ReduceOp op, const std::string& algorithm,
                              bool check) {
+  const double bytes = static_cast<double>(ByteCount(count, dtype, "all_reduce: count"));
   if (check) Check(kAllReduce, dtype, op, 0, count, 0);
   std::string algo = algorithm;
   if (algo.empty() || algo == "auto") {
-    algo = model_.Choose("all_reduce", static_cast<double>(count * DTypeSize(dtype)), ModelGroup()).algorithm;
+    algo = model_.Choose("all_reduce", bytes, ModelGroup()).algorithm;
   }
   if (algo == "hierarchical" && clusters_.size() < 2) algo = "ring";
   last_algorithm_ = algo;
-  if (algo == "ring" && direct_min_bytes >= 0 && static_cast<double>(count * DTypeSize(dtype)) >= direct_min_bytes &&
+  if (algo == "ring" && direct_min_bytes >= 0 && bytes >= direct_min_bytes &&
       size() > 1 && direct_enabled()) {
     last_algorithm_ = "ring_direct";
     AllReduceRingDirect(group_, buf, count, dtype, op);
@@ -167,6 +170,8 @@ bool Communicator::direct_enabled() {
 }
 
 void Communicator::AllGather(const void* in, void* out, size_t count, DType dtype) {
+  ByteCount(CheckedMul(count, static_cast<uint64_t>(size()), "all_gather: count x group size"), dtype,
+            "all_gather: count x group size");
   Check(kAllGather, dtype, ReduceOp::kSum, 0, count, 0);
   last_algorithm_ = "ring";
   AllGatherRing(group_, in, out, std::vector<size_t>(size(), count), dtype);
@@ -176,6 +181,7 @@ void Communicator::AllGatherV(const void* in, void* out, const std::vector<size_
   if (static_cast<int>(counts.size()) != size()) {
     throw CommError("all_gather_v: " + std::to_string(counts.size()) + " counts for a group of " + std::to_string(size()));
   }
+  ByteCount(CheckedSum(counts, "all_gather_v: counts"), dtype, "all_gather_v: counts");
   Check(kAllGatherV, dtype, ReduceOp::kSum, 0, counts[rank()], 0);
   last_algorithm_ = "ring";
   AllGatherRing(group_, in, out, counts, dtype);
@@ -187,11 +193,10 @@ void Communicator::ReduceScatter(const void* in, void* out, const std::vector<si
     throw CommError("reduce_scatter: " + std::to_string(counts.size()) + " counts for a group of " +
                     std::to_string(size()));
   }
-  uint64_t total = 0, h = 1469598103934665603ULL;
-  for (size_t c : counts) {
-    total += c;
-    h = (h ^ c) * 1099511628211ULL;
-  }
+  const uint64_t total = CheckedSum(counts, "reduce_scatter: counts");
+  ByteCount(total, dtype, "reduce_scatter: counts");
+  uint64_t h = 1469598103934665603ULL;
+  for (size_t c : counts) h = (h ^ c) * 1099511628211ULL;
   Check(kReduceScatter, dtype, op, 0, total, h);
   last_algorithm_ = "ring";
   ReduceScatterRing(group_, in, out, counts, dtype, op);
@@ -203,23 +208,22 @@ std::vector<char> Communicator::AllToAllV(const void* in, const std::vector<size
     throw CommError("all_to_all: " + std::to_string(send_counts.size()) + " send counts for a group of " +
                     std::to_string(size()));
   }
-  uint64_t total = 0;
-  if (shape_key != 0) {
-    for (size_t c : send_counts) total += c;
-  }
-  Check(kAllToAll, dtype, ReduceOp::kSum, 0, total, shape_key);
+  const uint64_t sum = CheckedSum(send_counts, "all_to_all: send_counts");
+  ByteCount(sum, dtype, "all_to_all: send_counts");
+  Check(kAllToAll, dtype, ReduceOp::kSum, 0, shape_key != 0 ? sum : 0, shape_key);
   last_algorithm_ = "pairwise";
-  return AllToAllPairwise(group_, in, send_counts, dtype, recv_counts);
+  return AllToAllPairwise(group_, in, send_counts, dtype, recv_counts, max_message_bytes);
 }
 
 void Communicator::Broadcast(void* buf, size_t count, DType dtype, int root, const std::string& algorithm) {
   if (root < 0 || root >= size()) {
     throw CommError("broadcast: root " + std::to_string(root) + " outside [0, " + std::to_string(size()) + ")");
   }
+  const double bytes = static_cast<double>(ByteCount(count, dtype, "broadcast: count"));
   Check(kBroadcast, dtype, ReduceOp::kSum, root, count, 0);
   std::string algo = algorithm;
   if (algo.empty() || algo == "auto") {
-    algo = model_.Choose("broadcast", static_cast<double>(count * DTypeSize(dtype)), ModelGroup()).algorithm;
+    algo = model_.Choose("broadcast", bytes, ModelGroup()).algorithm;
   }
   last_algorithm_ = algo;
   if (algo == "binomial") {
@@ -235,28 +239,50 @@ void Communicator::Send(const void* buf, size_t count, DType dtype, int peer) {
   if (peer < 0 || peer >= size() || peer == rank()) {
     throw CommError("send: peer " + std::to_string(peer) + " is not another rank of the group of " + std::to_string(size()));
   }
+  const uint64_t bytes = ByteCount(count, dtype, "send: count");
+  if (bytes > max_message_bytes) {
+    throw CommError("send: " + std::to_string(bytes) + " bytes to rank " + std::to_string(peer) +
+                    " exceed max_message_bytes = " + std::to_string(max_message_bytes) +
+                    " (raise it on both ranks to send more in one message)");
+  }
   uint64_t header[2] = {count, static_cast<uint64_t>(dtype)};
   int to = group_.members[peer];
   transport_->Send(to, header, sizeof(header), "send (header)");
-  transport_->Send(to, buf, count * DTypeSize(dtype), "send");
+  transport_->Send(to, buf, bytes, "send");
 }
 
 void Communicator::Recv(void* buf, size_t count, DType dtype, int peer) {
   if (peer < 0 || peer >= size() || peer == rank()) {
     throw CommError("recv: peer " + std::to_string(peer) + " is not another rank of the group of " + std::to_string(size()));
   }
+  const uint64_t bytes = ByteCount(count, dtype, "recv: count");
   uint64_t header[2] = {0, 0};
   int from = group_.members[peer];
   transport_->Recv(from, header, sizeof(header), "recv (header)");
-  if (header[0] != count || header[1] != static_cast<uint64_t>(dtype)) {
-    // Drain the message so the stream stays usable, then report both sides.
-    std::vector<char> sink(header[0] * DTypeSize(static_cast<DType>(header[1])));
-    transport_->Recv(from, sink.data(), sink.size(), "recv (drain)");
-    throw CommMismatch("send/recv mismatch: rank " + std::to_string(peer) + " sends " + std::to_string(header[0]) +
-                       " x " + DTypeName(static_cast<DType>(header[1])) + " but rank " + std::to_string(rank()) +
-                       " expects " + std::to_string(count) + " x " + DTypeName(dtype));
+  DType sent_dtype = DType::kUInt8;
+  uint64_t sent_bytes = 0;
+  try {
+    sent_bytes = CheckMessageHeader(header, peer, &sent_dtype);
+    CheckPeerCount(header[0], DTypeSize(sent_dtype), max_message_bytes, peer, "recv (header)");
+  } catch (const FrameError& e) {  // nothing to skip or drain by: the stream from the peer is lost
+    transport_->Abort(e.what());
+    throw;
   }
-  transport_->Recv(from, buf, count * DTypeSize(dtype), "recv");
+  if (header[0] != count || sent_dtype != dtype) {
+    // Drain the message so the stream stays usable (in chunks: nothing of the announced size is
+    // allocated; the padding of the sender's one message is that of the last chunk), then report both sides.
+    constexpr uint64_t kChunk = 64 << 10;
+    std::vector<char> sink(static_cast<size_t>(std::min(kChunk, sent_bytes)));
+    for (uint64_t done = 0; done < sent_bytes;) {
+      const uint64_t n = std::min(kChunk, sent_bytes - done);
+      transport_->Recv(from, sink.data(), static_cast<size_t>(n), "recv (drain)");
+      done += n;
+    }
+    throw CommMismatch("send/recv mismatch: rank " + std::to_string(peer) + " sends " + std::to_string(header[0]) +
+                       " x " + DTypeName(sent_dtype) + " but rank " + std::to_string(rank()) + " expects " +
+                       std::to_string(count) + " x " + DTypeName(dtype));
+  }
+  transport_->Recv(from, buf, bytes, "recv");
 }
 
 void Communicator::Barrier() {

@@ -37,6 +37,11 @@ class Communicator {
   // Ring all-reduces of at least this many bytes use single-copy direct reads when every rank's
   // transport supports them (shm: cross-memory attach); <0 disables.
   double direct_min_bytes = 1 << 20;
+  // The most bytes of one message: a send of more is a CommError; a peer announcing more (a
+  // send/recv header, the part of an all_to_all from one peer) is a FrameError and aborts the
+  // group, before anything is allocated or drained for it. Same value on every rank.
+  uint64_t max_message_bytes = kDefaultMaxMessageBytes;
+  static constexpr uint64_t kDefaultMaxMessageBytes = 1ULL << 30;
   bool direct_enabled();  // collective on first use: probes every rank, agrees on the minimum
 
   // check=false skips the cross-rank check even with `validate` (the caller knows the ranks agree).

@@ -7,7 +7,8 @@
 namespace mshyper::comm {
 
 InProcCommunicator::InProcCommunicator(int n, std::shared_ptr<const Topology> topology, std::vector<int> devices,
-                         size_t channel_bytes, double timeout, TransportParams params) {
+                         size_t channel_bytes, double timeout, TransportParams params)
+    : timeout_(timeout) {
   if (n <= 0) throw CommError("in-process group needs at least one rank, got " + std::to_string(n));
   hub_ = std::make_shared<InProcHub>(n, channel_bytes);
   agg_hub_ = std::make_shared<InProcHub>(n, channel_bytes);
@@ -103,7 +104,7 @@ void InProcCommunicator::Run(const std::function<void(int)>& fn) {
 void InProcCommunicator::EnableAggregation(size_t packet_bytes, double max_delay_s) {
   CloseAggregators();
   for (auto& c : agg_comms_) {
-    aggs_.push_back(std::make_shared<Aggregator>(std::make_shared<CommunicatorBackend>(c), packet_bytes, max_delay_s));
+    aggs_.push_back(std::make_shared<Aggregator>(std::make_shared<CommunicatorBackend>(c), packet_bytes, max_delay_s, timeout_));
   }
 }
 

@@ -34,6 +34,7 @@ class InProcCommunicator {
   void Worker(int rank);
   void StopWorkers();
 
+  double timeout_;      // the transports' timeout, also the aggregators' flush deadline
   std::mutex run_mu_;   // one Run at a time
   std::mutex pool_mu_;
   std::condition_variable pool_cv_, done_cv_;

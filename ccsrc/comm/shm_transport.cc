@@ -14,33 +14,11 @@
 #include <fstream>
 #include <thread>
 
+#include "comm/shm_segment.h"
+
 namespace mshyper::comm {
 
 namespace {
-
-constexpr uint64_t kMagic = 0x4d5348595045524dULL;  // "MSHYPERM"
-constexpr int kMaxRanks = 256;
-
-struct alignas(64) ShmHeader {
-  uint64_t magic;
-  int32_t size;
-  int32_t pad;
-  uint64_t channel_bytes;
-  uint64_t total_bytes;
-  std::atomic<int32_t> ready;
-  std::atomic<int32_t> attached;
-  std::atomic<int32_t> aborted;
-  int32_t pad2;
-  char abort_msg[512];
-  std::atomic<int32_t> pids[kMaxRanks];
-  uint64_t probe_addr[kMaxRanks];  // where each rank's process maps pids[rank] (direct-read probe)
-};
-
-size_t HeaderBytes() { return (sizeof(ShmHeader) + 63) & ~static_cast<size_t>(63); }
-
-size_t ChannelStride(size_t cap) { return sizeof(ChannelHeader) + cap; }
-
-std::string ShmName(const std::string& name) { return name.empty() || name[0] != '/' ? "/" + name : name; }
 
 bool ProcessGone(int pid, std::string* detail) {
   if (pid <= 0) return false;
@@ -63,26 +41,47 @@ bool ProcessGone(int pid, std::string* detail) {
   return false;
 }
 
-// Creator of segment `name` from its header: its pid (0 if not readable or not initialised yet)
-// and whether the segment is one of ours (magic).
+// Creator of segment `name` from its header: whether it is this user's private segment (owner
+// and mode; nothing of another user's file is mapped), its owner uid, whether it is one of ours
+// (magic), whether it is still blank (not sized or no magic written yet: its creator is setting it
+// up) and its creator's pid (0 if not initialised yet).
 struct SegmentOwner {
+  bool exists = false;
+  bool private_to_us = false;
+  uid_t uid = 0;
   bool ours = false;
+  bool blank = false;
   int pid = 0;
 };
 
 SegmentOwner ReadOwner(const std::string& name) {
   SegmentOwner owner;
-  int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  struct stat path_st;
+  if (lstat(("/dev/shm" + name).c_str(), &path_st) == 0) {
+    owner.exists = true;
+    owner.uid = path_st.st_uid;
+  }
+  int fd = shm_open(name.c_str(), O_RDONLY | O_NONBLOCK, 0);  // a FIFO of that name must not block us
   if (fd < 0) return owner;
-  struct stat st;
-  if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= sizeof(ShmHeader)) {
-    void* mem = mmap(nullptr, sizeof(ShmHeader), PROT_READ, MAP_SHARED, fd, 0);
-    if (mem != MAP_FAILED) {
-      const auto* hdr = static_cast<const ShmHeader*>(mem);
-      owner.ours = hdr->magic == kMagic;
-      owner.pid = hdr->pids[0].load();
-      munmap(mem, sizeof(ShmHeader));
+  owner.exists = true;
+  try {
+    const uint64_t bytes = CheckSegmentFile(fd, name);
+    owner.private_to_us = true;
+    owner.uid = geteuid();
+    owner.blank = bytes < sizeof(ShmHeader);
+    if (!owner.blank) {
+      void* mem = mmap(nullptr, sizeof(ShmHeader), PROT_READ, MAP_SHARED, fd, 0);
+      if (mem != MAP_FAILED) {
+        const auto* hdr = static_cast<const ShmHeader*>(mem);
+        owner.ours = hdr->magic == kShmMagic;
+        owner.blank = hdr->magic == 0;
+        owner.pid = hdr->pids[0].load();
+        munmap(mem, sizeof(ShmHeader));
+      }
     }
+  } catch (const CommError&) {
+    struct stat st;
+    if (fstat(fd, &st) == 0) owner.uid = st.st_uid;
   }
   close(fd);
   return owner;
@@ -92,11 +91,12 @@ SegmentOwner ReadOwner(const std::string& name) {
 bool SegmentStale(const std::string& name) {
   SegmentOwner owner = ReadOwner(name);
   std::string detail;
-  return owner.ours && ProcessGone(owner.pid, &detail);
+  return owner.private_to_us && owner.ours && ProcessGone(owner.pid, &detail);
 }
 
-// Rank 0's new segment. An existing one of the same name is removed only when it is stale: a
-// live one belongs to another group (another job, or a group of this job not yet complete).
+// Rank 0's new segment, mode 0600 whatever the umask. An existing one of the same name is removed
+// only when it is stale: a live one belongs to another group (another job, or a group of this job
+// not yet complete), another user's can be neither used nor removed.
 int CreateSegment(const std::string& name) {
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   int err = errno;
@@ -105,118 +105,125 @@ int CreateSegment(const std::string& name) {
     fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     err = errno;
   }
-  if (fd >= 0) return fd;
+  if (fd >= 0) {
+    if (fchmod(fd, 0600) != 0) {
+      err = errno;
+      close(fd);
+      shm_unlink(name.c_str());
+      throw CommError("shm transport: cannot set the mode of " + name + ": " + std::strerror(err));
+    }
+    return fd;
+  }
   if (err != EEXIST) throw CommError("shm transport: cannot create " + name + ": " + std::strerror(err));
   SegmentOwner owner = ReadOwner(name);
-  std::string who = !owner.ours       ? "is not a mindspore_hyper group segment"
-                    : owner.pid > 0 ? "belongs to the live process " + std::to_string(owner.pid)
-                                    : "is being created by another process";
+  std::string who = !owner.private_to_us ? "is owned by uid " + std::to_string(owner.uid) +
+                                               " or not private to this user (another user created it)"
+                    : owner.blank        ? "is being created by another process"
+                    : !owner.ours        ? "is not a mindspore_hyper group segment"
+                    : owner.pid > 0      ? "belongs to the live process " + std::to_string(owner.pid)
+                                         : "is being created by another process";
   throw CommError("shm transport: segment " + name + " already exists and " + who +
                   ": another group uses the same name (give each group of a job, and each job, its own name)");
 }
 
+// Closes a descriptor on every path out of the constructor.
+struct FdGuard {
+  int fd = -1;
+  ~FdGuard() {
+    if (fd >= 0) close(fd);
+  }
+};
+
 }  // namespace
 
 ShmTransport::ShmTransport(const std::string& name, int rank, int size, size_t channel_bytes, double timeout)
-    : Transport(rank, size), seg_name_(ShmName(name)) {
-  if (size <= 0 || size > kMaxRanks) {
-    throw CommError("shm transport: group size " + std::to_string(size) + " outside [1, 256]");
-  }
+    : Transport(rank, size), seg_name_(ShmName(name)), layout_(SegmentLayout::For(size, channel_bytes)) {
   if (rank < 0 || rank >= size) {
     throw CommError("shm transport: rank " + std::to_string(rank) + " outside [0, " + std::to_string(size) + ")");
   }
   set_timeout(timeout);
-  size_t cap = std::max<size_t>(4096, channel_bytes & ~static_cast<size_t>(63));
-  size_t nch = static_cast<size_t>(size) * size;
-  total_ = HeaderBytes() + nch * ChannelStride(cap);
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
-  int fd = -1;
+  total_ = layout_.total_bytes;
+  const auto deadline = std::chrono::steady_clock::now() + WaitDuration(timeout);
+  FdGuard fd;
   if (rank == 0) {
-    fd = CreateSegment(seg_name_);
-    if (ftruncate(fd, static_cast<off_t>(total_)) != 0) {
+    fd.fd = CreateSegment(seg_name_);
+    if (ftruncate(fd.fd, static_cast<off_t>(total_)) != 0) {
       int err = errno;
-      close(fd);
       shm_unlink(seg_name_.c_str());
       throw CommError("shm transport: cannot size " + seg_name_ + ": " + std::strerror(err));
     }
   } else {
     while (true) {
-      fd = shm_open(seg_name_.c_str(), O_RDWR, 0600);
-      if (fd >= 0) {
-        struct stat st;
-        if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == total_) break;
-        if (fstat(fd, &st) == 0 && st.st_size != 0 && static_cast<size_t>(st.st_size) != total_) {
-          close(fd);
-          throw CommMismatch("shm transport: segment " + seg_name_ + " has " + std::to_string(st.st_size) +
+      fd.fd = shm_open(seg_name_.c_str(), O_RDWR | O_NONBLOCK, 0600);
+      if (fd.fd < 0 && errno != ENOENT) {
+        const int err = errno;
+        SegmentOwner owner = ReadOwner(seg_name_);
+        throw CommError("shm transport: rank " + std::to_string(rank) + " cannot open segment " + seg_name_ + ": " +
+                        std::strerror(err) + (owner.exists ? " (owner uid " + std::to_string(owner.uid) + ")" : "") +
+                        ": refusing to attach to a segment this user did not create");
+      }
+      if (fd.fd >= 0) {
+        const uint64_t bytes = CheckSegmentFile(fd.fd, seg_name_);  // owner and mode before anything is mapped
+        if (bytes == total_) break;
+        if (bytes != 0) {
+          throw CommMismatch("shm transport: segment " + seg_name_ + " has " + std::to_string(bytes) +
                              " bytes but rank " + std::to_string(rank) + " expects " + std::to_string(total_) +
                              " (group size or channel_bytes differ between ranks)");
         }
-        close(fd);
-        fd = -1;
+        close(fd.fd);
+        fd.fd = -1;
       }
       if (std::chrono::steady_clock::now() > deadline) {
         throw CommTimeout("shm transport: rank " + std::to_string(rank) + " timed out after " +
-                          std::to_string(timeout) + " s waiting for rank 0 to create " + seg_name_);
+                          std::to_string(timeout) + " s waiting for rank 0 to create " + seg_name_ +
+                          " (ranks of one job must share its token: see docs/comm.md, Security model)");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   }
-  void* mem = mmap(nullptr, total_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
+  void* mem = mmap(nullptr, total_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.fd, 0);
   if (mem == MAP_FAILED) {
+    const int err = errno;
     if (rank == 0) shm_unlink(seg_name_.c_str());
-    throw CommError("shm transport: mmap of " + seg_name_ + " failed: " + std::strerror(errno));
+    throw CommError("shm transport: mmap of " + seg_name_ + " failed: " + std::strerror(err));
   }
   base_ = static_cast<char*>(mem);
+  try {
+    Attach(deadline);
+  } catch (...) {
+    munmap(base_, total_);
+    base_ = nullptr;
+    throw;
+  }
+}
+
+void ShmTransport::Attach(std::chrono::steady_clock::time_point deadline) {
   auto* hdr = reinterpret_cast<ShmHeader*>(base_);
-  if (rank == 0) {
-    new (hdr) ShmHeader;
-    hdr->magic = kMagic;
-    hdr->size = size;
-    hdr->channel_bytes = cap;
-    hdr->total_bytes = total_;
-    hdr->attached.store(0);
-    hdr->aborted.store(0);
-    for (int i = 0; i < kMaxRanks; ++i) hdr->pids[i].store(0);
-    for (size_t i = 0; i < nch; ++i) {
-      auto* ch = reinterpret_cast<ChannelHeader*>(base_ + HeaderBytes() + i * ChannelStride(cap));
-      new (ch) ChannelHeader;
-      Channel::Init(ch, cap);
-    }
-    hdr->pids[0].store(static_cast<int32_t>(getpid()));
-    hdr->ready.store(1, std::memory_order_release);
+  const size_t nch = layout_.channels();
+  if (rank_ == 0) {
+    InitSegment(base_, layout_, static_cast<int32_t>(getpid()));
   } else {
     while (hdr->ready.load(std::memory_order_acquire) != 1) {
       if (std::chrono::steady_clock::now() > deadline) {
-        munmap(base_, total_);
-        base_ = nullptr;
         shm_unlink(seg_name_.c_str());
-        throw CommTimeout("shm transport: rank " + std::to_string(rank) + " timed out waiting for " + seg_name_ +
+        throw CommTimeout("shm transport: rank " + std::to_string(rank_) + " timed out waiting for " + seg_name_ +
                           " to be initialised by rank 0");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    if (hdr->magic != kMagic || hdr->size != size || hdr->channel_bytes != cap) {
-      int other = hdr->size;
-      uint64_t other_cap = hdr->channel_bytes;
-      munmap(base_, total_);
-      base_ = nullptr;
-      throw CommMismatch("shm transport: rank 0 created " + seg_name_ + " for size " + std::to_string(other) +
-                         " with channel_bytes " + std::to_string(other_cap) + ", rank " + std::to_string(rank) +
-                         " expects size " + std::to_string(size) + " with channel_bytes " + std::to_string(cap));
-    }
+    ValidateSegment(base_, total_, layout_, seg_name_);
   }
-  hdr->pids[rank].store(static_cast<int32_t>(getpid()));
-  hdr->probe_addr[rank] = reinterpret_cast<uint64_t>(&hdr->pids[rank]);
-  if (hdr->attached.fetch_add(1) + 1 == size) shm_unlink(seg_name_.c_str());  // the last one in
+  hdr->pids[rank_].store(static_cast<int32_t>(getpid()));
+  hdr->probe_addr[rank_] = reinterpret_cast<uint64_t>(&hdr->pids[rank_]);
+  if (hdr->attached.fetch_add(1) + 1 == size_) shm_unlink(seg_name_.c_str());  // the last one in
   channels_.resize(nch);
   for (size_t i = 0; i < nch; ++i) {
-    auto* ch = reinterpret_cast<ChannelHeader*>(base_ + HeaderBytes() + i * ChannelStride(cap));
-    channels_[i] = Channel(ch, reinterpret_cast<char*>(ch) + sizeof(ChannelHeader));
+    auto* ch = reinterpret_cast<ChannelHeader*>(base_ + layout_.ChannelOffset(i));
+    channels_[i] = Channel(ch, reinterpret_cast<char*>(ch) + sizeof(ChannelHeader), layout_.capacity);
   }
-  while (hdr->attached.load(std::memory_order_acquire) < size) {
+  while (hdr->attached.load(std::memory_order_acquire) < size_) {
     std::string detail;
-    for (int p = 0; p < size; ++p) {
+    for (int p = 0; p < size_; ++p) {
       if (ProcessGone(hdr->pids[p].load(), &detail)) {
         shm_unlink(seg_name_.c_str());
         throw CommTimeout("shm transport: rank " + std::to_string(p) + " died while the group formed (" + detail + ")");
@@ -224,11 +231,21 @@ ShmTransport::ShmTransport(const std::string& name, int rank, int size, size_t c
     }
     if (std::chrono::steady_clock::now() > deadline) {
       shm_unlink(seg_name_.c_str());
-      throw CommTimeout("shm transport: rank " + std::to_string(rank) + " timed out after " + std::to_string(timeout) +
-                        " s: only " + std::to_string(hdr->attached.load()) + " of " + std::to_string(size) +
-                        " ranks attached to " + seg_name_);
+      throw CommTimeout("shm transport: rank " + std::to_string(rank_) + " timed out after " +
+                        std::to_string(timeout()) + " s: only " + std::to_string(hdr->attached.load()) + " of " +
+                        std::to_string(size_) + " ranks attached to " + seg_name_);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // Every rank wrote its pid before it counted itself in: from here on the pids are this
+  // process's own copy (a later write to the header cannot redirect a liveness check or a read).
+  pids_.resize(size_);
+  for (int p = 0; p < size_; ++p) {
+    pids_[p] = hdr->pids[p].load(std::memory_order_acquire);
+    if (pids_[p] <= 0) {
+      throw CommError("shm transport: segment " + seg_name_ + " is corrupt: rank " + std::to_string(p) + "'s pid is " +
+                      std::to_string(pids_[p]));
+    }
   }
 }
 
@@ -236,9 +253,7 @@ ShmTransport::~ShmTransport() {
   if (base_ != nullptr) munmap(base_, total_);
 }
 
-int ShmTransport::peer_pid(int peer) const {
-  return reinterpret_cast<ShmHeader*>(base_)->pids[peer].load();
-}
+int ShmTransport::peer_pid(int peer) const { return pids_.at(static_cast<size_t>(peer)); }
 
 bool ShmTransport::DirectCapable() {
   if (direct_ >= 0) return direct_ == 1;

@@ -1,13 +1,22 @@
 // Shared-memory transport between processes on one host: one POSIX shared-memory segment per
-// group holding a header (pids, attach count, abort flag) and size*(size-1) SPSC channels.
+// group holding a header (pids, attach count, abort flag) and size*size SPSC channels
+// (layout and checks: shm_segment.h).
 //
 // Lifetime: rank 0 creates the segment (removing one of the same name only when its creator
 // process is gone; a live one is another group's: CommError naming the segment); the others
 // open it; the LAST rank to attach unlinks the name. From then on nothing is left in /dev/shm
 // whatever happens to any rank (the kernel frees the memory when the last mapping goes). A rank
 // that gives up while waiting for the others to attach unlinks the name too.
+//
+// Trust: a rank attaches only to a segment that is a regular file of its own user with mode
+// 0600 (checked before mapping), validates the header and every channel header against its
+// own layout once, and from then on uses its own copies of the geometry and of the peers' pids.
 #pragma once
+#include <chrono>
 #include <string>
+#include <vector>
+
+#include "comm/shm_segment.h"
 
 #include "comm/transport.h"
 
@@ -36,7 +45,12 @@ class ShmTransport : public Transport {
   void SetAborted(const std::string& why) override;
 
  private:
+  // Rank 0 initialises, the others validate; every rank counts itself in and waits for the rest.
+  void Attach(std::chrono::steady_clock::time_point deadline);
+
   std::string seg_name_;
+  SegmentLayout layout_;
+  std::vector<int32_t> pids_;  // every rank's pid, copied once the group formed
   char* base_ = nullptr;
   size_t total_ = 0;
   std::vector<Channel> channels_;

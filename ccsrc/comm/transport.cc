@@ -17,6 +17,7 @@ bool Transport::StepSend(Xfer& x) {
     char* p;
     size_t w = ch.Writable(&p);
     if (w == 0) return moved;
+    if (w == Channel::kCorrupt) FailCorruptChannel(x.peer, true);
     size_t n = std::min(w, limit - x.done);
     std::memcpy(p, x.buf + x.done, n);
     ch.Commit(n);
@@ -29,6 +30,7 @@ bool Transport::StepSend(Xfer& x) {
       char* p;
       size_t w = ch.Writable(&p);
       if (w == 0) return moved;
+      if (w == Channel::kCorrupt) FailCorruptChannel(x.peer, true);
       size_t n = std::min(w, pad - x.pad_done);
       ch.Commit(n);
       x.pad_done += n;
@@ -45,6 +47,7 @@ bool Transport::StepRecv(Xfer& x) {
   while (x.done < x.bytes) {
     const char* p;
     size_t r = ch.Readable(&p);
+    if (r == Channel::kCorrupt) FailCorruptChannel(x.peer, false);
     size_t n = std::min(r, x.bytes - x.done);
     n -= n % esz;
     if (n == 0) return moved;
@@ -61,6 +64,7 @@ bool Transport::StepRecv(Xfer& x) {
   while (x.pad_done < pad) {
     const char* p;
     size_t r = ch.Readable(&p);
+    if (r == Channel::kCorrupt) FailCorruptChannel(x.peer, false);
     size_t n = std::min(r, pad - x.pad_done);
     if (n == 0) return moved;
     ch.Consume(n);
@@ -129,6 +133,14 @@ bool Transport::CheckAbortedAndPeer(int peer, const char* what, std::string* det
                       " because the group was aborted: " + why);
   }
   return peer >= 0 && peer != rank_ && PeerDead(peer, detail);
+}
+
+void Transport::FailCorruptChannel(int peer, bool sending) {
+  std::string msg = name() + " transport: rank " + std::to_string(rank_) + ": the channel " +
+                    (sending ? "to" : "from") + " rank " + std::to_string(peer) +
+                    " is corrupt (head - tail exceeds its capacity: its shared memory was overwritten)";
+  SetAborted(msg);
+  throw CommError(msg);
 }
 
 void Transport::FailDeadPeer(int peer, const char* what, const std::string& detail) {
@@ -210,7 +222,7 @@ Channel& InProcHub::Get(int src, int dst) {
     auto* hdr = new (p) ChannelHeader;
     Channel::Init(hdr, cap_);
     mem_[idx] = p;
-    channels_[idx] = Channel(hdr, p + sizeof(ChannelHeader));
+    channels_[idx] = Channel(hdr, p + sizeof(ChannelHeader), cap_);
   }
   return channels_[idx];
 }

@@ -82,6 +82,8 @@ class Transport {
   // may still have left data in the channel: the caller drains it before failing).
   bool CheckAbortedAndPeer(int peer, const char* what, std::string* detail);
   [[noreturn]] void FailDeadPeer(int peer, const char* what, const std::string& detail);
+  // Aborts the group and throws CommError: the channel to (sending) or from `peer` is corrupt.
+  [[noreturn]] void FailCorruptChannel(int peer, bool sending);
 
   class Waiter {
    public:

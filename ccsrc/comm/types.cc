@@ -46,6 +46,32 @@ DType DTypeFromName(const std::string& name) {
   throw CommError("unsupported dtype '" + name + "': expected float32, float16, int32, float64, int64 or uint8");
 }
 
+bool DTypeFromCode(uint64_t code, DType* out) {
+  if (code > static_cast<uint64_t>(DType::kUInt8)) return false;
+  *out = static_cast<DType>(code);
+  return true;
+}
+
+uint64_t CheckedMul(uint64_t a, uint64_t b, const char* what) {
+  uint64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) {
+    throw CommError(std::string(what) + ": " + std::to_string(a) + " x " + std::to_string(b) + " overflows 64 bits");
+  }
+  return r;
+}
+
+uint64_t CheckedAdd(uint64_t a, uint64_t b, const char* what) {
+  uint64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) {
+    throw CommError(std::string(what) + ": " + std::to_string(a) + " + " + std::to_string(b) + " overflows 64 bits");
+  }
+  return r;
+}
+
+uint64_t ByteCount(uint64_t count, DType dtype, const char* what) {
+  return CheckedMul(count, DTypeSize(dtype), what);
+}
+
 std::chrono::steady_clock::duration WaitDuration(double seconds) {
   constexpr double kMaxSeconds = 1e8;
   if (!(seconds > 0)) return std::chrono::steady_clock::duration::zero();

@@ -43,6 +43,22 @@ uint16_t FloatToHalf(float f);
 
 inline size_t RoundUp8(size_t n) { return (n + 7) & ~static_cast<size_t>(7); }
 
+// The dtype of a wire code (a value a peer sent), or false when it names none.
+bool DTypeFromCode(uint64_t code, DType* out);
+// Overflow-checked size arithmetic at the library's boundary: CommError naming `what` when the
+// exact result does not fit in 64 bits.
+uint64_t CheckedMul(uint64_t a, uint64_t b, const char* what);
+uint64_t CheckedAdd(uint64_t a, uint64_t b, const char* what);
+// Bytes of `count` elements of `dtype` (CheckedMul).
+uint64_t ByteCount(uint64_t count, DType dtype, const char* what);
+// Sum of `counts` (CheckedAdd).
+template <class Counts>
+uint64_t CheckedSum(const Counts& counts, const char* what) {
+  uint64_t total = 0;
+  for (auto c : counts) total = CheckedAdd(total, static_cast<uint64_t>(c), what);
+  return total;
+}
+
 // `seconds` as a steady-clock duration that cannot overflow: NaN and negative give 0, anything
 // above ~3 years (inf included) gives ~3 years, i.e. "no limit" for a wait.
 std::chrono::steady_clock::duration WaitDuration(double seconds);

@@ -30,10 +30,24 @@ uint64_t DtypeSize(const char* dtype) {
   return 0;
 }
 
-uint64_t Bytes(int ndim, const int64_t* shape, const char* dtype) {
+// Bytes of a tensor argument; throws (the kernel then fails naming it) for an unknown dtype, a
+// negative rank or dimension, or a size that overflows 64 bits.
+uint64_t Bytes(int ndim, const int64_t* shape, const char* dtype, const char* arg) {
   uint64_t n = DtypeSize(dtype);
-  for (int i = 0; i < ndim; ++i) n *= static_cast<uint64_t>(shape[i]);
+  if (n == 0) throw std::runtime_error(std::string(arg) + ": unsupported dtype " + (dtype ? dtype : "(null)"));
+  if (ndim < 0) throw std::runtime_error(std::string(arg) + ": negative rank " + std::to_string(ndim));
+  for (int i = 0; i < ndim; ++i) {
+    if (shape[i] < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(shape[i]), &n)) {
+      throw std::runtime_error(std::string(arg) + ": dimension " + std::to_string(i) + " = " +
+                               std::to_string(shape[i]) + " is negative or overflows the size");
+    }
+  }
   return n;
+}
+
+// Whether a kernel argument is the int64[1] holding an id.
+bool IsId(int ndim, const int64_t* shape, const char* dtype) {
+  return ndim == 1 && shape[0] == 1 && dtype != nullptr && std::string(dtype) == "int64";
 }
 
 int Fail(const char* op, const std::string& why) {
@@ -63,7 +77,7 @@ extern "C" __attribute__((visibility("default"))) int MsHyperStoreFetch(int npar
     if (ndims[0] != 1 || shapes[0][0] != 2) return Fail("MsHyperStoreFetch", "ref must be int64[2]");
     uint64_t tid = 0;
     auto store = StoreOf(params[0], &tid);
-    store->Get(tid, params[1], Bytes(ndims[1], shapes[1], dtypes[1]));
+    store->Get(tid, params[1], Bytes(ndims[1], shapes[1], dtypes[1], "out"));
     return 0;
   } catch (const std::exception& e) {
     return Fail("MsHyperStoreFetch", e.what());
@@ -77,7 +91,7 @@ extern "C" __attribute__((visibility("default"))) int MsHyperStorePut(int nparam
   try {
     if (nparam != 3) return Fail("MsHyperStorePut", "expects 2 inputs and 1 output");
     if (ndims[1] != 1 || shapes[1][0] != 2) return Fail("MsHyperStorePut", "ref must be int64[2]");
-    const uint64_t n = Bytes(ndims[0], shapes[0], dtypes[0]);
+    const uint64_t n = Bytes(ndims[0], shapes[0], dtypes[0], "x");
     uint64_t tid = 0;
     auto store = StoreOf(params[1], &tid);
     store->Update(tid, params[0], n);
@@ -90,10 +104,13 @@ extern "C" __attribute__((visibility("default"))) int MsHyperStorePut(int nparam
   }
 }
 
-extern "C" __attribute__((visibility("default"))) int MsHyperFence(int nparam, void** params, int* /*ndims*/,
-                                 int64_t** /*shapes*/, const char** /*dtypes*/, void* /*stream*/,
+extern "C" __attribute__((visibility("default"))) int MsHyperFence(int nparam, void** params, int* ndims,
+                                 int64_t** shapes, const char** dtypes, void* /*stream*/,
                                  void* /*extra*/) {
   if (nparam != 2) return Fail("MsHyperFence", "expects 1 input and 1 output");
+  if (!IsId(ndims[0], shapes[0], dtypes[0]) || !IsId(ndims[1], shapes[1], dtypes[1])) {
+    return Fail("MsHyperFence", "id and out must be int64[1]");
+  }
   int64_t id;
   std::memcpy(&id, params[0], sizeof(id));
   std::memcpy(params[1], &id, sizeof(id));
@@ -106,10 +123,13 @@ extern "C" __attribute__((visibility("default"))) int MsHyperCopyOut(int nparam,
                                    void* /*extra*/) {
   try {
     if (nparam != 3) return Fail("MsHyperCopyOut", "expects 2 inputs and 1 output");
-    if (DtypeSize(dtypes[0]) == 0) return Fail("MsHyperCopyOut", std::string("unsupported dtype ") + dtypes[0]);
+    if (!IsId(ndims[1], shapes[1], dtypes[1]) || !IsId(ndims[2], shapes[2], dtypes[2])) {
+      return Fail("MsHyperCopyOut", "id and out must be int64[1]");
+    }
+    const uint64_t n = Bytes(ndims[0], shapes[0], dtypes[0], "x");
     int64_t id;
     std::memcpy(&id, params[1], sizeof(id));
-    mshyper::kernels::MailboxDeliver(static_cast<uint64_t>(id), params[0], Bytes(ndims[0], shapes[0], dtypes[0]));
+    mshyper::kernels::MailboxDeliver(static_cast<uint64_t>(id), params[0], n);
     std::memcpy(params[2], &id, sizeof(id));
     return 0;
   } catch (const std::exception& e) {

@@ -97,7 +97,8 @@ class BlockStore {
   uint64_t Version(uint64_t id) const;  // current seq (even unless a write is in progress)
   bool HasValidCopy(uint64_t id, Tier tier) const;
   int PinCount(uint64_t id, Tier tier) const;
-  // File path and byte offset of the block's disk slot (empty path if it has none).
+  // A path this process can open to the block's disk file (/proc/self/fd/N: the file itself has no
+  // name) and the slot's byte offset in it (empty path if it has none).
   std::pair<std::string, uint64_t> DiskLocation(uint64_t id) const;
   // Ids of the blocks with a valid copy in `tier`, least recently used first.
   std::vector<uint64_t> LruOrder(Tier tier) const;

@@ -60,6 +60,19 @@ void PwriteFull(int fd, const void* src, uint64_t len, uint64_t off, const std::
   }
 }
 
+int OpenFlags(bool direct) { return O_RDWR | O_CLOEXEC | (direct ? O_DIRECT : 0); }
+
+// A new file in `dir` that no other process sees and that no exit, crash or SIGKILL leaves
+// behind: anonymous (O_TMPFILE) where the file system supports it, else created as `path` and
+// unlinked at once. Returns -1 with errno set on failure.
+int OpenUnlinked(const std::string& dir, const std::string& path, bool direct) {
+  int fd = ::open(dir.c_str(), O_TMPFILE | OpenFlags(direct), 0600);
+  if (fd >= 0) return fd;
+  fd = ::open(path.c_str(), O_CREAT | O_EXCL | OpenFlags(direct), 0600);
+  if (fd >= 0) ::unlink(path.c_str());
+  return fd;
+}
+
 }  // namespace
 
 DiskTier::DiskTier(const StoreConfig& config)
@@ -87,8 +100,7 @@ DiskTier::DiskTier(const StoreConfig& config)
 
 DiskTier::~DiskTier() {
   for (auto& f : files_) {
-    if (f.fd >= 0) ::close(f.fd);
-    ::unlink(f.path.c_str());
+    if (f.fd >= 0) ::close(f.fd);  // the file has no name: closing it frees its blocks
   }
 }
 
@@ -114,10 +126,10 @@ int64_t DiskTier::Reserve() {
     // Direct I/O needs 4KB-aligned buffers, offsets and lengths: slots are 4KB-aligned, disk
     // offsets are multiples of the block size and copies are whole 4KB pages (CopyLen).
     const bool want_direct = drop_page_cache_ && direct_io_ && bs % 4096 == 0;
-    f.fd = ::open(f.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | (want_direct ? O_DIRECT : 0), 0600);
+    f.fd = OpenUnlinked(dir_, f.path, want_direct);
     f.direct = want_direct && f.fd >= 0;
     if (f.fd < 0 && want_direct && errno == EINVAL) {  // the file system refuses O_DIRECT
-      f.fd = ::open(f.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      f.fd = OpenUnlinked(dir_, f.path, false);
     }
     if (f.fd < 0) {
       throw DiskError("cannot create disk-tier file '" + f.path + "': " + Errno(errno));
@@ -125,7 +137,6 @@ int64_t DiskTier::Reserve() {
     const int rc = ::posix_fallocate(f.fd, 0, static_cast<off_t>(bpf * bs));
     if (rc != 0) {
       ::close(f.fd);
-      ::unlink(f.path.c_str());
       throw DiskError("cannot preallocate " + std::to_string(bpf * bs) + " bytes for disk-tier file '" +
                       f.path + "': " + Errno(rc));
     }

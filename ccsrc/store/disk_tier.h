@@ -1,6 +1,7 @@
 // The disk tier of the block store: block-sized slots in files preallocated a few blocks at a time
 // in one directory, read and written with pread/pwrite (preadv for runs of adjacent slots),
-// optionally keeping the page cache out (O_DIRECT, else posix_fadvise DONTNEED).
+// optionally keeping the page cache out (O_DIRECT, else posix_fadvise DONTNEED). The files have
+// no name (O_TMPFILE, or unlinked right after open), so a killed process leaves none behind.
 //
 // Slot bookkeeping (Reserve, Release, Locate, counters) is guarded by the BlockStore's mutex. The
 // I/O calls take a DiskExtent located under that mutex and touch no shared state, so they run
@@ -22,7 +23,7 @@ struct DiskExtent {
   int fd = -1;
   bool direct = false;  // the file was opened with O_DIRECT
   uint64_t offset = 0;  // bytes into the file
-  std::string path;
+  std::string path;     // names the file in messages (it has no name on disk)
 };
 
 class DiskTier {
@@ -30,7 +31,7 @@ class DiskTier {
   // Creates the directory (config.disk_dir, "" = $TMPDIR or /tmp) and checks it takes a new file.
   // Raises DiskError otherwise.
   explicit DiskTier(const StoreConfig& config);
-  // Closes and removes the tier's files.
+  // Closes the tier's files (unnamed: their space is freed).
   ~DiskTier();
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;

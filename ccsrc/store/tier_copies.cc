@@ -68,7 +68,7 @@ std::pair<std::string, uint64_t> TierCopies::DiskLocation(const Block& b, const 
   const int64_t k = b.copy[TierIndex(Tier::kDisk)].slot;
   if (k < 0) return {std::string(), 0};
   const DiskExtent at = disk_.Locate(k);
-  return {at.path, at.offset};
+  return {"/proc/self/fd/" + std::to_string(at.fd), at.offset};  // the file has no name of its own
 }
 
 void TierCopies::SnapshotTiers(StoreStats& s, const TableLock&) const {

@@ -44,7 +44,7 @@ class TierCopies {
 
   // Ids of the blocks with a valid copy in memory tier t, least recently used first.
   std::vector<uint64_t> LruOrder(Tier t, const BlockTable& table, const TableLock&) const;
-  // File and offset of the block's disk slot (empty path if none).
+  // /proc/self/fd/N of the block's disk file (it has no name) and the slot offset (empty path if none).
   std::pair<std::string, uint64_t> DiskLocation(const Block& b, const TableLock&) const;
   void SnapshotTiers(StoreStats& s, const TableLock&) const;
   void ResetPeaks(const TableLock&);

@@ -279,7 +279,7 @@ void SharedMemory(int rounds) {
       Expect(b[2999] == 1, "shm broadcast");
       comm->Barrier();
     }
-    Aggregator agg(std::make_shared<CommunicatorBackend>(comm), 4096, 0.001);
+    Aggregator agg(std::make_shared<CommunicatorBackend>(comm), 4096, 0.001, 30.0);
     std::vector<std::shared_ptr<Request>> kept;
     for (int i = 0; i < 300; ++i) {
       std::vector<int32_t> v(1 + i % 50, r + i);

@@ -8,7 +8,7 @@ import numpy as np
 
 from mindspore_hyper.checkpoint.errors import CheckpointError
 
-__all__ = ["SAFETENSORS_CODES", "numpy_dtype", "safetensors_code"]
+__all__ = ["SAFETENSORS_CODES", "ITEMSIZE", "numpy_dtype", "safetensors_code", "itemsize"]
 
 # MindSpore dtype name -> safetensors dtype code
 SAFETENSORS_CODES: Dict[str, str] = {
@@ -16,6 +16,15 @@ SAFETENSORS_CODES: Dict[str, str] = {
     "Int64": "I64", "Int32": "I32", "Int16": "I16", "Int8": "I8",
     "UInt64": "U64", "UInt32": "U32", "UInt16": "U16", "UInt8": "U8", "Bool": "BOOL",
 }
+
+# safetensors dtype code -> bytes per element
+ITEMSIZE: Dict[str, int] = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+                            "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a MindSpore dtype name (no MindSpore import: usable in any thread)."""
+    return ITEMSIZE[safetensors_code(dtype)]
 
 
 def safetensors_code(dtype: str) -> str:

@@ -81,14 +81,23 @@ class Holdings:
         """Whether this process writes the manifest (it holds mesh rank 0)."""
         return min(self.mesh.ranks) in self.local_ranks
 
-    def failed_ranks(self, failed: bool) -> List[int]:
-        """Collective over the job: the ranks that report `failed` (every process learns the same
-        list); in one process, [its first rank] or []."""
+    @property
+    def processes(self) -> Tuple[int, ...]:
+        """The first mesh rank of every process of the job (one rank per process under msrun)."""
+        return tuple(self.mesh.ranks) if self.group is not None else (self.local_ranks[0],)
+
+    def exchange(self, row: np.ndarray) -> Dict[int, np.ndarray]:
+        """Collective over the job: every process's int64 `row`, by the process's first rank."""
         if self.group is None:
-            return [self.local_ranks[0]] if failed else []
-        flags = np.zeros(self.mesh.size, np.float32)
-        flags[self.local_ranks[0]] = 1.0 if failed else 0.0
-        return [int(r) for r in np.flatnonzero(self.group.all_reduce(flags))]
+            return {self.local_ranks[0]: np.asarray(row, np.int64)}
+        table = np.zeros((self.mesh.size, len(row)), np.int64)
+        table[self.local_ranks[0]] = row
+        table = self.group.all_reduce(table)
+        return {r: table[r] for r in self.processes}
+
+    def failed_ranks(self, failed: bool) -> List[int]:
+        """Collective over the job: the ranks that report `failed` (every process learns the same list)."""
+        return [r for r, row in self.exchange(np.array([int(failed)])).items() if row[0]]
 
     def after_load(self) -> None:
         if self.model is not None:
@@ -142,10 +151,12 @@ def _parallel(model: ParallelModel) -> Holdings:
 
 
 def _optimizer_states(holdings: Holdings, optimizer: nn.Optimizer, model) -> List[HeldTensor]:
-    """Per-parameter states (named "<prefix>.<parameter name>", shaped like the Parameter the
+    """Per-parameter states (named "<prefix>.<Parameter.name>", shaped like the Parameter the
     optimizer updates) laid out like the parameter's optimizer states; other optimizer
-    Parameters (step counters, learning rate, beta powers) replicated."""
-    held = {t.name: t for t in holdings.tensors}
+    Parameters (step counters, learning rate, beta powers) replicated. The optimizer knows
+    Parameters by `Parameter.name`, which may differ from their path in the model (a Cell
+    wrapped after it was built: "0.weight" at "_backbone.0.weight")."""
+    held = {t.param.name: t for t in holdings.tensors}
     own = model.optimizer_parameters() if isinstance(model, ParallelModel) else model.get_parameters()
     own_ids = {id(p) for p in own}
     updated: Dict[str, Parameter] = {}
@@ -167,12 +178,12 @@ def _optimizer_states(holdings: Holdings, optimizer: nn.Optimizer, model) -> Lis
             continue
         param = held[owner]
         if isinstance(model, ParallelModel):
-            layout = model.table[owner].optimizer_layout
-            region = Box.from_slices(model.held_region(owner, optimizer=True))
+            layout = model.table[param.name].optimizer_layout
+            region = Box.from_slices(model.held_region(param.name, optimizer=True))
         else:
             layout, region = param.layout, param.held
         out.append(HeldTensor(OPTIMIZER, name, state, param.global_shape, str(state.dtype), layout, param.holders,
-                              region, owner))
+                              region, param.name))
     return out
 
 

@@ -1,11 +1,14 @@
-"""`load_checkpoint(model, directory, optimizer=None)`: fill a model of any strategy or world
-size from a checkpoint, reading only the bytes of the regions this process holds.
+"""`load_checkpoint(model, directory, optimizer=None, step=None)`: fill a model of any strategy
+or world size from the newest committed step of a checkpoint directory (or `step`), reading only
+the checksummed chunks that hold the regions this process holds.
 
-Order: read the manifest; match it against the model (every missing or extra name and every
-shape or dtype mismatch in one error); check the files; work out each held region's pieces
-(`regions`); read their byte runs and assemble the regions; under msrun agree that every
-process succeeded; only then set the Parameters. A failure before the last step leaves every
-Parameter as it was.
+Order: pick the committed step and read its commit record; read the manifest (checked against
+the record's CRC32C); match it against the model (every missing or extra name and every shape or
+dtype mismatch in one error); check the files (inside the directory, sizes, and every file this
+process reads carrying the step's save id); work out each held region's pieces (`regions`); read
+their chunks, verify each chunk's CRC32C and assemble the regions; under msrun agree that every
+process succeeded on the same step; only then set the Parameters. A failure before the last step
+leaves every Parameter as it was.
 """
 from __future__ import annotations
 
@@ -17,12 +20,15 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from mindspore_hyper.checkpoint.box import Box
+from mindspore_hyper.checkpoint.directory import CommitRecord, resolve_step
 from mindspore_hyper.checkpoint.dtypes import numpy_dtype, safetensors_code
 from mindspore_hyper.checkpoint.errors import CheckpointError
 from mindspore_hyper.checkpoint.holdings import OPTIMIZER, PARAMETERS, Holdings, holdings_of
 from mindspore_hyper.checkpoint.manifest import Manifest, TensorEntry
 from mindspore_hyper.checkpoint.regions import byte_runs, pieces_of
 from mindspore_hyper.checkpoint.safetensors_file import RangeReader
+from mindspore_hyper.checkpoint.save_handle import wait_for_saves
+from mindspore_hyper.checkpoint.snapshot import wait_for_snapshots
 
 __all__ = ["load_checkpoint", "read_region", "LoadReport"]
 
@@ -32,55 +38,73 @@ class LoadReport:
     """What one process read.
 
     Attributes:
+        step: the step loaded.
+        path: its step directory.
         tensors: parameters and optimizer states set.
         needed_bytes: bytes of the regions this process holds (what it had to get).
-        data_bytes: tensor bytes read from the files (equals needed_bytes: nothing else is read).
+        data_bytes: bytes taken from the files into those regions (equals needed_bytes).
+        read_bytes: bytes read (the whole checksummed chunks holding them: >= data_bytes).
         header_bytes: safetensors header bytes read.
-        reads: byte runs read.
+        reads: reads (one per span of adjacent chunks).
         files: files opened.
     """
 
+    step: int
+    path: str
     tensors: int
     needed_bytes: int
     data_bytes: int
+    read_bytes: int
     header_bytes: int
     reads: int
     files: int
 
 
-def load_checkpoint(model, directory, optimizer: Optional[nn.Optimizer] = None) -> LoadReport:
+def load_checkpoint(model, directory, optimizer: Optional[nn.Optimizer] = None, *,
+                    step: Optional[int] = None) -> LoadReport:
     """Load a checkpoint written by `save_checkpoint` into `model` (and `optimizer`).
 
     The model may use any strategy and world size: each process reads the parts of the stored
-    shards that overlap the regions it holds and reassembles them.
+    shards that overlap the regions it holds and reassembles them. Leftovers of saves that did
+    not commit are ignored.
 
     Args:
         model: a ParallelModel or a plain nn.Cell.
-        directory: the checkpoint directory.
+        directory: the checkpoint directory (its newest committed step is loaded), or one
+            committed step directory (`<directory>/step_<N>`).
         optimizer: an optimizer whose states to load too (the checkpoint must hold states of the
             same names), or None to load the parameters only.
+        step: load this committed step instead of the newest.
 
     Returns:
         This process's LoadReport.
 
     Raises:
-        CheckpointError: no manifest, missing or truncated files, parameters missing from the
-            checkpoint or not in the model, shape or dtype mismatches, corrupt files, or (under
-            msrun) another rank failing; no Parameter is changed then.
+        CheckpointError: no committed step (or not `step`), a manifest or file whose checksum,
+            size or save id differ from the commit (naming the files), parameters missing from
+            the checkpoint or not in the model, shape or dtype mismatches, corrupt files, or
+            (under msrun) another rank failing or resolving another step; no Parameter is
+            changed then.
     """
     if not isinstance(directory, (str, os.PathLike)):
         raise CheckpointError(f"directory: expected a path, got {type(directory).__name__}")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise CheckpointError(f"step: expected an int >= 0 or None, got {step!r}")
     directory = os.fspath(directory)
+    wait_for_saves(directory)
+    wait_for_snapshots()  # a background snapshot of another directory may still read these Parameters
     holdings = holdings_of(model, optimizer)
-    error, values, report = None, {}, None
+    error, values, report, found = None, {}, None, -1
     try:
-        manifest = Manifest.read(directory)
-        _match(manifest, holdings, directory)
-        _check_files(manifest, directory)
-        values, report = _read(manifest, holdings, directory)
+        found, path = resolve_step(directory, step)
+        manifest = Manifest.read_step(path, CommitRecord.read(path))
+        _match(manifest, holdings, path)
+        _check_files(manifest, path)
+        values, report = _read(manifest, holdings, path)
     except Exception as exc:  # every process must reach the agreement below
         error = exc
-    failed = holdings.failed_ranks(error is not None)
+    rows = holdings.exchange(np.array([int(error is not None), found]))
+    failed = [r for r, row in rows.items() if row[0]]
     if isinstance(error, CheckpointError):
         raise error
     if error is not None:
@@ -88,8 +112,12 @@ def load_checkpoint(model, directory, optimizer: Optional[nn.Optimizer] = None) 
     if failed:
         raise CheckpointError(f"load_checkpoint: rank(s) {failed} failed to read {directory!r}; nothing was loaded "
                               "(see their errors)")
+    steps = {int(row[1]) for row in rows.values()}
+    if len(steps) > 1:
+        raise CheckpointError(f"load_checkpoint: the processes found different newest steps in {directory!r} "
+                              f"({sorted(steps)}: a save committed meanwhile?); nothing was loaded, pass step=")
     for t in holdings.tensors:
-        t.param.set_data(Tensor(values[t.section, t.name], dtype=t.param.dtype))
+        t.param.set_data(_tensor(values[t.section, t.name], t.param.dtype))
     holdings.after_load()
     return report
 
@@ -130,14 +158,19 @@ def _match(manifest: Manifest, holdings: Holdings, directory: str) -> None:
 
 
 def _check_files(manifest: Manifest, directory: str) -> None:
-    """Every listed file exists with the size the manifest recorded."""
-    missing, resized = [], []
+    """Every listed file is inside the step directory and exists with the size the manifest recorded."""
+    missing, resized, outside = [], [], []
+    inside = os.path.realpath(directory) + os.sep
     for path, entry in sorted(manifest.files.items()):
         full = os.path.join(directory, path)
-        if not os.path.isfile(full):
+        if not os.path.realpath(full).startswith(inside):
+            outside.append(path)
+        elif not os.path.isfile(full):
             missing.append(path)
         elif os.path.getsize(full) != entry.bytes:
             resized.append(f"{path} has {os.path.getsize(full)} bytes, the manifest says {entry.bytes}")
+    if outside:
+        raise CheckpointError(f"checkpoint {directory!r}: file(s) {outside} lead outside the step directory (a link?)")
     if missing:
         raise CheckpointError(f"checkpoint {directory!r}: missing file(s) {missing}")
     if resized:
@@ -145,25 +178,41 @@ def _check_files(manifest: Manifest, directory: str) -> None:
 
 
 def _read(manifest: Manifest, holdings: Holdings, directory: str):
-    """Every held region assembled from the byte runs of the pieces that tile it."""
+    """Every held region assembled from the checked chunks of the pieces that tile it, after
+    checking that every file read carries the step's save id."""
     values = {}
     needed = 0
     with RangeReader() as reader:
-        for t in holdings.tensors:
-            entry = _section(manifest, t.section)[t.name]
-            values[t.section, t.name] = read_region(reader, directory, entry, t.held)
+        plans = [(t, _section(manifest, t.section)[t.name]) for t in holdings.tensors]
+        _check_save_ids(reader, manifest, directory, {p.shard.file for t, e in plans for p in pieces_of(e, t.held)})
+        for t, entry in plans:
+            values[t.section, t.name] = read_region(reader, directory, entry, t.held, manifest.chunk_bytes)
             needed += values[t.section, t.name].nbytes
-        report = LoadReport(len(values), needed, reader.data_bytes, reader.header_bytes, reader.reads,
-                            reader.files)
+        report = LoadReport(manifest.step, directory, len(values), needed, reader.data_bytes, reader.read_bytes,
+                            reader.header_bytes, reader.reads, reader.files)
     return values, report
 
 
-def read_region(reader: RangeReader, directory: str, entry: TensorEntry, region: Box) -> np.ndarray:
+def _check_save_ids(reader: RangeReader, manifest: Manifest, directory: str, files) -> None:
+    """Refuse files written by another save than the step's (naming every one)."""
+    foreign = []
+    for path in sorted(files):
+        metadata = reader.header(os.path.join(directory, path)).metadata
+        if metadata.get("mshyper_save_id") != manifest.save_id:
+            foreign.append(f"{path} (save {metadata.get('mshyper_save_id')!r}, step {metadata.get('mshyper_step')!r})")
+    if foreign:
+        raise CheckpointError(f"checkpoint {directory!r}: file(s) from another save than this step's (save "
+                              f"{manifest.save_id!r}, step {manifest.step}): " + ", ".join(foreign))
+
+
+def read_region(reader: RangeReader, directory: str, entry: TensorEntry, region: Box,
+                chunk_bytes: int) -> np.ndarray:
     """The `region` of the stored tensor `entry`, assembled from the byte runs of the stored
-    shards it overlaps (nothing else is read).
+    shards it overlaps (only the checksummed chunks holding them are read, each one verified).
 
     Raises:
-        CheckpointError: a file lacks the tensor or holds it with another dtype or shape.
+        CheckpointError: a file lacks the tensor or holds it with another dtype or shape, or a
+            chunk's checksum differs.
     """
     dtype = numpy_dtype(entry.dtype)
     out = np.empty(region.shape, dtype)
@@ -178,7 +227,16 @@ def read_region(reader: RangeReader, directory: str, entry: TensorEntry, region:
         if stored.dtype != safetensors_code(entry.dtype) or stored.shape not in (shape, (1,) if not shape else shape):
             raise CheckpointError(f"{path}: corrupt checkpoint file: tensor {piece.shard.key!r} is {stored.dtype} "
                                   f"{stored.shape}, the manifest says {entry.dtype} {shape}")
-        runs = [(stored.begin + offset, length) for offset, length in byte_runs(shape, dtype.itemsize, piece.in_shard)]
-        raw = reader.read_runs(path, runs)
-        out[piece.part.within(region)] = raw.view(dtype).reshape(piece.part.shape)
+        runs = byte_runs(shape, dtype.itemsize, piece.in_shard)
+        raw = reader.read_checked(path, piece.shard.key, stored, runs, piece.shard.crc32c, chunk_bytes)
+        value = raw.view(dtype).reshape(piece.part.shape)
+        if piece.part == region:
+            return value  # one piece is the whole region: no copy
+        out[piece.part.within(region)] = value
     return out
+
+
+def _tensor(value: np.ndarray, dtype) -> Tensor:
+    """A Tensor over `value`'s memory (no copy: `value` is this load's own buffer)."""
+    tensor = Tensor.from_numpy(np.require(value, requirements="C"))  # (ascontiguousarray makes 0-d arrays 1-d)
+    return tensor if tensor.dtype == dtype else Tensor(value, dtype=dtype)

@@ -1,10 +1,10 @@
-"""The layout manifest of a checkpoint directory (`manifest.json`, written last, by rank 0).
+"""The layout manifest of a checkpoint step (`manifest.json`, written by rank 0 before the commit).
 
-It says what the checkpoint holds and where: the mesh it was saved from, and for every parameter
-and optimizer state its global shape, dtype, tensor layout on that mesh, and its shards: which
-region of the global tensor (a box), in which file under which key, written by which rank on
-behalf of which replicas. A loader needs only the boxes: any target layout picks the shards its
-own region overlaps.
+It says what the step holds and where: the save's step and id, the mesh it was saved from, and
+for every parameter and optimizer state its global shape, dtype, tensor layout on that mesh, and
+its shards: which region of the global tensor (a box), in which file under which key, written by
+which rank on behalf of which replicas, and the CRC32C of every chunk of its bytes. A loader
+needs only the boxes: any target layout picks the shards its own region overlaps.
 """
 from __future__ import annotations
 
@@ -15,14 +15,16 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from mindspore_hyper.checkpoint.box import Box
-from mindspore_hyper.checkpoint.dtypes import SAFETENSORS_CODES
+from mindspore_hyper.checkpoint.checksums import ALGORITHM
+from mindspore_hyper.checkpoint.directory import CommitRecord, resolve_step
+from mindspore_hyper.checkpoint.dtypes import SAFETENSORS_CODES, itemsize
 from mindspore_hyper.checkpoint.errors import CheckpointError
 from mindspore_hyper.shard.layout import Layout
 
 __all__ = ["FORMAT", "VERSION", "MANIFEST_NAME", "ShardEntry", "TensorEntry", "FileEntry", "Manifest"]
 
 FORMAT = "mindspore_hyper.checkpoint"
-VERSION = 1
+VERSION = 2  # 1: one directory rewritten in place, no checksums, no commit record
 MANIFEST_NAME = "manifest.json"
 
 
@@ -36,6 +38,7 @@ class ShardEntry:
         key: its tensor name inside that file.
         writer: the rank that wrote it (the lowest of `replicas`).
         replicas: every rank of the saving mesh that held this same region.
+        crc32c: the CRC32C of every `Manifest.chunk_bytes` of its bytes (C order), in order.
     """
 
     box: Box
@@ -43,10 +46,11 @@ class ShardEntry:
     key: str
     writer: int
     replicas: Tuple[int, ...]
+    crc32c: Tuple[int, ...] = ()
 
     def to_dict(self) -> dict:
         return {"box": self.box.to_pairs(), "file": self.file, "key": self.key, "writer": self.writer,
-                "replicas": list(self.replicas)}
+                "replicas": list(self.replicas), "crc32c": list(self.crc32c)}
 
 
 @dataclass(frozen=True)
@@ -74,9 +78,7 @@ class TensorEntry:
 
     @property
     def nbytes(self) -> int:
-        from mindspore_hyper.checkpoint.dtypes import numpy_dtype
-
-        return math.prod(self.global_shape) * numpy_dtype(self.dtype).itemsize
+        return math.prod(self.global_shape) * itemsize(self.dtype)
 
     def to_dict(self) -> dict:
         return {"global_shape": list(self.global_shape), "dtype": self.dtype,
@@ -106,6 +108,9 @@ class Manifest:
         optimizer_class: the optimizer's class name, or None.
         mindspore_strategy: the MindSpore strategy file describing the stored layouts (relative
             path), or None when the mesh cannot be described in that format.
+        step: the training step saved.
+        save_id: the save's id; every file of the step carries it.
+        chunk_bytes: the checksummed chunk size of the shards' bytes.
     """
 
     mesh: Layout
@@ -115,6 +120,9 @@ class Manifest:
     optimizer: Optional[Dict[str, TensorEntry]] = None
     optimizer_class: Optional[str] = None
     mindspore_strategy: Optional[str] = None
+    step: int = 0
+    save_id: str = ""
+    chunk_bytes: int = 1 << 20
 
     def tensors(self):
         """(section, entry) of every stored tensor."""
@@ -125,7 +133,9 @@ class Manifest:
 
     def to_dict(self) -> dict:
         return {
-            "format": FORMAT, "version": VERSION, "mode": self.mode, "mesh": self.mesh.to_dict(),
+            "format": FORMAT, "version": VERSION, "step": self.step, "save_id": self.save_id,
+            "checksum": {"algorithm": ALGORITHM, "chunk_bytes": self.chunk_bytes},
+            "mode": self.mode, "mesh": self.mesh.to_dict(),
             "files": {path: {"rank": f.rank, "bytes": f.bytes} for path, f in sorted(self.files.items())},
             "parameters": {name: e.to_dict() for name, e in self.parameters.items()},
             "optimizer": None if self.optimizer is None else {
@@ -133,35 +143,43 @@ class Manifest:
             "mindspore_strategy": self.mindspore_strategy,
         }
 
-    def write(self, directory: str) -> str:
-        """Write `manifest.json` atomically (a temporary file renamed into place); returns its path."""
-        path = os.path.join(directory, MANIFEST_NAME)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.to_dict(), f, indent=1)
-        os.replace(tmp, path)
-        return path
+    def encode(self) -> bytes:
+        """The JSON bytes of `manifest.json`."""
+        return json.dumps(self.to_dict(), separators=(",", ":")).encode()
 
     @classmethod
-    def read(cls, directory: str) -> "Manifest":
-        """Read and validate `directory/manifest.json`.
+    def read(cls, directory: str, step: Optional[int] = None) -> "Manifest":
+        """Read and validate the manifest of a committed step: `directory` itself when it is a
+        step directory, else its newest committed step (or `step`).
 
         Raises:
-            CheckpointError: no manifest (not a checkpoint, or an unfinished save), unreadable
-                JSON, a missing or malformed field (named), shards that do not tile a tensor.
+            CheckpointError: no committed step (see `directory.resolve_step`), a manifest whose
+                size or CRC32C differ from the commit record, unreadable JSON, a missing or
+                malformed field (named), shards that do not tile a tensor, a file name outside
+                the directory.
         """
-        path = os.path.join(directory, MANIFEST_NAME)
-        if not os.path.isdir(directory):
-            raise CheckpointError(f"checkpoint directory {directory!r} does not exist")
-        if not os.path.isfile(path):
-            raise CheckpointError(f"{path}: no manifest; {directory!r} is not a checkpoint directory or its save "
-                                  "did not finish (the manifest is written last)")
+        _, path = resolve_step(directory, step)
+        return cls.read_step(path, CommitRecord.read(path))
+
+    @classmethod
+    def read_step(cls, path: str, record: CommitRecord) -> "Manifest":
+        """Read the manifest of the committed step directory `path`, checked against `record`."""
+        where = os.path.join(path, MANIFEST_NAME)
         try:
-            with open(path) as f:
-                data = json.load(f)
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{path}: not a readable JSON manifest ({exc})") from None
-        return cls.from_dict(data, path)
+            with open(where, "rb") as f:
+                raw = f.read()
+        except OSError as exc:
+            raise CheckpointError(f"{where}: cannot read the manifest ({exc.strerror})") from None
+        record.check(path, MANIFEST_NAME, raw)
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise CheckpointError(f"{where}: not a readable JSON manifest ({exc})") from None
+        manifest = cls.from_dict(data, where)
+        if (manifest.step, manifest.save_id) != (record.step, record.save_id):
+            raise CheckpointError(f"{where}: step {manifest.step} of save {manifest.save_id}, but the commit record "
+                                  f"says step {record.step} of save {record.save_id}")
+        return manifest
 
     @classmethod
     def from_dict(cls, data: Any, where: str = MANIFEST_NAME) -> "Manifest":
@@ -172,6 +190,14 @@ class Manifest:
             check.fail("format", f"expected {FORMAT!r}, got {data.get('format')!r}")
         if data.get("version") != VERSION:
             check.fail("version", f"expected {VERSION}, got {data.get('version')!r}")
+        step = check.int_field(data, "step", "")
+        save_id = check.field(data, "save_id", str)
+        checksum = check.mapping(check.field(data, "checksum", dict), "checksum")
+        if checksum.get("algorithm") != ALGORITHM:
+            check.fail("checksum.algorithm", f"expected {ALGORITHM!r}, got {checksum.get('algorithm')!r}")
+        chunk_bytes = check.int_field(checksum, "chunk_bytes", "checksum")
+        if chunk_bytes == 0:
+            check.fail("checksum.chunk_bytes", "expected a positive int")
         mode = check.field(data, "mode", str)
         mesh_data = check.mapping(check.field(data, "mesh", dict), "mesh")
         try:
@@ -183,20 +209,25 @@ class Manifest:
         files = {}
         for path, entry in check.field(data, "files", dict).items():
             at = f"files[{path!r}]"
+            check.relative_path(path, at)
             check.mapping(entry, at)
             files[path] = FileEntry(check.int_field(entry, "rank", at), check.int_field(entry, "bytes", at))
-        parameters = {name: _tensor(check, f"parameters[{name!r}]", name, entry, files)
+        parameters = {name: _tensor(check, f"parameters[{name!r}]", name, entry, files, chunk_bytes)
                       for name, entry in check.field(data, "parameters", dict).items()}
         optimizer, optimizer_class = None, None
         if data.get("optimizer") is not None:
             opt = check.mapping(data["optimizer"], "optimizer")
             optimizer_class = opt.get("class")
-            optimizer = {name: _tensor(check, f"optimizer.states[{name!r}]", name, entry, files)
+            optimizer = {name: _tensor(check, f"optimizer.states[{name!r}]", name, entry, files, chunk_bytes)
                          for name, entry in check.field(opt, "states", dict, "optimizer").items()}
-        return cls(mesh, mode, files, parameters, optimizer, optimizer_class, data.get("mindspore_strategy"))
+        strategy = data.get("mindspore_strategy")
+        if strategy is not None:
+            check.relative_path(strategy, "mindspore_strategy")
+        return cls(mesh, mode, files, parameters, optimizer, optimizer_class, strategy, step, save_id, chunk_bytes)
 
 
-def _tensor(check: "_Checker", at: str, name: str, data: Any, files: Dict[str, FileEntry]) -> TensorEntry:
+def _tensor(check: "_Checker", at: str, name: str, data: Any, files: Dict[str, FileEntry],
+            chunk_bytes: int) -> TensorEntry:
     check.mapping(data, at)
     shape = tuple(check.field(data, "global_shape", list, at))
     if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in shape):
@@ -218,9 +249,14 @@ def _tensor(check: "_Checker", at: str, name: str, data: Any, files: Dict[str, F
         file = check.field(shard, "file", str, where)
         if file not in files:
             check.fail(f"{where}.file", f"{file!r} is not listed in files")
+        crcs = check.field(shard, "crc32c", list, where)
+        nbytes = box.volume * itemsize(dtype)
+        if len(crcs) != -(-nbytes // chunk_bytes) or any(isinstance(c, bool) or not isinstance(c, int) for c in crcs):
+            check.fail(f"{where}.crc32c", f"expected {-(-nbytes // chunk_bytes)} ints (one per {chunk_bytes} bytes of "
+                       f"{nbytes}), got {len(crcs)} entries")
         shards.append(ShardEntry(box, file, check.field(shard, "key", str, where),
                                  check.int_field(shard, "writer", where),
-                                 tuple(check.field(shard, "replicas", list, where))))
+                                 tuple(check.field(shard, "replicas", list, where)), tuple(crcs)))
     _check_tiling(check, at, shape, shards)
     return TensorEntry(name, shape, dtype, tuple(_entry(e) for e in data.get("tensor_map", ())),
                        tuple(_entry(e) for e in data.get("ms_tensor_map", ())), data.get("state_of"), tuple(shards))
@@ -264,8 +300,15 @@ class _Checker:
             self.fail(name, f"expected a {kind.__name__}, got {type(data[key]).__name__}")
         return data[key]
 
+    def relative_path(self, path: str, at: str) -> None:
+        """A file name must stay inside the checkpoint directory: relative, no '..', '.' or empty parts."""
+        parts = path.split("/")
+        if not path or path.startswith("/") or "\\" in path or any(p in ("", ".", "..") for p in parts):
+            self.fail(at, f"{path!r} is not a relative path inside the checkpoint directory (absolute names, '..' "
+                      "and empty parts are refused)")
+
     def int_field(self, data: dict, key: str, at: str) -> int:
         value = self.field(data, key, int, at)
         if isinstance(value, bool) or value < 0:
-            self.fail(f"{at}.{key}", f"expected a non-negative int, got {value!r}")
+            self.fail(f"{at}.{key}" if at else key, f"expected a non-negative int, got {value!r}")
         return value

@@ -19,7 +19,7 @@ from mindspore import nn
 from mindspore_hyper.checkpoint.errors import CheckpointError
 from mindspore_hyper.shard.layout import Layout
 
-__all__ = ["STRATEGY_NAME", "write_strategy_file", "save_strategy_file", "expressible"]
+__all__ = ["STRATEGY_NAME", "strategy_bytes", "write_strategy_file", "save_strategy_file", "expressible"]
 
 STRATEGY_NAME = "strategy.ckpt"  # inside a checkpoint directory
 
@@ -32,6 +32,17 @@ def expressible(mesh: Layout) -> bool:
 
 def write_strategy_file(path: str, mesh: Layout, tensors: Iterable[Tuple[str, Sequence]]) -> None:
     """Write a strategy file for `tensors`: (name, MindSpore tensor map) pairs on `mesh`.
+
+    Raises:
+        CheckpointError: a mesh with a non-identity rank list (see `expressible`).
+    """
+    data = strategy_bytes(mesh, tensors)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def strategy_bytes(mesh: Layout, tensors: Iterable[Tuple[str, Sequence]]) -> bytes:
+    """The strategy file's bytes for `tensors`: (name, MindSpore tensor map) pairs on `mesh`.
 
     Raises:
         CheckpointError: a mesh with a non-identity rank list (see `expressible`).
@@ -61,8 +72,7 @@ def write_strategy_file(path: str, mesh: Layout, tensors: Iterable[Tuple[str, Se
         layouts.field = 0
         layouts.opt_weight_shard_step = 0
         layouts.opt_weight_shard_size = 0
-    with open(path, "wb") as f:
-        f.write(strategy.SerializeToString())
+    return strategy.SerializeToString()
 
 
 def save_strategy_file(model, path: str, optimizer: Optional[nn.Optimizer] = None) -> None:

@@ -1,5 +1,6 @@
 """Reading safetensors files by byte range: the header (8-byte little-endian length + JSON with
-each tensor's dtype, shape and data offsets) and then only the byte runs asked for, counted."""
+each tensor's dtype, shape and data offsets) and then the checksummed chunks that hold the byte
+runs asked for, each chunk checked against its CRC32C, counted."""
 from __future__ import annotations
 
 import json
@@ -11,15 +12,13 @@ from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
-from mindspore_hyper.checkpoint.dtypes import SAFETENSORS_CODES
+from mindspore_hyper.checkpoint.checksums import check_chunks, chunks_of
+from mindspore_hyper.checkpoint.dtypes import ITEMSIZE as _ITEMSIZE
 from mindspore_hyper.checkpoint.errors import CheckpointError
 
 __all__ = ["StoredTensor", "SafetensorsHeader", "RangeReader"]
 
 MAX_HEADER_BYTES = 100 << 20  # the safetensors format's own limit
-_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-             "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
-assert set(_ITEMSIZE) == set(SAFETENSORS_CODES.values())
 
 
 @dataclass(frozen=True)
@@ -100,16 +99,18 @@ def _stored(path: str, name: str, entry, data_start: int, file_size: int) -> Sto
 
 
 class RangeReader:
-    """Reads headers and byte runs of checkpoint files and counts what it read.
+    """Reads headers and checksummed byte runs of checkpoint files and counts what it read.
 
     Attributes:
-        data_bytes: tensor bytes read.
+        data_bytes: bytes of the runs asked for.
+        read_bytes: bytes read for them (whole checksummed chunks: >= data_bytes).
         header_bytes: header bytes read.
-        reads: number of byte runs read.
+        reads: number of reads (one per span of adjacent chunks).
     """
 
     def __init__(self):
         self.data_bytes = 0
+        self.read_bytes = 0
         self.header_bytes = 0
         self.reads = 0
         self._fds: Dict[str, int] = {}
@@ -124,27 +125,48 @@ class RangeReader:
             self._headers[path] = header
         return self._headers[path]
 
-    def read_runs(self, path: str, runs: Sequence[Tuple[int, int]]) -> np.ndarray:
-        """The bytes of `runs` ((absolute offset, length) pairs) of `path`, concatenated as uint8.
+    def read_checked(self, path: str, key: str, stored: StoredTensor, runs: Sequence[Tuple[int, int]],
+                     crcs: Sequence[int], chunk_bytes: int) -> np.ndarray:
+        """The bytes of `runs` ((offset, length) into the tensor `key`'s data, ascending) of
+        `path`, concatenated as uint8; every chunk they touch is read whole and checked.
 
         Raises:
-            CheckpointError: the file ended before a run.
+            CheckpointError: the file ended early, or a chunk's CRC32C differs (naming the file,
+                the tensor and the bytes).
         """
-        fd = self._open(path)
+        size = stored.end - stored.begin
+        if len(runs) == 1 and tuple(runs[0]) == (0, size):  # the whole tensor: no copy
+            whole = self._read(path, stored.begin, size)
+            check_chunks(path, key, whole, 0, crcs, chunk_bytes)
+            self.data_bytes += size
+            return whole
         out = np.empty(sum(n for _, n in runs), np.uint8)
-        view = memoryview(out)
-        at = 0
-        for offset, length in runs:
-            done = 0
-            while done < length:
-                got = os.preadv(fd, [view[at + done:at + length]], offset + done)
-                if got == 0:
-                    raise CheckpointError(f"{path}: corrupt safetensors file: {length} bytes expected at offset "
-                                          f"{offset}, the file ends after {done} (truncated?)")
-                done += got
-            at += length
-        self.reads += len(runs)
+        at, i = 0, 0
+        for first, stop in chunks_of(runs, chunk_bytes):
+            begin, end = first * chunk_bytes, min(stop * chunk_bytes, size)
+            span = self._read(path, stored.begin + begin, end - begin)
+            check_chunks(path, key, span, first, crcs, chunk_bytes)
+            while i < len(runs) and runs[i][0] < end:
+                offset, length = runs[i]
+                out[at:at + length] = span[offset - begin:offset - begin + length]
+                at += length
+                i += 1
         self.data_bytes += at
+        return out
+
+    def _read(self, path: str, offset: int, length: int) -> np.ndarray:
+        fd = self._open(path)
+        out = np.empty(length, np.uint8)
+        view = memoryview(out)
+        done = 0
+        while done < length:
+            got = os.preadv(fd, [view[done:]], offset + done)
+            if got == 0:
+                raise CheckpointError(f"{path}: corrupt safetensors file: {length} bytes expected at offset "
+                                      f"{offset}, the file ends after {done} (truncated?)")
+            done += got
+        self.reads += 1
+        self.read_bytes += length
         return out
 
     @property

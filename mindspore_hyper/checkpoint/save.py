@@ -1,86 +1,143 @@
-"""`save_checkpoint(model, directory, optimizer=None)`: every rank's shards to a per-rank
-safetensors file (MindSpore's own writer), then the manifest, written last by rank 0.
+"""`save_checkpoint(model, directory, optimizer=None, step=None, keep_last=None, blocking=True,
+snapshot="call")`: every rank's shards to a per-rank safetensors file of a new step directory,
+committed atomically.
 
-A region held by several ranks (replicas) is written once, by the lowest of them. Which rank
-writes which region follows from the layouts alone, so every process computes the same plan
-without communicating; under msrun the processes only agree that everyone finished writing
-(before the manifest) and that the manifest exists (before returning).
+In the caller's thread: plan which rank writes which region (from the layouts alone: a region
+held by several ranks is written once, by the lowest of them), agree with the other processes on
+the step and a random save id (one small collective under msrun), and, for an asynchronous save,
+take the snapshot of the host arrays (copies, so training may go on) or, with
+`snapshot="background"`, their fingerprints and the optimizer's fence (`snapshot.py`). The
+writing and the commit (`save_job.SaveJob`) then run in this thread, or in the background with
+`blocking=False`.
 """
 from __future__ import annotations
 
-import glob
+import functools
 import os
-import re
-from typing import Dict, List, Optional, Tuple
+import secrets
+from typing import Dict, List, Optional, Tuple, Union
 
-import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import nn
 
 from mindspore_hyper.checkpoint.box import Box
+from mindspore_hyper.checkpoint.checksums import CHUNK_BYTES
+from mindspore_hyper.checkpoint.directory import newest_step, step_name
+from mindspore_hyper.checkpoint.dtypes import safetensors_code
 from mindspore_hyper.checkpoint.errors import CheckpointError
 from mindspore_hyper.checkpoint.holdings import HeldTensor, Holdings, holdings_of
-from mindspore_hyper.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest, ShardEntry, TensorEntry
-from mindspore_hyper.checkpoint.mindspore_strategy import STRATEGY_NAME, expressible, write_strategy_file
+from mindspore_hyper.checkpoint.manifest import Manifest, ShardEntry, TensorEntry
+from mindspore_hyper.checkpoint.mindspore_strategy import STRATEGY_NAME, expressible, strategy_bytes
+from mindspore_hyper.checkpoint.regions import rank_box
+from mindspore_hyper.checkpoint.safetensors_writer import file_layout
+from mindspore_hyper.checkpoint.save_handle import SaveHandle, wait_for_saves
+from mindspore_hyper.checkpoint.save_job import RankFile, SaveJob, rank_file_metadata
+from mindspore_hyper.checkpoint.snapshot import SNAPSHOT_MODES, Snapshot, remove_finished_fences
 
-__all__ = ["save_checkpoint", "rank_file"]
+__all__ = ["save_checkpoint", "plan_save", "rank_file"]
 
-_RANK_FILE = re.compile(r"rank_(\d+)/checkpoint_rank(\d+)\.safetensors$")
+_ID_WORDS = 4  # the save id: 4 x 16 random bits
 
 
 def rank_file(rank: int) -> str:
-    """The file of `rank`'s shards, relative to the checkpoint directory (MindSpore's
-    `rank_<r>/` folder convention, which its transform tools look for)."""
+    """The file of `rank`'s shards, relative to the step directory (MindSpore's `rank_<r>/`
+    folder convention, which its transform tools look for)."""
     return f"rank_{rank}/checkpoint_rank{rank}.safetensors"
 
 
-def save_checkpoint(model, directory, optimizer: Optional[nn.Optimizer] = None) -> Manifest:
-    """Save `model` (and `optimizer`'s states) as a distributed checkpoint in `directory`.
+def save_checkpoint(model, directory, optimizer: Optional[nn.Optimizer] = None, *, step: Optional[int] = None,
+                    keep_last: Optional[int] = None, blocking: bool = True, snapshot: str = "call",
+                    chunk_bytes: int = CHUNK_BYTES) -> Union[Manifest, SaveHandle]:
+    """Save `model` (and `optimizer`'s states) as the checkpoint step `directory/step_<N>`.
 
     Every process calls it: in simulation the one process writes every virtual device's file,
-    under msrun each process writes its own, and a plain Cell is one device.
+    under msrun each process writes its own, and a plain Cell is one device. The step appears
+    complete or not at all; older steps are untouched until it is committed.
 
     Args:
         model: a ParallelModel (`auto_parallelize`'s result) or a plain nn.Cell.
-        directory: the checkpoint directory (created if missing; an older checkpoint there is
-            replaced: its manifest first, its stale rank files last). Besides the rank files and
-            `manifest.json` it gets `strategy.ckpt`, the layouts in MindSpore's strategy format.
+        directory: the checkpoint directory (created if missing); leftovers of saves that did not
+            commit are removed.
         optimizer: the optimizer whose states to save too (built on the model's
             `optimizer_parameters()`), or None.
+        step: the step number, newer than every committed step; None: the newest + 1 (0 first).
+        keep_last: after the commit, delete all but the newest `keep_last` (>= 1) steps; None keeps all.
+        blocking: False returns at once after the snapshot, with a SaveHandle; the writing and the
+            commit run in the background (the next save, a load of `directory` and the exit wait).
+        snapshot: where an asynchronous save copies the host arrays: "call" (before it returns;
+            the Parameters may then change in any way) or "background" (in the background thread
+            before it writes; the call returns after the planning; needs `optimizer`, whose next
+            call waits for the copy, as do `handle.wait_snapshot()`, a load, the next save and
+            the exit; a Parameter changed otherwise before its copy fails the save, naming it).
+        chunk_bytes: bytes per CRC32C checksum of the shards (a load reads whole chunks).
 
     Returns:
-        The Manifest written.
+        The Manifest written (blocking), or the SaveHandle (`wait()` gives the Manifest).
 
     Raises:
-        CheckpointError: bad arguments (named), a name used by both a parameter and an optimizer
-            state, or a rank that failed to write (all processes raise, naming the ranks).
+        CheckpointError: bad arguments (named), a step not newer than the committed ones, a
+            previous asynchronous save that failed, a name used by both a parameter and an
+            optimizer state, or a rank that failed to write (all processes raise, naming it).
     """
-    directory = _directory(directory)
+    if not isinstance(blocking, bool):
+        raise CheckpointError(f"blocking: expected a bool, got {blocking!r}")
+    if snapshot not in SNAPSHOT_MODES:
+        raise CheckpointError(f"snapshot: expected one of {list(SNAPSHOT_MODES)}, got {snapshot!r}")
+    if snapshot == "background" and blocking:
+        raise CheckpointError("snapshot='background' needs blocking=False (a blocking save writes straight from the "
+                              "Parameters, it takes no snapshot)")
+    if snapshot == "background" and optimizer is None:
+        raise CheckpointError("snapshot='background' needs optimizer= (the optimizer whose next call waits for the "
+                              "copy); without one nothing would keep the training from changing the Parameters "
+                              "before they are copied: use snapshot='call'")
+    handle = SaveHandle(plan_save(model, directory, optimizer, step=step, keep_last=keep_last,
+                                  snapshot=None if blocking else snapshot, chunk_bytes=chunk_bytes))
+    if not blocking:
+        return handle.start()
+    handle.run()
+    return handle.wait()
+
+
+def plan_save(model, directory, optimizer: Optional[nn.Optimizer] = None, *, step: Optional[int] = None,
+              keep_last: Optional[int] = None, snapshot: Optional[str] = "call",
+              chunk_bytes: int = CHUNK_BYTES) -> SaveJob:
+    """Everything a save does in the caller's thread: wait for this process's save in flight,
+    plan the shards, agree on the step and save id (collective under msrun), and take the
+    snapshot (or its fingerprints and the fence); returns the SaveJob that writes and commits
+    (nothing is written yet).
+
+    Args:
+        snapshot: "call": copy the host arrays now (so the Parameters may change before the job
+            runs); "background": the job copies them first, `optimizer`'s next call waits for
+            it; None: the files are cut from the Parameters' own memory (the job must run before
+            they change). Others: see `save_checkpoint`.
+
+    Raises:
+        CheckpointError: see `save_checkpoint`.
+    """
+    root = _directory(directory)
+    for name, value, low in (("step", step, 0), ("keep_last", keep_last, 1), ("chunk_bytes", chunk_bytes, 1)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise CheckpointError(f"{name}: expected an int >= {low}{' or None' if name != 'chunk_bytes' else ''}, "
+                                  f"got {value!r}")
+    wait_for_saves(root)
+    remove_finished_fences()
     holdings = holdings_of(model, optimizer)
     entries = {t.name: _plan(t) for t in holdings.tensors}
     _check_unique_keys(holdings)
-    manifest_path = os.path.join(directory, MANIFEST_NAME)
-    error = None
-    try:
-        os.makedirs(directory, exist_ok=True)
-        if holdings.lead and os.path.exists(manifest_path):
-            os.remove(manifest_path)
-        values: Dict[str, np.ndarray] = {}  # each held tensor read once, however many ranks write from it
-        for rank in holdings.local_ranks:
-            _write_rank(directory, rank, holdings, entries, values)
-    except Exception as exc:  # every process must reach the agreement below
-        error = exc
-    _agree(holdings, error, "write its shards")
-    manifest = None
-    if holdings.lead:
-        try:
-            manifest = _manifest(directory, holdings, entries)
-            manifest.write(directory)
-            _remove_stale(directory, manifest)
-        except Exception as exc:
-            error = exc
-    _agree(holdings, error, "write the manifest")
-    return manifest if manifest is not None else Manifest.read(directory)
+    step, save_id = _agree_on_step(holdings, root, step)
+    me = holdings.local_ranks[0]
+    deduplicated = any(len(s.replicas) > 1 for e in entries.values() for s in e.shards)
+    files, taken = _rank_files(holdings, entries, snapshot, chunk_bytes, step, save_id, deduplicated)
+    if snapshot == "call":
+        taken.take()
+    elif snapshot == "background":
+        taken.fence(optimizer)
+    return SaveJob(root, step, save_id, files, me, tuple(p for p in holdings.processes if p != me), holdings.lead,
+                   _skeleton(holdings, entries, step, save_id, chunk_bytes) if holdings.lead else None,
+                   _strategy(holdings, entries) if holdings.lead else None,
+                   deduplicated, chunk_bytes, keep_last,
+                   _timeout(), taken)
 
 
 def _directory(directory) -> str:
@@ -89,15 +146,27 @@ def _directory(directory) -> str:
     return os.fspath(directory)
 
 
+def _timeout() -> float:
+    from mindspore_hyper.context import get_context
+
+    return float(get_context("comm_timeout"))
+
+
 def _plan(tensor: HeldTensor) -> TensorEntry:
     """The tensor's shards: one per distinct region among its holders, written by the lowest holder."""
+    return _planned(tensor.name, tuple(tensor.global_shape), tensor.dtype, tensor.layout, tuple(tensor.holders),
+                    tensor.state_of)
+
+
+@functools.lru_cache(maxsize=1 << 14)  # every save of a model plans the same (a third of an asynchronous call)
+def _planned(name: str, global_shape: Tuple[int, ...], dtype: str, layout, holders: Tuple[int, ...],
+             state_of: Optional[str]) -> TensorEntry:
     regions: Dict[Box, List[int]] = {}
-    for rank in sorted(tensor.holders):
-        regions.setdefault(tensor.box(rank), []).append(rank)
-    shards = tuple(ShardEntry(box, rank_file(ranks[0]), tensor.name, ranks[0], tuple(ranks))
+    for rank in sorted(holders):
+        regions.setdefault(rank_box(layout, rank, global_shape), []).append(rank)
+    shards = tuple(ShardEntry(box, rank_file(ranks[0]), name, ranks[0], tuple(ranks))
                    for box, ranks in regions.items())
-    return TensorEntry(tensor.name, tensor.global_shape, tensor.dtype, tensor.layout.tensor_map,
-                       tensor.layout.ms_tensor_map, tensor.state_of, shards)
+    return TensorEntry(name, global_shape, dtype, layout.tensor_map, layout.ms_tensor_map, state_of, shards)
 
 
 def _check_unique_keys(holdings: Holdings) -> None:
@@ -109,65 +178,89 @@ def _check_unique_keys(holdings: Holdings) -> None:
         seen[t.name] = t.section
 
 
-def _write_rank(directory: str, rank: int, holdings: Holdings, entries: Dict[str, TensorEntry],
-                values: Dict[str, np.ndarray]) -> None:
-    """Write the shards `rank` writes (none: no file) with `mindspore.save_checkpoint`."""
-    items = []
+def _agree_on_step(holdings: Holdings, root: str, requested: Optional[int]) -> Tuple[int, str]:
+    """The step and save id every process uses: the lead's choice, after checking that every
+    process asked for the same step (one collective under msrun)."""
+    row = np.zeros(3 + _ID_WORDS, np.int64)
+    row[0] = -1 if requested is None else requested
+    problem = None
+    if holdings.lead:
+        newest = newest_step(root)
+        chosen = requested if requested is not None else (0 if newest is None else newest + 1)
+        if newest is not None and chosen <= newest:
+            problem = (f"save_checkpoint: step {chosen} is not newer than the newest committed step {newest} in "
+                       f"{root!r} (a load picks the newest step, so this one would be hidden); remove "
+                       f"{step_name(newest)} and the steps after {chosen} first, or save a newer step")
+        row[1], row[2] = (1 if problem is None else 2), chosen
+        row[3:] = np.frombuffer(secrets.token_bytes(2 * _ID_WORDS), np.uint16)
+    table = holdings.exchange(row)
+    lead = table[min(holdings.mesh.ranks)]
+    asked = {int(r): int(t[0]) for r, t in table.items()}
+    if len(set(asked.values())) > 1:
+        raise CheckpointError("save_checkpoint: the processes passed different step= values: " + ", ".join(
+            f"rank {r}: {'None' if s < 0 else s}" for r, s in sorted(asked.items())))
+    if problem is not None:
+        raise CheckpointError(problem)
+    if lead[1] != 1:
+        raise CheckpointError(f"save_checkpoint: rank 0 refused to save step {int(lead[2])} into {root!r} (see its "
+                              "error)")
+    return int(lead[2]), "".join(f"{int(w):04x}" for w in lead[3:])
+
+
+def _rank_files(holdings: Holdings, entries: Dict[str, TensorEntry], snapshot: Optional[str], chunk_bytes: int,
+                step: int, save_id: str, deduplicated: bool):
+    """The files this process writes, cut from the Parameters' host arrays (each read once), and
+    with a `snapshot` mode the Snapshot that copies them into the files' images (not yet; None
+    without)."""
+    sources: Dict[Tuple[str, str], np.ndarray] = {}
+    files: Dict[int, list] = {}
     for t in holdings.tensors:
         for shard in entries[t.name].shards:
-            if shard.writer != rank:
+            if shard.writer not in holdings.local_ranks:
                 continue
             if not t.held.contains(shard.box):
-                raise CheckpointError(f"{t.section} {t.name!r}: rank {rank} writes {shard.box} but this process "
-                                      f"holds only {t.held}")
-            if t.name not in values:
-                values[t.name] = t.param.asnumpy()
-            data = np.ascontiguousarray(values[t.name][shard.box.within(t.held)])
-            items.append({"name": shard.key, "data": Tensor(data, dtype=t.param.dtype)})
-    if not items:
-        return
-    path = os.path.join(directory, rank_file(rank))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    deduplicated = any(len(s.replicas) > 1 for e in entries.values() for s in e.shards)
-    ms.save_checkpoint(items, path, format="safetensors", remove_redundancy=deduplicated)
+                raise CheckpointError(f"{t.section} {t.name!r}: rank {shard.writer} writes {shard.box} but this "
+                                      f"process holds only {t.held}")
+            if (t.section, t.name) not in sources:
+                sources[t.section, t.name] = t.param.asnumpy()  # shares the Parameter's memory
+            files.setdefault(shard.writer, []).append((shard.key, sources[t.section, t.name],
+                                                       shard.box.within(t.held), safetensors_code(t.dtype)))
+    out = tuple(RankFile(rank_file(rank), rank, tuple(sorted(items, key=lambda i: i[0])))
+                for rank, items in sorted(files.items()))
+    if snapshot is None:
+        return out, None
+    planned = []
+    for f in out:
+        tensors = [(key, source[slices].shape, source[slices].nbytes, code) for key, source, slices, code in f.tensors]
+        layout = file_layout(tensors, rank_file_metadata(save_id, step, f.rank, deduplicated))
+        planned.append((f.path, layout, [(key, source, slices) for key, source, slices, _ in f.tensors]))
+    return out, Snapshot.plan(planned, chunk_bytes, background=snapshot == "background")
 
 
-def _manifest(directory: str, holdings: Holdings, entries: Dict[str, TensorEntry]) -> Manifest:
-    """The manifest of the written files; writes the MindSpore strategy file of the stored
-    layouts beside it (or removes an older one when this mesh cannot be described)."""
-    files = {}
-    for entry in entries.values():
-        for shard in entry.shards:
-            if shard.file not in files:
-                size = os.path.getsize(os.path.join(directory, shard.file))
-                files[shard.file] = FileEntry(shard.writer, size)
+def _skeleton(holdings: Holdings, entries: Dict[str, TensorEntry], step: int, save_id: str,
+              chunk_bytes: int) -> Manifest:
+    """The manifest without file sizes and checksums (the commit fills them in)."""
     sections: Tuple[Dict[str, TensorEntry], Dict[str, TensorEntry]] = ({}, {})
     for t in holdings.tensors:
         sections[t.section == "optimizer"][t.name] = entries[t.name]
     optimizer = sections[1] if holdings.optimizer_class is not None else None
-    strategy = None
-    if not expressible(holdings.mesh) and os.path.exists(os.path.join(directory, STRATEGY_NAME)):
-        os.remove(os.path.join(directory, STRATEGY_NAME))
-    if expressible(holdings.mesh):
-        strategy = STRATEGY_NAME
-        write_strategy_file(os.path.join(directory, strategy), holdings.mesh,
-                            [(e.name, e.ms_tensor_map) for e in entries.values()])
-    return Manifest(holdings.mesh, holdings.mode, files, sections[0], optimizer, holdings.optimizer_class, strategy)
+    strategy = STRATEGY_NAME if expressible(holdings.mesh) else None
+    return Manifest(holdings.mesh, holdings.mode, {}, sections[0], optimizer, holdings.optimizer_class, strategy,
+                    step, save_id, chunk_bytes)
 
 
-def _remove_stale(directory: str, manifest: Manifest) -> None:
-    """Delete per-rank files of an older checkpoint in `directory` that this one does not list
-    (only files named like ours), so tools that scan `rank_*/` see this checkpoint alone."""
-    for path in glob.glob(os.path.join(directory, "rank_*", "checkpoint_rank*.safetensors")):
-        relative = os.path.relpath(path, directory).replace(os.sep, "/")
-        if _RANK_FILE.match(relative) and relative not in manifest.files:
-            os.remove(path)
+_strategy_cache: Dict[tuple, bytes] = {}  # the last save's strategy file (every save of one model has the same)
 
 
-def _agree(holdings: Holdings, error: Optional[Exception], what: str) -> None:
-    """All processes learn whether any failed to `what`; then all raise, or none."""
-    failed = holdings.failed_ranks(error is not None)
-    if error is not None:
-        raise CheckpointError(f"save_checkpoint: rank {holdings.local_ranks[0]} failed to {what}: {error}") from error
-    if failed:
-        raise CheckpointError(f"save_checkpoint: rank(s) {failed} failed to {what}; see their errors")
+def _strategy(holdings: Holdings, entries: Dict[str, TensorEntry]) -> Optional[bytes]:
+    """The MindSpore strategy file of the stored layouts, or None when the mesh cannot be
+    described. The last one is kept: building it (protobuf in Python) costs about as much as
+    the rest of an asynchronous save's call."""
+    if not expressible(holdings.mesh):
+        return None
+    tensors = [(e.name, e.ms_tensor_map) for e in entries.values()]
+    key = (holdings.mesh.device_matrix, holdings.mesh.alias_names, repr(tensors))
+    if key not in _strategy_cache:
+        _strategy_cache.clear()
+        _strategy_cache[key] = strategy_bytes(holdings.mesh, tensors)
+    return _strategy_cache[key]

@@ -18,7 +18,7 @@ from typing import List, Optional
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
 SUBCOMMANDS = ("mindspore_hyper.cli.estimate", "mindspore_hyper.cli.plan", "mindspore_hyper.cli.timeline",
-               "mindspore_hyper.cli.tune", "mindspore_hyper.migrate.cli")
+               "mindspore_hyper.cli.tune", "mindspore_hyper.migrate.cli", "mindspore_hyper.cli.elastic")
 
 DESCRIPTION = """\
 HyperParallel for MindSpore: plan a parallel job before renting the cluster.
@@ -31,6 +31,7 @@ HyperParallel for MindSpore: plan a parallel job before renting the cluster.
              PNG Gantt chart, Chrome trace
   tune       HyperOffload tuners: prefetch depth or cache-block size, by running real steps
   convert    a PyTorch model -> a MindSpore Cell: editable source, checkpoint, mapping report
+  elastic    run a training script under msrun, restarting it on the processes left when one dies
 
 Run `mindspore-hyper COMMAND --help` for each command's flags and examples."""
 

@@ -7,8 +7,9 @@ from typing import Any, Dict
 
 from mindspore_hyper.cli.arg_types import byte_size, nonnegative_int, positive_int, size_list
 from mindspore_hyper.cli.common import add_command
-from mindspore_hyper.estimate import (ACTIVATION_MODELS, DEFAULT_SEQ_LENS, PRESETS, RECOMPUTE_MODES, TIERS,
-                                      build_config, build_strategy, estimate_job, format_bytes, largest_fitting,
+from mindspore_hyper.estimate import (ACTIVATION_MODELS, CONTEXT_METHODS, DEFAULT_SEQ_LENS, PRESETS, RECOMPUTE_MODES,
+                                      SCHEDULES, TIERS, build_config, build_strategy, estimate_job,
+                                      estimate_step_time, format_bytes, hardware_presets, largest_fitting,
                                       plot_sweep, read_job_file, sequence_sweep)
 from mindspore_hyper.estimate.model import ELEMENT_BYTES, NORMS
 
@@ -21,6 +22,10 @@ examples:
   mindspore-hyper estimate --layers 32 --hidden 4096 --heads 32 --vocab 32000 --seq-len 4096 \\
       --micro-batch 2 --inference --sweep 4K:128K --plot kv_sweep.png
   mindspore-hyper estimate --config job.yaml --pipeline 4 --in-flight 2 --json
+  mindspore-hyper estimate --preset gpt3-175b --tensor 8 --pipeline 8 --microbatches 64 \
+      --sequence-parallel --recompute selective --hardware a100-80gb      (step time, MFU)
+  mindspore-hyper estimate --preset llama2-7b --tensor 8 --context 4 --recompute selective \
+      --device-memory 64GB --sweep 4K:128K          (which lengths fit with and without cp)
   (job.yaml: `model:` and `strategy:` sections with the fields below, optional `device_memory:`;
    flags override the file, the file overrides --preset)"""
 
@@ -52,6 +57,9 @@ STRATEGY_FLAGS = (
     ("--in-flight", "in_flight", positive_int,
      "micro-batches whose activations a stage holds (default 1F1B: min(pipeline - stage, microbatches))"),
     ("--optimizer-states", "optimizer_states", nonnegative_int, "fp32 optimizer states per parameter (Adam: 2)"),
+    ("--context", "context_parallel", positive_int,
+     "context-parallel size: each sequence split into N chunks (activations and KV cache / N)"),
+    ("--chunks", "chunks", positive_int, "model chunks per pipeline rank (interleaved_1f1b >= 2; zb_v, dualpipe_v 2)"),
 )
 STRATEGY_BOOLS = (
     ("sequence-parallel", "Megatron sequence parallelism over the tensor-parallel group"),
@@ -86,6 +94,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     strategy.add_argument("--offload-params", dest="offload_params", choices=TIERS, help="tier of the parameters")
     strategy.add_argument("--offload-optimizer", dest="offload_optimizer", choices=TIERS,
                           help="tier of the optimizer states")
+    strategy.add_argument("--context-method", dest="context_method", choices=CONTEXT_METHODS,
+                          help="context parallelism: ring (K/V blocks around the group) or ulysses (AllToAll)")
+    strategy.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
     strategy.add_argument("--activation-model", dest="activation_model", choices=ACTIVATION_MODELS,
                           help="megatron: Table 2 (default); simulation: what the CPU simulation counts for "
                                "examples/models.py's GPT")
@@ -99,13 +110,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     out.add_argument("--sweep", nargs="?", const=list(DEFAULT_SEQ_LENS), type=size_list, metavar="LENGTHS",
                      help="estimate at these sequence lengths (default 4K:128K, doubling; or e.g. 4K,32K,128K)")
     out.add_argument("--plot", metavar="PNG", help="with --sweep: save the sweep as a PNG")
+    out.add_argument("--hardware", metavar="NAME",
+                     help=f"also predict the training step's time and MFU on this hardware (a preset: "
+                          f"{', '.join(hardware_presets())}; or a .yaml file, docs/estimate.md)")
     out.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=run, parser=p)
     return p
 
 
+_FLAG_NAMES = {"zero_stage": "--zero", "context_parallel": "--context"}
+
+
 def _flag_of(field: str) -> str:
-    return "--zero" if field == "zero_stage" else "--" + field.replace("_", "-")
+    return _FLAG_NAMES.get(field, "--" + field.replace("_", "-"))
 
 
 def _given(args: argparse.Namespace, fields) -> Dict[str, Any]:
@@ -126,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
     model_fields = [f for _, f, _, _ in MODEL_FLAGS] + ["dtype_bytes", "norm"] + \
         [n.replace("-", "_") for n, _ in MODEL_BOOLS]
     strategy_fields = [f for _, f, _, _ in STRATEGY_FLAGS] + ["zero_stage", "recompute", "offload_params",
-                                                             "offload_optimizer", "activation_model"] + \
+                                                             "offload_optimizer", "activation_model",
+                                                             "context_method", "schedule"] + \
         [n.replace("-", "_") for n, _ in STRATEGY_BOOLS]
     spec = read_job_file(args.config) if args.config else {"model": {}, "strategy": {}, "device_memory": None}
     model = {**spec["model"], **({"preset": args.preset} if args.preset else {}), **_given(args, model_fields)}
@@ -142,19 +160,27 @@ def run(args: argparse.Namespace) -> int:
                                   where=f"{args.config}: strategy" if args.config else "strategy")
         device_memory = args.device_memory if args.device_memory is not None else spec["device_memory"]
         result = estimate_job(config, strategy, device_memory)
+        step = estimate_step_time(config, strategy, args.hardware) if args.hardware else None
     except ValueError as exc:
         raise ValueError(_flag_message(exc, model_fields + strategy_fields)) from None
     fit = {}
     if device_memory is not None:
         fit = {field: largest_fitting(config, strategy, device_memory, field) for field in ("micro_batch", "seq_len")}
     sweep = sequence_sweep(config, strategy, args.sweep, device_memory) if args.sweep is not None else []
+    cp = strategy.context_parallel
+    plain = sequence_sweep(config, strategy.with_(context_parallel=1), args.sweep, device_memory) \
+        if sweep and cp > 1 else []
     if args.plot:
         plot_sweep(sweep, args.plot)
     if args.json:
         out = result.to_dict()
         out["largest_fitting"] = fit
         out["sweep"] = [{"seq_len": e.config.seq_len, "peak_stage": e.peak.stage, **e.peak.to_dict()} for e in sweep]
+        if plain:
+            for row, base in zip(out["sweep"], plain):
+                row["without_context_parallel"] = {"total": base.peak.total, "fits": base.fits}
         out["plot"] = args.plot
+        out["step_time"] = step.to_dict() if step is not None else None
         print(json.dumps(out, indent=2))
         return 0
     print(result)
@@ -162,13 +188,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"largest micro-batch that fits {format_bytes(device_memory)}: {fit['micro_batch'] or 'none'} "
               f"(at seq {config.seq_len}); longest sequence: {fit['seq_len'] or 'none'} "
               f"(at micro-batch {config.micro_batch})")
+    if step is not None:
+        print(step)
     if sweep:
         print("sequence sweep (peak stage per length):")
-        for e in sweep:
+        for i, e in enumerate(sweep):
             s = e.peak
             fits = "" if e.fits is None else ("  fits" if e.fits else "  does NOT fit")
-            print(f"  seq {e.config.seq_len:>7}: {format_bytes(s.total):>11} (stage {s.stage}: activations "
-                  f"{format_bytes(s.activations)}, kv cache {format_bytes(s.kv_cache)}){fits}")
+            line = (f"  seq {e.config.seq_len:>7}: {format_bytes(s.total):>11} (stage {s.stage}: activations "
+                    f"{format_bytes(s.activations)}, kv cache {format_bytes(s.kv_cache)}){fits}")
+            if plain:
+                base = plain[i]
+                verdict = "" if base.fits is None else (", fits" if base.fits else ", does NOT fit")
+                line += f"; without context parallel {format_bytes(base.peak.total)}{verdict}"
+            print(line)
     if args.plot:
         print(f"plot: {args.plot}")
     return 0

@@ -8,6 +8,7 @@ import os
 from mindspore_hyper.cli.arg_types import byte_size, positive_int
 from mindspore_hyper.cli.common import add_command, add_model_arguments, check_model_arguments
 from mindspore_hyper.cli.model_spec import GPT_DEFAULTS, GPT_PRESET, build_model, gpt_inputs, make_inputs
+from mindspore_hyper.cli.plan_search import MODEL_FIELDS, add_search_arguments, run_search
 
 __all__ = ["add_parser", "run"]
 
@@ -18,6 +19,9 @@ examples:
   mindspore-hyper plan --init-args '{"layers": 4, "hidden": 128}' --batch 16 --data 2 --pipeline 2
   mindspore-hyper plan --model mypkg.net:Net --init-args '{"dim": 64}' --inputs float32:8x64 \\
       --config configs/tensor_parallel_8.yaml --forward-only --json
+  mindspore-hyper plan --search --preset llama2-70b --devices 1024 --hardware h100-80gb \
+      --global-batch 1024 --top 5 --plot front.png
+      (no simulation: strategies ranked by the step-time model, docs/estimate.md)
   (--data/--tensor/--pipeline/--zero lay out models with the GPT's parameter names; any model
    takes a parallel config YAML, see docs/config.md)"""
 
@@ -50,10 +54,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                            help="per-device budget the report checks (default: the context flag, 64GB)")
     run_group.add_argument("--topology", help="topology preset or YAML for the communication-time estimate")
     out = p.add_argument_group("output")
-    out.add_argument("--plot", metavar="PNG", help="save the report's memory and communication plot")
+    out.add_argument("--plot", metavar="PNG", help="save the report's memory and communication plot (with --search: "
+                                                   "the time/memory front of the strategies found)")
     out.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_search_arguments(p)
     p.set_defaults(func=run, parser=p)
     return p
+
+
+_SEARCH_ONLY = ("preset", "devices", "global_batch") + MODEL_FIELDS
 
 
 def _optimizer_factory(name: str):
@@ -94,6 +103,13 @@ def run(args: argparse.Namespace) -> int:
     from mindspore_hyper.estimate.gpt_layout import gpt_parallel_config
 
     layout_flags = [f"--{k}" for k in ("data", "tensor", "pipeline", "zero") if getattr(args, k) is not None]
+    if args.search:
+        if layout_flags or args.config:
+            raise ValueError(f"--search chooses the strategy; drop {', '.join(layout_flags or ['--config'])}")
+        return run_search(args)
+    stray = [f"--{k.replace('_', '-')}" for k in _SEARCH_ONLY if getattr(args, k) is not None]
+    if stray:
+        raise ValueError(f"{', '.join(stray)}: only with --search")
     if args.config and layout_flags:
         raise ValueError(f"--config and {', '.join(layout_flags)} both give the strategy; use one")
     if not args.config and not layout_flags:

@@ -72,10 +72,14 @@ class AggregatorOwner:
         check_op(op)
         return self._aggregator().submit_many(arrays, op)
 
-    def flush(self) -> None:
-        """Send every queued request now and wait until they are done."""
+    def flush(self, timeout: Optional[float] = None) -> None:
+        """Send every queued request now and wait until they are done.
+
+        Args:
+            timeout: seconds without a finished request before CommTimeout (None: the group's timeout).
+        """
         if self._agg is not None:
-            self._agg.flush()
+            self._agg.flush(timeout)
 
     def aggregator_stats(self) -> dict:
         """The aggregator's counters (all zero before the first request)."""

@@ -130,10 +130,14 @@ _STEP_KIND = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatt
 
 def collective_time(kind: str, input_bytes: int, group_ranks: Sequence[int], topology=None) -> float:
     """Modelled seconds of one collective named as a plan step (`AllGather`, ...) whose per-device
-    input is `input_bytes`; `topology` defaults to the context flag."""
+    input is `input_bytes`; `topology` defaults to the context flag. "P2P" is one ring step of
+    the group (each device sends `input_bytes` to its neighbour: a send_recv between the first two)."""
     if topology is None:
         from mindspore_hyper.context import get_context
 
         topology = get_context("topology")
+    if kind == "P2P":
+        group = list(group_ranks)
+        return estimate_time("send_recv", int(input_bytes), group[:2], topology) if len(group) > 1 else 0.0
     nbytes = input_bytes * len(group_ranks) if kind == "AllGather" else input_bytes
     return estimate_time(_STEP_KIND[kind], int(nbytes), list(group_ranks), topology)

@@ -204,7 +204,7 @@ class MindSporeCommunicator(AggregatorOwner):
 
     # ----- aggregation ------------------------------------------------------------------------
     def _new_aggregator(self):
-        agg = _C.python_aggregator(self._packet, self.size, self.aggregation_bytes, self.max_delay)
+        agg = _C.python_aggregator(self._packet, self.size, self.aggregation_bytes, self.max_delay, self.shm_timeout)
         import atexit
 
         atexit.register(self.close)  # stop the executor (it calls into Python) before shutdown

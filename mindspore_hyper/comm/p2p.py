@@ -4,20 +4,26 @@ a two-member shared-memory communicator (`one_way_channel`).
 The pipeline's stage boundaries, the MPMD cross-group tensors and the multimodal encoder/LM
 requests all travel as `Message`s on a `P2PChannel`. A message is a tag (a few ints, the name
 the receiver asks for), optional metadata (a few ints) and arrays of any supported dtype and
-shape. On the wire: 32 int64 words holding the descriptor's length and the descriptor (tag,
-meta, each array's dtype code and shape; a longer descriptor's rest follows), then each
-non-empty array's bytes.
+shape. On the wire (the framing, docs/comm.md): 32 int64 words holding the descriptor's length
+and the descriptor (tag, meta, each array's dtype code and shape; a longer descriptor's rest
+follows), then each non-empty array's bytes. The receiver checks every descriptor (C++,
+`_core.comm.parse_p2p_descriptor`) against the limits -- at most 8 tag ints, 64 meta ints, 1024
+arrays of at most 32 dimensions, `max_message_bytes` of array data -- before it allocates
+anything: a malformed message is a `FrameError` naming the peer and the field, and aborts the
+channel (the stream cannot be resynchronised). The sender checks the same limits (ValueError).
 
 The sending end hands messages to its own background thread (`send` returns at once, having
-copied the arrays unless told not to; `flush` waits until they are written; the queue is not
-bounded: a sender that never flushes holds what its peer has not read), so a process never blocks on a full
-channel while its peer computes; that thread also opens the communicator, so constructing the
-sending end never waits for the peer. The receiving end opens the communicator in its
-constructor (it waits until the sender attached) and reads only inside `recv`, in the calling
-thread: messages read while looking for another tag are kept, in arrival order, for later
-receives. A receive that waits too long, or whose peer died, raises the transport's
-`CommTimeout` naming this rank, the peer rank and the tag; the receiving end is unusable from
-then on (the transport aborts the group, as for any collective).
+copied the arrays unless told not to; `flush` waits until they are written), so a process never
+blocks on a full channel while its peer computes; the queue holds at most `max_queued_bytes` of
+array data: a `send` beyond waits for the thread to write (back-pressure), at most the channel's
+timeout. That thread also opens the communicator, so constructing the sending end never waits
+for the peer. The receiving end opens the communicator in its constructor (it waits until the
+sender attached) and reads only inside `recv`, in the calling thread: messages read while
+looking for another tag are kept, in arrival order, for later receives, up to
+`max_unmatched_bytes`; a receive that finds the kept messages over that limit raises CommError
+(the messages stay kept) instead of reading on. A receive that waits too long, or whose peer
+died, raises the transport's `CommTimeout` naming this rank, the peer rank and the tag; the
+receiving end is unusable from then on (the transport aborts the group, as for any collective).
 """
 from __future__ import annotations
 
@@ -29,16 +35,24 @@ from typing import Deque, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from mindspore_hyper.comm._common import CommError, CommTimeout
-from mindspore_hyper.comm.shm import ShmCommunicator, one_way_channel
+from mindspore_hyper.comm._common import _C, CommError, CommTimeout
+from mindspore_hyper.comm.shm import DEFAULT_MAX_MESSAGE_BYTES, ShmCommunicator, one_way_channel
 
-__all__ = ["P2PChannel", "Message", "Tag", "P2P_DTYPES"]
+__all__ = ["P2PChannel", "Message", "Tag", "P2P_DTYPES", "FrameError"]
 
-P2P_DTYPES = ("float32", "float16", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
-_CODES = {np.dtype(name): code for code, name in enumerate(P2P_DTYPES)}
-_MAX_TAG = 8  # ints in a tag
-_MAX_META = 64  # ints of metadata
-_HEAD = 32  # int64 words of a message's first write: the descriptor's length, then the descriptor (its rest follows)
+FrameError = _C.FrameError
+_LIMITS = _C.P2P_LIMITS  # the framing's limits, from the C++ parser
+P2P_DTYPES = tuple(_LIMITS["dtypes"])  # wire code = index
+_DTYPES = tuple(np.dtype(name) for name in P2P_DTYPES)
+_CODES = {dtype: code for code, dtype in enumerate(_DTYPES)}
+_MAX_TAG = _LIMITS["max_tag"]  # ints in a tag
+_MAX_META = _LIMITS["max_meta"]  # ints of metadata
+_MAX_ARRAYS = _LIMITS["max_arrays"]
+_MAX_DIMS = _LIMITS["max_dims"]
+_HEAD = _LIMITS["head_words"]  # int64 words of a message's first write: the descriptor's length, then the descriptor
+DEFAULT_MAX_QUEUED_BYTES = 256 << 20
+DEFAULT_MAX_UNMATCHED_BYTES = 256 << 20
+_INT64 = (-(1 << 63), (1 << 63) - 1)
 
 Tag = Union[int, Tuple[int, ...]]
 
@@ -49,9 +63,10 @@ def _ints(value, what: str, limit: int, allow_empty: bool) -> Tuple[int, ...]:
         return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
     items = (value,) if is_int(value) else tuple(value) if isinstance(value, (tuple, list, np.ndarray)) else None
-    if items is None or not all(is_int(v) for v in items) or len(items) > limit or not (items or allow_empty):
+    if (items is None or not all(is_int(v) and _INT64[0] <= v <= _INT64[1] for v in items) or len(items) > limit
+            or not (items or allow_empty)):
         raise ValueError(f"{what}={value!r}: expected {'' if allow_empty else 'an int or '}a sequence of "
-                         f"{'' if allow_empty else '1 to '}{limit} ints at most")
+                         f"{'' if allow_empty else '1 to '}{limit} int64 values at most")
     return tuple(int(v) for v in items)
 
 
@@ -85,23 +100,23 @@ def _descriptor(message: Message) -> np.ndarray:
     return np.array(words, np.int64)
 
 
-def _parse(words: np.ndarray) -> Tuple[Tuple[int, ...], Tuple[int, ...], List[Tuple[np.dtype, Tuple[int, ...]]]]:
-    """(tag, meta, [(dtype, shape) per array]) from a descriptor."""
-    values = [int(v) for v in words]
-    pos = 0
+def _check_message(message: Message, max_message_bytes: int) -> int:
+    """The message's array bytes; ValueError naming the argument when it breaks the framing's limits."""
+    if len(message.arrays) > _MAX_ARRAYS:
+        raise ValueError(f"arrays: {len(message.arrays)} arrays; a message holds at most {_MAX_ARRAYS}")
+    for i, arr in enumerate(message.arrays):
+        if arr.ndim > _MAX_DIMS:  # numpy 2 allows 64
+            raise ValueError(f"arrays[{i}]: {arr.ndim} dimensions; at most {_MAX_DIMS}")
+    nbytes = sum(arr.nbytes for arr in message.arrays)
+    if nbytes > max_message_bytes:
+        raise ValueError(f"arrays: {nbytes} bytes in all; the channel's max_message_bytes is {max_message_bytes}")
+    return nbytes
 
-    def take(n: int) -> Tuple[int, ...]:
-        nonlocal pos
-        pos += n
-        return tuple(values[pos - n:pos])
 
-    tag = take(take(1)[0])
-    meta = take(take(1)[0])
-    layout = []
-    for _ in range(take(1)[0]):
-        code, ndim = take(2)
-        layout.append((np.dtype(P2P_DTYPES[code]), take(ndim)))
-    return tag, meta, layout
+def _parse(words: np.ndarray, max_message_bytes: int):
+    """(tag, meta, [(dtype, shape) per array]) from a peer's descriptor; FrameError naming the field."""
+    tag, meta, layout, _ = _C.parse_p2p_descriptor(words, max_message_bytes)
+    return tag, meta, [(_DTYPES[code], shape) for code, shape in layout]
 
 
 class P2PChannel:
@@ -120,31 +135,46 @@ class P2PChannel:
             transfer without progress.
         channel_bytes: ring-buffer bytes of the communicator (None: the transport's default); the
             sender thread waits while the receiver has not read this much.
+        max_message_bytes: the most array bytes of one message (both ends: the sender refuses
+            more, the receiver rejects a peer announcing more before allocating it).
+        max_queued_bytes: array bytes the sending end queues before `send` waits for its thread.
+        max_unmatched_bytes: array bytes of messages of other tags the receiving end keeps
+            before a receive raises instead of reading on.
 
     Raises:
-        ValueError: `me` is not one of the two ends, or `timeout` is not positive.
+        ValueError: `me` is not one of the two ends, or `timeout` or a limit is not positive.
     """
 
     def __init__(self, job: str, name: str, source: int, target: int, me: int, timeout: float,
-                 channel_bytes: Optional[int] = None):
+                 channel_bytes: Optional[int] = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES, max_unmatched_bytes: int = DEFAULT_MAX_UNMATCHED_BYTES):
         if me not in (source, target) or source == target:
             raise ValueError(f"channel {source} -> {target}: me={me} is not one of its two ends")
         if not timeout > 0:
             raise ValueError(f"timeout={timeout!r}: expected a positive number of seconds")
+        for arg, value in (("max_message_bytes", max_message_bytes), ("max_queued_bytes", max_queued_bytes),
+                           ("max_unmatched_bytes", max_unmatched_bytes)):
+            if not (isinstance(value, (int, np.integer)) and value > 0):
+                raise ValueError(f"{arg}={value!r}: expected a positive number of bytes")
         self.job, self.name = job, name
         self.source, self.target, self.me = int(source), int(target), int(me)
         self.timeout = float(timeout)
+        self.max_message_bytes = int(max_message_bytes)
+        self.max_queued_bytes = int(max_queued_bytes)
+        self.max_unmatched_bytes = int(max_unmatched_bytes)
         self._channel_bytes = channel_bytes
         self._cond = threading.Condition()
         self._closed = False
         self._comm = None
         # sending end
-        self._outgoing: Deque[Message] = deque()
+        self._outgoing: Deque[Tuple[Message, int]] = deque()
         self._unsent = 0
+        self._queued_bytes = 0
         self._send_error: Optional[BaseException] = None
         self._thread: Optional[threading.Thread] = None
         # receiving end
-        self._arrived: List[Message] = []
+        self._arrived: List[Tuple[Message, int]] = []
+        self._arrived_bytes = 0
         self._reading = False
         self._recv_error: Optional[BaseException] = None
         if self.sending:
@@ -162,7 +192,9 @@ class P2PChannel:
         return f"P2PChannel({self.name!r}, {self.source} -> {self.target}, rank {self.me})"
 
     def _open(self) -> ShmCommunicator:
-        kwargs = {} if self._channel_bytes is None else {"channel_bytes": int(self._channel_bytes)}
+        kwargs = {"max_message_bytes": self.max_message_bytes}
+        if self._channel_bytes is not None:
+            kwargs["channel_bytes"] = int(self._channel_bytes)
         return one_way_channel(self.job, self.name, self.source, self.target, self.me, self.timeout, **kwargs)
 
     def _check_end(self, sending: bool, what: str) -> None:
@@ -184,18 +216,34 @@ class P2PChannel:
                 are not changed until written (fresh arrays, or a `flush` before reuse).
 
         Raises:
-            ValueError: `tag` or `meta` is not ints (names the argument).
+            ValueError: `tag` or `meta` is not int64 values, or the message breaks the framing's
+                limits (more than 1024 arrays, 32 dimensions or `max_message_bytes`; names the argument).
             TypeError: an array's dtype is not supported (names `arrays[i]`).
+            CommTimeout: the queue stayed above `max_queued_bytes` for the channel's timeout
+                (the peer does not read; names it).
             CommError / CommTimeout: an earlier send failed (names the peer).
         """
         self._check_end(True, "send")
         message = Message(_ints(tag, "tag", _MAX_TAG, allow_empty=False),
                           tuple(_check_array(a, i, copy) for i, a in enumerate(arrays)),
                           _ints(meta, "meta", _MAX_META, allow_empty=True))
+        nbytes = _check_message(message, self.max_message_bytes)
+        deadline = time.monotonic() + self.timeout
         with self._cond:
             self._raise_send_error()
-            self._outgoing.append(message)
+            while self._queued_bytes and self._queued_bytes + nbytes > self.max_queued_bytes:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CommTimeout(f"{self!r}: {self._queued_bytes} bytes queued for rank {self.target} stayed "
+                                      f"above max_queued_bytes={self.max_queued_bytes} for {self.timeout:g} s "
+                                      f"(rank {self.target} does not read)")
+                self._cond.wait(left)
+                self._raise_send_error()
+                if self._closed:
+                    raise CommError(f"{self!r} was closed while a send waited for queue space")
+            self._outgoing.append((message, nbytes))
             self._unsent += 1
+            self._queued_bytes += nbytes
             self._cond.notify_all()
 
     @property
@@ -255,7 +303,7 @@ class P2PChannel:
                     self._cond.wait()
                 if not self._outgoing:
                     return
-                message = self._outgoing.popleft()
+                message, nbytes = self._outgoing.popleft()
                 failed = self._send_error is not None
             try:
                 if not failed:
@@ -266,6 +314,7 @@ class P2PChannel:
             finally:
                 with self._cond:
                     self._unsent -= 1
+                    self._queued_bytes -= nbytes
                     self._cond.notify_all()
 
     @staticmethod
@@ -296,7 +345,10 @@ class P2PChannel:
         Raises:
             CommTimeout: nothing with `tag` within `timeout`, or the peer died (names this rank,
                 the peer rank and the tag); the channel is unusable afterwards.
-            CommError: the transport failed (names the peer).
+            CommError: the messages of other tags kept exceed `max_unmatched_bytes` (they stay
+                kept), or the transport failed (names the peer).
+            FrameError: the peer sent a malformed message (names the peer and the field); the
+                channel is unusable afterwards.
         """
         self._check_end(False, "recv")
         want = None if tag is None else _ints(tag, "tag", _MAX_TAG, allow_empty=False)
@@ -321,6 +373,12 @@ class P2PChannel:
                     if left <= 0:
                         raise CommTimeout(f"rank {self.me}: no {what} from rank {self.source} on {self.name!r} "
                                           f"within {timeout:g} s")
+                    if not self._reading and self._arrived_bytes >= self.max_unmatched_bytes:
+                        tags = sorted({m.tag for m, _ in self._arrived})
+                        raise CommError(f"rank {self.me}: waiting for {what} from rank {self.source} on "
+                                        f"{self.name!r}: {len(self._arrived)} messages of other tags {tags} "
+                                        f"({self._arrived_bytes} bytes) wait unreceived, over max_unmatched_bytes="
+                                        f"{self.max_unmatched_bytes}; receive them first (they stay kept)")
                     if not self._reading:
                         self._reading = True
                         break
@@ -334,14 +392,18 @@ class P2PChannel:
                     self._cond.notify_all()
                 continue  # raised above, naming the tag
             with self._cond:
-                self._arrived.append(message)
+                nbytes = sum(arr.nbytes for arr in message.arrays)
+                self._arrived.append((message, nbytes))
+                self._arrived_bytes += nbytes
                 self._reading = False
                 self._cond.notify_all()
 
     def _take(self, want: Optional[Tuple[int, ...]]) -> Optional[Message]:
-        for i, message in enumerate(self._arrived):
+        for i, (message, nbytes) in enumerate(self._arrived):
             if want is None or message.tag == want:
-                return self._arrived.pop(i)
+                del self._arrived[i]
+                self._arrived_bytes -= nbytes
+                return message
         return None
 
     def _read(self, wait: float) -> Message:
@@ -352,11 +414,16 @@ class P2PChannel:
             head = comm.recv((_HEAD,), np.int64, 0)
         finally:
             comm.timeout = self.timeout
-        size = int(head[0])
-        words = head[1:1 + min(size, _HEAD - 1)]
-        if size > _HEAD - 1:
-            words = np.concatenate([words, comm.recv((size - (_HEAD - 1),), np.int64, 0)])
-        tag, meta, layout = _parse(words)
+        try:  # everything the peer announces is checked before anything is allocated for it
+            size = _C.p2p_descriptor_length(int(head[0]))
+            words = head[1:1 + min(size, _HEAD - 1)]
+            if size > _HEAD - 1:
+                words = np.concatenate([words, comm.recv((size - (_HEAD - 1),), np.int64, 0)])
+            tag, meta, layout = _parse(words, self.max_message_bytes)
+        except FrameError as exc:  # the rest of the stream cannot be found: the channel is lost
+            why = f"rank {self.me}: malformed message from rank {self.source} on {self.name!r}: {exc}"
+            comm.abort(why)
+            raise FrameError(why) from None
         arrays = []
         for dtype, shape in layout:
             out = np.empty(shape, dtype)

@@ -1,8 +1,11 @@
 """Shared-memory transport between processes on one host (POSIX shared memory + atomics).
 
 Each process creates one `ShmCommunicator(name, rank, size)` with the same `name` (rank 0 creates the
-segment, the others attach; all block until everyone is there). Collectives take this rank's
-numpy array. A peer that dies or stalls makes the waiting ranks fail with `CommTimeout` within
+segment, the others attach; all block until everyone is there). The segment's name is not `name`
+but `segment_name(name, token)`: a readable prefix of `name` and a keyed hash of all of it with
+the job token (`job_token`), so it has a fixed length for any group and cannot be predicted by
+another user; a rank attaches only to a segment of its own user with mode 0600 (docs/comm.md,
+Security model). Collectives take this rank's numpy array. A peer that dies or stalls makes the waiting ranks fail with `CommTimeout` within
 `timeout` seconds of no progress (a dead peer is noticed within ~20 ms); ranks disagreeing on a
 collective's kind, dtype or sizes fail with `CommMismatch` naming both. The segment's name is
 removed from /dev/shm as soon as every rank attached, so nothing is left behind after a normal
@@ -12,7 +15,9 @@ Under msrun, `ShmCommunicator.from_env()` derives name/rank/size from msrun's en
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import zlib
 from typing import Optional, Sequence
 
@@ -20,11 +25,24 @@ import numpy as np
 
 from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name, normalize_dim, split_counts
 from mindspore_hyper.comm._handles import AggregatorOwner, Closed
+from mindspore_hyper.comm.job_token import job_token
 
-__all__ = ["ShmCommunicator", "one_way_channel", "cleanup_stale_segments", "SEGMENT_PREFIX"]
+__all__ = ["ShmCommunicator", "one_way_channel", "cleanup_stale_segments", "segment_name", "SEGMENT_PREFIX",
+           "DEFAULT_MAX_MESSAGE_BYTES"]
 
 SEGMENT_PREFIX = "mshyper_"
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 _MAX_DIMS = 32  # numpy's limit: the shape descriptors all_gather exchanges
+_READABLE = 32  # characters of the group name kept readable in the segment name
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def segment_name(name: str, token: str) -> str:
+    """The /dev/shm name of group `name` in the job of `token`: SEGMENT_PREFIX, the first 32
+    characters of `name` (others than letters, digits, '_', '.', '-' as '_'), '_', and 32 hex
+    digits of the BLAKE2b hash of the whole name keyed with the token: at most 73 characters."""
+    digest = hashlib.blake2b(name.encode(), key=bytes.fromhex(token)[:64], digest_size=16).hexdigest()
+    return f"{SEGMENT_PREFIX}{_UNSAFE.sub('_', name[:_READABLE])}_{digest}"
 
 
 def cleanup_stale_segments(prefix: str = SEGMENT_PREFIX) -> int:
@@ -36,23 +54,37 @@ class ShmCommunicator(AggregatorOwner):
     """This process's member of a shared-memory group.
 
     Args:
-        name: group name shared by all ranks (unique per job); the segment is /dev/shm/<prefix><name>.
+        name: group name shared by all ranks (unique per job, any length); the segment is
+            /dev/shm/`segment_name(name, token)`.
         rank, size: this rank and the number of processes.
         timeout: seconds without progress before CommTimeout (also bounds the rendezvous).
         channel_bytes: ring-buffer bytes per directed pair of ranks.
         aggregation_bytes: super-packet size of all_reduce_async (default: context flag).
         max_delay: seconds after which a partly filled packet is sent.
+        max_message_bytes: the most bytes of one message: a send of more raises CommError; a
+            peer announcing more (a send's header, one all_to_all part) raises FrameError and
+            aborts the group before anything is allocated for it. Same value on every rank.
+        token: the job token (default: `job_token()`, shared by the processes of this job).
+
+    Raises:
+        ValueError: empty `name`, or `max_message_bytes` not positive.
+        CommError: the segment exists and is another group's or another user's (names it).
     """
 
     def __init__(self, name: str, rank: int, size: int, timeout: float = 30.0, channel_bytes: int = 256 << 10,
-                 aggregation_bytes: Optional[int] = None, max_delay: float = 5e-3):
-        if not name or "/" in name:
-            raise ValueError(f"name={name!r}: expected a non-empty name without '/'")
+                 aggregation_bytes: Optional[int] = None, max_delay: float = 5e-3,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, token: Optional[str] = None):
+        if not name:
+            raise ValueError(f"name={name!r}: expected a non-empty name")
+        if not int(max_message_bytes) > 0:
+            raise ValueError(f"max_message_bytes={max_message_bytes!r}: expected a positive number of bytes")
         self.name = name
         if int(rank) == 0:
             # segments left by crashed runs whose peers never attached (their creator is gone)
             cleanup_stale_segments()
-        self._g = _C.ShmCommunicator(SEGMENT_PREFIX + name, int(rank), int(size), int(channel_bytes), float(timeout))
+        seg = segment_name(name, job_token(float(timeout)) if token is None else token)
+        self._g = _C.ShmCommunicator(seg, int(rank), int(size), int(channel_bytes), float(timeout))
+        self._g.max_message_bytes = int(max_message_bytes)
         if aggregation_bytes is None:
             from mindspore_hyper.context import get_context
 
@@ -111,7 +143,13 @@ class ShmCommunicator(AggregatorOwner):
 
     @property
     def segment_name(self) -> str:
+        """The /dev/shm name of this group's segment ('/' first)."""
         return self._g.segment_name
+
+    def abort(self, why: str) -> None:
+        """Mark the group broken: every rank's next wait fails fast with CommTimeout naming `why`
+        (a rank that cannot continue the streams, e.g. after a malformed message)."""
+        self._g.abort(str(why))
 
     def calibrate(self, repeats: int = 20):
         """Collective: measure alpha/beta/gamma of the shm transport, use them for algorithm choice."""

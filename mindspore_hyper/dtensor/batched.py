@@ -274,8 +274,12 @@ def stacked_shards(execution, t: DTensor) -> Tensor:
 
 
 def _not_ref(shard: Tensor) -> Tensor:
-    """A Parameter (a Ref) does not stack with plain tensors: a view of it does."""
-    return shard.reshape(shard.shape) if isinstance(shard, Parameter) else shard
+    """A Parameter's storage (a Ref) does not stack with plain tensors: a view of it does. A
+    Ref is not always a `Parameter` object: a plain `Tensor` carrying a Parameter's
+    `param_info` (as a bias reaches the op of nn.GRU's cell) is one too."""
+    if isinstance(shard, Parameter) or shard.param_info is not None:
+        return shard.reshape(shard.shape)
+    return shard
 
 
 def run_batched(execution, call, decision, axes: Sequence[int], keys: Sequence[tuple]):

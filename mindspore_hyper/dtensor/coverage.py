@@ -10,7 +10,8 @@ in numpy by `shard.reference_executor`, not by the collectives under test). The 
 by a sharding rule or by the replicated fallback.
 
 `python -m mindspore_hyper.dtensor.coverage` writes docs/op_coverage.md (about 5 s with
-synchronous kernel launches); `--check` only compares it with the sweep (exit status 1 if
+synchronous kernel launches; the layer-zoo section after the table, written by
+`python -m mindspore_hyper.runtime.simulation.layer_sweep --write`, is kept); `--check` only compares it with the sweep (exit status 1 if
 stale or if an op is not ok); `--json PATH` writes each op's outcome instead (what the test
 reads).
 """
@@ -37,9 +38,13 @@ from mindspore_hyper.shard import reference_executor
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
-__all__ = ["MESH", "CaseResult", "Variant", "variants", "run_case", "render", "main"]
+__all__ = ["MESH", "LAYER_SECTION", "CaseResult", "Variant", "variants", "run_case", "render", "ops_section",
+           "layers_section", "main"]
 
 MESH = Layout((2, 2), ("a", "b"))
+# The heading of the layer-zoo section that follows the op table in docs/op_coverage.md
+# (`runtime/simulation/layer_sweep.py` writes it; regenerating the op table keeps it).
+LAYER_SECTION = "## Layer zoo"
 RTOL, ATOL = 1e-4, 1e-5
 
 
@@ -309,6 +314,19 @@ def render(results: Sequence[CaseResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def ops_section(document: str) -> str:
+    """The part of docs/op_coverage.md that `render` writes (before the layer zoo)."""
+    return document.split("\n" + LAYER_SECTION)[0]
+
+
+def layers_section(document: str) -> str:
+    """The layer-zoo part of docs/op_coverage.md (written by
+    `python -m mindspore_hyper.runtime.simulation.layer_sweep --write`), with the blank line
+    before it; "" if there is none."""
+    _, found, rest = document.partition("\n" + LAYER_SECTION)
+    return "\n" + LAYER_SECTION + rest if found else ""
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Write (or with --check, verify) the coverage table, or with --json write the outcomes;
     returns the exit status (1 if an op is not ok or the table is stale)."""
@@ -327,9 +345,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps([r.to_dict() for r in results], indent=1))
         return 1 if bad else 0
-    text = render(results)
+    current = args.output.read_text() if args.output.exists() else ""
+    text = render(results) + layers_section(current)
     if args.check:
-        current = args.output.read_text() if args.output.exists() else ""
         if current != text:
             print(f"{args.output} is stale; run python -m mindspore_hyper.dtensor.coverage", file=sys.stderr)
             return 1

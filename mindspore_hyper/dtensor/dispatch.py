@@ -150,9 +150,10 @@ def _as_dtensor(execution, value):
         if value.layout.mesh != execution.mesh:
             raise ValueError(f"an op mixes DTensors of different meshes: {value.layout.mesh} vs {execution.mesh}")
         return value
-    if isinstance(value, Parameter) and id(value) in execution.parameters:
-        return parameter_dtensor(execution, value)
     if isinstance(value, Tensor):
+        param = execution.laid_out_parameter(value)
+        if param is not None:
+            return parameter_dtensor(execution, param)
         return replicated_dtensor(execution, value)
     return value
 
@@ -195,6 +196,10 @@ def dispatch(execution, func, args, kwargs):
         with NoFallbackGuard():
             return func(*args, **kwargs)
     execution.accounting.record_op(call.name)
+    if execution.context_attention is not None:  # attention across the sequence axis (dtensor/context)
+        attention = execution.context_attention(execution, call)
+        if attention is not None:
+            return attention
     if call.name in TYPE_QUERIES:
         coords = execution.mesh.coords(execution.local_ranks[0])
         return call.run(_localise(call.inputs, dict(enumerate(coords))))

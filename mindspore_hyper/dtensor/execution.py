@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from mindspore import Parameter
+
 from mindspore_hyper.comm.collectives import AxisGroup, Collectives
 from mindspore_hyper.dtensor import dispatch as dispatcher
 from mindspore_hyper.dtensor.accounting import Accounting, active_accounting
@@ -72,12 +74,15 @@ class Execution:
             collectives.recorder = self.record_backward
         self.parameter_fan_out = parameter_fan_out
         self.parameters: Dict[int, ParameterSlot] = {}
+        self._parameter_names: Dict[str, Any] = {}  # name -> Parameter, rebuilt when `parameters` grows
         self.parameter_dtensors: Dict[int, Any] = {}
         self.hints: List[Tuple[str, Optional[list]]] = []
         self._running: Optional[Dict[int, int]] = None
         self.holds_activations = False  # a training forward: new DTensors count until the step ends
         self.batch_shards = True  # run batchable ops once over their stacked shards (`dtensor.batched`)
         self.observer: Optional[Callable[[Any, Any], None]] = None  # sees (call, decision) of every op (native mode)
+        self.context_parallel = None  # the strategy's ContextParallel: attention across the sequence axis
+        self.context_attention: Optional[Callable[[Any, Any], Any]] = None  # (execution, call) -> result or None
 
     # -- bookkeeping ---------------------------------------------------------------------------
     @property
@@ -100,6 +105,20 @@ class Execution:
     @property
     def holds_all_ranks(self) -> bool:
         return len(self.local_ranks) == self.mesh.size
+
+    def laid_out_parameter(self, tensor) -> Optional[Any]:
+        """The model Parameter that `tensor` is, if the run lays it out: the Parameter itself, or
+        a plain Tensor carrying its `param_info` (what MindSpore passes a sub-Cell for a
+        Parameter argument, e.g. nn.GRU's weights to its recurrent cell); else None."""
+        if id(tensor) in self.parameters:
+            return tensor
+        info = tensor.param_info
+        if info is None or isinstance(tensor, Parameter):
+            return None  # a Parameter object is matched by identity only
+        if len(self._parameter_names) != len(self.parameters):
+            self._parameter_names = {slot.param.name: slot.param for slot in self.parameters.values()}
+        param = self._parameter_names.get(info.name)
+        return param if param is not None and tuple(param.shape) == tuple(tensor.shape) else None
 
     # -- which shards live here ----------------------------------------------------------------
     def keys(self, axes: Sequence[int]) -> List[Key]:

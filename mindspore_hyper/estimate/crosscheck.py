@@ -115,18 +115,25 @@ def crosscheck_gpt(gpt_class, config: TransformerConfig, strategy: JobStrategy, 
     Returns:
         The comparisons (see `compare`).
     """
+    if strategy.optimizer_states != 2:
+        raise ValueError(f"optimizer_states={strategy.optimizer_states}: the simulated step uses Adam (2 states)")
+    model, ids, labels = seeded_gpt_batch(gpt_class, config, strategy.data, seed)
+    report = simulate_step(model, gpt_parallel_config(strategy), (ids, labels))
+    return compare(config, strategy, report)
+
+
+def seeded_gpt_batch(gpt_class, config: TransformerConfig, data: int, seed: int):
+    """A `gpt_class` model of `config` with weights seeded by `seed`, and one global batch of
+    random token ids and labels (micro_batch x `data` sequences of seq_len tokens)."""
     import numpy as np
     import mindspore as ms
     from mindspore import Tensor
 
-    if strategy.optimizer_states != 2:
-        raise ValueError(f"optimizer_states={strategy.optimizer_states}: the simulated step uses Adam (2 states)")
     ms.set_seed(seed)
     model = gpt_class(vocab=config.vocab, hidden=config.hidden, heads=config.heads, layers=config.layers,
                       seq=config.seq_len)
     rng = np.random.default_rng(seed)
-    shape = (config.micro_batch * strategy.data, config.seq_len)
+    shape = (config.micro_batch * data, config.seq_len)
     ids = Tensor(rng.integers(0, config.vocab, shape).astype(np.int32))
     labels = Tensor(rng.integers(0, config.vocab, shape).astype(np.int32))
-    report = simulate_step(model, gpt_parallel_config(strategy), (ids, labels))
-    return compare(config, strategy, report)
+    return model, ids, labels

@@ -1,6 +1,7 @@
 """Whole-job memory estimate: a TransformerConfig x a JobStrategy -> bytes per device, per stage.
 
-Per device of pipeline stage k (d data, t tensor, p pipeline, e = dtype_bytes):
+Per device of pipeline stage k (d data, t tensor, p pipeline, cp context parallel, e = dtype_bytes;
+the ZeRO group is the d x cp ranks holding the same parameters, written d below):
 
 - parameters: the stage's pieces (embedding on stage 0; layers; final norm and head on the last
   stage), each count divided as ParamCounts says (tensor / expert parallel), times e; ZeRO-3
@@ -18,7 +19,8 @@ Per device of pipeline stage k (d data, t tensor, p pipeline, e = dtype_bytes):
   (Table 2's selective-recompute row; fused attention never materialises the scores), no logits.
 - activations ("simulation"): `simulation_activation_bytes` (every forward tensor of the
   examples' GPT, all layers: the simulation runs all stages' layers in one program).
-- KV cache (inference): 2 x layers x b x s x ceil(kv_heads / t) x head_dim x e.
+- context parallel: activations (and the last stage's logits) divided by cp.
+- KV cache (inference): 2 x layers x b x ceil(s / cp) x ceil(kv_heads / t) x head_dim x e.
 """
 from __future__ import annotations
 
@@ -46,7 +48,8 @@ class StageEstimate:
     Attributes:
         stage: pipeline stage index.
         layers: transformer layers on the stage.
-        in_flight: micro-batches whose activations the stage holds (0 for inference).
+        in_flight: micro-batches whose activations the stage holds (0 for inference; fractional
+            for the interleaved schedule, in units of the stage's whole share).
         parameters, gradients, optimizer_states, activations, kv_cache: device bytes.
         host, disk: bytes offloaded to host memory and to disk, per device.
         notes: how the figures were counted.
@@ -54,7 +57,7 @@ class StageEstimate:
 
     stage: int
     layers: int
-    in_flight: int
+    in_flight: float
     parameters: int
     gradients: int
     optimizer_states: int
@@ -102,17 +105,19 @@ class JobEstimate:
 
     def __str__(self) -> str:
         c, st = self.config, self.strategy
+        context = f" x context {st.context_parallel} ({st.context_method})" if st.context_parallel > 1 else ""
         lines = [f"model: {c.layers} layers, hidden {c.hidden}, heads {c.heads}, ffn {c.ffn}, vocab {c.vocab}, "
                  f"seq {c.seq_len}, micro-batch {c.micro_batch}, {c.dtype_bytes}-byte elements, "
                  f"{c.total_params() / 1e6:.1f}M parameters",
-                 f"strategy: data {st.data} x tensor {st.tensor} x pipeline {st.pipeline} = {st.devices} devices"
+                 f"strategy: data {st.data} x tensor {st.tensor} x pipeline {st.pipeline}"
+                 f"{context} = {st.devices} devices"
                  f"{', expert ' + str(st.expert) if st.expert > 1 else ''}"
                  f"{', sequence parallel' if st.sequence_parallel else ''}, ZeRO-{st.zero_stage}, "
                  f"recompute {st.recompute}, {'inference' if st.inference else 'training'}, "
                  f"activations: {st.activation_model}"]
         head = ["stage", "layers", "in-flight", "parameters", "gradients", "optimizer", "activations", "kv cache",
                 "device total", "host", "disk"]
-        rows = [[str(s.stage), str(s.layers), str(s.in_flight)] +
+        rows = [[str(s.stage), str(s.layers), f"{s.in_flight:g}"] +
                 [format_bytes(getattr(s, k)) for k in DEVICE_KINDS] +
                 [format_bytes(s.total), format_bytes(s.host), format_bytes(s.disk)] for s in self.stages]
         widths = [max(len(x) for x in col) for col in zip(head, *rows)]
@@ -133,13 +138,27 @@ def stage_layers(layers: int, pipeline: int, stage: int) -> int:
     return layers // pipeline + (1 if stage >= pipeline - extra else 0)
 
 
-def in_flight_microbatches(strategy: JobStrategy, stage: int) -> int:
-    """Micro-batches whose activations `stage` holds at once: the strategy's `in_flight`, else
-    1F1B's min(p - stage, microbatches)."""
+def in_flight_microbatches(strategy: JobStrategy, stage: int) -> float:
+    """Micro-batches whose activations `stage` holds at once, in units of one micro-batch through
+    the stage's whole share of the model: the strategy's `in_flight`, else by its schedule (m
+    micro-batches, p stages, v chunks per rank, stage k):
+
+    - 1f1b, zb_h1, zb_v: min(p - k, m) (zero-bubble schedules keep 1F1B's peak, Qi et al.);
+    - interleaved_1f1b: Megatron's warm-up, ((p - k - 1) * 2 + (v - 1) * p + 1) / v chunks of a
+      stage, at most m (stage 0: p(1 + (p - 1)/(pv)), Narayanan et al. 2021);
+    - dualpipe_v: min(p + 1, m) (DeepSeek's DualPipe README: PP + 1);
+    - gpipe: m.
+    """
     if strategy.in_flight is not None:
         return strategy.in_flight
-    microbatches = strategy.microbatches if strategy.microbatches is not None else strategy.pipeline
-    return min(strategy.pipeline - stage, microbatches)
+    p, m, v, k = strategy.pipeline, strategy.step_microbatches, strategy.chunks, stage
+    if strategy.schedule == "gpipe":
+        return m
+    if strategy.schedule == "interleaved_1f1b":
+        return min(((p - k - 1) * 2 + (v - 1) * p + 1) / v, m)
+    if strategy.schedule == "dualpipe_v":
+        return min(p + 1, m)
+    return min(p - k, m)
 
 
 def _check_fit(config: TransformerConfig, strategy: JobStrategy) -> None:
@@ -150,10 +169,19 @@ def _check_fit(config: TransformerConfig, strategy: JobStrategy) -> None:
         raise ValueError(f"pipeline={strategy.pipeline}: more stages than layers ({config.layers})")
     if strategy.sequence_parallel and config.seq_len % t:
         raise ValueError(f"sequence_parallel: seq_len={config.seq_len} must divide by tensor={t}")
+    cp = strategy.context_parallel
+    if config.seq_len % cp:
+        raise ValueError(f"context_parallel={cp}: seq_len={config.seq_len} must divide by the context-parallel size")
+    if strategy.sequence_parallel and (config.seq_len // cp) % t:
+        raise ValueError(f"sequence_parallel: the context chunk seq_len/context_parallel={config.seq_len // cp} must "
+                         f"divide by tensor={t}")
+    if cp > 1 and strategy.context_method == "ulysses" and config.heads % (t * cp):
+        raise ValueError(f"context_method='ulysses': heads={config.heads} must divide by tensor x context_parallel "
+                         f"= {t} x {cp}")
     if strategy.expert > 1 and (not config.experts or config.experts % strategy.expert):
         raise ValueError(f"expert={strategy.expert}: needs a MoE model whose experts ({config.experts}) divide by it")
     if strategy.activation_model == "simulation":
-        bad = {"tensor": (t, 1), "sequence_parallel": (strategy.sequence_parallel, False),
+        bad = {"tensor": (t, 1), "context_parallel": (cp, 1), "sequence_parallel": (strategy.sequence_parallel, False),
                "inference": (strategy.inference, False), "recompute": (strategy.recompute, "none"),
                "in_flight": (strategy.in_flight, None), "microbatches": (strategy.microbatches, None)}
         for name, (value, allowed) in bad.items():
@@ -198,7 +226,7 @@ def estimate_stage(config: TransformerConfig, strategy: JobStrategy, stage: int)
     _check_fit(config, strategy)
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < strategy.pipeline:
         raise ValueError(f"stage={stage!r}: expected an int in [0, {strategy.pipeline - 1}]")
-    e, d = config.dtype_bytes, strategy.data
+    e, d = config.dtype_bytes, strategy.replicas
     zero_group_experts = d // strategy.expert
     pieces = _stage_pieces(config, strategy, stage)
     dense = sum(pc.split + pc.replicated + pc.kv for pc in pieces)
@@ -241,7 +269,8 @@ def estimate_stage(config: TransformerConfig, strategy: JobStrategy, stage: int)
     kv_cache = 0
     if strategy.inference:
         kv_local = math.ceil(config.kv_heads / strategy.tensor)
-        kv_cache = 2 * layers * config.micro_batch * config.seq_len * kv_local * config.head_dim * e
+        tokens = math.ceil(config.seq_len / strategy.context_parallel)
+        kv_cache = 2 * layers * config.micro_batch * tokens * kv_local * config.head_dim * e
     return StageEstimate(stage=stage, layers=layers, in_flight=in_flight, parameters=parameters,
                          gradients=gradients, optimizer_states=optimizer, activations=activations,
                          kv_cache=kv_cache, host=tiers["host"], disk=tiers["disk"], notes=notes)
@@ -251,17 +280,20 @@ def _megatron_activations(config: TransformerConfig, strategy: JobStrategy, stag
                           in_flight: int, notes: List[str]) -> int:
     c, st = config, strategy
     args = (c.seq_len, c.micro_batch, c.hidden, c.heads, st.tensor, st.sequence_parallel)
+    cp = st.context_parallel
     if st.inference:
         notes.append("inference activations: one layer's working set without the attention core (Table 2's "
                      "selective-recompute row: fused attention kernels never materialise the scores)")
-        return math.ceil(activation_bytes_per_layer(*args, "selective"))
-    per_layer = activation_bytes_per_layer(*args, st.recompute)
+        return math.ceil(activation_bytes_per_layer(*args, "selective") / cp)
+    per_layer = activation_bytes_per_layer(*args, st.recompute) / cp
     row = table2_row(st.tensor, st.sequence_parallel, st.recompute)
     notes.append(f"activations per layer: Korthikanti et al. 2022 Table 2 row {row}, {TABLE2_ROWS[row]}, "
                  f"16-bit activations")
+    if cp > 1:
+        notes.append(f"context parallel {cp}: activations, logits and KV cache per device divided by {cp}")
     total = per_layer * layers * in_flight
     if stage == st.pipeline - 1:
-        total += FP32_BYTES * c.seq_len * c.micro_batch * c.vocab / st.tensor * in_flight
+        total += FP32_BYTES * c.seq_len * c.micro_batch * c.vocab / st.tensor * in_flight / cp
         notes.append("last stage: plus the fp32 logits of the cross-entropy, 4sbv/t per in-flight micro-batch")
     if c.dtype_bytes != 2:
         notes.append(f"Table 2 counts 16-bit activations; the model's {c.dtype_bytes}-byte elements are used for "

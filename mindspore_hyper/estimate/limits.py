@@ -20,7 +20,8 @@ def largest_fitting(config: TransformerConfig, strategy: JobStrategy, device_mem
     """The largest value of `field` whose every stage fits `device_memory` (0 when 1 step does not fit).
 
     Memory grows with both fields, so a doubling search then a bisection finds the boundary.
-    With sequence parallelism the sequence length moves in steps of the tensor-parallel size.
+    The sequence length moves in steps of the context-parallel size (times the tensor-parallel
+    size with sequence parallelism).
 
     Args:
         config: the model; `field` is varied, everything else kept.
@@ -38,7 +39,9 @@ def largest_fitting(config: TransformerConfig, strategy: JobStrategy, device_mem
         raise ValueError(f"field={field!r}: expected one of {', '.join(map(repr, FIT_FIELDS))}")
     if isinstance(device_memory, bool) or not isinstance(device_memory, int) or device_memory < 1:
         raise ValueError(f"device_memory={device_memory!r}: expected a byte count >= 1")
-    step = strategy.tensor if field == "seq_len" and strategy.sequence_parallel else 1
+    step = 1
+    if field == "seq_len":  # the context chunk s / cp must divide by t under sequence parallelism
+        step = strategy.context_parallel * (strategy.tensor if strategy.sequence_parallel else 1)
 
     def fits(units: int) -> bool:
         return _needs(config.with_(**{field: units * step}), strategy) <= device_memory

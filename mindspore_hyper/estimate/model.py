@@ -69,6 +69,8 @@ class TransformerConfig(Record):
         gated_mlp: gated MLP (SwiGLU: gate, up, down projections) instead of up, down.
         learned_positions: a learned position table of seq_len rows (False: rotary, no parameters).
         tied_embeddings: the LM head reuses the embedding table.
+        top_k: MoE experts each token is routed to (the step-time model's expert FLOPs and
+            AllToAll bytes; parameters do not depend on it). Must be <= experts.
 
     Raises:
         ValueError: a field of the wrong type or out of range (named in the message).
@@ -89,6 +91,7 @@ class TransformerConfig(Record):
     gated_mlp: bool = False
     learned_positions: bool = True
     tied_embeddings: bool = False
+    top_k: int = 1
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "vocab", "seq_len", "micro_batch"):
@@ -100,6 +103,9 @@ class TransformerConfig(Record):
         check_int("ffn", self.ffn, 1)
         check_int("kv_heads", self.kv_heads, 1)
         check_int("experts", self.experts, 0)
+        check_int("top_k", self.top_k, 1)
+        if self.experts and self.top_k > self.experts:
+            raise ValueError(f"top_k={self.top_k}: more than the experts ({self.experts})")
         check_int("dtype_bytes", self.dtype_bytes, 1)
         check_choice("dtype_bytes", self.dtype_bytes, ELEMENT_BYTES)
         if self.hidden % self.heads:
@@ -165,6 +171,10 @@ PRESETS: Dict[str, TransformerConfig] = {
     # Llama-2-7B shape: RMSNorm, SwiGLU MLP of 11008, rotary positions, no biases, untied head
     "llama2-7b": TransformerConfig(layers=32, hidden=4096, heads=32, vocab=32000, seq_len=4096, micro_batch=1,
                                    ffn=11008, bias=False, norm="rmsnorm", gated_mlp=True, learned_positions=False),
+    # Llama-2-70B shape: as 7B with 80 layers, hidden 8192, 64 heads, 8 key/value heads, MLP 28672
+    "llama2-70b": TransformerConfig(layers=80, hidden=8192, heads=64, vocab=32000, seq_len=4096, micro_batch=1,
+                                    ffn=28672, kv_heads=8, bias=False, norm="rmsnorm", gated_mlp=True,
+                                    learned_positions=False),
 }
 
 

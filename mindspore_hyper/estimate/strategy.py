@@ -8,10 +8,13 @@ from mindspore_hyper.estimate._checks import check_bool, check_choice, check_int
 from mindspore_hyper.estimate._record import Record
 from mindspore_hyper.estimate.activations import RECOMPUTE_MODES
 
-__all__ = ["JobStrategy", "TIERS", "ACTIVATION_MODELS"]
+__all__ = ["JobStrategy", "TIERS", "ACTIVATION_MODELS", "CONTEXT_METHODS", "SCHEDULES"]
 
 TIERS = ("device", "host", "disk")
 ACTIVATION_MODELS = ("megatron", "simulation")
+CONTEXT_METHODS = ("ring", "ulysses")
+SCHEDULES = ("1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v", "gpipe")
+_TWO_CHUNK_SCHEDULES = ("zb_v", "dualpipe_v")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,18 @@ class JobStrategy(Record):
         inference: forward only with a KV cache (no gradients, optimizer states or stored activations).
         activation_model: "megatron" (Korthikanti et al. Table 2, 16-bit) or "simulation" (what
             the simulation's accounting counts for the examples' GPT, see simulation_activations).
+        context_parallel: context-parallel size cp: every sequence is split into cp chunks along
+            its length, one per rank of the context group (activations and KV cache per device
+            divided by cp; ZeRO and the gradient sync span data x context).
+        context_method: how attention crosses the chunks: "ring" (K/V blocks passed around the
+            context group, overlapped with the attention of the current block) or "ulysses"
+            (AllToAll from sequence-sharded to head-sharded and back; heads must divide by
+            tensor x context_parallel).
+        schedule: pipeline schedule (a `mindspore_hyper.schedule` kind): "1f1b",
+            "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v" or "gpipe". It sets the step-time
+            model's bubble and the default in-flight micro-batches.
+        chunks: model chunks per pipeline rank v (virtual stages): 1 for 1f1b/zb_h1/gpipe, >= 2
+            for interleaved_1f1b, 2 for zb_v and dualpipe_v.
 
     Raises:
         ValueError: a field of the wrong type or out of range, or fields that contradict each
@@ -60,9 +75,13 @@ class JobStrategy(Record):
     master_weights: Optional[bool] = None
     inference: bool = False
     activation_model: str = "megatron"
+    context_parallel: int = 1
+    context_method: str = "ring"
+    schedule: str = "1f1b"
+    chunks: int = 1
 
     def __post_init__(self):
-        for name in ("data", "tensor", "pipeline", "expert"):
+        for name in ("data", "tensor", "pipeline", "expert", "context_parallel", "chunks"):
             check_int(name, getattr(self, name), 1)
         for name in ("microbatches", "in_flight"):
             if getattr(self, name) is not None:
@@ -74,6 +93,14 @@ class JobStrategy(Record):
         check_choice("offload_params", self.offload_params, TIERS)
         check_choice("offload_optimizer", self.offload_optimizer, TIERS)
         check_choice("activation_model", self.activation_model, ACTIVATION_MODELS)
+        check_choice("context_method", self.context_method, CONTEXT_METHODS)
+        check_choice("schedule", self.schedule, SCHEDULES)
+        if self.schedule in _TWO_CHUNK_SCHEDULES and self.chunks != 2:
+            raise ValueError(f"chunks={self.chunks}: schedule={self.schedule!r} runs exactly 2 chunks per rank")
+        if self.schedule == "interleaved_1f1b" and self.chunks < 2:
+            raise ValueError(f"chunks={self.chunks}: schedule='interleaved_1f1b' needs >= 2 chunks per rank")
+        if self.schedule in ("1f1b", "zb_h1", "gpipe") and self.chunks != 1:
+            raise ValueError(f"chunks={self.chunks}: schedule={self.schedule!r} runs 1 chunk per rank")
         for name in ("sequence_parallel", "inference"):
             check_bool(name, getattr(self, name))
         if self.master_weights is not None and not isinstance(self.master_weights, bool):
@@ -89,6 +116,16 @@ class JobStrategy(Record):
 
     @property
     def devices(self) -> int:
-        """Devices of the job: data x tensor x pipeline."""
-        return self.data * self.tensor * self.pipeline
+        """Devices of the job: data x tensor x pipeline x context_parallel."""
+        return self.data * self.tensor * self.pipeline * self.context_parallel
+
+    @property
+    def step_microbatches(self) -> int:
+        """Micro-batches per step: `microbatches`, else as many as pipeline stages."""
+        return self.microbatches if self.microbatches is not None else self.pipeline
+
+    @property
+    def replicas(self) -> int:
+        """Ranks holding the same parameter shard (the ZeRO and gradient-sync group): data x context."""
+        return self.data * self.context_parallel
 

@@ -1,4 +1,4 @@
-"""`convert` subcommand: `convert module:Class --input-shape 2,16 [--input-dtype int64] --out DIR`.
+"""`convert` subcommand: `convert module:Class --input-shape 2,16 [--input-dtype int64] [--check-shape 5,37] --out DIR`.
 
 `add_parser(subparsers)` adds it to any argparse CLI (the package's `mindspore-hyper`);
 `python -m mindspore_hyper.migrate convert ...` runs it alone. torch is imported only when the
@@ -20,13 +20,15 @@ DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool")
 _EPILOG = """\
 examples:
   convert mymodels:MLP --input-shape 4,16 --out converted/
+  convert mymodels:make_llama --input-shape 2,16 --input-dtype int64 --int-high 100 --check-shape 5,37 --out llama/
   convert mymodels:make_gpt2 --input-shape 2,8 --input-dtype int64 --int-high 100 --out gpt2/
   convert mymodels:TwoInputs --input-shape 2,8 --input-shape 2,8 --input-dtype int64 --input-dtype bool --out two/
 
 The class (or factory function) is imported from the module (the current directory is on the
 path), called with --init-args, and traced on random inputs of the given shapes. The output
-directory gets <name>.py (the Cell source, with build(checkpoint)), <name>.ckpt and
-<name>.report.json. Exit status: 0 converted, 1 unsupported ops or a failed trace, 2 bad arguments.
+directory gets <name>.py (the Cell classes, with build(checkpoint)), <name>.ckpt and
+<name>.report.json; nothing is written when the conversion fails. Exit status: 0 converted,
+1 unsupported ops, a failed trace or a failed --check-shape, 2 bad arguments.
 """
 
 
@@ -87,8 +89,15 @@ def add_parser(subparsers: "argparse._SubParsersAction") -> None:
     parser.add_argument("--init-args", type=_init_args, default=[], metavar="JSON",
                         help='constructor arguments: a JSON list (positional) or object (keywords), e.g. \'{"dim": 64}\'')
     parser.add_argument("--out", required=True, metavar="DIR", help="directory for the source, checkpoint and report")
+    parser.add_argument("--structure", choices=("modules", "flat"), default="modules",
+                        help="modules: one Cell class per torch module class, symbolic batch/sequence dimensions "
+                             "(default); flat: one class whose construct holds every op")
     parser.add_argument("--tracer", choices=("auto", "fx", "export"), default="auto",
-                        help="auto: torch.fx, torch.export if fx cannot trace the model (default)")
+                        help="with --structure flat: torch.fx, torch.export if fx cannot trace the model (auto, "
+                             "default)")
+    parser.add_argument("--check-shape", type=_shape, action="append", metavar="D1,D2,...",
+                        help="also run torch and MindSpore on random inputs of this shape (one per --input-shape) "
+                             "and report the relative error (exit status 1 above 1e-5)")
     parser.add_argument("--train", action="store_true",
                         help="convert in training mode (BatchNorm batch statistics, active dropout); default eval")
     parser.add_argument("--class-name", metavar="NAME", help="name of the generated Cell class (default: the torch class)")
@@ -147,17 +156,44 @@ def run(args: argparse.Namespace) -> int:
     if not isinstance(model, torch.nn.Module):
         return _error(f"{module_name}:{attr} returned {type(model).__name__}, not a torch.nn.Module", 2)
     model.train(args.train)
+    if args.check_shape and len(args.check_shape) != len(args.input_shape):
+        return _error(f"--check-shape: {len(args.check_shape)} given for {len(args.input_shape)} --input-shape; "
+                      "give one per input", 2)
+    inputs = _random_inputs(torch, args.input_shape, dtypes, args.int_high)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        cell, report = convert(model, tuple(inputs), out=args.out, tracer=args.tracer, class_name=args.class_name,
+                               structure=args.structure)
+    except (MigrationError, TypeError) as exc:
+        return _error(str(exc), 1)
+    status = 0
+    if args.check_shape:
+        from mindspore_hyper.migrate.compare import compare_outputs
+
+        second = _random_inputs(torch, args.check_shape, dtypes, args.int_high)
+        try:
+            result = compare_outputs(model, cell, second, {}, second)
+        except Exception as exc:  # the Cell or torch may reject the shape (a dimension kept static)
+            result = {"failed": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"}
+        result["shapes"] = [list(s) for s in args.check_shape]
+        report.check["second_shape"] = result
+        with open(report.files["report"], "w", encoding="utf-8") as f:
+            f.write(report.to_json())
+        if "failed" in result or result.get("max_relative_error", 0.0) > 1e-5:
+            status = 1
+    print(report)
+    if status:
+        print(f"convert: error: the check at {args.check_shape} failed: {report.check['second_shape']}",
+              file=sys.stderr)
+    return status
+
+
+def _random_inputs(torch, shapes, dtypes, int_high: int) -> list:
     inputs = []
-    for shape, dtype in zip(args.input_shape, dtypes):
+    for shape, dtype in zip(shapes, dtypes):
         torch_dtype = getattr(torch, dtype)
         if torch_dtype.is_floating_point:
             inputs.append(torch.randn(shape, dtype=torch_dtype))
         else:
-            inputs.append(torch.randint(0, args.int_high if dtype != "bool" else 2, shape).to(torch_dtype))
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    try:
-        _, report = convert(model, tuple(inputs), out=args.out, tracer=args.tracer, class_name=args.class_name)
-    except (MigrationError, TypeError) as exc:
-        return _error(str(exc), 1)
-    print(report)
-    return 0
+            inputs.append(torch.randint(0, int_high if dtype != "bool" else 2, shape).to(torch_dtype))
+    return inputs

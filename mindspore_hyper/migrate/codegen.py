@@ -119,17 +119,9 @@ class _Forward:
             if node.op == "input":
                 self.expr[node] = _variable(str(node.target), self.taken)
                 continue
-            if any(ref in self.failed for ref in node_refs((node.args, node.kwargs))):
-                self.failed.add(node)  # its input already has a problem reported
+            line = self.render_used(node, used)
+            if line is None:
                 continue
-            try:
-                line = self.render_node(node)
-            except Unsupported as exc:
-                self.problems.append(f"{node.display}: {exc} ({node.where()})")
-                self.failed.add(node)
-                continue
-            if line is None or node not in used:
-                continue  # an unused value is converted (so unmapped ops still surface) but not written
             if node.scope != scope:
                 scope = node.scope
                 if self.lines:
@@ -139,6 +131,21 @@ class _Forward:
                 location = node.location
                 self.lines.append(f"# {location.short}: {location.code}")
             self.lines.append(line)
+
+    def render_used(self, node: Node, used: set) -> Optional[str]:
+        """The line of `node` if it is written: None when an input already failed, when it fails
+        (the problem is recorded) or when nothing uses it (an unused value is still converted, so
+        unmapped ops surface, but not written)."""
+        if any(ref in self.failed for ref in node_refs((node.args, node.kwargs))):
+            self.failed.add(node)  # its input already has a problem reported
+            return None
+        try:
+            line = self.render_node(node)
+        except Unsupported as exc:
+            self.problems.append(f"{node.display}: {exc} ({node.where()})")
+            self.failed.add(node)
+            return None
+        return line if node in used else None
 
     def render_node(self, node: Node) -> Optional[str]:
         if node.op == "attr":
@@ -295,16 +302,26 @@ def generate(graph: Graph, plan: CellPlan, class_name: str, torch_type: str, che
         f"{_indent(body, 2)}\n"
     )
     helper_text = _helpers_source(klass)
-    source = (
-        f'"""{class_name}: {torch_type} converted to MindSpore by mindspore_hyper.migrate.\n\n'
+    source = module_source(f"{class_name}: {torch_type} converted to MindSpore by mindspore_hyper.migrate.",
+                           class_name, checkpoint_name, helper_text, klass)
+    return GeneratedCode(source, class_name, forward.uses, forward.problems)
+
+
+def module_source(summary: str, class_name: str, checkpoint_name: str, helper_text: str, classes: str,
+                  extra_imports: str = "") -> str:
+    """The text of a generated module: its docstring (`summary`, then how to edit and load it),
+    imports, the helpers it uses, its classes and `build()`, which makes the root `class_name`."""
+    return (
+        f'"""{summary}\n\n'
         f"Edit freely. Weights: `build(\"{checkpoint_name}\")` loads the MindSpore checkpoint written beside "
         f"this file.\n\"\"\"\n"
         "import math\n\n"
         "import numpy as np\n"
         "import mindspore as ms\n"
-        "from mindspore import Parameter, Tensor, mint, nn, ops\n\n\n"
+        "from mindspore import Parameter, Tensor, mint, nn, ops\n"
+        + extra_imports + "\n\n"
         + (helper_text + "\n\n\n" if helper_text else "")
-        + klass + "\n\n"
+        + classes.rstrip("\n") + "\n\n\n"
         f"def build(checkpoint=None, training=False):\n"
         f'    """A {class_name}; with `checkpoint` (a .ckpt path) its weights are loaded (every parameter must be '
         'there)."""\n'
@@ -316,4 +333,3 @@ def generate(graph: Graph, plan: CellPlan, class_name: str, torch_type: str, che
         f"    cell.set_train(training)\n"
         f"    return cell\n"
     )
-    return GeneratedCode(source, class_name, forward.uses, forward.problems)

@@ -18,18 +18,15 @@ from mindspore_hyper.migrate.fold import fold_constants
 from mindspore_hyper.migrate.helpers import HELPERS
 from mindspore_hyper.migrate.inplace import rewrite_inplace
 from mindspore_hyper.migrate.lowering import type_name
+from mindspore_hyper.migrate.naming import module_file_name
 from mindspore_hyper.migrate.report import ConversionReport
 from mindspore_hyper.migrate.state_dict import convert_state_dict
 from mindspore_hyper.migrate.trace import trace
 from mindspore_hyper.migrate.trace_fx import bind_inputs
 
-__all__ = ["convert", "module_file_name"]
+__all__ = ["convert", "module_file_name", "STRUCTURES"]
 
-
-def module_file_name(class_name: str) -> str:
-    """snake_case file stem of a class name: GPT2LMHeadModel -> gpt2_lm_head_model."""
-    words = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", class_name)
-    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", words).lower()
+STRUCTURES = ("flat", "modules")
 
 
 def _example_args(example_inputs: Any) -> Tuple[Any, ...]:
@@ -42,7 +39,8 @@ def _example_args(example_inputs: Any) -> Tuple[Any, ...]:
 
 def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[str] = None, *,
             example_kwargs: Optional[Dict[str, Any]] = None, tracer: str = "auto", check: bool = True,
-            class_name: Optional[str] = None) -> Tuple[nn.Cell, ConversionReport]:
+            class_name: Optional[str] = None, structure: str = "flat",
+            dynamic: bool = True) -> Tuple[nn.Cell, ConversionReport]:
     """Convert a torch model to a MindSpore Cell with the same structure, weights and outputs.
 
     Args:
@@ -55,13 +53,18 @@ def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[st
         tracer: "auto" (torch.fx, torch.export when fx fails), "fx" or "export".
         check: run both models on the example inputs and put the relative error in the report.
         class_name: name of the generated class (default: the torch class name).
+        structure: "modules" (one Cell class per torch module class, traced by torch.export with
+            symbolic dimensions; `tracer` is then ignored) or "flat" (one class whose construct
+            holds every op, traced by `tracer`).
+        dynamic: with structure="modules", make the input dimensions symbolic where the model
+            allows (False: specialised to the example shapes).
 
     Returns:
         (cell, report): the Cell (weights loaded) and the ConversionReport.
 
     Raises:
         TypeError: `torch_module` is not a torch module, or the inputs do not fit its forward.
-        ValueError: MindSpore is not in PyNative mode, or `tracer` is unknown.
+        ValueError: MindSpore is not in PyNative mode, or `tracer` or `structure` is unknown.
         UnsupportedOpError: ops or modules without a mapping (every one, with its source location).
         TraceFailedError: neither tracer can trace the model.
     """
@@ -70,9 +73,19 @@ def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[st
     if ms.get_context("mode") != ms.PYNATIVE_MODE:
         raise ValueError("convert builds and checks the Cell op by op: call "
                          "mindspore.set_context(mode=mindspore.PYNATIVE_MODE) first")
+    if structure not in STRUCTURES:
+        raise ValueError(f"structure={structure!r}; expected one of {STRUCTURES}")
     start = time.perf_counter()
     args, kwargs = _example_args(example_inputs), dict(example_kwargs or {})
     bound = bind_inputs(torch_module, args, kwargs)
+    if structure == "modules":
+        from mindspore_hyper.migrate.convert_modules import convert_modules
+
+        cell, report, source, stem = convert_modules(torch_module, args, kwargs, bound, class_name, check, dynamic,
+                                                     start)
+        if out is not None:
+            _write(out, stem, source, cell, report)
+        return cell, report
     graph = trace(torch_module, args, kwargs, tracer)
     rewritten, problems = rewrite_inplace(graph)
     folded = fold_constants(graph)

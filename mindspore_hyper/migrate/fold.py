@@ -14,12 +14,13 @@ from mindspore_hyper.migrate.graph import Graph, Node, node_refs
 from mindspore_hyper.migrate.inplace import op_name
 from mindspore_hyper.migrate.mappings import lookup_function
 
-__all__ = ["fold_constants"]
+__all__ = ["deterministic", "fold_constants"]
 
 _RANDOM = ("rand", "bernoulli", "dropout", "normal", "multinomial", "uniform", "poisson", "randperm")
 
 
-def _foldable(node: Node) -> bool:
+def deterministic(node: Node) -> bool:
+    """Whether the op gives the same value on every call with the same inputs (not random): foldable, cacheable."""
     mapping = lookup_function(node.target)
     if mapping is not None:
         return mapping.foldable
@@ -35,7 +36,7 @@ def fold_constants(graph: Graph) -> List[str]:
     for node in graph.nodes:
         if node.op == "constant":
             constant.add(node)
-        elif node.op == "function" and _foldable(node) and all(r in constant for r in node_refs((node.args, node.kwargs))):
+        elif node.op == "function" and deterministic(node) and all(r in constant for r in node_refs((node.args, node.kwargs))):
             constant.add(node)
     needed: Set[Node] = set()
     for node in graph.nodes:

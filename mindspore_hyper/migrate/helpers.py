@@ -11,7 +11,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, mint, nn, ops
 
-__all__ = ["Module", "param", "scaled_dot_product_attention", "layer_norm", "HELPERS"]
+__all__ = ["Module", "param", "scaled_dot_product_attention", "layer_norm", "diff", "PaddingEmbedding", "HELPERS"]
 
 
 class Module(nn.Cell):
@@ -58,5 +58,28 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     return ops.LayerNorm(begin_norm_axis=axis, begin_params_axis=axis, epsilon=eps)(x, weight, bias)[0]
 
 
+class PaddingEmbedding(nn.Embedding):
+    """nn.Embedding with torch's padding_idx: that row gets no gradient (MindSpore's only starts it at zero)."""
+
+    def construct(self, ids):
+        keep = ops.cast(mint.ne(ops.arange(0, self.vocab_size), self.padding_idx), self.embedding_table.dtype)
+        keep = mint.reshape(keep, (-1, 1))
+        table = mint.add(mint.mul(self.embedding_table, keep),
+                         mint.mul(ops.stop_gradient(self.embedding_table), mint.sub(1, keep)))
+        return ops.gather(table, ids, 0)
+
+
+def diff(x, n=1, dim=-1, prepend=None, append=None):
+    """torch.diff: the n-th forward difference along `dim`, after concatenating prepend/append."""
+    if prepend is not None:
+        x = mint.cat([prepend, x], dim)
+    if append is not None:
+        x = mint.cat([x, append], dim)
+    for _ in range(n):
+        length = x.shape[dim]
+        x = mint.sub(mint.narrow(x, dim, 1, length - 1), mint.narrow(x, dim, 0, length - 1))
+    return x
+
+
 HELPERS = {"Module": Module, "param": param, "scaled_dot_product_attention": scaled_dot_product_attention,
-           "layer_norm": layer_norm}
+           "layer_norm": layer_norm, "diff": diff, "PaddingEmbedding": PaddingEmbedding}

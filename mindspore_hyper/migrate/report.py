@@ -28,6 +28,14 @@ class ConversionReport:
         outputs: output names, in the order the Cell returns them.
         check: the output comparison with torch on the example inputs (or why it was not run).
         files: paths written with `out=`.
+        seconds: conversion time (s).
+        classes: (structure="modules") one row per generated class: its name, the torch class,
+            how many modules share it, the first one's path, its __init__ hyper-parameters, lines.
+        layers: (structure="modules") module path -> the MindSpore layer it maps to.
+        loops: (structure="modules") CellList paths whose per-layer calls are a loop in construct.
+        symbolic: (structure="modules") input name -> per-dimension symbol (None: static).
+        static: (structure="modules") input dimensions torch.export kept static, with their size.
+        source_lines: lines of the generated source file.
     """
 
     model: str
@@ -42,6 +50,12 @@ class ConversionReport:
     check: Dict[str, Any] = field(default_factory=dict)
     files: Dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    classes: List[Dict[str, Any]] = field(default_factory=list)
+    layers: Dict[str, str] = field(default_factory=dict)
+    loops: List[str] = field(default_factory=list)
+    symbolic: Dict[str, List[Optional[str]]] = field(default_factory=dict)
+    static: List[str] = field(default_factory=list)
+    source_lines: int = 0
 
     def mapping_table(self) -> List[Dict[str, Any]]:
         """One row per (torch op, MindSpore API): count and first location."""
@@ -57,7 +71,9 @@ class ConversionReport:
                 "unsupported": list(self.unsupported), "notes": list(self.notes), "folded": list(self.folded),
                 "rewritten": list(self.rewritten), "weights": self.weights.to_dict() if self.weights else None,
                 "outputs": list(self.outputs), "check": dict(self.check), "files": dict(self.files),
-                "seconds": self.seconds}
+                "seconds": self.seconds, "classes": list(self.classes), "layers": dict(self.layers),
+                "loops": list(self.loops), "symbolic": dict(self.symbolic), "static": list(self.static),
+                "source_lines": self.source_lines}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str)
@@ -65,6 +81,18 @@ class ConversionReport:
     def __str__(self) -> str:
         lines = [f"{self.model}: traced with {self.tracer}, {len(self.uses)} ops converted in {self.seconds:.2f} s"]
         lines += [f"  note: {n}" for n in self.notes]
+        if self.classes:
+            lines.append("generated classes:")
+            lines += [f"  {c['class']} <- {c['torch']} (x{c['modules']}, first {c['first'] or '(root)'!r}"
+                      + (f", __init__({', '.join(c['hyperparameters'])})" if c["hyperparameters"] else "") + ")"
+                      for c in self.classes]
+        if self.loops:
+            lines.append("loops over CellLists: " + ", ".join(self.loops))
+        if self.symbolic:
+            lines.append("input dimensions: " + "; ".join(
+                f"{k}: ({', '.join(s or 'static' for s in v)})" for k, v in self.symbolic.items()))
+        if self.static:
+            lines.append("static (specialised by torch.export): " + ", ".join(self.static))
         table = self.mapping_table()
         if table:
             width = max(len(r["torch"]) for r in table)

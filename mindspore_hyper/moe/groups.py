@@ -1,8 +1,9 @@
 """Expert groups over the device topology, and what a dispatch sends over each link level.
 
-HyperMPMD's process groups are not available to this package yet, so an *expert group* is a
-partition of the expert-parallel devices into groups of devices: by default the topology's
-clusters (nodes, `comm.topology.Topology.clusters`), each holding a contiguous block of experts.
+An *expert group* is a partition of the expert-parallel devices into groups of devices (not a
+HyperMPMD device group, which runs a whole submodule as its own program): by default the
+topology's clusters (nodes, `comm.topology.Topology.clusters`), each holding a contiguous block
+of experts.
 Routing is hierarchical in two ways:
 
 - group-limited routing (`TopKRouter(num_groups, topk_groups)`, DeepSeek-V3): a token picks its

@@ -21,11 +21,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import mindspore as ms
 import numpy as np
 
-from mindspore_hyper.multimodal.p2p import DONE, END, FEATURES, REPORT, TAKEN, Channel, Message
+from mindspore_hyper.multimodal.p2p import DONE, END, FEATURES, REPORT, TAKEN, Channel, StageMessage
 from mindspore_hyper.multimodal.requests import Batch, EncodedBatch
+from mindspore_hyper.multimodal.results import (PipelineResult, TrainResult, inference_result, make_timeline,
+                                                sum_in_batch_order)
 from mindspore_hyper.multimodal.schedule_rules import assign, may_start
 from mindspore_hyper.multimodal.stages import EncoderStage, LanguageStage
-from mindspore_hyper.multimodal.timeline import LM_GROUP, StageEvent, encoder_group
+from mindspore_hyper.multimodal.timeline import LM_GROUP, encoder_group, stage_span
+from mindspore_hyper.schedule.span import Span
 
 __all__ = ["GroupSplit", "run_distributed"]
 
@@ -118,9 +121,6 @@ def _get(inbox: queue.Queue, timeout: float, waiting_for: str):
 
 def run_distributed(pipe, batches: List[Batch], loss_fn: Optional[Callable]):
     """This process's part of the run (see module docstring); returns a PipelineResult or TrainResult."""
-    from mindspore_hyper.multimodal.encoder_pipeline import (PipelineResult, TrainResult, inference_result,
-                                                             make_timeline, sum_in_batch_order)
-
     split: GroupSplit = pipe._groups
     w = split.world
     w.communicator(tuple(range(w.size))).barrier()
@@ -154,11 +154,11 @@ def _encoder_loop(pipe, split: GroupSplit, index: int, mine: List[Batch], traini
     thread = _receiver(from_lm, 0, inbox)
     stage = EncoderStage(pipe.encoder, None if training else pipe.cache, pipe.signature, index)
     started = taken = finished = 0
-    events: List[StageEvent] = []
+    events: List[Span] = []
     grads: Dict[int, list] = {}
     group = encoder_group(index)
 
-    def handle(msg: Message):
+    def handle(msg: StageMessage):
         nonlocal taken, finished
         if msg.kind == TAKEN:
             taken += 1
@@ -167,7 +167,7 @@ def _encoder_loop(pipe, split: GroupSplit, index: int, mine: List[Batch], traini
             if training:
                 start = time.time()
                 grads[msg.batch_id] = stage.backward(msg.batch_id, msg.array)
-                events.append(StageEvent(group, "encoder_backward", msg.batch_id, start, time.time()))
+                events.append(stage_span(group, "encoder_backward", msg.batch_id, start, time.time()))
         else:
             raise RuntimeError(f"encoder {index}: unexpected {msg.kind_name!r} message from the LM")
 
@@ -185,17 +185,19 @@ def _encoder_loop(pipe, split: GroupSplit, index: int, mine: List[Batch], traini
         start = time.time()
         encoded = stage.forward_for_training(batch) if training else stage.encode(batch)
         end = time.time()
-        events.append(StageEvent(group, "encode", batch.batch_id, start, end))
+        events.append(stage_span(group, "encode", batch.batch_id, start, end))
         keys = [-1 if k is None else _int_key(k) for k in encoded.reused_from]
-        to_lm.send(Message(FEATURES, batch.batch_id, list(batch.request_ids) + keys, [start, end], encoded.features))
+        to_lm.send(StageMessage(FEATURES, batch.batch_id, list(batch.request_ids) + keys, [start, end],
+                                encoded.features))
         started += 1
     while finished < len(mine):
         handle(_get(inbox, split.world.timeout, f"the LM to finish the batches of encoder {index}")[1])
     stats = stage.cache.stats.to_dict() if stage.cache is not None else None
     backward = [e for e in events if e.kind == "encoder_backward"]  # the LM has the encode times
-    to_lm.send(Message(REPORT, -1, [e.batch_id for e in backward], [v for e in backward for v in (e.start, e.end)],
-                       None if stats is None else np.array([stats[k] for k in _STATS], np.float32)))
-    to_lm.send(Message(END))
+    to_lm.send(StageMessage(REPORT, -1, [e.args["batch"] for e in backward],
+                            [v for e in backward for v in (e.start, e.end)],
+                            None if stats is None else np.array([stats[k] for k in _STATS], np.float32)))
+    to_lm.send(StageMessage(END))
     _, msg = _get(inbox, split.world.timeout, "the LM's end of stream")
     if msg.kind != END:
         raise RuntimeError(f"encoder {index}: expected the LM's end of stream, got {msg.kind_name!r}")
@@ -203,7 +205,7 @@ def _encoder_loop(pipe, split: GroupSplit, index: int, mine: List[Batch], traini
     return events, grads, stats
 
 
-def _poll(inbox: queue.Queue) -> Message:
+def _poll(inbox: queue.Queue) -> StageMessage:
     tag, msg = inbox.get_nowait()
     if isinstance(msg, Exception):
         raise msg
@@ -224,7 +226,7 @@ def _lm_loop(pipe, split: GroupSplit, batches: List[Batch], loss_fn: Optional[Ca
     threads = [_receiver(chans[(e, me)], i, inbox) for i, e in enumerate(split.encoder_ranks)]
     stage = LanguageStage(pipe.lm)
     results: Dict[int, tuple] = {}
-    events: List[StageEvent] = []
+    events: List[Span] = []
     stats_sum, ended = None, 0
     while ended < len(split.encoder_ranks):
         tag, msg = _get(inbox, split.world.timeout, "encoded batches")
@@ -236,21 +238,21 @@ def _lm_loop(pipe, split: GroupSplit, batches: List[Batch], loss_fn: Optional[Ca
                 raise RuntimeError(f"batch {msg.batch_id}: request ids {msg.ids[:n].tolist()} from encoder {tag} "
                                    f"do not match the stream's {list(batch.request_ids)}")
             reused = tuple(None if k < 0 else int(k) for k in msg.ids[n:])
-            events.append(StageEvent(encoder_group(tag), "encode", msg.batch_id, msg.values[0], msg.values[1]))
+            events.append(stage_span(encoder_group(tag), "encode", msg.batch_id, msg.values[0], msg.values[1]))
             encoded = EncodedBatch(msg.batch_id, batch.request_ids, msg.array, reused, tag)
             start = time.time()  # before TAKEN: an encoder's next start is never before it (tested)
-            to_encoder.send(Message(TAKEN, msg.batch_id))
+            to_encoder.send(StageMessage(TAKEN, msg.batch_id))
             if loss_fn is None:
                 results[msg.batch_id] = (stage.infer(encoded, batch), reused)
-                done = Message(DONE, msg.batch_id)
+                done = StageMessage(DONE, msg.batch_id)
             else:
                 loss, feature_grad, grads = stage.train(encoded, batch, loss_fn)
                 results[msg.batch_id] = (loss, None, grads)
-                done = Message(DONE, msg.batch_id, array=feature_grad)
-            events.append(StageEvent(LM_GROUP, "lm", msg.batch_id, start, time.time()))
+                done = StageMessage(DONE, msg.batch_id, array=feature_grad)
+            events.append(stage_span(LM_GROUP, "lm", msg.batch_id, start, time.time()))
             to_encoder.send(done)
         elif msg.kind == REPORT:
-            events += [StageEvent(encoder_group(tag), "encoder_backward", int(b), float(s), float(e))
+            events += [stage_span(encoder_group(tag), "encoder_backward", int(b), float(s), float(e))
                        for b, (s, e) in zip(msg.ids, msg.values.reshape(-1, 2))]
             if msg.array is not None:
                 stats_sum = msg.array.astype(np.float64) + (0 if stats_sum is None else stats_sum)
@@ -259,7 +261,7 @@ def _lm_loop(pipe, split: GroupSplit, batches: List[Batch], loss_fn: Optional[Ca
         else:
             raise RuntimeError(f"LM: unexpected {msg.kind_name!r} message from encoder {tag}")
     for e in split.encoder_ranks:
-        chans[(me, e)].send(Message(END))
+        chans[(me, e)].send(StageMessage(END))
     for t in threads:
         t.join()
     if len(results) != len(batches):
@@ -273,8 +275,6 @@ def _lm_loop(pipe, split: GroupSplit, batches: List[Batch], loss_fn: Optional[Ca
 
 def _all_reduce_grads(split: GroupSplit, grads: Dict[int, list], params) -> List[np.ndarray]:
     """This encoder's gradients summed in batch order, then over the encoder group."""
-    from mindspore_hyper.multimodal.encoder_pipeline import sum_in_batch_order
-
     local = sum_in_batch_order(grads)
     if not local:
         local = [np.zeros(p.shape, np.float32) for p in params]  # an encoder without batches

@@ -15,7 +15,7 @@ import numpy as np
 
 from mindspore_hyper.comm.p2p import P2PChannel
 
-__all__ = ["Message", "Channel", "FEATURES", "TAKEN", "DONE", "REPORT", "END"]
+__all__ = ["StageMessage", "Channel", "FEATURES", "TAKEN", "DONE", "REPORT", "END"]
 
 FEATURES, TAKEN, DONE, REPORT, END = 1, 2, 3, 4, 5
 _KINDS = {FEATURES: "features", TAKEN: "taken", DONE: "done", REPORT: "report", END: "end"}
@@ -23,7 +23,7 @@ _MAX_DIMS = 8
 
 
 @dataclass
-class Message:
+class StageMessage:
     """One request between processes.
 
     Attributes:
@@ -73,17 +73,17 @@ class Channel:
         self._channel = P2PChannel(job, "mm", source, target, me, timeout, channel_bytes=channel_bytes)
         self.source, self.target = int(source), int(target)
 
-    def send(self, message: Message) -> None:
+    def send(self, message: StageMessage) -> None:
         """Send `message` and return once it is written to the transport (the peer may not have read it)."""
         arrays = [message.ids, message.values] + ([] if message.array is None else [message.array])
         self._channel.send(message.kind, arrays, meta=(message.batch_id,), copy=False)  # written before return
         self._channel.flush()
 
-    def recv(self) -> Message:
+    def recv(self) -> StageMessage:
         """The next message (blocks)."""
         got = self._channel.recv()
         array = got.arrays[2] if len(got.arrays) == 3 else None
-        return Message(got.tag[0], got.meta[0], got.arrays[0], got.arrays[1], array)
+        return StageMessage(got.tag[0], got.meta[0], got.arrays[0], got.arrays[1], array)
 
     def close(self) -> None:
         self._channel.close()

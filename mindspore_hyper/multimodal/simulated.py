@@ -10,7 +10,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from mindspore_hyper.multimodal.requests import Batch, EncodedBatch
 from mindspore_hyper.multimodal.schedule_rules import assign, may_start
 from mindspore_hyper.multimodal.stages import EncoderStage, LanguageStage
-from mindspore_hyper.multimodal.timeline import LM_GROUP, StageEvent, encoder_group
+from mindspore_hyper.multimodal.timeline import LM_GROUP, encoder_group, stage_span
+from mindspore_hyper.schedule.span import Span
 
 __all__ = ["run_simulated"]
 
@@ -46,7 +47,7 @@ def run_simulated(batches: Sequence[Batch], encoders: List[EncoderStage], lm: La
     pending: List[tuple] = []  # (time, seq, kind, encoder, payload)
     seq = 0
     now = 0.0
-    events: List[StageEvent] = []
+    events: List[Span] = []
     lm_results: Dict[int, object] = {}
     encoder_grads: Dict[int, list] = {}
     woken = set()
@@ -68,7 +69,7 @@ def run_simulated(batches: Sequence[Batch], encoders: List[EncoderStage], lm: La
         else:
             result, d = _timed(cost_model, "lm", batch, lambda: (lm.infer(encoded, batch), encoded.reused_from))
         lm_free = False
-        events.append(StageEvent(LM_GROUP, "lm", batch.batch_id, now, now + d))
+        events.append(stage_span(LM_GROUP, "lm", batch.batch_id, now, now + d))
         push(now + d, "lm_done", encoded.encoder, (batch, result))
 
     def start_encoders():
@@ -81,7 +82,7 @@ def run_simulated(batches: Sequence[Batch], encoders: List[EncoderStage], lm: La
                 grads, d = _timed(cost_model, "encoder_backward", batch,
                                   lambda: encoders[e].backward(batch_id, feature_grad))
                 encoder_grads[batch_id] = grads
-                events.append(StageEvent(encoder_group(e), "encoder_backward", batch_id, now, now + d))
+                events.append(stage_span(encoder_group(e), "encoder_backward", batch_id, now, now + d))
                 encoder_free[e] = False
                 push(now + d, "encoder_free", e, None)
                 continue
@@ -98,7 +99,7 @@ def run_simulated(batches: Sequence[Batch], encoders: List[EncoderStage], lm: La
             encoded, d = _timed(cost_model, "encode", batch, fn)
             started[e] += 1
             encoder_free[e] = False
-            events.append(StageEvent(encoder_group(e), "encode", batch.batch_id, now, now + d))
+            events.append(stage_span(encoder_group(e), "encode", batch.batch_id, now, now + d))
             push(now + d, "encoded", e, encoded)
 
     while True:

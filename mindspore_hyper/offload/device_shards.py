@@ -32,12 +32,6 @@ class DeviceShard:
     param_region: Region
     update_region: Region
 
-    def param_shape(self) -> Tuple[int, ...]:
-        return tuple(s.stop - s.start for s in self.param_region)
-
-    def update_shape(self) -> Tuple[int, ...]:
-        return tuple(s.stop - s.start for s in self.update_region)
-
     def update_in_param(self) -> Region:
         """`update_region` relative to the device's parameter shard."""
         return local_region(self.update_region, self.param_region)

@@ -1,65 +1,51 @@
 """The measured PPO timeline of an msrun job: every process's units and waits, on one clock.
 
-`PhaseEvent`s gathered from all processes (`ProcessPhases.gather`) as a table and as a PNG
-Gantt chart with one row per process: what each group computed when, and where it waited.
+`PhaseEvent`s gathered from all processes (`ProcessPhases.gather`) become a `Timeline` with one
+lane per process (`phase_timeline`), printed as a table or drawn as a PNG Gantt chart: what each
+group computed when, and where it waited.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import Optional, Sequence
 
 from mindspore_hyper.rlhf.process_phases import PhaseEvent
+from mindspore_hyper.schedule.gantt import plot_gantt
+from mindspore_hyper.schedule.span import Span
+from mindspore_hyper.schedule.timeline import Timeline
 
-__all__ = ["format_events", "plot_events"]
+__all__ = ["phase_timeline", "format_events", "plot_events"]
+
+_ROLE_COLOURS = {"actor": "#9ecae1", "reference": "#c6dbef", "critic": "#fc9272", "reward_model": "#a1d99b"}
 
 
-def _origin(events: Sequence[PhaseEvent]) -> float:
-    return min(e.start for e in events) if events else 0.0
+def phase_timeline(events: Sequence[PhaseEvent], step: Optional[int] = None) -> Timeline:
+    """The events of `step` (None: all) as spans on lanes = ranks (sorted), from the first unit
+    run: a "run" is busy (kind "run"), a "receive" a wait; a wait begun before the first run (in
+    the previous step) is cut at it. Args of a span: step, phase, role."""
+    chosen = [e for e in events if step is None or e.step == step]
+    runs = [e for e in chosen if e.kind == "run"]
+    t0 = min((e.start for e in runs), default=min((e.start for e in chosen), default=0.0))
+    spans = [Span(e.rank, e.label, max(e.start, t0), e.end, e.kind, e.kind == "run",
+                  args={"step": e.step, "phase": e.phase, "role": e.role})
+             for e in chosen if e.end >= t0]
+    return Timeline(spans, lanes=sorted({e.rank for e in chosen}), origin=t0)
 
 
 def format_events(events: Sequence[PhaseEvent], step: Optional[int] = None) -> str:
-    """One line per unit a process ran (rank, phase, role, label, start, end in ms from the first
-    event of the selection)."""
-    chosen = [e for e in events if e.kind == "run" and (step is None or e.step == step)]
-    t0 = _origin(chosen)
+    """One line per unit a process ran (rank, step, phase, role, label, start, end in ms from the
+    first unit of the selection)."""
+    timeline = phase_timeline(events, step)
     lines = [f"{'rank':>4} {'step':>4} {'phase':<11} {'role':<13} {'unit':<16} {'start ms':>9} {'end ms':>9}"]
-    for e in sorted(chosen, key=lambda e: (e.start, e.rank)):
-        lines.append(f"{e.rank:>4} {e.step:>4} {e.phase:<11} {e.role:<13} {e.label:<16} {1e3 * (e.start - t0):9.1f} "
-                     f"{1e3 * (e.end - t0):9.1f}")
+    for s in sorted((s for s in timeline.spans if s.busy), key=lambda s: (s.start, s.lane)):
+        lines.append(f"{s.lane:>4} {s.args['step']:>4} {s.args['phase']:<11} {s.args['role']:<13} {s.label:<16} "
+                     f"{1e3 * (s.start - timeline.start):9.1f} {1e3 * (s.end - timeline.start):9.1f}")
     return "\n".join(lines)
 
 
 def plot_events(events: Sequence[PhaseEvent], path: str, step: Optional[int] = None, title: Optional[str] = None
                 ) -> None:
-    """PNG Gantt chart: one row per process; filled bars are units run, hatched bars waits."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    chosen = [e for e in events if step is None or e.step == step]
-    t0 = _origin([e for e in chosen if e.kind == "run"])  # a wait may have begun in the previous step
-    ranks = sorted({e.rank for e in chosen})
-    colors: Dict[str, str] = {"actor": "#9ecae1", "reference": "#c6dbef", "critic": "#fc9272",
-                              "reward_model": "#a1d99b"}
-    span = max((e.end for e in chosen), default=t0) - t0 or 1.0
-    fig, ax = plt.subplots(figsize=(10, 1.0 + 0.6 * len(ranks)))
-    for e in chosen:
-        row = ranks.index(e.rank)
-        width = 1e3 * (e.end - e.start)
-        if e.kind == "run":
-            ax.barh(row, width, left=1e3 * (e.start - t0), height=0.8, color=colors.get(e.role, "#d9d9d9"),
-                    edgecolor="black", linewidth=0.4)
-            if width >= 1e3 * span / 25:
-                ax.text(1e3 * (e.start - t0) + width / 2, row, e.label, ha="center", va="center", fontsize=7)
-        else:
-            start = max(e.start, t0)
-            ax.barh(row, 1e3 * (e.end - start), left=1e3 * (start - t0), height=0.3, color="white", edgecolor="grey",
-                    hatch="///", linewidth=0.3)
-    ax.set_yticks(range(len(ranks)))
-    ax.set_yticklabels([f"rank {r}" for r in ranks])
-    ax.invert_yaxis()
-    ax.set_xlabel("ms (measured wall clock; hatched: waiting for another group's result)")
-    ax.set_title(title or "PPO step under msrun")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    """PNG Gantt chart: one row per process; filled bars are units run (coloured by role), hatched
+    bars waits."""
+    plot_gantt(phase_timeline(events, step), path, title=title or "PPO step under msrun", waits=True,
+               color=lambda s: _ROLE_COLOURS.get(s.args["role"], "#d9d9d9"), time_scale=1e3,
+               xlabel="ms (measured wall clock; hatched: waiting for another group's result)")

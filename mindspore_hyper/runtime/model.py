@@ -44,6 +44,12 @@ class ParallelModel(nn.Cell):
         self.accounting = Accounting(self.mesh.size)
         self.last_step_seconds = 0.0
         self.execution = runtime.execution(self.mesh, self.accounting, self._parameter_fan_out)
+        self.execution.context_parallel = self.strategy.context
+        if self.strategy.context is not None:
+            from mindspore_hyper.dtensor.context import expression, multihead
+
+            self.execution.context_attention = expression.intercept
+            multihead.install(network)
         named = dict(network.parameters_and_names())
         self.rows: Dict[int, ParamRow] = {}
         for row in table:

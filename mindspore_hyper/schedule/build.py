@@ -6,6 +6,7 @@ from typing import Callable, Dict
 from mindspore_hyper.schedule.builders import (build_1f1b, build_dualpipe_v, build_gpipe, build_interleaved_1f1b,
                                                build_zb_h1, build_zb_v)
 from mindspore_hyper.schedule.schedule import Schedule
+from mindspore_hyper.schedule.validate import validate_schedule
 
 __all__ = ["build_schedule", "SCHEDULE_BUILDERS", "SCHEDULE_KINDS"]
 
@@ -32,7 +33,7 @@ def build_schedule(kind: str, num_stages: int, num_microbatches: int, num_chunks
             gpipe/1f1b/zb_h1, >= 2 for interleaved_1f1b, exactly 2 for zb_v and dualpipe_v.
 
     Returns:
-        A Schedule that passed `validate()`.
+        A Schedule that passed `validate_schedule`.
 
     Raises:
         ValueError: unknown kind, a non-positive or non-int count, or a request the family cannot
@@ -45,5 +46,5 @@ def build_schedule(kind: str, num_stages: int, num_microbatches: int, num_chunks
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r}: expected a positive int")
     schedule = SCHEDULE_BUILDERS[kind](num_stages, num_microbatches, num_chunks)
-    schedule.validate()
+    validate_schedule(schedule)
     return schedule

@@ -38,7 +38,7 @@ class ActionCosts:
             num_virtual_stages: length a per-stage list must have.
             forward, backward_input, backward_weight: one cost for every stage, or one per
                 virtual stage.
-            measured: measured costs per (kind, stage) (a mapping, e.g. `Timeline.mean_costs()`,
+            measured: measured costs per (kind, stage) (a mapping, e.g. `ScheduleTimeline.mean_costs()`,
                 or a callable). It replaces the three arguments above, which must then stay at
                 1.0; a full backward it lacks is its input + weight costs.
 

@@ -7,7 +7,7 @@ __all__ = ["ScheduleError"]
 
 
 class ScheduleError(ValueError):
-    """A schedule breaks one of `Schedule.validate()`'s rules.
+    """A schedule breaks one of `validate_schedule`'s rules.
 
     Args:
         rule: which rule: "shape", "placement", "count", "order", "pairing" or "deadlock".

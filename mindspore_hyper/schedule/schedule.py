@@ -55,27 +55,6 @@ class Schedule:
         """Which chunk of its rank `stage` is (its position among the rank's stages)."""
         return chunk_table(self.stage_to_rank)[stage]
 
-    def validate(self, sends: str = "buffered") -> None:
-        """Check every rule a runtime relies on; raise ScheduleError naming the first broken one.
-
-        Rules: shape and placement (each stage on exactly one rank, each action on its stage's
-        rank), one forward and one backward (full, or input + weight) per stage and microbatch, a
-        backward after its forward and a weight-gradient after its input-gradient, every input
-        received before use, sends and receives pairing up, and no deadlock when the ranks'
-        lists run against each other.
-
-        Args:
-            sends: "buffered" (a send hands the tensor to the transport and returns: the contract
-                the runtime must keep) or "rendezvous" (a send waits for the matching receive).
-
-        Raises:
-            ScheduleError: with `rule` set, naming ranks, list positions and actions.
-            ValueError: `sends` is not one of SEND_SEMANTICS.
-        """
-        from mindspore_hyper.schedule.validate import validate_schedule
-
-        validate_schedule(self, sends)
-
 
 def chunk_table(stage_to_rank: Sequence[int]) -> Tuple[int, ...]:
     """For each stage, its chunk index on its rank (order among that rank's stages)."""

@@ -7,14 +7,16 @@ from typing import Callable, Dict, List, Optional
 from mindspore_hyper.schedule.actions import Action, ActionKind, P2PTensor
 from mindspore_hyper.schedule.costs import ActionCosts, Cost, MeasuredCosts
 from mindspore_hyper.schedule.schedule import Schedule
-from mindspore_hyper.schedule.timeline import Timeline, TimelineEvent
+from mindspore_hyper.schedule.schedule_timeline import ScheduleTimeline
+from mindspore_hyper.schedule.span import Span
+from mindspore_hyper.schedule.validate import validate_schedule
 
 __all__ = ["simulate"]
 
 
 def simulate(schedule: Schedule, forward: Cost = 1.0, backward_input: Cost = 1.0, backward_weight: Cost = 1.0,
              p2p: float = 0.0, measured: Optional[MeasuredCosts] = None,
-             action_cost: Optional[Callable[[Action], Optional[float]]] = None) -> Timeline:
+             action_cost: Optional[Callable[[Action], Optional[float]]] = None) -> ScheduleTimeline:
     """Time every action: it starts when its rank is free and its inputs have arrived.
 
     Each rank runs its list in order. A compute action takes its cost; a full backward costs
@@ -28,13 +30,13 @@ def simulate(schedule: Schedule, forward: Cost = 1.0, backward_input: Cost = 1.0
             virtual stage), as one number or one per virtual stage.
         p2p: latency of one send -> receive, >= 0.
         measured: measured costs per (ActionKind, stage) instead of the three above (a mapping
-            such as `Timeline.mean_costs()` of a real run, or a callable returning None for a
+            such as `ScheduleTimeline.mean_costs()` of a real run, or a callable returning None for a
             pair it cannot price).
         action_cost: optional cost of one compute action itself (e.g. measured per stage and
             microbatch); where it returns None the per-(kind, stage) cost applies.
 
     Returns:
-        The Timeline of all actions.
+        The ScheduleTimeline of all actions.
 
     Raises:
         ScheduleError: the schedule is invalid.
@@ -42,14 +44,14 @@ def simulate(schedule: Schedule, forward: Cost = 1.0, backward_input: Cost = 1.0
     """
     if isinstance(p2p, bool) or not isinstance(p2p, (int, float)) or not math.isfinite(p2p) or p2p < 0:
         raise ValueError(f"p2p={p2p!r}: expected a finite latency >= 0")
-    schedule.validate()
+    validate_schedule(schedule)
     needed = {(a.kind, a.stage) for rank_actions in schedule.actions for a in rank_actions if a.is_compute}
     costs = ActionCosts.resolve(needed, schedule.num_virtual_stages, forward, backward_input, backward_weight,
                                 measured)
     clock = [0.0] * schedule.num_ranks
     pc = [0] * schedule.num_ranks
     arrival: Dict[P2PTensor, float] = {}
-    events: List[TimelineEvent] = []
+    spans: List[Span] = []
     progress = True
     while progress:
         progress = False
@@ -69,11 +71,11 @@ def simulate(schedule: Schedule, forward: Cost = 1.0, backward_input: Cost = 1.0
                     if cost is not None and not (math.isfinite(cost) and cost >= 0):
                         raise ValueError(f"action_cost({a}) = {cost!r}: expected a finite cost >= 0")
                     end = start + (costs(a.kind, a.stage) if cost is None else cost)
-                events.append(TimelineEvent(rank, a, start, end))
+                spans.append(Span.for_action(rank, a, start, end))
                 clock[rank] = end
                 pc[rank] += 1
                 progress = True
-    return Timeline(events, num_ranks=schedule.num_ranks, label=_label(schedule))
+    return ScheduleTimeline(spans, num_ranks=schedule.num_ranks, label=_label(schedule))
 
 
 def _label(schedule: Schedule) -> str:

@@ -1,164 +1,123 @@
-"""When each action ran: a simulated or a measured timeline, and the bubble/memory figures of it."""
+"""A timeline: spans on lanes (ranks or groups), with makespan, busy and idle time and overlap.
+
+Every timeline of the package is one of these (or a subclass adding its own figures): the
+pipeline schedule's (`ScheduleTimeline`), the MPMD groups' (`GroupTimeline`), the encoder
+pipeline's (`EncoderTimeline`) and the measured PPO job's (`rlhf.measured_timeline`). The
+Chrome-trace writer and the Gantt chart are free functions over it (chrome_trace.py, gantt.py).
+"""
 from __future__ import annotations
 
-import math
-from collections import defaultdict
-from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Hashable, Iterable, List, Optional, Sequence, Tuple
 
-from mindspore_hyper.schedule.actions import Action, ActionKind, BACKWARD_KINDS
+from mindspore_hyper.schedule.chrome_trace import write_chrome_trace
+from mindspore_hyper.schedule.gantt import plot_gantt
+from mindspore_hyper.schedule.span import Span
 
-__all__ = ["TimelineEvent", "Timeline"]
-
-
-@dataclass(frozen=True)
-class TimelineEvent:
-    """One action's run.
-
-    Attributes:
-        rank: the rank that ran it.
-        action: what ran.
-        start, end: seconds (simulated units for a simulation), end >= start.
-    """
-
-    rank: int
-    action: Action
-    start: float
-    end: float
-
-    def __post_init__(self):
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
-            raise ValueError(f"TimelineEvent.rank={self.rank!r}: expected an int >= 0")
-        if not isinstance(self.action, Action):
-            raise ValueError(f"TimelineEvent.action={self.action!r}: expected an Action")
-        if not (math.isfinite(self.start) and math.isfinite(self.end)) or self.end < self.start:
-            raise ValueError(f"TimelineEvent({self.action}): start={self.start!r}, end={self.end!r}; expected "
-                             f"finite times with end >= start")
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
+__all__ = ["Timeline"]
 
 
 class Timeline:
-    """Events of all ranks, with the step's makespan, idle (bubble) time and live activations.
+    """Spans on lanes, kept in the order given.
 
-    A rank is busy while it runs a compute action; everything else up to the makespan (waiting
-    in a receive, before its first or after its last action) is bubble. The makespan runs from
-    the earliest start to the latest end over all ranks: a synchronous optimizer step ends the
-    pipeline step for everyone.
+    A lane is busy during its busy spans; the rest of the makespan (waits, before its first and
+    after its last span) is idle: its bubble. The makespan runs from `start` (the earliest span
+    start unless an origin is given, e.g. the first request's arrival) to the latest end.
 
     Args:
-        events: the actions' runs; compute runs of one rank must not overlap.
-        num_ranks: number of ranks (default: highest rank in `events` + 1).
-        label: a title for traces and plots.
+        spans: the spans, any order (kept as given).
+        lanes: the lanes in display order, including lanes with no span (default: the spans'
+            lanes in order of first appearance).
+        label: a title for traces and charts.
+        origin: the timeline's start in the spans' clock (default: the earliest span start, 0 if
+            there is none).
 
     Raises:
-        ValueError: no events, a rank out of range, or overlapping compute on one rank.
+        ValueError: a span that is not a Span, a span on a lane not in `lanes`, repeated lanes,
+            or an origin after a span's start.
     """
 
-    def __init__(self, events: Iterable[TimelineEvent], num_ranks: Optional[int] = None, label: str = ""):
-        self.events: Tuple[TimelineEvent, ...] = tuple(sorted(events, key=lambda e: (e.rank, e.start, e.end)))
-        if not self.events:
-            raise ValueError("events: a timeline needs at least one event")
-        highest = max(e.rank for e in self.events)
-        if num_ranks is None:
-            num_ranks = highest + 1
-        if isinstance(num_ranks, bool) or not isinstance(num_ranks, int) or num_ranks <= highest:
-            raise ValueError(f"num_ranks={num_ranks!r}: events name rank {highest}")
-        self.num_ranks = num_ranks
+    def __init__(self, spans: Iterable[Span], lanes: Optional[Sequence[Hashable]] = None, label: str = "",
+                 origin: Optional[float] = None):
+        self.spans: Tuple[Span, ...] = tuple(spans)
+        for s in self.spans:
+            if not isinstance(s, Span):
+                raise ValueError(f"spans: expected Span values, got {s!r}")
+        if lanes is None:
+            lanes = list(dict.fromkeys(s.lane for s in self.spans))
+        self.lanes: Tuple[Hashable, ...] = tuple(lanes)
+        if len(set(self.lanes)) != len(self.lanes):
+            raise ValueError(f"lanes={list(self.lanes)}: a lane is named twice")
+        known = set(self.lanes)
+        for s in self.spans:
+            if s.lane not in known:
+                raise ValueError(f"spans: span '{s.label}' runs on lane {s.lane!r}, not one of {list(self.lanes)}")
+        earliest = min((s.start for s in self.spans), default=0.0)
+        if origin is not None and origin > earliest:
+            raise ValueError(f"origin={origin!r}: after the earliest span start {earliest!r}")
         self.label = label
-        self.start = min(e.start for e in self.events)
-        self.makespan = max(e.end for e in self.events) - self.start
-        for rank in range(num_ranks):
-            compute = self.compute_events(rank)
-            for before, after in zip(compute, compute[1:]):
-                if after.start < before.end:
-                    raise ValueError(f"events: rank {rank} runs '{before.action}' [{before.start}, {before.end}] "
-                                     f"and '{after.action}' [{after.start}, {after.end}] at once")
+        self.origin = origin
 
-    @classmethod
-    def from_records(cls, records: Iterable[Tuple[int, Action, float, float]], num_ranks: Optional[int] = None,
-                     label: str = "") -> "Timeline":
-        """A timeline from (rank, action, start, end) records, e.g. measured in a real run."""
-        return cls((TimelineEvent(rank, action, float(start), float(end)) for rank, action, start, end in records),
-                   num_ranks=num_ranks, label=label)
+    @property
+    def start(self) -> float:
+        """The timeline's start (seconds, the spans' clock)."""
+        if self.origin is not None:
+            return self.origin
+        return min((s.start for s in self.spans), default=0.0)
 
-    def compute_events(self, rank: int) -> Tuple[TimelineEvent, ...]:
-        """Rank `rank`'s compute runs in start order."""
-        return tuple(e for e in self.events if e.rank == rank and e.action.is_compute)
+    @property
+    def end(self) -> float:
+        """The latest span end (the start when there is no span)."""
+        return max((s.end for s in self.spans), default=self.start)
 
-    def busy_time(self, rank: int) -> float:
-        """Time `rank` spends in compute actions."""
-        return sum(e.duration for e in self.compute_events(rank))
+    @property
+    def makespan(self) -> float:
+        """Seconds from `start` to the latest span end."""
+        return self.end - self.start
 
-    def bubble_time(self, rank: int) -> float:
-        """Time `rank` is idle within the makespan."""
-        self._check_rank(rank)
-        return self.makespan - self.busy_time(rank)
+    def of(self, lane: Optional[Hashable] = None, kind: Optional[str] = None) -> List[Span]:
+        """The spans of `lane` and/or `kind` (None: any), in the timeline's order."""
+        return [s for s in self.spans if (lane is None or s.lane == lane) and (kind is None or s.kind == kind)]
 
-    def span_bubble_time(self, rank: int) -> float:
-        """Idle time between `rank`'s first compute start and last compute end.
+    def busy_spans(self, lane: Hashable) -> Tuple[Span, ...]:
+        """`lane`'s busy spans in start order."""
+        self._check_lane(lane)
+        return tuple(sorted((s for s in self.spans if s.lane == lane and s.busy), key=lambda s: (s.start, s.end)))
 
-        This is the bubble the zero-bubble papers report: ranks start one forward apart and, with
-        no synchronisation at the step boundary, each rank's next step can start as soon as it
-        finishes, so only idle inside a rank's own span is lost.
-        """
-        self._check_rank(rank)
-        compute = self.compute_events(rank)
-        if not compute:
+    def busy_time(self, lane: Hashable) -> float:
+        """Seconds `lane` spends in busy spans."""
+        return sum(s.duration for s in self.busy_spans(lane))
+
+    def bubble_time(self, lane: Hashable) -> float:
+        """Seconds `lane` is idle within the makespan."""
+        return self.makespan - self.busy_time(lane)
+
+    def span_bubble_time(self, lane: Hashable) -> float:
+        """Idle seconds between `lane`'s first busy start and its last busy end (0 with none)."""
+        busy = self.busy_spans(lane)
+        if not busy:
             return 0.0
-        return max(e.end for e in compute) - compute[0].start - self.busy_time(rank)
+        return max(s.end for s in busy) - busy[0].start - self.busy_time(lane)
 
     @property
     def bubble_fraction(self) -> float:
-        """Idle time over total rank-time (num_ranks * makespan)."""
+        """Idle time over total lane-time (len(lanes) * makespan); 0 for an empty makespan."""
         if self.makespan == 0:
             return 0.0
-        return sum(self.bubble_time(r) for r in range(self.num_ranks)) / (self.num_ranks * self.makespan)
+        return sum(self.bubble_time(lane) for lane in self.lanes) / (len(self.lanes) * self.makespan)
 
-    def peak_inflight(self, rank: int) -> int:
-        """Most (stage, microbatch) activations alive on `rank` at once.
-
-        An activation is alive from the start of its forward to the end of its last backward
-        (the weight gradient when the backward is split, since it still reads the stage input).
-        """
-        self._check_rank(rank)
-        compute = self.compute_events(rank)
-        last_backward: Dict[Tuple[int, int], int] = {}
-        for index, e in enumerate(compute):
-            if e.action.kind in BACKWARD_KINDS:
-                last_backward[(e.action.stage, e.action.microbatch)] = index
-        alive = peak = 0
-        for index, e in enumerate(compute):
-            key = (e.action.stage, e.action.microbatch)
-            if e.action.kind is ActionKind.FORWARD:
-                alive += 1
-                peak = max(peak, alive)
-            elif last_backward[key] == index:
-                alive -= 1
-        return peak
-
-    def mean_costs(self) -> Dict[Tuple[ActionKind, int], float]:
-        """Mean duration per (compute kind, stage): the `measured` input of `simulate`."""
-        durations: Dict[Tuple[ActionKind, int], List[float]] = defaultdict(list)
-        for e in self.events:
-            if e.action.is_compute:
-                durations[(e.action.kind, e.action.stage)].append(e.duration)
-        return {key: sum(values) / len(values) for key, values in durations.items()}
+    def overlap(self, lane_a: Hashable, lane_b: Hashable) -> float:
+        """Seconds during which both lanes are busy at once (summed over pairs of their busy spans)."""
+        return sum(max(0.0, min(a.end, b.end) - max(a.start, b.start))
+                   for a in self.busy_spans(lane_a) for b in self.busy_spans(lane_b))
 
     def to_chrome_trace(self, path: str) -> None:
-        """Write the trace-event JSON that chrome://tracing and Perfetto load (one thread per rank)."""
-        from mindspore_hyper.schedule.chrome_trace import write_chrome_trace
-
+        """Write the trace-event JSON that chrome://tracing and Perfetto load (one thread per lane)."""
         write_chrome_trace(self, path)
 
-    def plot(self, path: str) -> None:
-        """Write a PNG Gantt chart: one row per rank, one bar per compute action."""
-        from mindspore_hyper.schedule.gantt import plot_gantt
+    def plot(self, path: str, title: Optional[str] = None) -> None:
+        """Write a PNG Gantt chart: one row per lane, one bar per busy span, waits hatched."""
+        plot_gantt(self, path, title=title, waits=True)
 
-        plot_gantt(self, path)
-
-    def _check_rank(self, rank: int) -> None:
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.num_ranks:
-            raise ValueError(f"rank={rank!r}: expected a rank in [0, {self.num_ranks})")
+    def _check_lane(self, lane: Hashable) -> None:
+        if lane not in self.lanes:
+            raise ValueError(f"lane={lane!r}: expected one of {list(self.lanes)}")

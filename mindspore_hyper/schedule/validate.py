@@ -1,4 +1,7 @@
-"""The rules of `Schedule.validate()`, checked in order; the first broken rule raises ScheduleError."""
+"""The rules a runtime relies on, checked on a Schedule in order; the first broken rule raises ScheduleError.
+
+The Schedule value knows nothing of them (this module imports it, never the other way).
+"""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -16,7 +19,23 @@ F, B, BI, BW = (ActionKind.FORWARD, ActionKind.BACKWARD, ActionKind.BACKWARD_INP
 
 
 def validate_schedule(schedule: Schedule, sends: str = "buffered") -> None:
-    """Run every rule on `schedule` (see Schedule.validate)."""
+    """Check every rule a runtime relies on; raise ScheduleError naming the first broken one.
+
+    Rules: shape and placement (each stage on exactly one rank, each action on its stage's
+    rank), one forward and one backward (full, or input + weight) per stage and microbatch, a
+    backward after its forward and a weight-gradient after its input-gradient, every input
+    received before use, sends and receives pairing up, and no deadlock when the ranks'
+    lists run against each other.
+
+    Args:
+        schedule: the schedule to check.
+        sends: "buffered" (a send hands the tensor to the transport and returns: the contract
+            the runtime must keep) or "rendezvous" (a send waits for the matching receive).
+
+    Raises:
+        ScheduleError: with `rule` set, naming ranks, list positions and actions.
+        ValueError: `sends` is not one of SEND_SEMANTICS.
+    """
     if sends not in SEND_SEMANTICS:
         raise ValueError(f"sends={sends!r}: expected one of {SEND_SEMANTICS}")
     _check_shape(schedule)

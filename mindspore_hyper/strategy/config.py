@@ -10,6 +10,7 @@ The schema (full reference with the mapping semantics in docs/config.md)::
       pipeline_axis: pipeline                 # optional; default "pipeline"
       tensor_map: [None, None]                # optional default map for every parameter
       input_map: [data]                       # optional map for model inputs
+      context_parallel: {axis: cp, method: ring}   # optional; method ring (default) or ulysses
       optimizer: {sharding: True, offload: False}
       module_level:
         - name: transformer.*                 # Cell-name pattern (fnmatch)
@@ -40,6 +41,7 @@ from mindspore_hyper.shard.layout import NONE_ALIAS, Layout
 from mindspore_hyper.strategy.process_groups import (
     SCHEDULERS, ConfigError, DeviceGroup, check_disjoint, check_within, parse_process_groups, parse_ranks,
 )
+from mindspore_hyper.strategy.context_parallel import ContextParallel
 from mindspore_hyper.strategy.strategy import Strategy
 
 __all__ = ["ParallelConfig", "ModuleEntry", "ParameterEntry", "ConfigError", "load_parallel_config",
@@ -47,7 +49,8 @@ __all__ = ["ParallelConfig", "ModuleEntry", "ParameterEntry", "ConfigError", "lo
 
 TOP_KEYS = ("parallel_config", "process_groups", "scheduler")
 CONFIG_KEYS = ("device_matrix", "alias_names", "device_num", "data_axis", "pipeline_axis", "tensor_map",
-               "input_map", "optimizer", "module_level", "parameter_level")
+               "input_map", "context_parallel", "optimizer", "module_level", "parameter_level")
+CONTEXT_KEYS = ("axis", "method")
 OPTIMIZER_KEYS = ("sharding", "offload")
 MODULE_KEYS = ("name", "strategy", "devices")
 PARAMETER_KEYS = ("name", "tensor_map")
@@ -134,6 +137,7 @@ class ParallelConfig:
         pipeline_stages: number of pipeline stages (1 = no pipeline).
         tensor_map: default parameter tensor map.
         input_map: tensor map of model inputs, or None (batch on data_axis).
+        context_parallel: the context-parallel axis and method, or None.
         optimizer_sharding: alias along which optimizer states are sharded, or None.
         optimizer_offload: whether optimizer states go to host memory (read by the offload runtime).
         modules: module_level entries, in file order.
@@ -150,6 +154,7 @@ class ParallelConfig:
     pipeline_stages: int = 1
     tensor_map: Tuple = ()
     input_map: Optional[Tuple] = None
+    context_parallel: Optional[ContextParallel] = None
     optimizer_sharding: Optional[str] = None
     optimizer_offload: bool = False
     modules: List[ModuleEntry] = field(default_factory=list)
@@ -188,8 +193,15 @@ class ParallelConfig:
         for pattern, _, tmap in self._override_items():
             overrides.pop(pattern, None)
             overrides[pattern] = tmap
-        return Strategy(self.mesh, tensor_map=self.tensor_map, optimizer_state=self.optimizer_sharding,
-                        data_axis=self.data_axis, input_map=self.input_map, overrides=overrides)
+        context = self.context_parallel
+        try:
+            return Strategy(self.mesh, tensor_map=self.tensor_map, optimizer_state=self.optimizer_sharding,
+                            data_axis=self.data_axis, input_map=self.input_map, overrides=overrides,
+                            context_parallel=context and context.axis, context_method=context and context.method)
+        except ValueError as exc:
+            if context is None or "context" not in str(exc):
+                raise
+            raise ConfigError("parallel_config.context_parallel", str(exc)) from None
 
     def group_of_module(self, cell_name: str) -> Optional[DeviceGroup]:
         """The device group running Cell `cell_name` (the last matching group), or None."""
@@ -204,6 +216,8 @@ class ParallelConfig:
             "mesh": self.mesh.to_dict(), "mesh_inferred": self.mesh_inferred, "data_axis": self.data_axis,
             "pipeline_axis": self.pipeline_axis, "pipeline_stages": self.pipeline_stages,
             "tensor_map": list(self.tensor_map), "input_map": None if self.input_map is None else list(self.input_map),
+            "context_parallel": None if self.context_parallel is None else {"axis": self.context_parallel.axis,
+                                                                            "method": self.context_parallel.method},
             "optimizer": {"sharding": self.optimizer_sharding, "offload": self.optimizer_offload},
             "module_level": [{"name": m.pattern, "kind": m.kind, "splits": {k: list(v) for k, v in m.splits.items()},
                               "pipeline": m.pipeline, "devices": list(m.devices), "tensor_map": list(m.tensor_map)}
@@ -323,10 +337,12 @@ class _Loader:
         if pc.get("input_map") is not None:
             input_map = self._tensor_map(pc["input_map"], mesh, "parallel_config.input_map")
 
+        context = self._context_parallel(mesh)
         sharding, offload = self._optimizer(mesh, data_axis)
         parameters = self._parameters(mesh)
         return ParallelConfig(mesh=mesh, mesh_inferred=inferred, data_axis=data_axis, pipeline_axis=pipeline_axis,
                               pipeline_stages=pipeline_stages, tensor_map=tensor_map, input_map=input_map,
+                              context_parallel=context,
                               optimizer_sharding=sharding, optimizer_offload=offload, modules=modules,
                               parameters=parameters, groups=groups, scheduler=scheduler)
 
@@ -484,6 +500,25 @@ class _Loader:
         return mesh, True, f"the inferred mesh {mesh.device_matrix}{mesh.alias_names} ({text})"
 
     # -- small fields ------------------------------------------------------------------------
+    def _context_parallel(self, mesh: Layout) -> Optional[ContextParallel]:
+        """`parallel_config.context_parallel: {axis: cp, method: ring}` (method defaults to ring)."""
+        raw = self.pc.get("context_parallel")
+        path = "parallel_config.context_parallel"
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            raise ConfigError(path, f"{raw!r}; expected a mapping with keys {CONTEXT_KEYS}")
+        unknown = [k for k in raw if k not in CONTEXT_KEYS]
+        if unknown:
+            raise ConfigError(f"{path}.{unknown[0]}", f"unknown key; expected one of {CONTEXT_KEYS}")
+        if "axis" not in raw:
+            raise ConfigError(f"{path}.axis", "missing; expected the mesh alias that splits the sequence")
+        axis = self._alias(mesh, raw["axis"], f"{path}.axis")
+        try:
+            return ContextParallel.declare(mesh, axis, raw.get("method"), f"{path}.method")
+        except ValueError as exc:
+            raise ConfigError(f"{path}.method", str(exc).split(": ", 1)[1]) from None
+
     @staticmethod
     def _alias(mesh: Layout, alias: Any, path: str) -> str:
         if not isinstance(alias, str) or alias not in mesh.alias_names:

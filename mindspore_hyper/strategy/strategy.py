@@ -11,6 +11,9 @@ Semantics, for a parameter named N of shape S:
    already use that axis.
 4. Model inputs are split along `data_axis` on their first (batch) dimension; `input_map`
    replaces that default (e.g. ("data", "seq") for batch and sequence splits).
+5. With `context_parallel="cp"` the inputs' sequence dimension (dimension 1, or where `input_map`
+   names the axis) is split along "cp" and attention runs by `context_method` (docs/context_parallel.md);
+   the axis never splits parameters.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from mindspore_hyper.shard.layout import NONE_ALIAS, Layout
 from mindspore_hyper.shard.tensor_layout import TensorLayout
+from mindspore_hyper.strategy.context_parallel import ContextParallel
 
 __all__ = ["Strategy", "ParamLayout"]
 
@@ -53,14 +57,20 @@ class Strategy:
             the mesh has such an axis, else None.
         input_map: explicit tensor map for inputs (overrides data_axis), applied by position.
         overrides: ordered {name pattern: tensor map}; the last matching pattern wins.
+        context_parallel: mesh alias splitting the inputs' sequence dimension (context
+            parallelism), or None.
+        context_method: how attention crosses that axis: "ring" (default) or "ulysses".
 
     Raises:
-        ValueError: unknown aliases or malformed maps (named in the message).
+        ValueError: unknown aliases, methods or malformed maps (named in the message); a
+            context-parallel axis that also splits parameters or the batch, or that `input_map`
+            leaves out.
     """
 
     def __init__(self, mesh: Layout, tensor_map: Sequence = (), optimizer_state: Optional[str] = None,
                  data_axis=_AUTO, input_map: Optional[Sequence] = None,
-                 overrides: Optional[Dict[str, Sequence]] = None):
+                 overrides: Optional[Dict[str, Sequence]] = None, context_parallel: Optional[str] = None,
+                 context_method: Optional[str] = None):
         self.mesh = mesh
         TensorLayout(mesh, tensor_map)  # validates aliases and uniqueness
         self.tensor_map = tuple(tensor_map)
@@ -75,9 +85,35 @@ class Strategy:
         if input_map is not None:
             TensorLayout(mesh, input_map)
         self.input_map = None if input_map is None else tuple(input_map)
+        self.context: Optional[ContextParallel] = None
+        if context_parallel is not None:
+            self.context = ContextParallel.declare(mesh, context_parallel, context_method)
+            self._check_context()
+        elif context_method is not None:
+            raise ValueError(f"context_method={context_method!r} given without context_parallel=<mesh alias>")
         self.overrides: Dict[str, Tuple] = {}
         for pattern, tmap in (overrides or {}).items():
             self._add_override(pattern, tmap)
+
+    def _check_context(self) -> None:
+        axis = self.context.axis
+        if axis in _aliases(self.tensor_map):
+            raise ValueError(f"context_parallel={axis!r}: the axis splits the sequence, it cannot also split "
+                             f"parameters (tensor_map={self.tensor_map})")
+        if axis == self.data_axis:
+            raise ValueError(f"context_parallel={axis!r}: the axis is also data_axis; give the sequence its own axis")
+        if self.input_map is not None and axis not in _aliases(self.input_map):
+            raise ValueError(f"context_parallel={axis!r}: input_map={self.input_map} does not name the axis; "
+                             "put it on the inputs' sequence dimension")
+
+    @property
+    def sequence_dim(self) -> Optional[int]:
+        """The inputs' dimension split by the context-parallel axis (None without one)."""
+        if self.context is None:
+            return None
+        if self.input_map is None:
+            return 1
+        return next(d for d, e in enumerate(self.input_map) if self.context.axis in _aliases([e]))
 
     def _add_override(self, pattern: str, tensor_map: Sequence) -> None:
         if not isinstance(pattern, str) or not pattern:
@@ -86,6 +122,9 @@ class Strategy:
             TensorLayout(self.mesh, tensor_map)
         except ValueError as exc:
             raise ValueError(f"override {pattern!r}: {exc}") from None
+        if self.context is not None and self.context.axis in _aliases(tensor_map):
+            raise ValueError(f"override {pattern!r}: tensor map {tuple(tensor_map)} uses the context-parallel axis "
+                             f"{self.context.axis!r}, which splits the sequence, not parameters")
         self.overrides.pop(pattern, None)
         self.overrides[pattern] = tuple(tensor_map)
 
@@ -130,8 +169,11 @@ class Strategy:
                               pattern or "default", tuple(notes))
 
     def input_layout(self, shape: Sequence[int]) -> Tuple[TensorLayout, List[str]]:
-        """Layout of a model input of `shape` (batch split on data_axis unless input_map is set)."""
+        """Layout of a model input of `shape` (batch split on data_axis unless input_map is set;
+        with context parallelism the sequence dimension, 1 by default, on its axis)."""
         tmap = self.input_map if self.input_map is not None else ((self.data_axis,) if self.data_axis else ())
+        if self.context is not None and self.input_map is None:
+            tmap = (self.data_axis, self.context.axis)
         return self._fit(tmap, tuple(shape), "input")
 
     def _fit(self, tmap: Sequence, shape: Tuple[int, ...], what: str) -> Tuple[TensorLayout, List[str]]:
@@ -165,4 +207,14 @@ class Strategy:
     def __repr__(self) -> str:
         tmap = tuple(NONE_ALIAS if e is None else e for e in self.tensor_map)
         return (f"Strategy(mesh={self.mesh}, tensor_map={tmap}, optimizer_state={self.optimizer_state!r}, "
-                f"data_axis={self.data_axis!r}, input_map={self.input_map}, overrides={self.overrides})")
+                f"data_axis={self.data_axis!r}, input_map={self.input_map}, overrides={self.overrides}"
+                f"{'' if self.context is None else f', context_parallel={self.context.axis!r}'}"
+                f"{'' if self.context is None else f', context_method={self.context.method!r}'})")
+
+
+def _aliases(tensor_map: Sequence) -> List[str]:
+    """The mesh aliases a tensor map names (entries may be an alias, None or a tuple of aliases)."""
+    out: List[str] = []
+    for entry in tensor_map:
+        out.extend(entry if isinstance(entry, (tuple, list)) else [entry])
+    return [a for a in out if isinstance(a, str) and a != NONE_ALIAS]

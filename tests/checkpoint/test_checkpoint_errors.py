@@ -1,6 +1,8 @@
-"""Every refusal names what is wrong, and a refused load changes no Parameter: missing manifest
-or files, a model that does not fit (all missing/extra names and shape/dtype mismatches at
-once), corrupt files and manifests, optimizer mismatches, bad arguments."""
+"""Every refusal names what is wrong, and a refused load changes no Parameter: no committed step,
+missing files, a model that does not fit (all missing/extra names and shape/dtype mismatches at
+once), corrupt files (a flipped data byte, a truncated file, a file of another save, bad headers)
+and manifests (checksum, fields, names leading outside the directory), optimizer mismatches, bad
+arguments."""
 import json
 import os
 import shutil
@@ -12,8 +14,9 @@ from mindspore import Parameter, Tensor, nn
 
 import mindspore_hyper as mh
 from mindspore_hyper import auto_parallelize
+from mindspore_hyper import _core
 from mindspore_hyper.checkpoint import CheckpointError
-from ckpt_models import GPT, adam, global_values, gpt, megatron
+from ckpt_models import GPT, adam, global_values, gpt, megatron, step_dir
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +36,20 @@ def saved(tmp_path_factory):
 
 @pytest.fixture
 def copy(saved, tmp_path):
-    """A private copy of the saved checkpoint, to break."""
+    """A private copy of the saved checkpoint's step directory, to break."""
     target = tmp_path / "copy"
-    shutil.copytree(saved[0], target)
-    for path in target.rglob("*"):
-        path.chmod(0o644 if path.is_file() else 0o755)
+    shutil.copytree(step_dir(saved[0]), target)
     return target
+
+
+def rewrite_manifest(step, manifest: dict):
+    """Replace the step's manifest and record its checksum in the commit record (a manifest that
+    is wrong but not corrupt)."""
+    data = json.dumps(manifest).encode()
+    (step / "manifest.json").write_bytes(data)
+    record = json.loads((step / "commit.json").read_text())
+    record["files"]["manifest.json"] = {"bytes": len(data), "crc32c": int(_core.crc32c(data))}
+    (step / "commit.json").write_text(json.dumps(record))
 
 
 def unchanged_after(fn, model, optimizer=None):
@@ -55,7 +66,7 @@ def unchanged_after(fn, model, optimizer=None):
 def test_no_checkpoint_there(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         mh.load_checkpoint(gpt(), tmp_path / "nowhere")
-    with pytest.raises(CheckpointError, match="no manifest"):
+    with pytest.raises(CheckpointError, match="holds no committed checkpoint"):
         mh.load_checkpoint(gpt(), tmp_path)
 
 
@@ -101,6 +112,39 @@ def test_optimizer_mismatches(saved, tmp_path):
     twin = adam(gpt().trainable_params())  # same names, other Parameters
     with pytest.raises(CheckpointError, match="'embed.embedding_table', which is not a parameter of the model"):
         mh.load_checkpoint(model, saved[0], optimizer=twin)
+
+
+def test_a_flipped_data_byte_fails_its_checksum(copy):
+    path = copy / "rank_1" / "checkpoint_rank1.safetensors"
+    data = bytearray(path.read_bytes())
+    length = int.from_bytes(data[:8], "little")
+    begin, end = json.loads(data[8:8 + length])["head.weight"]["data_offsets"]
+    data[8 + length + (begin + end) // 2] ^= 0x10  # one bit in the middle of the tensor's bytes
+    path.write_bytes(bytes(data))
+    model = gpt()
+    message = unchanged_after(lambda: mh.load_checkpoint(model, copy), model)
+    assert "rank_1/checkpoint_rank1.safetensors: corrupt checkpoint file: tensor 'head.weight', bytes [0, 16384): " \
+           "CRC32C" in message, message
+
+
+def test_a_file_of_another_save_is_named(saved, copy, tmp_path):
+    """A rank file of the same shapes and sizes but from another save is refused, naming it."""
+    mh.set_context(device_num=4)
+    model = gpt()
+    par = auto_parallelize(model, megatron(2, 2, zero=True))
+    mh.save_checkpoint(par, tmp_path / "other", optimizer=adam(par.optimizer_parameters()))
+    mh.reset_context()
+    other = step_dir(tmp_path / "other")
+    for name in ("rank_1/checkpoint_rank1.safetensors", "rank_3/checkpoint_rank3.safetensors"):
+        assert (other / name).stat().st_size == (copy / name).stat().st_size
+        shutil.copyfile(other / name, copy / name)
+    target = gpt()
+    optimizer = adam(target.trainable_params())
+    message = unchanged_after(lambda: mh.load_checkpoint(target, copy, optimizer=optimizer), target, optimizer)
+    other_id = json.loads((other / "commit.json").read_text())["save_id"]
+    assert ("file(s) from another save than this step's" in message
+            and f"rank_1/checkpoint_rank1.safetensors (save '{other_id}', step '0')" in message
+            and f"rank_3/checkpoint_rank3.safetensors (save '{other_id}', step '0')" in message), message
 
 
 def test_truncated_file_is_corrupt(copy):
@@ -167,7 +211,16 @@ def test_manifest_fields_are_checked(copy):
     good = json.loads(path.read_text())
     cases = [
         (lambda m: m.pop("mesh"), "mesh: missing"),
-        (lambda m: m.update(version=99), "version: expected 1, got 99"),
+        (lambda m: m.update(version=99), "version: expected 2, got 99"),
+        (lambda m: m["checksum"].update(chunk_bytes=0), "checksum.chunk_bytes: expected a positive int"),
+        (lambda m: m["parameters"]["head.weight"]["shards"][0].update(crc32c=[]),
+         "parameters['head.weight'].shards[0].crc32c: expected 1 ints (one per 1048576 bytes of 16384), got 0"),
+        (lambda m: m["files"].update({"../../etc/passwd": {"rank": 0, "bytes": 1}}),
+         "files['../../etc/passwd']: '../../etc/passwd' is not a relative path inside the checkpoint directory"),
+        (lambda m: m["files"].update({"/etc/passwd": {"rank": 0, "bytes": 1}}),
+         "files['/etc/passwd']: '/etc/passwd' is not a relative path inside the checkpoint directory"),
+        (lambda m: m.update(mindspore_strategy="a/../../strategy.ckpt"),
+         "mindspore_strategy: 'a/../../strategy.ckpt' is not a relative path"),
         (lambda m: m["parameters"]["ln_f.gamma"].update(dtype="Float7"), "parameters['ln_f.gamma'].dtype: 'Float7'"),
         (lambda m: m["parameters"]["head.weight"]["shards"].pop(), "parameters['head.weight'].shards: the shards "
                                                                    "cover 4096 of the 8192 elements"),
@@ -180,11 +233,34 @@ def test_manifest_fields_are_checked(copy):
     for change, expected in cases:
         broken = json.loads(json.dumps(good))
         change(broken)
-        path.write_text(json.dumps(broken))
+        rewrite_manifest(copy, broken)
         message = unchanged_after(lambda: mh.load_checkpoint(model, copy), model)
         assert f"manifest.json: {expected}" in message, message
-    path.write_text("{not json")
-    assert "not a readable JSON manifest" in unchanged_after(lambda: mh.load_checkpoint(model, copy), model)
+    rewrite_manifest(copy, good)
+    (copy / "manifest.json").write_bytes(b"{not json")
+    assert "not a readable JSON manifest" not in unchanged_after(lambda: mh.load_checkpoint(model, copy), model)
+
+
+def test_a_changed_manifest_or_commit_record_is_refused(copy):
+    """The commit record's checksum catches any change to the manifest; a damaged record is named."""
+    model = gpt()
+    data = bytearray((copy / "manifest.json").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (copy / "manifest.json").write_bytes(bytes(data))
+    message = unchanged_after(lambda: mh.load_checkpoint(model, copy), model)
+    assert "manifest.json: corrupt checkpoint file:" in message and "the commit record says" in message, message
+    (copy / "commit.json").write_text("{}")
+    message = unchanged_after(lambda: mh.load_checkpoint(model, copy), model)
+    assert "commit.json: corrupt commit record: format" in message, message
+
+
+def test_a_symlink_leading_outside_the_step_is_refused(copy, tmp_path):
+    outside = tmp_path / "outside.safetensors"
+    shutil.move(copy / "rank_1" / "checkpoint_rank1.safetensors", outside)
+    os.symlink(outside, copy / "rank_1" / "checkpoint_rank1.safetensors")
+    model = gpt()
+    message = unchanged_after(lambda: mh.load_checkpoint(model, copy), model)
+    assert "file(s) ['rank_1/checkpoint_rank1.safetensors'] lead outside the step directory" in message
 
 
 def test_bad_arguments_are_named(tmp_path):
@@ -196,3 +272,13 @@ def test_bad_arguments_are_named(tmp_path):
         mh.save_checkpoint({}, tmp_path)
     with pytest.raises(CheckpointError, match="optimizer: expected an nn.Optimizer, got list"):
         mh.save_checkpoint(gpt(), tmp_path, optimizer=[])
+    for kwargs, expected in (({"step": -1}, "step: expected an int >= 0 or None, got -1"),
+                             ({"step": True}, "step: expected an int >= 0 or None, got True"),
+                             ({"keep_last": 0}, "keep_last: expected an int >= 1 or None, got 0"),
+                             ({"chunk_bytes": 0}, "chunk_bytes: expected an int >= 1, got 0"),
+                             ({"blocking": "no"}, "blocking: expected a bool, got 'no'")):
+        with pytest.raises(CheckpointError, match=expected):
+            mh.save_checkpoint(gpt(), tmp_path, **kwargs)
+    with pytest.raises(CheckpointError, match="step: expected an int >= 0 or None, got '3'"):
+        mh.load_checkpoint(gpt(), tmp_path, step="3")
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written

@@ -1,4 +1,4 @@
-"""MindSpore's own tools read our checkpoints through the `strategy.ckpt` written beside them:
+"""MindSpore's own tools read our checkpoint steps through the `strategy.ckpt` written in them:
 `unified_safetensors` merges the (deduplicated) per-rank files into whole tensors, which
 `load_distributed_checkpoint` loads into a plain Cell or re-slices for a target strategy file
 (`save_strategy_file`); `transform_checkpoints` refuses deduplicated checkpoints (documented)."""
@@ -12,13 +12,13 @@ from mindspore.parallel import load_distributed_checkpoint, transform_checkpoint
 import mindspore_hyper as mh
 from mindspore_hyper import auto_parallelize
 from mindspore_hyper.checkpoint import save_strategy_file
-from ckpt_models import adam, global_values, gpt, megatron
+from ckpt_models import adam, global_values, gpt, megatron, step_dir
 
 
 @pytest.fixture(scope="module")
 def merged(tmp_path_factory):
     """A simulated 8-device GPT (data 2 x tensor 4, ZeRO-1 Adam states) saved, then merged by
-    MindSpore: (checkpoint directory, merged directory, global values)."""
+    MindSpore: (checkpoint step directory, merged directory, global values)."""
     root = tmp_path_factory.mktemp("interop")
     mh.reset_context()
     mh.set_context(device_num=8)
@@ -28,9 +28,10 @@ def merged(tmp_path_factory):
     optimizer = adam(par.optimizer_parameters())
     mh.save_checkpoint(par, root / "ckpt", optimizer=optimizer)
     mh.reset_context()
-    unified_safetensors(str(root / "ckpt"), str(root / "ckpt" / "strategy.ckpt"), str(root / "merged"),
+    step = step_dir(root / "ckpt")  # a step directory is laid out as MindSpore's tools expect
+    unified_safetensors(str(step), str(step / "strategy.ckpt"), str(root / "merged"),
                         merge_with_redundancy=False, max_process_num=1)
-    return root / "ckpt", root / "merged", global_values(model, optimizer)
+    return step, root / "merged", global_values(model, optimizer)
 
 
 def test_unified_safetensors_merges_every_parameter_and_optimizer_state(merged):

@@ -1,6 +1,7 @@
 """Save and load in one process: a plain Cell (one device) and simulated meshes of 2 and 8
 devices under other strategies, with Adam states (ZeRO-1 sliced); replicas written once;
-MindSpore reads every per-rank file; a region is read without a byte outside it."""
+MindSpore reads every per-rank file; a region is read with no byte outside the checksummed
+chunks that hold it."""
 
 import numpy as np
 import pytest
@@ -13,7 +14,9 @@ from mindspore_hyper.checkpoint import Manifest
 from mindspore_hyper.checkpoint.load import read_region
 from mindspore_hyper.checkpoint.regions import rank_box
 from mindspore_hyper.checkpoint.safetensors_file import RangeReader
-from ckpt_models import adam, batches, global_values, gpt, megatron
+from ckpt_models import adam, batches, global_values, gpt, megatron, step_dir
+
+CHUNK = 512  # small checksum chunks, so that reading a region reads little beyond it
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +32,7 @@ def sim8(tmp_path_factory):
     optimizer = adam(par.optimizer_parameters())
     for batch in batches(0, 2):
         par.train_step(optimizer, *batch)
-    mh.save_checkpoint(par, directory, optimizer=optimizer)
+    mh.save_checkpoint(par, directory, optimizer=optimizer, chunk_bytes=CHUNK)
     mh.reset_context()
     return directory, global_values(model, optimizer)
 
@@ -46,8 +49,8 @@ def test_sim8_to_single_device_with_optimizer(sim8):
     optimizer = adam(single.trainable_params())
     report = mh.load_checkpoint(single, directory, optimizer=optimizer)
     assert_values(global_values(single, optimizer), saved)
-    assert report.tensors == len(saved)
-    assert report.data_bytes == report.needed_bytes == sum(v.nbytes for v in saved.values())
+    assert report.tensors == len(saved) and report.step == 0
+    assert report.data_bytes == report.needed_bytes == report.read_bytes == sum(v.nbytes for v in saved.values())
 
 
 def test_sim8_to_sim2_other_strategy_then_training_matches_single_device(sim8, clean_context):
@@ -74,6 +77,7 @@ def test_single_device_to_sim8(tmp_path, clean_context):
     manifest = mh.save_checkpoint(single, tmp_path / "single")
     assert manifest.mode == "single" and manifest.mesh.device_matrix == (1,)
     assert list(manifest.files) == ["rank_0/checkpoint_rank0.safetensors"] and manifest.optimizer is None
+    assert manifest.step == 0 and (tmp_path / "single" / "step_000000" / "commit.json").is_file()
     mh.set_context(device_num=8)
     ms.set_seed(4)
     model = gpt()
@@ -98,37 +102,42 @@ def test_replicated_regions_are_written_once_by_the_lowest_rank(tmp_path, clean_
     # the files hold every element exactly once, and MindSpore loads each of them
     stored = 0
     for path in manifest.files:
-        for name, value in ms.load_checkpoint(str(tmp_path / path), format="safetensors").items():
+        for name, value in ms.load_checkpoint(str(step_dir(tmp_path) / path), format="safetensors").items():
             stored += value.asnumpy().nbytes
     assert stored == sum(p.asnumpy().nbytes for p in model.get_parameters())
-    assert (tmp_path / "strategy.ckpt").is_file() and manifest.mindspore_strategy == "strategy.ckpt"
+    assert (step_dir(tmp_path) / "strategy.ckpt").is_file() and manifest.mindspore_strategy == "strategy.ckpt"
 
 
-def test_a_region_reads_only_its_bytes(sim8):
+def test_a_region_reads_only_the_chunks_that_hold_it(sim8):
     """What a process of a data 2 x tensor 2 job needs of the tensor-parallel weight saved on
-    data 2 x tensor 4: its bytes and no others."""
+    data 2 x tensor 4: its bytes, read in whole checksummed chunks and no others."""
     directory, saved = sim8
     manifest = Manifest.read(str(directory))
-    entry = manifest.parameters["blocks.0.fc1.weight"]  # (256, 64), rows split over tensor=4
+    entry = manifest.parameters["blocks.0.fc1.weight"]  # (256, 64), rows split over tensor=4: 4 x 16 KB
     target = Layout((2, 2), ("data", "tensor"))
-    for layout in (target("tensor", None), target(None, "tensor"), target("tensor", "data")):
+    for layout, extra in ((target("tensor", None), 0), (target(None, "tensor"), 1), (target("tensor", "data"), 1)):
         for rank in target.ranks:
             region = rank_box(layout, rank, entry.global_shape)
             with RangeReader() as reader:
-                value = read_region(reader, str(directory), entry, region)
+                value = read_region(reader, str(step_dir(directory)), entry, region, manifest.chunk_bytes)
             np.testing.assert_array_equal(value, saved["blocks.0.fc1.weight"][region.within(
                 rank_box(target(None, None), 0, entry.global_shape))])
             assert reader.data_bytes == value.nbytes == region.volume * 4 < entry.nbytes
+            # rows of 256 bytes: a half-row region (columns split) reads the whole rows, i.e. the
+            # 512-byte chunks holding them; a row-aligned region reads just its chunks
+            assert reader.read_bytes == value.nbytes * (1 + extra), (layout, rank, reader.read_bytes)
 
 
-def test_resaving_with_another_world_size_replaces_the_checkpoint(tmp_path, clean_context):
+def test_a_save_with_another_world_size_is_a_new_step(tmp_path, clean_context):
     mh.set_context(device_num=8)
     model = gpt()
     mh.save_checkpoint(auto_parallelize(model, megatron(1, 8, zero=False)), tmp_path)
-    assert len(list(tmp_path.glob("rank_*/*.safetensors"))) == 8
+    assert len(list(tmp_path.glob("step_000000/rank_*/*.safetensors"))) == 8
     mh.set_context(device_num=2)
-    manifest = mh.save_checkpoint(auto_parallelize(gpt(), megatron(1, 2, zero=False)), tmp_path)
-    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("rank_*/*.safetensors")) == sorted(manifest.files)
+    manifest = mh.save_checkpoint(auto_parallelize(gpt(), megatron(1, 2, zero=False)), tmp_path, keep_last=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000001"]
+    assert sorted(str(p.relative_to(tmp_path / "step_000001"))
+                  for p in tmp_path.glob("step_000001/rank_*/*.safetensors")) == sorted(manifest.files)
     assert Manifest.read(str(tmp_path)).mesh.device_matrix == (1, 2)
 
 
@@ -153,5 +162,6 @@ def test_dtypes_and_0d_tensors_round_trip(tmp_path):
     for (name, p), q in zip(source.parameters_and_names(), target.get_parameters()):
         assert q.dtype == p.dtype and q.shape == p.shape, name
         np.testing.assert_array_equal(q.asnumpy(), p.asnumpy(), err_msg=name)
-    stored = ms.load_checkpoint(str(tmp_path / "rank_0" / "checkpoint_rank0.safetensors"), format="safetensors")
+    stored = ms.load_checkpoint(str(step_dir(tmp_path) / "rank_0" / "checkpoint_rank0.safetensors"),
+                                format="safetensors")
     assert stored["brain"].dtype == ms.bfloat16 and stored["counts"].dtype == ms.int64

@@ -3,7 +3,7 @@ sets func=run; the top level needs a command; --version."""
 import sys
 import types
 
-from cli_run import cli
+from cli_run import cli, cli_script
 
 import mindspore_hyper
 from mindspore_hyper import cli as cli_package
@@ -19,6 +19,13 @@ def test_top_level_help_and_version():
     assert code == 0 and all(name in out for name in ("estimate", "plan", "tune"))
     code, out, _ = cli("--version")
     assert code == 0 and mindspore_hyper.__version__ in out
+
+
+def test_the_installed_script_runs_and_exits_2_on_bad_flags():
+    code, out, _ = cli_script("estimate", "--preset", "gpt-example")
+    assert code == 0 and "stage  layers" in out
+    code, _, err = cli_script("estimate", "--preset", "gpt-example", "--zero", "5")
+    assert code == 2 and "argument --zero: invalid choice: 5" in err
 
 
 def test_python_dash_m_runs_the_same_cli():

@@ -1,6 +1,6 @@
 """Helpers of the comm tests: a shared-memory group of two ranks on two threads of this process,
-and a runner for snippets in a subprocess (there a crash or a hang is a test failure, not a dead
-pytest)."""
+a segment's path, and a runner for snippets in a subprocess (there a crash or a hang is a test
+failure, not a dead pytest)."""
 import subprocess
 import sys
 import textwrap
@@ -10,6 +10,13 @@ import uuid
 import pytest
 
 from mindspore_hyper.comm import ShmCommunicator
+from mindspore_hyper.comm.job_token import job_token
+from mindspore_hyper.comm.shm import segment_name
+
+
+def segment_path(name: str) -> str:
+    """The /dev/shm path of this job's group `name` (as ShmCommunicator names it)."""
+    return "/dev/shm/" + segment_name(name, job_token())
 
 
 def run_isolated(code: str, timeout: float = 60.0) -> str:

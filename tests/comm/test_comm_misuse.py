@@ -264,8 +264,10 @@ def test_shm_raw_buffers_are_checked(shm_pair):
 
 
 def test_shm_bad_construction():
-    with pytest.raises(ValueError, match="expected a non-empty name without '/'"):
-        ShmCommunicator("a/b", 0, 1)
+    with pytest.raises(ValueError, match="name='': expected a non-empty name"):
+        ShmCommunicator("", 0, 1)
+    with pytest.raises(ValueError, match="max_message_bytes=0: expected a positive number of bytes"):
+        ShmCommunicator("misuse_limit", 0, 1, max_message_bytes=0)
     with pytest.raises(CommError, match=r"rank 3 outside \[0, 2\)"):
         ShmCommunicator("misuse_rank", 3, 2, timeout=1.0)
     with pytest.raises(CommError, match=r"group size 0 outside \[1, 256\]"):

@@ -1,6 +1,7 @@
 """Under msrun (2 CPU workers): the MindSpore transport (direct collectives and aggregated
 packets through mint.distributed) and the shared-memory AllToAll / ReduceScatter that
-MindSpore's CPU backend lacks. One test: the cluster set-up costs ~6 s."""
+MindSpore's CPU backend lacks; the ranks share the job token by the msrun rendezvous (no
+MSHYPER_JOB_TOKEN in msrun's environment). One test: the cluster set-up costs ~6 s."""
 import json
 import os
 import socket
@@ -50,6 +51,7 @@ WORKER = textwrap.dedent('''
     res["all_to_all_v"] = [a.tolist() if hasattr(a, "tolist") else a
                            for a in g.shm().all_to_all_v(np.arange(3 + r, dtype=np.int32) + 10 * r, [1, 2 + r])]
     res["shm_segment"] = g.shm().segment_name
+    res["token"] = os.environ.get("MSHYPER_JOB_TOKEN")  # from the rendezvous: msrun's environment has none
     params = g.calibrate(repeats=3, large_bytes=1 << 16)
     res["calib"] = [params.alpha_s, params.beta_s_per_byte]
     g.close()
@@ -73,7 +75,9 @@ def _free_port():
 def test_mindspore_transport_and_shm_alltoall_under_msrun(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != "MSHYPER_JOB_TOKEN"}  # the ranks meet by the rendezvous
+    (tmp_path / "run").mkdir(mode=0o700)
+    env["XDG_RUNTIME_DIR"] = str(tmp_path / "run")
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     cmd = [os.path.join(os.path.dirname(sys.executable), "msrun"), "--worker_num=2", "--local_worker_num=2",
            f"--master_port={_free_port()}", f"--log_dir={tmp_path / 'logs'}", "--join=True", str(script),
@@ -119,5 +123,7 @@ def test_mindspore_transport_and_shm_alltoall_under_msrun(tmp_path):
         assert out["all_to_all_v"][1] == [counts[q][r] for q in range(2)]
         assert out["calib"][0] > 0 and out["calib"][1] > 0
     assert res[0]["calib"] == res[1]["calib"]  # the maximum over ranks
+    assert res[0]["token"] == res[1]["token"] != os.environ["MSHYPER_JOB_TOKEN"] and len(res[0]["token"]) == 32
+    assert list((tmp_path / "run" / "mindspore_hyper").iterdir()) == []  # rank 0 removed its rendezvous file
     seg = res[0]["shm_segment"].lstrip("/")
     assert not os.path.exists(os.path.join("/dev/shm", seg))

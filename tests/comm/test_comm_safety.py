@@ -9,7 +9,7 @@ import uuid
 
 import numpy as np
 import pytest
-from comm_helpers import on_both_ranks, run_isolated
+from comm_helpers import on_both_ranks, run_isolated, segment_path
 
 from mindspore_hyper.comm import CommError, InProcessCommunicator, ShmCommunicator
 from mindspore_hyper.comm._common import _C
@@ -140,7 +140,7 @@ def test_buffer_stays_exported_while_a_collective_uses_it(shm_pair):
     assert "LOCKED" in out and "OK" in out
 
 
-@pytest.mark.parametrize("call, message", [
+CHECKED_CALLS = [
     ("g._g.submit([np.ones(4, np.float32)], 'sum')", "InProcCommunicator.submit: arrays has 1 entries, expected 2"),
     ("g._g.all_reduce([np.ones(4, np.float32)] * 2, ['float32'], ['sum'] * 2, 'auto')",
      "InProcCommunicator.all_reduce: dtypes has 1 entries, expected 2"),
@@ -166,20 +166,42 @@ def test_buffer_stays_exported_while_a_collective_uses_it(shm_pair):
      "buffer items have 8 bytes but dtype float32 has 4"),
     ("g._g.send_recv(0, 7, np.ones(4, np.float32), np.ones(4, np.float32), 'float32')",
      "src 0 and dst 7 must be two different ranks in [0, 2)"),
-])
-def test_per_rank_lists_and_counts_are_checked_before_use(call, message):
+]
+
+
+@pytest.fixture(scope="module")
+def checked_call_outcomes():
+    """Each CHECKED_CALLS call's outcome ("<exception type> <message>" or "NO ERROR"), all run in
+    one fresh interpreter (a crash there fails the tests with the output up to the crashing call;
+    one interpreter start-up instead of one per call)."""
+    calls = "".join(f"""
+        try:
+            print("CALL {i}", flush=True)
+            {call}
+            print("OUTCOME {i} NO ERROR")
+        except Exception as exc:
+            print("OUTCOME {i}", type(exc).__name__, str(exc).replace(chr(10), " "))
+        """ for i, (call, _) in enumerate(CHECKED_CALLS))
     out = run_isolated(f"""
         import numpy as np
         from mindspore_hyper.comm import InProcessCommunicator
         g = InProcessCommunicator(2, topology=False)
         g.all_reduce_async([np.ones(4, np.float32)] * 2)  # makes the aggregators
-        try:
-            {call}
-            print("NO ERROR")
-        except Exception as exc:
-            print(type(exc).__name__, exc)
+        {calls}
     """)
-    assert out.startswith("ValueError ") and message in out, out
+    outcomes = {}
+    for line in out.splitlines():
+        if line.startswith("OUTCOME "):
+            index, _, outcome = line[len("OUTCOME "):].partition(" ")
+            outcomes[int(index)] = outcome
+    return outcomes
+
+
+@pytest.mark.parametrize("index", range(len(CHECKED_CALLS)), ids=[c for c, _ in CHECKED_CALLS])
+def test_per_rank_lists_and_counts_are_checked_before_use(checked_call_outcomes, index):
+    call, message = CHECKED_CALLS[index]
+    out = checked_call_outcomes[index]
+    assert out.startswith("ValueError ") and message in out, (call, out)
 
 
 def test_shm_counts_are_checked_against_the_buffers():
@@ -212,12 +234,17 @@ def test_a_live_shm_segment_of_the_same_name_is_an_error_not_deleted():
     first = {}
     forming = threading.Thread(target=lambda: first.__setitem__(0, ShmCommunicator(name, 0, 2, timeout=20.0)))
     forming.start()  # group A's rank 0 waits for its rank 1: its segment is in /dev/shm
-    seg = "/dev/shm/mshyper_" + name
+    seg = segment_path(name)
     deadline = time.time() + 10
     while not os.path.exists(seg) and time.time() < deadline:
         time.sleep(0.01)
-    with pytest.raises(CommError, match=f"segment /mshyper_{name} already exists and belongs to the live process"):
-        ShmCommunicator(name, 0, 2, timeout=2.0)  # group B, same name
+    message = ""
+    while "is being created" in message or not message:  # A's rank 0 may still be initialising its header
+        with pytest.raises(CommError, match=f"segment {seg[len('/dev/shm'):]} already exists and") as refused:
+            ShmCommunicator(name, 0, 2, timeout=2.0)  # group B, same name
+        message = str(refused.value)
+        assert time.time() < deadline + 10, message
+    assert f"belongs to the live process {os.getpid()}" in message
     first[1] = ShmCommunicator(name, 1, 2, timeout=20.0)  # A's rank 1 still finds A's segment
     forming.join()
     sums = on_both_ranks([first[0], first[1]], lambda g: g.all_reduce(np.full(3, g.rank + 1, np.float32)))

@@ -11,12 +11,14 @@ import uuid
 import numpy as np
 import pytest
 
+from comm_helpers import segment_path
+
 from mindspore_hyper.comm import CommMismatch, CommTimeout, ShmCommunicator
 from mindspore_hyper.comm.shm import SEGMENT_PREFIX
 
 # spawn: the children must not inherit threads (MindSpore, other tests) of the pytest process
 CTX = mp.get_context("spawn")
-JOIN_TIMEOUT = 60
+JOIN_TIMEOUT = 180  # seconds; a hang guard (spawned processes start slowly on a loaded machine)
 
 
 def _run(size, target, *args):
@@ -194,7 +196,8 @@ def test_dead_peer_gives_timeout_and_no_leftovers(size, direct):
 
 
 def _stalled_peer(rank, size, name):
-    g = ShmCommunicator(name, rank, size, timeout=1.0)
+    g = ShmCommunicator(name, rank, size, timeout=JOIN_TIMEOUT)  # both attach, however slow the start
+    g.timeout = 1.0  # then rank 0 waits at most 1 s in the collective
     if rank == 1:
         time.sleep(4)  # never joins the collective within rank 0's timeout
         return ("slept", "")
@@ -269,7 +272,7 @@ def _create_and_wait(name):
 
 def test_segment_of_a_creator_killed_before_anyone_attached_is_removed_by_the_next_group():
     name = "t" + uuid.uuid4().hex[:12]
-    path = "/dev/shm/" + SEGMENT_PREFIX + name
+    path = segment_path(name)
     creator = CTX.Process(target=_create_and_wait, args=(name,))
     creator.start()
     deadline = time.time() + JOIN_TIMEOUT

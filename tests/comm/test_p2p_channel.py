@@ -116,11 +116,11 @@ def test_bad_arguments_are_named(ends):
         sender.send(1, [np.zeros(2), np.zeros(2, np.complex64)])
     with pytest.raises(TypeError, match=r"arrays\[0\]: dtype object"):
         sender.send(1, [np.array([{}], dtype=object)])
-    with pytest.raises(ValueError, match=r"tag='x': expected an int or a sequence of 1 to 8 ints"):
+    with pytest.raises(ValueError, match=r"tag='x': expected an int or a sequence of 1 to 8 int64 values"):
         sender.send("x", [])
     with pytest.raises(ValueError, match=r"tag=\(\): expected"):
         sender.send((), [])
-    with pytest.raises(ValueError, match=r"meta=\[1.5\]: expected a sequence of 64 ints at most"):
+    with pytest.raises(ValueError, match=r"meta=\[1.5\]: expected a sequence of 64 int64 values at most"):
         sender.send(1, [], meta=[1.5])
     with pytest.raises(ValueError, match=r"tag=True"):
         receiver.recv(True)

@@ -160,3 +160,50 @@ def test_buffers_written_in_the_forward_are_written_back(clean_context):
     np.testing.assert_allclose(got, expected, rtol=1e-5)
     np.testing.assert_allclose(net.running.asnumpy(), reference.running.asnumpy(), rtol=1e-5, atol=1e-7)
     np.testing.assert_array_equal(net.calls.asnumpy(), [2])
+
+
+class EmbedGRUHead(nn.Cell):
+    """Embedding 50x16 -> GRU 16->16 (batch first) -> Dense, summed."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.gru = nn.GRU(16, 16, batch_first=True)
+        self.head = nn.Dense(16, 4)
+
+    def construct(self, ids):
+        out, _ = self.gru(self.emb(ids))
+        return (self.head(out) * Tensor(np.arange(1, 5, dtype=np.float32))).sum()
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "per-shard"])
+def test_gru_with_every_weight_split_over_tensor_on_a_3d_mesh(clean_context, batched):
+    """Regression: one pattern ("tensor", None) for every weight on a 2x2x2 mesh crashed the
+    batched path (a GRU weight reaches its cell as a plain Tensor carrying the Parameter's
+    param_info, a Ref that ops.stack refused beside plain shards); without batching the weight
+    silently ran replicated instead of by its layout."""
+    ids = Tensor(np.random.default_rng(0).integers(0, 50, (4, 5)).astype(np.int32))
+    ms.set_seed(0)
+    reference = EmbedGRUHead()
+    ref_opt = nn.Adam(reference.trainable_params(), 1e-2)
+    ref_loss, ref_grads = ms.value_and_grad(reference, None, ref_opt.parameters)(ids)
+    ref_opt(ref_grads)
+
+    ms.set_seed(0)
+    net = EmbedGRUHead()
+    mh.set_context(mode="simulation", device_num=8)
+    strategy = Layout((2, 2, 2), ("data", "tensor", "pipeline"))(tensor_map=("tensor", None))
+    parallel = mh.auto_parallelize(net, strategy)
+    parallel.execution.batch_shards = batched
+    seen = []  # the layouts the GRU cell's input-weight matmul ran on
+    parallel.execution.observer = lambda call, decision: seen.extend(
+        t.layout.tensor_map for t in call.tensors if call.name == "MatMul" and tuple(t.shape) == (48, 16))
+    loss = parallel.train_step(nn.Adam(parallel.optimizer_parameters(), 1e-2), ids)
+
+    np.testing.assert_allclose(loss.asnumpy(), ref_loss.asnumpy(), rtol=1e-5)
+    for param, grad in zip(ref_opt.parameters, ref_grads):
+        np.testing.assert_allclose(parallel.last_gradients[param.name], grad.asnumpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=param.name)
+    for (name, ref_param), (_, param) in zip(reference.parameters_and_names(), net.parameters_and_names()):
+        np.testing.assert_allclose(param.asnumpy(), ref_param.asnumpy(), rtol=1e-5, atol=2e-6, err_msg=name)
+    assert seen and all(tensor_map[0] == "tensor" for tensor_map in seen), seen

@@ -146,6 +146,48 @@ def test_embedding_gather_vocab_parallel(vocab_layout):
     check(lambda t, i: ops.gather(t, i, 0) * 1.5, [table, ids], [vocab_layout, ("c" if vocab_layout[0] != ("a", "b") and vocab_layout[1] != "c" else None, None)])
 
 
+def test_embedding_vocab_parallel_per_shard_lookup_is_exact():
+    """A table too large to batch takes the per-shard lookup (cached id -> local row map, zero
+    row for ids another shard holds): rows and table gradient bit-equal one device, ids on
+    every shard boundary included; the map sends each shard's ids to their local rows."""
+    from mindspore_hyper.dtensor.batched import BATCH_BELOW_ELEMENTS
+    from mindspore_hyper.dtensor.rules.embedding import local_rows
+
+    vocab, width = 512, 256
+    assert vocab // 4 * width >= BATCH_BELOW_ELEMENTS  # each shard runs on its own
+    table = Tensor(RNG.standard_normal((vocab, width)).astype(np.float32))
+    ids = np.concatenate([[0, 127, 128, 255, 256, 383, 384, 511, 5, 5], RNG.integers(0, vocab, 14)])
+    ids = Tensor(ids.reshape(4, 6).astype(np.int32))
+    weight = Tensor(RNG.standard_normal((4, 6, width)).astype(np.float32))
+
+    def fn(t, i):
+        return ops.gather(t, i, 0) * weight
+
+    def sim(t, i):
+        return fn(distribute_tensor(t, MESH(("a", "b"), None)), distribute_tensor(i, MESH("c", None))).full_tensor()
+
+    np.testing.assert_array_equal(sim(table, ids).asnumpy(), fn(table, ids).asnumpy())
+    grad_ref = ms.grad(lambda t: fn(t, ids).sum())(table)
+    grad_sim = ms.grad(lambda t: sim(t, ids).sum())(table)
+    np.testing.assert_array_equal(grad_sim.asnumpy(), grad_ref.asnumpy())
+    rows = local_rows(vocab, 1, 128, ms.int32).asnumpy()
+    np.testing.assert_array_equal(rows[128:256], np.arange(128))
+    assert (rows[:128] == 128).all() and (rows[256:] == 128).all()
+
+
+
+def test_embedding_vocab_parallel_out_of_range_id_raises_as_on_one_device():
+    """An id past the vocabulary is an error on one device; the per-shard lookup raises too
+    rather than reading a zero (or another shard's) row."""
+    vocab, width = 512, 256
+    table = Tensor(RNG.standard_normal((vocab, width)).astype(np.float32))
+    ids = Tensor(np.array([[3, vocab + 7], [1, 2]], np.int32))
+    with pytest.raises(RuntimeError, match="Gather"):
+        ops.gather(table, ids, 0).asnumpy()
+    with pytest.raises(RuntimeError, match="Gather"):
+        ops.gather(distribute_tensor(table, MESH(("a", "b"), None)),
+                   distribute_tensor(ids, MESH("c", None)), 0).full_tensor().asnumpy()
+
 def test_cross_entropy_pieces_on_vocab_sharded_logits():
     logits = Tensor(RNG.standard_normal((8, 16)).astype(np.float32))
     labels = Tensor(RNG.integers(0, 16, (8,)).astype(np.int32))

@@ -112,7 +112,19 @@ class OpZoo(torch.nn.Module):
                 torch.ones_like(ids) + ids, torch.full_like(x, 7) * y, x.new_ones(b, h) + x[..., 2],
                 x.new_zeros((b, n)) + x[:, 0], x.new_full((h, n), 3.0) * x, torch.tril(x), x.tril(-1),
                 torch.triu(x, 1), x.triu()]
+        # differences and top-k
+        out += [torch.diff(x, dim=-1), x.diff(prepend=x[..., :1]), torch.topk(x, 2).values, x.topk(3, 1, False)[1]]
         return tuple(out)
+
+
+class DynamicZoo(torch.nn.Module):
+    """Ops only a shape-general (structure="modules") export keeps: sizes read at run time, creation from them."""
+
+    def forward(self, x):
+        b, t, n = x.shape
+        positions = torch.arange(t) + torch.zeros(b, t) + torch.ones(b, t)
+        flat = x.transpose(1, 2).contiguous().view(b, -1)
+        return flat, positions
 
 
 def zoo_inputs():

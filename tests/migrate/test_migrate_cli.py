@@ -2,6 +2,7 @@
 for the error paths, in-process (same parser, faster)."""
 import argparse
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -50,12 +51,16 @@ def test_subprocess_converts_and_written_files_reproduce_torch(workdir):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     result = subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "mindspore-hyper"), "convert", "cli_models:Net",
-         "--input-shape", "4,12", "--init-args", '{"dim": 12}', "--out", "out"], cwd=workdir, env=env,
+         "--input-shape", "4,12", "--init-args", '{"dim": 12}', "--check-shape", "7,12", "--out", "out"],
+        cwd=workdir, env=env,
         capture_output=True, text=True,
         timeout=300)
     assert result.returncode == 0, result.stderr
     assert re.search(r"torch.nn.Linear +-> nn.Dense", result.stdout) and "max_relative_error" in result.stdout
     assert sorted(os.listdir(workdir / "out")) == ["net.ckpt", "net.py", "net.report.json"]
+    report = json.loads((workdir / "out" / "net.report.json").read_text())
+    assert report["classes"][0]["class"] == "Net" and report["check"]["second_shape"]["shapes"] == [[7, 12]]
+    assert report["check"]["second_shape"]["max_relative_error"] <= 1e-5
     spec = importlib.util.spec_from_file_location("cli_written_net", workdir / "out" / "net.py")
     written = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(written)
@@ -76,7 +81,8 @@ def test_help_lists_the_flags(capsys):
         main(["convert", "--help"])
     assert info.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("module:Class", "--input-shape", "--input-dtype", "--init-args", "--out", "--tracer", "examples:"):
+    for flag in ("module:Class", "--input-shape", "--input-dtype", "--init-args", "--out", "--tracer", "--structure",
+                 "--check-shape", "examples:"):
         assert flag in text
 
 
@@ -102,7 +108,9 @@ def test_bad_flags_exit_2(workdir, capsys, argv, message):
     (["cli_models:Missing"], 2, "module 'cli_models' has no attribute 'Missing'"),
     (["cli_models:broken"], 2, "cli_models:broken([]) failed: RuntimeError: no weights here"),
     (["cli_models:Net", "--input-dtype", "int64", "--input-dtype", "bool"], 2, "2 given for 1 --input-shape"),
-    (["cli_models:Odd"], 1, "torch.cummax: no MindSpore mapping"),
+    (["cli_models:Odd"], 1, "aten.cummax: no MindSpore mapping"),
+    (["cli_models:Odd", "--structure", "flat"], 1, "torch.cummax: no MindSpore mapping"),
+    (["cli_models:Net", "--check-shape", "2,16", "--check-shape", "3,16"], 2, "--check-shape: 2 given for 1"),
 ])
 def test_run_errors(workdir, capsys, argv, status, message):
     parser = argparse.ArgumentParser()

@@ -1,6 +1,7 @@
 """Every registered mapping runs on MindSpore's CPU kernels and matches torch: a model using every
 mapped torch function, method, operator and module is converted through torch.fx and through
-torch.export (aten ops), and both Cells are compared with torch (<= 1e-5 relative)."""
+torch.export (aten ops), and both Cells are compared with torch (<= 1e-5 relative); a small model of the
+ops only a shape-general export keeps (sizes read at run time) is converted with structure="modules"."""
 import os
 
 import pytest
@@ -12,7 +13,7 @@ from mindspore_hyper.migrate.mappings import function_mappings, module_mappings
 from mindspore_hyper.migrate.state_dict import NAME_RULES
 
 from migrate_models import TOL
-from migrate_zoo import OpZoo, zoo_inputs
+from migrate_zoo import DynamicZoo, OpZoo, zoo_inputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -22,7 +23,9 @@ def conversions():
     ms.set_context(mode=ms.PYNATIVE_MODE)
     torch.manual_seed(0)
     model = OpZoo().eval()
-    return {tracer: convert(model, zoo_inputs(), tracer=tracer)[1] for tracer in ("fx", "export")}
+    found = {tracer: convert(model, zoo_inputs(), tracer=tracer)[1] for tracer in ("fx", "export")}
+    found["modules"] = convert(DynamicZoo(), torch.randn(2, 5, 3), structure="modules")[1]
+    return found
 
 
 @pytest.mark.parametrize("tracer", ["fx", "export"])
@@ -31,6 +34,14 @@ def test_zoo_matches_torch(conversions, tracer):
     assert report.tracer == f"torch.{tracer}"
     assert report.check["max_relative_error"] <= TOL
     assert len(report.outputs) > 250
+
+
+def test_dynamic_zoo_matches_torch_at_another_shape(conversions):
+    assert conversions["modules"].check["max_relative_error"] <= TOL
+    cell, _ = convert(DynamicZoo(), torch.randn(2, 5, 3), structure="modules", check=False)
+    from migrate_models import assert_same_outputs
+
+    assert_same_outputs(cell, DynamicZoo(), torch.randn(4, 9, 3))
 
 
 def test_every_mapping_is_exercised(conversions):

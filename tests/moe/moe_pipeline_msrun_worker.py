@@ -1,5 +1,5 @@
 """Worker of the MoE-in-pipeline msrun test: MoEChain pipelined over 2 stages (one MoEBlock per
-stage) for 5 Adam steps per case, and the same model on one device accumulating the same
+stage) for 3 Adam steps per case, and the same model on one device accumulating the same
 microbatches in the same process; writes per rank, per case, both losses, evaluation losses and
 this process's stage parameters (expert shards: with their slices of the reference) to JSON.
 
@@ -21,6 +21,8 @@ from mindspore_hyper import Layout  # noqa: E402
 from moe_models import (MICROBATCHES, MoEChain, chain_data, copy_weights, one_device_accumulating,  # noqa: E402
                         run_cases_and_write_results)
 
+STEPS = 3
+
 
 def run_case(case: str) -> dict:
     kind, *extra = case.split("+")
@@ -35,7 +37,7 @@ def run_case(case: str) -> dict:
         strategy = Layout((2,), ("pipeline",))(tensor_map=())
     parallel = mh.auto_parallelize(model, strategy,
                                    pipeline=dict(schedule=kind, microbatches=MICROBATCHES, layers_per_stage=(2, 3)))
-    data = chain_data()
+    data = chain_data(STEPS)
     opt = nn.Adam(parallel.optimizer_parameters(), learning_rate=1e-2)
     losses = [float(parallel.train_step(opt, x, t).asnumpy()) for x, t in data]
     ref_losses = one_device_accumulating(ref, data)

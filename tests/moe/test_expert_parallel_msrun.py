@@ -1,26 +1,18 @@
 """Expert parallelism under msrun (one process per device, the shared-memory transport's uneven
-all-to-all): 5 Adam steps of data x expert (re-placed with EPLB replicas after 2 steps) and
+all-to-all): 3 Adam steps of data x expert (re-placed with EPLB replicas after 2 steps) and
 expert x tensor parallel MoE equal the single device, with per-expert counts or the 1-bit routing mask as dispatch metadata, and with the
-dispatch/compute/combine pipeline in 2 chunks (background AllToAll)."""
-import json
-import os
-
+dispatch/compute/combine pipeline in 2 chunks (background AllToAll). The msrun job is shared
+with the hierarchical test (conftest.py's `moe_msrun_results`)."""
 import numpy as np
 import pytest
 
-from msrun_helpers import run_msrun, worker_logs
-
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "moe_msrun_worker.py")
+from moe_msrun_cases import EXPERT_PARALLEL_CASES
 
 
 @pytest.mark.msrun
-def test_expert_parallel_on_4_processes_equals_single_device(tmp_path):
-    cases = ["2x2x1+place", "1x2x2+bits+overlap"]
-    proc = run_msrun(WORKER, [tmp_path, *cases], 4, tmp_path / "logs", timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(tmp_path / "logs", 4)
-    for rank in range(4):
-        res = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        for case in cases:
+def test_expert_parallel_on_4_processes_equals_single_device(moe_msrun_results):
+    for rank, res in enumerate(moe_msrun_results):
+        for case in EXPERT_PARALLEL_CASES:
             out = res[case]
             assert out["rank"] == rank
             np.testing.assert_allclose(out["losses"], out["ref_losses"], rtol=1e-5)

@@ -1,30 +1,22 @@
 """The hierarchical (two-level) expert dispatch under msrun: 4 processes, expert 4 in 2 groups
-of 2; both hops are uneven AllToAlls of the shared-memory transport. 5 Adam steps equal one
+of 2; both hops are uneven AllToAlls of the shared-memory transport. 3 Adam steps equal one
 device; the bytes per link level are measured from the exchanges (the combine's inter-group rows
-de-duplicated like the dispatch's)."""
-import json
-import os
-
+de-duplicated like the dispatch's). The msrun job is shared with the expert-parallel test
+(conftest.py's `moe_msrun_results`)."""
 import numpy as np
 import pytest
 
-from msrun_helpers import run_msrun, worker_logs
-
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "moe_msrun_worker.py")
+from moe_msrun_cases import HIERARCHICAL_CASES
 
 
 @pytest.mark.msrun
-def test_hierarchical_dispatch_on_4_processes_equals_single_device(tmp_path):
+def test_hierarchical_dispatch_on_4_processes_equals_single_device(moe_msrun_results):
     """Also with batches of 4 tokens (one per process), where some exchanges carry no rows to a
     process: its backward AllToAlls still run in the same order as the others' (flat and
     hierarchical)."""
-    cases = ["1x4x1+hier", "1x4x1+hier+tiny", "1x4x1+tiny"]
-    proc = run_msrun(WORKER, [tmp_path, *cases], 4, tmp_path / "logs", timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(tmp_path / "logs", 4)
     inter = back = 0
-    for rank in range(4):
-        res = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        for case in cases:
+    for rank, res in enumerate(moe_msrun_results):
+        for case in HIERARCHICAL_CASES:
             out = res[case]
             assert out["rank"] == rank
             np.testing.assert_allclose(out["losses"], out["ref_losses"], rtol=1e-5)

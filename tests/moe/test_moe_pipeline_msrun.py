@@ -1,5 +1,5 @@
 """MoE layers inside pipeline stages under msrun: losses, evaluation loss and parameters (expert
-shards against their slices) after 5 Adam steps equal one device accumulating the same
+shards against their slices) after 3 Adam steps equal one device accumulating the same
 microbatches, on a pipeline-only mesh (2 processes, each stage's experts local) and on pipeline
 2 x expert 2 (4 processes: the expert exchange runs over each stage's 2 processes, flat and
 hierarchical); each stage's auxiliary losses are collected by its processes."""

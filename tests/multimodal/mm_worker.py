@@ -45,7 +45,7 @@ def main(out_dir, what, ahead):
             out[f"out{rid}"] = row
         meta = {"role": pipe.role, "reused": {str(k): v for k, v in result.reused_from.items()},
                 "stats": result.cache_stats, "consume": result.timeline.consume_order(),
-                "events": [(e.group, e.kind, e.batch_id, e.start, e.end) for e in result.timeline.events]}
+                "events": [(e.lane, e.kind, e.args["batch"], e.start, e.end) for e in result.timeline.spans]}
     else:
         batches = make_batches(5, seed=1)
         pipe = AsyncEncoderPipeline(encoder, lm, ahead=ahead, num_encoders=workers - 1)
@@ -61,7 +61,7 @@ def main(out_dir, what, ahead):
         for p in pipe.local_parameters():
             out["param:" + p.name] = p.asnumpy()
         meta = {"role": pipe.role, "losses": [{str(k): v for k, v in l.items()} for l in losses],
-                "events": [(e.group, e.kind, e.batch_id, e.start, e.end) for e in result.timeline.events]}
+                "events": [(e.lane, e.kind, e.args["batch"], e.start, e.end) for e in result.timeline.spans]}
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **out)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(meta, f)

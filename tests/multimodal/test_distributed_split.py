@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from mindspore_hyper.multimodal import AsyncEncoderPipeline
-from mindspore_hyper.multimodal.p2p import FEATURES, Message
+from mindspore_hyper.multimodal.p2p import FEATURES, StageMessage
 from mm_models import make_models
 
 
@@ -25,13 +25,13 @@ def test_split_ranks_must_be_distinct_and_match_num_encoders():
 
 
 def test_message_checks_and_normalises():
-    m = Message(FEATURES, 3, [1, 2], [0.5], np.ones((2, 3), np.float64))
+    m = StageMessage(FEATURES, 3, [1, 2], [0.5], np.ones((2, 3), np.float64))
     assert m.ids.dtype == np.int64 and m.values.dtype == np.float64 and m.array.dtype == np.float32
     assert m.kind_name == "features"
     with pytest.raises(ValueError, match="kind"):
-        Message(99)
+        StageMessage(99)
     with pytest.raises(ValueError, match="at most 8 dimensions"):
-        Message(FEATURES, 0, array=np.zeros((1,) * 9))
+        StageMessage(FEATURES, 0, array=np.zeros((1,) * 9))
 
 
 def test_channel_carries_messages_in_order_with_and_without_array():
@@ -42,7 +42,8 @@ def test_channel_carries_messages_in_order_with_and_without_array():
     job = "mm" + uuid.uuid4().hex[:10]
     sender = Channel(job, 0, 1, me=0, timeout=10.0)  # returns at once; the receiving end waits for it
     receiver = Channel(job, 0, 1, me=1, timeout=10.0)
-    sent = [Message(FEATURES, 3, [1, 2, -1], [0.5, 1.5], np.arange(6).reshape(2, 3)), Message(DONE, 4), Message(END)]
+    sent = [StageMessage(FEATURES, 3, [1, 2, -1], [0.5, 1.5], np.arange(6).reshape(2, 3)), StageMessage(DONE, 4),
+            StageMessage(END)]
     for m in sent:
         sender.send(m)
     for want in sent:

@@ -43,8 +43,8 @@ def test_shuffled_completion_keeps_identity_and_stragglers_do_not_stall():
     order = t.consume_order()
     assert order != sorted(order) and sorted(order) == list(range(6))
     assert order[:2] == [1, 3]  # ready work of encoder 1 runs while batch 0 is still encoding
-    lm_start = {e.batch_id: e.start for e in t.of("lm", "lm")}
-    encode_end = {e.batch_id: e.end for e in t.of(kind="encode")}
+    lm_start = {e.args["batch"]: e.start for e in t.of("lm", "lm")}
+    encode_end = {e.args["batch"]: e.end for e in t.of(kind="encode")}
     assert lm_start[1] < encode_end[0]
     # the LM takes batches in encode-completion order (whenever it is free)
     for a, b in zip(order, order[1:]):
@@ -62,8 +62,8 @@ def test_back_pressure_bounds_batches_ahead(ahead):
     pipe = AsyncEncoderPipeline(encoder, lm, ahead=ahead, mode="simulation",
                                 cost_model=unit_costs(encode=1.0, lm=3.0))
     t = pipe.infer(batches).timeline
-    enc_start = {e.batch_id: e.start for e in t.of("encoder0", "encode")}
-    lm_start = {e.batch_id: e.start for e in t.of("lm", "lm")}
+    enc_start = {e.args["batch"]: e.start for e in t.of("encoder0", "encode")}
+    lm_start = {e.args["batch"]: e.start for e in t.of("lm", "lm")}
     for k in range(ahead, 7):
         # the encoder starts batch k only once the LM took batch k - ahead ...
         assert enc_start[k] >= lm_start[k - ahead]

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from mindspore_hyper.schedule import Action, ActionKind, Timeline, TimelineEvent, build_schedule, simulate
+from mindspore_hyper.schedule import Action, ActionKind, ScheduleTimeline, Span, build_schedule, simulate
 
 
 def test_chrome_trace_loads_with_the_trace_event_keys(tmp_path):
@@ -37,7 +37,7 @@ def test_plot_writes_a_png(tmp_path, kind, v):
 def test_from_records_rebuilds_the_same_figures():
     t = simulate(build_schedule("zb_h1", 4, 8), forward=1.0, backward_input=1.5, backward_weight=0.5, p2p=0.25)
     offset = 1000.0  # measured clocks do not start at zero
-    again = Timeline.from_records([(e.rank, e.action, e.start + offset, e.end + offset) for e in t.events])
+    again = ScheduleTimeline.from_records([(e.lane, e.action, e.start + offset, e.end + offset) for e in t.spans])
     assert again.makespan == t.makespan
     assert again.num_ranks == 4
     for r in range(4):
@@ -50,21 +50,21 @@ def test_measured_costs_reproduce_the_timeline():
     s = build_schedule("1f1b", 4, 8)
     forward = [1.0, 2.0, 1.5, 0.5]
     t = simulate(s, forward=forward, backward_input=[1.0, 1.0, 2.0, 0.5], backward_weight=0.25)
-    for e in t.events:
+    for e in t.spans:
         if e.action.kind is ActionKind.FORWARD:
             assert e.duration == forward[e.action.stage]
     costs = t.mean_costs()
     assert costs[(ActionKind.BACKWARD, 2)] == 2.25
     again = simulate(s, measured=costs)
-    assert [(e.rank, e.action, e.start, e.end) for e in again.events] == \
-           [(e.rank, e.action, e.start, e.end) for e in t.events]
+    assert [(e.lane, e.action, e.start, e.end) for e in again.spans] == \
+           [(e.lane, e.action, e.start, e.end) for e in t.spans]
     assert simulate(s, measured=lambda kind, stage: costs.get((kind, stage))).makespan == t.makespan
 
 
 def test_measured_split_costs_price_a_full_backward():
     split = simulate(build_schedule("zb_h1", 2, 4), backward_input=2.0, backward_weight=0.5).mean_costs()
     full = simulate(build_schedule("1f1b", 2, 4), measured=split)
-    assert {e.duration for e in full.events if e.action.kind is ActionKind.BACKWARD} == {2.5}
+    assert {e.duration for e in full.spans if e.action.kind is ActionKind.BACKWARD} == {2.5}
 
 
 def test_cost_errors_name_the_argument():
@@ -90,14 +90,14 @@ def test_timeline_checks():
     a = Action(ActionKind.FORWARD, 0, 0, 0)
     b = Action(ActionKind.FORWARD, 0, 0, 1)
     with pytest.raises(ValueError, match=r"rank 0 runs 'F s0 mb0' \[0.0, 2.0\] and 'F s0 mb1' \[1.0, 3.0\] at once"):
-        Timeline([TimelineEvent(0, a, 0.0, 2.0), TimelineEvent(0, b, 1.0, 3.0)])
+        ScheduleTimeline([Span.for_action(0, a, 0.0, 2.0), Span.for_action(0, b, 1.0, 3.0)])
     with pytest.raises(ValueError, match=r"end >= start"):
-        TimelineEvent(0, a, 2.0, 1.0)
+        Span.for_action(0, a, 2.0, 1.0)
     with pytest.raises(ValueError, match=r"events: a timeline needs at least one event"):
-        Timeline([])
+        ScheduleTimeline([])
     with pytest.raises(ValueError, match=r"num_ranks=1: events name rank 1"):
-        Timeline([TimelineEvent(1, a, 0.0, 1.0)], num_ranks=1)
-    t = Timeline([TimelineEvent(0, a, 0.0, 1.0)], num_ranks=2)
+        ScheduleTimeline([Span.for_action(1, a, 0.0, 1.0)], num_ranks=1)
+    t = ScheduleTimeline([Span.for_action(0, a, 0.0, 1.0)], num_ranks=2)
     assert t.bubble_time(1) == 1.0 and t.span_bubble_time(1) == 0.0 and t.bubble_fraction == 0.5
     with pytest.raises(ValueError, match=r"rank=2: expected a rank in \[0, 2\)"):
         t.bubble_time(2)

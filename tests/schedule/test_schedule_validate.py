@@ -1,9 +1,9 @@
-"""Schedule.validate(): a hand-broken schedule for each rule, with the message it must give."""
+"""validate_schedule(): a hand-broken schedule for each rule, with the message it must give."""
 import dataclasses
 
 import pytest
 
-from mindspore_hyper.schedule import Action, ActionKind, Payload, ScheduleError, build_schedule
+from mindspore_hyper.schedule import Action, ActionKind, Payload, ScheduleError, build_schedule, validate_schedule
 
 F, B, BI, BW = ActionKind.FORWARD, ActionKind.BACKWARD, ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT
 
@@ -20,14 +20,14 @@ def index_of(actions, text):
 
 def broken(schedule, match, rule):
     with pytest.raises(ScheduleError, match=match) as info:
-        schedule.validate()
+        validate_schedule(schedule)
     assert info.value.rule == rule
     return info.value
 
 
 def test_every_built_schedule_is_valid():
     for kind, v in [("gpipe", 1), ("1f1b", 1), ("zb_h1", 1), ("interleaved_1f1b", 2), ("zb_v", 2)]:
-        build_schedule(kind, 4, 8, v).validate()
+        validate_schedule(build_schedule(kind, 4, 8, v))
 
 
 def test_wrong_number_of_rank_lists():
@@ -151,9 +151,9 @@ def test_rendezvous_sends_deadlock_textbook_1f1b():
     with pytest.raises(ScheduleError, match=r"wait cycle 2 -> 3 -> 2 with rendezvous sends: rank 2 blocks at #\d+ "
                                             r"'send activation s2 mb1 -> rank 3' waiting for rank 3; rank 3 blocks "
                                             r"at #\d+ 'send gradient s3 mb0 -> rank 2'") as info:
-        s.validate(sends="rendezvous")
+        validate_schedule(s, sends="rendezvous")
     assert info.value.rule == "deadlock"
-    build_schedule("gpipe", 4, 8).validate(sends="rendezvous")
+    validate_schedule(build_schedule("gpipe", 4, 8), sends="rendezvous")
 
 
 def test_three_rank_cycle():
@@ -172,7 +172,7 @@ def test_three_rank_cycle():
 
 def test_bad_sends_argument():
     with pytest.raises(ValueError, match=r"sends='eager': expected one of \('buffered', 'rendezvous'\)"):
-        build_schedule("gpipe", 2, 2).validate(sends="eager")
+        validate_schedule(build_schedule("gpipe", 2, 2), sends="eager")
 
 
 def test_action_value_checks():

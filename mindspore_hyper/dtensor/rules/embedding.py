@@ -1,8 +1,8 @@
 """Gather: embedding lookup along axis 0, including vocabulary-parallel tables; other axes.
 
-A table sharded on its vocabulary dimension is looked up per device with the indices shifted
-into the local range, out-of-range rows masked to zero, and the result Partial(sum) over the
-vocabulary axes (an AllReduce or ReduceScatter resolves it when consumed). Gathering along
+A table sharded on its vocabulary dimension is looked up per device with the indices mapped
+into the local range (ids another device holds read a zero row), and the result Partial(sum) over
+the vocabulary axes (an AllReduce or ReduceScatter resolves it when consumed). Gathering along
 another axis needs that axis whole; the other dimensions of both inputs keep their splits.
 """
 from __future__ import annotations
@@ -36,17 +36,18 @@ def gather(call):
         return Decision(inputs=[params_layout, index_layout], outputs=out)
     local_vocab = params_layout.local_shape(tuple(params.shape))[0]
 
+    vocab = params.shape[0]
+
     def local_fn(call_, inputs, coords):
+        """One lookup of the ids into this shard's local rows (`local_rows`, out-of-range ids to
+        an extra zero row appended to the table): three kernels instead of ten for the shift
+        and the mask, the same values (a masked row is the zero row, an inside row unchanged)."""
         table, ids = inputs[0], inputs[1]
         shard = 0
         for a in vocab_axes:
             shard = shard * mesh.device_matrix[a] + coords[a]
-        local_ids = ids - shard * local_vocab
-        inside = ops.logical_and(local_ids >= 0, local_ids < local_vocab)
-        safe = ops.select(inside, local_ids, ops.zeros_like(local_ids))
-        rows = call_.run([table, safe] + list(inputs[2:]))
-        mask = ops.expand_dims(inside, -1).astype(rows.dtype) if rows.ndim > ids.ndim else inside.astype(rows.dtype)
-        return rows * mask
+        safe = ops.gather(local_rows(vocab, shard, local_vocab, ids.dtype), ids, 0)
+        return call_.run([ops.concat((table, zero_row(table)), 0), safe] + list(inputs[2:]))
 
     def batch_fn(call_, inputs, batch):
         """`local_fn` for every shard at once: each shard's local ids index its own table,
@@ -72,6 +73,32 @@ def gather(call):
         return rows * ops.expand_dims(inside, -1).astype(rows.dtype)
 
     return Decision(inputs=[params_layout, index_layout], outputs=out, local_fn=local_fn, batch_fn=batch_fn)
+
+
+_LOCAL_ROWS = {}
+_ZERO_ROWS = {}
+
+
+def local_rows(vocab: int, shard: int, local_vocab: int, dtype) -> Tensor:
+    """For every global id in [0, vocab), its row in vocabulary shard `shard` (rows
+    [shard * local_vocab, (shard + 1) * local_vocab) of the table), or `local_vocab` (the zero
+    row appended to the local table) for ids the shard does not hold; cached per argument set.
+    An id outside [0, vocab) makes this lookup raise MindSpore's Gather range error, as the
+    single-device lookup does."""
+    key = (vocab, shard, local_vocab, dtype)
+    if key not in _LOCAL_ROWS:
+        rows = np.arange(vocab) - shard * local_vocab
+        rows[(rows < 0) | (rows >= local_vocab)] = local_vocab
+        _LOCAL_ROWS[key] = Tensor(rows, dtype)
+    return _LOCAL_ROWS[key]
+
+
+def zero_row(table: Tensor) -> Tensor:
+    """A zero row of `table` (shape (1,) + its row shape, its dtype); cached per shape and dtype."""
+    key = (tuple(table.shape[1:]), table.dtype)
+    if key not in _ZERO_ROWS:
+        _ZERO_ROWS[key] = ops.zeros((1,) + key[0], table.dtype)
+    return _ZERO_ROWS[key]
 
 
 def _gather_other_axis(params, indices, axis: int) -> Decision:

@@ -1,7 +1,9 @@
 """Reshape, Flatten, Transpose, ExpandDims/Unsqueeze, Squeeze, BroadcastTo, ExpandAs, Tile, Pad.
 
-Reshape keeps a dimension's sharding when that dimension is the major (first) input dimension
-of the output dimension it maps into and the output size divides; otherwise the dimension is
+Reshape keeps the sharding of a run of input dimensions that maps onto a run of output
+dimensions whenever every shard stays one contiguous range: the run's axes (major first) are
+those of its leading dimensions split down to size 1 locally plus those of the first dimension
+left larger, and they spread over the output dimensions the same way; otherwise the run is
 gathered first. Local reshapes use the local output shape.
 """
 from __future__ import annotations
@@ -59,21 +61,49 @@ def reshape_layouts(x, out_shape):
     in_dims = [list(e) for e in x.layout.dims]
     out_dims = [()] * len(out_shape)
     for gi, gj in groups:
-        major_in = next((d for d in gi if in_shape[d] > 1), None)
-        major_out = next((d for d in gj if out_shape[d] > 1), None)
-        for d in gi:
-            if d != major_in:
+        axes = _group_axes(mesh, in_shape, in_dims, gi)
+        placed = _place(mesh, axes, [out_shape[d] for d in gj])
+        if placed is None:
+            for d in gi:
                 in_dims[d] = []
-        if major_in is None or major_out is None:
             continue
-        # the major input dim's 1/n chunks are contiguous 1/n ranges of the group, and so are
-        # the major output dim's whenever its size divides by n
-        n = math.prod(mesh.device_matrix[a] for a in in_dims[major_in])
-        if out_shape[major_out] % n == 0:
-            out_dims[major_out] = tuple(in_dims[major_in])
-        else:
-            in_dims[major_in] = []
+        for d, entry in zip(gj, placed):
+            out_dims[d] = entry
     return make(mesh, in_dims, x.layout.partial), make(mesh, out_dims, x.layout.partial)
+
+
+def _group_axes(mesh, in_shape, in_dims, dims: List[int]) -> List[int]:
+    """The mesh axes splitting a run of input dims as one contiguous dim, major first: the
+    leading dims' axes while each such dim is split down to size 1 locally, then the axes of the
+    first dim left larger locally; the dims after it are made whole (`in_dims` is updated)."""
+    axes: List[int] = []
+    done = False
+    for d in dims:
+        if done or in_shape[d] == 1:
+            in_dims[d] = []
+            continue
+        axes.extend(in_dims[d])
+        if in_shape[d] // math.prod(mesh.device_matrix[a] for a in in_dims[d]) > 1:
+            done = True
+    return axes
+
+
+def _place(mesh, axes: List[int], sizes: Sequence[int]) -> Optional[List[tuple]]:
+    """Mesh axes (major first) over a run of output dims of `sizes` keeping every shard one
+    contiguous range: each dim takes axes while their product divides its size, and passes the
+    rest on only when split down to size 1. None when that leaves axes over."""
+    rest = list(axes)
+    placed: List[tuple] = []
+    for size in sizes:
+        taken: List[int] = []
+        count = 1
+        while rest and size > 1 and size % (count * mesh.device_matrix[rest[0]]) == 0:
+            count *= mesh.device_matrix[rest[0]]
+            taken.append(rest.pop(0))
+        placed.append(tuple(taken))
+        if rest and size > 1 and count < size:
+            return None
+    return None if rest else placed
 
 
 @register("Reshape", "View")

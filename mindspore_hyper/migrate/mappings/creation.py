@@ -22,7 +22,7 @@ def _result_dtype(dtype, result) -> str:
     return ms_dtype(value)
 
 
-@function("ops.arange", torch.arange)
+@function("ops.arange", torch.arange, aten.arange)
 def arange(start=0, end=None, step=1, dtype=None, layout=None, device=None, pin_memory=None, requires_grad=False, *,
            result):
     if end.value is None:
@@ -38,8 +38,17 @@ def _filled(fn: str):
     return emit
 
 
+def _filled_aten(fn: str):
+    """aten.zeros/ones: the size comes as one list argument named `size`."""
+    def emit(size, dtype=None, layout=None, device=None, pin_memory=None, requires_grad=False, *, result):
+        return call(fn, size if size.items is not None else sizes([size]), dtype=_result_dtype(dtype, result))
+    return emit
+
+
 function("mint.zeros", torch.zeros)(_filled("mint.zeros"))
 function("mint.ones", torch.ones)(_filled("mint.ones"))
+function("mint.zeros", aten.zeros)(_filled_aten("mint.zeros"))
+function("mint.ones", aten.ones)(_filled_aten("mint.ones"))
 
 
 @function("ops.full", torch.full)

@@ -14,8 +14,10 @@ def embedding_module(m: torch.nn.Embedding) -> str:
         raise Unsupported("nn.Embedding(max_norm=...) renormalises rows in place; MindSpore has no equivalent")
     if m.scale_grad_by_freq:
         raise Unsupported("nn.Embedding(scale_grad_by_freq=True) has no MindSpore equivalent")
-    padding = "" if m.padding_idx is None else f", padding_idx={m.padding_idx}"
-    return f"nn.Embedding({m.num_embeddings}, {m.embedding_dim}{padding})"
+    if m.padding_idx is None:
+        return f"nn.Embedding({m.num_embeddings}, {m.embedding_dim})"
+    # MindSpore's padding_idx only zero-initialises the row; torch also keeps its gradient at zero
+    return f"PaddingEmbedding({m.num_embeddings}, {m.embedding_dim}, padding_idx={m.padding_idx})"
 
 
 @function("ops.gather", aten.embedding)

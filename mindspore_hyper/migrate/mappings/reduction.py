@@ -77,6 +77,8 @@ def argmax(self, dim=None, keepdim=False):
 
 @function("ops.cumsum", aten.cumsum, torch.cumsum, method("cumsum"))
 def cumsum(self, dim, dtype=None):
+    if self.dtype == torch.bool and dtype.value is None:  # torch sums booleans as int64
+        return call("ops.cumsum", call("ops.cast", self, "ms.int64"), dim)
     return call("ops.cumsum", self, dim, dtype=_dtype(dtype))
 
 
@@ -102,3 +104,15 @@ def _any_all(fn: str):
 
 function("mint.any", aten.any, torch.any, method("any"))(_any_all("mint.any"))
 function("mint.all", aten.all, torch.all, method("all"))(_any_all("mint.all"))
+
+
+@function("diff (helper)", aten.diff, torch.diff, method("diff"))
+def diff(self, n=1, dim=-1, prepend=None, append=None):
+    return call("diff", self, n, dim, prepend, append)
+
+
+@function("ops.topk", aten.topk, torch.topk, method("topk"))
+def topk(self, k, dim=-1, largest=True, sorted=True):
+    # (values, indices); MindSpore's indices are int32, torch's int64: cast them
+    return (f"(lambda values_indices: (values_indices[0], ops.cast(values_indices[1], ms.int64)))"
+            f"({call('ops.topk', self, k, dim=dim, largest=largest, sorted=sorted)})")

@@ -96,7 +96,7 @@ def expand_as(self, other):
     return call("mint.broadcast_to", self, f"{other}.shape")
 
 
-@function("(identity)", method("contiguous"), aten.clone, torch.clone, method("clone"), aten.alias, aten.detach,
+@function("(identity)", method("contiguous"), aten.contiguous, aten.clone, torch.clone, method("clone"), aten.alias, aten.detach,
           method("detach"))
 def identity(self, memory_format=None):
     return Alias(self)
@@ -188,6 +188,11 @@ def stack(tensors, dim=0):
     return call("ops.stack", _tensor_list(tensors), dim)
 
 
+@function("Tensor.shape[dim] (a symbolic size)", aten.sym_size)
+def sym_size(self, dim):
+    return f"{self}.shape[{dim}]"
+
+
 # -- indexing ----------------------------------------------------------------------------------
 @function("Tensor.__getitem__ / tuple indexing", operator.getitem)
 def getitem(a, b):
@@ -208,6 +213,8 @@ def slice_(self, dim=0, start=None, end=None, step=1):
     begin = "" if start.value in (None, 0) else str(start)
     stop = "" if end.value is None or end.value == _INT64_MAX else str(end)
     stride = "" if step.value == 1 else f":{step}"
+    if not (begin or stop or stride):  # the whole dimension (`x[:]`): the same tensor, no copy op
+        return Alias(self)
     return f"{self}[{_dims_prefix(d, self.ndim)}{begin}:{stop}{stride}]"
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mindspore_hyper.comm.collectives import AxisGroup, ring_send_bytes
+from mindspore_hyper.comm.process_collectives import adopt
 from mindspore_hyper.runtime.distributed.world import world
 from mindspore_hyper.runtime.model import ParallelModel
 
@@ -106,7 +107,7 @@ class DistributedModel(ParallelModel):
         if self._deferring:
             self._pending.append((pid, comm.all_reduce_async(dout.asnumpy())))
             return ops.zeros_like(dout)
-        return Tensor(comm.all_reduce(dout.asnumpy()), dtype=dout.dtype)
+        return adopt(comm.all_reduce(dout.asnumpy()), dout)
 
     def _axes(self, group: AxisGroup) -> Tuple[int, ...]:
         return tuple(self.mesh.axis_index(a) for a in group.axis.split("+"))
@@ -169,16 +170,18 @@ class DistributedModel(ParallelModel):
     def _finish_gradients(self, weights: Sequence[Parameter], grads) -> list:
         """Add the queued sums to autograd's gradients; ZeRO-1 parameters get their slice."""
         arrays = {id(w): g.asnumpy().copy() for w, g in zip(weights, grads)}
+        summed = set()
         for pid, handle in self._pending:
             arrays[pid] += handle.wait(self.world.timeout)
+            summed.add(pid)
         sliced = {pid: zero.take(arrays[pid]) for pid, zero in self._zero.items() if pid in arrays}
         for pid, part in self._reduce_scatter_zero():
             sliced[pid] += part
         self.last_gradients = {self.rows[id(w)].name: sliced.get(id(w), arrays[id(w)]) for w in weights}
         out = []
         for w, g in zip(weights, grads):
-            value = sliced.get(id(w), arrays[id(w)])
-            out.append(Tensor(value, dtype=g.dtype))
+            changed = id(w) in sliced or id(w) in summed
+            out.append(adopt(sliced.get(id(w), arrays[id(w)]), g) if changed else g)
         return out
 
     def _reduce_scatter_zero(self):

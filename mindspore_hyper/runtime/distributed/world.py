@@ -4,6 +4,15 @@ Under msrun every worker has RANK_ID and MS_WORKER_NUM; msrun also runs the scri
 scheduler (MS_ROLE=MS_SCHED), which has nothing to compute: with the shared-memory transport it
 exits at once, with MindSpore's transport it serves the cluster inside `mindspore.communication.init()`.
 A plain `python script.py` is a job of one process.
+
+With the hybrid transport (several hosts) every process learns each rank's host at start (one
+all-gather of hostname digests through MindSpore); a group whose ranks share one host talks over
+shared memory, any other group through MindSpore.
+
+The job's shared-memory segments are named with its token (`comm.job_token`): from the
+launcher's environment (MSHYPER_JOB_TOKEN), else under msrun by a rendezvous that
+`World.from_env` starts -- each host's local rank 0 publishes the token in a private file, the
+host's other workers wait for it -- so that every rank has it before its first communicator.
 """
 from __future__ import annotations
 
@@ -12,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, Tuple
 
+from mindspore_hyper.comm.job_token import job_token
 from mindspore_hyper.context import get_context
 
 __all__ = ["World", "world"]
@@ -24,9 +34,11 @@ class World:
     Attributes:
         rank: this process's global rank.
         size: number of worker processes.
-        job: a name shared by the job's processes (it names their shared-memory segments).
-        transport: "shm" or "mindspore" (the `dist_transport` flag when the world was made).
+        job: a name shared by the job's processes (with the job token, it names their
+            shared-memory segments).
+        transport: "shm", "mindspore" or "hybrid" (the `dist_transport` flag when the world was made).
         timeout: seconds without progress before a collective fails (`comm_timeout` flag).
+        hosts: a digest of every rank's hostname, by rank (hybrid transport; else empty).
     """
 
     rank: int
@@ -34,6 +46,7 @@ class World:
     job: str
     transport: str
     timeout: float
+    hosts: Tuple[int, ...] = ()
     _communicators: Dict[Tuple[int, ...], object] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -42,12 +55,13 @@ class World:
 
         Raises:
             ValueError: inconsistent RANK_ID / MS_WORKER_NUM.
+            TimeoutError: under msrun, local rank 0 did not publish the job token within the timeout.
         """
         transport = get_context("dist_transport")
         timeout = get_context("comm_timeout")
         under_msrun = "MS_ROLE" in os.environ
-        if under_msrun and transport == "mindspore":
-            _mindspore_init()
+        if under_msrun and transport in ("mindspore", "hybrid"):
+            _mindspore_init(timeout)
         if os.environ.get("MS_ROLE") == "MS_SCHED":
             sys.exit(0)  # msrun's scheduler: no device of its own
         rank = int(os.environ.get("RANK_ID", "0"))
@@ -55,7 +69,9 @@ class World:
         if not 0 <= rank < size:
             raise ValueError(f"RANK_ID={rank} is outside MS_WORKER_NUM={size}: launch with msrun --worker_num=N")
         job = f"{os.environ.get('MS_SCHED_HOST', 'local')}_{os.environ.get('MS_SCHED_PORT', os.getpid())}"
-        return cls(rank, size, job.replace("/", "_").replace(".", "_"), transport, timeout)
+        hosts = _host_digests(size) if transport == "hybrid" and under_msrun else ()
+        job_token(timeout)  # local rank 0 publishes it, the others wait for it (or it came with the environment)
+        return cls(rank, size, job.replace("/", "_").replace(".", "_"), transport, timeout, hosts)
 
     def communicator(self, ranks: Tuple[int, ...]):
         """The communicator of the group of global `ranks` (made collectively on first use by
@@ -67,8 +83,12 @@ class World:
             self._communicators[ranks] = self._make(ranks)
         return self._communicators[ranks]
 
+    def one_host(self, ranks: Tuple[int, ...]) -> bool:
+        """Whether the processes of `ranks` run on one host (always, outside the hybrid transport)."""
+        return not self.hosts or len({self.hosts[r] for r in ranks}) == 1
+
     def _make(self, ranks: Tuple[int, ...]):
-        if self.transport == "mindspore":
+        if self.transport == "mindspore" or not self.one_host(ranks):
             from mindspore_hyper.comm.mindspore_transport import MindSporeCommunicator
 
             return MindSporeCommunicator(ranks=ranks, shm_timeout=self.timeout)
@@ -84,10 +104,28 @@ class World:
         self._communicators.clear()
 
 
-def _mindspore_init() -> None:
+def _mindspore_init(timeout: float) -> None:
+    """`mindspore.communication.init()`, its cluster declaring a silent process dead after
+    `timeout` seconds (MS_NODE_TIMEOUT, unless set already) as our collectives do."""
     from mindspore.communication import init
 
+    os.environ.setdefault("MS_NODE_TIMEOUT", str(max(1, round(timeout))))
     init()
+
+
+def _host_digests(size: int) -> Tuple[int, ...]:
+    """Every rank's hostname digest (an all-gather through MindSpore, before any communicator)."""
+    import hashlib
+    import socket
+
+    import mindspore as ms
+    import numpy as np
+    from mindspore.mint import distributed as dist
+
+    mine = np.frombuffer(hashlib.sha256(socket.gethostname().encode()).digest()[:4], np.int32).copy()
+    outs = [ms.Tensor(np.zeros(1, np.int32)) for _ in range(size)]
+    dist.all_gather(outs, ms.Tensor(mine))
+    return tuple(int(o.asnumpy()[0]) for o in outs)
 
 
 _WORLD = None

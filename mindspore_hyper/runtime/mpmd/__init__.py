@@ -4,11 +4,11 @@ from mindspore_hyper.runtime.mpmd.model import MPMDModel, MPMDReport
 from mindspore_hyper.runtime.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord, apply_device_plan
 from mindspore_hyper.runtime.mpmd.placement import GroupPlacement, data_parallel_strategy, place_groups
 from mindspore_hyper.runtime.mpmd.scaling import for_processes, scale_groups
-from mindspore_hyper.runtime.mpmd.timeline import GroupTask, GroupTimeline
+from mindspore_hyper.runtime.mpmd.timeline import GroupTimeline
 
 __all__ = ["MPMDModel", "MPMDReport", "RebalanceRecord", "DeviceRebalancing", "apply_device_plan", "GroupPlacement",
            "data_parallel_strategy", "place_groups",
-           "scale_groups", "for_processes", "GroupTask", "GroupTimeline", "check_mpmd_enabled"]
+           "scale_groups", "for_processes", "GroupTimeline", "check_mpmd_enabled"]
 
 
 def check_mpmd_enabled(groups) -> None:

@@ -138,9 +138,9 @@ class MPMDModel(nn.Cell):
             if id(arg) in self._produced:
                 task = self._produced[id(arg)]
                 deps.add(task)
-                source = self.timeline.tasks[task].group
+                source = self.timeline.spans[task].lane
             else:  # computed between groups: conservatively after everything before it
-                deps.update(range(len(self.timeline.tasks)))
+                deps.update(range(len(self.timeline.spans)))
                 source = HOST
             if source != runner.name:
                 key = (source, runner.name)
@@ -172,15 +172,15 @@ class MPMDModel(nn.Cell):
         for t, i in self._arrivals:
             first[i] = min(t, first.get(i, t))
         times = sorted(first.values())
-        forward = list(self.timeline.tasks)
+        forward = list(self.timeline.spans)
         placed: Dict[int, int] = {}
         for i in sorted(first, key=first.get):
             start = first[i]
             end = self._ends.get(i) or next((t for t in times if t > start), finished)
-            consumers = [placed[t.index] for t in forward if i in t.depends_on and t.index in placed]
+            consumers = [placed[j] for j, t in enumerate(forward) if i in t.args["depends_on"] and j in placed]
             task = forward[i]
             label = task.label[:-len(" forward")] if task.label.endswith(" forward") else task.label
-            placed[i] = self.timeline.add(task.group, f"{label} backward", end - start,
+            placed[i] = self.timeline.add(task.lane, f"{label} backward", end - start,
                                           consumers or range(len(forward)))
 
     # -- training ----------------------------------------------------------------------------

@@ -110,12 +110,17 @@ def apply_native(model, table: StrategyTable, example_inputs: Optional[Sequence]
         the step differentiates) and `hyper_optimizer` attributes.
 
     Raises:
-        ValueError: `example_inputs` missing, `micro_batches` below the number of stages, or an
+        ValueError: a context-parallel strategy (`runtime.native.context_parallel`), `example_inputs`
+            missing, `micro_batches` below the number of stages, or an
             in-strategy MindSpore would refuse (rank, divisibility, device count, Layout).
     """
     from mindspore import nn
     from mindspore.parallel.auto_parallel import AutoParallel
 
+    if table.strategy.context is not None:
+        from mindspore_hyper.runtime.native.context_parallel import refusal
+
+        raise ValueError(refusal(model, table.strategy.context))
     if not example_inputs:
         raise ValueError("native mode: example_inputs=(...) is required: every primitive's strategy is derived from "
                          "the shapes seen by running the model once in simulation on one global batch")

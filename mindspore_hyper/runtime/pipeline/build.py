@@ -4,7 +4,8 @@ from __future__ import annotations
 import warnings
 
 from mindspore_hyper.runtime.pipeline.options import PipelineOptions
-from mindspore_hyper.runtime.pipeline.stages import balanced_split, check_split, layers_of, split_from_table
+from mindspore_hyper.runtime.pipeline.stages import (balanced_split, check_split, check_unshared, layers_of,
+                                                     split_from_table)
 from mindspore_hyper.schedule.build import build_schedule
 from mindspore_hyper.strategy.config import ParallelConfig
 from mindspore_hyper.strategy.strategy import Strategy
@@ -124,7 +125,7 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
     if mesh.size != w.size:
         raise ValueError(f"the strategy's mesh {mesh.device_matrix} has {mesh.size} devices but the job has {w.size} "
                          f"processes; launch with msrun --worker_num={mesh.size} --local_worker_num={mesh.size}")
-    _check_unshared(layers, schedule, split)
+    check_unshared(layers, schedule, split)
     _broadcast_parameters(model, w)
     a = mesh.axis_index(axis)
 
@@ -148,21 +149,6 @@ def _not_pipelined(message: str, explicit: bool):
     warnings.warn(f"{message}: it runs as one SPMD program in program order (stages only place parameters; "
                   f"pass pipeline=False to choose that without this warning)", UserWarning, stacklevel=4)
     return None
-
-
-def _check_unshared(layers, schedule, split) -> None:
-    """Under msrun a Parameter used by stages on two ranks (tied weights) would get two
-    diverging copies: refused."""
-    owner = {}
-    start = 0
-    for stage, count in enumerate(split):
-        rank = schedule.stage_to_rank[stage]
-        for names in layers.parameters[start:start + count]:
-            for name in names:
-                if owner.setdefault(name, rank) != rank:
-                    raise ValueError(f"pipeline under msrun: parameter {name!r} is used by stages on ranks "
-                                     f"{owner[name]} and {rank} (tied weights); run it in simulation")
-        start += count
 
 
 def _check_no_pipeline_sharding(strategy: Strategy, axis: str) -> None:

@@ -16,14 +16,14 @@ import numpy as np
 from mindspore_hyper.schedule.actions import Action, ActionKind
 from mindspore_hyper.schedule.schedule import Schedule
 from mindspore_hyper.schedule.simulate import simulate
-from mindspore_hyper.schedule.timeline import Timeline
+from mindspore_hyper.schedule.schedule_timeline import ScheduleTimeline
 
 __all__ = ["median_action_costs", "simulate_measured"]
 
 ActionKey = Tuple[ActionKind, int, int]  # (kind, virtual stage, microbatch)
 
 
-def median_action_costs(timelines: Sequence[Timeline]) -> Dict[ActionKey, float]:
+def median_action_costs(timelines: Sequence[ScheduleTimeline]) -> Dict[ActionKey, float]:
     """Median duration (seconds) of every compute action over `timelines`.
 
     Raises:
@@ -33,13 +33,13 @@ def median_action_costs(timelines: Sequence[Timeline]) -> Dict[ActionKey, float]
         raise ValueError("median_action_costs: expected at least one measured timeline")
     durations: Dict[ActionKey, List[float]] = defaultdict(list)
     for timeline in timelines:
-        for e in timeline.events:
+        for e in timeline.spans:
             if e.action.is_compute:
                 durations[(e.action.kind, e.action.stage, e.action.microbatch)].append(e.duration)
     return {key: float(np.median(values)) for key, values in durations.items()}
 
 
-def simulate_measured(schedule: Schedule, timelines: Sequence[Timeline]) -> Timeline:
+def simulate_measured(schedule: Schedule, timelines: Sequence[ScheduleTimeline]) -> ScheduleTimeline:
     """The schedule simulated with per-action median costs and the median p2p latency of `timelines`."""
     from mindspore_hyper.runtime.pipeline.model import p2p_latency
 

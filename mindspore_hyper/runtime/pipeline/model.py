@@ -22,12 +22,12 @@ from mindspore_hyper.runtime.pipeline.microbatch import loss_scale, split_microb
 from mindspore_hyper.runtime.pipeline.options import PipelineOptions
 from mindspore_hyper.runtime.pipeline.p2p import LocalTransport
 from mindspore_hyper.runtime.pipeline.runner import StageRunner
-from mindspore_hyper.runtime.pipeline.stages import PipelineLayers, StageCell
+from mindspore_hyper.runtime.pipeline.stages import PipelineLayers, StageCell, check_unshared
 from mindspore_hyper.runtime.pipeline.traced_chain import TracedStageCell
 from mindspore_hyper.schedule.actions import ActionKind
 from mindspore_hyper.schedule.schedule import Schedule
 from mindspore_hyper.schedule.simulate import simulate
-from mindspore_hyper.schedule.timeline import Timeline
+from mindspore_hyper.schedule.schedule_timeline import ScheduleTimeline
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.strategy.strategy import Strategy
 
@@ -73,7 +73,7 @@ class PipelineModel(nn.Cell):
         self.last_loss: Optional[float] = None
         self._rebalancer = None
         self._steps = 0
-        self.last_measured: Optional[Timeline] = None  # the gathered timeline of step `_measured_step`
+        self.last_measured: Optional[ScheduleTimeline] = None  # the gathered timeline of step `_measured_step`
         self._measured_step = -1
         self.split = tuple(split)
         if layers.chain is None or layers.chain.traced:
@@ -132,9 +132,7 @@ class PipelineModel(nn.Cell):
                              f"pipeline=False) runs it as one SPMD program whose stages only place parameters)") from None
         self.layers = self.layers.with_outer_parameters()
         if self.mode == "distributed":
-            from mindspore_hyper.runtime.pipeline.build import _check_unshared
-
-            _check_unshared(self.layers, self.schedule, self.split)
+            check_unshared(self.layers, self.schedule, self.split)
         self._build_stages(self.split)
 
     def _parallel_stage(self, cell: StageCell):
@@ -149,8 +147,10 @@ class PipelineModel(nn.Cell):
         names = [n for n, _ in cell.parameters_and_names()]
         overrides = {p: t for p, t in self.strategy.overrides.items() if any(fnmatch.fnmatchcase(n, p) for n in names)}
         optimizer_axis = self.strategy.optimizer_state if self.strategy.optimizer_state != self.options.axis else None
+        context = self.strategy.context
         strategy = Strategy(self.stage_mesh, self.strategy.tensor_map, optimizer_axis, self.strategy.data_axis,
-                            self.strategy.input_map, overrides)
+                            self.strategy.input_map, overrides, context_parallel=context and context.axis,
+                            context_method=context and context.method)
         table = resolve_strategy(cell, strategy)
         for row in table:
             row.layout.check_shape(row.global_shape)
@@ -346,13 +346,13 @@ class PipelineModel(nn.Cell):
                 times[action.stage] += end - start
         return tuple(times)
 
-    def measured_timeline(self) -> Timeline:
+    def measured_timeline(self) -> ScheduleTimeline:
         """The last step's real start/end of every action. Under msrun every process must call
         this (the records are all-gathered); the clock is the host's monotonic clock."""
         records = list(self.last_events)
         if self.mode == "distributed" and self.world.size > 1:
             records = self._gather_records()
-        self.last_measured = Timeline.from_records(records, num_ranks=self.schedule.num_ranks,
+        self.last_measured = ScheduleTimeline.from_records(records, num_ranks=self.schedule.num_ranks,
                                                    label=f"{self.schedule.kind} measured")
         self._measured_step = self._steps
         return self.last_measured
@@ -371,7 +371,7 @@ class PipelineModel(nn.Cell):
                 records.append((rank, action, rows[index, 0], rows[index, 1]))
         return records
 
-    def simulated_timeline(self, measured: Optional[Timeline] = None) -> Timeline:
+    def simulated_timeline(self, measured: Optional[ScheduleTimeline] = None) -> ScheduleTimeline:
         """The schedule simulated with the measured mean cost per (action kind, stage) and the
         measured p2p latency (`p2p_latency`) of `measured` (default: this process's last step)."""
         if measured is None:
@@ -379,7 +379,7 @@ class PipelineModel(nn.Cell):
                 raise ValueError("simulated_timeline(): under msrun, call measured_timeline() on every process "
                                  "after the step first (each process holds only its own actions' times)")
             measured = self.last_measured if self.mode == "distributed" else \
-                Timeline.from_records(self.last_events, num_ranks=self.schedule.num_ranks)
+                ScheduleTimeline.from_records(self.last_events, num_ranks=self.schedule.num_ranks)
         return simulate(self.schedule, measured=measured.mean_costs(), p2p=p2p_latency(measured))
 
     # -- rebalancing --------------------------------------------------------------------------------
@@ -448,13 +448,13 @@ class PipelineModel(nn.Cell):
         return pipeline_report(self, optimizer)
 
 
-def p2p_latency(timeline: Timeline) -> float:
+def p2p_latency(timeline: ScheduleTimeline) -> float:
     """Median seconds from a send's start to its receive's end, over the transfers whose receiver
     was already waiting (so the time is the transfer's, not the receiver's lateness); 0 if none.
     In simulation all ranks share one process and transfers are dictionary puts (about 0)."""
-    sends = {(e.action.tensor, e.rank): e for e in timeline.events if e.action.kind is ActionKind.SEND}
+    sends = {(e.action.tensor, e.lane): e for e in timeline.spans if e.action.kind is ActionKind.SEND}
     latencies = []
-    for e in timeline.events:
+    for e in timeline.spans:
         if e.action.kind is ActionKind.RECV:
             send = sends.get((e.action.tensor, e.action.peer))
             if send is not None and e.start <= send.start:

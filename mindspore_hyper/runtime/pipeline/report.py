@@ -33,7 +33,7 @@ def pipeline_report(model, optimizer=None) -> StepReport:
                 nbytes = sum(math.prod(p.shape) * p.dtype.itemsize for p in model.stage_cells[s].trainable_params())
                 row["parameters"] += nbytes
                 row["gradients"] += nbytes
-                row["optimizer_states"] += _optimizer_bytes(model.stage_cells[s], optimizer, nbytes)
+                row["optimizer_states"] += _stage_optimizer_bytes(model.stage_cells[s], optimizer, nbytes)
         runner = model.runners.get(pipeline_rank)
         row["activations_peak"] = runner.peak_live_bytes if runner is not None else 0
         row["total"] = sum(row[k] for k in KINDS)
@@ -76,7 +76,7 @@ def _stage_rank(model, coords, a: int) -> int:
     return int(np.ravel_multi_index(rest, model.stage_mesh.device_matrix))
 
 
-def _optimizer_bytes(cell, optimizer, param_bytes: int) -> int:
+def _stage_optimizer_bytes(cell, optimizer, param_bytes: int) -> int:
     """Bytes of `optimizer`'s states of `cell`'s parameters (states named `<prefix>.<param name>`),
     or 2 per parameter (Adam) without an optimizer."""
     if optimizer is None:

@@ -17,9 +17,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from mindspore import nn
 
 from mindspore_hyper.runtime.pipeline.traced_chain import TracedChain, find_block_list
+from mindspore_hyper.schedule.schedule import Schedule
 from mindspore_hyper.strategy.resolve import _partition
 
-__all__ = ["PipelineLayers", "StageCell", "layers_of", "balanced_split", "split_from_table", "check_split"]
+__all__ = ["PipelineLayers", "StageCell", "layers_of", "balanced_split", "split_from_table", "check_split",
+           "check_unshared"]
 
 
 @dataclass(frozen=True)
@@ -173,3 +175,27 @@ class StageCell(nn.Cell):
                 if param is not None and id(param) not in seen:
                     seen.add(id(param))
                     yield self._param_names.get(id(param), param.name), param
+
+
+def check_unshared(layers: PipelineLayers, schedule: Schedule, split: Sequence[int]) -> None:
+    """Under msrun a Parameter used by stages on two ranks (tied weights) would get two
+    diverging copies: refused.
+
+    Args:
+        layers: the model's pipeline layers (parameter names per layer).
+        schedule: the Schedule (its `stage_to_rank`).
+        split: layers per virtual stage.
+
+    Raises:
+        ValueError: a parameter is used by stages on two ranks.
+    """
+    owner = {}
+    start = 0
+    for stage, count in enumerate(split):
+        rank = schedule.stage_to_rank[stage]
+        for names in layers.parameters[start:start + count]:
+            for name in names:
+                if owner.setdefault(name, rank) != rank:
+                    raise ValueError(f"pipeline under msrun: parameter {name!r} is used by stages on ranks "
+                                     f"{owner[name]} and {rank} (tied weights); run it in simulation")
+        start += count

@@ -19,7 +19,7 @@ import mindspore_hyper as mh  # noqa: E402
 from mindspore_hyper import Layout, auto_parallelize  # noqa: E402
 from models import GPT  # noqa: E402
 
-STEPS = 5
+STEPS = 3
 
 
 def megatron(data: int, tensor: int, zero: bool):

@@ -1,5 +1,5 @@
 """Distributed mode under msrun: the example GPT trained on 2 and 4 processes equals the same
-GPT trained on one device (losses, gradients, parameters after 5 Adam steps), with and without
+GPT trained on one device (losses, gradients, parameters after 3 Adam steps), with and without
 ZeRO-1; each process holds only its shards; a failing rank makes the others fail with
 CommTimeout naming it, msrun exits non-zero and no shared memory is left behind."""
 import glob

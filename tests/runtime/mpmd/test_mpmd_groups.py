@@ -73,11 +73,11 @@ def test_timeline_overlaps_independent_groups(mpmd, tmp_path):
     model = mh.auto_parallelize(Multimodal(), seed_config_on(7), mode="simulation")
     model(*multimodal_batch())
     report = model.report()
-    tasks = {t.group: t for t in report.timeline.tasks}
+    tasks = {t.lane: t for t in report.timeline.spans}
     text, vision, fusion = tasks["text_encoder"], tasks["vision_encoder"], tasks["fusion_layer"]
     assert text.start == vision.start == 0.0  # no data dependency: concurrent
     assert fusion.start == pytest.approx(max(text.end, vision.end))  # reads both
-    assert (text.index, vision.index) in report.timeline.overlaps()
+    assert (text.args["index"], vision.args["index"]) in report.timeline.overlaps()
     assert report.timeline.makespan < report.timeline.serial_time
     # the fusion input (concat of the encoders' features) crossed into the fusion group
     assert report.cross_group_bytes == {("<between groups>", "fusion_layer"): 16 * 32 * 4}
@@ -96,14 +96,14 @@ def test_training_step_timeline_has_measured_backwards(mpmd):
     mpmd.set_context(device_num=7)
     model = mh.auto_parallelize(Multimodal(), seed_config_on(7, "static"), mode="simulation")
     model.train_step(nn.Adam(model.optimizer_parameters()), *multimodal_batch())
-    task = {t.label: t for t in model.report().timeline.tasks}
+    task = {t.label: t for t in model.report().timeline.spans}
     assert set(task) == {f"{g} {p}" for g in ("text_encoder", "vision_encoder", "fusion_layer")
                          for p in ("forward", "backward")}
     fusion, text, vision = (task[f"{g} backward"] for g in ("fusion_layer", "text_encoder", "vision_encoder"))
     assert all(t.duration > 0 for t in (fusion, text, vision))
     assert fusion.start == task["fusion_layer forward"].end
     assert text.start == vision.start == fusion.end
-    assert tuple(sorted((text.index, vision.index))) in model.report().timeline.overlaps()
+    assert tuple(sorted((text.args["index"], vision.args["index"]))) in model.report().timeline.overlaps()
 
 
 class EncoderHead(nn.Cell):
@@ -140,9 +140,9 @@ def test_mpmd_module_entries_with_mindspore_layers(mpmd):
     model = mh.auto_parallelize(net, mpmd_entries_config(), mode="simulation")
     batches = eh_batches()
     assert_same_training(train_parallel(model, batches), train_reference(ref, batches))
-    tasks = [t for t in model.report().timeline.tasks if t.label.endswith("forward")]
-    assert [t.group for t in tasks] == ["encoder", "table", "head"]
-    assert tasks[0].start == tasks[1].start == 0.0 and tasks[2].depends_on == (0, 1)
+    tasks = [t for t in model.report().timeline.spans if t.label.endswith("forward")]
+    assert [t.lane for t in tasks] == ["encoder", "table", "head"]
+    assert tasks[0].start == tasks[1].start == 0.0 and tasks[2].args["depends_on"] == (0, 1)
 
 
 def test_group_with_its_own_tensor_parallel_strategy(mpmd):
@@ -227,7 +227,7 @@ def test_group_timeline_rules():
     first = tl.add("a", "a0", 2.0)
     tl.add("b", "b0", 1.0)
     third = tl.add("b", "b1", 1.0, depends_on=[first])
-    assert tl.tasks[third].start == 2.0 and tl.makespan == 3.0 and tl.serial_time == 4.0
+    assert tl.spans[third].start == 2.0 and tl.makespan == 3.0 and tl.serial_time == 4.0
     assert tl.overlaps() == [(0, 1)]
     with pytest.raises(ValueError, match="group='c'"):
         tl.add("c", "x", 1.0)

@@ -50,7 +50,7 @@ def test_hand_made_move_is_applied_and_keeps_training_numerics(mpmd):
     for p in net.trainable_params():
         np.testing.assert_allclose(p.asnumpy(), ref_params[p.name], rtol=1e-4, atol=1e-6, err_msg=p.name)
     model(*data[0])
-    assert {t.group for t in model.report().timeline.tasks} == {"text_encoder", "vision_encoder", "fusion_layer"}
+    assert {t.lane for t in model.report().timeline.spans} == {"text_encoder", "vision_encoder", "fusion_layer"}
 
 
 def test_dynamic_scheduler_moves_devices_to_the_heavy_group_between_steps(mpmd):

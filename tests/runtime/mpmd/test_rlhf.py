@@ -65,17 +65,17 @@ def test_timeline_overlaps_disjoint_groups_and_queues_colocated_roles(mpmd):
     trainer = PPOTrainer(roles(), RLHF_CONFIG)
     trainer.step(prompts())
     tl = trainer.timeline
-    task = {t.label: t for t in tl.tasks}
+    task = {t.label: t for t in tl.spans}
     generated = task["generate 3"].end
     # scoring: reward, critic and the actor's own pass start together once generation ended
     assert task["score"].start == task["values"].start == task["old logp"].start == generated
-    assert task["score"].group == "reward" and task["values"].group == "critic"
+    assert task["score"].lane == "reward" and task["values"].lane == "critic"
     # the reference shares the actor's devices: it queues behind the actor's pass
-    assert task["reference logp"].group == "actor" and task["reference logp"].start == task["old logp"].end
+    assert task["reference logp"].lane == "actor" and task["reference logp"].start == task["old logp"].end
     # training: actor and critic updates run concurrently after every scoring pass
     scoring_end = max(task[k].end for k in ("score", "values", "old logp", "reference logp"))
     assert task["actor update"].start == task["critic update"].start == scoring_end
-    assert (task["actor update"].index, task["critic update"].index) in tl.overlaps()
+    assert (task["actor update"].args["index"], task["critic update"].args["index"]) in tl.overlaps()
     assert tl.makespan < tl.serial_time
 
 
@@ -90,8 +90,8 @@ def test_colocating_a_role_without_a_group(mpmd):
     want = ppo_step(plain, nn.Adam(plain.actor.trainable_params(), learning_rate=1e-3),
                     nn.Adam(plain.critic.trainable_params(), learning_rate=1e-3), prompts())
     np.testing.assert_allclose([got.actor_loss, got.critic_loss], [want.actor_loss, want.critic_loss], rtol=1e-4)
-    task = {t.label: t for t in trainer.timeline.tasks}
-    assert task["values"].group == "reward" and task["values"].start >= task["score"].end  # time-shared
+    task = {t.label: t for t in trainer.timeline.spans}
+    assert task["values"].lane == "reward" and task["values"].start >= task["score"].end  # time-shared
     with pytest.raises(ValueError, match="role 'critic' runs in no device group"):
         PPOTrainer(roles(), config)
 

@@ -29,7 +29,7 @@ def test_per_action_medians_reproduce_the_timeline_that_per_stage_means_smooth_o
 
 
 def times(timeline):
-    return [t for e in sorted(timeline.events, key=lambda e: (e.rank, str(e.action))) for t in (e.start, e.end)]
+    return [t for e in sorted(timeline.spans, key=lambda e: (e.lane, str(e.action))) for t in (e.start, e.end)]
 
 
 def test_bad_action_costs_are_refused():

@@ -1,0 +1,65 @@
+"""The package's layers, lowest first: the one table that docs/architecture.md and
+tests/test_structure.py share (data only; it imports nothing).
+
+A unit is a sub-package or module of `mindspore_hyper`, named without the package prefix
+("runtime.pipeline" holds every module under mindspore_hyper/runtime/pipeline/; "runtime" the
+modules of mindspore_hyper/runtime/ that no longer entry claims); "" is the package's own
+`__init__.py`, the public facade. A module may import modules of its own layer and of the layers
+below; an import up the layers, or an import circle between modules, fails the structure test
+unless it is listed below with the issue item that removes it. `python tests/test_structure.py`
+rewrites the layer section of docs/architecture.md from this table.
+"""
+
+# (layer, units, what they hold), lowest first
+LAYERS = (
+    ("foundation", ("units", "context", "autodiff", "_core", "_layers"),
+     "byte and dtype units, context flags, MindSpore grad helpers, the C++ core (extension module)"),
+    ("algebra", ("shard",), "Layout (mesh), TensorLayout, placements, redistribution planner"),
+    ("strategy, communication", ("strategy", "comm"),
+     "Strategy, YAML config, process groups, resolve -> StrategyTable; Collectives protocol, backends, "
+     "transports, topology, cost model"),
+    ("DTensor", ("dtensor",), "DTensor, dispatch, rules (one module per op family), Execution, shard hints"),
+    ("plans (data)", ("schedule",),
+     "pipeline schedules, validation, simulation, rebalance plans; Span and Timeline with their writers"),
+    ("runtimes", ("runtime", "runtime.simulation", "runtime.distributed", "runtime.native"),
+     "Runtime protocol and registry, ParallelModel, StepReport; the simulation, msrun and native runtimes"),
+    ("compositions", ("runtime.pipeline", "runtime.mpmd"),
+     "pipeline stages and MPMD device groups, composed over the runtimes"),
+    ("features", ("offload", "moe", "rlhf", "multimodal"),
+     "HyperOffload, mixture of experts, PPO on device groups, the multimodal encoder pipeline"),
+    ("entry points", ("parallelize", "checkpoint", "launch", "migrate"),
+     "auto_parallelize, distributed checkpoints, elastic relaunch, PyTorch migration"),
+    ("public API", ("",), "mindspore_hyper/__init__.py: the names users import"),
+    ("tools", ("cli", "estimate"), "the mindspore-hyper command line, memory/time estimation (it cross-checks "
+                                   "through the public API)"),
+)
+
+# Modules written in C++ (no .py file): `from mindspore_hyper import _core` is an edge to it.
+EXTENSION_MODULES = ("_core",)
+
+# Import circles between modules still open: the modules of each, and the issue item that opens it.
+# A circle found must be one of these (or part of one); an entry whose circle is gone must be deleted.
+KNOWN_CIRCLES = (
+    (("dtensor.batched", "dtensor.dispatch", "dtensor.dtensor", "dtensor.mutation"),
+     "issue 25 item 5: a value half of DTensor without runtime imports"),
+    (("runtime.base", "runtime.distributed", "runtime.distributed.runtime", "runtime.mpmd",
+      "runtime.mpmd.distributed", "runtime.mpmd.group_runner", "runtime.mpmd.model", "runtime.mpmd.rebalancing",
+      "runtime.native", "runtime.native.observe", "runtime.native.runtime", "runtime.native.translate",
+      "runtime.simulation", "runtime.simulation.model", "runtime.simulation.runtime"),
+     "issue 25 items 2-3: the runtime registry looked up once, one sub-world, mpmd/ out of runtime/"),
+)
+
+# Imports up the layers still open: (importer, imported) modules, and the issue item that removes it.
+KNOWN_UPWARD = (
+    ("runtime.distributed.runtime", "runtime.mpmd.distributed",
+     "issue 25 item 3: one sub-world; the mode's runtime does not build MPMD group runners"),
+    ("runtime.simulation.runtime", "runtime.mpmd",
+     "issue 25 item 2: auto_parallelize picks the MPMD builder from the resolved program shape"),
+)
+
+# Import circles between units (a unit's modules import another unit's and back) still open.
+KNOWN_UNIT_CIRCLES = (
+    (("moe", "offload"), "issue 25 item 5: moe expert caching next to offload or behind an interface"),
+    (("runtime", "runtime.distributed", "runtime.mpmd", "runtime.native", "runtime.simulation"),
+     "issue 25 items 2-3: the runtime registry looked up once, mpmd/ out of runtime/"),
+)

@@ -1,0 +1,17 @@
+"""Context parallelism: attention on sequence-sharded q/k/v without a device ever holding the whole
+score matrix (docs/context_parallel.md).
+
+- `scores`: the value types (the element-wise steps, the deferred scores' expression); `attend`
+  picks the method.
+- `expression`: recognises attention written as ops (`q @ k^T`, scaling, additive or filled
+  masks, softmax, `@ v`: the examples' GPT, converted models' scaled_dot_product_attention) by
+  deferring the score matrix until the softmax's result meets V; any other reader of the
+  deferred scores gets them computed the ordinary way.
+- `ring`: ring attention (K/V blocks around the axis, online softmax, zigzag chunks for masks
+  that leave blocks empty, such as causal ones).
+- `ulysses`: AllToAll to head-sharded q/k/v, attention on whole sequences, AllToAll back.
+- `multihead`: `nn.MultiheadAttention` (so `nn.TransformerEncoderLayer` / `nn.Transformer*`).
+
+Wiring: a context-parallel ParallelModel sets `Execution.context_attention` to
+`expression.intercept` (the dispatcher calls it first for every op) and installs `multihead`.
+"""

@@ -1,0 +1,241 @@
+"""Hardware for the step-time model: a device's peak compute and memory, the network levels, and the
+few achievable-efficiency factors, as data (configs/hardware/*.yaml, each figure with its source).
+
+A preset file (``load_hardware("a100-80gb")``)::
+
+    name: a100-80gb
+    peak_tflops: 312                 # dense 16-bit FLOP/s per device, in 1e12
+    memory_GB: 80                    # HBM capacity, 1e9 bytes
+    memory_bandwidth_GBps: 2039      # HBM bandwidth, 1e9 bytes/s
+    levels:                          # innermost first; `devices` = devices in one domain of the level
+      - {name: nvlink, devices: 8, bandwidth_GBps: 300, latency_us: 3}      # per device, each way
+      - {name: infiniband, devices: 4480, bandwidth_GBps: 25, latency_us: 6}
+    attention: materialized          # or flash (scores never stored; causal half skipped)
+    efficiency: {matmul: 0.80, memory: 0.80, network: 0.80, message_overhead_us: 5}  # op_overhead_us: 0
+    sources: {peak_tflops: "...", ...}
+    kernels: {"qkv | 7.2e+09 FLOP | 3.2e+07 B": [62000, 138000], ...}  # optional: measured op times,
+                                     # forward and backward us per call (calibrate_cpu with a job)
+
+Errors name the file and the field.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, Tuple, Union
+
+__all__ = ["Level", "Efficiency", "Hardware", "load_hardware", "hardware_presets", "HARDWARE_DIR", "ATTENTION_KERNELS"]
+
+HARDWARE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                            "configs", "hardware")
+ATTENTION_KERNELS = ("flash", "materialized")
+_TOP_KEYS = ("name", "description", "peak_tflops", "memory_GB", "memory_bandwidth_GBps", "levels", "attention",
+             "efficiency", "sources", "kernels")
+_LEVEL_KEYS = ("name", "devices", "bandwidth_GBps", "latency_us")
+_EFFICIENCY_KEYS = ("matmul", "memory", "network", "message_overhead_us", "op_overhead_us")
+_EFFICIENCY_REQUIRED = ("matmul", "memory", "network", "message_overhead_us")
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level of the network (NVLink inside a node, InfiniBand between nodes, ...).
+
+    Attributes:
+        name: the level's name.
+        devices: devices in one domain of this level (8 for a node); a collective whose group fits
+            one domain of a lower level never uses this one.
+        bandwidth: bytes/s one device can send at this level (each direction).
+        latency: seconds per message step at this level (alpha).
+    """
+
+    name: str
+    devices: int
+    bandwidth: float
+    latency: float
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achievable fractions of the peaks, the same for every model on a hardware.
+
+    Attributes:
+        matmul: fraction of peak FLOP/s a large matrix multiply reaches.
+        memory: fraction of HBM bandwidth a memory-bound kernel reaches.
+        network: fraction of a level's bandwidth a collective reaches (bus bandwidth / link).
+        message_overhead: seconds of software cost per collective step, added to each level's latency.
+        op_overhead: seconds of dispatch cost per op launch, added to its roofline time (0 where
+            launches are asynchronous and hidden, as on GPUs and NPUs; the `cpu` profile measures
+            MindSpore's PyNative dispatch).
+    """
+
+    matmul: float
+    memory: float
+    network: float
+    message_overhead: float
+    op_overhead: float = 0.0
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A device and the network around it (SI units: FLOP/s, bytes, bytes/s, seconds).
+
+    Attributes:
+        name: preset or file name.
+        peak_flops: dense 16-bit FLOP/s per device.
+        memory_bytes: device memory capacity.
+        memory_bandwidth: device memory bytes/s.
+        levels: network levels, innermost first, each domain size dividing the next.
+        efficiency: the achievable-efficiency factors.
+        attention: "flash" (fused kernel: no score matrix in memory, the causal half skipped) or
+            "materialized" (scores written, softmaxed and read back; full s x s computed).
+        description: free text.
+        sources: where each figure comes from (field -> citation).
+        kernels: measured op times that replace the roofline for ops of exactly that shape:
+            `layer_ops.kernel_key(op)` -> (forward seconds, backward seconds) of one call
+            (`calibrate_cpu` with a job; empty for the presets).
+    """
+
+    name: str
+    peak_flops: float
+    memory_bytes: int
+    memory_bandwidth: float
+    levels: Tuple[Level, ...]
+    efficiency: Efficiency
+    attention: str = "flash"
+    description: str = ""
+    sources: Dict[str, str] = field(default_factory=dict)
+    kernels: Dict[str, Tuple[float, float]] = field(default_factory=dict)
+
+    @property
+    def max_devices(self) -> int:
+        """Devices of the largest domain (the whole cluster)."""
+        return self.levels[-1].devices
+
+    def with_efficiency(self, **changes: float) -> "Hardware":
+        """A copy with some efficiency factors changed (`matmul=0.7`, ...)."""
+        from dataclasses import replace
+
+        return replace(self, efficiency=replace(self.efficiency, **changes))
+
+
+def hardware_presets() -> Tuple[str, ...]:
+    """Names of the preset files in configs/hardware (without .yaml)."""
+    if not os.path.isdir(HARDWARE_DIR):
+        return ()
+    return tuple(sorted(f[:-5] for f in os.listdir(HARDWARE_DIR) if f.endswith(".yaml")))
+
+
+def load_hardware(spec: Union[str, Dict[str, Any], Hardware]) -> Hardware:
+    """A Hardware from a preset name, a YAML path, a mapping, or a Hardware (returned as is).
+
+    Raises:
+        ValueError: unknown preset, unreadable file, or a bad field (named with the file).
+    """
+    if isinstance(spec, Hardware):
+        return spec
+    if isinstance(spec, dict):
+        return hardware_from_dict(spec, "<dict>")
+    if not isinstance(spec, str):
+        raise ValueError(f"hardware={spec!r}: expected a preset name ({', '.join(hardware_presets())}), "
+                         f"a .yaml path, a mapping or a Hardware")
+    path = spec if spec.endswith((".yaml", ".yml")) else os.path.join(HARDWARE_DIR, spec + ".yaml")
+    if not spec.endswith((".yaml", ".yml")) and not os.path.isfile(path):
+        raise ValueError(f"hardware={spec!r}: unknown preset; expected one of {', '.join(hardware_presets())} "
+                         f"or a .yaml path")
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise ValueError(f"hardware file {path!r}: cannot read ({exc})") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"hardware file {path!r}: invalid YAML ({exc})") from None
+    return hardware_from_dict(data, path)
+
+
+def _number(source: str, name: str, value: Any, low: float = 0.0, high: float = float("inf"),
+            inclusive_low: bool = False) -> float:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    if ok:
+        ok = (value >= low if inclusive_low else value > low) and value <= high
+    if not ok:
+        bound = f"{'>=' if inclusive_low else '>'} {low:g}" + ("" if high == float("inf") else f" and <= {high:g}")
+        raise ValueError(f"hardware {source!r}: field {name!r}: expected a number {bound}, got {value!r}")
+    return float(value)
+
+
+def _mapping(source: str, name: str, value: Any, known: Tuple[str, ...], required: Tuple[str, ...]) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"hardware {source!r}: field {name!r}: expected a mapping, got {value!r}")
+    for key in value:
+        if key not in known:
+            raise ValueError(f"hardware {source!r}: field {name + '.' if name else ''}{key}: unknown; expected one "
+                             f"of {', '.join(known)}")
+    for key in required:
+        if key not in value:
+            raise ValueError(f"hardware {source!r}: field {name + '.' if name else ''}{key}: missing")
+    return value
+
+
+def hardware_from_dict(data: Any, source: str = "<dict>") -> Hardware:
+    """A Hardware from the YAML mapping (format in the module doc).
+
+    Raises:
+        ValueError: a missing, unknown or bad field (the message names `source` and the field).
+    """
+    required = ("peak_tflops", "memory_GB", "memory_bandwidth_GBps", "levels", "efficiency")
+    data = _mapping(source, "", data, _TOP_KEYS, required)
+    name = data.get("name", os.path.splitext(os.path.basename(source))[0])
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"hardware {source!r}: field 'name': expected a non-empty string, got {name!r}")
+    levels_raw = data["levels"]
+    if not isinstance(levels_raw, list) or not levels_raw:
+        raise ValueError(f"hardware {source!r}: field 'levels': expected a non-empty list of levels")
+    levels = []
+    for i, raw in enumerate(levels_raw):
+        where = f"levels[{i}]"
+        raw = _mapping(source, where, raw, _LEVEL_KEYS, _LEVEL_KEYS)
+        devices = raw["devices"]
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+            raise ValueError(f"hardware {source!r}: field '{where}.devices': expected an int >= 1, got {devices!r}")
+        if levels and (devices <= levels[-1].devices or devices % levels[-1].devices):
+            raise ValueError(f"hardware {source!r}: field '{where}.devices': {devices} must be a multiple of and "
+                             f"larger than the level below ({levels[-1].devices})")
+        if not isinstance(raw["name"], str):
+            raise ValueError(f"hardware {source!r}: field '{where}.name': expected a string, got {raw['name']!r}")
+        bandwidth = _number(source, f"{where}.bandwidth_GBps", raw["bandwidth_GBps"]) * 1e9
+        latency = _number(source, f"{where}.latency_us", raw["latency_us"], inclusive_low=True) * 1e-6
+        levels.append(Level(raw["name"], devices, bandwidth, latency))
+    eff = _mapping(source, "efficiency", data["efficiency"], _EFFICIENCY_KEYS, _EFFICIENCY_REQUIRED)
+    efficiency = Efficiency(*(_number(source, f"efficiency.{k}", eff[k], high=1.0) for k in ("matmul", "memory",
+                                                                                              "network")),
+                            _number(source, "efficiency.message_overhead_us", eff["message_overhead_us"],
+                                    inclusive_low=True) * 1e-6,
+                            _number(source, "efficiency.op_overhead_us", eff.get("op_overhead_us", 0),
+                                    inclusive_low=True) * 1e-6)
+    attention = data.get("attention", "flash")
+    if attention not in ATTENTION_KERNELS:
+        raise ValueError(f"hardware {source!r}: field 'attention': expected one of {', '.join(ATTENTION_KERNELS)}, "
+                         f"got {attention!r}")
+    sources = data.get("sources", {})
+    if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
+        raise ValueError(f"hardware {source!r}: field 'sources': expected a mapping of field -> citation text")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise ValueError(f"hardware {source!r}: field 'description': expected a string, got {description!r}")
+    kernels = data.get("kernels", {})
+    if not isinstance(kernels, dict):
+        raise ValueError(f"hardware {source!r}: field 'kernels': expected a mapping of op key -> [forward_us, "
+                         f"backward_us]")
+    for key, pair in kernels.items():
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ValueError(f"hardware {source!r}: field 'kernels.{key}': expected [forward_us, backward_us]")
+        for side, value in zip(("forward_us", "backward_us"), pair):
+            _number(source, f"kernels.{key}.{side}", value, inclusive_low=True)
+    return Hardware(name=name, peak_flops=_number(source, "peak_tflops", data["peak_tflops"]) * 1e12,
+                    memory_bytes=int(_number(source, "memory_GB", data["memory_GB"]) * 1e9),
+                    memory_bandwidth=_number(source, "memory_bandwidth_GBps", data["memory_bandwidth_GBps"]) * 1e9,
+                    levels=tuple(levels), efficiency=efficiency, attention=attention, description=description,
+                    sources=dict(sources),
+                    kernels={k: (float(f) * 1e-6, float(b) * 1e-6) for k, (f, b) in kernels.items()})

@@ -1,0 +1,182 @@
+"""FLOPs and bytes of one transformer layer's forward, per device and micro-batch, op by op.
+
+Each op has a class that decides how it is timed (`op_seconds`): "matmul" (a GEMM: the roofline
+max(FLOPs / (peak x matmul efficiency), bytes / (HBM bandwidth x memory efficiency))),
+"attention" (the attention core's two batched GEMMs, timed as a matmul) and "memory" (norms,
+activations, bias-dropout-residual, softmax: bytes / (HBM bandwidth x memory efficiency)).
+
+Notation: b micro-batch, s sequence, cp context parallel, T = b s / cp tokens on the device, h
+hidden, a heads, d_h = h / a, g key/value heads, kv = ceil(g / t) d_h local key/value width, f
+MLP width, t tensor parallel, e element bytes; Tn = T / t with sequence parallelism (norms and
+dropouts run on a sequence shard), else T. Forward FLOPs (a multiply-add = 2 FLOPs):
+
+=================  ========  ===========================================================
+op                 class     FLOPs; bytes
+=================  ========  ===========================================================
+norm (x2)          memory    -; 2 Tn h e (read, write)
+qkv                matmul    2 T h (h/t + 2 kv); e (T h + h (h/t + 2kv) + T (h/t + 2kv))
+attention core     attention 4 b (a/t) (s/cp) s d_h (QK^T and AV over all s keys; a flash
+                             kernel skips the causal half: x 1/2); e (T (h/t) 2 + 2 T kv)
+scores             memory    materialised kernels only: (6e + 1) b (a/t) (s/cp) s (write
+                             scores, softmax read/write, dropout read/write + 1-byte mask,
+                             AV read)
+projection         matmul    2 T (h/t) h; e (T h/t + h h/t + T h)
+dropout-add (x2)   memory    -; Tn h (3e + 1)
+mlp up (and gate)  matmul    2 T h (f/t) c, c = 2 gated else 1; e (T h + c h f/t + c T f/t)
+activation         memory    -; T (f/t) e (2, or 3 gated)
+mlp down           matmul    2 T (f/t) h; e (T f/t + f/t h + T h)
+=================  ========  ===========================================================
+
+MoE (experts > 0): a router GEMM 2 T h E, and the MLP rows run on T x top_k routed tokens with
+(E / ep) experts' weights read. Model FLOPs (for MFU) count the attention core in full (the
+convention of Korthikanti et al.'s formula 72 B s l h^2 (1 + s/(6h) + V/(12hl))).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Tuple
+
+from mindspore_hyper.estimate.hardware import Hardware
+from mindspore_hyper.estimate.model import TransformerConfig
+from mindspore_hyper.estimate.strategy import JobStrategy
+
+__all__ = ["Op", "OP_CLASSES", "layer_forward_ops", "head_forward_ops", "op_seconds", "op_phase_seconds", "kernel_key",
+           "FLASH_BACKWARD", "OPTIMIZER_KEY", "model_flops_per_token"]
+
+FLASH_BACKWARD = 2.5  # FlashAttention-2 backward: 5 GEMMs against the forward's 2
+OPTIMIZER_KEY = "optimizer (AdamWeightDecay) per parameter"  # kernels entry: (seconds per parameter, 0)
+
+OP_CLASSES = ("matmul", "attention", "memory")
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op of a layer's forward, per device and micro-batch.
+
+    Attributes:
+        name: what it is ("qkv", "attention core", ...).
+        kind: "matmul", "attention" or "memory" (how `op_seconds` times it).
+        flops: floating-point operations executed.
+        bytes: bytes read and written in device memory.
+        weight_grad: the op has weights (its backward has a weight-gradient half).
+    """
+
+    name: str
+    kind: str
+    flops: float
+    bytes: float
+    weight_grad: bool = False
+
+
+def op_seconds(op: Op, hardware: Hardware) -> float:
+    """Roofline time of `op` on `hardware` (see the module doc), plus the hardware's per-launch
+    op overhead."""
+    eff = hardware.efficiency
+    memory = op.bytes / (hardware.memory_bandwidth * eff.memory)
+    if op.kind == "memory":
+        return memory + eff.op_overhead
+    return max(op.flops / (hardware.peak_flops * eff.matmul), memory) + eff.op_overhead
+
+
+def kernel_key(op: Op) -> str:
+    """The key of `op` in a Hardware's measured `kernels` table: its name, FLOPs and bytes (so a
+    table measured at one job's shapes serves only ops of exactly those shapes)."""
+    return f"{op.name} | {op.flops:.6g} FLOP | {op.bytes:.6g} B"
+
+
+def op_phase_seconds(op: Op, hardware: Hardware) -> Tuple[float, float, float]:
+    """(forward, input-gradient, weight-gradient) seconds of `op` on `hardware`.
+
+    Measured (`hardware.kernels` has `kernel_key(op)`): the measured forward and backward, the
+    backward of an op with weights split evenly between its two halves (two GEMMs of the
+    forward's size). Otherwise from the roofline t = `op_seconds`: input gradient t for a GEMM
+    (and t again for its weight gradient), 2 t for a memory op, 2 t for the attention core
+    (FLASH_BACKWARD t with a flash kernel, which recomputes the scores).
+    """
+    measured = hardware.kernels.get(kernel_key(op))
+    if measured is not None:
+        forward, backward = measured
+        return (forward, backward / 2, backward / 2) if op.weight_grad else (forward, backward, 0.0)
+    t = op_seconds(op, hardware)
+    if op.kind == "attention":
+        return t, t * (FLASH_BACKWARD if hardware.attention == "flash" else 2.0), 0.0
+    if op.kind == "memory":
+        return t, 2 * t, 0.0
+    return t, t, t if op.weight_grad else 0.0
+
+
+def _dims(config: TransformerConfig, strategy: JobStrategy) -> Tuple[float, float, float, float, int]:
+    t, cp = strategy.tensor, strategy.context_parallel
+    tokens = config.micro_batch * config.seq_len / cp
+    norm_tokens = tokens / t if strategy.sequence_parallel else tokens
+    kv = math.ceil(config.kv_heads / t) * config.head_dim
+    return tokens, norm_tokens, kv, config.ffn / t, config.dtype_bytes
+
+
+def _mlp_ops(config: TransformerConfig, tokens: float, f_local: float, e: int, weight_copies: float,
+             prefix: str) -> List[Op]:
+    h = config.hidden
+    c = 2 if config.gated_mlp else 1
+    return [Op(f"{prefix}up", "matmul", 2 * tokens * h * f_local * c,
+               e * (tokens * h + weight_copies * c * h * f_local + c * tokens * f_local), True),
+            Op(f"{prefix}activation", "memory", 0.0, tokens * f_local * e * (3 if config.gated_mlp else 2)),
+            Op(f"{prefix}down", "matmul", 2 * tokens * f_local * h,
+               e * (tokens * f_local + weight_copies * f_local * h + tokens * h), True)]
+
+
+def layer_forward_ops(config: TransformerConfig, strategy: JobStrategy, attention_kernel: str = "flash") -> List[Op]:
+    """The ops of one layer's forward on one device for one micro-batch (module doc).
+
+    Args:
+        config: the model and micro-batch.
+        strategy: tensor, sequence, context and expert parallelism.
+        attention_kernel: "flash" or "materialized" (a Hardware's `attention`).
+    """
+    c, st = config, strategy
+    h, t, cp = c.hidden, st.tensor, st.context_parallel
+    tokens, norm_tokens, kv, f_local, e = _dims(c, st)
+    q_local = h / t
+    heads_local = c.heads / t
+    core_flops = 4 * c.micro_batch * heads_local * (c.seq_len / cp) * c.seq_len * c.head_dim
+    scores = c.micro_batch * heads_local * (c.seq_len / cp) * c.seq_len
+    ops = [Op("norm 1", "memory", 0.0, 2 * norm_tokens * h * e),
+           Op("qkv", "matmul", 2 * tokens * h * (q_local + 2 * kv),
+              e * (tokens * h + h * (q_local + 2 * kv) + tokens * (q_local + 2 * kv)), True),
+           Op("attention core", "attention", core_flops / 2 if attention_kernel == "flash" else core_flops,
+              e * (2 * tokens * q_local + 2 * tokens * kv))]
+    if attention_kernel == "materialized":
+        ops.append(Op("scores", "memory", 0.0, (6 * e + 1) * scores))
+    ops += [Op("projection", "matmul", 2 * tokens * q_local * h, e * (tokens * q_local + h * q_local + tokens * h),
+               True),
+            Op("dropout-add 1", "memory", 0.0, norm_tokens * h * (3 * e + 1)),
+            Op("norm 2", "memory", 0.0, 2 * norm_tokens * h * e)]
+    if c.experts:
+        experts_local = c.experts / st.expert
+        ops.append(Op("router", "matmul", 2 * tokens * h * c.experts, e * (tokens * h + h * c.experts), True))
+        ops += _mlp_ops(c, tokens * c.top_k, f_local, e, experts_local, "expert ")
+    else:
+        ops += _mlp_ops(c, tokens, f_local, e, 1, "mlp ")
+    ops.append(Op("dropout-add 2", "memory", 0.0, norm_tokens * h * (3 * e + 1)))
+    return ops
+
+
+def head_forward_ops(config: TransformerConfig, strategy: JobStrategy) -> List[Op]:
+    """The last stage's final norm, vocabulary-parallel LM head and fp32 cross-entropy."""
+    tokens, norm_tokens, _, _, e = _dims(config, strategy)
+    h, v_local = config.hidden, config.vocab / strategy.tensor
+    return [Op("final norm", "memory", 0.0, 2 * norm_tokens * config.hidden * e),
+            Op("lm head", "matmul", 2 * tokens * h * v_local, e * (tokens * h + h * v_local + tokens * v_local), True),
+            Op("cross-entropy", "memory", 0.0, tokens * v_local * (e + 4 + 4))]
+
+
+def model_flops_per_token(config: TransformerConfig) -> float:
+    """Training FLOPs per token of the whole model (3 x forward; no recomputation; attention in
+    full; MoE: top_k experts per token), the MFU numerator."""
+    c = config
+    kv = c.kv_heads * c.head_dim
+    attn = 2 * c.hidden * (c.hidden + 2 * kv) + 4 * c.seq_len * c.hidden + 2 * c.hidden * c.hidden
+    mlp = 2 * c.hidden * c.ffn * (3 if c.gated_mlp else 2)
+    if c.experts:
+        mlp = mlp * c.top_k + 2 * c.hidden * c.experts
+    return 3 * (c.layers * (attn + mlp) + 2 * c.hidden * c.vocab)

@@ -1,0 +1,77 @@
+"""The shared-memory transport's AllReduce cost, measured as the distributed runtime pays it.
+
+`measure_all_reduce(name, rank, size, message_bytes)` runs in each of `size` processes at once
+(one group, `ShmCommunicator`): per call, a MindSpore tensor is copied to the host (`asnumpy`),
+all-reduced over the group and wrapped back into a Tensor: the communication boundary of the
+runtime's collectives. It times a 4-byte message and a `message_bytes` one (the job's message,
+e.g. a tensor-parallel activation) and returns the alpha-beta figures of the ring formula
+t(n) = 2 (p - 1) alpha + 2 (p - 1) / p x n / bandwidth that pass through both points:
+alpha (seconds per step, includes the host copies and waits of a tiny message) and the
+bandwidth (bytes/s of the copies and the transport).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import List, Tuple
+
+import numpy as np
+
+__all__ = ["measure_all_reduce", "alpha_beta"]
+
+
+def alpha_beta(size: int, small_bytes: float, small_s: float, large_bytes: float,
+               large_s: float) -> Tuple[float, float]:
+    """(alpha seconds, bandwidth bytes/s) of the ring all-reduce formula through two timed points.
+
+    Raises:
+        ValueError: size < 2, or points that do not grow with the message (named).
+    """
+    if size < 2:
+        raise ValueError(f"size={size!r}: an all-reduce needs >= 2 processes")
+    if not (large_bytes > small_bytes and large_s > small_s > 0):
+        raise ValueError(f"large_s={large_s!r}, small_s={small_s!r}: expected 0 < small_s < large_s for "
+                         f"small_bytes={small_bytes!r} < large_bytes={large_bytes!r}")
+    steps, share = 2 * (size - 1), 2 * (size - 1) / size
+    bandwidth = share * (large_bytes - small_bytes) / (large_s - small_s)
+    alpha = max(small_s - share * small_bytes / bandwidth, 0.0) / steps
+    return alpha, bandwidth
+
+
+def measure_all_reduce(name: str, rank: int, size: int, message_bytes: int,
+                       repeats: int = 20) -> Tuple[float, float]:
+    """Alpha and bandwidth of the group's AllReduce at the boundary (module doc); call in every rank.
+
+    Args:
+        name: the group name (the same in every rank; unique per measurement).
+        rank, size: this process's rank and the group size (>= 2).
+        message_bytes: the large message (float32 elements x 4); >= 8.
+        repeats: timed calls per size (median), after 2 warm-up calls.
+
+    Raises:
+        ValueError: a bad argument (named).
+    """
+    if message_bytes < 8:
+        raise ValueError(f"message_bytes={message_bytes!r}: expected >= 8")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r}: expected an int >= 1")
+    from mindspore import Tensor
+
+    from mindspore_hyper.comm.shm import ShmCommunicator
+
+    group = ShmCommunicator(name, rank, size)
+    try:
+        seconds = []
+        for nbytes in (4, message_bytes):
+            x = Tensor(np.ones(nbytes // 4, np.float32))
+            times: List[float] = []
+            for i in range(repeats + 2):
+                group.barrier()
+                start = time.perf_counter()
+                Tensor(group.all_reduce(x.asnumpy()))
+                if i >= 2:
+                    times.append(time.perf_counter() - start)
+            seconds.append(statistics.median(times))
+    finally:
+        group.close()
+    return alpha_beta(size, 4, seconds[0], message_bytes, max(seconds[1], seconds[0] * (1 + 1e-9)))

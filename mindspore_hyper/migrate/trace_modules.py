@@ -1,0 +1,336 @@
+"""Module-structured tracing: torch.export with symbolic dimensions, unflattened to one graph per module.
+
+`torch.export.export(..., dynamic_shapes=Dim.AUTO per dimension)` records the model with its batch
+and sequence dimensions as symbols where the model allows it (export specialises the others and
+says so), and `torch.export.unflatten` splits the program back into the torch module tree: each
+module call becomes a graph of its own ops, calling its children. Each graph is lowered to the
+migration Graph (lowering.py); a symbolic size a module receives as an argument is re-derived from
+one of its tensor inputs (`x.shape[1]`) so generated signatures carry tensors only.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.fx
+from torch.export.graph_signature import InputKind
+
+from mindspore_hyper.migrate.errors import UnsupportedOpError
+from mindspore_hyper.migrate.graph import Graph
+from mindspore_hyper.migrate.inplace import rewrite_inplace
+from mindspore_hyper.migrate.lowering import Lowering, output_names, preserved_buffers, type_name
+from mindspore_hyper.migrate.mappings import lookup_module
+from mindspore_hyper.migrate.moe_blocks import (MoEBlockSpec, dense_experts_modules, dense_forwards,
+                                                not_mapped_reason, recognize)
+from mindspore_hyper.migrate.trace_export import _schema_kwargs
+from mindspore_hyper.migrate.trace_fx import bind_inputs
+
+__all__ = ["ModuleProgram", "ModuleTrace", "trace_modules"]
+
+@dataclass
+class ModuleProgram:
+    """One torch module of the tree and (unless it is a mapped leaf or a container) its own program.
+
+    Attributes:
+        path: module path in the torch model ("" for the root).
+        module: the torch module.
+        graph: its lowered forward (None for mapped leaves, ModuleLists and modules never called).
+        dropped_inputs: positions of its graph inputs that are symbolic sizes re-derived inside it
+            (callers leave those arguments out).
+        constants: attribute name -> value of tensors export lifted into this module (not torch
+            parameters or buffers).
+        tuple_output: its forward returns a tuple/list (callers index it), not one value.
+        moe: the MoE spec when the module is a sparse MoE block mapped to mindspore_hyper.moe.MoE.
+        input_order: the generated construct's inputs as positions among the traced ones (the torch
+            forward's parameter order where the inputs could be matched to its parameters).
+    """
+
+    path: str
+    module: torch.nn.Module
+    graph: Optional[Graph] = None
+    dropped_inputs: Tuple[int, ...] = ()
+    constants: Dict[str, torch.Tensor] = field(default_factory=dict)
+    tuple_output: bool = False
+    input_order: Tuple[int, ...] = ()
+    moe: Optional[MoEBlockSpec] = None
+
+
+@dataclass
+class ModuleTrace:
+    """The traced model: every module's program, and which input dimensions stayed symbolic."""
+
+    programs: Dict[str, ModuleProgram]
+    symbolic: Dict[str, List[Optional[str]]]  # input name -> per-dimension symbol name (None: static)
+    output_names: List[str]
+    notes: List[str] = field(default_factory=list)
+    rewritten: List[str] = field(default_factory=list)  # in-place ops made out-of-place
+
+
+@contextlib.contextmanager
+def _recording(values: Dict[torch.fx.Node, Any]) -> Iterator[None]:
+    """Record every node value of every torch.fx.Interpreter run in the body (the unflattened modules run so)."""
+    original = torch.fx.Interpreter.run_node
+
+    def run_node(self, n):
+        result = original(self, n)
+        values[n] = result
+        return result
+
+    torch.fx.Interpreter.run_node = run_node
+    try:
+        yield
+    finally:
+        torch.fx.Interpreter.run_node = original
+
+
+def _symbol(value: Any) -> Optional[str]:
+    """The symbol of a symbolic size (None for a static one)."""
+    if not isinstance(value, torch.SymInt) or getattr(value.node.expr, "is_number", False):
+        return None
+    return str(value.node.expr)
+
+
+def _derivable_sizes(fx_graph: torch.fx.Graph) -> Dict[torch.fx.Node, Tuple[torch.fx.Node, int]]:
+    """Symbolic-size placeholders -> (a tensor placeholder, dimension) whose size is that symbol."""
+    placeholders = [n for n in fx_graph.nodes if n.op == "placeholder"]
+    where: Dict[str, Tuple[torch.fx.Node, int]] = {}
+    for p in placeholders:
+        val = p.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            for d, size in enumerate(val.shape):
+                sym = _symbol(size)
+                if sym is not None:
+                    where.setdefault(sym, (p, d))
+    found = {}
+    for p in placeholders:
+        sym = _symbol(p.meta.get("val"))
+        if sym is not None and sym in where:
+            found[p] = where[sym]
+    return found
+
+
+def _children_of(gm: torch.nn.Module) -> Dict[str, torch.nn.Module]:
+    return dict(gm.named_modules())
+
+
+def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str, Any],
+                  dynamic: bool = True) -> ModuleTrace:
+    """Export `module` (dimensions symbolic where the model allows) and lower each module's program.
+
+    Args:
+        module: the torch model.
+        args, kwargs: example inputs of its forward.
+        dynamic: make every input dimension symbolic where the model allows (False: the example shapes).
+
+    Returns:
+        The ModuleTrace.
+
+    Raises:
+        UnsupportedOpError: a module is called more than once per forward, or the program updates state.
+        Exception: whatever torch.export raises for a model it cannot trace (the caller wraps it).
+    """
+    bind_inputs(module, args, kwargs)
+    auto = torch.export.Dim.AUTO
+    dims = None
+    if dynamic:
+        dims = {"args": tuple({d: auto for d in range(a.dim())} if isinstance(a, torch.Tensor) else None
+                              for a in args),
+                "kwargs": {k: ({d: auto for d in range(v.dim())} if isinstance(v, torch.Tensor) else None)
+                           for k, v in kwargs.items()}}
+        dims = _dynamic_shapes(module, dims)
+    moe_blocks = {p: m for p, m in module.named_modules() if recognize(m) is not None}
+    dense = dense_experts_modules(module, moe_blocks)
+    notes = [f"{p} ({type(m).__name__}): converted generically, its experts computed densely (every token "
+             f"through every expert, the non-chosen weighted 0: exact, E/k times the expert FLOPs), not as "
+             f"mindspore_hyper.moe.MoE: {not_mapped_reason(m)}"
+             for p, m in module.named_modules() if not_mapped_reason(m)]
+    with dense_forwards(moe_blocks, dense):
+        ep = torch.export.export(module, tuple(args), kwargs=dict(kwargs), dynamic_shapes=dims, strict=False)
+    mutated = [s for s in ep.graph_signature.output_specs if s.kind.name != "USER_OUTPUT"]
+    if mutated:
+        raise UnsupportedOpError([f"the exported program updates {', '.join(str(s.target) for s in mutated)} in "
+                                  "place (not supported)"])
+    symbolic: Dict[str, List[Optional[str]]] = {}
+    user = [s for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    placeholder_vals = {n.name: n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"}
+    for spec in user:
+        val = placeholder_vals.get(spec.arg.name)
+        if isinstance(val, torch.Tensor):
+            symbolic[spec.arg.name] = [_symbol(s) for s in val.shape]
+    names = output_names(ep.module_call_graph[0].signature.out_spec) if ep.module_call_graph[0].signature else None
+    unflat = torch.export.unflatten(ep)
+    values: Dict[torch.fx.Node, Any] = {}
+    with torch.no_grad(), preserved_buffers(unflat), _recording(values):
+        unflat(*args, **kwargs)
+    call_args = _call_arguments(module, args, kwargs)
+    torch_modules = dict(module.named_modules(remove_duplicate=False))
+    unflat_modules = _children_of(unflat)
+    programs: Dict[str, ModuleProgram] = {}
+    problems: List[str] = []
+    rewritten: List[str] = []
+    for path, torch_mod in torch_modules.items():
+        program = ModuleProgram(path, torch_mod, moe=recognize(torch_mod))
+        programs[path] = program
+        if any(path.startswith(f"{p}.") for p in moe_blocks):
+            continue  # inside a block that becomes one MoE Cell
+        um = unflat_modules.get(path)
+        graph = getattr(um, "graph", None)
+        if path and lookup_module(torch_mod) is not None:
+            continue
+        if um is None or graph is None:
+            if type(um).__name__ == "InterpreterModuleDispatcher":
+                problems.append(f"{type_name(type(torch_mod))} at {path!r} is called more than once per forward "
+                                "(a shared module): not supported by the module-structured conversion")
+            continue
+        if isinstance(torch_mod, (torch.nn.ModuleList, torch.nn.ModuleDict)) and not any(
+                n.op not in ("placeholder", "output") for n in graph.nodes):
+            continue
+        program.graph, program.dropped_inputs, program.constants, program.tuple_output = _lower(
+            path, graph, um, torch_mod, values)
+        program.input_order = _name_inputs(program.graph, call_args.get(path, {})) if path else tuple(
+            range(len(program.graph.inputs)))
+        done, refused = rewrite_inplace(program.graph)
+        rewritten += done
+        problems += refused
+    if problems:
+        raise UnsupportedOpError(problems)
+    _simplify_calls(programs)
+    root = programs[""]
+    if root.graph is not None and names and len(names) == len(root.graph.outputs):
+        root.graph.output_names = names
+    return ModuleTrace(programs, symbolic, list(root.graph.output_names) if root.graph else [], notes=notes,
+                       rewritten=rewritten)
+
+
+def _call_arguments(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """Module path -> {forward parameter name (`name0` for a tuple's items): value} of one torch run."""
+    import inspect
+
+    found: Dict[str, Dict[str, Any]] = {}
+    hooks = []
+    for path, sub in module.named_modules():
+        def hook(mod, a, k, path=path):
+            try:
+                bound = inspect.signature(mod.forward).bind(*a, **k)
+            except TypeError:
+                return
+            named = {}
+            for name, value in bound.arguments.items():
+                if isinstance(value, (tuple, list)):
+                    named.update({f"{name}{i}": v for i, v in enumerate(value)})
+                else:
+                    named[name] = value
+            found.setdefault(path, named)
+        hooks.append(sub.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad(), preserved_buffers(module):
+            module(*args, **kwargs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return found
+
+
+def _name_inputs(graph: Graph, named: Dict[str, Any]) -> Tuple[int, ...]:
+    """Name each graph input after the forward parameter holding the same tensor (else keep its name) and
+    put them in the forward's order (unmatched ones last); returns the new order as old positions."""
+    taken: Dict[str, int] = {}
+    rank = {name: i for i, name in enumerate(named)}
+    for node in graph.inputs:
+        value = node.example
+        if not isinstance(value, torch.Tensor):
+            continue
+        for name, arg in named.items():
+            if name not in taken and isinstance(arg, torch.Tensor) and arg.shape == value.shape and \
+                    arg.dtype == value.dtype and torch.equal(arg, value):
+                node.target = name
+                taken[name] = rank[name]
+                break
+    order = sorted(range(len(graph.inputs)),
+                   key=lambda i: (taken.get(str(graph.inputs[i].target), len(rank)), i))
+    graph.inputs = [graph.inputs[i] for i in order]
+    return tuple(order)
+
+
+def _simplify_calls(programs: Dict[str, ModuleProgram]) -> None:
+    """Callers leave out the sizes a child re-derives and pass the rest in the child's input order."""
+    for path, prog in programs.items():
+        if prog.graph is None:
+            continue
+        graph = prog.graph
+        for node in list(graph.nodes):
+            if node.op != "module":
+                continue
+            child = programs.get(f"{path}.{node.target}" if path else node.target)
+            if child is None or child.graph is None:
+                continue
+            args = [a for i, a in enumerate(node.args) if i not in child.dropped_inputs]
+            node.args = tuple(args[i] for i in child.input_order)
+
+
+def _dynamic_shapes(module: torch.nn.Module, dims: Dict[str, Any]) -> Any:
+    """The dynamic_shapes argument for export: by parameter name of the forward."""
+    import inspect
+
+    params = list(inspect.signature(module.forward).parameters)
+    spec = {}
+    for name, d in zip(params, dims["args"]):
+        spec[name] = d
+    spec.update(dims["kwargs"])
+    return spec
+
+
+def _lower(path: str, fx_graph: torch.fx.Graph, owner: torch.nn.Module, torch_mod: torch.nn.Module,
+           values: Dict[torch.fx.Node, Any]) -> Tuple[Graph, Tuple[int, ...], Dict[str, torch.Tensor], bool]:
+    scope = (path, type(torch_mod).__name__)
+    own = {n for n, _ in torch_mod.named_parameters()} | {n for n, _ in torch_mod.named_buffers()}
+    low = Lowering(values)
+    derivable = _derivable_sizes(fx_graph)
+    dropped: List[int] = []
+    constants: Dict[str, torch.Tensor] = {}
+    deferred: List[Tuple[torch.fx.Node, torch.fx.Node, int]] = []
+    output = None
+    placeholder_index = 0
+    for fx_node in fx_graph.nodes:
+        if fx_node.op == "placeholder":
+            if fx_node in derivable:
+                dropped.append(placeholder_index)
+                deferred.append((fx_node,) + derivable[fx_node])
+            else:
+                low.add(fx_node, "input", target=fx_node.target, scope=scope)
+            placeholder_index += 1
+            continue
+        for sym_node, tensor, dim in deferred:  # after every placeholder: the tensor it reads exists
+            low.add(sym_node, "function", torch.ops.aten.sym_size, (), {"self": low.map[tensor], "dim": dim},
+                    scope=scope)
+        deferred = []
+        if fx_node.op == "get_attr":
+            target = str(fx_node.target)
+            if target not in own:
+                value = owner
+                for part in target.split("."):
+                    value = getattr(value, part)
+                if not isinstance(value, torch.Tensor):
+                    raise UnsupportedOpError([f"attribute {target!r} of {type(torch_mod).__name__} is a "
+                                              f"{type(value).__name__}, not a tensor"])
+                constants[target] = value.detach().clone()
+            low.add(fx_node, "attr", target=target, display=f"attribute {target}", scope=scope)
+        elif fx_node.op == "call_module":
+            low.add(fx_node, "module", target=str(fx_node.target), args=low.args(fx_node.args),
+                    display=str(fx_node.target), scope=scope)
+        elif fx_node.op == "call_function":
+            target = getattr(fx_node.target, "overloadpacket", fx_node.target)
+            fargs, fkwargs = _schema_kwargs(fx_node.target, low.args(fx_node.args), low.args(fx_node.kwargs))
+            low.add(fx_node, "function", target, fargs, fkwargs, scope=scope)
+        elif fx_node.op == "output":
+            output = fx_node.args[0]
+        else:
+            raise UnsupportedOpError([f"graph node {fx_node.name} of kind {fx_node.op} in "
+                                      f"{type(torch_mod).__name__} is not supported"])
+    for sym_node, tensor, dim in deferred:  # a graph of placeholders only
+        low.add(sym_node, "function", torch.ops.aten.sym_size, (), {"self": low.map[tensor], "dim": dim},
+                scope=scope)
+    graph = low.graph(output, "torch.export", [], specialized=False)
+    return graph, tuple(dropped), constants, isinstance(output, (tuple, list))
