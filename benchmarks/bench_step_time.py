@@ -64,7 +64,8 @@ def cpu_rows(args) -> None:
         lv = hw.levels[0]
         print(f"cpu profile ({label}): matmul {hw.peak_flops / 1e9:.1f} GFLOP/s, copy {hw.memory_bandwidth / 1e9:.2f} "
               f"GB/s, shm {lv.bandwidth / 1e9:.2f} GB/s, latency {lv.latency * 1e6:.1f} us, op overhead "
-              f"{hw.efficiency.op_overhead * 1e6:.1f} us, {len(hw.kernels)} measured kernels")
+              f"{hw.efficiency.op_overhead * 1e6:.1f} us, peer wait {hw.efficiency.peer_wait * 1e3:.2f} ms per "
+              f"collective, {len(hw.kernels)} measured kernels")
     single = estimate_step_time(*single_job, single_hw)
     predicted_single = single.seconds
     distributed = estimate_step_time(*ranks_job, ranks_hw)

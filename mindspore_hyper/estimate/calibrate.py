@@ -17,7 +17,9 @@ With a job (config and strategy), each process also times the job's ops at their
 (`cpu_kernels.measure_kernels`: the profile's `kernels`, which replace the roofline for those
 ops) and, with processes > 1, pairs of processes time the transport's 2-rank AllReduce
 (`transport_calibration.measure_all_reduce`), whose alpha-beta fit replaces the pipe latency and
-the shared-memory bandwidth.
+the shared-memory bandwidth; the same pairs then time it after the job's MLP GEMM without a
+barrier, which gives the peer wait per collective (`Efficiency.peer_wait`: the time a rank waits
+for a peer that was descheduled while more processes than cores take turns).
 
 The slowest process's figures make the profile (a step waits for its slowest rank). It is a
 `Hardware` with one network level ("shm", every process on this host), efficiency factors 1
@@ -123,11 +125,29 @@ def _worker(backend: str, threads: int, size: int, seconds: float, barrier, queu
         if processes > 1:
             from mindspore_hyper.estimate.transport_calibration import measure_all_reduce
 
-            message = int(config.micro_batch * config.seq_len * config.hidden * 4)
+            tokens = config.micro_batch * config.seq_len
+            message = int(tokens * config.hidden * 4)
             pairs = processes // 2  # groups of 2, as the job's 2-way tensor and data groups
             if rank < 2 * pairs:
-                result["all_reduce"] = measure_all_reduce(f"{group}-{rank // 2}", rank % 2, 2, message)
+                result["all_reduce"] = measure_all_reduce(f"{group}-{rank // 2}", rank % 2, 2, message,
+                                                          compute=_between_collectives(config, strategy))
     queue.put(result)
+
+
+def _between_collectives(config, strategy):
+    """The job's work between two tensor-parallel collectives, roughly: its MLP's first GEMM at the
+    local shape (tokens x hidden times hidden x ffn / tensor), run to completion."""
+    import numpy as np
+    from mindspore import Tensor, ops
+
+    rng = np.random.default_rng(1)
+    x = Tensor(rng.standard_normal((config.micro_batch * config.seq_len, config.hidden)).astype(np.float32))
+    w = Tensor(rng.standard_normal((config.hidden, max(config.ffn // strategy.tensor, 1))).astype(np.float32))
+
+    def compute() -> None:
+        ops.matmul(x, w).asnumpy()
+
+    return compute
 
 
 def _echo(conn) -> None:
@@ -252,9 +272,11 @@ def calibrate_cpu(processes: int = 1, threads: int = 1, backend: str = "mindspor
         kernels = {key: tuple(max(r["kernels"][key][i] for r in results) for i in range(2))
                    for key in results[0]["kernels"]}
     measured = [r["all_reduce"] for r in results if "all_reduce" in r]
-    if measured:  # the transport as the runtime pays it: slowest alpha, slowest bandwidth
+    peer_wait = 0.0
+    if measured:  # the transport as the runtime pays it: slowest alpha, slowest bandwidth, longest wait
         latency = max(m[0] for m in measured)
         slowest["shm_Bps"] = min(m[1] for m in measured)
+        peer_wait = max(m[2] for m in measured)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     how = (f"measured by calibrate_cpu({processes} processes x {threads} threads, {backend}) on {when}, "
            f"load {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores")
@@ -262,7 +284,7 @@ def calibrate_cpu(processes: int = 1, threads: int = 1, backend: str = "mindspor
     return Hardware(name="cpu", peak_flops=slowest["matmul_flops"], memory_bytes=int(memory),
                     memory_bandwidth=slowest["memory_Bps"],
                     levels=(Level("shm", SHM_DEVICES, slowest["shm_Bps"], latency),),
-                    efficiency=Efficiency(1.0, 1.0, 1.0, 0.0, slowest["op_overhead_s"]), attention="materialized",
+                    efficiency=Efficiency(1.0, 1.0, 1.0, 0.0, slowest["op_overhead_s"], peer_wait), attention="materialized",
                     description=f"this machine ({os.cpu_count()} cores), {backend} kernels",
                     sources={k: how for k in ("peak_tflops", "memory_GB", "memory_bandwidth_GBps", "levels.shm",
                                               "latency_us", "efficiency") + (("kernels",) if kernels else ())},
@@ -282,7 +304,8 @@ def save_hardware(hardware: Hardware, path: str) -> str:
             "efficiency": {"matmul": hardware.efficiency.matmul, "memory": hardware.efficiency.memory,
                            "network": hardware.efficiency.network,
                            "message_overhead_us": hardware.efficiency.message_overhead * 1e6,
-                           "op_overhead_us": hardware.efficiency.op_overhead * 1e6},
+                           "op_overhead_us": hardware.efficiency.op_overhead * 1e6,
+                           "peer_wait_us": hardware.efficiency.peer_wait * 1e6},
             "sources": dict(hardware.sources)}
     if hardware.kernels:
         data["kernels"] = {k: [f * 1e6, b * 1e6] for k, (f, b) in hardware.kernels.items()}

@@ -14,6 +14,9 @@ after the inner levels reduced or split it (hierarchical algorithms, as NCCL's a
   (P_i - P_{i-1}) / P with P_i = f_0 ... f_i:  sum_i (P_i - P_{i-1}) (alpha_i + n beta_i / P)
 * send_recv (two ranks `stride` apart): alpha + n beta of the level the pair spans.
 
+Every collective of two or more ranks also pays the hardware's `peer_wait` once (0 on the
+presets; the `cpu` profile's measured wait for peers that share the cores).
+
 With one level this is the ring formula of `mindspore_hyper.comm.cost` (2(p-1)a + 2(p-1)/p n b
 for all_reduce), which the tests check against the C++ cost model.
 """
@@ -70,7 +73,7 @@ def collective_seconds(kind: str, nbytes: float, hardware: Hardware, fanouts: Tu
     if nbytes < 0:
         raise ValueError(f"nbytes={nbytes!r}: expected >= 0")
     eff = hardware.efficiency
-    total, inner, seconds = math.prod(fanouts), 1, 0.0
+    total, inner, seconds = math.prod(fanouts), 1, eff.peer_wait
     if total <= 1:
         return 0.0
     for level, f in zip(hardware.levels, fanouts):
@@ -87,6 +90,6 @@ def collective_seconds(kind: str, nbytes: float, hardware: Hardware, fanouts: Tu
             peers = inner * f - inner
             seconds += peers * (alpha + nbytes * beta / total)
         else:  # send_recv: the outermost level the pair spans
-            seconds = alpha + nbytes * beta
+            seconds = eff.peer_wait + alpha + nbytes * beta
         inner *= f
     return seconds

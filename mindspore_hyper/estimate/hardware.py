@@ -11,7 +11,8 @@ A preset file (``load_hardware("a100-80gb")``)::
       - {name: nvlink, devices: 8, bandwidth_GBps: 300, latency_us: 3}      # per device, each way
       - {name: infiniband, devices: 4480, bandwidth_GBps: 25, latency_us: 6}
     attention: materialized          # or flash (scores never stored; causal half skipped)
-    efficiency: {matmul: 0.80, memory: 0.80, network: 0.80, message_overhead_us: 5}  # op_overhead_us: 0
+    efficiency: {matmul: 0.80, memory: 0.80, network: 0.80, message_overhead_us: 5}  # op_overhead_us: 0,
+                                     # peer_wait_us: 0 (both optional)
     sources: {peak_tflops: "...", ...}
     kernels: {"qkv | 7.2e+09 FLOP | 3.2e+07 B": [62000, 138000], ...}  # optional: measured op times,
                                      # forward and backward us per call (calibrate_cpu with a job)
@@ -32,7 +33,7 @@ ATTENTION_KERNELS = ("flash", "materialized")
 _TOP_KEYS = ("name", "description", "peak_tflops", "memory_GB", "memory_bandwidth_GBps", "levels", "attention",
              "efficiency", "sources", "kernels")
 _LEVEL_KEYS = ("name", "devices", "bandwidth_GBps", "latency_us")
-_EFFICIENCY_KEYS = ("matmul", "memory", "network", "message_overhead_us", "op_overhead_us")
+_EFFICIENCY_KEYS = ("matmul", "memory", "network", "message_overhead_us", "op_overhead_us", "peer_wait_us")
 _EFFICIENCY_REQUIRED = ("matmul", "memory", "network", "message_overhead_us")
 
 
@@ -66,6 +67,9 @@ class Efficiency:
         op_overhead: seconds of dispatch cost per op launch, added to its roofline time (0 where
             launches are asynchronous and hidden, as on GPUs and NPUs; the `cpu` profile measures
             MindSpore's PyNative dispatch).
+        peer_wait: seconds a rank waits per blocking collective for group peers that reached it
+            later, beyond the transfer (0 on dedicated devices; the `cpu` profile measures it when
+            more processes than cores take turns on the cores).
     """
 
     matmul: float
@@ -73,6 +77,7 @@ class Efficiency:
     network: float
     message_overhead: float
     op_overhead: float = 0.0
+    peer_wait: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -213,6 +218,8 @@ def hardware_from_dict(data: Any, source: str = "<dict>") -> Hardware:
                             _number(source, "efficiency.message_overhead_us", eff["message_overhead_us"],
                                     inclusive_low=True) * 1e-6,
                             _number(source, "efficiency.op_overhead_us", eff.get("op_overhead_us", 0),
+                                    inclusive_low=True) * 1e-6,
+                            _number(source, "efficiency.peer_wait_us", eff.get("peer_wait_us", 0),
                                     inclusive_low=True) * 1e-6)
     attention = data.get("attention", "flash")
     if attention not in ATTENTION_KERNELS:

@@ -7,13 +7,17 @@ runtime's collectives. It times a 4-byte message and a `message_bytes` one (the 
 e.g. a tensor-parallel activation) and returns the alpha-beta figures of the ring formula
 t(n) = 2 (p - 1) alpha + 2 (p - 1) / p x n / bandwidth that pass through both points:
 alpha (seconds per step, includes the host copies and waits of a tiny message) and the
-bandwidth (bytes/s of the copies and the transport).
+bandwidth (bytes/s of the copies and the transport). Those calls start together (a barrier
+before each). Given a `compute` callable (the job's work between two collectives), it then times
+the 4-byte call as a step pays it: each process computes, then all-reduces, with no barrier, so
+a peer that was descheduled or is slower arrives late; the mean excess over the aligned call is
+the peer wait per collective (`Efficiency.peer_wait`).
 """
 from __future__ import annotations
 
 import statistics
 import time
-from typing import List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
@@ -38,15 +42,19 @@ def alpha_beta(size: int, small_bytes: float, small_s: float, large_bytes: float
     return alpha, bandwidth
 
 
-def measure_all_reduce(name: str, rank: int, size: int, message_bytes: int,
-                       repeats: int = 20) -> Tuple[float, float]:
-    """Alpha and bandwidth of the group's AllReduce at the boundary (module doc); call in every rank.
+def measure_all_reduce(name: str, rank: int, size: int, message_bytes: int, repeats: int = 20,
+                       compute: Optional[Callable[[], None]] = None) -> Tuple[float, float, float]:
+    """Alpha, bandwidth and peer wait of the group's AllReduce at the boundary (module doc); call in every rank.
 
     Args:
         name: the group name (the same in every rank; unique per measurement).
         rank, size: this process's rank and the group size (>= 2).
         message_bytes: the large message (float32 elements x 4); >= 8.
         repeats: timed calls per size (median), after 2 warm-up calls.
+        compute: the work run before each call of the unaligned phase (None: no peer wait measured).
+
+    Returns:
+        (alpha seconds, bandwidth bytes/s, peer wait seconds per collective; 0 without `compute`).
 
     Raises:
         ValueError: a bad argument (named).
@@ -60,18 +68,27 @@ def measure_all_reduce(name: str, rank: int, size: int, message_bytes: int,
     from mindspore_hyper.comm.shm import ShmCommunicator
 
     group = ShmCommunicator(name, rank, size)
+
+    def timed(x, before: Callable[[], None]) -> List[float]:
+        times: List[float] = []
+        for i in range(repeats + 2):
+            before()
+            start = time.perf_counter()
+            Tensor(group.all_reduce(x.asnumpy()))
+            if i >= 2:
+                times.append(time.perf_counter() - start)
+        return times
+
     try:
-        seconds = []
-        for nbytes in (4, message_bytes):
-            x = Tensor(np.ones(nbytes // 4, np.float32))
-            times: List[float] = []
-            for i in range(repeats + 2):
-                group.barrier()
-                start = time.perf_counter()
-                Tensor(group.all_reduce(x.asnumpy()))
-                if i >= 2:
-                    times.append(time.perf_counter() - start)
-            seconds.append(statistics.median(times))
+        tiny = Tensor(np.ones(1, np.float32))
+        aligned = [statistics.median(timed(x, group.barrier))
+                   for x in (tiny, Tensor(np.ones(message_bytes // 4, np.float32)))]
+        wait = 0.0
+        if compute is not None:
+            # the mean over every rank of the group: the step pays each rank's waits in turn
+            mine = statistics.fmean(timed(tiny, compute)) - aligned[0]
+            wait = max(float(group.all_reduce(np.array([mine], np.float64))[0]) / size, 0.0)
     finally:
         group.close()
-    return alpha_beta(size, 4, seconds[0], message_bytes, max(seconds[1], seconds[0] * (1 + 1e-9)))
+    alpha, bandwidth = alpha_beta(size, 4, aligned[0], message_bytes, max(aligned[1], aligned[0] * (1 + 1e-9)))
+    return alpha, bandwidth, wait

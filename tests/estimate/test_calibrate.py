@@ -1,5 +1,9 @@
 """The `cpu` profile: measured in this process (numpy kernels, tiny sizes), written and read back
 as a hardware file, and usable by the step-time model; bad arguments are named."""
+import multiprocessing as mp
+import os
+import time
+
 import pytest
 
 from mindspore_hyper.estimate import JobStrategy, TransformerConfig, estimate_step_time, load_hardware
@@ -16,6 +20,7 @@ def test_profile_round_trip_and_step_time(tmp_path):
     assert back.peak_flops == pytest.approx(hw.peak_flops) and back.levels[0].latency == pytest.approx(
         hw.levels[0].latency)
     assert back.efficiency.op_overhead == pytest.approx(hw.efficiency.op_overhead)
+    assert back.efficiency.peer_wait == hw.efficiency.peer_wait == 0.0  # one process: no peers
     config = TransformerConfig(layers=2, hidden=64, heads=4, vocab=128, seq_len=16, micro_batch=4, dtype_bytes=4)
     one = estimate_step_time(config.with_(micro_batch=8), JobStrategy(microbatches=1), back)
     four = estimate_step_time(config, JobStrategy(data=2, tensor=2, microbatches=1), back)
@@ -29,3 +34,34 @@ def test_profile_round_trip_and_step_time(tmp_path):
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         calibrate_cpu(**kwargs)
+
+
+def _wait_worker(group: str, rank: int, late: float, queue) -> None:
+    from mindspore_hyper.estimate.transport_calibration import measure_all_reduce
+
+    queue.put((rank, measure_all_reduce(group, rank, 2, 4096, repeats=5, compute=lambda: time.sleep(late * rank)),
+               measure_all_reduce(group + "-aligned", rank, 2, 4096, repeats=5)))
+
+
+def test_peer_wait_measures_a_late_peer():
+    """Rank 1 computes 40 ms before each unaligned call, rank 0 nothing: rank 0 waits >= 40 ms a
+    call, so the group's mean wait is >= 20 ms; without `compute` no wait is measured."""
+    from mindspore_hyper.comm.job_token import job_token
+
+    job_token()
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    group = f"peer-wait-{os.getpid()}-{time.time_ns()}"
+    procs = [ctx.Process(target=_wait_worker, args=(group, r, 0.04, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = {}
+    for _ in procs:
+        rank, unaligned, aligned = queue.get(timeout=300)
+        got[rank] = (unaligned, aligned)
+    for p in procs:
+        p.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert got[0][0][2] == pytest.approx(got[1][0][2])  # one figure for the group
+    assert got[0][0][2] >= 0.02 - 1e-3
+    assert got[0][1][2] == 0.0 and got[0][1][1] > 0 and got[0][1][0] >= 0

@@ -57,6 +57,8 @@ def test_file_path_and_dict(tmp_path):
     ({"levels": [{"name": "a", "devices": 8, "latency_us": 1}]}, "field levels[0].bandwidth_GBps: missing"),
     ({"efficiency": {"matmul": 1.5, "memory": 0.8, "network": 0.8, "message_overhead_us": 0}},
      "field 'efficiency.matmul': expected a number > 0 and <= 1"),
+    ({"efficiency": {"matmul": 1, "memory": 0.8, "network": 0.8, "message_overhead_us": 0, "peer_wait_us": -1}},
+     "field 'efficiency.peer_wait_us'"),
 ])
 def test_bad_fields_are_named(change, message):
     with pytest.raises(ValueError, match="hardware '<dict>'") as info:

@@ -99,6 +99,19 @@ def test_alpha_beta_sums_by_hand():
         collective_seconds("gather", 1, hw, f)
 
 
+def test_peer_wait_is_paid_once_per_collective_of_two_or_more_ranks():
+    waiting = load_hardware({**TOY_HW, "efficiency": {**TOY_HW["efficiency"], "peer_wait_us": 300}})
+    assert waiting.efficiency.peer_wait == pytest.approx(3e-4)
+    hw = load_hardware(TOY_HW)
+    for kind, f in (("all_reduce", (4, 2)), ("all_gather", (4, 1)), ("all_to_all", (2, 2)), ("send_recv", (1, 2))):
+        assert collective_seconds(kind, 1e6, waiting, f) == pytest.approx(collective_seconds(kind, 1e6, hw, f) + 3e-4)
+    assert collective_seconds("all_reduce", 1e6, waiting, (1, 1)) == 0.0
+    # a tensor-parallel step pays it for each of its 4 all-reduces per layer and micro-batch
+    st = JobStrategy(tensor=2, microbatches=1)
+    slower, base = estimate_step_time(TINY, st, waiting), estimate_step_time(TINY, st, hw)
+    assert slower.seconds - base.seconds == pytest.approx(TINY.layers * 4 * 3e-4)
+
+
 def test_alpha_beta_matches_the_cpp_cost_model_on_one_level():
     from mindspore_hyper.comm.cost import estimate_time
 
