@@ -19,7 +19,7 @@ ms.set_context(mode=ms.PYNATIVE_MODE)
 import mindspore_hyper as mh  # noqa: E402
 from mindspore_hyper.migrate import convert  # noqa: E402
 from mindspore_hyper.migrate.compare import to_mindspore  # noqa: E402
-from migrate_training import next_token_loss_ms  # noqa: E402
+from migrate_training import NextTokenLoss  # noqa: E402
 
 STEPS = 3
 # the torch names under the loss wrapper's `lm.`
@@ -29,15 +29,6 @@ CONFIG = {"parallel_config": {"device_matrix": [2], "alias_names": ["tensor"], "
     {"name": "lm.model.layers.*.mlp.gate_proj", "strategy": {"tensor": (2, 1)}},
     {"name": "lm.model.layers.*.mlp.up_proj", "strategy": {"tensor": (2, 1)}},
     {"name": "lm.model.layers.*.mlp.down_proj", "strategy": {"tensor": (1, 2)}}]}}
-
-
-class NextTokenLoss(nn.Cell):
-    def __init__(self, lm):
-        super().__init__()
-        self.lm = lm
-
-    def construct(self, ids):
-        return next_token_loss_ms(self.lm(ids), ids)
 
 
 def converted():

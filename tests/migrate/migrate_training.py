@@ -4,7 +4,7 @@ from typing import Callable, List, Tuple
 import numpy as np
 import torch
 import mindspore as ms
-from mindspore import mint, ops
+from mindspore import mint, nn, ops
 
 from mindspore_hyper.migrate.compare import to_mindspore
 
@@ -19,6 +19,17 @@ def next_token_loss_ms(logits, ids):
     log_probs = ops.log_softmax(flat, -1)  # mint's log_softmax has no CPU kernel
     picked = mint.gather(log_probs, 1, mint.reshape(ids[:, 1:], (-1, 1)))
     return mint.neg(mint.mean(picked))
+
+
+class NextTokenLoss(nn.Cell):
+    """A causal LM Cell (ids -> logits) wrapped as ids -> its next-token loss."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def construct(self, ids):
+        return next_token_loss_ms(self.lm(ids), ids)
 
 
 class AdamW:

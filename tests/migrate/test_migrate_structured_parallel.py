@@ -14,7 +14,7 @@ from mindspore_hyper.migrate.compare import cell_outputs, relative_error, to_min
 from mindspore_hyper.runtime.pipeline import PipelineModel
 
 from migrate_models import TOL
-from migrate_training import next_token_loss_ms
+from migrate_training import NextTokenLoss, next_token_loss_ms
 from test_migrate_structured import llama
 
 pytestmark = pytest.mark.usefixtures("pynative")
@@ -23,15 +23,6 @@ pytestmark = pytest.mark.usefixtures("pynative")
 def converted():
     cell, _ = convert(llama(), torch.randint(0, 101, (2, 16)), structure="modules", check=False)
     return cell
-
-
-class NextTokenLoss(nn.Cell):
-    def __init__(self, lm):
-        super().__init__()
-        self.lm = lm
-
-    def construct(self, ids):
-        return next_token_loss_ms(self.lm(ids), ids)
 
 
 def test_data_by_tensor_from_module_patterns_on_torch_names(clean_context):
