@@ -17,8 +17,8 @@ With a job (config and strategy), each process also times the job's ops at their
 (`cpu_kernels.measure_kernels`: the profile's `kernels`, which replace the roofline for those
 ops) and, with processes > 1, pairs of processes time the transport's 2-rank AllReduce
 (`transport_calibration.measure_all_reduce`), whose alpha-beta fit replaces the pipe latency and
-the shared-memory bandwidth; the same pairs then time it after the job's MLP GEMM without a
-barrier, which gives the peer wait per collective (`Efficiency.peer_wait`: the time a rank waits
+the shared-memory bandwidth; the same pairs then time it after half a layer's forward of work
+(the job's MLP GEMM, repeated) without a barrier, which gives the peer wait per collective (`Efficiency.peer_wait`: the time a rank waits
 for a peer that was descheduled while more processes than cores take turns).
 
 The slowest process's figures make the profile (a step waits for its slowest rank). It is a
@@ -129,23 +129,35 @@ def _worker(backend: str, threads: int, size: int, seconds: float, barrier, queu
             message = int(tokens * config.hidden * 4)
             pairs = processes // 2  # groups of 2, as the job's 2-way tensor and data groups
             if rank < 2 * pairs:
+                between = _between_collectives(config, strategy, result["kernels"])
                 result["all_reduce"] = measure_all_reduce(f"{group}-{rank // 2}", rank % 2, 2, message,
-                                                          compute=_between_collectives(config, strategy))
+                                                          compute=between)
     queue.put(result)
 
 
-def _between_collectives(config, strategy):
-    """The job's work between two tensor-parallel collectives, roughly: its MLP's first GEMM at the
-    local shape (tokens x hidden times hidden x ffn / tensor), run to completion."""
+def _between_collectives(config, strategy, kernels: Dict[str, tuple]):
+    """The job's work between two tensor-parallel collectives: its MLP's first GEMM at the local
+    shape (tokens x hidden times hidden x ffn / tensor), repeated to last half a layer's measured
+    forward (a layer's forward holds two such collectives)."""
     import numpy as np
     from mindspore import Tensor, ops
+
+    from mindspore_hyper.estimate.layer_ops import kernel_key, layer_forward_ops
 
     rng = np.random.default_rng(1)
     x = Tensor(rng.standard_normal((config.micro_batch * config.seq_len, config.hidden)).astype(np.float32))
     w = Tensor(rng.standard_normal((config.hidden, max(config.ffn // strategy.tensor, 1))).astype(np.float32))
 
-    def compute() -> None:
+    def gemm() -> None:
         ops.matmul(x, w).asnumpy()
+
+    layer = sum(kernels[kernel_key(op)][0] for op in layer_forward_ops(config, strategy, "materialized")
+                if kernel_key(op) in kernels)
+    repeats = max(1, round(layer / 2 / _repeat(gemm, 0.1)))
+
+    def compute() -> None:
+        for _ in range(repeats):
+            gemm()
 
     return compute
 
