@@ -6,9 +6,6 @@ The sweep runs once, in a fresh process started with synchronous kernel launches
 asynchronous pipeline, once running, makes its thousands of tiny kernels ~10x slower; the
 results are the same), and each op's outcome is checked by its own test here.
 """
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ from mindspore_hyper.dtensor import DTensor, coverage
 from mindspore_hyper.dtensor.op_catalog import CATALOG, Arg, OpCase
 from mindspore_hyper.dtensor.rules import registry
 from mindspore_hyper.dtensor.rules.common import make
+from sweep_run import sweep_results
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "op_coverage.md"
 
@@ -28,13 +26,9 @@ pytestmark = pytest.mark.xdist_group("op_sweep")
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
     """name -> CaseResult of every catalog op, from one sweep in a fresh process."""
-    path = tmp_path_factory.mktemp("sweep") / "outcomes.json"
-    run = subprocess.run([sys.executable, "-m", "mindspore_hyper.dtensor.coverage", "--json", str(path)],
-                         capture_output=True, text=True, timeout=600)
-    if not path.exists():
-        raise AssertionError(f"the sweep did not finish (exit {run.returncode}):\n{run.stderr[-3000:]}")
+    results = sweep_results(tmp_path_factory.mktemp("sweep"), "mindspore_hyper.dtensor.coverage", timeout=600)
     cases = {case.name: case for case in CATALOG}
-    return {d["name"]: coverage.CaseResult.from_dict(d, cases[d["name"]]) for d in json.loads(path.read_text())}
+    return {d["name"]: coverage.CaseResult.from_dict(d, cases[d["name"]]) for d in results}
 
 
 def test_catalog_covers_at_least_150_distinct_ops():

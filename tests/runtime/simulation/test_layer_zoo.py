@@ -6,9 +6,6 @@ the layer-zoo table of docs/op_coverage.md is the sweep's current table.
 The sweep runs once, in a fresh process with synchronous kernel launches (as the op sweep), and
 each layer's outcome is checked by its own test here.
 """
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +17,7 @@ from mindspore_hyper.dtensor.rules import registry
 from mindspore_hyper.dtensor.rules.common import make
 from mindspore_hyper.runtime.simulation import layer_sweep
 from mindspore_hyper.runtime.simulation.layer_catalog import LAYERS, LayerCase
+from sweep_run import sweep_results
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "op_coverage.md"
 RUNS = layer_sweep.runs_per_layer()
@@ -31,13 +29,10 @@ pytestmark = pytest.mark.xdist_group("layer_zoo")
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
     """name -> LayerResult of every layer case, from one sweep in a fresh process."""
-    path = tmp_path_factory.mktemp("zoo") / "outcomes.json"
-    run = subprocess.run([sys.executable, "-m", "mindspore_hyper.runtime.simulation.layer_sweep", "--json", str(path)],
-                         capture_output=True, text=True, timeout=900)
-    if not path.exists():
-        raise AssertionError(f"the layer sweep did not finish (exit {run.returncode}):\n{run.stderr[-3000:]}")
+    results = sweep_results(tmp_path_factory.mktemp("zoo"), "mindspore_hyper.runtime.simulation.layer_sweep",
+                            timeout=900)
     cases = {case.name: case for case in LAYERS}
-    return {d["name"]: layer_sweep.LayerResult.from_dict(d, cases[d["name"]]) for d in json.loads(path.read_text())}
+    return {d["name"]: layer_sweep.LayerResult.from_dict(d, cases[d["name"]]) for d in results}
 
 
 def test_zoo_covers_the_layer_families():
