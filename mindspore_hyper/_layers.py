@@ -42,24 +42,12 @@ EXTENSION_MODULES = ("_core",)
 KNOWN_CIRCLES = (
     (("dtensor.batched", "dtensor.dispatch", "dtensor.dtensor", "dtensor.mutation"),
      "issue 25 item 5: a value half of DTensor without runtime imports"),
-    (("runtime.base", "runtime.distributed", "runtime.distributed.runtime", "runtime.mpmd",
-      "runtime.mpmd.distributed", "runtime.mpmd.group_runner", "runtime.mpmd.model", "runtime.mpmd.rebalancing",
-      "runtime.native", "runtime.native.observe", "runtime.native.runtime", "runtime.native.translate",
-      "runtime.simulation", "runtime.simulation.model", "runtime.simulation.runtime"),
-     "issue 25 items 2-3: the runtime registry looked up once, one sub-world, mpmd/ out of runtime/"),
 )
 
 # Imports up the layers still open: (importer, imported) modules, and the issue item that removes it.
-KNOWN_UPWARD = (
-    ("runtime.distributed.runtime", "runtime.mpmd.distributed",
-     "issue 25 item 3: one sub-world; the mode's runtime does not build MPMD group runners"),
-    ("runtime.simulation.runtime", "runtime.mpmd",
-     "issue 25 item 2: auto_parallelize picks the MPMD builder from the resolved program shape"),
-)
+KNOWN_UPWARD = ()
 
 # Import circles between units (a unit's modules import another unit's and back) still open.
 KNOWN_UNIT_CIRCLES = (
     (("moe", "offload"), "issue 25 item 5: moe expert caching next to offload or behind an interface"),
-    (("runtime", "runtime.distributed", "runtime.mpmd", "runtime.native", "runtime.simulation"),
-     "issue 25 items 2-3: the runtime registry looked up once, mpmd/ out of runtime/"),
 )

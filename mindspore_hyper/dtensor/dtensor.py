@@ -65,7 +65,6 @@ class DTensor(Tensor):
         dt._global_shape = global_shape
         dt._execution = execution
         nbytes = math.prod(layout.local_shape(global_shape)) * dtype.itemsize
-        dt._local_nbytes = nbytes
         dt._parameter_id = None  # id of the Parameter this DTensor lays out, if any
         accounting = execution.accounting
         if execution.holds_activations:
@@ -108,11 +107,6 @@ class DTensor(Tensor):
     @property
     def global_shape(self) -> Tuple[int, ...]:
         return self._global_shape
-
-    @property
-    def local_nbytes(self) -> int:
-        """Bytes of one device's shard."""
-        return self._local_nbytes
 
     @property
     def execution(self):
@@ -273,7 +267,7 @@ class DTensor(Tensor):
 
     def _become(self, other: "DTensor") -> "DTensor":
         """Take `other`'s layout and shards (the result of an in-place op on this DTensor)."""
-        self._layout, self._shards, self._local_nbytes = other._layout, other.shards, other._local_nbytes
+        self._layout, self._shards = other._layout, other.shards
         self._pending, self._stacked = None, other._stacked
         return self
 

@@ -1,4 +1,4 @@
-"""Runtimes: one protocol (base.Runtime), one folder per execution mode."""
-from mindspore_hyper.runtime.base import RUNTIMES, Runtime, get_runtime, register_runtime
+"""Execution runtimes: simulation (one process), distributed (msrun), native (MindSpore auto-parallel)."""
+from mindspore_hyper.runtime.base import OpByOpRuntime, Runtime
 
-__all__ = ["Runtime", "RUNTIMES", "get_runtime", "register_runtime"]
+__all__ = ["Runtime", "OpByOpRuntime"]

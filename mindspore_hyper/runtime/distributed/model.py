@@ -23,7 +23,6 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from mindspore_hyper.comm.collectives import AxisGroup, ring_send_bytes
 from mindspore_hyper.comm.process_collectives import adopt
-from mindspore_hyper.runtime.distributed.world import world
 from mindspore_hyper.runtime.model import ParallelModel
 
 __all__ = ["DistributedModel"]
@@ -74,7 +73,7 @@ class DistributedModel(ParallelModel):
 
     def __init__(self, network: nn.Cell, table, runtime, return_dtensor: bool = False):
         super().__init__(network, table, runtime, return_dtensor)
-        self.world = world()
+        self.world = runtime.processes  # the processes of its mesh (the job, a stage, a group)
         self._deferring = False
         self._pending: List[tuple] = []  # (parameter id, async handle) of queued gradient sums
         self._zero_pending: List[tuple] = []  # (parameter id, group, contribution) for ZeRO-1

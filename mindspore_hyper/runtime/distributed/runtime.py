@@ -3,17 +3,15 @@ from __future__ import annotations
 
 from typing import Tuple
 
-import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor
 
 from mindspore_hyper.comm.process_collectives import ProcessCollectives
 from mindspore_hyper.dtensor.execution import ParameterSlot
-from mindspore_hyper.runtime.base import Runtime, register_runtime
+from mindspore_hyper.runtime.base import OpByOpRuntime
 from mindspore_hyper.runtime.distributed.world import world
 from mindspore_hyper.runtime.simulation.runtime import zero_axes
 from mindspore_hyper.shard.layout import Layout
-from mindspore_hyper.strategy.resolve import resolve_strategy
 
 __all__ = ["DistributedRuntime", "local_shard_slot"]
 
@@ -30,54 +28,55 @@ def local_shard_slot(network, param, row, rank: int, value: np.ndarray) -> Param
     return ParameterSlot(shard, row.layout, row.global_shape, zero_axes(row), local=True)
 
 
-@register_runtime
-class DistributedRuntime(Runtime):
-    """This process holds the mesh rank equal to its msrun rank; collectives go through the
-    `dist_transport` flag's transport."""
+class DistributedRuntime(OpByOpRuntime):
+    """This process holds one rank of the mesh: its rank in `processes` (the whole job, its msrun
+    rank; or a SubWorld: a pipeline stage's or an MPMD group's processes); collectives go through
+    the `dist_transport` flag's transport.
+
+    Args:
+        processes: the World or SubWorld the mesh's ranks run on; None: the job's World.
+        broadcast_parameters: every process starts from the processes' rank 0 initial values (one
+            broadcast per parameter); False when they are equal already (a pipeline build
+            broadcast them beforehand).
+    """
 
     name = "distributed"
 
+    def __init__(self, processes=None, broadcast_parameters: bool = True):
+        self._processes = processes
+        self.broadcast_parameters = broadcast_parameters
+
+    @property
+    def processes(self):
+        """The World or SubWorld of this runtime (the job's World made on first use)."""
+        return self._processes if self._processes is not None else world()
+
     def local_ranks(self, mesh: Layout) -> Tuple[int, ...]:
-        return (world().rank,)
+        return (self.processes.rank,)
 
     def make_collectives(self, mesh: Layout):
-        return ProcessCollectives(world().communicator)
+        return ProcessCollectives(self.processes.communicator)
 
     def materialize(self, network, param, row) -> ParameterSlot:
-        """Every process starts from rank 0's initial values (as if one model had been built) and
-        keeps only its shard: a new Parameter of the same name holding the local shard replaces
-        the global one in every Cell of `network` that holds it."""
-        w = world()
+        """This process keeps only its shard of the initial value: a new Parameter of the same
+        name holding it replaces the global one in every Cell of `network` that holds it."""
+        p = self.processes
         value = param.asnumpy()
-        if w.size > 1:
-            value = w.communicator(tuple(range(w.size))).broadcast(value, 0)
-        return local_shard_slot(network, param, row, w.rank, value)
+        if self.broadcast_parameters and p.size > 1:
+            value = p.communicator(tuple(range(p.size))).broadcast(value, 0)
+        return local_shard_slot(network, param, row, p.rank, value)
 
-    def parallelize(self, model, strategy_or_config, return_dtensor: bool = False, optimizer_states: int = 2,
-                    group_strategies=None):
-        """Wrap `model` for this process's rank (see DistributedModel); a config with device
-        groups (hyper_mpmd on) gives an `MPMDModel` running this process's group.
+    def device_count(self) -> int:
+        return self.processes.size
 
-        Raises:
-            ValueError: GRAPH_MODE, or the strategy's mesh size differs from the job's process count.
-        """
+    def device_count_text(self, count: int) -> str:
+        return f"the job has {count} processes"
+
+    def device_count_hint(self, mesh_size: int) -> str:
+        return f"launch with msrun --worker_num={mesh_size} --local_worker_num={mesh_size}"
+
+    def wrap(self, model, table, return_dtensor: bool):
+        """A `DistributedModel` for this process's rank."""
         from mindspore_hyper.runtime.distributed.model import DistributedModel
 
-        if ms.get_context("mode") != ms.PYNATIVE_MODE:
-            raise ValueError("distributed mode runs op by op: call mindspore.set_context(mode=mindspore.PYNATIVE_MODE)")
-        w = world()
-        table = resolve_strategy(model, strategy_or_config, optimizer_states=optimizer_states)
-        if table.groups:
-            from mindspore_hyper.runtime.mpmd.distributed import parallelize_groups
-
-            return parallelize_groups(model, table, self, group_strategies, optimizer_states)
-        if group_strategies:
-            raise ValueError("group_strategies: the strategy declares no device groups (process_groups or "
-                             "strategy: mpmd entries)")
-        if table.mesh.size != w.size:
-            raise ValueError(f"the strategy's mesh {table.mesh.device_matrix} has {table.mesh.size} devices but the job "
-                             f"has {w.size} processes; launch with msrun --worker_num={table.mesh.size} "
-                             f"--local_worker_num={table.mesh.size}")
-        for row in table:
-            row.layout.check_shape(row.global_shape)
         return DistributedModel(model, table, self, return_dtensor=return_dtensor)

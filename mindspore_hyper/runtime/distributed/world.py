@@ -23,6 +23,7 @@ from typing import Dict, Tuple
 
 from mindspore_hyper.comm.job_token import job_token
 from mindspore_hyper.context import get_context
+from mindspore_hyper.runtime.distributed.sub_world import SubWorld
 
 __all__ = ["World", "world"]
 
@@ -82,6 +83,20 @@ class World:
         if ranks not in self._communicators:
             self._communicators[ranks] = self._make(ranks)
         return self._communicators[ranks]
+
+    def sub(self, ranks: Tuple[int, ...]) -> SubWorld:
+        """The processes of global `ranks` as a world of their own (see `SubWorld`).
+
+        Raises:
+            ValueError: this process is not one of `ranks`, or a rank is outside the job.
+        """
+        ranks = tuple(int(r) for r in ranks)
+        if self.rank not in ranks:
+            raise ValueError(f"World.sub(ranks={ranks}): this process (rank {self.rank}) is not one of them")
+        outside = [r for r in ranks if not 0 <= r < self.size]
+        if outside:
+            raise ValueError(f"World.sub(ranks={ranks}): rank {outside[0]} is outside the job's {self.size} processes")
+        return SubWorld(self, ranks)
 
     def one_host(self, ranks: Tuple[int, ...]) -> bool:
         """Whether the processes of `ranks` run on one host (always, outside the hybrid transport)."""

@@ -1,7 +1,7 @@
 """MPMD groups under msrun: each process belongs to one device group and runs only its Cells.
 
 A group runs its Cells as a `DistributedModel` on the group's own mesh (its ranks renumbered
-0..n-1 through a `GroupView`, collectives over communicators of the group's global ranks).
+0..n-1 by the group's `SubWorld`, collectives over communicators of the group's global ranks).
 The model's code between groups runs in every process on global tensors; a group's output is
 sent by its leader to the processes outside the group (`RemoteGroupOutput` there), and the
 gradient of its inputs travels back the same way (`SendInputGradient` / `RecvInputGradient`),
@@ -16,54 +16,16 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import mindspore as ms
 from mindspore import Parameter, Tensor
 
-from mindspore_hyper.comm.process_collectives import ProcessCollectives
-from mindspore_hyper.dtensor.execution import ParameterSlot
-from mindspore_hyper.runtime.distributed.runtime import DistributedRuntime, local_shard_slot
+from mindspore_hyper.runtime.distributed.runtime import DistributedRuntime
 from mindspore_hyper.runtime.distributed.world import world
 from mindspore_hyper.runtime.mpmd.cross_group import (RecvInputGradient, RemoteGroupOutput, SendInputGradient,
                                                       outbox, send_output)
 from mindspore_hyper.runtime.mpmd.group_runner import GroupRunner
 from mindspore_hyper.runtime.mpmd.placement import GroupPlacement
-from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.strategy.resolve import resolve_strategy
 
-__all__ = ["GroupView", "GroupProcessRuntime", "DistributedGroupRunner", "MemberGroupRunner", "parallelize_groups",
+__all__ = ["DistributedGroupRunner", "MemberGroupRunner", "parallelize_groups",
            "check_group_process"]
-
-
-class GroupView:
-    """A device group seen as a world of its own: rank = this process's position in `ranks`,
-    communicators of mesh ranks mapped to the group's global ranks."""
-
-    def __init__(self, ranks: Tuple[int, ...]):
-        w = world()
-        self.ranks = tuple(ranks)
-        self.rank = self.ranks.index(w.rank)
-        self.size = len(self.ranks)
-        self.timeout = w.timeout
-
-    def communicator(self, mesh_ranks):
-        return world().communicator(tuple(self.ranks[int(r)] for r in mesh_ranks))
-
-
-class GroupProcessRuntime(DistributedRuntime):
-    """The distributed runtime restricted to one group: this process holds the group-mesh rank
-    `view.rank`; parameters start from the group leader's values."""
-
-    def __init__(self, view: GroupView):
-        self.view = view
-
-    def local_ranks(self, mesh: Layout) -> Tuple[int, ...]:
-        return (self.view.rank,)
-
-    def make_collectives(self, mesh: Layout):
-        return ProcessCollectives(self.view.communicator)
-
-    def materialize(self, network, param, row) -> ParameterSlot:
-        value = param.asnumpy()
-        if self.view.size > 1:
-            value = self.view.communicator(tuple(range(self.view.size))).broadcast(value, 0)
-        return local_shard_slot(network, param, row, self.view.rank, value)
 
 
 class DistributedGroupRunner(GroupRunner):
@@ -226,17 +188,13 @@ class MemberGroupRunner(GroupRunner):
 
 def _member_models(cells, placement: GroupPlacement, optimizer_states: int) -> dict:
     """Cell name -> DistributedModel of the Cell on the group's mesh, in a member process."""
-    from mindspore_hyper.runtime.distributed.model import DistributedModel
-
-    view = GroupView(placement.ranks)
+    runtime = DistributedRuntime(world().sub(placement.ranks))  # parameters from the group leader's values
     models = {}
     for name, cell in cells.items():
         table = resolve_strategy(cell, placement.strategy, optimizer_states=optimizer_states)
         for row in table:
             row.layout.check_shape(row.global_shape)
-        model = DistributedModel(cell, table, GroupProcessRuntime(view))
-        model.world = view  # its gradient sums run over the group's communicators
-        models[name] = model
+        models[name] = runtime.wrap(cell, table, return_dtensor=False)
     return models
 
 
@@ -275,17 +233,16 @@ def check_group_process(config) -> None:
 
 
 def parallelize_groups(model, table, runtime, group_strategies=None, optimizer_states: int = 2):
-    """The MPMDModel of `model` in this msrun process (called by the distributed runtime).
+    """The MPMDModel of `model` in this msrun process (see `parallelize_mpmd`).
 
     Raises:
-        ValueError: hyper_mpmd off, a mesh size other than the job's process count, this
+        ValueError: a mesh size other than the job's process count, this
             process's group declaring other `hardware` than its device target, a transport
             other than shm, ZeRO-1, or `scheduler: dynamic` (device moves between processes are
             not done under msrun).
     """
-    from mindspore_hyper.runtime.mpmd import MPMDModel, check_mpmd_enabled
+    from mindspore_hyper.runtime.mpmd import MPMDModel
 
-    check_mpmd_enabled(table.groups)
     dynamic = [g for g in table.groups if g.scheduler == "dynamic"]
     if dynamic:
         raise ValueError(f"{dynamic[0].path}.scheduler: dynamic moves devices between groups, which runs in simulation "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Tuple
 
-from mindspore_hyper.runtime.base import Runtime, register_runtime
+from mindspore_hyper.runtime.base import Runtime
 from mindspore_hyper.shard.layout import Layout
 
 __all__ = ["NativeRuntime"]
@@ -16,7 +16,6 @@ __all__ = ["NativeRuntime"]
 NATIVE_KEYWORDS = ("example_inputs", "loss_fn", "optimizer", "micro_batches", "pipeline_scheduler", "parallel_mode")
 
 
-@register_runtime
 class NativeRuntime(Runtime):
     """Strategies translated to `Primitive.shard` / `AutoParallel` (see translate.py)."""
 
@@ -33,16 +32,17 @@ class NativeRuntime(Runtime):
     def materialize(self, network, param, row):
         raise NotImplementedError("native mode: MindSpore slices parameters itself when it compiles the graph")
 
-    def parallelize(self, model, strategy_or_config, **kwargs):
-        """Resolve the strategy and translate it (`apply_native`); keyword arguments are those of
-        `apply_native` plus `optimizer_states` for the resolution."""
-        from mindspore_hyper.runtime.native.translate import apply_native
-        from mindspore_hyper.strategy.resolve import resolve_strategy
+    def parallelize(self, model, table, **options):
+        """Translate the resolved `table` (`apply_native`); the keyword arguments are those of
+        `apply_native`.
 
-        resolve_kwargs = {k: kwargs.pop(k) for k in ("optimizer_states",) if k in kwargs}
-        unknown = [k for k in kwargs if k not in NATIVE_KEYWORDS]
+        Raises:
+            TypeError: a keyword `apply_native` does not take (named).
+        """
+        from mindspore_hyper.runtime.native.translate import apply_native
+
+        unknown = [k for k in options if k not in NATIVE_KEYWORDS]
         if unknown:
             raise TypeError(f"auto_parallelize(mode='native'): unexpected keyword {unknown[0]!r}; expected one of "
                             f"{NATIVE_KEYWORDS + ('optimizer_states',)}")
-        table = resolve_strategy(model, strategy_or_config, **resolve_kwargs)
-        return apply_native(model, table, **kwargs)
+        return apply_native(model, table, **options)

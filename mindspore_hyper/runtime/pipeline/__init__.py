@@ -5,10 +5,10 @@ backward pieces), runner.py (a rank's action list), p2p.py (stage-boundary send/
 (PipelineModel), build.py (`auto_parallelize` entry), report.py.
 """
 from mindspore_hyper.runtime.pipeline.aux_loss import AuxLosses, add_aux_loss
-from mindspore_hyper.runtime.pipeline.build import parallelize_pipeline, wants_pipeline
+from mindspore_hyper.runtime.pipeline.build import parallelize_pipeline
 from mindspore_hyper.runtime.pipeline.model import PipelineModel
 from mindspore_hyper.runtime.pipeline.options import PipelineOptions
 from mindspore_hyper.runtime.pipeline.p2p import P2PError, P2PTimeout
 
-__all__ = ["PipelineModel", "PipelineOptions", "parallelize_pipeline", "wants_pipeline", "P2PError", "P2PTimeout",
+__all__ = ["PipelineModel", "PipelineOptions", "parallelize_pipeline", "P2PError", "P2PTimeout",
            "AuxLosses", "add_aux_loss"]

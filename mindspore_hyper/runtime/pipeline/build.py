@@ -7,35 +7,21 @@ from mindspore_hyper.runtime.pipeline.options import PipelineOptions
 from mindspore_hyper.runtime.pipeline.stages import (balanced_split, check_split, check_unshared, layers_of,
                                                      split_from_table)
 from mindspore_hyper.schedule.build import build_schedule
-from mindspore_hyper.strategy.config import ParallelConfig
 from mindspore_hyper.strategy.strategy import Strategy
 
-__all__ = ["wants_pipeline", "parallelize_pipeline"]
+__all__ = ["parallelize_pipeline"]
 
 
-def wants_pipeline(strategy_or_config, pipeline) -> bool:
-    """Whether `auto_parallelize` runs a pipeline: `pipeline=` given (not False), or a config with
-    `pipeline: N > 1` and no `pipeline=False` (the opt-out: one SPMD program, stages only place
-    parameters)."""
-    if pipeline is False:
-        return False
-    if pipeline is not None:
-        return True
-    return isinstance(strategy_or_config, ParallelConfig) and strategy_or_config.pipeline_stages > 1
-
-
-def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, return_dtensor: bool = False,
-                         optimizer_states: int = 2):
-    """Wrap `model` to run its pipeline schedule in `mode` ("simulation" or "distributed").
+def parallelize_pipeline(model, table, runtime, pipeline=None, return_dtensor: bool = False):
+    """Wrap `model` to run its pipeline schedule on `runtime` (simulation or distributed).
 
     Args:
         model: a chain of layers (see runtime/pipeline/stages.py).
-        strategy_or_config: a Strategy or ParallelConfig whose mesh has the pipeline axis.
-        mode: "simulation" or "distributed".
+        table: the resolved StrategyTable of a strategy whose mesh has the pipeline axis.
+        runtime: the SimulationRuntime or DistributedRuntime the stages run on.
         pipeline: PipelineOptions, a mapping of its fields, True (defaults), or None (a config's
             `pipeline: N` with the defaults; a model that cannot be cut then warns and returns None).
         return_dtensor: must be False (stages hand global tensors to each other).
-        optimizer_states: states per parameter for the StrategyTable.
 
     Returns:
         A PipelineModel, or None when a config asks for stages but the model is not a chain of
@@ -47,18 +33,16 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
             tensor axes under msrun for a model pipelined through its construct, `scheduler: dynamic`
             under msrun.
     """
-    import mindspore as ms
-
-    from mindspore_hyper.context import get_context
     from mindspore_hyper.runtime.pipeline.model import PipelineModel
-    from mindspore_hyper.strategy.resolve import resolve_strategy
 
     explicit = pipeline is not None
     options = PipelineOptions.of(pipeline)
     if return_dtensor:
         raise ValueError("return_dtensor=True: a pipelined model returns the loss of train_step, not DTensors")
-    if ms.get_context("mode") != ms.PYNATIVE_MODE:
-        raise ValueError("pipeline execution runs op by op: call mindspore.set_context(mode=mindspore.PYNATIVE_MODE)")
+    mode = runtime.name
+    if mode not in ("simulation", "distributed"):
+        raise ValueError(f"pipeline execution: mode={mode!r}; expected 'simulation' or 'distributed'")
+    runtime.check_op_by_op("pipeline execution")
     try:
         layers = layers_of(model)
         message = None if layers is not None else (
@@ -69,7 +53,6 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
         message = str(exc).removeprefix("pipeline: ")
     if message is not None:
         return _not_pipelined(message, explicit)
-    table = resolve_strategy(model, strategy_or_config, optimizer_states=optimizer_states)
     strategy = table.strategy
     mesh = strategy.mesh
     axis = options.axis
@@ -102,14 +85,9 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
                               f"mesh only (data/tensor axes besides the pipeline run in simulation); this mesh "
                               f"{mesh.device_matrix} {mesh.alias_names} has data/tensor axes besides {axis!r}", explicit)
     if mode == "simulation":
-        device_num = get_context("device_num")
-        if mesh.size != device_num:
-            raise ValueError(f"the strategy's mesh {mesh.device_matrix} has {mesh.size} devices but "
-                             f"device_num={device_num}; call set_context(device_num={mesh.size})")
+        runtime.check_mesh(mesh)
         return PipelineModel(model, layers, schedule, split, options, strategy, mode, reduction, table,
                              from_config=not explicit)
-    if mode != "distributed":
-        raise ValueError(f"pipeline execution: mode={mode!r}; expected 'simulation' or 'distributed'")
     from mindspore_hyper.runtime.distributed.world import world
     from mindspore_hyper.runtime.pipeline.p2p import ShmTransport, peer_pairs
 
@@ -122,9 +100,7 @@ def parallelize_pipeline(model, strategy_or_config, mode: str, pipeline=None, re
     if stage_mesh_size > 1 and rebalance:
         raise ValueError("scheduler: dynamic (pipeline.rebalance) under msrun with data/tensor axes besides the pipeline "
                          "is not supported (moved layers would need resharding); use a pipeline-only mesh or simulation")
-    if mesh.size != w.size:
-        raise ValueError(f"the strategy's mesh {mesh.device_matrix} has {mesh.size} devices but the job has {w.size} "
-                         f"processes; launch with msrun --worker_num={mesh.size} --local_worker_num={mesh.size}")
+    runtime.check_mesh(mesh)
     check_unshared(layers, schedule, split)
     _broadcast_parameters(model, w)
     a = mesh.axis_index(axis)

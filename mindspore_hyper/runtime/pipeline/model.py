@@ -138,9 +138,7 @@ class PipelineModel(nn.Cell):
     def _parallel_stage(self, cell: StageCell):
         """The stage on its data/tensor sub-mesh: a SimulatedModel (simulation) or a
         DistributedModel over this stage's processes (msrun)."""
-        from mindspore_hyper.runtime.pipeline.stage_runtime import StageDistributedRuntime, StageWorld
-        from mindspore_hyper.runtime.distributed.model import DistributedModel
-        from mindspore_hyper.runtime.simulation.model import SimulatedModel
+        from mindspore_hyper.runtime.distributed.runtime import DistributedRuntime
         from mindspore_hyper.runtime.simulation.runtime import SimulationRuntime
         from mindspore_hyper.strategy.resolve import resolve_strategy
 
@@ -155,11 +153,11 @@ class PipelineModel(nn.Cell):
         for row in table:
             row.layout.check_shape(row.global_shape)
         if self.mode == "simulation":
-            return SimulatedModel(cell, table, SimulationRuntime())
-        stage_world = StageWorld(self.world, self.stage_processes)
-        model = DistributedModel(cell, table, StageDistributedRuntime(stage_world))
-        model.world = stage_world  # its gradient sums go to this stage's processes
-        return model
+            return SimulationRuntime().wrap(cell, table, return_dtensor=False)
+        # the build broadcast every Parameter from rank 0 already (every process builds the whole
+        # model, but only a stage's processes build its stage: no broadcast over the job here)
+        runtime = DistributedRuntime(self.world.sub(self.stage_processes), broadcast_parameters=False)
+        return runtime.wrap(cell, table, return_dtensor=False)
 
     def process_of(self, pipeline_rank: int, like: Optional[int] = None) -> int:
         """The global rank running `pipeline_rank` at the stage-mesh coordinates of global rank

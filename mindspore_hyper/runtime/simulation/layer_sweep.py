@@ -38,7 +38,7 @@ from mindspore_hyper.dtensor import coverage
 from mindspore_hyper.dtensor.dispatch import DTensorOpError
 from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.runtime.simulation.layer_catalog import LAYERS, NOT_ON_CPU, LayerCase
-from mindspore_hyper.runtime.simulation.model import simulate
+from mindspore_hyper.runtime.simulation.runtime import simulate
 from mindspore_hyper.shard.layout import Layout
 
 __all__ = ["STRATEGIES", "PER_SHARD_TOO", "runs_per_layer", "RTOL", "LayerResult", "run_layer", "render", "main",

@@ -1,4 +1,4 @@
-"""`simulate(model, strategy)`: run an unmodified nn.Cell sharded over N virtual devices.
+"""`SimulatedModel`: an unmodified nn.Cell run sharded over N virtual devices.
 
 Every virtual device lives in this process. Parameters are laid out by differentiable slicing of
 the original global `Parameter`, so optimizers, checkpoints and `load_param_into_net` work
@@ -14,7 +14,7 @@ from mindspore_hyper.comm.collectives import AxisGroup, on_gradient, ring_send_b
 from mindspore_hyper.runtime.model import ParallelModel
 from mindspore_hyper.strategy.resolve import StrategyTable
 
-__all__ = ["simulate", "SimulatedModel"]
+__all__ = ["SimulatedModel"]
 
 
 class SimulatedModel(ParallelModel):
@@ -57,26 +57,3 @@ class SimulatedModel(ParallelModel):
 
         out = ops.identity(shard)
         return out if on_gradient(out, hook) else shard
-
-
-def simulate(model: nn.Cell, strategy, return_dtensor: bool = False, optimizer_states: int = 2) -> SimulatedModel:
-    """Wrap `model` to run on the simulated mesh of `strategy`.
-
-    Args:
-        model: any nn.Cell.
-        strategy: a Strategy, ParallelConfig, or YAML path / mapping.
-        return_dtensor: return DTensors instead of global tensors.
-        optimizer_states: optimizer states per parameter assumed by the memory report when no
-            optimizer is given to `report()` (2 = Adam).
-
-    Returns:
-        The SimulatedModel.
-
-    Raises:
-        ValueError: the mesh does not match `device_num`, a parameter cannot be laid out, a
-            strategy names unknown parameters, or a `.shard()` strategy does not fit the mesh.
-    """
-    from mindspore_hyper.runtime.base import get_runtime
-
-    return get_runtime("simulation").parallelize(model, strategy, return_dtensor=return_dtensor,
-                                                 optimizer_states=optimizer_states)

@@ -4,14 +4,16 @@ from __future__ import annotations
 from typing import Tuple
 
 import mindspore as ms
+from mindspore import nn
 
 from mindspore_hyper.context import get_context
 from mindspore_hyper.dtensor.execution import ParameterSlot, in_process_collectives
-from mindspore_hyper.runtime.base import Runtime, register_runtime
+from mindspore_hyper.runtime.base import OpByOpRuntime
+from mindspore_hyper.runtime.simulation.model import SimulatedModel
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.strategy.resolve import resolve_strategy
 
-__all__ = ["SimulationRuntime"]
+__all__ = ["SimulationRuntime", "simulate"]
 
 
 def zero_axes(row) -> Tuple[int, ...]:
@@ -19,8 +21,7 @@ def zero_axes(row) -> Tuple[int, ...]:
     return tuple(sorted(set(row.optimizer_layout.sharded_axes()) - set(row.layout.sharded_axes())))
 
 
-@register_runtime
-class SimulationRuntime(Runtime):
+class SimulationRuntime(OpByOpRuntime):
     """N virtual devices in one process; collectives by the `sim_collectives` flag."""
 
     name = "simulation"
@@ -35,39 +36,49 @@ class SimulationRuntime(Runtime):
         """The global Parameter stays as is; each op slices what it reads (differentiably)."""
         return ParameterSlot(param, row.layout, row.global_shape, zero_axes(row), local=False)
 
-    def parallelize(self, model, strategy_or_config, return_dtensor: bool = False, optimizer_states: int = 2,
-                    group_strategies=None):
-        """`simulate(...)`: see mindspore_hyper.runtime.simulation.model.simulate. A config with
-        device groups (hyper_mpmd on) gives an `MPMDModel`; `group_strategies` (group name ->
-        Strategy) replaces a group's default data-parallel strategy."""
-        from mindspore_hyper.runtime.simulation.model import SimulatedModel
+    def device_count(self) -> int:
+        return get_context("device_num")
 
-        if ms.get_context("mode") != ms.PYNATIVE_MODE:
-            raise ValueError("simulation mode runs op by op: call mindspore.set_context(mode=mindspore.PYNATIVE_MODE) "
-                             "(GRAPH_MODE compiles the whole network and bypasses the simulated devices)")
+    def device_count_text(self, count: int) -> str:
+        return f"device_num={count}"
+
+    def device_count_hint(self, mesh_size: int) -> str:
+        return f"call set_context(device_num={mesh_size}) or change the mesh"
+
+    def check_op_by_op(self, what: str = None) -> None:
+        super().check_op_by_op(what)
         if get_context("sim_synchronize"):
             # MindSpore's asynchronous launch pipeline costs more than the simulation's many small
             # kernels (docs/benchmarks.md, "Simulation at scale"); best set before the first kernel.
             # launch_blocking is MindSpore 2.10's replacement of set_context(pynative_synchronize=True).
             ms.runtime.launch_blocking()
-        table = resolve_strategy(model, strategy_or_config, optimizer_states=optimizer_states)
-        device_num = get_context("device_num")
-        if table.mesh.size != device_num:
-            raise ValueError(
-                f"the strategy's mesh {table.mesh.device_matrix} has {table.mesh.size} devices but "
-                f"device_num={device_num}; call set_context(device_num={table.mesh.size}) or change the mesh"
-            )
-        if table.groups:
-            from mindspore_hyper.runtime.mpmd import MPMDModel, check_mpmd_enabled
 
-            check_mpmd_enabled(table.groups)
-            if return_dtensor:
-                raise ValueError("return_dtensor=True: an MPMD model returns global tensors (each group has its own "
-                                 "mesh); drop return_dtensor")
-            return MPMDModel(model, table.config, self, group_strategies, optimizer_states=optimizer_states)
-        if group_strategies:
-            raise ValueError("group_strategies: the strategy declares no device groups (process_groups or "
-                             "strategy: mpmd entries)")
-        for row in table:
-            row.layout.check_shape(row.global_shape)
+    def wrap(self, model, table, return_dtensor: bool):
+        """A `SimulatedModel` (see `simulate`)."""
         return SimulatedModel(model, table, self, return_dtensor=return_dtensor)
+
+
+def simulate(model: nn.Cell, strategy, return_dtensor: bool = False, optimizer_states: int = 2) -> SimulatedModel:
+    """Wrap `model` to run on the simulated mesh of `strategy`.
+
+    Args:
+        model: any nn.Cell.
+        strategy: a Strategy, ParallelConfig, or YAML path / mapping.
+        return_dtensor: return DTensors instead of global tensors.
+        optimizer_states: optimizer states per parameter assumed by the memory report when no
+            optimizer is given to `report()` (2 = Adam).
+
+    Returns:
+        The SimulatedModel.
+
+    Raises:
+        ValueError: the mesh does not match `device_num`, a parameter cannot be laid out, a
+            strategy names unknown parameters, a `.shard()` strategy does not fit the mesh, or
+            the strategy declares device groups (an MPMD program: `auto_parallelize` builds it).
+            A config's `pipeline: N` runs as one SPMD program here (as with `pipeline=False`).
+    """
+    table = resolve_strategy(model, strategy, optimizer_states=optimizer_states)
+    if table.groups:
+        raise ValueError("simulate: the strategy declares device groups, which run as separate programs (HyperMPMD); "
+                         "use mindspore_hyper.auto_parallelize(model, config, mode='simulation')")
+    return SimulationRuntime().parallelize(model, table, return_dtensor)

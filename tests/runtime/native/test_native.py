@@ -289,23 +289,25 @@ def test_unknown_mode_and_keyword():
 
 
 def test_simulation_mode_calls_the_simulation_runtime(monkeypatch):
-    from mindspore_hyper.runtime import base
+    import mindspore_hyper.parallelize as entry
 
     calls = []
 
     class FakeSimulation:
-        def parallelize(self, model, strategy, **kwargs):
-            calls.append((model, strategy, kwargs))
+        name = "simulation"
+
+        def parallelize(self, model, table, return_dtensor=False):
+            calls.append((model, table, return_dtensor))
             return "simulated"
 
-    base._load_runtimes()
-    monkeypatch.setitem(base.RUNTIMES, "simulation", FakeSimulation)
+    monkeypatch.setitem(entry.RUNTIMES, "simulation", FakeSimulation)
     net, strategy = Net(), tp_strategy()
-    assert auto_parallelize(net, strategy, mode="simulation", device_memory="1GB") == "simulated"
-    assert calls == [(net, strategy, {"device_memory": "1GB"})]
+    assert auto_parallelize(net, strategy, mode="simulation", return_dtensor=True) == "simulated"
+    model, table, return_dtensor = calls[-1]
+    assert model is net and table.strategy is strategy and return_dtensor is True
     set_context(mode="simulation")
     auto_parallelize(net, CONFIGS / "tensor_parallel_8.yaml")
-    assert type(calls[-1][1]).__name__ == "ParallelConfig"  # YAML paths arrive loaded
+    assert type(calls[-1][1].config).__name__ == "ParallelConfig"  # YAML paths arrive loaded
 
 
 def test_native_never_compiles_on_cpu_here():

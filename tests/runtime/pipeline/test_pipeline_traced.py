@@ -11,6 +11,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 import mindspore_hyper as mh
 from mindspore_hyper import Layout
+from mindspore_hyper.runtime.distributed.runtime import DistributedRuntime
 from mindspore_hyper.runtime.pipeline import PipelineModel
 from mindspore_hyper.runtime.simulation.model import SimulatedModel
 from pipeline_models import assert_same_training, gpt, single_device_run, tokens
@@ -259,6 +260,7 @@ def test_a_config_alone_pipelines_gpt_on_a_data_by_pipeline_mesh():
 
 def test_under_msrun_a_cell_list_model_with_data_axes_is_refused_or_falls_back_naming_the_reason():
     from mindspore_hyper.runtime.pipeline.build import parallelize_pipeline
+    from mindspore_hyper.strategy.resolve import resolve_strategy
 
     reason = (r"GPT\) is pipelined through its construct \(its nn.CellList 'blocks'\), which under msrun is "
               r"supported on a pipeline-only mesh only .* this mesh \(2, 2\) \('data', 'pipeline'\) has "
@@ -267,8 +269,9 @@ def test_under_msrun_a_cell_list_model_with_data_axes_is_refused_or_falls_back_n
         mh.auto_parallelize(gpt(), Layout((2, 2), ("data", "pipeline"))(tensor_map=()), mode="distributed",
                             pipeline={"schedule": "1f1b"})
     config = mh.load_parallel_config(pipeline_config((2, "data"), (2, "pipeline")))
+    model = gpt()
     with pytest.warns(UserWarning, match=reason + ": it runs as one SPMD program"):
-        assert parallelize_pipeline(gpt(), config, "distributed") is None
+        assert parallelize_pipeline(model, resolve_strategy(model, config), DistributedRuntime()) is None
 
 
 def test_two_equally_long_cell_lists_are_ambiguous():
