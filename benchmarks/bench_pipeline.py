@@ -132,7 +132,7 @@ def measured_worker(spec: dict) -> None:
 
     import mindspore_hyper as mh
     from mindspore_hyper import Layout
-    from mindspore_hyper.runtime.pipeline.measured_costs import simulate_measured
+    from mindspore_hyper.pipeline.measured_costs import simulate_measured
 
     ms.set_context(mode=ms.PYNATIVE_MODE, runtime_num_threads=1)  # 4 processes share the cores
     mh.set_context(mode="distributed", comm_timeout=120.0)
@@ -167,7 +167,7 @@ def measured_worker(spec: dict) -> None:
     if parallel.world.rank == 0:
         if spec.get("trace"):
             os.makedirs(spec["trace"], exist_ok=True)
-            from mindspore_hyper.runtime.pipeline.side_by_side import write_side_by_side_trace
+            from mindspore_hyper.pipeline.side_by_side import write_side_by_side_trace
 
             write_side_by_side_trace(os.path.join(spec["trace"], f"pipeline_{spec['kind']}.json"), [measured, simulated])
         with open(os.path.join(spec["out"], "result.json"), "w") as f:

@@ -36,7 +36,7 @@ import mindspore_hyper as mh
 from mindspore_hyper.rlhf import PPOModels, PPOTrainer, TinyPolicy, TinyReward, TinyValue
 from mindspore_hyper.rlhf.process_phases import PhaseEvent
 from mindspore_hyper.runtime.distributed.world import world
-from mindspore_hyper.runtime.mpmd import for_processes
+from mindspore_hyper.mpmd import for_processes
 from mindspore_hyper.strategy.config import load_parallel_config
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "rlhf_process_groups.yaml")

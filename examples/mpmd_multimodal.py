@@ -14,7 +14,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 import mindspore_hyper as mh
-from mindspore_hyper.runtime.mpmd import scale_groups
+from mindspore_hyper.mpmd import scale_groups
 from mindspore_hyper.strategy.config import load_parallel_config
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "multimodal_process_groups.yaml")

@@ -24,7 +24,7 @@ from mindspore import nn
 import mindspore_hyper as mh
 from mindspore_hyper.rlhf import PPOModels, PPOTrainer, TinyPolicy, TinyReward, TinyValue, ppo_step
 from mindspore_hyper.rlhf.measured_timeline import format_events, plot_events
-from mindspore_hyper.runtime.mpmd import for_processes
+from mindspore_hyper.mpmd import for_processes
 from mindspore_hyper.strategy.config import load_parallel_config
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "rlhf_process_groups.yaml")

@@ -2,8 +2,8 @@
 tests/test_structure.py share (data only; it imports nothing).
 
 A unit is a sub-package or module of `mindspore_hyper`, named without the package prefix
-("runtime.pipeline" holds every module under mindspore_hyper/runtime/pipeline/; "runtime" the
-modules of mindspore_hyper/runtime/ that no longer entry claims); "" is the package's own
+("runtime.simulation" holds every module under mindspore_hyper/runtime/simulation/; "runtime"
+the modules of mindspore_hyper/runtime/ that no longer entry claims); "" is the package's own
 `__init__.py`, the public facade. A module may import modules of its own layer and of the layers
 below; an import up the layers, or an import circle between modules, fails the structure test
 unless it is listed below with the issue item that removes it. `python tests/test_structure.py`
@@ -22,8 +22,8 @@ LAYERS = (
     ("plans (data)", ("schedule",),
      "pipeline schedules, validation, simulation, rebalance plans; Span and Timeline with their writers"),
     ("runtimes", ("runtime", "runtime.simulation", "runtime.distributed", "runtime.native"),
-     "Runtime protocol and registry, ParallelModel, StepReport; the simulation, msrun and native runtimes"),
-    ("compositions", ("runtime.pipeline", "runtime.mpmd"),
+     "Runtime template, ParallelModel, StepReport; the simulation, msrun and native runtimes"),
+    ("compositions", ("pipeline", "mpmd"),
      "pipeline stages and MPMD device groups, composed over the runtimes"),
     ("features", ("offload", "moe", "rlhf", "multimodal"),
      "HyperOffload, mixture of experts, PPO on device groups, the multimodal encoder pipeline"),

@@ -80,14 +80,14 @@ def auto_parallelize(model, strategy_or_config: StrategyLike, mode: str = None, 
                         "optimizer_states, pipeline, return_dtensor or group_strategies")
     program = program_of(table, pipeline)
     if program.shape == "pipeline":
-        from mindspore_hyper.runtime.pipeline import parallelize_pipeline
+        from mindspore_hyper.pipeline import parallelize_pipeline
 
         pipelined = parallelize_pipeline(model, table, runtime, pipeline, return_dtensor)
         if pipelined is not None:
             return pipelined
         program = program.without_pipeline()
     if program.shape == "mpmd":
-        from mindspore_hyper.runtime.mpmd.build import parallelize_mpmd
+        from mindspore_hyper.mpmd.build import parallelize_mpmd
 
         return parallelize_mpmd(model, table, runtime, group_strategies, optimizer_states, return_dtensor)
     if group_strategies:

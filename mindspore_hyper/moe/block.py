@@ -1,7 +1,7 @@
 """`MoEBlock`: a residual MoE feed-forward layer for chains of layers (pipeline stages).
 
 A pipeline stage passes one tensor on, so the block returns x + MoE(x) and hands the router's
-auxiliary loss to the active `runtime.pipeline.AuxLosses` (each stage's computation collects its
+auxiliary loss to the active `pipeline.AuxLosses` (each stage's computation collects its
 stage's terms, adds them to its objective and to the step's loss; on one device the model's
 construct collects them). Without a collector it raises rather than drop the loss.
 """
@@ -12,7 +12,7 @@ from typing import Hashable
 from mindspore import nn
 
 from mindspore_hyper.moe.layer import MoE
-from mindspore_hyper.runtime.pipeline.aux_loss import add_aux_loss
+from mindspore_hyper.pipeline.aux_loss import add_aux_loss
 
 __all__ = ["MoEBlock"]
 

@@ -22,7 +22,7 @@ from typing import Callable, ContextManager, Dict, List, Mapping, Optional, Sequ
 import numpy as np
 
 from mindspore_hyper.rlhf.ppo import Unit
-from mindspore_hyper.runtime.mpmd.cross_group import outbox, recv_arrays, send_arrays
+from mindspore_hyper.mpmd.cross_group import outbox, recv_arrays, send_arrays
 
 __all__ = ["PhaseEvent", "ProcessPhases"]
 

@@ -32,12 +32,12 @@ from mindspore_hyper.context import get_context
 from mindspore_hyper.rlhf.models import PPOModels
 from mindspore_hyper.rlhf.ppo import PHASES, PPOResult, PPOSettings, Unit, ppo_step
 from mindspore_hyper.rlhf.process_phases import ProcessPhases
-from mindspore_hyper.runtime.mpmd import check_mpmd_enabled
-from mindspore_hyper.runtime.mpmd.group_runner import GroupRunner
-from mindspore_hyper.runtime.mpmd.placement import place_groups
-from mindspore_hyper.runtime.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord
-from mindspore_hyper.runtime.mpmd.share_rebalancing import ShareRebalancing, gather_group_seconds, proportional_shares
-from mindspore_hyper.runtime.mpmd.timeline import GroupTimeline
+from mindspore_hyper.mpmd import check_mpmd_enabled
+from mindspore_hyper.mpmd.group_runner import GroupRunner
+from mindspore_hyper.mpmd.placement import place_groups
+from mindspore_hyper.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord
+from mindspore_hyper.mpmd.share_rebalancing import ShareRebalancing, gather_group_seconds, proportional_shares
+from mindspore_hyper.mpmd.timeline import GroupTimeline
 from mindspore_hyper.schedule.rebalance import RebalancePolicy
 from mindspore_hyper.strategy.config import ParallelConfig, load_parallel_config
 
@@ -130,7 +130,7 @@ class PPOTrainer:
 
     def _process_runners(self, models: PPOModels, config: ParallelConfig, placements) -> Dict[str, GroupRunner]:
         """Under msrun: check this process's group and build every group's runner (only members hold models)."""
-        from mindspore_hyper.runtime.mpmd.distributed import MemberGroupRunner, check_group_process
+        from mindspore_hyper.mpmd.distributed import MemberGroupRunner, check_group_process
 
         dynamic = [g for g in config.groups if g.scheduler == "dynamic"]
         if len(dynamic) == 1:

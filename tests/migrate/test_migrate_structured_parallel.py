@@ -11,7 +11,7 @@ from mindspore import nn
 import mindspore_hyper as mh
 from mindspore_hyper.migrate import convert
 from mindspore_hyper.migrate.compare import cell_outputs, relative_error, to_mindspore
-from mindspore_hyper.runtime.pipeline import PipelineModel
+from mindspore_hyper.pipeline import PipelineModel
 
 from migrate_models import TOL
 from migrate_training import NextTokenLoss, next_token_loss_ms

@@ -4,7 +4,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindspore_hyper.moe import MoE, MoEBlock
-from mindspore_hyper.runtime.pipeline import AuxLosses
+from mindspore_hyper.pipeline import AuxLosses
 
 MICROBATCHES = 2  # of the MoEChain pipeline tests
 

@@ -10,7 +10,7 @@ from mindspore import Tensor, nn
 import mindspore_hyper as mh
 from mindspore_hyper import Layout
 from mindspore_hyper.moe import MoEBlock
-from mindspore_hyper.runtime.pipeline import PipelineModel
+from mindspore_hyper.pipeline import PipelineModel
 
 from moe_models import MICROBATCHES, MoEChain, chain_data as _data, copy_weights, one_device_accumulating as _one_device
 

@@ -1,0 +1,258 @@
+"""MPMDModel: a model whose submodules run on their own device groups (HyperMPMD, simulation).
+
+Each device group (a `process_groups` entry or a `strategy: mpmd` module entry) runs its Cells
+on a mesh of its own ranks with its own strategy (`GroupRunner`). Activations crossing groups
+are gathered from the producer's layout and laid out by the consumer's (forward; the gradient
+goes back the same way). Parameter-free code between groups (a concat, the loss) runs on the
+global tensors. Every step yields a per-group timeline (`GroupTimeline`): the measured forward
+time of each group call, placed by data dependencies, so groups that do not read each other's
+outputs overlap (`train_step` adds each call's measured backward after the backwards of the
+calls that read its outputs). With `scheduler: dynamic`, measured group times feed a `GroupRebalancer` and
+its device moves are applied between steps (a group re-sharded over more or fewer ranks: the
+computation, hence the numerics, stays the same).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn
+
+from mindspore_hyper.autodiff import value_and_grad
+from mindspore_hyper.mpmd.group_runner import GroupRunner
+from mindspore_hyper.mpmd.placement import GroupPlacement, place_groups
+from mindspore_hyper.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord, apply_device_plan
+from mindspore_hyper.mpmd.timeline import GroupTimeline
+from mindspore_hyper.schedule.rebalance import GroupSharePlan, RebalancePolicy
+from mindspore_hyper.strategy.config import ParallelConfig
+from mindspore_hyper.strategy.strategy import Strategy
+
+__all__ = ["MPMDModel", "RebalanceRecord", "MPMDReport"]
+
+HOST = "<between groups>"  # source of tensors computed by parameter-free code between groups
+
+
+@dataclass
+class MPMDReport:
+    """What the last step did per group.
+
+    Attributes:
+        groups: name -> {"ranks", "cells", "hardware", "scheduler", "forward_seconds"}.
+        timeline: the per-group timeline of the last forward.
+        cross_group_bytes: (source group, target group) -> bytes of activations that crossed
+            (the same bytes return as gradients in a training step); the source is
+            "<between groups>" for tensors made by parameter-free code between groups.
+        memory: global rank -> bytes the rank holds (parameters, gradients, optimizer states,
+            activation peak) by its group's report.
+        rebalances: the decisions of the dynamic scheduler so far.
+    """
+
+    groups: Dict[str, Dict[str, Any]]
+    timeline: GroupTimeline
+    cross_group_bytes: Dict[Tuple[str, str], int]
+    memory: Dict[int, int]
+    rebalances: List[RebalanceRecord] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = ["group            ranks            forward s"]
+        for name, g in self.groups.items():
+            r = g["ranks"]
+            text = f"{r[0]}-{r[-1]}" if list(r) == list(range(r[0], r[-1] + 1)) else ",".join(map(str, r))
+            lines.append(f"{name:<16} {text:<16} {g['forward_seconds']:.4f}")
+        for (src, dst), n in self.cross_group_bytes.items():
+            lines.append(f"{src} -> {dst}: {n} bytes")
+        lines.append(str(self.timeline))
+        return "\n".join(lines)
+
+
+class MPMDModel(nn.Cell):
+    """`network` with its device groups run as separate programs (see module docstring).
+
+    Args:
+        network: the model; every Cell with parameters must belong to a device group.
+        config: the ParallelConfig holding the groups.
+        runtime: the simulation runtime.
+        group_strategies: optional explicit Strategy per group name (mesh size = group size);
+            default: data parallel over the group's ranks.
+        policy: the dynamic scheduler's thresholds and smoothing.
+        optimizer_states: optimizer states per parameter assumed by memory reports.
+        runner_class: how a group runs: `GroupRunner` (simulation, every group in this process)
+            or `DistributedGroupRunner` (msrun, this process's group only).
+
+    Raises:
+        ValueError: see `place_groups`; `scheduler: dynamic` on a group with an explicit strategy.
+    """
+
+    def __init__(self, network: nn.Cell, config: ParallelConfig, runtime,
+                 group_strategies: Optional[Mapping[str, Strategy]] = None,
+                 policy: RebalancePolicy = RebalancePolicy(), optimizer_states: int = 2,
+                 runner_class: Type[GroupRunner] = GroupRunner):
+        super().__init__(auto_prefix=False)
+        self.network = network
+        self.config = config
+        self.runtime = runtime
+        self._zero = config.optimizer_sharding is not None
+        placements = place_groups(network, config, group_strategies)
+        for p in placements:
+            if p.group.scheduler == "dynamic" and p.explicit:
+                raise ValueError(f"{p.group.path}.scheduler: dynamic moves devices between data-parallel groups; "
+                                 f"group {p.name!r} has an explicit strategy (drop it or use scheduler: static)")
+        self.runners: Dict[str, GroupRunner] = {
+            p.name: runner_class(network, p, runtime, self._on_call, optimizer_states) for p in placements}
+        # a scalar the training step also differentiates, so each group's backward end is marked
+        self.__dict__["_anchor"] = Parameter(Tensor(0.0, ms.float32), name="mpmd_backward_anchor")
+        for runner in self.runners.values():
+            runner.on_output_gradient = self._on_output_gradient
+            runner.on_backward_end = self._on_backward_end
+            runner.backward_anchor = self._anchor
+        dynamic = [p.name for p in placements if p.group.scheduler == "dynamic"]
+        self.rebalancing = DeviceRebalancing(self.runners, dynamic, policy, self._zero) if len(dynamic) >= 2 else None
+        self.steps = 0
+        self._reset_step(())
+
+    # -- the forward -------------------------------------------------------------------------
+    def construct(self, *inputs):
+        self._reset_step(inputs)
+        for runner in self.runners.values():
+            runner.begin_step(inputs)
+        return self.network(*inputs)
+
+    def _reset_step(self, inputs) -> None:
+        self.timeline = GroupTimeline(tuple(self.runners))
+        self._raw = {id(x) for x in inputs if isinstance(x, Tensor)}
+        self._produced: Dict[int, int] = {}
+        self._keep: List[Any] = list(inputs)  # keeps ids unique while the step runs
+        self.cross_group_bytes: Dict[Tuple[str, str], int] = {}
+        self.group_seconds: Dict[str, float] = {name: 0.0 for name in self.runners}
+        self.group_batches: Dict[str, List[int]] = {name: [] for name in self.runners}
+        self._arrivals: List[Tuple[float, int]] = []  # (perf_counter, task index) when the backward reached a call
+        self._ends: Dict[int, float] = {}  # task index -> when the backward left the call
+
+    def _on_call(self, runner: GroupRunner, cell: str, args: tuple, out, seconds: float) -> None:
+        deps = set()
+        for arg in args:
+            if not isinstance(arg, Tensor) or id(arg) in self._raw:
+                continue
+            if id(arg) in self._produced:
+                task = self._produced[id(arg)]
+                deps.add(task)
+                source = self.timeline.spans[task].lane
+            else:  # computed between groups: conservatively after everything before it
+                deps.update(range(len(self.timeline.spans)))
+                source = HOST
+            if source != runner.name:
+                key = (source, runner.name)
+                self.cross_group_bytes[key] = self.cross_group_bytes.get(key, 0) + arg.nbytes
+        index = self.timeline.add(runner.name, f"{cell} forward", seconds, deps)
+        for o in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(o, Tensor):
+                self._produced[id(o)] = index
+                self._keep.append(o)
+        self._keep.extend(args)
+        self.group_seconds[runner.name] += seconds
+        self.group_batches[runner.name].extend(runner.batch_sizes(args))
+        return index
+
+    def _on_output_gradient(self, index: int) -> None:
+        self._arrivals.append((time.perf_counter(), index))
+
+    def _on_backward_end(self, index: int) -> None:
+        self._ends.setdefault(index, time.perf_counter())
+
+    def _place_backward(self, finished: float) -> None:
+        """Add each group call's backward to the timeline. The backward runs the recorded ops in
+        reverse, so a call's backward lasts from the moment autograd reaches its outputs to the
+        moment it passes its first floating-point input (marked by `_BackwardEnd`); without such
+        an input, to the next call's start (or the end of the backward). It follows the
+        backwards of the calls that read its outputs, or, when only the loss does, the whole
+        forward."""
+        first: Dict[int, float] = {}
+        for t, i in self._arrivals:
+            first[i] = min(t, first.get(i, t))
+        times = sorted(first.values())
+        forward = list(self.timeline.spans)
+        placed: Dict[int, int] = {}
+        for i in sorted(first, key=first.get):
+            start = first[i]
+            end = self._ends.get(i) or next((t for t in times if t > start), finished)
+            consumers = [placed[j] for j, t in enumerate(forward) if i in t.args["depends_on"] and j in placed]
+            task = forward[i]
+            label = task.label[:-len(" forward")] if task.label.endswith(" forward") else task.label
+            placed[i] = self.timeline.add(task.lane, f"{label} backward", end - start,
+                                          consumers or range(len(forward)))
+
+    # -- training ----------------------------------------------------------------------------
+    def optimizer_parameters(self) -> List[Parameter]:
+        """The Parameters an optimizer must update: those of the groups this process belongs to
+        (every group in simulation; under msrun, this process's group)."""
+        mine = [cell for runner in self.runners.values() if getattr(runner, "member", True)
+                for cell in runner.cells.values()]
+        return [p for cell in mine for p in cell.trainable_params()]
+
+    def train_step(self, optimizer: nn.Optimizer, *inputs) -> Tensor:
+        """Forward (the model returns the loss), backward through every group, optimizer update,
+        then, under `scheduler: dynamic`, one rebalancing decision applied before the next step.
+
+        Returns:
+            The loss.
+        """
+        # gradients of every parameter (also other groups' unused copies under msrun), so the
+        # backward takes the same path in every process and cross-group gradients meet
+        weights = tuple(self.network.trainable_params())
+        if getattr(self, "_grad_fn", None) is None or self._grad_weights != weights:
+            self._grad_fn = value_and_grad(self, None, weights + (self._anchor,))
+            self._grad_weights = weights
+        loss, grads = self._grad_fn(*inputs)
+        grads = grads[:-1]  # the anchor's (zero) gradient
+        self._place_backward(time.perf_counter())
+        mine = {id(p) for p in self.optimizer_parameters()}
+        self.last_gradients = {w.name: g.asnumpy() for w, g in zip(weights, grads) if id(w) in mine}
+        by_id = {id(w): g for w, g in zip(weights, grads)}
+        try:
+            optimizer(tuple(by_id[id(p)] for p in optimizer.parameters))
+        except KeyError:
+            raise ValueError("train_step: the optimizer updates Parameters that are not the model's "
+                             "optimizer_parameters(); build it as nn.Adam(model.optimizer_parameters(), ...)") from None
+        self.steps += 1
+        self.end_step()
+        self.rebalance()
+        return loss
+
+    def end_step(self) -> None:
+        """After the optimizer step (under msrun: wait until this process's cross-group sends left)."""
+        for runner in self.runners.values():
+            runner.end_step()
+
+    def rebalance(self) -> Optional[RebalanceRecord]:
+        """Feed the last step's measured group times to the dynamic scheduler and apply its plan
+        (see `DeviceRebalancing.step`). Returns the decision, or None."""
+        if self.rebalancing is None:
+            return None
+        return self.rebalancing.step(self.steps, self.group_seconds, self.group_batches)
+
+    @property
+    def rebalances(self) -> List[RebalanceRecord]:
+        return self.rebalancing.records if self.rebalancing is not None else []
+
+    def apply(self, plan: GroupSharePlan) -> None:
+        """Move devices between groups as `plan` says (see `apply_device_plan`)."""
+        apply_device_plan(self.runners, plan, self._zero)
+
+    def placements(self) -> Dict[str, GroupPlacement]:
+        return {n: r.placement for n, r in self.runners.items()}
+
+    def report(self) -> MPMDReport:
+        """Per-group ranks and times, cross-group bytes, per-rank memory and the timeline of the last step."""
+        memory: Dict[int, int] = {}
+        for runner in self.runners.values():
+            for model in runner.models.values():
+                rep = model.report()
+                for local, mem in rep.memory.items():
+                    rank = runner.placement.ranks[local]
+                    memory[rank] = memory.get(rank, 0) + mem["total"]
+        groups = {n: {"ranks": r.placement.ranks, "cells": r.placement.cells, "hardware": r.placement.group.hardware,
+                      "scheduler": r.placement.group.scheduler, "forward_seconds": self.group_seconds[n]}
+                  for n, r in self.runners.items()}
+        return MPMDReport(groups, self.timeline, dict(self.cross_group_bytes), memory, list(self.rebalances))

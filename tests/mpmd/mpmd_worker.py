@@ -1,0 +1,68 @@
+"""msrun worker: the multimodal model with its groups on 4 processes (text 0-1, vision 2,
+fusion 3), 3 Adam steps; writes rank<N>.json with losses, this group's gradients and parameters
+next to a single-device run done in the same process. `fail@R`: rank R raises after one training
+step (the others must fail naming it)."""
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..")]
+import numpy as np  # noqa: E402
+import mindspore as ms  # noqa: E402
+
+import mindspore_hyper as mh  # noqa: E402
+from mindspore_hyper.strategy.config import load_parallel_config  # noqa: E402
+from mpmd_models import Multimodal, make_pair, multimodal_batch, train_reference  # noqa: E402
+
+CONFIG = {"parallel_config": {"device_num": 4},
+          "process_groups": {"text_encoder": {"ranks": [0, 1], "batch_size": 32, "hardware": "CPU"},
+                             "vision_encoder": {"ranks": 2, "hardware": "CPU"},
+                             "fusion_layer": {"ranks": 3, "hardware": "CPU"}},
+          "scheduler": "static"}
+
+
+def main(out_dir, mode="train"):
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    mh.set_context(hyper_mpmd=True, comm_timeout=float(os.environ.get("TEST_COMM_TIMEOUT", "60")))
+    rank = int(os.environ.get("RANK_ID", "0"))
+    net, ref = make_pair(lambda: Multimodal(text_layers=2))
+    model = mh.auto_parallelize(net, load_parallel_config(CONFIG), mode="distributed")
+    batches = [multimodal_batch(seed=s) for s in range(3)]
+    if mode.startswith("fail@"):
+        victim = int(mode.split("@")[1])
+        model.train_step(ms.nn.Adam(model.optimizer_parameters(), learning_rate=1e-2), *batches[0])
+        if rank == victim:
+            raise RuntimeError(f"rank {rank} fails on purpose")
+        start = time.time()
+        try:
+            model(*batches[1])
+        except Exception as exc:  # noqa: BLE001 - the error is the result
+            with open(os.path.join(out_dir, f"fail_rank{rank}.json"), "w") as f:
+                json.dump({"error": type(exc).__name__, "message": str(exc), "seconds": time.time() - start}, f)
+            raise
+        return
+    opt = ms.nn.Adam(model.optimizer_parameters(), learning_rate=1e-2)
+    losses, first = [], None
+    for batch in batches:
+        losses.append(float(model.train_step(opt, *batch)))
+        if first is None:
+            first = dict(model.last_gradients)
+    mine = {p.name: p.asnumpy() for p in model.optimizer_parameters()}
+    ref_losses, ref_grads, ref_params = train_reference(ref, batches)
+    result = {
+        "rank": rank, "losses": losses, "ref_losses": ref_losses,
+        "groups": {n: list(p.ranks) for n, p in model.placements().items()},
+        "members": [n for n, r in model.runners.items() if r.member],
+        "params": sorted(mine),
+        "grad_error": {n: float(np.abs(first[n] - ref_grads[n]).max()) for n in first},
+        "param_error": {n: float(np.abs(mine[n] - ref_params[n]).max()) for n in mine},
+        "events": [[n, *e] for n, r in model.runners.items() for e in r.events],  # group, kind, cell, start, end
+    }
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], *(sys.argv[2:3]))

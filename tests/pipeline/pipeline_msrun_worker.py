@@ -1,0 +1,115 @@
+"""msrun worker: 5 pipelined Adam steps of pipeline_models.dense_chain; each rank writes its
+losses, its stages' parameters and (rank 0) the measured and simulated timelines to OUT/rank<r>.npz.
+
+Usage: msrun ... pipeline_msrun_worker.py KIND MICROBATCHES OUT [WIDTH DEPTH BATCH STEPS]
+With env PIPELINE_TEST_MODEL=gpt: the examples' GPT instead (see gpt_main).
+With env PIPELINE_TEST_REBALANCE=1: start from the split (1, 6) with rebalancing on, the
+planner fed fixed per-layer costs (test_pipeline_rebalance.LAYER_COSTS) for this process's
+stages; the applied plans and migrated bytes are written too.
+"""
+import json
+import os
+import sys
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mindspore_hyper as mh  # noqa: E402
+from mindspore_hyper import Layout  # noqa: E402
+from pipeline_models import batch, dense_chain  # noqa: E402
+
+
+def gpt_main(kind, m, out):
+    """PIPELINE_TEST_MODEL=gpt: examples/models.py GPT (a mask side input to every block)
+    pipelined through its construct; each rank writes its losses and its stages' parameters."""
+    from pipeline_models import gpt, tokens
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    mh.set_context(mode="distributed", comm_timeout=60.0)
+    size = int(os.environ.get("MS_WORKER_NUM", "1"))
+    model = gpt(layers=2)
+    ids, labels = tokens()
+    parallel = mh.auto_parallelize(model, Layout((size,), ("pipeline",))(tensor_map=()),
+                                   pipeline={"schedule": kind, "microbatches": m})
+    optimizer = nn.Adam(parallel.optimizer_parameters(), 1e-3)
+    losses = [float(parallel.train_step(optimizer, ids, labels).asnumpy()) for _ in range(5)]
+    arrays = {f"param:{name}": p.asnumpy() for s in parallel.held_stages()
+              for name, p in parallel.stage_cells[s].parameters_and_names()}
+    arrays["losses"] = np.array(losses)
+    np.savez(os.path.join(out, f"rank{parallel.world.rank}.npz"), **arrays)
+
+
+def main():
+    kind, m, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    if os.environ.get("PIPELINE_TEST_MODEL") == "gpt":
+        return gpt_main(kind, m, out)
+    width, depth, n, steps = (int(a) for a in (sys.argv[4:8] if len(sys.argv) > 4 else (16, 4, 8, 5)))
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    mh.set_context(mode="distributed", comm_timeout=60.0)
+    size = int(os.environ.get("MS_WORKER_NUM", "1"))
+    model = dense_chain(width, depth)
+    x, y = batch(n)
+    mesh_kind = os.environ.get("PIPELINE_TEST_MESH", "pipeline")  # or "data" / "tensor": that axis 2 x pipeline
+    if mesh_kind == "pipeline":
+        strategy = Layout((size,), ("pipeline",))(tensor_map=())
+    else:
+        strategy = Layout((2, size // 2), (mesh_kind, "pipeline"))(tensor_map=(mesh_kind,) if mesh_kind == "tensor" else ())
+    options = {"schedule": kind, "microbatches": m}
+    rebalance = os.environ.get("PIPELINE_TEST_REBALANCE") == "1"
+    if rebalance:
+        from mindspore_hyper.pipeline.model import PipelineModel
+        from test_pipeline_rebalance import LAYER_COSTS
+
+        def fixed_stage_times(self):
+            bounds = np.cumsum((0,) + self.split)
+            return tuple(float(sum(LAYER_COSTS[bounds[s]:bounds[s + 1]])) if s in self.held_stages() else 0.0
+                         for s in range(len(self.split)))
+
+        PipelineModel.stage_times = fixed_stage_times
+        options.update(rebalance=True, layers_per_stage=(1, 6))
+    parallel = mh.auto_parallelize(model, strategy, pipeline=options)
+    optimizer = nn.Adam(parallel.optimizer_parameters(), 1e-2)
+    losses = []
+    timelines = []
+    for _ in range(steps):
+        losses.append(float(parallel.train_step(optimizer, x, y).asnumpy()))
+        measured = parallel.measured_timeline()  # collective: every rank calls it
+        timelines.append(measured)
+    rank = parallel.world.rank
+    eval_loss = float(parallel(x, y).asnumpy())  # forward only, every process
+
+    arrays = {f"param:{p.name}": p.asnumpy() for p in parallel.optimizer_parameters()}
+    if mesh_kind == "tensor":  # shards: write where each came from
+        arrays = {}
+        for s in parallel.held_stages():
+            model_s = parallel.stage_models[s]
+            for p in model_s.network.trainable_params():
+                region = model_s.held_region(model_s.rows[id(p)].name)
+                arrays[f"param:{p.name}"] = p.asnumpy()
+                arrays[f"region:{p.name}"] = np.array([[r.start, r.stop] for r in region])
+    arrays["losses"] = np.array(losses)
+    arrays["eval_loss"] = np.array(eval_loss)
+    if rebalance:
+        arrays["plans"] = np.array(json.dumps([[list(p.before), list(p.after)] for p in parallel.rebalance_log]))
+        arrays["migrated_bytes"] = np.array(parallel.migrated_bytes)
+        arrays["held"] = np.array(parallel.held_stages())
+        arrays = {k: v for k, v in arrays.items() if not k.startswith("param:")}
+        for s in parallel.held_stages():  # the Parameters this process owns now
+            for p in parallel.stage_cells[s].trainable_params():
+                arrays[f"param:{p.name}"] = p.asnumpy()
+    if rank == 0:
+        figures = []
+        for t in timelines:
+            sim = parallel.simulated_timeline(t)
+            figures.append({"measured_makespan": t.makespan, "measured_bubble": t.bubble_fraction,
+                            "simulated_makespan": sim.makespan, "simulated_bubble": sim.bubble_fraction,
+                            "costs": {f"{k.value}:{s}": v for (k, s), v in t.mean_costs().items()}})
+        arrays["timelines"] = np.array(json.dumps(figures))
+        timelines[-1].to_chrome_trace(os.path.join(out, "measured_trace.json"))
+    np.savez(os.path.join(out, f"rank{rank}.npz"), **arrays)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Pipeline execution under msrun: zb_h1 on 4 processes and 1f1b on tensor 2 x pipeline 2 train
+like one device (losses and each process's stage parameters, or their shards, after 5 Adam
+steps); a receive that waits too long names the peer rank. (1f1b on 2 processes: the example's
+msrun test in tests/examples; data 2 x pipeline 2 was run the same way, see docs/mpmd.md.)"""
+import os
+import threading
+
+import mindspore as ms
+import numpy as np
+import pytest
+
+from msrun_helpers import run_msrun, worker_logs
+from paths import REPO_ROOT
+from pipeline_models import batch, dense_chain, gpt, single_device_run, tokens
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_msrun_worker.py")
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("kind, workers, mesh", [("zb_h1", 4, "pipeline"), ("1f1b", 4, "tensor")])
+def test_distributed_pipeline_trains_like_one_device(kind, workers, mesh, tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+               PIPELINE_TEST_MESH=mesh)
+    result = run_msrun(WORKER, [kind, 4, tmp_path], workers, tmp_path / "log", timeout=240, env=env)
+    assert result.returncode == 0, worker_logs(tmp_path / "log", workers)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    x, y = batch()
+    model = dense_chain()
+    losses, params = single_device_run(model, x, y)
+    eval_loss = float(model(x, y).asnumpy())  # the trained model's forward-only loss
+    seen = set()
+    for rank in range(workers):
+        out = np.load(tmp_path / f"rank{rank}.npz")
+        np.testing.assert_allclose(out["losses"], losses, rtol=1e-5)
+        np.testing.assert_allclose(float(out["eval_loss"]), eval_loss, rtol=1e-5)
+        for key in out.files:
+            if key.startswith("param:"):
+                name = key[len("param:"):]
+                want = params[name]
+                if f"region:{name}" in out.files:  # a tensor-parallel shard
+                    want = want[tuple(slice(a, b) for a, b in out[f"region:{name}"])]
+                    assert want.size < params[name].size
+                np.testing.assert_allclose(out[key], want, rtol=1e-5, atol=1e-6, err_msg=name)
+                seen.add(name)
+    assert seen == set(params)  # every parameter lives on exactly one of the processes
+    assert (tmp_path / "measured_trace.json").exists()
+
+
+@pytest.mark.msrun
+def test_distributed_pipeline_of_a_construct_with_a_side_input(tmp_path):
+    """examples/models.py GPT on 2 processes (1f1b), pipelined through its construct: each
+    process recomputes the mask side input; losses and each process's stage parameters after 5
+    Adam steps equal one device's."""
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+               PIPELINE_TEST_MODEL="gpt")
+    result = run_msrun(WORKER, ["1f1b", 2, tmp_path], 2, tmp_path / "log", timeout=240, env=env)
+    assert result.returncode == 0, worker_logs(tmp_path / "log", 2)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    model = gpt(layers=2)
+    losses, params = single_device_run(model, *tokens(), lr=1e-3)
+    seen = set()
+    for rank in range(2):
+        out = np.load(tmp_path / f"rank{rank}.npz")
+        np.testing.assert_allclose(out["losses"], losses, rtol=1e-5)
+        for key in out.files:
+            if key.startswith("param:"):
+                name = key[len("param:"):]
+                atol = 1e-4 if name.endswith("qkv.bias") else 1e-5  # the key bias's gradient is exactly 0
+                np.testing.assert_allclose(out[key], params[name], rtol=1e-5, atol=atol, err_msg=name)
+                seen.add(name)
+    assert seen == set(params)  # the embeddings train on stage 0, the final norm and head on stage 1
+
+
+def test_a_receive_that_waits_too_long_names_the_peer():
+    from mindspore_hyper.pipeline.p2p import Mailbox, P2PTimeout
+    from mindspore_hyper.schedule.actions import P2PTensor, Payload
+
+    box = Mailbox(rank=1)
+    key = P2PTensor(Payload.ACTIVATION, 0, 1, 3)
+    with pytest.raises(P2PTimeout, match=r"rank 1: no 'activation s0->s1 mb3' from rank 0 within 0.2 s"):
+        box.take(key, peer=0, timeout=0.2)
+    threading.Timer(0.05, box.put, (key, 7)).start()
+    assert box.take(key, peer=0, timeout=5.0) == 7

@@ -1,0 +1,57 @@
+"""The pipeline's ShmTransport over comm.p2p channels, both ends in this process: tensors arrive by
+identity in any order, a late tensor names the peer, an unsupported dtype names the tensor."""
+import threading
+import uuid
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from mindspore import Tensor
+
+from mindspore_hyper.pipeline.p2p import P2PError, P2PTimeout, ShmTransport
+from mindspore_hyper.schedule.actions import P2PTensor, Payload
+
+
+@pytest.fixture
+def transports():
+    job = "pp" + uuid.uuid4().hex[:10]
+    pairs = [(0, 1), (1, 0)]
+    worlds = [SimpleNamespace(rank=r, job=job, timeout=0.5, transport="shm") for r in (0, 1)]
+    # each constructor waits for the other rank's sending end: make them on two threads
+    made = {}
+    t = threading.Thread(target=lambda: made.setdefault(1, ShmTransport(worlds[1], pairs)))
+    t.start()
+    made[0] = ShmTransport(worlds[0], pairs)
+    t.join(30)
+    yield made[0], made[1]
+    for tr in made.values():
+        tr.close()
+
+
+def test_tensors_arrive_by_identity_in_any_order(transports):
+    t0, t1 = transports
+    keys = [P2PTensor(Payload.ACTIVATION, 0, 1, mb) for mb in range(3)]
+    for mb, key in enumerate(keys):
+        t0.send(0, key, Tensor(np.full((2, 3), mb, np.float32)), 1)
+    t0.flush()
+    t1.expect({0: 3})
+    for mb in (2, 0, 1):
+        np.testing.assert_array_equal(t1.recv(keys[mb], 0), np.full((2, 3), mb, np.float32))
+    grad = P2PTensor(Payload.GRADIENT, 1, 0, 0)
+    t1.send(1, grad, Tensor(np.ones(4, np.float32)), 0)
+    np.testing.assert_array_equal(t0.recv(grad, 1), np.ones(4, np.float32))
+
+
+def test_a_late_tensor_and_a_bad_announcement_name_the_peer(transports):
+    t0, t1 = transports
+    with pytest.raises(P2PTimeout, match=r"rank 1: no 'activation s0->s1 mb9' from rank 0 \(waited at most 0.5 s"):
+        t1.recv(P2PTensor(Payload.ACTIVATION, 0, 1, 9), 0)
+    with pytest.raises(P2PError, match=r"rank 1: the schedule receives from rank 5, which has no channel"):
+        t1.expect({5: 1})
+
+
+def test_an_unsupported_dtype_names_the_tensor(transports):
+    t0, _ = transports
+    with pytest.raises(P2PError, match=r"pipeline send of 'activation s0->s1 mb0': arrays\[0\]: dtype complex64"):
+        t0.send(0, P2PTensor(Payload.ACTIVATION, 0, 1, 0), SimpleNamespace(asnumpy=lambda: np.zeros(2, np.complex64)),
+                1)
