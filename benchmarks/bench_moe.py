@@ -12,11 +12,11 @@ expert-parallel dispatch.
 3. links    Dispatch (and combine inter-group) bytes per link level measured from executed
             exchanges (an MoE layer on 16 simulated devices, node8: 2 nodes of 8 = 2 expert
             groups), unlimited vs group-limited routing (4 of 16 groups), flat vs hierarchical.
-4. cache    Hot-expert cache (`moe/cache.py`): 128 experts in the offload store, the device
+4. cache    Hot-expert cache (`offload/expert_cache.py`): 128 experts in the offload store, the device
             tier for 32; cold fetches per step and step time, routing-statistics priorities vs
             plain LRU, over a Zipf routing trace (first fifth of the steps excluded as warm-up).
    cache-train  The same in training (`hyper_offload` of a model with an MoE layer,
-            moe/expert_offload.py): --cache-experts experts (H=64, F=128) of which the
+            offload/expert_offload.py): --cache-experts experts (H=64, F=128) of which the
             device tier holds --cache-capacity, a router skewed Zipf-like (a constant input
             feature adds 0.7 log(1/rank) to the logits), --cache-tokens tokens top-2 per step,
             Adam. Cold fetches per step and step time, routing vs LRU, and the step time of
@@ -160,7 +160,7 @@ def links(tokens: int, experts: int, hidden: int) -> dict:
 def cache(steps: int) -> dict:
     """Hot-expert cache: 128 experts of 3 x 256 x 512 float32 (1.5 MiB) in the offload store,
     device tier for 32; each step brings in the experts of 64 tokens' top-8 Zipf routing."""
-    from mindspore_hyper.moe.cache import HotExpertCache
+    from mindspore_hyper.offload.expert_cache import HotExpertCache
 
     experts = 128
     rng = np.random.default_rng(3)
@@ -189,7 +189,7 @@ def cache_train(steps: int, experts: int, capacity: int, tokens: int) -> dict:
     from mindspore import Tensor, nn
 
     from mindspore_hyper.moe import MoE
-    from mindspore_hyper.moe.cache import ExpertCacheConfig
+    from mindspore_hyper.offload.expert_cache import ExpertCacheConfig
     from mindspore_hyper.offload import OffloadPolicy, hyper_offload
 
     hidden = 64

@@ -49,5 +49,4 @@ KNOWN_UPWARD = ()
 
 # Import circles between units (a unit's modules import another unit's and back) still open.
 KNOWN_UNIT_CIRCLES = (
-    (("moe", "offload"), "issue 25 item 5: moe expert caching next to offload or behind an interface"),
 )

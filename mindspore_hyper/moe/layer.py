@@ -85,7 +85,7 @@ class MoE(nn.Cell):
         self.shared = SharedExpert(hidden, shared_ffn_hidden) if shared_ffn_hidden else None
         self.last_expert_counts: Optional[np.ndarray] = None  # [E] copies per expert of the last call
         self._parallel = None  # the ExpertParallel engine, made on the first parallel call
-        self.expert_offload = None  # moe.expert_offload.ExpertOffload when hyper_offload keeps the experts
+        self.expert_offload = None  # offload.expert_offload.ExpertOffload when hyper_offload keeps the experts
 
     def aux_loss(self, prob_sums: Tensor, choice_counts: Tensor, logit_sq_sum: Tensor, num_tokens: int) -> Tensor:
         """Load-balancing + z-loss from sums over the batch's `num_tokens` tokens."""
@@ -129,7 +129,7 @@ class MoE(nn.Cell):
         e = self.experts
         if self.expert_offload is None:
             outs = run_experts(tokens, plan, e.w_gate, e.w_up, e.w_down)
-        else:  # the weights hold the routed experts only (moe/expert_offload.py)
+        else:  # the weights hold the routed experts only (offload/expert_offload.py)
             used = self.expert_offload.bring(plan.counts)
             outs = [None] * self.num_experts
             for e_id, out in zip(used, run_experts(tokens, plan, e.w_gate, e.w_up, e.w_down, experts=used)):

@@ -19,7 +19,7 @@ from mindspore import Parameter, Tensor, nn
 
 from mindspore_hyper.autodiff import value_and_grad
 from mindspore_hyper.context import get_context
-from mindspore_hyper.moe.expert_offload import attach_expert_offloads
+from mindspore_hyper.offload.expert_offload import attach_expert_offloads
 from mindspore_hyper.offload.activations import ActivationSwap
 from mindspore_hyper.offload.device_shards import DeviceShard, from_strategy_rows, single_device
 from mindspore_hyper.offload.hooks import UseHooks
@@ -48,7 +48,7 @@ class OffloadedModel:
         self.stores = list(stores)
         self._owned_stores: List[OffloadStore] = []  # set by hyper_offload: closed by close()
         self._owned_dirs: List[str] = []
-        # MoE layers' experts: in hot-expert caches, brought per step as routed (moe/expert_offload.py)
+        # MoE layers' experts: in hot-expert caches, brought per step as routed (offload/expert_offload.py)
         self.expert_offloads = attach_expert_offloads(model, optimizer, policy.expert_cache)
         self.expert_params = [p for off in self.expert_offloads for p in off.params]
         try:

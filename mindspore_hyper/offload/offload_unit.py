@@ -33,7 +33,7 @@ class OffloadPolicy:
             the outer one. None: every direct child Cell that has parameters.
         activation_cells: name patterns of Cells whose saved activations are swapped to the store.
         min_activation_bytes: activations smaller than this stay in memory.
-        expert_cache: how the experts of `moe.MoE` layers are cached (`moe.cache.ExpertCacheConfig`:
+        expert_cache: how the experts of `moe.MoE` layers are cached (`offload.expert_cache.ExpertCacheConfig`:
             policy, device-tier capacity in experts); None: the context flags `moe_cache_policy`
             and `moe_cache_capacity`. Experts are always kept by the expert cache, whatever `cells`.
     """
@@ -44,7 +44,7 @@ class OffloadPolicy:
     expert_cache: Optional[object] = None
 
     def __post_init__(self):
-        from mindspore_hyper.moe.cache import ExpertCacheConfig
+        from mindspore_hyper.offload.expert_cache import ExpertCacheConfig
 
         if self.expert_cache is not None and not isinstance(self.expert_cache, ExpertCacheConfig):
             raise ValueError(f"OffloadPolicy.expert_cache={self.expert_cache!r}: expected an ExpertCacheConfig or None")

@@ -6,7 +6,7 @@ import mindspore as ms
 from mindspore import nn
 
 from mindspore_hyper import set_context
-from mindspore_hyper.moe.cache import ExpertCacheConfig
+from mindspore_hyper.offload.expert_cache import ExpertCacheConfig
 from mindspore_hyper.offload import OffloadPolicy, hyper_offload, maybe_offload
 
 from moe_models import MoENet, batches, copy_weights

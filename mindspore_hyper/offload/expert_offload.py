@@ -24,7 +24,7 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from mindspore_hyper.moe.cache import ExpertCacheConfig, HotExpertCache
+from mindspore_hyper.offload.expert_cache import ExpertCacheConfig, HotExpertCache
 
 __all__ = ["ExpertOffload", "attach_expert_offloads"]
 

@@ -3,7 +3,7 @@ fewer cold fetches than plain LRU on skewed routing."""
 import numpy as np
 import pytest
 
-from mindspore_hyper.moe.cache import HotExpertCache
+from mindspore_hyper.offload.expert_cache import HotExpertCache
 
 
 def _trace(steps, experts, seed=0):
