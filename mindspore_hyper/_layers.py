@@ -40,8 +40,6 @@ EXTENSION_MODULES = ("_core",)
 # Import circles between modules still open: the modules of each, and the issue item that opens it.
 # A circle found must be one of these (or part of one); an entry whose circle is gone must be deleted.
 KNOWN_CIRCLES = (
-    (("dtensor.batched", "dtensor.dispatch", "dtensor.dtensor", "dtensor.mutation"),
-     "issue 25 item 5: a value half of DTensor without runtime imports"),
 )
 
 # Imports up the layers still open: (importer, imported) modules, and the issue item that removes it.

@@ -22,9 +22,6 @@ import numpy as np
 from mindspore import Tensor, ops
 from mindspore.common.initializer import Zero
 
-from mindspore_hyper.shard.redistribute import (
-    AllGather, AllReduce, AllToAll, LocalSlice, MakePartial, ReduceScatter, plan_redistribution,
-)
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
 __all__ = ["DTensor", "significant_axes", "key_of", "is_float"]
@@ -147,40 +144,7 @@ class DTensor(Tensor):
         backward gradient sum (the caller need not fan out along them)."""
         if layout == self._layout:
             return self, set()
-        plan = plan_redistribution(self._layout, layout, self._global_shape, self.dtype.itemsize)
-        execution = self._execution
-        shards, stacked, current = None, self._stacked, self._layout
-        accounting = execution.accounting
-        itemsize = self.dtype.itemsize
-        fused = set()
-        for step in plan:
-            input_bytes = math.prod(current.local_shape(self._global_shape)) * itemsize
-            grad_partial = isinstance(step, AllGather) and step.axis in grad_partial_axes
-            if _runs_stacked(execution, step, current, self._global_shape):
-                if stacked is None:
-                    from mindspore_hyper.dtensor.batched import stacked_shards
-
-                    stacked = stacked_shards(execution, self if shards is None else
-                                             DTensor._create(current, shards, self._global_shape, self.dtype, execution))
-                if isinstance(step, AllReduce):
-                    stacked, current = _all_reduce_stacked(execution, step, stacked, current)
-                else:
-                    stacked, current = _all_gather_stacked(execution, step, stacked, current, record, grad_partial)
-                shards = None
-            else:
-                if shards is None:
-                    shards = self.shards if stacked is self._stacked else _unstacked(execution, stacked, current)
-                shards, current = _apply_step(execution, step, shards, current, record, grad_partial)
-                stacked = None
-            if grad_partial:
-                fused.add(step.axis)
-            if record and not isinstance(step, (LocalSlice, MakePartial)):
-                axis = current.mesh.alias_names[step.axis]
-                accounting.record_comm(type(step).__name__, axis, step.send_bytes, input_bytes)
-        if shards is None:
-            keys = execution.keys(significant_axes(layout))
-            return DTensor._from_stack(layout, stacked, keys, self._global_shape, self.dtype, execution), fused
-        return DTensor._create(layout, shards, self._global_shape, self.dtype, execution), fused
+        return self._execution.redistribute(self, layout, record, grad_partial_axes)
 
     # -- values ------------------------------------------------------------------------------
     def asnumpy(self) -> np.ndarray:
@@ -248,12 +212,9 @@ class DTensor(Tensor):
         Raises:
             ValueError: `value`'s shape differs from this DTensor's global shape.
         """
-        from mindspore_hyper.dtensor import mutation
-        from mindspore_hyper.dtensor.dispatch import distribute
-
         if tuple(value.shape) != self._global_shape:
             raise ValueError(f"DTensor.data = value: value has shape {tuple(value.shape)}, expected {self._global_shape}")
-        mutation.write_back(self._execution, self, self, distribute(self._execution, value, self._layout))
+        self._execution.set_data(self, value)
 
     # -- indexing ----------------------------------------------------------------------------
     def __getitem__(self, index):
@@ -341,128 +302,3 @@ def _bool():
     import mindspore as ms
 
     return ms.bool_
-
-
-def _runs_stacked(execution, step, layout: TensorLayout, global_shape) -> bool:
-    """Whether a step runs on the stacked shards of every group at once: an AllReduce (the same
-    additions in member order) or an AllGather along a dimension's innermost axis (the same
-    concatenation), with the in-process MindSpore collectives holding every device."""
-    from mindspore_hyper.comm.inprocess_collectives import InProcessCollectives
-    from mindspore_hyper.dtensor.batched import BATCH_BELOW_ELEMENTS
-
-    if not (execution.batch_shards and execution.holds_all_ranks and type(execution.collectives) is InProcessCollectives
-            and len(significant_axes(layout)) > 1 and math.prod(layout.local_shape(global_shape)) < BATCH_BELOW_ELEMENTS):
-        return False
-    if isinstance(step, AllGather):
-        return layout.dims[step.dim][-1] == step.axis
-    return isinstance(step, AllReduce)
-
-
-def _all_gather_stacked(execution, step, stacked: Tensor, layout: TensorLayout, record: bool, grad_partial: bool):
-    """AllGather along `step.axis` into local dimension `step.dim` of stacked shards: the batch
-    dimension of that axis moved next to the local dimension and merged into it (the members'
-    shards concatenated in member order, for every group at once)."""
-    mesh = layout.mesh
-    axes = significant_axes(layout)
-    sizes = tuple(mesh.device_matrix[a] for a in axes)
-    local = tuple(stacked.shape[1:])
-    nb, p, d = len(axes), axes.index(step.axis), step.dim
-    perm = [i for i in range(nb) if i != p] + [nb + j for j in range(d)] + [p] + [nb + j for j in range(d, len(local))]
-    moved = stacked.reshape(sizes + local).transpose(tuple(perm))
-    gathered = local[:d] + (sizes[p] * local[d],) + local[d + 1:]
-    out = moved.reshape((-1,) + gathered)
-    if grad_partial and record:  # the consumers' partial gradients are reduce-scattered back
-        coords = mesh.coords(execution.local_ranks[0])  # the group through it records
-        group = execution.group([step.axis], {a: coords[a] for a in axes if a != step.axis})
-        execution.collectives._on_backward(out, "ReduceScatter", group, math.prod(gathered) * out.dtype.itemsize)
-    dims = [list(e) for e in layout.dims]
-    dims[d].remove(step.axis)
-    return out, TensorLayout.from_dims(mesh, dims, layout.partial)
-
-
-def _all_reduce_stacked(execution, step, stacked: Tensor, layout: TensorLayout):
-    """AllReduce along `step.axis` of stacked shards: the members' shards (slices of the stack
-    along that axis) reduced in member order, for every group at once."""
-    from mindspore_hyper.comm.inprocess_collectives import reduce_tensors
-
-    mesh = layout.mesh
-    axes = significant_axes(layout)
-    sizes = tuple(mesh.device_matrix[a] for a in axes)
-    local = tuple(stacked.shape[1:])
-    grid = stacked.reshape(sizes + local)
-    members = ops.unstack(grid, axes.index(step.axis))  # one op (its backward one stack), not n slices
-    reduced = reduce_tensors(list(members), step.op)
-    partial = layout.partial
-    del partial[step.axis]
-    new_layout = TensorLayout.from_dims(mesh, layout.dims, partial)
-    return reduced.reshape((-1,) + local), new_layout
-
-
-def _unstacked(execution, stacked: Tensor, layout: TensorLayout) -> Dict[Key, Tensor]:
-    return dict(zip(execution.keys(significant_axes(layout)), ops.unstack(stacked, 0)))
-
-
-def _apply_step(execution, step, shards: Dict[Key, Tensor], layout: TensorLayout, record: bool,
-                grad_partial: bool):
-    """One plan step on the held distinct shards; returns (new shards, new layout)."""
-    mesh = layout.mesh
-    a = step.axis
-    old_axes = significant_axes(layout)
-    dims = [list(e) for e in layout.dims]
-    partial = layout.partial
-    if isinstance(step, LocalSlice):
-        dims[step.dim].append(a)
-    elif isinstance(step, AllGather):
-        dims[step.dim].remove(a)
-    elif isinstance(step, AllToAll):
-        dims[step.concat_dim].remove(a)
-        dims[step.split_dim].append(a)
-    elif isinstance(step, ReduceScatter):
-        del partial[a]
-        dims[step.dim].append(a)
-    elif isinstance(step, AllReduce):
-        del partial[a]
-    elif isinstance(step, MakePartial):
-        partial[a] = step.op
-    new_layout = TensorLayout.from_dims(mesh, dims, partial)
-    new_axes = significant_axes(new_layout)
-    new_shards: Dict[Key, Tensor] = {}
-    backend = execution.collectives
-    if a not in old_axes:  # LocalSlice / MakePartial: one old shard -> the held new ones
-        for key, shard in shards.items():
-            fixed = dict(zip(old_axes, key))
-            group = execution.group([a], fixed)
-            if isinstance(step, LocalSlice):
-                parts = backend.local_slice(shard, step.dim, group, record=record)
-            else:
-                parts = backend.make_partial(shard, step.op, group)
-            for index, part in zip(group.local, parts):
-                coords = dict(fixed)
-                coords[a] = index
-                new_shards[key_of(coords, new_axes)] = part
-        return new_shards, new_layout
-    position = old_axes.index(a)
-    groups: Dict[Key, Dict[int, Tensor]] = {}
-    for key, shard in shards.items():
-        rest = key[:position] + key[position + 1:]
-        groups.setdefault(rest, {})[key[position]] = shard
-    others = [x for x in old_axes if x != a]
-    for rest, members in sorted(groups.items()):
-        fixed = dict(zip(others, rest))
-        group = execution.group([a], fixed)
-        if group.records and not record:
-            group = type(group)(group.axis, group.ranks, group.local, records=False)
-        tensors = [members[i] for i in group.local]
-        if isinstance(step, AllGather):
-            outs = backend.all_gather(tensors, step.dim, group, grad_partial=grad_partial)
-        elif isinstance(step, AllToAll):
-            outs = backend.all_to_all(tensors, step.split_dim, step.concat_dim, group)
-        elif isinstance(step, ReduceScatter):
-            outs = backend.reduce_scatter(tensors, step.dim, step.op, group)
-        else:
-            outs = backend.all_reduce(tensors, step.op, group)
-        for index, out in zip(group.local, outs):
-            coords = dict(fixed)
-            coords[a] = index
-            new_shards.setdefault(key_of(coords, new_axes), out)
-    return new_shards, new_layout

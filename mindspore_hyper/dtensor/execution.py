@@ -17,7 +17,9 @@ from mindspore import Parameter
 
 from mindspore_hyper.comm.collectives import AxisGroup, Collectives
 from mindspore_hyper.dtensor import dispatch as dispatcher
+from mindspore_hyper.dtensor import mutation
 from mindspore_hyper.dtensor.accounting import Accounting, active_accounting
+from mindspore_hyper.dtensor.redistribution import run_redistribution
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
@@ -179,6 +181,13 @@ class Execution:
 
     def setitem(self, dt, index, value) -> None:
         dispatcher.dispatch_setitem(self, dt, index, value)
+
+    def redistribute(self, dt, layout: TensorLayout, record: bool, grad_partial_axes):
+        return run_redistribution(dt, layout, record, grad_partial_axes)
+
+    def set_data(self, dt, value) -> None:
+        """`dt.data = value`: the global `value` laid out as `dt` and written back (to its Parameter too)."""
+        mutation.write_back(self, dt, dt, dispatcher.distribute(self, value, dt.layout))
 
     def __repr__(self) -> str:
         return f"Execution(mesh={self.mesh.device_matrix}, local_ranks={self.local_ranks})"
