@@ -38,7 +38,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from mindspore_hyper.schedule import SCHEDULE_KINDS, ScheduleTimeline, build_schedule, simulate
+from mindspore_hyper.schedule import SCHEDULE_KINDS, ScheduleTimeline, build_schedule, simulate_schedule
 from mindspore_hyper.schedule.formulas import BUBBLE_FORMULAS, bubble_fraction, published_idle
 
 CHUNKS = {"interleaved_1f1b": 2, "zb_v": 2, "dualpipe_v": 2}
@@ -59,7 +59,7 @@ class Row:
 
 def unit_timeline(kind: str, p: int, m: int) -> ScheduleTimeline:
     v = CHUNKS.get(kind, 1)
-    return simulate(build_schedule(kind, p, m, v), forward=1 / v, backward_input=1 / v, backward_weight=1 / v)
+    return simulate_schedule(build_schedule(kind, p, m, v), forward=1 / v, backward_input=1 / v, backward_weight=1 / v)
 
 
 def span_bubble_fraction(t: ScheduleTimeline) -> float:

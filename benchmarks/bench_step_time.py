@@ -86,7 +86,7 @@ def claims(directory: str) -> None:
     from mindspore_hyper.estimate import JobStrategy, format_bytes, preset, sequence_sweep
     from mindspore_hyper.estimate.scaling import plot_scaling, weak_scaling
     from mindspore_hyper.estimate.search import fitting_candidates, plot_front
-    from mindspore_hyper.schedule import build_schedule, simulate
+    from mindspore_hyper.schedule import build_schedule, simulate_schedule
 
     os.makedirs(directory, exist_ok=True)
     llama = preset("llama2-7b")
@@ -105,7 +105,7 @@ def claims(directory: str) -> None:
 
     print("\n== design claim: traditional pipelines idle 40% ==")
     for p, m in ((4, 4), (8, 8), (8, 12), (8, 32), (8, 64)):
-        tl = simulate(build_schedule("1f1b", p, m), 1.0, 1.0, 1.0)
+        tl = simulate_schedule(build_schedule("1f1b", p, m), 1.0, 1.0, 1.0)
         print(f"  1F1B p={p} m={m}: simulated bubble {tl.bubble_fraction:.1%} (published (p-1)/(m+p-1) = "
               f"{(p - 1) / (m + p - 1):.1%})")
 

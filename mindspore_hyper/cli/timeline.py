@@ -57,10 +57,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mindspore_hyper.schedule import build_schedule, simulate
+    from mindspore_hyper.schedule import build_schedule, simulate_schedule
 
     schedule = build_schedule(args.kind, args.stages, args.microbatches, args.chunks)
-    timeline = simulate(schedule, forward=args.forward, backward_input=args.backward_input,
+    timeline = simulate_schedule(schedule, forward=args.forward, backward_input=args.backward_input,
                         backward_weight=args.backward_weight, p2p=args.p2p)
     ranks = range(schedule.num_ranks)
     result = {

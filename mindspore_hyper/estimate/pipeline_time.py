@@ -56,10 +56,10 @@ def rank_stages(schedule_kind: str, stages: int, chunks: int) -> Tuple[Tuple[int
 @lru_cache(maxsize=256)
 def _simulated(schedule_kind: str, stages: int, microbatches: int, chunks: int, forward: Tuple[float, ...],
                backward_input: Tuple[float, ...], backward_weight: Tuple[float, ...], p2p: float) -> float:
-    from mindspore_hyper.schedule import build_schedule, simulate
+    from mindspore_hyper.schedule import build_schedule, simulate_schedule
 
     schedule = build_schedule(schedule_kind, stages, microbatches, chunks)
-    timeline = simulate(schedule, forward=list(forward), backward_input=list(backward_input),
+    timeline = simulate_schedule(schedule, forward=list(forward), backward_input=list(backward_input),
                         backward_weight=list(backward_weight), p2p=p2p)
     return timeline.end
 

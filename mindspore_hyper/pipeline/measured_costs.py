@@ -15,7 +15,7 @@ import numpy as np
 
 from mindspore_hyper.schedule.actions import Action, ActionKind
 from mindspore_hyper.schedule.schedule import Schedule
-from mindspore_hyper.schedule.simulate import simulate
+from mindspore_hyper.schedule.simulation import simulate_schedule
 from mindspore_hyper.schedule.schedule_timeline import ScheduleTimeline
 
 __all__ = ["median_action_costs", "simulate_measured"]
@@ -52,5 +52,5 @@ def simulate_measured(schedule: Schedule, timelines: Sequence[ScheduleTimeline])
         return costs.get((action.kind, action.stage, action.microbatch))
 
     latency = float(np.median([p2p_latency(t) for t in timelines]))
-    return simulate(schedule, measured={k: float(np.mean(v)) for k, v in means.items()}, p2p=latency,
+    return simulate_schedule(schedule, measured={k: float(np.mean(v)) for k, v in means.items()}, p2p=latency,
                     action_cost=action_cost)

@@ -26,7 +26,7 @@ from mindspore_hyper.pipeline.stages import PipelineLayers, StageCell, check_uns
 from mindspore_hyper.pipeline.traced_chain import TracedStageCell
 from mindspore_hyper.schedule.actions import ActionKind
 from mindspore_hyper.schedule.schedule import Schedule
-from mindspore_hyper.schedule.simulate import simulate
+from mindspore_hyper.schedule.simulation import simulate_schedule
 from mindspore_hyper.schedule.schedule_timeline import ScheduleTimeline
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.strategy.strategy import Strategy
@@ -378,7 +378,7 @@ class PipelineModel(nn.Cell):
                                  "after the step first (each process holds only its own actions' times)")
             measured = self.last_measured if self.mode == "distributed" else \
                 ScheduleTimeline.from_records(self.last_events, num_ranks=self.schedule.num_ranks)
-        return simulate(self.schedule, measured=measured.mean_costs(), p2p=p2p_latency(measured))
+        return simulate_schedule(self.schedule, measured=measured.mean_costs(), p2p=p2p_latency(measured))
 
     # -- rebalancing --------------------------------------------------------------------------------
     def _rebalancing(self) -> bool:

@@ -1,7 +1,7 @@
 """Pipeline schedules as data: build, validate, simulate -> ScheduleTimeline; and the rebalancing planner.
 
 A runtime takes `schedule.actions[rank]` and executes each Action in order (see actions.py);
-`simulate` times the same lists, and `ScheduleTimeline.from_records` holds a measured run for
+`simulate_schedule` times the same lists, and `ScheduleTimeline.from_records` holds a measured run for
 comparison. `Span` and `Timeline` are the package's one timeline (every feature builds spans).
 """
 from mindspore_hyper.schedule.actions import Action, ActionKind, P2PTensor, Payload
@@ -9,10 +9,10 @@ from mindspore_hyper.schedule.build import SCHEDULE_KINDS, build_schedule
 from mindspore_hyper.schedule.errors import ScheduleError
 from mindspore_hyper.schedule.schedule import Schedule
 from mindspore_hyper.schedule.schedule_timeline import ScheduleTimeline
-from mindspore_hyper.schedule.simulate import simulate
+from mindspore_hyper.schedule.simulation import simulate_schedule
 from mindspore_hyper.schedule.span import Span
 from mindspore_hyper.schedule.timeline import Timeline
 from mindspore_hyper.schedule.validate import validate_schedule
 
 __all__ = ["Action", "ActionKind", "Payload", "P2PTensor", "Schedule", "ScheduleError", "build_schedule",
-           "SCHEDULE_KINDS", "validate_schedule", "simulate", "Span", "Timeline", "ScheduleTimeline"]
+           "SCHEDULE_KINDS", "validate_schedule", "simulate_schedule", "Span", "Timeline", "ScheduleTimeline"]

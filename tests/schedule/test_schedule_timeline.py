@@ -3,12 +3,12 @@ import json
 
 import pytest
 
-from mindspore_hyper.schedule import Action, ActionKind, ScheduleTimeline, Span, build_schedule, simulate
+from mindspore_hyper.schedule import Action, ActionKind, ScheduleTimeline, Span, build_schedule, simulate_schedule
 
 
 def test_chrome_trace_loads_with_the_trace_event_keys(tmp_path):
     s = build_schedule("zb_v", 4, 8, 2)
-    t = simulate(s, p2p=0.1)
+    t = simulate_schedule(s, p2p=0.1)
     path = tmp_path / "trace.json"
     t.to_chrome_trace(str(path))
     trace = json.loads(path.read_text())
@@ -29,13 +29,13 @@ def test_chrome_trace_loads_with_the_trace_event_keys(tmp_path):
 @pytest.mark.parametrize("kind,v", [("gpipe", 1), ("interleaved_1f1b", 2)])
 def test_plot_writes_a_png(tmp_path, kind, v):
     path = tmp_path / f"{kind}.png"
-    simulate(build_schedule(kind, 4, 8, v)).plot(str(path))
+    simulate_schedule(build_schedule(kind, 4, 8, v)).plot(str(path))
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
 def test_from_records_rebuilds_the_same_figures():
-    t = simulate(build_schedule("zb_h1", 4, 8), forward=1.0, backward_input=1.5, backward_weight=0.5, p2p=0.25)
+    t = simulate_schedule(build_schedule("zb_h1", 4, 8), forward=1.0, backward_input=1.5, backward_weight=0.5, p2p=0.25)
     offset = 1000.0  # measured clocks do not start at zero
     again = ScheduleTimeline.from_records([(e.lane, e.action, e.start + offset, e.end + offset) for e in t.spans])
     assert again.makespan == t.makespan
@@ -49,41 +49,41 @@ def test_from_records_rebuilds_the_same_figures():
 def test_measured_costs_reproduce_the_timeline():
     s = build_schedule("1f1b", 4, 8)
     forward = [1.0, 2.0, 1.5, 0.5]
-    t = simulate(s, forward=forward, backward_input=[1.0, 1.0, 2.0, 0.5], backward_weight=0.25)
+    t = simulate_schedule(s, forward=forward, backward_input=[1.0, 1.0, 2.0, 0.5], backward_weight=0.25)
     for e in t.spans:
         if e.action.kind is ActionKind.FORWARD:
             assert e.duration == forward[e.action.stage]
     costs = t.mean_costs()
     assert costs[(ActionKind.BACKWARD, 2)] == 2.25
-    again = simulate(s, measured=costs)
+    again = simulate_schedule(s, measured=costs)
     assert [(e.lane, e.action, e.start, e.end) for e in again.spans] == \
            [(e.lane, e.action, e.start, e.end) for e in t.spans]
-    assert simulate(s, measured=lambda kind, stage: costs.get((kind, stage))).makespan == t.makespan
+    assert simulate_schedule(s, measured=lambda kind, stage: costs.get((kind, stage))).makespan == t.makespan
 
 
 def test_measured_split_costs_price_a_full_backward():
-    split = simulate(build_schedule("zb_h1", 2, 4), backward_input=2.0, backward_weight=0.5).mean_costs()
-    full = simulate(build_schedule("1f1b", 2, 4), measured=split)
+    split = simulate_schedule(build_schedule("zb_h1", 2, 4), backward_input=2.0, backward_weight=0.5).mean_costs()
+    full = simulate_schedule(build_schedule("1f1b", 2, 4), measured=split)
     assert {e.duration for e in full.spans if e.action.kind is ActionKind.BACKWARD} == {2.5}
 
 
 def test_cost_errors_name_the_argument():
     s = build_schedule("1f1b", 2, 2)
     with pytest.raises(ValueError, match=r"forward: 3 costs given, expected one per virtual stage \(2\)"):
-        simulate(s, forward=[1.0, 1.0, 1.0])
+        simulate_schedule(s, forward=[1.0, 1.0, 1.0])
     with pytest.raises(ValueError, match=r"backward_weight\[1\]=-1.0: expected a finite number >= 0"):
-        simulate(s, backward_weight=[1.0, -1.0])
+        simulate_schedule(s, backward_weight=[1.0, -1.0])
     with pytest.raises(ValueError, match=r"backward_input='fast': expected a number or one number per virtual stage"):
-        simulate(s, backward_input="fast")
+        simulate_schedule(s, backward_input="fast")
     with pytest.raises(ValueError, match=r"p2p=-0.5: expected a finite latency >= 0"):
-        simulate(s, p2p=-0.5)
+        simulate_schedule(s, p2p=-0.5)
     with pytest.raises(ValueError, match=r"measured costs replace \['forward'\]"):
-        simulate(s, forward=2.0, measured={})
+        simulate_schedule(s, forward=2.0, measured={})
     with pytest.raises(ValueError, match=r"measured: no cost for \(forward, stage 0\)"):
-        simulate(s, measured={(ActionKind.BACKWARD, 0): 1.0})
+        simulate_schedule(s, measured={(ActionKind.BACKWARD, 0): 1.0})
     zb = build_schedule("zb_h1", 2, 2)
     with pytest.raises(ValueError, match=r"measured: no cost for \(backward_input, stage \d\)"):
-        simulate(zb, measured=simulate(s).mean_costs())
+        simulate_schedule(zb, measured=simulate_schedule(s).mean_costs())
 
 
 def test_timeline_checks():

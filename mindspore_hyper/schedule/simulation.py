@@ -11,10 +11,10 @@ from mindspore_hyper.schedule.schedule_timeline import ScheduleTimeline
 from mindspore_hyper.schedule.span import Span
 from mindspore_hyper.schedule.validate import validate_schedule
 
-__all__ = ["simulate"]
+__all__ = ["simulate_schedule"]
 
 
-def simulate(schedule: Schedule, forward: Cost = 1.0, backward_input: Cost = 1.0, backward_weight: Cost = 1.0,
+def simulate_schedule(schedule: Schedule, forward: Cost = 1.0, backward_input: Cost = 1.0, backward_weight: Cost = 1.0,
              p2p: float = 0.0, measured: Optional[MeasuredCosts] = None,
              action_cost: Optional[Callable[[Action], Optional[float]]] = None) -> ScheduleTimeline:
     """Time every action: it starts when its rank is free and its inputs have arrived.
