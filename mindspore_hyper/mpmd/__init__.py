@@ -2,7 +2,7 @@
 rebalancing of devices between groups (simulation), groups on real processes under msrun."""
 from mindspore_hyper.mpmd.model import MPMDModel, MPMDReport
 from mindspore_hyper.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord, apply_device_plan
-from mindspore_hyper.mpmd.placement import GroupPlacement, data_parallel_strategy, place_groups
+from mindspore_hyper.mpmd.group_placement import GroupPlacement, data_parallel_strategy, place_groups
 from mindspore_hyper.mpmd.scaling import for_processes, scale_groups
 from mindspore_hyper.mpmd.timeline import GroupTimeline
 

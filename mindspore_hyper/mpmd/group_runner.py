@@ -15,7 +15,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.graph.api import _pynative_executor
 
-from mindspore_hyper.mpmd.placement import GroupPlacement
+from mindspore_hyper.mpmd.group_placement import GroupPlacement
 from mindspore_hyper.runtime.simulation.model import SimulatedModel
 from mindspore_hyper.strategy.resolve import resolve_strategy
 

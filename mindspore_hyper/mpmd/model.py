@@ -22,7 +22,7 @@ from mindspore import Parameter, Tensor, nn
 
 from mindspore_hyper.autodiff import value_and_grad
 from mindspore_hyper.mpmd.group_runner import GroupRunner
-from mindspore_hyper.mpmd.placement import GroupPlacement, place_groups
+from mindspore_hyper.mpmd.group_placement import GroupPlacement, place_groups
 from mindspore_hyper.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord, apply_device_plan
 from mindspore_hyper.mpmd.timeline import GroupTimeline
 from mindspore_hyper.schedule.rebalance import GroupSharePlan, RebalancePolicy

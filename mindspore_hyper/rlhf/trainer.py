@@ -34,7 +34,7 @@ from mindspore_hyper.rlhf.ppo import PHASES, PPOResult, PPOSettings, Unit, ppo_s
 from mindspore_hyper.rlhf.process_phases import ProcessPhases
 from mindspore_hyper.mpmd import check_mpmd_enabled
 from mindspore_hyper.mpmd.group_runner import GroupRunner
-from mindspore_hyper.mpmd.placement import place_groups
+from mindspore_hyper.mpmd.group_placement import place_groups
 from mindspore_hyper.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord
 from mindspore_hyper.mpmd.share_rebalancing import ShareRebalancing, gather_group_seconds, proportional_shares
 from mindspore_hyper.mpmd.timeline import GroupTimeline
