@@ -55,13 +55,11 @@ from mindspore_hyper.shard.tensor_layout import TensorLayout
 __all__ = ["ExpertParallel", "ExpertInputs", "ExpertOutputs"]
 
 
-def _names(mesh, dims) -> tuple:
-    """A layout's dims as alias tuples (None for a whole dimension), for messages."""
-    return tuple(tuple(mesh.alias_names[a] for a in d) or None for d in dims)
-
-
 class ExpertParallel:
-    """The expert-parallel engine of one MoE layer (see module docstring).
+    """The expert-parallel engine of one MoE layer (see module docstring): it routes, runs the
+    experts and keeps the states, the background thread and the statistics; its dispatch scheme
+    (`FlatScheme`, or `HierarchicalScheme` for `MoE(dispatch="hierarchical")` over more than one
+    device) moves the rows.
 
     Attributes:
         states: dispatch states waiting for their combine, keyed by microbatch (or
@@ -151,6 +149,7 @@ class ExpertParallel:
 
     # -- set-up -------------------------------------------------------------------------------------
     def _param(self, ex, cell, name: str) -> DTensor:
+        """`cell`'s parameter `name` as a DTensor of this execution (as the strategy lays it out)."""
         value = cell.__dict__.get(name)
         if isinstance(value, DTensor):
             return value
@@ -159,29 +158,6 @@ class ExpertParallel:
             return parameter_dtensor(ex, param)
         return replicated_dtensor(ex, param)
 
-    def _axes(self, ex, x: DTensor, weights) -> Axes:
-        wr, wg, wu, wd = weights
-        mesh = ex.mesh
-        if wr.layout.sharded_axes() or wr.layout.is_partial:
-            raise ValueError(f"MoE expert parallel: the router weight must be replicated; the strategy lays it "
-                             f"out as {wr.layout.tensor_map}")
-        expert = tuple(wg.layout.dims[0])
-        tensor = tuple(wg.layout.dims[2])
-        expect = {"w_gate": (expert, (), tensor), "w_up": (expert, (), tensor), "w_down": (expert, tensor, ())}
-        for name, w in (("w_gate", wg), ("w_up", wu), ("w_down", wd)):
-            if tuple(tuple(d) for d in w.layout.dims) != expect[name] or w.layout.is_partial:
-                raise ValueError(f"MoE expert parallel: experts.{name} is laid out as {_names(mesh, w.layout.dims)}; "
-                                 f"expected {_names(mesh, expect[name])} (experts split on dim 0, the feed-forward "
-                                 f"dimension on the same axes in every expert weight)")
-        tokens_dim = x.layout.dims[0] if x.ndim == 2 else ()
-        token = tuple(sorted((set(tokens_dim) | set(expert)) - set(tensor)))
-        members = math.prod(mesh.device_matrix[a] for a in expert)
-        physical = self.moe.num_experts if self.placement is None else self.placement.num_physical
-        if physical % members:
-            raise ValueError(f"MoE expert parallel: {physical} experts do not split over {members} devices")
-        return Axes(token, expert, tensor, members, physical // members)
-
-    # -- dispatch -----------------------------------------------------------------------------------
     def _prepare(self, x: DTensor) -> Prepared:
         """Lay the tokens out, route them and plan every device's dispatch (no exchange yet)."""
         moe = self.moe
@@ -190,7 +166,8 @@ class ExpertParallel:
                    self._param(ex, moe.experts, "w_up"), self._param(ex, moe.experts, "w_down"))
         num_tokens = math.prod(x.shape[:-1])
         xt = x.reshape(num_tokens, moe.hidden)
-        axes = self._axes(ex, xt, weights)
+        physical = moe.num_experts if self.placement is None else self.placement.num_physical
+        axes = Axes.of_call(ex, xt, weights, physical)
         layout = TensorLayout.from_dims(ex.mesh, [list(axes.token), []])
         if num_tokens % layout.shard_count(0):
             raise ValueError(f"MoE expert parallel: {num_tokens} tokens do not split over the token axes "
@@ -220,6 +197,7 @@ class ExpertParallel:
         return Prepared(tuple(x.shape), layout, axes, (wg, wu, wd), tokens, plans, gates, aux, scheme)
 
     def _aux(self, ex, axes: Axes, prob_sums, sq_sums, choice_counts, num_tokens: int) -> Tensor:
+        """The whole batch's auxiliary loss: the devices' routing sums added over the token axes first."""
         if axes.token:
             group = ex.group(axes.token, {})
             coll = ex.collectives
@@ -229,6 +207,7 @@ class ExpertParallel:
         self.moe.last_expert_counts = choice_counts[0].asnumpy().astype(np.int64)
         return self.moe.aux_loss(prob_sums[0], choice_counts[0], sq_sums[0], num_tokens)
 
+    # -- dispatch -----------------------------------------------------------------------------------
     def _dispatch(self, prep: Prepared, microbatch: Hashable, rows: slice) -> ExpertInputs:
         self._start_dispatch(prep, microbatch, rows, background=False)
         return self._receive_dispatch(microbatch)
@@ -250,10 +229,11 @@ class ExpertParallel:
         self.states.put(microbatch, state)
 
     def _receive_dispatch(self, microbatch: Hashable) -> ExpertInputs:
+        """What the dispatch of `microbatch` delivered (waits for its exchange under msrun)."""
         state = self.states.peek(microbatch)
         return ExpertInputs(microbatch, state.prep.scheme.receive_dispatch(state))
 
-    # -- the background thread (overlap chunks under msrun) ------------------------------------------
+    # -- the background thread (overlap chunks under msrun) ----------------------------------------
     def run_exchange(self, job, background: bool) -> Future:
         """Run `job` now, or on the background thread; its seconds go to last_stats."""
         stats = self.last_stats

@@ -3,6 +3,7 @@ shared by a call's chunks, what a dispatch leaves for its combine, and what disp
 hand over (shared by `expert_parallel.ExpertParallel` and its dispatch schemes)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Dict, Hashable, Optional, Tuple
 
@@ -16,6 +17,11 @@ __all__ = ["Key", "Axes", "ExpertInputs", "ExpertOutputs", "Prepared", "State"]
 Key = Tuple[int, ...]  # a device's coordinates on the token axes
 
 
+def _names(mesh, dims) -> tuple:
+    """A layout's dims as alias tuples (None for a whole dimension), for messages."""
+    return tuple(tuple(mesh.alias_names[a] for a in d) or None for d in dims)
+
+
 @dataclass
 class Axes:
     """The mesh axes of one call (see `expert_parallel`)."""
@@ -25,6 +31,35 @@ class Axes:
     tensor: Tuple[int, ...]  # the experts' F split, in the weights' order
     members: int  # devices in an expert group
     per_member: int  # (physical) experts per device
+
+    @classmethod
+    def of_call(cls, ex, x, weights, physical: int) -> "Axes":
+        """The axes of a call on tokens `x` [T, H] (a DTensor) with the weights (router, w_gate,
+        w_up, w_down) as laid out, over `physical` experts.
+
+        Raises:
+            ValueError: the router weight is split; the expert weights are not split as one
+                (experts on dim 0, F on the same axes); the experts do not split over the devices.
+        """
+        wr, wg, wu, wd = weights
+        mesh = ex.mesh
+        if wr.layout.sharded_axes() or wr.layout.is_partial:
+            raise ValueError(f"MoE expert parallel: the router weight must be replicated; the strategy lays it "
+                             f"out as {wr.layout.tensor_map}")
+        expert = tuple(wg.layout.dims[0])
+        tensor = tuple(wg.layout.dims[2])
+        expect = {"w_gate": (expert, (), tensor), "w_up": (expert, (), tensor), "w_down": (expert, tensor, ())}
+        for name, w in (("w_gate", wg), ("w_up", wu), ("w_down", wd)):
+            if tuple(tuple(d) for d in w.layout.dims) != expect[name] or w.layout.is_partial:
+                raise ValueError(f"MoE expert parallel: experts.{name} is laid out as {_names(mesh, w.layout.dims)}; "
+                                 f"expected {_names(mesh, expect[name])} (experts split on dim 0, the feed-forward "
+                                 f"dimension on the same axes in every expert weight)")
+        tokens_dim = x.layout.dims[0] if x.ndim == 2 else ()
+        token = tuple(sorted((set(tokens_dim) | set(expert)) - set(tensor)))
+        members = math.prod(mesh.device_matrix[a] for a in expert)
+        if physical % members:
+            raise ValueError(f"MoE expert parallel: {physical} experts do not split over {members} devices")
+        return cls(token, expert, tensor, members, physical // members)
 
     def local(self, ex) -> bool:
         """Every member of the expert groups is in this process (simulation, or no expert axis)."""
