@@ -17,8 +17,8 @@ peer weights them by the gates that came with the rows and sums them per token, 
 row per (token, group) back to the source, which adds them. Results and gradients (the gates'
 too, through the first hop) equal the flat dispatch. `group_rows` is the plan of step 1 (data,
 no tensors); `ExpertGroups.level` names the link level a transfer uses, for the measured bytes per level.
-The exchanges themselves run in `expert_parallel.ExpertParallel` (in process in simulation;
-under msrun as uneven AllToAlls of the expert group's communicator).
+The exchanges themselves run in `hierarchical_scheme.HierarchicalScheme` (in process in
+simulation; under msrun as uneven AllToAlls of the expert group's communicator).
 """
 from __future__ import annotations
 

@@ -1,0 +1,105 @@
+"""How an expert-parallel call moves its rows: the interface of a dispatch scheme
+(`flat_scheme.FlatScheme`, `hierarchical_scheme.HierarchicalScheme`) and what both share --
+the expert group's process exchange, the byte recorders, the link groups and the bytes per link
+level. A scheme runs its exchanges on `exchange` (in process in simulation, the communication
+library's all-to-all under msrun); the engine (`expert_parallel.ExpertParallel`) keeps the
+routing, the experts, the background thread and `last_stats`."""
+from __future__ import annotations
+
+from typing import Dict
+
+from mindspore import Tensor
+
+from mindspore_hyper.moe.exchange import ProcessExchange
+from mindspore_hyper.moe.expert_state import Axes, Key, State
+from mindspore_hyper.moe.hierarchical import ExpertGroups, empty_levels, level_bytes
+
+__all__ = ["DispatchScheme"]
+
+
+class DispatchScheme:
+    """One way of dispatching rows to their experts and combining them back.
+
+    A dispatch starts (`start_dispatch`: sends begin, possibly on the engine's background thread)
+    and is received (`receive_dispatch`); the combine likewise. What travels between the steps is
+    kept in the microbatch's `State`.
+
+    Args:
+        engine: the layer's `ExpertParallel` (its `moe`, `last_stats`, `run_exchange` and `wait_exchange`).
+    """
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._topology_groups: Dict[tuple, ExpertGroups] = {}  # from the topology, per (ranks, flag, dispatch)
+
+    # -- the steps ---------------------------------------------------------------------------------
+    def start_dispatch(self, state: State, tokens: Dict[Key, Tensor], background: bool) -> None:
+        """Start sending every device's chunk `tokens` [rows, H] to its experts (`state.plans`)."""
+        raise NotImplementedError
+
+    def receive_dispatch(self, state: State) -> Dict[Key, dict]:
+        """received[dest key][source][slot] -> rows (what `start_dispatch` left in `state.pending`)."""
+        received, state.pending = state.pending, None
+        return received
+
+    def start_combine(self, state: State, outputs: Dict[Key, dict], background: bool) -> None:
+        """Start sending the expert outputs[dest key][source][slot] back to their tokens' devices."""
+        raise NotImplementedError
+
+    def receive_combine(self, state: State) -> Dict[Key, Tensor]:
+        """Each device's chunk output [rows, H]: the gate-weighted sums of its tokens' copies."""
+        raise NotImplementedError
+
+    # -- shared -------------------------------------------------------------------------------------
+    def recorder(self, ex, axes: Axes, what: str):
+        """`record(nbytes)`: adds to `last_stats[what]` and reports an AllToAll over the expert axes."""
+        name = "+".join(ex.mesh.alias_names[a] for a in axes.expert) or "expert"
+        engine = self.engine
+
+        def record(nbytes: int) -> None:
+            engine.last_stats[what] = engine.last_stats.get(what, 0) + int(nbytes)
+            ex.accounting.record_comm("AllToAll", name, int(nbytes), int(nbytes))
+
+        return record
+
+    def process_exchange(self, ex, key: Key, axes: Axes) -> ProcessExchange:
+        """The exchange of this process's expert group under msrun (rows recorded as "rows")."""
+        group = ex.group(axes.expert, dict(zip(axes.token, key)))
+        comm = ex.collectives.communicator(group)
+        if not hasattr(comm, "all_to_all_v"):
+            raise RuntimeError("MoE expert parallel under msrun needs the communication library's uneven all-to-all "
+                               "(dist_transport='shm'); the configured transport has none")
+        return ProcessExchange(comm, group.local[0], group.size, self.engine.moe.hidden,
+                               self.recorder(ex, axes, "rows"))
+
+    def link_groups(self, ex, axes: Axes) -> ExpertGroups:
+        """The link groups of the expert-parallel devices: `moe.expert_groups`, else the topology's
+        nodes (for a flat dispatch whose devices the nodes do not cut evenly: one group).
+
+        Raises:
+            ValueError: `expert_groups` does not divide the expert devices; the hierarchical
+                dispatch without `expert_groups` on a topology whose nodes do not cut them evenly.
+        """
+        moe = self.engine.moe
+        if moe.expert_groups is not None:
+            return ExpertGroups(axes.members, moe.expert_groups)
+        from mindspore_hyper.comm.topology import load_topology
+        from mindspore_hyper.context import get_context
+
+        ranks = tuple(ex.group(axes.expert, {}).ranks)
+        key = (ranks, get_context("topology"), moe.dispatch)
+        if key not in self._topology_groups:  # one topology look-up per layout and flag
+            try:
+                self._topology_groups[key] = ExpertGroups.from_topology(load_topology(None, ex.mesh.size), ranks)
+            except ValueError:
+                if moe.dispatch == "hierarchical":
+                    raise
+                self._topology_groups[key] = ExpertGroups(axes.members, 1)
+        return self._topology_groups[key]
+
+    def add_levels(self, state: State, what: str, pairs) -> None:
+        """Add transfers (src member, dst member, bytes) to last_stats[what + "_link_bytes"], over
+        the link groups of the state's dispatch."""
+        counted = self.engine.last_stats.setdefault(f"{what}_link_bytes", empty_levels())
+        for level, n in level_bytes(pairs, state.groups).items():
+            counted[level] += n
