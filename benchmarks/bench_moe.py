@@ -68,7 +68,7 @@ def zipf_routing(rng, tokens: int, experts: int, top_k: int, s: float, perm: np.
 
 def balance(tokens: int, zipf_s: float) -> dict:
     from mindspore_hyper.moe.eplb import rebalance_experts
-    from mindspore_hyper.moe.placement import ExpertPlacement, member_loads
+    from mindspore_hyper.moe.expert_placement import ExpertPlacement, member_loads
 
     experts, groups, nodes, gpus, top_k = 128, 16, 2, 16, 8
     rng = np.random.default_rng(0)

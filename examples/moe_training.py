@@ -25,7 +25,7 @@ import mindspore_hyper as mh  # noqa: E402
 from mindspore_hyper import Layout, auto_parallelize  # noqa: E402
 from mindspore_hyper.moe import MoE  # noqa: E402
 from mindspore_hyper.moe.eplb import rebalance_experts  # noqa: E402
-from mindspore_hyper.moe.placement import ExpertPlacement, apply_placement  # noqa: E402
+from mindspore_hyper.moe.expert_placement import ExpertPlacement, apply_placement  # noqa: E402
 
 VOCAB, HIDDEN = 64, 32
 

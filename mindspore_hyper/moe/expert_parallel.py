@@ -8,7 +8,7 @@ parallelism inside each expert); the router weight stays replicated. For one cal
    over (data) plus the expert axes, minus the experts' tensor axes (every tensor-parallel member
    holds the same tokens);
 2. each device routes its own tokens (router gradients summed over the token axes) and plans its
-   dispatch (`dispatch.plan_dispatch`);
+   dispatch (`token_dispatch.plan_dispatch`);
 3. *dispatch*: an uneven AllToAll within the expert group (the devices that differ only on the
    expert axes) sends each expert the rows routed to it (`flat_scheme`); or, with
    `MoE(dispatch="hierarchical")`, two hops: each row (with its gates for that group's experts)
@@ -23,7 +23,7 @@ parallelism inside each expert); the router weight stays replicated. For one cal
    batch's loss, as on one device.
 
 Dispatch and combine are separate calls whose state is kept per microbatch
-(`dispatch.DispatchStates`), so microbatches (and chunks of one) can interleave. A placement from
+(`token_dispatch.DispatchStates`), so microbatches (and chunks of one) can interleave. A placement from
 `eplb.rebalance_experts` (`apply_placement`) replaces logical experts by physical replicas:
 replicas hold copies of their expert's weights (all-gathered over the expert axes each call;
 the backward reduce-scatters, so replica gradients are summed into their expert) and an
@@ -42,7 +42,7 @@ from mindspore import Tensor, ops
 from mindspore_hyper import _core
 from mindspore_hyper.dtensor.dispatch import _fan_out, parameter_dtensor, replicated_dtensor
 from mindspore_hyper.dtensor.dtensor import DTensor, significant_axes
-from mindspore_hyper.moe.dispatch import DispatchStates, expert_capacity, plan_dispatch
+from mindspore_hyper.moe.token_dispatch import DispatchStates, expert_capacity, plan_dispatch
 from mindspore_hyper.moe.exchange import ProcessExchange, split_rows
 from mindspore_hyper.moe.experts import swiglu
 from mindspore_hyper.moe.expert_state import Axes, ExpertInputs, ExpertOutputs, Key, Prepared, State

@@ -9,7 +9,7 @@ from typing import Dict, Hashable, Optional, Tuple
 
 from mindspore import Tensor
 
-from mindspore_hyper.moe.dispatch import DispatchPlan
+from mindspore_hyper.moe.token_dispatch import DispatchPlan
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
 __all__ = ["Key", "Axes", "ExpertInputs", "ExpertOutputs", "Prepared", "State"]

@@ -14,7 +14,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, initializer
 
-from mindspore_hyper.moe.dispatch import DispatchPlan
+from mindspore_hyper.moe.token_dispatch import DispatchPlan
 
 __all__ = ["GroupedExperts", "SharedExpert", "swiglu", "run_experts", "combine_copies"]
 

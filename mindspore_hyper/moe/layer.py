@@ -14,7 +14,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from mindspore_hyper.dtensor import DTensor
-from mindspore_hyper.moe.dispatch import expert_capacity, plan_dispatch
+from mindspore_hyper.moe.token_dispatch import expert_capacity, plan_dispatch
 from mindspore_hyper.moe.experts import GroupedExperts, SharedExpert, combine_copies, run_experts
 from mindspore_hyper.moe.losses import load_balancing_loss, logsumexp_square_sum
 from mindspore_hyper.moe.router import TopKRouter

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from mindspore_hyper import _core
-from mindspore_hyper.moe.dispatch import DispatchPlan
+from mindspore_hyper.moe.token_dispatch import DispatchPlan
 
 __all__ = ["pack_routing", "unpack_routing", "packed_routing_bytes", "exchange_routing_mask"]
 

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ms.set_context(mode=ms.PYNATIVE_MODE)
 from mindspore_hyper import Layout, auto_parallelize  # noqa: E402
 from mindspore_hyper.moe.eplb import rebalance_experts  # noqa: E402
-from mindspore_hyper.moe.placement import ExpertPlacement, apply_placement  # noqa: E402
+from mindspore_hyper.moe.expert_placement import ExpertPlacement, apply_placement  # noqa: E402
 from moe_models import MoENet, batches, copy_weights, expert_strategy, run_cases_and_write_results  # noqa: E402
 
 STEPS = 3  # the third step runs on the re-placed experts of the +place case

@@ -7,7 +7,7 @@ import mindspore as ms
 import mindspore_hyper as mh
 from mindspore_hyper import Layout
 from mindspore_hyper.moe.eplb import rebalance_experts
-from mindspore_hyper.moe.placement import ExpertPlacement, apply_placement, member_loads
+from mindspore_hyper.moe.expert_placement import ExpertPlacement, apply_placement, member_loads
 from mindspore_hyper.moe import plan_dispatch
 from mindspore_hyper.runtime.simulation import simulate
 

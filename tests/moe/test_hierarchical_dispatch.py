@@ -8,7 +8,7 @@ import mindspore as ms
 import mindspore_hyper as mh
 from mindspore_hyper import Layout
 from mindspore_hyper.moe import MoE
-from mindspore_hyper.moe.dispatch import plan_dispatch
+from mindspore_hyper.moe.token_dispatch import plan_dispatch
 from mindspore_hyper.moe.hierarchical import ExpertGroups, group_rows
 from mindspore_hyper.runtime.simulation import simulate
 

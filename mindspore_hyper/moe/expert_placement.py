@@ -14,7 +14,7 @@ from typing import List, Sequence
 import numpy as np
 from mindspore import Tensor, ops
 
-from mindspore_hyper.moe.dispatch import DispatchPlan
+from mindspore_hyper.moe.token_dispatch import DispatchPlan
 
 __all__ = ["ExpertPlacement", "apply_placement", "member_loads"]
 
