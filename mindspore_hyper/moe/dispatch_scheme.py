@@ -52,13 +52,15 @@ class DispatchScheme:
 
     # -- shared -------------------------------------------------------------------------------------
     def recorder(self, ex, axes: Axes, what: str):
-        """`record(nbytes)`: adds to `last_stats[what]` and reports an AllToAll over the expert axes."""
-        name = "+".join(ex.mesh.alias_names[a] for a in axes.expert) or "expert"
+        """`record(nbytes)`: adds to `last_stats[what]` and reports an AllToAll over the expert axes
+        (none without expert axes: each device keeps its own rows)."""
+        name = "+".join(ex.mesh.alias_names[a] for a in axes.expert)
         engine = self.engine
 
         def record(nbytes: int) -> None:
             engine.last_stats[what] = engine.last_stats.get(what, 0) + int(nbytes)
-            ex.accounting.record_comm("AllToAll", name, int(nbytes), int(nbytes))
+            if name:
+                ex.accounting.record_comm("AllToAll", name, int(nbytes), int(nbytes))
 
         return record
 

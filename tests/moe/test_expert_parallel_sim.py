@@ -142,6 +142,8 @@ def test_experts_replicated_under_data_parallelism():
     assert abs(float(loss.asnumpy()) - float(ref_loss.asnumpy())) < 1e-6
     for p, a, b in zip(ref.trainable_params(), ref_grads, grads):
         np.testing.assert_allclose(b.asnumpy(), a.asnumpy(), rtol=1e-4, atol=1e-7, err_msg=p.name)
+    comm = sim.report().to_dict()["comm"]  # no expert axis: no AllToAll is reported
+    assert "AllToAll" not in comm and "AllReduce" in comm
 
 
 def test_engine_errors_name_the_microbatch():
