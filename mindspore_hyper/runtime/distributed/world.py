@@ -78,6 +78,8 @@ class World:
         """The communicator of the group of global `ranks` (made collectively on first use by
         every member: all members must ask for it, in the same order of groups)."""
         ranks = tuple(int(r) for r in ranks)
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"World.sub(ranks={ranks}): a rank appears twice")
         if self.rank not in ranks:
             raise ValueError(f"rank {self.rank} asked for the communicator of group {ranks}, which it is not in")
         if ranks not in self._communicators:
@@ -88,9 +90,12 @@ class World:
         """The processes of global `ranks` as a world of their own (see `SubWorld`).
 
         Raises:
-            ValueError: this process is not one of `ranks`, or a rank is outside the job.
+            ValueError: a rank appears twice, this process is not one of `ranks`, or a rank is outside
+                the job.
         """
         ranks = tuple(int(r) for r in ranks)
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"World.sub(ranks={ranks}): a rank appears twice")
         if self.rank not in ranks:
             raise ValueError(f"World.sub(ranks={ranks}): this process (rank {self.rank}) is not one of them")
         outside = [r for r in ranks if not 0 <= r < self.size]
