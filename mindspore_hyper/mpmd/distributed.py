@@ -19,7 +19,7 @@ from mindspore import Parameter, Tensor
 from mindspore_hyper.runtime.distributed.runtime import DistributedRuntime
 from mindspore_hyper.runtime.distributed.world import world
 from mindspore_hyper.mpmd.cross_group import (RecvInputGradient, RemoteGroupOutput, SendInputGradient,
-                                                      outbox, send_output)
+                                             outbox, send_output)
 from mindspore_hyper.mpmd.group_runner import GroupRunner
 from mindspore_hyper.mpmd.group_placement import GroupPlacement
 from mindspore_hyper.strategy.resolve import resolve_strategy
