@@ -7,7 +7,7 @@ effects: it creates no process groups and needs no initialised communication.
 from __future__ import annotations
 
 import math
-from typing import Callable, ClassVar, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, ClassVar, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from mindspore_hyper.shard.tensor_layout import NONE_ALIAS, TensorLayout
 
@@ -45,6 +45,7 @@ class Layout:
         self._rank_list = _check_rank_list(rank_list, self._size)
         self._position_of_rank = {r: i for i, r in enumerate(self._rank_list)}
         self._groups_cache = {}
+        self._coords_cache: Dict[int, Tuple[int, ...]] = {}
 
     strategy_builder: ClassVar[Optional[Callable[..., object]]] = None
 
@@ -92,6 +93,9 @@ class Layout:
     # -- rank <-> coordinates ----------------------------------------------------------------
     def coords(self, rank: int) -> Tuple[int, ...]:
         """Mesh coordinates (one per axis) of a global rank."""
+        cached = self._coords_cache.get(rank)
+        if cached is not None:
+            return cached
         if rank not in self._position_of_rank:
             raise ValueError(f"rank {rank} is not in this layout's rank_list {list(self._rank_list)}")
         position = self._position_of_rank[rank]
@@ -99,7 +103,8 @@ class Layout:
         for size in reversed(self._device_matrix):
             out.append(position % size)
             position //= size
-        return tuple(reversed(out))
+        self._coords_cache[rank] = coords = tuple(reversed(out))
+        return coords
 
     def rank_at(self, coords: Sequence[int]) -> int:
         """Global rank at the given mesh coordinates."""

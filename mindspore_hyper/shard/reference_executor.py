@@ -90,6 +90,11 @@ def apply_plan(shards: Shards, plan: RedistributionPlan) -> Shards:
         nxt = {}
         for group in mesh.axis_groups([step.axis]):
             members = [current[r] for r in group]
+            if isinstance(step, AllToAll):
+                split = [np.split(m, n, axis=step.split_dim) for m in members]
+            elif isinstance(step, (ReduceScatter, AllReduce)):
+                reduced = reduce_arrays(members, step.op)
+                parts = np.split(reduced, n, axis=step.dim) if isinstance(step, ReduceScatter) else None
             for r in group:
                 c = coord[r]
                 if isinstance(step, AllGather):
@@ -97,12 +102,11 @@ def apply_plan(shards: Shards, plan: RedistributionPlan) -> Shards:
                 elif isinstance(step, LocalSlice):
                     nxt[r] = np.split(current[r], n, axis=step.dim)[c]
                 elif isinstance(step, AllToAll):
-                    pieces = [np.split(m, n, axis=step.split_dim)[c] for m in members]
-                    nxt[r] = np.concatenate(pieces, axis=step.concat_dim)
+                    nxt[r] = np.concatenate([pieces[c] for pieces in split], axis=step.concat_dim)
                 elif isinstance(step, ReduceScatter):
-                    nxt[r] = np.split(reduce_arrays(members, step.op), n, axis=step.dim)[c]
+                    nxt[r] = parts[c].copy()
                 elif isinstance(step, AllReduce):
-                    nxt[r] = reduce_arrays(members, step.op)
+                    nxt[r] = reduced.copy()
                 elif isinstance(step, MakePartial):
                     keep = step.op != "sum" or c == 0
                     nxt[r] = current[r].copy() if keep else np.zeros_like(current[r])

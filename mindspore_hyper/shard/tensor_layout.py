@@ -61,6 +61,7 @@ class TensorLayout:
                 "(mixed ops would make the reduction order ambiguous)"
             )
         self._partial: Tuple[Tuple[int, str], ...] = tuple(sorted(parsed_partial.items()))
+        self._shard_counts = tuple(math.prod(mesh.device_matrix[a] for a in entry) for entry in self._dims)
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -163,7 +164,7 @@ class TensorLayout:
 
     def shard_count(self, dim: int) -> int:
         """Number of pieces dimension `dim` is split into."""
-        return math.prod(self._mesh.device_matrix[a] for a in self._dims[dim])
+        return self._shard_counts[dim]
 
     def sharded_axes(self) -> Tuple[int, ...]:
         return tuple(a for entry in self._dims for a in entry)
@@ -204,8 +205,8 @@ class TensorLayout:
     def rank_slices(self, rank: int, global_shape: Sequence[int]) -> Tuple[slice, ...]:
         """The slice of the global tensor held by `rank`."""
         local = self.local_shape(global_shape)
-        return tuple(slice(self.shard_index(rank, d) * n, (self.shard_index(rank, d) + 1) * n)
-                     for d, n in enumerate(local))
+        return tuple(slice(index * n, (index + 1) * n)
+                     for index, n in ((self.shard_index(rank, d), n) for d, n in enumerate(local)))
 
     def replica_ranks(self, rank: int) -> List[int]:
         """Ranks holding an identical copy of `rank`'s shard (including `rank`): they differ only

@@ -16,12 +16,13 @@ value) is a failure of the case.
 `python -m mindspore_hyper.runtime.simulation.layer_sweep --json PATH` writes each case's
 outcome (what `tests/runtime/simulation/test_layer_zoo.py` reads); `--write` replaces the layer-zoo section
 of docs/op_coverage.md (after the op table of `mindspore_hyper.dtensor.coverage`) with the
-sweep's table (about 60 s with synchronous kernel launches).
+sweep's table (about 60 s with synchronous kernel launches and the optimizer run eagerly, see `main`).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import zlib
@@ -285,6 +286,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--output", type=Path, default=Path(__file__).resolve().parents[3] / "docs" / "op_coverage.md")
     args = parser.parse_args(argv)
     ms.set_context(mode=ms.PYNATIVE_MODE, pynative_synchronize=True)  # thousands of tiny kernels
+    # nn.Momentum's `@jit` construct runs eagerly (MindSpore's MS_JIT=0): with a fresh model per run
+    # it would compile a graph each time, ~40% of the sweep's CPU time; the sweep checks the layers'
+    # rules, the optimizers' compiled path is trained by the runtime tests
+    os.environ["MS_JIT"] = "0"
     cases = [c for c in LAYERS if not args.only or c.name in args.only]
     results = run_all(cases)
     bad = [r for r in results if not r.ok]
