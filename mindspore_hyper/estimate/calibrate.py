@@ -18,7 +18,8 @@ With a job (config and strategy), each process also times the job's ops at their
 ops) and, with processes > 1, pairs of processes time the transport's 2-rank AllReduce
 (`transport_calibration.measure_all_reduce`), whose alpha-beta fit replaces the pipe latency and
 the shared-memory bandwidth; the same pairs then time it after half a layer's forward of work
-(the job's MLP GEMM, repeated) without a barrier, which gives the peer wait per collective (`Efficiency.peer_wait`: the time a rank waits
+(the job's MLP GEMM, repeated) without a barrier, in 5 rounds of 10 calls, which gives the peer
+wait per collective (`Efficiency.peer_wait`: the median over the rounds of the time a rank waits
 for a peer that was descheduled while more processes than cores take turns).
 
 The slowest process's figures make the profile (a step waits for its slowest rank). It is a
@@ -131,7 +132,7 @@ def _worker(backend: str, threads: int, size: int, seconds: float, barrier, queu
             if rank < 2 * pairs:
                 between = _between_collectives(config, strategy, result["kernels"])
                 result["all_reduce"] = measure_all_reduce(f"{group}-{rank // 2}", rank % 2, 2, message,
-                                                          compute=between)
+                                                          repeats=10, compute=between, rounds=5)
     queue.put(result)
 
 

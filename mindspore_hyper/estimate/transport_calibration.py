@@ -11,7 +11,10 @@ bandwidth (bytes/s of the copies and the transport). Those calls start together 
 before each). Given a `compute` callable (the job's work between two collectives), it then times
 the 4-byte call as a step pays it: each process computes, then all-reduces, with no barrier, so
 a peer that was descheduled or is slower arrives late; the mean excess over the aligned call is
-the peer wait per collective (`Efficiency.peer_wait`).
+the peer wait per collective (`Efficiency.peer_wait`). The unaligned calls run in `rounds` rounds
+and the wait is the median of the rounds' group means: while more processes than cores take
+turns, one round can catch a long deschedule that the step does not pay every time (a mean over
+all calls moved 2.6x between two calibrations of the same job).
 """
 from __future__ import annotations
 
@@ -43,7 +46,8 @@ def alpha_beta(size: int, small_bytes: float, small_s: float, large_bytes: float
 
 
 def measure_all_reduce(name: str, rank: int, size: int, message_bytes: int, repeats: int = 20,
-                       compute: Optional[Callable[[], None]] = None) -> Tuple[float, float, float]:
+                       compute: Optional[Callable[[], None]] = None,
+                       rounds: int = 5) -> Tuple[float, float, float]:
     """Alpha, bandwidth and peer wait of the group's AllReduce at the boundary (module doc); call in every rank.
 
     Args:
@@ -52,6 +56,7 @@ def measure_all_reduce(name: str, rank: int, size: int, message_bytes: int, repe
         message_bytes: the large message (float32 elements x 4); >= 8.
         repeats: timed calls per size (median), after 2 warm-up calls.
         compute: the work run before each call of the unaligned phase (None: no peer wait measured).
+        rounds: rounds of `repeats` unaligned calls; the wait is the median of their group means.
 
     Returns:
         (alpha seconds, bandwidth bytes/s, peer wait seconds per collective; 0 without `compute`).
@@ -61,8 +66,9 @@ def measure_all_reduce(name: str, rank: int, size: int, message_bytes: int, repe
     """
     if message_bytes < 8:
         raise ValueError(f"message_bytes={message_bytes!r}: expected >= 8")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r}: expected an int >= 1")
+    for arg, value in (("repeats", repeats), ("rounds", rounds)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{arg}={value!r}: expected an int >= 1")
     from mindspore import Tensor
 
     from mindspore_hyper.comm.shm import ShmCommunicator
@@ -85,9 +91,12 @@ def measure_all_reduce(name: str, rank: int, size: int, message_bytes: int, repe
                    for x in (tiny, Tensor(np.ones(message_bytes // 4, np.float32)))]
         wait = 0.0
         if compute is not None:
-            # the mean over every rank of the group: the step pays each rank's waits in turn
-            mine = statistics.fmean(timed(tiny, compute)) - aligned[0]
-            wait = max(float(group.all_reduce(np.array([mine], np.float64))[0]) / size, 0.0)
+            # per round, the mean over every rank of the group: the step pays each rank's waits in turn
+            means = []
+            for _ in range(rounds):
+                mine = statistics.fmean(timed(tiny, compute)) - aligned[0]
+                means.append(float(group.all_reduce(np.array([mine], np.float64))[0]) / size)
+            wait = max(statistics.median(means), 0.0)
     finally:
         group.close()
     alpha, bandwidth = alpha_beta(size, 4, aligned[0], message_bytes, max(aligned[1], aligned[0] * (1 + 1e-9)))

@@ -39,8 +39,19 @@ def test_bad_arguments(kwargs, message):
 def _wait_worker(group: str, rank: int, late: float, queue) -> None:
     from mindspore_hyper.estimate.transport_calibration import measure_all_reduce
 
-    queue.put((rank, measure_all_reduce(group, rank, 2, 4096, repeats=5, compute=lambda: time.sleep(late * rank)),
+    queue.put((rank, measure_all_reduce(group, rank, 2, 4096, repeats=5, compute=lambda: time.sleep(late * rank),
+                                             rounds=3),
                measure_all_reduce(group + "-aligned", rank, 2, 4096, repeats=5)))
+
+
+@pytest.mark.parametrize("kwargs, message", [({"repeats": 0}, "repeats=0"), ({"rounds": 0}, "rounds=0"),
+                                             ({"message_bytes": 4}, "message_bytes=4")])
+def test_bad_transport_measurement_arguments(kwargs, message):
+    from mindspore_hyper.estimate.transport_calibration import measure_all_reduce
+
+    args = {"name": "unused", "rank": 0, "size": 2, "message_bytes": 4096, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        measure_all_reduce(**args)
 
 
 def _aligned_call(alpha: float, bandwidth: float) -> float:
@@ -49,7 +60,7 @@ def _aligned_call(alpha: float, bandwidth: float) -> float:
 
 
 def test_peer_wait_measures_a_late_peer():
-    """Rank 1 computes 40 ms before each unaligned call, rank 0 nothing: rank 0's call takes >= 40 ms
+    """Rank 1 computes 40 ms before each unaligned call (3 rounds), rank 0 nothing: rank 0's call takes >= 40 ms
     and rank 1's >= 0, so the group's mean excess over the aligned calls is >= (40 ms - both aligned
     calls) / 2, less a few ms of scheduling skew between the ranks' returns; without `compute` no
     wait is measured."""
