@@ -10,7 +10,7 @@ from typing import Dict
 
 from mindspore import Tensor
 
-from mindspore_hyper.moe.exchange import ProcessExchange
+from mindspore_hyper.moe.exchange import InProcessExchange, LibraryExchange, ProcessExchange
 from mindspore_hyper.moe.expert_state import Axes, Key, State
 from mindspore_hyper.moe.hierarchical import ExpertGroups, empty_levels, level_bytes
 
@@ -63,6 +63,19 @@ class DispatchScheme:
                 ex.accounting.record_comm("AllToAll", name, int(nbytes), int(nbytes))
 
         return record
+
+    def exchange(self, ex, axes: Axes):
+        """The exchange for the mode (rows recorded as "rows"): in simulation `InProcessExchange`
+        (`LibraryExchange` with `sim_collectives="library"`), under msrun the `ProcessExchange`
+        of this process's expert group."""
+        if not axes.local(ex):
+            return self.process_exchange(ex, ex.keys(axes.token)[0], axes)
+        from mindspore_hyper.context import get_context
+
+        record = self.recorder(ex, axes, "rows")
+        if get_context("sim_collectives") == "library":
+            return LibraryExchange(ex, axes, self.engine.moe.hidden, record)
+        return InProcessExchange(ex, axes, record)
 
     def process_exchange(self, ex, key: Key, axes: Axes) -> ProcessExchange:
         """The exchange of this process's expert group under msrun (rows recorded as "rows")."""

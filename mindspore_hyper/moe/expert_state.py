@@ -117,7 +117,7 @@ class State:
     rows: slice  # the chunk's local token rows
     plans: Dict[Key, DispatchPlan] = field(default_factory=dict)  # the chunk's (physical) plans
     gates: Dict[Key, Tensor] = field(default_factory=dict)
-    counts: Dict[Key, tuple] = field(default_factory=dict)  # (send, recv) row counts under msrun
+    exchange: object = None  # the exchange moving its rows (`exchange.InProcessExchange`, ...)
     pending: object = None  # received segments (simulation) or the background exchange (msrun)
     gathered: Dict[tuple, list] = field(default_factory=dict)  # all experts' weights, with a placement
     flat: Optional[Tensor] = None  # what this process sent (msrun), the autograd input of the exchange
