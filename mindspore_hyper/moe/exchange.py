@@ -1,16 +1,21 @@
 """Moving token rows between the members of an expert group: the uneven AllToAll of dispatch
 and combine.
 
-Rows travel as segments: a source sends, for every expert, the rows of the token copies routed to
-it (possibly none). `InProcessExchange` (simulation: every member in this process) hands the
-segment tensors over, so autograd carries the gradients back; `LibraryExchange` (simulation with
+Rows travel as segments: a source sends, for every expert slot, the rows of the token copies
+routed to it (possibly none). The three exchanges offer one interface, so a dispatch scheme runs
+its plan on whichever the mode needs: `start(sends[source key][address][slot], counts ...)` and
+`finish()` -> received[dest key][source address][slot], `exchange_counts` and `exchange_bytes`
+for the metadata, `address`/`member_of` for the members' names.
+
+`InProcessExchange` (simulation: every member in this process) hands the segment tensors over,
+so autograd carries the gradients back; `LibraryExchange` (simulation with
 `sim_collectives="library"`) moves them through the C++ library's in-process `all_to_all_v`.
-`ProcessExchange` (msrun: one
-member per process) packs a source's segments for each destination into one buffer and sends
-them with the communication library's uneven all-to-all (`all_to_all_v` of the shared-memory
-transport); its backward is the reverse all-to-all of the gradient rows. The receivers learn the
-segment sizes first from a small metadata exchange: per-expert counts (int64), or with
-`routing_bits` the bit-packed token x expert mask (`mindspore_hyper.moe.routing_bits`).
+`ProcessExchange` (msrun: one member per process) packs a source's segments for each destination
+into one buffer and sends them with the communication library's uneven all-to-all
+(`all_to_all_v` of the shared-memory transport); its backward is the reverse all-to-all of the
+gradient rows. The receivers learn the segment sizes first from a small metadata exchange:
+per-expert counts (int64), or with `routing_bits` the bit-packed token x expert mask
+(`mindspore_hyper.moe.routing_bits`).
 """
 from __future__ import annotations
 
@@ -83,13 +88,9 @@ def split_rows(flat: Tensor, sizes: Sequence[int]) -> List[Optional[Tensor]]:
 
 class InProcessExchange:
     """Every member of the expert groups is in this process (see module docstring): segments
-    change hands, addressed by the members' token keys. `record(nbytes)` is told what the first
-    device sends to the others.
-
-    Like `LibraryExchange` and `ProcessExchange`, a dispatch scheme `start`s an exchange of
-    sends[source key][address][slot] and `finish`es it for received[dest key][source address][slot];
-    here both happen at `start` (the counts, `move`, `run` and `wait` are for the process exchange).
-    """
+    change hands, addressed by the members' token keys; `start` hands them over (the counts,
+    `width`, `move`, `run` and `wait` are the process exchange's). `record(nbytes)` is told what
+    the first device sends to the others."""
 
     last_output = None  # nothing to chain (see `ProcessExchange.chained`)
 
@@ -104,7 +105,8 @@ class InProcessExchange:
     def member_of(self, address) -> int:
         return self.axes.member(self.ex, address)
 
-    def start(self, sends: Dict, send_counts=None, recv_counts=None, dtype=None, move=None, run=None) -> None:
+    def start(self, sends: Dict, send_counts=None, recv_counts=None, dtype=None, width=None, move=None,
+              run=None) -> None:
         self._received = self.exchange(sends)
 
     def start_back(self, sends: Dict, dtype=None, run=None) -> None:

@@ -120,9 +120,8 @@ class State:
     exchange: object = None  # the exchange moving its rows (`exchange.InProcessExchange`, ...)
     pending: object = None  # received segments (simulation) or the background exchange (msrun)
     gathered: Dict[tuple, list] = field(default_factory=dict)  # all experts' weights, with a placement
-    flat: Optional[Tensor] = None  # what this process sent (msrun), the autograd input of the exchange
     groups: object = None  # the link groups (`hierarchical.ExpertGroups`) the dispatch counted over
-    hops: Optional[dict] = None  # msrun hierarchical dispatch: the row counts of both hops, for combine
+    hops: object = None  # hierarchical dispatch: what its hops leave for combine (`hierarchical_scheme.TwoHops`)
     group_sends: Optional[dict] = None  # hierarchical dispatch: per source key, its GroupRows
     chain: Optional[Tensor] = None  # msrun: the last exchange's output (`ProcessExchange.chained`)
 

@@ -16,7 +16,6 @@ import numpy as np
 from mindspore import Tensor, ops
 
 from mindspore_hyper.moe.dispatch_scheme import DispatchScheme
-from mindspore_hyper.moe.exchange import _nbytes
 from mindspore_hyper.moe.experts import combine_copies
 from mindspore_hyper.moe.expert_state import Key, State
 
@@ -75,11 +74,8 @@ class FlatScheme(DispatchScheme):
 
     def _count_levels(self, state: State, what: str, sends) -> None:
         """Bytes per link level of the exchange sends[src key][dst address][slot]."""
-        ex, axes, member_of = state.weights[0].execution, state.axes, state.exchange.member_of
-        state.groups = self.link_groups(ex, axes)
-        self.add_levels(state, what, [(axes.member(ex, src), member_of(dst), _nbytes(t))
-                                      for src, by_dst in sends.items() for dst, segs in by_dst.items()
-                                      for t in segs.values() if t is not None])
+        state.groups = self.link_groups(state.weights[0].execution, state.axes)
+        self.count_sends(state, what, sends)
 
     def _move(self, state: State, key: Key, send_counts: np.ndarray, stats: dict, flat: np.ndarray):
         """msrun, on the exchange's thread: (recv counts, received rows) of the dispatch's rows
