@@ -118,7 +118,7 @@ class State:
     plans: Dict[Key, DispatchPlan] = field(default_factory=dict)  # the chunk's (physical) plans
     gates: Dict[Key, Tensor] = field(default_factory=dict)
     exchange: object = None  # the exchange moving its rows (`exchange.InProcessExchange`, ...)
-    pending: object = None  # received segments (simulation) or the background exchange (msrun)
+    pending: object = None  # hierarchical: the received segments, then the rows combine brought back
     gathered: Dict[tuple, list] = field(default_factory=dict)  # all experts' weights, with a placement
     groups: object = None  # the link groups (`hierarchical.ExpertGroups`) the dispatch counted over
     hops: object = None  # hierarchical dispatch: what its hops leave for combine (`hierarchical_scheme.TwoHops`)

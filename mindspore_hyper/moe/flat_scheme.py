@@ -42,8 +42,9 @@ class FlatScheme(DispatchScheme):
                     segs[slot] = ops.gather(tokens[key], Tensor(ids.astype(np.int32)), 0) if len(ids) else None
                 sends[key][exchange.address(key, member)] = segs
         self._count_levels(state, "dispatch", sends)
-        key = next(iter(state.plans))
-        exchange.start(sends, counts, dtype=state.weights[0].dtype, move=partial(self._move, state, key, counts[key], self.engine.last_stats),
+        key = next(iter(state.plans))  # msrun: this process's (the only one)
+        move = partial(self._move, state, key, counts[key], self.engine.last_stats)
+        exchange.start(sends, counts, dtype=state.weights[0].dtype, move=move,
                        run=partial(self.engine.run_exchange, background=background))
 
     def receive_dispatch(self, state: State) -> Dict[Key, dict]:

@@ -55,10 +55,8 @@ class HierarchicalScheme(DispatchScheme):
 
     def start_dispatch(self, state: State, tokens: Dict[Key, Tensor], background: bool) -> None:
         """Hop 1: each source's tokens once to the peer of every group holding one of their
-        experts, with their gates for that group's experts (columns H..; differentiable: the
-        router's gradient comes back through this exchange) and, as metadata, the row counts and
-        the 1-bit token x expert mask of the group's experts. Hop 2: each peer sends the rows to
-        its group's experts' members."""
+        experts, with their gates for that group's experts and, as metadata, the row counts and
+        the routing masks. Hop 2: each peer sends the rows to its group's experts' members."""
         ex, axes = state.weights[0].execution, state.axes
         if axes.local(ex):
             from mindspore_hyper.context import get_context
@@ -67,22 +65,43 @@ class HierarchicalScheme(DispatchScheme):
                 raise NotImplementedError("MoE dispatch='hierarchical' hands rows over in process; "
                                           "sim_collectives='library' moves only the flat dispatch")
         exchange = state.exchange = self.exchange(ex, axes)
-        groups = state.groups = self.link_groups(ex, axes)
+        state.groups = self.link_groups(ex, axes)
         meta = self.recorder(ex, axes, "metadata")
-        per, members, hidden = axes.per_member, axes.members, self.engine.moe.hidden
-        in_group = groups.size * per  # experts in a group
-        dtype = state.weights[0].dtype
-        # hop 1
+        hidden, in_group = self.engine.moe.hidden, state.groups.size * axes.per_member
+        counts1, sends1, masks = self._first_hop(state, tokens)
+        recv1 = exchange.exchange_counts(counts1, meta)
+        got_masks = exchange.exchange_bytes(masks, meta)
+        for key, recv in recv1.items():
+            got = [int(got_masks[key].get(exchange.address(key, m), np.zeros(0)).size) for m in range(axes.members)]
+            expect = [packed_routing_bytes(int(recv[m, 0]), in_group) for m in range(axes.members)]
+            if got != expect:
+                raise RuntimeError(f"hierarchical dispatch: received {got} mask bytes per member, expected {expect}")
+        wide = self._run_hop(state, "dispatch", sends1, counts1, recv1, width=hidden + in_group)
+        counts2, sends2, positions, gates = self._second_hop(state, recv1, wide, got_masks)
+        recv2 = exchange.exchange_counts(counts2, meta)
+        rows2 = self._run_hop(state, "dispatch", sends2, counts2, recv2)
+        state.hops = TwoHops(counts1, recv1, counts2, recv2, positions, gates)
+        state.chain = exchange.last_output
+        state.pending = self._received(state, rows2)
+
+    def _first_hop(self, state: State, tokens: Dict[Key, Tensor]):
+        """The first hop's plan: per source key (as `state.group_sends`) its `GroupRows`, the row
+        counts to each peer [members, 1], the rows with their gates for the group's experts
+        (columns H..; differentiable: the router's gradient comes back through this exchange) and
+        the packed token x expert masks of the group's experts."""
+        ex, axes, exchange, groups = state.weights[0].execution, state.axes, state.exchange, state.groups
+        per, dtype = axes.per_member, state.weights[0].dtype
+        in_group = groups.size * per
         state.group_sends = {}
-        counts1, sends1, masks = {}, {}, {}
+        counts, sends, masks = {}, {}, {}
         for key, plan in state.plans.items():
             me, gates = axes.member(ex, key), state.gates[key]
             state.group_sends[key] = group_rows(plan.tokens, groups, per)
-            counts1[key] = np.zeros((members, 1), dtype=np.int64)
-            sends1[key], masks[key] = {}, {}
+            counts[key] = np.zeros((axes.members, 1), dtype=np.int64)
+            sends[key], masks[key] = {}, {}
             for send in state.group_sends[key]:
                 peer = exchange.address(key, groups.peer(me, send.group))
-                counts1[key][groups.peer(me, send.group), 0] = len(send.tokens)
+                counts[key][groups.peer(me, send.group), 0] = len(send.tokens)
                 mask = np.zeros((len(send.tokens), in_group), dtype=bool)
                 first_expert = groups.members_of(send.group).start * per
                 cells, values = [], []
@@ -91,33 +110,32 @@ class HierarchicalScheme(DispatchScheme):
                     cells.append(pos * in_group + (e - first_expert))
                     values.append(_copy_gates(plan, gates, e))
                 gate_matrix = _sum_rows(values, cells, len(send.tokens) * in_group)
-                sends1[key][peer] = {0: ops.concat([ops.gather(tokens[key], Tensor(send.tokens.astype(np.int32)), 0),
-                                                    gate_matrix.astype(dtype).reshape(len(send.tokens), in_group)], 1)}
+                sends[key][peer] = {0: ops.concat([ops.gather(tokens[key], Tensor(send.tokens.astype(np.int32)), 0),
+                                                   gate_matrix.astype(dtype).reshape(len(send.tokens), in_group)], 1)}
                 masks[key][peer] = pack_routing(mask)
-        recv1 = exchange.exchange_counts(counts1, meta)
-        got_masks = exchange.exchange_bytes(masks, meta)
-        for key, recv in recv1.items():
-            got = [int(got_masks[key].get(exchange.address(key, m), np.zeros(0)).size) for m in range(members)]
-            expect = [packed_routing_bytes(int(recv[m, 0]), in_group) for m in range(members)]
-            if got != expect:
-                raise RuntimeError(f"hierarchical dispatch: received {got} mask bytes per member, expected {expect}")
-        exchange.start(sends1, counts1, recv1, dtype, width=hidden + in_group)
-        wide = exchange.finish()
-        self.count_sends(state, "dispatch", sends1)
-        # hop 2: the peer (for the sources sharing its index in the other groups) to the experts' members
-        rows1, got_gates = {}, {}
+        return counts, sends, masks
+
+    def _second_hop(self, state: State, recv1: Dict[Key, np.ndarray], wide: Dict[Key, dict],
+                    got_masks: Dict[Key, dict]):
+        """The second hop's plan, as each peer makes it from what the first brought (the sources'
+        masks): row counts to each member's slots [members, members x slots] (source-major), the
+        rows, and for the combine each source's rows per group-local expert and their gates."""
+        ex, axes, exchange, groups = state.weights[0].execution, state.axes, state.exchange, state.groups
+        per, members, hidden = axes.per_member, axes.members, self.engine.moe.hidden
+        in_group = groups.size * per
+        rows1, gates = {}, {}
         for key in state.plans:
-            rows1[key], got_gates[key] = {}, {}
+            rows1[key], gates[key] = {}, {}
             for src in range(members):
                 if int(recv1[key][src, 0]):
                     row = wide[key][exchange.address(key, src)][0]
                     rows1[key][src] = row[:, :hidden]
-                    got_gates[key][src] = row[:, hidden:]
-        counts2, sends2, positions = {}, {}, {}
+                    gates[key][src] = row[:, hidden:]
+        counts, sends, positions = {}, {}, {}
         for key in state.plans:
             first_expert = groups.members_of(groups.group_of(axes.member(ex, key))).start * per
-            counts2[key] = np.zeros((members, members * per), dtype=np.int64)
-            sends2[key], positions[key] = {}, {}
+            counts[key] = np.zeros((members, members * per), dtype=np.int64)
+            sends[key], positions[key] = {}, {}
             for src in range(members):
                 n = int(recv1[key][src, 0])
                 if not n:
@@ -129,14 +147,16 @@ class HierarchicalScheme(DispatchScheme):
                         continue
                     member, slot = divmod(first_expert + j, per)
                     positions[key].setdefault(src, {})[j] = pos
-                    counts2[key][member, src * per + slot] = len(pos)
-                    sends2[key].setdefault(exchange.address(key, member), {})[src * per + slot] = \
+                    counts[key][member, src * per + slot] = len(pos)
+                    sends[key].setdefault(exchange.address(key, member), {})[src * per + slot] = \
                         ops.gather(rows1[key][src], Tensor(pos.astype(np.int32)), 0)
-        recv2 = exchange.exchange_counts(counts2, meta)
-        exchange.start(sends2, counts2, recv2, dtype)
-        rows2 = exchange.finish()
-        self.count_sends(state, "dispatch", sends2)
-        # what each member's experts received, by source (dest keys group by group)
+        return counts, sends, positions, gates
+
+    def _received(self, state: State, rows2: Dict[Key, dict]) -> Dict[Key, dict]:
+        """received[dest key][source address][slot] from the second hop's rows (dest keys group
+        by group, as the experts run them)."""
+        ex, axes, exchange, groups = state.weights[0].execution, state.axes, state.exchange, state.groups
+        per, members = axes.per_member, axes.members
         received = {}
         for dest in dict.fromkeys(axes.key_of_member(ex, key, m) for key in state.plans for m in range(members)):
             if dest not in state.plans:
@@ -146,16 +166,21 @@ class HierarchicalScheme(DispatchScheme):
             received[dest] = {exchange.address(dest, src): {
                 slot: by_peer.get(exchange.address(dest, groups.peer(src, my_group)), {}).get(src * per + slot)
                 for slot in range(per)} for src in range(members)}
-        state.hops = TwoHops(counts1, recv1, counts2, recv2, positions, got_gates)
-        state.chain = exchange.last_output
-        state.pending = received
+        return received
+
+    def _run_hop(self, state: State, what: str, sends, send_counts, recv_counts, width=None) -> Dict[Key, dict]:
+        """One hop's exchange, in line; its bytes go to the link levels of `what`."""
+        state.exchange.start(sends, send_counts, recv_counts, state.weights[0].dtype, width=width)
+        received = state.exchange.finish()
+        self.count_sends(state, what, sends)
+        return received
 
     def start_combine(self, state: State, outputs: Dict[Key, dict], background: bool) -> None:
         """Expert outputs back member -> peer (one row per copy); the peer weights them by the
         gates that came with the rows and sends one row per (token, group) to the source."""
         ex, axes, exchange, groups, hops = state.weights[0].execution, state.axes, state.exchange, state.groups, \
             state.hops
-        per, dtype = axes.per_member, state.weights[0].dtype
+        per = axes.per_member
         # reverse hop 2: to the peer that forwarded each source's copies
         sends2 = {}
         for key, by_src in outputs.items():
@@ -166,9 +191,7 @@ class HierarchicalScheme(DispatchScheme):
                 for slot, t in outs.items():
                     if t is not None:
                         sends2[key].setdefault(peer, {})[exchange.member_of(src) * per + slot] = t
-        exchange.start(sends2, hops.recv2, hops.counts2, dtype)
-        back2 = exchange.finish()
-        self.count_sends(state, "combine", sends2)
+        back2 = self._run_hop(state, "combine", sends2, hops.recv2, hops.counts2)
         # the forwarding device weights each source's copies by their gates and sums them per token
         sends1 = {}
         for key in state.plans:
@@ -181,11 +204,10 @@ class HierarchicalScheme(DispatchScheme):
                     gate = ops.gather(hops.gates[key][src][:, j], Tensor(pos.astype(np.int32)), 0)
                     weighted.append(back2[key][exchange.address(key, member)][src * per + slot] * gate.reshape(-1, 1))
                     rows_of.append(pos)
-                sends1[key][exchange.address(key, src)] = {0: _sum_rows(weighted, rows_of, int(hops.recv1[key][src, 0]))}
+                summed = _sum_rows(weighted, rows_of, int(hops.recv1[key][src, 0]))
+                sends1[key][exchange.address(key, src)] = {0: summed}
         # reverse hop 1: one row per (token, group) back to its source
-        exchange.start(sends1, hops.recv1, hops.counts1, dtype)
-        back1 = exchange.finish()
-        self.count_sends(state, "combine", sends1)
+        back1 = self._run_hop(state, "combine", sends1, hops.recv1, hops.counts1)
         state.chain = exchange.last_output
         state.pending = {}
         for key in state.plans:
