@@ -1,16 +1,16 @@
 """How an expert-parallel call moves its rows: the interface of a dispatch scheme
 (`flat_scheme.FlatScheme`, `hierarchical_scheme.HierarchicalScheme`) and what both share --
-the expert group's process exchange, the byte recorders, the link groups and the bytes per link
-level. A scheme runs its exchanges on `exchange` (in process in simulation, the communication
-library's all-to-all under msrun); the engine (`expert_parallel.ExpertParallel`) keeps the
-routing, the experts, the background thread and `last_stats`."""
+the exchange for the mode, the byte recorders, the link groups and the bytes per link level. A
+scheme plans its hops as data and runs them on `exchange` (in process in simulation, the
+communication library's all-to-all under msrun) by one code path; the engine
+(`expert_parallel.ExpertParallel`) keeps the forward, the background thread and `last_stats`."""
 from __future__ import annotations
 
 from typing import Dict
 
 from mindspore import Tensor
 
-from mindspore_hyper.moe.exchange import ProcessExchange
+from mindspore_hyper.moe.exchange import InProcessExchange, LibraryExchange, ProcessExchange, _nbytes
 from mindspore_hyper.moe.expert_state import Axes, Key, State
 from mindspore_hyper.moe.hierarchical import ExpertGroups, empty_levels, level_bytes
 
@@ -64,6 +64,19 @@ class DispatchScheme:
 
         return record
 
+    def exchange(self, ex, axes: Axes):
+        """The exchange for the mode (rows recorded as "rows"): in simulation `InProcessExchange`
+        (`LibraryExchange` with `sim_collectives="library"`), under msrun the `ProcessExchange`
+        of this process's expert group."""
+        if not axes.local(ex):
+            return self.process_exchange(ex, ex.keys(axes.token)[0], axes)
+        from mindspore_hyper.context import get_context
+
+        record = self.recorder(ex, axes, "rows")
+        if get_context("sim_collectives") == "library":
+            return LibraryExchange(ex, axes, self.engine.moe.hidden, record)
+        return InProcessExchange(ex, axes, record)
+
     def process_exchange(self, ex, key: Key, axes: Axes) -> ProcessExchange:
         """The exchange of this process's expert group under msrun (rows recorded as "rows")."""
         group = ex.group(axes.expert, dict(zip(axes.token, key)))
@@ -98,6 +111,13 @@ class DispatchScheme:
                     raise
                 self._topology_groups[key] = ExpertGroups(axes.members, 1)
         return self._topology_groups[key]
+
+    def count_sends(self, state: State, what: str, sends) -> None:
+        """Add the bytes of the exchange sends[src key][dst address][slot] to the link levels."""
+        ex, axes, member_of = state.weights[0].execution, state.axes, state.exchange.member_of
+        self.add_levels(state, what, [(axes.member(ex, src), member_of(dst), _nbytes(t))
+                                      for src, by_dst in sends.items() for dst, segs in by_dst.items()
+                                      for t in segs.values() if t is not None])
 
     def add_levels(self, state: State, what: str, pairs) -> None:
         """Add transfers (src member, dst member, bytes) to last_stats[what + "_link_bytes"], over

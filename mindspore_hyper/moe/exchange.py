@@ -1,20 +1,26 @@
 """Moving token rows between the members of an expert group: the uneven AllToAll of dispatch
 and combine.
 
-Rows travel as segments: a source sends, for every expert, the rows of the token copies routed to
-it (possibly none). `InProcessExchange` (simulation: every member in this process) hands the
-segment tensors over, so autograd carries the gradients back; `LibraryExchange` (simulation with
+Rows travel as segments: a source sends, for every expert slot, the rows of the token copies
+routed to it (possibly none). The three exchanges offer one interface, so a dispatch scheme runs
+its plan on whichever the mode needs: `start(sends[source key][address][slot], counts ...)` and
+`finish()` -> received[dest key][source address][slot], `exchange_counts` and `exchange_bytes`
+for the metadata, `address`/`member_of` for the members' names.
+
+`InProcessExchange` (simulation: every member in this process) hands the segment tensors over,
+so autograd carries the gradients back; `LibraryExchange` (simulation with
 `sim_collectives="library"`) moves them through the C++ library's in-process `all_to_all_v`.
-`ProcessExchange` (msrun: one
-member per process) packs a source's segments for each destination into one buffer and sends
-them with the communication library's uneven all-to-all (`all_to_all_v` of the shared-memory
-transport); its backward is the reverse all-to-all of the gradient rows. The receivers learn the
-segment sizes first from a small metadata exchange: per-expert counts (int64), or with
-`routing_bits` the bit-packed token x expert mask (`mindspore_hyper.moe.routing_bits`).
+`ProcessExchange` (msrun: one member per process) packs a source's segments for each destination
+into one buffer and sends them with the communication library's uneven all-to-all
+(`all_to_all_v` of the shared-memory transport); its backward is the reverse all-to-all of the
+gradient rows. The receivers learn the segment sizes first from a small metadata exchange:
+per-expert counts (int64), or with `routing_bits` the bit-packed token x expert mask
+(`mindspore_hyper.moe.routing_bits`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -81,15 +87,57 @@ def split_rows(flat: Tensor, sizes: Sequence[int]) -> List[Optional[Tensor]]:
 
 
 class InProcessExchange:
-    """Every member of the group is in this process: segments change hands (see module docstring).
-    `record(nbytes)` is told what each member would send (member 0's share)."""
+    """Every member of the expert groups is in this process (see module docstring): segments
+    change hands, addressed by the members' token keys; `start` hands them over (the counts,
+    `width`, `move`, `run` and `wait` are the process exchange's). `record(nbytes)` is told what
+    the first device sends to the others."""
 
-    def __init__(self, record=None):
-        self.record = record
+    last_output = None  # nothing to chain (see `ProcessExchange.chained`)
 
-    def exchange(self, sends: Dict, recording_source) -> Dict:
-        """sends[src][dst][expert] -> received[dst][src][expert]; the bytes `recording_source`
+    def __init__(self, ex, axes, record=None):
+        self.ex, self.axes, self.record = ex, axes, record
+        self._received = None
+
+    def address(self, key, member: int):
+        """How member `member` of token key `key`'s expert group is addressed: its token key."""
+        return self.axes.key_of_member(self.ex, key, member)
+
+    def member_of(self, address) -> int:
+        return self.axes.member(self.ex, address)
+
+    def start(self, sends: Dict, send_counts=None, recv_counts=None, dtype=None, width=None, move=None,
+              run=None) -> None:
+        self._received = self.exchange(sends)
+
+    def start_back(self, sends: Dict, dtype=None, run=None) -> None:
+        """The reverse exchange (combine): the same hand-over."""
+        self.start(sends)
+
+    def finish(self, wait=None) -> Dict:
+        received, self._received = self._received, None
+        return received
+
+    def exchange_counts(self, counts: Dict, record=None) -> Dict:
+        """{key: send counts [members, k]} -> {key: recv counts [members, k]}: handed over (in
+        process nothing needs to travel first, so nothing is recorded)."""
+        recv = {key: np.zeros_like(c) for key, c in counts.items()}
+        for src, c in counts.items():
+            for m in range(c.shape[0]):
+                recv[self.address(src, m)][self.member_of(src)] = c[m]
+        return recv
+
+    def exchange_bytes(self, data: Dict, record=None) -> Dict:
+        """{key: {address: bytes}} -> {key: {source address: bytes}}: handed over (not recorded)."""
+        out: Dict = {key: {} for key in data}
+        for src, by_dst in data.items():
+            for dst, b in by_dst.items():
+                out[dst][src] = b
+        return out
+
+    def exchange(self, sends: Dict) -> Dict:
+        """sends[src][dst][expert] -> received[dst][src][expert]; the bytes the first device
         sends to the others are recorded."""
+        recording_source = self.ex.keys(self.axes.token)[0]
         received: Dict = {}
         sent = 0
         for src, by_dst in sends.items():
@@ -124,6 +172,81 @@ class ProcessExchange:
     hidden: int
     record: object = None
     last_output: Optional[Tensor] = None  # the last `receive`'s exchanged rows, for `chained`
+    _started: Optional[tuple] = None  # (key, rows sent, send counts, width, future) of the exchange under way
+    _counts: Optional[tuple] = None  # (send, recv) row counts of the last finished exchange
+
+    # -- the schemes' interface (see `InProcessExchange`) -----------------------------------------
+    @staticmethod
+    def address(key, member: int) -> int:
+        """How member `member` of the expert group is addressed: its member index."""
+        return member
+
+    @staticmethod
+    def member_of(address: int) -> int:
+        return address
+
+    def start(self, sends: Dict, send_counts: Dict, recv_counts: Optional[Dict] = None, dtype=None,
+              width: Optional[int] = None, move=None, run=None) -> None:
+        """Flatten this member's sends {key: {member: {slot: rows}}} (chained to the previous
+        exchange) and start moving them: `run(job)` -> Future (None: now, on this thread). The
+        job moves them with the known `recv_counts` {key: counts}, or is `move(flat rows)` ->
+        (recv counts, moved rows) when the receivers learn the counts in it. `width`: the rows'
+        columns if not H."""
+        (key, by_dest), = sends.items()
+        rows = self if width is None else replace(self, hidden=width)
+        counts = send_counts[key]
+        flat = self.chained(rows.flatten(by_dest, counts, dtype), self.last_output)
+        moving = flat.asnumpy()
+        if move is None:
+            recv = recv_counts[key]
+
+            def move():
+                return recv, rows.move(moving, counts, recv)
+        else:
+            job = move
+
+            def move():
+                return job(moving)
+        if run is None:
+            future: Future = Future()
+            future.set_result(move())
+        else:
+            future = run(move)
+        self._started = (key, flat, counts, rows, future)
+
+    def start_back(self, sends: Dict, dtype=None, run=None) -> None:
+        """The reverse of the last finished exchange (combine): its counts swapped."""
+        key = next(iter(sends))
+        send, recv = self._counts
+        self.start(sends, {key: recv}, {key: send}, dtype, run=run)
+
+    def finish(self, wait=None) -> Dict:
+        """{key: received[source member][slot]} of the exchange under way (`wait(future)`: its result)."""
+        key, flat, counts, rows, future = self._started
+        self._started = None
+        recv, moved = future.result() if wait is None else wait(future)
+        received = rows.receive(flat, moved, counts, recv)
+        self.last_output = rows.last_output
+        self._counts = (counts, recv)
+        return {key: received}
+
+    def exchange_counts(self, counts: Dict, record=None) -> Dict:
+        """{key: send counts [members, k]} -> {key: recv counts [members, k]} (int64, recorded)."""
+        (key, send), = counts.items()
+        if record is not None:
+            record(send.size * 8)
+        return {key: self.counts(send)}
+
+    def exchange_bytes(self, data: Dict, record=None) -> Dict:
+        """{key: {member: uint8 bytes}} -> {key: {source member: uint8 bytes}} (recorded)."""
+        (key, by_dest), = data.items()
+        parts = [by_dest.get(m, np.zeros(0, np.uint8)) for m in range(self.size)]
+        packed = np.concatenate(parts)
+        if record is not None:
+            record(int(packed.size))
+        buf, got = self.comm.all_to_all_v(packed, [int(p.size) for p in parts])
+        ends = np.cumsum(got)
+        return {key: {src: buf[ends[src] - got[src]:ends[src]] for src in range(self.size)}}
 
     @staticmethod
     def chained(flat: Tensor, previous: Optional[Tensor]) -> Tensor:
@@ -215,14 +338,29 @@ class _LibraryAllToAllV(nn.Cell):
         return self._move(douts, back)
 
 
-class LibraryExchange:
+class LibraryExchange(InProcessExchange):
     """Every member in this process, rows moved by the communication library's in-process
-    transport (simulation with `sim_collectives="library"`). `record(nbytes)`: member 0's bytes."""
+    transport (simulation with `sim_collectives="library"`), one all-to-all per expert group
+    (`record(nbytes)`: the first group's member 0's bytes)."""
 
-    def __init__(self, hidden: int, record=None):
-        self.hidden, self.record = hidden, record
+    def __init__(self, ex, axes, hidden: int, record=None):
+        super().__init__(ex, axes, record)
+        self.hidden = hidden
 
-    def exchange(self, sends: Dict, members: Sequence) -> Dict:
+    def exchange(self, sends: Dict) -> Dict:
+        """sends[src key][dst key][slot] -> received[dst key][src key][slot]."""
+        axes, ex = self.axes, self.ex
+        groups: Dict[tuple, List] = {}
+        for key in sends:  # expert groups: keys that differ only on the expert axes
+            rest = tuple(c for a, c in zip(axes.token, key) if a not in axes.expert)
+            groups.setdefault(rest, []).append(key)
+        received = {}
+        for i, members in enumerate(groups.values()):
+            members.sort(key=lambda k: axes.member(ex, k))
+            received.update(self._group_exchange(sends, members, self.record if i == 0 else None))
+        return received
+
+    def _group_exchange(self, sends: Dict, members: Sequence, record) -> Dict:
         """sends[src][dst][slot] over the group `members` (keys, member order) ->
         received[dst][src][slot]."""
         from mindspore_hyper.comm.library_collectives import _group
@@ -248,8 +386,8 @@ class LibraryExchange:
         if dtype is None:  # nothing moves at all
             return {dst: {src: {slot: None for slot in sends[src].get(dst, {})} for src in members} for dst in members}
         flats = [_concat(parts, self.hidden, dtype) for parts in flats]
-        if self.record is not None:
-            self.record(sum(counts[0][j] for j in range(1, n)) * self.hidden * dtype.itemsize)
+        if record is not None:
+            record(sum(counts[0][j] for j in range(1, n)) * self.hidden * dtype.itemsize)
         outs = _LibraryAllToAllV(_group(n), counts, self.hidden)(*flats) if n > 1 else (flats[0],)
         received: Dict = {}
         for j, dst in enumerate(members):

@@ -8,14 +8,14 @@ parallelism inside each expert); the router weight stays replicated. For one cal
    over (data) plus the expert axes, minus the experts' tensor axes (every tensor-parallel member
    holds the same tokens);
 2. each device routes its own tokens (router gradients summed over the token axes) and plans its
-   dispatch (`token_dispatch.plan_dispatch`);
+   dispatch (`token_routing.route_call`);
 3. *dispatch*: an uneven AllToAll within the expert group (the devices that differ only on the
    expert axes) sends each expert the rows routed to it (`flat_scheme`); or, with
    `MoE(dispatch="hierarchical")`, two hops: each row (with its gates for that group's experts)
    once to every destination group, then inside the group to its experts' devices
    (`hierarchical_scheme`). The scheme, picked once per layer, moves the rows on `exchange`;
 4. each device runs its experts on what it received (with tensor-parallel experts, on its slice
-   of F, then an AllReduce over the tensor axes);
+   of F, then an AllReduce over the tensor axes; `expert_compute`);
 5. *combine*: the reverse AllToAll brings the rows back; each token's output is the gate-weighted
    sum of its copies (hierarchical: the group's copies weighted and summed by the device that
    forwarded them, one row per (token, group) back to the source). The load-balancing loss adds
@@ -36,20 +36,18 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Dict, Hashable, List, Optional
 
-import numpy as np
 from mindspore import Tensor, ops
 
 from mindspore_hyper import _core
-from mindspore_hyper.dtensor.dispatch import _fan_out, parameter_dtensor, replicated_dtensor
-from mindspore_hyper.dtensor.dtensor import DTensor, significant_axes
-from mindspore_hyper.moe.token_dispatch import DispatchStates, expert_capacity, plan_dispatch
-from mindspore_hyper.moe.exchange import ProcessExchange, split_rows
-from mindspore_hyper.moe.experts import swiglu
-from mindspore_hyper.moe.expert_state import Axes, ExpertInputs, ExpertOutputs, Key, Prepared, State
+from mindspore_hyper.dtensor.dtensor import DTensor
+from mindspore_hyper.moe.token_dispatch import DispatchStates
+from mindspore_hyper.moe.exchange import ProcessExchange
+from mindspore_hyper.moe.expert_compute import run_experts
+from mindspore_hyper.moe.expert_state import ExpertInputs, ExpertOutputs, Key, Prepared, State
 from mindspore_hyper.moe.flat_scheme import FlatScheme
 from mindspore_hyper.moe.hierarchical_scheme import HierarchicalScheme
-from mindspore_hyper.moe.losses import logsumexp_square_sum
 from mindspore_hyper.moe.overlap_stats import overlap_report
+from mindspore_hyper.moe.token_routing import route_call
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
 __all__ = ["ExpertParallel", "ExpertInputs", "ExpertOutputs"]
@@ -148,64 +146,11 @@ class ExpertParallel:
         return self._assemble(prep, [self._combine(outputs)])
 
     # -- set-up -------------------------------------------------------------------------------------
-    def _param(self, ex, cell, name: str) -> DTensor:
-        """`cell`'s parameter `name` as a DTensor of this execution (as the strategy lays it out)."""
-        value = cell.__dict__.get(name)
-        if isinstance(value, DTensor):
-            return value
-        param = cell._params[name]
-        if id(param) in ex.parameters:
-            return parameter_dtensor(ex, param)
-        return replicated_dtensor(ex, param)
-
     def _prepare(self, x: DTensor) -> Prepared:
         """Lay the tokens out, route them and plan every device's dispatch (no exchange yet)."""
-        moe = self.moe
-        ex = x.execution
-        weights = (self._param(ex, moe.router, "weight"), self._param(ex, moe.experts, "w_gate"),
-                   self._param(ex, moe.experts, "w_up"), self._param(ex, moe.experts, "w_down"))
-        num_tokens = math.prod(x.shape[:-1])
-        xt = x.reshape(num_tokens, moe.hidden)
-        physical = moe.num_experts if self.placement is None else self.placement.num_physical
-        axes = Axes.of_call(ex, xt, weights, physical)
-        layout = TensorLayout.from_dims(ex.mesh, [list(axes.token), []])
-        if num_tokens % layout.shard_count(0):
-            raise ValueError(f"MoE expert parallel: {num_tokens} tokens do not split over the token axes "
-                             f"{[ex.mesh.alias_names[a] for a in axes.token]} ({layout.shard_count(0)} devices)")
-        xt = xt.redistribute(layout)
-        wr, wg, wu, wd = weights
-        if axes.token:
-            wr = _fan_out(ex, wr, list(axes.token))
-        data = [a for a in axes.token if a not in axes.expert]
-        if data:
-            wg, wu, wd = (_fan_out(ex, w, data) for w in (wg, wu, wd))
         self.last_stats = {}
-        local_tokens = num_tokens // layout.shard_count(0)
-        capacity = expert_capacity(local_tokens, moe.num_experts, moe.top_k, moe.capacity_factor)
-        tokens, plans, gates = {}, {}, {}
-        prob_sums, sq_sums, choice_counts = [], [], []
-        for key in ex.keys(axes.token):
-            tokens[key] = xt.shards[key]
-            routing = moe.router.route(tokens[key], wr.shards[()], moe.router.noise(local_tokens))
-            plans[key] = plan_dispatch(routing.experts, moe.num_experts, capacity)
-            gates[key] = routing.gates
-            prob_sums.append(routing.probs.sum(0))
-            sq_sums.append(logsumexp_square_sum(routing.logits))
-            choice_counts.append(Tensor(plans[key].choice_counts.astype(np.float32)))
-        aux = self._aux(ex, axes, prob_sums, sq_sums, choice_counts, num_tokens)
-        scheme = self._scheme if axes.members > 1 else self._flat  # one member: nothing to de-duplicate
-        return Prepared(tuple(x.shape), layout, axes, (wg, wu, wd), tokens, plans, gates, aux, scheme)
-
-    def _aux(self, ex, axes: Axes, prob_sums, sq_sums, choice_counts, num_tokens: int) -> Tensor:
-        """The whole batch's auxiliary loss: the devices' routing sums added over the token axes first."""
-        if axes.token:
-            group = ex.group(axes.token, {})
-            coll = ex.collectives
-            prob_sums = coll.all_reduce(prob_sums, "sum", group)
-            sq_sums = coll.all_reduce(sq_sums, "sum", group)
-            choice_counts = coll.all_reduce(choice_counts, "sum", group)
-        self.moe.last_expert_counts = choice_counts[0].asnumpy().astype(np.int64)
-        return self.moe.aux_loss(prob_sums[0], choice_counts[0], sq_sums[0], num_tokens)
+        # one member: nothing for the hierarchical dispatch to de-duplicate
+        return route_call(self.moe, x, self.placement, lambda axes: self._scheme if axes.members > 1 else self._flat)
 
     # -- dispatch -----------------------------------------------------------------------------------
     def _dispatch(self, prep: Prepared, microbatch: Hashable, rows: slice) -> ExpertInputs:
@@ -269,59 +214,9 @@ class ExpertParallel:
 
     # -- expert compute -----------------------------------------------------------------------------
     def compute(self, inputs: ExpertInputs) -> ExpertOutputs:
-        """Every local expert on the rows it received (tensor-parallel experts: partial sums
-        all-reduced over the tensor axes)."""
+        """Every local expert on the rows it received (`expert_compute.run_experts`)."""
         state = self.states.peek(inputs.microbatch)
-        ex = state.weights[0].execution
-        axes = state.axes
-        outputs = {}
-        for key, by_src in inputs.received.items():
-            order = [(slot, src) for slot in range(axes.per_member) for src in sorted(by_src)
-                     if by_src[src].get(slot) is not None]
-            outputs[key] = {src: {slot: None for slot in range(axes.per_member)} for src in by_src}
-            if not order:
-                continue
-            pieces = [by_src[src][slot] for slot, src in order]
-            rows = pieces[0] if len(pieces) == 1 else ops.concat(pieces, 0)
-            tp_group = ex.group(axes.tensor, dict(zip(axes.token, key))) if axes.tensor else None
-            if tp_group is not None:
-                rows = ex.collectives.fan_out(rows, tp_group)
-            sizes = [int(p.shape[0]) for p in pieces]
-            slot_sizes = [sum(n for (s, _), n in zip(order, sizes) if s == slot) for slot in range(axes.per_member)]
-            results = []
-            slot_rows = split_rows(rows, slot_sizes)
-            for tp_key in (ex.keys(axes.tensor) if axes.tensor else [()]):
-                wg, wu, wd = (ops.unstack(w, 0) for w in self._weights(ex, state, key, tp_key))
-                outs = [swiglu(r, wg[slot], wu[slot], wd[slot]) for slot, r in enumerate(slot_rows) if r is not None]
-                results.append(outs[0] if len(outs) == 1 else ops.concat(outs, 0))
-            if tp_group is not None:
-                if len(results) != len(tp_group.local):
-                    raise AssertionError(f"{len(results)} tensor-parallel results for {tp_group}")
-                results = ex.collectives.all_reduce(results, "sum", tp_group)
-            for (slot, src), piece in zip(order, split_rows(results[0], sizes)):
-                outputs[key][src][slot] = piece
-        return ExpertOutputs(inputs.microbatch, outputs)
-
-    def _weights(self, ex, state: State, key: Key, tp_key: Key):
-        """This device's expert weights [per, H, F_local] ... for token key `key`, tensor key `tp_key`."""
-        axes = state.axes
-        coords = dict(zip(axes.token, key))
-        coords.update(zip(axes.tensor, tp_key))
-        if self.placement is None:
-            return [w.shards[tuple(coords[a] for a in significant_axes(w.layout))] for w in state.weights]
-        # replicas: every logical expert's weights (this tensor slice), all-gathered over the
-        # expert axes (backward: reduce-scatter, so each replica's gradient reaches its expert)
-        cache_key = tuple(sorted((a, c) for a, c in coords.items() if a not in axes.expert))
-        if cache_key not in state.gathered:
-            group = ex.group(axes.expert, {a: c for a, c in coords.items() if a not in axes.expert})
-            gathered = []
-            for w in state.weights:
-                sig = significant_axes(w.layout)
-                shards = [w.shards[tuple(ex.mesh.coords(group.ranks[i])[a] for a in sig)] for i in group.local]
-                gathered.append(ex.collectives.all_gather(shards, 0, group, grad_partial=True)[0]
-                                if group.size > 1 else shards[0])
-            state.gathered[cache_key] = gathered
-        return self.placement.member_weights(axes.member(ex, key), axes.per_member, state.gathered[cache_key])
+        return ExpertOutputs(inputs.microbatch, run_experts(state, inputs.received, self.placement))
 
     # -- combine ------------------------------------------------------------------------------------
     def _combine(self, outputs: ExpertOutputs) -> Dict[Key, Tensor]:

@@ -117,12 +117,11 @@ class State:
     rows: slice  # the chunk's local token rows
     plans: Dict[Key, DispatchPlan] = field(default_factory=dict)  # the chunk's (physical) plans
     gates: Dict[Key, Tensor] = field(default_factory=dict)
-    counts: Dict[Key, tuple] = field(default_factory=dict)  # (send, recv) row counts under msrun
-    pending: object = None  # received segments (simulation) or the background exchange (msrun)
+    exchange: object = None  # the exchange moving its rows (`exchange.InProcessExchange`, ...)
+    pending: object = None  # hierarchical: the received segments, then the rows combine brought back
     gathered: Dict[tuple, list] = field(default_factory=dict)  # all experts' weights, with a placement
-    flat: Optional[Tensor] = None  # what this process sent (msrun), the autograd input of the exchange
     groups: object = None  # the link groups (`hierarchical.ExpertGroups`) the dispatch counted over
-    hops: Optional[dict] = None  # msrun hierarchical dispatch: the row counts of both hops, for combine
+    hops: object = None  # hierarchical dispatch: what its hops leave for combine (`hierarchical_scheme.TwoHops`)
     group_sends: Optional[dict] = None  # hierarchical dispatch: per source key, its GroupRows
     chain: Optional[Tensor] = None  # msrun: the last exchange's output (`ProcessExchange.chained`)
 

@@ -1,0 +1,70 @@
+"""The experts' step of an expert-parallel call: every local expert on the rows dispatch
+delivered to its device (tensor-parallel experts: on their slice of F, the partial sums
+all-reduced over the tensor axes; with a placement, on the replicas' all-gathered weights)."""
+from __future__ import annotations
+
+from typing import Dict
+
+from mindspore import ops
+
+from mindspore_hyper.dtensor.dtensor import significant_axes
+from mindspore_hyper.moe.exchange import split_rows
+from mindspore_hyper.moe.experts import swiglu
+from mindspore_hyper.moe.expert_state import Key, State
+
+__all__ = ["run_experts"]
+
+
+def run_experts(state: State, received: Dict[Key, dict], placement) -> Dict[Key, dict]:
+    """received[dest key][source][slot] -> rows: the experts' outputs in the same structure."""
+    ex = state.weights[0].execution
+    axes = state.axes
+    outputs = {}
+    for key, by_src in received.items():
+        order = [(slot, src) for slot in range(axes.per_member) for src in sorted(by_src)
+                 if by_src[src].get(slot) is not None]
+        outputs[key] = {src: {slot: None for slot in range(axes.per_member)} for src in by_src}
+        if not order:
+            continue
+        pieces = [by_src[src][slot] for slot, src in order]
+        rows = pieces[0] if len(pieces) == 1 else ops.concat(pieces, 0)
+        tp_group = ex.group(axes.tensor, dict(zip(axes.token, key))) if axes.tensor else None
+        if tp_group is not None:
+            rows = ex.collectives.fan_out(rows, tp_group)
+        sizes = [int(p.shape[0]) for p in pieces]
+        slot_sizes = [sum(n for (s, _), n in zip(order, sizes) if s == slot) for slot in range(axes.per_member)]
+        results = []
+        slot_rows = split_rows(rows, slot_sizes)
+        for tp_key in (ex.keys(axes.tensor) if axes.tensor else [()]):
+            wg, wu, wd = (ops.unstack(w, 0) for w in _weights(ex, state, key, tp_key, placement))
+            outs = [swiglu(r, wg[slot], wu[slot], wd[slot]) for slot, r in enumerate(slot_rows) if r is not None]
+            results.append(outs[0] if len(outs) == 1 else ops.concat(outs, 0))
+        if tp_group is not None:
+            if len(results) != len(tp_group.local):
+                raise AssertionError(f"{len(results)} tensor-parallel results for {tp_group}")
+            results = ex.collectives.all_reduce(results, "sum", tp_group)
+        for (slot, src), piece in zip(order, split_rows(results[0], sizes)):
+            outputs[key][src][slot] = piece
+    return outputs
+
+
+def _weights(ex, state: State, key: Key, tp_key: Key, placement):
+    """This device's expert weights [per, H, F_local] ... for token key `key`, tensor key `tp_key`."""
+    axes = state.axes
+    coords = dict(zip(axes.token, key))
+    coords.update(zip(axes.tensor, tp_key))
+    if placement is None:
+        return [w.shards[tuple(coords[a] for a in significant_axes(w.layout))] for w in state.weights]
+    # replicas: every logical expert's weights (this tensor slice), all-gathered over the
+    # expert axes (backward: reduce-scatter, so each replica's gradient reaches its expert)
+    cache_key = tuple(sorted((a, c) for a, c in coords.items() if a not in axes.expert))
+    if cache_key not in state.gathered:
+        group = ex.group(axes.expert, {a: c for a, c in coords.items() if a not in axes.expert})
+        gathered = []
+        for w in state.weights:
+            sig = significant_axes(w.layout)
+            shards = [w.shards[tuple(ex.mesh.coords(group.ranks[i])[a] for a in sig)] for i in group.local]
+            gathered.append(ex.collectives.all_gather(shards, 0, group, grad_partial=True)[0]
+                            if group.size > 1 else shards[0])
+        state.gathered[cache_key] = gathered
+    return placement.member_weights(axes.member(ex, key), axes.per_member, state.gathered[cache_key])
