@@ -27,7 +27,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 __all__ = ["Segments", "InProcessExchange", "LibraryExchange", "ProcessExchange", "RowExchange", "move_rows",
-           "split_rows"]
+           "split_rows", "tensor_bytes"]
 
 # Segments[member][expert] -> rows Tensor or None; "member" is the peer (source or destination)
 Segments = Dict[int, Dict[int, Optional[Tensor]]]
@@ -144,13 +144,14 @@ class InProcessExchange:
             for dst, segs in by_dst.items():
                 received.setdefault(dst, {})[src] = segs
                 if src == recording_source and dst != src:
-                    sent += sum(_nbytes(s) for s in segs.values() if s is not None)
+                    sent += sum(tensor_bytes(s) for s in segs.values() if s is not None)
         if self.record is not None:
             self.record(sent)
         return received
 
 
-def _nbytes(t: Tensor) -> int:
+def tensor_bytes(t: Tensor) -> int:
+    """Bytes of a segment's rows (the recorded size of what it sends)."""
     return int(np.prod(t.shape)) * t.dtype.itemsize
 
 
