@@ -10,7 +10,8 @@ from typing import Dict
 
 from mindspore import Tensor
 
-from mindspore_hyper.moe.exchange import InProcessExchange, LibraryExchange, ProcessExchange, tensor_bytes
+from mindspore_hyper.comm.inprocess_collectives import nbytes_of
+from mindspore_hyper.moe.exchange import InProcessExchange, LibraryExchange, ProcessExchange
 from mindspore_hyper.moe.expert_state import Axes, Key, State
 from mindspore_hyper.moe.hierarchical import ExpertGroups, empty_levels, level_bytes
 
@@ -115,7 +116,7 @@ class DispatchScheme:
     def count_sends(self, state: State, what: str, sends) -> None:
         """Add the bytes of the exchange sends[src key][dst address][slot] to the link levels."""
         ex, axes, member_of = state.weights[0].execution, state.axes, state.exchange.member_of
-        self.add_levels(state, what, [(axes.member(ex, src), member_of(dst), tensor_bytes(t))
+        self.add_levels(state, what, [(axes.member(ex, src), member_of(dst), nbytes_of(t))
                                       for src, by_dst in sends.items() for dst, segs in by_dst.items()
                                       for t in segs.values() if t is not None])
 

@@ -26,8 +26,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mindspore import Tensor, nn, ops
 
+from mindspore_hyper.comm.inprocess_collectives import nbytes_of
+
 __all__ = ["Segments", "InProcessExchange", "LibraryExchange", "ProcessExchange", "RowExchange", "move_rows",
-           "split_rows", "tensor_bytes"]
+           "split_rows"]
 
 # Segments[member][expert] -> rows Tensor or None; "member" is the peer (source or destination)
 Segments = Dict[int, Dict[int, Optional[Tensor]]]
@@ -144,15 +146,10 @@ class InProcessExchange:
             for dst, segs in by_dst.items():
                 received.setdefault(dst, {})[src] = segs
                 if src == recording_source and dst != src:
-                    sent += sum(tensor_bytes(s) for s in segs.values() if s is not None)
+                    sent += sum(nbytes_of(s) for s in segs.values() if s is not None)
         if self.record is not None:
             self.record(sent)
         return received
-
-
-def tensor_bytes(t: Tensor) -> int:
-    """Bytes of a segment's rows (the recorded size of what it sends)."""
-    return int(np.prod(t.shape)) * t.dtype.itemsize
 
 
 @dataclass
