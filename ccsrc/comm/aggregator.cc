@@ -363,23 +363,25 @@ void Aggregator::SendPackets(std::vector<std::shared_ptr<Request>>& batch) {
           off += r->bytes();
         }
       }
-      for (Request* r : pending) r->Finish(0, "");
-      {
+      {  // counted before the waiters wake, so a caller that waited sees its packet counted
         std::lock_guard<std::mutex> lock(mu_);
         ++stats_.packets;
         if (in_place) ++stats_.in_place;
         stats_.bytes += fill;
       }
+      for (Request* r : pending) r->Finish(0, "");
       pending.clear();
       fill = 0;
     };
     for (Request* r : reqs) {
       if (r->bytes() > packet_bytes_) {
         backend_->AllReduce({r->data_, r->count_, dtype, op, r->storage_, true});
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++stats_.bypassed;
+          stats_.bytes += r->bytes();
+        }
         r->Finish(0, "");
-        std::lock_guard<std::mutex> lock(mu_);
-        ++stats_.bypassed;
-        stats_.bytes += r->bytes();
         continue;
       }
       if (fill + r->bytes() > packet_bytes_) send_packet();
