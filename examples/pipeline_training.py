@@ -14,6 +14,9 @@ zb_v, dualpipe_v) moves activations and gradients between stages; one optimizer 
 Under msrun the mesh is the pipeline alone (data/tensor axes with pipeline run in simulation).
 Env PIPELINE_TRACE=path.json writes the step's timeline as a chrome trace.
 """
+from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
+
+exit_if_msrun_scheduler()  # before MindSpore's import (~3 s): msrun's scheduler has nothing to do with shm
 import os
 
 import mindspore as ms

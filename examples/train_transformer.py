@@ -14,6 +14,9 @@ The mesh is data 2 x tensor (devices / 2); optimizer states are split along "dat
 On Ascend, `set_context(mode="native")` hands the same strategy to MindSpore's semi-auto
 parallel; that path was not run on this CPU-only machine.
 """
+from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
+
+exit_if_msrun_scheduler()  # before MindSpore's import (~3 s): msrun's scheduler has nothing to do with shm
 import os
 import sys
 

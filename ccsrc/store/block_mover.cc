@@ -151,7 +151,7 @@ void BlockMover::Migrate(Block& b, uint64_t id, Tier src, Tier dst, TableLock& l
   if (err) std::rethrow_exception(err);
 }
 
-int64_t BlockMover::ReserveSlot(Tier t, TableLock& lock) {
+int64_t BlockMover::ReserveSlot(Tier t, TableLock& lock, bool wait_for_busy) {
   // Bounded wait for busy slots (see below); a deadline, not a count of wake-ups.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (;;) {
@@ -174,6 +174,7 @@ int64_t BlockMover::ReserveSlot(Tier t, TableLock& lock) {
         vid = id;
       }
     }
+    if (victim == nullptr && held < m.capacity() && !wait_for_busy) return -1;
     if (victim == nullptr && held < m.capacity() && std::chrono::steady_clock::now() < deadline) {
       // Some slots are only busy for a moment (a read, copy or write in progress): they become
       // evictable shortly. Bounded wait, so a cycle of movers in a tiny tier ends in an error, not a hang.

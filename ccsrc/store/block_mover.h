@@ -26,8 +26,10 @@ class BlockMover {
   explicit BlockMover(const StoreParts& parts) : parts_(parts) {}
 
   // A free slot in memory tier t, evicting (and writing the only valid copy down) if needed.
+  // Slots busy for a moment (moving, being written) are waited for (bounded), unless
+  // wait_for_busy is false: then -1 when no slot is free or evictable now.
   // Raises CapacityError if every slot is held by Pin() callers.
-  int64_t ReserveSlot(Tier t, TableLock& lock);
+  int64_t ReserveSlot(Tier t, TableLock& lock, bool wait_for_busy = true);
   // Copies block b from tier src to tier dst (dst = src +/- 1); b must not be moving. Returns when
   // done (dst may still be invalid if a concurrent write intervened; callers loop).
   void Migrate(Block& b, uint64_t id, Tier src, Tier dst, TableLock& lock);

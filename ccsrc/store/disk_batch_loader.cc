@@ -43,11 +43,17 @@ void DiskBatchLoader::Load(const std::vector<uint64_t>& ids, TableLock& lock) {
     it.b = &b;
     items.push_back(std::move(it));
   }
+  // Load what fits now: the batch's own slots are busy (moving) until it ends, so waiting for a
+  // busy slot here would wait for itself. The rest falls back to single fetches, which wait for
+  // busy slots and report a full tier.
   size_t reserved = 0;
   try {
-    for (; reserved < items.size(); ++reserved) items[reserved].hslot = mover_.ReserveSlot(Tier::kHost, lock);
+    for (; reserved < items.size(); ++reserved) {
+      const int64_t slot = mover_.ReserveSlot(Tier::kHost, lock, /*wait_for_busy=*/false);
+      if (slot < 0) break;
+      items[reserved].hslot = slot;
+    }
   } catch (const CapacityError&) {
-    // Load what fits; the rest falls back to single fetches (which report the error if any).
   }
   for (size_t i = reserved; i < items.size(); ++i) items[i].b->moving = false;
   items.resize(reserved);

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
-from mindspore_hyper.autodiff import value_and_grad
 from mindspore_hyper.estimate.gpt_layout import gpt_parallel_config
 from mindspore_hyper.estimate.job import estimate_stage
 from mindspore_hyper.estimate.model import TransformerConfig
@@ -64,6 +63,7 @@ def simulate_step(model, parallel_config, inputs: Sequence, optimizer: Optional[
     from mindspore import nn
 
     import mindspore_hyper as mh
+    from mindspore_hyper.autodiff import value_and_grad
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     loaded = parallel_config if hasattr(parallel_config, "mesh") else mh.load_parallel_config(parallel_config)

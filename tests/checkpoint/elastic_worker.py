@@ -16,6 +16,9 @@ OUT/start_values.npz, losses, times), a<a>_step<s>_rank<r>.npz/.json (what each 
 
 Usage: elastic_worker.py OUT TOTAL KILL_STEP KILL_RANK
 """
+from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
+
+exit_if_msrun_scheduler()  # before MindSpore's import (~3 s): msrun's scheduler has nothing to do with shm
 import json
 import os
 import signal

@@ -4,6 +4,9 @@ on one device in the same process; writes the losses and this rank's parameter e
 
 Usage (under msrun): migrate_msrun_worker.py OUT_DIR
 """
+from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
+
+exit_if_msrun_scheduler()  # before MindSpore's import (~3 s): msrun's scheduler has nothing to do with shm
 import json
 import os
 import sys

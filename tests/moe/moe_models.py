@@ -137,20 +137,3 @@ def one_device_accumulating(model, data):
         opt(grads)
         losses.append(float(loss.asnumpy()))
     return losses
-
-
-def run_cases_and_write_results(run_case):
-    """An msrun worker's entry: run each case named on the command line (after the output
-    folder) in distributed mode and write this rank's results to <folder>/rank<r>.json."""
-    import json
-    import os
-    import sys
-
-    import mindspore_hyper as mh
-
-    out_dir, cases = sys.argv[1], sys.argv[2:]
-    mh.set_context(mode="distributed", comm_timeout=float(os.environ.get("TEST_COMM_TIMEOUT", "60")))
-    results = {case: run_case(case) for case in cases}
-    rank = results[cases[0]]["rank"]
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)

@@ -1,11 +1,16 @@
 """Worker of the MoE msrun test: trains MoENet expert parallel in distributed mode and the same
-model on one device in the same process; writes per rank the largest relative errors to JSON.
+model on one device (once per case, see `run_cases_and_write_results`); writes per rank the
+relative errors of its gradients and parameters to JSON.
 
 Usage (under msrun): moe_msrun_worker.py OUT_DIR CASE [CASE ...],
 CASE = "<data>x<expert>x<tensor>[+bits][+overlap][+place][+hier][+tiny]" (1-bit routing metadata;
 2 overlap chunks; after 2 steps, experts re-placed by rebalance_experts with 4 extra replicas;
-hierarchical dispatch over 2 expert groups; batches of 4 tokens, so some exchanges carry no rows).
+hierarchical dispatch over 2 expert groups; batches of 4 tokens, so some exchanges carry no rows),
+or "pipeline:<case>", a case of moe_pipeline_msrun_worker.py (one job for every 4-process MoE test).
 """
+from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
+
+exit_if_msrun_scheduler()  # before MindSpore's import (~3 s): msrun's scheduler has nothing to do with shm
 import os
 import sys
 
@@ -14,11 +19,14 @@ import mindspore as ms
 from mindspore import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: msrun_cases
 ms.set_context(mode=ms.PYNATIVE_MODE)
 from mindspore_hyper import Layout, auto_parallelize  # noqa: E402
 from mindspore_hyper.moe.eplb import rebalance_experts  # noqa: E402
 from mindspore_hyper.moe.expert_placement import ExpertPlacement, apply_placement  # noqa: E402
-from moe_models import MoENet, batches, copy_weights, expert_strategy, run_cases_and_write_results  # noqa: E402
+from msrun_cases import run_cases_and_write_results  # noqa: E402
+from moe_models import MoENet, batches, copy_weights, expert_strategy  # noqa: E402
+from moe_msrun_cases import PIPELINE_PREFIX  # noqa: E402
 
 STEPS = 3  # the third step runs on the re-placed experts of the +place case
 
@@ -27,7 +35,7 @@ def relative(local, expected):
     return float(np.linalg.norm(local - expected) / max(np.linalg.norm(expected), 1e-30))
 
 
-def run_case(case: str) -> dict:
+def run_case(case: str):
     dims, *extra = case.split("+")
     data, expert, tensor = (int(v) for v in dims.split("x"))
     ms.set_seed(0)
@@ -40,10 +48,7 @@ def run_case(case: str) -> dict:
     par = auto_parallelize(model, expert_strategy(mesh, tensor=tensor > 1))
     rank = par.local_ranks[0]
     opt = nn.Adam(par.optimizer_parameters(), learning_rate=1e-2)
-    ref_opt = nn.Adam(ref.trainable_params(), learning_rate=1e-2)
-    ref_step = ms.value_and_grad(ref, None, ref_opt.parameters)
-    out = {"rank": rank, "losses": [], "ref_losses": []}
-    names = [n for n, p in ref.parameters_and_names() if p.requires_grad]
+    out = {"rank": rank, "losses": []}
     data = batches(STEPS, batch=1, seq=4) if "tiny" in extra else batches(STEPS)
     for i, (x, t) in enumerate(data):
         if i == 2 and "place" in extra:
@@ -51,25 +56,47 @@ def run_case(case: str) -> dict:
             apply_placement(model.moe, ExpertPlacement.from_eplb(phy2log))
             out["replicas"] = logcnt[0].tolist()
         loss = par.train_step(opt, x, t)
-        ref_loss, ref_grads = ref_step(x, t)
         if i == 0:
-            expected = dict(zip(names, [g.asnumpy() for g in ref_grads]))
-            out["grad_error"] = {row.name: relative(par.last_gradients[row.name],
-                                                    expected[row.name][row.layout.rank_slices(rank, row.global_shape)])
-                                 for row in par.table if row.name in par.last_gradients}
-        ref_opt(ref_grads)
+            grads = {name: np.array(g) for name, g in par.last_gradients.items()}
         out["losses"].append(float(loss.asnumpy()))
-        out["ref_losses"].append(float(ref_loss.asnumpy()))
-    expected = {n: p.asnumpy() for n, p in ref.parameters_and_names()}
     local = {n: p.asnumpy() for n, p in model.parameters_and_names()}
-    out["param_error"] = {row.name: relative(local[row.name], expected[row.name][row.layout.rank_slices(rank, row.global_shape)])
-                          for row in par.table if row.name in local}
+    held = {row.name: row.layout.rank_slices(rank, row.global_shape) for row in par.table}
     out["held_expert_shape"] = list(local["moe.experts.w_gate"].shape)
     out["stats"] = model.moe.parallel().last_stats
-    return out
+
+    def reference() -> dict:
+        ref_opt = nn.Adam(ref.trainable_params(), learning_rate=1e-2)
+        ref_step = ms.value_and_grad(ref, None, ref_opt.parameters)
+        names = [n for n, p in ref.parameters_and_names() if p.requires_grad]
+        figures = {"losses": []}
+        for i, (x, t) in enumerate(data):
+            ref_loss, ref_grads = ref_step(x, t)
+            if i == 0:
+                figures["grads"] = dict(zip(names, [g.asnumpy() for g in ref_grads]))
+            ref_opt(ref_grads)
+            figures["losses"].append(float(ref_loss.asnumpy()))
+        figures["params"] = {n: p.asnumpy() for n, p in ref.parameters_and_names()}
+        return figures
+
+    def finish(expected: dict) -> dict:
+        out["ref_losses"] = expected["losses"]
+        out["grad_error"] = {name: relative(g, expected["grads"][name][held[name]])
+                             for name, g in grads.items() if name in held}
+        out["param_error"] = {name: relative(local[name], expected["params"][name][held[name]])
+                              for name in held if name in local}
+        return out
+
+    return reference, finish
 
 
+def run_job_case(case: str):
+    """A case of the shared job: this worker's, or moe_pipeline_msrun_worker.py's (PIPELINE_PREFIX)."""
+    if case.startswith(PIPELINE_PREFIX):
+        from moe_pipeline_msrun_worker import run_case as run_pipeline_case
+
+        return run_pipeline_case(case[len(PIPELINE_PREFIX):])
+    return run_case(case)
 
 
 if __name__ == "__main__":
-    run_cases_and_write_results(run_case)
+    run_cases_and_write_results(run_job_case)

@@ -9,17 +9,28 @@ import os
 import numpy as np
 import pytest
 
+from moe_msrun_cases import PIPELINE_CASES, PIPELINE_PREFIX
 from msrun_helpers import run_msrun, worker_logs
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "moe_pipeline_msrun_worker.py")
 
 
 @pytest.mark.msrun
-@pytest.mark.parametrize("workers, cases", [(2, ["1f1b"]), (4, ["1f1b+expert", "zb_h1+expert+hier"])])
-def test_moe_pipeline_under_msrun_equals_single_device(workers, cases, tmp_path):
-    proc = run_msrun(WORKER, [tmp_path, *cases], workers, tmp_path / "logs", timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(tmp_path / "logs", workers)
-    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(workers)]
+def test_moe_pipeline_on_2_processes_equals_single_device(tmp_path):
+    """Pipeline-only mesh: each stage's experts are local to its process."""
+    proc = run_msrun(WORKER, [tmp_path, "1f1b"], 2, tmp_path / "logs", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(tmp_path / "logs", 2)
+    check([json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)], ["1f1b"])
+
+
+@pytest.mark.msrun
+def test_moe_pipeline_with_expert_parallel_on_4_processes_equals_single_device(moe_msrun_results):
+    """Pipeline 2 x expert 2, flat and hierarchical (cases of the shared MoE job, conftest.py)."""
+    check([{case: res[PIPELINE_PREFIX + case] for case in PIPELINE_CASES} for res in moe_msrun_results], PIPELINE_CASES)
+
+
+def check(results, cases):
+    """Each rank's results (case -> moe_pipeline_msrun_worker.py's figures) against one device."""
     for case in cases:
         held = set()
         for rank, res in enumerate(results):

@@ -2,6 +2,9 @@
 fusion 3), 3 Adam steps; writes rank<N>.json with losses, this group's gradients and parameters
 next to a single-device run done in the same process. `fail@R`: rank R raises after one training
 step (the others must fail naming it)."""
+from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
+
+exit_if_msrun_scheduler()  # before MindSpore's import (~3 s): msrun's scheduler has nothing to do with shm
 import json
 import os
 import sys

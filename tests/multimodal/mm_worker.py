@@ -4,6 +4,9 @@ ranks 0..N-2, the LM on the last rank) and writes what this rank got to OUT_DIR/
 Usage (under msrun): mm_worker.py OUT_DIR infer|train|fail AHEAD
 ("fail": encoder 0 raises while encoding its second batch.)
 """
+from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
+
+exit_if_msrun_scheduler()  # before MindSpore's import (~3 s): msrun's scheduler has nothing to do with shm
 import json
 import os
 import sys

@@ -7,6 +7,9 @@ With env PIPELINE_TEST_REBALANCE=1: start from the split (1, 6) with rebalancing
 planner fed fixed per-layer costs (test_pipeline_rebalance.LAYER_COSTS) for this process's
 stages; the applied plans and migrated bytes are written too.
 """
+from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
+
+exit_if_msrun_scheduler()  # before MindSpore's import (~3 s): msrun's scheduler has nothing to do with shm
 import json
 import os
 import sys

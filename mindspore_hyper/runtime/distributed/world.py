@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Tuple
 
 from mindspore_hyper.comm.job_token import job_token
+from mindspore_hyper.comm.msrun_scheduler import scheduler_left
 from mindspore_hyper.context import get_context
 from mindspore_hyper.runtime.distributed.sub_world import SubWorld
 
@@ -62,6 +63,10 @@ class World:
         timeout = get_context("comm_timeout")
         under_msrun = "MS_ROLE" in os.environ
         if under_msrun and transport in ("mindspore", "hybrid"):
+            if scheduler_left():
+                raise ValueError(f"dist_transport={transport!r} needs msrun's scheduler, but the script let it go "
+                                 "(exit_if_msrun_scheduler() ran with the shared-memory transport): set "
+                                 "dist_transport before calling it")
             _mindspore_init(timeout)
         if os.environ.get("MS_ROLE") == "MS_SCHED":
             sys.exit(0)  # msrun's scheduler: no device of its own

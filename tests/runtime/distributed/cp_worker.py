@@ -4,6 +4,9 @@ process; writes losses and the largest relative parameter error per rank to JSON
 
 Usage (under msrun): cp_worker.py OUT_DIR DATA CP METHOD [METHOD ...]
 """
+from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
+
+exit_if_msrun_scheduler()  # before MindSpore's import (~3 s): msrun's scheduler has nothing to do with shm
 import json
 import os
 import sys

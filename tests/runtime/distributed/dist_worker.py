@@ -1,9 +1,13 @@
 """Worker of the msrun tests: trains the example GPT in distributed mode for several steps and
-the same GPT on one device in the same process, and writes what each rank saw to JSON.
+the same GPT on one device (once per case, see msrun_cases.py), and writes what each rank saw to
+JSON.
 
 Usage (under msrun): dist_worker.py OUT_DIR CASE [CASE ...], a CASE being
 "<data>x<tensor>[+zero]" (e.g. 2x2+zero) or "fail@<rank>" (that rank raises after one step).
 """
+from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
+
+exit_if_msrun_scheduler()  # before MindSpore's import (~3 s): msrun's scheduler has nothing to do with shm
 import json
 import os
 import sys
@@ -14,10 +18,11 @@ from mindspore import Tensor, nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # msrun_cases
 ms.set_context(mode=ms.PYNATIVE_MODE)
-import mindspore_hyper as mh  # noqa: E402
 from mindspore_hyper import Layout, auto_parallelize  # noqa: E402
 from models import GPT  # noqa: E402
+from msrun_cases import run_cases_and_write_results  # noqa: E402
 
 STEPS = 3
 
@@ -36,7 +41,9 @@ def batches(n):
              Tensor(rng.integers(0, 128, (8, 16)).astype(np.int32))) for _ in range(n)]
 
 
-def run_case(case: str) -> dict:
+def run_case(case: str):
+    if case.startswith("fail@"):
+        run_failing(int(case[5:]), sys.argv[1])  # exits the process
     dims, _, extra = case.partition("+")
     data, tensor = (int(v) for v in dims.split("x"))
     ms.set_seed(1)
@@ -48,22 +55,13 @@ def run_case(case: str) -> dict:
     par = auto_parallelize(model, megatron(data, tensor, extra == "zero"))
     rank = par.local_ranks[0]
     optimizer = nn.Adam(par.optimizer_parameters(), learning_rate=1e-3)
-    ref_opt = nn.Adam(ref.trainable_params(), learning_rate=1e-3)
-    ref_step = ms.value_and_grad(ref, None, ref_opt.parameters)
-    out = {"rank": rank, "losses": [], "ref_losses": []}
+    out = {"rank": rank, "losses": []}
     for i, (ids, labels) in enumerate(batches(STEPS)):
         loss = par.train_step(optimizer, ids, labels)
-        ref_loss, ref_grads = ref_step(ids, labels)
         if i == 0:  # gradients of the first step, this rank's shards
-            local_grads = par.last_gradients
-            names = [n for n, p in ref.parameters_and_names() if p.requires_grad]
-            out["grad_error"] = _errors(par, dict(zip(names, [g.asnumpy() for g in ref_grads])), local_grads, rank)
-        ref_opt(ref_grads)
+            local_grads = {name: np.array(g) for name, g in par.last_gradients.items()}
         out["losses"].append(float(loss.asnumpy()))
-        out["ref_losses"].append(float(ref_loss.asnumpy()))
-    expected = {n: p.asnumpy() for n, p in ref.parameters_and_names()}
     local = {n: p.asnumpy() for n, p in model.parameters_and_names()}
-    out["param_error"] = _errors(par, expected, local, rank)
     report = par.report(optimizer)
     out["memory"] = report.memory[rank]
     out["param_bytes_held"] = sum(p.asnumpy().nbytes for p in model.trainable_params())
@@ -73,7 +71,28 @@ def run_case(case: str) -> dict:
     from mindspore_hyper.runtime.distributed import world
 
     out["communicators"] = sorted({type(c).__name__ for c in world()._communicators.values()})
-    return out
+
+    def reference() -> dict:
+        ref_opt = nn.Adam(ref.trainable_params(), learning_rate=1e-3)
+        ref_step = ms.value_and_grad(ref, None, ref_opt.parameters)
+        names = [n for n, p in ref.parameters_and_names() if p.requires_grad]
+        figures = {"losses": []}
+        for i, (ids, labels) in enumerate(batches(STEPS)):
+            ref_loss, ref_grads = ref_step(ids, labels)
+            if i == 0:
+                figures["grads"] = dict(zip(names, [g.asnumpy() for g in ref_grads]))
+            ref_opt(ref_grads)
+            figures["losses"].append(float(ref_loss.asnumpy()))
+        figures["params"] = {n: p.asnumpy() for n, p in ref.parameters_and_names()}
+        return figures
+
+    def finish(expected: dict) -> dict:
+        out["ref_losses"] = expected["losses"]
+        out["grad_error"] = _errors(par, expected["grads"], local_grads, rank)
+        out["param_error"] = _errors(par, expected["params"], local, rank)
+        return out
+
+    return reference, finish
 
 
 def _errors(par, expected, local, rank):
@@ -105,21 +124,6 @@ def _error(diff, want):
     return [float(np.abs(diff).max()), float(np.linalg.norm(diff)), float(np.linalg.norm(want))]
 
 
-def main():
-    out_dir, cases = sys.argv[1], sys.argv[2:]
-    mh.set_context(mode="distributed", comm_timeout=float(os.environ.get("TEST_COMM_TIMEOUT", "60")))
-    results = {}
-    for case in cases:
-        if case.startswith("fail@"):
-            fail_rank = int(case[5:])
-            results[case] = run_failing(fail_rank, out_dir)
-        else:
-            results[case] = run_case(case)
-    rank = results[cases[0]]["rank"]
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)
-
-
 def run_failing(fail_rank: int, out_dir: str) -> dict:
     ms.set_seed(1)
     model = GPT(vocab=128, hidden=64, heads=4, layers=2, seq=16)
@@ -147,4 +151,4 @@ def run_failing(fail_rank: int, out_dir: str) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_cases_and_write_results(run_case)
