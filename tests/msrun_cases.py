@@ -44,3 +44,21 @@ def run_cases_and_write_results(run_case):
             results[case] = finish(pickle.load(f))
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
+
+
+def train_reference(model, optimizer, data) -> dict:
+    """One device, one optimizer step per batch: {"losses", "grads" (of the first step),
+    "params" (after the last)}, by parameter name, as numpy arrays."""
+    import mindspore as ms
+
+    step = ms.value_and_grad(model, None, optimizer.parameters)
+    names = [n for n, p in model.parameters_and_names() if p.requires_grad]
+    figures = {"losses": []}
+    for i, batch in enumerate(data):
+        loss, grads = step(*batch)
+        if i == 0:
+            figures["grads"] = dict(zip(names, [g.asnumpy() for g in grads]))
+        optimizer(grads)
+        figures["losses"].append(float(loss.asnumpy()))
+    figures["params"] = {n: p.asnumpy() for n, p in model.parameters_and_names()}
+    return figures

@@ -24,7 +24,7 @@ ms.set_context(mode=ms.PYNATIVE_MODE)
 from mindspore_hyper import Layout, auto_parallelize  # noqa: E402
 from mindspore_hyper.moe.eplb import rebalance_experts  # noqa: E402
 from mindspore_hyper.moe.expert_placement import ExpertPlacement, apply_placement  # noqa: E402
-from msrun_cases import run_cases_and_write_results  # noqa: E402
+from msrun_cases import run_cases_and_write_results, train_reference  # noqa: E402
 from moe_models import MoENet, batches, copy_weights, expert_strategy  # noqa: E402
 from moe_msrun_cases import PIPELINE_PREFIX  # noqa: E402
 
@@ -65,18 +65,7 @@ def run_case(case: str):
     out["stats"] = model.moe.parallel().last_stats
 
     def reference() -> dict:
-        ref_opt = nn.Adam(ref.trainable_params(), learning_rate=1e-2)
-        ref_step = ms.value_and_grad(ref, None, ref_opt.parameters)
-        names = [n for n, p in ref.parameters_and_names() if p.requires_grad]
-        figures = {"losses": []}
-        for i, (x, t) in enumerate(data):
-            ref_loss, ref_grads = ref_step(x, t)
-            if i == 0:
-                figures["grads"] = dict(zip(names, [g.asnumpy() for g in ref_grads]))
-            ref_opt(ref_grads)
-            figures["losses"].append(float(ref_loss.asnumpy()))
-        figures["params"] = {n: p.asnumpy() for n, p in ref.parameters_and_names()}
-        return figures
+        return train_reference(ref, nn.Adam(ref.trainable_params(), learning_rate=1e-2), data)
 
     def finish(expected: dict) -> dict:
         out["ref_losses"] = expected["losses"]

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))  # msrun_cases
 ms.set_context(mode=ms.PYNATIVE_MODE)
 from mindspore_hyper import Layout, auto_parallelize  # noqa: E402
 from models import GPT  # noqa: E402
-from msrun_cases import run_cases_and_write_results  # noqa: E402
+from msrun_cases import run_cases_and_write_results, train_reference  # noqa: E402
 
 STEPS = 3
 
@@ -73,18 +73,7 @@ def run_case(case: str):
     out["communicators"] = sorted({type(c).__name__ for c in world()._communicators.values()})
 
     def reference() -> dict:
-        ref_opt = nn.Adam(ref.trainable_params(), learning_rate=1e-3)
-        ref_step = ms.value_and_grad(ref, None, ref_opt.parameters)
-        names = [n for n, p in ref.parameters_and_names() if p.requires_grad]
-        figures = {"losses": []}
-        for i, (ids, labels) in enumerate(batches(STEPS)):
-            ref_loss, ref_grads = ref_step(ids, labels)
-            if i == 0:
-                figures["grads"] = dict(zip(names, [g.asnumpy() for g in ref_grads]))
-            ref_opt(ref_grads)
-            figures["losses"].append(float(ref_loss.asnumpy()))
-        figures["params"] = {n: p.asnumpy() for n, p in ref.parameters_and_names()}
-        return figures
+        return train_reference(ref, nn.Adam(ref.trainable_params(), learning_rate=1e-3), batches(STEPS))
 
     def finish(expected: dict) -> dict:
         out["ref_losses"] = expected["losses"]
