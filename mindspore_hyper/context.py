@@ -25,6 +25,9 @@ TOPOLOGY_PRESETS = ("supernode384", "node8", "ring")
 MEMORY_CHECKS = ("warn", "error")
 SIM_COLLECTIVES = ("mindspore", "library")
 DIST_TRANSPORTS = ("shm", "mindspore", "hybrid")
+HOST_DISPATCH = ("inline", "async")
+# MindSpore reads it once, at its first op: "1" runs each op on the calling thread
+HOST_BLOCKING_ENV = "MS_DEV_HOST_BLOCKING_RUN"
 
 _UNITS = {
     "": 1, "B": 1,
@@ -180,6 +183,10 @@ FLAGS: Dict[str, Flag] = {f.name: f for f in (
          "what simulation does when a device exceeds device_memory: warn or error"),
     Flag("sim_collectives", _choice(SIM_COLLECTIVES), "mindspore",
          "simulation collectives: differentiable MindSpore ops, or the C++ communication library"),
+    Flag("host_dispatch", _choice(HOST_DISPATCH), "inline",
+         "simulation and distributed modes: MindSpore runs each op on the calling thread (inline) instead of "
+         "handing it to its dispatch threads (async), which spin while they wait and, where processes share "
+         "the cores, cost about as much CPU as the ops; acts if the mode is known before MindSpore's first op"),
     Flag("sim_synchronize", _parse_bool, True,
          "simulation: launch MindSpore kernels synchronously (mindspore.runtime.launch_blocking), much cheaper for many small ops"),
     Flag("hyper_offload", _parse_bool, False, "enable HyperOffload (tiered parameter/activation store)"),
@@ -225,6 +232,8 @@ def set_context(**flags: Any) -> None:
         flag = _check_name(name)
         parsed[name] = flag.parse(value, name)
     _explicit.update(parsed)
+    if "mode" in parsed or "host_dispatch" in parsed:
+        get_context("mode")  # applies host_dispatch to the mode
 
 
 def get_context(name: Optional[str] = None) -> Any:
@@ -237,13 +246,28 @@ def get_context(name: Optional[str] = None) -> Any:
         return {n: get_context(n) for n in FLAGS}
     flag = _check_name(name)
     if name in _explicit:
-        return _explicit[name]
-    env = os.environ.get(flag.env_var)
-    if env is not None:
-        return flag.parse(env, flag.env_var)
-    return flag.default_value()
+        value = _explicit[name]
+    else:
+        env = os.environ.get(flag.env_var)
+        value = flag.parse(env, flag.env_var) if env is not None else flag.default_value()
+    if name == "mode":
+        _apply_host_dispatch(value)
+    return value
+
+
+def _apply_host_dispatch(mode: Optional[str]) -> None:
+    """Ask MindSpore for inline op dispatch in the CPU modes (flag host_dispatch); a value the user
+    set in MindSpore's own variable stays."""
+    if mode in ("simulation", "distributed") and get_context("host_dispatch") == "inline":
+        os.environ.setdefault(HOST_BLOCKING_ENV, "1")
 
 
 def reset_context() -> None:
     """Forget every value given to `set_context` (environment variables and defaults apply again)."""
     _explicit.clear()
+
+
+try:  # a mode set in the environment: before MindSpore's first op
+    _apply_host_dispatch(os.environ.get(FLAGS["mode"].env_var))
+except ValueError:  # a bad MS_HYPER_HOST_DISPATCH: the first read of the mode names it
+    pass

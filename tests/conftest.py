@@ -5,6 +5,10 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# What the host_dispatch flag asks for in the CPU modes, here for the whole test process and the
+# processes it starts (msrun workers, examples), before any MindSpore op: a 4-process msrun case
+# takes 22 -> 12 s and 40 -> 22 CPU-seconds without MindSpore's spinning dispatch threads.
+os.environ.setdefault("MS_DEV_HOST_BLOCKING_RUN", "1")
 
 
 def pytest_configure(config):
