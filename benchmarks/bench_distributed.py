@@ -66,6 +66,8 @@ def ours(args, distributed: bool) -> dict:
     from models import GPT
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
+    if distributed:  # before MindSpore's first op, so that host_dispatch (inline by default) acts
+        mh.set_context(mode="distributed")
     ms.set_seed(0)
     if distributed and args.profile:
         import dist_profile
@@ -75,7 +77,6 @@ def ours(args, distributed: bool) -> dict:
     model = GPT(**cfg_of(args))
     if distributed:
         ms.set_context(runtime_num_threads=threads_per_process(WORKERS))
-        mh.set_context(mode="distributed")
         s = mh.Layout(MESH, ("data", "tensor"))(tensor_map=())
         s.override("*.qkv.*", "tensor").override("*.fc1.*", "tensor")
         s.override("*.proj.weight", None, "tensor").override("*.fc2.weight", None, "tensor")
@@ -255,13 +256,22 @@ def forwarded(args):
         (["--profile"] if args.profile else []) + (["--pin"] if args.pin else [])
 
 
-def in_subprocess(which: str, args) -> dict:
+def in_subprocess(which: str, args, env=None) -> dict:
     """Run one measurement in a fresh interpreter (MindSpore and torch never share a process)."""
     proc = subprocess.run([sys.executable, __file__, "--worker", which] + forwarded(args), capture_output=True,
-                          text=True)
+                          text=True, env=None if env is None else dict(os.environ, **env))
     if proc.returncode:
         sys.exit(f"{which} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def ours_single_baseline(args) -> dict:
+    """The faster of MindSpore's two host dispatch modes on one device (its default async
+    pipeline, and inline: what distributed mode's host_dispatch flag asks for)."""
+    runs = {mode: in_subprocess("ours-single", args, env={"MS_DEV_HOST_BLOCKING_RUN": flag})
+            for mode, flag in (("async", "0"), ("inline", "1"))}
+    print("mindspore single device: " + ", ".join(f"{mode} dispatch {r['median']:.3f} s" for mode, r in runs.items()))
+    return min(runs.values(), key=lambda r: r["median"])
 
 
 def report(name, single, parallel):
@@ -296,7 +306,7 @@ def main():
 
     print(f"model: GPT {cfg_of(args)}, batch {args.batch}; {WORKERS} processes, mesh data {MESH[0]} x tensor "
           f"{MESH[1]}; {threads_per_process(WORKERS)} compute thread(s) per process, {os.cpu_count()} cores")
-    ours_ratio = report("mindspore_hyper", in_subprocess("ours-single", args), run_ours_distributed(args))
+    ours_ratio = report("mindspore_hyper", ours_single_baseline(args), run_ours_distributed(args))
     if args.skip_torch:
         return
     try:

@@ -171,11 +171,14 @@ def test_acquire_is_all_or_nothing(store):
 
 
 def os_threads():
-    """{thread id: (name, nice)} of this process's threads, from /proc (Linux)."""
+    """{thread id: (name, nice)} of this process's live threads, from /proc (Linux)."""
     out = {}
     for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/stat") as f:
-            stat = f.read()
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended after the listing
+            continue
         fields = stat[stat.rindex(")") + 2:].split()
         out[int(tid)] = (stat[stat.index("(") + 1:stat.rindex(")")], int(fields[16]))
     return out
