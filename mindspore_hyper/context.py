@@ -18,6 +18,7 @@ __all__ = [
     "parse_bytes",
     "FLAGS",
     "TOPOLOGY_PRESETS",
+    "apply_host_dispatch",
 ]
 
 MODES = ("simulation", "distributed", "native")
@@ -251,13 +252,13 @@ def get_context(name: Optional[str] = None) -> Any:
         env = os.environ.get(flag.env_var)
         value = flag.parse(env, flag.env_var) if env is not None else flag.default_value()
     if name == "mode":
-        _apply_host_dispatch(value)
+        apply_host_dispatch(value)
     return value
 
 
-def _apply_host_dispatch(mode: Optional[str]) -> None:
+def apply_host_dispatch(mode: Optional[str]) -> None:
     """Ask MindSpore for inline op dispatch in the CPU modes (flag host_dispatch); a value the user
-    set in MindSpore's own variable stays."""
+    set in MindSpore's own variable stays. Acts only before MindSpore's first op in the process."""
     if mode in ("simulation", "distributed") and get_context("host_dispatch") == "inline":
         os.environ.setdefault(HOST_BLOCKING_ENV, "1")
 
@@ -268,6 +269,6 @@ def reset_context() -> None:
 
 
 try:  # a mode set in the environment: before MindSpore's first op
-    _apply_host_dispatch(os.environ.get(FLAGS["mode"].env_var))
+    apply_host_dispatch(os.environ.get(FLAGS["mode"].env_var))
 except ValueError:  # a bad MS_HYPER_HOST_DISPATCH: the first read of the mode names it
     pass

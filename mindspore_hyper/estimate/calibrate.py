@@ -68,6 +68,9 @@ def _worker(backend: str, threads: int, size: int, seconds: float, barrier, queu
 
     a = np.random.default_rng(0).standard_normal((size, size)).astype(np.float32)
     if backend == "mindspore":
+        from mindspore_hyper.context import apply_host_dispatch
+
+        apply_host_dispatch("distributed")  # the op dispatch the CPU modes run with
         import mindspore as ms
         from mindspore import Tensor, ops
 
