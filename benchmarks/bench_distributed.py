@@ -268,7 +268,9 @@ def in_subprocess(which: str, args, env=None) -> dict:
 def ours_single_baseline(args) -> dict:
     """The faster of MindSpore's two host dispatch modes on one device (its default async
     pipeline, and inline: what distributed mode's host_dispatch flag asks for)."""
-    runs = {mode: in_subprocess("ours-single", args, env={"MS_DEV_HOST_BLOCKING_RUN": flag})
+    from mindspore_hyper.context import HOST_BLOCKING_ENV
+
+    runs = {mode: in_subprocess("ours-single", args, env={HOST_BLOCKING_ENV: flag})
             for mode, flag in (("async", "0"), ("inline", "1"))}
     print("mindspore single device: " + ", ".join(f"{mode} dispatch {r['median']:.3f} s" for mode, r in runs.items()))
     return min(runs.values(), key=lambda r: r["median"])

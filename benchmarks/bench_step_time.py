@@ -39,6 +39,8 @@ def validation_table() -> None:
 
 
 def cpu_rows(args) -> None:
+    from mindspore_hyper.context import HOST_BLOCKING_ENV
+
     import bench_distributed as bd
 
     from mindspore_hyper.estimate import JobStrategy, TransformerConfig, estimate_step_time
@@ -69,7 +71,7 @@ def cpu_rows(args) -> None:
     single = estimate_step_time(*single_job, single_hw)
     predicted_single = single.seconds
     distributed = estimate_step_time(*ranks_job, ranks_hw)
-    measured_single = bd.in_subprocess("ours-single", args, env={"MS_DEV_HOST_BLOCKING_RUN": "1"})["median"]  # as calibrated
+    measured_single = bd.in_subprocess("ours-single", args, env={HOST_BLOCKING_ENV: "1"})["median"]  # as calibrated
     measured_distributed = bd.run_ours_distributed(args)["median"]
     print(f"\n{'GPT step':<34} {'predicted s':>12} {'measured s':>11} {'predicted/measured':>19}")
     for name, pred, meas in (("single device", predicted_single, measured_single),

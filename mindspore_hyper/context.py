@@ -19,6 +19,7 @@ __all__ = [
     "FLAGS",
     "TOPOLOGY_PRESETS",
     "apply_host_dispatch",
+    "HOST_BLOCKING_ENV",
 ]
 
 MODES = ("simulation", "distributed", "native")

@@ -8,7 +8,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # What the host_dispatch flag asks for in the CPU modes, here for the whole test process and the
 # processes it starts (msrun workers, examples), before any MindSpore op: a 4-process msrun case
 # takes 22 -> 12 s and 40 -> 22 CPU-seconds without MindSpore's spinning dispatch threads.
-os.environ.setdefault("MS_DEV_HOST_BLOCKING_RUN", "1")
+from mindspore_hyper.context import HOST_BLOCKING_ENV  # noqa: E402 (light: no MindSpore)
+
+os.environ.setdefault(HOST_BLOCKING_ENV, "1")
 
 
 def pytest_configure(config):

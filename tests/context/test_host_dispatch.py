@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from mindspore_hyper.context import HOST_BLOCKING_ENV
 from paths import REPO_ROOT
 
 PROGRAM = """
@@ -25,7 +26,7 @@ print("dispatch threads", sorted(threads & {{"frontend_queue", "backend_queue"}}
 
 
 def run(before: str, **env) -> str:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("MS_HYPER_") and k != "MS_DEV_HOST_BLOCKING_RUN"}
+    full = {k: v for k, v in os.environ.items() if not k.startswith("MS_HYPER_") and k != HOST_BLOCKING_ENV}
     full.update(env, PYTHONPATH=str(REPO_ROOT))
     result = subprocess.run([sys.executable, "-c", PROGRAM.format(before=before)], capture_output=True, text=True,
                             env=full, timeout=120)
@@ -46,7 +47,7 @@ ASYNC = "dispatch threads ['backend_queue', 'frontend_queue']"
     ("import mindspore_hyper as mh; mh.set_context(mode='simulation', host_dispatch='async')", {}, ASYNC),
     ("import mindspore_hyper as mh; mh.set_context(mode='native')", {}, ASYNC),
     ("import mindspore_hyper", {}, ASYNC),  # no mode known before the first op: nothing changes
-    ("import mindspore_hyper as mh; mh.set_context(mode='simulation')", {"MS_DEV_HOST_BLOCKING_RUN": "0"}, ASYNC),
+    ("import mindspore_hyper as mh; mh.set_context(mode='simulation')", {HOST_BLOCKING_ENV: "0"}, ASYNC),
 ])
 def test_inline_dispatch_in_the_cpu_modes_only(before, env, expected):
     assert expected in run(before, **env)

@@ -1,7 +1,9 @@
 """msrun worker: the multimodal model with its groups on 4 processes (text 0-1, vision 2,
 fusion 3), 3 Adam steps; writes rank<N>.json with losses, this group's gradients and parameters
-next to a single-device run done in the same process. `fail@R`: rank R raises after one training
-step (the others must fail naming it)."""
+next to a single-device run done in the same process. `fail@R`: rank R fails after one training
+step: it prints the error and leaves with status 0 without closing anything, as a crashed process
+would (msrun kills every worker as soon as one exits non-zero, which would race the others' own
+report); the others must notice the dead peer by themselves and fail naming it."""
 from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
 
 exit_if_msrun_scheduler()  # before MindSpore's import (~3 s): msrun's scheduler has nothing to do with shm
@@ -37,7 +39,8 @@ def main(out_dir, mode="train"):
         victim = int(mode.split("@")[1])
         model.train_step(ms.nn.Adam(model.optimizer_parameters(), learning_rate=1e-2), *batches[0])
         if rank == victim:
-            raise RuntimeError(f"rank {rank} fails on purpose")
+            print(f"rank {rank} fails on purpose", file=sys.stderr, flush=True)
+            os._exit(0)  # no clean-up, no non-zero status for msrun to act on
         start = time.time()
         try:
             model(*batches[1])

@@ -48,3 +48,4 @@ def test_a_dead_group_peer_is_named(tmp_path):
     assert fusion["error"] == "CommTimeout", fusion
     assert "rank 0" in fusion["message"] and "text_encoder" in fusion["message"], fusion["message"]
     assert fusion["seconds"] < 20
+    assert "rank 0 fails on purpose" in worker_logs(tmp_path / "logs", 4)

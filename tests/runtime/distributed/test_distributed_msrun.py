@@ -89,4 +89,5 @@ def test_a_failing_rank_makes_the_others_fail_naming_it(tmp_path):
     assert "rank 1" in survivor["message"], survivor["message"]
     assert survivor["seconds"] < 30, survivor
     assert not (tmp_path / "fail_rank1.json").exists()
+    assert "rank 1 fails on purpose" in worker_logs(tmp_path / "logs", 2)
     assert set(glob.glob("/dev/shm/mshyper_*")) <= before
