@@ -28,6 +28,7 @@ MEMORY_CHECKS = ("warn", "error")
 SIM_COLLECTIVES = ("mindspore", "library")
 DIST_TRANSPORTS = ("shm", "mindspore", "hybrid")
 HOST_DISPATCH = ("inline", "async")
+CPU_BINDINGS = ("auto", "none")
 # MindSpore reads it once, at its first op: "1" runs each op on the calling thread
 HOST_BLOCKING_ENV = "MS_DEV_HOST_BLOCKING_RUN"
 
@@ -189,6 +190,10 @@ FLAGS: Dict[str, Flag] = {f.name: f for f in (
          "simulation and distributed modes: MindSpore runs each op on the calling thread (inline) instead of "
          "handing it to its dispatch threads (async), which spin while they wait and, where processes share "
          "the cores, cost about as much CPU as the ops; acts if the mode is known before MindSpore's first op"),
+    Flag("cpu_binding", _choice(CPU_BINDINGS), "auto",
+         "distributed mode (shm and hybrid transports): bind each process of a host to its own cores "
+         "(a block each, or one core round robin when processes outnumber cores) unless a launcher "
+         "bound it already; none leaves the scheduler free"),
     Flag("sim_synchronize", _parse_bool, True,
          "simulation: launch MindSpore kernels synchronously (mindspore.runtime.launch_blocking), much cheaper for many small ops"),
     Flag("hyper_offload", _parse_bool, False, "enable HyperOffload (tiered parameter/activation store)"),

@@ -1,8 +1,9 @@
 """A `cpu` hardware profile measured on this machine by a short calibration run.
 
 `calibrate_cpu(processes, threads)` starts `processes` worker processes at once (each limited to
-`threads` compute threads, as the benchmarks' ranks are, so that contention for the cores is
-part of the measurement; with processes=1, in this process) and measures, per process, in seconds of wall time:
+`threads` compute threads and bound to cores as distributed mode binds its ranks (flag
+`cpu_binding`), so that contention for the cores is part of the measurement; with
+processes=1, in this process) and measures, per process, in seconds of wall time:
 
 - matmul FLOP/s: an n x n float32 matrix product (MindSpore's CPU kernel, or numpy's BLAS),
   2 n^3 FLOPs per product: the profile's peak, with matmul efficiency 1;
@@ -38,6 +39,7 @@ import statistics
 import time
 from typing import Dict, List
 
+from mindspore_hyper.context import get_context
 from mindspore_hyper.estimate.hardware import Efficiency, Hardware, Level
 
 __all__ = ["calibrate_cpu", "save_hardware", "CALIBRATION_BACKENDS"]
@@ -63,6 +65,10 @@ def _worker(backend: str, threads: int, size: int, seconds: float, barrier, queu
             processes: int = 1, job=None, group: str = "") -> None:
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
+    if processes > 1 and get_context("cpu_binding") == "auto":  # on the cores the job's ranks get
+        from mindspore_hyper.runtime.distributed.cpu_binding import bind_to_cores
+
+        bind_to_cores(rank, processes)
     import numpy as np
     from multiprocessing import shared_memory
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, Tuple
+from typing import Dict, FrozenSet, Optional, Tuple
 
 from mindspore_hyper.comm.job_token import job_token
 from mindspore_hyper.comm.msrun_scheduler import scheduler_left
 from mindspore_hyper.context import get_context
+from mindspore_hyper.runtime.distributed.cpu_binding import bind_to_cores
 from mindspore_hyper.runtime.distributed.sub_world import SubWorld
 
 __all__ = ["World", "world"]
@@ -41,6 +42,8 @@ class World:
         transport: "shm", "mindspore" or "hybrid" (the `dist_transport` flag when the world was made).
         timeout: seconds without progress before a collective fails (`comm_timeout` flag).
         hosts: a digest of every rank's hostname, by rank (hybrid transport; else empty).
+        cores: the cores this process was bound to (flag `cpu_binding`), or None where it was
+            left as it was.
     """
 
     rank: int
@@ -49,6 +52,7 @@ class World:
     transport: str
     timeout: float
     hosts: Tuple[int, ...] = ()
+    cores: Optional[FrozenSet[int]] = None
     _communicators: Dict[Tuple[int, ...], object] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -77,7 +81,9 @@ class World:
         job = f"{os.environ.get('MS_SCHED_HOST', 'local')}_{os.environ.get('MS_SCHED_PORT', os.getpid())}"
         hosts = _host_digests(size) if transport == "hybrid" and under_msrun else ()
         job_token(timeout)  # local rank 0 publishes it, the others wait for it (or it came with the environment)
-        return cls(rank, size, job.replace("/", "_").replace(".", "_"), transport, timeout, hosts)
+        made = cls(rank, size, job.replace("/", "_").replace(".", "_"), transport, timeout, hosts)
+        made.cores = made._bind_cores()
+        return made
 
     def communicator(self, ranks: Tuple[int, ...]):
         """The communicator of the group of global `ranks` (made collectively on first use by
@@ -121,6 +127,15 @@ class World:
 
         name = f"{self.job}_g{'-'.join(map(str, ranks))}"
         return ShmCommunicator(name, ranks.index(self.rank), len(ranks), timeout=self.timeout)
+
+    def _bind_cores(self) -> Optional[FrozenSet[int]]:
+        """Bind this process to its cores (flag `cpu_binding`, see cpu_binding.py) where the job's
+        processes on this host are known: every rank with the shared-memory transport, the ranks
+        of this host with the hybrid one; not with MindSpore's transport (hosts unknown)."""
+        if get_context("cpu_binding") == "none" or self.transport == "mindspore":
+            return None
+        local = [r for r in range(self.size) if not self.hosts or self.hosts[r] == self.hosts[self.rank]]
+        return bind_to_cores(local.index(self.rank), len(local))
 
     def close(self) -> None:
         """Close every communicator (also done at interpreter exit)."""

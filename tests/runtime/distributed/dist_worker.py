@@ -74,6 +74,8 @@ def run_case(case: str):
     from mindspore_hyper.runtime.distributed import world
 
     out["communicators"] = sorted({type(c).__name__ for c in world()._communicators.values()})
+    out["cores"] = None if world().cores is None else sorted(world().cores)
+    out["thread_cores"] = sorted({tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir("/proc/self/task")})
 
     def reference() -> dict:
         return train_reference(ref, nn.Adam(ref.trainable_params(), learning_rate=1e-3), batches(STEPS))

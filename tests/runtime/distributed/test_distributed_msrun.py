@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pytest
 
+from mindspore_hyper.runtime.distributed.cpu_binding import cores_for
 from msrun_helpers import run_msrun, worker_logs
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_worker.py")
@@ -58,6 +59,12 @@ def test_gpt_data_x_tensor_with_and_without_zero1_on_4_processes(tmp_path):
         assert "ReduceScatter" in zero["comm_backward"] and "AllGather" in zero["comm_backward"]
         assert "AllReduce" in plain["comm_backward"]
         assert plain["communicators"] == ["ShmCommunicator"]
+        # cpu_binding="auto": each process on its own cores, every thread with it
+        expected = cores_for(rank, 4, sorted(os.sched_getaffinity(0)))
+        if len(os.sched_getaffinity(0)) < os.cpu_count():  # this test runs bound already: left as it is
+            assert plain["cores"] is None
+        else:
+            assert plain["cores"] == sorted(expected) and plain["thread_cores"] == [sorted(expected)], plain
 
 
 @pytest.mark.msrun
