@@ -33,7 +33,7 @@ def test_custom_ops_match_the_python_functions():
     import mindspore as ms
     from mindspore import Tensor
 
-    from mindspore_hyper.moe.routing_ops import PackRouting, UnpackRouting
+    from mindspore_hyper.ops import PackRouting, UnpackRouting
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     for tokens, experts in ((13, 7), (16, 8)):

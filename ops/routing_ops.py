@@ -5,18 +5,12 @@ Not differentiable (masks are integers). Usable in PYNATIVE and GRAPH mode.
 """
 from __future__ import annotations
 
-import os
-
 import mindspore as ms
 from mindspore import nn, ops
 
+from mindspore_hyper.ops.offload_ops import core_library
+
 __all__ = ["PackRouting", "UnpackRouting"]
-
-
-def _library() -> str:
-    from mindspore_hyper import _core
-
-    return os.path.abspath(_core.__file__)
 
 
 class PackRouting(nn.Cell):
@@ -24,7 +18,7 @@ class PackRouting(nn.Cell):
 
     def __init__(self):
         super().__init__()
-        self.op = ops.Custom(f"{_library()}:MsHyperPackRouting", out_shape=lambda m: ((m[0] * m[1] + 7) // 8,),
+        self.op = ops.Custom(f"{core_library()}:MsHyperPackRouting", out_shape=lambda m: ((m[0] * m[1] + 7) // 8,),
                              out_dtype=lambda m: ms.uint8, func_type="aot")
         self.op.add_prim_attr("primitive_target", "CPU")
 
@@ -44,7 +38,7 @@ class UnpackRouting(nn.Cell):
         if num_tokens < 0 or num_experts < 0:
             raise ValueError(f"UnpackRouting: num_tokens={num_tokens} and num_experts={num_experts} must be >= 0")
         shape = (int(num_tokens), int(num_experts))
-        self.op = ops.Custom(f"{_library()}:MsHyperUnpackRouting", out_shape=lambda p: shape,
+        self.op = ops.Custom(f"{core_library()}:MsHyperUnpackRouting", out_shape=lambda p: shape,
                              out_dtype=lambda p: ms.bool_, func_type="aot")
         self.op.add_prim_attr("primitive_target", "CPU")
         # the output shape is not a function of the input's: keep MindSpore's caches apart
