@@ -2,7 +2,8 @@
 every member in this process (`LocalRing`): forward and its hand-written backward equal
 MindSpore's autodiff of plain attention (causal, padding, attention-mask and no mask; cp 2 and
 4; contiguous and zigzag chunks); masked-out blocks are skipped in both passes, zigzag balances
-them; what the forward keeps; the bytes a device sends, per pass."""
+them; each pass's shifts overlap its blocks; what the forward keeps; the bytes a device sends,
+per pass."""
 import numpy as np
 import pytest
 import mindspore as ms
@@ -58,15 +59,25 @@ def _reference(q, k, v, steps, masks):
     return ops.matmul(ops.softmax(scores, -1), v)
 
 
+def _core(steps, masks, n, per_rank, transport):
+    """A RingAttention cell over n members in this process."""
+    plan = RingPlan(n, tuple(range(n)), per_rank, steps, _empty_blocks(steps, masks, n * per_rank), (T, T))
+    return RingAttention(plan, transport, [masks] * n)
+
+
+def _apply(core, q, k, v):
+    """The cell on contiguous shards of q, k^T, v; the members' outputs concatenated."""
+    n = core.plan.size
+    qs, kts, vs = ops.split(q, T // n, 2), ops.split(k.swapaxes(-1, -2), T // n, 3), ops.split(v, T // n, 2)
+    return ops.concat(core(*[x for r in range(n) for x in (qs[r], kts[r], vs[r])]), 2)
+
+
 def _ring(q, k, v, steps, masks, n, per_rank, records=None):
     """The ring over n members (contiguous shards in, out concatenated) and its RingAttention cell."""
-    skip = _empty_blocks(steps, masks, n * per_rank)
-    plan = RingPlan(n, tuple(range(n)), per_rank, steps, skip, (T, T))
     record = (lambda nbytes, backward: None) if records is None else \
         (lambda nbytes, backward: records[backward].append(nbytes))
-    core = RingAttention(plan, LocalRing(record), [masks] * n)
-    qs, kts, vs = ops.split(q, T // n, 2), ops.split(k.swapaxes(-1, -2), T // n, 3), ops.split(v, T // n, 2)
-    return ops.concat(core(*[x for r in range(n) for x in (qs[r], kts[r], vs[r])]), 2), core
+    core = _core(steps, masks, n, per_rank, LocalRing(record))
+    return _apply(core, q, k, v), core
 
 
 @pytest.mark.parametrize("n, per_rank", [(2, 1), (2, 2), (4, 1), (4, 2)])
@@ -98,6 +109,49 @@ def test_causal_blocks_are_skipped_in_both_passes_and_zigzag_balances_them(n, pe
 
     ms.value_and_grad(loss, (0, 1, 2))(q, k, v)
     assert cores[0].computed == {"forward": blocks, "backward": blocks}
+
+
+class _Overlap:
+    """A transport that notes, per shift, the blocks its ring had computed in that pass when the
+    shift was posted and when it was waited for."""
+
+    def __init__(self, transport):
+        self.transport, self.core, self.shifts = transport, None, []
+
+    def blocks(self, phase):
+        return sum(self.core.computed[phase])
+
+    def shift(self, tensors, phase):
+        handle, shift = self.transport.shift(tensors, phase), [phase, self.blocks(phase), None]
+        self.shifts.append(shift)
+        spy = self
+
+        class Waited:
+            def wait(self):
+                if shift[2] is None:  # the first wait: where the caller blocks for the transfer
+                    shift[2] = spy.blocks(phase)
+                return handle.wait()
+
+        return Waited()
+
+    def permute(self, chunks, sources, phase):
+        return self.transport.permute(chunks, sources, phase)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_every_shift_but_the_last_is_posted_before_blocks_and_waited_for_after_them(n):
+    """Forward: n-1 K/V shifts; backward: n shifts of K/V and/or accumulators, each posted before
+    its step's blocks are computed and waited for after them, then the accumulators' way home."""
+    steps, masks = MASKS["none"]
+    q, k, v = (Tensor(RNG.standard_normal((B, H, T, D)).astype(np.float32)) for _ in range(3))
+    spy = _Overlap(LocalRing(lambda nbytes, backward: None))
+    spy.core = _core(steps, masks, n, 1, spy)
+    ms.value_and_grad(lambda *qkv: _apply(spy.core, *qkv).sum(), (0, 1, 2))(q, k, v)
+    shifts = spy.shifts
+    assert [phase for phase, _, _ in shifts] == ["forward"] * (n - 1) + ["backward"] * (n + 1)
+    for phase, posted, waited in shifts[:-1]:
+        assert waited > posted, (phase, posted, waited)  # blocks computed while the shift was under way
+    assert shifts[-1][1:] == [n * n, n * n]  # the accumulators' last shift: after every block
 
 
 def test_padding_blocks_are_skipped():
