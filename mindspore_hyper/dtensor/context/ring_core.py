@@ -149,6 +149,7 @@ class RingAttention(nn.Cell):
         return tuple(self._from_chunks(outs, -2, "forward"))
 
     def bprop(self, *args):
+        """MindSpore's custom backward: args are the inputs, the outputs and their gradients."""
         out, dout = args[-2], args[-1]
         dout = list(dout) if isinstance(dout, (tuple, list)) else [dout]
         saved, self.saved = self.saved, None
@@ -186,6 +187,7 @@ class RingAttention(nn.Cell):
                     yield a, b, i, j
 
     def _forward(self, q, kt, v):
+        """The forward ring on the members' chunks: their output and lse chunks."""
         plan, members, p = self.plan, range(len(q)), self.plan.per_rank
         states = [[None] * p for _ in members]
         for step in range(plan.size):
@@ -203,6 +205,7 @@ class RingAttention(nn.Cell):
         return outs, lse
 
     def _backward(self, saved: _Saved, dout, delta):
+        """The backward ring on the members' chunks: their dq, dk^T and dv chunks."""
         plan, members, p = self.plan, range(len(saved.q)), self.plan.per_rank
         q, kt, v, lse = saved.q, saved.kt, saved.v, saved.lse
         dq = [[None] * p for _ in members]
