@@ -13,9 +13,9 @@ forward and backward (value_and_grad of the loss) in simulation:
 - cp at cp*S: cp devices at cp times the sequence (what context parallelism is for).
 
 Peak activation bytes are the simulation's per-device accounting (`Accounting.peak_bytes`: every
-DTensor made in a training forward is held until the step ends; ring attention's blocks, which
-are plain tensors inside the ring, are added by formula: scores and weights of every block a
-device computes, and the K/V blocks it receives). The modelled step time is the report's
+DTensor made in a training forward is held until the step ends; what ring attention keeps for
+its backward beside DTensors is added by formula: the rows' log-sum-exp and, in zigzag order, its
+q/k/v chunks; a block's scores live only while the ring computes it). The modelled step time is the report's
 communication estimate (`comm_time_estimate_s`, the library's cost model on the `topology`
 flag) plus the forward+backward FLOPs of one device at the `--tflops` rate (6 * params * tokens
 + attention 12 * layers * t * t * hidden, causal blocks skipped by ring counted off); a
@@ -23,12 +23,14 @@ simulation's wall time measures this process, not a device, and is printed only 
 
 `--msrun` measures the ring under msrun instead: 2 processes (cp 2, the shared-memory
 transport), the same GPT at `--seq`, `--steps` training steps (forward and backward, after one
-warm-up) with the asynchronous K/V shift (`ProcessCollectives.ring_shift_async`: posted before
-the block, waited for after it) and as many with the blocking `ring_shift`, alternating. Per
-asynchronous shift the comm library's timings (`ring_timings`): transfer = post to the last byte
-received (the sender thread), wait = how long the compute thread blocked in `wait()`; the hidden
-fraction is 1 - sum(wait) / sum(transfer) per rank. Only the forward's shifts are asynchronous
-(the backward's gradient shifts are blocking), so the step times compare whole steps.
+warm-up) with the asynchronous shifts (`ProcessCollectives.ring_shift_async`: posted before the
+blocks they overlap, waited for after them; forward: the next K/V; backward, in ring attention's
+own backward pass: the next K/V with the gradient accumulators of the current ones) and as many
+with blocking shifts (each waited for as soon as it is posted), alternating. Per asynchronous
+shift the comm library's timings (`ring_timings`, tagged with their pass): transfer = post to the
+last byte received (the sender thread), wait = how long the compute thread blocked in `wait()`;
+the hidden fraction is 1 - sum(wait) / sum(transfer), per rank and pass. The last shift of the
+backward (the accumulators coming home) has no compute to hide behind.
 """
 import argparse
 import json
@@ -90,29 +92,39 @@ def msrun_worker(out_dir: str, seq: int, layers: int, hidden: int, heads: int, s
     parallel = mh.auto_parallelize(model, Layout((2,), ("cp",))(tensor_map=(), context_parallel="cp",
                                                                context_method="ring"))
     collectives = parallel.execution.collectives
+    posted = collectives.ring_shift_async
+
+    def blocking(tensors, group, phase="forward"):
+        handle = posted(tensors, group, phase=phase)
+        handle.wait()  # before the caller computes: nothing overlaps
+        return handle
+
     rng = np.random.default_rng(0)
     ids = Tensor(rng.integers(0, 64, (1, seq)).astype(np.int32))
     labels = Tensor(rng.integers(0, 64, (1, seq)).astype(np.int32))
     step = ms.value_and_grad(parallel, None, model.trainable_params())
     times = {"async": [], "blocking": []}
+    timings = []  # of the timed asynchronous steps
     for i in range(2 * steps + 2):
         mode = "async" if i % 2 == 0 else "blocking"
-        if mode == "blocking":
-            collectives.ring_shift_async = None  # the ring loop falls back to the blocking ring_shift
-        else:
-            collectives.__dict__.pop("ring_shift_async", None)
+        collectives.ring_shift_async = posted if mode == "async" else blocking
+        before = len(collectives.ring_timings)
         begin = time.perf_counter()
         loss, _ = step(ids, labels)
         float(loss.asnumpy())
         if i < 2:  # warm-up of each mode
-            collectives.ring_timings.clear()
             continue
         times[mode].append(time.perf_counter() - begin)
-    timings = collectives.ring_timings
-    out = {"rank": parallel.local_ranks[0], "hidden": hidden_fraction(timings), "shifts": len(timings),
-           "transfer_ms": 1e3 * float(np.mean([t.transfer_s for t in timings])),
-           "wait_ms": 1e3 * float(np.mean([t.wait_s for t in timings])), "shift_bytes": timings[0].nbytes,
-           "step_async_s": float(np.median(times["async"])), "step_blocking_s": float(np.median(times["blocking"]))}
+        if mode == "async":
+            timings += list(collectives.ring_timings)[before:]
+    out = {"rank": parallel.local_ranks[0], "step_async_s": float(np.median(times["async"])),
+           "step_blocking_s": float(np.median(times["blocking"]))}
+    for phase in ("forward", "backward"):
+        mine = [t for t in timings if t.phase == phase]
+        out[phase] = {"hidden": hidden_fraction(mine), "shifts": len(mine),
+                      "transfer_ms": 1e3 * float(np.mean([t.transfer_s for t in mine])),
+                      "wait_ms": 1e3 * float(np.mean([t.wait_s for t in mine])),
+                      "kib": float(np.mean([t.nbytes for t in mine])) / 2**10}
     with open(os.path.join(out_dir, f"rank{out['rank']}.json"), "w") as f:
         json.dump(out, f)
 
@@ -139,10 +151,13 @@ def run_msrun(args) -> None:
         for rank in range(2):
             with open(os.path.join(d, f"rank{rank}.json")) as f:
                 r = json.load(f)
-            print(f"rank {rank}: {r['shifts']} async K/V shifts of {r['shift_bytes'] / 2**10:.1f} KiB: transfer "
-                  f"{r['transfer_ms']:.3f} ms, compute waited {r['wait_ms']:.3f} ms (means); hidden fraction "
-                  f"{r['hidden']:.3f}; median step async {r['step_async_s'] * 1e3:.1f} ms, blocking "
-                  f"{r['step_blocking_s'] * 1e3:.1f} ms")
+            for phase in ("forward", "backward"):
+                p = r[phase]
+                print(f"rank {rank} {phase:8s}: {p['shifts']} async shifts of {p['kib']:.1f} KiB (mean): transfer "
+                      f"{p['transfer_ms']:.3f} ms, compute waited {p['wait_ms']:.3f} ms (means); hidden fraction "
+                      f"{p['hidden']:.3f}")
+            print(f"rank {rank}: median step with async shifts {r['step_async_s'] * 1e3:.1f} ms, with blocking "
+                  f"shifts {r['step_blocking_s'] * 1e3:.1f} ms")
 
 
 def main() -> None:

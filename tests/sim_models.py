@@ -118,6 +118,20 @@ class TinyLM(nn.Cell):
         return self.loss(logits.reshape(b * t, v), labels.reshape(b * t))
 
 
+class Classifier(nn.Cell):
+    """TransformerEncoderLayer over padded sequences, mean-pooled, then a linear head."""
+
+    def __init__(self, hidden=16, heads=4, classes=3):
+        super().__init__()
+        self.encoder = nn.TransformerEncoderLayer(hidden, heads, 2 * hidden, dropout=0.0, batch_first=True)
+        self.head = nn.Dense(hidden, classes)
+        self.loss = nn.CrossEntropyLoss()
+
+    def construct(self, x, padding, labels=None):
+        logits = self.head(self.encoder(x, src_key_padding_mask=padding).mean(1))
+        return logits if labels is None else self.loss(logits, labels)
+
+
 def copy_weights(src, dst):
     """Give `dst` the same parameter values as `src` (same architecture)."""
     for (_, p), (_, q) in zip(src.parameters_and_names(), dst.parameters_and_names()):

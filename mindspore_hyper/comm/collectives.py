@@ -21,9 +21,10 @@ fan_out            all_reduce                  a replicated input read by a shar
                                                partial gradient per member
 =================  ==========================  ===============================================
 
-`ProcessCollectives` also has `ring_shift` (member i's tensor to member i+1; backward: the
-gradient one step back), which ring attention uses under msrun; in simulation the ring reads
-the other members' tensors directly.
+`ProcessCollectives` also has `ring_shift_async` (member i's tensors to member i+1, posted to a
+sender thread) and `permute_chunks` (chunks to new owners), which ring attention uses under msrun;
+they are not autograd nodes (ring attention has its own backward, which calls them too). In
+simulation the ring reads the other members' tensors directly.
 
 Backends: `InProcessCollectives` (MindSpore ops, all members in this process),
 `LibraryCollectives` (the C++ library's in-process transport), `ProcessCollectives` (one member

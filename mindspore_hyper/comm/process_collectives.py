@@ -7,7 +7,9 @@ bytes the same way and reporting them to the recorder.
 
 A communicator is anything with numpy-level `all_reduce(x, op)`, `all_gather(x, dim)`,
 `reduce_scatter(x, dim, op)`, `all_to_all(x, split_dim, concat_dim)`, `broadcast(x, root)`
-and (for `ring_shift`) `send(x, peer)` / `recv(shape, dtype, peer)`; `communicator_for(ranks)` returns the one of a group of global ranks.
+and (for `ring_shift_async` and `permute_chunks`, ring attention's moves, which are not autograd
+nodes) `send(x, peer)` / `recv(shape, dtype, peer)`; `communicator_for(ranks)` returns the one of a
+group of global ranks.
 """
 from __future__ import annotations
 
@@ -61,6 +63,15 @@ def adopt(a: np.ndarray, like: Tensor) -> Tensor:
     return Tensor.from_numpy(a)
 
 
+def _named_call(group: AxisGroup, index: int, what: str, fn, *args):
+    """Run a communicator call; a failure names the group's global ranks."""
+    try:
+        return fn(*args)
+    except CommError as exc:
+        raise type(exc)(f"{what} over mesh axis {group.axis!r} (global ranks {list(group.ranks)}, "
+                        f"this is rank {group.ranks[index]}): {exc}") from None
+
+
 class _Collective(nn.Cell):
     """One collective over `group`; `self.comm` moves the bytes."""
 
@@ -76,12 +87,7 @@ class _Collective(nn.Cell):
             recorder(kind, self.group.axis, ring_send_bytes(kind, self.group.size, input_bytes), input_bytes)
 
     def call(self, what: str, fn, *args):
-        """Run a communicator call; a failure names the group's global ranks."""
-        try:
-            return fn(*args)
-        except CommError as exc:
-            raise type(exc)(f"{what} over mesh axis {self.group.axis!r} (global ranks {list(self.group.ranks)}, "
-                            f"this is rank {self.group.ranks[self.index]}): {exc}") from None
+        return _named_call(self.group, self.index, what, fn, *args)
 
 
 class _AllReduce(_Collective):
@@ -157,22 +163,24 @@ class _AllToAll(_Collective):
         return (adopt(back, dout),)
 
 
-class _RingShift(_Collective):
-    """Member i's tensor moves to member i+1 (mod n), one step of a ring; the backward moves the
-    gradient one step back. Even members send first, odd ones receive first (no cycle of waits)."""
+class _Ring:
+    """Point-to-point moves over one group's communicator (not autograd nodes: ring attention has
+    its own backward): `shift` moves this member's array one step around the ring (to member
+    i+1, member i-1's arriving; even members send first, odd ones receive first: no cycle of
+    waits) and is what the group's sender thread runs for `ring_shift_async`; `permute` moves
+    chunks to their new owners."""
 
-    def construct(self, x):
-        return _tensor(self._shift(_array(x), 1), x)
+    def __init__(self, owner: "ProcessCollectives", group: AxisGroup):
+        self.group, self.index = group, group.local[0]
+        self.comm = owner.communicator(group)
+        self.sender = RingSender(self.shift, f"ring-shift {group.axis} {list(group.ranks)}")
 
-    def bprop(self, x, out, dout):
-        recorder = self.owner.recorder
-        if recorder is not None and self.group.records:
-            recorder("P2P", self.group.axis, nbytes_of(dout), nbytes_of(dout))
-        return (_tensor(self._shift(dout.asnumpy(), -1), dout),)
+    def call(self, what: str, fn, *args):
+        return _named_call(self.group, self.index, what, fn, *args)
 
-    def _shift(self, a: np.ndarray, step: int) -> np.ndarray:
+    def shift(self, a: np.ndarray) -> np.ndarray:
         n, i = self.group.size, self.index
-        to, source = (i + step) % n, (i - step) % n
+        to, source = (i + 1) % n, (i - 1) % n
         if i % 2 == 0:
             self.call("ring send", self.comm.send, a, to)
             return self.call("ring recv", self.comm.recv, a.shape, a.dtype, source)
@@ -180,26 +188,24 @@ class _RingShift(_Collective):
         self.call("ring send", self.comm.send, a, to)
         return received
 
-
-class _RingShiftArrived(_RingShift):
-    """The end of an asynchronous ring shift (`ring_shift_async`): `arrive(x, received)` is the
-    autograd node from this member's `x` to the array its sender thread received; the backward
-    is `_RingShift`'s (the gradient one step back, blocking)."""
-
-    def __init__(self, owner, group):
-        super().__init__(owner, group)
-        self.sender = RingSender(lambda a: self._shift(a, 1), f"ring-shift {group.axis} {list(group.ranks)}")
-        self._received = None
-
-    def arrive(self, x: Tensor, received: np.ndarray) -> Tensor:
-        self._received = received
-        try:
-            return self(x)
-        finally:
-            self._received = None
-
-    def construct(self, x):
-        return _tensor(self._received, x)
+    def permute(self, arrays: Sequence[np.ndarray], sources: Sequence[int]) -> List[Optional[np.ndarray]]:
+        """Member i holds chunks i*p .. i*p+p-1 of a global order (p = len(arrays), the same
+        shape and dtype everywhere) and gets chunks sources[i*p] .. sources[i*p+p-1]: the
+        received ones, None where the chunk is this member's own already. The moves
+        run in one global order (by the pair of members, then the destination), each member doing
+        its own in that order: the first unfinished move always has both ends at it, so the
+        blocking sends and receives never wait on each other in a cycle."""
+        p, me = len(arrays), self.index
+        result: List[Optional[np.ndarray]] = [None] * p
+        moves = sorted((min(c // p, k // p), max(c // p, k // p), k, c) for k, c in enumerate(sources))
+        for _, _, k, c in moves:
+            source, target = c // p, k // p
+            if source == me and target != me:
+                self.call("chunk send", self.comm.send, arrays[c % p], target)
+            elif target == me and source != me:
+                like = arrays[k % p]
+                result[k % p] = self.call("chunk recv", self.comm.recv, like.shape, like.dtype, source)
+        return result
 
 
 class _LocalSlice(_Collective):
@@ -257,6 +263,7 @@ class ProcessCollectives:
         self._communicator_for = communicator_for
         self.recorder = recorder
         self._cells = {}
+        self._rings = {}
         self.ring_timings: Deque[RingShiftTiming] = deque(maxlen=RING_TIMINGS_KEPT)  # latest ring_shift_async waits
 
     def communicator(self, group: AxisGroup):
@@ -292,26 +299,57 @@ class ProcessCollectives:
         x = self._one(members, group, "all_to_all")
         return [x if group.size == 1 else self._cell(_AllToAll, group, split_dim, concat_dim)(x)]
 
-    def ring_shift(self, members, group: AxisGroup) -> List[Tensor]:
-        """Member i's tensor moves to member i+1 (mod n) (ring attention's K/V step; the backward
-        moves gradients back and reports them as "P2P")."""
-        x = self._one(members, group, "ring_shift")
-        return [x if group.size == 1 else self._cell(_RingShift, group)(x)]
+    def _ring(self, group: AxisGroup) -> _Ring:
+        if group not in self._rings:
+            self._rings[group] = _Ring(self, group)
+        return self._rings[group]
 
-    def ring_shift_async(self, tensors: Sequence[Tensor], group: AxisGroup) -> RingShiftHandle:
-        """`ring_shift` of each of this process's `tensors` (e.g. K and V), posted to the group's
-        sender thread: returns at once a handle whose `wait()` gives the shifted tensors (see
-        `mindspore_hyper.comm.ring_shift_async`). Wait for it before any other collective on `group`."""
+    def ring_shift_async(self, tensors: Sequence[Tensor], group: AxisGroup, phase: str = "forward") -> RingShiftHandle:
+        """Each of this process's `tensors` (e.g. K and V) moves to member i+1 (mod n) of `group`,
+        posted to the group's sender thread: returns at once a handle whose `wait()` gives member
+        i-1's tensors (plain tensors, no autograd node; see `mindspore_hyper.comm.ring_shift_async`).
+        Wait for it before any other collective on `group`.
+
+        Args:
+            tensors: this member's tensors (one or more).
+            group: the ring (this process holds one member).
+            phase: the pass posting it ("forward" / "backward"), kept in its `RingShiftTiming`.
+
+        Raises:
+            ValueError: the process holds more than one member, or no tensor is given.
+        """
         if len(group.local) != 1 or not tensors:
             raise ValueError(f"ring_shift_async: a process holds exactly one member of group {group.axis!r} "
                              f"{group.ranks} and posts one or more tensors; got {len(tensors)} tensors for local "
                              f"members {group.local}")
         what = f"ring_shift_async over mesh axis {group.axis!r} (global ranks {list(group.ranks)})"
         if group.size == 1:
-            return RingShiftHandle(self, [], tensors, None, what)
-        cell = self._cell(_RingShiftArrived, group)
-        job = cell.sender.post([_array(x) for x in tensors])
-        return RingShiftHandle(self, [cell] * len(tensors), tensors, job, what)
+            return RingShiftHandle(self, tensors, None, what, phase, adopt, None)
+        ring = self._ring(group)
+        job = ring.sender.post([_array(x) for x in tensors])
+        return RingShiftHandle(self, tensors, job, what, phase, adopt, getattr(ring.comm, "abort", None))
+
+    def permute_chunks(self, chunks: Sequence[Tensor], sources: Sequence[int], group: AxisGroup) -> List[Tensor]:
+        """Chunks change owners over `group` by point-to-point sends (plain tensors, no autograd
+        node: ring attention's zigzag order, whose backward calls it with the inverse order).
+
+        Member i holds chunks i*p .. i*p+p-1 of a global order (p = len(chunks)) and gets chunks
+        sources[i*p] .. sources[i*p+p-1]; every chunk has the same shape and dtype, and every
+        member passes the same `sources`. Call it with no posted `ring_shift_async` pending.
+
+        Raises:
+            ValueError: the process holds more than one member, or `sources` is not a permutation
+                of the group's size * p chunks.
+        """
+        if len(group.local) != 1 or sorted(sources) != list(range(group.size * len(chunks))):
+            raise ValueError(f"permute_chunks: a process holds exactly one member of group {group.axis!r} "
+                             f"{group.ranks} and sources is a permutation of range({group.size} * {len(chunks)}); "
+                             f"got local members {group.local}, sources {list(sources)}")
+        if group.size == 1:
+            return [chunks[c] for c in sources]
+        p, me = len(chunks), group.local[0]
+        moved = self._ring(group).permute([_array(x) for x in chunks], sources)
+        return [chunks[sources[me * p + j] % p] if a is None else adopt(a, chunks[j]) for j, a in enumerate(moved)]
 
     def local_slice(self, tensor: Tensor, dim: int, group: AxisGroup, record: bool = True) -> List[Tensor]:
         self._one([tensor], group, "local_slice")

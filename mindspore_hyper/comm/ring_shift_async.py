@@ -1,27 +1,28 @@
 """The asynchronous ring shift of the process collectives (msrun): post, compute, wait.
 
-`ProcessCollectives.ring_shift_async(tensors, group)` copies this process's tensors (e.g. a
-ring attention step's K and V chunks) to NumPy in the calling thread and hands them to the
-group's sender thread, which moves each one step around the ring -- member i's to member i+1
-(mod n), member i-1's arriving -- by the same ordered send/recv as the blocking `ring_shift`
-(even members send first). The call returns a `RingShiftHandle` at once; the caller computes
-meanwhile (the comm library releases the GIL while it moves bytes) and `handle.wait()` returns
-the received tensors, as autograd nodes whose backward moves the gradient one step back
-(blocking, as `ring_shift`'s backward).
+`ProcessCollectives.ring_shift_async(tensors, group, phase)` copies this process's tensors (e.g.
+a ring attention step's K and V chunks, or in its backward K, V and their gradient accumulators)
+to NumPy in the calling thread and hands them to the group's sender thread, which moves each one
+step around the ring -- member i's to member i+1 (mod n), member i-1's arriving -- by an ordered
+send/recv (even members send first, odd ones receive first: no cycle of waits). The call returns
+a `RingShiftHandle` at once; the caller computes meanwhile (the comm library releases the GIL
+while it moves bytes) and `handle.wait()` returns the received tensors. They are plain tensors,
+not autograd nodes: their user (ring attention, `mindspore_hyper.dtensor.context.ring_core`) has
+its own backward, which moves the gradients by shifts of its own.
 
 One sender thread per group runs the posted shifts in posting order, so the messages of two
 handles never interleave on the group's channels and every rank sees them in the same order; the
 caller must wait for a group's handles before it runs any other collective on that group (the
-ring loop waits for each step's shift before the next one is posted and before the backward).
+ring loops wait for each step's shift before the next one is posted and at their end).
 
 A transfer's error (a dead peer, a mismatch, the communicator's own timeout) surfaces on `wait`.
 `wait(timeout)` raises `CommTimeout` after `timeout` seconds without the transfer completing and
 aborts the group (its peers fail fast instead of waiting out their own timeout).
 
 Every completed wait appends a `RingShiftTiming` to the collectives' `ring_timings` (the latest
-`RING_TIMINGS_KEPT`): the seconds
-from post to the transfer's end (`transfer_s`) and the seconds `wait` blocked (`wait_s`); the
-fraction of the transfer hidden behind the caller's compute is 1 - wait_s / transfer_s.
+`RING_TIMINGS_KEPT`): the seconds from post to the transfer's end (`transfer_s`), the seconds
+`wait` blocked (`wait_s`) and the phase the caller named ("forward" / "backward"); the fraction
+of the transfer hidden behind the caller's compute is 1 - wait_s / transfer_s.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 from mindspore import Tensor
@@ -44,11 +45,13 @@ RING_TIMINGS_KEPT = 4096  # timings a ProcessCollectives keeps (older ones are d
 @dataclass(frozen=True)
 class RingShiftTiming:
     """One asynchronous ring shift: `transfer_s` seconds from post to the last byte received,
-    `wait_s` seconds the caller blocked in `wait`, `nbytes` bytes sent by this process."""
+    `wait_s` seconds the caller blocked in `wait`, `nbytes` bytes sent by this process, `phase`
+    the pass that posted it ("forward", or "backward" for ring attention's gradient pass)."""
 
     transfer_s: float
     wait_s: float
     nbytes: int
+    phase: str = "forward"
 
 
 def hidden_fraction(timings: Sequence[RingShiftTiming]) -> float:
@@ -103,11 +106,23 @@ class RingSender:
 
 
 class RingShiftHandle:
-    """A posted ring shift of several tensors (see module docstring)."""
+    """A posted ring shift of several tensors (see module docstring).
 
-    def __init__(self, owner, cells, tensors: Sequence[Tensor], job: Optional[_Job], what: str):
-        self._owner, self._cells, self._tensors = owner, cells, list(tensors)
-        self._job, self._what = job, what
+    Args:
+        owner: the collectives whose `ring_timings` get this shift's timing.
+        tensors: the posted tensors (the received ones take their dtypes).
+        job: the sender thread's job; None for a one-member group (nothing moves).
+        what: names the shift in errors.
+        phase: the pass that posted it, kept in its timing.
+        to_tensor: (received array, posted tensor) -> the received tensor.
+        abort: aborts the group on a wait timeout (None where the communicator cannot).
+    """
+
+    def __init__(self, owner, tensors: Sequence[Tensor], job: Optional[_Job], what: str, phase: str,
+                 to_tensor: Callable[[np.ndarray, Tensor], Tensor], abort: Optional[Callable[[str], None]]):
+        self._owner, self._tensors = owner, list(tensors)
+        self._job, self._what, self._phase = job, what, phase
+        self._to_tensor, self._abort = to_tensor, abort
         self._posted = time.perf_counter()
         self._result: Optional[List[Tensor]] = None
 
@@ -134,14 +149,14 @@ class RingShiftHandle:
         start = time.perf_counter()
         if not self._job.done.wait(timeout):
             why = f"{self._what}: the transfer did not complete within wait(timeout={timeout}) s"
-            abort = getattr(self._cells[0].comm, "abort", None)
-            if abort is not None:
-                abort(why)
+            if self._abort is not None:
+                self._abort(why)
             raise CommTimeout(why)
         waited = time.perf_counter() - start
         if self._job.error is not None:
             raise self._job.error
-        self._result = [cell.arrive(x, a) for cell, x, a in zip(self._cells, self._tensors, self._job.results)]
+        self._result = [self._to_tensor(a, x) for x, a in zip(self._tensors, self._job.results)]
         nbytes = sum(a.nbytes for a in self._job.arrays)
-        self._owner.ring_timings.append(RingShiftTiming(self._job.finished - self._posted, waited, nbytes))
+        self._owner.ring_timings.append(RingShiftTiming(self._job.finished - self._posted, waited, nbytes,
+                                                        self._phase))
         return self._result

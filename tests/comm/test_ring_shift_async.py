@@ -1,6 +1,6 @@
 """The asynchronous ring shift of the process collectives (`ring_shift_async`) on a two-rank
 shared-memory group in this process: each rank's `ProcessCollectives` posts, the sender threads
-move the bytes, the waits (in this thread) give the neighbour's tensors."""
+move the bytes, the waits (in this thread) give the neighbour's tensors, timed per phase."""
 import numpy as np
 import pytest
 from mindspore import Tensor
@@ -27,7 +27,7 @@ def test_values_arrive_from_the_ring_neighbour_in_posting_order():
         sent = [[rng.standard_normal((3, 4)).astype(np.float32), np.arange(5, dtype=np.int32) + 10 * r,
                  np.array([r == 0, True, False])] for r in range(2)]
         posts = [[pcs[r].ring_shift_async([Tensor(a) for a in sent[r]], groups[r]),
-                  pcs[r].ring_shift_async([Tensor(sent[r][0] * 2)], groups[r])] for r in range(2)]
+                  pcs[r].ring_shift_async([Tensor(sent[r][0] * 2)], groups[r], phase="backward")] for r in range(2)]
         for r in range(2):  # two handles posted on each rank before any wait: they arrive in order
             first, second = posts[r][0].wait(), posts[r][1].wait()
             other = sent[1 - r]
@@ -42,6 +42,7 @@ def test_values_arrive_from_the_ring_neighbour_in_posting_order():
             assert len(pcs[r].ring_timings) == 2
             assert all(t.transfer_s >= 0 and t.wait_s >= 0 for t in pcs[r].ring_timings)
             assert pcs[r].ring_timings[0].nbytes == sum(a.nbytes for a in sent[r])
+            assert [t.phase for t in pcs[r].ring_timings] == ["forward", "backward"]
     finally:
         for c in comms:
             c.close()

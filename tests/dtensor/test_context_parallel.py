@@ -10,12 +10,13 @@ import mindspore as ms
 from mindspore import Tensor, mint, nn
 
 import mindspore_hyper as mh
-from mindspore_hyper.dtensor.context import ring
+from mindspore_hyper.dtensor.context.ring_core import RingAttention
 from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.migrate.helpers import scaled_dot_product_attention
 from mindspore_hyper.shard import Layout
 
 from paths import EXAMPLES
+from sim_models import Classifier
 
 sys.path.insert(0, str(EXAMPLES))
 from models import GPT  # noqa: E402  examples/models.py
@@ -28,20 +29,6 @@ MESHES = {
 }
 CASES = [(method, mesh) for mesh in MESHES for method in ("ring", "ulysses")]
 RNG = np.random.default_rng(0)
-
-
-class Classifier(nn.Cell):
-    """TransformerEncoderLayer over padded sequences, mean-pooled, then a linear head."""
-
-    def __init__(self, hidden=16, heads=4, classes=3):
-        super().__init__()
-        self.encoder = nn.TransformerEncoderLayer(hidden, heads, 2 * hidden, dropout=0.0, batch_first=True)
-        self.head = nn.Dense(hidden, classes)
-        self.loss = nn.CrossEntropyLoss()
-
-    def construct(self, x, padding, labels=None):
-        logits = self.head(self.encoder(x, src_key_padding_mask=padding).mean(1))
-        return logits if labels is None else self.loss(logits, labels)
 
 
 def _gpt():
@@ -199,21 +186,21 @@ def test_no_device_forms_the_score_matrix(clean_context, monkeypatch, method):
 
 
 def test_causal_ring_uses_the_balanced_zigzag_order(clean_context, monkeypatch):
-    """cp=4 cuts 8 chunks; each device computes 9 of the 36 causal blocks (contiguous chunks
-    would give 1, 3, 5 and 7 pairs of blocks)."""
-    inputs, _ = _gpt_inputs()
-    counts = []
-    run = ring._ring
+    """cp=4 cuts 8 chunks; each device computes 9 of the 36 causal blocks, forward and backward
+    (contiguous chunks would give 1, 3, 5 and 7 pairs of blocks)."""
+    inputs, labels = _gpt_inputs()
+    rings = []
+    made = RingAttention.__init__
 
-    def spy(*args):
-        outs, processed = run(*args)
-        counts.append(processed)
-        return outs, processed
+    def spy(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        rings.append(self)
 
-    monkeypatch.setattr(ring, "_ring", spy)
+    monkeypatch.setattr(RingAttention, "__init__", spy)
     mh.set_context(mode="simulation", device_num=4)
-    mh.auto_parallelize(_gpt(), _strategy("cp4", "ring", "gpt"))(*inputs)
-    assert counts and all(c == [9, 9, 9, 9] for c in counts)
+    parallel = mh.auto_parallelize(_gpt(), _strategy("cp4", "ring", "gpt"))
+    ms.value_and_grad(parallel, None, parallel.network.trainable_params())(*inputs, *labels)
+    assert rings and all(r.computed == {"forward": [9] * 4, "backward": [9] * 4} for r in rings)
 
 
 def test_ulysses_refuses_heads_that_do_not_divide(clean_context):

@@ -7,8 +7,10 @@ score matrix (docs/context_parallel.md).
   masks, softmax, `@ v`: the examples' GPT, converted models' scaled_dot_product_attention) by
   deferring the score matrix until the softmax's result meets V; any other reader of the
   deferred scores gets them computed the ordinary way.
-- `ring`: ring attention (K/V blocks around the axis, online softmax, zigzag chunks for masks
-  that leave blocks empty, such as causal ones).
+- `ring`: ring attention on DTensors (layouts, masks, zigzag and skipped blocks, accounting);
+  `ring_core`: its forward and hand-written backward ring (online softmax, recomputation from the
+  rows' log-sum-exp), the same math in simulation and under msrun; `ring_transports`: how the
+  ring's tensors move (members in this process, or the process collectives).
 - `ulysses`: AllToAll to head-sharded q/k/v, attention on whole sequences, AllToAll back.
 - `multihead`: `nn.MultiheadAttention` (so `nn.TransformerEncoderLayer` / `nn.Transformer*`).
 

@@ -1,41 +1,37 @@
-"""Ring attention over the context-parallel axis: in simulation (every member in this process)
-and under msrun (one member per process: `_process_ring`).
+"""Ring attention over the context-parallel axis, in simulation (every member in this process)
+and under msrun (one member per process): the DTensor side. The ring itself (forward and its
+hand-written backward) is `ring_core.RingAttention`, the same math in both modes; the transports
+(`ring_transports.py`) move its tensors: directly between the members this process holds, or over
+the process collectives (`ring_shift_async`, `permute_chunks`).
 
 Each of the cp devices holds a sequence chunk of q, k and v. In cp steps every device meets
-every K/V chunk: at step i device r works on the chunk of device (r - i) mod cp, received from
-its ring neighbour, and folds the block's scores into an online softmax (running row maximum m,
-sum l, and unnormalised output acc; out = acc / l at the end). A device holds one K/V block of
-scores at a time, never the [t, s] matrix.
+every K/V chunk (online softmax); a device holds one K/V block of scores at a time, never the
+[t, s] matrix.
 
 Masks are sliced per block with the block's global offsets. A block every entry of which the
 mask steps push to `MASKED_BELOW` or lower (-1e9, -inf) has softmax weight exactly 0 and is
-skipped. When the mask leaves blocks empty (a causal mask) and the sequence divides by 2*cp, the
-sequence is cut in 2*cp chunks and device r works on chunks r and 2*cp-1-r (the zigzag order):
-every device then computes the same number of blocks. The chunk exchange that zigzag needs is a
-p2p transfer on the axis, as are the ring's K/V blocks; both are recorded (forward, and their
-gradients' way back in backward).
+skipped, forward and backward. When the mask leaves blocks empty (a causal mask) and the sequence
+divides by 2*cp, the sequence is cut in 2*cp chunks and device r works on chunks r and 2*cp-1-r
+(the zigzag order): every device then computes the same number of blocks. The chunk exchange
+that zigzag needs is a p2p transfer on the axis, as are the ring's K/V blocks; both are recorded,
+forward and backward, as what a device sends (the busiest one in simulation).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-from mindspore import mint, ops
+from mindspore import ops
 
-from mindspore_hyper.comm.collectives import on_gradient
-from mindspore_hyper.dtensor.context.scores import MASKED_BELOW, AttentionScores, Step
+from mindspore_hyper.dtensor.context.ring_core import RingAttention, RingPlan, span
+from mindspore_hyper.dtensor.context.ring_transports import LocalRing, ProcessRing
+from mindspore_hyper.dtensor.context.scores import MASKED_BELOW, AttentionScores
 from mindspore_hyper.dtensor.dtensor import DTensor, key_of, significant_axes
 from mindspore_hyper.dtensor.rules.common import make
 
-__all__ = ["attention", "zigzag_chunks", "ROW_FLOOR"]
-
-ROW_FLOOR = -1e30  # lower bound of the online softmax's running row maximum (finite: -inf - -inf is NaN)
-
-
-def zigzag_chunks(rank: int, size: int) -> Tuple[int, int]:
-    """The two of 2*size sequence chunks device `rank` works on in the balanced causal order."""
-    return rank, 2 * size - 1 - rank
+__all__ = ["attention"]
 
 
 def attention(execution, scores: AttentionScores, value: DTensor) -> DTensor:
@@ -55,82 +51,97 @@ def attention(execution, scores: AttentionScores, value: DTensor) -> DTensor:
     masks = [(step, None if step.mask is None else step.mask.redistribute(_mask_layout(step.mask, q_layout)))
              for step in scores.steps]
     t, s = q.shape[-2], kt.shape[-1]
-    if not execution.holds_all_ranks:
-        return _process_ring(execution, (q, kt, v, masks), (q_layout, kt_layout, v_layout), axis, cp_name)
     per_rank = 2 if t == s and t % (2 * n) == 0 and _has_empty_block(masks, 2 * n, t, s) else 1
-    chunks = per_rank * n
-    holdings = [zigzag_chunks(r, n) if per_rank == 2 else (r,) for r in range(n)]
-    others = sorted((set(significant_axes(q_layout)) | set(significant_axes(kt_layout)) |
-                     set(significant_axes(v_layout))) - {axis})
-    groups = execution.keys(others)  # the rings (one per coordinate off the cp axis) run stacked
-    per_group = [[_locals(dict(zip(others, g)), axis, r, q, kt, v, masks) for r in range(n)] for g in groups]
-    local = [_stacked([per_group[g][r] for g in range(len(groups))], q.ndim) for r in range(n)]
-    skip = _empty_blocks(local[0][3], masks, chunks, t, s)
-    outs, processed = _ring(local, [step for step, _ in masks], holdings, skip, chunks, t, s)
-    out_shards = {}
-    for r in range(n):
-        parts = ops.unstack(outs[r], 0) if len(groups) > 1 else [outs[r]]
-        for g, part in zip(groups, parts):
-            coords = dict(zip(others, g))
-            coords[axis] = r
-            out_shards[key_of(coords, significant_axes(v_layout))] = part
+    record = lambda nbytes, backward: execution.accounting.record_comm(  # noqa: E731
+        "P2P", cp_name, nbytes, nbytes, backward=backward)
+    tensors = (q, kt, v, masks)
+    ring = _simulated(execution, tensors, axis, record) if execution.holds_all_ranks else \
+        _in_process(execution, tensors, axis, cp_name, record)
+    skip = _empty_blocks(ring.members[0][3], masks, per_rank * n, t, s)
+    plan = RingPlan(n, ring.ranks, per_rank, tuple(step for step, _ in masks), skip, (t, s))
+    core = RingAttention(plan, ring.transport, [m[3] for m in ring.members])
+    outs = core(*[x for member in ring.members for x in member[:3]])
     out_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
-    out = DTensor._create(v_layout, out_shards, out_shape, q.dtype, execution)
-    _account(execution, cp_name, per_group[0], processed, holdings, per_rank, n, chunks)
+    out = DTensor._create(v_layout, ring.shards(outs, v_layout), out_shape, q.dtype, execution)
+    _hold(execution, ring.device, per_rank)
     return out
 
 
-def _process_ring(execution, tensors, layouts, axis: int, cp_name: str) -> DTensor:
-    """The ring with one cp member per process (msrun): this process's chunk of q stays, the
-    K/V chunks move one step around the ring per block over the comm library, contiguous chunks,
-    no block skipped. With collectives that have `ring_shift_async` the next step's K/V shift is
-    posted before the current block is computed and waited for after it (the transfer overlaps
-    the block's compute); else each shift is a blocking `ring_shift` after the block."""
+@dataclass
+class _Members:
+    """The ring's members this process holds.
+
+    Attributes:
+        members: per member (q, k^T, v, masks): its shards (stacked over rings when `stacked`).
+        ranks: each member's cp rank.
+        device: one device's (q, k^T, v) shards, for per-device bytes.
+        transport: how the members' tensors move (`LocalRing` / `ProcessRing`).
+        coords: per member, the mesh coordinates of its output shards (one per stacked ring).
+        stacked: the members' tensors stack several rings along a new leading dimension.
+    """
+
+    members: list
+    ranks: Tuple[int, ...]
+    device: tuple
+    transport: object
+    coords: List[List[Dict[int, int]]]
+    stacked: bool = False
+
+    def shards(self, outs, v_layout) -> Dict:
+        """The output DTensor's shards from the members' outputs."""
+        shards = {}
+        for member, out in enumerate(outs):
+            parts = ops.unstack(out, 0) if self.stacked else [out]
+            for coords, part in zip(self.coords[member], parts):
+                shards[key_of(coords, significant_axes(v_layout))] = part
+        return shards
+
+
+def _simulated(execution, tensors, axis: int, record):
+    """Every member in this process: one ring per coordinate off the cp axis, stacked along a new
+    leading dimension."""
     q, kt, v, masks = tensors
-    q_layout, kt_layout, v_layout = layouts
     n = execution.mesh.device_matrix[axis]
+    layouts = (q.layout, kt.layout, v.layout)
+    others = sorted(set().union(*(significant_axes(layout) for layout in layouts)) - {axis})
+    groups = execution.keys(others)  # the rings (one per coordinate off the cp axis) run stacked
+    per_group = [[_locals(dict(zip(others, g)), axis, r, q, kt, v, masks) for r in range(n)] for g in groups]
+    members = [_stacked([per_group[g][r] for g in range(len(groups))], q.ndim) for r in range(n)]
+    keys = [[{**dict(zip(others, g)), axis: r} for g in groups] for r in range(n)]
+    return _Members(members, tuple(range(n)), per_group[0][0][:3], LocalRing(record, len(groups)), keys,
+                    stacked=len(groups) > 1)
+
+
+def _in_process(execution, tensors, axis: int, cp_name: str, record):
+    """One member in this process (msrun): its shards, the transport over the process collectives."""
+    q, kt, v, masks = tensors
     if len(execution.local_ranks) != 1:
         raise ValueError(f"context_method='ring': a process holds {len(execution.local_ranks)} ranks but not every "
                          f"member of the context-parallel axis {cp_name!r}; hold all of them or one")
+    collectives = execution.collectives
+    if not all(hasattr(collectives, name) for name in ("ring_shift_async", "permute_chunks")):
+        raise ValueError(f"context_method='ring' with one member of {cp_name!r} per process needs collectives with "
+                         f"ring_shift_async and permute_chunks (ProcessCollectives); got {type(collectives).__name__}")
     coords = dict(enumerate(execution.mesh.coords(execution.local_ranks[0])))
-    rank = coords[axis]
     group = execution.group([axis], {a: c for a, c in coords.items() if a != axis})
     pick = lambda t: t.shards[key_of(coords, significant_axes(t.layout))]  # noqa: E731
-    q_local, k_cur, v_cur = pick(q), pick(kt), pick(v)
-    local_masks = [None if m is None else pick(m) for _, m in masks]
-    steps = [step for step, _ in masks]
-    t, s = q.shape[-2], kt.shape[-1]
+    member = (pick(q), pick(kt), pick(v), [None if m is None else pick(m) for _, m in masks])
+    return _Members([member], (coords[axis],), member[:3], ProcessRing(collectives, group, record), [[coords]])
+
+
+def _hold(execution, device, per_rank: int) -> None:
+    """What the ring keeps for its backward beyond its inputs and output (DTensors, counted as
+    such), per device: the rows' log-sum-exp, and in zigzag order its q/k^T/v chunks (copies beside
+    the contiguous inputs)."""
+    q, kt, v = device
+    nbytes = lambda x: math.prod(x.shape) * x.dtype.itemsize  # noqa: E731
+    held = math.prod(q.shape[:-1]) * q.dtype.itemsize + (nbytes(q) + nbytes(kt) + nbytes(v) if per_rank == 2 else 0)
     accounting = execution.accounting
-    shift_async = getattr(execution.collectives, "ring_shift_async", None)
-    state, processed = None, 0
-    for step in range(n):
-        # every block is computed (a masked-out one adds exactly 0): each received K/V chunk must
-        # take part in the loss, or its gradient's way back (the shift's backward) would not run
-        # on this process while its ring neighbour waits for it
-        handle = None
-        if step < n - 1:
-            for current in (k_cur, v_cur):
-                nbytes = math.prod(current.shape) * current.dtype.itemsize
-                if group.records:
-                    accounting.record_comm("P2P", cp_name, nbytes, nbytes)
-            if shift_async is not None:
-                handle = shift_async([k_cur, v_cur], group)
-        source = (rank - step) % n
-        block = _scores(q_local, k_cur, steps, local_masks, (rank, source), n, (t, s))
-        state = _fold(state, block, v_cur)
-        processed += 1
-        if handle is not None:
-            k_cur, v_cur = handle.wait()
-        elif step < n - 1:
-            k_cur = execution.collectives.ring_shift([k_cur], group)[0]
-            v_cur = execution.collectives.ring_shift([v_cur], group)[0]
-    out = state[2] / state[1]
-    block = math.prod(q_local.shape[:-1]) * k_cur.shape[-1] * q_local.dtype.itemsize
-    held = 2 * block * processed + (n - 1) * (math.prod(k_cur.shape) + math.prod(v_cur.shape)) * q.dtype.itemsize
     if execution.holds_activations:
         accounting.hold(held)
-    out_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
-    return DTensor._create(v_layout, {key_of(coords, significant_axes(v_layout)): out}, out_shape, q.dtype, execution)
+    else:
+        accounting.allocate(held)
+        accounting.free(held)
 
 
 def _layouts(scores: AttentionScores, value: DTensor, axis: int):
@@ -178,24 +189,8 @@ def _stacked(members, ndim: int):
     return q, kt, v, masks
 
 
-def _span(index: int, chunks: int, length: int) -> Tuple[int, int]:
-    size = length // chunks
-    return index * size, (index + 1) * size
-
-
-def _mask_block(mask, rows: Tuple[int, int], cols: Tuple[int, int]):
-    """The block of a (broadcasting) mask at global rows/cols."""
-    if mask is None:
-        return None
-    if mask.ndim >= 1 and mask.shape[-1] > 1:
-        mask = mint.narrow(mask, mask.ndim - 1, cols[0], cols[1] - cols[0])
-    if mask.ndim >= 2 and mask.shape[-2] > 1:
-        mask = mint.narrow(mask, mask.ndim - 2, rows[0], rows[1] - rows[0])
-    return mask
-
-
 def _mask_block_numpy(mask: Optional[np.ndarray], rows: Tuple[int, int], cols: Tuple[int, int]):
-    """`_mask_block` of a NumPy copy."""
+    """`ring_core.mask_block` of a NumPy copy."""
     if mask is None:
         return None
     index = [slice(None)] * mask.ndim
@@ -223,7 +218,7 @@ def _empty_blocks(local_masks: Sequence, masks, chunks: int, t: int, s: int) -> 
     arrays = [None if m is None else m.asnumpy() for m in local_masks]
     for i in range(chunks):
         for j in range(chunks):
-            rows, cols = _span(i, chunks, t), _span(j, chunks, s)
+            rows, cols = span(i, chunks, t), span(j, chunks, s)
             x = np.zeros((), np.float32)
             for (step, _), array in zip(masks, arrays):
                 x = step.apply_numpy(x, _mask_block_numpy(array, rows, cols))
@@ -231,91 +226,3 @@ def _empty_blocks(local_masks: Sequence, masks, chunks: int, t: int, s: int) -> 
     return empty
 
 
-def _ring(local, steps: Sequence[Step], holdings, skip: np.ndarray, chunks: int, t: int, s: int):
-    """Outputs per cp rank (its contiguous shard) and the blocks each rank computed."""
-    n = len(local)
-    per_rank = chunks // n
-    q_chunk, k_chunk, v_chunk = {}, {}, {}
-    for r, (q, kt, v, _) in enumerate(local):  # chunk c lives on contiguous rank c // per_rank
-        size_q, size_k = q.shape[-2] // per_rank, kt.shape[-1] // per_rank
-        for j in range(per_rank):
-            c = r * per_rank + j
-            q_chunk[c] = mint.narrow(q, q.ndim - 2, j * size_q, size_q)
-            k_chunk[c] = mint.narrow(kt, kt.ndim - 1, j * size_k, size_k)
-            v_chunk[c] = mint.narrow(v, v.ndim - 2, j * size_k, size_k)
-    out_chunk = {}
-    processed = [0] * n
-    for r in range(n):
-        masks = local[r][3]
-        for qi in holdings[r]:
-            state = None
-            for step in range(n):  # K/V of device (r - step) mod n arrive at step `step`
-                for kj in holdings[(r - step) % n]:
-                    if skip[qi, kj]:
-                        continue
-                    block = _scores(q_chunk[qi], k_chunk[kj], steps, masks, (qi, kj), chunks, (t, s))
-                    state = _fold(state, block, v_chunk[kj])
-                    processed[r] += 1
-            if state is None:
-                raise ValueError(f"ring attention: every key of query chunk {qi} is masked out (a fully masked row)")
-            out_chunk[qi] = state[2] / state[1]
-    outs = [ops.concat([out_chunk[r * per_rank + j] for j in range(per_rank)], -2) if per_rank > 1
-            else out_chunk[r] for r in range(n)]
-    return outs, processed
-
-
-def _scores(q, kt, steps: Sequence[Step], masks, block: Tuple[int, int], chunks: int, lengths: Tuple[int, int]):
-    """Block (query chunk, key chunk) of the scores: q @ k^T and the steps with their mask blocks."""
-    scores = ops.matmul(q, kt)
-    rows, cols = _span(block[0], chunks, lengths[0]), _span(block[1], chunks, lengths[1])
-    for step, mask in zip(steps, masks):
-        scores = step.apply(scores, _mask_block(mask, rows, cols))
-    return scores
-
-
-def _fold(state, block, v):
-    """One online-softmax update: (m, l, acc) with `block`'s scores and its V chunk. The
-    running maximum is floored at ROW_FLOOR so a row whose keys in this block are all -inf
-    (padding) contributes exp(-inf) = 0 instead of NaN."""
-    block_max = ops.stop_gradient(ops.clamp(block.max(axis=-1, keepdims=True), min=ROW_FLOOR))
-    if state is None:
-        p = ops.exp(block - block_max)
-        return block_max, p.sum(axis=-1, keepdims=True), ops.matmul(p, v)
-    m, l, acc = state
-    m_new = ops.maximum(m, block_max)
-    correction = ops.exp(m - m_new)
-    p = ops.exp(block - m_new)
-    return m_new, l * correction + p.sum(axis=-1, keepdims=True), acc * correction + ops.matmul(p, v)
-
-
-def _account(execution, axis_name: str, local, processed: List[int], holdings, per_rank: int, n: int,
-             chunks: int) -> None:
-    """Per-device p2p bytes (forward; backward when the K/V gradients pass) and the blocks'
-    activation bytes of the busiest device."""
-    q, kt, v, _ = local[0]
-    nbytes = lambda x: math.prod(x.shape) * x.dtype.itemsize  # noqa: E731
-    kv_bytes = nbytes(kt) + nbytes(v)
-    accounting = execution.accounting
-    moves = [kv_bytes] * (n - 1)
-    if per_rank == 2:  # zigzag: rank 0 gives away chunk 1 of q/k/v and gets its output back
-        leaving = [c for c in range(per_rank) if c not in holdings[0]]
-        chunk = (nbytes(q) + kv_bytes) // per_rank
-        out_chunk = nbytes(q) // per_rank * v.shape[-1] // max(q.shape[-1], 1)
-        moves.append(len(leaving) * (chunk + out_chunk))
-    for sent in moves:
-        accounting.record_comm("P2P", axis_name, sent, sent)
-    block_rows = q.shape[-2] // per_rank
-    block_cols = kt.shape[-1] // per_rank
-    block = math.prod(q.shape[:-2]) * block_rows * block_cols * q.dtype.itemsize
-    held = 2 * block * max(processed) + (n - 1) * kv_bytes  # scores and weights per block, received K/V
-    if execution.holds_activations:
-        accounting.hold(held)
-    else:
-        accounting.allocate(held)
-        accounting.free(held)
-
-    def backward(_grad):
-        for sent in moves:
-            accounting.record_comm("P2P", axis_name, sent, sent, backward=True)
-
-    on_gradient(kt, backward)

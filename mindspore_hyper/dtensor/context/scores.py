@@ -60,6 +60,17 @@ class Step:
             return scores + mask
         return ops.masked_fill(scores, mask, self.value)
 
+    def grad(self, grad, mask=None):
+        """The gradient of the step's input from `grad`, its output's (plain Tensors; `mask` as
+        in `apply`). The mask is a constant of the attention and gets no gradient."""
+        if self.kind == "mul":
+            return grad * self.value
+        if self.kind == "div":
+            return grad / self.value
+        if self.kind == "add":
+            return grad
+        return ops.masked_fill(grad, mask, 0.0)
+
     def apply_numpy(self, scores: np.ndarray, mask: Optional[np.ndarray]) -> np.ndarray:
         if self.kind == "mul":
             return scores * self.value

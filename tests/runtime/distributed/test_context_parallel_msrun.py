@@ -1,7 +1,9 @@
-"""Context parallelism under msrun: the example GPT (causal) on data 2 x cp 2 processes trains
-like one device (5 momentum steps) with ring attention (K/V chunks around the cp ring over the
-comm library's send/recv) and with Ulysses (AllToAll), the cp traffic reported forward and
-backward."""
+"""Context parallelism under msrun: the examples' GPT (causal mask) and a TransformerEncoderLayer
+classifier (padding mask) on cp 2 (2 processes) and data 2 x cp 2 (4 processes) equal one device
+(forward, first-step gradients, 5 momentum steps). Ring attention runs its hand-written backward
+ring with asynchronous shifts in both passes (timed per pass), the zigzag order and block skipping
+for the causal mask (every process computes the same, reduced, number of blocks, forward and
+backward); Ulysses (AllToAll) on the GPT; the cp traffic is reported forward and backward."""
 import json
 import os
 
@@ -12,16 +14,64 @@ from msrun_helpers import run_msrun, worker_logs
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cp_worker.py")
 KINDS = {"ring": "P2P", "ulysses": "AllToAll"}
+CAUSAL_BLOCKS = 5  # of the 4 x 4 chunk blocks (zigzag over cp 2) the 10 causal ones, half per process
+PADDED_BLOCKS = 4  # of a process's 8 blocks, those of key chunks 2 and 3 (positions 8-15) are all padding
+
+
+def _run(tmp_path, data: int, cp: int, cases):
+    workers = data * cp
+    proc = run_msrun(WORKER, [tmp_path, data, cp, *cases], workers, tmp_path / "logs", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(tmp_path / "logs", workers)
+    return {case: [json.loads((tmp_path / f"{case}-rank{r}.json").read_text()) for r in range(workers)]
+            for case in cases}
+
+
+def _check_like_one_device(case, ranks):
+    for rank, result in enumerate(ranks):
+        assert result["rank"] == rank
+        np.testing.assert_allclose(result["losses"], result["ref_losses"], rtol=1e-5, err_msg=case)
+        assert result["forward_error"] <= 1e-5, case
+        assert result["grad_error"] <= 1e-5, case
+        assert result["param_error"] <= 1e-5, case
+        kind = KINDS[case.split("-")[1]]
+        assert result["comm"][kind]["cp"]["bytes"] > 0 and result["comm_backward"][kind]["cp"]["bytes"] > 0, case
+
+
+def _check_ring(case, ranks, cp: int):
+    """Both passes' shifts were asynchronous and timed: per layer n-1 K/V shifts forward, n-1 K/V
+    and n accumulator shifts backward; the recorded P2P bytes are the timed shifts' plus, in
+    zigzag order, the chunk exchange; every block computed forward is recomputed backward."""
+    for result in ranks:
+        rings = len(result["blocks"])
+        assert rings == 1, case  # one attention layer
+        assert result["timed_shifts"] == {"forward": (cp - 1) * rings, "backward": (2 * cp - 1) * rings}, case
+        for phase, comm in (("forward", result["comm"]), ("backward", result["comm_backward"])):
+            recorded, timed = comm["P2P"]["cp"]["bytes"], result["timed_bytes"][phase]
+            assert recorded > timed if any(result["zigzag"]) else recorded == timed, (case, phase)
+        for blocks in result["blocks"]:
+            assert blocks["forward"] == blocks["backward"], case
 
 
 @pytest.mark.msrun
-def test_ring_and_ulysses_gpt_on_data2_x_cp2_processes(tmp_path):
-    proc = run_msrun(WORKER, [tmp_path, 2, 2, *KINDS], 4, tmp_path / "logs", timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(tmp_path / "logs", 4)
-    for method, kind in KINDS.items():
-        for rank in range(4):
-            result = json.loads((tmp_path / f"{method}-rank{rank}.json").read_text())
-            assert result["rank"] == rank
-            np.testing.assert_allclose(result["losses"], result["ref_losses"], rtol=1e-5, err_msg=method)
-            assert result["param_error"] <= 1e-5, method
-            assert result["comm"][kind]["cp"]["bytes"] > 0 and result["comm_backward"][kind]["cp"]["bytes"] > 0
+def test_ring_gpt_and_encoder_on_cp2_processes(tmp_path):
+    results = _run(tmp_path, 1, 2, ["gpt-ring", "encoder-ring"])
+    for case, ranks in results.items():
+        _check_like_one_device(case, ranks)
+        _check_ring(case, ranks, 2)
+    for case in results:  # causal GPT: zigzag + skipping; the lone encoder sequence is padded from 5 on
+        assert all(r["zigzag"] == [True] for r in results[case]), case
+    assert [r["blocks"][0]["forward"][0] for r in results["gpt-ring"]] == [CAUSAL_BLOCKS] * 2
+    assert [r["blocks"][0]["forward"][0] for r in results["encoder-ring"]] == [PADDED_BLOCKS] * 2
+
+
+@pytest.mark.msrun
+def test_ring_and_ulysses_on_data2_x_cp2_processes(tmp_path):
+    results = _run(tmp_path, 2, 2, ["gpt-ring", "encoder-ring", "gpt-ulysses"])
+    for case, ranks in results.items():
+        _check_like_one_device(case, ranks)
+    for case in ("gpt-ring", "encoder-ring"):
+        _check_ring(case, results[case], 2)
+    assert [r["blocks"][0]["forward"][0] for r in results["gpt-ring"]] == [CAUSAL_BLOCKS] * 4
+    # data group 0 holds the padded sequence (zigzag, its padded key blocks skipped), group 1 not
+    assert [r["zigzag"] for r in results["encoder-ring"]] == [[True], [True], [False], [False]]
+    assert [r["blocks"][0]["forward"][0] for r in results["encoder-ring"]] == [PADDED_BLOCKS] * 2 + [2, 2]
