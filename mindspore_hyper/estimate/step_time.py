@@ -10,8 +10,11 @@ all-gather). Per layer and micro-batch:
   (with its tensor-parallel communication), selective = the attention core (and scores) again.
 - tensor parallel (Megatron, not overlapped): 2 all-reduces of T h e bytes forward and 2
   backward; with sequence parallelism 2 all-gathers + 2 reduce-scatters each way (same bytes).
-- context parallel: ring: (cp - 1) K/V blocks of T 2kv e bytes passed forward, twice that
-  (K/V and their gradients) backward, hidden behind the attention core up to its time;
+- context parallel: ring: (cp - 1) K/V blocks of T 2kv e bytes passed forward, hidden behind
+  the attention core up to its time; backward (the hand-written ring of
+  `dtensor/context/ring_core.py`) (cp - 1) steps of the K/V blocks and their gradient
+  accumulators (twice the bytes), hidden behind the attention core's backward, then one more
+  accumulator shift that brings each gradient home, exposed (nothing is left to overlap);
   Ulysses: 4 AllToAlls (q, k, v, output) forward and 4 backward, exposed.
 - expert parallel: 2 AllToAlls (dispatch, combine) of T top_k h e bytes forward, 2 backward.
 - ZeRO-3: each layer's parameters all-gathered forward and backward and its gradients
@@ -229,6 +232,7 @@ def _layer_time(config: TransformerConfig, st: JobStrategy, hw: Hardware, fan: D
         comm_f += term("context ring forward (K/V blocks)", "send_recv", "context", cp - 1, block, core)
         comm_b += term("context ring backward (K/V and their gradients)", "send_recv", "context", cp - 1, 2 * block,
                        core * (FLASH_BACKWARD if hw.attention == "flash" else 2.0))
+        comm_b += term("context ring backward (gradients home)", "send_recv", "context", 1, block)
     elif cp > 1:
         width = 2 * h / st.tensor + 2 * kv
         comm_f += term("context Ulysses forward (q, k, v, output)", "all_to_all", "context", 1, tokens * width * e)

@@ -234,6 +234,10 @@ def test_context_parallel_ring_and_ulysses():
     assert (term.collective, term.axis, term.count, term.bytes) == ("send_recv", "context", 3 * 8, tokens * 2 * kv * 2)
     core = [t for name, kind, _, _, t in ring.layer.ops if kind == "attention"][0]
     assert term.hidden == pytest.approx(min(term.seconds, 8 * core))
+    backward = _term(ring, "context ring backward (K/V and their gradients)")
+    assert (backward.count, backward.bytes) == (3 * 8, 2 * tokens * 2 * kv * 2)
+    home = _term(ring, "context ring backward (gradients home)")  # the accumulators' last step, exposed
+    assert (home.collective, home.count, home.bytes, home.hidden) == ("send_recv", 8, tokens * 2 * kv * 2, 0.0)
     uly = estimate_step_time(long, JobStrategy(context_parallel=4, context_method="ulysses", microbatches=1), hw)
     a2a = _term(uly, "context Ulysses forward")
     assert a2a.collective == "all_to_all" and a2a.bytes == tokens * (2 * 1024 + 2 * kv) * 2
