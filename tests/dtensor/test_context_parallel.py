@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 import mindspore as ms
-from mindspore import Tensor, mint, nn
+from mindspore import Tensor, mint, nn, ops
 
 import mindspore_hyper as mh
 from mindspore_hyper.dtensor.context.ring_core import RingAttention
@@ -128,6 +128,46 @@ def test_encoder_with_padding_trains_like_single_device(clean_context, method, m
                                           _steps(mesh_name))
     forward, backward, _ = _cp_traffic(parallel, method)
     assert forward > 0 and backward > 0
+
+
+class BiasedAttentionLM(nn.Cell):
+    """Causal self-attention with a learned additive position bias [1, heads, t, t] (a
+    T5/ALiBi-like parameter added to the scores beside the constant causal mask)."""
+
+    def __init__(self, vocab=16, hidden=8, heads=2):
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.embed = nn.Embedding(vocab, hidden)
+        self.qkv = nn.Dense(hidden, 3 * hidden)
+        bias = np.random.default_rng(7).standard_normal((1, heads, SEQ, SEQ)).astype(np.float32)
+        self.position_bias = ms.Parameter(Tensor(bias), name="position_bias")
+        self.causal = Tensor(np.triu(np.full((SEQ, SEQ), -1e9, np.float32), 1))
+        self.head = nn.Dense(hidden, vocab)
+        self.loss = nn.CrossEntropyLoss()
+
+    def construct(self, ids, labels=None):
+        x = self.embed(ids)
+        b, t, _ = x.shape
+        q, k, v = (y.reshape(b, t, self.heads, self.head_dim).transpose(0, 2, 1, 3)
+                   for y in mint.split(self.qkv(x), x.shape[-1], -1))
+        scores = ops.matmul(q, k.transpose(0, 1, 3, 2)) / (self.head_dim ** 0.5) + self.position_bias + self.causal
+        out = ops.matmul(ops.softmax(scores, -1), v).transpose(0, 2, 1, 3).reshape(b, t, -1)
+        logits = self.head(out)
+        return logits if labels is None else self.loss(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+@pytest.mark.parametrize("mesh_name", ["cp2", "cp4"])
+def test_a_learned_score_bias_gets_its_gradient_through_the_ring(clean_context, mesh_name):
+    """The ring's hand-written backward gives an additive score bias computed from parameters its
+    gradient (the bias parameter trains like on one device)."""
+    def build():
+        ms.set_seed(3)
+        return BiasedAttentionLM()
+
+    inputs, labels = _gpt_inputs()
+    parallel = _trains_like_single_device(build, inputs, labels, MESHES[mesh_name](
+        tensor_map=(), context_parallel="cp", context_method="ring"), _steps(mesh_name))
+    assert _cp_traffic(parallel, "ring")[0] > 0  # the attention ran as the ring
 
 
 @pytest.mark.parametrize("method", ["ring", "ulysses"])

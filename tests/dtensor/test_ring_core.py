@@ -69,7 +69,7 @@ def _apply(core, q, k, v):
     """The cell on contiguous shards of q, k^T, v; the members' outputs concatenated."""
     n = core.plan.size
     qs, kts, vs = ops.split(q, T // n, 2), ops.split(k.swapaxes(-1, -2), T // n, 3), ops.split(v, T // n, 2)
-    return ops.concat(core(*[x for r in range(n) for x in (qs[r], kts[r], vs[r])]), 2)
+    return ops.concat(core(*[x for r in range(n) for x in (qs[r], kts[r], vs[r])], *core.graded_masks()), 2)
 
 
 def _ring(q, k, v, steps, masks, n, per_rank, records=None):
@@ -90,6 +90,35 @@ def test_forward_and_backward_equal_autodiff_of_plain_attention(mask, n, per_ran
     got, grads = ms.value_and_grad(loss(lambda *x: _ring(*x, steps, masks, n, per_rank)[0]), (0, 1, 2))(q, k, v)
     assert float(got) == pytest.approx(float(want), rel=1e-5)
     for name, g, w in zip("qkv", grads, want_grads):
+        w = w.asnumpy()
+        np.testing.assert_allclose(g.asnumpy(), w, rtol=1e-5, atol=1e-5 * np.abs(w).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("n, per_rank", [(2, 1), (2, 2), (4, 2)])
+def test_a_tracked_additive_mask_gets_its_gradient(n, per_rank):
+    """A learned bias [1, h, t, t] and a key bias [b, 1, 1, s] that autodiff tracks (inputs here;
+    parameters in a model) get the gradient plain attention gives them; the constant causal mask
+    beside them stays a constant of the cell."""
+    causal = Tensor(np.where(np.triu(np.ones((T, T), bool), 1), -1e9, 0).astype(np.float32))
+    steps = (Step("div", 2.0), Step("add", mask=True), Step("add", mask=True), Step("add", mask=True))
+    q, k, v, weights = (Tensor(RNG.standard_normal((B, H, T, D)).astype(np.float32)) for _ in range(4))
+    bias = Tensor(RNG.standard_normal((1, H, T, T)).astype(np.float32))
+    key_bias = Tensor(RNG.standard_normal((B, 1, 1, T)).astype(np.float32))
+    cores = []
+
+    def ring(q, k, v, bias, key_bias):
+        out, core = _ring(q, k, v, steps, [None, bias, key_bias, causal], n, per_rank)
+        cores.append(core)
+        return (out * weights).sum()
+
+    def reference(q, k, v, bias, key_bias):
+        return (_reference(q, k, v, steps, [None, bias, key_bias, causal]) * weights).sum()
+
+    want, want_grads = ms.value_and_grad(reference, (0, 1, 2, 3, 4))(q, k, v, bias, key_bias)
+    got, grads = ms.value_and_grad(ring, (0, 1, 2, 3, 4))(q, k, v, bias, key_bias)
+    assert cores[0].graded == [(m, k) for m in range(n) for k in (1, 2)]  # not the causal constant
+    assert float(got) == pytest.approx(float(want), rel=1e-5)
+    for name, g, w in zip(("q", "k", "v", "bias", "key bias"), grads, want_grads):
         w = w.asnumpy()
         np.testing.assert_allclose(g.asnumpy(), w, rtol=1e-5, atol=1e-5 * np.abs(w).max(), err_msg=name)
 

@@ -60,7 +60,7 @@ def attention(execution, scores: AttentionScores, value: DTensor) -> DTensor:
     skip = _empty_blocks(ring.members[0][3], masks, per_rank * n, t, s)
     plan = RingPlan(n, ring.ranks, per_rank, tuple(step for step, _ in masks), skip, (t, s))
     core = RingAttention(plan, ring.transport, [m[3] for m in ring.members])
-    outs = core(*[x for member in ring.members for x in member[:3]])
+    outs = core(*[x for member in ring.members for x in member[:3]], *core.graded_masks())
     out_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
     out = DTensor._create(v_layout, ring.shards(outs, v_layout), out_shape, q.dtype, execution)
     _hold(execution, ring.device, per_rank)

@@ -30,16 +30,20 @@ the next K/V, before computing that step (posted before the compute, waited for 
 the forward). After the last step one more shift brings every accumulator home. Per member: n-1
 K/V shifts and n accumulator shifts, all posted before compute but the last.
 
-The masks are constants of the attention (as in flash attention kernels): no gradient flows into
-them (causal masks, padding masks from the inputs).
+Masks: a mask that MindSpore's autodiff tracks (an additive float mask computed from parameters,
+such as a learned position bias, or from the model's inputs) is an input of the cell and gets
+its gradient: each block's score gradient at its "add" step, summed over the dimensions the mask
+broadcasts, added at the block's rows and columns. Untracked masks (constant buffers such as a
+causal mask) and boolean fill masks are constants of the attention and cost nothing.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
+import mindspore as ms
 import numpy as np
-from mindspore import mint, nn, ops
+from mindspore import Tensor, mint, nn, ops
 
 from mindspore_hyper.dtensor.context.scores import Step
 
@@ -127,8 +131,9 @@ class RingAttention(nn.Cell):
     """softmax(steps(q @ k^T)) @ v over a ring (see module docstring).
 
     Called with each local member's contiguous (q [..., t/n, d], k^T [..., d, s/n], v [..., s/n,
-    dv]) in member order, flattened (q0, kt0, v0, q1, ...); returns one output [..., t/n, dv] per
-    member. `computed` counts the blocks each member computed, per pass ("forward", "backward").
+    dv]) in member order, flattened (q0, kt0, v0, q1, ...), followed by the masks `graded` names
+    (`graded_masks()`); returns one output [..., t/n, dv] per member. `computed` counts the blocks
+    each member computed, per pass ("forward", "backward").
 
     Args:
         plan: the ring's sizes, members, chunk order, steps and skipped blocks.
@@ -141,8 +146,17 @@ class RingAttention(nn.Cell):
         self.plan, self.transport, self.masks = plan, transport, [list(m) for m in masks]
         self.computed = {"forward": [0] * len(plan.ranks), "backward": [0] * len(plan.ranks)}
         self.saved: Optional[_Saved] = None
+        # (member, step) of the additive float masks autodiff tracks: inputs of the cell, given gradients
+        self.graded = [(m, k) for m, member in enumerate(self.masks) for k, (step, mask) in
+                       enumerate(zip(plan.steps, member)) if step.kind == "add" and _tracked(mask)]
+        self._mask_grads: Dict[Tuple[int, int], np.ndarray] = {}
+
+    def graded_masks(self) -> List:
+        """The masks to pass after q/k^T/v, in `graded` order."""
+        return [self.masks[m][k] for m, k in self.graded]
 
     def construct(self, *tensors):
+        tensors = tensors[:3 * len(self.plan.ranks)]
         q, kt, v = (self._to_chunks(list(tensors[i::3]), dim, "forward") for i, dim in ((0, -2), (1, -1), (2, -2)))
         outs, lse = self._forward(q, kt, v)
         self.saved = _Saved(q, kt, v, lse)
@@ -155,9 +169,11 @@ class RingAttention(nn.Cell):
         saved, self.saved = self.saved, None
         delta = [(d * o).sum(-1, keepdims=True) for d, o in zip(dout, out)]
         dout, delta = self._to_chunks(dout, -2, "backward"), self._to_chunks(delta, -2, "backward")
+        self._mask_grads = {key: np.zeros(self.masks[key[0]][key[1]].shape, np.float32) for key in self.graded}
         dq, dkt, dv = self._backward(saved, dout, delta)
         dq, dkt, dv = (self._from_chunks(g, dim, "backward") for g, dim in ((dq, -2), (dkt, -1), (dv, -2)))
-        return tuple(g for m in range(len(dq)) for g in (dq[m], dkt[m], dv[m]))
+        masks = [Tensor(self._mask_grads.pop(key), self.masks[key[0]][key[1]].dtype) for key in self.graded]
+        return tuple(g for m in range(len(dq)) for g in (dq[m], dkt[m], dv[m])) + tuple(masks)
 
     # -- chunk order ---------------------------------------------------------------------------
     def _to_chunks(self, members: List, dim: int, phase: str) -> List[List]:
@@ -253,9 +269,33 @@ class RingAttention(nn.Cell):
         dv = ops.matmul(weights.swapaxes(-1, -2), dout)
         ds = weights * (ops.matmul(dout, v.swapaxes(-1, -2)) - delta)
         rows, cols = span(block[0], plan.chunks, plan.lengths[0]), span(block[1], plan.chunks, plan.lengths[1])
-        for step, mask in reversed(list(zip(plan.steps, self.masks[member]))):
-            ds = step.grad(ds, mask_block(mask, rows, cols))
+        for k in reversed(range(len(plan.steps))):
+            mask = self.masks[member][k]
+            if (member, k) in self._mask_grads:  # ds is the gradient of this "add" step's output
+                _add_block(self._mask_grads[(member, k)], ds, rows, cols)
+            ds = plan.steps[k].grad(ds, mask_block(mask, rows, cols))
         return ops.matmul(ds, kt.swapaxes(-1, -2)), ops.matmul(q.swapaxes(-1, -2), ds), dv
+
+
+def _tracked(mask) -> bool:
+    """Whether autodiff tracks `mask` (a float tensor computed from parameters or inputs)."""
+    return mask is not None and mask.dtype in (ms.float16, ms.float32, ms.float64, ms.bfloat16) and \
+        bool(getattr(mask, "_requires_grad", False))
+
+
+def _add_block(total: np.ndarray, grad, rows: Tuple[int, int], cols: Tuple[int, int]) -> None:
+    """Add a block's score gradient `grad` [..., rows, cols] to a mask's gradient `total` (the
+    mask's shape, last two dims whole or 1): summed over the dimensions the mask broadcasts."""
+    block = grad.asnumpy().astype(np.float32)
+    block = block.sum(axis=tuple(range(block.ndim - total.ndim))) if block.ndim > total.ndim else block
+    block = block.sum(axis=tuple(d for d in range(total.ndim) if total.shape[d] == 1 and block.shape[d] > 1),
+                      keepdims=True)
+    index = [slice(None)] * total.ndim
+    if total.shape[-2] > 1:
+        index[-2] = slice(*rows)
+    if total.shape[-1] > 1:
+        index[-1] = slice(*cols)
+    total[tuple(index)] += block
 
 
 def _add(total, term):

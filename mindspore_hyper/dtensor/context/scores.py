@@ -62,7 +62,7 @@ class Step:
 
     def grad(self, grad, mask=None):
         """The gradient of the step's input from `grad`, its output's (plain Tensors; `mask` as
-        in `apply`). The mask is a constant of the attention and gets no gradient."""
+        in `apply`). An "add" mask's own gradient is `grad` (reduced to its shape by the ring)."""
         if self.kind == "mul":
             return grad * self.value
         if self.kind == "div":
