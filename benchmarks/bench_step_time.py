@@ -7,11 +7,17 @@
    shared-memory bandwidth, pipe latency, PyNative op overhead), measured with the ranks' process and thread counts;
    then predicted vs measured seconds of bench_distributed's GPT step (forward, backward, AdamW),
    on one device (all cores) and on 4 processes under msrun (data 2 x tensor 2), both measured in
-   this run by bench_distributed's own functions. Prints predicted / measured per row (goal:
-   within 20% on a quiet machine) and the load average before and after.
+   this run by bench_distributed's own functions; and of the same GPT pipelined into 4 stages on
+   4 processes under msrun (pipeline-only mesh, `--schedule`, `--microbatches`), measured by
+   bench_pipeline's `run_measured` (the slowest rank's median `train_step`). Each row's profile
+   is calibrated with the row's processes, threads and local shapes (the pipeline's: a
+   micro-batch of batch / microbatches sequences). Prints predicted / measured per row (goal:
+   within 20% on a quiet machine) and the load average before and after the calibration and
+   each measurement.
 
     python benchmarks/bench_step_time.py                                # hidden 768, seq 256, batch 8
     python benchmarks/bench_step_time.py --hidden 256 --heads 4 --seq 64    # quicker
+    python benchmarks/bench_step_time.py --cpu-rows pipeline            # the pipeline row alone
     python benchmarks/bench_step_time.py --table-only                   # section 1 only (no MindSpore run)
     python benchmarks/bench_step_time.py --table-only --claims docs/img # + the design's claims, with plots
 
@@ -38,49 +44,109 @@ def validation_table() -> None:
     print(format_rows(table5_rows()))
 
 
-def cpu_rows(args) -> None:
+CPU_ROWS = ("single", "distributed", "pipeline")
+
+
+def pipeline_job(args) -> tuple:
+    """The pipeline row's job as the planner describes it: `TransformerConfig` of examples/models.py's
+    GPT with a micro-batch of batch / microbatches sequences (fp32), and `JobStrategy` of
+    bench_distributed.WORKERS stages, the schedule and micro-batches, and the pipeline runtime's
+    recomputation (each backward runs its whole stage forward again: recompute "full", scope "stage").
+
+    Raises:
+        ValueError: a batch the micro-batches do not divide, or a job the planner refuses (named).
+    """
+    import bench_distributed as bd
+
+    from mindspore_hyper.estimate import JobStrategy, TransformerConfig
+
+    if args.batch % args.microbatches:
+        raise ValueError(f"--microbatches={args.microbatches}: expected a divisor of --batch={args.batch}")
+    config = TransformerConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, vocab=args.vocab,
+                               seq_len=args.seq, micro_batch=args.batch // args.microbatches, dtype_bytes=4)
+    strategy = JobStrategy(pipeline=bd.WORKERS, microbatches=args.microbatches, schedule=args.schedule,
+                           recompute="full", recompute_scope="stage")
+    return config, strategy
+
+
+def measure_pipeline(args) -> float:
+    """The pipeline row's measured step: bench_pipeline's GPT job under msrun, unpinned, the
+    slowest rank's median of --repeat steps after one warm-up step."""
+    from types import SimpleNamespace
+
+    import bench_distributed as bd
+    import bench_pipeline as bp
+
+    options = SimpleNamespace(model="gpt", workers=bd.WORKERS, steps=args.repeat + 1, warmup=1, pin=False,
+                              trace=None, **{k: getattr(args, k) for k in ("microbatches", "batch", "layers", "hidden",
+                                                                           "heads", "seq", "vocab")})
+    return bp.run_measured(bp.measured_spec(args.schedule, options)).slowest_median(options.warmup)
+
+
+def cpu_jobs(args) -> dict:
+    """Per row of --cpu-rows: (label, config, strategy, calibration processes, threads, measurement -> seconds)."""
     from mindspore_hyper.context import HOST_BLOCKING_ENV
 
     import bench_distributed as bd
 
-    from mindspore_hyper.estimate import JobStrategy, TransformerConfig, estimate_step_time
-    from mindspore_hyper.estimate.calibrate import calibrate_cpu
+    from mindspore_hyper.estimate import JobStrategy, TransformerConfig
 
     cores = os.cpu_count() or 1
-    workers = bd.WORKERS
-    mesh = bd.MESH
+    workers, mesh = bd.WORKERS, bd.MESH
     config = TransformerConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, vocab=args.vocab,
                                seq_len=args.seq, micro_batch=args.batch, dtype_bytes=4)
-    single_job = (config, JobStrategy(microbatches=1))
-    ranks_job = (config.with_(micro_batch=args.batch // mesh[0]), JobStrategy(data=mesh[0], tensor=mesh[1],
-                                                                               microbatches=1))
-    print(f"\n== this machine: {cores} cores, load {os.getloadavg()[0]:.2f} (before) ==")
+    rows = {
+        "single": lambda: ("single device", config, JobStrategy(microbatches=1), 1, cores,
+                           lambda: bd.in_subprocess("ours-single", args, env={HOST_BLOCKING_ENV: "1"})["median"]),
+        "distributed": lambda: (f"data {mesh[0]} x tensor {mesh[1]} (msrun)",
+                                config.with_(micro_batch=args.batch // mesh[0]),
+                                JobStrategy(data=mesh[0], tensor=mesh[1], microbatches=1), workers,
+                                bd.threads_per_process(workers), lambda: bd.run_ours_distributed(args)["median"]),
+        "pipeline": lambda: (f"pipeline {workers} ({args.schedule}, m={args.microbatches}, msrun)", *pipeline_job(args),
+                             workers, bd.threads_per_process(workers), lambda: measure_pipeline(args)),
+    }
+    return {name: row() for name, row in rows.items() if name in args.cpu_rows}
+
+
+def calibrate_row(config, strategy, processes: int, threads: int, size: int, roofline_only: bool = False, **options):
+    """A row's `cpu` profile: `calibrate_cpu` with the row's processes and threads, and (unless
+    roofline_only) its job's kernels at their local shapes; `options` go to calibrate_cpu."""
+    from mindspore_hyper.estimate.calibrate import calibrate_cpu
+
+    job = {} if roofline_only else {"config": config, "strategy": strategy}
+    return calibrate_cpu(processes=processes, threads=threads, backend="mindspore", size=size, **job, **options)
+
+
+def cpu_rows(args) -> None:
+    from mindspore_hyper.estimate import estimate_step_time
+
+    jobs = cpu_jobs(args)
+    print(f"\n== this machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f} (before) ==")
     started = time.perf_counter()
-    single_hw = calibrate_cpu(processes=1, threads=cores, backend="mindspore", size=args.calibration_size,
-                              **({} if args.roofline_only else {"config": single_job[0], "strategy": single_job[1]}))
-    ranks_hw = calibrate_cpu(processes=workers, threads=bd.threads_per_process(workers), backend="mindspore",
-                             size=args.calibration_size,
-                             **({} if args.roofline_only else {"config": ranks_job[0], "strategy": ranks_job[1]}))
+    profiles = {name: calibrate_row(config, strategy, processes, threads, args.calibration_size, args.roofline_only)
+                for name, (_, config, strategy, processes, threads, _) in jobs.items()}
     print(f"calibration: {time.perf_counter() - started:.1f} s, load {os.getloadavg()[0]:.2f}")
-    for label, hw in (("1 process", single_hw), (f"{workers} processes", ranks_hw)):
+    for name, hw in profiles.items():
         lv = hw.levels[0]
-        print(f"cpu profile ({label}): matmul {hw.peak_flops / 1e9:.1f} GFLOP/s, copy {hw.memory_bandwidth / 1e9:.2f} "
-              f"GB/s, shm {lv.bandwidth / 1e9:.2f} GB/s, latency {lv.latency * 1e6:.1f} us, op overhead "
-              f"{hw.efficiency.op_overhead * 1e6:.1f} us, peer wait {hw.efficiency.peer_wait * 1e3:.2f} ms per "
-              f"collective, {len(hw.kernels)} measured kernels")
-    single = estimate_step_time(*single_job, single_hw)
-    predicted_single = single.seconds
-    distributed = estimate_step_time(*ranks_job, ranks_hw)
-    measured_single = bd.in_subprocess("ours-single", args, env={HOST_BLOCKING_ENV: "1"})["median"]  # as calibrated
-    measured_distributed = bd.run_ours_distributed(args)["median"]
+        print(f"cpu profile ({jobs[name][0]}): matmul {hw.peak_flops / 1e9:.1f} GFLOP/s, copy "
+              f"{hw.memory_bandwidth / 1e9:.2f} GB/s, shm {lv.bandwidth / 1e9:.2f} GB/s, latency {lv.latency * 1e6:.1f} "
+              f"us, op overhead {hw.efficiency.op_overhead * 1e6:.1f} us, peer wait {hw.efficiency.peer_wait * 1e3:.2f} "
+              f"ms per collective, {len(hw.kernels)} measured kernels")
+    predicted = {name: estimate_step_time(jobs[name][1], jobs[name][2], hw) for name, hw in profiles.items()}
+    measured = {}
+    for name, job in jobs.items():
+        measured[name] = job[5]()
+        print(f"measured {job[0]}: {measured[name]:.4f} s, load {os.getloadavg()[0]:.2f} (after)")
     print(f"\n{'GPT step':<34} {'predicted s':>12} {'measured s':>11} {'predicted/measured':>19}")
-    for name, pred, meas in (("single device", predicted_single, measured_single),
-                             (f"data {mesh[0]} x tensor {mesh[1]} (msrun)", distributed.seconds, measured_distributed)):
-        print(f"{name:<34} {pred:>12.4f} {meas:>11.4f} {pred / meas:>19.2f}")
-    print(f"{'distributed / single':<34} {distributed.seconds / predicted_single:>12.2f} "
-          f"{measured_distributed / measured_single:>11.2f}")
-    print("predicted breakdown (single): " + ", ".join(f"{k} {v:.4f} s" for k, v in single.breakdown.items()))
-    print("predicted breakdown (distributed): " + ", ".join(f"{k} {v:.4f} s" for k, v in distributed.breakdown.items()))
+    for name, estimate in predicted.items():
+        print(f"{jobs[name][0]:<34} {estimate.seconds:>12.4f} {measured[name]:>11.4f} "
+              f"{estimate.seconds / measured[name]:>19.2f}")
+    if "single" in jobs and "distributed" in jobs:
+        print(f"{'distributed / single':<34} {predicted['distributed'].seconds / predicted['single'].seconds:>12.2f} "
+              f"{measured['distributed'] / measured['single']:>11.2f}")
+    for name, estimate in predicted.items():
+        print(f"predicted breakdown ({jobs[name][0]}): "
+              + ", ".join(f"{k} {v:.4f} s" for k, v in estimate.breakdown.items()))
     print(f"load {os.getloadavg()[0]:.2f} (after)")
 
 
@@ -160,6 +226,11 @@ def main() -> None:
     parser.add_argument("--roofline-only", action="store_true",
                         help="calibrate the roofline figures only, not the job's kernels at its shapes (the old model)")
     parser.add_argument("--claims", metavar="DIR", help="also check the design's claims and write plots into DIR")
+    parser.add_argument("--cpu-rows", nargs="+", choices=CPU_ROWS, default=list(CPU_ROWS),
+                        help="which of this machine's rows to calibrate, predict and measure (default: all)")
+    parser.add_argument("--microbatches", type=int, default=8, help="pipeline row: micro-batches per step")
+    parser.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b",
+                        help="pipeline row: the schedule (one model chunk per stage, full backwards)")
     # bench_distributed's measurement runs unprofiled and unpinned here (its own options)
     parser.set_defaults(profile=False, pin=False)
     args = parser.parse_args()

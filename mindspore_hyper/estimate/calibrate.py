@@ -26,9 +26,10 @@ for a peer that was descheduled while more processes than cores take turns).
 The slowest process's figures make the profile (a step waits for its slowest rank). It is a
 `Hardware` with one network level ("shm", every process on this host), efficiency factors 1
 and no message overhead (everything measured is already in the figures) but the measured op
-overhead, materialised attention
-(the examples' GPT), and `sources` saying when and how it was measured; `save_hardware` writes
-it as a YAML file `load_hardware` reads back.
+overhead, materialised attention (the examples' GPT), the `core_sharing` the figures were
+measured under (the cores this process may run on, `processes` x `threads`: a pipeline rank that
+computes while others wait runs faster, `core_sharing.py`), and `sources` saying when and how it
+was measured; `save_hardware` writes it as a YAML file `load_hardware` reads back.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ import time
 from typing import Dict, List
 
 from mindspore_hyper.context import get_context
+from mindspore_hyper.estimate.core_sharing import CoreSharing
 from mindspore_hyper.estimate.hardware import Efficiency, Hardware, Level
 
 __all__ = ["calibrate_cpu", "save_hardware", "CALIBRATION_BACKENDS"]
@@ -309,8 +311,9 @@ def calibrate_cpu(processes: int = 1, threads: int = 1, backend: str = "mindspor
                     efficiency=Efficiency(1.0, 1.0, 1.0, 0.0, slowest["op_overhead_s"], peer_wait), attention="materialized",
                     description=f"this machine ({os.cpu_count()} cores), {backend} kernels",
                     sources={k: how for k in ("peak_tflops", "memory_GB", "memory_bandwidth_GBps", "levels.shm",
-                                              "latency_us", "efficiency") + (("kernels",) if kernels else ())},
-                    kernels=kernels)
+                                              "latency_us", "efficiency", "core_sharing")
+                             + (("kernels",) if kernels else ())},
+                    kernels=kernels, core_sharing=CoreSharing(len(os.sched_getaffinity(0)), processes, threads))
 
 
 def save_hardware(hardware: Hardware, path: str) -> str:
@@ -331,6 +334,9 @@ def save_hardware(hardware: Hardware, path: str) -> str:
             "sources": dict(hardware.sources)}
     if hardware.kernels:
         data["kernels"] = {k: [f * 1e6, b * 1e6] for k, (f, b) in hardware.kernels.items()}
+    if hardware.core_sharing is not None:
+        sharing = hardware.core_sharing
+        data["core_sharing"] = {"cores": sharing.cores, "processes": sharing.processes, "threads": sharing.threads}
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(data, f, sort_keys=False)
     return path

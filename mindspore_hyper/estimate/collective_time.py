@@ -15,7 +15,9 @@ after the inner levels reduced or split it (hierarchical algorithms, as NCCL's a
 * send_recv (two ranks `stride` apart): alpha + n beta of the level the pair spans.
 
 Every collective of two or more ranks also pays the hardware's `peer_wait` once (0 on the
-presets; the `cpu` profile's measured wait for peers that share the cores).
+presets; the `cpu` profile's measured wait for peers that share the cores). `transfer_seconds`
+is the send_recv without it: a pipeline's stage-to-stage transfer, whose receiver's wait for a
+late sender the schedule simulation already times.
 
 With one level this is the ring formula of `mindspore_hyper.comm.cost` (2(p-1)a + 2(p-1)/p n b
 for all_reduce), which the tests check against the C++ cost model.
@@ -27,7 +29,7 @@ from typing import Tuple
 
 from mindspore_hyper.estimate.hardware import Hardware
 
-__all__ = ["COLLECTIVES", "group_fanouts", "collective_seconds", "levels_spanned"]
+__all__ = ["COLLECTIVES", "group_fanouts", "collective_seconds", "transfer_seconds", "levels_spanned"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
@@ -76,6 +78,8 @@ def collective_seconds(kind: str, nbytes: float, hardware: Hardware, fanouts: Tu
     total, inner, seconds = math.prod(fanouts), 1, eff.peer_wait
     if total <= 1:
         return 0.0
+    if kind == "send_recv":
+        return eff.peer_wait + transfer_seconds(nbytes, hardware, fanouts)
     for level, f in zip(hardware.levels, fanouts):
         if f <= 1:
             continue
@@ -86,10 +90,31 @@ def collective_seconds(kind: str, nbytes: float, hardware: Hardware, fanouts: Tu
             seconds += 2 * (f - 1) * alpha + 2 * (f - 1) / f * share * beta
         elif kind in ("all_gather", "reduce_scatter"):
             seconds += (f - 1) * alpha + (f - 1) / f * share * beta
-        elif kind == "all_to_all":
+        else:  # all_to_all
             peers = inner * f - inner
             seconds += peers * (alpha + nbytes * beta / total)
-        else:  # send_recv: the outermost level the pair spans
-            seconds = eff.peer_wait + alpha + nbytes * beta
         inner *= f
+    return seconds
+
+
+def transfer_seconds(nbytes: float, hardware: Hardware, fanouts: Tuple[int, ...]) -> float:
+    """Seconds of one point-to-point transfer between two ranks: alpha + n beta of the outermost
+    level the pair spans, without the peer wait (module doc); 0 within one device.
+
+    Args:
+        nbytes: the message in bytes.
+        hardware: levels and efficiency.
+        fanouts: `group_fanouts` of the two-rank group.
+
+    Raises:
+        ValueError: negative bytes.
+    """
+    if nbytes < 0:
+        raise ValueError(f"nbytes={nbytes!r}: expected >= 0")
+    eff, seconds = hardware.efficiency, 0.0
+    for level, f in zip(hardware.levels, fanouts):
+        if f > 1:
+            alpha = level.latency + eff.message_overhead
+            beta = 1.0 / (level.bandwidth * eff.network)
+            seconds = alpha + nbytes * beta
     return seconds

@@ -16,6 +16,8 @@ A preset file (``load_hardware("a100-80gb")``)::
     sources: {peak_tflops: "...", ...}
     kernels: {"qkv | 7.2e+09 FLOP | 3.2e+07 B": [62000, 138000], ...}  # optional: measured op times,
                                      # forward and backward us per call (calibrate_cpu with a job)
+    core_sharing: {cores: 2, processes: 4, threads: 1}   # optional: the processes share the cores
+                                     # (calibrate_cpu; core_sharing.py)
 
 Errors name the file and the field.
 """
@@ -23,7 +25,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
+
+from mindspore_hyper.estimate.core_sharing import CoreSharing
 
 __all__ = ["Level", "Efficiency", "Hardware", "load_hardware", "hardware_presets", "HARDWARE_DIR", "ATTENTION_KERNELS"]
 
@@ -31,10 +35,11 @@ HARDWARE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.p
                             "configs", "hardware")
 ATTENTION_KERNELS = ("flash", "materialized")
 _TOP_KEYS = ("name", "description", "peak_tflops", "memory_GB", "memory_bandwidth_GBps", "levels", "attention",
-             "efficiency", "sources", "kernels")
+             "efficiency", "sources", "kernels", "core_sharing")
 _LEVEL_KEYS = ("name", "devices", "bandwidth_GBps", "latency_us")
 _EFFICIENCY_KEYS = ("matmul", "memory", "network", "message_overhead_us", "op_overhead_us", "peer_wait_us")
 _EFFICIENCY_REQUIRED = ("matmul", "memory", "network", "message_overhead_us")
+_CORE_SHARING_KEYS = ("cores", "processes", "threads")
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,9 @@ class Hardware:
         kernels: measured op times that replace the roofline for ops of exactly that shape:
             `layer_ops.kernel_key(op)` -> (forward seconds, backward seconds) of one call
             (`calibrate_cpu` with a job; empty for the presets).
+        core_sharing: the processes share the host's cores (`calibrate_cpu`): how fast a rank
+            computes while fewer ranks compute than when the kernels were measured; None for
+            devices that compute on their own (the presets).
     """
 
     name: str
@@ -110,6 +118,7 @@ class Hardware:
     description: str = ""
     sources: Dict[str, str] = field(default_factory=dict)
     kernels: Dict[str, Tuple[float, float]] = field(default_factory=dict)
+    core_sharing: Optional[CoreSharing] = None
 
     @property
     def max_devices(self) -> int:
@@ -240,9 +249,17 @@ def hardware_from_dict(data: Any, source: str = "<dict>") -> Hardware:
             raise ValueError(f"hardware {source!r}: field 'kernels.{key}': expected [forward_us, backward_us]")
         for side, value in zip(("forward_us", "backward_us"), pair):
             _number(source, f"kernels.{key}.{side}", value, inclusive_low=True)
+    sharing = None
+    if "core_sharing" in data:
+        raw = _mapping(source, "core_sharing", data["core_sharing"], _CORE_SHARING_KEYS, _CORE_SHARING_KEYS)
+        try:
+            sharing = CoreSharing(**raw)
+        except ValueError as exc:
+            raise ValueError(f"hardware {source!r}: field {exc}") from None
     return Hardware(name=name, peak_flops=_number(source, "peak_tflops", data["peak_tflops"]) * 1e12,
                     memory_bytes=int(_number(source, "memory_GB", data["memory_GB"]) * 1e9),
                     memory_bandwidth=_number(source, "memory_bandwidth_GBps", data["memory_bandwidth_GBps"]) * 1e9,
                     levels=tuple(levels), efficiency=efficiency, attention=attention, description=description,
                     sources=dict(sources),
-                    kernels={k: (float(f) * 1e-6, float(b) * 1e-6) for k, (f, b) in kernels.items()})
+                    kernels={k: (float(f) * 1e-6, float(b) * 1e-6) for k, (f, b) in kernels.items()},
+                    core_sharing=sharing)

@@ -7,7 +7,9 @@ all-gather). Per layer and micro-batch:
 - compute: each op of `layer_ops` timed by its roofline; backward = the input gradient (GEMMs
   again, memory ops x 2, the attention core x 2, x 2.5 with a flash kernel that recomputes the
   scores) + the weight gradient (the weighted GEMMs again); recompute: full = the forward again
-  (with its tensor-parallel communication), selective = the attention core (and scores) again.
+  (with its tensor-parallel communication), selective = the attention core (and scores) again;
+  with recompute_scope="stage" (mindspore_hyper's pipeline runtime) the last stage's backward
+  also runs its final norm, LM head and loss forward again.
 - tensor parallel (Megatron, not overlapped): 2 all-reduces of T h e bytes forward and 2
   backward; with sequence parallelism 2 all-gathers + 2 reduce-scatters each way (same bytes).
 - context parallel: ring: (cp - 1) K/V blocks of T 2kv e bytes passed forward, hidden behind
@@ -21,7 +23,12 @@ all-gather). Per layer and micro-batch:
   reduce-scattered, prefetched: hidden behind the layer's compute up to its time.
 
 Mesh order (innermost first): tensor, context, data (expert groups inside it), pipeline; each
-axis's group spans the hardware levels `collective_time.group_fanouts` says. The data-parallel
+axis's group spans the hardware levels `collective_time.group_fanouts` says. A stage-to-stage
+transfer is `collective_time.transfer_seconds` of one activation (no peer wait: the schedule
+simulation makes a receive wait for its sender). On a profile whose processes share cores
+(`Hardware.core_sharing`, the `cpu` profile), the pipelined part is simulated with the speeds
+of `core_sharing.CoreSharing.speed` for k ranks computing (k x data x tensor x context processes):
+the breakdown's "shared cores" is the makespan's change from it. The data-parallel
 sync (over data x context) is reduce-scatter (ZeRO >= 1, followed by the parameter all-gather
 after the step for ZeRO-1 and 2) or all-reduce, of the stage's gradient bytes, once per step
 (ZeRO-2: once per micro-batch, as it keeps only a gradient shard); each overlaps a micro-batch's
@@ -33,7 +40,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Union
 
-from mindspore_hyper.estimate.collective_time import collective_seconds, group_fanouts, levels_spanned
+from mindspore_hyper.estimate.collective_time import (collective_seconds, group_fanouts, levels_spanned,
+                                                      transfer_seconds)
 from mindspore_hyper.estimate.hardware import Hardware, load_hardware
 from mindspore_hyper.estimate.job import _check_fit, stage_layers
 from mindspore_hyper.estimate.layer_ops import (FLASH_BACKWARD, OPTIMIZER_KEY, head_forward_ops, layer_forward_ops,
@@ -115,7 +123,8 @@ class StepTimeEstimate:
         pipeline: the pipelined part (makespan, bubble, how it was obtained).
         optimizer: seconds of the optimizer step.
         grad_sync_exposed: exposed seconds of the data-parallel gradient sync (and ZeRO-1's gather).
-        breakdown: seconds by part (compute, exposed comm, bubble, grad sync, optimizer) summing to `seconds`.
+        breakdown: seconds by part (compute, exposed comm, bubble, shared cores where the hardware's
+            processes share cores, grad sync, optimizer) summing to `seconds`.
         hardware: the hardware's name.
         config, strategy: the inputs.
     """
@@ -143,7 +152,8 @@ class StepTimeEstimate:
                 "layer": {k: getattr(self.layer, k) for k in ("forward", "backward_input", "backward_weight",
                                                               "recompute", "comm_forward", "comm_backward")},
                 "pipeline": {"makespan": self.pipeline.makespan, "bubble": self.pipeline.bubble,
-                             "bubble_fraction": self.pipeline.bubble_fraction, "source": self.pipeline.source,
+                             "bubble_fraction": self.pipeline.bubble_fraction, "sharing": self.pipeline.sharing,
+                             "source": self.pipeline.source,
                              "simulated_microbatches": self.pipeline.simulated_microbatches},
                 "comm": [{"name": c.name, "collective": c.collective, "axis": c.axis, "levels": list(c.levels),
                           "count": c.count, "bytes": c.bytes, "seconds": c.seconds, "hidden": c.hidden,
@@ -299,16 +309,19 @@ def estimate_step_time(config: TransformerConfig, strategy: JobStrategy,
     virtual = p * v
     layer_f = layer.forward + layer.comm_forward
     layer_bi = layer.backward_input + layer.recompute + layer.comm_backward
+    head_recompute = head_f + head_comm / 2 if st.recompute_scope == "stage" else 0.0
     forward, backward_input, backward_weight = [], [], []
     for vs in range(virtual):
         n = stage_layers(c.layers, virtual, vs)
         last = vs == virtual - 1
         forward.append(n * layer_f + (head_f + head_comm / 2 if last else 0.0))
-        backward_input.append(n * layer_bi + (head_bi + head_comm / 2 if last else 0.0))
+        backward_input.append(n * layer_bi + (head_bi + head_comm / 2 + head_recompute if last else 0.0))
         backward_weight.append(n * layer.backward_weight + (head_w if last else 0.0))
     p2p_bytes = tokens * c.hidden * e / (t if t > 1 else 1)  # Megatron's scatter-gather across stages
-    p2p = collective_seconds("send_recv", p2p_bytes, hw, fan["pipeline"])
+    p2p = transfer_seconds(p2p_bytes, hw, fan["pipeline"])
     kwargs = {"simulation_limit": simulation_limit} if simulation_limit is not None else {}
+    if hw.core_sharing is not None:  # processes computing while k pipeline ranks compute: k x d x t x cp
+        kwargs["speeds"] = tuple(hw.core_sharing.speed(k * d * t * cp) for k in range(1, p + 1))
     pipe = pipeline_makespan(st.schedule, p, m, v, forward, backward_input, backward_weight, p2p, **kwargs)
 
     # per step communication terms
@@ -365,12 +378,18 @@ def estimate_step_time(config: TransformerConfig, strategy: JobStrategy,
     exposed_layer_comm = busiest_layers * m * (layer.comm_forward + layer.comm_backward +
                                                (layer.comm_forward if st.recompute == "full" else 0.0))
     compute = pipe.work - exposed_layer_comm
-    breakdown = {"compute": compute, "exposed communication": exposed_layer_comm, "pipeline bubble": pipe.bubble,
-                 "gradient sync (exposed)": exposed_sync, "optimizer": optimizer}
+    breakdown = {"compute": compute, "exposed communication": exposed_layer_comm, "pipeline bubble": pipe.bubble}
+    if hw.core_sharing is not None:
+        breakdown["shared cores"] = pipe.sharing
+    breakdown.update({"gradient sync (exposed)": exposed_sync, "optimizer": optimizer})
     if pipe.source == "formula":
         notes.append(f"pipeline bubble from the published formula ({p} x {m} exceeds the simulation limit)")
     if hw.attention == "materialized":
         notes.append("attention: materialised scores (the full s x s computed and stored)")
+    if hw.core_sharing is not None:
+        cs = hw.core_sharing
+        notes.append(f"processes share {cs.cores} cores (kernels measured with {cs.processes} processes x "
+                     f"{cs.threads} threads computing); shared cores {pipe.sharing:+.4g} s")
     return StepTimeEstimate(seconds=seconds, mfu=mfu, tokens_per_second=batch * c.seq_len / seconds,
                             global_batch=batch, model_flops=model_flops, layer=layer, comm=comm, pipeline=pipe,
                             optimizer=optimizer, grad_sync_exposed=exposed_sync, breakdown=breakdown,

@@ -8,13 +8,15 @@ from mindspore_hyper.estimate._checks import check_bool, check_choice, check_int
 from mindspore_hyper.estimate._record import Record
 from mindspore_hyper.estimate.activations import RECOMPUTE_MODES
 
-__all__ = ["JobStrategy", "TIERS", "ACTIVATION_MODELS", "CONTEXT_METHODS", "SCHEDULES"]
+__all__ = ["JobStrategy", "TIERS", "ACTIVATION_MODELS", "CONTEXT_METHODS", "SCHEDULES", "RECOMPUTE_SCOPES"]
 
 TIERS = ("device", "host", "disk")
 ACTIVATION_MODELS = ("megatron", "simulation")
 CONTEXT_METHODS = ("ring", "ulysses")
 SCHEDULES = ("1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v", "gpipe")
 _TWO_CHUNK_SCHEDULES = ("zb_v", "dualpipe_v")
+RECOMPUTE_SCOPES = ("layers", "stage")
+_SPLIT_BACKWARD_SCHEDULES = ("zb_h1", "zb_v", "dualpipe_v")
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,12 @@ class JobStrategy(Record):
             model's bubble and the default in-flight micro-batches.
         chunks: model chunks per pipeline rank v (virtual stages): 1 for 1f1b/zb_h1/gpipe, >= 2
             for interleaved_1f1b, 2 for zb_v and dualpipe_v.
+        recompute_scope: what recompute="full" runs again in the backward (step time only):
+            "layers" (Megatron-LM: the transformer layers) or "stage" (mindspore_hyper's pipeline
+            runtime, docs/mpmd.md: a backward recomputes its whole stage from the stage input,
+            the last stage's final norm, LM head and loss included; not with the split backwards
+            of zb_h1, zb_v and dualpipe_v, whose two halves that runtime recomputes each). The
+            memory estimate counts Table 2's full-recompute row for both.
 
     Raises:
         ValueError: a field of the wrong type or out of range, or fields that contradict each
@@ -79,6 +87,7 @@ class JobStrategy(Record):
     context_method: str = "ring"
     schedule: str = "1f1b"
     chunks: int = 1
+    recompute_scope: str = "layers"
 
     def __post_init__(self):
         for name in ("data", "tensor", "pipeline", "expert", "context_parallel", "chunks"):
@@ -95,6 +104,14 @@ class JobStrategy(Record):
         check_choice("activation_model", self.activation_model, ACTIVATION_MODELS)
         check_choice("context_method", self.context_method, CONTEXT_METHODS)
         check_choice("schedule", self.schedule, SCHEDULES)
+        check_choice("recompute_scope", self.recompute_scope, RECOMPUTE_SCOPES)
+        if self.recompute_scope == "stage" and self.recompute != "full":
+            raise ValueError(f"recompute_scope='stage' needs recompute='full' (it says what full recomputation "
+                             f"runs again), got recompute={self.recompute!r}")
+        if self.recompute_scope == "stage" and self.schedule in _SPLIT_BACKWARD_SCHEDULES:
+            raise ValueError(f"recompute_scope='stage' models one recomputation per full backward; "
+                             f"schedule={self.schedule!r} splits the backward (the pipeline runtime recomputes the "
+                             f"stage in each half): use 1f1b, interleaved_1f1b or gpipe")
         if self.schedule in _TWO_CHUNK_SCHEDULES and self.chunks != 2:
             raise ValueError(f"chunks={self.chunks}: schedule={self.schedule!r} runs exactly 2 chunks per rank")
         if self.schedule == "interleaved_1f1b" and self.chunks < 2:
