@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -178,11 +179,14 @@ void Transport::Waiter::Idle() {
   if (idle_ == 64) {  // the first real wait: the clock starts here
     last_ = std::chrono::steady_clock::now();
     last_health_ = last_;
+    sleep_ = kFirstSleep;
   }
-  if (idle_ < 2000) {
-    sched_yield();
+  if (std::chrono::steady_clock::now() - last_ < kYieldFor) {
+    sched_yield();  // a peer about to arrive, or one computing on this core, gets it now
   } else {
-    std::this_thread::sleep_for(std::chrono::microseconds(idle_ < 20000 ? 20 : 200));
+    // a long wait: off the run queue, so a peer computing on this core has it to itself
+    std::this_thread::sleep_for(sleep_);
+    sleep_ = std::min(sleep_ * 2, kLongestSleep);
   }
   if ((idle_ & 15) != 0) return;
   auto now = std::chrono::steady_clock::now();

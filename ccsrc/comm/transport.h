@@ -96,7 +96,14 @@ class Transport {
     Transport& t_;
     const char* what_;
     int peer_;
+    // Backing off: pause 64 rounds, sched_yield for kYieldFor, then sleep kFirstSleep doubling up
+    // to kLongestSleep (a yielding rank stays runnable and takes half of a core it shares with a
+    // computing peer; a sleeping one does not, and wakes at most kLongestSleep late).
+    static constexpr std::chrono::microseconds kYieldFor{50};
+    static constexpr std::chrono::microseconds kFirstSleep{20};
+    static constexpr std::chrono::microseconds kLongestSleep{1000};
     uint64_t idle_ = 0;
+    std::chrono::microseconds sleep_ = kFirstSleep;
     bool peer_seen_dead_ = false;  // seen dead, with no progress since: the next check fails
     std::chrono::steady_clock::time_point last_;
     std::chrono::steady_clock::time_point last_health_;

@@ -63,11 +63,18 @@ def _repeat(fn, seconds: float) -> float:
     return statistics.median(times)
 
 
+def _bound(processes: int) -> bool:
+    """Whether calibration workers are bound to cores (as `_worker` binds them, and distributed
+    mode its ranks: flag cpu_binding, on a process free to use every core of the machine)."""
+    return processes > 1 and get_context("cpu_binding") == "auto" and \
+        len(os.sched_getaffinity(0)) >= (os.cpu_count() or 1)
+
+
 def _worker(backend: str, threads: int, size: int, seconds: float, barrier, queue, rank: int = 0,
             processes: int = 1, job=None, group: str = "") -> None:
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
-    if processes > 1 and get_context("cpu_binding") == "auto":  # on the cores the job's ranks get
+    if _bound(processes):  # on the cores the job's ranks get
         from mindspore_hyper.runtime.distributed.cpu_binding import bind_to_cores
 
         bind_to_cores(rank, processes)
@@ -313,7 +320,8 @@ def calibrate_cpu(processes: int = 1, threads: int = 1, backend: str = "mindspor
                     sources={k: how for k in ("peak_tflops", "memory_GB", "memory_bandwidth_GBps", "levels.shm",
                                               "latency_us", "efficiency", "core_sharing")
                              + (("kernels",) if kernels else ())},
-                    kernels=kernels, core_sharing=CoreSharing(len(os.sched_getaffinity(0)), processes, threads))
+                    kernels=kernels, core_sharing=CoreSharing(len(os.sched_getaffinity(0)), processes, threads,
+                                                           bound=_bound(processes)))
 
 
 def save_hardware(hardware: Hardware, path: str) -> str:
@@ -336,7 +344,8 @@ def save_hardware(hardware: Hardware, path: str) -> str:
         data["kernels"] = {k: [f * 1e6, b * 1e6] for k, (f, b) in hardware.kernels.items()}
     if hardware.core_sharing is not None:
         sharing = hardware.core_sharing
-        data["core_sharing"] = {"cores": sharing.cores, "processes": sharing.processes, "threads": sharing.threads}
+        data["core_sharing"] = {"cores": sharing.cores, "processes": sharing.processes, "threads": sharing.threads,
+                                "bound": sharing.bound}
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(data, f, sort_keys=False)
     return path

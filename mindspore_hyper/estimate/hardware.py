@@ -16,7 +16,7 @@ A preset file (``load_hardware("a100-80gb")``)::
     sources: {peak_tflops: "...", ...}
     kernels: {"qkv | 7.2e+09 FLOP | 3.2e+07 B": [62000, 138000], ...}  # optional: measured op times,
                                      # forward and backward us per call (calibrate_cpu with a job)
-    core_sharing: {cores: 2, processes: 4, threads: 1}   # optional: the processes share the cores
+    core_sharing: {cores: 2, processes: 4, threads: 1, bound: true}   # optional: the processes share the cores
                                      # (calibrate_cpu; core_sharing.py)
 
 Errors name the file and the field.
@@ -40,6 +40,7 @@ _LEVEL_KEYS = ("name", "devices", "bandwidth_GBps", "latency_us")
 _EFFICIENCY_KEYS = ("matmul", "memory", "network", "message_overhead_us", "op_overhead_us", "peer_wait_us")
 _EFFICIENCY_REQUIRED = ("matmul", "memory", "network", "message_overhead_us")
 _CORE_SHARING_KEYS = ("cores", "processes", "threads")
+_CORE_SHARING_OPTIONAL = ("bound",)
 
 
 @dataclass(frozen=True)
@@ -251,7 +252,8 @@ def hardware_from_dict(data: Any, source: str = "<dict>") -> Hardware:
             _number(source, f"kernels.{key}.{side}", value, inclusive_low=True)
     sharing = None
     if "core_sharing" in data:
-        raw = _mapping(source, "core_sharing", data["core_sharing"], _CORE_SHARING_KEYS, _CORE_SHARING_KEYS)
+        raw = _mapping(source, "core_sharing", data["core_sharing"], _CORE_SHARING_KEYS + _CORE_SHARING_OPTIONAL,
+                       _CORE_SHARING_KEYS)
         try:
             sharing = CoreSharing(**raw)
         except ValueError as exc:

@@ -14,11 +14,11 @@ bubble formula of `schedule.formulas` for the busiest rank is used instead, and 
 Ranks that share cores (`speeds`, from a `cpu` profile's `core_sharing`): the costs are the
 seconds with every rank computing, as the kernels were measured, and `schedule.simulate_shared`
 lets the ranks that compute while others wait run `speeds[k - 1]` times as fast (k ranks
-computing). The makespan is then that simulation's, of all m micro-batches (with uneven stages
+computing; or `speeds(rank, computing ranks)` where ranks are bound to cores). The makespan is then that simulation's, of all m micro-batches (with uneven stages
 the shared speeds leave no exactly periodic steady state to extend), and `sharing` is its
 difference to the makespan at speed 1 (negative where the kernels were timed with every rank
 computing: the warm-up, the cool-down and the waits let the others run faster); beyond
-SIMULATION_LIMIT, the formula's makespan divided by speeds[-1] (every rank computing).
+SIMULATION_LIMIT, the formula's makespan divided by the speed with every rank computing.
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def rank_stages(schedule_kind: str, stages: int, chunks: int) -> Tuple[Tuple[int
 @lru_cache(maxsize=256)
 def _simulated(schedule_kind: str, stages: int, microbatches: int, chunks: int, forward: Tuple[float, ...],
                backward_input: Tuple[float, ...], backward_weight: Tuple[float, ...], p2p: float,
-               speeds: Optional[Tuple[float, ...]] = None) -> float:
+               speeds=None) -> float:
     from mindspore_hyper.schedule import build_schedule, simulate_schedule, simulate_shared
 
     schedule = build_schedule(schedule_kind, stages, microbatches, chunks)
@@ -83,7 +83,7 @@ def _simulated(schedule_kind: str, stages: int, microbatches: int, chunks: int, 
 def pipeline_makespan(schedule_kind: str, stages: int, microbatches: int, chunks: int, forward: Sequence[float],
                       backward_input: Sequence[float], backward_weight: Sequence[float], p2p: float,
                       simulation_limit: int = SIMULATION_LIMIT,
-                      speeds: Optional[Sequence[float]] = None) -> PipelineTime:
+                      speeds=None) -> PipelineTime:
     """Makespan of `microbatches` through `stages` ranks with `chunks` virtual stages each.
 
     Args:
@@ -94,8 +94,9 @@ def pipeline_makespan(schedule_kind: str, stages: int, microbatches: int, chunks
         p2p: seconds of one stage-to-stage activation (or gradient) transfer.
         simulation_limit: ranks x micro-batches simulated at most before the formula is used.
         speeds: ranks sharing cores: speeds[k - 1] = how many times faster a rank computes
-            while k ranks compute than the costs say (one entry per k = 1 .. stages); None:
-            every rank computes on its own device.
+            while k ranks compute than the costs say (one entry per k = 1 .. stages), or a
+            hashable function (rank, the set of computing ranks) -> that factor (ranks bound to
+            cores: `core_sharing.StageSpeeds`); None: every rank computes on its own device.
 
     Returns:
         The PipelineTime.
@@ -105,14 +106,15 @@ def pipeline_makespan(schedule_kind: str, stages: int, microbatches: int, chunks
             of the wrong length.
     """
     f, bi, bw = tuple(forward), tuple(backward_input), tuple(backward_weight)
-    if speeds is not None:
+    if speeds is not None and not callable(speeds):
         speeds = tuple(float(x) for x in speeds)
         if len(speeds) != stages or not all(0 < x < math.inf for x in speeds):
             raise ValueError(f"speeds={speeds!r}: expected one finite speed > 0 per number of computing ranks "
                              f"(1..{stages})")
     if stages == 1:
         work = microbatches * (f[0] + bi[0] + bw[0])
-        shared = work if speeds is None else work / speeds[0]
+        alone = speeds(0, frozenset({0})) if callable(speeds) else speeds[0] if speeds is not None else 1.0
+        shared = work / alone
         return PipelineTime(shared, work, 0.0, "simulator", 0, shared - work)
     dedicated = _pipeline_makespan(schedule_kind, stages, microbatches, chunks, f, bi, bw, p2p, simulation_limit)
     if speeds is None:
@@ -125,7 +127,7 @@ def pipeline_makespan(schedule_kind: str, stages: int, microbatches: int, chunks
 
 def _pipeline_makespan(schedule_kind: str, stages: int, microbatches: int, chunks: int, f: Tuple[float, ...],
                        bi: Tuple[float, ...], bw: Tuple[float, ...], p2p: float, simulation_limit: int,
-                       speeds: Optional[Tuple[float, ...]] = None) -> PipelineTime:
+                       speeds=None) -> PipelineTime:
     """`pipeline_makespan` for stages > 1 at the given speeds (None: speed 1)."""
     layout = rank_stages(schedule_kind, stages, chunks)
     per_rank = [sum(f[s] + bi[s] + bw[s] for s in layout[r]) for r in range(stages)]
@@ -151,5 +153,7 @@ def _pipeline_makespan(schedule_kind: str, stages: int, microbatches: int, chunk
     idle = published_idle(schedule_kind, stages, chunks, sum(f[s] for s in mine), sum(bi[s] for s in mine),
                           sum(bw[s] for s in mine))
     idle += 2 * (stages - 1) * p2p  # the warm-up's and cool-down's transfers lie on the critical path
-    makespan = (work + idle) / (1.0 if speeds is None else speeds[-1])
+    everyone = frozenset(range(stages))
+    full = 1.0 if speeds is None else min(speeds(r, everyone) for r in everyone) if callable(speeds) else speeds[-1]
+    makespan = (work + idle) / full
     return PipelineTime(makespan, work, makespan - work, "formula", 0)

@@ -27,7 +27,8 @@ axis's group spans the hardware levels `collective_time.group_fanouts` says. A s
 transfer is `collective_time.transfer_seconds` of one activation (no peer wait: the schedule
 simulation makes a receive wait for its sender). On a profile whose processes share cores
 (`Hardware.core_sharing`, the `cpu` profile), the pipelined part is simulated with the speeds
-of `core_sharing.CoreSharing.speed` for k ranks computing (k x data x tensor x context processes):
+of `core_sharing.StageSpeeds` (k computing pipeline ranks are k x data x tensor x context processes; bound
+processes share only their own core):
 the breakdown's "shared cores" is the makespan's change from it. The data-parallel
 sync (over data x context) is reduce-scatter (ZeRO >= 1, followed by the parameter all-gather
 after the step for ZeRO-1 and 2) or all-reduce, of the stage's gradient bytes, once per step
@@ -320,8 +321,8 @@ def estimate_step_time(config: TransformerConfig, strategy: JobStrategy,
     p2p_bytes = tokens * c.hidden * e / (t if t > 1 else 1)  # Megatron's scatter-gather across stages
     p2p = transfer_seconds(p2p_bytes, hw, fan["pipeline"])
     kwargs = {"simulation_limit": simulation_limit} if simulation_limit is not None else {}
-    if hw.core_sharing is not None:  # processes computing while k pipeline ranks compute: k x d x t x cp
-        kwargs["speeds"] = tuple(hw.core_sharing.speed(k * d * t * cp) for k in range(1, p + 1))
+    if hw.core_sharing is not None:  # each pipeline rank is d x t x cp processes
+        kwargs["speeds"] = hw.core_sharing.stage_speeds(p, d * t * cp)
     pipe = pipeline_makespan(st.schedule, p, m, v, forward, backward_input, backward_weight, p2p, **kwargs)
 
     # per step communication terms

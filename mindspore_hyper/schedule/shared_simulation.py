@@ -7,7 +7,9 @@ and run faster than while every rank computes. `simulate_shared` times the actio
 `simulate_schedule` does (a rank runs its list in order; a send takes no rank time and its tensor
 arrives `p2p` later; a receive lasts until its tensor has arrived), except that a compute action
 holds `cost` units of work and progresses at `speeds[k - 1]` units per second while k ranks
-compute (processor sharing). With every speed 1 it gives `simulate_schedule`'s times.
+compute (processor sharing), or, where the ranks are bound to cores and only those on one core
+share it, at `speeds(rank, computing)` units per second (a function of the set of computing
+ranks). With every speed 1 it gives `simulate_schedule`'s times.
 
 The simulation is event driven: between two events (a compute action ends, a tensor a waiting
 rank needs arrives) the set of computing ranks, hence their speed, is constant.
@@ -15,7 +17,7 @@ rank needs arrives) the set of computing ranks, hence their speed, is constant.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Union
 
 from mindspore_hyper.schedule.actions import ActionKind, P2PTensor
 from mindspore_hyper.schedule.costs import ActionCosts, Cost
@@ -26,22 +28,33 @@ from mindspore_hyper.schedule.validate import validate_schedule
 
 __all__ = ["simulate_shared"]
 
+Speeds = Union[Sequence[float], Callable[[int, FrozenSet[int]], float]]
+
 _FINISH_TOLERANCE = 1e-12  # relative: work left below this fraction of the step's progress counts as done
 
 
-def _check_speeds(speeds: Sequence[float], num_ranks: int) -> tuple:
+def _check_speeds(speeds: Speeds, num_ranks: int) -> Callable[[int, FrozenSet[int]], float]:
+    """The speed of a rank given the computing ranks, from either form (checked)."""
+    if callable(speeds):
+        def checked(rank: int, computing: FrozenSet[int]) -> float:
+            s = speeds(rank, computing)
+            if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
+                raise ValueError(f"speeds({rank}, {sorted(computing)})={s!r}: expected a finite number > 0")
+            return float(s)
+        return checked
     if isinstance(speeds, (str, bytes)) or not isinstance(speeds, Sequence) or len(speeds) != num_ranks:
         raise ValueError(f"speeds={speeds!r}: expected one speed per number of computing ranks (1..{num_ranks})")
     for k, s in enumerate(speeds, 1):
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
             raise ValueError(f"speeds[{k - 1}]={s!r} (the speed with {k} ranks computing): expected a finite "
                              f"number > 0")
-    return tuple(float(s) for s in speeds)
+    by_count = tuple(float(s) for s in speeds)
+    return lambda rank, computing: by_count[len(computing) - 1]
 
 
 def simulate_shared(schedule: Schedule, forward: Cost = 1.0, backward_input: Cost = 1.0,
                     backward_weight: Cost = 1.0, p2p: float = 0.0,
-                    speeds: Optional[Sequence[float]] = None) -> ScheduleTimeline:
+                    speeds: Optional[Speeds] = None) -> ScheduleTimeline:
     """Time every action when the computing ranks share their speed (module doc).
 
     Args:
@@ -51,7 +64,8 @@ def simulate_shared(schedule: Schedule, forward: Cost = 1.0, backward_input: Cos
             one per virtual stage; a full backward is backward_input + backward_weight.
         p2p: seconds from a send to its tensor's arrival, >= 0 (takes no compute).
         speeds: speeds[k - 1] = work units per second of each computing rank while k ranks
-            compute, one entry per k = 1 .. num_ranks; None: 1 for every k.
+            compute, one entry per k = 1 .. num_ranks; or a function (rank, the set of computing
+            ranks) -> that rank's work units per second; None: 1 always.
 
     Returns:
         The ScheduleTimeline of all actions.
@@ -103,11 +117,12 @@ def simulate_shared(schedule: Schedule, forward: Cost = 1.0, backward_input: Cos
                    and schedule.actions[r][pc[r]].tensor in arrival]
         if not computing and not waiting:
             break  # every rank is done (a validated schedule cannot stall)
-        speed = rate[len(computing) - 1] if computing else 0.0
-        step = min([left[r] / speed for r in computing] + [t - now for t in waiting])
+        busy = frozenset(computing)
+        speed = {r: rate(r, busy) for r in computing}
+        step = min([left[r] / speed[r] for r in computing] + [t - now for t in waiting])
         for r in computing:
-            left[r] -= speed * step
-            if left[r] <= _FINISH_TOLERANCE * max(speed * step, 1.0):
+            left[r] -= speed[r] * step
+            if left[r] <= _FINISH_TOLERANCE * max(speed[r] * step, 1.0):
                 spans.append(Span.for_action(r, schedule.actions[r][pc[r]], started[r], now + step))
                 started[r], left[r], pc[r] = None, None, pc[r] + 1
         now += step

@@ -128,3 +128,45 @@ def test_shared_cores_leave_a_job_measured_at_its_own_concurrency_unchanged():
     st = JobStrategy(data=2, tensor=2, microbatches=2)
     r, base = estimate_step_time(TINY, st, load_hardware(SHARED)), estimate_step_time(TINY, st, load_hardware(TOY_HW))
     assert r.seconds == base.seconds and r.breakdown["shared cores"] == 0.0
+
+
+def test_bound_processes_share_only_their_own_core():
+    """4 processes bound round robin to 2 cores (cpu_binding): ranks 0 and 2 on core 0, 1 and 3 on
+    core 1; measured with all 4 computing (2 per core), a rank alone on its core runs twice as fast."""
+    speeds = CoreSharing(cores=2, processes=4, threads=1, bound=True).stage_speeds(4, 1)
+    assert [speeds(0, frozenset(c)) for c in ({0}, {0, 1}, {0, 2}, {0, 1, 2}, {0, 1, 2, 3})] == [2, 2, 1, 1, 1]
+    assert speeds(1, frozenset({0, 1, 2})) == 2  # core 1's other rank (3) is idle
+    unbound = CoreSharing(cores=2, processes=4, threads=1).stage_speeds(4, 1)
+    assert unbound(1, frozenset({0, 1, 2})) == pytest.approx(4 / 3)  # the OS spreads 3 over 2 cores
+    pairs = CoreSharing(cores=2, processes=4, threads=1, bound=True).stage_speeds(2, 2)  # 2 stages x 2 processes
+    assert pairs(0, frozenset({0})) == 2 and pairs(0, frozenset({0, 1})) == 1
+    roomy = CoreSharing(cores=8, processes=4, threads=2, bound=True).stage_speeds(4, 1)  # a block of 2 cores each
+    assert roomy(3, frozenset({3})) == roomy(3, frozenset(range(4))) == 1
+    with pytest.raises(ValueError, match="2 stages x 1 processes each = 2 processes, but the profile was measured "
+                                         "with processes=4"):
+        CoreSharing(cores=2, processes=4, threads=1, bound=True).stage_speeds(2, 1)
+
+
+def test_the_bound_placement_is_distributed_modes():
+    """The cores StageSpeeds assumes are the ones cpu_binding gives (process r of P > C: core r % C)."""
+    from mindspore_hyper.runtime.distributed.cpu_binding import cores_for
+
+    for processes, cores in ((4, 2), (6, 4), (3, 2)):
+        assert [sorted(cores_for(r, processes, range(cores))) for r in range(processes)] == \
+            [[r % cores] for r in range(processes)]
+
+
+def test_bound_in_the_hardware_file(tmp_path):
+    hw = load_hardware({**TOY_HW, "core_sharing": {"cores": 2, "processes": 4, "threads": 1, "bound": True}})
+    assert hw.core_sharing.bound and load_hardware(SHARED).core_sharing.bound is False
+    assert load_hardware(save_hardware(hw, str(tmp_path / "cpu.yaml"))).core_sharing == hw.core_sharing
+    with pytest.raises(ValueError, match="core_sharing.bound='yes': expected a bool"):
+        load_hardware({**TOY_HW, "core_sharing": {"cores": 2, "processes": 4, "threads": 1, "bound": "yes"}})
+
+
+def test_pipeline_makespan_with_bound_speeds_by_hand():
+    """1F1B p = 2, m = 2, F = 1, B = 2 per stage on 2 processes bound to 2 cores (a core each): no
+    sharing, so the dedicated makespan (m + p - 1)(F + B) = 9."""
+    speeds = CoreSharing(cores=2, processes=2, threads=1, bound=True).stage_speeds(2, 1)
+    pipe = pipeline_makespan("1f1b", 2, 2, 1, [1.0, 1.0], [1.0, 1.0], [1.0, 1.0], 0.0, speeds=speeds)
+    assert (pipe.makespan, pipe.sharing) == pytest.approx((9.0, 0.0))

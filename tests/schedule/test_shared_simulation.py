@@ -71,3 +71,18 @@ def test_bad_speeds_are_named(speeds, message):
 def test_bad_latency_is_named():
     with pytest.raises(ValueError, match="p2p=-1"):
         simulate_shared(build_schedule("1f1b", 2, 2), p2p=-1)
+
+
+def test_speeds_as_a_function_of_the_computing_ranks():
+    """The function form gives each rank its own speed: rank 1 always at half speed doubles its
+    actions; a count-only function equals the sequence form; a bad value is named."""
+    from mindspore_hyper.schedule import build_schedule, simulate_shared
+
+    schedule = build_schedule("1f1b", 2, 2)
+    by_count = simulate_shared(schedule, 1.0, 1.0, 1.0, speeds=(2.0, 1.0))
+    as_function = simulate_shared(schedule, 1.0, 1.0, 1.0, speeds=lambda rank, computing: (2.0, 1.0)[len(computing) - 1])
+    assert as_function.end == pytest.approx(by_count.end)
+    slow = simulate_shared(schedule, 1.0, 1.0, 1.0, speeds=lambda rank, computing: 0.5 if rank == 1 else 1.0)
+    assert slow.end > simulate_shared(schedule, 1.0, 1.0, 1.0).end
+    with pytest.raises(ValueError, match=r"speeds\(0, \[0\]\)=0: expected a finite number > 0"):
+        simulate_shared(schedule, 1.0, 1.0, 1.0, speeds=lambda rank, computing: 0)
