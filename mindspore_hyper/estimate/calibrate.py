@@ -140,7 +140,7 @@ def _worker(backend: str, threads: int, size: int, seconds: float, barrier, queu
         from mindspore_hyper.estimate.cpu_kernels import measure_kernels
 
         config, strategy = job
-        result["kernels"] = measure_kernels(config, strategy)
+        result["kernels"] = measure_kernels(config, strategy, sync=barrier.wait)
         if processes > 1:
             from mindspore_hyper.estimate.transport_calibration import measure_all_reduce
 

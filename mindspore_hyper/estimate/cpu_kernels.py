@@ -115,15 +115,18 @@ def _builders(config: TransformerConfig, strategy: JobStrategy):
     }
 
 
-def _time_op(inputs, fn, repeats: int) -> Tuple[float, float]:
-    """(forward seconds, backward seconds) of fn(*inputs); backward = value_and_grad - forward."""
+def _time_op(inputs, fn, repeats: int, sync: Callable[[], object]) -> Tuple[float, float]:
+    """(forward seconds, backward seconds) of fn(*inputs); backward = value_and_grad - forward;
+    `sync()` before each (the calibration's processes time the same op at once)."""
     import mindspore as ms
     from mindspore import nn
 
     weights = fn.trainable_params() if isinstance(fn, nn.Cell) else None
     positions = tuple(range(len(inputs)))
     grad = ms.value_and_grad(fn, positions, weights) if weights else ms.value_and_grad(fn, positions)
+    sync()
     forward = _median_seconds(lambda: fn(*inputs), repeats)
+    sync()
     both = _median_seconds(lambda: grad(*inputs), repeats)
     return forward, max(both - forward, 0.0)
 
@@ -142,13 +145,16 @@ def _optimizer_seconds_per_parameter(config: TransformerConfig, strategy: JobStr
     return seconds / sum(int(np.prod(s)) for s in shapes)
 
 
-def measure_kernels(config: TransformerConfig, strategy: JobStrategy, repeats: int = 3) -> Dict[str, Tuple[float, float]]:
+def measure_kernels(config: TransformerConfig, strategy: JobStrategy, repeats: int = 3,
+                    sync: Callable[[], object] = lambda: None) -> Dict[str, Tuple[float, float]]:
     """Measure the job's ops on this process's MindSpore CPU kernels (module doc).
 
     Args:
         config: the model and micro-batch (dense, non-gated: the examples' GPT).
         strategy: tensor, sequence and context parallel sizes (the local shapes).
         repeats: timed calls per measurement (median) after one warm-up call.
+        sync: called before each measurement (a barrier of the processes measured at once, so
+            that every op is timed while all of them time it; the same op count on each).
 
     Returns:
         kernel_key(op) -> (forward seconds, backward seconds) for each measured op, and
@@ -174,7 +180,8 @@ def measure_kernels(config: TransformerConfig, strategy: JobStrategy, repeats: i
             continue
         if op.name not in measured:  # norm 1 / norm 2 etc. share shapes but are timed each
             inputs, fn = builders[op.name]
-            measured[op.name] = _time_op(inputs, fn, repeats)
+            measured[op.name] = _time_op(inputs, fn, repeats, sync)
         table[kernel_key(op)] = measured[op.name]
+    sync()
     table[OPTIMIZER_KEY] = (_optimizer_seconds_per_parameter(config, strategy, repeats), 0.0)
     return table
