@@ -16,6 +16,7 @@ from mindspore_hyper.migrate.helpers import scaled_dot_product_attention
 from mindspore_hyper.shard import Layout
 
 from paths import EXAMPLES
+from sim_checks import trains_like_single_device
 from sim_models import Classifier
 
 sys.path.insert(0, str(EXAMPLES))
@@ -71,37 +72,6 @@ def _steps(mesh_name):
     return 5 if mesh_name == "cp2" else 1
 
 
-def _trains_like_single_device(build, inputs, labels, strategy, steps=5):
-    """Forward, first-step gradients, every step's loss and the final parameters equal."""
-    reference = build()
-    ref_forward = reference(*inputs).asnumpy()
-    ref_opt = nn.Momentum(reference.trainable_params(), 0.05, 0.9)
-    ref_losses, ref_grads = [], None
-    for _ in range(steps):
-        loss, grads = ms.value_and_grad(reference, None, ref_opt.parameters)(*inputs, *labels)
-        ref_grads = ref_grads or [g.asnumpy() for g in grads]
-        ref_opt(grads)
-        ref_losses.append(float(loss))
-
-    net = build()
-    mh.set_context(mode="simulation", device_num=strategy.mesh.size)
-    parallel = mh.auto_parallelize(net, strategy)
-    forward = parallel(*inputs).asnumpy()
-    np.testing.assert_allclose(forward, ref_forward, rtol=1e-5, atol=1e-5 * np.abs(ref_forward).max())
-    optimizer = nn.Momentum(parallel.optimizer_parameters(), 0.05, 0.9)
-    for step in range(steps):
-        loss = float(parallel.train_step(optimizer, *inputs, *labels))
-        assert loss == pytest.approx(ref_losses[step], rel=1e-5), f"step {step}"
-        if step == 0:
-            scale = max(np.abs(g).max() for g in ref_grads)
-            for param, grad in zip(ref_opt.parameters, ref_grads):
-                np.testing.assert_allclose(parallel.last_gradients[param.name], grad, rtol=1e-5, atol=1e-5 * scale,
-                                           err_msg=param.name)
-    for (name, ref_param), (_, param) in zip(reference.parameters_and_names(), net.parameters_and_names()):
-        np.testing.assert_allclose(param.asnumpy(), ref_param.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=name)
-    return parallel
-
-
 def _cp_traffic(parallel, method):
     """Bytes per device the report shows for the cp axis' ring p2p (or AllToAll), forward and
     backward, and the report."""
@@ -115,7 +85,7 @@ def _cp_traffic(parallel, method):
 @pytest.mark.parametrize("method, mesh_name", CASES)
 def test_gpt_causal_trains_like_single_device(clean_context, method, mesh_name):
     inputs, labels = _gpt_inputs()
-    parallel = _trains_like_single_device(_gpt, inputs, labels, _strategy(mesh_name, method, "gpt"), _steps(mesh_name))
+    parallel = trains_like_single_device(_gpt, inputs, labels, _strategy(mesh_name, method, "gpt"), _steps(mesh_name))
     forward, backward, _ = _cp_traffic(parallel, method)
     assert forward > 0 and backward > 0
     assert parallel.report().fallbacks == {}
@@ -124,7 +94,7 @@ def test_gpt_causal_trains_like_single_device(clean_context, method, mesh_name):
 @pytest.mark.parametrize("method, mesh_name", CASES)
 def test_encoder_with_padding_trains_like_single_device(clean_context, method, mesh_name):
     inputs, labels = _classifier_inputs()
-    parallel = _trains_like_single_device(_classifier, inputs, labels, _strategy(mesh_name, method, "encoder"),
+    parallel = trains_like_single_device(_classifier, inputs, labels, _strategy(mesh_name, method, "encoder"),
                                           _steps(mesh_name))
     forward, backward, _ = _cp_traffic(parallel, method)
     assert forward > 0 and backward > 0
@@ -165,7 +135,7 @@ def test_a_learned_score_bias_gets_its_gradient_through_the_ring(clean_context, 
         return BiasedAttentionLM()
 
     inputs, labels = _gpt_inputs()
-    parallel = _trains_like_single_device(build, inputs, labels, MESHES[mesh_name](
+    parallel = trains_like_single_device(build, inputs, labels, MESHES[mesh_name](
         tensor_map=(), context_parallel="cp", context_method="ring"), _steps(mesh_name))
     assert _cp_traffic(parallel, "ring")[0] > 0  # the attention ran as the ring
 

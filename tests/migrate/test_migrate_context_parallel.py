@@ -9,9 +9,9 @@ import torch
 import mindspore as ms
 from mindspore import nn
 
-import mindspore_hyper as mh
 from mindspore_hyper.migrate import convert
 from mindspore_hyper.shard import Layout
+from sim_checks import trains_like_single_device
 
 pytestmark = pytest.mark.usefixtures("pynative")
 SEQ, STEPS = 16, 5
@@ -45,30 +45,8 @@ def _converted():
 
 @pytest.mark.parametrize("method, kind, cp", [("ring", "P2P", 2), ("ring", "P2P", 4), ("ulysses", "AllToAll", 2)])
 def test_converted_llama_rotary_under_cp_trains_like_single_device(method, kind, cp):
-    cell, x = _converted()
-    reference = SquaredLogits(cell)
-    ref_opt = nn.Momentum(reference.trainable_params(), 0.05, 0.9)
-    ref_losses, ref_grads = [], None
-    for _ in range(STEPS):
-        loss, grads = ms.value_and_grad(reference, None, ref_opt.parameters)(x)
-        ref_grads = ref_grads or [g.asnumpy() for g in grads]
-        ref_opt(grads)
-        ref_losses.append(float(loss))
-
-    net = SquaredLogits(_converted()[0])
-    mh.set_context(mode="simulation", device_num=cp)
-    parallel = mh.auto_parallelize(net, Layout((cp,), ("cp",))(tensor_map=(), context_parallel="cp",
-                                                               context_method=method))
-    optimizer = nn.Momentum(parallel.optimizer_parameters(), 0.05, 0.9)
-    for step in range(STEPS):
-        loss = float(parallel.train_step(optimizer, x))
-        assert loss == pytest.approx(ref_losses[step], rel=1e-5), f"step {step}"
-        if step == 0:
-            scale = max(np.abs(g).max() for g in ref_grads)
-            for param, grad in zip(ref_opt.parameters, ref_grads):
-                np.testing.assert_allclose(parallel.last_gradients[param.name], grad, rtol=1e-5, atol=1e-5 * scale,
-                                           err_msg=param.name)
-    for (name, ref_param), (_, param) in zip(reference.parameters_and_names(), net.parameters_and_names()):
-        np.testing.assert_allclose(param.asnumpy(), ref_param.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+    x = _converted()[1]
+    strategy = Layout((cp,), ("cp",))(tensor_map=(), context_parallel="cp", context_method=method)
+    parallel = trains_like_single_device(lambda: SquaredLogits(_converted()[0]), (x,), (), strategy, STEPS)
     report = parallel.report()
     assert report.comm[kind]["cp"]["bytes"] > 0 and report.comm_backward[kind]["cp"]["bytes"] > 0
