@@ -70,8 +70,9 @@ def pipeline_job(args) -> tuple:
 
 
 def measure_pipeline(args) -> float:
-    """The pipeline row's measured step: bench_pipeline's GPT job under msrun, unpinned, the
-    slowest rank's median of --repeat steps after one warm-up step."""
+    """The pipeline row's measured step: bench_pipeline's GPT job under msrun (its processes
+    bound to cores by distributed mode's cpu_binding default, not by the benchmark), the slowest
+    rank's median of --repeat steps after one warm-up step."""
     from types import SimpleNamespace
 
     import bench_distributed as bd
