@@ -1,5 +1,5 @@
 """Context parallelism under msrun: the examples' GPT (causal mask) and a TransformerEncoderLayer
-classifier (padding mask) on cp 2 (2 processes) and data 2 x cp 2 (4 processes) equal one device
+classifier (padding mask) on cp 2 (2 processes), data 2 x cp 2 and cp 4 (4 processes) equal one device
 (forward, first-step gradients, 5 momentum steps). Ring attention runs its hand-written backward
 ring with asynchronous shifts in both passes (timed per pass), the zigzag order and block skipping
 for the causal mask (every process computes the same, reduced, number of blocks, forward and
@@ -38,13 +38,14 @@ def _check_like_one_device(case, ranks):
 
 
 def _check_ring(case, ranks, cp: int):
-    """Both passes' shifts were asynchronous and timed: per layer n-1 K/V shifts forward, n-1 K/V
-    and n accumulator shifts backward; the recorded P2P bytes are the timed shifts' plus, in
+    """Both passes' shifts were asynchronous and timed: per layer n-1 K/V shifts forward; backward
+    n posted shifts (the first with K/V only, the middle ones K/V with the accumulators, the last
+    the accumulators only) and the one that brings the accumulators home; the recorded P2P bytes are the timed shifts' plus, in
     zigzag order, the chunk exchange; every block computed forward is recomputed backward."""
     for result in ranks:
         rings = len(result["blocks"])
         assert rings == 1, case  # one attention layer
-        assert result["timed_shifts"] == {"forward": (cp - 1) * rings, "backward": (2 * cp - 1) * rings}, case
+        assert result["timed_shifts"] == {"forward": (cp - 1) * rings, "backward": (cp + 1) * rings}, case
         for phase, comm in (("forward", result["comm"]), ("backward", result["comm_backward"])):
             recorded, timed = comm["P2P"]["cp"]["bytes"], result["timed_bytes"][phase]
             assert recorded > timed if any(result["zigzag"]) else recorded == timed, (case, phase)
@@ -75,3 +76,14 @@ def test_ring_and_ulysses_on_data2_x_cp2_processes(tmp_path):
     # data group 0 holds the padded sequence (zigzag, its padded key blocks skipped), group 1 not
     assert [r["zigzag"] for r in results["encoder-ring"]] == [[True], [True], [False], [False]]
     assert [r["blocks"][0]["forward"][0] for r in results["encoder-ring"]] == [PADDED_BLOCKS] * 2 + [2, 2]
+
+
+@pytest.mark.msrun
+def test_ring_gpt_on_cp4_processes(tmp_path):
+    """One ring of 4 processes: 3 K/V shifts forward, 5 backward; zigzag over 8 chunks gives each
+    process 9 of the 36 causal blocks."""
+    ranks = _run(tmp_path, 1, 4, ["gpt-ring"])["gpt-ring"]
+    _check_like_one_device("gpt-ring", ranks)
+    _check_ring("gpt-ring", ranks, 4)
+    assert all(r["zigzag"] == [True] for r in ranks)
+    assert [r["blocks"][0]["forward"][0] for r in ranks] == [9] * 4
