@@ -63,21 +63,15 @@ def _repeat(fn, seconds: float) -> float:
     return statistics.median(times)
 
 
-def _bound(processes: int) -> bool:
-    """Whether calibration workers are bound to cores (as `_worker` binds them, and distributed
-    mode its ranks: flag cpu_binding, on a process free to use every core of the machine)."""
-    return processes > 1 and get_context("cpu_binding") == "auto" and \
-        len(os.sched_getaffinity(0)) >= (os.cpu_count() or 1)
-
-
 def _worker(backend: str, threads: int, size: int, seconds: float, barrier, queue, rank: int = 0,
             processes: int = 1, job=None, group: str = "") -> None:
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
-    if _bound(processes):  # on the cores the job's ranks get
+    bound = False
+    if processes > 1 and get_context("cpu_binding") == "auto":  # on the cores distributed mode gives the ranks
         from mindspore_hyper.runtime.distributed.cpu_binding import bind_to_cores
 
-        bind_to_cores(rank, processes)
+        bound = bind_to_cores(rank, processes) is not None
     import numpy as np
     from multiprocessing import shared_memory
 
@@ -132,7 +126,7 @@ def _worker(backend: str, threads: int, size: int, seconds: float, barrier, queu
         result = {"matmul_flops": 2 * size ** 3 / _repeat(matmul, seconds),
                   "memory_Bps": 2 * _COPY_ELEMENTS * 4 / _repeat(copy, seconds),
                   "shm_Bps": _COPY_ELEMENTS * 4 / _repeat(lambda: np.copyto(view, source), seconds),
-                  "op_overhead_s": _repeat(launches, seconds) / 100}
+                  "op_overhead_s": _repeat(launches, seconds) / 100, "bound": bound}
     finally:
         shm.close()
         shm.unlink()
@@ -321,7 +315,7 @@ def calibrate_cpu(processes: int = 1, threads: int = 1, backend: str = "mindspor
                                               "latency_us", "efficiency", "core_sharing")
                              + (("kernels",) if kernels else ())},
                     kernels=kernels, core_sharing=CoreSharing(len(os.sched_getaffinity(0)), processes, threads,
-                                                           bound=_bound(processes)))
+                                                           bound=all(r["bound"] for r in results)))
 
 
 def save_hardware(hardware: Hardware, path: str) -> str:
