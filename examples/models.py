@@ -6,6 +6,10 @@ from mindspore import Tensor, nn, ops
 
 
 class Attention(nn.Cell):
+    """Multi-head causal self-attention with a fused qkv projection whose output features are laid
+    out head by head, [heads, (q, k, v), head_dim] (Megatron-LM's layout): a column split of qkv
+    over tensor-parallel devices holds whole heads, so attention runs on each device's heads alone."""
+
     def __init__(self, hidden: int, heads: int):
         super().__init__()
         self.heads, self.head_dim = heads, hidden // heads
@@ -14,10 +18,8 @@ class Attention(nn.Cell):
 
     def construct(self, x, mask):
         b, t, h = x.shape
-        q, k, v = ops.split(self.qkv(x), h, -1)
-        q = q.reshape(b, t, self.heads, self.head_dim).transpose(0, 2, 1, 3)
-        k = k.reshape(b, t, self.heads, self.head_dim).transpose(0, 2, 1, 3)
-        v = v.reshape(b, t, self.heads, self.head_dim).transpose(0, 2, 1, 3)
+        qkv = self.qkv(x).reshape(b, t, self.heads, 3 * self.head_dim)
+        q, k, v = (part.transpose(0, 2, 1, 3) for part in ops.split(qkv, self.head_dim, -1))
         scores = ops.matmul(q, k.swapaxes(-1, -2)) / math.sqrt(self.head_dim) + mask
         ctx = ops.matmul(ops.softmax(scores, -1), v)
         return self.proj(ctx.transpose(0, 2, 1, 3).reshape(b, t, h))

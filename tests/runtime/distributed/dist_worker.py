@@ -28,6 +28,7 @@ from models import GPT  # noqa: E402
 from msrun_cases import run_cases_and_write_results, train_reference  # noqa: E402
 
 STEPS = 3
+HEADS = 4
 
 
 def megatron(data: int, tensor: int, zero: bool):
@@ -50,8 +51,8 @@ def run_case(case: str):
     dims, _, extra = case.partition("+")
     data, tensor = (int(v) for v in dims.split("x"))
     ms.set_seed(1)
-    ref = GPT(vocab=128, hidden=64, heads=4, layers=2, seq=16)
-    model = GPT(vocab=128, hidden=64, heads=4, layers=2, seq=16)
+    ref = GPT(vocab=128, hidden=64, heads=HEADS, layers=2, seq=16)
+    model = GPT(vocab=128, hidden=64, heads=HEADS, layers=2, seq=16)
     for p, q in zip(ref.get_parameters(), model.get_parameters()):
         q.set_data(p.data.copy())
     global_bytes = sum(p.asnumpy().nbytes for p in model.trainable_params())
@@ -102,10 +103,10 @@ def _errors(par, expected, local, rank):
             region = row.optimizer_layout.rank_slices(rank, row.global_shape)
         want = expected[row.name][region]
         diff = local[row.name] - want
-        if row.name.endswith("qkv.bias"):
-            hidden = row.global_shape[0] // 3
-            index = np.arange(row.global_shape[0])[region]
-            key = (index >= hidden) & (index < 2 * hidden)
+        if row.name.endswith("qkv.bias"):  # features [heads, (q, k, v), head_dim] (examples/models.py)
+            head_dim = row.global_shape[0] // 3 // HEADS
+            within_head = np.arange(row.global_shape[0])[region] % (3 * head_dim)
+            key = (within_head >= head_dim) & (within_head < 2 * head_dim)
             errors[row.name + "[key]"] = _error(diff[key], want[key])
             diff, want = diff[~key], want[~key]
         errors[row.name] = _error(diff, want)
@@ -120,7 +121,7 @@ def _error(diff, want):
 
 def run_failing(fail_rank: int, out_dir: str) -> dict:
     ms.set_seed(1)
-    model = GPT(vocab=128, hidden=64, heads=4, layers=2, seq=16)
+    model = GPT(vocab=128, hidden=64, heads=HEADS, layers=2, seq=16)
     from mindspore_hyper.runtime.distributed import world
 
     par = auto_parallelize(model, megatron(1, 2, False) if world().size == 2 else megatron(2, 2, False))
