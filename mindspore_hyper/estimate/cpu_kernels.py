@@ -12,8 +12,8 @@ op                 MindSpore kernels timed
 norm 1/2, final    nn.LayerNorm on [b, s, h]
 qkv, projection,   nn.Dense (MatMul with transposed weight + BiasAdd) on [T, in]; the LM head
 mlp up/down, head  has no bias
-attention core     split of the qkv output, reshape + transpose of q, k, v, BatchMatMul Q K^T,
-                   BatchMatMul P V, transpose + reshape of the context
+attention core     reshape of the qkv output to its heads, split into q, k, v, their transposes,
+                   BatchMatMul Q K^T, BatchMatMul P V, transpose + reshape of the context
 scores             scale, causal-mask add, softmax on [b, a/t, s, s]
 mlp activation     nn.GELU on [T, f/t]
 dropout-add 1/2    the residual add on [b, s, h] (the GPT has no dropout)
@@ -88,11 +88,8 @@ def _builders(config: TransformerConfig, strategy: JobStrategy):
     mask = Tensor(np.triu(np.full((s, c.seq_len), -1e9, np.float32), 1))
     scale = math.sqrt(dh)
 
-    def core(qkv, p):
-        q, k, v = ops.split(qkv, [q_local, kv, kv], -1)
-        q = q.reshape(b, s, heads, dh).transpose(0, 2, 1, 3)
-        k = k.reshape(b, s, kv // dh, dh).transpose(0, 2, 1, 3)
-        v = v.reshape(b, s, kv // dh, dh).transpose(0, 2, 1, 3)
+    def core(qkv, p):  # qkv features [heads, (q, k, v), head_dim], as examples/models.py lays them out
+        q, k, v = (part.transpose(0, 2, 1, 3) for part in ops.split(qkv.reshape(b, s, heads, 3 * dh), dh, -1))
         scores = ops.matmul(q, k.swapaxes(-1, -2))
         context = ops.matmul(p, v).transpose(0, 2, 1, 3).reshape(b, s, q_local)
         return scores, context

@@ -14,8 +14,8 @@ elements per transformer layer:
 
     B = bsh, F = bsf, S = b*a*s^2
     LayerNorm 1: output B, gamma and beta laid out 2h
-    qkv Dense: input reshape B, MatMul 3B, BiasAdd 3B, reshape 3B; split 3B, 3 reshapes 3B,
-        3 transposes 3B; key transpose B
+    qkv Dense: input reshape B, MatMul 3B, BiasAdd 3B, reshape 3B; reshape to heads 3B,
+        split 3B, 3 transposes 3B; key transpose B
     scores MatMul S, / sqrt(d) S, mask (a plain tensor laid out per use) s^2, + mask S, softmax S
     context MatMul B, transpose B, reshape B; proj Dense: 4B (reshape, MatMul, BiasAdd, reshape)
     residual add B; LayerNorm 2: B + 2h
