@@ -322,3 +322,42 @@ def test_gather_along_a_later_axis(layouts):
 
 def test_prelu_slopes_follow_the_channel_split():
     check(lambda x, w: ops.prelu(x, w), [x3(), x3((8,))], [("a", "b", "c"), (None,)])
+
+
+@pytest.mark.parametrize("layouts,split", [
+    ([("a", None, ("b", "c")), ("a", None, None)], ("b", "c")),  # the gathered dimension split over two axes
+    ([(None, "b", "c"), ("a", "b", None)], ("c",)),              # the index's own split on "a" moves
+    ([(("a", "b"), None, "c"), (None, None, None)], ("c",)),
+])
+def test_gather_d_along_a_split_dimension_picks_locally(layouts, split):
+    """Along a split gathered dimension each device picks what it holds (Partial sum over the
+    split's axes): the input is not gathered over them; the values and gradients of the plain
+    op; negative indices wrap."""
+    x = x3((8, 4, 8))
+    index = Tensor(RNG.integers(-8, 8, (8, 4, 3)).astype(np.int32))
+    check(lambda a, i: ops.gather_elements(a, 2, i) * 2.0, [x, index], layouts)
+    acc = Accounting(8)
+    dx, di = distribute_tensor(x, MESH(*layouts[0])), distribute_tensor(index, MESH(*layouts[1]))
+    with use_accounting(acc):
+        out = ops.gather_elements(dx, 2, di)
+    assert not [axis for kind, axis in acc.comm if kind == "AllGather" and axis in split], dict(acc.comm)
+    assert out.layout.partial == {"abc".index(a): "sum" for a in split}
+
+
+def test_gather_d_along_a_split_dimension_keeps_infinities_and_refuses_bad_indices():
+    x = x3((4, 8))
+    x[0, 5] = -np.inf  # a log-probability of zero elsewhere on the row must not turn into NaN
+    index = Tensor(np.array([[1], [6], [0], [7]], np.int32))
+    got = ops.gather_elements(distribute_tensor(x, MESH(None, ("a", "b"))), 1, index).full_tensor()
+    np.testing.assert_array_equal(got.asnumpy(), ops.gather_elements(x, 1, index).asnumpy())
+    with pytest.raises(IndexError, match=r"GatherD: index values must be in \[-8, 8\).*\[0, 8\]"):
+        ops.gather_elements(distribute_tensor(x, MESH(None, "a")), 1, Tensor(np.array([[8], [0], [1], [2]], np.int32)))
+
+
+def test_gather_d_with_an_index_shorter_than_the_input():
+    """GatherD accepts an index smaller than the input on the other dimensions: its rows are the
+    input's first rows, not its own shard's, so such a dimension is not split."""
+    x = x3((8, 8))
+    index = Tensor(RNG.integers(0, 8, (4, 2)).astype(np.int32))
+    check(lambda a, i: ops.gather_elements(a, 1, i), [x, index], [("a", None), ("a", None)])
+    check(lambda a, i: ops.gather_elements(a, 1, i), [x, index], [("a", "b"), ("a", None)])

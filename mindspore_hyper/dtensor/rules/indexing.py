@@ -2,10 +2,13 @@
 
 Basic indices (ints, slices, None, Ellipsis): a dimension taken whole by `:` keeps its
 sharding; any other indexed dimension is gathered first. Tensor indices fall back to replicated.
+GatherD along a split dimension picks locally (Partial sum), as Megatron-LM's vocabulary-parallel
+cross-entropy does.
 """
 from __future__ import annotations
 
-from mindspore import Tensor
+import numpy as np
+from mindspore import Tensor, ops
 
 from mindspore_hyper.dtensor.rules.common import make, norm_dims, unshard_dims, without_partial
 from mindspore_hyper.dtensor.rules.registry import Decision, register
@@ -54,12 +57,61 @@ def getitem_decision(call):
 
 @register("GatherD")
 def gather_d(call):
-    x = call.tensors[0]
+    """GatherD (`gather_elements`): the index keeps the input's splits on the other dimensions.
+    Along a split gathered dimension (a vocabulary-parallel cross-entropy's label pick) each
+    device picks the entries it holds and zeros elsewhere, Partial(sum) over the split's axes,
+    so the input is never gathered (`_pick_local`)."""
+    x, index = call.tensors[0], call.tensors[1]
     dim = call.inputs[1] if isinstance(call.inputs[1], int) else call.kwargs.get("dim", 0)
     dim = norm_dims(dim, x.ndim)[0]
-    layout = unshard_dims(x.layout, [dim])
-    index_layout = make(layout.mesh, layout.dims)
-    return Decision(inputs=[layout, index_layout], outputs=index_layout)
+    mesh = x.layout.mesh
+    # an index shorter than the input on a dimension reads other rows than its own shard's
+    shorter = [d for d in range(x.ndim) if d != dim and index.shape[d] != x.shape[d]]
+    axes = x.layout.dims[dim]
+    if not axes or len(call.inputs) != 3 or call.kwargs:
+        layout = unshard_dims(x.layout, [dim] + shorter)
+        index_layout = make(mesh, layout.dims)
+        return Decision(inputs=[layout, index_layout], outputs=index_layout)
+    layout = unshard_dims(x.layout, shorter)
+    index_layout = make(mesh, [() if d == dim else e for d, e in enumerate(layout.dims)])
+    size = x.shape[dim]
+    local_size = layout.local_shape(tuple(x.shape))[dim]
+
+    def local_fn(call_, inputs, coords):
+        shard = 0
+        for a in axes:
+            shard = shard * mesh.device_matrix[a] + coords[a]
+        return _pick_local(call_, inputs[0], inputs[1], inputs[2], size, shard * local_size, local_size)
+
+    def batch_fn(call_, inputs, batch):
+        """`local_fn` for every shard at once: each batch element's offset along `dim`."""
+        op_axes = list(batch.axes)
+        shard = np.zeros(batch.sizes, np.int64)
+        for a in axes:
+            shape = [1] * batch.nb
+            shape[op_axes.index(a)] = mesh.device_matrix[a]
+            shard = shard * mesh.device_matrix[a] + np.arange(mesh.device_matrix[a]).reshape(shape)
+        index = batch.full(1)
+        offset = Tensor((shard * local_size).reshape(batch.sizes + (1,) * batch.local_ranks[1]), index.dtype)
+        return _pick_local(call_, batch.full(0), batch.nb + dim, index, size, offset, local_size)
+
+    return Decision(inputs=[layout, index_layout], outputs=make(mesh, index_layout.dims, {a: "sum" for a in axes}),
+                    local_fn=local_fn, batch_fn=batch_fn)
+
+
+def _pick_local(call_, x, dim: int, index, size: int, offset, local_size: int):
+    """GatherD of the entries of `x` (a shard holding [offset, offset + local_size) of a
+    dimension of `size`) that `index` points at, zero where another shard holds them. Index
+    values follow GatherD's range [-size, size) (negative wrap); others raise IndexError."""
+    low, high = int(index.min()), int(index.max())
+    if low < -size or high >= size:
+        raise IndexError(f"GatherD: index values must be in [{-size}, {size}) (the gathered dimension's size "
+                         f"{size}); got values in [{low}, {high}]")
+    wrapped = index + ops.cast(index < 0, index.dtype) * size if low < 0 else index
+    local = wrapped - offset
+    inside = ops.logical_and(local >= 0, local < local_size)
+    picked = call_.run([x, dim, ops.select(inside, local, ops.zeros_like(local))])
+    return ops.select(inside, picked, ops.zeros_like(picked))
 
 
 @register("OneHot")
