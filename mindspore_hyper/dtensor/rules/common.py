@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Sequence
 
+import numpy as np
+
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
 
@@ -35,3 +37,24 @@ def norm_dims(dims, ndim: int) -> List[int]:
     if isinstance(dims, int):
         dims = [dims]
     return sorted({int(d) % ndim for d in dims})
+
+
+def shard_number(mesh, axes: Sequence[int], coords: Dict[int, int]) -> int:
+    """Which of the pieces a dimension split over mesh `axes` (outermost first) this device's
+    `coords` hold: 0 .. prod(axis sizes) - 1."""
+    shard = 0
+    for a in axes:
+        shard = shard * mesh.device_matrix[a] + coords[a]
+    return shard
+
+
+def stacked_shard_numbers(mesh, axes: Sequence[int], batch) -> np.ndarray:
+    """`shard_number` of every element of a batched call (`dtensor.batched.Batch`), shaped as
+    its batch dimensions."""
+    op_axes = list(batch.axes)
+    shard = np.zeros(batch.sizes, np.int64)
+    for a in axes:
+        shape = [1] * batch.nb
+        shape[op_axes.index(a)] = mesh.device_matrix[a]
+        shard = shard * mesh.device_matrix[a] + np.arange(mesh.device_matrix[a]).reshape(shape)
+    return shard

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from mindspore import Tensor, ops
 
-from mindspore_hyper.dtensor.rules.common import make, without_partial
+from mindspore_hyper.dtensor.rules.common import make, shard_number, stacked_shard_numbers, without_partial
 from mindspore_hyper.dtensor.rules.registry import Decision, register
 
 
@@ -43,9 +43,7 @@ def gather(call):
         an extra zero row appended to the table): three kernels instead of ten for the shift
         and the mask, the same values (a masked row is the zero row, an inside row unchanged)."""
         table, ids = inputs[0], inputs[1]
-        shard = 0
-        for a in vocab_axes:
-            shard = shard * mesh.device_matrix[a] + coords[a]
+        shard = shard_number(mesh, vocab_axes, coords)
         safe = ops.gather(local_rows(vocab, shard, local_vocab, ids.dtype), ids, 0)
         return call_.run([ops.concat((table, zero_row(table)), 0), safe] + list(inputs[2:]))
 
@@ -56,12 +54,7 @@ def gather(call):
             return None
         table, ids = batch.stacked
         table_sizes = batch.sizes_of(0)
-        op_axes = list(batch.axes)
-        shard = np.zeros(batch.sizes, np.int64)  # each batch element's vocabulary shard
-        for a in vocab_axes:
-            shape = [1] * batch.nb
-            shape[op_axes.index(a)] = mesh.device_matrix[a]
-            shard = shard * mesh.device_matrix[a] + np.arange(mesh.device_matrix[a]).reshape(shape)
+        shard = stacked_shard_numbers(mesh, vocab_axes, batch)  # each batch element's vocabulary shard
         position = np.arange(math.prod(table_sizes)).reshape(table_sizes)  # each element's table
         pad = (1,) * batch.local_ranks[1]
         offset = Tensor((shard * local_vocab).reshape(batch.sizes + pad), ids.dtype)

@@ -7,10 +7,10 @@ cross-entropy does.
 """
 from __future__ import annotations
 
-import numpy as np
 from mindspore import Tensor, ops
 
-from mindspore_hyper.dtensor.rules.common import make, norm_dims, unshard_dims, without_partial
+from mindspore_hyper.dtensor.rules.common import (make, norm_dims, shard_number, stacked_shard_numbers, unshard_dims,
+                                                  without_partial)
 from mindspore_hyper.dtensor.rules.registry import Decision, register
 
 
@@ -78,19 +78,12 @@ def gather_d(call):
     local_size = layout.local_shape(tuple(x.shape))[dim]
 
     def local_fn(call_, inputs, coords):
-        shard = 0
-        for a in axes:
-            shard = shard * mesh.device_matrix[a] + coords[a]
-        return _pick_local(call_, inputs[0], inputs[1], inputs[2], size, shard * local_size, local_size)
+        offset = shard_number(mesh, axes, coords) * local_size
+        return _pick_local(call_, inputs[0], inputs[1], inputs[2], size, offset, local_size)
 
     def batch_fn(call_, inputs, batch):
         """`local_fn` for every shard at once: each batch element's offset along `dim`."""
-        op_axes = list(batch.axes)
-        shard = np.zeros(batch.sizes, np.int64)
-        for a in axes:
-            shape = [1] * batch.nb
-            shape[op_axes.index(a)] = mesh.device_matrix[a]
-            shard = shard * mesh.device_matrix[a] + np.arange(mesh.device_matrix[a]).reshape(shape)
+        shard = stacked_shard_numbers(mesh, axes, batch)
         index = batch.full(1)
         offset = Tensor((shard * local_size).reshape(batch.sizes + (1,) * batch.local_ranks[1]), index.dtype)
         return _pick_local(call_, batch.full(0), batch.nb + dim, index, size, offset, local_size)
