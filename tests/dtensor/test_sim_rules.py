@@ -361,3 +361,11 @@ def test_gather_d_with_an_index_shorter_than_the_input():
     index = Tensor(RNG.integers(0, 8, (4, 2)).astype(np.int32))
     check(lambda a, i: ops.gather_elements(a, 1, i), [x, index], [("a", None), ("a", None)])
     check(lambda a, i: ops.gather_elements(a, 1, i), [x, index], [("a", "b"), ("a", None)])
+
+
+def test_gather_d_along_a_split_dimension_with_an_empty_index():
+    """Nothing to pick: the input is laid out whole on the dimension, as the single-device op runs it."""
+    x = x3((4, 8))
+    index = Tensor(np.zeros((4, 0), np.int32))
+    got = ops.gather_elements(distribute_tensor(x, MESH(None, ("a", "b"))), 1, index).full_tensor()
+    assert got.shape == (4, 0)

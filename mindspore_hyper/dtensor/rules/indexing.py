@@ -68,7 +68,7 @@ def gather_d(call):
     # an index shorter than the input on a dimension reads other rows than its own shard's
     shorter = [d for d in range(x.ndim) if d != dim and index.shape[d] != x.shape[d]]
     axes = x.layout.dims[dim]
-    if not axes or len(call.inputs) != 3 or call.kwargs:
+    if not axes or len(call.inputs) != 3 or call.kwargs or 0 in index.shape:
         layout = unshard_dims(x.layout, [dim] + shorter)
         index_layout = make(mesh, layout.dims)
         return Decision(inputs=[layout, index_layout], outputs=index_layout)
