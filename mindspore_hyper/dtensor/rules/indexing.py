@@ -96,7 +96,7 @@ def _pick_local(call_, x, dim: int, index, size: int, offset, local_size: int):
     """GatherD of the entries of `x` (a shard holding [offset, offset + local_size) of a
     dimension of `size`) that `index` points at, zero where another shard holds them. Index
     values follow GatherD's range [-size, size) (negative wrap); others raise IndexError."""
-    low, high = int(index.min()), int(index.max())
+    low, high = (int(v) for v in ops.stack([index.min(), index.max()]).asnumpy())  # one host read
     if low < -size or high >= size:
         raise IndexError(f"GatherD: index values must be in [{-size}, {size}) (the gathered dimension's size "
                          f"{size}); got values in [{low}, {high}]")
