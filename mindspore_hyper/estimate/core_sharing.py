@@ -68,7 +68,6 @@ class CoreSharing:
         kernels were measured (all `processes` computing): share(computing) / share(processes)."""
         return self.share(computing) / self.share(self.processes)
 
-
     def stage_speeds(self, stages: int, per_stage: int) -> "StageSpeeds":
         """The speed of each of `stages` pipeline ranks of `per_stage` processes each (stage s
         holds processes s*per_stage ..), as a function of the computing stages."""

@@ -33,19 +33,24 @@ Speeds = Union[Sequence[float], Callable[[int, FrozenSet[int]], float]]
 _FINISH_TOLERANCE = 1e-12  # relative: work left below this fraction of the step's progress counts as done
 
 
+def _is_speed(value) -> bool:
+    """A speed is a finite number > 0 (not a bool)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
 def _check_speeds(speeds: Speeds, num_ranks: int) -> Callable[[int, FrozenSet[int]], float]:
     """The speed of a rank given the computing ranks, from either form (checked)."""
     if callable(speeds):
         def checked(rank: int, computing: FrozenSet[int]) -> float:
             s = speeds(rank, computing)
-            if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
+            if not _is_speed(s):
                 raise ValueError(f"speeds({rank}, {sorted(computing)})={s!r}: expected a finite number > 0")
             return float(s)
         return checked
     if isinstance(speeds, (str, bytes)) or not isinstance(speeds, Sequence) or len(speeds) != num_ranks:
         raise ValueError(f"speeds={speeds!r}: expected one speed per number of computing ranks (1..{num_ranks})")
     for k, s in enumerate(speeds, 1):
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
+        if not _is_speed(s):
             raise ValueError(f"speeds[{k - 1}]={s!r} (the speed with {k} ranks computing): expected a finite "
                              f"number > 0")
     by_count = tuple(float(s) for s in speeds)
