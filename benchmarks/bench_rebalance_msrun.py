@@ -19,7 +19,7 @@ Method:
 The processes share this machine's cores with each other (and with other jobs): concurrency is
 real but the speed of a process depends on the load, so figures vary between runs.
 Usage (rank 0 prints):
-    MS_HYPER_MODE=distributed .venv/bin/msrun --worker_num=4 --local_worker_num=4 --master_port=8133 \\
+    MS_HYPER_MODE=distributed .venv/bin/mindspore-hyper msrun --worker_num=4 --local_worker_num=4 --master_port=8133 \\
         --log_dir=msrun_log --join=True benchmarks/bench_rebalance_msrun.py [--steps 12]
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ experts are re-placed from the routing statistics (`rebalance_experts`: 4 extra 
 hottest experts), which changes which device computes what but not the numbers.
 
     .venv/bin/python examples/moe_training.py [--steps N]          # simulation: 8 virtual devices
-    MS_HYPER_MODE=distributed .venv/bin/msrun --worker_num=2 --local_worker_num=2 \\
+    MS_HYPER_MODE=distributed .venv/bin/mindspore-hyper msrun --worker_num=2 --local_worker_num=2 \\
         --master_port=8128 --log_dir=msrun_log --join=True examples/moe_training.py
                                                                    # 2 processes: expert 2
 """

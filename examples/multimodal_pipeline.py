@@ -9,7 +9,7 @@ earlier ones). The script runs the stream synchronously, through the async pipel
 the async pipeline with the LSH feature cache, checks per-request outputs, and prints the figures.
 
     .venv/bin/python examples/multimodal_pipeline.py                      # simulation (default)
-    MS_HYPER_MODE=distributed .venv/bin/msrun --worker_num=2 --local_worker_num=2 \\
+    MS_HYPER_MODE=distributed .venv/bin/mindspore-hyper msrun --worker_num=2 --local_worker_num=2 \\
         --master_port=8129 --log_dir=msrun_log --join=True examples/multimodal_pipeline.py
 """
 from __future__ import annotations

@@ -68,7 +68,9 @@ def main():
     args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     args.add_argument("--simulate", action="store_true", help="run on 8 simulated devices, a store per device")
     args.add_argument("--steps", type=int, default=5, help="training steps (default 5)")
-    args.add_argument("--layers", type=int, default=32, help="offloaded hidden layers, an even number (default 32; at least 16 with --simulate, or a layer's working set exceeds the per-device tier, which is a quarter of its shard bytes)")
+    args.add_argument("--layers", type=int, default=32, help="offloaded hidden layers, an even number (default 32; "
+                      "below 24 (16 with --simulate) the device tier keeps room for a layer's working set, "
+                      "so the parameters are less than 4x it)")
     args = args.parse_args()
     if args.steps < 1:
         raise SystemExit(f"--steps must be at least 1, got {args.steps}")
@@ -85,11 +87,16 @@ def main():
     for p, q in zip(reference.get_parameters(), model.get_parameters()):
         q.set_data(p.data.copy())
     param_bytes = sum(p.asnumpy().nbytes for p in model.layers.get_parameters())
-    # Each device keeps 1/4 of its parameter bytes in its device tier, and 1/2 in its host pool.
+    # Each device keeps 1/4 of its parameter bytes in its device tier, and 1/2 in its host pool;
+    # the tier holds at least a layer's working set with room to prefetch: its shards plus the
+    # gradients and two Adam states of the slice it updates, 5 layers' shards on one device (6 with
+    # room), 4 in simulation (ZeRO-1 halves the states); so fewer than 24 (16) layers get that
+    # tier instead of a quarter (a shorter run, whose parameters are less than 4x the tier).
     shard_bytes = param_bytes // 4 if args.simulate else param_bytes  # tensor-parallel over 4
+    tier = max(shard_bytes // 4, (4 if args.simulate else 6) * (shard_bytes // args.layers))
     devices = 8 if args.simulate else 1
     with tempfile.TemporaryDirectory() as offload_dir:
-        mh.set_context(hyper_offload=True, cache_block_size="1MB", device_memory=shard_bytes // 4,
+        mh.set_context(hyper_offload=True, cache_block_size="1MiB", device_memory=tier,
                        host_memory=devices * shard_bytes // 2, prefetch_depth=4, offload_dir=offload_dir)
         run = simulated(model) if args.simulate else model
         off = hyper_offload(run, OffloadPolicy(cells=["layers.*"]),

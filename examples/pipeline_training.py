@@ -3,7 +3,7 @@
 The same script runs in both CPU modes:
 
     .venv/bin/python examples/pipeline_training.py      # simulation: data 2 x pipeline 2 (4 virtual devices)
-    MS_HYPER_MODE=distributed .venv/bin/msrun --worker_num=2 --local_worker_num=2 \\
+    MS_HYPER_MODE=distributed .venv/bin/mindspore-hyper msrun --worker_num=2 --local_worker_num=2 \\
         --master_port=8119 --log_dir=msrun_log --join=True examples/pipeline_training.py
                                                          # one process per pipeline rank (shared-memory p2p)
 

@@ -24,7 +24,7 @@ from models import GPT  # noqa: E402
 
 def main():
     ms.set_seed(0)
-    mh.set_context(mode="simulation", device_num=8, device_memory="64GB")
+    mh.set_context(mode="simulation", device_num=8, device_memory="64GiB")
 
     layout = Layout(device_matrix=(2, 2, 2), alias_names=("data", "tensor", "pipeline"))
     strategy = layout(tensor_map=("tensor", None, "pipeline"), optimizer_state="data")

@@ -11,7 +11,7 @@ Under msrun (the config's groups scaled to the process count, here actor + refer
 0-1, critic on 2, reward on 3; each process runs its group's roles, phase results cross groups
 point-to-point, the timeline is measured):
 
-    MS_HYPER_MODE=distributed .venv/bin/msrun --worker_num=4 --local_worker_num=4 \\
+    MS_HYPER_MODE=distributed .venv/bin/mindspore-hyper msrun --worker_num=4 --local_worker_num=4 \\
         --master_port=8131 --log_dir=msrun_log --join=True examples/rlhf_ppo.py [--timeline docs/img]
 """
 import argparse

@@ -4,7 +4,7 @@ and check every step's loss (and the final parameters) against single-device tra
 The same script runs in every mode:
 
     .venv/bin/python examples/train_transformer.py                 # simulation: 8 virtual devices
-    MS_HYPER_MODE=distributed .venv/bin/msrun --worker_num=4 --local_worker_num=4 \\
+    MS_HYPER_MODE=distributed .venv/bin/mindspore-hyper msrun --worker_num=4 --local_worker_num=4 \\
         --master_port=8118 --log_dir=msrun_log --join=True examples/train_transformer.py
                                                                    # 4 processes (see msrun_log/worker_*.log)
 

@@ -19,6 +19,11 @@ __all__ = [
 ]
 
 
+# subpackages reachable as attributes of the package (`mh.checkpoint`), imported when first named
+_SUBPACKAGES = ("checkpoint", "estimate", "launch", "pipeline", "mpmd", "moe", "offload", "multimodal", "migrate",
+                "comm", "schedule", "runtime", "dtensor", "strategy", "shard", "cli", "rlhf")
+
+
 def __getattr__(name: str):
     """The MindSpore-backed part of the public API, imported when first named."""
     if name == "auto_parallelize":
@@ -27,6 +32,10 @@ def __getattr__(name: str):
         from mindspore_hyper.checkpoint import save_checkpoint as value
     elif name == "load_checkpoint":
         from mindspore_hyper.checkpoint import load_checkpoint as value
+    elif name in _SUBPACKAGES:  # `mh.checkpoint.newest_step(...)` without importing the subpackage first
+        import importlib
+
+        value = importlib.import_module(f"mindspore_hyper.{name}")
     else:
         raise AttributeError(f"module 'mindspore_hyper' has no attribute {name!r}")
     globals()[name] = value

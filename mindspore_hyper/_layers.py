@@ -12,8 +12,9 @@ rewrites the layer section of docs/architecture.md from this table.
 
 # (layer, units, what they hold), lowest first
 LAYERS = (
-    ("foundation", ("units", "context", "autodiff", "_core", "_layers"),
-     "byte and dtype units, context flags, MindSpore grad helpers, the C++ core (extension module)"),
+    ("foundation", ("units", "context", "autodiff", "_core", "_layers", "_resources"),
+     "byte and dtype units, context flags, MindSpore grad helpers, the C++ core (extension module), "
+     "the data files shipped in the package"),
     ("algebra", ("shard",), "Layout (mesh), TensorLayout, placements, redistribution planner"),
     ("strategy, communication", ("strategy", "comm"),
      "Strategy, YAML config, process groups, resolve -> StrategyTable; Collectives protocol, backends, "
@@ -29,6 +30,8 @@ LAYERS = (
      "HyperOffload, mixture of experts, PPO on device groups, the multimodal encoder pipeline"),
     ("entry points", ("parallelize", "checkpoint", "launch", "migrate"),
      "auto_parallelize, distributed checkpoints, elastic relaunch, PyTorch migration"),
+    ("HyperParallel API", ("hyper_parallel",),
+     "upstream's hyper_parallel API (DeviceMesh, DTensor views, styles, parallelize_module) over the runtimes"),
     ("public API", ("",), "mindspore_hyper/__init__.py: the names users import"),
     ("tools", ("cli", "estimate"), "the mindspore-hyper command line, memory/time estimation (it cross-checks "
                                    "through the public API)"),

@@ -32,9 +32,9 @@ CPU_BINDINGS = ("auto", "none")
 # MindSpore reads it once, at its first op: "1" runs each op on the calling thread
 HOST_BLOCKING_ENV = "MS_DEV_HOST_BLOCKING_RUN"
 
-_UNITS = {
+_UNITS = {  # SI units are decimal (1 GB = 10^9 bytes), IEC units binary (1 GiB = 2^30 bytes)
     "": 1, "B": 1,
-    "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40,
+    "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
     "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40,
 }
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
@@ -43,7 +43,8 @@ KB, MB, GB = 1 << 10, 1 << 20, 1 << 30
 
 
 def parse_bytes(value: Any, name: str = "value") -> int:
-    """Parse a byte count: an int, or a string such as "512MB", "64GB", "4KiB" (binary units).
+    """Parse a byte count: an int, or a string such as "64GiB", "512MiB", "4KiB" (binary units, as
+    every report prints them) or "64GB", "512MB" (decimal: 1 GB = 10^9 bytes, as the SI says).
 
     Args:
         value: int bytes or a size string.
@@ -69,12 +70,13 @@ def parse_bytes(value: Any, name: str = "value") -> int:
                 raise ValueError(f"{name}={value!r}: not a whole number of bytes")
             return int(number)
     raise ValueError(
-        f"{name}={value!r}: expected a byte size, an int or a string like '512MB', '64GB', '4KB'"
+        f"{name}={value!r}: expected a byte size, an int or a string like '64GiB', '512MiB', '4KiB' "
+        f"(binary) or '64GB' (decimal, 10^9 bytes)"
     )
 
 
 def _format_bytes(n: int) -> str:
-    for unit, size in (("GB", GB), ("MB", MB), ("KB", KB)):
+    for unit, size in (("GiB", GB), ("MiB", MB), ("KiB", KB)):
         if n >= size and n % size == 0:
             return f"{n // size}{unit}"
     return f"{n}B"
@@ -179,8 +181,8 @@ FLAGS: Dict[str, Flag] = {f.name: f for f in (
     Flag("mode", _choice(MODES), _default_mode,
          "execution mode: simulation (N virtual devices in one process), distributed (msrun), native"),
     Flag("device_num", _int_range(1, 1 << 20), 8, "virtual devices in simulation mode"),
-    Flag("device_memory", _bytes_range(1, 1 << 50), "64GB", "per-device memory capacity in bytes"),
-    Flag("host_memory", _bytes_range(1, 1 << 50), "32GB", "host DRAM pool capacity of the offload store"),
+    Flag("device_memory", _bytes_range(1, 1 << 50), "64GiB", "per-device memory capacity in bytes"),
+    Flag("host_memory", _bytes_range(1, 1 << 50), "32GiB", "host DRAM pool capacity of the offload store"),
     Flag("offload_dir", _directory, "", "directory of the offload store's disk tier ('' = system temp)"),
     Flag("memory_check", _choice(MEMORY_CHECKS), "warn",
          "what simulation does when a device exceeds device_memory: warn or error"),
@@ -197,7 +199,7 @@ FLAGS: Dict[str, Flag] = {f.name: f for f in (
     Flag("sim_synchronize", _parse_bool, True,
          "simulation: launch MindSpore kernels synchronously (mindspore.runtime.launch_blocking), much cheaper for many small ops"),
     Flag("hyper_offload", _parse_bool, False, "enable HyperOffload (tiered parameter/activation store)"),
-    Flag("cache_block_size", _bytes_range(MB, GB), "128MB", "offload cache-block size in bytes"),
+    Flag("cache_block_size", _bytes_range(MB, GB), "128MiB", "offload cache-block size in bytes"),
     Flag("prefetch_depth", _int_range(1, 64), 4, "blocks the prefetch scheduler keeps in flight"),
     Flag("offload_worker_nice", _int_range(0, 19), 19,
          "nice value of the offload's background threads (I/O, host updates, writes): they yield the cores to the compute"),
@@ -206,7 +208,7 @@ FLAGS: Dict[str, Flag] = {f.name: f for f in (
     Flag("moe_cache_capacity", _int_range(0, 1 << 20), 0,
          "hyper_offload of MoE layers: experts each layer keeps on the device tier (0 = all of them)"),
     Flag("hyper_mpmd", _parse_bool, False, "enable HyperMPMD (different programs on device groups)"),
-    Flag("comm_aggregation_bytes", _bytes_range(KB, GB), "4MB",
+    Flag("comm_aggregation_bytes", _bytes_range(KB, GB), "4MiB",
          "super-packet size of the communication aggregator in bytes"),
     Flag("topology", _topology, "node8", "cluster topology: a preset name or a YAML file path"),
     Flag("dist_transport", _choice(DIST_TRANSPORTS), "shm",
@@ -229,7 +231,7 @@ def set_context(**flags: Any) -> None:
     """Set one or more flags; all are validated before any is applied.
 
     Args:
-        **flags: flag names and values, e.g. ``mode="simulation", device_num=8, device_memory="64GB"``.
+        **flags: flag names and values, e.g. ``mode="simulation", device_num=8, device_memory="64GiB"``.
 
     Raises:
         ValueError: an unknown flag name or a value outside what the flag allows.

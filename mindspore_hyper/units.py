@@ -9,7 +9,7 @@ import numpy as np
 __all__ = ["format_bytes", "itemsize", "numpy_dtype"]
 
 _BINARY = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
-_SHORT = (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10))
+_SHORT = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
 
 
 def format_bytes(n: float, short: bool = False) -> str:
@@ -17,7 +17,7 @@ def format_bytes(n: float, short: bool = False) -> str:
 
     Args:
         n: the byte count.
-        short: one decimal and no space, e.g. '8.0KB' (tables, error messages); else two
+        short: one decimal and no space, e.g. '8.0KiB' (tables, error messages); else two
             decimals and IEC units, e.g. '4.00 GiB' (reports).
 
     Returns:

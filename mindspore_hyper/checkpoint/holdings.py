@@ -105,7 +105,8 @@ class Holdings:
 
 
 def holdings_of(model, optimizer: Optional[nn.Optimizer] = None) -> Holdings:
-    """This process's holdings of `model` (a ParallelModel or a plain nn.Cell) and `optimizer`.
+    """This process's holdings of `model` (a ParallelModel, a plain nn.Cell, or an object whose
+    `checkpoint_holdings()` gives them) and `optimizer`.
 
     Raises:
         CheckpointError: `model` or `optimizer` of the wrong type, an optimizer updating
@@ -114,6 +115,8 @@ def holdings_of(model, optimizer: Optional[nn.Optimizer] = None) -> Holdings:
     """
     if isinstance(model, ParallelModel):
         holdings = _parallel(model)
+    elif not isinstance(model, nn.Cell) and callable(getattr(model, "checkpoint_holdings", None)):
+        holdings = model.checkpoint_holdings()  # another front end's view (the HyperParallel API's state dicts)
     elif isinstance(model, nn.Cell):
         holdings = _single(model)
     else:

@@ -134,6 +134,13 @@ def _match(manifest: Manifest, holdings: Holdings, directory: str) -> None:
         if manifest.optimizer is None:
             problems.append("an optimizer was given but the checkpoint holds no optimizer states "
                             "(saved without optimizer=)")
+        elif manifest.optimizer_class is not None and manifest.optimizer_class != holdings.optimizer_class:
+            held = [t.name for t in holdings.tensors if t.section == OPTIMIZER]
+            problems.append(
+                f"the checkpoint's optimizer is {manifest.optimizer_class} (states {_state_kinds(manifest.optimizer)}), "
+                f"the optimizer given is {holdings.optimizer_class} (states {_state_kinds(held)}): build the "
+                f"optimizer the checkpoint was saved with ({manifest.optimizer_class}), or load without optimizer= "
+                f"(the parameters only; the new optimizer starts from fresh states)")
         else:
             sections.append(OPTIMIZER)
     for section in sections:
@@ -155,6 +162,17 @@ def _match(manifest: Manifest, holdings: Holdings, directory: str) -> None:
                 problems.append(f"dtype mismatch of {name!r}: checkpoint {entry.dtype}, model {t.dtype}")
     if problems:
         raise CheckpointError(f"checkpoint {directory!r} does not fit the model:\n  " + "\n  ".join(problems))
+
+
+def _state_kinds(names) -> str:
+    """Optimizer state names summarised by kind: 'moment1.<parameter>' counted per prefix,
+    scalar states by name ("moment1 x 34, moment2 x 34, beta1_power")."""
+    kinds: Dict[str, int] = {}
+    for name in names:
+        prefix, dot, _ = name.partition(".")
+        key = prefix if dot else name
+        kinds[key] = kinds.get(key, 0) + 1
+    return ", ".join(k if n == 1 else f"{k} x {n}" for k, n in kinds.items()) or "none"
 
 
 def _check_files(manifest: Manifest, directory: str) -> None:

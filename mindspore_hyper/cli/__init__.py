@@ -18,7 +18,8 @@ from typing import List, Optional
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
 SUBCOMMANDS = ("mindspore_hyper.cli.estimate", "mindspore_hyper.cli.plan", "mindspore_hyper.cli.timeline",
-               "mindspore_hyper.cli.tune", "mindspore_hyper.migrate.cli", "mindspore_hyper.cli.elastic")
+               "mindspore_hyper.cli.tune", "mindspore_hyper.migrate.cli", "mindspore_hyper.cli.elastic",
+               "mindspore_hyper.cli.msrun", "mindspore_hyper.cli.run")
 
 DESCRIPTION = """\
 HyperParallel for MindSpore: plan a parallel job before renting the cluster.
@@ -32,6 +33,9 @@ HyperParallel for MindSpore: plan a parallel job before renting the cluster.
   tune       HyperOffload tuners: prefetch depth or cache-block size, by running real steps
   convert    a PyTorch model -> a MindSpore Cell: editable source, checkpoint, mapping report
   elastic    run a training script under msrun, restarting it on the processes left when one dies
+  msrun      MindSpore's msrun with this package's interpreter first on PATH (no venv activation)
+  run        a script written for HyperParallel (import hyper_parallel), simulated on N devices
+             or under msrun, with the per-device memory and collectives report
 
 Run `mindspore-hyper COMMAND --help` for each command's flags and examples."""
 

@@ -7,7 +7,7 @@ from typing import Any, Dict, List
 
 from mindspore_hyper.context import parse_bytes
 
-__all__ = ["positive_int", "nonnegative_int", "byte_size", "json_object", "int_list", "size_list"]
+__all__ = ["positive_int", "nonnegative_int", "byte_size", "is_terminal", "json_object", "int_list", "size_list"]
 
 
 def _int_at_least(low: int, text: str) -> int:
@@ -30,12 +30,21 @@ def nonnegative_int(text: str) -> int:
     return _int_at_least(0, text)
 
 
+def is_terminal(stream) -> bool:
+    """Whether `stream` is a terminal: progress bars go there only, never into piped or captured output."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
 def byte_size(text: str) -> int:
-    """A byte count: 1048576, 512MB, 64GB, 4KiB (binary units, as the context flags)."""
+    """A byte count: 1048576, 512MiB, 64GiB, 4KiB (binary) or 64GB (decimal, 10^9), as the context flags."""
     try:
         value = parse_bytes(text.strip(), "size")
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a byte size such as 512MB, 64GB or 1048576, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a byte size such as 512MiB, 64GiB (binary), 64GB (decimal, "
+                                         f"10^9 bytes) or 1048576, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a byte size >= 1, got {text!r}")
     return value

@@ -18,14 +18,14 @@ __all__ = ["add_parser", "run"]
 EXAMPLES = """\
 examples:
   mindspore-hyper estimate --preset llama2-7b --data 8 --tensor 4 --zero 1 --recompute selective \\
-      --device-memory 64GB
+      --device-memory 64GiB
   mindspore-hyper estimate --layers 32 --hidden 4096 --heads 32 --vocab 32000 --seq-len 4096 \\
       --micro-batch 2 --inference --sweep 4K:128K --plot kv_sweep.png
   mindspore-hyper estimate --config job.yaml --pipeline 4 --in-flight 2 --json
   mindspore-hyper estimate --preset gpt3-175b --tensor 8 --pipeline 8 --microbatches 64 \
       --sequence-parallel --recompute selective --hardware a100-80gb      (step time, MFU)
   mindspore-hyper estimate --preset llama2-7b --tensor 8 --context 4 --recompute selective \
-      --device-memory 64GB --sweep 4K:128K          (which lengths fit with and without cp)
+      --device-memory 64GiB --sweep 4K:128K         (which lengths fit with and without cp)
   (job.yaml: `model:` and `strategy:` sections with the fields below, optional `device_memory:`;
    flags override the file, the file overrides --preset)"""
 
@@ -105,7 +105,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               help=text)
     out = p.add_argument_group("output")
     out.add_argument("--device-memory", dest="device_memory", type=byte_size, metavar="SIZE",
-                     help="per-device budget, e.g. 64GB: says whether it fits, the largest micro-batch and the "
+                     help="per-device budget, e.g. 64GiB (64GB: 10^9 bytes): says whether it fits, the largest micro-batch and the "
                           "longest sequence that fit")
     out.add_argument("--sweep", nargs="?", const=list(DEFAULT_SEQ_LENS), type=size_list, metavar="LENGTHS",
                      help="estimate at these sequence lengths (default 4K:128K, doubling; or e.g. 4K,32K,128K)")

@@ -9,18 +9,20 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
+from mindspore_hyper._resources import resource_path
+
 __all__ = ["GPT_PRESET", "load_model_class", "build_model", "parse_input_spec", "make_inputs", "gpt_inputs",
            "GPT_DEFAULTS"]
 
 GPT_PRESET = "gpt"
 GPT_DEFAULTS = {"vocab": 128, "hidden": 64, "heads": 4, "layers": 2, "seq": 16}  # examples/models.py GPT's
-EXAMPLES_MODELS = Path(__file__).resolve().parents[2] / "examples" / "models.py"
+EXAMPLES_MODELS = Path(resource_path("examples/models.py"))  # shipped in the package; the checkout's if editable
 DTYPES = ("int32", "int64", "float16", "float32")
 _INPUT_RE = re.compile(r"^(?P<dtype>\w+):(?P<shape>\d+(?:x\d+)*)(?::(?P<high>\d+))?$")
 
 
 def load_model_class(spec: str):
-    """The Cell class named by `spec`: "gpt" (examples/models.py's GPT, from a source checkout)
+    """The Cell class named by `spec`: "gpt" (examples/models.py's GPT, shipped in the package)
     or "package.module:Class" (the current directory is importable, as with `python -m`).
 
     Raises:
@@ -28,8 +30,8 @@ def load_model_class(spec: str):
     """
     if spec == GPT_PRESET:
         if not EXAMPLES_MODELS.is_file():
-            raise ValueError(f"--model gpt: the GPT preset is examples/models.py of a source checkout, not found at "
-                             f"{EXAMPLES_MODELS}; give --model package.module:Class")
+            raise ValueError(f"--model gpt: the GPT preset (examples/models.py, shipped in the package) is not found "
+                             f"at {EXAMPLES_MODELS}; reinstall the package or give --model package.module:Class")
         module_spec = importlib.util.spec_from_file_location("mindspore_hyper_examples_models", EXAMPLES_MODELS)
         module = importlib.util.module_from_spec(module_spec)
         module_spec.loader.exec_module(module)

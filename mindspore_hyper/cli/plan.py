@@ -22,8 +22,9 @@ examples:
   mindspore-hyper plan --search --preset llama2-70b --devices 1024 --hardware h100-80gb \
       --global-batch 1024 --top 5 --plot front.png
       (no simulation: strategies ranked by the step-time model, docs/estimate.md)
-  (--data/--tensor/--pipeline/--zero lay out models with the GPT's parameter names; any model
-   takes a parallel config YAML, see docs/config.md)"""
+  mindspore-hyper plan --model mypkg.net:Net --inputs float32:8x64 --data 2 --zero 1
+      (--data and --zero lay out any model; --tensor and --pipeline the GPT's parameters by name,
+       another model takes a parallel config YAML, see docs/config.md)"""
 
 OPTIMIZERS = ("adam", "momentum", "sgd")
 
@@ -51,7 +52,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     run_group.add_argument("--forward-only", dest="forward_only", action="store_true",
                            help="simulate the forward only (the model may return any output)")
     run_group.add_argument("--device-memory", dest="device_memory", type=byte_size, metavar="SIZE",
-                           help="per-device budget the report checks (default: the context flag, 64GB)")
+                           help="per-device budget the report checks (default: the context flag, 64GiB)")
     run_group.add_argument("--topology", help="topology preset or YAML for the communication-time estimate")
     out = p.add_argument_group("output")
     out.add_argument("--plot", metavar="PNG", help="save the report's memory and communication plot (with --search: "
@@ -96,6 +97,21 @@ def _gpt_estimate(args: argparse.Namespace, strategy, report) -> list:
              "compared": r.kind != "activations" or simulated} for r in rows]
 
 
+def _any_model_config(args: argparse.Namespace, strategy) -> dict:
+    """The layout flags on a model other than the GPT preset: --data (and --zero) need no
+    parameter names; --tensor and --pipeline split the GPT's by name, so another model needs a
+    config naming its own Cells."""
+    named = [f"--{k} {getattr(args, k)}" for k in ("tensor", "pipeline") if (getattr(args, k) or 1) > 1]
+    if named:
+        raise ValueError(f"{', '.join(named)}: these flags split the GPT preset's parameters by their names; for "
+                         f"--model {args.model} give a parallel config naming its Cells (--config YAML, docs/config.md)")
+    config = {"device_matrix": [strategy.data], "alias_names": ["data"],
+              "optimizer": {"sharding": strategy.zero_stage >= 1}}
+    if strategy.zero_stage == 3:
+        config["tensor_map"] = ["data"]  # every parameter split along its first dimension that divides
+    return {"parallel_config": config}
+
+
 def run(args: argparse.Namespace) -> int:
     """Resolve, simulate one step, print the strategy table and the report (and the estimate)."""
     import mindspore_hyper as mh
@@ -120,7 +136,12 @@ def run(args: argparse.Namespace) -> int:
     strategy = None if args.config else _gpt_strategy(args)
     if strategy is not None and args.inputs is None and args.batch % strategy.data:
         raise ValueError(f"--batch {args.batch} must divide by --data {strategy.data}")
-    config = args.config or gpt_parallel_config(strategy)
+    if args.config:
+        config = args.config
+    elif args.model == GPT_PRESET:
+        config = gpt_parallel_config(strategy)
+    else:
+        config = _any_model_config(args, strategy)
     context = {k: getattr(args, k) for k in ("device_memory", "topology") if getattr(args, k) is not None}
     mh.set_context(**context)
     model = build_model(args.model, args.init_args)

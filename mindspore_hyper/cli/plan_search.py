@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from mindspore_hyper.cli.arg_types import int_list, positive_int
+from mindspore_hyper.cli.arg_types import int_list, is_terminal, positive_int
 
 __all__ = ["add_search_arguments", "run_search"]
 
@@ -75,7 +75,7 @@ def run_search(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     candidates = fitting_candidates(config, args.devices, args.hardware, args.global_batch,
                                     micro_batches=args.micro_batches, memory_fraction=args.memory_fraction,
-                                    progress=None if args.json else _progress)
+                                    progress=_progress if not args.json and is_terminal(sys.stderr) else None)
     results = refine_candidates(candidates, args.hardware, args.top)
     elapsed = time.perf_counter() - start
     if args.plot and results:

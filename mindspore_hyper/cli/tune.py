@@ -3,23 +3,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from mindspore_hyper.cli.arg_types import byte_size, int_list, nonnegative_int, positive_int, size_list
+from mindspore_hyper.cli.arg_types import byte_size, int_list, is_terminal, nonnegative_int, positive_int, size_list
 from mindspore_hyper.cli.common import add_command, add_model_arguments, check_model_arguments
 from mindspore_hyper.cli.model_spec import GPT_PRESET, build_model, gpt_inputs, make_inputs
 
 __all__ = ["add_parser", "run"]
 
 TARGETS = ("prefetch-depth", "block-size")
-DEFAULT_CANDIDATES = {"prefetch-depth": "2,4,8,16", "block-size": "32MB,64MB,128MB,256MB"}
+DEFAULT_CANDIDATES = {"prefetch-depth": "2,4,8,16", "block-size": "32MiB,64MiB,128MiB,256MiB"}
 EXAMPLES = """\
 examples:
-  mindspore-hyper tune prefetch-depth --device-memory 1MB --block-size 64KB --candidates 0,1,2,4
+  mindspore-hyper tune prefetch-depth --device-memory 1MiB --block-size 64KiB --candidates 0,1,2,4
       (the GPT preset, blocks.* offloaded, real training steps per candidate)
   mindspore-hyper tune block-size --init-args '{"layers": 4}' --device-memory 2MB \\
-      --candidates 32KB,64KB,128KB --json
+      --candidates 32KiB,64KiB,128KiB --json
   mindspore-hyper tune prefetch-depth --model mypkg.net:Net --inputs float32:32x512 float32:32x1 \\
-      --offload-cells 'layers.*' --device-memory 8MB --block-size 1MB
+      --offload-cells 'layers.*' --device-memory 8MiB --block-size 1MiB
   (a --model Class must return the scalar loss from its --inputs)"""
 
 
@@ -50,7 +51,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     tuner.add_argument("--steps", type=positive_int, default=3, help="measured steps per candidate (default 3)")
     tuner.add_argument("--warmup", type=nonnegative_int, default=1, help="unmeasured steps per candidate (default 1)")
     tuner.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="optimizer (host update rule)")
-    tuner.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
+    tuner.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr (drawn only when stderr is a terminal)")
     tuner.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=run, parser=p)
     return p
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         step = offloaded.train_step(lambda *xs: model(*xs))
         return (lambda: step(*inputs)), store
 
-    common = {"steps": args.steps, "warmup": args.warmup, "progress": args.progress}
+    common = {"steps": args.steps, "warmup": args.warmup, "progress": args.progress and is_terminal(sys.stderr)}
     if args.target == "prefetch-depth":
         run_step, store = build(args.block_size)
         try:

@@ -15,6 +15,10 @@ from mindspore import Tensor, ops
 
 from mindspore_hyper.comm.collectives import AxisGroup, Recorder, check_members, on_gradient, ring_send_bytes
 
+# a new node for the gradient hook: the Identity primitive (ops.identity, the same op, prints
+# MindSpore's deprecation warning on every run)
+_IDENTITY = ops.Identity()
+
 __all__ = ["InProcessCollectives", "reduce_tensors"]
 
 
@@ -110,7 +114,7 @@ class InProcessCollectives:
     def fan_out(self, tensor: Tensor, group: AxisGroup) -> Tensor:
         if self.recorder is None or not group.records or group.size == 1:
             return tensor
-        out = ops.identity(tensor)
+        out = _IDENTITY(tensor)
         self._on_backward(out, "AllReduce", group, nbytes_of(tensor))
         return out
 

@@ -33,13 +33,13 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
+from mindspore_hyper._resources import resource_path
 from mindspore_hyper.comm._common import _C
 
 __all__ = ["Topology", "load_topology", "PRESETS"]
 
 PRESETS = ("supernode384", "node8", "ring")
-_CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                           "configs", "topologies")
+_CONFIG_DIR = resource_path("topologies")  # the example YAML files; shipped in the package
 
 
 class Topology:

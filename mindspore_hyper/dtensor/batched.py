@@ -334,6 +334,8 @@ def _outputs(execution, result, axes, sizes, decision, call):
         local = tuple(value.shape[len(axes):])
         if layouts is None:
             layout = TensorLayout.replicated(mesh, len(local))
+        elif callable(layouts):  # a layout by output rank (rank-local results)
+            layout = layouts(len(local))
         else:
             layout = layouts[i] if isinstance(layouts, (list, tuple)) else layouts
         out_axes = significant_axes(layout)

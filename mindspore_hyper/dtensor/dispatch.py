@@ -24,6 +24,7 @@ from mindspore.ops.primitive import Primitive
 from mindspore_hyper.dtensor import mutation, shard_hints
 from mindspore_hyper.dtensor.batched import run_batched
 from mindspore_hyper.dtensor.dtensor import DTensor, is_float, key_of, significant_axes
+from mindspore_hyper.dtensor.rank_local import rank_local_decision
 from mindspore_hyper.dtensor.rules.registry import RULES, Decision
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
@@ -208,7 +209,7 @@ def dispatch(execution, func, args, kwargs):
     hint = shard_hints.take(execution, call.name, len(call.tensors))
     if hint is not None:
         call.replace_tensors([t if layout is None else _hinted(t, layout) for t, layout in zip(call.tensors, hint)])
-    decision = _decide(execution, call, written.rule if written is not None else call.name)
+    decision = rank_local_decision(call) or _decide(execution, call, written.rule if written is not None else call.name)
     if written is not None and not _covers_all_axes(decision, written.targets):
         execution.accounting.record_fallback(call.name)
         decision = replicated_decision(call)
@@ -415,6 +416,8 @@ def _assemble(execution, results: Dict[tuple, Any], axes: List[int], decision: D
             continue
         if layouts is None:
             layout = TensorLayout.replicated(mesh, sample.ndim)
+        elif callable(layouts):  # a layout by output rank (rank-local results)
+            layout = layouts(sample.ndim)
         else:
             layout = layouts[i] if isinstance(layouts, (list, tuple)) else layouts
         out_axes = significant_axes(layout)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 from mindspore import Tensor, ops
@@ -24,7 +24,7 @@ from mindspore.common.initializer import Zero
 
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
-__all__ = ["DTensor", "significant_axes", "key_of", "is_float"]
+__all__ = ["DTensor", "significant_axes", "key_of", "is_float", "to_local", "from_local", "layout_on"]
 
 Key = Tuple[int, ...]
 
@@ -63,6 +63,7 @@ class DTensor(Tensor):
         dt._execution = execution
         nbytes = math.prod(layout.local_shape(global_shape)) * dtype.itemsize
         dt._parameter_id = None  # id of the Parameter this DTensor lays out, if any
+        dt._device_mesh = None  # the mesh view it was made on (a DeviceMesh); None: its layout's mesh
         accounting = execution.accounting
         if execution.holds_activations:
             accounting.hold(nbytes)
@@ -126,17 +127,54 @@ class DTensor(Tensor):
         replicated = TensorLayout.replicated(self._layout.mesh, len(self._global_shape))
         return self.redistribute(replicated).shards[()]
 
-    def redistribute(self, layout: TensorLayout, *, record: bool = True, grad_partial_axes=()) -> "DTensor":
+    @property
+    def device_mesh(self):
+        """The mesh this DTensor lives on: the DeviceMesh (or sub-mesh) it was made on, else its
+        layout's mesh."""
+        return self._device_mesh if self._device_mesh is not None else self._layout.mesh
+
+    @property
+    def placements(self) -> tuple:
+        """One placement per dimension of `device_mesh` (Shard, Replicate or Partial)."""
+        mesh = self.device_mesh
+        return mesh.placements_of(self._layout) if hasattr(mesh, "placements_of") else self._layout.placements
+
+    def to_local(self) -> Tensor:
+        """This process's part: under msrun the rank's shard (a plain Tensor); in simulation the
+        shard when every rank holds the same one, else a rank-local value (`dtensor.rank_local`)."""
+        return to_local(self)
+
+    @staticmethod
+    def from_local(local_tensor, device_mesh, placements, *, run_check: bool = False, shape=None,
+                   stride=None) -> "DTensor":
+        """The DTensor whose shard on each rank is that rank's `local_tensor` (see
+        module function `from_local`)."""
+        return from_local(local_tensor, device_mesh, placements, run_check=run_check, shape=shape, stride=stride)
+
+    def redistribute(self, layout=None, placements=None, *, record: bool = True, grad_partial_axes=(),
+                     async_op: bool = False) -> "DTensor":
         """Execute the planner's steps with the run's collectives; returns a new DTensor.
 
         Args:
-            layout: the wanted layout.
+            layout: the wanted TensorLayout, or a device mesh (HyperParallel's
+                `redistribute(device_mesh, placements)`; None: this DTensor's mesh).
+            placements: with a device mesh: one placement per mesh dimension.
+            async_op: accepted for HyperParallel's signature; the move completes before return.
             record: account the steps (False when a global tensor is first laid out: a real run
                 starts with the shards, so neither pass moves anything).
             grad_partial_axes: mesh axes over which the result's consumers hold partial gradients
                 (an op sharded over them reads the result replicated): gathers along them
                 reduce-scatter in backward.
         """
+        if placements is not None or not isinstance(layout, TensorLayout):
+            mesh = layout if layout is not None else self.device_mesh
+            placements = self.placements if placements is None else placements
+            target = layout_on(mesh, placements, self.ndim, base=self._layout)
+            moved = self.redistribute_with_fusion(target, record=record)[0]
+            if moved is self:
+                return self
+            moved._device_mesh = mesh if hasattr(mesh, "placements_of") else None
+            return moved
         return self.redistribute_with_fusion(layout, record=record, grad_partial_axes=grad_partial_axes)[0]
 
     def redistribute_with_fusion(self, layout: TensorLayout, *, record: bool = True, grad_partial_axes=()):
@@ -224,7 +262,13 @@ class DTensor(Tensor):
         self._execution.setitem(self, index, value)
 
     def __fallback__(self, func, args, kwargs=None):
-        return self._execution.dispatch(func, args, kwargs or {})
+        if SKIP_DISPATCH and getattr(func, "name", None) not in SKIP_DISPATCH[-1]:
+            args = _locals(args)
+            kwargs = {k: _locals((v,))[0] for k, v in (kwargs or {}).items()}
+        result = self._execution.dispatch(func, args, kwargs or {})
+        if self._device_mesh is not None:
+            _keep_mesh(result, self._device_mesh)
+        return result
 
     def _become(self, other: "DTensor") -> "DTensor":
         """Take `other`'s layout and shards (the result of an in-place op on this DTensor)."""
@@ -298,7 +342,147 @@ class DTensor(Tensor):
     __str__ = __repr__
 
 
+# Op names still dispatched on DTensors, one set per open `SkipDTensorDispatch` block
+# (hyper_parallel API): inside one, every other op runs on the operands' local parts.
+SKIP_DISPATCH: list = []
+
+
+def _locals(values):
+    out = []
+    for v in values:
+        if isinstance(v, DTensor) and not v.layout.is_rank_local:
+            out.append(v.to_local())
+        elif isinstance(v, (list, tuple)) and any(isinstance(x, DTensor) for x in v):
+            out.append(type(v)(_locals(v)))
+        else:
+            out.append(v)
+    return tuple(out)
+
+
+def _keep_mesh(result, mesh) -> None:
+    """Results of an op on a DTensor made on a (sub-)mesh stay on it when their layout uses only
+    that mesh's dimensions."""
+    for value in result if isinstance(result, (tuple, list)) else (result,):
+        if isinstance(value, DTensor) and value._device_mesh is None and mesh.holds(value._layout):
+            value._device_mesh = mesh
+
+
 def _bool():
     import mindspore as ms
 
     return ms.bool_
+
+
+# -- HyperParallel/torch's local views: to_local, from_local ---------------------------------------
+
+def layout_on(mesh, placements, ndim: int, base: Optional[TensorLayout] = None) -> TensorLayout:
+    """The TensorLayout of `placements` on `mesh`: a DeviceMesh view (which maps its own dims onto
+    its root mesh; the root's other dims keep `base`'s placements, else Replicate) or a plain
+    Layout (one placement per axis)."""
+    if hasattr(mesh, "tensor_layout"):
+        return mesh.tensor_layout(placements, ndim, base=base)
+    return TensorLayout.from_placements(mesh, tuple(placements), ndim)
+
+
+def to_local(dt: "DTensor"):
+    """`dt.to_local()`: the shard when this process's ranks all hold the same one (always under
+    msrun), else a rank-local DTensor of the shards (no copy)."""
+    axes = significant_axes(dt.layout)
+    execution = dt.execution
+    if not axes:
+        return dt.shards[()]
+    if len(execution.local_ranks) == 1:
+        return dt.shards[key_of(execution.mesh.coords(execution.local_ranks[0]), axes)]
+    layout = TensorLayout.rank_local(execution.mesh, dt.ndim, axes)
+    local_shape = dt.layout.local_shape(dt.global_shape)
+    out = DTensor._create(layout, dict(dt.shards), local_shape, dt.dtype, execution)
+    out._device_mesh = dt._device_mesh
+    return out
+
+
+def from_local(local, device_mesh, placements, *, run_check: bool = False, shape=None, stride=None) -> "DTensor":
+    """The DTensor whose shard on each rank is that rank's `local` value.
+
+    A plain tensor is the same value on every rank (so `Shard` placements repeat it and a
+    `Partial("sum")` is N times it, as N devices passing the same tensor would get); a
+    rank-local value (from `to_local()` in simulation) gives each rank its own.
+
+    Args:
+        local: a Tensor or a rank-local DTensor.
+        device_mesh: a DeviceMesh (or sub-mesh): it knows the run its DTensors belong to.
+        placements: one per mesh dimension.
+        run_check: check that ranks along Replicate dimensions hold equal values (in simulation
+            they do by construction; a rank-local value varying there is refused either way).
+        shape: the global shape; must equal what the even split of `placements` gives (uneven
+            shards are not supported).
+        stride: accepted for the signature; must be None or the contiguous strides of `shape`.
+
+    Raises:
+        ValueError: a DTensor that is not rank-local, a rank-local value that differs along a
+            dimension `placements` replicate, or a `shape`/`stride` the local shards cannot give.
+    """
+    mesh = device_mesh
+    if not hasattr(mesh, "execution"):
+        raise TypeError(f"DTensor.from_local: device_mesh must be a DeviceMesh (init_device_mesh), got "
+                        f"{type(mesh).__name__}")
+    root = mesh.root
+    if isinstance(local, DTensor) and not local.layout.is_rank_local:
+        raise ValueError("DTensor.from_local: local_tensor is already a DTensor (laid out as "
+                         f"{local.layout}); use its .redistribute(device_mesh, placements)")
+    ndim = local.ndim
+    layout = layout_on(mesh, placements, ndim)
+    local_shape = tuple(local.shape)
+    global_shape = tuple(n * layout.shard_count(d) for d, n in enumerate(local_shape))
+    if shape is not None and tuple(shape) != global_shape:
+        raise ValueError(f"DTensor.from_local: shape={tuple(shape)} but local shards of shape {local_shape} under "
+                         f"{tuple(placements)} make {global_shape} (uneven shards are not supported)")
+    if stride is not None and tuple(stride) != _contiguous_strides(global_shape):
+        raise ValueError(f"DTensor.from_local: stride={tuple(stride)} is not the contiguous stride "
+                         f"{_contiguous_strides(global_shape)} of {global_shape}")
+    execution = local.execution if isinstance(local, DTensor) else mesh.execution()
+    axes = significant_axes(layout)
+    keys = execution.keys(axes)
+    if isinstance(local, DTensor):
+        source_axes = significant_axes(local.layout)
+        extra = [a for a in source_axes if a not in axes]
+        if extra:
+            names = ", ".join(repr(root.alias_names[a]) for a in extra)
+            raise ValueError(f"DTensor.from_local: the local values differ along mesh dimension {names}, but "
+                             f"placements {tuple(placements)} replicate it there; shard or make it Partial there")
+        shards = {key: local.shards[key_of(dict(zip(axes, key)), source_axes)] for key in keys}
+    else:
+        shards = {key: local for key in keys}
+        if run_check and len(execution.local_ranks) == 1:
+            _check_replicas(execution, local, axes)
+    out = DTensor._create(layout, shards, global_shape, local.dtype, execution)
+    out._device_mesh = mesh if hasattr(mesh, "placements_of") else None
+    return out
+
+
+def _check_replicas(execution, local, axes) -> None:
+    """Under msrun: the ranks along the mesh dimensions `axes` leave out (replicated there) hold
+    equal values (their elementwise max and min agree).
+
+    Raises:
+        ValueError: they differ.
+    """
+    mesh = execution.mesh
+    free = [a for a in range(mesh.ndim) if a not in axes]
+    if not free:
+        return
+    coords = mesh.coords(execution.local_ranks[0])
+    group = execution.group(free, {a: coords[a] for a in axes})
+    high = execution.collectives.all_reduce([local], "max", group)[0]
+    low = execution.collectives.all_reduce([local], "min", group)[0]
+    if not np.array_equal(high.asnumpy(), low.asnumpy()):
+        names = ", ".join(repr(mesh.alias_names[a]) for a in free)
+        raise ValueError(f"DTensor.from_local(run_check=True): the ranks along mesh dimension {names} hold "
+                         "different values where the placements say Replicate")
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))

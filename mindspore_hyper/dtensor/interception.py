@@ -16,12 +16,21 @@ with an unclear error; `install()` routes each to the dispatcher:
   (`x[i] = d`) reads placeholders; `x[d]` runs as an op on DTensors, and `x[i] = d` assigns
   the gathered values.
 
+- `mindspore.grad` / `value_and_grad` of a function returning DTensors would differentiate
+  their never-materialised placeholders: gradients of zero, silently. A function's DTensor
+  outputs are returned by their global values (`full_tensor()`, differentiable), as a DTensor
+  loss differentiates in torch; a Cell returning DTensors, and a rank-local output (no global
+  value), are refused with the fix.
+
 Calls without DTensors take MindSpore's original paths unchanged.
 """
 from __future__ import annotations
 
+import functools
 import sys
+import weakref
 
+import mindspore.ops.composite.base as grad_module
 import mindspore.ops.primitive as primitive_module
 from mindspore import Tensor
 from mindspore.common.tensor import _TensorMeta
@@ -34,6 +43,8 @@ _ORIGINAL = primitive_module._run_op
 _ORIGINAL_TENSOR_CALL = _TensorMeta.__call__
 _ORIGINAL_GETITEM = Tensor.__getitem__
 _ORIGINAL_SETITEM = Tensor.__setitem__
+_ORIGINAL_GRAD_FORWARD = grad_module._pynative_func_grad_forward
+_ORIGINAL_GRAD_BACKWARD = grad_module._pynative_func_grad_backward
 
 
 class _PrimitiveCall:
@@ -127,6 +138,72 @@ def _setitem(self, index, value):
     return _ORIGINAL_SETITEM(self, index, value)
 
 
+def _global_value(value):
+    if isinstance(value, DTensor):
+        if value.layout.is_rank_local:
+            raise ValueError("a function differentiated by mindspore.grad/value_and_grad returned a rank-local tensor "
+                             "(values that differ per device, from DTensor.to_local()); reduce it first, e.g. "
+                             "DTensor.from_local(loss, mesh, [Partial('avg')]).full_tensor()")
+        return value.full_tensor()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_global_value(v) for v in value)
+    return value
+
+
+_GLOBAL_OUTPUTS = weakref.WeakKeyDictionary()  # fn -> the same fn returning global values (stable identity)
+
+
+def _with_global_outputs(fn):
+    try:
+        return _GLOBAL_OUTPUTS[fn]
+    except (KeyError, TypeError):
+        pass
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        return _global_value(fn(*args, **kwargs))
+
+    try:
+        _GLOBAL_OUTPUTS[fn] = wrapped
+    except TypeError:
+        pass
+    return wrapped
+
+
+def _contains_dtensor(value) -> bool:
+    if isinstance(value, DTensor):
+        return True
+    return isinstance(value, (tuple, list)) and any(_contains_dtensor(v) for v in value)
+
+
+def _grad_forward(fn, *args, **kwargs):
+    """MindSpore's PyNative gradient forward, with DTensor outputs differentiable (see module docstring)."""
+    from mindspore import nn
+
+    from mindspore_hyper.autodiff import reset_after_failure
+
+    try:
+        if not isinstance(fn, nn.Cell):
+            return _ORIGINAL_GRAD_FORWARD(_with_global_outputs(fn), *args, **kwargs)
+        outputs = _ORIGINAL_GRAD_FORWARD(fn, *args, **kwargs)
+    except BaseException:
+        reset_after_failure()  # an interrupted forward would leave the executor's graph behind (autodiff.py)
+        raise
+    if _contains_dtensor(outputs):
+        reset_after_failure()
+        raise ValueError(f"mindspore.grad/value_and_grad of {type(fn).__name__}: the Cell returned a DTensor, whose "
+                         "gradient MindSpore cannot see; return its global value (loss.full_tensor()) from construct, "
+                         "differentiate a function that calls the Cell, or use parallelize_value_and_grad")
+    return outputs
+
+
+def _grad_backward(fn, *args):
+    """MindSpore's PyNative gradient backward, for the function `_grad_forward` ran."""
+    from mindspore import nn
+
+    return _ORIGINAL_GRAD_BACKWARD(fn if isinstance(fn, nn.Cell) else _with_global_outputs(fn), *args)
+
+
 def install() -> None:
     """Install the routes of the module docstring (idempotent)."""
     for name, module in list(sys.modules.items()):
@@ -136,3 +213,5 @@ def install() -> None:
     _TensorMeta.__call__ = _tensor_call
     Tensor.__getitem__ = _getitem
     Tensor.__setitem__ = _setitem
+    grad_module._pynative_func_grad_forward = _grad_forward
+    grad_module._pynative_func_grad_backward = _grad_backward

@@ -23,7 +23,15 @@ __all__ = ["run_redistribution"]
 
 def run_redistribution(dt: DTensor, layout: TensorLayout, record: bool, grad_partial_axes: Sequence[int]):
     """`dt` laid out as `layout` (a new DTensor), and the `grad_partial_axes` whose gathers took
-    over the backward gradient sum. `record` accounts the steps' bytes."""
+    over the backward gradient sum. `record` accounts the steps' bytes.
+
+    Raises:
+        ValueError: either layout is rank-local (such a value has no global value to move).
+    """
+    if dt.layout.is_rank_local or layout.is_rank_local:
+        raise ValueError(f"a rank-local tensor (DTensor.to_local() where ranks hold different values) has no global "
+                         f"value to lay out as {layout if dt.layout.is_rank_local else dt.layout}: make a DTensor of it "
+                         "with DTensor.from_local(local, device_mesh, placements)")
     plan = plan_redistribution(dt.layout, layout, dt.global_shape, dt.dtype.itemsize)
     execution = dt.execution
     shards, stacked, current = None, dt._stacked, dt.layout

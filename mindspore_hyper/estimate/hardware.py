@@ -27,12 +27,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple, Union
 
+from mindspore_hyper._resources import resource_path
 from mindspore_hyper.estimate.core_sharing import CoreSharing
 
 __all__ = ["Level", "Efficiency", "Hardware", "load_hardware", "hardware_presets", "HARDWARE_DIR", "ATTENTION_KERNELS"]
 
-HARDWARE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                            "configs", "hardware")
+HARDWARE_DIR = resource_path("hardware")  # shipped in the package; configs/hardware of an editable checkout
 ATTENTION_KERNELS = ("flash", "materialized")
 _TOP_KEYS = ("name", "description", "peak_tflops", "memory_GB", "memory_bandwidth_GBps", "levels", "attention",
              "efficiency", "sources", "kernels", "core_sharing")

@@ -9,7 +9,7 @@
       tensor: 4
       zero_stage: 1
       recompute: selective
-    device_memory: 64GB        # optional
+    device_memory: 64GiB       # optional (64GB: decimal, 10^9 bytes)
 """
 from __future__ import annotations
 

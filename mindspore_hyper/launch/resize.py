@@ -67,7 +67,7 @@ def resize_data_axis(strategy: Strategy, world_size: int, batch_size: Optional[i
     context = strategy.context
     return Strategy(resized, strategy.tensor_map, strategy.optimizer_state, strategy.data_axis, strategy.input_map,
                     strategy.overrides, context_parallel=context and context.axis,
-                    context_method=context and context.method)
+                    context_method=context and context.method, optional_overrides=strategy.optional_overrides)
 
 
 def elastic_strategy(strategy: Strategy, batch_size: Optional[int] = None) -> Strategy:

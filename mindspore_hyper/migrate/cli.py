@@ -126,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
         dtypes = _dtypes(args)
     except ValueError as exc:
         return _error(str(exc), 2)
+    if args.tracer != "auto" and args.structure != "flat":
+        return _error(f"--tracer {args.tracer} applies to --structure flat only (--structure modules, the default, "
+                      "always traces with torch.export)", 2)
     module_name, attr = args.target
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -177,8 +180,14 @@ def run(args: argparse.Namespace) -> int:
             result = {"failed": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"}
         result["shapes"] = [list(s) for s in args.check_shape]
         report.check["second_shape"] = result
-        with open(report.files["report"], "w", encoding="utf-8") as f:
-            f.write(report.to_json())
+        from mindspore_hyper.migrate.converter import write_atomic
+
+        text = report.to_json()
+
+        def write(path):
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        write_atomic(report.files["report"], write)
         if "failed" in result or result.get("max_relative_error", 0.0) > 1e-5:
             status = 1
     print(report)

@@ -7,6 +7,7 @@ needs only MindSpore and NumPy.
 """
 from __future__ import annotations
 
+import builtins
 import inspect
 import keyword
 import re
@@ -21,10 +22,11 @@ from mindspore_hyper.migrate.graph import Graph, Node, node_refs
 from mindspore_hyper.migrate.mappings import lookup_function
 from mindspore_hyper.migrate.mappings.common import literal, ms_dtype, render_literal
 from mindspore_hyper.migrate.mappings.registry import NO_VALUE, NOT_CONSTANT, Alias, Arg, Unsupported
+from mindspore_hyper.migrate.naming import FILE_NAMES, identifier
 
-__all__ = ["MappingUse", "GeneratedCode", "generate"]
+__all__ = ["MappingUse", "GeneratedCode", "generate", "root_class_name"]
 
-_RESERVED = {"ms", "mint", "ops", "nn", "np", "math", "os", "self", "Tensor", "Parameter", "build"} | set(helpers.HELPERS)
+_RESERVED = set(FILE_NAMES) | {"self"} | set(helpers.HELPERS)
 _INDENT = "    "
 
 
@@ -48,15 +50,19 @@ class GeneratedCode:
     problems: List[str] = field(default_factory=list)
 
 
+def root_class_name(name: str) -> str:
+    """The generated root class's name: `name` made a valid identifier that shadows nothing of the file
+    (`Cell` appended where it would: `MoE` -> `MoECell`)."""
+    base = re.sub(r"\W", "_", name)
+    clash = base in _RESERVED or base in ("Module", "Cell") or keyword.iskeyword(base) or not base.isidentifier() \
+        or base in dir(builtins)
+    return identifier(base + "Cell" if clash else base, set(), _RESERVED | {"Module", "Cell"}, suffix="")
+
+
 def _variable(name: str, taken: set) -> str:
-    base = re.sub(r"\W", "_", name) or "v"
-    if not base[0].isalpha() and base[0] != "_":
-        base = f"v_{base}"
-    candidate, i = base, 1
-    while candidate in taken or candidate in _RESERVED or keyword.iskeyword(candidate):
-        candidate, i = f"{base}_{i}", i + 1
-    taken.add(candidate)
-    return candidate
+    """A local name: valid, unique in its construct, shadowing no module-level name or builtin (a variable
+    named `slice` would break a later `x[slice(a, b)]`)."""
+    return identifier(name, taken, _RESERVED)
 
 
 class _Forward:

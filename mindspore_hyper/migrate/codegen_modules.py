@@ -10,6 +10,7 @@ attributes (epsilon, attention scaling) become `__init__` arguments when its cod
 """
 from __future__ import annotations
 
+import builtins
 import inspect
 import operator
 import re
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+from mindspore import nn
 
 from mindspore_hyper.migrate import helpers
 from mindspore_hyper.migrate.cell_builder import CellNode, CellPlan, ParamSpec, is_identifier, member_access
@@ -28,6 +30,7 @@ from mindspore_hyper.migrate.mappings import lookup_module
 from mindspore_hyper.migrate.mappings.common import render_literal
 from mindspore_hyper.migrate.mappings.registry import Arg, Unsupported
 from mindspore_hyper.migrate.moe_blocks import moe_class_source
+from mindspore_hyper.migrate.naming import identifier
 from mindspore_hyper.migrate.sized import CACHE_ATTR, METHOD, MIN_CACHED_OPS, size_inputs, size_only_nodes
 from mindspore_hyper.migrate.trace_modules import ModuleProgram, ModuleTrace
 
@@ -59,6 +62,7 @@ class ModuleCode:
     ties: List[Tuple[str, str]] = field(default_factory=list)  # (alias torch name, owner torch name)
     buffers: Dict[str, torch.Tensor] = field(default_factory=dict)  # Cell name -> value not in the state_dict
     moe_blocks: List[str] = field(default_factory=list)  # paths of blocks that became mindspore_hyper.moe.MoE
+    fallbacks: List[Dict[str, str]] = field(default_factory=list)  # modules written as their traced body, and why
 
 
 def _canonical(name: str) -> str:
@@ -91,8 +95,10 @@ class _Unit:
 class _ClassForward(_Forward):
     """construct() of one module: attributes are its own, module calls are its children (loops folded)."""
 
-    def __init__(self, program: ModuleProgram, units: Dict[str, _Unit], lists: set, hyper: Dict[str, float]):
+    def __init__(self, program: ModuleProgram, units: Dict[str, _Unit], lists: set, hyper: Dict[str, float],
+                 plain: bool = False):
         super().__init__(program.graph, CellPlan(root=CellNode("", "", "module")))
+        self.plain = plain  # the traced body as is: no loops folded, no size-only cache
         self.program, self.units, self.lists, self.hyper = program, units, lists, hyper
         self.used_hyper: List[str] = []
         self.in_sizes = 0
@@ -165,7 +171,12 @@ class _ClassForward(_Forward):
                 if i not in unit.kept:
                     raise Unsupported(f"output {i} of {call.target!r} could not be converted "
                                       f"(kept {unit.kept}, passed through {unit.passthrough})")
+                saved = node.args  # rendered against the kept outputs; the graph itself is left as traced
                 node.args = (call, unit.kept.index(i))
+                try:
+                    return super().render_node(node)
+                finally:
+                    node.args = saved
         return super().render_node(node)
 
     def _torch(self, rel: str) -> torch.nn.Module:
@@ -243,8 +254,8 @@ class _ClassForward(_Forward):
 
     def render(self) -> None:
         used = set(node_refs([(n.args, n.kwargs) for n in self.graph.nodes])) | set(self.graph.output_nodes())
-        loops = self._loops()
-        sized = size_only_nodes(self.graph)
+        loops = {} if self.plain else self._loops()
+        sized = set() if self.plain else size_only_nodes(self.graph)
         skip: set = set()
         location = None
         for node in self.graph.nodes:
@@ -332,6 +343,10 @@ class _ClassForward(_Forward):
         parts = []
         inputs = [self.expr[n] for n in self.graph.inputs]
         for i, value in enumerate(self.graph.outputs):
+            if isinstance(value, Node) and value in self.failed:  # its problem is already reported
+                unit.kept.append(i)
+                parts.append("None")
+                continue
             try:
                 code = self.arg(value).code
             except Unsupported as exc:
@@ -350,13 +365,17 @@ class _ClassForward(_Forward):
 
 
 _POSITION = re.compile(r"(^|_)(idx|index|id|number)$")
+_NOT_HYPER = frozenset(_RESERVED) | frozenset(dir(builtins)) | frozenset(dir(nn.Cell))
 
 
 def _hyperparameters(module: torch.nn.Module) -> Dict[str, float]:
     """The module's public float and int attributes (eps, scaling, nf, head_dim, ...); a module's position in
-    its stack (`layer_idx`) is not one (it would make each layer's code differ where it equals a size)."""
+    its stack (`layer_idx`) is not one (it would make each layer's code differ where it equals a size). Each
+    becomes an `__init__` argument and a Cell attribute of the same name, so names that would shadow a
+    module-level name of the file or a builtin, or overwrite an attribute of nn.Cell, are not used (their
+    values stay literals)."""
     return {k: v for k, v in vars(module).items() if not k.startswith("_") and type(v) in (float, int)
-            and is_identifier(k) and not _POSITION.search(k)}
+            and is_identifier(k) and not _POSITION.search(k) and k not in _NOT_HYPER}
 
 
 def _hyper_name(value: Any, hyper: Dict[str, Any], sizes: bool) -> Optional[str]:
@@ -382,6 +401,9 @@ def _params(module: torch.nn.Module) -> Dict[str, ParamSpec]:
     return found
 
 
+_CLASS_RESERVED = frozenset(_RESERVED) | {"Module", "Cell"}
+
+
 def _safe_class_name(name: str) -> str:
     name = re.sub(r"\W", "_", name)
     return name + "Cell" if name in _RESERVED or name in ("Module", "Cell") or not is_identifier(name) else name
@@ -398,7 +420,7 @@ def generate_modules(trace: ModuleTrace, root_module: torch.nn.Module, class_nam
     bodies: Dict[Tuple[str, str], str] = {}  # (torch class, body text) -> class name
     class_info: Dict[str, GeneratedClass] = {}
     class_text: Dict[str, str] = {}
-    taken_names = set()
+    taken_names = {class_name}  # class names: unique, valid, shadowing nothing of the file (naming.identifier)
     moe_paths = [p for p, prog in programs.items() if prog.moe is not None]
     for path in sorted(programs, key=lambda p: -p.count(".") - (1 if p else 0)):  # children before parents
         if any(path.startswith(f"{p}.") for p in moe_paths):
@@ -432,18 +454,19 @@ def generate_modules(trace: ModuleTrace, root_module: torch.nn.Module, class_nam
             text = moe_class_source(prog.moe)
             key = (type(module).__name__, text)
             if key not in bodies:
-                name = _safe_class_name(type(module).__name__)
-                taken_names.add(name)
+                name = identifier(_safe_class_name(type(module).__name__), taken_names, _CLASS_RESERVED, suffix="")
                 bodies[key] = name
                 class_text[name] = text.replace("class __CLASS__(", f"class {name}(", 1)
                 class_info[name] = GeneratedClass(name, prog.moe.torch_type, [], ["hidden", "ffn_hidden",
-                                                                                   "num_experts", "top_k"],
+                                                                                   "num_experts", "top_k",
+                                                                                   "normalize_top_k"],
                                                   class_text[name].count("\n") + 1)
             name = bodies[key]
             class_info[name].paths.append(path)
             spec = prog.moe
             units[path] = _Unit(f"{name}(hidden={spec.hidden}, ffn_hidden={spec.ffn_hidden}, "
-                                f"num_experts={spec.num_experts}, top_k={spec.top_k})")
+                                f"num_experts={spec.num_experts}, top_k={spec.top_k}"
+                                + ("" if spec.normalize else ", normalize_top_k=False") + ")")
             code.layers[path] = "mindspore_hyper.moe.MoE"
             code.moe_blocks.append(path)
             continue
@@ -451,8 +474,9 @@ def generate_modules(trace: ModuleTrace, root_module: torch.nn.Module, class_nam
             code.problems.append(f"{type_name(type(module))} at {path!r}: ModuleDict containers are not supported")
             units[path] = _Unit("None")
             continue
-        unit = _Unit("")
-        text, hyper_used = _class_body(prog, units, lists, code, unit)
+        unit, text, hyper_used, fallback = _generate_class(prog, units, lists, code)
+        if fallback is not None:
+            code.fallbacks.append({"module": path, "torch": type_name(type(module)), "reason": fallback})
         torch_cls = type(module).__name__
         key = (torch_cls, text)
         if path == "":
@@ -460,11 +484,7 @@ def generate_modules(trace: ModuleTrace, root_module: torch.nn.Module, class_nam
         elif key in bodies:
             name = bodies[key]
         else:
-            base = _safe_class_name(torch_cls)
-            name, i = base, 2
-            while name in taken_names or name == class_name:
-                name, i = f"{base}{i}", i + 1
-            taken_names.add(name)
+            name = identifier(_safe_class_name(torch_cls), taken_names, _CLASS_RESERVED, suffix="")
             bodies[key] = name
             class_text[name] = text.replace("class __CLASS__(", f"class {name}(", 1)
             class_info[name] = GeneratedClass(name, type_name(type(module)), [], list(hyper_used),
@@ -503,18 +523,54 @@ def generate_modules(trace: ModuleTrace, root_module: torch.nn.Module, class_nam
     return code
 
 
+def _generate_class(prog: ModuleProgram, units: Dict[str, _Unit], lists: set,
+                    code: ModuleCode) -> Tuple[_Unit, str, List[str], Optional[str]]:
+    """(unit, class text, hyper-parameters, None) of one module; when its class cannot be generated (the text
+    does not compile, the generator fails, or a call or output of its own cannot be expressed), its faithful
+    traced body instead (no hyper-parameters, loops or size cache: the module's own ops as traced), with the
+    reason as the last item. Problems the traced body shares (an unmapped op) are left in `code.problems`."""
+    marks = (len(code.problems), len(code.uses), len(code.loops))
+    unit = _Unit("")
+    try:
+        text, hyper_used = _class_body(prog, units, lists, code, unit)
+        failed = code.problems[marks[0]:]
+        if not failed:
+            compile(text, f"<class of {prog.path or '(root)'}>", "exec")
+            return unit, text, hyper_used, None
+        reason = "its class could not be generated: " + "; ".join(failed)
+    except SyntaxError as exc:
+        reason = (f"its generated class does not compile: SyntaxError: {exc.msg} (class line {exc.lineno}: "
+                  f"{(exc.text or '').strip()})")
+    except Exception as exc:  # noqa: BLE001 - a generator failure costs this module its class, nothing else
+        reason = f"generating its class failed: {type(exc).__name__}: {exc}"
+    first = list(code.problems[marks[0]:])
+    del code.problems[marks[0]:], code.uses[marks[1]:], code.loops[marks[2]:]
+    unit = _Unit("")
+    try:
+        text, hyper_used = _class_body(prog, units, lists, code, unit, plain=True)
+        compile(text, f"<traced body of {prog.path or '(root)'}>", "exec")
+    except Exception as exc:  # noqa: BLE001
+        code.problems += first or [f"{type_name(type(prog.module))} at {prog.path!r}: {reason}; its traced body "
+                                   f"failed too: {type(exc).__name__}: {exc}"]
+        return unit, "class __CLASS__(nn.Cell):\n    pass", [], None
+    if code.problems[marks[0]:]:  # the traced body has the same problems (unmapped ops): report those
+        return unit, text, hyper_used, None
+    return unit, text, hyper_used, reason
+
+
 def _class_body(prog: ModuleProgram, units: Dict[str, _Unit], lists: set, code: ModuleCode,
-                unit: _Unit) -> Tuple[str, List[str]]:
-    """The class text (named __CLASS__) of one module, and the hyper-parameters its code uses."""
+                unit: _Unit, plain: bool = False) -> Tuple[str, List[str]]:
+    """The class text (named __CLASS__) of one module, and the hyper-parameters its code uses (`plain`: the
+    traced body, sizes and values as literals, no loops or size-only cache)."""
     module, path = prog.module, prog.path
     init: List[str] = []
-    hyper = _hyperparameters(module)
+    hyper = {} if plain else _hyperparameters(module)
     shape_hyper: List[str] = []
     for name, spec in _params(module).items():
         text = _param_code(spec)
         dims = [_hyper_name(d, hyper, sizes=True) for d in spec.shape]
         if any(dims):
-            shape_hyper += [d for d in dims if d and d not in shape_hyper]
+            shape_hyper += [d for d in dict.fromkeys(dims) if d and d not in shape_hyper]  # each name once
             shape = ", ".join(f"self.{d}" if d else str(v) for d, v in zip(dims, spec.shape))
             text = text.replace(render_literal(tuple(spec.shape)), f"({shape}{',' if len(dims) == 1 else ''})", 1)
         init.append(f"{member_access('self', name)} = {text}" if is_identifier(name)
@@ -530,7 +586,7 @@ def _class_body(prog: ModuleProgram, units: Dict[str, _Unit], lists: set, code: 
     if prog.graph is not None:
         for node in prog.graph.nodes:
             node.name = _canonical(node.name)
-        forward = _ClassForward(prog, units, lists, hyper)
+        forward = _ClassForward(prog, units, lists, hyper, plain=plain)
         forward.render()
         returned = forward.returned(prog.tuple_output, unit)
         code.problems += forward.problems
@@ -544,12 +600,12 @@ def _class_body(prog: ModuleProgram, units: Dict[str, _Unit], lists: set, code: 
         construct += forward.sized_method()
         if forward.sized_call:
             init.append(f"self.{CACHE_ATTR} = {{}}  # sizes -> the values {METHOD} computed for them")
-    hyper_used += [h for h in shape_hyper if h not in hyper_used]
+    hyper_used = list(dict.fromkeys(hyper_used + shape_hyper))  # unique arguments by construction
     for h in reversed(hyper_used):
         init.insert(0, f"self.{h} = {h}")
     signature = "".join(f", {h}" for h in hyper_used)
     init_text = "\n".join(f"{_INDENT * 2}{line}" for line in ["super().__init__()"] + init)
-    doc = f'    """{type_name(type(module))} converted from PyTorch."""\n\n'
+    doc = f'    """{type_name(type(module))} converted from PyTorch{" (its traced body)" if plain else ""}."""\n\n'
     text = f"class __CLASS__(nn.Cell):\n{doc}    def __init__(self{signature}):\n{init_text}{construct}"
     return text.rstrip("\n"), hyper_used
 

@@ -2,23 +2,21 @@
 from __future__ import annotations
 
 import inspect
-import re
 import time
 from typing import Any, Dict, Optional, Tuple
 
 import torch
 from mindspore import Tensor, nn
 
-from mindspore_hyper.migrate.cell_builder import instantiate
+from mindspore_hyper.migrate.codegen import root_class_name
 from mindspore_hyper.migrate.codegen_modules import generate_modules
 from mindspore_hyper.migrate.compare import compare_outputs, to_mindspore
 from mindspore_hyper.migrate.errors import TraceFailedError, UnsupportedOpError
-from mindspore_hyper.migrate.helpers import HELPERS
 from mindspore_hyper.migrate.lowering import type_name
 from mindspore_hyper.migrate.naming import module_file_name
 from mindspore_hyper.migrate.report import ConversionReport
 from mindspore_hyper.migrate.moe_blocks import moe_weights
-from mindspore_hyper.migrate.state_dict import Placement, cell_parameters, convert_state_dict
+from mindspore_hyper.migrate.state_dict import Placement, cell_parameters, convert_state_dict, match_requires_grad
 from mindspore_hyper.migrate.trace_modules import trace_modules
 
 __all__ = ["convert_modules"]
@@ -38,6 +36,7 @@ def convert_modules(torch_module: torch.nn.Module, args: Tuple[Any, ...], kwargs
         TraceFailedError: torch.export cannot trace the model (its first error line, and the module).
         UnsupportedOpError: ops or modules without a mapping (every one, with its module path).
     """
+    _check_layers(torch_module)
     try:
         traced = trace_modules(torch_module, args, kwargs, dynamic)
     except UnsupportedOpError:
@@ -45,9 +44,7 @@ def convert_modules(torch_module: torch.nn.Module, args: Tuple[Any, ...], kwargs
     except Exception as exc:  # torch.export raises many kinds (UserError, GuardOnDataDependent, ...)
         raise TraceFailedError(f"torch.export cannot trace {type_name(type(torch_module))}: {_first_line(exc)}"
                                f"{_where(exc)}") from exc
-    name = class_name or type(torch_module).__name__
-    if name in HELPERS or not name.isidentifier():
-        name = re.sub(r"\W", "_", name) + "Cell"
+    name = root_class_name(class_name or type(torch_module).__name__)
     stem = module_file_name(name)
     code = generate_modules(traced, torch_module, name, f"{stem}.ckpt")
     report = ConversionReport(model=type_name(type(torch_module)), tracer="torch.export (module-structured)",
@@ -60,10 +57,13 @@ def convert_modules(torch_module: torch.nn.Module, args: Tuple[Any, ...], kwargs
     report.symbolic = {k: list(v) for k, v in traced.symbolic.items()}
     report.static = [f"{k} dimension {d} = {size}" for k, v in traced.symbolic.items()
                      for d, (s, size) in enumerate(zip(v, _shape(bound.arguments.get(k)))) if s is None]
+    report.fallbacks = list(code.fallbacks)
     report.unsupported = list(code.problems)
     if report.unsupported:
         raise UnsupportedOpError(report.unsupported, report)
-    cell, _ = instantiate(code.source, name, stem)
+    from mindspore_hyper.migrate.converter import load_generated
+
+    cell = load_generated(code.source, name, stem)
     params = cell_parameters(cell)
     for cell_name, value in code.buffers.items():
         params[cell_name].set_data(to_mindspore(value))
@@ -77,6 +77,7 @@ def convert_modules(torch_module: torch.nn.Module, args: Tuple[Any, ...], kwargs
                  if not any(k.startswith(f"{p}.") for p in code.moe_blocks)}
         report.weights = convert_state_dict(state, cell, ignore_missing=list(code.buffers) + list(moe))
         report.weights.placed += [Placement(t, c, how) for c, (_, t, how) in moe.items()]
+        report.weights.frozen = match_requires_grad(torch_module, cell, report.weights.placed)
     else:
         report.weights = convert_state_dict(torch_module, cell, ignore_missing=list(code.buffers))
     cell.set_train(torch_module.training)
@@ -86,6 +87,24 @@ def convert_modules(torch_module: torch.nn.Module, args: Tuple[Any, ...], kwargs
         cell_inputs = list(bound.args) + list(bound.kwargs.values())
         report.check = compare_outputs(torch_module, cell, bound.args, bound.kwargs, cell_inputs)
     return cell, report, code.source, stem
+
+
+def _check_layers(torch_module: torch.nn.Module) -> None:
+    """Refuse, before tracing, mapped layers whose configuration MindSpore cannot express (torch.export may
+    fail on them first, with a less useful message: BatchNorm(momentum=None) reads its counter)."""
+    from mindspore_hyper.migrate.mappings import lookup_module
+    from mindspore_hyper.migrate.mappings.registry import Unsupported
+
+    problems = []
+    for path, module in torch_module.named_modules():
+        mapping = lookup_module(module) if path else None
+        if mapping is not None:
+            try:
+                mapping.build(module)
+            except Unsupported as exc:
+                problems.append(f"{type_name(type(module))} at {path!r}: {exc}")
+    if problems:
+        raise UnsupportedOpError(problems)
 
 
 def _shape(value: Any) -> Tuple[int, ...]:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import re
 import time
 from typing import Any, Dict, Optional, Tuple
 
@@ -11,20 +10,19 @@ import mindspore as ms
 from mindspore import nn
 
 from mindspore_hyper.migrate.cell_builder import instantiate, plan_cells
-from mindspore_hyper.migrate.codegen import generate
+from mindspore_hyper.migrate.codegen import generate, root_class_name
 from mindspore_hyper.migrate.compare import compare_outputs, to_mindspore
-from mindspore_hyper.migrate.errors import UnsupportedOpError
+from mindspore_hyper.migrate.errors import MigrationError, UnsupportedOpError
 from mindspore_hyper.migrate.fold import fold_constants
-from mindspore_hyper.migrate.helpers import HELPERS
 from mindspore_hyper.migrate.inplace import rewrite_inplace
 from mindspore_hyper.migrate.lowering import type_name
 from mindspore_hyper.migrate.naming import module_file_name
 from mindspore_hyper.migrate.report import ConversionReport
 from mindspore_hyper.migrate.state_dict import convert_state_dict
-from mindspore_hyper.migrate.trace import trace
+from mindspore_hyper.migrate.trace import TRACERS, trace
 from mindspore_hyper.migrate.trace_fx import bind_inputs
 
-__all__ = ["convert", "module_file_name", "STRUCTURES"]
+__all__ = ["convert", "module_file_name", "STRUCTURES", "load_generated", "write_atomic"]
 
 STRUCTURES = ("flat", "modules")
 
@@ -39,7 +37,7 @@ def _example_args(example_inputs: Any) -> Tuple[Any, ...]:
 
 def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[str] = None, *,
             example_kwargs: Optional[Dict[str, Any]] = None, tracer: str = "auto", check: bool = True,
-            class_name: Optional[str] = None, structure: str = "flat",
+            class_name: Optional[str] = None, structure: str = "modules",
             dynamic: bool = True) -> Tuple[nn.Cell, ConversionReport]:
     """Convert a torch model to a MindSpore Cell with the same structure, weights and outputs.
 
@@ -50,12 +48,13 @@ def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[st
             `build(checkpoint)`), `<name>.ckpt` (MindSpore checkpoint) and `<name>.report.json`.
         example_kwargs: keyword inputs of the forward (e.g. {"attention_mask": mask}); they become
             positional inputs of the Cell, after `example_inputs`, in this order.
-        tracer: "auto" (torch.fx, torch.export when fx fails), "fx" or "export".
+        tracer: with structure="flat": "auto" (torch.fx, torch.export when fx fails), "fx" or
+            "export". structure="modules" always traces with torch.export (another value is an error).
         check: run both models on the example inputs and put the relative error in the report.
         class_name: name of the generated class (default: the torch class name).
-        structure: "modules" (one Cell class per torch module class, traced by torch.export with
-            symbolic dimensions; `tracer` is then ignored) or "flat" (one class whose construct
-            holds every op, traced by `tracer`).
+        structure: "modules" (the default: the port, one Cell class per torch module class, traced
+            by torch.export with symbolic dimensions; `report.symbolic` says which) or "flat" (one
+            class whose construct holds every op, traced by `tracer`; only on request).
         dynamic: with structure="modules", make the input dimensions symbolic where the model
             allows (False: specialised to the example shapes).
 
@@ -64,7 +63,8 @@ def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[st
 
     Raises:
         TypeError: `torch_module` is not a torch module, or the inputs do not fit its forward.
-        ValueError: MindSpore is not in PyNative mode, or `tracer` or `structure` is unknown.
+        ValueError: MindSpore is not in PyNative mode, `tracer` or `structure` is unknown, or a tracer
+            is named with structure="modules".
         UnsupportedOpError: ops or modules without a mapping (every one, with its source location).
         TraceFailedError: neither tracer can trace the model.
     """
@@ -75,6 +75,11 @@ def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[st
                          "mindspore.set_context(mode=mindspore.PYNATIVE_MODE) first")
     if structure not in STRUCTURES:
         raise ValueError(f"structure={structure!r}; expected one of {STRUCTURES}")
+    if tracer not in TRACERS:
+        raise ValueError(f"tracer={tracer!r}; expected one of {TRACERS}")
+    if structure == "modules" and tracer != "auto":
+        raise ValueError(f"tracer={tracer!r} chooses the tracer of the flat trace: pass structure='flat' with it "
+                         "(structure='modules', the default, always traces with torch.export)")
     start = time.perf_counter()
     args, kwargs = _example_args(example_inputs), dict(example_kwargs or {})
     bound = bind_inputs(torch_module, args, kwargs)
@@ -90,9 +95,7 @@ def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[st
     rewritten, problems = rewrite_inplace(graph)
     folded = fold_constants(graph)
     plan = plan_cells(torch_module, graph)
-    name = class_name or type(torch_module).__name__
-    if name in HELPERS or not name.isidentifier():
-        name = re.sub(r"\W", "_", name) + "Cell"
+    name = root_class_name(class_name or type(torch_module).__name__)
     file_stem = module_file_name(name)
     code = generate(graph, plan, name, type_name(type(torch_module)), f"{file_stem}.ckpt")
     report = ConversionReport(model=type_name(type(torch_module)), tracer=graph.tracer, uses=code.uses,
@@ -101,7 +104,7 @@ def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[st
     report.unsupported = problems + plan.problems + code.problems
     if report.unsupported:
         raise UnsupportedOpError(report.unsupported, report)
-    cell, _ = instantiate(code.source, name, file_stem)
+    cell = load_generated(code.source, name, file_stem)
     for const_name, value in plan.constants.items():
         getattr(cell.constants, const_name).set_data(to_mindspore(value))
     report.weights = convert_state_dict(torch_module, cell,
@@ -109,6 +112,13 @@ def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[st
     cell.set_train(torch_module.training)
     report.seconds = time.perf_counter() - start
     cell_inputs = [bound.arguments[str(n.target)] for n in graph.inputs]
+    for node, value in zip(graph.inputs, cell_inputs):
+        if isinstance(value, torch.Tensor):
+            arg = str(node.target)
+            report.symbolic[arg] = [None if graph.shape_specialized else f"{arg}.shape[{d}]"
+                                    for d in range(value.dim())]
+            if graph.shape_specialized:
+                report.static += [f"{arg} dimension {d} = {size}" for d, size in enumerate(value.shape)]
     if check:
         report.check = compare_outputs(torch_module, cell, bound.args, bound.kwargs, cell_inputs)
     if out is not None:
@@ -116,13 +126,66 @@ def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[st
     return cell, report
 
 
+def load_generated(source: str, class_name: str, stem: str) -> nn.Cell:
+    """Compile and import generated `source` and build its `class_name` (before anything is written).
+
+    Raises:
+        MigrationError: the source does not compile or its class cannot be built (a converter bug: the
+            message names the line), instead of a bare SyntaxError from the package's loader.
+    """
+    try:
+        cell, _ = instantiate(source, class_name, stem)
+    except SyntaxError as exc:
+        raise MigrationError(f"the generated source of {class_name} does not compile (nothing was written): "
+                             f"SyntaxError: {exc.msg} at line {exc.lineno}: {(exc.text or '').strip()}") from exc
+    except Exception as exc:
+        raise MigrationError(f"the generated {class_name} cannot be built (nothing was written): "
+                             f"{type(exc).__name__}: {exc}") from exc
+    return cell
+
+
+def write_atomic(path: str, write) -> None:
+    """Write a file through `write(temporary path)` and rename it to `path`: a reader never sees a partial
+    file, and on failure nothing is left behind."""
+    folder, name = os.path.split(path)
+    stem, ext = os.path.splitext(name)
+    temporary = os.path.join(folder, f".{stem}.{os.getpid()}.tmp{ext}")  # MindSpore keeps a .ckpt suffix
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+
+
+def _write_text(text: str):
+    def write(path: str) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    return write
+
+
 def _write(out: str, stem: str, source: str, cell: nn.Cell, report: ConversionReport) -> None:
+    """The source, checkpoint and report under `out`, each written to a temporary file and renamed; all
+    three are prepared before the first rename, so a failure leaves no file (and no new directory)."""
+    created = not os.path.isdir(out)
     os.makedirs(out, exist_ok=True)
     paths = {"source": os.path.join(out, f"{stem}.py"), "checkpoint": os.path.join(out, f"{stem}.ckpt"),
              "report": os.path.join(out, f"{stem}.report.json")}
-    with open(paths["source"], "w", encoding="utf-8") as f:
-        f.write(source)
-    ms.save_checkpoint(cell, paths["checkpoint"])
+    temporary = {k: os.path.join(out, f".{stem}.{os.getpid()}.tmp{os.path.splitext(v)[1]}") for k, v in paths.items()}
+    temporary["report"] = os.path.join(out, f".{stem}.{os.getpid()}.tmp.report.json")
     report.files = dict(paths)
-    with open(paths["report"], "w", encoding="utf-8") as f:
-        f.write(report.to_json())
+    try:
+        _write_text(source)(temporary["source"])
+        ms.save_checkpoint(cell, temporary["checkpoint"])
+        _write_text(report.to_json())(temporary["report"])
+        for kind in ("checkpoint", "report", "source"):
+            os.replace(temporary[kind], paths[kind])
+    except BaseException:
+        report.files = {}
+        for path in temporary.values():
+            if os.path.exists(path):
+                os.remove(path)
+        if created and not os.listdir(out):
+            os.rmdir(out)
+        raise

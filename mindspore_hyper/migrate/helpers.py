@@ -11,7 +11,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, mint, nn, ops
 
-__all__ = ["Module", "param", "scaled_dot_product_attention", "layer_norm", "diff", "PaddingEmbedding", "HELPERS"]
+__all__ = ["Module", "param", "scaled_dot_product_attention", "layer_norm", "diff", "PaddingEmbedding",
+           "padded_embedding", "repeat_interleave", "HELPERS"]
 
 
 class Module(nn.Cell):
@@ -69,6 +70,24 @@ class PaddingEmbedding(nn.Embedding):
         return ops.gather(table, ids, 0)
 
 
+def padded_embedding(weight, ids, padding_idx):
+    """torch's functional embedding with padding_idx: the rows of `ids`; row `padding_idx` gets no gradient."""
+    keep = ops.cast(mint.ne(ops.arange(0, weight.shape[0]), padding_idx), weight.dtype)
+    keep = mint.reshape(keep, (-1, 1))
+    table = mint.add(mint.mul(weight, keep), mint.mul(ops.stop_gradient(weight), mint.sub(1, keep)))
+    return ops.gather(table, ids, 0)
+
+
+def repeat_interleave(x, repeats, dim=None):
+    """torch.repeat_interleave with a whole number of repeats: each element `repeats` times along `dim`."""
+    if dim is None:
+        x, dim = mint.flatten(x), 0
+    dim = dim % x.ndim
+    shape = list(x.shape)
+    expanded = mint.broadcast_to(mint.unsqueeze(x, dim + 1), tuple(shape[:dim + 1] + [repeats] + shape[dim + 1:]))
+    return mint.reshape(expanded, tuple(shape[:dim] + [shape[dim] * repeats] + shape[dim + 1:]))
+
+
 def diff(x, n=1, dim=-1, prepend=None, append=None):
     """torch.diff: the n-th forward difference along `dim`, after concatenating prepend/append."""
     if prepend is not None:
@@ -82,4 +101,5 @@ def diff(x, n=1, dim=-1, prepend=None, append=None):
 
 
 HELPERS = {"Module": Module, "param": param, "scaled_dot_product_attention": scaled_dot_product_attention,
-           "layer_norm": layer_norm, "diff": diff, "PaddingEmbedding": PaddingEmbedding}
+           "layer_norm": layer_norm, "diff": diff, "PaddingEmbedding": PaddingEmbedding,
+           "padded_embedding": padded_embedding, "repeat_interleave": repeat_interleave}

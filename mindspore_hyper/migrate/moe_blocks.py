@@ -1,8 +1,10 @@
 """Sparse mixture-of-experts blocks of transformers models -> `mindspore_hyper.moe.MoE`.
 
 A block is mapped when its semantics are MoE's exactly: router logits `x W^T`, softmax over the
-experts (float32), the top-k probabilities renormalised to sum to 1, SwiGLU experts
-(`silu(x Wg) * (x Wu)) Wd`) and no shared expert. transformers' `MixtralSparseMoeBlock`
+experts (float32), the top-k probabilities (renormalised to sum to 1 where the block does: MoE's
+`normalize_top_k`), SwiGLU experts (`silu(x Wg) * (x Wu)) Wd`, no expert bias) and no shared expert:
+transformers' `MixtralSparseMoeBlock`, `Qwen3MoeSparseMoeBlock` and `OlmoeSparseMoeBlock` (their
+`norm_topk_prob`). `MixtralSparseMoeBlock`
 (`MixtralTopKRouter` + `MixtralExperts`, SiLU, no router jitter) is such a block; the experts
 become MoE's batched weights (`w_gate`, `w_up`, `w_down`), so expert parallelism applies.
 
@@ -28,7 +30,7 @@ import numpy as np
 import torch
 
 __all__ = ["MoEBlockSpec", "recognize", "not_mapped_reason", "dense_experts_modules", "dense_forwards",
-           "moe_weights", "moe_class_source"]
+           "verify_dense", "moe_weights", "moe_class_source"]
 
 
 @dataclass(frozen=True)
@@ -40,11 +42,23 @@ class MoEBlockSpec:
     ffn_hidden: int
     num_experts: int
     top_k: int
+    normalize: bool = True  # the chosen probabilities renormalised to sum to 1 (Qwen3-MoE/OLMoE: norm_topk_prob)
+
+
+# blocks whose router is softmax(x W^T) in float32 -> top-k -> (renormalised when the flag says so), whose
+# experts are SwiGLU over gate_up_proj / down_proj, and whose output is the weighted sum alone (read in their
+# transformers 5 sources): block class -> the attribute holding the renormalisation flag (None: always)
+_SAME_ROUTING = {"MixtralSparseMoeBlock": None, "Qwen3MoeSparseMoeBlock": "norm_topk_prob",
+                 "OlmoeSparseMoeBlock": "norm_topk_prob"}
+_ROUTERS = {"MixtralTopKRouter", "Qwen3MoeTopKRouter", "OlmoeTopKRouter"}
 
 
 def recognize(module: torch.nn.Module) -> Optional[MoEBlockSpec]:
     """The spec of a block with MoE's semantics (see module docstring), else None."""
-    if type(module).__name__ != "MixtralSparseMoeBlock":
+    kind = type(module).__name__
+    if kind not in _SAME_ROUTING:
+        return None
+    if type(getattr(module, "gate", None)).__name__ not in _ROUTERS:
         return None
     gate, experts = getattr(module, "gate", None), getattr(module, "experts", None)
     if gate is None or experts is None or not hasattr(experts, "gate_up_proj") or not hasattr(experts, "down_proj"):
@@ -53,9 +67,13 @@ def recognize(module: torch.nn.Module) -> Optional[MoEBlockSpec]:
         return None
     if getattr(module, "jitter_noise", 0.0) and module.training:
         return None  # random router jitter in training: MoE has logit noise, not input jitter
+    if getattr(experts, "has_bias", False) or getattr(experts, "gate_up_proj_bias", None) is not None:
+        return None
     num_experts, two_f, hidden = experts.gate_up_proj.shape
+    flag = _SAME_ROUTING[kind]
+    normalize = True if flag is None else bool(getattr(module.gate, flag))
     return MoEBlockSpec(f"{type(module).__module__}.{type(module).__qualname__}", hidden, two_f // 2, num_experts,
-                        int(module.top_k))
+                        int(module.gate.top_k), normalize)
 
 
 def not_mapped_reason(module: torch.nn.Module) -> Optional[str]:
@@ -77,6 +95,8 @@ def dense_experts_modules(root: torch.nn.Module, mapped: Dict[str, torch.nn.Modu
         if type(m).__name__.endswith("Experts") and hasattr(m, "gate_up_proj") and hasattr(m, "down_proj") and \
                 type(getattr(m, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU"):
             found[path] = m
+        elif type(m).__name__ == "GptOssExperts" and hasattr(m, "_apply_gate"):
+            found[path] = m  # biased experts, clamped SwiGLU: dense_gated_experts
     return found
 
 
@@ -92,18 +112,69 @@ def dense_experts(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
     return (out * weights.transpose(0, 1)[:, :, None]).sum(0)
 
 
+def dense_gated_experts(self, hidden_states: torch.Tensor, router_indices: torch.Tensor,
+                        routing_weights: torch.Tensor) -> torch.Tensor:
+    """gpt-oss's experts (gate_up_proj (E, H, 2F) and down_proj (E, F, H) with biases, its own clamped SwiGLU
+    `_apply_gate`) run on every token, the non-chosen weighted 0 (exact, E / k times the expert FLOPs)."""
+    num_experts = self.gate_up_proj.shape[0]
+    chosen = (router_indices[..., None] == torch.arange(num_experts)).to(hidden_states.dtype)  # [T, k, E]
+    weights = (chosen * routing_weights[..., None].to(hidden_states.dtype)).sum(1)  # [T, E]
+    gate_up = torch.matmul(hidden_states.unsqueeze(0), self.gate_up_proj) + self.gate_up_proj_bias[:, None, :]
+    out = torch.matmul(self._apply_gate(gate_up), self.down_proj) + self.down_proj_bias[:, None, :]  # [E, T, H]
+    return (out * weights.transpose(0, 1)[:, :, None]).sum(0)
+
+
 def dense_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     """A Mixtral block's output with every expert computed and the non-chosen ones weighted 0."""
     shape = hidden_states.shape
     x = hidden_states.reshape(-1, shape[-1])
     probs = torch.softmax(torch.nn.functional.linear(x, self.gate.weight).float(), dim=-1)
-    top, index = torch.topk(probs, self.top_k, dim=-1)
-    top = top / top.sum(dim=-1, keepdim=True)
+    spec = recognize(self)
+    top, index = torch.topk(probs, spec.top_k, dim=-1)
+    if spec.normalize:
+        top = top / top.sum(dim=-1, keepdim=True)
     weights = torch.zeros_like(probs).scatter(1, index, top).to(x.dtype)  # [T, E]
     gate_up = torch.einsum("th,efh->tef", x, self.experts.gate_up_proj)
     g, u = gate_up.chunk(2, dim=-1)
     out = torch.einsum("tef,ehf->teh", torch.nn.functional.silu(g) * u, self.experts.down_proj)
     return (out * weights[:, :, None]).sum(1).reshape(shape)
+
+
+def verify_dense(root: torch.nn.Module, experts: Dict[str, torch.nn.Module], args, kwargs) -> Dict[str, str]:
+    """Run `root` once, and for every experts module compare its own output with its dense formulation on the
+    inputs it received (<= 1e-5 relative): a class whose forward computes something else (a transposed layout,
+    an extra term) must not be replaced. Returns path -> why, for those that differ (they are left as written)."""
+    seen: Dict[str, tuple] = {}
+    hooks = []
+    for path, module in experts.items():
+        def hook(mod, a, k, out, path=path):
+            seen.setdefault(path, (a, k, out))
+        hooks.append(module.register_forward_hook(hook, with_kwargs=True))
+    from mindspore_hyper.migrate.lowering import preserved_buffers
+
+    try:
+        with torch.no_grad(), preserved_buffers(root):
+            root(*args, **kwargs)
+    finally:
+        for h in hooks:
+            h.remove()
+    refused = {}
+    for path, module in experts.items():
+        if path not in seen:
+            continue
+        a, k, out = seen[path]
+        dense = dense_gated_experts if type(module).__name__ == "GptOssExperts" else dense_experts
+        try:
+            with torch.no_grad():
+                got = dense(module, *a, **k)
+            scale = float(out.abs().max()) or 1.0
+            error = float((got - out).abs().max()) / scale
+        except Exception as exc:  # noqa: BLE001 - another signature or layout
+            refused[path] = f"its dense formulation does not apply ({type(exc).__name__}: {exc})"
+            continue
+        if not error <= 1e-5:
+            refused[path] = f"its dense formulation differs from its forward ({error:.1e} relative)"
+    return refused
 
 
 @contextmanager
@@ -112,7 +183,8 @@ def dense_forwards(blocks: Dict[str, torch.nn.Module], experts: Dict[str, torch.
     for block in blocks.values():
         block.forward = types.MethodType(dense_forward, block)
     for module in experts.values():
-        module.forward = types.MethodType(dense_experts, module)
+        dense = dense_gated_experts if type(module).__name__ == "GptOssExperts" else dense_experts
+        module.forward = types.MethodType(dense, module)
     try:
         yield
     finally:
@@ -143,9 +215,10 @@ def moe_class_source(spec: MoEBlockSpec) -> str:
         "class __CLASS__(nn.Cell):\n"
         f'    """{spec.torch_type} as mindspore_hyper.moe.MoE: softmax router, top-k renormalised, SwiGLU experts\n'
         '    as batched weights (expert parallel under a strategy with an expert axis)."""\n\n'
-        "    def __init__(self, hidden, ffn_hidden, num_experts, top_k):\n"
+        "    def __init__(self, hidden, ffn_hidden, num_experts, top_k, normalize_top_k=True):\n"
         "        super().__init__()\n"
-        "        self.moe = MoE(hidden, ffn_hidden, num_experts, top_k=top_k, aux_loss_coef=0.0, normalize_top_k=True)\n\n"
+        "        self.moe = MoE(hidden, ffn_hidden, num_experts, top_k=top_k, aux_loss_coef=0.0,\n"
+        "                       normalize_top_k=normalize_top_k)\n\n"
         "    def construct(self, hidden_states):\n"
         "        output, _ = self.moe(hidden_states)  # the auxiliary loss: torch's block has none\n"
         "        return output")

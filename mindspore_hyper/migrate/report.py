@@ -33,9 +33,12 @@ class ConversionReport:
             how many modules share it, the first one's path, its __init__ hyper-parameters, lines.
         layers: (structure="modules") module path -> the MindSpore layer it maps to.
         loops: (structure="modules") CellList paths whose per-layer calls are a loop in construct.
-        symbolic: (structure="modules") input name -> per-dimension symbol (None: static).
-        static: (structure="modules") input dimensions torch.export kept static, with their size.
+        symbolic: input name -> per-dimension symbol (None: static); with structure="flat", torch.fx keeps
+            every dimension symbolic (read at run time) and torch.export none.
+        static: input dimensions the Cell is specialised to, with their size.
         source_lines: lines of the generated source file.
+        fallbacks: (structure="modules") one row per module written as its traced body because its class
+            could not be generated: {"module": path, "torch": class, "reason": why}.
     """
 
     model: str
@@ -56,6 +59,7 @@ class ConversionReport:
     symbolic: Dict[str, List[Optional[str]]] = field(default_factory=dict)
     static: List[str] = field(default_factory=list)
     source_lines: int = 0
+    fallbacks: List[Dict[str, str]] = field(default_factory=list)
 
     def mapping_table(self) -> List[Dict[str, Any]]:
         """One row per (torch op, MindSpore API): count and first location."""
@@ -73,7 +77,7 @@ class ConversionReport:
                 "outputs": list(self.outputs), "check": dict(self.check), "files": dict(self.files),
                 "seconds": self.seconds, "classes": list(self.classes), "layers": dict(self.layers),
                 "loops": list(self.loops), "symbolic": dict(self.symbolic), "static": list(self.static),
-                "source_lines": self.source_lines}
+                "source_lines": self.source_lines, "fallbacks": list(self.fallbacks)}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str)
@@ -91,6 +95,9 @@ class ConversionReport:
         if self.symbolic:
             lines.append("input dimensions: " + "; ".join(
                 f"{k}: ({', '.join(s or 'static' for s in v)})" for k, v in self.symbolic.items()))
+        if self.fallbacks:
+            lines.append("modules written as their traced body (their class could not be generated):")
+            lines += [f"  {f['module'] or '(root)'} ({f['torch']}): {f['reason']}" for f in self.fallbacks]
         if self.static:
             lines.append("static (specialised by torch.export): " + ", ".join(self.static))
         table = self.mapping_table()

@@ -24,7 +24,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore_hyper.migrate.errors import StateDictMismatchError
 
 __all__ = ["NAME_RULES", "DROPPED", "Placement", "HyperParameter", "StateDictReport", "convert_state_dict",
-           "cell_parameters"]
+           "cell_parameters", "match_requires_grad"]
 
 NAME_RULES: Dict[str, Tuple[str, ...]] = {
     "weight": ("gamma", "embedding_table"),
@@ -66,10 +66,11 @@ class StateDictReport:
     placed: List[Placement] = field(default_factory=list)
     dropped: List[str] = field(default_factory=list)
     hyperparameters: List[HyperParameter] = field(default_factory=list)
+    frozen: List[str] = field(default_factory=list)  # Cell parameters made non-trainable as in torch
 
     def to_dict(self) -> dict:
         return {"placed": [vars(p) for p in self.placed], "dropped": list(self.dropped),
-                "hyperparameters": [vars(h) for h in self.hyperparameters]}
+                "hyperparameters": [vars(h) for h in self.hyperparameters], "frozen": list(self.frozen)}
 
     def __str__(self) -> str:
         lines = [f"{len(self.placed)} tensors placed, {len(self.dropped)} dropped"]
@@ -216,4 +217,19 @@ def convert_state_dict(state_dict: Union[Mapping[str, Any], Any], cell: nn.Cell,
         target.set_data(Tensor(array, dtype=target.dtype))
     if torch_module is not None:
         report.hyperparameters = _hyperparameters(torch_module, cell, apply_hyperparameters)
+        report.frozen = match_requires_grad(torch_module, cell, report.placed)
     return report
+
+
+def match_requires_grad(torch_module, cell: nn.Cell, placed: Iterable[Placement]) -> List[str]:
+    """Cell parameters filled from torch parameters with requires_grad=False are frozen too (a MindSpore
+    layer's table is trainable by default: Whisper's sinusoidal position embedding would train); returns
+    their names."""
+    frozen = {n for n, p in torch_module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    params = cell_parameters(cell)
+    done = []
+    for p in placed:
+        if p.torch_name in frozen and p.cell_name in params and params[p.cell_name].requires_grad:
+            params[p.cell_name].requires_grad = False
+            done.append(p.cell_name)
+    return done

@@ -23,7 +23,7 @@ from mindspore_hyper.migrate.inplace import rewrite_inplace
 from mindspore_hyper.migrate.lowering import Lowering, output_names, preserved_buffers, type_name
 from mindspore_hyper.migrate.mappings import lookup_module
 from mindspore_hyper.migrate.moe_blocks import (MoEBlockSpec, dense_experts_modules, dense_forwards,
-                                                not_mapped_reason, recognize)
+                                                not_mapped_reason, recognize, verify_dense)
 from mindspore_hyper.migrate.trace_export import _schema_kwargs
 from mindspore_hyper.migrate.trace_fx import bind_inputs
 
@@ -142,13 +142,20 @@ def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str
         dims = _dynamic_shapes(module, dims)
     moe_blocks = {p: m for p, m in module.named_modules() if recognize(m) is not None}
     dense = dense_experts_modules(module, moe_blocks)
+    refused = verify_dense(module, dense, args, kwargs) if dense else {}
+    dense = {p: m for p, m in dense.items() if p not in refused}
     notes = [f"{p} ({type(m).__name__}): converted generically, its experts computed densely (every token "
              f"through every expert, the non-chosen weighted 0: exact, E/k times the expert FLOPs), not as "
              f"mindspore_hyper.moe.MoE: {not_mapped_reason(m)}"
              for p, m in module.named_modules() if not_mapped_reason(m)]
+    notes += [f"{p} ({type(dense_m).__name__}) left as written (not computed densely): {why}"
+              for p, why in refused.items() for dense_m in [module.get_submodule(p)]]
     with dense_forwards(moe_blocks, dense):
         ep = torch.export.export(module, tuple(args), kwargs=dict(kwargs), dynamic_shapes=dims, strict=False)
-    mutated = [s for s in ep.graph_signature.output_specs if s.kind.name != "USER_OUTPUT"]
+    mapped_leaves = {p for p, m in module.named_modules() if p and lookup_module(m) is not None}
+    # a mapped layer's own buffers (BatchNorm's running statistics in training) are updated by its MindSpore layer
+    mutated = [s for s in ep.graph_signature.output_specs if s.kind.name != "USER_OUTPUT" and not (
+        s.kind.name == "BUFFER_MUTATION" and str(s.target).rpartition(".")[0] in mapped_leaves)]
     if mutated:
         raise UnsupportedOpError([f"the exported program updates {', '.join(str(s.target) for s in mutated)} in "
                                   "place (not supported)"])
@@ -164,7 +171,8 @@ def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str
     values: Dict[torch.fx.Node, Any] = {}
     with torch.no_grad(), preserved_buffers(unflat), _recording(values):
         unflat(*args, **kwargs)
-    call_args = _call_arguments(module, args, kwargs)
+    with dense_forwards(moe_blocks, dense):  # the same computation as exported, so the values match bitwise
+        call_args = _call_arguments(module, args, kwargs)
     torch_modules = dict(module.named_modules(remove_duplicate=False))
     unflat_modules = _children_of(unflat)
     programs: Dict[str, ModuleProgram] = {}
@@ -274,10 +282,15 @@ def _dynamic_shapes(module: torch.nn.Module, dims: Dict[str, Any]) -> Any:
     """The dynamic_shapes argument for export: by parameter name of the forward."""
     import inspect
 
-    params = list(inspect.signature(module.forward).parameters)
     spec = {}
-    for name, d in zip(params, dims["args"]):
-        spec[name] = d
+    rest = list(dims["args"])
+    for p in inspect.signature(module.forward).parameters.values():
+        if not rest:
+            break
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:  # forward(self, *inputs): one entry, a tuple
+            spec[p.name], rest = tuple(rest), []
+        elif p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            spec[p.name] = rest.pop(0)
     spec.update(dims["kwargs"])
     return spec
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from mindspore_hyper import _core
 from mindspore_hyper.context import get_context
+from mindspore_hyper.units import format_bytes
 
 __all__ = ["OffloadStore", "StoreError", "CapacityError", "DiskError", "CorruptBlockError"]
 
@@ -66,6 +67,10 @@ class OffloadStore:
         self.worker_nice = int(worker_nice if worker_nice is not None else get_context("offload_worker_nice"))
         if not 0 <= self.worker_nice <= 19:
             raise ValueError(f"worker_nice must be in 0..19, got {self.worker_nice}")
+        if self.device_memory < self.block_size:
+            raise ValueError(f"device_memory={format_bytes(self.device_memory, short=True)} holds no cache block of "
+                             f"cache_block_size={format_bytes(self.block_size, short=True)}: raise device_memory "
+                             f"(per device in simulation) or lower cache_block_size")
         self.blocks = _core.BlockStore(self.block_size, self.device_memory, self.host_memory, directory,
                                        drop_page_cache=drop_page_cache, direct_io=direct_io)
         self.tensors = _core.TensorStore(self.blocks)

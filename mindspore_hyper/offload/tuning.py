@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Sequence, TextIO, Tuple
 
 from mindspore_hyper.offload.api import WorkingSetError
+from mindspore_hyper.units import format_bytes
 
 __all__ = ["TuneResult", "tune_prefetch_depth", "tune_block_size", "ProgressBar"]
 
@@ -114,7 +115,7 @@ def tune_block_size(build: Callable[[int], Tuple[Callable[[], Any], Any]],
     Args:
         build: ``block_size -> (run_step, store)``; called once per candidate (a candidate whose
             working set does not fit the device tier raises WorkingSetError and is skipped).
-        candidates: block sizes in bytes (64-128MB suit a real device; small values for tests).
+        candidates: block sizes in bytes (64-128 MiB suit a real device; small values for tests).
 
     Returns:
         TuneResult(best=block_size, measurements={block_size: {...}}).
@@ -127,9 +128,9 @@ def tune_block_size(build: Callable[[int], Tuple[Callable[[], Any], Any]],
         except WorkingSetError as exc:
             result.measurements[bs] = {"error": str(exc)}
             for _ in range(steps + warmup):
-                bar.update(f"block={bs // MB if bs >= MB else bs} skipped")
+                bar.update(f"block={format_bytes(bs, short=True)} skipped")
             continue
-        label = f"block={bs // MB}MB" if bs >= MB else f"block={bs}B"
+        label = f"block={format_bytes(bs, short=True)}"
         result.measurements[bs] = _measure(run_step, store, steps, warmup, bar, label)
         store.close()
     feasible = [b for b, m in result.measurements.items() if "error" not in m]

@@ -60,6 +60,10 @@ class OpByOpRuntime(Runtime):
         """The devices this mode runs: a strategy's mesh must have exactly as many."""
 
     @abc.abstractmethod
+    def holds_all_ranks(self) -> bool:
+        """Whether this process holds every device of the job (its values cannot differ per rank)."""
+
+    @abc.abstractmethod
     def device_count_text(self, count: int) -> str:
         """`count` devices in this mode's words (e.g. "device_num=4")."""
 

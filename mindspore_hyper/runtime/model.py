@@ -19,7 +19,25 @@ from mindspore_hyper.dtensor.dispatch import distribute, parameter_dtensor
 from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.strategy.resolve import ParamRow, StrategyTable
 
-__all__ = ["ParallelModel"]
+__all__ = ["ParallelModel", "check_loss"]
+
+
+def check_loss(output, where: str = "train_step") -> None:
+    """Refuse a model output that is not a scalar loss (a training step would otherwise train
+    on the sum of the outputs).
+
+    Raises:
+        ValueError: naming what the model returned and how to wrap it with a loss.
+    """
+    fix = ("train_step needs the model to return the loss: wrap the network with its loss before "
+           "auto_parallelize, e.g. nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, "
+           "reduction='mean')), or a Cell whose construct returns loss_fn(net(x), labels)")
+    if isinstance(output, (tuple, list)):
+        raise ValueError(f"{where}: the model returned {len(output)} outputs ({type(output).__name__}); {fix}")
+    if not isinstance(output, Tensor):
+        raise ValueError(f"{where}: the model returned a {type(output).__name__}, not a Tensor; {fix}")
+    if output.size != 1:
+        raise ValueError(f"{where}: the model returned a tensor of shape {tuple(output.shape)}, not a scalar loss; {fix}")
 
 
 class ParallelModel(nn.Cell):
@@ -43,6 +61,7 @@ class ParallelModel(nn.Cell):
         self.return_dtensor = return_dtensor
         self.accounting = Accounting(self.mesh.size)
         self.last_step_seconds = 0.0
+        self._needs_loss = False  # set by train_step: the forward must return a scalar loss
         self.execution = runtime.execution(self.mesh, self.accounting, self._parameter_fan_out)
         self.execution.context_parallel = self.strategy.context
         if self.strategy.context is not None:
@@ -88,10 +107,13 @@ class ParallelModel(nn.Cell):
         self.begin_step()
         injected = self._parameters_as_dtensors()
         self.execution.holds_activations = _pynative_executor.requires_grad()
+        self.last_forward_recorded_gradients = self.execution.holds_activations  # a backward follows (report)
         try:
             args = [self._distribute_input(x) for x in inputs]
             outputs = self.network(*args)
             result = self._collect(outputs)
+            if self._needs_loss:  # inside train_step: refused before any backward runs
+                check_loss(result, "train_step")
         finally:
             for cell, name in injected:
                 del cell.__dict__[name]
@@ -122,6 +144,47 @@ class ParallelModel(nn.Cell):
         network's trainable parameters; under msrun with ZeRO-1, this process's slices of them."""
         return list(self.network.trainable_params())
 
+    def check_optimizer(self, optimizer: nn.Optimizer, where: str = "train_step") -> None:
+        """Refuse an optimizer that does not update what this mode needs: built on the model's
+        full parameters where ZeRO-1 (`optimizer_state=`) gives each process only a slice of them
+        (its states would stay full size), or (train_step) holding Parameters that are not the
+        model's; `report` takes an optimizer of a larger model (a pipeline's, over every stage)
+        but not one that updates none of this model's Parameters.
+        Called by `train_step` and `report` each time (a set of ids: cheap).
+
+        Raises:
+            ValueError: naming the parameter, both shapes and the fix (build the optimizer on
+                `optimizer_parameters()`).
+        """
+        full = list(self.network.trainable_params())
+        targets = self.optimizer_parameters()
+        wanted = {id(p) for p in targets}
+        sliced = {id(p): t for p, t in zip(full, targets) if t is not p}
+        own = {id(p) for p in full}
+        whole, foreign = [], []
+        for p in optimizer.parameters:
+            if id(p) in wanted:
+                continue
+            if id(p) in sliced:
+                whole.append((p, sliced[id(p)]))
+            elif id(p) not in own:
+                foreign.append(p)
+        if whole:
+            p, t = whole[0]
+            raise ValueError(
+                f"{where}: the optimizer was built on the model's full parameters, but "
+                f"optimizer_state={self.strategy.optimizer_state!r} (ZeRO-1) has this process update only its "
+                f"slice of {len(whole)} of them ({p.name!r}: shape {tuple(p.shape)} here, its slice "
+                f"{tuple(t.shape)}); its states would stay full size. Build the optimizer on the parallel "
+                f"model's optimizer_parameters(), e.g. nn.Adam(parallel_model.optimizer_parameters(), "
+                f"learning_rate=...)")
+        if foreign and (where != "report" or len(foreign) == len(optimizer.parameters)):
+            raise ValueError(
+                f"{where}: the optimizer updates {len(foreign)} Parameter(s) that are not this model's "
+                f"(first: {foreign[0].name!r}, shape {tuple(foreign[0].shape)}); build it on the parallel "
+                f"model's optimizer_parameters(), e.g. nn.Adam(parallel_model.optimizer_parameters(), "
+                f"learning_rate=...)")
+
     def train_step(self, optimizer: nn.Optimizer, *inputs) -> Tensor:
         """One training step: forward (the model returns the loss), backward, gradient
         synchronisation, optimizer update. Same call in every mode.
@@ -132,12 +195,22 @@ class ParallelModel(nn.Cell):
 
         Returns:
             The loss.
+
+        Raises:
+            ValueError: the optimizer is not built on `optimizer_parameters()` (see
+                `check_optimizer`); the model returns something else than a scalar loss (before
+                any backward or update runs).
         """
+        self.check_optimizer(optimizer, "train_step")
         weights = tuple(self.network.trainable_params())
         if getattr(self, "_grad_fn", None) is None or self._grad_weights != weights:
             self._grad_fn = value_and_grad(self, None, weights)
             self._grad_weights = weights
-        loss, grads = self.compute_gradients(*inputs)
+        self._needs_loss = True
+        try:
+            loss, grads = self.compute_gradients(*inputs)
+        finally:
+            self._needs_loss = False
         optimizer(self.optimizer_gradients(optimizer, weights, grads))
         self.after_update()
         return loss
@@ -176,7 +249,8 @@ class ParallelModel(nn.Cell):
             return x
         layout, notes = self.strategy.input_layout(tuple(x.shape))
         if notes:
-            raise ValueError(f"input of shape {tuple(x.shape)} cannot be split as declared: {'; '.join(notes)}")
+            why = self.strategy.input_split_error(tuple(x.shape)) or "; ".join(notes)
+            raise ValueError(f"input of shape {tuple(x.shape)} cannot be split as declared: {why}")
         return distribute(self.execution, x, layout)
 
     def _collect(self, outputs):
@@ -190,4 +264,6 @@ class ParallelModel(nn.Cell):
         """Per-device memory and communication of the last step (a StepReport)."""
         from mindspore_hyper.runtime.report import StepReport
 
+        if optimizer is not None:
+            self.check_optimizer(optimizer, "report")
         return StepReport.build(self, optimizer)

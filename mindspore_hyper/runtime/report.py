@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -47,13 +47,15 @@ class StepReport:
     simulated: bool = True  # every device of the mesh simulated in this process (else: this process's own)
     p2p: Dict[str, Dict[str, int]] = field(default_factory=dict)  # pipeline: stage boundary -> send counts/bytes
     timeline: object = None  # pipeline: the schedule's Timeline with measured per-stage costs
+    backward_ran: Optional[bool] = None  # the last step's forward recorded gradients (None: not known)
 
     @classmethod
     def build(cls, model, optimizer=None) -> "StepReport":
         table, acc = model.table, model.accounting
         per = table.bytes_per_device()
         ranks = model.local_ranks
-        optimizer_bytes = _optimizer_bytes(table, optimizer, ranks) if optimizer is not None else None
+        simulated = model.runtime.name == "simulation"
+        optimizer_bytes = _optimizer_bytes(table, optimizer, ranks, simulated) if optimizer is not None else None
         memory = {}
         for rank in ranks:
             memory[rank] = {
@@ -68,7 +70,7 @@ class StepReport:
             memory=memory, comm=_nest(acc.comm), comm_backward=_nest(acc.comm_backward),
             fallbacks=dict(acc.fallbacks),
             device_memory=get_context("device_memory"), step_seconds=model.last_step_seconds,
-            simulated=model.runtime.name == "simulation",
+            simulated=simulated, backward_ran=getattr(model, "last_forward_recorded_gradients", None),
         )
         report.comm_time_estimate_s = _comm_time(report, table.mesh)
         report.check_memory()
@@ -118,11 +120,12 @@ class StepReport:
         if crow:
             lines.append("communication per step (bytes sent per device):")
             lines += _table(["phase", "collective", "axis", "count", "bytes"], crow)
-            lines.append("  backward: recorded when gradients moved (nothing before a backward pass has run)")
+            lines.append(self._backward_note())
             lines.append(f"estimated communication time per step: {self.comm_time_estimate_s * 1e3:.3f} ms "
                          f"(alpha-beta, topology {get_context('topology')!r}, no overlap)")
         else:
-            lines.append("communication per step: none")
+            lines.append("communication per step: none" + (" (the last step ran no backward pass)"
+                                                           if self.backward_ran is False else ""))
         if self.p2p:
             lines.append("pipeline stage-boundary sends per step (activations / gradients):")
             lines += _table(["boundary", "act count", "act bytes", "grad count", "grad bytes"],
@@ -136,6 +139,14 @@ class StepReport:
                          ", ".join(f"{k}: {v}" for k, v in sorted(self.fallbacks.items())))
         lines += self.notes
         return "\n".join(lines)
+
+    def _backward_note(self) -> str:
+        """The line under the communication table: what the backward rows mean for this step."""
+        if self.backward_ran is False:
+            return "  backward: none, the last step was a forward without gradients (no backward pass ran)"
+        if self.backward_ran and not self.comm_backward:
+            return "  backward: a backward pass ran and moved no gradient between devices"
+        return "  backward: recorded when the gradients moved"
 
     def memory_groups(self):
         """(label, memory row) per set of devices with equal memory figures: one row per device
@@ -197,10 +208,12 @@ def _ranges(ranks: List[int]) -> str:
     return ",".join(parts)
 
 
-def _optimizer_bytes(table, optimizer, ranks) -> Dict[int, int]:
+def _optimizer_bytes(table, optimizer, ranks, simulated: bool = True) -> Dict[int, int]:
     """Bytes of the optimizer's per-parameter states on each of `ranks`. A state Parameter is
-    matched to its parameter by name suffix; a global-shaped state (simulation) counts at the
-    parameter's optimizer layout, a local one (msrun) at its actual size."""
+    matched to its parameter by name suffix; in simulation, where states are global tensors, a
+    global-shaped state counts at the parameter's optimizer layout; under msrun every state
+    counts at its actual size (what this process really holds, even when a shard has the
+    global shape, as a replicated parameter's does)."""
     per_rank = {rank: 0 for rank in ranks}
     rows = {row.name: row for row in table}
     for _, state in optimizer.parameters_and_names():
@@ -208,7 +221,7 @@ def _optimizer_bytes(table, optimizer, ranks) -> Dict[int, int]:
         row = rows.get(pname)
         if row is None or pname == state.name:
             continue
-        if tuple(state.shape) == row.global_shape:
+        if simulated and tuple(state.shape) == row.global_shape:
             nbytes = math.prod(row.optimizer_layout.local_shape(row.global_shape)) * state.dtype.itemsize
         else:
             nbytes = math.prod(state.shape) * state.dtype.itemsize

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
-from mindspore_hyper.shard.placement import Partial, Placement, Replicate, Shard, REDUCE_OPS
+from mindspore_hyper.shard.placement import RANK_LOCAL, REDUCE_OPS, Partial, Placement, Replicate, Shard
 
 if TYPE_CHECKING:
     from mindspore_hyper.shard.layout import Layout
@@ -52,7 +52,7 @@ class TensorLayout:
                 raise ValueError(f"partial axis {axis!r} is not an axis of {mesh}")
             if index in used:
                 raise ValueError(f"partial axis {mesh.alias_names[index]!r} already shards a tensor dimension")
-            if op not in REDUCE_OPS:
+            if op not in REDUCE_OPS and op != RANK_LOCAL:
                 raise ValueError(f"partial op {op!r} on axis {mesh.alias_names[index]!r}: expected one of {REDUCE_OPS}")
             parsed_partial[index] = op
         if len(set(parsed_partial.values())) > 1:
@@ -81,9 +81,9 @@ class TensorLayout:
         partial = {}
         for axis, p in enumerate(placements):
             if isinstance(p, Shard):
-                if p.dim >= ndim:
+                if not -ndim <= p.dim < ndim:
                     raise ValueError(f"placements[{axis}]={p!r}: tensor has only {ndim} dimensions")
-                dims[p.dim].append(axis)
+                dims[p.dim % ndim].append(axis)
             elif isinstance(p, Partial):
                 partial[axis] = p.op
             elif not isinstance(p, Replicate):
@@ -124,6 +124,17 @@ class TensorLayout:
         return bool(self._partial)
 
     @property
+    def is_rank_local(self) -> bool:
+        """A rank-local value's layout: each rank along the marked axes has its own tensor (of
+        the layout's whole shape) and there is no global value (see `rank_local`)."""
+        return any(op == RANK_LOCAL for _, op in self._partial)
+
+    @classmethod
+    def rank_local(cls, mesh: Layout, ndim: int, axes: Sequence[int]) -> "TensorLayout":
+        """The layout of a value whose ranks differ along mesh `axes` (replicated along the others)."""
+        return cls.from_dims(mesh, [()] * ndim, {a: RANK_LOCAL for a in axes})
+
+    @property
     def tensor_map(self) -> Tuple:
         """Alias view: an alias, None, or a tuple of aliases per dimension."""
         names = self._mesh.alias_names
@@ -153,7 +164,13 @@ class TensorLayout:
 
     @property
     def placements(self) -> Tuple[Placement, ...]:
-        """One placement per mesh axis."""
+        """One placement per mesh axis.
+
+        Raises:
+            ValueError: a rank-local layout (it has no placements: no global value).
+        """
+        if self.is_rank_local:
+            raise ValueError(f"{self}: a rank-local value has no placements (no global value)")
         out: List[Placement] = [Replicate()] * self._mesh.ndim
         for dim, entry in enumerate(self._dims):
             for a in entry:

@@ -20,6 +20,7 @@ The schema (full reference with the mapping semantics in docs/config.md)::
           devices: [0-63]
       parameter_level:                        # optional, explicit per-parameter maps
         - {name: head.weight, tensor_map: [tensor, None]}
+        - {name: "*.lora_*", tensor_map: [tensor], optional: true}   # may match nothing
     process_groups:                           # optional, the multimodal example
       text_encoder: {ranks: [0-127], hardware: NPU, batch_size: 32}
     scheduler: dynamic                        # optional default scheduler of the groups
@@ -52,8 +53,8 @@ CONFIG_KEYS = ("device_matrix", "alias_names", "device_num", "data_axis", "pipel
                "input_map", "context_parallel", "optimizer", "module_level", "parameter_level")
 CONTEXT_KEYS = ("axis", "method")
 OPTIMIZER_KEYS = ("sharding", "offload")
-MODULE_KEYS = ("name", "strategy", "devices")
-PARAMETER_KEYS = ("name", "tensor_map")
+MODULE_KEYS = ("name", "strategy", "devices", "optional")
+PARAMETER_KEYS = ("name", "tensor_map", "optional")
 MPMD = "mpmd"
 DEFAULT_ALIASES = ("data", "tensor", "pipeline")
 
@@ -77,6 +78,8 @@ class ModuleEntry:
         pipeline: number of pipeline stages requested, or None.
         devices: the ranks of an mpmd entry.
         tensor_map: the parameter tensor map the splits mean (trailing unsplit dims dropped).
+        optional: `optional: true` in the YAML: the pattern may match no Cell (a config shared by
+            several models); otherwise that is an error naming the nearest Cells.
     """
 
     pattern: str
@@ -86,6 +89,7 @@ class ModuleEntry:
     pipeline: Optional[int] = None
     devices: Tuple[int, ...] = ()
     tensor_map: Tuple = ()
+    optional: bool = False
 
     @property
     def param_pattern(self) -> str:
@@ -104,11 +108,13 @@ class ModuleEntry:
 
 @dataclass(frozen=True)
 class ParameterEntry:
-    """One `parameter_level` entry: an explicit tensor map for parameters named `name`."""
+    """One `parameter_level` entry: an explicit tensor map for parameters named `name`
+    (`optional`: it may match no parameter of the model)."""
 
     name: str
     tensor_map: Tuple
     path: str
+    optional: bool = False
 
     @property
     def explicit(self) -> bool:
@@ -372,10 +378,11 @@ class _Loader:
             if "strategy" not in item:
                 raise ConfigError(f"{path}.strategy", "missing; expected a mapping like {tensor: (2,1)} or 'mpmd'")
             strategy = item["strategy"]
+            optional = _optional(item, path)
             if strategy == MPMD:
                 if "devices" not in item:
                     raise ConfigError(f"{path}.devices", "missing; an mpmd entry needs devices like [0-63]")
-                out.append({"name": name, "path": path, "kind": "mpmd",
+                out.append({"name": name, "path": path, "kind": "mpmd", "optional": optional,
                             "devices": parse_ranks(item["devices"], f"{path}.devices")})
                 continue
             if "devices" in item:
@@ -394,12 +401,14 @@ class _Loader:
                     pipeline = value
                     continue
                 splits[key] = parse_split_tuple(value, where)
-            out.append({"name": name, "path": path, "kind": "spmd", "splits": splits, "pipeline": pipeline})
+            out.append({"name": name, "path": path, "kind": "spmd", "splits": splits, "pipeline": pipeline,
+                        "optional": optional})
         return out
 
     def _module_entry(self, m: dict, mesh: Layout, pipeline_axis: str) -> ModuleEntry:
         if m["kind"] == "mpmd":
-            return ModuleEntry(pattern=m["name"], path=m["path"], kind="mpmd", devices=m["devices"])
+            return ModuleEntry(pattern=m["name"], path=m["path"], kind="mpmd", devices=m["devices"],
+                               optional=m["optional"])
         path = m["path"]
         if m["pipeline"] is not None:
             where = f"{path}.strategy.pipeline"
@@ -434,7 +443,7 @@ class _Loader:
             aliases = sorted(dims.get(d, []), key=mesh.axis_index)
             tmap.append(None if not aliases else aliases[0] if len(aliases) == 1 else tuple(aliases))
         return ModuleEntry(pattern=m["name"], path=path, kind="spmd", splits=dict(m["splits"]),
-                           pipeline=m["pipeline"], tensor_map=tuple(tmap))
+                           pipeline=m["pipeline"], tensor_map=tuple(tmap), optional=m["optional"])
 
     # -- mesh --------------------------------------------------------------------------------
     def _mesh(self, raw_modules: List[dict], groups: List[DeviceGroup], pipeline_axis: str):
@@ -572,8 +581,17 @@ class _Loader:
                                                     "a parameter name or pattern"):
             if "tensor_map" not in item:
                 raise ConfigError(f"{path}.tensor_map", "missing; expected e.g. [tensor, None]")
-            out.append(ParameterEntry(name, self._tensor_map(item["tensor_map"], mesh, f"{path}.tensor_map"), path))
+            out.append(ParameterEntry(name, self._tensor_map(item["tensor_map"], mesh, f"{path}.tensor_map"), path,
+                                      _optional(item, path)))
         return out
+
+
+def _optional(item: dict, path: str) -> bool:
+    """An entry's `optional` flag (default False): True lets its pattern match nothing."""
+    value = item.get("optional", False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{path}.optional", f"{value!r}; expected true or false")
+    return value
 
 
 def parse_split_tuple(value: Any, path: str) -> Tuple[int, ...]:

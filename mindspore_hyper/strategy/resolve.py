@@ -8,9 +8,11 @@ that holds it, and why (the deciding strategy entry). Pipeline stages are assign
 """
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import math
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -192,13 +194,15 @@ def resolve_strategy(cell, config_or_strategy: Union[Strategy, ParallelConfig, d
         The StrategyTable.
 
     Raises:
-        ValueError: an explicit per-parameter entry names no parameter; an override does not
+        ValueError: an override, module_level or parameter_level pattern matches nothing in the
+            model (the message lists the nearest names; opt out per pattern with
+            `override(..., optional=True)` or `optional: true` in the YAML); an override does not
             divide a parameter's shape or has more entries than its rank. From a config these are
             ConfigError naming the YAML path.
         TypeError: `config_or_strategy` is of an unsupported type.
 
     Warns:
-        UserWarning: a module / process-group / wildcard pattern matches nothing in the model.
+        UserWarning: a process-group `modules` pattern matches no Cell of the model.
     """
     if isinstance(config_or_strategy, Strategy):
         strategy, config = config_or_strategy, None
@@ -272,32 +276,47 @@ def resolve_strategy(cell, config_or_strategy: Union[Strategy, ParallelConfig, d
 
 
 def _check_overrides(strategy: Strategy, param_names: List[str]) -> None:
+    optional = getattr(strategy, "optional_overrides", ())
     for pattern in strategy.overrides:
         hits = [n for n in param_names if fnmatch.fnmatchcase(n, pattern)]
-        if hits:
+        if hits or pattern in optional:
             continue
         if not is_glob(pattern):
-            raise ValueError(f"override {pattern!r} names no parameter of the model; parameters: {param_names}")
-        warnings.warn(f"override pattern {pattern!r} matches no parameter of the model", UserWarning, stacklevel=3)
+            raise ValueError(f"override {pattern!r} names no parameter of the model; "
+                             f"{nearest_names(pattern, param_names, 'parameter')}")
+        raise ValueError(f"override pattern {pattern!r} matches no parameter of the model; "
+                         f"{nearest_names(pattern, param_names, 'parameter')}; if it is meant for other models, "
+                         f"add it with override(..., optional=True)")
 
 
 def _check_config_patterns(config: ParallelConfig, cell_names: List[str], param_names: List[str]) -> None:
+    optional = "; if the entry is meant for other models, mark it `optional: true`"
     for entry in config.modules:
-        if not any(fnmatch.fnmatchcase(c, entry.pattern) for c in cell_names):
-            warnings.warn(f"{entry.path}.name: pattern {entry.pattern!r} matches no Cell of the model",
-                          UserWarning, stacklevel=3)
+        if not entry.optional and not any(fnmatch.fnmatchcase(c, entry.pattern) for c in cell_names):
+            raise ConfigError(f"{entry.path}.name", f"pattern {entry.pattern!r} matches no Cell of the model; "
+                                                    f"{nearest_names(entry.pattern, cell_names, 'Cell')}{optional}")
     for group in config.groups:
         if group.kind == "process_group" and not any(fnmatch.fnmatchcase(c, group.modules) for c in cell_names):
             warnings.warn(f"{group.path}: modules pattern {group.modules!r} matches no Cell of the model",
                           UserWarning, stacklevel=3)
     for entry in config.parameters:
-        if any(fnmatch.fnmatchcase(n, entry.name) for n in param_names):
+        if entry.optional or any(fnmatch.fnmatchcase(n, entry.name) for n in param_names):
             continue
-        if entry.explicit:
-            raise ConfigError(f"{entry.path}.name", f"{entry.name!r} names no parameter of the model; "
-                                                    f"parameters: {param_names}")
-        warnings.warn(f"{entry.path}.name: pattern {entry.name!r} matches no parameter of the model",
-                      UserWarning, stacklevel=3)
+        what = "names" if entry.explicit else "matches"
+        raise ConfigError(f"{entry.path}.name", f"{entry.name!r} {what} no parameter of the model; "
+                                                f"{nearest_names(entry.name, param_names, 'parameter')}{optional}")
+
+
+def nearest_names(pattern: str, names: Sequence[str], what: str, count: int = 5) -> str:
+    """"nearest <what> names: ..." for a pattern that matched nothing: the model's names closest to
+    it, numbered indices folded into `*` (`layers.0.attn`, `layers.1.attn` -> `layers.*.attn`, a
+    pattern the user can paste), or the model's having none."""
+    if not names:
+        return f"the model has no {what}s"
+    folded = list(dict.fromkeys(re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", n) for n in names))
+    bare = pattern.replace("*", "").replace("?", "")
+    ranked = sorted(folded, key=lambda n: -difflib.SequenceMatcher(None, bare, n.replace("*", "")).ratio())
+    return f"nearest {what} names: {', '.join(ranked[:count])}"
 
 
 def _entry_for(config: ParallelConfig, path: str) -> Optional[ModuleEntry]:
@@ -321,9 +340,15 @@ def _check_rank(config: ParallelConfig, path: Optional[str], tmap: Tuple, name: 
     entry = _entry_for(config, path) if path else None
     if entry is not None and entry.kind == "spmd" and entry.required_rank() > len(shape):
         counts = ", ".join(f"{k}: ({','.join(map(str, v))})" for k, v in entry.splits.items())
+        leaf = name.rpartition(".")[2]
+        fix = "[None]" if len(shape) == 1 else "[" + ", ".join(["None"] * len(shape)) + "]"
         raise ConfigError(entry.split_path(), f"{{{counts}}} splits dimension {entry.required_rank() - 1}, but "
                                               f"parameter {name!r} of Cells matching {entry.pattern!r} has shape "
-                                              f"{shape} ({len(shape)} dimensions)")
+                                              f"{shape} ({len(shape)} dimensions). To keep it replicated (a "
+                                              f"row-parallel layer's bias is added after the partial sums are "
+                                              f"reduced), add a parameter_level entry, which wins over module_level: "
+                                              f"parameter_level: [{{name: \"{entry.pattern}.{leaf}\", "
+                                              f"tensor_map: {fix}}}] (as configs/tensor_parallel_8.yaml does)")
     if path and path.startswith("parallel_config.parameter_level") and len(tmap) > len(shape):
         raise ConfigError(f"{path}.tensor_map", f"{len(tmap)} entries but parameter {name!r} has shape {shape} "
                                                 f"({len(shape)} dimensions)")

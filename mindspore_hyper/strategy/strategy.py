@@ -56,7 +56,11 @@ class Strategy:
         data_axis: mesh alias splitting the batch dimension of inputs; defaults to "data" when
             the mesh has such an axis, else None.
         input_map: explicit tensor map for inputs (overrides data_axis), applied by position.
-        overrides: ordered {name pattern: tensor map}; the last matching pattern wins.
+        overrides: ordered {name pattern: tensor map}; the last matching pattern wins. A pattern
+            that matches no parameter of the model is an error in `resolve_strategy` unless it
+            is in `optional_overrides` (or added with `override(..., optional=True)`).
+        optional_overrides: override patterns that may match nothing (a strategy shared by
+            several models).
         context_parallel: mesh alias splitting the inputs' sequence dimension (context
             parallelism), or None.
         context_method: how attention crosses that axis: "ring" (default) or "ulysses".
@@ -70,7 +74,7 @@ class Strategy:
     def __init__(self, mesh: Layout, tensor_map: Sequence = (), optimizer_state: Optional[str] = None,
                  data_axis=_AUTO, input_map: Optional[Sequence] = None,
                  overrides: Optional[Dict[str, Sequence]] = None, context_parallel: Optional[str] = None,
-                 context_method: Optional[str] = None):
+                 context_method: Optional[str] = None, optional_overrides=()):
         self.mesh = mesh
         TensorLayout(mesh, tensor_map)  # validates aliases and uniqueness
         self.tensor_map = tuple(tensor_map)
@@ -94,6 +98,7 @@ class Strategy:
         self.overrides: Dict[str, Tuple] = {}
         for pattern, tmap in (overrides or {}).items():
             self._add_override(pattern, tmap)
+        self.optional_overrides = set(optional_overrides)
 
     def _check_context(self) -> None:
         axis = self.context.axis
@@ -128,9 +133,18 @@ class Strategy:
         self.overrides.pop(pattern, None)
         self.overrides[pattern] = tuple(tensor_map)
 
-    def override(self, pattern: str, *tensor_map) -> "Strategy":
-        """Add (or move to last) an override for parameters whose name matches `pattern`; returns self."""
+    def override(self, pattern: str, *tensor_map, optional: bool = False) -> "Strategy":
+        """Add (or move to last) an override for parameters whose name matches `pattern`; returns self.
+
+        optional=True: the pattern may match no parameter of the model (otherwise
+        `resolve_strategy` refuses it, naming the nearest parameter names)."""
+        if not isinstance(optional, bool):
+            raise ValueError(f"override {pattern!r}: optional={optional!r}; expected True or False")
         self._add_override(pattern, tensor_map)
+        if optional:
+            self.optional_overrides.add(pattern)
+        else:
+            self.optional_overrides.discard(pattern)
         return self
 
     def matching_override(self, name: str) -> Optional[str]:
@@ -175,6 +189,39 @@ class Strategy:
         if self.context is not None and self.input_map is None:
             tmap = (self.data_axis, self.context.axis)
         return self._fit(tmap, tuple(shape), "input")
+
+    def input_split_error(self, shape: Sequence[int]) -> Optional[str]:
+        """Why a model input of `shape` cannot be split as this strategy declares, with the fix
+        (which batch sizes work, padding the sequence, input_map), or None when it splits."""
+        shape = tuple(int(s) for s in shape)
+        tmap = self.input_map if self.input_map is not None else ((self.data_axis,) if self.data_axis else ())
+        if self.context is not None and self.input_map is None:
+            tmap = (self.data_axis, self.context.axis)
+        entries = list(tmap[:len(shape)]) + [None] * (len(shape) - len(tmap))
+        problems = []
+        for dim, entry in enumerate(entries):
+            count = TensorLayout(self.mesh, [entry]).shard_count(0)
+            size = shape[dim]
+            if size % count == 0:
+                continue
+            axes = f"mesh axis {entry!r}" if isinstance(entry, str) else f"mesh axes {tuple(entry)}"
+            lower, upper = size // count * count, (size // count + 1) * count
+            nearest = f"{lower} or {upper}" if lower else str(upper)
+            if dim == 0 and self.data_axis is not None and self.data_axis in _aliases([entry]):
+                problems.append(
+                    f"the batch (dimension 0) is {size}, which does not divide over the {count} devices of {axes}: "
+                    f"use a global batch that is a multiple of {count} ({', '.join(str(count * k) for k in (1, 2, 3))}, "
+                    f"...; here {nearest}), e.g. drop the last partial batch (dataset.batch(n, drop_remainder=True)) "
+                    f"or pad it")
+            elif self.context is not None and self.context.axis in _aliases([entry]):
+                problems.append(
+                    f"the sequence (dimension {dim}) is {size} long, which does not divide over the {count} devices "
+                    f"of the context-parallel {axes}: pad it to a multiple of {count} (here {upper}) and mask the padding")
+            else:
+                problems.append(
+                    f"dimension {dim} is {size}, which does not divide over the {count} devices of {axes}: make it a "
+                    f"multiple of {count} (here {nearest}), or give the strategy an input_map that leaves it unsplit")
+        return "; ".join(problems) or None
 
     def _fit(self, tmap: Sequence, shape: Tuple[int, ...], what: str) -> Tuple[TensorLayout, List[str]]:
         entries = list(tmap[:len(shape)]) + [None] * (len(shape) - len(tmap))

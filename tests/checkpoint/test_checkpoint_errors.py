@@ -101,8 +101,13 @@ def test_optimizer_mismatches(saved, tmp_path):
     model = gpt()
     sgd = nn.SGD(model.trainable_params(), learning_rate=0.1, momentum=0.9)
     message = unchanged_after(lambda: mh.load_checkpoint(model, saved[0], optimizer=sgd), model, sgd)
-    assert "optimizer states of the model missing from the checkpoint: ['accum.blocks.0.attn.proj.bias'" in message
-    assert "optimizer states in the checkpoint but not in the model: ['beta1_power', 'beta2_power'" in message
+    # another optimizer class: which optimizer each side has, not hundreds of state names
+    n = len(model.trainable_params())
+    assert (f"the checkpoint's optimizer is Adam (states global_step, learning_rate, beta1_power, beta2_power, "
+            f"moment1 x {n}, moment2 x {n}), the optimizer given is SGD (states global_step, learning_rate, "
+            f"momentum, accum x {n}, stat x {n})" in message), message
+    assert "build the optimizer the checkpoint was saved with (Adam), or load without optimizer=" in message
+    assert "missing from the checkpoint" not in message and "accum.blocks.0" not in message
     mh.save_checkpoint(model, tmp_path)
     optimizer = adam(model.trainable_params())
     message = unchanged_after(lambda: mh.load_checkpoint(model, tmp_path, optimizer=optimizer), model, optimizer)

@@ -15,7 +15,7 @@ def test_json_equals_the_library_estimate():
 
 def test_text_output_and_fit_limits():
     code, out, err = cli("estimate", "--preset", "llama2-7b", "--data", "8", "--tensor", "4", "--zero", "1",
-                         "--recompute", "selective", "--device-memory", "64GB")
+                         "--recompute", "selective", "--device-memory", "64GiB")
     assert code == 0, err
     assert "data 8 x tensor 4 x pipeline 1 = 32 devices" in out and "fits in 64.00 GiB" in out
     assert "Table 2 row 4" in out
@@ -27,7 +27,7 @@ def test_text_output_and_fit_limits():
 def test_config_file_with_flags_overriding_it(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text("model:\n  preset: llama2-7b\n  micro_batch: 4\nstrategy:\n  data: 8\n  pipeline: 4\n"
-                   "device_memory: 80GB\n")
+                   "device_memory: 80GiB\n")
     out = cli_json("estimate", "--config", str(job), "--pipeline", "2", "--in-flight", "3")
     assert out["config"]["micro_batch"] == 4 and out["strategy"]["pipeline"] == 2
     assert [s["in_flight"] for s in out["stages"]] == [3, 3] and out["device_memory"] == 80 << 30
@@ -63,7 +63,7 @@ def test_bad_flag_values_exit_2_naming_the_flag():
                       "argument --tensor: expected an int >= 1, got 'x'")
     check_usage_error(["estimate", "--preset", "llama2-7b", "--zero", "5"], "argument --zero: invalid choice: 5")
     check_usage_error(["estimate", "--preset", "llama2-7b", "--device-memory", "lots"],
-                      "argument --device-memory: expected a byte size such as 512MB")
+                      "argument --device-memory: expected a byte size such as 512MiB")
     check_usage_error(["estimate", "--preset", "llama2-7b", "--sweep", "4K:1K"], "argument --sweep: expected")
 
 

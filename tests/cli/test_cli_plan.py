@@ -66,6 +66,20 @@ def test_user_model_with_a_parallel_config(tmp_path):
     assert out["estimate"] == []
 
 
+def test_user_model_with_the_data_and_zero_flags():
+    """Issue 42: --model X --data 2 resolved the GPT preset's layout on X (an error naming
+    'embed.embedding_table'); --data and --zero need no parameter names."""
+    out = cli_json("plan", "--model", "sim_models:MLP", "--inputs", "float32:8x16", "--data", "2", "--zero", "1",
+                   cwd=TESTS)
+    assert out["report"]["mesh"] == {"data": 2}
+    assert list(out["strategy_table"]["parameters"]) == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    memory = out["report"]["memory"]["0"]
+    assert memory["optimizer_states"] == memory["parameters"]  # Adam's 2 states, halved by ZeRO-1 over data 2
+    check_usage_error(["plan", "--model", "sim_models:MLP", "--inputs", "float32:8x16", "--data", "2", "--tensor", "2"],
+                      "--tensor 2: these flags split the GPT preset's parameters by their names; for --model "
+                      "sim_models:MLP give a parallel config naming its Cells (--config YAML", cwd=TESTS)
+
+
 def check_usage_error(args, fragment, cwd=None):
     code, out, err = cli(*args, **({"cwd": cwd} if cwd else {}))
     assert code == 2, (code, out, err)
@@ -94,3 +108,15 @@ def test_a_layout_the_estimator_does_not_cover_is_said():
     out = cli_json("plan", "--tensor", "8", "--init-args", '{"layers": 1}', "--batch", "2")
     assert out["estimate"] == [] and "tensor=8: the attention heads (4) must divide" in out["estimate_unavailable"]
     assert len(out["report"]["memory"]) == 8
+
+
+def test_search_progress_bar_only_on_a_terminal(monkeypatch):
+    """Issue 42: `plan --search` wrote its progress bar into piped output."""
+    import mindspore_hyper.cli.plan_search as plan_search
+
+    args = ("plan", "--search", "--preset", "llama2-7b", "--devices", "256", "--global-batch", "256", "--top", "1")
+    code, out, err = cli(*args)  # stderr captured: not a terminal
+    assert code == 0 and "#1 " in out and "search [" not in err, err
+    monkeypatch.setattr(plan_search, "is_terminal", lambda stream: True)
+    code, out, err = cli(*args)
+    assert code == 0 and "search [" in err and "layouts" in err

@@ -222,7 +222,7 @@ def test_calibrate_gives_positive_costs():
 def test_aggregation_bytes_from_context_flag():
     from mindspore_hyper import reset_context, set_context
 
-    set_context(comm_aggregation_bytes="8KB")
+    set_context(comm_aggregation_bytes="8KiB")
     try:
         g = InProcessCommunicator(2, topology=False)
         assert g.aggregation_bytes == 8192

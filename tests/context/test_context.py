@@ -19,8 +19,8 @@ def test_defaults():
 
 
 def test_set_get_reset():
-    mh.set_context(mode="native", device_num=16, device_memory="512MB", hyper_offload=True,
-                   cache_block_size="1GB", topology="supernode384")
+    mh.set_context(mode="native", device_num=16, device_memory="512MiB", hyper_offload=True,
+                   cache_block_size="1GiB", topology="supernode384")
     assert mh.get_context("mode") == "native"
     assert mh.get_context("device_num") == 16
     assert mh.get_context("device_memory") == 512 << 20
@@ -36,8 +36,9 @@ def test_set_get_reset():
     ("device_num", 2.5, "device_num"),
     ("device_memory", "64 parsecs", "64 parsecs"),
     ("device_memory", -1, ">= 0"),
-    ("cache_block_size", "512KB", "between 1MB and 1GB"),
-    ("cache_block_size", "2GB", "between 1MB and 1GB"),
+    ("cache_block_size", "512KiB", "between 1MiB and 1GiB"),
+    ("cache_block_size", "2GiB", "between 1MiB and 1GiB"),
+    ("cache_block_size", "1MB", "between 1MiB and 1GiB"),  # decimal: 10^6 bytes, under 1 MiB
     ("prefetch_depth", 0, "[1, 64]"),
     ("offload_worker_nice", 20, "[0, 19]"),
     ("hyper_offload", "maybe", "bool"),
@@ -71,7 +72,7 @@ def test_unknown_flag():
 def test_environment_variables(monkeypatch):
     monkeypatch.setenv("MS_HYPER_DEVICE_NUM", "4")
     monkeypatch.setenv("MS_HYPER_HYPER_OFFLOAD", "1")
-    monkeypatch.setenv("MS_HYPER_DEVICE_MEMORY", "2GB")
+    monkeypatch.setenv("MS_HYPER_DEVICE_MEMORY", "2GiB")
     assert mh.get_context("device_num") == 4
     assert mh.get_context("hyper_offload") is True
     assert mh.get_context("device_memory") == 2 << 30
@@ -89,10 +90,23 @@ def test_topology_yaml_path(tmp_path):
     assert mh.get_context("topology") == str(path)
 
 
-@pytest.mark.parametrize("text,n", [("512MB", 512 << 20), ("64GB", 64 << 30), ("4KiB", 4096),
-                                    ("1.5KB", 1536), (123, 123), ("77", 77)])
+@pytest.mark.parametrize("text,n", [("512MiB", 512 << 20), ("64GiB", 64 << 30), ("4KiB", 4096),
+                                    ("1.5KiB", 1536), (123, 123), ("77", 77), ("2 TiB", 2 << 40),
+                                    # decimal units mean what the SI says (issue 42: "64GB" meant 64 GiB)
+                                    ("64GB", 64 * 10 ** 9), ("512MB", 512 * 10 ** 6), ("1.5KB", 1500),
+                                    ("3TB", 3 * 10 ** 12)])
 def test_parse_bytes(text, n):
     assert parse_bytes(text) == n
+
+
+def test_device_memory_in_both_unit_families():
+    mh.set_context(device_memory="64GiB")
+    assert mh.get_context("device_memory") == 64 << 30
+    mh.set_context(device_memory="64GB")
+    assert mh.get_context("device_memory") == 64_000_000_000
+    with pytest.raises(ValueError, match=r"device_memory='64 gigs': expected a byte size, an int or a string like "
+                                         r"'64GiB', '512MiB', '4KiB' \(binary\) or '64GB' \(decimal, 10\^9 bytes\)"):
+        mh.set_context(device_memory="64 gigs")
 
 
 def test_parse_bytes_rejects_fraction_and_bool():

@@ -9,6 +9,8 @@ from mindspore import Tensor, nn
 
 import mindspore_hyper as mh
 from mindspore_hyper import Layout
+from tolerances import (U32, adam_first_step_bound, assert_within, gradient_tolerance, momentum_first_step_bound,
+                        reduction_length, training_rtol)
 
 RNG = np.random.default_rng(3)
 DATA = Layout((4,), ("data",))
@@ -59,11 +61,46 @@ SPLITS = {
 
 
 def _build(name):
+    """The layer under the loss, and its input: both fixed by seeds of their own, so a test's data
+    does not depend on which tests ran before it in the process."""
     ms.set_seed(1)
     layer, shape, width = LAYERS[name]()
     net = Loss(layer, width)
     net.set_train(True)
-    return net, Tensor(RNG.standard_normal(shape).astype(np.float32))
+    return net, Tensor(np.random.default_rng(3).standard_normal(shape).astype(np.float32))
+
+
+def _scales(reference, x):
+    """What the float32 bounds scale with, from the reference before its step (its buffers restored
+    after the extra forward): the sum of |terms| of the loss, and for each buffer the size of what a
+    training forward writes into it. BatchNorm writes 0.1 of the batch mean (a reduction of length
+    N*H*W, its error bounded relative to mean|h|) and of the unbiased batch variance (relative to
+    2 mean(h**2) * K / (K - 1)) per channel; 0.9 of the old value is exact to rounding."""
+    buffers = [p for p in reference.get_parameters() if not p.requires_grad]
+    saved = [p.asnumpy().copy() for p in buffers]
+    out = reference.layer(x)
+    out = (out[0] if isinstance(out, tuple) else out).asnumpy()
+    loss_terms = float(np.abs(out * reference.weights.asnumpy()[:out.shape[-1]]).sum())
+    scales = {}
+    for cell_name, cell in reference.cells_and_names():
+        if isinstance(cell, nn.BatchNorm2d):
+            h = _batch_norm_input(reference, cell_name, x).astype(np.float64)
+            k = h.size // h.shape[1]
+            scales[cell.moving_mean.name] = 0.1 * np.abs(h).mean((0, 2, 3))
+            scales[cell.moving_variance.name] = 0.1 * 2 * (h ** 2).mean((0, 2, 3)) * k / (k - 1)
+    for p, value in zip(buffers, saved):
+        p.set_data(Tensor(value))
+    assert set(scales) == {p.name for p in buffers}, "a buffer this test does not know how to bound"
+    return loss_terms, scales
+
+
+def _batch_norm_input(reference, cell_name, x):
+    """The input of the SequentialCell's BatchNorm: the cells before it applied to x."""
+    cells = list(reference.layer.cells())
+    index = int(cell_name.rsplit(".", 1)[1])
+    for cell in cells[:index]:
+        x = cell(x)
+    return x.asnumpy()
 
 
 def _optimizer(name, params):
@@ -79,8 +116,10 @@ def _optimizer(name, params):
 def test_layer_trains_like_single_device(clean_context, name, mesh_name):
     reference, x = _build(name)
     ref_opt = _optimizer(name, reference.trainable_params())
+    loss_terms, buffer_scales = _scales(reference, x)
     ref_loss, ref_grads = ms.value_and_grad(reference, None, ref_opt.parameters)(x)
-    ref_opt(ref_grads)
+    ref_grads = [g.asnumpy() for g in ref_grads]
+    ref_opt(tuple(Tensor(g) for g in ref_grads))
 
     net, _ = _build(name)
     if mesh_name == "data-parallel":
@@ -94,13 +133,32 @@ def test_layer_trains_like_single_device(clean_context, name, mesh_name):
     optimizer = _optimizer(name, parallel.optimizer_parameters())
     loss = parallel.train_step(optimizer, x)
 
-    np.testing.assert_allclose(loss.asnumpy(), ref_loss.asnumpy(), rtol=1e-5)
-    scale = max(np.abs(g.asnumpy()).max() for g in ref_grads)
-    for param, grad in zip(ref_opt.parameters, ref_grads):
-        got = parallel.last_gradients[param.name]
-        np.testing.assert_allclose(got, grad.asnumpy(), rtol=1e-5, atol=1e-5 * scale, err_msg=param.name)
-    for (pname, ref_param), (_, param) in zip(reference.parameters_and_names(), net.parameters_and_names()):
-        np.testing.assert_allclose(param.asnumpy(), ref_param.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=pname)
+    # Tolerances from the computation (tests/tolerances.py), for the longest float32 reduction K of
+    # the step. The loss is a signed sum: within the training bound of the sum of |terms|.
+    reduction = reduction_length(ref_opt.parameters, np.prod(x.shape[:-1]))
+    assert_within(loss.asnumpy(), ref_loss.asnumpy(), training_rtol(reduction, 1) * loss_terms, "loss")
+    # Gradients: relative to the element and to the largest gradient (cancellation).
+    grad_tols = gradient_tolerance(ref_grads, reduction)
+    for param, grad, tol in zip(ref_opt.parameters, ref_grads, grad_tols):
+        assert_within(parallel.last_gradients[param.name], grad, tol, param.name)
+    # Parameters after one step: the gradient error just bounded, propagated exactly through the
+    # optimizer's first update (Adam: a near-zero gradient may move by up to lr, a large one by
+    # almost nothing; momentum SGD: lr times the gradient error).
+    for param, grad, tol in zip(ref_opt.parameters, ref_grads, grad_tols):
+        want = param.asnumpy()
+        if isinstance(ref_opt, nn.Adam):
+            bound = adam_first_step_bound(grad, tol, 1e-2, param=want)
+        else:
+            bound = momentum_first_step_bound(grad, tol, 0.05, param=want)
+        assert_within(net.parameters_dict()[param.name].asnumpy(), want, bound, param.name)
+    # Buffers written in the forward (BatchNorm's moving statistics): see _scales.
+    got_buffers = {p.name: p.asnumpy() for p in net.get_parameters() if not p.requires_grad}
+    assert got_buffers.keys() == buffer_scales.keys()
+    for buffer in reference.get_parameters():
+        if not buffer.requires_grad:
+            want = buffer.asnumpy()
+            bound = training_rtol(reduction, 1) * buffer_scales[buffer.name] + 2 * U32 * np.abs(want)
+            assert_within(got_buffers[buffer.name], want, bound, buffer.name)
     assert parallel.report().fallbacks == {}
 
 
@@ -186,8 +244,10 @@ def test_gru_with_every_weight_split_over_tensor_on_a_3d_mesh(clean_context, bat
     ms.set_seed(0)
     reference = EmbedGRUHead()
     ref_opt = nn.Adam(reference.trainable_params(), 1e-2)
+    terms = reference.head(reference.gru(reference.emb(ids))[0]).asnumpy() * np.arange(1, 5)
     ref_loss, ref_grads = ms.value_and_grad(reference, None, ref_opt.parameters)(ids)
-    ref_opt(ref_grads)
+    ref_grads = [g.asnumpy() for g in ref_grads]
+    ref_opt(tuple(Tensor(g) for g in ref_grads))
 
     ms.set_seed(0)
     net = EmbedGRUHead()
@@ -200,10 +260,14 @@ def test_gru_with_every_weight_split_over_tensor_on_a_3d_mesh(clean_context, bat
         t.layout.tensor_map for t in call.tensors if call.name == "MatMul" and tuple(t.shape) == (48, 16))
     loss = parallel.train_step(nn.Adam(parallel.optimizer_parameters(), 1e-2), ids)
 
-    np.testing.assert_allclose(loss.asnumpy(), ref_loss.asnumpy(), rtol=1e-5)
-    for param, grad in zip(ref_opt.parameters, ref_grads):
-        np.testing.assert_allclose(parallel.last_gradients[param.name], grad.asnumpy(), rtol=1e-5, atol=1e-6,
-                                   err_msg=param.name)
-    for (name, ref_param), (_, param) in zip(reference.parameters_and_names(), net.parameters_and_names()):
-        np.testing.assert_allclose(param.asnumpy(), ref_param.asnumpy(), rtol=1e-5, atol=2e-6, err_msg=name)
+    # derived bounds as in test_layer_trains_like_single_device (the loss: a signed sum, relative to
+    # the sum of |terms|)
+    reduction = reduction_length(ref_opt.parameters, ids.size)
+    assert_within(loss.asnumpy(), ref_loss.asnumpy(), training_rtol(reduction, 1) * np.abs(terms).sum(), "loss")
+    grad_tols = gradient_tolerance(ref_grads, reduction)
+    for param, grad, tol in zip(ref_opt.parameters, ref_grads, grad_tols):
+        assert_within(parallel.last_gradients[param.name], grad, tol, param.name)
+        want = param.asnumpy()
+        bound = adam_first_step_bound(grad, tol, 1e-2, param=want)
+        assert_within(net.parameters_dict()[param.name].asnumpy(), want, bound, param.name)
     assert seen and all(tensor_map[0] == "tensor" for tensor_map in seen), seen

@@ -12,7 +12,7 @@ def write(tmp_path, text):
 
 def test_preset_with_overrides_and_strategy(tmp_path):
     spec = read_job_file(write(tmp_path, "model:\n  preset: llama2-7b\n  micro_batch: 2\n"
-                                         "strategy:\n  data: 8\n  zero_stage: 1\ndevice_memory: 64GB\n"))
+                                         "strategy:\n  data: 8\n  zero_stage: 1\ndevice_memory: 64GiB\n"))
     config, strategy = build_job(spec)
     assert config == preset("llama2-7b").with_(micro_batch=2)
     assert (strategy.data, strategy.zero_stage) == (8, 1)

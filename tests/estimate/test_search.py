@@ -115,7 +115,7 @@ def test_estimate_cli_step_time_and_context_sweep(capsys):
     assert code == 0 and out["step_time"]["seconds"] == pytest.approx(
         estimate_step_time(preset("gpt3-175b"), strategy, "a100-80gb").seconds)
     code = main(["estimate", "--preset", "llama2-7b", "--tensor", "8", "--context", "4", "--recompute", "selective",
-                 "--sequence-parallel", "--device-memory", "64GB", "--sweep", "64K,128K"])
+                 "--sequence-parallel", "--device-memory", "64GiB", "--sweep", "64K,128K"])
     text = capsys.readouterr().out
     assert code == 0 and "x context 4 (ring) = 32 devices" in text
     assert "seq  131072:" in text and "without context parallel 82.51 GiB, does NOT fit" in text

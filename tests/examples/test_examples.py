@@ -17,6 +17,9 @@ ROOT = str(REPO_ROOT)
     # 16 offloaded layers x 2 steps: the property (each simulated device's store holding 4x its
     # tier budget, losses equal resident training) does not need the default 32 x 5
     ("offload_training.py --simulate --layers 16 --steps 2", "OK: offloaded training matches resident training"),
+    # the README's hint for a shorter run (issue 42: it crashed with a StoreError, the device tier
+    # sized below one cache block)
+    ("offload_training.py --simulate --layers 2 --steps 2", "OK: offloaded training matches resident training"),
     ("mpmd_multimodal.py --steps 2", "OK: 2 steps on the seed's device groups match one device"),
     ("rlhf_ppo.py --steps 1", "OK: 1 PPO steps on device groups match the roles run one after another"),
 ])

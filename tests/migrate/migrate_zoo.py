@@ -40,7 +40,8 @@ class OpZoo(torch.nn.Module):
         # convolution, norm, embedding, attention, dropout (functional)
         out += [F.conv2d(img, self.conv_w, stride=1, padding=1), torch.conv2d(img, self.conv_w, padding="same"),
                 F.layer_norm(x, (n,), self.norm_w, None, 1e-5), F.group_norm(img, 3, self.gn_w),
-                F.embedding(ids, self.table), F.dropout(x, 0.5, training=False),
+                F.embedding(ids, self.table), F.embedding(ids, self.table, padding_idx=2), x[0].T,
+                F.dropout(x, 0.5, training=False),
                 F.scaled_dot_product_attention(x, y, y, is_causal=True),
                 F.scaled_dot_product_attention(x, y, y, attn_mask=mask[:, :, :4])]
         # activations
@@ -48,6 +49,7 @@ class OpZoo(torch.nn.Module):
                 F.sigmoid(x), x.sigmoid(), torch.tanh(x), F.tanh(x), x.tanh(), F.softmax(x, -1), torch.softmax(x, 1),
                 x.softmax(-1), F.softmax(x, dim=-1, dtype=torch.float32), F.log_softmax(x, -1),
                 torch.log_softmax(x, -1), x.log_softmax(-1), F.leaky_relu(x, 0.1),
+                F.softplus(x), F.softplus(x * 10, beta=2.0, threshold=5.0), torch.square(x), x.square(),
                 F.max_pool2d(img, 2), F.avg_pool2d(img, 2, 1, 1), F.adaptive_avg_pool2d(img, 1)]
         # shapes
         z = x.view(b, -1).reshape(b, h, n).view(-1, n).view_as(x).reshape_as(y)
@@ -113,7 +115,10 @@ class OpZoo(torch.nn.Module):
                 x.new_zeros((b, n)) + x[:, 0], x.new_full((h, n), 3.0) * x, torch.tril(x), x.tril(-1),
                 torch.triu(x, 1), x.triu()]
         # differences and top-k
-        out += [torch.diff(x, dim=-1), x.diff(prepend=x[..., :1]), torch.topk(x, 2).values, x.topk(3, 1, False)[1]]
+        index = torch.topk(x, 2).indices
+        out += [torch.scatter(x, 2, index, 1.0), x.scatter(-1, index, y[..., :2]), torch.zeros_like(x).scatter(2, index, 2.5),
+                torch.repeat_interleave(x, 2, dim=1), x.repeat_interleave(3, -1), x.repeat_interleave(2),
+                torch.diff(x, dim=-1), x.diff(prepend=x[..., :1]), torch.topk(x, 2).values, x.topk(3, 1, False)[1]]
         return tuple(out)
 
 
@@ -124,7 +129,7 @@ class DynamicZoo(torch.nn.Module):
         b, t, n = x.shape
         positions = torch.arange(t) + torch.zeros(b, t) + torch.ones(b, t)
         flat = x.transpose(1, 2).contiguous().view(b, -1)
-        return flat, positions
+        return flat * (0.5 * t), positions  # a float times a size: torch.sym_float
 
 
 def zoo_inputs():

@@ -110,6 +110,7 @@ def test_bad_flags_exit_2(workdir, capsys, argv, message):
     (["cli_models:Net", "--input-dtype", "int64", "--input-dtype", "bool"], 2, "2 given for 1 --input-shape"),
     (["cli_models:Odd"], 1, "aten.cummax: no MindSpore mapping"),
     (["cli_models:Odd", "--structure", "flat"], 1, "torch.cummax: no MindSpore mapping"),
+    (["cli_models:Net", "--tracer", "fx"], 2, "--tracer fx applies to --structure flat only"),
     (["cli_models:Net", "--check-shape", "2,16", "--check-shape", "3,16"], 2, "--check-shape: 2 given for 1"),
 ])
 def test_run_errors(workdir, capsys, argv, status, message):

@@ -69,3 +69,63 @@ def test_qwen2_moe_block_is_converted_generically_and_says_why():
     assert any("sigmoid(shared_expert_gate(x))" in n and "computed densely" in n for n in report.notes)
     assert {"Qwen2MoeSparseMoeBlock", "Qwen2MoeExperts", "Qwen2MoeTopKRouter"} <= {c["class"] for c in report.classes}
     assert_same_outputs(cell, model, torch.randn(3, 7, 16))
+
+
+@pytest.mark.parametrize("family, normalize", [("qwen3_moe", False), ("olmoe", True)])
+def test_qwen3_moe_and_olmoe_blocks_become_moe(family, normalize):
+    """Mixtral's routing with norm_topk_prob either way: MoE(normalize_top_k=norm_topk_prob), equal to torch."""
+    import importlib
+
+    from transformers import AutoConfig
+
+    names = {"qwen3_moe": ("Qwen3MoeSparseMoeBlock", "num_experts"), "olmoe": ("OlmoeSparseMoeBlock", "num_experts")}
+    block_name, experts_key = names[family]
+    config = AutoConfig.for_model(family, hidden_size=16, intermediate_size=32, moe_intermediate_size=32,
+                                  num_experts_per_tok=2, norm_topk_prob=normalize, **{experts_key: 4})
+    block = getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), block_name)
+    torch.manual_seed(0)
+    model = Block(block(config)).eval()
+    cell, report = convert(model, torch.randn(2, 5, 16))
+    assert isinstance(cell.moe.moe, MoE) and report.layers["moe"] == "mindspore_hyper.moe.MoE"
+    assert cell.moe.moe.router.normalize_top_k is normalize
+    assert_same_outputs(cell, model, torch.randn(3, 7, 16))
+
+
+class LookalikeExperts(torch.nn.Module):
+    """Named and shaped like transformers' experts (gate_up_proj (E, 2F, H), down_proj (E, H, F), SiLU act_fn)
+    but computing something else (the gate and up halves swapped): its forward must not be replaced by the
+    dense formulation."""
+
+    def __init__(self, experts=3, hidden=8, ffn=4):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Parameter(torch.randn(experts, 2 * ffn, hidden) * 0.3)
+        self.down_proj = torch.nn.Parameter(torch.randn(experts, hidden, ffn) * 0.3)
+        self.act_fn = torch.nn.SiLU()
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        chosen = (top_k_index[..., None] == torch.arange(self.gate_up_proj.shape[0])).to(hidden_states.dtype)
+        weights = (chosen * top_k_weights[..., None]).sum(1)
+        up, gate = torch.matmul(hidden_states.unsqueeze(0), self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
+        out = torch.matmul(self.act_fn(gate) * up, self.down_proj.transpose(1, 2))
+        return (out * weights.transpose(0, 1)[:, :, None]).sum(0)
+
+
+class LookalikeBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.router = torch.nn.Linear(8, 3, bias=False)
+        self.experts = LookalikeExperts()
+
+    def forward(self, x):
+        flat = x.reshape(-1, 8)
+        top, index = torch.topk(torch.softmax(self.router(flat), -1), 2, dim=-1)
+        return self.experts(flat, index, top).reshape(x.shape)
+
+
+def test_experts_that_only_look_alike_are_not_replaced():
+    torch.manual_seed(0)
+    model = LookalikeBlock().eval()
+    cell, report = convert(model, torch.randn(2, 5, 8))
+    assert any("experts (LookalikeExperts) left as written" in n and "differs from its forward" in n
+               for n in report.notes), report.notes
+    assert_same_outputs(cell, model, torch.randn(3, 4, 8))

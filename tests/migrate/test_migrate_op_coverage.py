@@ -23,7 +23,7 @@ def conversions():
     ms.set_context(mode=ms.PYNATIVE_MODE)
     torch.manual_seed(0)
     model = OpZoo().eval()
-    found = {tracer: convert(model, zoo_inputs(), tracer=tracer)[1] for tracer in ("fx", "export")}
+    found = {tracer: convert(model, zoo_inputs(), tracer=tracer, structure="flat")[1] for tracer in ("fx", "export")}
     found["modules"] = convert(DynamicZoo(), torch.randn(2, 5, 3), structure="modules")[1]
     return found
 

@@ -7,6 +7,7 @@ import mindspore_hyper as mh
 from mindspore_hyper.schedule.rebalance import GroupSharePlan, ShareMove, ShareUnit
 from mindspore_hyper.strategy.config import load_parallel_config
 from mpmd_models import Multimodal, assert_same_training, make_pair, multimodal_batch, train_parallel, train_reference
+from tolerances import assert_adam_training_close, reduction_length, training_rtol
 
 pytestmark = pytest.mark.usefixtures("pynative")
 
@@ -46,9 +47,10 @@ def test_hand_made_move_is_applied_and_keeps_training_numerics(mpmd):
     assert model.runners["text_encoder"].models["text_encoder"].mesh.size == 4
     losses += [float(model.train_step(opt, *b)) for b in data[2:]]
     ref_losses, _, ref_params = train_reference(ref, data)
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
+    reduction = reduction_length(net.trainable_params(), 64)  # Adam-aware bounds: tests/tolerances.py
+    np.testing.assert_allclose(losses, ref_losses, rtol=training_rtol(reduction, len(data)))
     for p in net.trainable_params():
-        np.testing.assert_allclose(p.asnumpy(), ref_params[p.name], rtol=1e-4, atol=1e-6, err_msg=p.name)
+        assert_adam_training_close(p.asnumpy(), ref_params[p.name], 1e-2, len(data), reduction, err_msg=p.name)
     model(*data[0])
     assert {t.lane for t in model.report().timeline.spans} == {"text_encoder", "vision_encoder", "fusion_layer"}
 

@@ -130,11 +130,18 @@ def test_refuses_cell_larger_than_device_tier(tmp_path):
     before = {p.name: p.asnumpy().copy() for p in model.trainable_params()}
     store = make_store(tmp_path, device_blocks=2)
     with pytest.raises(WorkingSetError, match=r"Cell 'layers.0' cannot run offloaded: its working set is \d+ "
-                                              r"blocks of 8.0KB .* but the device tier holds 2 blocks"):
+                                              r"blocks of 8.0KiB .* but the device tier holds 2 blocks"):
         hyper_offload(model, OffloadPolicy(cells=["layers.*"]), optimizer=OPTIMIZERS["sgd"], store=store)
     for p in model.trainable_params():  # refused before running: model untouched
         np.testing.assert_array_equal(p.asnumpy(), before[p.name])
     store.close()
+
+
+def test_device_tier_below_one_block_names_both_flags(tmp_path):
+    """Issue 42: the C++ store's StoreError came out as a bare traceback."""
+    with pytest.raises(ValueError, match=r"device_memory=512\.0KiB holds no cache block of "
+                                         r"cache_block_size=1\.0MiB: raise device_memory .* or lower cache_block_size"):
+        OffloadStore(block_size=1 << 20, device_memory=512 << 10, host_memory=4 << 20, offload_dir=str(tmp_path))
 
 
 def test_enabled_through_context(tmp_path):

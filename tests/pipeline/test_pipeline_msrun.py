@@ -12,6 +12,7 @@ import pytest
 from msrun_helpers import run_msrun, worker_logs
 from paths import REPO_ROOT
 from pipeline_models import batch, dense_chain, gpt, single_device_run, tokens
+from tolerances import assert_adam_training_close, reduction_length, training_rtol
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_msrun_worker.py")
 
@@ -28,11 +29,13 @@ def test_distributed_pipeline_trains_like_one_device(kind, workers, mesh, tmp_pa
     model = dense_chain()
     losses, params = single_device_run(model, x, y)
     eval_loss = float(model(x, y).asnumpy())  # the trained model's forward-only loss
+    reduction = reduction_length(model.trainable_params(), 64)  # Adam-aware bounds: tests/tolerances.py
+    rtol = training_rtol(reduction, len(losses))
     seen = set()
     for rank in range(workers):
         out = np.load(tmp_path / f"rank{rank}.npz")
-        np.testing.assert_allclose(out["losses"], losses, rtol=1e-5)
-        np.testing.assert_allclose(float(out["eval_loss"]), eval_loss, rtol=1e-5)
+        np.testing.assert_allclose(out["losses"], losses, rtol=rtol)
+        np.testing.assert_allclose(float(out["eval_loss"]), eval_loss, rtol=rtol)
         for key in out.files:
             if key.startswith("param:"):
                 name = key[len("param:"):]
@@ -40,7 +43,7 @@ def test_distributed_pipeline_trains_like_one_device(kind, workers, mesh, tmp_pa
                 if f"region:{name}" in out.files:  # a tensor-parallel shard
                     want = want[tuple(slice(a, b) for a, b in out[f"region:{name}"])]
                     assert want.size < params[name].size
-                np.testing.assert_allclose(out[key], want, rtol=1e-5, atol=1e-6, err_msg=name)
+                assert_adam_training_close(out[key], want, 1e-2, len(losses), reduction, err_msg=name)
                 seen.add(name)
     assert seen == set(params)  # every parameter lives on exactly one of the processes
     assert (tmp_path / "measured_trace.json").exists()
@@ -59,15 +62,17 @@ def test_distributed_pipeline_of_a_construct_with_a_side_input(tmp_path):
     ms.set_context(mode=ms.PYNATIVE_MODE)
     model = gpt(layers=2)
     losses, params = single_device_run(model, *tokens(), lr=1e-3)
+    reduction = reduction_length(model.trainable_params(), 64)  # Adam-aware bounds: tests/tolerances.py
     seen = set()
     for rank in range(2):
         out = np.load(tmp_path / f"rank{rank}.npz")
-        np.testing.assert_allclose(out["losses"], losses, rtol=1e-5)
+        np.testing.assert_allclose(out["losses"], losses, rtol=training_rtol(reduction, len(losses)))
         for key in out.files:
             if key.startswith("param:"):
                 name = key[len("param:"):]
-                atol = 1e-4 if name.endswith("qkv.bias") else 1e-5  # the key bias's gradient is exactly 0
-                np.testing.assert_allclose(out[key], params[name], rtol=1e-5, atol=atol, err_msg=name)
+                # the key bias's gradient is exactly 0: all rounding noise, held to Adam's displacement bound
+                assert_adam_training_close(out[key], params[name], 1e-3, len(losses), reduction, err_msg=name,
+                                           noise_only=name.endswith("qkv.bias"))
                 seen.add(name)
     assert seen == set(params)  # the embeddings train on stage 0, the final norm and head on stage 1
 

@@ -61,7 +61,7 @@ def test_dynamic_scheduler_moves_layers_and_keeps_numerics(monkeypatch):
     if parallel.split == first.after:
         assert moved <= {name for name, _ in parallel.stage_cells[0].parameters_and_names()}
     assert parallel.split != (1, 6)
-    assert_same_training(model, losses, (losses_ref, params_ref), atol=1e-5)
+    assert_same_training(model, losses, (losses_ref, params_ref))
 
 
 def test_static_scheduler_keeps_the_split():
@@ -92,16 +92,20 @@ def test_rebalancing_under_msrun_migrates_parameters_and_optimizer_states(tmp_pa
     result = run_msrun(worker, ["1f1b", 2, tmp_path], 2, tmp_path / "log", timeout=240, env=env)
     assert result.returncode == 0, worker_logs(tmp_path / "log", 2)
     x, y = batch()
-    losses, params = single_device_run(dense_chain(), x, y)
+    from tolerances import assert_adam_training_close, reduction_length, training_rtol
+
+    model = dense_chain()
+    losses, params = single_device_run(model, x, y)
+    reduction = reduction_length(model.trainable_params(), 64)  # Adam-aware, see tests/tolerances.py
     owned = {}
     for rank in range(2):
         out = np.load(tmp_path / f"rank{rank}.npz")
         plans = json.loads(str(out["plans"]))
         assert plans and plans[0][0] == [1, 6] and plans[0][1][0] > 1, plans
         assert int(out["migrated_bytes"]) > 0
-        np.testing.assert_allclose(out["losses"], losses, rtol=1e-5)
+        np.testing.assert_allclose(out["losses"], losses, rtol=training_rtol(reduction, len(losses)))
         for key in out.files:
             if key.startswith("param:"):
                 owned.setdefault(key[6:], []).append(rank)
-                np.testing.assert_allclose(out[key], params[key[6:]], rtol=1e-5, atol=1e-6, err_msg=key)
+                assert_adam_training_close(out[key], params[key[6:]], 1e-2, len(losses), reduction, err_msg=key)
     assert sorted(owned) == sorted(params) and all(len(r) == 1 for r in owned.values()), owned

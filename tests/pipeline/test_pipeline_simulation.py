@@ -89,9 +89,9 @@ def test_transformer_encoder_layers_from_mindspore():
     parallel = pipelined(model, Layout((2,), ("pipeline",)), "zb_h1", 2)
     assert parallel.split == (2, 2)
     # the attention key bias has an exact gradient of 0 (softmax ignores a shift of all scores):
-    # Adam turns its rounding noise into steps in both runs, so its bias is checked by absolute error
-    loose = {f"{i}.self_attn.in_proj_bias": 1e-4 for i in (1, 2)}
-    assert_same_training(model, train(parallel, x, y, steps=2), reference, atol=1e-5, loose=loose)
+    # Adam turns its rounding noise into steps in both runs, so its bias is checked elementwise only
+    loose = {f"{i}.self_attn.in_proj_bias" for i in (1, 2)}
+    assert_same_training(model, train(parallel, x, y, steps=2), reference, loose=loose)
 
 
 def test_report_counts_stage_boundary_bytes_and_has_the_timeline(tmp_path):

@@ -8,7 +8,7 @@ from mindspore import Parameter, nn
 
 from mindspore_hyper.shard import Layout
 from mindspore_hyper.strategy.config import ConfigError, load_parallel_config
-from mindspore_hyper.strategy.resolve import StrategyTable, _partition, resolve_strategy
+from mindspore_hyper.strategy.resolve import StrategyTable, _partition, nearest_names, resolve_strategy
 
 from paths import CONFIGS  # noqa: E402
 MESH3 = {"device_matrix": [2, 2, 2], "alias_names": ["data", "tensor", "pipeline"]}
@@ -148,11 +148,34 @@ def test_strategy_unknown_explicit_parameter():
         resolve_strategy(Small(), strategy)
 
 
-def test_strategy_pattern_matching_nothing_warns():
+def test_strategy_pattern_matching_nothing_is_an_error_naming_the_nearest():
     mesh = Layout((2,), ("tensor",))
-    strategy = mesh(tensor_map=()).override("decoder.*", "tensor")
-    with pytest.warns(UserWarning, match=r"'decoder\.\*' matches no parameter"):
+    strategy = mesh(tensor_map=()).override("*.dense_1.*", "tensor")  # the model's Cell is "dense"
+    with pytest.raises(ValueError, match=r"override pattern '\*\.dense_1\.\*' matches no parameter of the model; "
+                                         r"nearest parameter names: dense\.\w+, dense\.\w+, .*optional=True"):
         resolve_strategy(Small(), strategy)
+
+
+def test_strategy_pattern_meant_for_other_models_opts_out():
+    mesh = Layout((2,), ("tensor",))
+    strategy = mesh(tensor_map=()).override("decoder.*", "tensor", optional=True).override("dense.*", "tensor")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        table = resolve_strategy(Small(), strategy)
+    assert table["dense.weight"].tensor_map == ("tensor", None)
+    strategy.override("decoder.*", "tensor")  # re-added without the flag: required again
+    with pytest.raises(ValueError, match="'decoder.*' matches no parameter"):
+        resolve_strategy(Small(), strategy)
+    with pytest.raises(ValueError, match="optional='yes'; expected True or False"):
+        strategy.override("x.*", "tensor", optional="yes")
+
+
+def test_nearest_names_fold_layer_indices():
+    names = ["layers.0.dense1.weight", "layers.1.dense1.weight", "layers.0.dense2.weight", "head.weight"]
+    text = nearest_names("*.dense_1.*", names, "parameter")
+    assert text.startswith("nearest parameter names: layers.*.dense1.weight")
+    assert text.count("layers.*.dense1.weight") == 1 and "layers.0" not in text
+    assert nearest_names("x", [], "Cell") == "the model has no Cells"
 
 
 def test_bad_input_type():
@@ -239,10 +262,27 @@ def test_config_indivisible_override_names_yaml_path():
     assert "proj.weight" in str(info.value) and "not divisible" in str(info.value)
 
 
-def test_config_module_pattern_matching_nothing_warns():
+def test_config_module_pattern_matching_nothing_is_an_error():
     cfg = config({"name": "decoder.*", "strategy": {"tensor": "(2,1)"}})
-    with pytest.warns(UserWarning, match=r"parallel_config\.module_level\[0\]\.name: pattern 'decoder\.\*' matches no Cell"):
+    with pytest.raises(ConfigError) as info:
         resolve_strategy(Small(), cfg)
+    assert info.value.path == "parallel_config.module_level[0].name"
+    message = str(info.value)
+    assert "pattern 'decoder.*' matches no Cell of the model; nearest Cell names: " in message
+    assert "dense" in message and "mark it `optional: true`" in message
+
+
+def test_config_entries_marked_optional_may_match_nothing():
+    cfg = config({"name": "decoder.*", "strategy": {"tensor": "(2,1)"}, "optional": True},
+                 {"name": "dense", "strategy": {"tensor": "(2,1)"}},
+                 parameter_level=[{"name": "lora_*", "tensor_map": ["tensor"], "optional": True}])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        table = resolve_strategy(Small(), cfg)
+    assert table["dense.weight"].tensor_map == ("tensor", None)
+    with pytest.raises(ConfigError) as info:
+        load_parallel_config(config({"name": "dense", "strategy": {"tensor": "(2,1)"}, "optional": "yes"}))
+    assert info.value.path == "parallel_config.module_level[0].optional" and "expected true or false" in str(info.value)
 
 
 def test_parameter_level_explicit_unknown_name():
@@ -253,10 +293,12 @@ def test_parameter_level_explicit_unknown_name():
     assert "names no parameter" in str(info.value)
 
 
-def test_parameter_level_pattern_matching_nothing_warns():
+def test_parameter_level_pattern_matching_nothing_is_an_error():
     cfg = config(parameter_level=[{"name": "dec*.weight", "tensor_map": ["tensor"]}])
-    with pytest.warns(UserWarning, match=r"parallel_config\.parameter_level\[0\]\.name"):
+    with pytest.raises(ConfigError) as info:
         resolve_strategy(Small(), cfg)
+    assert info.value.path == "parallel_config.parameter_level[0].name"
+    assert "'dec*.weight' matches no parameter of the model; nearest parameter names: dense.weight" in str(info.value)
 
 
 def test_parameter_level_longer_than_rank():
@@ -387,3 +429,26 @@ def test_parameter_dtype_itemsize():
 
     table = resolve_strategy(P(), Layout((1,), ("data",))(tensor_map=()))
     assert table["w"].param_bytes == 32 and table["w"].dtype == "Float16"
+
+
+def test_row_parallel_config_failing_on_the_bias_points_to_the_fix():
+    """Issue 42: a natural row-parallel YAML fails on the 1-D bias; the error says what to add."""
+    class Row(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Dense(16, 64), nn.Dense(64, 16)
+
+        def construct(self, x):
+            return self.fc2(self.fc1(x))
+
+    pc = {"device_matrix": [2, 4], "alias_names": ["data", "tensor"],
+          "module_level": [{"name": "fc1", "strategy": {"tensor": "(4,1)"}},
+                           {"name": "fc2", "strategy": {"tensor": "(1,4)"}}]}
+    with pytest.raises(ConfigError) as info:
+        resolve_strategy(Row(), {"parallel_config": pc})
+    assert info.value.path == "parallel_config.module_level[1].strategy.tensor"
+    assert "parameter 'fc2.bias' of Cells matching 'fc2' has shape (16,)" in str(info.value)
+    assert 'parameter_level: [{name: "fc2.bias", tensor_map: [None]}]' in str(info.value)
+    pc["parameter_level"] = [{"name": "fc2.bias", "tensor_map": [None]}]  # the fix, as named
+    table = resolve_strategy(Row(), {"parallel_config": pc})
+    assert table["fc2.weight"].tensor_map == (None, "tensor") and table["fc2.bias"].tensor_map == (None,)

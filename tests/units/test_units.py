@@ -11,8 +11,8 @@ from mindspore_hyper.units import format_bytes, itemsize, numpy_dtype
 
 
 @pytest.mark.parametrize("n, short, text", [(0, False, "0 B"), (1023, True, "1023B"), (1118, False, "1.09 KiB"),
-                                            (8192, True, "8.0KB"), (64 << 30, False, "64.00 GiB"),
-                                            (3 << 40, False, "3.00 TiB"), (3 << 40, True, "3072.0GB")])
+                                            (8192, True, "8.0KiB"), (64 << 30, False, "64.00 GiB"),
+                                            (3 << 40, False, "3.00 TiB"), (3 << 40, True, "3072.0GiB")])
 def test_format_bytes(n, short, text):
     assert format_bytes(n, short=short) == text
 

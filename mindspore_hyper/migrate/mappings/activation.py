@@ -103,6 +103,16 @@ def log_softmax(self, dim=None, _stacklevel=3, dtype=None):
     return call("ops.log_softmax", _softmax_dtype(self, dtype), dim.const("dim"))
 
 
+@function("ops.softplus", F.softplus, aten.softplus)
+def softplus(self, beta=1.0, threshold=20.0):
+    return call("ops.softplus", self, beta, threshold)
+
+
+@function("mint.square", aten.square, torch.square, method("square"))
+def square(self):
+    return call("mint.square", self)
+
+
 @function("ops.leaky_relu", F.leaky_relu, aten.leaky_relu)
 def leaky_relu(self, negative_slope=0.01, inplace=False):
     return call("ops.leaky_relu", self, negative_slope)

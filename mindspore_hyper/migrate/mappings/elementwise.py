@@ -105,6 +105,13 @@ def python_sqrt(x):
     return call("math.sqrt", x)
 
 
+@function("float (a symbolic size as a Python float)", torch.sym_float)
+def sym_float(x):
+    if not is_python(x):
+        raise Unsupported("torch.sym_float of a tensor")
+    return call("float", x)
+
+
 @function("mint.clamp", aten.clamp, aten.clip, torch.clamp, method("clamp"), torch.clip, method("clip"))
 def clamp(self, min=None, max=None):
     return call("mint.clamp", self, min=min, max=max)

@@ -20,11 +20,16 @@ def embedding_module(m: torch.nn.Embedding) -> str:
     return f"PaddingEmbedding({m.num_embeddings}, {m.embedding_dim}, padding_idx={m.padding_idx})"
 
 
-@function("ops.gather", aten.embedding)
+@function("ops.gather (padding_idx: helper padded_embedding)", aten.embedding)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    if padding_idx.value not in (-1, None) or scale_grad_by_freq.value:
-        raise Unsupported("functional embedding with padding_idx/scale_grad_by_freq changes gradients; use nn.Embedding")
-    return call("ops.gather", weight, indices, 0)
+    if scale_grad_by_freq.value is not False:
+        raise Unsupported("functional embedding with scale_grad_by_freq scales gradients by batch counts; not mapped")
+    if padding_idx.value in (-1, None):
+        return call("ops.gather", weight, indices, 0)
+    if not isinstance(padding_idx.value, int) or padding_idx.value < 0:
+        raise Unsupported(f"functional embedding with padding_idx={padding_idx.value!r} (a negative index is only "
+                          "known relative to the table's rows)")
+    return call("padded_embedding", weight, indices, padding_idx)  # that row gets no gradient, as in torch
 
 
 @function("ops.gather", F.embedding)

@@ -2,7 +2,7 @@
 import torch
 
 from mindspore_hyper.migrate.mappings.common import call, ms_dtype
-from mindspore_hyper.migrate.mappings.registry import function, method
+from mindspore_hyper.migrate.mappings.registry import Unsupported, function, method
 
 aten = torch.ops.aten
 
@@ -109,6 +109,13 @@ function("mint.all", aten.all, torch.all, method("all"))(_any_all("mint.all"))
 @function("diff (helper)", aten.diff, torch.diff, method("diff"))
 def diff(self, n=1, dim=-1, prepend=None, append=None):
     return call("diff", self, n, dim, prepend, append)
+
+
+@function("repeat_interleave (helper)", aten.repeat_interleave, torch.repeat_interleave, method("repeat_interleave"))
+def repeat_interleave(self, repeats, dim=None, output_size=None):
+    if repeats.is_tensor:
+        raise Unsupported("repeat_interleave with a tensor of repeats (a data-dependent size) is not mapped")
+    return call("repeat_interleave", self, repeats, dim)
 
 
 @function("ops.topk", aten.topk, torch.topk, method("topk"))

@@ -59,6 +59,13 @@ def t(self):
     return Alias(self) if self.ndim < 2 else call("mint.transpose", self, 0, 1)
 
 
+@function("mint.permute (dimensions reversed)", aten.numpy_T)
+def numpy_t(self):
+    if self.ndim < 2:
+        return Alias(self)
+    return call("mint.permute", self, tuple(reversed(range(self.ndim))))
+
+
 @function("mint.unsqueeze", aten.unsqueeze, torch.unsqueeze, method("unsqueeze"))
 def unsqueeze(self, dim):
     return call("mint.unsqueeze", self, dim)
@@ -227,6 +234,16 @@ def select(self, dim, index):
 def index(self, indices):
     parts = [":" if i.value is None else str(i) for i in indices.items]
     return f"{self}[{', '.join(parts)}{',' if len(parts) == 1 else ''}]"
+
+
+@function("mint.scatter", aten.scatter, torch.scatter, method("scatter"))
+def scatter(self, dim, index, src=None, value=None, reduce=None):
+    if reduce.value is not None:
+        raise Unsupported(f"scatter(reduce={reduce.value!r}) is not mapped")
+    source = src if src.value is not None or src.is_tensor else value
+    if not source.is_tensor:  # a number: a tensor of it, the index's shape (mint.scatter takes a tensor)
+        source = call("ops.full", f"{index}.shape", source, dtype=ms_dtype(self.dtype))
+    return call("mint.scatter", self, dim, index, source)
 
 
 @function("mint.gather", aten.gather, torch.gather, method("gather"))

@@ -69,6 +69,9 @@ class DistributedRuntime(OpByOpRuntime):
     def device_count(self) -> int:
         return self.processes.size
 
+    def holds_all_ranks(self) -> bool:
+        return self.processes.size == 1
+
     def device_count_text(self, count: int) -> str:
         return f"the job has {count} processes"
 

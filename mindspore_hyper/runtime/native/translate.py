@@ -250,8 +250,8 @@ def _dataset_strategy(table: StrategyTable, mesh: Layout, example_inputs: Sequen
             continue
         layout, notes = strategy.input_layout(tuple(x.shape))
         if notes:
-            raise ValueError(f"native mode: model input of shape {tuple(x.shape)} cannot be split as declared: "
-                             f"{'; '.join(notes)}")
+            why = strategy.input_split_error(tuple(x.shape)) or "; ".join(notes)
+            raise ValueError(f"native mode: model input of shape {tuple(x.shape)} cannot be split as declared: {why}")
         out.append(_ms(_on_native_mesh(layout, mesh)))
     return tuple(out)
 

@@ -39,6 +39,9 @@ class SimulationRuntime(OpByOpRuntime):
     def device_count(self) -> int:
         return get_context("device_num")
 
+    def holds_all_ranks(self) -> bool:
+        return True
+
     def device_count_text(self, count: int) -> str:
         return f"device_num={count}"
 

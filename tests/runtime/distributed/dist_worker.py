@@ -58,8 +58,8 @@ def run_case(case: str):
     global_bytes = sum(p.asnumpy().nbytes for p in model.trainable_params())
     par = auto_parallelize(model, megatron(data, tensor, extra == "zero"))
     rank = par.local_ranks[0]
+    out = {"rank": rank, "losses": [], "misuse": _misuse(par, model, extra == "zero")}
     optimizer = nn.Adam(par.optimizer_parameters(), learning_rate=1e-3)
-    out = {"rank": rank, "losses": []}
     for i, (ids, labels) in enumerate(batches(STEPS)):
         loss = par.train_step(optimizer, ids, labels)
         if i == 0:  # gradients of the first step, this rank's shards
@@ -88,6 +88,22 @@ def run_case(case: str):
         return out
 
     return reference, finish
+
+
+def _misuse(par, model, zero: bool) -> list:
+    """What report and train_step say to an optimizer built the ordinary MindSpore way
+    (`nn.Adam(net.trainable_params())`), before any optimizer_parameters() call: None where accepted.
+    Without ZeRO-1 train_step's check alone runs (an accepted train_step would train a step)."""
+    wrong = nn.Adam(model.trainable_params(), learning_rate=1e-3)
+    step = (lambda: par.train_step(wrong, *batches(1)[0])) if zero else (lambda: par.check_optimizer(wrong))
+    messages = []
+    for call in (lambda: par.report(wrong), step):
+        try:
+            call()
+            messages.append(None)
+        except ValueError as exc:
+            messages.append(str(exc))
+    return messages
 
 
 def _errors(par, expected, local, rank):

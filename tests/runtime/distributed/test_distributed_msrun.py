@@ -73,6 +73,13 @@ def test_gpt_tensor_parallel_and_data_parallel_zero1_on_2_processes(tmp_path):
     for res in results:
         check_matches_single_device(res["1x2"])
         check_matches_single_device(res["2x1+zero"])
+        # nn.Adam(net.trainable_params()) with ZeRO-1: refused on first use, naming the fix
+        # (it would keep full-size states while the report printed the sharded figure)
+        assert res["1x2"]["misuse"] == [None, None]  # no ZeRO-1: the full shards are what it needs
+        for message, where in zip(res["2x1+zero"]["misuse"], ("report", "train_step")):
+            assert message.startswith(f"{where}: the optimizer was built on the model's full parameters"), message
+            assert "nn.Adam(parallel_model.optimizer_parameters()" in message
+        assert "'embed.embedding_table': shape (128, 64) here, its slice (64, 64)" in res["2x1+zero"]["misuse"][0]
 
 
 @pytest.mark.msrun

@@ -288,7 +288,7 @@ def test_unknown_mode_and_keyword():
         auto_parallelize(Net(), 3, mode="native")
 
 
-def test_simulation_mode_calls_the_simulation_runtime(monkeypatch):
+def test_simulation_mode_calls_the_simulation_runtime(monkeypatch, tmp_path):
     import mindspore_hyper.parallelize as entry
 
     calls = []
@@ -306,8 +306,12 @@ def test_simulation_mode_calls_the_simulation_runtime(monkeypatch):
     model, table, return_dtensor = calls[-1]
     assert model is net and table.strategy is strategy and return_dtensor is True
     set_context(mode="simulation")
-    with pytest.warns(UserWarning, match="matches no (Cell|parameter) of the model"):  # the config names another model
+    with pytest.raises(ValueError, match="matches no (Cell|parameter) of the model"):  # the config names another model
         auto_parallelize(net, CONFIGS / "tensor_parallel_8.yaml")
+    path = tmp_path / "net.yaml"
+    path.write_text("parallel_config:\n  device_matrix: [2, 4]\n  alias_names: [data, tensor]\n"
+                    "  module_level:\n    - {name: fc, strategy: {tensor: \"(4,1)\"}}\n")
+    auto_parallelize(net, path)
     assert type(calls[-1][1].config).__name__ == "ParallelConfig"  # YAML paths arrive loaded
 
 

@@ -78,14 +78,14 @@ def test_peak_activation_bytes_tracked():
 def test_memory_over_budget_warns_or_raises():
     _, sim = column_row_mlp()
     sim(X)
-    mh.set_context(device_memory="1KB", memory_check="warn")
+    mh.set_context(device_memory="1KiB", memory_check="warn")
     with pytest.warns(ResourceWarning, match=r"exceed device_memory=1.00 KiB: device 0 needs"):
         report = sim.report()
     assert set(report.over_budget()) == set(range(8))
     mh.set_context(memory_check="error")
     with pytest.raises(DeviceMemoryError, match="parameters 1.09 KiB"):
         sim.report()
-    mh.set_context(device_memory="1GB")
+    mh.set_context(device_memory="1GiB")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert sim.report().over_budget() == {}

@@ -9,6 +9,7 @@ from mindspore_hyper.shard import Layout
 from mindspore_hyper.runtime.simulation import simulate
 
 from sim_models import TinyLM, copy_weights
+from tolerances import assert_adam_training_close, reduction_length, training_rtol
 
 RNG = np.random.default_rng(3)
 
@@ -24,8 +25,8 @@ def train(net, optimizer, batches):
     return losses
 
 
-# Adam's default learning rate. Gradients agree to ~3e-7 (float32 summation order); Adam's
-# normalisation turns that into parameter differences proportional to the learning rate.
+# Adam's default learning rate. Gradients agree to float32 summation order; Adam's normalisation
+# turns that into parameter differences proportional to the learning rate (tests/tolerances.py).
 OPTIMIZERS = {
     "Adam": lambda p: nn.Adam(p, learning_rate=1e-3),
     "AdamWeightDecay": lambda p: nn.AdamWeightDecay(p, learning_rate=1e-3, weight_decay=0.01),
@@ -54,12 +55,19 @@ def test_five_steps_match_single_device(opt_name):
     par_opt = OPTIMIZERS[opt_name](par_model.trainable_params())
     par_losses = train(sim, par_opt, batches)
 
-    np.testing.assert_allclose(par_losses, ref_losses, rtol=1e-5)
+    # bounds from the computation (tests/tolerances.py): normwise for the longest float32 reduction
+    # over 5 steps; Adam's elements also within its displacement bound (noise-level gradients)
+    reduction = reduction_length(ref_model.trainable_params(), 64)
+    rtol = training_rtol(reduction, len(batches))
+    np.testing.assert_allclose(par_losses, ref_losses, rtol=rtol)
     assert ref_losses[-1] < ref_losses[0]  # training actually moved the weights
     for (name, p), (_, q) in zip(ref_model.parameters_and_names(), par_model.parameters_and_names()):
         a, b = p.asnumpy().astype(np.float64), q.asnumpy().astype(np.float64)
-        rel = np.linalg.norm(a - b) / max(np.linalg.norm(a), 1e-12)  # relative error in the 2-norm
-        assert rel <= 1e-5, f"{name}: relative error {rel:.2e} after 5 steps"
+        if opt_name.startswith("Adam"):
+            assert_adam_training_close(b, a, 1e-3, len(batches), reduction, err_msg=name)
+        else:
+            rel = np.linalg.norm(a - b) / max(np.linalg.norm(a), 1e-12)  # relative error in the 2-norm
+            assert rel <= rtol, f"{name}: relative error {rel:.2e} > {rtol:.2e} after 5 steps"
 
     # the optimizer states are sharded along 'data' in the memory report (ZeRO-1)
     report = sim.report(par_opt)

@@ -1,0 +1,66 @@
+"""`mindspore-hyper run`: a script written for HyperParallel, on this package, with the report.
+
+    mindspore-hyper run [--devices N] [--json REPORT] script.py [args...]       simulation, N devices
+    mindspore-hyper run --processes N [--json REPORT] script.py [args...]       msrun, N processes
+
+`import hyper_parallel` in the script resolves to mindspore_hyper.hyper_parallel (unless upstream's
+package is installed). The script runs unchanged: in simulation once for all N devices, under
+msrun once per process (each one rank). Afterwards the per-device memory and collectives of
+every device mesh the script used are printed, and with --json written (under msrun one file per
+rank, REPORT.rankR).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from mindspore_hyper.cli.arg_types import positive_int
+
+__all__ = ["add_parser", "run"]
+
+EXAMPLES = """\
+examples:
+  mindspore-hyper run --devices 8 my_tp_script.py --steps 5
+  mindspore-hyper run --processes 4 --json report.json my_tp_script.py"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the `run` subcommand."""
+    p = subparsers.add_parser("run", help="run a HyperParallel-API script (simulation or msrun) with the report",
+                              description=__doc__.split("\n\n", 1)[1], epilog=EXAMPLES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--devices", type=positive_int, default=8, help="simulated devices (default 8)")
+    where.add_argument("--processes", type=positive_int, help="run under msrun with this many local processes")
+    p.add_argument("--json", metavar="REPORT", help="write the report as JSON (under msrun: REPORT.rankR)")
+    p.add_argument("--log-dir", default="msrun_log", help="msrun's log folder with --processes (default msrun_log)")
+    p.add_argument("script", help="the script to run")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
+    p.set_defaults(func=run, parser=p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the script (see module docstring); returns its exit code."""
+    if not os.path.isfile(args.script):
+        raise FileNotFoundError(f"no script {args.script!r}")
+    if args.processes is None:
+        from mindspore_hyper.hyper_parallel.script_runner import run_script
+
+        return run_script(args.script, list(args.script_args), args.devices, args.json)
+    from mindspore_hyper.cli.msrun import msrun_command
+    from mindspore_hyper.hyper_parallel import script_runner
+    from mindspore_hyper.launch.elastic import _free_port
+
+    worker = [script_runner.__file__] + (["--json", os.path.abspath(args.json)] if args.json else [])
+    executable, argv, env = msrun_command([
+        f"--worker_num={args.processes}", f"--local_worker_num={args.processes}", f"--master_port={_free_port()}",
+        f"--log_dir={args.log_dir}", "--join=True", *worker, args.script, *args.script_args])
+    env["MS_HYPER_MODE"] = "distributed"
+    completed = subprocess.run(argv, env=env)
+    if completed.returncode:
+        print(f"mindspore-hyper run: msrun exited with {completed.returncode}; the workers' logs are in "
+              f"{args.log_dir}/worker_*.log", file=sys.stderr)
+    return completed.returncode

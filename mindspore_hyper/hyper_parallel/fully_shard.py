@@ -1,0 +1,217 @@
+"""`fully_shard`: torch FSDP2's and HyperParallel's fully sharded data parallelism.
+
+Each Parameter of the Cell is split along its first dimension over the data-parallel mesh (on
+top of any tensor-parallel layout it already has: the data-parallel pieces are cut from each
+tensor-parallel piece, torch's StridedShard order). While the Cell runs, its Parameters read as
+DTensors gathered over the data-parallel mesh; the gather's backward reduce-scatters the
+gradient. Optimizers built on `trainable_params()` then update the shards: under msrun each
+process holds and updates only its piece (parameters, gradients and optimizer states all split:
+ZeRO-3); in simulation the global Parameter stands for all of them.
+
+Gradient reduction follows torch: when the Cell's inputs are each rank's own plain tensors (under
+msrun), a rank's loss is its own batch's and the gradient is averaged over the data-parallel
+ranks. In simulation such inputs are the same on every rank, so the one computation is already
+that average. Inputs that are DTensors split over the data-parallel mesh describe one global
+batch: its loss is global and its gradient is summed, as every DTensor op sums.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, Optional, Tuple
+
+from mindspore import Parameter, Tensor, nn
+
+from mindspore_hyper.dtensor.dtensor import DTensor, significant_axes
+from mindspore_hyper.hyper_parallel.device_mesh import DeviceMesh, get_current_mesh
+from mindspore_hyper.hyper_parallel.distribute import lay_out_parameter, local_values, wrap_construct
+from mindspore_hyper.hyper_parallel.session import mesh_of, prepare_elsewhere, remember_mesh, runtime_of
+from mindspore_hyper.shard.placement import Replicate
+from mindspore_hyper.shard.tensor_layout import TensorLayout
+
+__all__ = ["fully_shard", "FSDPModule"]
+
+
+class _ScaleGradient(nn.Cell):
+    """Identity forward; the backward multiplies the gradient by `scale`."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = scale
+
+    def construct(self, x):
+        return x
+
+    def bprop(self, x, out, dout):
+        return (dout * self.scale,)
+
+
+class FSDPModule:
+    """What `fully_shard` / `hsdp` record on a Cell (`cell.fsdp_state`): the Parameters it
+    shards, and how their gradient is reduced.
+
+    Attributes:
+        mesh: the mesh the Cell's hooks run on.
+        gathered: id(param) -> (param, the layout it is used in while the Cell runs, the mesh
+            axes it is split over).
+        reduce: "avg" (torch's FSDP: per-rank losses averaged) or "sum" (HyperParallel's hsdp).
+        grad_scale: a factor on the reduced gradient (hsdp's `grad_scale`).
+    """
+
+    def __init__(self, mesh: DeviceMesh, gathered: Dict[int, Tuple[Parameter, TensorLayout, Tuple[int, ...]]],
+                 reduce: str = "avg", grad_scale: float = 1.0):
+        self.mesh = mesh
+        self.gathered = gathered
+        self.reduce = reduce
+        self.grad_scale = grad_scale
+
+
+def _sharded_layout(layout: TensorLayout, dp_axes: Tuple[int, ...]) -> TensorLayout:
+    """`layout` with dimension 0 further split over `dp_axes` (after its own axes: torch's order)."""
+    dims = [tuple(entry) for entry in layout.dims]
+    used = set(layout.sharded_axes()) | set(layout.partial)
+    clash = used & set(dp_axes)
+    if clash:
+        names = [layout.mesh.alias_names[a] for a in sorted(clash)]
+        raise ValueError(f"fully_shard: the parameter is already laid out over mesh dimension {names}")
+    dims[0] = dims[0] + tuple(dp_axes)
+    return TensorLayout.from_dims(layout.mesh, dims, layout.partial)
+
+
+def fully_shard(module: nn.Cell, *, mesh: Optional[DeviceMesh] = None, reshard_after_forward: bool = True,
+                mp_policy=None, offload_policy=None, ignored_params=None) -> nn.Cell:
+    """Shard `module`'s Parameters over the data-parallel `mesh` (see module docstring).
+
+    Apply it bottom-up (blocks first, then the root), as with torch: a Parameter already managed
+    by an inner `fully_shard` is left to it.
+
+    Args:
+        module: the Cell (changed in place and returned).
+        mesh: the data-parallel mesh, one dimension (or a sub-mesh such as `mesh["dp"]`); default
+            the current mesh.
+        reshard_after_forward: True (the default) only: the gathered Parameters live until the
+            backward releases them, in every mode.
+        mp_policy, offload_policy: not supported yet (None only).
+        ignored_params: Parameters to leave unsharded.
+
+    Raises:
+        ValueError: an unsupported argument, a Parameter whose first dimension the mesh does not
+            divide, or one already split over the mesh.
+    """
+    mesh = mesh if mesh is not None else get_current_mesh()
+    if mp_policy is not None or offload_policy is not None:
+        raise ValueError("fully_shard: mp_policy and offload_policy are not supported yet; pass None (for offload "
+                         "use mindspore_hyper.offload.hyper_offload)")
+    if reshard_after_forward is not True:
+        raise ValueError("fully_shard(reshard_after_forward=...): only True is supported (the gathered parameters "
+                         "are released by the backward in every mode)")
+    if getattr(module, "fsdp_state", None) is not None:
+        raise ValueError(f"fully_shard: {type(module).__name__} is already fully sharded")
+    shard_parameters(module, mesh, lambda slot: tuple(mesh.dims), ignored_params, reduce="avg")
+    return module
+
+
+def shard_parameters(module: nn.Cell, mesh: DeviceMesh, axes_of: Callable, ignored_params=None, *,
+                     reduce: str = "avg", grad_scale: float = 1.0, threshold_bytes: int = 0) -> FSDPModule:
+    """Split each Parameter of `module` (not managed by an inner Cell, not ignored, holding at least
+    `threshold_bytes`) along dimension 0 over the mesh axes `axes_of(slot)`, and gather it while
+    the Cell runs (see module docstring); records and returns the Cell's FSDPModule."""
+    execution = mesh.execution()
+    ignored = {id(p) for p in (ignored_params or ())}
+    managed = set()
+    for _, cell in module.cells_and_names():
+        state = getattr(cell, "fsdp_state", None)
+        if state is not None:
+            managed |= set(state.gathered)
+    gathered: Dict[int, Tuple[Parameter, TensorLayout, Tuple[int, ...]]] = {}
+    for _, param in list(module.parameters_and_names()):
+        if id(param) in ignored or id(param) in managed:
+            continue
+        if id(param) not in execution.parameters:
+            param = lay_out_parameter(module, param, mesh, (Replicate(),) * mesh.ndim)
+        slot = execution.parameters[id(param)]
+        axes = tuple(axes_of(slot))
+        if not param.shape or not axes or math.prod(slot.global_shape) * param.dtype.itemsize < threshold_bytes:
+            continue  # a scalar, or a Parameter under the threshold, stays as it is
+        used_layout = slot.layout
+        new_layout = _sharded_layout(slot.layout, axes)
+        new_layout.check_shape(tuple(slot.global_shape))
+        param = _reshard(module, execution, slot, new_layout, mesh)
+        gathered[id(param)] = (param, used_layout, axes)
+        prepare_elsewhere(param)
+    state = FSDPModule(mesh, gathered, reduce, grad_scale)
+    object.__setattr__(module, "fsdp_state", state)
+    plain_inputs = []
+
+    def note_inputs(cell, inputs, mesh):
+        plain_inputs[:] = [not any(isinstance(x, DTensor) for x in inputs)]
+        return inputs
+
+    def local_outputs(cell, outputs, mesh):  # plain tensors in, plain tensors out (torch's FSDP)
+        return local_values(outputs) if plain_inputs and plain_inputs[0] else outputs
+
+    wrap_construct(module, mesh, note_inputs, local_outputs, prepare=lambda inputs: _gather(execution, state, inputs))
+    return state
+
+
+def _reshard(module: nn.Cell, execution, slot, layout: TensorLayout, mesh: DeviceMesh) -> Parameter:
+    """Give `slot` the `layout`; under msrun its Parameter is replaced by the new piece."""
+    old_param = slot.param
+    previous = mesh_of(old_param)
+    if previous is not None and previous.root != mesh.root:
+        raise ValueError(f"fully_shard: parameter {old_param.name!r} is laid out on another root mesh "
+                         f"{previous!r}; take both meshes as views of one (init_device_mesh(..., ('dp', 'tp')))")
+    dims = sorted(set(previous.dims if previous is not None else ()) | set(mesh.dims))
+    view = DeviceMesh._view(mesh.device_type, mesh.root, tuple(dims))
+    if slot.local:
+        rank = execution.local_ranks[0]
+        coords = layout.mesh.coords(rank)
+        pieces = 1
+        index = 0
+        for a in layout.dims[0][len(slot.layout.dims[0]):]:
+            index = index * layout.mesh.device_matrix[a] + coords[a]
+            pieces *= layout.mesh.device_matrix[a]
+        rows = old_param.shape[0] // pieces
+        value = old_param.asnumpy()[index * rows:(index + 1) * rows]
+        new_param = Parameter(Tensor(value.copy(), dtype=old_param.dtype), name=old_param.name,
+                              requires_grad=old_param.requires_grad)
+        for _, cell in module.cells_and_names():
+            for key, held in list(cell._params.items()):
+                if held is old_param:
+                    cell._params[key] = new_param
+        del execution.parameters[id(old_param)]
+        slot.param = new_param
+        execution.parameters[id(new_param)] = slot
+    slot.layout = layout
+    remember_mesh(slot.param, view)
+    return slot.param
+
+
+def _gather(execution, state: FSDPModule, inputs) -> Dict[int, DTensor]:
+    """The DTensors this Cell's Parameters read while it runs: gathered over their axes, the
+    backward reducing the gradient as `state` says (module docstring):
+    - inputs that are DTensors split over the axes (one global batch): the gradient sums, x grad_scale;
+    - plain inputs under msrun (each rank's own batch): reduce-scattered, then x grad_scale, and
+      averaged for "avg";
+    - plain inputs in simulation (the same batch on every rank, computed once): x grad_scale, and
+      x the group size for "sum" (what that many equal ranks would sum)."""
+    from mindspore_hyper.dtensor.dispatch import parameter_dtensor
+
+    holds_all = runtime_of(execution).holds_all_ranks()
+    out = {}
+    for pid, (param, layout, axes) in state.gathered.items():
+        size = math.prod(execution.mesh.device_matrix[a] for a in axes)
+        global_batch = any(isinstance(x, DTensor) and set(significant_axes(x.layout)) & set(axes) for x in inputs)
+        per_rank = not global_batch and not holds_all
+        scale = state.grad_scale
+        if not global_batch:
+            scale *= (1.0 / size if state.reduce == "avg" else 1.0) if per_rank else \
+                (size if state.reduce == "sum" else 1.0)
+        sharded = parameter_dtensor(execution, param)
+        gathered = sharded.redistribute(layout, grad_partial_axes=axes if per_rank else ())
+        if scale != 1.0:
+            scaler = _ScaleGradient(scale)
+            gathered = DTensor._create(layout, {k: scaler(v) for k, v in gathered.shards.items()},
+                                       gathered.global_shape, gathered.dtype, execution)
+        gathered._parameter_id = pid
+        out[pid] = gathered
+    return out

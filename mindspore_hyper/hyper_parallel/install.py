@@ -1,0 +1,151 @@
+"""`import hyper_parallel` resolved to this package when upstream's package is not installed.
+
+`install_hyper_parallel()` registers modules under upstream's import paths (those its docs,
+tests and MindFormers 2.0 import) whose names are this package's objects. A name upstream has
+and this package does not provide yet is refused at import with what is missing, never a stand-in.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from typing import Dict, Iterable
+
+__all__ = ["install_hyper_parallel", "MODULES", "NOT_PROVIDED"]
+
+_PACKAGE = "mindspore_hyper.hyper_parallel"
+
+# upstream module path -> names it exports here (each resolved from this package's API)
+MODULES: Dict[str, Iterable[str]] = {
+    "hyper_parallel": (
+        "ShardingPlan", "DTensor", "hsdp", "HSDPCell", "hsdp_sync_stream", "DeviceMesh", "init_device_mesh", "get_current_mesh", "Layout", "distribute_module",
+        "distribute_tensor", "parallelize_value_and_grad", "SkipDTensorDispatch", "ParallelStyle",
+        "parallelize_module", "init_process_group", "destroy_process_group", "get_process_group_ranks", "get_backend",
+        "split_group", "get_group_local_rank", "get_platform", "shard_module", "fully_shard", "init_parameters",
+        "init_empty_weights", "init_on_device"),
+    "hyper_parallel.core": (),
+    "hyper_parallel.core.dtensor": ("DTensor", "DeviceMesh", "init_device_mesh", "distribute_tensor",
+                                    "distribute_module", "Shard", "Replicate", "Partial", "StridedShard", "Placement",
+                                    "Layout"),
+    "hyper_parallel.core.dtensor.dtensor": ("DTensor", "SkipDTensorDispatch", "distribute_module",
+                                            "distribute_tensor"),
+    "hyper_parallel.core.dtensor.placement_types": ("Placement", "Shard", "Replicate", "Partial", "StridedShard"),
+    "hyper_parallel.core.placement_types": ("Placement", "Shard", "Replicate", "Partial", "StridedShard"),
+    "hyper_parallel.core.layout": ("Layout", "DeviceMesh"),
+    "hyper_parallel.core.device_mesh": ("DeviceMesh", "init_device_mesh", "get_current_mesh"),
+    "hyper_parallel.core.dtensor.device_mesh": ("DeviceMesh", "init_device_mesh", "get_current_mesh"),
+    "hyper_parallel.core.dtensor.layout": ("Layout", "DeviceMesh"),
+    "hyper_parallel.core.dtensor.parameter_init": ("init_parameters",),
+    "hyper_parallel.core.dtensor.init_weights": ("init_empty_weights", "init_on_device"),
+    "hyper_parallel.core.tensor_parallel": ("ColwiseParallel", "RowwiseParallel", "SequenceParallel",
+                                            "PrepareModuleInput", "PrepareModuleOutput", "PrepareModuleInputOutput",
+                                            "NoParallel", "ParallelStyle", "parallelize_module"),
+    "hyper_parallel.core.tensor_parallel.style": ("ColwiseParallel", "RowwiseParallel", "SequenceParallel",
+                                                  "PrepareModuleInput", "PrepareModuleOutput",
+                                                  "PrepareModuleInputOutput", "NoParallel", "ParallelStyle"),
+    "hyper_parallel.core.tensor_parallel.api": ("parallelize_module",),
+    "hyper_parallel.core.shard": ("parallelize_value_and_grad", "shard_module", "ShardingPlan"),
+    "hyper_parallel.core.shard.api": ("parallelize_value_and_grad", "shard_module"),
+    "hyper_parallel.core.shard.sharding_plan": ("ShardingPlan",),
+    "hyper_parallel.collectives": (),
+    "hyper_parallel.collectives.cc": ("init_process_group", "destroy_process_group", "get_process_group_ranks",
+                                      "get_backend", "split_group", "get_group_local_rank"),
+    "hyper_parallel.platform": ("get_platform",),
+    "hyper_parallel.core.fully_shard": ("fully_shard", "FSDPModule"),
+    "hyper_parallel.core.fully_shard.api": ("fully_shard", "FSDPModule"),
+    "hyper_parallel.core.hsdp": ("hsdp", "HSDPCell", "hsdp_sync_stream"),
+    "hyper_parallel.core.hsdp.api": ("hsdp", "HSDPCell", "hsdp_sync_stream"),
+    "hyper_parallel.core.pipeline_parallel": (),
+    "hyper_parallel.core.context_parallel": (),
+    "hyper_parallel.core.distributed_checkpoint": ("save", "load"),
+}
+
+# upstream names not provided yet, with the reason a script gets
+NOT_PROVIDED: Dict[str, str] = {
+    name: "not provided by mindspore_hyper yet (docs/hyper_parallel.md lists what is)"
+    for name in ("PipelineStage", "ScheduleInterleaved1F1B",
+                 "ScheduleGPipe", "Schedule1F1B", "MetaStep", "MetaStepType", "BatchDimSpec", "ContextParallel",
+                 "AsyncContextParallel", "custom_shard", "mark_created_groups")
+}
+
+
+class _Platform:
+    """Upstream's `get_platform()` answer for MindSpore: the framework's tensor and Cell types."""
+
+    name = "mindspore"
+
+    def __init__(self):
+        import mindspore as ms
+        from mindspore import nn
+
+        from mindspore_hyper.dtensor.dtensor import DTensor
+
+        self.Tensor, self.Parameter, self.Module, self.DTensorBase = ms.Tensor, ms.Parameter, nn.Cell, DTensor
+
+
+def get_platform() -> _Platform:
+    """The platform object upstream scripts ask for (MindSpore here)."""
+    return _Platform()
+
+
+def _value(name: str):
+    if name == "get_platform":
+        return get_platform
+    if name in ("save", "load"):
+        from mindspore_hyper.hyper_parallel import checkpoint
+
+        return getattr(checkpoint, name)
+    package = importlib.import_module(_PACKAGE)
+    return getattr(package, name)
+
+
+def _module(path: str, names: Iterable[str]) -> types.ModuleType:
+    module = types.ModuleType(path, f"HyperParallel's {path}, provided by mindspore_hyper")
+    module.__path__ = []  # a package: its submodules are registered beside it
+    module.__provided_by__ = "mindspore_hyper"
+    for name in names:
+        if name not in NOT_PROVIDED:
+            setattr(module, name, _value(name))
+
+    def __getattr__(name: str):
+        if name in NOT_PROVIDED:
+            raise ImportError(f"{path}.{name}: {NOT_PROVIDED[name]}")
+        raise AttributeError(f"module {path!r} (provided by mindspore_hyper) has no attribute {name!r}")
+
+    module.__getattr__ = __getattr__
+    return module
+
+
+def _real_package_installed() -> bool:
+    """Whether an importable `hyper_parallel` with an `__init__.py` exists (a bare folder of that
+    name on sys.path, such as a tests folder, is a namespace package, not upstream's)."""
+    spec = importlib.util.find_spec("hyper_parallel")
+    return spec is not None and spec.origin not in (None, "namespace")
+
+
+def install_hyper_parallel(verbose: bool = False) -> bool:
+    """Make `import hyper_parallel` resolve to this package, unless a real one is importable.
+
+    Args:
+        verbose: print what was done.
+
+    Returns:
+        True when installed (or already installed), False when a real `hyper_parallel` exists
+        (nothing is changed: on Ascend, upstream's package runs the script).
+    """
+    current = sys.modules.get("hyper_parallel")
+    if current is not None and getattr(current, "__provided_by__", None) == "mindspore_hyper":
+        return True
+    if current is not None or _real_package_installed():
+        if verbose:
+            print("mindspore_hyper: a real hyper_parallel is installed; using it (nothing installed)")
+        return False
+    for path, names in MODULES.items():
+        sys.modules[path] = _module(path, names)
+    for path in MODULES:
+        parent, _, child = path.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], child, sys.modules[path])
+    if verbose:
+        print("mindspore_hyper: `import hyper_parallel` now resolves to mindspore_hyper.hyper_parallel")
+    return True

@@ -1,0 +1,91 @@
+"""Run a HyperParallel-API script on this package: in simulation (one process, N devices) or as
+one msrun worker (this file is also the script msrun starts for `mindspore-hyper run --processes`).
+
+    python script_runner.py [--json REPORT] SCRIPT [ARGS...]   (as an msrun worker)
+"""
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+from typing import List, Optional
+
+__all__ = ["run_script", "under_msrun"]
+
+
+def under_msrun() -> bool:
+    """Whether this process is an msrun worker or its scheduler."""
+    return "MS_WORKER_NUM" in os.environ or "MS_ROLE" in os.environ
+
+
+def run_script(script: str, args: List[str], devices: Optional[int], json_path: Optional[str] = None) -> int:
+    """Install the `hyper_parallel` import, set the mode, run `script` as `__main__` with `args`,
+    then print (and write to `json_path`) the per-device report.
+
+    Args:
+        script: the script's path.
+        args: its arguments (its `sys.argv[1:]`).
+        devices: simulated devices; None under msrun (each process is one rank).
+        json_path: where to write the report; under msrun each rank writes PATH.rankR.
+
+    Returns:
+        0, or the script's `SystemExit` code.
+
+    Raises:
+        FileNotFoundError: no such script.
+    """
+    import mindspore as ms
+
+    from mindspore_hyper.context import set_context
+    from mindspore_hyper.hyper_parallel.install import install_hyper_parallel
+    from mindspore_hyper.hyper_parallel.report import format_report, session_report
+
+    if not os.path.isfile(script):
+        raise FileNotFoundError(f"no script {script!r}")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    if devices is None:
+        set_context(mode="distributed")
+        # HyperParallel scripts may use MindSpore's communication themselves (init(), get_rank()):
+        # the cluster forms in every case, msrun's scheduler serving it until the workers finish
+        from mindspore.communication import init
+
+        init()
+        from mindspore_hyper.runtime.distributed.world import world
+
+        rank, size = world().rank, world().size
+    else:
+        set_context(mode="simulation", device_num=devices)
+        rank, size = None, devices
+    install_hyper_parallel()
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    report = session_report("simulation" if rank is None else f"distributed (rank {rank})", size)
+    print(format_report(report), flush=True)
+    if json_path:
+        path = json_path if rank is None else f"{json_path}.rank{rank}"
+        with open(path, "w") as f:
+            json.dump(report, f, indent=1)
+    return code
+
+
+def _main(argv: List[str]) -> int:
+    json_path = None
+    if argv[:1] == ["--json"]:
+        json_path, argv = argv[1], argv[2:]
+    if not argv:
+        print("usage: script_runner.py [--json REPORT] SCRIPT [ARGS...]", file=sys.stderr)
+        return 2
+    return run_script(argv[0], argv[1:], None, json_path)
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,38 @@
+"""One msrun job of 4 processes: the HyperParallel API's rank-dependent paths, fully_shard with
+each rank's own batch, a distributed checkpoint round trip and the example's tensor-parallel
+Llama, launched as a user would (`mindspore-hyper run --processes 4`)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from msrun_helpers import worker_logs
+from paths import EXAMPLES
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.mark.msrun
+def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
+    cli = os.path.join(os.path.dirname(sys.executable), "mindspore-hyper")
+    env = dict(os.environ, HP_EXAMPLES=str(EXAMPLES), HP_CKPT=str(tmp_path / "ckpt"))
+    report = tmp_path / "report.json"
+    try:
+        done = subprocess.run([cli, "run", "--processes", "4", "--log-dir", str(tmp_path / "log"), "--json", str(report),
+                               os.path.join(HERE, "rank_checks.py")], env=env, capture_output=True, text=True,
+                              timeout=300)
+    except subprocess.TimeoutExpired:
+        pytest.fail("msrun did not finish within 300 s (hang)")
+    logs = worker_logs(tmp_path / "log", 4)
+    assert done.returncode == 0, done.stderr[-2000:] + logs
+    for rank in range(4):
+        assert f"rank {rank}: rank-dependent API checks passed" in logs
+        assert f"rank {rank}: fully_shard with per-rank batches trains like one device" in logs
+        assert f"rank {rank}: distributed checkpoint round trip" in logs
+    assert logs.count("OK: tensor-parallel 4 trains like one device over 2 steps") == 4
+    per_rank = [json.loads((tmp_path / f"report.json.rank{r}").read_text()) for r in range(4)]
+    assert [r["mode"] for r in per_rank] == [f"distributed (rank {r})" for r in range(4)]
+    tp_mesh = [m for m in per_rank[0]["meshes"] if m["dim_names"] == ["tp"]][0]
+    assert any(row["kind"] == "AllReduce" and row["axis"] == "tp" for row in tp_mesh["collectives"])

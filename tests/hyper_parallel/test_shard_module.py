@@ -1,0 +1,64 @@
+"""shard_module with a ShardingPlan (upstream's declarative form) against one device."""
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from mindspore_hyper.hyper_parallel import (
+    DTensor, Replicate, Shard, ShardingPlan, distribute_tensor, init_device_mesh, laid_out_parameters, shard_module,
+)
+
+
+class Net(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Dense(8, 16), nn.Dense(16, 4)
+
+    def construct(self, x):
+        return self.fc2(ops.relu(self.fc1(x)))
+
+
+def test_shard_module_trains_like_one_device(fresh_session):
+    fresh_session.set_context(device_num=4)
+    ms.set_seed(2)
+    model, reference = Net(), Net()
+    for (_, p), (_, q) in zip(model.parameters_and_names(), reference.parameters_and_names()):
+        q.set_data(Tensor(p.asnumpy()))
+    mesh = init_device_mesh("npu", (2, 2), mesh_dim_names=("dp", "tp"))
+    plan = ShardingPlan(plan={"fc1.weight": ("tp", "None"), "fc1.bias": (Replicate(), Shard(0)),
+                              "fc2.weight": (Replicate(), Shard(1))},
+                        input_plan={"input": (Shard(0), Replicate()), "fc2.input": (Shard(0), Shard(1))},
+                        output_plan={"output": (Replicate(), Replicate())}, return_local_tensor=[""])
+    shard_module(model, mesh, plan)
+    placements = {k: v.placements for k, v in laid_out_parameters(model).items()}
+    assert placements["fc1.weight"] == (Replicate(), Shard(0)) and placements["fc2.bias"] == (Replicate(), Replicate())
+    rng = np.random.RandomState(0)
+    x, y = Tensor(rng.randn(4, 8).astype(np.float32)), Tensor(rng.randn(4, 4).astype(np.float32))
+    seen = model(distribute_tensor(x, mesh, [Replicate(), Replicate()]))
+    assert not isinstance(seen, DTensor)  # return_local_tensor of the model: replicated output -> a plain tensor
+
+    def steps(net, as_input):
+        optimizer = nn.Adam(net.trainable_params(), learning_rate=1e-2)
+        grad_fn = ms.value_and_grad(lambda x, y: ((net(as_input(x)) - y) ** 2).mean(), None, optimizer.parameters)
+        out = []
+        for _ in range(3):
+            loss, grads = grad_fn(x, y)
+            optimizer(grads)
+            out.append(float(loss))
+        return out
+
+    np.testing.assert_allclose(steps(model, lambda x: distribute_tensor(x, mesh, [Replicate(), Replicate()])),
+                               steps(reference, lambda x: x), rtol=1e-5)
+
+
+def test_shard_module_names_what_does_not_exist(fresh_session):
+    fresh_session.set_context(device_num=4)
+    mesh = init_device_mesh("npu", (4,), mesh_dim_names=("tp",))
+    with pytest.raises(ValueError, match="no parameter 'fc1.weigth'; nearest: \\['fc1.weight'"):
+        shard_module(Net(), mesh, ShardingPlan(plan={"fc1.weigth": (Shard(0),)}))
+    with pytest.raises(ValueError, match="submodule 'fc3'"):
+        shard_module(Net(), mesh, ShardingPlan(input_plan={"fc3.input": (Shard(0),)}))
+    with pytest.raises(ValueError, match="must be 'output'"):
+        shard_module(Net(), mesh, ShardingPlan(output_plan={"fc1.outputs": (Shard(0),)}))
+    with pytest.raises(TypeError, match="must be a ShardingPlan"):
+        shard_module(Net(), mesh, {"plan": {}})

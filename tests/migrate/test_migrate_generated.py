@@ -1,0 +1,189 @@
+"""Never invalid output: the port is convert's default (symbolic dimensions reported); generated names are
+valid and unique by construction (the Qwen2-MoE duplicate-argument case); a module whose class cannot be
+generated becomes its traced body, for that module only, with the reason in the report; the source is
+compiled and imported before anything is written; no partial files on failure."""
+import importlib.util
+import inspect
+import sys
+
+import pytest
+import torch
+import mindspore as ms
+
+from mindspore_hyper.migrate import MigrationError, convert
+from mindspore_hyper.migrate.naming import identifier
+
+from migrate_models import TOL, assert_same_outputs
+
+pytestmark = pytest.mark.usefixtures("pynative")
+
+
+def load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_identifier_is_valid_and_unique():
+    taken = set()
+    names = [identifier(t, taken, reserved={"ms", "build"}) for t in
+             ["hidden_dim", "hidden_dim", "class", "slice", "sum", "0x", "a-b", "ms", "build", ""]]
+    assert names == ["hidden_dim", "hidden_dim_1", "class_1", "slice_1", "sum_1", "v_0x", "a_b", "ms_1",
+                     "build_1", "v"]
+    assert all(n.isidentifier() for n in names) and len(set(names)) == len(names)
+    classes = set()
+    assert [identifier(t, classes, suffix="") for t in ["Block", "Block", "Block"]] == ["Block", "Block2", "Block3"]
+
+
+def qwen2(moe: bool):
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    torch.manual_seed(0)
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=101, max_position_embeddings=64, use_cache=False)
+    if not moe:
+        return Qwen2ForCausalLM(Qwen2Config(**sizes)).eval()
+    # moe_intermediate_size 16: the experts' gate_up_proj is (4, 32, 32), two dimensions equal to hidden_dim
+    return Qwen2MoeForCausalLM(Qwen2MoeConfig(**sizes, moe_intermediate_size=16, shared_expert_intermediate_size=32,
+                                              num_experts=4, num_experts_per_tok=2)).eval()
+
+
+def test_default_is_the_port_at_another_batch_and_length():
+    """The issue's case: Qwen2 converted at (2, 16) with no structure given runs at batch 3, length 7."""
+    model = qwen2(moe=False)
+    cell, report = convert(model, torch.randint(0, 101, (2, 16)))
+    assert report.tracer == "torch.export (module-structured)" and report.loops == ["model.layers"]
+    assert all(report.symbolic["input_ids"]) and not report.static  # batch and sequence symbolic
+    assert "input dimensions: input_ids: (" in str(report)
+    assert_same_outputs(cell, model, torch.randint(0, 101, (3, 7)))
+
+
+def test_flat_only_on_request():
+    model = qwen2(moe=False)
+    _, report = convert(model, torch.randint(0, 101, (2, 8)), structure="flat", check=False)
+    assert report.tracer == "torch.export" and report.symbolic == {"input_ids": [None, None]}
+    assert report.static == ["input_ids dimension 0 = 2", "input_ids dimension 1 = 8"]
+
+
+def test_qwen2_moe_compiles_with_unique_arguments(tmp_path):
+    """Qwen2-MoE used to write `def __init__(self, num_experts, hidden_dim, hidden_dim, ...)` (SyntaxError)."""
+    model = qwen2(moe=True)
+    cell, report = convert(model, torch.randint(0, 101, (2, 16)), out=str(tmp_path))
+    assert report.check["max_relative_error"] <= TOL and not report.fallbacks
+    written = load(report.files["source"], "written_qwen2_moe")
+    experts = inspect.signature(written.Qwen2MoeExperts.__init__).parameters
+    assert list(experts) == ["self", "num_experts", "hidden_dim", "intermediate_dim"]
+    for klass in vars(written).values():  # every generated signature: no name twice
+        if isinstance(klass, type) and issubclass(klass, ms.nn.Cell) and "__init__" in vars(klass):
+            params = list(inspect.signature(klass.__init__).parameters)
+            assert len(params) == len(set(params)), klass
+    # the layers share their classes (one per torch class), MoE experts computed densely and exactly
+    assert {c["class"] for c in report.classes} >= {"Qwen2MoeSparseMoeBlock", "Qwen2MoeExperts"}
+    assert not any(c["class"].endswith("2") for c in report.classes)
+    cell2 = written.build(report.files["checkpoint"])
+    assert_same_outputs(cell2, model, torch.randint(0, 101, (3, 9)))
+
+
+class Scale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8))
+        self.eps = 1e-3
+
+    def forward(self, x):
+        return x * self.w + self.eps * x.shape[1]
+
+
+class Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.scale = Scale()
+
+    def forward(self, x):
+        return self.scale(torch.relu(self.fc(x)))
+
+
+def test_a_class_that_cannot_be_generated_becomes_its_traced_body(monkeypatch, tmp_path):
+    """A generator bug (here: injected, the duplicate argument of the Qwen2-MoE case) costs that module its
+    class only: it is written as its traced body, the report says which module and why, outputs equal torch."""
+    from mindspore_hyper.migrate import codegen_modules
+
+    real = codegen_modules._class_body
+
+    def broken(prog, units, lists, code, unit, plain=False):
+        text, hyper = real(prog, units, lists, code, unit, plain)
+        if type(prog.module).__name__ == "Scale" and not plain:
+            text = text.replace("def __init__(self", "def __init__(self, eps, eps", 1)
+        return text, hyper
+    monkeypatch.setattr(codegen_modules, "_class_body", broken)
+    torch.manual_seed(0)
+    model = Outer()
+    cell, report = convert(model, torch.randn(2, 4, 8), out=str(tmp_path))
+    assert [(f["module"], f["torch"].rsplit(".", 1)[-1]) for f in report.fallbacks] == [("scale", "Scale")]
+    assert "SyntaxError: duplicate argument 'eps' in function definition" in report.fallbacks[0]["reason"]
+    assert "modules written as their traced body" in str(report)
+    assert "(its traced body)" in open(report.files["source"]).read()
+    assert_same_outputs(cell, model, torch.randn(3, 5, 8))  # still shape-general
+    written = load(report.files["source"], "written_outer")
+    assert_same_outputs(written.build(report.files["checkpoint"]), model, torch.randn(2, 6, 8))
+
+
+def test_source_that_does_not_compile_is_never_written(monkeypatch, tmp_path):
+    from mindspore_hyper.migrate import convert_modules
+
+    real = convert_modules.generate_modules
+
+    def corrupt(*args, **kwargs):
+        code = real(*args, **kwargs)
+        code.source = code.source.replace("def build(", "def build(checkpoint, checkpoint, ", 1)
+        return code
+    monkeypatch.setattr(convert_modules, "generate_modules", corrupt)
+    out = tmp_path / "out"
+    with pytest.raises(MigrationError, match=r"generated source of Outer does not compile \(nothing was written\): "
+                                             r"SyntaxError: duplicate argument 'checkpoint'"):
+        convert(Outer(), torch.randn(2, 4, 8), out=str(out))
+    assert not out.exists()
+
+
+def test_no_partial_files_when_writing_fails(monkeypatch, tmp_path):
+    from mindspore_hyper.migrate import converter
+
+    def fail(cell, path):
+        with open(path, "wb") as f:
+            f.write(b"partial")
+        raise OSError("disk full")
+    monkeypatch.setattr(converter.ms, "save_checkpoint", fail)
+    out = tmp_path / "new"
+    with pytest.raises(OSError, match="disk full"):
+        convert(Outer(), torch.randn(2, 4, 8), out=str(out), check=False)
+    assert not out.exists()  # the directory it created is gone too
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "mine.txt").write_text("x")
+    with pytest.raises(OSError):
+        convert(Outer(), torch.randn(2, 4, 8), out=str(kept), check=False)
+    assert sorted(p.name for p in kept.iterdir()) == ["mine.txt"]
+
+
+class Frozen(torch.nn.Module):
+    """A fixed (sinusoidal-like) position table beside a trained embedding, as Whisper's encoder has."""
+
+    def __init__(self):
+        super().__init__()
+        self.tokens = torch.nn.Embedding(11, 4)
+        self.positions = torch.nn.Embedding(8, 4)
+        self.positions.requires_grad_(False)
+
+    def forward(self, ids):
+        return self.tokens(ids) + self.positions.weight[: ids.shape[1]]
+
+
+def test_frozen_torch_parameters_stay_frozen():
+    """A MindSpore layer's table is trainable by default: the Cell freezes what torch froze."""
+    torch.manual_seed(0)
+    cell, report = convert(Frozen(), torch.randint(0, 11, (2, 5)))
+    assert report.weights.frozen == ["positions.embedding_table"]
+    assert [p.name for p in cell.trainable_params()] == ["tokens.embedding_table"]
