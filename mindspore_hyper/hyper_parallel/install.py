@@ -26,7 +26,7 @@ MODULES: Dict[str, Iterable[str]] = {
     "hyper_parallel.core": (),
     "hyper_parallel.core.dtensor": ("DTensor", "DeviceMesh", "init_device_mesh", "distribute_tensor",
                                     "distribute_module", "Shard", "Replicate", "Partial", "StridedShard", "Placement",
-                                    "Layout"),
+                                    "Layout", "zeros", "ones", "full", "empty", "rand", "randn"),
     "hyper_parallel.core.dtensor.dtensor": ("DTensor", "SkipDTensorDispatch", "distribute_module",
                                             "distribute_tensor"),
     "hyper_parallel.core.dtensor.placement_types": ("Placement", "Shard", "Replicate", "Partial", "StridedShard"),

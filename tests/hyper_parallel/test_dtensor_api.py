@@ -174,3 +174,13 @@ def test_value_and_grad_of_dtensor_outputs_differentiates_their_global_value(mes
         ms.value_and_grad(local, None, [weight])(x)
     # the executor is usable after the refusals
     np.testing.assert_allclose(ms.value_and_grad(loss_fn, None, [weight])(x)[1][0].asnumpy(), grads[0].asnumpy())
+
+
+def test_a_plain_operand_is_a_global_value_so_mismatched_shapes_are_refused(mesh):
+    """Per shard, a (8,) DTensor split 4 ways and a plain (2,) tensor have equal local shapes;
+    globally they do not broadcast, and one device would refuse them: so must the DTensor op."""
+    d = distribute_tensor(Tensor(np.arange(8, dtype=np.float32)), mesh["tp"], [Shard(0)])
+    with pytest.raises(Exception, match="do not broadcast"):
+        d * Tensor(np.ones(4, np.float32))
+    np.testing.assert_array_equal((d * Tensor(np.full(8, 2.0, np.float32))).full_tensor().asnumpy(),
+                                  np.arange(8) * 2.0)

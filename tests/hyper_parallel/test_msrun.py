@@ -36,3 +36,7 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
     assert [r["mode"] for r in per_rank] == [f"distributed (rank {r})" for r in range(4)]
     tp_mesh = [m for m in per_rank[0]["meshes"] if m["dim_names"] == ["tp"]][0]
     assert any(row["kind"] == "AllReduce" and row["axis"] == "tp" for row in tp_mesh["collectives"])
+    # the example's Llama (vocab 64, dim 32, hidden 64, 2 layers), tensor 4, float32: every
+    # matrix of the plan split 4 ways (its norms are plain Parameters, outside the plan)
+    matrices = 64 * 32 * 2 + 2 * (4 * 32 * 32 + 3 * 32 * 64)
+    assert tp_mesh["parameter_bytes_per_device"] == 4 * (matrices // 4)

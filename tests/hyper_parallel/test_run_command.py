@@ -38,6 +38,7 @@ def test_a_script_runs_unchanged_in_simulation_with_the_report(tmp_path):
     assert report["mode"] == "simulation" and report["devices"] == 2
     assert report["meshes"][0]["shape"] == [2] and report["meshes"][0]["dim_names"] == ["tp"]
     assert report["meshes"][0]["peak_bytes_per_device"] >= 2 * 3 * 4  # at least the one shard
+    assert report["meshes"][0]["parameter_bytes_per_device"] == 0  # the script lays out no Parameter
 
 
 def test_the_example_trains_like_one_device_under_run():

@@ -40,10 +40,20 @@ GENERAL = (
 
 
 def _broadcast_shape(shapes) -> tuple:
+    """The broadcast of the operands' global shapes.
+
+    Raises:
+        ValueError: shapes that do not broadcast (as MindSpore refuses them on one device; run per
+            shard, equal local shapes would hide it).
+    """
     ndim = max(len(s) for s in shapes)
     out = []
     for i in range(ndim):
         sizes = [s[i - ndim + len(s)] for s in shapes if i - ndim + len(s) >= 0]
+        if len(set(sizes) - {1}) > 1:
+            raise ValueError(f"global shapes {[tuple(s) for s in shapes]} do not broadcast (dimension {i - ndim}: "
+                             f"sizes {sorted(set(sizes))}); a plain tensor beside a DTensor is a global value, not one "
+                             "device's shard: make it a DTensor with DTensor.from_local")
         out.append(max(sizes))
     return tuple(out)
 
