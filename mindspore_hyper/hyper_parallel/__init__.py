@@ -9,6 +9,7 @@ package's own DTensor, meshes and runtimes. See docs/hyper_parallel.md for what 
 """
 from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.hyper_parallel.autodiff import SkipDTensorDispatch, parallelize_value_and_grad
+from mindspore_hyper.hyper_parallel.custom_shard import custom_shard
 from mindspore_hyper.hyper_parallel.device_mesh import DeviceMesh, get_current_mesh, init_device_mesh
 from mindspore_hyper.hyper_parallel.distribute import (
     distribute_module, distribute_tensor, empty, full, laid_out_parameters, ones, rand, randn, zeros,
@@ -40,5 +41,5 @@ __all__ = [
     "ProcessGroup", "init_process_group", "destroy_process_group", "get_process_group_ranks", "get_backend",
     "split_group", "get_group_local_rank", "get_rank", "get_world_size",
     "install_hyper_parallel", "init_parameters", "init_empty_weights", "init_on_device", "shard_module", "ShardingPlan",
-    "hsdp", "HSDPCell", "hsdp_sync_stream",
+    "hsdp", "HSDPCell", "hsdp_sync_stream", "custom_shard",
 ]

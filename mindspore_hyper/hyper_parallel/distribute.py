@@ -127,13 +127,20 @@ def lay_out_parameter(root: nn.Cell, param: Parameter, mesh: DeviceMesh, placeme
     """Lay `param` (held somewhere in `root`) out on `mesh`; returns the Parameter `root` now holds
     for it (a new shard Parameter under msrun, `param` itself in simulation).
 
+    A Parameter already laid out replicated (e.g. by an enclosing Cell's `shard_module`, which
+    replicates what its plan leaves out) takes the new layout: every device holds its whole value.
+
     Raises:
-        ValueError: the parameter's shape does not divide by the placements.
+        ValueError: the parameter's shape does not divide by the placements, or it is already
+            split or Partial on the mesh.
     """
     execution = mesh.execution()
     if id(param) in execution.parameters:
-        raise ValueError(f"parameter {param.name!r} is already laid out on a mesh (parallelize_module/distribute_module "
-                         "applied twice to the same Cell?)")
+        held = execution.parameters[id(param)].layout
+        if held.sharded_axes() or held.is_partial:
+            raise ValueError(f"parameter {param.name!r} is already laid out as {held} (parallelize_module/"
+                             "distribute_module applied twice to the same Cell?)")
+        del execution.parameters[id(param)]
     layout = layout_on(mesh, placements, len(param.shape))
     layout.check_shape(tuple(param.shape))
     row = SimpleNamespace(name=param.name, layout=layout, optimizer_layout=layout, global_shape=tuple(param.shape))
@@ -193,8 +200,7 @@ def distribute_module(module: nn.Cell, device_mesh: Optional[DeviceMesh] = None,
             if name not in named:
                 raise ValueError(f"parameter_shard_plan: no parameter {name!r} in {type(module).__name__}; it has "
                                  f"{sorted(named)}")
-            if id(named[name]) not in execution.parameters:
-                lay_out_parameter(module, named[name], mesh, placements)
+            lay_out_parameter(module, named[name], mesh, placements)
     if partition_fn is not None:
         for name, sub in module.cells_and_names():
             partition_fn(name, sub, mesh)

@@ -18,7 +18,7 @@ _PACKAGE = "mindspore_hyper.hyper_parallel"
 # upstream module path -> names it exports here (each resolved from this package's API)
 MODULES: Dict[str, Iterable[str]] = {
     "hyper_parallel": (
-        "ShardingPlan", "DTensor", "hsdp", "HSDPCell", "hsdp_sync_stream", "DeviceMesh", "init_device_mesh", "get_current_mesh", "Layout", "distribute_module",
+        "ShardingPlan", "DTensor", "hsdp", "HSDPCell", "hsdp_sync_stream", "custom_shard", "DeviceMesh", "init_device_mesh", "get_current_mesh", "Layout", "distribute_module",
         "distribute_tensor", "parallelize_value_and_grad", "SkipDTensorDispatch", "ParallelStyle",
         "parallelize_module", "init_process_group", "destroy_process_group", "get_process_group_ranks", "get_backend",
         "split_group", "get_group_local_rank", "get_platform", "shard_module", "fully_shard", "init_parameters",
@@ -47,6 +47,8 @@ MODULES: Dict[str, Iterable[str]] = {
     "hyper_parallel.core.shard": ("parallelize_value_and_grad", "shard_module", "ShardingPlan"),
     "hyper_parallel.core.shard.api": ("parallelize_value_and_grad", "shard_module"),
     "hyper_parallel.core.shard.sharding_plan": ("ShardingPlan",),
+    "hyper_parallel.core.shard.custom_shard": ("custom_shard",),
+    "hyper_parallel.core.shard.local_func": ("custom_shard",),
     "hyper_parallel.collectives": (),
     "hyper_parallel.collectives.cc": ("init_process_group", "destroy_process_group", "get_process_group_ranks",
                                       "get_backend", "split_group", "get_group_local_rank"),
@@ -65,7 +67,7 @@ NOT_PROVIDED: Dict[str, str] = {
     name: "not provided by mindspore_hyper yet (docs/hyper_parallel.md lists what is)"
     for name in ("PipelineStage", "ScheduleInterleaved1F1B",
                  "ScheduleGPipe", "Schedule1F1B", "MetaStep", "MetaStepType", "BatchDimSpec", "ContextParallel",
-                 "AsyncContextParallel", "custom_shard", "mark_created_groups")
+                 "AsyncContextParallel", "mark_created_groups")
 }
 
 

@@ -41,7 +41,12 @@ def _is_placements(value) -> bool:
                                                                 not all(isinstance(x, str) for x in v) for v in value)
 
 
-def _per_input(value) -> list:
+def _per_input(value, suffix: str):
+    """A plan entry as a list (by position) or, for inputs, a dict (by `construct`'s argument names)."""
+    if isinstance(value, dict):
+        if suffix != "input":
+            raise ValueError(f"sharding plan entry {value!r}: outputs have no names; give a list of placements")
+        return dict(value)
     if value is None:
         return []
     if _is_placements(value):
@@ -96,7 +101,7 @@ def shard_module(model: nn.Cell, device_mesh: DeviceMesh, sharding_plan: Shardin
             if last != suffix:
                 raise ValueError(f"ShardingPlan.{suffix}_plan key {key!r}: must be {suffix!r} or '<submodule>.{suffix}'")
             _cell(cells, prefix, f"{suffix}_plan key {key!r}")
-            hooks.setdefault(prefix, {})[suffix] = _per_input(value)
+            hooks.setdefault(prefix, {})[suffix] = _per_input(value, suffix)
     for name in sharding_plan.return_local_tensor or ():
         _cell(cells, name, "return_local_tensor")
         hooks.setdefault(name, {})["local"] = True
@@ -113,12 +118,18 @@ def _wrap(cell: nn.Cell, mesh: DeviceMesh, hook) -> None:
     names = list(inspect.signature(inner).parameters)
     inputs, outputs, local = hook.get("input") or [], hook.get("output") or [], hook.get("local", False)
 
+    by_name = inputs if isinstance(inputs, dict) else {n: p for n, p in zip(names, inputs)}
+    unknown = set(by_name) - set(names)
+    if unknown and not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in inspect.signature(inner).parameters.values()):
+        raise ValueError(f"ShardingPlan input_plan names {sorted(unknown)}, which {type(cell).__name__}.construct does "
+                         f"not take (it takes {names})")
+
     def construct(*args, **kwargs):
-        if inputs:
-            args = _move(tuple(args), inputs, mesh)
+        if by_name:
+            args = _move(tuple(args), [by_name.get(n) for n in names[:len(args)]], mesh)
             for key in list(kwargs):
-                if key in names and names.index(key) < len(inputs):
-                    kwargs[key] = _move(kwargs[key], [inputs[names.index(key)]], mesh)
+                if by_name.get(key) is not None:
+                    kwargs[key] = _move(kwargs[key], [by_name[key]], mesh)
         result = inner(*args, **kwargs)
         if outputs:
             result = _move(result, outputs, mesh)

@@ -331,6 +331,11 @@ def _lower(path: str, fx_graph: torch.fx.Graph, owner: torch.nn.Module, torch_mo
                 constants[target] = value.detach().clone()
             low.add(fx_node, "attr", target=target, display=f"attribute {target}", scope=scope)
         elif fx_node.op == "call_module":
+            if "@" in str(fx_node.target):  # unflatten's name for a second call of the same module
+                child = str(fx_node.target).split("@")[0]
+                raise UnsupportedOpError([f"{type(torch_mod).__name__} at {path!r} calls its module {child!r} more "
+                                          "than once per forward (a shared module): not supported by the "
+                                          "module-structured conversion"])
             low.add(fx_node, "module", target=str(fx_node.target), args=low.args(fx_node.args),
                     display=str(fx_node.target), scope=scope)
         elif fx_node.op == "call_function":

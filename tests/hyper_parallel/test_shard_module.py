@@ -62,3 +62,25 @@ def test_shard_module_names_what_does_not_exist(fresh_session):
         shard_module(Net(), mesh, ShardingPlan(output_plan={"fc1.outputs": (Shard(0),)}))
     with pytest.raises(TypeError, match="must be a ShardingPlan"):
         shard_module(Net(), mesh, {"plan": {}})
+
+
+def test_custom_shard_runs_a_local_function_on_each_ranks_part(fresh_session):
+    """A per-device softmax over the local columns (a function written for one device's shard),
+    on a tensor split by rows: each rank's rows are whole, so it equals the global softmax."""
+    from mindspore_hyper.hyper_parallel import custom_shard
+
+    fresh_session.set_context(device_num=4)
+    mesh = init_device_mesh("npu", (2, 2), mesh_dim_names=("dp", "tp"))
+    x = np.random.RandomState(3).randn(8, 6).astype(np.float32)
+    d = distribute_tensor(Tensor(x), mesh, [Replicate(), Replicate()])
+    local_softmax = custom_shard(lambda t, scale: ops.softmax(t * scale, -1), mesh,
+                                 out_placements=((Shard(0), Replicate()),),
+                                 in_placements=((Shard(0), Replicate()), None))
+    out = local_softmax(d, 2.0)
+    assert isinstance(out, DTensor) and out.placements == (Shard(0), Replicate())
+    np.testing.assert_allclose(out.full_tensor().asnumpy(), ops.softmax(Tensor(x) * 2.0, -1).asnumpy(), rtol=1e-6)
+    with pytest.raises(ValueError, match="in_placements has 1 entries for 2"):
+        custom_shard(lambda t, s: t, mesh, ((Shard(0), Replicate()),), in_placements=((Shard(0), Replicate()),))(d, 2.0)
+    with pytest.raises(ValueError, match="redistribute_inputs=False"):
+        custom_shard(lambda t: t, mesh, ((Shard(0), Replicate()),), in_placements=((Shard(0), Replicate()),),
+                     redistribute_inputs=False)(d)

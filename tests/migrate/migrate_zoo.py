@@ -127,7 +127,7 @@ class DynamicZoo(torch.nn.Module):
 
     def forward(self, x):
         b, t, n = x.shape
-        positions = torch.arange(t) + torch.zeros(b, t) + torch.ones(b, t)
+        positions = torch.arange(t) + torch.zeros(b, t) + torch.ones(b, t) + torch.full((b, t), 0.5)
         flat = x.transpose(1, 2).contiguous().view(b, -1)
         return flat * (0.5 * t), positions  # a float times a size: torch.sym_float
 

@@ -51,7 +51,7 @@ function("mint.zeros", aten.zeros)(_filled_aten("mint.zeros"))
 function("mint.ones", aten.ones)(_filled_aten("mint.ones"))
 
 
-@function("ops.full", torch.full)
+@function("ops.full", torch.full, aten.full)
 def full(size, fill_value, dtype=None, layout=None, device=None, pin_memory=None, requires_grad=False, *,
          result):
     return call("ops.full", sizes([size]), fill_value, dtype=_result_dtype(dtype, result))
