@@ -127,6 +127,11 @@ def main():
     print(f"HyperParallel API step:     median {api:.3f} s   {api / base:.2f}x single device")
     print(f"auto_parallelize step:      median {auto:.3f} s   {auto / base:.2f}x single device")
     print(f"ratio API / auto_parallelize: {api / auto:.3f}   (goal <= 1.05)")
+    from mindspore_hyper.hyper_parallel.session import session_executions
+
+    api_fallbacks = {k: v for e in session_executions() for k, v in e.accounting.fallbacks.items()}
+    print(f"ops run replicated (no sharding rule) per step: auto_parallelize {dict(wrapped.accounting.fallbacks) or 'none'}; "
+          f"API over all its steps {api_fallbacks or 'none'}")
     print(f"load average before {tuple(round(x, 2) for x in load_before)}, after "
           f"{tuple(round(x, 2) for x in os.getloadavg())}")
 

@@ -19,12 +19,13 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from mindspore import nn
 
+from mindspore_hyper.migrate.errors import MigrationError
 from mindspore_hyper.migrate.graph import Graph
 from mindspore_hyper.migrate.lowering import type_name
 from mindspore_hyper.migrate.mappings import ModuleMapping, lookup_module
 from mindspore_hyper.migrate.mappings.registry import Unsupported
 
-__all__ = ["ParamSpec", "CellNode", "CellPlan", "plan_cells", "instantiate", "is_identifier", "member_access"]
+__all__ = ["ParamSpec", "CellNode", "CellPlan", "plan_cells", "instantiate", "load_generated", "is_identifier", "member_access"]
 
 
 @dataclass(frozen=True)
@@ -176,3 +177,21 @@ def instantiate(source: str, class_name: str, module_name: str) -> Tuple[nn.Cell
     generated.__file__ = filename
     exec(compile(source, filename, "exec"), generated.__dict__)  # noqa: S102 - our own generated code
     return generated.__dict__[class_name](), generated
+
+
+def load_generated(source: str, class_name: str, stem: str) -> nn.Cell:
+    """Compile and import generated `source` and build its `class_name` (before anything is written).
+
+    Raises:
+        MigrationError: the source does not compile or its class cannot be built (a converter bug: the
+            message names the line), instead of a bare SyntaxError from the package's loader.
+    """
+    try:
+        cell, _ = instantiate(source, class_name, stem)
+    except SyntaxError as exc:
+        raise MigrationError(f"the generated source of {class_name} does not compile (nothing was written): "
+                             f"SyntaxError: {exc.msg} at line {exc.lineno}: {(exc.text or '').strip()}") from exc
+    except Exception as exc:
+        raise MigrationError(f"the generated {class_name} cannot be built (nothing was written): "
+                             f"{type(exc).__name__}: {exc}") from exc
+    return cell

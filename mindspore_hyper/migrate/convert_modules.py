@@ -61,7 +61,7 @@ def convert_modules(torch_module: torch.nn.Module, args: Tuple[Any, ...], kwargs
     report.unsupported = list(code.problems)
     if report.unsupported:
         raise UnsupportedOpError(report.unsupported, report)
-    from mindspore_hyper.migrate.converter import load_generated
+    from mindspore_hyper.migrate.cell_builder import load_generated
 
     cell = load_generated(code.source, name, stem)
     params = cell_parameters(cell)

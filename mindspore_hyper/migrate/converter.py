@@ -9,10 +9,10 @@ import torch
 import mindspore as ms
 from mindspore import nn
 
-from mindspore_hyper.migrate.cell_builder import instantiate, plan_cells
+from mindspore_hyper.migrate.cell_builder import load_generated, plan_cells
 from mindspore_hyper.migrate.codegen import generate, root_class_name
 from mindspore_hyper.migrate.compare import compare_outputs, to_mindspore
-from mindspore_hyper.migrate.errors import MigrationError, UnsupportedOpError
+from mindspore_hyper.migrate.errors import UnsupportedOpError
 from mindspore_hyper.migrate.fold import fold_constants
 from mindspore_hyper.migrate.inplace import rewrite_inplace
 from mindspore_hyper.migrate.lowering import type_name
@@ -22,7 +22,7 @@ from mindspore_hyper.migrate.state_dict import convert_state_dict
 from mindspore_hyper.migrate.trace import TRACERS, trace
 from mindspore_hyper.migrate.trace_fx import bind_inputs
 
-__all__ = ["convert", "module_file_name", "STRUCTURES", "load_generated", "write_atomic"]
+__all__ = ["convert", "module_file_name", "STRUCTURES", "write_atomic"]
 
 STRUCTURES = ("flat", "modules")
 
@@ -124,24 +124,6 @@ def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[st
     if out is not None:
         _write(out, file_stem, code.source, cell, report)
     return cell, report
-
-
-def load_generated(source: str, class_name: str, stem: str) -> nn.Cell:
-    """Compile and import generated `source` and build its `class_name` (before anything is written).
-
-    Raises:
-        MigrationError: the source does not compile or its class cannot be built (a converter bug: the
-            message names the line), instead of a bare SyntaxError from the package's loader.
-    """
-    try:
-        cell, _ = instantiate(source, class_name, stem)
-    except SyntaxError as exc:
-        raise MigrationError(f"the generated source of {class_name} does not compile (nothing was written): "
-                             f"SyntaxError: {exc.msg} at line {exc.lineno}: {(exc.text or '').strip()}") from exc
-    except Exception as exc:
-        raise MigrationError(f"the generated {class_name} cannot be built (nothing was written): "
-                             f"{type(exc).__name__}: {exc}") from exc
-    return cell
 
 
 def write_atomic(path: str, write) -> None:
