@@ -18,7 +18,7 @@ from mindspore_hyper.runtime.model import ParallelModel
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
-__all__ = ["HeldTensor", "Holdings", "holdings_of", "SINGLE_MESH"]
+__all__ = ["HeldTensor", "Holdings", "holdings_of", "owner_of", "SINGLE_MESH"]
 
 SINGLE_MESH = Layout((1,), ("device",))  # the mesh of a plain Cell
 PARAMETERS, OPTIMIZER = "parameters", "optimizer"
@@ -173,7 +173,7 @@ def _optimizer_states(holdings: Holdings, optimizer: nn.Optimizer, model) -> Lis
     for name, state in optimizer.parameters_and_names():
         if id(state) in mine:
             continue
-        owner = _owner(name, state, updated)
+        owner = owner_of(name, state, updated)
         if owner is None:
             out.append(HeldTensor(OPTIMIZER, name, state, tuple(state.shape), str(state.dtype),
                                   TensorLayout.replicated(holdings.mesh, len(state.shape)), tuple(holdings.mesh.ranks),
@@ -190,7 +190,7 @@ def _optimizer_states(holdings: Holdings, optimizer: nn.Optimizer, model) -> Lis
     return out
 
 
-def _owner(name: str, state: Parameter, updated: Dict[str, Parameter]) -> Optional[str]:
+def owner_of(name: str, state: Parameter, updated: Dict[str, Parameter]) -> Optional[str]:
     """The parameter a state belongs to: the longest parameter name `name` ends with after a
     dot, among the optimizer's Parameters of the state's shape."""
     owners = [p for p, param in updated.items()

@@ -60,6 +60,9 @@ def run(args: argparse.Namespace) -> int:
         f"--log_dir={args.log_dir}", "--join=True", *worker, args.script, *args.script_args])
     env["MS_HYPER_MODE"] = "distributed"
     completed = subprocess.run(argv, env=env)
+    from mindspore_hyper.comm.shm import cleanup_stale_segments
+
+    cleanup_stale_segments()  # segments of workers msrun killed (their creators are gone; live jobs' stay)
     if completed.returncode:
         print(f"mindspore-hyper run: msrun exited with {completed.returncode}; the workers' logs are in "
               f"{args.log_dir}/worker_*.log", file=sys.stderr)

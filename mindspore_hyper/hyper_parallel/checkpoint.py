@@ -16,7 +16,7 @@ from mindspore import Parameter
 
 from mindspore_hyper.checkpoint.box import Box
 from mindspore_hyper.checkpoint.errors import CheckpointError
-from mindspore_hyper.checkpoint.holdings import OPTIMIZER, PARAMETERS, SINGLE_MESH, HeldTensor, Holdings
+from mindspore_hyper.checkpoint.holdings import OPTIMIZER, PARAMETERS, SINGLE_MESH, HeldTensor, Holdings, owner_of
 from mindspore_hyper.checkpoint.load import load_checkpoint
 from mindspore_hyper.checkpoint.regions import rank_box
 from mindspore_hyper.checkpoint.save import save_checkpoint
@@ -90,11 +90,9 @@ class StateDict:
 
 
 def _owner_slot(state: Parameter, laid_out: Dict[str, Any]):
-    """The slot of the laid-out parameter an optimizer state belongs to: the longest parameter
-    name the state's name ends with after a dot, among those holding its shape here."""
-    owners = [name for name, slot in laid_out.items()
-              if state.name.endswith("." + name) and tuple(slot.param.shape) == tuple(state.shape)]
-    return laid_out[max(owners, key=len)] if owners else None
+    """The slot of the laid-out parameter an optimizer state belongs to (`owner_of`'s rule)."""
+    owner = owner_of(state.name, state, {name: slot.param for name, slot in laid_out.items()})
+    return laid_out[owner] if owner is not None else None
 
 
 def _check_options(storage, planner, no_dist: bool) -> None:

@@ -40,3 +40,28 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
     # matrix of the plan split 4 ways (its norms are plain Parameters, outside the plan)
     matrices = 64 * 32 * 2 + 2 * (4 * 32 * 32 + 3 * 32 * 64)
     assert tp_mesh["parameter_bytes_per_device"] == 4 * (matrices // 4)
+
+
+@pytest.mark.msrun
+def test_a_failing_rank_ends_the_job_with_its_error_and_leaves_nothing_behind(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text(
+        "import numpy as np\nfrom mindspore import Tensor\nfrom hyper_parallel import init_device_mesh, DTensor\n"
+        "from hyper_parallel.core.dtensor.placement_types import Shard\n"
+        "mesh = init_device_mesh('cpu', (2,), mesh_dim_names=('dp',))\n"
+        "if mesh.get_rank() == 1:\n    raise RuntimeError('rank 1 fails on purpose')\n"
+        "print(DTensor.from_local(Tensor(np.ones(2, np.float32)), mesh, [Shard(0)]).full_tensor())\n")
+    before = set(os.listdir("/dev/shm"))
+    cli = os.path.join(os.path.dirname(sys.executable), "mindspore-hyper")
+    env = dict(os.environ, MS_HYPER_COMM_TIMEOUT="20")
+    try:
+        done = subprocess.run([cli, "run", "--processes", "2", "--log-dir", str(tmp_path / "log"), str(script)],
+                              env=env, capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a failing rank did not end the job within 240 s (hang)")
+    assert done.returncode != 0 and "worker_*.log" in done.stderr
+    assert "rank 1 fails on purpose" in worker_logs(tmp_path / "log", 2)
+    left = {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("mshyper")}
+    assert not left, f"shared-memory segments left behind: {left}"
+    stray = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True).stdout.split()
+    assert not stray, f"processes of the job still running: {stray}"
