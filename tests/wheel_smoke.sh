@@ -107,4 +107,8 @@ step "the quickstart demo, copied out of the checkout"
 cp "$REPO/examples/quickstart.py" "$REPO/examples/models.py" "$WORK/run/"
 "$VPY" quickstart.py | tail -3
 
+step "a HyperParallel-API script through mindspore-hyper run (import hyper_parallel from the wheel)"
+cp "$REPO/examples/hyper_parallel_llama.py" "$WORK/run/"
+"$BIN/mindspore-hyper" run --devices 2 hyper_parallel_llama.py --tp 2 --steps 1 | grep "OK: tensor-parallel 2"
+
 step "passed in $(( $(date +%s) - START )) s"
