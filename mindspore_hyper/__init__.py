@@ -15,13 +15,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "set_context", "get_context", "reset_context", "auto_parallelize", "Layout", "Shard", "Replicate",
-    "Partial", "load_parallel_config", "resolve_strategy", "save_checkpoint", "load_checkpoint", "__version__",
+    "Partial", "load_parallel_config", "resolve_strategy", "save_checkpoint", "load_checkpoint", "clip_grad_norm",
+    "dryrun_mock",
+    "__version__",
 ]
 
 
 # subpackages reachable as attributes of the package (`mh.checkpoint`), imported when first named
 _SUBPACKAGES = ("checkpoint", "estimate", "launch", "pipeline", "mpmd", "moe", "offload", "multimodal", "migrate",
-                "comm", "schedule", "runtime", "dtensor", "strategy", "shard", "cli", "rlhf")
+                "comm", "schedule", "runtime", "dtensor", "strategy", "shard", "cli", "rlhf", "data", "train")
 
 
 def __getattr__(name: str):
@@ -32,6 +34,10 @@ def __getattr__(name: str):
         from mindspore_hyper.checkpoint import save_checkpoint as value
     elif name == "load_checkpoint":
         from mindspore_hyper.checkpoint import load_checkpoint as value
+    elif name == "clip_grad_norm":
+        from mindspore_hyper.runtime.grad_clip import clip_grad_norm as value
+    elif name == "dryrun_mock":
+        from mindspore_hyper.runtime.dryrun.mock import dryrun_mock as value
     elif name in _SUBPACKAGES:  # `mh.checkpoint.newest_step(...)` without importing the subpackage first
         import importlib
 

@@ -22,19 +22,23 @@ LAYERS = (
     ("DTensor", ("dtensor",), "DTensor, dispatch, rules (one module per op family), Execution, shard hints"),
     ("plans (data)", ("schedule",),
      "pipeline schedules, validation, simulation, rebalance plans; Span and Timeline with their writers"),
-    ("runtimes", ("runtime", "runtime.simulation", "runtime.distributed", "runtime.native"),
-     "Runtime template, ParallelModel, StepReport; the simulation, msrun and native runtimes"),
+    ("runtimes", ("runtime", "runtime.simulation", "runtime.distributed", "runtime.native", "runtime.dryrun",
+                  "runtime.modes"),
+     "Runtime template, ParallelModel, StepReport; the simulation, msrun and native runtimes; the mode -> "
+     "runtime lookup (`runtime/modes.py`)"),
     ("compositions", ("pipeline", "mpmd"),
      "pipeline stages and MPMD device groups, composed over the runtimes"),
-    ("features", ("offload", "moe", "rlhf", "multimodal"),
-     "HyperOffload, mixture of experts, PPO on device groups, the multimodal encoder pipeline"),
+    ("features", ("offload", "moe", "rlhf", "multimodal", "data"),
+     "HyperOffload, mixture of experts, PPO on device groups, the multimodal encoder pipeline, the sharded "
+     "resumable data loader"),
     ("entry points", ("parallelize", "checkpoint", "launch", "migrate"),
      "auto_parallelize, distributed checkpoints, elastic relaunch, PyTorch migration"),
     ("HyperParallel API", ("hyper_parallel",),
      "upstream's hyper_parallel API (DeviceMesh, DTensor views, styles, parallelize_module) over the runtimes"),
     ("public API", ("",), "mindspore_hyper/__init__.py: the names users import"),
-    ("tools", ("cli", "estimate"), "the mindspore-hyper command line, memory/time estimation (it cross-checks "
-                                   "through the public API)"),
+    ("tools", ("cli", "estimate", "train"), "the mindspore-hyper command line, memory/time estimation (it "
+                                            "cross-checks through the public API), step telemetry (MFU from the "
+                                            "estimator)"),
 )
 
 # Modules written in C++ (no .py file): `from mindspore_hyper import _core` is an edge to it.

@@ -1,5 +1,6 @@
 """Files the package reads at run time: the hardware presets (configs/hardware/*.yaml), the topology
-files (configs/topologies/*.yaml) and the GPT example model of the CLI's `--model gpt`
+files (configs/topologies/*.yaml), the published runs of the held-out step-time validation
+(configs/validation/*.yaml) and the GPT example model of the CLI's `--model gpt`
 (examples/models.py).
 
 The repository keeps them where people edit them (configs/, examples/); setup.py's build step copies
@@ -15,6 +16,7 @@ __all__ = ["DATA_SOURCES", "DATA_DIR", "resource_path"]
 DATA_SOURCES = {
     "hardware": ("configs/hardware", ".yaml"),
     "topologies": ("configs/topologies", ".yaml"),
+    "validation": ("configs/validation", ".yaml"),
     "examples/models.py": ("examples/models.py", None),
 }
 

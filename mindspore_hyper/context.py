@@ -22,10 +22,14 @@ __all__ = [
     "HOST_BLOCKING_ENV",
 ]
 
-MODES = ("simulation", "distributed", "native")
+MODES = ("simulation", "distributed", "native", "dryrun")
+# the modes whose ops MindSpore dispatches one by one on the host (the CPU modes): `host_dispatch`
+# acts on them. Read before MindSpore's first op, so before any Runtime (runtime/) can be imported.
+HOST_DISPATCH_MODES = ("simulation", "distributed")
 TOPOLOGY_PRESETS = ("supernode384", "node8", "ring")
 MEMORY_CHECKS = ("warn", "error")
 SIM_COLLECTIVES = ("mindspore", "library")
+MOE_ROUTINGS = ("learned", "balanced")
 DIST_TRANSPORTS = ("shm", "mindspore", "hybrid")
 HOST_DISPATCH = ("inline", "async")
 CPU_BINDINGS = ("auto", "none")
@@ -179,13 +183,17 @@ class Flag:
 
 FLAGS: Dict[str, Flag] = {f.name: f for f in (
     Flag("mode", _choice(MODES), _default_mode,
-         "execution mode: simulation (N virtual devices in one process), distributed (msrun), native"),
+         "execution mode: simulation (N virtual devices in one process), distributed (msrun), native, "
+         "dryrun (N devices, shapes and bytes only)"),
     Flag("device_num", _int_range(1, 1 << 20), 8, "virtual devices in simulation mode"),
     Flag("device_memory", _bytes_range(1, 1 << 50), "64GiB", "per-device memory capacity in bytes"),
     Flag("host_memory", _bytes_range(1, 1 << 50), "32GiB", "host DRAM pool capacity of the offload store"),
     Flag("offload_dir", _directory, "", "directory of the offload store's disk tier ('' = system temp)"),
     Flag("memory_check", _choice(MEMORY_CHECKS), "warn",
          "what simulation does when a device exceeds device_memory: warn or error"),
+    Flag("moe_routing", _choice(MOE_ROUTINGS), "learned",
+         "MoE routers: learned (each token's top-k by its logits) or balanced (token t's j-th choice is expert "
+         "(t k + j) mod E: equal loads, what the dry run, which has no logits, always assumes)"),
     Flag("sim_collectives", _choice(SIM_COLLECTIVES), "mindspore",
          "simulation collectives: differentiable MindSpore ops, or the C++ communication library"),
     Flag("host_dispatch", _choice(HOST_DISPATCH), "inline",
@@ -267,7 +275,7 @@ def get_context(name: Optional[str] = None) -> Any:
 def apply_host_dispatch(mode: Optional[str]) -> None:
     """Ask MindSpore for inline op dispatch in the CPU modes (flag host_dispatch); a value the user
     set in MindSpore's own variable stays. Acts only before MindSpore's first op in the process."""
-    if mode in ("simulation", "distributed") and get_context("host_dispatch") == "inline":
+    if mode in HOST_DISPATCH_MODES and get_context("host_dispatch") == "inline":
         os.environ.setdefault(HOST_BLOCKING_ENV, "1")
 
 

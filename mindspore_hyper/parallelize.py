@@ -2,7 +2,7 @@
 
 The strategy is resolved once (a StrategyTable), its program shape decided once (`program_of`:
 SPMD, pipeline stages, MPMD groups), and the shape's builder wraps the model with the mode's
-runtime (`RUNTIMES`):
+runtime (`RUNTIMES`, runtime/modes.py):
 - "simulation": N virtual devices in one process (`SimulatedModel`);
 - "distributed": one process per device under msrun (`DistributedModel`);
 - "native": MindSpore's own semi-auto parallel (`apply_native`); needs Ascend/GPU to run.
@@ -13,17 +13,13 @@ import os
 from typing import Union
 
 from mindspore_hyper.context import MODES, get_context
-from mindspore_hyper.runtime.distributed.runtime import DistributedRuntime
-from mindspore_hyper.runtime.native.runtime import NativeRuntime
-from mindspore_hyper.runtime.simulation.runtime import SimulationRuntime
+from mindspore_hyper.runtime.modes import RUNTIMES
 from mindspore_hyper.strategy.config import ParallelConfig, load_parallel_config
 from mindspore_hyper.strategy.program import program_of
 from mindspore_hyper.strategy.resolve import resolve_strategy
 from mindspore_hyper.strategy.strategy import Strategy
 
 __all__ = ["auto_parallelize", "RUNTIMES"]
-
-RUNTIMES = {"simulation": SimulationRuntime, "distributed": DistributedRuntime, "native": NativeRuntime}
 
 StrategyLike = Union[Strategy, ParallelConfig, dict, str, os.PathLike]
 
@@ -63,14 +59,15 @@ def auto_parallelize(model, strategy_or_config: StrategyLike, mode: str = None, 
     if not isinstance(strategy_or_config, (Strategy, ParallelConfig)):
         raise TypeError(f"auto_parallelize: expected a Strategy, ParallelConfig, YAML path or mapping, got "
                         f"{type(strategy_or_config).__name__}")
-    if mode != "native" and isinstance(strategy_or_config, ParallelConfig) and strategy_or_config.optimizer_offload:
+    runtime = RUNTIMES[mode]()
+    if runtime.runs_op_by_op() and isinstance(strategy_or_config, ParallelConfig) and \
+            strategy_or_config.optimizer_offload:
         raise ValueError(f"parallel_config.optimizer.offload=True: not acted on in mode={mode!r}; offload the "
                          "optimizer states with mindspore_hyper.offload.hyper_offload (it keeps parameters, "
                          "optimizer states and gradients in the tiered store), or set it to False")
     optimizer_states = kwargs.pop("optimizer_states", 2)
     table = resolve_strategy(model, strategy_or_config, optimizer_states=optimizer_states)
-    runtime = RUNTIMES[mode]()
-    if mode == "native":
+    if not runtime.runs_op_by_op():  # the mode compiles the whole program itself (native) and takes every keyword
         return runtime.parallelize(model, table, **kwargs)
     pipeline = kwargs.pop("pipeline", None)
     return_dtensor = kwargs.pop("return_dtensor", False)

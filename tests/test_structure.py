@@ -278,6 +278,77 @@ def test_the_analysis_finds_circles_and_upward_imports(tmp_path):
     assert [(e.source, e.target) for e, _, _ in upward_imports(modules, edges, layers)] == [("low.b", "high")]
 
 
+def _declared_modes() -> Tuple[str, ...]:
+    """`MODES` of mindspore_hyper/context.py (read with `ast`: these tests import nothing)."""
+    with open(os.path.join(PACKAGE_DIR, "context.py"), encoding="utf-8") as f:
+        for node in ast.parse(f.read()).body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "MODES" for t in node.targets):
+                return tuple(ast.literal_eval(node.value))
+    raise AssertionError("mindspore_hyper/context.py declares no MODES")
+
+
+# a mode's questions are answered by its Runtime: only runtime/ compares a value with a mode's name
+MODE_NAMES = tuple(dict.fromkeys(_declared_modes() + ("simulation", "distributed", "native")))
+MODE_TESTS_ALLOWED = ("runtime",)  # packages of mindspore_hyper where mode names are the subject
+NOT_A_MODE = ("activation_model",)  # names compared with "simulation" meaning something else (the estimator's model)
+
+
+def _names_a_mode(node: ast.AST) -> bool:
+    """A mode's name as a string constant, or a tuple/list/set holding one."""
+    if isinstance(node, ast.Constant):
+        return node.value in MODE_NAMES
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_names_a_mode(e) for e in node.elts)
+    return False
+
+
+def _identifier(node: ast.AST) -> Optional[str]:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def mode_tests(source: str) -> List[Tuple[int, str]]:
+    """(line, code) of each comparison of a value with a mode's name in `source` (`x == "native"`,
+    `mode in ("simulation", "distributed")`), except those of a NOT_A_MODE name."""
+    tree = ast.parse(source)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left] + list(node.comparators)
+        if not any(_names_a_mode(o) for o in operands):
+            continue
+        if any(_identifier(o) in NOT_A_MODE for o in operands):
+            continue
+        found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_no_mode_name_tested_outside_the_runtimes():
+    """Issue 40 item 1: the runtime answers every mode question (runtime/base.py); the packages
+    over it (pipeline, mpmd, rlhf, multimodal, ...) ask their Runtime object, never the mode's
+    name; a `mode=` argument is resolved to a runtime once (runtime/modes.py)."""
+    _, modules, _ = analyse()
+    found = []
+    for module, path in sorted(modules.items()):
+        if path is None or module.split(".")[0] in MODE_TESTS_ALLOWED:
+            continue
+        with open(path, encoding="utf-8") as f:
+            found += [f"{PACKAGE}/{os.path.relpath(path, PACKAGE_DIR)}:{line}: {code}" for line, code in mode_tests(f.read())]
+    assert not found, "mode names tested outside mindspore_hyper/runtime/ (ask the Runtime instead, see " \
+                      "runtime/base.py):\n" + "\n".join(found)
+
+
+def test_the_mode_test_count_finds_comparisons():
+    """The check can fail: the comparison forms it counts, and those it leaves alone."""
+    source = ("a = mode == 'simulation'\nb = self.mode != 'distributed'\nc = runtime.name in ('native', 'x')\n"
+              "d = s.activation_model == 'simulation'\ne = mode == 'record'\nf = 'simulation'\n")
+    assert [line for line, _ in mode_tests(source)] == [1, 2, 3]
+
+
 def test_architecture_doc_shows_the_layer_table():
     with open(ARCHITECTURE, encoding="utf-8") as f:
         text = f.read()

@@ -12,9 +12,10 @@ leaves every Parameter as it was.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
-from dataclasses import dataclass
-from typing import Dict, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 from mindspore import Tensor, nn
@@ -47,6 +48,7 @@ class LoadReport:
         header_bytes: safetensors header bytes read.
         reads: reads (one per span of adjacent chunks).
         files: files opened.
+        extra_state: the JSON data saved with the step (`save_checkpoint(..., extra_state=)`), by name.
     """
 
     step: int
@@ -58,10 +60,11 @@ class LoadReport:
     header_bytes: int
     reads: int
     files: int
+    extra_state: Dict[str, Any] = field(default_factory=dict)
 
 
 def load_checkpoint(model, directory, optimizer: Optional[nn.Optimizer] = None, *,
-                    step: Optional[int] = None) -> LoadReport:
+                    step: Optional[int] = None, extra_state: Optional[Mapping[str, Any]] = None) -> LoadReport:
     """Load a checkpoint written by `save_checkpoint` into `model` (and `optimizer`).
 
     The model may use any strategy and world size: each process reads the parts of the stored
@@ -75,6 +78,10 @@ def load_checkpoint(model, directory, optimizer: Optional[nn.Optimizer] = None, 
         optimizer: an optimizer whose states to load too (the checkpoint must hold states of the
             same names), or None to load the parameters only.
         step: load this committed step instead of the newest.
+        extra_state: objects to restore from the state saved with the step under the same name
+            (`save_checkpoint(..., extra_state=)`), each through its `load_state_dict(state)` (a
+            `ShardedLoader` resumes at the saved position), before any Parameter is set; every
+            saved state is in the report's `extra_state` too.
 
     Returns:
         This process's LoadReport.
@@ -101,6 +108,8 @@ def load_checkpoint(model, directory, optimizer: Optional[nn.Optimizer] = None, 
         _match(manifest, holdings, path)
         _check_files(manifest, path)
         values, report = _read(manifest, holdings, path)
+        report = dataclasses.replace(report, extra_state=manifest.extra_state)
+        _restore_extra(extra_state, manifest.extra_state, path)
     except Exception as exc:  # every process must reach the agreement below
         error = exc
     rows = holdings.exchange(np.array([int(error is not None), found]))
@@ -120,6 +129,31 @@ def load_checkpoint(model, directory, optimizer: Optional[nn.Optimizer] = None, 
         t.param.set_data(_tensor(values[t.section, t.name], t.param.dtype))
     holdings.after_load()
     return report
+
+
+def _restore_extra(objects: Optional[Mapping[str, Any]], saved: Dict[str, Any], directory: str) -> None:
+    """`load_state_dict` of each object of `objects` from the state saved under its name.
+
+    Raises:
+        CheckpointError: a name the step did not save, an object without `load_state_dict`, or
+            one refusing its state (its message, e.g. a loader's state of another dataset).
+    """
+    if objects is None:
+        return
+    if not isinstance(objects, Mapping):
+        raise CheckpointError(f"extra_state: expected a dict of name -> object with load_state_dict, got "
+                              f"{type(objects).__name__}")
+    missing = sorted(set(objects) - set(saved))
+    if missing:
+        raise CheckpointError(f"extra_state: {missing} not saved in {directory!r} (it holds {sorted(saved)}); save "
+                              "them with save_checkpoint(..., extra_state={...})")
+    for name, target in objects.items():
+        if not callable(getattr(target, "load_state_dict", None)):
+            raise CheckpointError(f"extra_state[{name!r}]: a {type(target).__name__} has no load_state_dict(state)")
+        try:
+            target.load_state_dict(saved[name])
+        except (ValueError, TypeError) as exc:
+            raise CheckpointError(f"extra_state[{name!r}]: {exc}") from None
 
 
 def _section(manifest: Manifest, section: str) -> Dict[str, TensorEntry]:

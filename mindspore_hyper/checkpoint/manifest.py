@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from mindspore_hyper.checkpoint.box import Box
@@ -111,6 +111,8 @@ class Manifest:
         step: the training step saved.
         save_id: the save's id; every file of the step carries it.
         chunk_bytes: the checksummed chunk size of the shards' bytes.
+        extra_state: JSON data saved with the step by `save_checkpoint(..., extra_state=)` (a data
+            loader's position, ...), by name; empty when none was given.
     """
 
     mesh: Layout
@@ -123,6 +125,7 @@ class Manifest:
     step: int = 0
     save_id: str = ""
     chunk_bytes: int = 1 << 20
+    extra_state: Dict[str, Any] = field(default_factory=dict)
 
     def tensors(self):
         """(section, entry) of every stored tensor."""
@@ -141,6 +144,7 @@ class Manifest:
             "optimizer": None if self.optimizer is None else {
                 "class": self.optimizer_class, "states": {name: e.to_dict() for name, e in self.optimizer.items()}},
             "mindspore_strategy": self.mindspore_strategy,
+            "extra_state": self.extra_state,
         }
 
     def encode(self) -> bytes:
@@ -223,7 +227,10 @@ class Manifest:
         strategy = data.get("mindspore_strategy")
         if strategy is not None:
             check.relative_path(strategy, "mindspore_strategy")
-        return cls(mesh, mode, files, parameters, optimizer, optimizer_class, strategy, step, save_id, chunk_bytes)
+        extra_state = data.get("extra_state", {})  # absent in steps saved before it existed
+        check.mapping(extra_state, "extra_state")
+        return cls(mesh, mode, files, parameters, optimizer, optimizer_class, strategy, step, save_id, chunk_bytes,
+                   extra_state)
 
 
 def _tensor(check: "_Checker", at: str, name: str, data: Any, files: Dict[str, FileEntry],

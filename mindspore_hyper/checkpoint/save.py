@@ -13,9 +13,10 @@ writing and the commit (`save_job.SaveJob`) then run in this thread, or in the b
 from __future__ import annotations
 
 import functools
+import json
 import os
 import secrets
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 from mindspore import nn
@@ -47,7 +48,8 @@ def rank_file(rank: int) -> str:
 
 def save_checkpoint(model, directory, optimizer: Optional[nn.Optimizer] = None, *, step: Optional[int] = None,
                     keep_last: Optional[int] = None, blocking: bool = True, snapshot: str = "call",
-                    chunk_bytes: int = CHUNK_BYTES) -> Union[Manifest, SaveHandle]:
+                    chunk_bytes: int = CHUNK_BYTES,
+                    extra_state: Optional[Mapping[str, Any]] = None) -> Union[Manifest, SaveHandle]:
     """Save `model` (and `optimizer`'s states) as the checkpoint step `directory/step_<N>`.
 
     Every process calls it: in simulation the one process writes every virtual device's file,
@@ -70,6 +72,9 @@ def save_checkpoint(model, directory, optimizer: Optional[nn.Optimizer] = None, 
             call waits for the copy, as do `handle.wait_snapshot()`, a load, the next save and
             the exit; a Parameter changed otherwise before its copy fails the save, naming it).
         chunk_bytes: bytes per CRC32C checksum of the shards (a load reads whole chunks).
+        extra_state: more state saved with the step, by name: an object with `state_dict()` (a
+            `ShardedLoader`: its position, taken now) or JSON data; rank 0's is stored (it must be
+            the same on every rank). `load_checkpoint(..., extra_state=)` restores it.
 
     Returns:
         The Manifest written (blocking), or the SaveHandle (`wait()` gives the Manifest).
@@ -91,7 +96,8 @@ def save_checkpoint(model, directory, optimizer: Optional[nn.Optimizer] = None, 
                               "copy); without one nothing would keep the training from changing the Parameters "
                               "before they are copied: use snapshot='call'")
     handle = SaveHandle(plan_save(model, directory, optimizer, step=step, keep_last=keep_last,
-                                  snapshot=None if blocking else snapshot, chunk_bytes=chunk_bytes))
+                                  snapshot=None if blocking else snapshot, chunk_bytes=chunk_bytes,
+                                  extra_state=extra_state))
     if not blocking:
         return handle.start()
     handle.run()
@@ -100,7 +106,7 @@ def save_checkpoint(model, directory, optimizer: Optional[nn.Optimizer] = None, 
 
 def plan_save(model, directory, optimizer: Optional[nn.Optimizer] = None, *, step: Optional[int] = None,
               keep_last: Optional[int] = None, snapshot: Optional[str] = "call",
-              chunk_bytes: int = CHUNK_BYTES) -> SaveJob:
+              chunk_bytes: int = CHUNK_BYTES, extra_state: Optional[Mapping[str, Any]] = None) -> SaveJob:
     """Everything a save does in the caller's thread: wait for this process's save in flight,
     plan the shards, agree on the step and save id (collective under msrun), and take the
     snapshot (or its fingerprints and the fence); returns the SaveJob that writes and commits
@@ -120,6 +126,7 @@ def plan_save(model, directory, optimizer: Optional[nn.Optimizer] = None, *, ste
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
             raise CheckpointError(f"{name}: expected an int >= {low}{' or None' if name != 'chunk_bytes' else ''}, "
                                   f"got {value!r}")
+    extra = _extra_state(extra_state)
     wait_for_saves(root)
     remove_finished_fences()
     holdings = holdings_of(model, optimizer)
@@ -134,7 +141,7 @@ def plan_save(model, directory, optimizer: Optional[nn.Optimizer] = None, *, ste
     elif snapshot == "background":
         taken.fence(optimizer)
     return SaveJob(root, step, save_id, files, me, tuple(p for p in holdings.processes if p != me), holdings.lead,
-                   _skeleton(holdings, entries, step, save_id, chunk_bytes) if holdings.lead else None,
+                   _skeleton(holdings, entries, step, save_id, chunk_bytes, extra) if holdings.lead else None,
                    _strategy(holdings, entries) if holdings.lead else None,
                    deduplicated, chunk_bytes, keep_last,
                    _timeout(), taken)
@@ -237,8 +244,30 @@ def _rank_files(holdings: Holdings, entries: Dict[str, TensorEntry], snapshot: O
     return out, Snapshot.plan(planned, chunk_bytes, background=snapshot == "background")
 
 
+def _extra_state(extra_state: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """`save_checkpoint`'s extra_state as JSON data, taken now (`state_dict()` of the objects that have one).
+
+    Raises:
+        CheckpointError: not a mapping of names, or a value that is not JSON data (named).
+    """
+    if extra_state is None:
+        return {}
+    if not isinstance(extra_state, Mapping):
+        raise CheckpointError(f"extra_state: expected a dict of name -> state, got {type(extra_state).__name__}")
+    out = {}
+    for name, value in extra_state.items():
+        if not isinstance(name, str) or not name:
+            raise CheckpointError(f"extra_state: names must be non-empty strings, got {name!r}")
+        value = value.state_dict() if callable(getattr(value, "state_dict", None)) else value
+        try:
+            out[name] = json.loads(json.dumps(value))
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"extra_state[{name!r}]: not JSON data ({exc})") from None
+    return out
+
+
 def _skeleton(holdings: Holdings, entries: Dict[str, TensorEntry], step: int, save_id: str,
-              chunk_bytes: int) -> Manifest:
+              chunk_bytes: int, extra_state: Optional[Dict[str, Any]] = None) -> Manifest:
     """The manifest without file sizes and checksums (the commit fills them in)."""
     sections: Tuple[Dict[str, TensorEntry], Dict[str, TensorEntry]] = ({}, {})
     for t in holdings.tensors:
@@ -246,7 +275,7 @@ def _skeleton(holdings: Holdings, entries: Dict[str, TensorEntry], step: int, sa
     optimizer = sections[1] if holdings.optimizer_class is not None else None
     strategy = STRATEGY_NAME if expressible(holdings.mesh) else None
     return Manifest(holdings.mesh, holdings.mode, {}, sections[0], optimizer, holdings.optimizer_class, strategy,
-                    step, save_id, chunk_bytes)
+                    step, save_id, chunk_bytes, dict(extra_state or {}))
 
 
 _strategy_cache: Dict[tuple, bytes] = {}  # the last save's strategy file (every save of one model has the same)

@@ -19,7 +19,7 @@ __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
 SUBCOMMANDS = ("mindspore_hyper.cli.estimate", "mindspore_hyper.cli.plan", "mindspore_hyper.cli.timeline",
                "mindspore_hyper.cli.tune", "mindspore_hyper.migrate.cli", "mindspore_hyper.cli.elastic",
-               "mindspore_hyper.cli.msrun", "mindspore_hyper.cli.run")
+               "mindspore_hyper.cli.msrun", "mindspore_hyper.cli.run", "mindspore_hyper.cli.dryrun")
 
 DESCRIPTION = """\
 HyperParallel for MindSpore: plan a parallel job before renting the cluster.
@@ -36,6 +36,8 @@ HyperParallel for MindSpore: plan a parallel job before renting the cluster.
   msrun      MindSpore's msrun with this package's interpreter first on PATH (no venv activation)
   run        a script written for HyperParallel (import hyper_parallel), simulated on N devices
              or under msrun, with the per-device memory and collectives report
+  dryrun     a training script on N devices (thousands), shapes and bytes only: per-device
+             memory, collectives, predicted step time, in seconds on a laptop
 
 Run `mindspore-hyper COMMAND --help` for each command's flags and examples."""
 

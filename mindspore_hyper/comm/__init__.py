@@ -7,7 +7,10 @@ Main entry points:
 * `ShmCommunicator(name, rank, size)` -- one process per rank on one host (POSIX shared memory).
 * `MindSporeCommunicator()` -- under msrun, packets through mint.distributed.
 * `Topology`, `load_topology` -- presets (supernode384, node8, ring) and YAML files.
-* `estimate_time`, `choose_algorithm`, `set_threshold`, `force_algorithm` -- the cost model.
+* `Level` -- a network as levels of domains (`Topology.from_levels`; the estimator's hardware).
+* `estimate_time`, `choose_algorithm`, `set_threshold`, `force_algorithm` -- the cost model;
+  `hierarchical_time` -- its formulas over levels.
+* `channel_pool.channel_pool(job, rank)` -- a job rank's point-to-point channels (`p2p.P2PChannel`).
 
 The C++ core is `mindspore_hyper._core.comm`; see docs/comm.md.
 """
@@ -20,11 +23,13 @@ from mindspore_hyper.comm.cost import (
     clear_overrides,
     estimate_time,
     force_algorithm,
+    hierarchical_time,
     make_cost_model,
     overrides,
     set_threshold,
 )
 from mindspore_hyper.comm.inprocess import InProcessCommunicator
+from mindspore_hyper.comm.levels import Level
 from mindspore_hyper.comm.mindspore_transport import MindSporeCommunicator
 from mindspore_hyper.comm.shm import ShmCommunicator, cleanup_stale_segments
 from mindspore_hyper.comm.topology import PRESETS, Topology, load_topology
@@ -32,7 +37,7 @@ from mindspore_hyper.comm.topology import PRESETS, Topology, load_topology
 __all__ = [
     "CommError", "CommMismatch", "CommTimeout", "AsyncHandle",
     "KINDS", "TransportParams", "choose_algorithm", "clear_overrides", "estimate_time", "force_algorithm",
-    "make_cost_model", "overrides", "set_threshold",
+    "hierarchical_time", "make_cost_model", "overrides", "set_threshold", "Level",
     "InProcessCommunicator", "MindSporeCommunicator", "ShmCommunicator", "cleanup_stale_segments",
     "PRESETS", "Topology", "load_topology",
 ]

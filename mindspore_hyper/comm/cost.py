@@ -12,9 +12,26 @@ measured by a group's ``calibrate()``. Formulas (p ranks, n bytes, worst ring ed
 
 The latency-optimal algorithm wins for small messages, the bandwidth-optimal one for large;
 user thresholds (`set_threshold`) and forced algorithms (`force_algorithm`) override the model.
+
+On a network given as levels (`levels.Level`: a cluster too large for a device graph, the
+step-time estimator's hardware) `hierarchical_time` is the same model with the hierarchical
+algorithms of every level (as NCCL's and HCCL's), in pure Python. Per level i, f_i is the group's
+fan-out (`levels.group_fanouts`), a_i and b_i the level's alpha and beta, n the bytes of the
+formula and n_i = n / (f_0 ... f_{i-1}) what is left after the inner levels reduced or split it:
+
+* all_reduce:      sum_i 2 (f_i - 1) a_i + 2 (f_i - 1) / f_i  n_i b_i
+  (with two levels: the hierarchical all_reduce above, without the reduction term)
+* all_gather, reduce_scatter (n = the full, unsplit buffer):
+                   sum_i (f_i - 1) a_i + (f_i - 1) / f_i  n_i b_i
+* all_to_all (n = what one rank sends in total): the share of peers first reached at level i,
+  (P_i - P_{i-1}) / P with P_i = f_0 ... f_i:  sum_i (P_i - P_{i-1}) (a_i + n b_i / P)
+* send_recv (two ranks): a + n b of the outermost level the pair spans.
+
+With one level this is the ring formula (2(p-1)a + 2(p-1)/p n b for all_reduce).
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, Optional, Sequence, Tuple
 
 from mindspore_hyper.comm._common import _C
@@ -23,6 +40,7 @@ from mindspore_hyper.comm.topology import Topology, load_topology
 __all__ = [
     "KINDS", "TransportParams", "estimate_time", "collective_time", "choose_algorithm", "make_cost_model",
     "set_threshold", "force_algorithm", "clear_overrides", "overrides",
+    "HIERARCHICAL_KINDS", "hierarchical_time", "transfer_time",
 ]
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "barrier", "send_recv")
@@ -141,3 +159,63 @@ def collective_time(kind: str, input_bytes: int, group_ranks: Sequence[int], top
         return estimate_time("send_recv", int(input_bytes), group[:2], topology) if len(group) > 1 else 0.0
     nbytes = input_bytes * len(group_ranks) if kind == "AllGather" else input_bytes
     return estimate_time(_STEP_KIND[kind], int(nbytes), list(group_ranks), topology)
+
+
+HIERARCHICAL_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+
+
+def hierarchical_time(kind: str, nbytes: float, alphas: Sequence[float], betas: Sequence[float],
+                      fanouts: Sequence[int], fixed: float = 0.0) -> float:
+    """Modelled seconds of one collective over a network of levels (formulas in the module doc);
+    a group of one rank costs 0.
+
+    Args:
+        kind: one of HIERARCHICAL_KINDS.
+        nbytes: the formula's n in bytes.
+        alphas: seconds per message step at each level, innermost first.
+        betas: seconds per byte at each level.
+        fanouts: the group's fan-out at each level (`levels.group_fanouts`; for send_recv: of
+            the two-rank group).
+        fixed: seconds paid once by a collective of two or more ranks (e.g. a wait for peers).
+
+    Raises:
+        ValueError: unknown kind or negative bytes.
+    """
+    if kind not in HIERARCHICAL_KINDS:
+        raise ValueError(f"kind={kind!r}: expected one of {', '.join(HIERARCHICAL_KINDS)}")
+    if nbytes < 0:
+        raise ValueError(f"nbytes={nbytes!r}: expected >= 0")
+    total, inner, seconds = math.prod(fanouts), 1, fixed
+    if total <= 1:
+        return 0.0
+    if kind == "send_recv":
+        return fixed + transfer_time(nbytes, alphas, betas, fanouts)
+    for alpha, beta, f in zip(alphas, betas, fanouts):
+        if f <= 1:
+            continue
+        share = nbytes / inner
+        if kind == "all_reduce":
+            seconds += 2 * (f - 1) * alpha + 2 * (f - 1) / f * share * beta
+        elif kind in ("all_gather", "reduce_scatter"):
+            seconds += (f - 1) * alpha + (f - 1) / f * share * beta
+        else:  # all_to_all
+            peers = inner * f - inner
+            seconds += peers * (alpha + nbytes * beta / total)
+        inner *= f
+    return seconds
+
+
+def transfer_time(nbytes: float, alphas: Sequence[float], betas: Sequence[float], fanouts: Sequence[int]) -> float:
+    """Seconds of one point-to-point message between two ranks of a network of levels: a + n b
+    of the outermost level the pair spans; 0 within one device.
+
+    Raises:
+        ValueError: negative bytes.
+    """
+    if nbytes < 0:
+        raise ValueError(f"nbytes={nbytes!r}: expected >= 0")
+    seconds = 0.0
+    for alpha, beta, f in zip(alphas, betas, fanouts):
+        if f > 1:
+            seconds = alpha + nbytes * beta
+    return seconds

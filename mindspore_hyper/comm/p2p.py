@@ -188,6 +188,11 @@ class P2PChannel:
         """True at the source end, False at the target end."""
         return self.me == self.source
 
+    @property
+    def closed(self) -> bool:
+        """True once `close` was called."""
+        return self._closed
+
     def __repr__(self) -> str:
         return f"P2PChannel({self.name!r}, {self.source} -> {self.target}, rank {self.me})"
 

@@ -27,6 +27,10 @@ YAML format (every field optional except the device count, which may come from `
 
 Latency may be given as ``latency_ns``, ``latency_us`` or ``latency_s``; bandwidth as
 ``bandwidth_GBps`` (gigabytes/s) or ``bandwidth_Bps``. Errors name the file and the field.
+
+A network given as levels of domains (`levels.Level`, the estimator's hardware files) becomes a
+topology with `Topology.from_levels`. `read_yaml` is the one reader of these network files
+(topologies here, hardware in `estimate.hardware`).
 """
 from __future__ import annotations
 
@@ -35,8 +39,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from mindspore_hyper._resources import resource_path
 from mindspore_hyper.comm._common import _C
+from mindspore_hyper.comm.levels import Level
 
-__all__ = ["Topology", "load_topology", "PRESETS"]
+__all__ = ["Topology", "load_topology", "read_yaml", "PRESETS"]
 
 PRESETS = ("supernode384", "node8", "ring")
 _CONFIG_DIR = resource_path("topologies")  # the example YAML files; shipped in the package
@@ -68,18 +73,35 @@ class Topology:
         return cls(t)
 
     @classmethod
+    def from_levels(cls, levels: Sequence[Level], num_devices: Optional[int] = None,
+                    name: str = "levels") -> "Topology":
+        """The device graph of a network of levels: every pair of devices linked at the innermost
+        level whose domain holds both (its latency and bandwidth); the level-0 domains are the
+        nodes (clusters) when there are several levels.
+
+        Args:
+            levels: innermost first, each domain size dividing the next.
+            num_devices: devices of the graph (default: the largest domain's).
+            name: the topology's name.
+
+        Raises:
+            ValueError: `num_devices` is not a positive int or exceeds the largest domain.
+        """
+        n = levels[-1].devices if num_devices is None else num_devices
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= levels[-1].devices:
+            raise ValueError(f"num_devices={num_devices!r}: expected an int in [1, {levels[-1].devices}]")
+        links = []
+        for a in range(n):
+            for b in range(a + 1, n):
+                level = next(lv for lv in levels if a // lv.devices == b // lv.devices)
+                links.append((a, b, level.latency, level.bandwidth))
+        node_of = [d // levels[0].devices for d in range(n)] if len(levels) > 1 else None
+        return cls.from_links(name, n, links, node_of)
+
+    @classmethod
     def from_yaml(cls, path: str) -> "Topology":
         """Load a topology file (format in the module doc). Errors name the file and the field."""
-        import yaml
-
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = yaml.safe_load(f)
-        except OSError as exc:
-            raise ValueError(f"topology file {path!r}: cannot read ({exc})") from exc
-        except yaml.YAMLError as exc:
-            raise ValueError(f"topology file {path!r}: invalid YAML ({exc})") from exc
-        return cls.from_dict(data, source=path)
+        return cls.from_dict(read_yaml(path, "topology"), source=path)
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "<dict>") -> "Topology":
@@ -234,6 +256,27 @@ class Topology:
 
     def __repr__(self) -> str:
         return f"Topology({self.name!r}, devices={self.num_devices}, links={len(self.links)})"
+
+
+def read_yaml(path: str, what: str) -> Any:
+    """The content of the YAML file `path` (a topology or hardware file).
+
+    Args:
+        path: the file.
+        what: what the file holds, for errors ("topology", "hardware").
+
+    Raises:
+        ValueError: the file cannot be read or is not YAML (names `what` and the file).
+    """
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f)
+    except OSError as exc:
+        raise ValueError(f"{what} file {path!r}: cannot read ({exc})") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{what} file {path!r}: invalid YAML ({exc})") from None
 
 
 def load_topology(spec: Any = None, num_devices: Optional[int] = None) -> Topology:

@@ -3,7 +3,7 @@
 Runtime-neutral: a DTensor holds the shards of the ranks its process owns (every virtual device
 in simulation, one device under msrun); its `Execution` supplies the collectives.
 """
-from mindspore_hyper.dtensor import interception, rules  # noqa: F401  (rules register themselves)
+from mindspore_hyper.dtensor import interception, rules, shape_rules  # noqa: F401  (rules register themselves)
 from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.dtensor.execution import Execution, ParameterSlot, distribute_tensor
 

@@ -1,5 +1,6 @@
 """Per-device bookkeeping of a parallel run: live activation bytes and their peak, collectives
-by kind and mesh axis, the ops dispatched, and ops that fell back to replicated execution.
+by kind and mesh axis, the ops dispatched with their FLOPs and bytes, and ops that fell back to
+replicated execution.
 
 All byte figures are per device. A DTensor's shards all have the same size, so a live tensor
 adds the same bytes to each device of its mesh. A DTensor made while a training step records
@@ -30,6 +31,7 @@ class Accounting:
         self.comm_backward: Dict[Tuple[str, str], list] = defaultdict(lambda: [0, 0, 0])
         self.ops: Counter = Counter()
         self.fallbacks: Counter = Counter()
+        self.compute: Counter = Counter()  # (op, FLOPs, bytes) of one call on one device -> calls
         self.steps = 0
 
     def reset_step(self) -> None:
@@ -42,6 +44,7 @@ class Accounting:
         self.comm_backward.clear()
         self.ops.clear()
         self.fallbacks.clear()
+        self.compute.clear()
 
     def allocate(self, nbytes: int) -> None:
         self.live_bytes += nbytes
@@ -67,6 +70,10 @@ class Accounting:
     def record_op(self, op_name: str) -> None:
         """One op on DTensors dispatched (by its MindSpore name)."""
         self.ops[op_name] += 1
+
+    def record_compute(self, op_name: str, flops: int, nbytes: int) -> None:
+        """One forward op's work on one device: FLOPs and bytes read and written (`dtensor.op_cost`)."""
+        self.compute[(op_name, int(flops), int(nbytes))] += 1
 
     def record_fallback(self, op_name: str) -> None:
         self.fallbacks[op_name] += 1

@@ -16,7 +16,7 @@ to float rounding only: MindSpore's CPU GEMM picks its kernel by matrix size (an
 rounds differently from the same rows inside a larger or batched one) and a longer sum adds in
 another order. Gradients flow through the stacking (autograd sums a replicated operand's
 gradient over the batch, as `_fan_out` would), possibly in another summation order. Everything
-else, random ops included (each shard draws its own values), runs per shard.
+else runs per shard (random ops draw once for the global shape: dtensor/random.py).
 """
 from __future__ import annotations
 

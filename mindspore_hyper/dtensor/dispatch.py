@@ -13,6 +13,7 @@ written values go back to what the caller passed (`mutation`). A failing op rais
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -22,10 +23,14 @@ from mindspore.graph.api import _pynative_executor
 from mindspore.ops.primitive import Primitive
 
 from mindspore_hyper.dtensor import mutation, shard_hints
+from mindspore_hyper.dtensor import random as random_ops
 from mindspore_hyper.dtensor.batched import run_batched
 from mindspore_hyper.dtensor.dtensor import DTensor, is_float, key_of, significant_axes
+from mindspore_hyper.dtensor.meta import MetaTensor, meta
+from mindspore_hyper.dtensor.op_cost import op_flops
 from mindspore_hyper.dtensor.rank_local import rank_local_decision
 from mindspore_hyper.dtensor.rules.registry import RULES, Decision
+from mindspore_hyper.dtensor.shape_registry import infer as infer_shapes
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
 __all__ = ["DTensorOpError", "OpCall", "dispatch", "dispatch_getitem", "dispatch_setitem", "execute",
@@ -59,11 +64,16 @@ class OpCall:
     sources: List[Any] = field(default_factory=list)
 
     def run(self, local_inputs: Sequence[Any], local_kwargs: Optional[Dict[str, Any]] = None):
-        """Run the real op on plain local tensors (keyword tensors localised in `local_kwargs`)."""
+        """Run the real op on plain local tensors (keyword tensors localised in `local_kwargs`);
+        on shape-only shards (a dry run's MetaTensors) infer its outputs by its shape rule."""
+        kwargs = self.kwargs if local_kwargs is None else local_kwargs
+        if _holds_meta(local_inputs) or _holds_meta(kwargs.values()):
+            args = (self.prim, self.prim_name, tuple(local_inputs)) if self.prim is not None else tuple(local_inputs)
+            return infer_shapes(self.func, args, kwargs, name=self.name)
         with NoFallbackGuard():
             if self.prim is not None:
                 return self.func(self.prim, self.prim_name, tuple(local_inputs))
-            return self.func(*local_inputs, **(self.kwargs if local_kwargs is None else local_kwargs))
+            return self.func(*local_inputs, **kwargs)
 
     @property
     def attrs(self) -> Dict[str, Any]:
@@ -76,6 +86,10 @@ class OpCall:
         self.inputs = [_swap(v, supply) for v in self.inputs]
         self.kwargs = {k: _swap(v, supply) for k, v in self.kwargs.items()}
         self.tensors = list(new)
+
+
+def _holds_meta(values) -> bool:
+    return any(isinstance(v, MetaTensor) or (isinstance(v, (list, tuple)) and _holds_meta(v)) for v in values)
 
 
 def _swap(value, supply):
@@ -99,6 +113,7 @@ def distribute(execution, tensor: Tensor, layout: TensorLayout, record: bool = F
     """
     if isinstance(tensor, DTensor):
         return tensor.redistribute(layout)
+    tensor = _shape_only(execution, tensor)
     global_shape = tuple(tensor.shape)
     layout.check_shape(global_shape)
     replicated = TensorLayout.replicated(layout.mesh, len(global_shape))
@@ -113,6 +128,10 @@ def parameter_dtensor(execution, param: Parameter) -> DTensor:
     pid = id(param)
     if pid not in execution.parameter_dtensors:
         slot = execution.parameters[pid]
+        if slot.param.has_init and not execution.shape_only:
+            # built under no_init_parameters() and read by an op before its Cell ran (which would
+            # have initialised it): initialised now, on first use; a dry run never initialises
+            slot.param.init_data()
         with execution.uncounted():  # parameter shards are not activations
             if slot.local:
                 axes = significant_axes(slot.layout)
@@ -142,8 +161,17 @@ def _mesh_of(values):
 
 def replicated_dtensor(execution, tensor: Tensor) -> DTensor:
     """A plain (global) tensor as a DTensor replicated on every device of `execution`."""
+    tensor = _shape_only(execution, tensor)
     return DTensor._create(TensorLayout.replicated(execution.mesh, tensor.ndim), {(): tensor}, tensor.shape,
                            tensor.dtype, execution)
+
+
+def _shape_only(execution, tensor: Tensor) -> Tensor:
+    """`tensor` as a MetaTensor in a shape-only execution (a dry run never reads a value or a
+    weight; a trainable Parameter's stand-in carries its gradient path); else itself."""
+    if not execution.shape_only or isinstance(tensor, MetaTensor):
+        return tensor
+    return meta(tuple(tensor.shape), tensor.dtype, grad_path=isinstance(tensor, Parameter) and tensor.requires_grad)
 
 
 def _as_dtensor(execution, value):
@@ -204,6 +232,8 @@ def dispatch(execution, func, args, kwargs):
     if call.name in TYPE_QUERIES:
         coords = execution.mesh.coords(execution.local_ranks[0])
         return call.run(_localise(call.inputs, dict(enumerate(coords))))
+    if random_ops.draw_kind(call) is not None:  # the single device's draw, sliced (dtensor/random.py)
+        return _dispatch_random(execution, call)
     written = mutation.mutation_of(call)
     originals = list(call.tensors)
     hint = shard_hints.take(execution, call.name, len(call.tensors))
@@ -235,6 +265,8 @@ def _wait(call: OpCall, written: DTensor) -> None:
     """Wait for the kernels that wrote `written`: a written operand aliases its input's memory,
     so a kernel that failed asynchronously would leave the old values readable, silently."""
     for shard in written.shards.values():
+        if isinstance(shard, MetaTensor):
+            continue
         try:
             shard.data_sync(True)
         except Exception as error:
@@ -310,6 +342,7 @@ def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] 
     if execution.batch_shards:
         batched_result = run_batched(execution, call, decision, axes, keys)
         if batched_result is not None:
+            _record_cost(execution, call, batched_result)
             return batched_result
     results = {}
     try:
@@ -320,30 +353,52 @@ def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] 
     finally:
         execution.set_running(None)
     try:
-        return _assemble(execution, results, axes, decision, mesh)
+        result = _assemble(execution, results, axes, decision, mesh)
     except Exception as error:  # MindSpore runs kernels asynchronously: their errors surface here
         raise _op_error(call, error) from error
+    _record_cost(execution, call, result)
+    return result
 
 
-# Random primitives whose seeds are call arguments: the argument positions of (seed0, seed1).
-_SEED_ARGS = {"Dropout": (2, 3)}
+def _record_cost(execution, call: OpCall, result) -> None:
+    """Account one device's FLOPs and bytes of the op (`op_cost`), from its local shapes."""
+    outs = [r for r in (result if isinstance(result, (tuple, list)) else [result]) if isinstance(r, DTensor)]
+    in_shapes = [t.layout.local_shape(t.global_shape) for t in call.tensors]
+    out_shapes = [r.layout.local_shape(r.global_shape) for r in outs]
+    nbytes = sum(math.prod(s) * t.dtype.itemsize for s, t in zip(in_shapes, call.tensors)) + \
+        sum(math.prod(s) * r.dtype.itemsize for s, r in zip(out_shapes, outs))
+    flops = op_flops(call.name, call.inputs, in_shapes, out_shapes, call.attrs)
+    execution.accounting.record_compute(call.name, flops, nbytes)
 
 
-def _reseeded(call: OpCall, local_inputs: List[Any], index: int) -> List[Any]:
-    """The `index`-th distinct shard's arguments. A random primitive with fixed seeds (a global
-    seed is set) draws the same values at every launch, so each further shard gets its own
-    seeds, as a device holding that shard would; unseeded calls (seeds 0) draw anew anyway."""
-    positions = _SEED_ARGS.get(call.name) if call.prim is not None else None
-    if not positions or index == 0 or all(local_inputs[i] == 0 for i in positions):
-        return local_inputs
-    local_inputs = list(local_inputs)
-    for i in positions:
-        local_inputs[i] = (local_inputs[i] + index * 0x9E3779B1) % (2 ** 31 - 1) or 1
-    return local_inputs
+def _dispatch_random(execution, call: OpCall):
+    """A random op on DTensors: every device gets its part of the values one device draws with
+    the same seed (`dtensor/random.py`): Dropout draws its mask for the global shape and masks
+    each shard; other random ops run once on their gathered inputs (a replication fallback; a
+    result shaped like the first input is then split as it was); in-place random ops are refused."""
+    kind = random_ops.draw_kind(call)
+    if kind == "inplace":
+        raise DTensorOpError(call.name, random_ops.inplace_refusal(call.name))
+    hint = shard_hints.take(execution, call.name, len(call.tensors))  # a Dropout.shard(...) layout
+    if kind == "mask" and call.prim is not None and call.inputs and call.inputs[0] is call.tensors[0] \
+            and len(call.tensors) == 1 and not call.kwargs:
+        x = call.tensors[0] if not hint or hint[0] is None else call.tensors[0].redistribute(hint[0])
+        try:
+            return random_ops.apply_dropout(call, x, call.run)
+        except DTensorOpError:
+            raise
+        except Exception as error:
+            raise _op_error(call, error) from error
+    execution.accounting.record_fallback(call.name)
+    first = call.tensors[0]
+    result = execute(execution, call, replicated_decision(call))
+    if isinstance(result, DTensor) and result.global_shape == first.global_shape and not first.layout.is_partial:
+        return result.redistribute(first.layout)  # an elementwise draw keeps its input's split (local slices)
+    return result
 
 
 def _run_local(call: OpCall, decision: Decision, coords, index: int = 0):
-    local_inputs = _reseeded(call, _localise(call.inputs, coords), index)
+    local_inputs = _localise(call.inputs, coords)
     try:
         if decision.local_fn is not None:
             return decision.local_fn(call, local_inputs, coords)

@@ -391,8 +391,9 @@ def to_local(dt: "DTensor"):
     execution = dt.execution
     if not axes:
         return dt.shards[()]
-    if len(execution.local_ranks) == 1:
+    if len(execution.local_ranks) == 1 and not execution.shape_only:
         return dt.shards[key_of(execution.mesh.coords(execution.local_ranks[0]), axes)]
+    # a dry run holds one representative rank but accounts like the simulation: rank-local too
     layout = TensorLayout.rank_local(execution.mesh, dt.ndim, axes)
     local_shape = dt.layout.local_shape(dt.global_shape)
     out = DTensor._create(layout, dict(dt.shards), local_shape, dt.dtype, execution)

@@ -83,6 +83,7 @@ class Execution:
         self.holds_activations = False  # a training forward: new DTensors count until the step ends
         self.batch_shards = True  # run batchable ops once over their stacked shards (`dtensor.batched`)
         self.observer: Optional[Callable[[Any, Any], None]] = None  # sees (call, decision) of every op (native mode)
+        self.shape_only = False  # shards are MetaTensors: shapes and bytes, no values (a dry run)
         self.context_parallel = None  # the strategy's ContextParallel: attention across the sequence axis
         self.context_attention: Optional[Callable[[Any, Any], Any]] = None  # (execution, call) -> result or None
 

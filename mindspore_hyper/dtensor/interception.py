@@ -36,6 +36,8 @@ from mindspore import Tensor
 from mindspore.common.tensor import _TensorMeta
 
 from mindspore_hyper.dtensor.dtensor import DTensor
+from mindspore_hyper.dtensor.meta import MetaTensor
+from mindspore_hyper.dtensor.shape_registry import infer as infer_shapes
 
 __all__ = ["install"]
 
@@ -67,6 +69,11 @@ def _nested_dtensor(args):
     return None
 
 
+def _holds_meta(values) -> bool:
+    """Whether a shape-only tensor (a dry run's MetaTensor) is among `values` or their list members."""
+    return any(isinstance(v, MetaTensor) or (isinstance(v, (list, tuple)) and _holds_meta(v)) for v in values)
+
+
 def _first_dtensor(values):
     """The first DTensor among `values` or inside their list/tuple members, or None."""
     for v in values:
@@ -79,6 +86,8 @@ def _guarded_run_op(obj, op_name, args):
     found = _nested_dtensor(args)
     if found is not None:
         return found.execution.dispatch(_PrimitiveCall(op_name), (obj, op_name, tuple(args)), {})
+    if _holds_meta(args):
+        return infer_shapes(_PrimitiveCall(op_name), (obj, op_name, tuple(args)), {})
     return _ORIGINAL(obj, op_name, args)
 
 
@@ -87,6 +96,8 @@ def _plain_tensor_fallback(self, func, args, kwargs=None):
     an op that has DTensor operands."""
     kwargs = kwargs or {}
     found = _first_dtensor(list(args) + list(kwargs.values()))
+    if found is None and _holds_meta(list(args) + list(kwargs.values())):
+        return infer_shapes(func, args, kwargs)  # a dry run's shape-only tensor among the operands
     if found is None:
         raise RuntimeError(f"{getattr(func, 'name', func)}: MindSpore asked a plain Tensor to intercept an op "
                            "without DTensor operands (another Tensor subclass with __fallback__ is involved)")
@@ -124,6 +135,8 @@ def _getitem(self, index):
         from mindspore_hyper.dtensor.dispatch import dispatch_getitem, replicated_dtensor
 
         return dispatch_getitem(found.execution, replicated_dtensor(found.execution, self), index)
+    if isinstance(self, MetaTensor) or _holds_meta(index if isinstance(index, tuple) else (index,)):
+        return infer_shapes(_PrimitiveCall("getitem"), (self, index), {})  # shapes only (a dry run)
     return _ORIGINAL_GETITEM(self, index)
 
 
@@ -132,6 +145,8 @@ def _setitem(self, index, value):
     def plain(v):
         return v.full_tensor() if isinstance(v, DTensor) else v
 
+    if isinstance(self, MetaTensor):
+        return None  # a dry run writes no values; the shape stays
     if isinstance(value, DTensor) or _index_dtensor(index) is not None:
         index = tuple(plain(i) for i in index) if isinstance(index, tuple) else plain(index)
         value = plain(value)

@@ -14,12 +14,17 @@ A preset file (``load_hardware("a100-80gb")``)::
     efficiency: {matmul: 0.80, memory: 0.80, network: 0.80, message_overhead_us: 5}  # op_overhead_us: 0,
                                      # peer_wait_us: 0 (both optional)
     sources: {peak_tflops: "...", ...}
+    validated: "unvalidated: ..."    # optional: the published runs the factors were checked against
+                                     # (or "unvalidated"); repeated in every step-time estimate's notes
     kernels: {"qkv | 7.2e+09 FLOP | 3.2e+07 B": [62000, 138000], ...}  # optional: measured op times,
                                      # forward and backward us per call (calibrate_cpu with a job)
     core_sharing: {cores: 2, processes: 4, threads: 1, bound: true}   # optional: the processes share the cores
                                      # (calibrate_cpu; core_sharing.py)
 
-Errors name the file and the field.
+The levels are the communication library's network of levels (`comm.levels.Level`; its cost
+model `comm.cost.hierarchical_time` times the collectives, `estimate.collective_time`), and the
+file is read by its reader of network files (`comm.topology.read_yaml`). Errors name the file
+and the field.
 """
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple, Union
 
 from mindspore_hyper._resources import resource_path
+from mindspore_hyper.comm.levels import Level
+from mindspore_hyper.comm.topology import read_yaml
 from mindspore_hyper.estimate.core_sharing import CoreSharing
 
 __all__ = ["Level", "Efficiency", "Hardware", "load_hardware", "hardware_presets", "HARDWARE_DIR", "ATTENTION_KERNELS"]
@@ -35,30 +42,12 @@ __all__ = ["Level", "Efficiency", "Hardware", "load_hardware", "hardware_presets
 HARDWARE_DIR = resource_path("hardware")  # shipped in the package; configs/hardware of an editable checkout
 ATTENTION_KERNELS = ("flash", "materialized")
 _TOP_KEYS = ("name", "description", "peak_tflops", "memory_GB", "memory_bandwidth_GBps", "levels", "attention",
-             "efficiency", "sources", "kernels", "core_sharing")
+             "efficiency", "sources", "kernels", "core_sharing", "validated")
 _LEVEL_KEYS = ("name", "devices", "bandwidth_GBps", "latency_us")
 _EFFICIENCY_KEYS = ("matmul", "memory", "network", "message_overhead_us", "op_overhead_us", "peer_wait_us")
 _EFFICIENCY_REQUIRED = ("matmul", "memory", "network", "message_overhead_us")
 _CORE_SHARING_KEYS = ("cores", "processes", "threads")
 _CORE_SHARING_OPTIONAL = ("bound",)
-
-
-@dataclass(frozen=True)
-class Level:
-    """One level of the network (NVLink inside a node, InfiniBand between nodes, ...).
-
-    Attributes:
-        name: the level's name.
-        devices: devices in one domain of this level (8 for a node); a collective whose group fits
-            one domain of a lower level never uses this one.
-        bandwidth: bytes/s one device can send at this level (each direction).
-        latency: seconds per message step at this level (alpha).
-    """
-
-    name: str
-    devices: int
-    bandwidth: float
-    latency: float
 
 
 @dataclass(frozen=True)
@@ -107,6 +96,9 @@ class Hardware:
         core_sharing: the processes share the host's cores (`calibrate_cpu`): how fast a rank
             computes while fewer ranks compute than when the kernels were measured; None for
             devices that compute on their own (the presets).
+        validated: which published runs the efficiency factors were checked against ("unvalidated"
+            or "unvalidated: why" where none); the step-time estimate repeats it in its notes. None:
+            the file does not say (no note).
     """
 
     name: str
@@ -120,6 +112,7 @@ class Hardware:
     sources: Dict[str, str] = field(default_factory=dict)
     kernels: Dict[str, Tuple[float, float]] = field(default_factory=dict)
     core_sharing: Optional[CoreSharing] = None
+    validated: Optional[str] = None
 
     @property
     def max_devices(self) -> int:
@@ -157,16 +150,7 @@ def load_hardware(spec: Union[str, Dict[str, Any], Hardware]) -> Hardware:
     if not spec.endswith((".yaml", ".yml")) and not os.path.isfile(path):
         raise ValueError(f"hardware={spec!r}: unknown preset; expected one of {', '.join(hardware_presets())} "
                          f"or a .yaml path")
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except OSError as exc:
-        raise ValueError(f"hardware file {path!r}: cannot read ({exc})") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"hardware file {path!r}: invalid YAML ({exc})") from None
-    return hardware_from_dict(data, path)
+    return hardware_from_dict(read_yaml(path, "hardware"), path)
 
 
 def _number(source: str, name: str, value: Any, low: float = 0.0, high: float = float("inf"),
@@ -258,10 +242,14 @@ def hardware_from_dict(data: Any, source: str = "<dict>") -> Hardware:
             sharing = CoreSharing(**raw)
         except ValueError as exc:
             raise ValueError(f"hardware {source!r}: field {exc}") from None
+    validated = data.get("validated")
+    if validated is not None and (not isinstance(validated, str) or not validated.strip()):
+        raise ValueError(f"hardware {source!r}: field 'validated': expected a non-empty string (the published runs "
+                         f"the factors were checked against, or \"unvalidated\"), got {validated!r}")
     return Hardware(name=name, peak_flops=_number(source, "peak_tflops", data["peak_tflops"]) * 1e12,
                     memory_bytes=int(_number(source, "memory_GB", data["memory_GB"]) * 1e9),
                     memory_bandwidth=_number(source, "memory_bandwidth_GBps", data["memory_bandwidth_GBps"]) * 1e9,
                     levels=tuple(levels), efficiency=efficiency, attention=attention, description=description,
                     sources=dict(sources),
                     kernels={k: (float(f) * 1e-6, float(b) * 1e-6) for k, (f, b) in kernels.items()},
-                    core_sharing=sharing)
+                    core_sharing=sharing, validated=validated)

@@ -391,6 +391,12 @@ def estimate_step_time(config: TransformerConfig, strategy: JobStrategy,
         cs = hw.core_sharing
         notes.append(f"processes share {cs.cores} cores (kernels measured with {cs.processes} processes x "
                      f"{cs.threads} threads computing); shared cores {pipe.sharing:+.4g} s")
+    if hw.validated is not None:  # the preset's `validated:` field (docs/estimate.md, "Held-out validation")
+        if hw.validated.lower().startswith("unvalidated"):
+            why = hw.validated[len("unvalidated"):].lstrip(" :;,-")
+            notes.append(f"step time on {hw.name}: factors unvalidated on this hardware" + (f" ({why})" if why else ""))
+        else:
+            notes.append(f"step time on {hw.name}: how the factors were checked: {hw.validated}")
     return StepTimeEstimate(seconds=seconds, mfu=mfu, tokens_per_second=batch * c.seq_len / seconds,
                             global_batch=batch, model_flops=model_flops, layer=layer, comm=comm, pipeline=pipe,
                             optimizer=optimizer, grad_sync_exposed=exposed_sync, breakdown=breakdown,

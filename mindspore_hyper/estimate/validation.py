@@ -11,15 +11,19 @@ GPUs, 1.10 s -> 41.6%, the paper's 41.5%).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import List, Tuple, Union
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple, Union
 
-from mindspore_hyper.estimate.hardware import Hardware
+from mindspore_hyper._resources import resource_path
+from mindspore_hyper.estimate.hardware import Hardware, load_hardware
 from mindspore_hyper.estimate.model import TransformerConfig
-from mindspore_hyper.estimate.step_time import estimate_step_time
+from mindspore_hyper.estimate.step_time import StepTimeEstimate, estimate_step_time, global_batch
 from mindspore_hyper.estimate.strategy import JobStrategy
 
-__all__ = ["PublishedRun", "ValidationRow", "KORTHIKANTI_TABLE5", "table5_rows", "format_rows"]
+__all__ = ["PublishedRun", "ValidationRow", "KORTHIKANTI_TABLE5", "table5_rows", "format_rows",
+           "HeldoutRun", "HeldoutRow", "HELDOUT_FILE", "FLOP_CONVENTIONS", "METRICS", "load_heldout",
+           "predict_heldout", "heldout_rows", "heldout_summary", "format_heldout", "step_flops"]
 
 
 @dataclass(frozen=True)
@@ -96,4 +100,222 @@ def format_rows(rows: List[ValidationRow]) -> str:
     mean = sum(abs(r.error) for r in rows) / len(rows)
     worst = max(rows, key=lambda r: abs(r.error))
     lines.append(f"\nmean |error| {mean:.1%}; worst {worst.name} {worst.error:+.1%}")
+    return "\n".join(lines)
+
+
+# --- held-out validation (issue 39): published runs the factors were never fitted to -------------------
+
+HELDOUT_FILE = "heldout_step_time.yaml"
+FLOP_CONVENTIONS = ("narayanan2021", "model")
+METRICS = ("tflops_per_gpu",)
+_ROW_KEYS = ("id", "source", "reference", "hardware", "model", "strategy", "gpus", "global_batch", "flops", "metric",
+             "published", "assumptions")
+_ROW_REQUIRED = ("id", "source", "reference", "hardware", "model", "strategy", "gpus", "global_batch", "flops",
+                 "metric", "published")
+
+
+@dataclass(frozen=True)
+class HeldoutRun:
+    """One published training run of configs/validation/heldout_step_time.yaml.
+
+    Attributes:
+        id: "source/name".
+        source: key of the file's `sources:` (the citation).
+        reference: the table and row the figures come from.
+        hardware: the preset it is predicted on.
+        config, strategy: the run's model and parallel strategy.
+        gpus: devices of the run (= strategy.devices).
+        global_batch: sequences per step (= micro-batches x micro-batch x data).
+        flops: how the publication counts FLOPs (FLOP_CONVENTIONS).
+        metric: the published figure compared (METRICS).
+        published: every published figure of the row (metric -> value).
+        assumptions: what the publication does not give and was chosen.
+    """
+
+    id: str
+    source: str
+    reference: str
+    hardware: str
+    config: TransformerConfig
+    strategy: JobStrategy
+    gpus: int
+    global_batch: int
+    flops: str
+    metric: str
+    published: Dict[str, float] = field(default_factory=dict)
+    assumptions: str = ""
+
+
+@dataclass(frozen=True)
+class HeldoutRow:
+    """A held-out run predicted: the estimate and the metric it gives beside the published one."""
+
+    run: HeldoutRun
+    estimate: StepTimeEstimate
+    predicted: float
+    published: float
+
+    @property
+    def error(self) -> float:
+        """(predicted - published) / published."""
+        return self.predicted / self.published - 1.0
+
+
+def step_flops(config: TransformerConfig, batch: int, convention: str) -> float:
+    """FLOPs of one step of `batch` sequences as the publication counts them (FLOP_CONVENTIONS)."""
+    if convention == "narayanan2021":  # eq. (3): with the recomputed forward of full recomputation
+        s, l, h, v = config.seq_len, config.layers, config.hidden, config.vocab
+        return 96.0 * batch * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+    if convention == "model":
+        from mindspore_hyper.estimate.layer_ops import model_flops_per_token
+
+        return model_flops_per_token(config) * batch * config.seq_len
+    raise ValueError(f"flops={convention!r}: expected one of {', '.join(FLOP_CONVENTIONS)}")
+
+
+def _row_error(path: str, i: int, row: Any, message: str) -> ValueError:
+    name = row.get("id") if isinstance(row, dict) else None
+    return ValueError(f"held-out file {path!r}: row {i}{f' ({name})' if name else ''}: {message}")
+
+
+def _parse_row(path: str, i: int, row: Any, sources: Dict[str, str]) -> HeldoutRun:
+    if not isinstance(row, dict):
+        raise _row_error(path, i, row, f"expected a mapping, got {row!r}")
+    for key in row:
+        if key not in _ROW_KEYS:
+            raise _row_error(path, i, row, f"field {key!r}: unknown; expected one of {', '.join(_ROW_KEYS)}")
+    for key in _ROW_REQUIRED:
+        if key not in row:
+            raise _row_error(path, i, row, f"field {key!r}: missing")
+    for key in ("id", "source", "reference", "hardware", "flops", "metric"):
+        if not isinstance(row[key], str) or not row[key]:
+            raise _row_error(path, i, row, f"field {key!r}: expected a non-empty string, got {row[key]!r}")
+    if row["source"] not in sources:
+        raise _row_error(path, i, row, f"field 'source': {row['source']!r} is not in the file's sources "
+                                       f"({', '.join(sources)})")
+    if row["flops"] not in FLOP_CONVENTIONS:
+        raise _row_error(path, i, row, f"field 'flops': expected one of {', '.join(FLOP_CONVENTIONS)}, "
+                                       f"got {row['flops']!r}")
+    if row["metric"] not in METRICS:
+        raise _row_error(path, i, row, f"field 'metric': expected one of {', '.join(METRICS)}, got {row['metric']!r}")
+    published = row["published"]
+    if not isinstance(published, dict) or not all(not isinstance(v, bool) and isinstance(v, (int, float)) and v > 0
+                                                  for v in published.values()):
+        raise _row_error(path, i, row, f"field 'published': expected a mapping of figure -> positive number, "
+                                       f"got {published!r}")
+    if row["metric"] not in published:
+        raise _row_error(path, i, row, f"field 'published': has no {row['metric']!r} (the row's metric)")
+    for key in ("model", "strategy"):
+        if not isinstance(row[key], dict):
+            raise _row_error(path, i, row, f"field {key!r}: expected a mapping, got {row[key]!r}")
+    try:
+        config = TransformerConfig(**row["model"])
+    except (TypeError, ValueError) as exc:
+        raise _row_error(path, i, row, f"field 'model': {exc}") from None
+    try:
+        strategy = JobStrategy(**row["strategy"])
+    except (TypeError, ValueError) as exc:
+        raise _row_error(path, i, row, f"field 'strategy': {exc}") from None
+    for key in ("gpus", "global_batch"):
+        if isinstance(row[key], bool) or not isinstance(row[key], int) or row[key] < 1:
+            raise _row_error(path, i, row, f"field {key!r}: expected an int >= 1, got {row[key]!r}")
+    if row["gpus"] != strategy.devices:
+        raise _row_error(path, i, row, f"field 'gpus': {row['gpus']}, but the strategy has {strategy.devices} "
+                                       f"devices (data x tensor x pipeline x context)")
+    if row["global_batch"] != global_batch(config, strategy):
+        raise _row_error(path, i, row, f"field 'global_batch': {row['global_batch']}, but micro-batches x "
+                                       f"micro_batch x data = {global_batch(config, strategy)}")
+    try:
+        load_hardware(row["hardware"])
+    except ValueError as exc:
+        raise _row_error(path, i, row, f"field 'hardware': {exc}") from None
+    assumptions = row.get("assumptions", "")
+    if not isinstance(assumptions, str):
+        raise _row_error(path, i, row, f"field 'assumptions': expected a string, got {assumptions!r}")
+    return HeldoutRun(row["id"], row["source"], row["reference"], row["hardware"], config, strategy, row["gpus"],
+                      row["global_batch"], row["flops"], row["metric"],
+                      {k: float(v) for k, v in published.items()}, assumptions.strip())
+
+
+def load_heldout(path: Optional[str] = None) -> Tuple[Dict[str, str], List[HeldoutRun]]:
+    """The sources (key -> citation) and runs of a held-out file (default: the shipped
+    configs/validation/heldout_step_time.yaml).
+
+    Raises:
+        ValueError: an unreadable file or a malformed row (the message names the file, the row and the field).
+    """
+    import yaml
+
+    path = path or os.path.join(resource_path("validation"), HELDOUT_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise ValueError(f"held-out file {path!r}: cannot read ({exc})") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"held-out file {path!r}: invalid YAML ({exc})") from None
+    if not isinstance(data, dict) or set(data) != {"sources", "rows"}:
+        raise ValueError(f"held-out file {path!r}: expected a mapping with exactly 'sources' and 'rows'")
+    sources = data["sources"]
+    if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
+        raise ValueError(f"held-out file {path!r}: field 'sources': expected a mapping of key -> citation text")
+    rows = data["rows"]
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"held-out file {path!r}: field 'rows': expected a non-empty list")
+    runs = [_parse_row(path, i, row, sources) for i, row in enumerate(rows)]
+    seen = set()
+    for i, run in enumerate(runs):
+        if run.id in seen:
+            raise ValueError(f"held-out file {path!r}: row {i} ({run.id}): field 'id': repeated")
+        seen.add(run.id)
+    return {k: " ".join(v.split()) for k, v in sources.items()}, runs
+
+
+def predict_heldout(run: HeldoutRun, hardware: Union[str, Hardware, None] = None) -> HeldoutRow:
+    """`run` predicted by `estimate_step_time` on its preset (or `hardware`), as its published metric."""
+    est = estimate_step_time(run.config, run.strategy, hardware if hardware is not None else run.hardware)
+    if run.metric == "tflops_per_gpu":
+        predicted = step_flops(run.config, run.global_batch, run.flops) / (est.seconds * run.gpus) / 1e12
+    else:  # pragma: no cover - METRICS is checked by the loader
+        raise ValueError(f"metric={run.metric!r}: expected one of {', '.join(METRICS)}")
+    return HeldoutRow(run, est, predicted, run.published[run.metric])
+
+
+def heldout_rows(path: Optional[str] = None) -> List[HeldoutRow]:
+    """Every run of the held-out file predicted with the shipped presets and factors (no refitting)."""
+    return [predict_heldout(run) for run in load_heldout(path)[1]]
+
+
+def heldout_summary(rows: List[HeldoutRow]) -> Dict[str, Any]:
+    """Mean |error| and worst row, overall and per source, and how many rows are within 10%."""
+    def one(group: List[HeldoutRow]) -> Dict[str, Any]:
+        worst = max(group, key=lambda r: abs(r.error))
+        return {"rows": len(group), "mae": sum(abs(r.error) for r in group) / len(group),
+                "worst": worst.run.id, "worst_error": worst.error,
+                "within_10": sum(abs(r.error) <= 0.10 for r in group)}
+
+    summary = {"all": one(rows)}
+    for source in dict.fromkeys(r.run.source for r in rows):
+        summary[source] = one([r for r in rows if r.run.source == source])
+    return summary
+
+
+def format_heldout(rows: List[HeldoutRow]) -> str:
+    """A Markdown table of the held-out rows (predicted vs published), with the mean absolute error."""
+    lines = ["| run | source row | hardware | t x p x d (x cp), v | published | predicted | error | predicted MFU | "
+             "bubble | exposed comm |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        st, est = r.run.strategy, r.estimate
+        sizes = f"{st.tensor} x {st.pipeline} x {st.data}" + (f" x {st.context_parallel}" if st.context_parallel > 1
+                                                              else "") + f", {st.chunks}"
+        b = est.breakdown
+        lines.append(f"| {r.run.id} | {r.run.reference.split(':')[0]} | {est.hardware} | {sizes} | "
+                     f"{r.published:g} TFLOP/s | {r.predicted:.1f} TFLOP/s | {r.error:+.1%} | {est.mfu:.1%} | "
+                     f"{b['pipeline bubble'] / est.seconds:.1%} | {b['exposed communication'] / est.seconds:.1%} |")
+    lines.append("")
+    for key, s in heldout_summary(rows).items():
+        label = "all rows" if key == "all" else key
+        lines.append(f"{label}: {s['rows']} rows, mean |error| {s['mae']:.1%}, worst {s['worst']} "
+                     f"{s['worst_error']:+.1%}, {s['within_10']} of {s['rows']} within 10%")
     return "\n".join(lines)

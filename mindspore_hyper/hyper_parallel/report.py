@@ -3,7 +3,8 @@
 Every DTensor the API makes on a mesh counts in that mesh's accounting (`session`): the bytes
 each device holds (its shard) while the DTensor lives, the peak of that, and every collective
 with its mesh dimension and the bytes one device sends. Laid-out Parameters are counted apart
-(each device's piece). The figures add up over the whole script.
+(each device's piece). The figures add up over the whole script. Models wrapped by
+`auto_parallelize` are listed too, with their last step's figures.
 """
 from __future__ import annotations
 
@@ -11,41 +12,75 @@ import math
 from typing import Dict, List
 
 from mindspore_hyper.hyper_parallel.session import session_executions
+from mindspore_hyper.runtime.model import live_models
 from mindspore_hyper.units import format_bytes
 
 __all__ = ["session_report", "format_report"]
 
 
+def _accounting_rows(accounting) -> Dict:
+    """Collectives (kind, axis, phase, count, bytes sent and input bytes per device) and the ops'
+    work (FLOPs and bytes of one call on one device, and calls) of one accounting."""
+    comm = [{"kind": kind, "axis": axis, "phase": phase, "count": count, "send_bytes_per_device": sent,
+             "input_bytes_per_device": given}
+            for phase, table in (("forward", accounting.comm), ("backward", accounting.comm_backward))
+            for (kind, axis), (count, sent, given) in sorted(table.items())]
+    compute = [{"op": op, "flops": flops, "bytes": nbytes, "calls": calls}
+               for (op, flops, nbytes), calls in sorted(accounting.compute.items())]
+    return {"peak_bytes_per_device": accounting.peak_bytes, "live_bytes_per_device": accounting.live_bytes,
+            "ops": sum(accounting.ops.values()), "replicated_fallbacks": dict(accounting.fallbacks),
+            "collectives": comm, "compute": compute}
+
+
+def _model_entry(model) -> Dict:
+    """A wrapped model's last step: its mesh, memory parts per set of equal devices, collectives."""
+    report = model.report()
+    entry = {"source": f"{type(model.network).__name__} ({type(model).__name__})",
+             "shape": list(model.mesh.device_matrix), "dim_names": list(model.mesh.alias_names),
+             "training_step": bool(report.backward_ran),
+             "memory_per_device": [{"devices": label, **parts} for label, parts in report.memory_groups()],
+             "parameter_bytes_per_device": max(m["parameters"] for m in report.memory.values())}
+    entry.update(_accounting_rows(model.accounting))
+    return entry
+
+
 def session_report(mode: str, devices: int) -> Dict:
-    """The report as plain data (the `--json` schema): mode, devices, and per mesh its shape,
-    dimension names, the bytes of laid-out parameters each device holds, the per-device peak and
-    live bytes of the other DTensors, and collectives by (kind, dimension, phase)."""
+    """The report as plain data (the `--json` schema, the same in every mode): mode, devices, and
+    per mesh its shape, dimension names, the bytes of laid-out parameters each device holds, the
+    per-device peak and live bytes of the other DTensors, collectives by (kind, dimension,
+    phase) and the ops' FLOPs and bytes; a model wrapped by `auto_parallelize` adds its memory
+    parts (parameters, gradients, optimizer states, peak activations) per set of equal devices."""
     meshes: List[Dict] = []
     for execution in session_executions():
-        accounting = execution.accounting
-        comm = [{"kind": kind, "axis": axis, "phase": phase, "count": count, "send_bytes_per_device": sent}
-                for phase, table in (("forward", accounting.comm), ("backward", accounting.comm_backward))
-                for (kind, axis), (count, sent, _) in sorted(table.items())]
         params = sum(math.prod(slot.layout.local_shape(slot.global_shape)) * slot.param.dtype.itemsize
                      for slot in execution.parameters.values())
-        meshes.append({"shape": list(execution.mesh.device_matrix), "dim_names": list(execution.mesh.alias_names),
-                       "parameter_bytes_per_device": params,
-                       "peak_bytes_per_device": accounting.peak_bytes, "live_bytes_per_device": accounting.live_bytes,
-                       "ops": sum(accounting.ops.values()), "replicated_fallbacks": dict(accounting.fallbacks),
-                       "collectives": comm})
+        entry = {"source": "HyperParallel API", "shape": list(execution.mesh.device_matrix),
+                 "dim_names": list(execution.mesh.alias_names), "parameter_bytes_per_device": params}
+        entry.update(_accounting_rows(execution.accounting))
+        meshes.append(entry)
+    meshes.extend(_model_entry(model) for model in live_models() if model.accounting.steps)
     return {"mode": mode, "devices": devices, "meshes": meshes}
 
 
 def format_report(report: Dict) -> str:
     """The report as text: one block per mesh."""
-    lines = [f"mindspore-hyper run: {report['mode']}, {report['devices']} devices"]
+    lines = [f"mindspore-hyper: {report['mode']}, {report['devices']} devices"]
     if not report["meshes"]:
         lines.append("  no DTensor was made (the script used no device mesh)")
     for mesh in report["meshes"]:
         dims = " x ".join(f"{n}={s}" for n, s in zip(mesh["dim_names"], mesh["shape"]))
-        lines.append(f"  mesh {dims}: laid-out parameters {format_bytes(mesh['parameter_bytes_per_device'])} per device; "
-                     f"peak {format_bytes(mesh['peak_bytes_per_device'])} of other DTensors (activations, inputs); "
+        lines.append(f"  mesh {dims} ({mesh['source']}): laid-out parameters "
+                     f"{format_bytes(mesh['parameter_bytes_per_device'])} per device; peak "
+                     f"{format_bytes(mesh['peak_bytes_per_device'])} of other DTensors (activations, inputs); "
                      f"{mesh['ops']} ops on DTensors")
+        for row in mesh.get("memory_per_device", []):
+            parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in row.items() if k != "devices")
+            lines.append(f"    devices {row['devices']}: {parts}")
+        if "predicted" in mesh:
+            p = mesh["predicted"]
+            lines.append(f"    predicted step on {p['hardware']}: {p['step_seconds']:.3f} s without overlap "
+                         f"({p['compute_seconds']:.3f} s compute, {p['comm_seconds']:.3f} s collectives; "
+                         f"{p['overlapped_seconds']:.3f} s if fully overlapped)")
         for row in mesh["collectives"]:
             lines.append(f"    {row['phase']:<8} {row['kind']:<13} over {row['axis']:<10} x{row['count']:<4} "
                          f"{format_bytes(row['send_bytes_per_device'])} sent per device")

@@ -9,7 +9,7 @@ import json
 import os
 import runpy
 import sys
-from typing import List, Optional
+from typing import Callable, Dict, List, Optional
 
 __all__ = ["run_script", "under_msrun"]
 
@@ -19,15 +19,18 @@ def under_msrun() -> bool:
     return "MS_WORKER_NUM" in os.environ or "MS_ROLE" in os.environ
 
 
-def run_script(script: str, args: List[str], devices: Optional[int], json_path: Optional[str] = None) -> int:
+def run_script(script: str, args: List[str], devices: Optional[int], json_path: Optional[str] = None,
+               mode: str = "simulation", complete: Optional[Callable[[Dict], None]] = None) -> int:
     """Install the `hyper_parallel` import, set the mode, run `script` as `__main__` with `args`,
     then print (and write to `json_path`) the per-device report.
 
     Args:
         script: the script's path.
         args: its arguments (its `sys.argv[1:]`).
-        devices: simulated devices; None under msrun (each process is one rank).
+        devices: devices of the one-process modes; None under msrun (each process is one rank).
         json_path: where to write the report; under msrun each rank writes PATH.rankR.
+        mode: the one-process mode: "simulation" (values) or "dryrun" (shapes and bytes only).
+        complete: adds to the report before it is printed (e.g. predicted step times).
 
     Returns:
         0, or the script's `SystemExit` code.
@@ -40,6 +43,7 @@ def run_script(script: str, args: List[str], devices: Optional[int], json_path: 
     from mindspore_hyper.context import set_context
     from mindspore_hyper.hyper_parallel.install import install_hyper_parallel
     from mindspore_hyper.hyper_parallel.report import format_report, session_report
+    from mindspore_hyper.runtime.model import keeping_models
 
     if not os.path.isfile(script):
         raise FileNotFoundError(f"no script {script!r}")
@@ -55,20 +59,23 @@ def run_script(script: str, args: List[str], devices: Optional[int], json_path: 
 
         rank, size = world().rank, world().size
     else:
-        set_context(mode="simulation", device_num=devices)
+        set_context(mode=mode, device_num=devices)
         rank, size = None, devices
     install_hyper_parallel()
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     code = 0
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
-    report = session_report("simulation" if rank is None else f"distributed (rank {rank})", size)
+    with keeping_models():  # the script's models outlive its main() for the report
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        finally:
+            sys.argv, sys.path[:] = saved_argv, saved_path
+        report = session_report(mode if rank is None else f"distributed (rank {rank})", size)
+    if complete is not None:
+        complete(report)
     print(format_report(report), flush=True)
     if json_path:
         path = json_path if rank is None else f"{json_path}.rank{rank}"

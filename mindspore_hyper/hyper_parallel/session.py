@@ -25,7 +25,7 @@ def _runtime():
 
     mode = get_context("mode")
     runtime = RUNTIMES[mode]()
-    if not hasattr(runtime, "device_count"):
+    if not runtime.runs_op_by_op():
         raise ValueError(f"the HyperParallel API runs op by op (mode='simulation' or 'distributed'); mode={mode!r} "
                          "translates to MindSpore's static-graph parallel: on Ascend run the same script with "
                          "upstream's hyper_parallel package")

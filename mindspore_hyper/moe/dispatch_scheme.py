@@ -18,6 +18,11 @@ from mindspore_hyper.moe.hierarchical import ExpertGroups, empty_levels, level_b
 __all__ = ["DispatchScheme"]
 
 
+
+# (expert ranks, mesh size, topology flag, dispatch) -> the link groups: building a large topology
+# takes seconds, and every MoE layer of a model asks for the same groups
+_TOPOLOGY_GROUPS: Dict[tuple, ExpertGroups] = {}
+
 class DispatchScheme:
     """One way of dispatching rows to their experts and combining them back.
 
@@ -31,7 +36,6 @@ class DispatchScheme:
 
     def __init__(self, engine):
         self.engine = engine
-        self._topology_groups: Dict[tuple, ExpertGroups] = {}  # from the topology, per (ranks, flag, dispatch)
 
     # -- the steps ---------------------------------------------------------------------------------
     def start_dispatch(self, state: State, tokens: Dict[Key, Tensor], background: bool) -> None:
@@ -69,6 +73,10 @@ class DispatchScheme:
         """The exchange for the mode (rows recorded as "rows"): in simulation `InProcessExchange`
         (`LibraryExchange` with `sim_collectives="library"`), under msrun the `ProcessExchange`
         of this process's expert group."""
+        if ex.shape_only:  # a dry run: shapes, one member, the balanced routing's symmetry
+            from mindspore_hyper.moe.shape_exchange import ShapeExchange
+
+            return ShapeExchange(ex, axes, self.recorder(ex, axes, "rows"))
         if not axes.local(ex):
             return self.process_exchange(ex, ex.keys(axes.token)[0], axes)
         from mindspore_hyper.context import get_context
@@ -103,15 +111,15 @@ class DispatchScheme:
         from mindspore_hyper.context import get_context
 
         ranks = tuple(ex.group(axes.expert, {}).ranks)
-        key = (ranks, get_context("topology"), moe.dispatch)
-        if key not in self._topology_groups:  # one topology look-up per layout and flag
+        key = (ranks, ex.mesh.size, get_context("topology"), moe.dispatch)
+        if key not in _TOPOLOGY_GROUPS:  # one topology look-up per layout and flag, for every layer
             try:
-                self._topology_groups[key] = ExpertGroups.from_topology(load_topology(None, ex.mesh.size), ranks)
+                _TOPOLOGY_GROUPS[key] = ExpertGroups.from_topology(load_topology(None, ex.mesh.size), ranks)
             except ValueError:
                 if moe.dispatch == "hierarchical":
                     raise
-                self._topology_groups[key] = ExpertGroups(axes.members, 1)
-        return self._topology_groups[key]
+                _TOPOLOGY_GROUPS[key] = ExpertGroups(axes.members, 1)
+        return _TOPOLOGY_GROUPS[key]
 
     def count_sends(self, state: State, what: str, sends) -> None:
         """Add the bytes of the exchange sends[src key][dst address][slot] to the link levels."""

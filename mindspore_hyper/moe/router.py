@@ -18,7 +18,10 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, initializer
 
-__all__ = ["TopKRouter", "Routing", "route_tokens", "limit_groups"]
+from mindspore_hyper.context import get_context
+from mindspore_hyper.dtensor.meta import MetaTensor
+
+__all__ = ["TopKRouter", "Routing", "route_tokens", "limit_groups", "balanced_choice"]
 
 
 @dataclass
@@ -50,6 +53,13 @@ def limit_groups(choice: np.ndarray, num_groups: int, topk_groups: int) -> np.nd
     return np.where(np.repeat(keep, experts // num_groups, axis=1), choice, -np.inf)
 
 
+def balanced_choice(tokens: int, experts: int, top_k: int) -> np.ndarray:
+    """The dry run's routing assumption (it has no logits to rank): token t's j-th choice is
+    expert (t * top_k + j) mod E, so every expert receives the same number of token copies
+    (within one when T * k is not a multiple of E) and a token's k experts are distinct."""
+    return ((np.arange(tokens)[:, None] * top_k + np.arange(top_k)[None, :]) % experts).astype(np.int64)
+
+
 def route_tokens(tokens: Tensor, weight: Tensor, top_k: int, normalize_top_k: bool = True,
                  noise: Tensor = None, num_groups: int = 1, topk_groups: int = 1) -> Routing:
     """Route `tokens` [T, H] with router `weight` [H, E]; `noise` [T, E] is added to the logits
@@ -57,6 +67,10 @@ def route_tokens(tokens: Tensor, weight: Tensor, top_k: int, normalize_top_k: bo
     to each token's `topk_groups` best expert groups (`limit_groups`)."""
     logits = ops.matmul(tokens, weight)
     probs = ops.softmax(logits.astype(ms.float32), -1)
+    if isinstance(probs, MetaTensor) or get_context("moe_routing") == "balanced":  # a dry run has no logits
+        experts = balanced_choice(probs.shape[0], probs.shape[1], top_k)
+        gates = ops.gather_elements(probs, 1, Tensor(experts))
+        return Routing(logits, probs, gates, experts)
     choice = (probs if noise is None else ops.softmax(logits.astype(ms.float32) + noise, -1)).asnumpy()
     if num_groups > 1:
         choice = limit_groups(choice, num_groups, topk_groups)

@@ -10,6 +10,7 @@ from mindspore import Tensor
 
 from mindspore_hyper.dtensor.dispatch import _fan_out, parameter_dtensor, replicated_dtensor
 from mindspore_hyper.dtensor.dtensor import DTensor
+from mindspore_hyper.dtensor.meta import MetaTensor
 from mindspore_hyper.moe.expert_state import Axes, Prepared
 from mindspore_hyper.moe.losses import logsumexp_square_sum
 from mindspore_hyper.moe.token_dispatch import expert_capacity, plan_dispatch
@@ -75,5 +76,7 @@ def _aux(moe, ex, axes: Axes, prob_sums, sq_sums, choice_counts, num_tokens: int
         prob_sums = coll.all_reduce(prob_sums, "sum", group)
         sq_sums = coll.all_reduce(sq_sums, "sum", group)
         choice_counts = coll.all_reduce(choice_counts, "sum", group)
-    moe.last_expert_counts = choice_counts[0].asnumpy().astype(np.int64)
+    counts = choice_counts[0]
+    # a dry run has no routing values: its choices are the balanced assumption, counted none
+    moe.last_expert_counts = None if isinstance(counts, MetaTensor) else counts.asnumpy().astype(np.int64)
     return moe.aux_loss(prob_sums[0], choice_counts[0], sq_sums[0], num_tokens)

@@ -1,6 +1,6 @@
 """`auto_parallelize`'s builder of an MPMD program: a strategy with device groups (hyper_mpmd on)
-becomes an `MPMDModel` -- every group in this process (simulation), or this msrun process's
-group (distributed, `parallelize_groups`)."""
+becomes an `MPMDModel` -- every group in this process (a runtime whose job runs in one process:
+simulation), or this msrun process's group (distributed, `parallelize_groups`)."""
 from __future__ import annotations
 
 from mindspore_hyper.mpmd import MPMDModel, check_mpmd_enabled
@@ -14,9 +14,6 @@ def _simulated_groups(model, table, runtime, group_strategies, optimizer_states:
     return MPMDModel(model, table.config, runtime, group_strategies, optimizer_states=optimizer_states)
 
 
-_BUILDERS = {"simulation": _simulated_groups, "distributed": parallelize_groups}
-
-
 def parallelize_mpmd(model, table, runtime, group_strategies=None, optimizer_states: int = 2,
                      return_dtensor: bool = False):
     """The MPMDModel of `model` over the device groups of `table` (a resolved StrategyTable) in
@@ -26,12 +23,14 @@ def parallelize_mpmd(model, table, runtime, group_strategies=None, optimizer_sta
         ValueError: GRAPH_MODE, hyper_mpmd off, return_dtensor=True, a mode without MPMD groups,
             or what the mode's builder refuses (mesh size, msrun limits; named).
     """
-    if runtime.name not in _BUILDERS:
+    if not runtime.runs_op_by_op():
         raise ValueError(f"device groups (process_groups / strategy: mpmd entries): mode={runtime.name!r}; they run in "
-                         f"{tuple(_BUILDERS)} mode")
+                         "('simulation', 'distributed') mode")
     runtime.check_op_by_op()
+    runtime.check_composition("device groups")
     check_mpmd_enabled(table.groups)
     if return_dtensor:
         raise ValueError("return_dtensor=True: an MPMD model returns global tensors (each group has its own "
                          "mesh); drop return_dtensor")
-    return _BUILDERS[runtime.name](model, table, runtime, group_strategies, optimizer_states)
+    build = _simulated_groups if runtime.in_one_process() else parallelize_groups
+    return build(model, table, runtime, group_strategies, optimizer_states)

@@ -3,21 +3,23 @@
 Every process runs the model's code between groups on global tensors; a group's output is
 computed by its members and sent by the group's leader (its first rank) to every other process,
 and in the backward the gradient of the group's inputs goes the same way. Transfers are
-point-to-point over one `P2PChannel` per direction (sender -> receiver), in the order sent, each
-a message of arrays. Sends return at once (the channel's thread writes them, so a process never
-blocks on a full channel while its peer is busy); receives block the caller. A peer that died
+point-to-point over one `P2PChannel` per direction (sender -> receiver; user "x" of the rank's
+`comm.channel_pool`), in the order sent, each a message of arrays. Sends return at once (the
+channel's thread writes them, so a process never blocks on a full channel while its peer is
+busy); receives block the caller. A peer that died
 or stalls makes the receiver fail with the transport's CommTimeout naming the peer, the group
 and the tensor; a failed send is raised by the next cross-group operation of the sender.
 """
 from __future__ import annotations
 
 import atexit
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mindspore_hyper.comm import CommError
+from mindspore_hyper.comm.channel_pool import ChannelPool, channel_pool
 from mindspore_hyper.comm.p2p import P2PChannel
 from mindspore_hyper.runtime.distributed.world import world
 
@@ -25,30 +27,29 @@ __all__ = ["send_arrays", "recv_arrays", "send_output", "outbox", "Outbox", "Sen
            "RemoteGroupOutput"]
 
 _TAG = 0  # one stream per direction: received in the order sent
-
-
-def _channel(src: int, dst: int) -> P2PChannel:
-    """The one-way channel src -> dst, made on first use by each end (the receiving end waits
-    there until the sending end's first send attached)."""
-    key = (src, dst)
-    if key not in _CHANNELS:
-        w = world()
-        _CHANNELS[key] = P2PChannel(w.job, "x", src, dst, w.rank, w.timeout)
-    return _CHANNELS[key]
-
-
-_CHANNELS: Dict[Tuple[int, int], P2PChannel] = {}
+_USER = "x"  # the channels' user name in the pool
 
 
 class Outbox:
     """This process's sends: `post` queues arrays for a peer and returns at once (each peer's
     channel writes them in its own thread)."""
 
+    def __init__(self):
+        self._pool: Optional[ChannelPool] = None  # the world's rank's, once a channel was asked for
+
+    def channel(self, src: int, dst: int) -> P2PChannel:
+        """The one-way channel src -> dst, made on first use by each end (the receiving end waits
+        there until the sending end's first send attached)."""
+        w = world()
+        if self._pool is None:
+            self._pool = channel_pool(w.job, w.rank)
+        return self._pool.channel(_USER, src, dst, w.timeout)
+
     def post(self, arrays: Sequence[np.ndarray], peer: int, what: str) -> None:
         self.check()
         try:
             # not copied, as before this channel: group outputs and gradients are not changed in place
-            _channel(world().rank, peer).send(_TAG, arrays, copy=False)
+            self.channel(world().rank, peer).send(_TAG, arrays, copy=False)
         except TypeError as exc:
             raise TypeError(f"{what}: {exc}") from None
 
@@ -62,13 +63,12 @@ class Outbox:
             channel.check()
 
     def close(self) -> None:
-        """Write what is posted, then close every channel of this process."""
-        for key in list(_CHANNELS):
-            _CHANNELS.pop(key).close()
+        """Write what is posted, then close every cross-group channel of this process."""
+        if self._pool is not None:
+            self._pool.close(_USER)
 
-    @staticmethod
-    def _sending() -> List[P2PChannel]:
-        return [c for c in _CHANNELS.values() if c.sending]
+    def _sending(self) -> List[P2PChannel]:
+        return [] if self._pool is None else [c for c in self._pool.channels(_USER) if c.sending]
 
 
 _OUTBOX: Optional[Outbox] = None
@@ -92,7 +92,7 @@ def recv_arrays(peer: int, what: str) -> List[np.ndarray]:
     """Receive the arrays `send_arrays` sent from global rank `peer` (blocks)."""
     outbox().check()
     try:
-        return list(_channel(peer, world().rank).recv(_TAG).arrays)
+        return list(outbox().channel(peer, world().rank).recv(_TAG).arrays)
     except CommError as exc:
         raise type(exc)(f"{what}: waiting for rank {peer} (this is rank {world().rank}): {exc}") from None
 

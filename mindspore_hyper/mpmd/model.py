@@ -25,6 +25,8 @@ from mindspore_hyper.mpmd.group_runner import GroupRunner
 from mindspore_hyper.mpmd.group_placement import GroupPlacement, place_groups
 from mindspore_hyper.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord, apply_device_plan
 from mindspore_hyper.mpmd.timeline import GroupTimeline
+from mindspore_hyper.runtime.optimizer_check import optimizer_gradients
+from mindspore_hyper.runtime.training_options import refuse_unsupported
 from mindspore_hyper.schedule.rebalance import GroupSharePlan, RebalancePolicy
 from mindspore_hyper.strategy.config import ParallelConfig
 from mindspore_hyper.strategy.strategy import Strategy
@@ -191,13 +193,24 @@ class MPMDModel(nn.Cell):
                 for cell in runner.cells.values()]
         return [p for cell in mine for p in cell.trainable_params()]
 
-    def train_step(self, optimizer: nn.Optimizer, *inputs) -> Tensor:
+    def train_step(self, optimizer: nn.Optimizer, *inputs, max_grad_norm=None, accumulation_steps: int = 1,
+                   loss_scale=None) -> Tensor:
         """Forward (the model returns the loss), backward through every group, optimizer update,
         then, under `scheduler: dynamic`, one rebalancing decision applied before the next step.
 
+        Args:
+            optimizer: built on `optimizer_parameters()`.
+            *inputs: the model's inputs.
+            max_grad_norm, accumulation_steps, loss_scale: ParallelModel.train_step's options,
+                not supported by MPMD yet: refused unless left at their defaults.
+
         Returns:
             The loss.
+
+        Raises:
+            ValueError: a clipping, accumulation or loss-scaling option is set.
         """
+        refuse_unsupported("MPMD", max_grad_norm, accumulation_steps, loss_scale)
         # gradients of every parameter (also other groups' unused copies under msrun), so the
         # backward takes the same path in every process and cross-group gradients meet
         weights = tuple(self.network.trainable_params())
@@ -209,12 +222,7 @@ class MPMDModel(nn.Cell):
         self._place_backward(time.perf_counter())
         mine = {id(p) for p in self.optimizer_parameters()}
         self.last_gradients = {w.name: g.asnumpy() for w, g in zip(weights, grads) if id(w) in mine}
-        by_id = {id(w): g for w, g in zip(weights, grads)}
-        try:
-            optimizer(tuple(by_id[id(p)] for p in optimizer.parameters))
-        except KeyError:
-            raise ValueError("train_step: the optimizer updates Parameters that are not the model's "
-                             "optimizer_parameters(); build it as nn.Adam(model.optimizer_parameters(), ...)") from None
+        optimizer(optimizer_gradients(optimizer, {id(w): g for w, g in zip(weights, grads)}))
         self.steps += 1
         self.end_step()
         self.rebalance()

@@ -74,15 +74,14 @@ class GroupSplit:
         return "lm" if me == self.lm_rank else "encoder" if me in self.encoder_ranks else "idle"
 
     def channels(self) -> Dict[Tuple[int, int], Channel]:
-        """Channels of this process: (source, target) -> Channel, made once (collectively per pair)."""
-        if not hasattr(self, "_channels"):
-            me, chans = self.world.rank, {}
-            for e in self.encoder_ranks:
-                if me in (e, self.lm_rank):
-                    for src, dst in ((e, self.lm_rank), (self.lm_rank, e)):
-                        chans[(src, dst)] = Channel(self.world.job, src, dst, me, self.world.timeout)
-            self._channels = chans
-        return self._channels
+        """Channels of this process: (source, target) -> Channel (the rank's channel pool makes
+        each pair's channel once, collectively)."""
+        me, chans = self.world.rank, {}
+        for e in self.encoder_ranks:
+            if me in (e, self.lm_rank):
+                for src, dst in ((e, self.lm_rank), (self.lm_rank, e)):
+                    chans[(src, dst)] = Channel(self.world.job, src, dst, me, self.world.timeout)
+        return chans
 
 
 def _receiver(channel: Channel, tag: int, out: queue.Queue) -> threading.Thread:

@@ -20,6 +20,7 @@ from mindspore_hyper.multimodal.results import (PipelineResult, TrainResult, inf
                                                 sum_in_batch_order)
 from mindspore_hyper.multimodal.signature import image_signature
 from mindspore_hyper.multimodal.stages import EncoderStage, LanguageStage
+from mindspore_hyper.runtime.modes import runtime_for
 
 __all__ = ["AsyncEncoderPipeline", "PipelineResult", "TrainResult"]
 
@@ -79,22 +80,24 @@ class AsyncEncoderPipeline:
             from mindspore_hyper.context import get_context
 
             mode = get_context("mode")
-        if mode not in MODES:
+        runtime = runtime_for(mode)  # the one look-up of the mode: below, only the runtime is asked
+        if runtime is None or not runtime.runs_op_by_op():
             raise ValueError(f"mode: the encoder pipeline runs in {MODES}, got {mode!r}")
         if cache is not None and not hasattr(cache, "match"):
             raise ValueError(f"cache: expected a FeatureCache, got {type(cache).__name__}")
         if not callable(signature):
             raise ValueError("signature: expected a callable image -> vector")
-        if cost_model is not None and (mode != "simulation" or not callable(cost_model)):
+        if cost_model is not None and (not runtime.in_one_process() or not callable(cost_model)):
             raise ValueError("cost_model: a callable (kind, batch, rows) -> seconds, only in simulation mode "
                              "(distributed mode measures real processes)")
-        if mode == "simulation" and (encoder_ranks is not None or lm_rank is not None):
+        if runtime.in_one_process() and (encoder_ranks is not None or lm_rank is not None):
             raise ValueError("encoder_ranks/lm_rank: only in distributed mode (simulation uses virtual groups)")
         self.encoder, self.lm = encoder, lm
         self.ahead, self.num_encoders, self.cache, self.mode = ahead, num_encoders, cache, mode
+        self.runtime = runtime
         self.signature, self.cost_model = signature, cost_model
         self._groups = None
-        if mode == "distributed":
+        if not runtime.in_one_process():
             from mindspore_hyper.multimodal.distributed import GroupSplit
 
             self._groups = GroupSplit.make(num_encoders, encoder_ranks, lm_rank)
@@ -123,7 +126,7 @@ class AsyncEncoderPipeline:
         """Runs the batches through encoder(s) and LM. In distributed mode every process of the job
         calls it with the same batches; outputs are filled on the LM process (empty elsewhere)."""
         batches = _check_batches(batches)
-        if self.mode == "distributed":
+        if self._groups is not None:  # one process per group (msrun)
             from mindspore_hyper.multimodal.distributed import run_distributed
 
             return run_distributed(self, batches, loss_fn=None)
@@ -152,7 +155,7 @@ class AsyncEncoderPipeline:
         for b in batches:
             if b.labels is None:
                 raise ValueError(f"batches: batch {b.batch_id} has no labels; training needs them")
-        if self.mode == "distributed":
+        if self._groups is not None:  # one process per group (msrun)
             from mindspore_hyper.multimodal.distributed import run_distributed
 
             return run_distributed(self, batches, loss_fn=loss_fn)

@@ -2,9 +2,10 @@
 request ids or keys, float values such as timestamps, an optional float32 array) over a
 one-directional `comm.p2p` channel.
 
-Each directed pair of ranks gets its own channel, so one thread sends and one thread receives on
-it. A request travels as one channel message: its kind is the tag, its batch id the metadata,
-its parts the arrays; the receiver takes requests in the order sent.
+Each directed pair of ranks has its own channel (user "mm" of the rank's `comm.channel_pool`), so
+one thread sends and one thread receives on it. A request travels as one channel message: its
+kind is the tag, its batch id the metadata, its parts the arrays; the receiver takes requests in
+the order sent.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-from mindspore_hyper.comm.p2p import P2PChannel
+from mindspore_hyper.comm.channel_pool import channel_pool
 
 __all__ = ["StageMessage", "Channel", "FEATURES", "TAKEN", "DONE", "REPORT", "END"]
 
@@ -57,7 +58,8 @@ class StageMessage:
 
 
 class Channel:
-    """One direction between this process and `peer` (global ranks), over its own `P2PChannel`.
+    """One direction between this process and its peer (global ranks): the pair's channel of the
+    rank's channel pool, carrying `StageMessage`s.
 
     Both ends construct it (the receiving end waits there until the sending end attached).
 
@@ -70,7 +72,7 @@ class Channel:
     """
 
     def __init__(self, job: str, source: int, target: int, me: int, timeout: float, channel_bytes: int = 4 << 20):
-        self._channel = P2PChannel(job, "mm", source, target, me, timeout, channel_bytes=channel_bytes)
+        self._channel = channel_pool(job, me).channel("mm", source, target, timeout, channel_bytes=channel_bytes)
         self.source, self.target = int(source), int(target)
 
     def send(self, message: StageMessage) -> None:

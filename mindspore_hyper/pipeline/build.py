@@ -39,10 +39,10 @@ def parallelize_pipeline(model, table, runtime, pipeline=None, return_dtensor: b
     options = PipelineOptions.of(pipeline)
     if return_dtensor:
         raise ValueError("return_dtensor=True: a pipelined model returns the loss of train_step, not DTensors")
-    mode = runtime.name
-    if mode not in ("simulation", "distributed"):
-        raise ValueError(f"pipeline execution: mode={mode!r}; expected 'simulation' or 'distributed'")
+    if not runtime.runs_op_by_op():
+        raise ValueError(f"pipeline execution: mode={runtime.name!r}; expected 'simulation' or 'distributed'")
     runtime.check_op_by_op("pipeline execution")
+    runtime.check_composition("pipeline stages")
     try:
         layers = layers_of(model)
         message = None if layers is not None else (
@@ -79,19 +79,18 @@ def parallelize_pipeline(model, table, runtime, pipeline=None, return_dtensor: b
             balanced_split(layers.weights(model), p * v)
     reduction = _reduction(options, layers)
     stage_mesh_size = mesh.size // p
-    if layers.chain is not None and stage_mesh_size > 1 and mode == "distributed":
+    if layers.chain is not None and stage_mesh_size > 1 and not runtime.in_one_process():
         return _not_pipelined(f"the model ({type(model).__name__}) is pipelined through its construct (its "
                               f"nn.CellList {layers.chain.path!r}), which under msrun is supported on a pipeline-only "
                               f"mesh only (data/tensor axes besides the pipeline run in simulation); this mesh "
                               f"{mesh.device_matrix} {mesh.alias_names} has data/tensor axes besides {axis!r}", explicit)
-    if mode == "simulation":
+    if runtime.in_one_process():
         runtime.check_mesh(mesh)
-        return PipelineModel(model, layers, schedule, split, options, strategy, mode, reduction, table,
+        return PipelineModel(model, layers, schedule, split, options, strategy, runtime, reduction, table,
                              from_config=not explicit)
-    from mindspore_hyper.runtime.distributed.world import world
     from mindspore_hyper.pipeline.p2p import ShmTransport, peer_pairs
 
-    w = world()
+    w = runtime.processes
     rebalance = options.rebalance or (options.rebalance is None and table.config is not None
                                       and table.config.scheduler == "dynamic")
     if stage_mesh_size > 1 and strategy.optimizer_state is not None:
@@ -102,7 +101,7 @@ def parallelize_pipeline(model, table, runtime, pipeline=None, return_dtensor: b
                          "is not supported (moved layers would need resharding); use a pipeline-only mesh or simulation")
     runtime.check_mesh(mesh)
     check_unshared(layers, schedule, split)
-    _broadcast_parameters(model, w)
+    _broadcast_parameters(model, runtime)
     a = mesh.axis_index(axis)
 
     def process(pipeline_rank: int, like: int) -> int:
@@ -113,7 +112,7 @@ def parallelize_pipeline(model, table, runtime, pipeline=None, return_dtensor: b
     pairs = sorted({(g, process(dst, g)) for src, dst in peer_pairs(schedule) for g in mesh.ranks
                     if mesh.coords(g)[a] == src})
     transport = ShmTransport(w, pairs, peer_of=lambda r: process(r, w.rank))
-    return PipelineModel(model, layers, schedule, split, options, strategy, mode, reduction, table, world=w,
+    return PipelineModel(model, layers, schedule, split, options, strategy, runtime, reduction, table,
                          transport=transport, from_config=not explicit)
 
 
@@ -148,14 +147,13 @@ def _reduction(options: PipelineOptions, layers) -> str:
     return reduction
 
 
-def _broadcast_parameters(model, w) -> None:
+def _broadcast_parameters(model, runtime) -> None:
     """Every process starts from rank 0's initial values (as if one model had been built)."""
     import numpy as np
     from mindspore import Tensor
 
-    if w.size == 1:
+    if runtime.processes.size == 1:
         return
-    comm = w.communicator(tuple(range(w.size)))
     for _, param in model.parameters_and_names():
-        value = comm.broadcast(np.ascontiguousarray(param.asnumpy()), 0)
+        value = runtime.broadcast_values(np.ascontiguousarray(param.asnumpy()), 0)
         param.set_data(Tensor(value, dtype=param.dtype))

@@ -24,6 +24,8 @@ from mindspore_hyper.pipeline.p2p import LocalTransport
 from mindspore_hyper.pipeline.runner import StageRunner
 from mindspore_hyper.pipeline.stages import PipelineLayers, StageCell, check_unshared
 from mindspore_hyper.pipeline.traced_chain import TracedStageCell
+from mindspore_hyper.runtime.optimizer_check import optimizer_gradients
+from mindspore_hyper.runtime.training_options import refuse_unsupported
 from mindspore_hyper.schedule.actions import ActionKind
 from mindspore_hyper.schedule.schedule import Schedule
 from mindspore_hyper.schedule.simulation import simulate_schedule
@@ -42,28 +44,32 @@ class PipelineModel(nn.Cell):
         schedule: the Schedule run each step.
         split: layers per virtual stage.
         options: the PipelineOptions.
-        mode: "simulation" or "distributed".
+        runtime: the Runtime the stages run on (every pipeline rank in this process, or one per
+            process under msrun).
+        mode: the runtime's name ("simulation" or "distributed").
+        in_one_process: whether every pipeline rank runs in this process (the runtime's answer).
         ranks: the pipeline ranks this process runs (all in simulation).
         rebalance_log: the StageMovePlans applied between steps (scheduler: dynamic).
         from_config: pipelined by a config's `pipeline: N` rather than an explicit `pipeline=`.
     """
 
     def __init__(self, network: nn.Cell, layers: PipelineLayers, schedule: Schedule, split: Tuple[int, ...],
-                 options: PipelineOptions, strategy: Strategy, mode: str, reduction: str, table=None,
-                 world=None, transport=None, from_config: bool = False):
+                 options: PipelineOptions, strategy: Strategy, runtime, reduction: str, table=None,
+                 transport=None, from_config: bool = False):
         super().__init__(auto_prefix=False)
         self.from_config = from_config  # pipelined by a config's `pipeline: N`, not by `pipeline=`
         self.network, self.layers, self.schedule, self.options = network, layers, schedule, options
-        self.strategy, self.mode, self.reduction, self.table = strategy, mode, reduction, table
-        self.world = world
+        self.strategy, self.reduction, self.table = strategy, reduction, table
+        self.runtime, self.mode, self.in_one_process = runtime, runtime.name, runtime.in_one_process()
+        self.world = runtime.processes
         self.mesh = strategy.mesh
         axis_index = self.mesh.axis_index(options.axis)
-        if mode == "simulation":
+        self.held_devices = tuple(runtime.local_ranks(self.mesh))  # the mesh ranks this process runs
+        self.stage_mesh = _without_axis(self.mesh, options.axis)
+        if self.in_one_process:
             self.ranks = tuple(range(schedule.num_ranks))
-            self.stage_mesh = _without_axis(self.mesh, options.axis)
         else:  # this process: its pipeline coordinate, and the processes of its stage as the stage mesh
-            self.ranks = (self.mesh.coords(world.rank)[axis_index],)
-            self.stage_mesh = _without_axis(self.mesh, options.axis)
+            self.ranks = (self.mesh.coords(self.held_devices[0])[axis_index],)
             self.stage_processes = tuple(g for g in self.mesh.ranks if self.mesh.coords(g)[axis_index] == self.ranks[0])
         self.transport = transport if transport is not None else LocalTransport(schedule.num_ranks)
         self.rebalance_log: List[object] = []
@@ -80,7 +86,7 @@ class PipelineModel(nn.Cell):
             self._build_stages(self.split)
         else:  # built on the first call, after the chain's trace (which needs inputs)
             self.runners, self.computations = {}, {}
-        if self.mode == "distributed":
+        if not self.in_one_process:
             counts: Dict[int, int] = {}
             for a in schedule.actions[self.ranks[0]]:
                 if a.kind is ActionKind.RECV:
@@ -131,15 +137,14 @@ class PipelineModel(nn.Cell):
             raise ValueError(f"{exc} (the config's `pipeline: N` pipelines this model; auto_parallelize(..., "
                              f"pipeline=False) runs it as one SPMD program whose stages only place parameters)") from None
         self.layers = self.layers.with_outer_parameters()
-        if self.mode == "distributed":
+        if not self.in_one_process:
             check_unshared(self.layers, self.schedule, self.split)
         self._build_stages(self.split)
 
     def _parallel_stage(self, cell: StageCell):
-        """The stage on its data/tensor sub-mesh: a SimulatedModel (simulation) or a
-        DistributedModel over this stage's processes (msrun)."""
-        from mindspore_hyper.runtime.distributed.runtime import DistributedRuntime
-        from mindspore_hyper.runtime.simulation.runtime import SimulationRuntime
+        """The stage on its data/tensor sub-mesh, wrapped by the runtime of the stage's devices
+        (`sub_runtime`): a SimulatedModel (simulation) or a DistributedModel over this stage's
+        processes (msrun)."""
         from mindspore_hyper.strategy.resolve import resolve_strategy
 
         names = [n for n, _ in cell.parameters_and_names()]
@@ -152,11 +157,11 @@ class PipelineModel(nn.Cell):
         table = resolve_strategy(cell, strategy)
         for row in table:
             row.layout.check_shape(row.global_shape)
-        if self.mode == "simulation":
-            return SimulationRuntime().wrap(cell, table, return_dtensor=False)
-        # the build broadcast every Parameter from rank 0 already (every process builds the whole
-        # model, but only a stage's processes build its stage: no broadcast over the job here)
-        runtime = DistributedRuntime(self.world.sub(self.stage_processes), broadcast_parameters=False)
+        # under msrun the build broadcast every Parameter from rank 0 already (every process builds
+        # the whole model, but only a stage's processes build its stage: no broadcast over the job here)
+        # (in one process every stage's devices are virtual ones of this process: any ranks do)
+        stage_devices = self.mesh.ranks if self.in_one_process else self.stage_processes
+        runtime = self.runtime.sub_runtime(stage_devices, same_initial_values=True)
         return runtime.wrap(cell, table, return_dtensor=False)
 
     def process_of(self, pipeline_rank: int, like: Optional[int] = None) -> int:
@@ -182,7 +187,7 @@ class PipelineModel(nn.Cell):
         and its values here are replaced by its owner's when it moves in) or for a model
         pipelined through its construct (the stages are cut at its first step; a Parameter of
         another process's stage gets a zero gradient); otherwise the ones of this process's stages."""
-        if self.mode == "simulation" or self._rebalancing() or self.layers.chain is not None:
+        if self.in_one_process or self._rebalancing() or self.layers.chain is not None:
             return list(self.network.trainable_params())
         out, seen = [], set()
         for s in self.held_stages():
@@ -198,7 +203,7 @@ class PipelineModel(nn.Cell):
         evaluation). Under msrun every process must call it: each runs its stages, activations
         go stage to stage point-to-point, and the output is broadcast from the last stage."""
         self._trace(inputs, require_loss=False)
-        if self.mode == "simulation":
+        if self.in_one_process:
             x = inputs[0]
             with AuxLosses() as aux:
                 for s in range(len(self.split)):
@@ -242,37 +247,42 @@ class PipelineModel(nn.Cell):
         out = self._broadcast_output(out, self.process_of(owner[last]))
         if self.layers.loss is not None and self.world.size > 1:  # the stages' auxiliary losses join the loss
             local = float(aux.total().asnumpy()) if aux else 0.0
-            comm = self.world.communicator(tuple(range(self.world.size)))
-            parts = comm.all_gather(np.array([[local]], dtype=np.float64), dim=0)
+            parts = self.runtime.gather_values(np.array([local], dtype=np.float64))
             out = out + float(sum(parts[self.process_of(r), 0] for r in range(self.schedule.num_ranks)))
         return out
 
     def _broadcast_output(self, out: Optional[Tensor], root: int) -> Tensor:
         """The last stage's output on every process (its shape first, then its values)."""
-        comm = self.world.communicator(tuple(range(self.world.size)))
         header = np.zeros(9, dtype=np.int64)
         if out is not None:
             header[0] = out.ndim
             header[1:1 + out.ndim] = out.shape
-        header = comm.broadcast(header, root)
+        header = self.runtime.broadcast_values(header, root)
         shape = tuple(int(d) for d in header[1:1 + int(header[0])])
         value = out.asnumpy().astype(np.float32) if out is not None else np.zeros(shape, np.float32)
-        return Tensor(comm.broadcast(np.ascontiguousarray(value), root))
+        return Tensor(self.runtime.broadcast_values(np.ascontiguousarray(value), root))
 
-    def train_step(self, optimizer: nn.Optimizer, *inputs) -> Tensor:
+    def train_step(self, optimizer: nn.Optimizer, *inputs, max_grad_norm=None, accumulation_steps: int = 1,
+                   loss_scale=None) -> Tensor:
         """One step: the schedule over microbatches of `inputs`, one optimizer update.
 
         Args:
             optimizer: built on `optimizer_parameters()`.
             *inputs: the model input (fed to stage 0), then the loss's targets; global batch.
+            max_grad_norm, accumulation_steps, loss_scale: ParallelModel.train_step's options,
+                not supported by a pipeline yet: refused unless left at their defaults.
 
         Returns:
             The batch loss (on every process).
 
         Raises:
             ValueError: the microbatches do not divide the batch; the optimizer updates other
-                Parameters than `optimizer_parameters()`.
+                Parameters than `optimizer_parameters()`; a clipping, accumulation or loss-scaling
+                option is set.
         """
+        refuse_unsupported("pipeline", max_grad_norm, accumulation_steps, loss_scale,
+                           "a pipeline already accumulates over its microbatches: raise the schedule's "
+                           "num_microbatches")
         start = time.perf_counter()
         microbatches = split_microbatches(inputs, self.schedule.num_microbatches)
         self._trace(microbatches[0], require_loss=True)
@@ -280,7 +290,7 @@ class PipelineModel(nn.Cell):
             c.reset()
         for runner in self.runners.values():
             runner.start_step(microbatches)
-        if self.mode == "simulation":
+        if self.in_one_process:
             self._run_in_process()
         else:
             self.transport.expect(self._recv_counts)
@@ -309,16 +319,11 @@ class PipelineModel(nn.Cell):
         for c in self.computations.values():
             for key, g in c.grads.items():
                 found[key] = g if key not in found else found[key] + g
-        allowed = {id(p) for p in self.optimizer_parameters()}
-        out = []
-        for p in optimizer.parameters:
-            if id(p) not in allowed:
-                raise ValueError(f"train_step: the optimizer updates {p.name!r}, which is not in this process's "
-                                 f"optimizer_parameters(); build it as nn.Adam(model.optimizer_parameters(), ...)")
-            out.append(found.get(id(p), ops.zeros(p.shape, p.dtype)))
+        out = optimizer_gradients(optimizer, found, allowed={id(p) for p in self.optimizer_parameters()},
+                                  missing=lambda p: ops.zeros(p.shape, p.dtype))
         self.last_gradients = {self.layers.param_names.get(id(p), p.name): g.asnumpy()
                                for p, g in zip(optimizer.parameters, out)}
-        return tuple(out)
+        return out
 
     def _loss(self) -> float:
         last = len(self.split) - 1
@@ -326,11 +331,10 @@ class PipelineModel(nn.Cell):
         owner = self.process_of(self.schedule.stage_to_rank[last])
         value = sum(self.computations[last].losses) * scale if last in self.computations else 0.0
         aux = sum(sum(c.aux_losses) for c in self.computations.values()) * scale
-        if self.mode == "distributed" and self.world.size > 1:
+        if not self.in_one_process and self.world.size > 1:
             # the last stage's loss, plus every stage's auxiliary losses (each pipeline rank's as
             # its first process computed them), on every process
-            comm = self.world.communicator(tuple(range(self.world.size)))
-            parts = comm.all_gather(np.array([[value, aux]], dtype=np.float64), dim=0)
+            parts = self.runtime.gather_values(np.array([value, aux], dtype=np.float64))
             value = float(parts[owner, 0])
             aux = sum(float(parts[self.process_of(r), 1]) for r in range(self.schedule.num_ranks))
         return float(value + aux)
@@ -348,7 +352,7 @@ class PipelineModel(nn.Cell):
         """The last step's real start/end of every action. Under msrun every process must call
         this (the records are all-gathered); the clock is the host's monotonic clock."""
         records = list(self.last_events)
-        if self.mode == "distributed" and self.world.size > 1:
+        if not self.in_one_process and self.world.size > 1:
             records = self._gather_records()
         self.last_measured = ScheduleTimeline.from_records(records, num_ranks=self.schedule.num_ranks,
                                                    label=f"{self.schedule.kind} measured")
@@ -360,8 +364,7 @@ class PipelineModel(nn.Cell):
         table = np.full((longest, 2), np.nan)
         for index, (_, _, start, end) in enumerate(self.last_events):
             table[index] = (start, end)
-        comm = self.world.communicator(tuple(range(self.world.size)))
-        gathered = comm.all_gather(table[None], dim=0)
+        gathered = self.runtime.gather_values(table)
         records = []
         for rank in range(self.schedule.num_ranks):  # each pipeline rank as its first process ran it
             rows = gathered[self.process_of(rank)]
@@ -373,10 +376,10 @@ class PipelineModel(nn.Cell):
         """The schedule simulated with the measured mean cost per (action kind, stage) and the
         measured p2p latency (`p2p_latency`) of `measured` (default: this process's last step)."""
         if measured is None:
-            if self.mode == "distributed" and self._measured_step != self._steps:
+            if not self.in_one_process and self._measured_step != self._steps:
                 raise ValueError("simulated_timeline(): under msrun, call measured_timeline() on every process "
                                  "after the step first (each process holds only its own actions' times)")
-            measured = self.last_measured if self.mode == "distributed" else \
+            measured = self.last_measured if not self.in_one_process else \
                 ScheduleTimeline.from_records(self.last_events, num_ranks=self.schedule.num_ranks)
         return simulate_schedule(self.schedule, measured=measured.mean_costs(), p2p=p2p_latency(measured))
 
@@ -402,7 +405,7 @@ class PipelineModel(nn.Cell):
         plan = self._rebalancer.observe(self._all_stage_times())
         if plan.is_empty:
             return
-        if self.mode == "distributed":
+        if not self.in_one_process:
             self._migrate(plan, optimizer)
         self._build_stages(plan.after)
         self._rebalancer.commit(plan)
@@ -410,16 +413,14 @@ class PipelineModel(nn.Cell):
 
     def _all_stage_times(self) -> Tuple[float, ...]:
         times = np.asarray(self.stage_times(), dtype=np.float64)
-        if self.mode == "distributed" and self.world.size > 1:
-            comm = self.world.communicator(tuple(range(self.world.size)))
-            times = comm.all_gather(times[None], dim=0).sum(axis=0)
+        if not self.in_one_process and self.world.size > 1:
+            times = self.runtime.gather_values(times).sum(axis=0)
         return tuple(float(t) for t in times)
 
     def _migrate(self, plan, optimizer: nn.Optimizer) -> None:
         """Bring each moved layer's Parameters and optimizer states (the optimizer's state
         Parameters named `<state>.<parameter name>`) from the process of its old stage to every
         process; counts the bytes in `migrated_bytes`."""
-        comm = self.world.communicator(tuple(range(self.world.size)))
         states: Dict[str, List[Parameter]] = {}
         for _, state in optimizer.parameters_and_names():
             prefix, _, pname = state.name.partition(".")
@@ -431,7 +432,7 @@ class PipelineModel(nn.Cell):
                 continue
             for param in self.layers.cells[move.layer].trainable_params():
                 for tensor in [param] + states.get(param.name, []):
-                    value = comm.broadcast(np.ascontiguousarray(tensor.asnumpy()), src)
+                    value = self.runtime.broadcast_values(np.ascontiguousarray(tensor.asnumpy()), src)
                     # in place: after set_data, MindSpore's optimizer kernels keep updating the old buffer
                     ops.assign(tensor, Tensor(value, dtype=tensor.dtype))
                     self.migrated_bytes += int(value.nbytes)

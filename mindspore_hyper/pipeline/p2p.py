@@ -3,22 +3,23 @@ or by `comm.p2p` channels (msrun).
 
 A send is buffered (the schedules' contract, docs/mpmd.md): it hands the tensor over and
 returns. A receive blocks until the tensor named by its `P2PTensor` arrives, so tensors may
-arrive in any order. Between processes, each directed pair of ranks gets its own `P2PChannel`
-(the tensor's identity is the message's tag); the channel writes in its own thread and reads
-only inside a receive, so no thread polls while the stage computes. A receive that waits longer
+arrive in any order. Between processes, each directed pair of ranks has its channel of user
+"pp" in the rank's `comm.channel_pool` (the tensor's identity is the message's tag); the channel
+writes in its own thread and reads only inside a receive, so no thread polls while the stage
+computes. A receive that waits longer
 than `timeout` raises `P2PTimeout` naming the peer rank.
 """
 from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Dict, Iterable, Tuple
+from typing import Callable, Dict, Iterable, Set, Tuple
 
 import numpy as np
 from mindspore import Tensor
 
 from mindspore_hyper.comm import CommError, CommTimeout
-from mindspore_hyper.comm.p2p import P2PChannel
+from mindspore_hyper.comm.channel_pool import channel_pool
 from mindspore_hyper.schedule.actions import ActionKind, P2PTensor, Payload
 
 __all__ = ["P2PTimeout", "P2PError", "Mailbox", "LocalTransport", "ShmTransport", "peer_pairs"]
@@ -98,7 +99,7 @@ class ShmTransport:
     Args:
         world: the process's World (rank, job name, timeout).
         pairs: every directed (source, destination) pair of global ranks that sends; both
-            members of a pair make its channel (in any order).
+            members of a pair make its channel (in any order), taken from the rank's channel pool.
         peer_of: the global rank of this process's peer at a schedule (pipeline) rank.
     """
 
@@ -108,13 +109,21 @@ class ShmTransport:
                              f"shared-memory transport; MindSpore's CPU backend has no send/recv. Use "
                              f"set_context(dist_transport='shm')")
         self.rank, self.timeout, self.peer_of = world.rank, world.timeout, peer_of
-        self._to: Dict[int, P2PChannel] = {}
-        self._from: Dict[int, P2PChannel] = {}
+        self._pool = channel_pool(world.job, world.rank)
+        self._to: Set[int] = set()
+        self._from: Set[int] = set()
         for src, dst in pairs:
-            if self.rank == src:
-                self._to[dst] = P2PChannel(world.job, "pp", src, dst, self.rank, world.timeout)
-            elif self.rank == dst:
-                self._from[src] = P2PChannel(world.job, "pp", src, dst, self.rank, world.timeout)
+            if self.rank in (src, dst):
+                self._pool.channel("pp", src, dst, self.timeout)  # made now: both ends meet here
+                (self._to if self.rank == src else self._from).add(dst if self.rank == src else src)
+
+    def _channel(self, src: int, dst: int):
+        """The open channel src -> dst made by the constructor."""
+        channel = self._pool.get("pp", src, dst)
+        if channel is None:
+            raise P2PError(f"rank {self.rank}: no open channel {src} -> {dst} (channels to {sorted(self._to)}, "
+                           f"from {sorted(self._from)})")
+        return channel
 
     def expect(self, counts: Dict[int, int]) -> None:
         """Announce this step's receives (source rank -> number of tensors): each source must
@@ -128,7 +137,7 @@ class ShmTransport:
         peer = self.peer_of(peer)
         try:
             # not copied, as before this channel: stage outputs are not changed in place
-            self._to[peer].send(_tag(key), [value.asnumpy()], copy=False)
+            self._channel(self.rank, peer).send(_tag(key), [value.asnumpy()], copy=False)
         except TypeError as exc:
             raise P2PError(f"pipeline send of '{key}': {exc}") from None
         except CommError as exc:
@@ -137,7 +146,7 @@ class ShmTransport:
     def recv(self, key: P2PTensor, peer: int):
         peer = self.peer_of(peer)
         try:
-            return self._from[peer].recv(_tag(key), self.timeout).arrays[0]
+            return self._channel(peer, self.rank).recv(_tag(key), self.timeout).arrays[0]
         except CommTimeout as exc:
             raise P2PTimeout(f"rank {self.rank}: no '{key}' from rank {peer} (waited at most {self.timeout:g} s; "
                              f"peer rank {peer} is stalled, failed or runs another schedule): {exc}") from exc
@@ -146,14 +155,17 @@ class ShmTransport:
 
     def flush(self) -> None:
         """Wait until every queued send was handed to the transport; raise a failed one."""
-        for peer, channel in self._to.items():
+        for peer in sorted(self._to):
             try:
-                channel.flush()
+                self._channel(self.rank, peer).flush()
             except CommTimeout as exc:
                 raise P2PTimeout(f"rank {self.rank}: sends to rank {peer} not delivered: {exc}") from exc
             except CommError as exc:
                 raise P2PError(f"rank {self.rank}: sending to rank {peer} failed: {exc}") from exc
 
     def close(self) -> None:
-        for channel in (*self._to.values(), *self._from.values()):
-            channel.close()
+        """Close this transport's channels (each writes what is queued first)."""
+        for src, dst in [(self.rank, p) for p in sorted(self._to)] + [(p, self.rank) for p in sorted(self._from)]:
+            channel = self._pool.get("pp", src, dst)
+            if channel is not None:
+                channel.close()

@@ -17,7 +17,7 @@ def pipeline_report(model, optimizer=None) -> StepReport:
     """See PipelineModel.report."""
     mesh, axis, schedule = model.mesh, model.options.axis, model.schedule
     a = mesh.axis_index(axis)
-    devices = [g for g in mesh.ranks if model.mode == "simulation" or g == model.world.rank]
+    devices = list(model.held_devices)
     stage_reports = {s: sm.report(optimizer) for s, sm in model.stage_models.items()}
     memory: Dict[int, Dict[str, int]] = {}
     for g in devices:
@@ -54,11 +54,11 @@ def pipeline_report(model, optimizer=None) -> StepReport:
             entry[f"{payload}_count"] += count
             entry[f"{payload}_bytes"] += nbytes
     timeline = None
-    if model.last_events and (model.mode == "simulation" or model._measured_step == model._steps):
+    if model.last_events and (model.in_one_process or model._measured_step == model._steps):
         timeline = model.simulated_timeline()
     report = StepReport(mesh=dict(zip(mesh.alias_names, mesh.device_matrix)), memory=memory, comm=comm,
                         comm_backward=comm_backward, fallbacks=fallbacks, device_memory=get_context("device_memory"),
-                        step_seconds=model.last_step_seconds, simulated=model.mode == "simulation",
+                        step_seconds=model.last_step_seconds, simulated=model.in_one_process,
                         p2p=p2p, timeline=timeline)
     report.notes.append(f"pipeline: {schedule.kind}, {schedule.num_stages} ranks x {schedule.num_chunks} chunk(s), "
                         f"{schedule.num_microbatches} microbatches, layers per stage {list(model.split)}; "
@@ -70,8 +70,8 @@ def pipeline_report(model, optimizer=None) -> StepReport:
 def _stage_rank(model, coords, a: int) -> int:
     if model.stage_mesh is None:
         return 0
-    if model.mode == "distributed":
-        return model.stage_processes.index(model.world.rank)  # the stage rank its DistributedModel reports
+    if not model.in_one_process:
+        return model.stage_processes.index(model.held_devices[0])  # the stage rank its DistributedModel reports
     rest = tuple(c for i, c in enumerate(coords) if i != a)
     return int(np.ravel_multi_index(rest, model.stage_mesh.device_matrix))
 

@@ -38,6 +38,7 @@ from mindspore_hyper.mpmd.group_placement import place_groups
 from mindspore_hyper.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord
 from mindspore_hyper.mpmd.share_rebalancing import ShareRebalancing, gather_group_seconds, proportional_shares
 from mindspore_hyper.mpmd.timeline import GroupTimeline
+from mindspore_hyper.runtime.modes import runtime_for
 from mindspore_hyper.schedule.rebalance import RebalancePolicy
 from mindspore_hyper.strategy.config import ParallelConfig, load_parallel_config
 
@@ -73,16 +74,18 @@ class PPOTrainer:
                  colocate: Optional[Mapping[str, str]] = None, settings: PPOSettings = PPOSettings(),
                  actor_lr: float = 1e-3, critic_lr: float = 1e-3, policy: RebalancePolicy = RebalancePolicy()):
         mode = get_context("mode")
-        if mode not in ("simulation", "distributed"):
+        runtime = runtime_for(mode)  # the one look-up of the mode: below, only the runtime is asked
+        if runtime is None or not runtime.runs_op_by_op():
             raise ValueError(f"PPOTrainer runs its device groups in simulation or under msrun (distributed); mode="
                              f"{mode!r}")
         config = load_parallel_config(config)
         check_mpmd_enabled(config.groups)
         if not config.groups:
             raise ValueError("config: no device groups (process_groups); PPOTrainer places each role on a group")
-        if mode == "simulation" and config.mesh.size != get_context("device_num"):
-            raise ValueError(f"config: the mesh has {config.mesh.size} devices but device_num="
-                             f"{get_context('device_num')}; call set_context(device_num={config.mesh.size})")
+        if runtime.in_one_process() and config.mesh.size != runtime.device_count():
+            raise ValueError(f"config: the mesh has {config.mesh.size} devices but "
+                             f"{runtime.device_count_text(runtime.device_count())}; call "
+                             f"set_context(device_num={config.mesh.size})")
         colocate = dict({"reference": "actor"} if colocate is None else colocate)
         host_groups = {}
         for role, host in colocate.items():
@@ -101,22 +104,18 @@ class PPOTrainer:
         self.settings = settings
         placements = place_groups(models, config, colocated=host_groups)
         self.phases: Optional[ProcessPhases] = None
-        if mode == "distributed":
+        if not runtime.in_one_process():
             self.runners = self._process_runners(models, config, placements)
         else:
-            from mindspore_hyper.runtime.simulation.runtime import SimulationRuntime
-
-            runtime = SimulationRuntime()
             self.runners = {p.name: GroupRunner(models, p, runtime) for p in placements}
         self.role_group = {}
         for role in ROLES:
             self.role_group[role] = next(p.name for p in placements if role in p.cells)
         self.policy = policy
         self.share_rebalancing: Optional[ShareRebalancing] = None
-        if mode == "distributed":
-            from mindspore_hyper.runtime.distributed.world import world
-
-            self.phases = ProcessPhases(world().rank, world().size,
+        if not runtime.in_one_process():
+            processes = runtime.processes
+            self.phases = ProcessPhases(processes.rank, processes.size,
                                         {role: self.runners[g].placement.ranks for role, g in self.role_group.items()},
                                         bare=lambda role: self.runners[self.role_group[role]].bare(role))
         self.actor_optimizer = nn.Adam(models.actor.trainable_params(), learning_rate=actor_lr)
@@ -124,7 +123,7 @@ class PPOTrainer:
         dynamic = [p.name for p in placements if p.group.scheduler == "dynamic"]
         self.dynamic_groups = dynamic if len(dynamic) >= 2 else []
         self.rebalancing = (DeviceRebalancing(self.runners, dynamic, policy, config.optimizer_sharding is not None)
-                            if self.dynamic_groups and mode == "simulation" else None)
+                            if self.dynamic_groups and runtime.in_one_process() else None)
         self.steps = 0
         self.timeline = GroupTimeline(tuple(self.runners))
 

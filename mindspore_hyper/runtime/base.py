@@ -4,17 +4,25 @@ Every mode (simulation, distributed, native) implements one `Runtime`:
 - which mesh ranks this process holds (`local_ranks`),
 - its collectives backend (`make_collectives`),
 - how a parameter's region is materialised in this process (`materialize`),
-- how the SPMD program of a resolved strategy is wrapped (`parallelize`).
+- how the SPMD program of a resolved strategy is wrapped (`parallelize`);
+and what the compositions over it (pipeline stages, MPMD device groups, RLHF roles, the encoder
+pipeline) ask instead of testing a mode's name: whether it runs op by op (`runs_op_by_op`),
+whether the whole job is in this process (`in_one_process`), the job's processes
+(`processes`), a runtime for a part of the job's devices (`sub_runtime`), and host values moved
+between the processes (`gather_values`, `broadcast_values`). Each of these has a default here, so
+a new mode that answers only the SPMD questions still imports and runs plain SPMD programs.
 `OpByOpRuntime` holds what the simulation and distributed modes share (the checks every program
 passes); they answer only their device count and their model class. `auto_parallelize` resolves
 the strategy once, picks the program's builder (SPMD, pipeline, MPMD groups) and the mode's
-runtime (`RUNTIMES` in parallelize.py); DTensor code reaches the answers through the `Execution` a
+runtime (`RUNTIMES` in runtime/modes.py); DTensor code reaches the answers through the `Execution` a
 runtime builds for each wrapped model.
 """
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Tuple
+from typing import ClassVar, Sequence, Tuple
+
+import numpy as np
 
 from mindspore_hyper.comm.collectives import Collectives
 from mindspore_hyper.dtensor.execution import Execution, ParameterSlot
@@ -50,6 +58,70 @@ class Runtime(abc.ABC):
         """A new per-model Execution of this runtime on `mesh`."""
         return Execution(mesh, self.local_ranks(mesh), self.make_collectives(mesh), accounting, parameter_fan_out)
 
+    # -- what the compositions ask (pipeline stages, device groups, RLHF roles, encoder pipeline) --
+    def runs_op_by_op(self) -> bool:
+        """Whether this mode runs the model op by op on DTensors, so pipeline stages, device groups
+        and the encoder pipeline compose over it (False here: the mode compiles the whole program
+        itself and takes all of `auto_parallelize`'s keywords in `parallelize`)."""
+        return False
+
+    def check_composition(self, kind: str) -> None:
+        """Refuse a composition (`kind`: "pipeline stages", "device groups") this mode cannot run
+        (none refused here).
+
+        Raises:
+            ValueError: naming the mode, the composition and what to do instead.
+        """
+
+    def in_one_process(self) -> bool:
+        """Whether every device of the job runs in this one process (virtual devices: pipeline
+        ranks interleaved, device groups side by side, each value read directly), rather than
+        one process per device exchanging values with the others (False here)."""
+        return False
+
+    @property
+    def processes(self):
+        """The World (or SubWorld) of the processes the job's devices run in (ranks, point-to-point
+        channels, communicators); None where the job runs in one process (default)."""
+        return None
+
+    def sub_runtime(self, ranks: Sequence[int], same_initial_values: bool = False) -> "Runtime":
+        """The runtime of a part of the job: the devices `ranks` (global ranks, e.g. a pipeline
+        stage's or a device group's), numbered 0..len(ranks)-1 on their own mesh; use its `wrap`.
+
+        Args:
+            ranks: the job's ranks of the part, in the order of the part's mesh.
+            same_initial_values: every process of the part holds the same initial Parameter values
+                already (no broadcast from the part's first rank is needed).
+
+        Raises:
+            NotImplementedError: this mode runs no program on a part of its devices (default).
+        """
+        raise NotImplementedError(f"{self.name} mode runs no program on a part of its devices (pipeline stages, "
+                                  "device groups)")
+
+    def gather_values(self, array: np.ndarray) -> np.ndarray:
+        """Every process's host `array` (losses, times, records), stacked along a new first axis in
+        process order: one row where the job runs in one process.
+
+        Raises:
+            NotImplementedError: a mode of several processes that does not move host values.
+        """
+        if self.in_one_process():
+            return np.asarray(array)[None]
+        raise NotImplementedError(f"{self.name} mode: no gathering of host values between its processes")
+
+    def broadcast_values(self, array: np.ndarray, root: int) -> np.ndarray:
+        """Process `root`'s host `array` on every process (`array` itself where the job runs in
+        one process).
+
+        Raises:
+            NotImplementedError: a mode of several processes that does not move host values.
+        """
+        if self.in_one_process():
+            return array
+        raise NotImplementedError(f"{self.name} mode: no broadcast of host values between its processes")
+
 
 class OpByOpRuntime(Runtime):
     """A mode that runs the model op by op on DTensors (simulation, distributed): the checks
@@ -74,6 +146,22 @@ class OpByOpRuntime(Runtime):
     @abc.abstractmethod
     def wrap(self, model, table, return_dtensor: bool):
         """The mode's model object over the checked `table`."""
+
+    def runs_op_by_op(self) -> bool:
+        """True: pipeline stages, device groups and the encoder pipeline compose over this mode."""
+        return True
+
+    def in_one_process(self) -> bool:
+        """Whether every device of the job runs in this process: by default, whether this process
+        holds every rank (`holds_all_ranks`)."""
+        return self.holds_all_ranks()
+
+    def sub_runtime(self, ranks: Sequence[int], same_initial_values: bool = False) -> Runtime:
+        """In one process the part's devices are virtual ones of this process too: this runtime
+        (stateless; its `wrap` takes any mesh). See `Runtime.sub_runtime`."""
+        if self.in_one_process():
+            return self
+        return super().sub_runtime(ranks, same_initial_values)
 
     def check_op_by_op(self, what: str = None) -> None:
         """Refuse GRAPH_MODE: it compiles the whole network and bypasses the DTensor ops.

@@ -6,8 +6,12 @@ the runtime's `materialize`), runs the model on DTensors and returns global tens
 """
 from __future__ import annotations
 
+import math
+import contextlib
+import itertools
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+import weakref
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from mindspore import Parameter, Tensor, nn
 from mindspore.graph.api import _pynative_executor
@@ -17,9 +21,39 @@ from mindspore_hyper.dtensor import shard_hints
 from mindspore_hyper.dtensor.accounting import Accounting
 from mindspore_hyper.dtensor.dispatch import distribute, parameter_dtensor
 from mindspore_hyper.dtensor.dtensor import DTensor
+from mindspore_hyper.runtime import loss_scale as scaling
+from mindspore_hyper.runtime.accumulation import check_accumulation_steps, split_batch
+from mindspore_hyper.runtime.grad_clip import check_max_norm, grad_norm, scale_to_norm
+from mindspore_hyper.runtime.optimizer_check import check_optimizer, optimizer_gradients
 from mindspore_hyper.strategy.resolve import ParamRow, StrategyTable
 
-__all__ = ["ParallelModel", "check_loss"]
+__all__ = ["ParallelModel", "check_loss", "live_models", "keeping_models"]
+
+_LIVE: "weakref.WeakSet" = weakref.WeakSet()
+_SERIAL = itertools.count()
+
+
+_KEPT: List[List["ParallelModel"]] = []  # while `keeping_models` runs: every model made, held alive
+
+
+def live_models() -> List["ParallelModel"]:
+    """The ParallelModels of this process still alive (or kept), oldest first (what a run's
+    report lists)."""
+    kept = {id(m): m for block in _KEPT for m in block}
+    kept.update({id(m): m for m in _LIVE})
+    return sorted(kept.values(), key=lambda m: m._serial)
+
+
+@contextlib.contextmanager
+def keeping_models() -> Iterator[List["ParallelModel"]]:
+    """Inside the block every ParallelModel made stays alive until the block ends (a script's
+    models outlive its `main()` for the run's report)."""
+    block: List["ParallelModel"] = []
+    _KEPT.append(block)
+    try:
+        yield block
+    finally:
+        _KEPT.remove(block)
 
 
 def check_loss(output, where: str = "train_step") -> None:
@@ -61,8 +95,18 @@ class ParallelModel(nn.Cell):
         self.return_dtensor = return_dtensor
         self.accounting = Accounting(self.mesh.size)
         self.last_step_seconds = 0.0
+        self.last_grad_norm: Optional[float] = None  # global gradient norm of the last train_step / clip_grad_norm
+        self.last_step_skipped = False  # the last train_step's update was skipped (loss scaling overflow)
         self._needs_loss = False  # set by train_step: the forward must return a scalar loss
+        self._loss_factor = None  # set by train_step under loss scaling: the forward returns loss * factor
+        self._micro_batch = 0  # index of the micro-batch running (gradient accumulation)
+        self._last_micro_batch = True  # the running micro-batch is the step's last
+        self._accumulation_steps = 1  # micro-batches of the running step
         self.execution = runtime.execution(self.mesh, self.accounting, self._parameter_fan_out)
+        self._serial = next(_SERIAL)
+        _LIVE.add(self)
+        for block in _KEPT:
+            block.append(self)
         self.execution.context_parallel = self.strategy.context
         if self.strategy.context is not None:
             from mindspore_hyper.dtensor.context import expression, multihead
@@ -103,10 +147,14 @@ class ParallelModel(nn.Cell):
 
     def construct(self, *inputs):
         start = time.perf_counter()
-        self.accounting.reset_step()
-        self.begin_step()
+        if self._micro_batch == 0:
+            self.accounting.reset_step()
+            self.begin_step()
+        else:  # a later micro-batch of one step: its counters go on; the last one's activations are freed
+            self.accounting.free(self.accounting.held_bytes)
+            self.accounting.held_bytes = 0
         injected = self._parameters_as_dtensors()
-        self.execution.holds_activations = _pynative_executor.requires_grad()
+        self.execution.holds_activations = self.records_gradients()
         self.last_forward_recorded_gradients = self.execution.holds_activations  # a backward follows (report)
         try:
             args = [self._distribute_input(x) for x in inputs]
@@ -114,6 +162,8 @@ class ParallelModel(nn.Cell):
             result = self._collect(outputs)
             if self._needs_loss:  # inside train_step: refused before any backward runs
                 check_loss(result, "train_step")
+            if self._loss_factor is not None:
+                result = result * self._loss_factor
         finally:
             for cell, name in injected:
                 del cell.__dict__[name]
@@ -125,6 +175,10 @@ class ParallelModel(nn.Cell):
 
     def begin_step(self) -> None:
         """Called at the start of each forward (runtimes reset per-step state here)."""
+
+    def records_gradients(self) -> bool:
+        """Whether this forward is a training step's (its activations are held for the backward)."""
+        return _pynative_executor.requires_grad()
 
     def _parameters_as_dtensors(self) -> List[Tuple[nn.Cell, str]]:
         """For this forward, `cell.<name>` of every model Parameter reads its DTensor (an
@@ -156,82 +210,112 @@ class ParallelModel(nn.Cell):
             ValueError: naming the parameter, both shapes and the fix (build the optimizer on
                 `optimizer_parameters()`).
         """
-        full = list(self.network.trainable_params())
-        targets = self.optimizer_parameters()
-        wanted = {id(p) for p in targets}
-        sliced = {id(p): t for p, t in zip(full, targets) if t is not p}
-        own = {id(p) for p in full}
-        whole, foreign = [], []
-        for p in optimizer.parameters:
-            if id(p) in wanted:
-                continue
-            if id(p) in sliced:
-                whole.append((p, sliced[id(p)]))
-            elif id(p) not in own:
-                foreign.append(p)
-        if whole:
-            p, t = whole[0]
-            raise ValueError(
-                f"{where}: the optimizer was built on the model's full parameters, but "
-                f"optimizer_state={self.strategy.optimizer_state!r} (ZeRO-1) has this process update only its "
-                f"slice of {len(whole)} of them ({p.name!r}: shape {tuple(p.shape)} here, its slice "
-                f"{tuple(t.shape)}); its states would stay full size. Build the optimizer on the parallel "
-                f"model's optimizer_parameters(), e.g. nn.Adam(parallel_model.optimizer_parameters(), "
-                f"learning_rate=...)")
-        if foreign and (where != "report" or len(foreign) == len(optimizer.parameters)):
-            raise ValueError(
-                f"{where}: the optimizer updates {len(foreign)} Parameter(s) that are not this model's "
-                f"(first: {foreign[0].name!r}, shape {tuple(foreign[0].shape)}); build it on the parallel "
-                f"model's optimizer_parameters(), e.g. nn.Adam(parallel_model.optimizer_parameters(), "
-                f"learning_rate=...)")
+        check_optimizer(optimizer, list(self.network.trainable_params()), self.optimizer_parameters(),
+                        self.strategy.optimizer_state, where)
 
-    def train_step(self, optimizer: nn.Optimizer, *inputs) -> Tensor:
+    def train_step(self, optimizer: nn.Optimizer, *inputs, max_grad_norm: Optional[float] = None,
+                   accumulation_steps: int = 1, loss_scale=None) -> Tensor:
         """One training step: forward (the model returns the loss), backward, gradient
-        synchronisation, optimizer update. Same call in every mode.
+        synchronisation, optimizer update. Same call in every mode. Sets `last_grad_norm` (the
+        global gradient norm before clipping, every element counted once) and
+        `last_step_skipped`.
 
         Args:
             optimizer: an optimizer built on `optimizer_parameters()`.
             *inputs: the model's inputs (global batch; each device takes its part).
+            max_grad_norm: clip the gradients to this global norm (`clip_grad_norm`), or None.
+            accumulation_steps: cut the batch (dim 0 of every input) into this many
+                micro-batches, run forward and backward on each, average their gradients (the
+                mean loss of the whole batch), synchronise them once, update once.
+            loss_scale: None, a number >= 1 or a `mindspore.amp` loss scaler: the loss is scaled
+                before the backward and the gradients unscaled; the update is skipped (on every
+                process) when a gradient is not finite, and the scaler adjusted.
 
         Returns:
-            The loss.
+            The loss (unscaled; with accumulation, the mean over the micro-batches).
 
         Raises:
             ValueError: the optimizer is not built on `optimizer_parameters()` (see
                 `check_optimizer`); the model returns something else than a scalar loss (before
-                any backward or update runs).
+                any backward or update runs); a bad `max_grad_norm`, `accumulation_steps` or
+                `loss_scale`; an input's batch not divisible by `accumulation_steps`.
         """
         self.check_optimizer(optimizer, "train_step")
+        if max_grad_norm is not None:
+            max_grad_norm = check_max_norm(max_grad_norm, "max_grad_norm")
+        scaler = scaling.as_loss_scaler(loss_scale)
+        factor = scaling.scale_value(scaler) if scaler is not None else None
+        self._needs_loss, self._loss_factor = True, factor
+        try:
+            loss, grads = self.compute_gradients(*inputs, accumulation_steps=accumulation_steps)
+        finally:
+            self._needs_loss, self._loss_factor = False, None
+        if factor is not None:
+            loss = loss / factor
+            grads = [scaling.unscale(g, factor) for g in grads]
+            self._keep_gradients(grads)
+        norm = grad_norm(self, [self.last_gradients[self.rows[id(w)].name] for w in self._grad_weights])
+        self.last_grad_norm = norm
+        self.last_step_skipped = factor is not None and not math.isfinite(norm)
+        if scaler is not None:
+            scaling.adjust(scaler, not self.last_step_skipped)
+        if self.last_step_skipped:
+            return loss
+        if max_grad_norm is not None:
+            grads = scale_to_norm(grads, norm, max_grad_norm)
+        optimizer(self.optimizer_gradients(optimizer, self._grad_weights, grads))
+        self.after_update()
+        return loss
+
+    def compute_gradients(self, *inputs, accumulation_steps: int = 1):
+        """(loss, gradients of the network's trainable parameters, synchronised); also keeps
+        them by parameter name in `last_gradients` (numpy arrays of what this process holds:
+        the global gradient in simulation; under msrun the shard's, or with ZeRO-1 the
+        optimizer slice's). With `accumulation_steps=k`, the mean loss and gradients of k
+        micro-batches (see `train_step`), synchronised once."""
+        steps = check_accumulation_steps(accumulation_steps)
+        micro_batches = split_batch(inputs, steps)
         weights = tuple(self.network.trainable_params())
         if getattr(self, "_grad_fn", None) is None or self._grad_weights != weights:
             self._grad_fn = value_and_grad(self, None, weights)
             self._grad_weights = weights
-        self._needs_loss = True
+        total_loss, total = None, None
+        self._accumulation_steps = steps
         try:
-            loss, grads = self.compute_gradients(*inputs)
+            for index, batch in enumerate(micro_batches):
+                self._micro_batch = index
+                self._last_micro_batch = index == steps - 1
+                loss, grads = self.backward_micro_batch(*batch)
+                total_loss = loss if total_loss is None else total_loss + loss
+                total = list(grads) if total is None else [a + g for a, g in zip(total, grads)]
         finally:
-            self._needs_loss = False
-        optimizer(self.optimizer_gradients(optimizer, weights, grads))
-        self.after_update()
-        return loss
+            self._micro_batch, self._last_micro_batch, self._accumulation_steps = 0, True, 1
+        grads = self.synchronise_gradients(self._grad_weights, total)
+        if steps > 1:
+            total_loss = total_loss / steps
+            grads = [g / steps for g in grads]
+        self._keep_gradients(grads)
+        return total_loss, tuple(grads)
 
-    def compute_gradients(self, *inputs):
-        """(loss, gradients of the network's trainable parameters, synchronised); also keeps
-        them by parameter name in `last_gradients` (numpy arrays of what this process holds:
-        the global gradient in simulation; under msrun the shard's, or with ZeRO-1 the
-        optimizer slice's)."""
-        loss, grads = self._grad_fn(*inputs)
+    def backward_micro_batch(self, *inputs):
+        """(loss, gradients) of one (micro-)batch, before the data-parallel synchronisation that
+        `synchronise_gradients` finishes (in simulation, autograd already summed them)."""
+        return self._grad_fn(*inputs)
+
+    def synchronise_gradients(self, weights: Sequence[Parameter], grads) -> list:
+        """The gradients after the step's data-parallel synchronisation (runs once per step)."""
+        return list(grads)
+
+    def reduce_over_processes(self, value: float) -> float:
+        """Sum of a float over the processes of the model's mesh (itself in simulation: one process)."""
+        return float(value)
+
+    def _keep_gradients(self, grads) -> None:
         self.last_gradients = {self.rows[id(w)].name: g.asnumpy() for w, g in zip(self._grad_weights, grads)}
-        return loss, grads
 
     def optimizer_gradients(self, optimizer: nn.Optimizer, weights: Sequence[Parameter], grads) -> tuple:
-        """The gradients in the order of `optimizer.parameters`."""
-        by_id = {id(self.updated_parameter(w)): g for w, g in zip(weights, grads)}
-        try:
-            return tuple(by_id[id(p)] for p in optimizer.parameters)
-        except KeyError:
-            raise ValueError("train_step: the optimizer updates Parameters that are not the model's "
-                             "optimizer_parameters(); build it as nn.Adam(model.optimizer_parameters(), ...)") from None
+        """The gradients in the order of `optimizer.parameters` (see `optimizer_check.optimizer_gradients`)."""
+        return optimizer_gradients(optimizer, {id(self.updated_parameter(w)): g for w, g in zip(weights, grads)})
 
     def updated_parameter(self, param: Parameter) -> Parameter:
         """The Parameter the optimizer updates for model parameter `param` (itself here)."""
@@ -250,7 +334,9 @@ class ParallelModel(nn.Cell):
         layout, notes = self.strategy.input_layout(tuple(x.shape))
         if notes:
             why = self.strategy.input_split_error(tuple(x.shape)) or "; ".join(notes)
-            raise ValueError(f"input of shape {tuple(x.shape)} cannot be split as declared: {why}")
+            where = (f" (a micro-batch: the global batch cut into accumulation_steps={self._accumulation_steps})"
+                     if self._accumulation_steps > 1 else "")
+            raise ValueError(f"input of shape {tuple(x.shape)}{where} cannot be split as declared: {why}")
         return distribute(self.execution, x, layout)
 
     def _collect(self, outputs):

@@ -5,9 +5,11 @@ msrun). Memory per device (bytes): parameters and gradients (the parameter's sha
 optimizer states (the real optimizer's state Parameters: at their ZeRO layout in simulation,
 where they are global tensors, or their actual size under msrun, where each process holds its
 own; `optimizer_states` per parameter when no optimizer is given), and peak live activations
-tracked as DTensors are created and freed. Communication per step: count and bytes sent per
-device, per collective kind and mesh axis, forward as planned and backward as recorded when the
-gradients moved. Replication fallbacks by op name.
+tracked as DTensors are created and freed (each at its dtype's size); with mixed precision the
+working weights (the compute-dtype copies MindSpore's amp casts the float32 masters to), and
+`memory_by_dtype`: each kind's bytes by dtype (runtime/mixed_precision.py). Communication per
+step: count and bytes sent per device, per collective kind and mesh axis, forward as planned and
+backward as recorded when the gradients moved. Replication fallbacks by op name.
 """
 from __future__ import annotations
 
@@ -19,12 +21,14 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from mindspore_hyper.context import get_context
+from mindspore_hyper.runtime.mixed_precision import memory_by_dtype
 from mindspore_hyper.units import format_bytes as _fmt
 
 __all__ = ["StepReport", "DeviceMemoryError"]
 
 KINDS = ("parameters", "gradients", "optimizer_states", "activations_peak")
 GROUP_ABOVE = 16  # more devices than this: the table and plot show groups of equal devices
+COMM_TIME_MAX_DEVICES = 512  # larger meshes: no topology-model communication time (see `build`)
 
 
 class DeviceMemoryError(MemoryError):
@@ -48,14 +52,19 @@ class StepReport:
     p2p: Dict[str, Dict[str, int]] = field(default_factory=dict)  # pipeline: stage boundary -> send counts/bytes
     timeline: object = None  # pipeline: the schedule's Timeline with measured per-stage costs
     backward_ran: Optional[bool] = None  # the last step's forward recorded gradients (None: not known)
+    # rank -> "parameters" / "gradients" / "optimizer_states" / "working_weights" -> dtype -> bytes
+    # (runtime/mixed_precision.memory_by_dtype); activations are counted at their own dtypes' sizes
+    memory_by_dtype: Dict[int, Dict[str, Dict[str, int]]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, model, optimizer=None) -> "StepReport":
         table, acc = model.table, model.accounting
         per = table.bytes_per_device()
         ranks = model.local_ranks
-        simulated = model.runtime.name == "simulation"
-        optimizer_bytes = _optimizer_bytes(table, optimizer, ranks, simulated) if optimizer is not None else None
+        simulated = model.runtime.name in ("simulation", "dryrun")  # parameters stay global tensors
+        by_dtype = (_optimizer_bytes_by_dtype(table, optimizer, ranks, simulated, model.network)
+                    if optimizer is not None else None)
+        optimizer_bytes = {r: sum(v.values()) for r, v in by_dtype.items()} if by_dtype is not None else None
         memory = {}
         for rank in ranks:
             memory[rank] = {
@@ -64,15 +73,27 @@ class StepReport:
                 "optimizer_states": optimizer_bytes[rank] if optimizer_bytes is not None else per[rank]["optimizer"],
                 "activations_peak": acc.peak_bytes,
             }
-            memory[rank]["total"] = sum(memory[rank][k] for k in KINDS)
+        by_kind_dtype = memory_by_dtype(table, ranks, by_dtype, model.network)
+        for rank in ranks:
+            working = sum(by_kind_dtype[rank]["working_weights"].values())
+            if working:  # mixed precision: compute-dtype copies of the weights, cast inside MindSpore's kernels
+                memory[rank]["working_weights"] = working
+            memory[rank]["total"] = sum(memory[rank][k] for k in KINDS) + working
         report = cls(
             mesh=dict(zip(table.mesh.alias_names, table.mesh.device_matrix)),
             memory=memory, comm=_nest(acc.comm), comm_backward=_nest(acc.comm_backward),
             fallbacks=dict(acc.fallbacks),
             device_memory=get_context("device_memory"), step_seconds=model.last_step_seconds,
             simulated=simulated, backward_ran=getattr(model, "last_forward_recorded_gradients", None),
+            memory_by_dtype=by_kind_dtype,
         )
-        report.comm_time_estimate_s = _comm_time(report, table.mesh)
+        if table.mesh.size <= COMM_TIME_MAX_DEVICES:
+            report.comm_time_estimate_s = _comm_time(report, table.mesh)
+        else:
+            report.comm_time_estimate_s = float("nan")
+            report.notes.append(f"communication time not estimated on {table.mesh.size} devices (the topology cost "
+                                f"model chooses algorithms on the whole device graph, seconds per collective above "
+                                f"{COMM_TIME_MAX_DEVICES}); `mindspore-hyper dryrun --hardware PRESET` predicts it")
         report.check_memory()
         return report
 
@@ -103,6 +124,7 @@ class StepReport:
             "fallbacks": dict(self.fallbacks), "device_memory": self.device_memory,
             "step_seconds": self.step_seconds, "comm_time_estimate_s": self.comm_time_estimate_s,
             "notes": list(self.notes), "p2p": {k: dict(v) for k, v in self.p2p.items()},
+            "memory_by_dtype": {r: {k: dict(v) for k, v in m.items()} for r, m in self.memory_by_dtype.items()},
         }
 
     def __str__(self) -> str:
@@ -113,7 +135,12 @@ class StepReport:
         rows = [[label, _fmt(m["parameters"]), _fmt(m["gradients"]), _fmt(m["optimizer_states"]),
                  _fmt(m["activations_peak"]), _fmt(m["total"]),
                  "OVER" if m["total"] > self.device_memory else "ok"] for label, m in self.memory_groups()]
+        if any("working_weights" in m for m in self.memory.values()):  # mixed precision
+            head.insert(5, "working weights")
+            for row, (_, m) in zip(rows, self.memory_groups()):
+                row.insert(5, _fmt(m.get("working_weights", 0)))
         lines += _table(head, rows)
+        lines += self._dtype_lines()
         crow = [[phase, kind, axis, str(v["count"]), _fmt(v["bytes"])]
                 for phase, comm in (("forward", self.comm), ("backward", self.comm_backward))
                 for kind, axes in comm.items() for axis, v in axes.items()]
@@ -121,8 +148,9 @@ class StepReport:
             lines.append("communication per step (bytes sent per device):")
             lines += _table(["phase", "collective", "axis", "count", "bytes"], crow)
             lines.append(self._backward_note())
-            lines.append(f"estimated communication time per step: {self.comm_time_estimate_s * 1e3:.3f} ms "
-                         f"(alpha-beta, topology {get_context('topology')!r}, no overlap)")
+            if not math.isnan(self.comm_time_estimate_s):
+                lines.append(f"estimated communication time per step: {self.comm_time_estimate_s * 1e3:.3f} ms "
+                             f"(alpha-beta, topology {get_context('topology')!r}, no overlap)")
         else:
             lines.append("communication per step: none" + (" (the last step ran no backward pass)"
                                                            if self.backward_ran is False else ""))
@@ -139,6 +167,21 @@ class StepReport:
                          ", ".join(f"{k}: {v}" for k, v in sorted(self.fallbacks.items())))
         lines += self.notes
         return "\n".join(lines)
+
+    def _dtype_lines(self) -> List[str]:
+        """Bytes by dtype of the first device (every device of a symmetric mesh alike), when the
+        model holds more than one dtype or casts weights (mixed precision)."""
+        if not self.memory_by_dtype:
+            return []
+        rank, by = next(iter(self.memory_by_dtype.items()))
+        dtypes = {d for kind in by.values() for d in kind}
+        if len(dtypes) < 2 and not by.get("working_weights"):
+            return []
+        parts = [f"{kind.replace('_', ' ')} " + " + ".join(f"{_fmt(n)} {d}" for d, n in sorted(v.items()))
+                 for kind, v in by.items() if v]
+        return [f"by dtype (device {rank}): " + "; ".join(parts) +
+                " (working weights: the compute-dtype copies of the masters that mixed precision casts; "
+                "activations counted at their own dtypes)"]
 
     def _backward_note(self) -> str:
         """The line under the communication table: what the backward rows mean for this step."""
@@ -169,8 +212,8 @@ class StepReport:
         fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
         groups = self.memory_groups()
         bottom = np.zeros(len(groups))
-        for kind in KINDS:
-            values = np.array([m[kind] for _, m in groups], dtype=float) / 2**20
+        for kind in KINDS + (("working_weights",) if any("working_weights" in m for _, m in groups) else ()):
+            values = np.array([m.get(kind, 0) for _, m in groups], dtype=float) / 2**20
             left.bar([label for label, _ in groups], values, bottom=bottom, label=kind)
             bottom += values
         top = max(bottom.max(), 1e-9) * 1.3
@@ -208,14 +251,18 @@ def _ranges(ranks: List[int]) -> str:
     return ",".join(parts)
 
 
-def _optimizer_bytes(table, optimizer, ranks, simulated: bool = True) -> Dict[int, int]:
-    """Bytes of the optimizer's per-parameter states on each of `ranks`. A state Parameter is
+def _optimizer_bytes_by_dtype(table, optimizer, ranks, simulated: bool = True,
+                              network=None) -> Dict[int, Dict[str, int]]:
+    """rank -> state dtype ("float32") -> bytes of the optimizer's per-parameter states. A state Parameter is
     matched to its parameter by name suffix; in simulation, where states are global tensors, a
     global-shaped state counts at the parameter's optimizer layout; under msrun every state
     counts at its actual size (what this process really holds, even when a shard has the
     global shape, as a replicated parameter's does)."""
-    per_rank = {rank: 0 for rank in ranks}
+    per_rank: Dict[int, Dict[str, int]] = {rank: {} for rank in ranks}
     rows = {row.name: row for row in table}
+    if network is not None:  # a state is named after its Parameter's own name, which a wrapper Cell
+        # (MindSpore's amp O2/O3 `_OutputTo32`) leaves as it was while the table's path grows a prefix
+        rows.update({p.name: rows[path] for path, p in network.parameters_and_names() if path in rows})
     for _, state in optimizer.parameters_and_names():
         prefix, _, pname = state.name.partition(".")
         row = rows.get(pname)
@@ -227,7 +274,8 @@ def _optimizer_bytes(table, optimizer, ranks, simulated: bool = True) -> Dict[in
             nbytes = math.prod(state.shape) * state.dtype.itemsize
         for rank in ranks:
             if rank in row.devices:
-                per_rank[rank] += nbytes
+                dtype = str(state.dtype).lower()
+                per_rank[rank][dtype] = per_rank[rank].get(dtype, 0) + nbytes
     return per_rank
 
 

@@ -2,9 +2,9 @@
 tensors, tuple outputs and tensor indices, on DTensors of a 2x2 mesh.
 
 Decisions tested here (see docs/simulation.md, "Op coverage"):
-- random ops run once per distinct shard, each drawing its own values as a device holding that
-  shard would; replicas of a shard (devices along axes it is not split over) share one draw, as
-  Megatron-style model-parallel RNG seeding requires; the backward reuses the forward's mask;
+- random ops give each device its part of the single device's draw (docs/training.md, "Random
+  numbers"; tests/dtensor/test_random.py): distinct shards get different parts, replicas of a
+  shard share one; the backward reuses the forward's mask;
 - integer and bool results keep the split of their inputs; ops that cannot combine per-shard
   results (argmax, all/any, data-dependent shapes) gather first;
 - tensors passed by keyword run replicated (counted as fallbacks), tuple results are tuples of
@@ -40,7 +40,7 @@ def test_dropout_draws_one_mask_per_distinct_shard(p):
     for shard in (first, second):
         assert set(np.unique(shard)) <= {0.0, np.float32(scale)}
         assert abs((shard == 0).mean() - p) < 0.15
-    assert not np.array_equal(first, second)  # the two shards drew their own masks
+    assert not np.array_equal(first, second)  # the two shards hold different parts of the one mask
 
 
 def test_dropout_under_a_global_seed_draws_one_mask_per_distinct_shard():
@@ -81,7 +81,7 @@ def test_dropout_off_is_the_identity():
 
 def test_bernoulli_draws_per_distinct_shard():
     d = distribute_tensor(Tensor(ONES * 0.5), MESH("a", "b"))
-    out = ops.bernoulli(d)
+    out = ops.bernoulli(d)  # drawn once for the global shape, then split as its input
     assert out.layout == d.layout
     shards = shard_values(out)
     assert all(set(np.unique(s)) <= {0.0, 1.0} for s in shards)

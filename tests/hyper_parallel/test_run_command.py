@@ -33,7 +33,7 @@ def test_a_script_runs_unchanged_in_simulation_with_the_report(tmp_path):
     done = run(["--devices", "2", "--json", str(tmp_path / "r.json"), str(script), "--steps", "3"])
     assert done.returncode == 0, done.stderr
     assert "global 12.0 args ['--steps', '3']" in done.stdout
-    assert "mindspore-hyper run: simulation, 2 devices" in done.stdout
+    assert "mindspore-hyper: simulation, 2 devices" in done.stdout
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["mode"] == "simulation" and report["devices"] == 2
     assert report["meshes"][0]["shape"] == [2] and report["meshes"][0]["dim_names"] == ["tp"]

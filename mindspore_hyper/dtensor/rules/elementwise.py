@@ -34,7 +34,7 @@ GENERAL = (
     "BitwiseXorTensor",
     # selection and writes of whole values
     "MaskedFill", "Select", "Where", "Assign",
-    # random: each distinct shard draws its own values (replicas of a shard share them)
+    # random: the dispatcher draws them for the global shape first (dtensor/random.py); the rule gives the layout
     "Dropout", "DropoutExt", "Bernoulli",
 )
 

@@ -12,6 +12,7 @@ from mindspore import Tensor, ops
 from mindspore_hyper.dtensor.rules.common import (make, norm_dims, shard_number, stacked_shard_numbers, unshard_dims,
                                                   without_partial)
 from mindspore_hyper.dtensor.rules.registry import Decision, register
+from mindspore_hyper.dtensor.meta import MetaTensor
 
 
 def _expand(index, ndim):
@@ -96,6 +97,8 @@ def _pick_local(call_, x, dim: int, index, size: int, offset, local_size: int):
     """GatherD of the entries of `x` (a shard holding [offset, offset + local_size) of a
     dimension of `size`) that `index` points at, zero where another shard holds them. Index
     values follow GatherD's range [-size, size) (negative wrap); others raise IndexError."""
+    if isinstance(index, MetaTensor):  # a dry run: no values to check, the shape is GatherD's
+        return call_.run([x, dim, index])
     low, high = (int(v) for v in ops.stack([index.min(), index.max()]).asnumpy())  # one host read
     if low < -size or high >= size:
         raise IndexError(f"GatherD: index values must be in [{-size}, {size}) (the gathered dimension's size "

@@ -79,6 +79,7 @@ class DistributedModel(ParallelModel):
         self._zero_pending: List[tuple] = []  # (parameter id, group, contribution) for ZeRO-1
         self._zero: Dict[int, _ZeroSlice] = {}
         self._recorded: Set[Tuple[int, str]] = set()
+        self._held: Dict[Tuple[int, AxisGroup], np.ndarray] = {}  # accumulated micro-batch contributions
         self._gradient_cells: Dict[Tuple[int, AxisGroup], _ParameterGradient] = {}
 
     def begin_step(self) -> None:
@@ -97,6 +98,13 @@ class DistributedModel(ParallelModel):
         """A parameter's gradient contribution from an op sharded over `group` (called by the
         backward): queued (train_step) or all-reduced now; returns what autograd keeps."""
         pid = id(slot.param)
+        if self._deferring and (self._held or not self._last_micro_batch):  # gradient accumulation
+            held = self._held.pop((pid, group), None)
+            if held is not None:
+                dout = adopt(held + dout.asnumpy(), dout)
+            if not self._last_micro_batch:  # summed locally until the last micro-batch's backward
+                self._held[(pid, group)] = dout.asnumpy()
+                return ops.zeros_like(dout)
         comm = self.world.communicator(group.ranks)
         zero = self._zero.get(pid)
         if self._deferring and zero is not None and set(zero.axes) & set(self._axes(group)):
@@ -157,14 +165,28 @@ class DistributedModel(ParallelModel):
         self._zero[id(param)] = zero
         return zero
 
-    def compute_gradients(self, *inputs):
-        self._pending, self._zero_pending = [], []
+    def backward_micro_batch(self, *inputs):
+        """One micro-batch's backward with the gradient sums deferred (queued on the step's
+        last micro-batch, summed locally before it: one reduction per step)."""
+        if self._micro_batch == 0:
+            self._pending, self._zero_pending, self._held = [], [], {}
         self._deferring = True
         try:
-            loss, grads = self._grad_fn(*inputs)
+            return self._grad_fn(*inputs)
         finally:
             self._deferring = False
-        return loss, self._finish_gradients(self._grad_weights, grads)
+
+    def synchronise_gradients(self, weights: Sequence[Parameter], grads) -> list:
+        if self._held:  # a contribution the last micro-batch did not make (a branch it skipped)
+            raise RuntimeError(f"gradient accumulation: {len(self._held)} parameter gradient contribution(s) of "
+                               f"earlier micro-batches were not made by the last one; the micro-batches must take "
+                               f"the same path through the model")
+        return self._finish_gradients(weights, grads)
+
+    def reduce_over_processes(self, value: float) -> float:
+        """Sum of a float over the mesh's processes (float64 all-reduce)."""
+        ranks = tuple(range(self.mesh.size))
+        return float(self.world.communicator(ranks).all_reduce(np.array([value], np.float64))[0])
 
     def _finish_gradients(self, weights: Sequence[Parameter], grads) -> list:
         """Add the queued sums to autograd's gradients; ZeRO-1 parameters get their slice."""

@@ -72,6 +72,26 @@ class DistributedRuntime(OpByOpRuntime):
     def holds_all_ranks(self) -> bool:
         return self.processes.size == 1
 
+    def in_one_process(self) -> bool:
+        """False: each process runs its own devices (even a job of one process)."""
+        return False
+
+    def sub_runtime(self, ranks, same_initial_values: bool = False) -> "DistributedRuntime":
+        """The runtime of the processes `ranks` (a SubWorld of this one; see `Runtime.sub_runtime`)."""
+        return DistributedRuntime(self.processes.sub(tuple(ranks)), broadcast_parameters=not same_initial_values)
+
+    def gather_values(self, array: np.ndarray) -> np.ndarray:
+        """Every process's `array` stacked in process order (an all-gather over the processes)."""
+        p = self.processes
+        if p.size == 1:
+            return np.asarray(array)[None]
+        return p.communicator(tuple(range(p.size))).all_gather(np.asarray(array)[None], dim=0)
+
+    def broadcast_values(self, array: np.ndarray, root: int) -> np.ndarray:
+        """Process `root`'s `array` on every process (a broadcast over the processes)."""
+        p = self.processes
+        return p.communicator(tuple(range(p.size))).broadcast(array, root)
+
     def device_count_text(self, count: int) -> str:
         return f"the job has {count} processes"
 

@@ -18,7 +18,28 @@ from mindspore_hyper.strategy.resolve import StrategyTable
 # MindSpore's deprecation warning on every run)
 _IDENTITY = ops.Identity()
 
-__all__ = ["SimulatedModel"]
+__all__ = ["SimulatedModel", "record_gradient_sync", "zero_along"]
+
+
+def zero_along(mesh, slot, group: AxisGroup) -> bool:
+    """Whether the parameter of `slot` has its optimizer states split (ZeRO-1) along `group`."""
+    zero_axes = {mesh.alias_names[a] for a in slot.zero_axes}
+    return bool(zero_axes & set(group.axis.split("+")))
+
+
+def record_gradient_sync(accounting, param_bytes: int, group: AxisGroup, zero: bool) -> None:
+    """One parameter's data-parallel gradient sum over `group` (backward): an AllReduce, or with
+    ZeRO-1 along the group a ReduceScatter to the optimizer shard plus an AllGather of the
+    updated parameter shard; bytes per device."""
+    n, axis = group.size, group.axis
+    if zero:
+        accounting.record_comm("ReduceScatter", axis, ring_send_bytes("ReduceScatter", n, param_bytes), param_bytes,
+                               backward=True)
+        accounting.record_comm("AllGather", axis, ring_send_bytes("ReduceScatter", n, param_bytes), param_bytes // n,
+                               backward=True)
+    else:
+        accounting.record_comm("AllReduce", axis, ring_send_bytes("AllReduce", n, param_bytes), param_bytes,
+                               backward=True)
 
 
 class SimulatedModel(ParallelModel):
@@ -27,6 +48,19 @@ class SimulatedModel(ParallelModel):
     def __init__(self, network: nn.Cell, table: StrategyTable, runtime, return_dtensor: bool = False):
         super().__init__(network, table, runtime, return_dtensor)
         self._synced: Set[Tuple[int, str]] = set()
+        collectives = self.execution.collectives
+        if getattr(collectives, "recorder", None) is not None:
+            collectives.recorder = self._record_backward
+        self._batch_axes = _batch_axes(self.strategy)
+
+    def _record_backward(self, kind: str, axis: str, send_bytes: int, input_bytes: int) -> None:
+        """Backward traffic of the collectives. Under gradient accumulation, the gradient sum of
+        a tensor read by an op sharded over the batch axes it is replicated on (a tensor that does
+        not depend on the batch: a parameter read through a cast or a redistribution) is done
+        once per step, with the parameters': recorded on the last micro-batch only."""
+        if kind == "AllReduce" and not self._last_micro_batch and set(axis.split("+")) <= self._batch_axes:
+            return
+        self.execution.record_backward(kind, axis, send_bytes, input_bytes)
 
     def begin_step(self) -> None:
         self._synced.clear()
@@ -40,24 +74,30 @@ class SimulatedModel(ParallelModel):
             return shard
         pid = id(slot.param)
         row = self.rows[pid]
-        accounting, n, axis = self.accounting, group.size, group.axis
-        zero_axes = {self.mesh.alias_names[a] for a in slot.zero_axes}
-        zero = bool(zero_axes & set(axis.split("+")))
+        zero = zero_along(self.mesh, slot, group)
         synced = self._synced
 
         def hook(grad):
-            if (pid, axis) in synced:
+            if (pid, group.axis) in synced:
                 return
-            synced.add((pid, axis))
-            nbytes = row.param_bytes
-            if zero:
-                accounting.record_comm("ReduceScatter", axis, ring_send_bytes("ReduceScatter", n, nbytes), nbytes,
-                                       backward=True)
-                accounting.record_comm("AllGather", axis, ring_send_bytes("ReduceScatter", n, nbytes), nbytes // n,
-                                       backward=True)
-            else:
-                accounting.record_comm("AllReduce", axis, ring_send_bytes("AllReduce", n, nbytes), nbytes,
-                                       backward=True)
+            synced.add((pid, group.axis))
+            record_gradient_sync(self.accounting, row.param_bytes, group, zero)
 
         out = _IDENTITY(shard)
         return out if on_gradient(out, hook) else shard
+
+
+def _batch_axes(strategy) -> Set[str]:
+    """The mesh axes that split the model's inputs (the batch, and the sequence where inputs are
+    split along it)."""
+    axes: Set[str] = set()
+    if strategy.input_map is not None:
+        for entry in strategy.input_map:
+            axes.update(entry if isinstance(entry, (tuple, list)) else (entry,))
+    elif strategy.data_axis is not None:
+        axes.add(strategy.data_axis)
+    if strategy.context is not None:
+        axes.add(strategy.context.axis)
+    axes.discard(None)
+    axes.discard("None")
+    return axes

@@ -296,6 +296,9 @@ def test_simulation_mode_calls_the_simulation_runtime(monkeypatch, tmp_path):
     class FakeSimulation:
         name = "simulation"
 
+        def runs_op_by_op(self):  # the Runtime protocol's question auto_parallelize asks
+            return True
+
         def parallelize(self, model, table, return_dtensor=False):
             calls.append((model, table, return_dtensor))
             return "simulated"

@@ -1,0 +1,90 @@
+"""A DeepSeek-style MoE language model from the package's parts: attention blocks whose
+feed-forward is an `MoE` (routed experts, top-k, one shared expert), and its expert-parallel
+strategy (experts split over an "expert" axis, tokens over data x expert, ZeRO-1 over data).
+
+    mindspore-hyper dryrun --devices 2048 --hardware ascend-910c examples/moe_lm.py \\
+        --layers 61 --hidden 7168 --heads 128 --experts 256 --top-k 8 --expert-ffn 2048 --data 32 --expert 64
+    mindspore-hyper run --devices 8 examples/moe_lm.py          # tiny, values computed
+
+DeepSeek-V3's multi-head latent attention and its first three dense layers are not modelled
+(standard multi-head attention, every layer MoE).
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn
+from mindspore.nn.utils import no_init_parameters
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mindspore_hyper as mh  # noqa: E402
+from mindspore_hyper.moe import MoE  # noqa: E402
+from models import Attention  # noqa: E402
+
+
+class MoEBlock(nn.Cell):
+    def __init__(self, hidden, heads, experts, top_k, expert_ffn, shared_ffn):
+        super().__init__()
+        self.ln1 = nn.LayerNorm((hidden,))
+        self.attn = Attention(hidden, heads)
+        self.ln2 = nn.LayerNorm((hidden,))
+        self.moe = MoE(hidden, expert_ffn, num_experts=experts, top_k=top_k, shared_ffn_hidden=shared_ffn)
+
+    def construct(self, x, mask):
+        x = x + self.attn(self.ln1(x), mask)
+        y, aux = self.moe(self.ln2(x))
+        return x + y, aux
+
+
+class MoELM(nn.Cell):
+    """Embedding, MoE blocks, LM head; returns cross-entropy plus the routers' auxiliary losses."""
+
+    def __init__(self, vocab=128, hidden=32, heads=4, layers=2, seq=16, experts=8, top_k=2, expert_ffn=32,
+                 shared_ffn=32):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.blocks = nn.CellList([MoEBlock(hidden, heads, experts, top_k, expert_ffn, shared_ffn)
+                                   for _ in range(layers)])
+        self.ln_f = nn.LayerNorm((hidden,))
+        self.head = nn.Dense(hidden, vocab, has_bias=False)
+        self.loss = nn.CrossEntropyLoss()
+        self.mask = Tensor(np.triu(np.full((seq, seq), -1e9, np.float32), 1))
+
+    def construct(self, ids, labels):
+        x = self.embed(ids)
+        aux_total = 0.0
+        for block in self.blocks:
+            x, aux = block(x, self.mask)
+            aux_total = aux_total + aux
+        logits = self.head(self.ln_f(x))
+        b, t, v = logits.shape
+        return self.loss(logits.reshape(b * t, v), labels.reshape(b * t)) + aux_total
+
+
+def moe_strategy(data: int, expert: int):
+    """Experts split over "expert"; tokens over data x expert; ZeRO-1 over data."""
+    mesh = mh.Layout((data, expert), ("data", "expert"))
+    strategy = mesh(tensor_map=(), input_map=(("data", "expert"),), optimizer_state="data")
+    return strategy.override("*.moe.experts.*", "expert")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in (("layers", 2), ("hidden", 32), ("heads", 4), ("seq", 16), ("vocab", 128), ("experts", 8),
+                          ("top-k", 2), ("expert-ffn", 32), ("shared-ffn", 32), ("data", 2), ("expert", 4)):
+        p.add_argument(f"--{name}", type=int, default=default)
+    args = p.parse_args()
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    with no_init_parameters():
+        net = MoELM(args.vocab, args.hidden, args.heads, args.layers, args.seq, args.experts, args.top_k,
+                    args.expert_ffn, args.shared_ffn)
+        model = mh.auto_parallelize(net, moe_strategy(args.data, args.expert))
+        optimizer = nn.AdamWeightDecay(model.optimizer_parameters(), 1e-4)
+    ids = Tensor(np.random.default_rng(0).integers(0, args.vocab, (args.data * args.expert, args.seq)).astype(np.int32))
+    model.train_step(optimizer, ids, ids)
+
+
+if __name__ == "__main__":
+    main()

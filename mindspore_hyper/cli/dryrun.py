@@ -1,0 +1,74 @@
+"""`mindspore-hyper dryrun`: the script's own model on N devices, shapes and bytes only.
+
+    mindspore-hyper dryrun [--devices N] [--hardware PRESET] [--json REPORT] script.py [args...]
+
+The script runs unchanged in the dry-run mode (`set_context(mode="dryrun")`): models wrapped by
+`auto_parallelize` and HyperParallel-API code lay their tensors out on N devices, but tensors
+carry shape, dtype and layout only, so a model far larger than this machine runs in seconds
+(build it under MindSpore's `no_init_parameters()` so its weights are never allocated). Printed
+afterwards, per mesh: each device's parameters, gradients, optimizer states and peak
+activations, every collective with its axis and bytes, and with --hardware the predicted step
+time. The JSON has the schema of `mindspore-hyper run --json` (docs/dryrun.md).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+from mindspore_hyper.cli.arg_types import positive_int
+
+__all__ = ["add_parser", "run", "add_predictions"]
+
+EXAMPLES = """\
+examples:
+  mindspore-hyper dryrun --devices 2048 --hardware ascend-910c examples/dryrun_llm.py
+  mindspore-hyper dryrun --devices 128 --json report.json my_training_script.py --steps 1"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the `dryrun` subcommand."""
+    from mindspore_hyper.estimate.hardware import hardware_presets
+
+    p = subparsers.add_parser("dryrun", help="a training script on N devices, shapes and bytes only (memory, "
+                                             "collectives, predicted step time)",
+                              description=__doc__.split("\n\n", 1)[1], epilog=EXAMPLES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--devices", type=positive_int, default=8, help="devices of the job (default 8)")
+    p.add_argument("--hardware", metavar="PRESET",
+                   help=f"predict the step time on this hardware: one of {', '.join(hardware_presets())} or a "
+                        ".yaml path")
+    p.add_argument("--json", metavar="REPORT", help="write the report as JSON")
+    p.add_argument("script", help="the script to run")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
+    p.set_defaults(func=run, parser=p)
+    return p
+
+
+def add_predictions(report: dict, hardware) -> None:
+    """Add each mesh's predicted step time on `hardware` (`estimate.dryrun_time`) to `report`."""
+    from mindspore_hyper.estimate.dryrun_time import predict_step
+
+    for mesh in report["meshes"]:
+        mesh["predicted"] = predict_step(mesh, hardware, training=mesh.get("training_step", True)).to_dict()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the script in the dry-run mode (see module docstring); returns its exit code.
+
+    Raises:
+        FileNotFoundError: no such script.
+        ValueError: an unknown hardware preset (before the script runs).
+    """
+    if not os.path.isfile(args.script):
+        raise FileNotFoundError(f"no script {args.script!r}")
+    complete = None
+    if args.hardware:
+        from mindspore_hyper.estimate.hardware import load_hardware
+
+        hardware = load_hardware(args.hardware)
+
+        def complete(report):
+            add_predictions(report, hardware)
+    from mindspore_hyper.hyper_parallel.script_runner import run_script
+
+    return run_script(args.script, list(args.script_args), args.devices, args.json, mode="dryrun", complete=complete)

@@ -1,0 +1,80 @@
+"""The expert exchange of a dry run: token rows as shapes, one member held.
+
+The dry run computes one device of the expert group and routes by the balanced assumption
+(`router.balanced_choice`): every device's tokens choose the same expert slots, so what member
+m sends to this member is what this member sends to itself. Received segments, counts and
+metadata are therefore this member's own sends to itself, with the shapes (and bytes) a real
+exchange would deliver; the bytes sent to the other members are recorded as the simulation
+records them.
+"""
+from __future__ import annotations
+
+from typing import Dict
+
+import numpy as np
+
+from mindspore_hyper.comm.inprocess_collectives import nbytes_of
+from mindspore_hyper.dtensor.meta import meta
+
+__all__ = ["ShapeExchange"]
+
+
+def _fresh(segments: Dict) -> Dict:
+    """Segments as new MetaTensors of the same shapes (received rows are new tensors)."""
+    return {slot: None if rows is None else meta(tuple(rows.shape), rows.dtype, getattr(rows, "grad_path", False))
+            for slot, rows in segments.items()}
+
+
+class ShapeExchange:
+    """The exchange interface of `moe.exchange` for a dry run (see module docstring).
+
+    Args:
+        ex: the dry run's Execution.
+        axes: the call's token and expert axes.
+        record: told the bytes this member sends to the others.
+    """
+
+    last_output = None  # nothing to chain: no backward order to keep
+
+    def __init__(self, ex, axes, record=None):
+        self.ex, self.axes, self.record = ex, axes, record
+        self.index = axes.member(ex, ex.keys(axes.token)[0])
+        self._received = None
+
+    @staticmethod
+    def address(key, member: int) -> int:
+        return member
+
+    @staticmethod
+    def member_of(address: int) -> int:
+        return address
+
+    def start(self, sends: Dict, send_counts=None, recv_counts=None, dtype=None, width=None, move=None,
+              run=None) -> None:
+        (key, by_dest), = sends.items()
+        own = by_dest.get(self.index, {})
+        sent = sum(nbytes_of(rows) for member, segs in by_dest.items() if member != self.index
+                   for rows in segs.values() if rows is not None)
+        if self.record is not None:
+            self.record(sent)
+        self._received = {key: {member: _fresh(own) for member in range(self.axes.members)}}
+
+    def start_back(self, sends: Dict, dtype=None, run=None) -> None:
+        self.start(sends)
+
+    def finish(self, wait=None) -> Dict:
+        received, self._received = self._received, None
+        return received
+
+    def exchange_counts(self, counts: Dict, record=None) -> Dict:
+        (key, send), = counts.items()
+        if record is not None:
+            record(send.size * 8)
+        return {key: np.tile(send[self.index], (send.shape[0], 1))}
+
+    def exchange_bytes(self, data: Dict, record=None) -> Dict:
+        (key, by_dest), = data.items()
+        own = by_dest.get(self.index, np.zeros(0, np.uint8))
+        if record is not None:
+            record(int(sum(np.asarray(p).size for p in by_dest.values())))
+        return {key: {src: own for src in range(self.axes.members)}}

@@ -1,0 +1,229 @@
+"""The held-out validation of the step-time model (issue 39; docs/estimate.md, "Held-out validation").
+
+What is asserted: the data file (configs/validation/heldout_step_time.yaml) parses, its transcribed
+figures agree with each other as the publications print them, a malformed row is refused with an
+error naming the file, the row and the field, and every row's prediction is the estimator's (computed
+again here by hand from `estimate_step_time`) and is what benchmarks/validate_step_time.py prints.
+Not asserted: the goal (mean |error| <= 5%, every row within 10%); the table reports it, met or not.
+The presets' `validated:` fields are parsed, shown in every step-time estimate, and the a100's
+stated errors are the computed ones.
+"""
+import copy
+import importlib.util
+import io
+import os
+import re
+from contextlib import redirect_stdout
+
+import pytest
+import yaml
+
+from mindspore_hyper.estimate.hardware import hardware_from_dict, hardware_presets, load_hardware
+from mindspore_hyper.estimate.model import TransformerConfig
+from mindspore_hyper.estimate.step_time import estimate_step_time
+from mindspore_hyper.estimate.strategy import JobStrategy
+from mindspore_hyper.estimate.validation import (HELDOUT_FILE, heldout_rows, heldout_summary, load_heldout,
+                                                 predict_heldout, table5_rows)
+from mindspore_hyper._resources import resource_path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHIPPED = os.path.join(resource_path("validation"), HELDOUT_FILE)
+PEAK_TFLOPS = {"a100-80gb": 312, "h100-80gb": 989}
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    with open(SHIPPED, encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return heldout_rows()
+
+
+def test_the_shipped_file_holds_the_sources_rows():
+    sources, runs = load_heldout()
+    ids = [r.id for r in runs]
+    assert [i for i in ids if i.startswith("narayanan2021/")] == [
+        f"narayanan2021/{n}" for n in ("1.7B", "3.6B", "7.5B", "18.4B", "39.1B", "76.1B", "145.6B", "310.1B",
+                                       "529.6B", "1008.0B")]
+    assert [i for i in ids if i.startswith("dubey2024/")] == ["dubey2024/405B-8K-8192", "dubey2024/405B-8K-16384",
+                                                              "dubey2024/405B-131K-16384"]
+    assert set(sources) == {"narayanan2021", "dubey2024"}
+    for run in runs:
+        assert re.match(r"Table \d+, row \d+", run.reference), run.reference
+        assert run.hardware in hardware_presets()
+
+
+def test_transcribed_figures_agree_with_each_other():
+    """Table 1's per-GPU teraFLOP/s x GPUs = its aggregate petaFLOP/s and / 312 = its % of peak (the
+    table rounds each); Table 4's TFLOPs/GPU / 989 = its BF16 MFU and every row is 16M tokens."""
+    for run in load_heldout()[1]:
+        p = run.published
+        peak = PEAK_TFLOPS[run.hardware]
+        if run.source == "narayanan2021":
+            assert p["tflops_per_gpu"] * run.gpus / 1e3 == pytest.approx(p["aggregate_pflops"], rel=0.005), run.id
+            assert 100 * p["tflops_per_gpu"] / peak == pytest.approx(p["percent_of_peak"], abs=0.6), run.id
+            assert run.config.seq_len == 2048 and run.config.vocab == 51200 and run.strategy.recompute == "full"
+        else:
+            assert 100 * p["tflops_per_gpu"] / peak == pytest.approx(p["bf16_mfu_percent"], abs=0.7), run.id
+            assert run.global_batch * run.config.seq_len == 2 ** 24, run.id
+
+
+def _narayanan_flops(c, batch):
+    # Narayanan et al. 2021, eq. (3), written out again
+    return 96 * batch * c.seq_len * c.layers * c.hidden ** 2 * (1 + c.seq_len / (6 * c.hidden)
+                                                                 + c.vocab / (16 * c.layers * c.hidden))
+
+
+def test_each_prediction_is_the_estimators(rows, shipped):
+    assert len(rows) == len(shipped["rows"])
+    for row, raw in zip(rows, shipped["rows"]):
+        config, strategy = TransformerConfig(**raw["model"]), JobStrategy(**raw["strategy"])
+        est = estimate_step_time(config, strategy, raw["hardware"])
+        assert row.estimate.seconds == est.seconds, raw["id"]
+        if raw["flops"] == "narayanan2021":
+            flops = _narayanan_flops(config, raw["global_batch"])
+        else:
+            flops = est.model_flops
+        assert row.predicted == pytest.approx(flops / (est.seconds * raw["gpus"]) / 1e12, rel=1e-12), raw["id"]
+        assert row.published == raw["published"][raw["metric"]]
+        assert row.error == pytest.approx(row.predicted / row.published - 1)
+
+
+def test_summary_is_the_mean_of_the_rows(rows):
+    s = heldout_summary(rows)
+    assert s["all"]["rows"] == len(rows)
+    assert s["all"]["mae"] == pytest.approx(sum(abs(r.error) for r in rows) / len(rows))
+    assert s["narayanan2021"]["rows"] + s["dubey2024"]["rows"] == len(rows)
+
+
+def _script():
+    path = os.path.join(ROOT, "benchmarks", "validate_step_time.py")
+    spec = importlib.util.spec_from_file_location("validate_step_time", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_script_prints_the_estimators_rows(shipped, tmp_path, monkeypatch):
+    small = {"sources": shipped["sources"], "rows": [copy.deepcopy(shipped["rows"][i]) for i in (0, 3)]}
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(small))
+    expected = [predict_heldout(run) for run in load_heldout(str(path))[1]]
+    monkeypatch.setattr("sys.argv", ["validate_step_time.py", "--table", "--file", str(path)])
+    out = io.StringIO()
+    with redirect_stdout(out):
+        _script().main()
+    text = out.getvalue()
+    for row in expected:
+        line = next(l for l in text.splitlines() if l.startswith(f"| {row.run.id} |"))
+        assert f"| {row.predicted:.1f} TFLOP/s | {row.error:+.1%} |" in line, line
+    mae = sum(abs(r.error) for r in expected) / 2
+    assert f"all rows: 2 rows, mean |error| {mae:.1%}" in text
+
+
+def _malformed(shipped, tmp_path, change):
+    data = {"sources": dict(shipped["sources"]), "rows": [copy.deepcopy(shipped["rows"][0])]}
+    change(data, data["rows"][0])
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda d, r: r.pop("published"), "field 'published': missing"),
+    (lambda d, r: r.update(speed=1), "field 'speed': unknown"),
+    (lambda d, r: r.update(source="nobody2020"), "field 'source': 'nobody2020'"),
+    (lambda d, r: r.update(flops="guess"), "field 'flops': expected one of"),
+    (lambda d, r: r.update(metric="mfu"), "field 'metric': expected one of"),
+    (lambda d, r: r.update(published={"percent_of_peak": 44}), "field 'published': has no 'tflops_per_gpu'"),
+    (lambda d, r: r.update(published={"tflops_per_gpu": "fast"}), "field 'published': expected a mapping"),
+    (lambda d, r: r["model"].update(layers=0), "field 'model': layers"),
+    (lambda d, r: r["model"].update(depth=3), "field 'model':"),
+    (lambda d, r: r["strategy"].update(recompute="some"), "field 'strategy': recompute"),
+    (lambda d, r: r.update(gpus=64), "field 'gpus': 64, but the strategy has 32 devices"),
+    (lambda d, r: r.update(global_batch=500), "field 'global_batch': 500, but micro-batches"),
+    (lambda d, r: r.update(hardware="tpu-v9"), "field 'hardware': hardware='tpu-v9': unknown preset"),
+    (lambda d, r: d["rows"].append(copy.deepcopy(r)), "row 1 (narayanan2021/1.7B): field 'id': repeated"),
+])
+def test_a_malformed_row_is_named(shipped, tmp_path, change, field):
+    path = _malformed(shipped, tmp_path, change)
+    with pytest.raises(ValueError) as info:
+        load_heldout(path)
+    message = str(info.value)
+    assert path in message and field in message, message
+    if "repeated" not in field:
+        assert "row 0 (narayanan2021/1.7B)" in message, message
+
+
+def test_a_malformed_file_is_named(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("rows: []\n")
+    with pytest.raises(ValueError, match="exactly 'sources' and 'rows'"):
+        load_heldout(str(path))
+    path.write_text("sources: {}\nrows: [\n")
+    with pytest.raises(ValueError, match="invalid YAML"):
+        load_heldout(str(path))
+    with pytest.raises(ValueError, match="cannot read"):
+        load_heldout(str(tmp_path / "none.yaml"))
+
+
+# --- the presets' `validated:` field ---------------------------------------------------------------
+
+def _gpt():
+    return TransformerConfig(layers=8, hidden=1024, heads=8, vocab=51200, seq_len=2048, micro_batch=1)
+
+
+@pytest.mark.parametrize("name", ["a100-80gb", "h100-80gb", "h200", "ascend-910b", "ascend-910c"])
+def test_every_preset_says_how_its_factors_were_checked(name):
+    hw = load_hardware(name)
+    assert hw.validated, name
+    text = str(estimate_step_time(_gpt(), JobStrategy(tensor=8), name))
+    if name == "a100-80gb":
+        assert "note: step time on a100-80gb: how the factors were checked: in-sample on Korthikanti" in text
+    else:
+        assert hw.validated.startswith("unvalidated"), name
+        assert f"note: step time on {name}: factors unvalidated on this hardware (the a100-80gb factors" in text
+
+
+def test_the_a100_preset_states_the_computed_errors(rows):
+    """The preset's figures (in-sample mean, held-out mean) are the ones the two tables give now."""
+    text = load_hardware("a100-80gb").validated
+    stated = [float(x) / 100 for x in re.findall(r"mean \|error\| ([0-9.]+)%", text)]
+    in_sample = table5_rows()
+    heldout = [r for r in rows if r.run.source == "narayanan2021"]
+    computed = [sum(abs(r.error) for r in in_sample) / len(in_sample), heldout_summary(heldout)["all"]["mae"]]
+    assert stated == pytest.approx(computed, abs=0.005), (stated, computed)
+
+
+def _preset_dict(name):
+    with open(os.path.join(resource_path("hardware"), name + ".yaml"), encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def test_validated_is_optional_and_checked():
+    data = _preset_dict("h200")
+    data.pop("validated")
+    hw = hardware_from_dict(data, "x.yaml")
+    assert hw.validated is None
+    assert not any("validated" in n or "factors" in n for n in estimate_step_time(_gpt(), JobStrategy(), hw).notes)
+    data["validated"] = 3
+    with pytest.raises(ValueError, match="'x.yaml': field 'validated': expected a non-empty string"):
+        hardware_from_dict(data, "x.yaml")
+    data["validated"] = "unvalidated"
+    notes = estimate_step_time(_gpt(), JobStrategy(), hardware_from_dict(data, "x.yaml")).notes
+    assert "step time on h200: factors unvalidated on this hardware" in notes
+
+
+def test_the_docs_table_is_the_scripts(rows):
+    """docs/estimate.md's held-out table is `validate_step_time.py --table`'s: regenerate it when the
+    model changes (the figures are the estimator's, never edited by hand)."""
+    from mindspore_hyper.estimate.validation import format_heldout
+
+    with open(os.path.join(ROOT, "docs", "estimate.md"), encoding="utf-8") as f:
+        docs = f.read()
+    stale = [line for line in format_heldout(rows).splitlines() if line.startswith("|") and line not in docs]
+    assert not stale, "docs/estimate.md, Held-out validation: rerun benchmarks/validate_step_time.py --table:\n" + \
+        "\n".join(stale)

@@ -1,0 +1,89 @@
+"""`mindspore-hyper dryrun`: a training script on many devices, its report in `run`'s schema,
+and the predicted step time computed from what the step recorded."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from paths import EXAMPLES
+
+CLI = os.path.join(os.path.dirname(sys.executable), "mindspore-hyper")
+SCRIPT = os.path.join(EXAMPLES, "dryrun_llm.py")
+
+
+def _cli(*args):
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_a_large_job_dry_runs_with_the_report_of_run(tmp_path):
+    """A ~6B-parameter job on 512 devices (far beyond this machine's memory in values) runs;
+    its JSON has the keys `mindspore-hyper run --json` writes for the same script."""
+    args = ["--layers", "4", "--hidden", "4096", "--heads", "32", "--seq", "2048", "--vocab", "32000",
+            "--data", "64", "--tensor", "8"]
+    done = _cli("dryrun", "--devices", "512", "--hardware", "a100-80gb", "--json", str(tmp_path / "d.json"),
+                SCRIPT, *args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "mindspore-hyper: dryrun, 512 devices" in done.stdout
+    dry = json.loads((tmp_path / "d.json").read_text())
+    mesh = dry["meshes"][0]
+    assert mesh["shape"] == [64, 8] and mesh["training_step"]
+    (row,) = mesh["memory_per_device"]  # every device runs the same program
+    assert row["devices"].endswith("(512)")
+    hidden, ffn, vocab, layers = 4096, 4 * 4096, 32000, 4
+    split = 3 * hidden * hidden + 3 * hidden + hidden * hidden + 2 * hidden * ffn + ffn  # qkv, proj.w, fc1, fc2.w
+    whole = 2 * hidden + 4 * hidden  # proj and fc2 biases, two LayerNorms
+    params = layers * (split / 8 + whole) + vocab * hidden / 8 + 2048 * hidden + 2 * hidden + hidden * vocab / 8
+    assert row["parameters"] == 4 * params  # float32, Megatron's split
+    predicted = mesh["predicted"]
+    assert predicted["hardware"] == "a100-80gb" and predicted["step_seconds"] > predicted["overlapped_seconds"] > 0
+    run = _cli("run", "--devices", "4", "--json", str(tmp_path / "r.json"), SCRIPT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    simulated = json.loads((tmp_path / "r.json").read_text())
+    assert set(simulated) == set(dry) and set(simulated["meshes"][0]) == set(mesh) - {"predicted"}
+
+
+def test_predicted_step_time_from_the_recorded_ops(pynative):
+    from mindspore_hyper.estimate.dryrun_time import predict_step
+    from mindspore_hyper.estimate.hardware import load_hardware
+
+    hw = load_hardware("a100-80gb")
+    mesh = {"shape": [2, 4], "dim_names": ["data", "tensor"],
+            "compute": [{"op": "MatMul", "flops": 2 * 10 ** 12, "bytes": 10 ** 6, "calls": 3},
+                        {"op": "AddExt", "flops": 10 ** 6, "bytes": 4 * 10 ** 9, "calls": 2}],
+            "collectives": [{"kind": "AllReduce", "axis": "tensor", "phase": "forward", "count": 2,
+                             "send_bytes_per_device": 0, "input_bytes_per_device": 2 * 10 ** 8}]}
+    p = predict_step(mesh, hw, training=True)
+    eff = hw.efficiency
+    compute = 3 * 3 * (2e12 / (hw.peak_flops * eff.matmul) + eff.op_overhead) + \
+        3 * 2 * (4e9 / (hw.memory_bandwidth * eff.memory) + eff.op_overhead)
+    assert p.compute_seconds == pytest.approx(compute, rel=1e-12)
+    from mindspore_hyper.estimate.collective_time import collective_seconds, group_fanouts
+
+    assert p.comm_seconds == pytest.approx(2 * collective_seconds("all_reduce", 1e8, hw, group_fanouts(hw, 4, 1)))
+    assert p.flops == 3 * (3 * 2e12 + 2 * 1e6)
+    assert math.isclose(p.step_seconds, p.compute_seconds + p.comm_seconds)
+
+
+def test_bad_input_is_named(tmp_path):
+    done = _cli("dryrun", "--hardware", "no-such-gpu", SCRIPT)
+    assert done.returncode != 0 and "no-such-gpu" in done.stderr
+    done = _cli("dryrun", str(tmp_path / "missing.py"))
+    assert done.returncode != 0 and "missing.py" in done.stderr
+
+
+def test_a_hyper_parallel_script_dry_runs_like_its_simulation(tmp_path):
+    """The same HyperParallel-API script under `run` (values) and `dryrun` (shapes): its mesh's
+    laid-out parameters, peak, ops' FLOPs and bytes and collectives agree exactly."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hp_tp_script.py")
+    reports = {}
+    for command in ("run", "dryrun"):
+        done = _cli(command, "--devices", "4", "--json", str(tmp_path / f"{command}.json"), script)
+        assert done.returncode == 0, done.stderr[-3000:]
+        reports[command] = json.loads((tmp_path / f"{command}.json").read_text())
+    (sim,), (dry,) = reports["run"]["meshes"], reports["dryrun"]["meshes"]
+    for key in ("parameter_bytes_per_device", "peak_bytes_per_device", "collectives", "compute", "ops"):
+        assert sim[key] == dry[key], key
+    assert any(c["kind"] == "AllReduce" for c in dry["collectives"])

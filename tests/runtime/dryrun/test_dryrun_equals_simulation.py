@@ -1,0 +1,150 @@
+"""The dry run's per-device figures equal the numeric simulation's, exactly: parameters,
+gradients, optimizer states, peak activations, and every collective (kind, axis, count, bytes)
+forward and backward, on the examples' GPT, a Llama-like model and MindSpore's own nn layers,
+under data, tensor, sequence-split inputs and ZeRO-1."""
+import contextlib
+import os
+import sys
+
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+
+from sim_models import DenseStack, TinyLM
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))), "examples"))
+from models import GPT  # noqa: E402
+from train_transformer import megatron_strategy  # noqa: E402
+
+
+def _report(mh, mode, devices, make_model, strategy, inputs):
+    mh.set_context(mode=mode, device_num=devices)
+    model = mh.auto_parallelize(make_model(), strategy)
+    optimizer = nn.Adam(model.optimizer_parameters(), 1e-3)
+    model.train_step(optimizer, *inputs)
+    return model.report(optimizer)
+
+
+def _assert_same(mh, devices, make_model, strategy_fn, inputs):
+    sim = _report(mh, "simulation", devices, make_model, strategy_fn(), inputs)
+    dry = _report(mh, "dryrun", devices, make_model, strategy_fn(), inputs)
+    assert sim.memory == dry.memory
+    assert sim.comm == dry.comm
+    assert sim.comm_backward == dry.comm_backward
+    assert sim.fallbacks == dry.fallbacks
+    assert sim.comm_backward, "the case must move gradients (else the backward check is empty)"
+    return dry
+
+
+def _ids(batch, seq, vocab):
+    return Tensor(np.random.default_rng(0).integers(0, vocab, (batch, seq)).astype(np.int32))
+
+
+def test_gpt_data_tensor_zero1(pynative):
+    ids = _ids(4, 16, 128)
+    report = _assert_same(pynative, 4, GPT, lambda: megatron_strategy(4), (ids, ids))
+    assert set(report.memory) == {0, 1, 2, 3}
+
+
+def test_llama_like_tensor_parallel(pynative):
+    mh = pynative
+
+    def strategy():
+        s = mh.Layout((2, 2), ("data", "tensor"))(tensor_map=())
+        s.override("block.attn.q.*", "tensor").override("block.attn.k.*", "tensor").override("block.attn.v.*", "tensor")
+        s.override("block.attn.proj.weight", None, "tensor")
+        s.override("block.mlp.up.*", "tensor").override("block.mlp.down.weight", None, "tensor")
+        return s.override("head.weight", "tensor")
+
+    ids = _ids(4, 8, 64)
+    _assert_same(mh, 4, TinyLM, strategy, (ids, ids))
+
+
+def test_mindspore_layers_data_parallel_zero1(pynative):
+    mh = pynative
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.body = DenseStack(n_layers=2, dim=16)
+            self.norm = nn.LayerNorm((16,))
+            self.loss = nn.MSELoss()
+
+        def construct(self, x, y):
+            return self.loss(self.body(self.norm(x)), y)
+
+    x = Tensor(np.random.default_rng(1).standard_normal((8, 16)).astype(np.float32))
+    y = Tensor(np.zeros((8, 1), np.float32))
+    _assert_same(mh, 4, Net, lambda: mh.Layout((4,), ("data",))(tensor_map=(), optimizer_state="data"), (x, y))
+
+
+def test_moe_expert_parallel_with_balanced_routing(pynative):
+    """The MoE example's data x expert x tensor mesh: the dry run routes balanced (it has no
+    logits); the simulation with moe_routing="balanced" routes the same way and agrees exactly."""
+    import moe_training
+
+    mh = pynative
+    ids = _ids(4, 8, 64)
+    sim = dry = None
+    for mode in ("simulation", "dryrun"):
+        mh.set_context(mode=mode, device_num=8, moe_routing="balanced")
+        model = mh.auto_parallelize(moe_training.MoEClassifier(), moe_training.strategy(8))
+        optimizer = nn.Adam(model.optimizer_parameters(), 1e-3)
+        model.train_step(optimizer, ids, ids)
+        if mode == "simulation":
+            sim = model.report(optimizer)
+        else:
+            dry = model.report(optimizer)
+    assert sim.memory == dry.memory and sim.comm == dry.comm and sim.comm_backward == dry.comm_backward
+    assert "AllToAll" in dry.comm and "expert" in dry.comm["AllToAll"]
+
+
+def test_a_lazily_built_model_is_never_initialised(pynative):
+    """Built under MindSpore's no_init_parameters(): the dry run reads shapes only; the same
+    model in simulation initialises on first use, equal to an ordinary build with the seed."""
+    import mindspore as ms
+    from mindspore.nn.utils import no_init_parameters
+
+    mh = pynative
+    ids = _ids(4, 16, 128)
+    mh.set_context(mode="dryrun", device_num=4)
+    with no_init_parameters():
+        net = GPT()
+        model = mh.auto_parallelize(net, megatron_strategy(4))
+        optimizer = nn.Adam(model.optimizer_parameters(), 1e-3)
+    model.train_step(optimizer, ids, ids)
+    assert all(p.has_init for p in net.get_parameters())
+    losses = []
+    for lazy in (True, False):
+        mh.set_context(mode="simulation", device_num=4)
+        ms.set_seed(3)
+        with no_init_parameters() if lazy else contextlib.nullcontext():
+            net = GPT()
+            model = mh.auto_parallelize(net, megatron_strategy(4))
+            optimizer = nn.Adam(model.optimizer_parameters(), 1e-3)
+        losses.append([float(model.train_step(optimizer, ids, ids).asnumpy()) for _ in range(2)])
+    assert losses[0] == losses[1]
+
+
+def test_refusals_name_what_the_dry_run_cannot_do(pynative):
+    from mindspore_hyper.dtensor.meta import DryRunValueError
+
+    mh = pynative
+    mh.set_context(mode="dryrun", device_num=4)
+    import pipeline_training
+
+    with pytest.raises(ValueError, match="dry run: pipeline stages are not modelled"):
+        mh.auto_parallelize(pipeline_training.build_model(), mh.Layout((2, 2), ("data", "pipeline"))(tensor_map=()),
+                            pipeline={"schedule": "1f1b", "microbatches": 4})
+    ids = _ids(4, 16, 128)
+    model = mh.auto_parallelize(GPT(), megatron_strategy(4))
+    optimizer = nn.Adam(model.optimizer_parameters(), 1e-3)
+    with pytest.raises(ValueError, match=r"dry run: train_step option\(s\) \['max_grad_norm'\]"):
+        model.train_step(optimizer, ids, ids, max_grad_norm=1.0)
+    loss = model.train_step(optimizer, ids, ids)
+    with pytest.raises(DryRunValueError, match=r"asnumpy\(\) of a tensor of shape \(\) .*test_dryrun_equals_simulation"):
+        loss.asnumpy()
+    assert mh.dryrun_mock(1.5, lambda: loss.asnumpy()) == 1.5
+    mh.set_context(mode="simulation")
+    assert mh.dryrun_mock(1.5, lambda: 2.5) == 2.5

@@ -1,0 +1,70 @@
+"""msrun worker of tests/runtime/test_mixed_precision.py: MindSpore's amp O2 (float16, loss scaling)
+with nn.Dropout and ops.dropout, data x tensor parallel in distributed mode, and the same model
+trained on one device in this process; writes <out>/rank<r>.json."""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/runtime/
+
+import numpy as np  # noqa: E402
+import mindspore as ms  # noqa: E402
+from mindspore import amp, nn, ops  # noqa: E402
+
+import mindspore_hyper as mh  # noqa: E402
+from mindspore_hyper.runtime.distributed import world  # noqa: E402
+from mindspore_hyper.shard import Layout  # noqa: E402
+
+import test_mixed_precision as T  # noqa: E402
+
+
+class DropBlock(T.Block):
+    """The test's Block with nn.Dropout inside the MLP and ops.dropout on the residual stream."""
+
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(p=0.3)
+
+    def construct(self, ids, labels):
+        h = self.embed(ids)
+        h = h + self.down(self.drop(self.act(self.up(self.norm(h)))))
+        h = ops.dropout(h, 0.2)
+        return self.loss(self.head(h).reshape(-1, 64), labels.reshape(-1))
+
+
+def build():
+    ms.set_seed(1)
+    net = DropBlock()
+    net.set_train()
+    return amp.auto_mixed_precision(net, "O2", dtype=ms.float16)
+
+
+def main():
+    mh.set_context(mode="distributed")
+    ref = build()
+    ms.set_seed(9)  # ops.dropout's seeds come from the global seed's counter: both runs restart it
+    ref_losses = T._train(ref, nn.Adam(ref.trainable_params(), learning_rate=T.LR), amp.StaticLossScaler(1024.0))
+    strategy = Layout((2, T.TP), ("data", "tensor"))(tensor_map=())  # no ZeRO-1: a user's loop (see docs)
+    strategy.override("*up.*", "tensor")
+    strategy.override("*down.weight", None, "tensor")
+    net = build()
+    par = mh.auto_parallelize(net, strategy)
+    optimizer = nn.Adam(par.optimizer_parameters(), learning_rate=T.LR)
+    ms.set_seed(9)
+    losses = T._train(par, optimizer, amp.StaticLossScaler(1024.0))
+    named = dict(ref.parameters_and_names())
+    params = {}
+    for name, p in net.parameters_and_names():
+        want = named[name].asnumpy()[par.held_region(name)].astype(np.float64)
+        params[name] = [float(np.linalg.norm(p.asnumpy() - want)), float(np.linalg.norm(want)),
+                        float(np.abs(p.asnumpy() - want).max())]
+    report = par.report(optimizer)
+    rank = world().rank
+    with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+        json.dump({"losses": losses, "ref_losses": ref_losses, "params": params,
+                   "memory_by_dtype": report.memory_by_dtype[rank], "memory": report.memory[rank]}, f)
+
+
+if __name__ == "__main__":
+    main()
