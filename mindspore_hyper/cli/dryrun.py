@@ -7,8 +7,9 @@ The script runs unchanged in the dry-run mode (`set_context(mode="dryrun")`): mo
 carry shape, dtype and layout only, so a model far larger than this machine runs in seconds
 (build it under MindSpore's `no_init_parameters()` so its weights are never allocated). Printed
 afterwards, per mesh: each device's parameters, gradients, optimizer states and peak
-activations, every collective with its axis and bytes, and with --hardware the predicted step
-time. The JSON has the schema of `mindspore-hyper run --json` (docs/dryrun.md).
+activations (and the op where the peak is reached), every collective with its axis and bytes,
+and with --hardware the predicted step time; --plot draws memory over the step and communication
+per axis. The JSON has the schema of `mindspore-hyper run --json` (docs/dryrun.md).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"predict the step time on this hardware: one of {', '.join(hardware_presets())} or a "
                         ".yaml path")
     p.add_argument("--json", metavar="REPORT", help="write the report as JSON")
+    p.add_argument("--plot", metavar="PNG", help="plot memory over the step and communication per axis")
     p.add_argument("script", help="the script to run")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
     p.set_defaults(func=run, parser=p)
@@ -61,14 +63,19 @@ def run(args: argparse.Namespace) -> int:
     """
     if not os.path.isfile(args.script):
         raise FileNotFoundError(f"no script {args.script!r}")
-    complete = None
+    hardware = None
     if args.hardware:
         from mindspore_hyper.estimate.hardware import load_hardware
 
         hardware = load_hardware(args.hardware)
 
-        def complete(report):
+    def complete(report):
+        if hardware is not None:
             add_predictions(report, hardware)
+        if args.plot:
+            from mindspore_hyper.cli.report_plot import plot_report
+
+            plot_report(report, args.plot)
     from mindspore_hyper.hyper_parallel.script_runner import run_script
 
     return run_script(args.script, list(args.script_args), args.devices, args.json, mode="dryrun", complete=complete)

@@ -1,6 +1,7 @@
 """Per-device bookkeeping of a parallel run: live activation bytes and their peak, collectives
-by kind and mesh axis, the ops dispatched with their FLOPs and bytes, and ops that fell back to
-replicated execution.
+by kind and mesh axis, the ops dispatched with their FLOPs and bytes, the live bytes as each op
+started (the memory timeline) and the op at the peak, and ops that fell back to replicated
+execution.
 
 All byte figures are per device. A DTensor's shards all have the same size, so a live tensor
 adds the same bytes to each device of its mesh. A DTensor made while a training step records
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter, defaultdict
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 __all__ = ["Accounting", "active_accounting", "use_accounting"]
 
@@ -32,6 +33,9 @@ class Accounting:
         self.ops: Counter = Counter()
         self.fallbacks: Counter = Counter()
         self.compute: Counter = Counter()  # (op, FLOPs, bytes) of one call on one device -> calls
+        self.timeline: List[Tuple[str, int]] = []  # per op dispatched: (op, live bytes when it started)
+        self.peak_op = ""  # the op during which the peak was reached
+        self._op = ""
         self.steps = 0
 
     def reset_step(self) -> None:
@@ -45,10 +49,13 @@ class Accounting:
         self.ops.clear()
         self.fallbacks.clear()
         self.compute.clear()
+        self.timeline.clear()
+        self.peak_op = self._op = ""
 
     def allocate(self, nbytes: int) -> None:
         self.live_bytes += nbytes
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes, self.peak_op = self.live_bytes, self._op
 
     def free(self, nbytes: int) -> None:
         self.live_bytes -= nbytes
@@ -68,8 +75,10 @@ class Accounting:
         entry[2] += input_bytes
 
     def record_op(self, op_name: str) -> None:
-        """One op on DTensors dispatched (by its MindSpore name)."""
+        """One op on DTensors dispatched (by its MindSpore name): it starts at the live bytes now."""
         self.ops[op_name] += 1
+        self.timeline.append((op_name, self.live_bytes))
+        self._op = op_name
 
     def record_compute(self, op_name: str, flops: int, nbytes: int) -> None:
         """One forward op's work on one device: FLOPs and bytes read and written (`dtensor.op_cost`)."""

@@ -19,15 +19,18 @@ __all__ = ["session_report", "format_report"]
 
 
 def _accounting_rows(accounting) -> Dict:
-    """Collectives (kind, axis, phase, count, bytes sent and input bytes per device) and the ops'
-    work (FLOPs and bytes of one call on one device, and calls) of one accounting."""
+    """Collectives (kind, axis, phase, count, bytes sent and input bytes per device), the ops'
+    work (FLOPs and bytes of one call on one device, and calls), the peak and the op it was
+    reached in, and the memory timeline (per op: its name and the live bytes when it started)."""
     comm = [{"kind": kind, "axis": axis, "phase": phase, "count": count, "send_bytes_per_device": sent,
              "input_bytes_per_device": given}
             for phase, table in (("forward", accounting.comm), ("backward", accounting.comm_backward))
             for (kind, axis), (count, sent, given) in sorted(table.items())]
     compute = [{"op": op, "flops": flops, "bytes": nbytes, "calls": calls}
                for (op, flops, nbytes), calls in sorted(accounting.compute.items())]
-    return {"peak_bytes_per_device": accounting.peak_bytes, "live_bytes_per_device": accounting.live_bytes,
+    return {"peak_bytes_per_device": accounting.peak_bytes, "peak_op": accounting.peak_op,
+            "memory_timeline": [[op, live] for op, live in accounting.timeline],
+            "live_bytes_per_device": accounting.live_bytes,
             "ops": sum(accounting.ops.values()), "replicated_fallbacks": dict(accounting.fallbacks),
             "collectives": comm, "compute": compute}
 
@@ -71,8 +74,8 @@ def format_report(report: Dict) -> str:
         dims = " x ".join(f"{n}={s}" for n, s in zip(mesh["dim_names"], mesh["shape"]))
         lines.append(f"  mesh {dims} ({mesh['source']}): laid-out parameters "
                      f"{format_bytes(mesh['parameter_bytes_per_device'])} per device; peak "
-                     f"{format_bytes(mesh['peak_bytes_per_device'])} of other DTensors (activations, inputs); "
-                     f"{mesh['ops']} ops on DTensors")
+                     f"{format_bytes(mesh['peak_bytes_per_device'])} of other DTensors (activations, inputs)"
+                     f"{' reached in ' + mesh['peak_op'] if mesh.get('peak_op') else ''}; {mesh['ops']} ops on DTensors")
         for row in mesh.get("memory_per_device", []):
             parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in row.items() if k != "devices")
             lines.append(f"    devices {row['devices']}: {parts}")

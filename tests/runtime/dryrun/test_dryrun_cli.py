@@ -24,12 +24,15 @@ def test_a_large_job_dry_runs_with_the_report_of_run(tmp_path):
     args = ["--layers", "4", "--hidden", "4096", "--heads", "32", "--seq", "2048", "--vocab", "32000",
             "--data", "64", "--tensor", "8"]
     done = _cli("dryrun", "--devices", "512", "--hardware", "a100-80gb", "--json", str(tmp_path / "d.json"),
-                SCRIPT, *args)
+                "--plot", str(tmp_path / "d.png"), SCRIPT, *args)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "mindspore-hyper: dryrun, 512 devices" in done.stdout
     dry = json.loads((tmp_path / "d.json").read_text())
     mesh = dry["meshes"][0]
     assert mesh["shape"] == [64, 8] and mesh["training_step"]
+    assert (tmp_path / "d.png").stat().st_size > 0
+    assert len(mesh["memory_timeline"]) == mesh["ops"] and mesh["peak_op"]
+    assert max(live for _, live in mesh["memory_timeline"]) <= mesh["peak_bytes_per_device"]
     (row,) = mesh["memory_per_device"]  # every device runs the same program
     assert row["devices"].endswith("(512)")
     hidden, ffn, vocab, layers = 4096, 4 * 4096, 32000, 4

@@ -1,0 +1,41 @@
+"""The plot of a run's report (`mindspore-hyper run/dryrun --plot PNG`): per-device memory over
+the step, one line per mesh (every device of a mesh runs the same program), and the bytes one
+device sends per mesh axis and phase."""
+from __future__ import annotations
+
+from typing import Dict
+
+__all__ = ["plot_report"]
+
+
+def plot_report(report: Dict, path: str) -> str:
+    """Write the PNG of `report` (the `--json` schema) to `path`; returns `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    labels, sent = [], []
+    for mesh in report["meshes"]:
+        name = " x ".join(f"{n}={s}" for n, s in zip(mesh["dim_names"], mesh["shape"]))
+        live = [b / 2**30 for _, b in mesh.get("memory_timeline", [])]
+        left.plot(range(len(live)), live, label=f"{name} ({mesh['source']})")
+        for row in mesh["collectives"]:
+            phase = "fwd" if row["phase"] == "forward" else "bwd"
+            labels.append(f"{phase} {row['kind']} / {row['axis']}")
+            sent.append(row["send_bytes_per_device"] / 2**30)
+    left.set_xlabel("op (dispatch order)")
+    left.set_ylabel("live bytes per device (GiB)")
+    left.set_title(f"memory over the step ({report['mode']}, {report['devices']} devices)")
+    if report["meshes"]:
+        left.legend(fontsize=7)
+    right.barh(labels or ["none"], sent or [0])
+    right.invert_yaxis()
+    right.set_xlabel("GiB sent per device per step")
+    right.set_title("communication per mesh axis")
+    right.tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
