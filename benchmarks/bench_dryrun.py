@@ -1,13 +1,15 @@
 """Dry-run benchmark: cluster-scale jobs from the model's own code, in seconds on a laptop.
 
 Each case runs in a fresh process (`--case`) so its wall time and peak host memory (ru_maxrss)
-are its own. Cases:
-- dense: a Qwen3-32B-shaped dense model (64 layers, hidden 5120, 64 heads, FFN 25600, vocabulary
-  151936, sequence 4096) on 128 devices, tensor 8 x data 16;
-- moe: a DeepSeek-V3-shaped MoE model (61 layers, hidden 7168, 128 heads, 256 routed experts of
-  FFN 2048 top-8 plus one shared expert, vocabulary 129280, sequence 4096) on 2048 devices,
-  experts 64 x data 32 (every layer an MoE layer: DeepSeek-V3's first 3 dense layers and MLA are
-  not modelled);
+are its own. Cases (float32, sequence 4096, ZeRO-1 over the data axis):
+- dense / dense-pp: a Qwen3-32B-sized dense model (the examples' GPT block at 64 layers, hidden
+  5120, 64 heads, vocabulary 151936; its MLP is GELU with FFN 4 x hidden = 20480, not Qwen3's
+  SwiGLU 25600) on 128 devices: tensor 8 x data 16, and the goal's tensor 8 x pipeline 4 x data 4
+  (1F1B, 8 microbatches);
+- moe / moe-pp: a DeepSeek-V3-shaped MoE model (61 layers, hidden 7168, 128 heads, 256 routed
+  experts of FFN 2048 top-8 plus one shared expert, vocabulary 129280; standard attention, not
+  MLA, every layer MoE) on 2048 devices: experts 64 x data 32, and the goal's pipeline 16 x
+  experts 64 x data 2 (1F1B, 16 microbatches);
 - scaling: the dense model's wall time and host memory against devices (8 -> 2048, data-parallel
   size growing) and depth (4 -> 61 layers).
 The baseline printed beside each is what the same job's numeric simulation would hold in this
@@ -32,7 +34,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 
-def build(case, layers, data, extra):
+def build(case, layers, data, pipeline):
     import mindspore as ms
     from mindspore import Tensor, nn
     from mindspore.nn.utils import no_init_parameters
@@ -40,47 +42,50 @@ def build(case, layers, data, extra):
     import mindspore_hyper as mh
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
+    microbatches = {1: 1, 4: 8, 16: 16}[pipeline]
+    options = {"pipeline": {"schedule": "1f1b", "microbatches": microbatches}} if pipeline > 1 else {}
     if case == "dense":
         from dryrun_llm import megatron
-        from models import GPT
+        from models import GPT, PipelinedGPT
 
         tensor = 8
-        mh.set_context(mode="dryrun", device_num=data * tensor)
+        mh.set_context(mode="dryrun", device_num=data * tensor * pipeline)
         with no_init_parameters():
-            net = GPT(vocab=151936, hidden=5120, heads=64, layers=layers, seq=4096)
-            model = mh.auto_parallelize(net, megatron(data, tensor, zero=True))
+            net = (PipelinedGPT if pipeline > 1 else GPT)(vocab=151936, hidden=5120, heads=64, layers=layers, seq=4096)
+            model = mh.auto_parallelize(net, megatron(data, tensor, True, pipeline), **options)
             opt = nn.AdamWeightDecay(model.optimizer_parameters(), 1e-4)
-        ids = Tensor(np.zeros((data, 4096), np.int32))
+        ids = Tensor(np.zeros((data * microbatches, 4096), np.int32))
         return model, opt, (ids, ids)
     from moe_lm import MoELM, moe_strategy
 
     experts = 64
-    mh.set_context(mode="dryrun", device_num=data * experts)
+    mh.set_context(mode="dryrun", device_num=data * experts * pipeline)
     with no_init_parameters():
         net = MoELM(vocab=129280, hidden=7168, heads=128, layers=layers, seq=4096, experts=256, top_k=8,
                     expert_ffn=2048, shared_ffn=2048)
-        model = mh.auto_parallelize(net, moe_strategy(data, experts))
+        model = mh.auto_parallelize(net, moe_strategy(data, experts, pipeline), **options)
         opt = nn.AdamWeightDecay(model.optimizer_parameters(), 1e-4)
-    ids = Tensor(np.zeros((data * experts, 4096), np.int32))
+    ids = Tensor(np.zeros((data * experts * microbatches, 4096), np.int32))
     return model, opt, (ids, ids)
 
 
-def run_case(case, layers, data, hardware):
+def run_case(case, layers, data, pipeline, hardware):
     from mindspore_hyper.cli.dryrun import add_predictions
     from mindspore_hyper.estimate.hardware import load_hardware
     from mindspore_hyper.hyper_parallel.report import session_report
 
     start = time.perf_counter()
-    model, opt, inputs = build(case, layers, data, None)
+    model, opt, inputs = build(case, layers, data, pipeline)
     model.train_step(opt, *inputs)
     report = session_report("dryrun", model.mesh.size)
     add_predictions(report, load_hardware(hardware))
     wall = time.perf_counter() - start
     mesh = report["meshes"][0]
-    row = mesh["memory_per_device"][0]
+    row = max(mesh["memory_per_device"], key=lambda r: r["total"])  # the fullest device
     out = {"case": case, "layers": layers, "devices": model.mesh.size, "mesh": dict(zip(mesh["dim_names"], mesh["shape"])),
            "wall_s": wall, "host_peak_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "memory": row, "distinct_programs": len(mesh["memory_per_device"]),
+           "held_all": sum(r["total"] * _count(r["devices"]) for r in mesh["memory_per_device"]),
            "comm_bytes_per_device": sum(c["send_bytes_per_device"] for c in mesh["collectives"]),
            "comm_by_axis": {}, "predicted": mesh["predicted"]}
     for c in mesh["collectives"]:
@@ -88,9 +93,14 @@ def run_case(case, layers, data, hardware):
     print("RESULT " + json.dumps(out), flush=True)
 
 
-def spawn(case, layers, data, hardware):
+def _count(label: str) -> int:
+    """Devices of a memory row's label: "0-63,1024-1087 (128)" or "5"."""
+    return int(label.rsplit("(", 1)[1].rstrip(")")) if "(" in label else 1
+
+
+def spawn(case, layers, data, hardware, pipeline=1):
     cmd = [sys.executable, __file__, "--case", case, "--layers", str(layers), "--data", str(data),
-           "--hardware", hardware]
+           "--pipeline", str(pipeline), "--hardware", hardware]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     process_s = time.perf_counter() - start
@@ -107,17 +117,17 @@ def gib(n):
 def show(r):
     m = r["memory"]
     p = r["predicted"]
-    print(f"{r['case']:5} layers {r['layers']:2} on {r['devices']:4} devices {r['mesh']}: wall {r['wall_s']:.1f} s "
+    print(f"{r['case']:5} layers {r['layers']:2} pipeline {r['mesh'].get('pipeline', 1):2} on {r['devices']:4} devices {r['mesh']}: wall {r['wall_s']:.1f} s "
           f"(whole process with Python and MindSpore start-up {r['process_s']:.1f} s), "
           f"host peak {r['host_peak_MiB']:.0f} MiB, {r['distinct_programs']} distinct device program(s)")
-    print(f"      per device: parameters {gib(m['parameters'])}, gradients {gib(m['gradients'])}, optimizer "
+    print(f"      the fullest device: parameters {gib(m['parameters'])}, gradients {gib(m['gradients'])}, optimizer "
           f"{gib(m['optimizer_states'])}, peak activations {gib(m['activations_peak'])}, total {gib(m['total'])}")
     print(f"      collectives sent per device per step: " +
           ", ".join(f"{a} {gib(b)}" for a, b in r["comm_by_axis"].items()))
     print(f"      predicted step on {p['hardware']}: {p['step_seconds']:.2f} s without overlap "
           f"({p['compute_seconds']:.2f} s compute + {p['comm_seconds']:.2f} s collectives), "
           f"{p['overlapped_seconds']:.2f} s fully overlapped")
-    held = m["total"] * r["devices"]
+    held = r["held_all"]
     print(f"      baseline: a numeric simulation of this job holds every device's values in one process: "
           f"{held / 2**40:.1f} TiB (ratio to the dry run's host peak: {held / (r['host_peak_MiB'] * 2**20):.0f}x)")
 
@@ -127,13 +137,16 @@ def main():
     p.add_argument("--case", choices=("dense", "moe"))
     p.add_argument("--layers", type=int)
     p.add_argument("--data", type=int)
+    p.add_argument("--pipeline", type=int, default=1)
     p.add_argument("--hardware", default="ascend-910c")
     p.add_argument("--quick", action="store_true", help="the two goal cases only")
     args = p.parse_args()
     if args.case:
-        run_case(args.case, args.layers, args.data, args.hardware)
+        run_case(args.case, args.layers, args.data, args.pipeline, args.hardware)
         return
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    show(spawn("dense", 64, 4, args.hardware, pipeline=4))
+    show(spawn("moe", 61, 2, args.hardware, pipeline=16))
     show(spawn("dense", 64, 16, args.hardware))
     show(spawn("moe", 61, 32, args.hardware))
     if args.quick:

@@ -64,3 +64,50 @@ class GPT(nn.Cell):
             return logits
         b, t, v = logits.shape
         return self.loss(logits.reshape(b * t, v), labels.reshape(b * t))
+
+
+class HeadLayer(nn.Cell):
+    """A last pipeline layer: final LayerNorm and LM head (the logits)."""
+
+    def __init__(self, ln_f, head):
+        super().__init__(auto_prefix=False)  # the wrapped cells keep their Parameters' names
+        self.ln_f, self.head = ln_f, head
+
+    def construct(self, x):
+        return self.head(self.ln_f(x))
+
+
+class EmbedLayer(nn.Cell):
+    """A first pipeline layer: token embedding (plus position embedding when given)."""
+
+    def __init__(self, embed, pos=None, positions=None):
+        super().__init__(auto_prefix=False)
+        self.embed, self.pos, self.positions = embed, pos, positions
+
+    def construct(self, ids):
+        x = self.embed(ids)
+        return x if self.pos is None else x + self.pos(self.positions)
+
+
+class MaskedBlock(nn.Cell):
+    """A block as a one-input pipeline layer (the causal mask held)."""
+
+    def __init__(self, block, mask):
+        super().__init__(auto_prefix=False)
+        self.block, self.mask = block, mask
+
+    def construct(self, x):
+        return self.block(x, self.mask)
+
+
+class PipelinedGPT(GPT):
+    """GPT as an explicit chain of layers (`pipeline_layers`, `pipeline_loss`): pipeline stages
+    are cut without tracing a forward on values (what a dry run needs)."""
+
+    def pipeline_layers(self):
+        return [EmbedLayer(self.embed, self.pos, self.positions)] + [MaskedBlock(b, self.mask) for b in self.blocks] + \
+            [HeadLayer(self.ln_f, self.head)]
+
+    def pipeline_loss(self, logits, labels):
+        b, t, v = logits.shape
+        return self.loss(logits.reshape(b * t, v), labels.reshape(b * t))

@@ -21,7 +21,8 @@ from mindspore.nn.utils import no_init_parameters
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mindspore_hyper as mh  # noqa: E402
 from mindspore_hyper.moe import MoE  # noqa: E402
-from models import Attention  # noqa: E402
+from mindspore_hyper.pipeline.aux_loss import AuxLosses, add_aux_loss  # noqa: E402
+from models import Attention, EmbedLayer, HeadLayer, MaskedBlock  # noqa: E402
 
 
 class MoEBlock(nn.Cell):
@@ -35,7 +36,8 @@ class MoEBlock(nn.Cell):
     def construct(self, x, mask):
         x = x + self.attn(self.ln1(x), mask)
         y, aux = self.moe(self.ln2(x))
-        return x + y, aux
+        add_aux_loss(aux, "MoEBlock")  # a pipeline stage passes one tensor on: the term goes aside
+        return x + y
 
 
 class MoELM(nn.Cell):
@@ -52,20 +54,31 @@ class MoELM(nn.Cell):
         self.loss = nn.CrossEntropyLoss()
         self.mask = Tensor(np.triu(np.full((seq, seq), -1e9, np.float32), 1))
 
-    def construct(self, ids, labels):
-        x = self.embed(ids)
-        aux_total = 0.0
-        for block in self.blocks:
-            x, aux = block(x, self.mask)
-            aux_total = aux_total + aux
-        logits = self.head(self.ln_f(x))
+    def pipeline_layers(self):
+        """The chain of layers a pipeline cuts into stages (no traced forward needed)."""
+        return [EmbedLayer(self.embed)] + [MaskedBlock(b, self.mask) for b in self.blocks] + \
+            [HeadLayer(self.ln_f, self.head)]
+
+    def pipeline_loss(self, logits, labels):
         b, t, v = logits.shape
-        return self.loss(logits.reshape(b * t, v), labels.reshape(b * t)) + aux_total
+        return self.loss(logits.reshape(b * t, v), labels.reshape(b * t))
+
+    def construct(self, ids, labels):
+        with AuxLosses() as aux:  # the routers' terms (a pipeline's stages collect their own)
+            x = self.embed(ids)
+            for block in self.blocks:
+                x = block(x, self.mask)
+            logits = self.head(self.ln_f(x))
+            b, t, v = logits.shape
+            loss = self.loss(logits.reshape(b * t, v), labels.reshape(b * t))
+        return loss + aux.total() if aux else loss
 
 
-def moe_strategy(data: int, expert: int):
-    """Experts split over "expert"; tokens over data x expert; ZeRO-1 over data."""
-    mesh = mh.Layout((data, expert), ("data", "expert"))
+def moe_strategy(data: int, expert: int, pipeline: int = 1):
+    """Experts split over "expert"; tokens over data x expert; ZeRO-1 over data; with `pipeline`
+    > 1 a "pipeline" axis too (the blocks cut into that many stages)."""
+    mesh = mh.Layout((data, pipeline, expert), ("data", "pipeline", "expert")) if pipeline > 1 else \
+        mh.Layout((data, expert), ("data", "expert"))
     strategy = mesh(tensor_map=(), input_map=(("data", "expert"),), optimizer_state="data")
     return strategy.override("*.moe.experts.*", "expert")
 
@@ -73,16 +86,22 @@ def moe_strategy(data: int, expert: int):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, default in (("layers", 2), ("hidden", 32), ("heads", 4), ("seq", 16), ("vocab", 128), ("experts", 8),
-                          ("top-k", 2), ("expert-ffn", 32), ("shared-ffn", 32), ("data", 2), ("expert", 4)):
+                          ("top-k", 2), ("expert-ffn", 32), ("shared-ffn", 32), ("data", 2), ("expert", 4),
+                          ("pipeline", 1), ("microbatches", 4)):
         p.add_argument(f"--{name}", type=int, default=default)
     args = p.parse_args()
     ms.set_context(mode=ms.PYNATIVE_MODE)
     with no_init_parameters():
         net = MoELM(args.vocab, args.hidden, args.heads, args.layers, args.seq, args.experts, args.top_k,
                     args.expert_ffn, args.shared_ffn)
-        model = mh.auto_parallelize(net, moe_strategy(args.data, args.expert))
+        strategy = moe_strategy(args.data, args.expert, args.pipeline)
+        if args.pipeline > 1:
+            model = mh.auto_parallelize(net, strategy, pipeline={"schedule": "1f1b", "microbatches": args.microbatches})
+        else:
+            model = mh.auto_parallelize(net, strategy)
         optimizer = nn.AdamWeightDecay(model.optimizer_parameters(), 1e-4)
-    ids = Tensor(np.random.default_rng(0).integers(0, args.vocab, (args.data * args.expert, args.seq)).astype(np.int32))
+    batch = args.data * args.expert * (args.microbatches if args.pipeline > 1 else 1)
+    ids = Tensor(np.random.default_rng(0).integers(0, args.vocab, (batch, args.seq)).astype(np.int32))
     model.train_step(optimizer, ids, ids)
 
 

@@ -48,10 +48,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def add_predictions(report: dict, hardware) -> None:
     """Add each mesh's predicted step time on `hardware` (`estimate.dryrun_time`) to `report`."""
-    from mindspore_hyper.estimate.dryrun_time import predict_step
+    from mindspore_hyper.estimate.dryrun_time import predict_pipeline_step, predict_step
 
     for mesh in report["meshes"]:
-        mesh["predicted"] = predict_step(mesh, hardware, training=mesh.get("training_step", True)).to_dict()
+        if "pipeline" in mesh:
+            mesh["predicted"] = predict_pipeline_step(mesh, hardware).to_dict()
+        else:
+            mesh["predicted"] = predict_step(mesh, hardware, training=mesh.get("training_step", True)).to_dict()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -38,6 +38,26 @@ class Accounting:
         self._op = ""
         self.steps = 0
 
+    _STATE = ("live_bytes", "peak_bytes", "held_bytes", "peak_op", "_op")
+    _TABLES = ("comm", "comm_backward", "ops", "fallbacks", "compute")
+
+    def snapshot(self) -> dict:
+        """Every counter, copied (what `restore` puts back)."""
+        state = {name: getattr(self, name) for name in self._STATE}
+        state.update({name: dict(getattr(self, name)) for name in self._TABLES})
+        state["timeline"] = list(self.timeline)
+        return state
+
+    def restore(self, state: dict) -> None:
+        """Put back the counters of `snapshot()` (a dry run replaying a program it already ran)."""
+        for name in self._STATE:
+            setattr(self, name, state[name])
+        for name in self._TABLES:
+            table = getattr(self, name)
+            table.clear()
+            table.update({k: list(v) if isinstance(v, list) else v for k, v in state[name].items()})
+        self.timeline[:] = state["timeline"]
+
     def reset_step(self) -> None:
         """Clear per-step counters: the last step's held activations are released and the peak
         restarts from what is live now."""

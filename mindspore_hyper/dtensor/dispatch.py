@@ -168,10 +168,13 @@ def replicated_dtensor(execution, tensor: Tensor) -> DTensor:
 
 def _shape_only(execution, tensor: Tensor) -> Tensor:
     """`tensor` as a MetaTensor in a shape-only execution (a dry run never reads a value or a
-    weight; a trainable Parameter's stand-in carries its gradient path); else itself."""
+    weight); else itself. The stand-in of a trainable Parameter the run lays out carries its
+    gradient path; another Parameter (of another model, e.g. another pipeline stage's) gets no
+    gradient from this run's backward, as in the simulation."""
     if not execution.shape_only or isinstance(tensor, MetaTensor):
         return tensor
-    return meta(tuple(tensor.shape), tensor.dtype, grad_path=isinstance(tensor, Parameter) and tensor.requires_grad)
+    trained = isinstance(tensor, Parameter) and tensor.requires_grad and id(tensor) in execution.parameters
+    return meta(tuple(tensor.shape), tensor.dtype, grad_path=trained)
 
 
 def _as_dtensor(execution, value):

@@ -14,10 +14,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List
 
-from mindspore_hyper.estimate.collective_time import collective_seconds, group_fanouts
+from mindspore_hyper.estimate.collective_time import collective_seconds, group_fanouts, transfer_seconds
 from mindspore_hyper.estimate.hardware import Hardware
+from mindspore_hyper.schedule.build import build_schedule
+from mindspore_hyper.schedule.simulation import simulate_schedule
 
-__all__ = ["StepPrediction", "predict_step"]
+__all__ = ["StepPrediction", "predict_step", "predict_pipeline_step"]
 
 _KINDS = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
           "AllToAll": "all_to_all"}
@@ -103,3 +105,80 @@ def predict_step(mesh: dict, hardware: Hardware, training: bool = True) -> StepP
     if hardware.validated:
         notes.append(f"{hardware.name}: {hardware.validated}")
     return StepPrediction(hardware.name, compute, sum(by_axis.values()), flops, by_axis, notes)
+
+
+def _compute_seconds(rows, hardware: Hardware) -> float:
+    eff = hardware.efficiency
+    flop_rate, byte_rate = hardware.peak_flops * eff.matmul, hardware.memory_bandwidth * eff.memory
+    return sum(r["calls"] * (max(r["flops"] / flop_rate, r["bytes"] / byte_rate) + eff.op_overhead) for r in rows)
+
+
+def _collective_seconds(rows, shape, names, hardware: Hardware) -> Dict[str, float]:
+    """Seconds per mesh axis of collective `rows` (axes named without a "@stage" suffix)."""
+    by_axis: Dict[str, float] = {}
+    for row in rows:
+        if row["kind"] not in _KINDS or row["count"] == 0:
+            continue
+        axis = row["axis"].split("@")[0]
+        size, stride = _axis_group(shape, names, axis)
+        per_call = row["input_bytes_per_device"] / row["count"]
+        n = per_call * size if row["kind"] == "AllGather" else per_call
+        seconds = row["count"] * collective_seconds(_KINDS[row["kind"]], n, hardware, group_fanouts(hardware, size, stride))
+        by_axis[axis] = by_axis.get(axis, 0.0) + seconds
+    return by_axis
+
+
+def predict_pipeline_step(mesh: dict, hardware: Hardware) -> StepPrediction:
+    """The step time of a pipelined step (a report's mesh entry with a "pipeline" part): the
+    schedule simulated (`schedule.simulation`) with each virtual stage's cost of one microbatch
+    from its recorded ops and collectives, the activation sends' point-to-point latency between
+    neighbouring pipeline ranks, and the data-parallel gradient sums once per step after it.
+
+    A stage's forward costs its ops' roofline plus its forward collectives (tensor-parallel sums);
+    its backward recomputes the forward (the pipeline's full recomputation) and differentiates it
+    (twice the forward's ops), plus its backward collectives other than the data-parallel
+    gradient sums: the full backward is 3 x the ops plus those collectives, split evenly between
+    the input- and weight-gradient halves.
+
+    Raises:
+        ValueError: a mesh group larger than the hardware's largest domain.
+    """
+    part = mesh["pipeline"]
+    shape, names = mesh["shape"], mesh["dim_names"]
+    data_axis = part.get("data_axis")
+    forward, backward, grad_sync, by_axis, flops = [], [], 0.0, {}, 0.0
+    num_virtual = part["stages"] * part["chunks"]
+    for s in range(num_virtual):
+        stage = part["per_stage"].get(str(s), {"compute": [], "collectives": []})
+        ops = _compute_seconds(stage["compute"], hardware)
+        flops += 3 * part["microbatches"] * sum(r["calls"] * r["flops"] for r in stage["compute"])
+        fwd = _collective_seconds([r for r in stage["collectives"] if r["phase"] == "forward"], shape, names, hardware)
+        bwd_rows = [r for r in stage["collectives"] if r["phase"] == "backward"]
+        sync = _collective_seconds([r for r in bwd_rows if r["axis"] == data_axis], shape, names, hardware)
+        bwd = _collective_seconds([r for r in bwd_rows if r["axis"] != data_axis], shape, names, hardware)
+        forward.append(ops + sum(fwd.values()))
+        backward.append(3 * ops + sum(bwd.values()))
+        grad_sync = max(grad_sync, sum(sync.values()))
+        for table in (fwd, bwd):
+            for axis, t in table.items():
+                by_axis[axis] = by_axis.get(axis, 0.0) + t * part["microbatches"]
+        for axis, t in sync.items():
+            by_axis[axis] = by_axis.get(axis, 0.0) + t
+    sends = [v for v in part["p2p"].values() if v["activation_count"]]
+    send_bytes = max((v["activation_bytes"] / v["activation_count"] for v in sends), default=0.0)
+    axis = list(names).index(part["axis"])
+    stride = 1
+    for n in shape[axis + 1:]:
+        stride *= n
+    latency = transfer_seconds(send_bytes, hardware, group_fanouts(hardware, 2, stride)) if sends else 0.0
+    schedule = build_schedule(part["schedule"], part["stages"], part["microbatches"], part["chunks"])
+    timeline = simulate_schedule(schedule, forward=forward, backward_input=[b / 2 for b in backward],
+                                 backward_weight=[b / 2 for b in backward], p2p=latency)
+    compute = timeline.makespan
+    notes = [f"{part['schedule']} over {part['stages']} pipeline ranks x {part['chunks']} chunk(s), "
+             f"{part['microbatches']} microbatches, simulated with per-stage roofline costs (backward = "
+             f"recompute + 2 x forward) and {latency * 1e6:.1f} us per activation send; bubble "
+             f"{timeline.bubble_fraction:.1%}; data-parallel gradient sums once per step after the schedule"]
+    if hardware.validated:
+        notes.append(f"{hardware.name}: {hardware.validated}")
+    return StepPrediction(hardware.name, compute, grad_sync, flops, by_axis, notes)

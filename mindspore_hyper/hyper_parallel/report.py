@@ -61,8 +61,44 @@ def session_report(mode: str, devices: int) -> Dict:
                  "dim_names": list(execution.mesh.alias_names), "parameter_bytes_per_device": params}
         entry.update(_accounting_rows(execution.accounting))
         meshes.append(entry)
-    meshes.extend(_model_entry(model) for model in live_models() if model.accounting.steps)
+    models = live_models()
+    pipelines = [m for m in models if hasattr(m, "stage_models")]
+    staged = {id(sm) for p in pipelines for sm in p.stage_models.values()}
+    for model in models:
+        if model in pipelines:
+            if model._steps:
+                meshes.append(_pipeline_entry(model))
+        elif id(model) not in staged and model.accounting.steps:
+            meshes.append(_model_entry(model))
     return {"mode": mode, "devices": devices, "meshes": meshes}
+
+
+def _pipeline_entry(model) -> Dict:
+    """A pipelined model's last step: the whole mesh's memory rows (stage inputs in flight as its
+    activations), every stage's collectives (axis "a@stageS"), and per stage its ops' work and
+    collectives of one microbatch plus the schedule (what the step-time model simulates)."""
+    report = model.report()
+    schedule = model.schedule
+    stages = {s: _accounting_rows(sm.accounting) for s, sm in sorted(model.stage_models.items())}
+    collectives = [dict(row, axis=f"{row['axis']}@stage{s}") for s, rows in stages.items()
+                   for row in rows["collectives"]]
+    entry = {"source": f"{type(model.network).__name__} (PipelineModel over {type(next(iter(model.stage_models.values()))).__name__ if model.stage_models else 'cells'})",
+             "shape": list(model.mesh.device_matrix), "dim_names": list(model.mesh.alias_names),
+             "training_step": True,
+             "memory_per_device": [{"devices": label, **parts} for label, parts in report.memory_groups()],
+             "parameter_bytes_per_device": max(m["parameters"] for m in report.memory.values()),
+             "peak_bytes_per_device": max(m["activations_peak"] for m in report.memory.values()),
+             "peak_op": "", "memory_timeline": [], "live_bytes_per_device": 0,
+             "ops": sum(rows["ops"] for rows in stages.values()),
+             "replicated_fallbacks": dict(report.fallbacks), "collectives": collectives,
+             "compute": [row for rows in stages.values() for row in rows["compute"]],
+             "pipeline": {"schedule": schedule.kind, "stages": schedule.num_stages,
+                          "microbatches": schedule.num_microbatches, "chunks": schedule.num_chunks,
+                          "axis": model.options.axis, "data_axis": model.strategy.data_axis,
+                          "p2p": {k: dict(v) for k, v in report.p2p.items()},
+                          "per_stage": {str(s): {"compute": rows["compute"], "collectives": rows["collectives"]}
+                                        for s, rows in stages.items()}}}
+    return entry
 
 
 def format_report(report: Dict) -> str:

@@ -22,10 +22,16 @@ import numpy as np
 from mindspore import Parameter, Tensor
 
 from mindspore_hyper.autodiff import grad
+from mindspore_hyper.dtensor.meta import MetaTensor
 from mindspore_hyper.pipeline.aux_loss import AuxLosses
 from mindspore_hyper.pipeline.dropout_replay import DropoutReplay
 
 __all__ = ["StageComputation"]
+
+
+def _value(loss) -> float:
+    """A loss's value; NaN for a dry run's shape-only loss (it has none)."""
+    return float("nan") if isinstance(loss, MetaTensor) else float(loss.asnumpy())
 
 
 class StageComputation:
@@ -38,11 +44,13 @@ class StageComputation:
         last: the stage ends in the loss (its backward is seeded with `loss_scale`).
         loss_scale: the factor of a microbatch's loss in the step's loss.
         dropouts: the stage's DropoutReplay (None: the stage has no nn.Dropout).
+        grad: `mindspore.grad`'s signature; the runtime's (`Runtime.grad`: a dry run's records the
+            backward on shapes).
     """
 
     def __init__(self, run: Callable, params: Sequence[Parameter], first: bool, last: bool, loss_scale: float,
-                 dropouts: Optional[DropoutReplay] = None):
-        self.run, self.params, self.dropouts = run, tuple(params), dropouts
+                 dropouts: Optional[DropoutReplay] = None, grad: Callable = grad):
+        self.run, self.params, self.dropouts, self._grad = run, tuple(params), dropouts, grad
         self.first, self.last, self.loss_scale = first, last, loss_scale
         self._inputs: Dict[int, Tuple] = {}  # microbatch -> (x, targets)
         self._pending_dy: Dict[int, Optional[Tensor]] = {}  # microbatch -> output gradient kept for the weight pass
@@ -64,7 +72,7 @@ class StageComputation:
         if what not in self._fns:
             position = None if what == "weight" else 0
             weights = None if what == "input" else (list(self.params) or None)
-            self._fns[what] = grad(self._objective, grad_position=position, weights=weights)
+            self._fns[what] = self._grad(self._objective, grad_position=position, weights=weights)
         return self._fns[what]
 
     # -- actions ----------------------------------------------------------------------------------
@@ -74,12 +82,12 @@ class StageComputation:
         with self._replay("record", microbatch), AuxLosses() as aux:
             out = self.run(x, *targets)
         if aux:
-            self.aux_losses.append(float(aux.total().asnumpy()))
+            self.aux_losses.append(_value(aux.total()))
         if self.last:
             if not isinstance(out, Tensor) or out.ndim != 0:
                 raise ValueError(f"pipeline: the last stage returns {getattr(out, 'shape', type(out).__name__)}, "
                                  f"expected a scalar loss (pass the loss's targets / labels to train_step)")
-            self.losses.append(float(out.asnumpy()))
+            self.losses.append(_value(out))
         return out
 
     def backward(self, microbatch: int, dy: Optional[Tensor]) -> Optional[Tensor]:

@@ -12,9 +12,11 @@ import fnmatch
 import time
 from typing import Dict, List, Optional, Tuple
 
+import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
+from mindspore_hyper.dtensor.meta import meta
 from mindspore_hyper.pipeline.aux_loss import AuxLosses
 from mindspore_hyper.pipeline.computation import StageComputation
 from mindspore_hyper.pipeline.dropout_replay import DropoutReplay
@@ -24,6 +26,7 @@ from mindspore_hyper.pipeline.p2p import LocalTransport
 from mindspore_hyper.pipeline.runner import StageRunner
 from mindspore_hyper.pipeline.stages import PipelineLayers, StageCell, check_unshared
 from mindspore_hyper.pipeline.traced_chain import TracedStageCell
+from mindspore_hyper.runtime.model import register_model
 from mindspore_hyper.runtime.optimizer_check import optimizer_gradients
 from mindspore_hyper.runtime.training_options import refuse_unsupported
 from mindspore_hyper.schedule.actions import ActionKind
@@ -66,6 +69,10 @@ class PipelineModel(nn.Cell):
         axis_index = self.mesh.axis_index(options.axis)
         self.held_devices = tuple(runtime.local_ranks(self.mesh))  # the mesh ranks this process runs
         self.stage_mesh = _without_axis(self.mesh, options.axis)
+        if self.stage_mesh is None and not runtime.computes_values():
+            raise ValueError(f"dry run: a pipeline over a mesh of the {options.axis!r} axis alone runs its stages as "
+                             f"plain cells, on values; give the mesh a data axis (of size 1 if need be), so each stage "
+                             f"runs as a dry-run model on its own mesh")
         if self.in_one_process:
             self.ranks = tuple(range(schedule.num_ranks))
         else:  # this process: its pipeline coordinate, and the processes of its stage as the stage mesh
@@ -82,6 +89,7 @@ class PipelineModel(nn.Cell):
         self.last_measured: Optional[ScheduleTimeline] = None  # the gathered timeline of step `_measured_step`
         self._measured_step = -1
         self.split = tuple(split)
+        register_model(self)
         if layers.chain is None or layers.chain.traced:
             self._build_stages(self.split)
         else:  # built on the first call, after the chain's trace (which needs inputs)
@@ -119,7 +127,7 @@ class PipelineModel(nn.Cell):
                 run = self._parallel_stage(cell)
                 self.stage_models[s] = run
             self.computations[s] = StageComputation(run, cell.trainable_params(), s == 0, s == last, scale,
-                                                    DropoutReplay(cell))
+                                                    DropoutReplay(cell), grad=self.runtime.grad)
         self.runners = {r: StageRunner(self.schedule, r, {s: self.computations[s] for s in self.schedule.stages_of(r)},
                                        self.transport, all_inputs=self.layers.chain is not None) for r in self.ranks}
 
@@ -129,6 +137,13 @@ class PipelineModel(nn.Cell):
         chain = self.layers.chain
         if chain is None or chain.traced:
             return
+        if not self.runtime.computes_values():
+            raise ValueError(f"dry run: {type(self.network).__name__} is pipelined through its construct, whose stages "
+                             f"are found by running it once on values (traced_chain.py); give the model "
+                             f"pipeline_layers() (its chain of layers) and pipeline_loss(output, *targets), or dry-run "
+                             f"it without pipeline stages")
+        if any(p.has_init for p in self.network.get_parameters()):
+            self.network.init_parameters_data()  # built under no_init_parameters(): the trace reads values
         try:
             chain.trace(inputs, require_loss)
         except ValueError as exc:
@@ -296,6 +311,8 @@ class PipelineModel(nn.Cell):
             self.transport.expect(self._recv_counts)
             self.runners[self.ranks[0]].advance(blocking=True)
             self.transport.flush()
+        if not self.runtime.computes_values():  # a dry run: shapes recorded, nothing to update
+            return self._dry_step(start)
         grads = self._gradients(optimizer)
         optimizer(grads)
         loss = self._loss()
@@ -306,6 +323,13 @@ class PipelineModel(nn.Cell):
         if self._rebalancing() and self._steps > 1:  # the first step's times include building the grad graphs
             self._rebalance(optimizer)
         return Tensor(np.float32(loss))
+
+    def _dry_step(self, start: float):
+        """The end of a dry run's step: no gradients to apply, the loss has a shape only."""
+        self.last_events = [e for r in self.ranks for e in self.runners[r].events]
+        self.last_step_seconds = time.perf_counter() - start
+        self._steps += 1
+        return meta((), ms.float32)
 
     def _run_in_process(self) -> None:
         runners = list(self.runners.values())

@@ -17,7 +17,9 @@ def pipeline_report(model, optimizer=None) -> StepReport:
     """See PipelineModel.report."""
     mesh, axis, schedule = model.mesh, model.options.axis, model.schedule
     a = mesh.axis_index(axis)
-    devices = list(model.held_devices)
+    # in one process every device of the job is reported (a dry run computes one representative
+    # device per stage, but its figures are every device's)
+    devices = list(mesh.ranks) if model.in_one_process else list(model.held_devices)
     stage_reports = {s: sm.report(optimizer) for s, sm in model.stage_models.items()}
     memory: Dict[int, Dict[str, int]] = {}
     for g in devices:
@@ -53,8 +55,9 @@ def pipeline_report(model, optimizer=None) -> StepReport:
                                                             "gradient_count": 0, "gradient_bytes": 0})
             entry[f"{payload}_count"] += count
             entry[f"{payload}_bytes"] += nbytes
-    timeline = None
-    if model.last_events and (model.in_one_process or model._measured_step == model._steps):
+    timeline = None  # a dry run's action times are shape inference, not a device's: no measured timeline
+    if model.runtime.computes_values() and model.last_events and (model.in_one_process
+                                                                 or model._measured_step == model._steps):
         timeline = model.simulated_timeline()
     report = StepReport(mesh=dict(zip(mesh.alias_names, mesh.device_matrix)), memory=memory, comm=comm,
                         comm_backward=comm_backward, fallbacks=fallbacks, device_memory=get_context("device_memory"),

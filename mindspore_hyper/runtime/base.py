@@ -65,6 +65,18 @@ class Runtime(abc.ABC):
         itself and takes all of `auto_parallelize`'s keywords in `parallelize`)."""
         return False
 
+    def computes_values(self) -> bool:
+        """Whether tensors hold values (False in a dry run: shapes only, so losses, gradients
+        and optimizer updates are not computed)."""
+        return True
+
+    def grad(self, fn, grad_position=0, weights=None):
+        """`mindspore.grad(fn, grad_position, weights)` for this mode (a dry run's records the
+        backward and returns gradients of the right shapes)."""
+        from mindspore_hyper.autodiff import grad
+
+        return grad(fn, grad_position=grad_position, weights=weights)
+
     def check_composition(self, kind: str) -> None:
         """Refuse a composition (`kind`: "pipeline stages", "device groups") this mode cannot run
         (none refused here).

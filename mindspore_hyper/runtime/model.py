@@ -27,7 +27,7 @@ from mindspore_hyper.runtime.grad_clip import check_max_norm, grad_norm, scale_t
 from mindspore_hyper.runtime.optimizer_check import check_optimizer, optimizer_gradients
 from mindspore_hyper.strategy.resolve import ParamRow, StrategyTable
 
-__all__ = ["ParallelModel", "check_loss", "live_models", "keeping_models"]
+__all__ = ["ParallelModel", "check_loss", "live_models", "keeping_models", "register_model"]
 
 _LIVE: "weakref.WeakSet" = weakref.WeakSet()
 _SERIAL = itertools.count()
@@ -37,11 +37,20 @@ _KEPT: List[List["ParallelModel"]] = []  # while `keeping_models` runs: every mo
 
 
 def live_models() -> List["ParallelModel"]:
-    """The ParallelModels of this process still alive (or kept), oldest first (what a run's
-    report lists)."""
+    """The ParallelModels (and registered compositions of them) of this process still alive (or
+    kept), oldest first (what a run's report lists)."""
     kept = {id(m): m for block in _KEPT for m in block}
     kept.update({id(m): m for m in _LIVE})
     return sorted(kept.values(), key=lambda m: m._serial)
+
+
+def register_model(model) -> None:
+    """List `model` (a ParallelModel, or a composition of them such as a PipelineModel) among the
+    live models a run's report covers."""
+    model._serial = next(_SERIAL)
+    _LIVE.add(model)
+    for block in _KEPT:
+        block.append(model)
 
 
 @contextlib.contextmanager
@@ -103,10 +112,7 @@ class ParallelModel(nn.Cell):
         self._last_micro_batch = True  # the running micro-batch is the step's last
         self._accumulation_steps = 1  # micro-batches of the running step
         self.execution = runtime.execution(self.mesh, self.accounting, self._parameter_fan_out)
-        self._serial = next(_SERIAL)
-        _LIVE.add(self)
-        for block in _KEPT:
-            block.append(self)
+        register_model(self)
         self.execution.context_parallel = self.strategy.context
         if self.strategy.context is not None:
             from mindspore_hyper.dtensor.context import expression, multihead

@@ -7,17 +7,45 @@ gradients to apply). `report()` has a row for every device of the mesh.
 """
 from __future__ import annotations
 
-from typing import Set, Tuple
+from typing import Dict, Set, Tuple
 
 from mindspore import Tensor, nn
 
 from mindspore_hyper.comm.collectives import AxisGroup
-from mindspore_hyper.dtensor.meta import MetaTensor
+from mindspore_hyper.dtensor.dtensor import DTensor
+from mindspore_hyper.dtensor.meta import MetaTensor, meta
 from mindspore_hyper.runtime.dryrun.collectives import as_meta
+from mindspore_hyper.runtime.dryrun.shape_grad import in_training_forward
 from mindspore_hyper.runtime.model import ParallelModel
 from mindspore_hyper.runtime.simulation.model import record_gradient_sync, zero_along
 
 __all__ = ["DryRunModel"]
+
+
+def _signature(value):
+    """What a shape-only program's behaviour depends on in `value`: shapes, dtypes, layouts,
+    gradient paths; scalars themselves."""
+    if isinstance(value, DTensor):
+        return ("D", tuple(value.shape), str(value.dtype), value.layout, bool(getattr(value.shards.get(
+            next(iter(value.shards))), "grad_path", False)) if value.shards else False)
+    if isinstance(value, Tensor):
+        return ("T", tuple(value.shape), value.dtype, bool(getattr(value, "grad_path", False)))
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, tuple(_signature(v) for v in value))
+    return ("V", value)
+
+
+def _rebuild(signature):
+    """Fresh MetaTensors in the structure of an output `signature`."""
+    kind = signature[0]
+    if kind == "T":
+        return meta(signature[1], signature[2], signature[3])
+    if kind in ("tuple", "list"):
+        items = [_rebuild(s) for s in signature[1]]
+        return tuple(items) if kind == "tuple" else items
+    if kind == "V":
+        return signature[1]
+    raise TypeError("dry run: a replayed forward returned a DTensor; return_dtensor=True models run every call")
 
 
 class DryRunModel(ParallelModel):
@@ -27,9 +55,16 @@ class DryRunModel(ParallelModel):
         super().__init__(network, table, runtime, return_dtensor)
         self._synced: Set[Tuple[int, str]] = set()
         self._training = False
-        for _, cell in network.cells_and_names():
+        self._replays: Dict[tuple, tuple] = {}  # (training, needs loss, input signature) -> (counters, output)
+        collectives = self.execution.collectives
+        record = collectives.recorder
+        # the backward of a collective happens only in a training step's backward: a forward
+        # without recording (a pipeline's, an evaluation) moves no gradient
+        collectives.recorder = lambda *args: record(*args) if self.records_gradients() else None
+        for cell in [self] + [c for _, c in network.cells_and_names()]:
             # a Cell initialises its lazily created Parameters (no_init_parameters) when first
-            # called; the dry run reads only their shapes, so none is ever initialised
+            # called (this wrapper too: its parameters are the network's); the dry run reads only
+            # their shapes, so none is ever initialised
             object.__setattr__(cell, "_init_flag", True)
 
     @property
@@ -40,8 +75,25 @@ class DryRunModel(ParallelModel):
     def begin_step(self) -> None:
         self._synced.clear()
 
+    def construct(self, *inputs):
+        """The forward; a program already run on inputs of the same shapes (another pipeline
+        microbatch, a recompute) is replayed from its record: the same counters, fresh outputs of
+        the same shapes (shape-only programs are deterministic), so a pipeline's cost grows with
+        its distinct stage programs, not with its microbatches."""
+        if self.return_dtensor:
+            return super().construct(*inputs)
+        key = (self.records_gradients(), self._needs_loss, tuple(_signature(x) for x in inputs))
+        if key in self._replays:
+            state, out = self._replays[key]
+            self.accounting.restore(state)
+            self.accounting.steps += 1
+            return _rebuild(out)
+        result = super().construct(*inputs)
+        self._replays[key] = (self.accounting.snapshot(), _signature(result))
+        return result
+
     def records_gradients(self) -> bool:
-        return self._training
+        return self._training or in_training_forward()
 
     def _parameter_fan_out(self, shard: Tensor, group: AxisGroup, slot):
         """Record the parameter's data-parallel gradient sum over `group` once per step (the
@@ -49,7 +101,7 @@ class DryRunModel(ParallelModel):
         reads gets one)."""
         out = as_meta(shard)
         pid = id(slot.param)
-        if (self._training and group.records and group.size > 1 and out.grad_path
+        if (self.records_gradients() and group.records and group.size > 1 and out.grad_path
                 and (pid, group.axis) not in self._synced):
             self._synced.add((pid, group.axis))
             record_gradient_sync(self.accounting, self.rows[pid].param_bytes, group,

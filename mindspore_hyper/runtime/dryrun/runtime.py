@@ -17,6 +17,7 @@ from mindspore_hyper.context import get_context
 from mindspore_hyper.dtensor.execution import Execution, ParameterSlot
 from mindspore_hyper.runtime.base import OpByOpRuntime
 from mindspore_hyper.runtime.dryrun.collectives import DryRunCollectives
+from mindspore_hyper.runtime.dryrun.shape_grad import shape_grad
 from mindspore_hyper.runtime.simulation.runtime import zero_axes
 from mindspore_hyper.shard.layout import Layout
 
@@ -58,16 +59,24 @@ class DryRunRuntime(OpByOpRuntime):
     def device_count_hint(self, mesh_size: int) -> str:
         return f"call set_context(device_num={mesh_size}) or change the mesh"
 
+    def computes_values(self) -> bool:
+        return False
+
+    def grad(self, fn, grad_position=0, weights=None):
+        """A shape-only `mindspore.grad` (`shape_grad`)."""
+        return shape_grad(fn, grad_position, weights)
+
     def check_composition(self, kind: str) -> None:
-        """Pipeline stages and device groups are not dry-run yet (their stages recompute and
-        exchange values the dry run does not have).
+        """Pipeline stages run (each stage a dry-run model, the backward a recorded recompute);
+        device groups (MPMD) are not dry-run yet (their groups exchange values).
 
         Raises:
-            ValueError: always, naming `kind` and the ways around it.
+            ValueError: for device groups, naming them and the ways around it.
         """
-        raise ValueError(f"dry run: {kind} are not modelled by the dry run yet; dry-run one stage's (or group's) "
-                         "layers on its own mesh, or plan the whole job with `mindspore-hyper estimate`, or run it in "
-                         "simulation at a size this machine holds")
+        if kind == "pipeline stages":
+            return
+        raise ValueError(f"dry run: {kind} are not modelled by the dry run yet; dry-run one group's model on its own "
+                         "mesh, or run the job in simulation at a size this machine holds")
 
     def wrap(self, model, table, return_dtensor: bool):
         """A `DryRunModel`."""

@@ -90,3 +90,22 @@ def test_a_hyper_parallel_script_dry_runs_like_its_simulation(tmp_path):
     for key in ("parameter_bytes_per_device", "peak_bytes_per_device", "collectives", "compute", "ops"):
         assert sim[key] == dry[key], key
     assert any(c["kind"] == "AllReduce" for c in dry["collectives"])
+
+
+def test_a_pipelined_gpt_dry_runs_like_its_simulation(tmp_path):
+    """The examples' GPT cut into 2 stages (1F1B, 4 microbatches) on data 2 x pipeline 2 x tensor 2:
+    the memory rows, every stage's collectives and ops, and the sends agree with `run`; the
+    prediction simulates the schedule."""
+    args = ["--pipeline", "2", "--layers", "4"]
+    reports = {}
+    for command in ("run", "dryrun"):
+        extra = ["--hardware", "ascend-910c"] if command == "dryrun" else []
+        done = _cli(command, "--devices", "8", "--json", str(tmp_path / f"{command}.json"), *extra, SCRIPT, *args)
+        assert done.returncode == 0, done.stderr[-3000:]
+        reports[command] = json.loads((tmp_path / f"{command}.json").read_text())
+    (sim,), (dry,) = reports["run"]["meshes"], reports["dryrun"]["meshes"]
+    for key in ("memory_per_device", "collectives", "compute", "pipeline"):
+        assert sim[key] == dry[key], key
+    assert dry["pipeline"]["schedule"] == "1f1b" and set(dry["pipeline"]["per_stage"]) == {"0", "1"}
+    predicted = dry["predicted"]
+    assert predicted["compute_seconds"] > 0 and "bubble" in predicted["notes"][0]

@@ -134,10 +134,21 @@ def test_refusals_name_what_the_dry_run_cannot_do(pynative):
     mh.set_context(mode="dryrun", device_num=4)
     import pipeline_training
 
-    with pytest.raises(ValueError, match="dry run: pipeline stages are not modelled"):
-        mh.auto_parallelize(pipeline_training.build_model(), mh.Layout((2, 2), ("data", "pipeline"))(tensor_map=()),
+    mh.set_context(device_num=2)
+    with pytest.raises(ValueError, match="dry run: a pipeline over a mesh of the 'pipeline' axis alone"):
+        mh.auto_parallelize(pipeline_training.build_model(), mh.Layout((2,), ("pipeline",))(tensor_map=()),
                             pipeline={"schedule": "1f1b", "microbatches": 4})
+    mh.set_context(device_num=8)
+    traced = mh.auto_parallelize(GPT(), mh.Layout((2, 2, 2), ("data", "pipeline", "tensor"))(tensor_map=()),
+                                 pipeline={"schedule": "1f1b", "microbatches": 2})
     ids = _ids(4, 16, 128)
+    with pytest.raises(ValueError, match=r"dry run: GPT is pipelined through its construct.*pipeline_layers\(\)"):
+        traced.train_step(nn.Adam(traced.optimizer_parameters(), 1e-3), ids, ids)
+    from mindspore_hyper.runtime.dryrun import DryRunRuntime
+
+    with pytest.raises(ValueError, match="dry run: device groups are not modelled"):
+        DryRunRuntime().check_composition("device groups")
+    mh.set_context(device_num=4)
     model = mh.auto_parallelize(GPT(), megatron_strategy(4))
     optimizer = nn.Adam(model.optimizer_parameters(), 1e-3)
     with pytest.raises(ValueError, match=r"dry run: train_step option\(s\) \['max_grad_norm'\]"):
@@ -148,3 +159,26 @@ def test_refusals_name_what_the_dry_run_cannot_do(pynative):
     assert mh.dryrun_mock(1.5, lambda: loss.asnumpy()) == 1.5
     mh.set_context(mode="simulation")
     assert mh.dryrun_mock(1.5, lambda: 2.5) == 2.5
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_pipeline_stages_like_the_simulation(pynative, schedule):
+    """The pipeline example's MindSpore layers, data 2 x pipeline 2: every device's memory (stage
+    inputs in flight as activations), the stages' collectives and the stage-boundary sends."""
+    import pipeline_training
+
+    mh = pynative
+    x = Tensor(np.random.default_rng(2).standard_normal((8, 16)).astype(np.float32))
+    y = Tensor(np.random.default_rng(3).standard_normal((8, 4)).astype(np.float32))
+    reports = {}
+    for mode in ("simulation", "dryrun"):
+        mh.set_context(mode=mode, device_num=4)
+        model = mh.auto_parallelize(pipeline_training.build_model(), mh.Layout((2, 2), ("data", "pipeline"))(
+            tensor_map=()), pipeline={"schedule": schedule, "microbatches": 4})
+        optimizer = nn.Adam(model.optimizer_parameters(), 1e-3)
+        model.train_step(optimizer, x, y)
+        reports[mode] = model.report(optimizer)
+    sim, dry = reports["simulation"], reports["dryrun"]
+    assert sim.memory == dry.memory and set(dry.memory) == {0, 1, 2, 3}
+    assert sim.comm == dry.comm and sim.comm_backward == dry.comm_backward and sim.p2p == dry.p2p
+    assert dry.p2p and dry.comm_backward
