@@ -25,6 +25,13 @@ from mindspore_hyper.shard import Layout
 
 from tolerances import adam_displacement_bound, assert_within, gamma
 
+
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path, monkeypatch):
+    """MindSpore's amp O2/O3 writes its rewritten network's source under the working directory
+    (rewritten_network/): keep it out of the checkout."""
+    monkeypatch.chdir(tmp_path)
+
 U16 = 2.0 ** -11
 TP = 2  # tensor-parallel degree: the number of float16 partial sums of a row-parallel Dense
 STEPS = 5
