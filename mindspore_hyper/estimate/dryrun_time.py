@@ -80,25 +80,11 @@ def predict_step(mesh: dict, hardware: Hardware, training: bool = True) -> StepP
     Raises:
         ValueError: a mesh group larger than the hardware's largest domain.
     """
-    eff = hardware.efficiency
-    flop_rate = hardware.peak_flops * eff.matmul
-    byte_rate = hardware.memory_bandwidth * eff.memory
     passes = 3 if training else 1
-    compute = flops = 0.0
-    for row in mesh["compute"]:
-        calls = row["calls"] * passes
-        compute += calls * (max(row["flops"] / flop_rate, row["bytes"] / byte_rate) + eff.op_overhead)
-        flops += calls * row["flops"]
-    by_axis: Dict[str, float] = {}
-    for row in mesh["collectives"]:
-        if row["kind"] not in _KINDS or row["count"] == 0:
-            continue
-        size, stride = _axis_group(mesh["shape"], mesh["dim_names"], row["axis"])
-        per_call = row["input_bytes_per_device"] / row["count"]
-        n = per_call * size if row["kind"] == "AllGather" else per_call
-        seconds = row["count"] * collective_seconds(_KINDS[row["kind"]], n, hardware,
-                                                    group_fanouts(hardware, size, stride))
-        by_axis[row["axis"]] = by_axis.get(row["axis"], 0.0) + seconds
+    compute = passes * _compute_seconds(mesh["compute"], hardware)
+    flops = passes * sum(row["calls"] * row["flops"] for row in mesh["compute"])
+    by_axis = _collective_seconds(mesh["collectives"], mesh["shape"], mesh["dim_names"], hardware)
+    eff = hardware.efficiency
     notes = [f"roofline per op on {hardware.name} (matmul efficiency {eff.matmul:g}, memory {eff.memory:g})"
              + ("; backward = 2 x forward" if training else "") + "; collectives by the hierarchical alpha-beta "
              "model; no overlap in step_seconds"]

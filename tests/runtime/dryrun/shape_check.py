@@ -18,9 +18,9 @@ def _as_meta(v):
     return v
 
 
-def _signature(out):
+def signature(out):
     if isinstance(out, (tuple, list)):
-        return [_signature(o) for o in out]
+        return [signature(o) for o in out]
     if isinstance(out, Tensor):
         return (tuple(out.shape), out.dtype)
     return out
@@ -39,10 +39,10 @@ def checking_shape_rules():
         inputs = [_as_meta(v) for v in local_inputs]
         args = (self.prim, self.prim_name, tuple(inputs)) if self.prim is not None else tuple(inputs)
         try:
-            inferred = _signature(infer(self.func, args, {k: _as_meta(v) for k, v in kwargs.items()}, name=self.name))
+            inferred = signature(infer(self.func, args, {k: _as_meta(v) for k, v in kwargs.items()}, name=self.name))
         except Exception as error:  # a missing or failing rule
             inferred = f"{type(error).__name__}: {str(error)[:160]}"
-        real = _signature(out)
+        real = signature(out)
         checked.add(self.name)
         if inferred != real:
             mismatches.append((self.name, real, inferred))

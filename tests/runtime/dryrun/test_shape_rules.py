@@ -13,21 +13,13 @@ from mindspore_hyper.dtensor.coverage import make_inputs
 from mindspore_hyper.dtensor.meta import DryRunValueError, meta
 from mindspore_hyper.dtensor.op_catalog import CATALOG
 from mindspore_hyper.dtensor.shape_registry import ShapeRuleError
-from shape_check import checking_shape_rules
+from shape_check import checking_shape_rules, signature as _signature
 from sim_models import Classifier, TinyLM
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))), "examples"))
 from models import GPT  # noqa: E402
 from train_transformer import megatron_strategy  # noqa: E402
-
-
-def _signature(out):
-    if isinstance(out, (tuple, list)):
-        return [_signature(o) for o in out]
-    if isinstance(out, Tensor):
-        return (tuple(out.shape), out.dtype)
-    return out
 
 
 def catalog_outcomes():
