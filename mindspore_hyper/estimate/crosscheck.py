@@ -3,7 +3,8 @@
 `simulate_step` runs one training step (forward + backward) of a model in simulation mode
 through the public API (`set_context`, `auto_parallelize`, `report`) and returns its report;
 `compare` lines the estimate of each device's pipeline stage up with that device's measured
-memory. `crosscheck_gpt` does both for examples/models.py's GPT under a JobStrategy.
+memory. `crosscheck_gpt` does both for examples/models.py's GPT under a JobStrategy, in
+simulation or (`shapes_only`) in the dry run, which reaches sizes no simulation holds.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ class Comparison:
 
 
 def simulate_step(model, parallel_config, inputs: Sequence, optimizer: Optional[Callable] = None,
-                  backward: bool = True):
+                  backward: bool = True, shapes_only: bool = False):
     """Run one step of `model` on the simulated mesh of `parallel_config`; return the report.
 
     Sets the context to simulation mode with the config's device count and MindSpore to
@@ -55,6 +56,8 @@ def simulate_step(model, parallel_config, inputs: Sequence, optimizer: Optional[
         inputs: the model's inputs (global tensors).
         optimizer: factory ``params -> nn.Optimizer`` whose states the report counts (default Adam).
         backward: run `value_and_grad` (forward + backward), else the forward only.
+        shapes_only: run the step in the dry-run mode (shapes and bytes only: a model built
+            under `no_init_parameters()` of any size; docs/dryrun.md) with `train_step`.
 
     Returns:
         The `StepReport` of the step.
@@ -67,12 +70,23 @@ def simulate_step(model, parallel_config, inputs: Sequence, optimizer: Optional[
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     loaded = parallel_config if hasattr(parallel_config, "mesh") else mh.load_parallel_config(parallel_config)
-    mh.set_context(mode="simulation", device_num=loaded.mesh.size)
+    mh.set_context(mode="dryrun" if shapes_only else "simulation", device_num=loaded.mesh.size)
     parallel = mh.auto_parallelize(model, loaded, pipeline=False)
+    factory = optimizer or (lambda ps: nn.Adam(ps, learning_rate=1e-3))
+    if shapes_only:
+        from mindspore.nn.utils import no_init_parameters
+
+        with no_init_parameters():  # the states' shapes only
+            states = factory(parallel.optimizer_parameters())
+        if backward:
+            parallel.train_step(states, *inputs)
+        else:
+            parallel(*inputs)
+        return parallel.report(states)
     params = model.trainable_params()
     run = value_and_grad(lambda *xs: parallel(*xs), None, params) if backward else parallel
     run(*inputs)
-    states = (optimizer or (lambda ps: nn.Adam(ps, learning_rate=1e-3)))(params)
+    states = factory(params)
     return parallel.report(states)
 
 
@@ -100,7 +114,8 @@ def compare(config: TransformerConfig, strategy: JobStrategy, report) -> List[Co
     return rows
 
 
-def crosscheck_gpt(gpt_class, config: TransformerConfig, strategy: JobStrategy, seed: int = 0) -> List[Comparison]:
+def crosscheck_gpt(gpt_class, config: TransformerConfig, strategy: JobStrategy, seed: int = 0,
+                   shapes_only: bool = False) -> List[Comparison]:
     """Build examples/models.py's GPT for `config`, simulate one training step under `strategy`
     (laid out by `gpt_parallel_config`) and compare every device with the estimate.
 
@@ -111,27 +126,34 @@ def crosscheck_gpt(gpt_class, config: TransformerConfig, strategy: JobStrategy, 
         strategy: data / tensor / pipeline sizes and ZeRO stage; its optimizer_states must be 2
             (the step's optimizer is Adam).
         seed: seeds the weights and the token ids.
+        shapes_only: dry-run the step (a model of any size, never allocated) instead of
+            simulating it.
 
     Returns:
         The comparisons (see `compare`).
     """
     if strategy.optimizer_states != 2:
         raise ValueError(f"optimizer_states={strategy.optimizer_states}: the simulated step uses Adam (2 states)")
-    model, ids, labels = seeded_gpt_batch(gpt_class, config, strategy.data, seed)
-    report = simulate_step(model, gpt_parallel_config(strategy), (ids, labels))
+    model, ids, labels = seeded_gpt_batch(gpt_class, config, strategy.data, seed, lazy=shapes_only)
+    report = simulate_step(model, gpt_parallel_config(strategy), (ids, labels), shapes_only=shapes_only)
     return compare(config, strategy, report)
 
 
-def seeded_gpt_batch(gpt_class, config: TransformerConfig, data: int, seed: int):
-    """A `gpt_class` model of `config` with weights seeded by `seed`, and one global batch of
-    random token ids and labels (micro_batch x `data` sequences of seq_len tokens)."""
+def seeded_gpt_batch(gpt_class, config: TransformerConfig, data: int, seed: int, lazy: bool = False):
+    """A `gpt_class` model of `config` with weights seeded by `seed` (`lazy`: built under
+    `no_init_parameters()`, never allocated unless used), and one global batch of random token
+    ids and labels (micro_batch x `data` sequences of seq_len tokens)."""
+    import contextlib
+
     import numpy as np
     import mindspore as ms
     from mindspore import Tensor
+    from mindspore.nn.utils import no_init_parameters
 
     ms.set_seed(seed)
-    model = gpt_class(vocab=config.vocab, hidden=config.hidden, heads=config.heads, layers=config.layers,
-                      seq=config.seq_len)
+    with no_init_parameters() if lazy else contextlib.nullcontext():
+        model = gpt_class(vocab=config.vocab, hidden=config.hidden, heads=config.heads, layers=config.layers,
+                          seq=config.seq_len)
     rng = np.random.default_rng(seed)
     shape = (config.micro_batch * data, config.seq_len)
     ids = Tensor(rng.integers(0, config.vocab, shape).astype(np.int32))
