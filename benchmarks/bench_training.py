@@ -13,7 +13,9 @@ Prints the medians, tokens/s of each, and the ratio loader batches per step time
 global batches the loader makes while one step runs: > 1 means the loader is not the
 bottleneck; it runs in the training loop's thread, so its time adds to the step's: the
 "loader share" is the fraction of a step + batch that goes to the batch). The load average is
-printed with the results: figures from a loaded machine are not claims.
+printed with the results: figures from a loaded machine are not claims. Then the training
+essentials' overhead per step (`overhead`): clipping and telemetry, and accumulation, against
+plain `train_step`.
 """
 import argparse
 import os
@@ -99,6 +101,44 @@ def main():
     for name, seconds in (("loader: token file", file), ("loader: ms.dataset", stream)):
         print(f"{name:21s} {1e3 * seconds:10.3f} ms/batch    {per_batch / seconds:14,.0f} tokens/s   "
               f"ratio {step / seconds:8.1f} batches per step   loader share {seconds / (seconds + step):6.2%}")
+
+    overhead(par, opt, batch, args)
+
+
+def overhead(par, opt, batch, args) -> None:
+    """The training essentials' cost per step against plain `train_step(opt, ids, labels)`, the same
+    global batch, interleaved over the trials: global-norm clipping (`max_grad_norm=1.0`) with the
+    telemetry call; then with 4 accumulated micro-batches too (each a quarter of the batch: in a
+    simulation that is 4x the op dispatches of one forward/backward, not bookkeeping, so it is
+    printed apart from the bookkeeping goal)."""
+    from mindspore_hyper.train import Telemetry
+
+    sink = open(os.devnull, "w")
+    telemetry = Telemetry(log_every=10 ** 9, stream=sink)
+    light = Telemetry(log_every=10 ** 9, stream=sink, report=False)
+    tokens = args.batch * args.seq
+    runs = {"plain": lambda: par.train_step(opt, *batch),
+            "clip": lambda: par.train_step(opt, *batch, max_grad_norm=1.0),
+            "telemetry (report=False)": lambda: light.step(par, par.train_step(opt, *batch), tokens=tokens),
+            "telemetry (per-step report)": lambda: telemetry.step(par, par.train_step(opt, *batch), tokens=tokens),
+            "clip + telemetry": lambda: telemetry.step(par, par.train_step(opt, *batch, max_grad_norm=1.0),
+                                                       tokens=tokens),
+            "clip + telemetry + accumulation 4": lambda: telemetry.step(
+                par, par.train_step(opt, *batch, max_grad_norm=1.0, accumulation_steps=4),
+                tokens=args.batch * args.seq)}
+    times = {name: [] for name in runs}
+    for _ in range(args.trials):
+        for name, run in runs.items():
+            run()  # one untimed step: a switch between variants costs nothing in the figure
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                run()
+            times[name].append((time.perf_counter() - start) / args.steps)
+    plain = statistics.median(times["plain"])
+    print("training essentials per step (medians; ratio to plain train_step on the same batch):")
+    for name, values in times.items():
+        t = statistics.median(values)
+        print(f"  {name:34s} {1e3 * t:10.2f} ms/step   ratio {t / plain:6.3f}")
 
 
 if __name__ == "__main__":
