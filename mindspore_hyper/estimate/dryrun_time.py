@@ -109,7 +109,8 @@ def _collective_seconds(rows, shape, names, hardware: Hardware) -> Dict[str, flo
         size, stride = _axis_group(shape, names, axis)
         per_call = row["input_bytes_per_device"] / row["count"]
         n = per_call * size if row["kind"] == "AllGather" else per_call
-        seconds = row["count"] * collective_seconds(_KINDS[row["kind"]], n, hardware, group_fanouts(hardware, size, stride))
+        fanouts = group_fanouts(hardware, size, stride)
+        seconds = row["count"] * collective_seconds(_KINDS[row["kind"]], n, hardware, fanouts)
         by_axis[axis] = by_axis.get(axis, 0.0) + seconds
     return by_axis
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Dict, List
 
+from mindspore_hyper.context import get_context
 from mindspore_hyper.hyper_parallel.session import session_executions
 from mindspore_hyper.runtime.model import live_models
 from mindspore_hyper.units import format_bytes
@@ -52,7 +53,9 @@ def session_report(mode: str, devices: int) -> Dict:
     per mesh its shape, dimension names, the bytes of laid-out parameters each device holds, the
     per-device peak and live bytes of the other DTensors, collectives by (kind, dimension,
     phase) and the ops' FLOPs and bytes; a model wrapped by `auto_parallelize` adds its memory
-    parts (parameters, gradients, optimizer states, peak activations) per set of equal devices."""
+    parts (parameters, gradients, optimizer states, peak activations) per set of equal devices; a
+    pipelined model its stages and schedule. `moe_routing` says how MoE routers chose experts:
+    balanced in a dry run (it has no logits) or with the `moe_routing` flag, else learned."""
     meshes: List[Dict] = []
     for execution in session_executions():
         params = sum(math.prod(slot.layout.local_shape(slot.global_shape)) * slot.param.dtype.itemsize
@@ -62,6 +65,8 @@ def session_report(mode: str, devices: int) -> Dict:
         entry.update(_accounting_rows(execution.accounting))
         meshes.append(entry)
     models = live_models()
+    shape_only = any(ex.shape_only for ex in session_executions()) or \
+        any(not m.runtime.computes_values() for m in models)
     pipelines = [m for m in models if hasattr(m, "stage_models")]
     staged = {id(sm) for p in pipelines for sm in p.stage_models.values()}
     for model in models:
@@ -70,7 +75,9 @@ def session_report(mode: str, devices: int) -> Dict:
                 meshes.append(_pipeline_entry(model))
         elif id(model) not in staged and model.accounting.steps:
             meshes.append(_model_entry(model))
-    return {"mode": mode, "devices": devices, "meshes": meshes}
+    balanced = shape_only or get_context("moe_routing") == "balanced"
+    return {"mode": mode, "devices": devices, "meshes": meshes,
+            "moe_routing": "balanced: token t's j-th copy to expert (t k + j) mod E" if balanced else "learned"}
 
 
 def _pipeline_entry(model) -> Dict:
@@ -82,7 +89,8 @@ def _pipeline_entry(model) -> Dict:
     stages = {s: _accounting_rows(sm.accounting) for s, sm in sorted(model.stage_models.items())}
     collectives = [dict(row, axis=f"{row['axis']}@stage{s}") for s, rows in stages.items()
                    for row in rows["collectives"]]
-    entry = {"source": f"{type(model.network).__name__} (PipelineModel over {type(next(iter(model.stage_models.values()))).__name__ if model.stage_models else 'cells'})",
+    over = type(next(iter(model.stage_models.values()))).__name__ if model.stage_models else "cells"
+    entry = {"source": f"{type(model.network).__name__} (PipelineModel over {over})",
              "shape": list(model.mesh.device_matrix), "dim_names": list(model.mesh.alias_names),
              "training_step": True,
              "memory_per_device": [{"devices": label, **parts} for label, parts in report.memory_groups()],
@@ -103,7 +111,8 @@ def _pipeline_entry(model) -> Dict:
 
 def format_report(report: Dict) -> str:
     """The report as text: one block per mesh."""
-    lines = [f"mindspore-hyper: {report['mode']}, {report['devices']} devices"]
+    lines = [f"mindspore-hyper: {report['mode']}, {report['devices']} devices"
+             + (f"; MoE routing {report['moe_routing']}" if report.get("moe_routing", "learned") != "learned" else "")]
     if not report["meshes"]:
         lines.append("  no DTensor was made (the script used no device mesh)")
     for mesh in report["meshes"]:
@@ -111,7 +120,8 @@ def format_report(report: Dict) -> str:
         lines.append(f"  mesh {dims} ({mesh['source']}): laid-out parameters "
                      f"{format_bytes(mesh['parameter_bytes_per_device'])} per device; peak "
                      f"{format_bytes(mesh['peak_bytes_per_device'])} of other DTensors (activations, inputs)"
-                     f"{' reached in ' + mesh['peak_op'] if mesh.get('peak_op') else ''}; {mesh['ops']} ops on DTensors")
+                     f"{' reached in ' + mesh['peak_op'] if mesh.get('peak_op') else ''}; "
+                     f"{mesh['ops']} ops on DTensors")
         for row in mesh.get("memory_per_device", []):
             parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in row.items() if k != "devices")
             lines.append(f"    devices {row['devices']}: {parts}")

@@ -28,6 +28,7 @@ def test_a_large_job_dry_runs_with_the_report_of_run(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "mindspore-hyper: dryrun, 512 devices" in done.stdout
     dry = json.loads((tmp_path / "d.json").read_text())
+    assert dry["moe_routing"].startswith("balanced")  # the assumption a dry run makes, said in its report
     mesh = dry["meshes"][0]
     assert mesh["shape"] == [64, 8] and mesh["training_step"]
     assert (tmp_path / "d.png").stat().st_size > 0
@@ -45,6 +46,7 @@ def test_a_large_job_dry_runs_with_the_report_of_run(tmp_path):
     run = _cli("run", "--devices", "4", "--json", str(tmp_path / "r.json"), SCRIPT)
     assert run.returncode == 0, run.stderr[-3000:]
     simulated = json.loads((tmp_path / "r.json").read_text())
+    assert simulated["moe_routing"] == "learned"
     assert set(simulated) == set(dry) and set(simulated["meshes"][0]) == set(mesh) - {"predicted"}
 
 

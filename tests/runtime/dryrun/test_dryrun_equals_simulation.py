@@ -154,7 +154,8 @@ def test_refusals_name_what_the_dry_run_cannot_do(pynative):
     with pytest.raises(ValueError, match=r"dry run: train_step option\(s\) \['max_grad_norm'\]"):
         model.train_step(optimizer, ids, ids, max_grad_norm=1.0)
     loss = model.train_step(optimizer, ids, ids)
-    with pytest.raises(DryRunValueError, match=r"asnumpy\(\) of a tensor of shape \(\) .*test_dryrun_equals_simulation"):
+    with pytest.raises(DryRunValueError,
+                       match=r"asnumpy\(\) of a tensor of shape \(\) .*test_dryrun_equals_simulation"):
         loss.asnumpy()
     assert mh.dryrun_mock(1.5, lambda: loss.asnumpy()) == 1.5
     mh.set_context(mode="simulation")
