@@ -17,6 +17,7 @@ import argparse
 import os
 
 from mindspore_hyper.cli.arg_types import positive_int
+from mindspore_hyper.cli.report_plot import add_plot_argument, plot_report
 
 __all__ = ["add_parser", "run", "add_predictions"]
 
@@ -39,7 +40,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"predict the step time on this hardware: one of {', '.join(hardware_presets())} or a "
                         ".yaml path")
     p.add_argument("--json", metavar="REPORT", help="write the report as JSON")
-    p.add_argument("--plot", metavar="PNG", help="plot memory over the step and communication per axis")
+    add_plot_argument(p)
     p.add_argument("script", help="the script to run")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
     p.set_defaults(func=run, parser=p)
@@ -76,8 +77,6 @@ def run(args: argparse.Namespace) -> int:
         if hardware is not None:
             add_predictions(report, hardware)
         if args.plot:
-            from mindspore_hyper.cli.report_plot import plot_report
-
             plot_report(report, args.plot)
     from mindspore_hyper.hyper_parallel.script_runner import run_script
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from typing import Dict
 
-__all__ = ["plot_report"]
+__all__ = ["plot_report", "add_plot_argument"]
+
+
+def add_plot_argument(parser, where: str = "") -> None:
+    """The `--plot PNG` flag of `run` and `dryrun`."""
+    parser.add_argument("--plot", metavar="PNG",
+                        help=f"plot memory over the step and communication per axis{where}")
 
 
 def plot_report(report: Dict, path: str) -> str:

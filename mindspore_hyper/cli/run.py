@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 from mindspore_hyper.cli.arg_types import positive_int
+from mindspore_hyper.cli.report_plot import add_plot_argument, plot_report
 
 __all__ = ["add_parser", "run"]
 
@@ -35,7 +36,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     where.add_argument("--devices", type=positive_int, default=8, help="simulated devices (default 8)")
     where.add_argument("--processes", type=positive_int, help="run under msrun with this many local processes")
     p.add_argument("--json", metavar="REPORT", help="write the report as JSON (under msrun: REPORT.rankR)")
-    p.add_argument("--plot", metavar="PNG", help="plot memory over the step and communication per axis (simulation)")
+    add_plot_argument(p, " (simulation)")
     p.add_argument("--log-dir", default="msrun_log", help="msrun's log folder with --processes (default msrun_log)")
     p.add_argument("script", help="the script to run")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
@@ -50,12 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if args.processes is None:
         from mindspore_hyper.hyper_parallel.script_runner import run_script
 
-        complete = None
-        if args.plot:
-            from mindspore_hyper.cli.report_plot import plot_report
-
-            def complete(report):
-                plot_report(report, args.plot)
+        complete = (lambda report: plot_report(report, args.plot)) if args.plot else None
         return run_script(args.script, list(args.script_args), args.devices, args.json, complete=complete)
     if args.plot:
         raise ValueError("--plot: the per-rank reports of an msrun job are written with --json (one per rank); "

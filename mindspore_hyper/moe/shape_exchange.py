@@ -15,6 +15,7 @@ import numpy as np
 
 from mindspore_hyper.comm.inprocess_collectives import nbytes_of
 from mindspore_hyper.dtensor.meta import meta
+from mindspore_hyper.moe.exchange import InProcessExchange
 
 __all__ = ["ShapeExchange"]
 
@@ -25,8 +26,10 @@ def _fresh(segments: Dict) -> Dict:
             for slot, rows in segments.items()}
 
 
-class ShapeExchange:
-    """The exchange interface of `moe.exchange` for a dry run (see module docstring).
+class ShapeExchange(InProcessExchange):
+    """The exchange interface of `moe.exchange` for a dry run (see module docstring): the
+    in-process exchange's hand-over (`start_back`, `finish`), one member held, members addressed
+    by index as under msrun.
 
     Args:
         ex: the dry run's Execution.
@@ -34,12 +37,9 @@ class ShapeExchange:
         record: told the bytes this member sends to the others.
     """
 
-    last_output = None  # nothing to chain: no backward order to keep
-
     def __init__(self, ex, axes, record=None):
-        self.ex, self.axes, self.record = ex, axes, record
+        super().__init__(ex, axes, record)
         self.index = axes.member(ex, ex.keys(axes.token)[0])
-        self._received = None
 
     @staticmethod
     def address(key, member: int) -> int:
@@ -58,13 +58,6 @@ class ShapeExchange:
         if self.record is not None:
             self.record(sent)
         self._received = {key: {member: _fresh(own) for member in range(self.axes.members)}}
-
-    def start_back(self, sends: Dict, dtype=None, run=None) -> None:
-        self.start(sends)
-
-    def finish(self, wait=None) -> Dict:
-        received, self._received = self._received, None
-        return received
 
     def exchange_counts(self, counts: Dict, record=None) -> Dict:
         (key, send), = counts.items()
