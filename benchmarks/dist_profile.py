@@ -140,7 +140,7 @@ def install() -> None:
 
     from mindspore_hyper.comm import process_collectives, shm
     from mindspore_hyper.dtensor import dispatch
-    from mindspore_hyper.runtime.distributed import model as dmodel
+    from mindspore_hyper.runtime.distributed import distributed_model as dmodel
 
     ms.runtime.launch_blocking()
     prof = PROFILE

@@ -349,6 +349,22 @@ def test_the_mode_test_count_finds_comparisons():
     assert [line for line, _ in mode_tests(source)] == [1, 2, 3]
 
 
+GENERIC_MODULE_NAMES = {"model.py", "utils.py", "helpers.py", "misc.py", "p2p.py"}
+GENERIC_NAMES_ALLOWED = {"comm/p2p.py"}  # the one point-to-point channel everything else encodes onto
+
+
+def test_modules_are_named_for_what_they_hold():
+    """Issue 40 item 5: no module with a generic name (six `model.py` made a reader open each to
+    find the class): a module is named for the concept it holds."""
+    found = []
+    for root, _, files in os.walk(PACKAGE_DIR):
+        for name in files:
+            rel = os.path.relpath(os.path.join(root, name), PACKAGE_DIR)
+            if name in GENERIC_MODULE_NAMES and rel not in GENERIC_NAMES_ALLOWED:
+                found.append(rel)
+    assert not found, "modules with a generic name (name them for what they hold): " + ", ".join(sorted(found))
+
+
 def test_architecture_doc_shows_the_layer_table():
     with open(ARCHITECTURE, encoding="utf-8") as f:
         text = f.read()

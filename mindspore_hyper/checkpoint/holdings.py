@@ -14,7 +14,7 @@ from mindspore import Parameter, nn
 from mindspore_hyper.checkpoint.box import Box
 from mindspore_hyper.checkpoint.errors import CheckpointError
 from mindspore_hyper.checkpoint.regions import rank_box
-from mindspore_hyper.runtime.model import ParallelModel
+from mindspore_hyper.runtime.parallel_model import ParallelModel
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 

@@ -11,7 +11,7 @@ from mindspore_hyper.estimate import (ACTIVATION_MODELS, CONTEXT_METHODS, DEFAUL
                                       SCHEDULES, TIERS, build_config, build_strategy, estimate_job,
                                       estimate_step_time, format_bytes, hardware_presets, largest_fitting,
                                       plot_sweep, read_job_file, sequence_sweep)
-from mindspore_hyper.estimate.model import ELEMENT_BYTES, NORMS
+from mindspore_hyper.estimate.transformer_config import ELEMENT_BYTES, NORMS
 
 __all__ = ["add_parser", "run"]
 

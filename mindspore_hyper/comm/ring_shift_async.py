@@ -7,7 +7,7 @@ step around the ring -- member i's to member i+1 (mod n), member i-1's arriving 
 send/recv (even members send first, odd ones receive first: no cycle of waits). The call returns
 a `RingShiftHandle` at once; the caller computes meanwhile (the comm library releases the GIL
 while it moves bytes) and `handle.wait()` returns the received tensors. They are plain tensors,
-not autograd nodes: their user (ring attention, `mindspore_hyper.dtensor.context.ring_core`) has
+not autograd nodes: their user (ring attention, `mindspore_hyper.dtensor.context_parallel.ring_core`) has
 its own backward, which moves the gradients by shifts of its own.
 
 One sender thread per group runs the posted shifts in posting order, so the messages of two

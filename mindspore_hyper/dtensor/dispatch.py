@@ -228,7 +228,7 @@ def dispatch(execution, func, args, kwargs):
         with NoFallbackGuard():
             return func(*args, **kwargs)
     execution.accounting.record_op(call.name)
-    if execution.context_attention is not None:  # attention across the sequence axis (dtensor/context)
+    if execution.context_attention is not None:  # attention across the sequence axis (dtensor/context_parallel)
         attention = execution.context_attention(execution, call)
         if attention is not None:
             return attention

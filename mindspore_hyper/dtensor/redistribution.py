@@ -1,4 +1,4 @@
-"""Running a redistribution plan (`shard.redistribute.plan_redistribution`) on a DTensor's shards.
+"""Running a redistribution plan (`shard.redistribution_plan.plan_redistribution`) on a DTensor's shards.
 
 Each step runs with the execution's collectives on the distinct shards it holds, or, for small
 shards in the in-process simulation, on the shards of every group stacked into one tensor.
@@ -13,7 +13,7 @@ from mindspore import Tensor, ops
 from mindspore_hyper.comm.inprocess_collectives import InProcessCollectives, reduce_tensors
 from mindspore_hyper.dtensor.batched import BATCH_BELOW_ELEMENTS, stacked_shards
 from mindspore_hyper.dtensor.dtensor import DTensor, Key, key_of, significant_axes
-from mindspore_hyper.shard.redistribute import (
+from mindspore_hyper.shard.redistribution_plan import (
     AllGather, AllReduce, AllToAll, LocalSlice, MakePartial, ReduceScatter, plan_redistribution,
 )
 from mindspore_hyper.shard.tensor_layout import TensorLayout

@@ -19,7 +19,7 @@ from mindspore_hyper.estimate.job import (JobEstimate, StageEstimate, estimate_j
                                           in_flight_microbatches, stage_layers)
 from mindspore_hyper.estimate.job_file import build_config, build_job, build_strategy, read_job_file
 from mindspore_hyper.estimate.limits import FIT_FIELDS, largest_fitting
-from mindspore_hyper.estimate.model import PRESETS, ParamCounts, TransformerConfig, preset
+from mindspore_hyper.estimate.transformer_config import PRESETS, ParamCounts, TransformerConfig, preset
 from mindspore_hyper.estimate.simulation_activations import simulation_activation_bytes
 from mindspore_hyper.estimate.step_time import CommTerm, LayerTime, StepTimeEstimate, estimate_step_time, global_batch
 from mindspore_hyper.estimate.strategy import ACTIVATION_MODELS, CONTEXT_METHODS, SCHEDULES, TIERS, JobStrategy

@@ -37,7 +37,7 @@ from typing import Callable, Dict, List, Tuple
 import numpy as np
 
 from mindspore_hyper.estimate.layer_ops import OPTIMIZER_KEY, head_forward_ops, kernel_key, layer_forward_ops
-from mindspore_hyper.estimate.model import TransformerConfig
+from mindspore_hyper.estimate.transformer_config import TransformerConfig
 from mindspore_hyper.estimate.strategy import JobStrategy
 
 __all__ = ["measure_kernels"]

@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from mindspore_hyper.estimate.gpt_layout import gpt_parallel_config
 from mindspore_hyper.estimate.job import estimate_stage
-from mindspore_hyper.estimate.model import TransformerConfig
+from mindspore_hyper.estimate.transformer_config import TransformerConfig
 from mindspore_hyper.estimate.strategy import JobStrategy
 
 __all__ = ["simulate_step", "compare", "crosscheck_gpt", "Comparison", "COMPARED"]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from mindspore_hyper.estimate.activations import TABLE2_ROWS, activation_bytes_per_layer, table2_row
-from mindspore_hyper.estimate.model import ParamCounts, TransformerConfig
+from mindspore_hyper.estimate.transformer_config import ParamCounts, TransformerConfig
 from mindspore_hyper.estimate.simulation_activations import simulation_activation_bytes
 from mindspore_hyper.estimate.strategy import JobStrategy
 from mindspore_hyper.units import format_bytes

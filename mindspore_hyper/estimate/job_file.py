@@ -17,7 +17,7 @@ import os
 from typing import Any, Dict, Optional, Tuple, Union
 
 from mindspore_hyper.context import parse_bytes
-from mindspore_hyper.estimate.model import TransformerConfig, preset
+from mindspore_hyper.estimate.transformer_config import TransformerConfig, preset
 from mindspore_hyper.estimate.strategy import JobStrategy
 
 __all__ = ["read_job_file", "build_config", "build_strategy", "build_job"]

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import List, Tuple
 
 from mindspore_hyper.estimate.hardware import Hardware
-from mindspore_hyper.estimate.model import TransformerConfig
+from mindspore_hyper.estimate.transformer_config import TransformerConfig
 from mindspore_hyper.estimate.strategy import JobStrategy
 
 __all__ = ["Op", "OP_CLASSES", "layer_forward_ops", "head_forward_ops", "op_seconds", "op_phase_seconds", "kernel_key",

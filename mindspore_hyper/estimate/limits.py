@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from mindspore_hyper.estimate.job import estimate_job
-from mindspore_hyper.estimate.model import TransformerConfig
+from mindspore_hyper.estimate.transformer_config import TransformerConfig
 from mindspore_hyper.estimate.strategy import JobStrategy
 
 __all__ = ["largest_fitting", "FIT_FIELDS"]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Union
 
 from mindspore_hyper.estimate.hardware import Hardware, load_hardware
-from mindspore_hyper.estimate.model import TransformerConfig
+from mindspore_hyper.estimate.transformer_config import TransformerConfig
 from mindspore_hyper.estimate.search import SearchResult, search_strategies
 
 __all__ = ["ScalingPoint", "weak_scaling", "plot_scaling"]

@@ -27,7 +27,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 from mindspore_hyper.estimate.activations import RECOMPUTE_MODES
 from mindspore_hyper.estimate.hardware import Hardware, load_hardware
 from mindspore_hyper.estimate.job import StageEstimate, estimate_stage
-from mindspore_hyper.estimate.model import TransformerConfig
+from mindspore_hyper.estimate.transformer_config import TransformerConfig
 from mindspore_hyper.estimate.step_time import StepTimeEstimate, estimate_step_time
 from mindspore_hyper.estimate.strategy import JobStrategy
 

@@ -32,7 +32,7 @@ outside the layers (V = bsv):
 """
 from __future__ import annotations
 
-from mindspore_hyper.estimate.model import TransformerConfig
+from mindspore_hyper.estimate.transformer_config import TransformerConfig
 
 __all__ = ["simulation_activation_bytes", "check_simulation_architecture"]
 

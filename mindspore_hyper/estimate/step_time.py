@@ -14,7 +14,7 @@ all-gather). Per layer and micro-batch:
   backward; with sequence parallelism 2 all-gathers + 2 reduce-scatters each way (same bytes).
 - context parallel: ring: (cp - 1) K/V blocks of T 2kv e bytes passed forward, hidden behind
   the attention core up to its time; backward (the hand-written ring of
-  `dtensor/context/ring_core.py`) (cp - 1) steps of the K/V blocks and their gradient
+  `dtensor/context_parallel/ring_core.py`) (cp - 1) steps of the K/V blocks and their gradient
   accumulators (twice the bytes), hidden behind the attention core's backward, then one more
   accumulator shift that brings each gradient home, exposed (nothing is left to overlap);
   Ulysses: 4 AllToAlls (q, k, v, output) forward and 4 backward, exposed.
@@ -47,7 +47,7 @@ from mindspore_hyper.estimate.hardware import Hardware, load_hardware
 from mindspore_hyper.estimate.job import _check_fit, stage_layers
 from mindspore_hyper.estimate.layer_ops import (FLASH_BACKWARD, OPTIMIZER_KEY, head_forward_ops, layer_forward_ops,
                                                 model_flops_per_token, op_phase_seconds)
-from mindspore_hyper.estimate.model import TransformerConfig
+from mindspore_hyper.estimate.transformer_config import TransformerConfig
 from mindspore_hyper.estimate.pipeline_time import PipelineTime, pipeline_makespan
 from mindspore_hyper.estimate.strategy import JobStrategy
 

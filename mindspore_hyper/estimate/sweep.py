@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 from mindspore_hyper.estimate.job import DEVICE_KINDS, JobEstimate, estimate_job
-from mindspore_hyper.estimate.model import TransformerConfig
+from mindspore_hyper.estimate.transformer_config import TransformerConfig
 from mindspore_hyper.estimate.strategy import JobStrategy
 
 __all__ = ["sequence_sweep", "plot_sweep", "DEFAULT_SEQ_LENS"]

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from mindspore_hyper._resources import resource_path
 from mindspore_hyper.estimate.hardware import Hardware, load_hardware
-from mindspore_hyper.estimate.model import TransformerConfig
+from mindspore_hyper.estimate.transformer_config import TransformerConfig
 from mindspore_hyper.estimate.step_time import StepTimeEstimate, estimate_step_time, global_batch
 from mindspore_hyper.estimate.strategy import JobStrategy
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import List, Sequence
 
 from mindspore_hyper.estimate.crosscheck import Comparison, compare, seeded_gpt_batch
-from mindspore_hyper.estimate.model import TransformerConfig
+from mindspore_hyper.estimate.transformer_config import TransformerConfig
 from mindspore_hyper.estimate.search import SearchResult
 from mindspore_hyper.estimate.strategy import JobStrategy
 

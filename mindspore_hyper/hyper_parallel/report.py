@@ -13,7 +13,7 @@ from typing import Dict, List
 
 from mindspore_hyper.context import get_context
 from mindspore_hyper.hyper_parallel.session import session_executions
-from mindspore_hyper.runtime.model import live_models
+from mindspore_hyper.runtime.parallel_model import live_models
 from mindspore_hyper.units import format_bytes
 
 __all__ = ["session_report", "format_report"]

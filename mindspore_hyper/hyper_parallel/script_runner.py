@@ -43,7 +43,7 @@ def run_script(script: str, args: List[str], devices: Optional[int], json_path: 
     from mindspore_hyper.context import set_context
     from mindspore_hyper.hyper_parallel.install import install_hyper_parallel
     from mindspore_hyper.hyper_parallel.report import format_report, session_report
-    from mindspore_hyper.runtime.model import keeping_models
+    from mindspore_hyper.runtime.parallel_model import keeping_models
 
     if not os.path.isfile(script):
         raise FileNotFoundError(f"no script {script!r}")

@@ -16,7 +16,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.graph.api import _pynative_executor
 
 from mindspore_hyper.mpmd.group_placement import GroupPlacement
-from mindspore_hyper.runtime.simulation.model import SimulatedModel
+from mindspore_hyper.runtime.simulation.simulated_model import SimulatedModel
 from mindspore_hyper.strategy.resolve import resolve_strategy
 
 __all__ = ["GroupRunner"]

@@ -21,13 +21,13 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import mindspore as ms
 import numpy as np
 
-from mindspore_hyper.multimodal.p2p import DONE, END, FEATURES, REPORT, TAKEN, Channel, StageMessage
+from mindspore_hyper.multimodal.request_transport import DONE, END, FEATURES, REPORT, TAKEN, Channel, StageMessage
 from mindspore_hyper.multimodal.requests import Batch, EncodedBatch
 from mindspore_hyper.multimodal.results import (PipelineResult, TrainResult, inference_result, make_timeline,
                                                 sum_in_batch_order)
 from mindspore_hyper.multimodal.schedule_rules import assign, may_start
 from mindspore_hyper.multimodal.stages import EncoderStage, LanguageStage
-from mindspore_hyper.multimodal.timeline import LM_GROUP, encoder_group, stage_span
+from mindspore_hyper.multimodal.encoder_timeline import LM_GROUP, encoder_group, stage_span
 from mindspore_hyper.schedule.span import Span
 
 __all__ = ["GroupSplit", "run_distributed"]

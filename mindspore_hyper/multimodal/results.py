@@ -9,7 +9,7 @@ import mindspore as ms
 import numpy as np
 
 from mindspore_hyper.multimodal.requests import Batch
-from mindspore_hyper.multimodal.timeline import EncoderTimeline
+from mindspore_hyper.multimodal.encoder_timeline import EncoderTimeline
 
 __all__ = ["PipelineResult", "TrainResult", "inference_result", "make_timeline", "sum_in_batch_order"]
 

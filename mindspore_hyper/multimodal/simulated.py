@@ -10,7 +10,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from mindspore_hyper.multimodal.requests import Batch, EncodedBatch
 from mindspore_hyper.multimodal.schedule_rules import assign, may_start
 from mindspore_hyper.multimodal.stages import EncoderStage, LanguageStage
-from mindspore_hyper.multimodal.timeline import LM_GROUP, encoder_group, stage_span
+from mindspore_hyper.multimodal.encoder_timeline import LM_GROUP, encoder_group, stage_span
 from mindspore_hyper.schedule.span import Span
 
 __all__ = ["run_simulated"]

@@ -296,7 +296,7 @@ def hyper_offload(model: nn.Cell, policy: Optional[OffloadPolicy] = None, *,
         WorkingSetError: a sub-Cell's working set exceeds a device tier (before anything runs).
         ValueError: `store` does not give one store per simulated device.
     """
-    from mindspore_hyper.runtime.model import ParallelModel
+    from mindspore_hyper.runtime.parallel_model import ParallelModel
 
     policy = policy or OffloadPolicy()
     network, n = model, 1

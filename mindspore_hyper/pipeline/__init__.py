@@ -6,9 +6,9 @@ backward pieces), runner.py (a rank's action list), p2p.py (stage-boundary send/
 """
 from mindspore_hyper.pipeline.aux_loss import AuxLosses, add_aux_loss
 from mindspore_hyper.pipeline.build import parallelize_pipeline
-from mindspore_hyper.pipeline.model import PipelineModel
+from mindspore_hyper.pipeline.pipeline_model import PipelineModel
 from mindspore_hyper.pipeline.options import PipelineOptions
-from mindspore_hyper.pipeline.p2p import P2PError, P2PTimeout
+from mindspore_hyper.pipeline.stage_transport import P2PError, P2PTimeout
 
 __all__ = ["PipelineModel", "PipelineOptions", "parallelize_pipeline", "P2PError", "P2PTimeout",
            "AuxLosses", "add_aux_loss"]

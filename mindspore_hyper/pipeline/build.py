@@ -33,7 +33,7 @@ def parallelize_pipeline(model, table, runtime, pipeline=None, return_dtensor: b
             tensor axes under msrun for a model pipelined through its construct, `scheduler: dynamic`
             under msrun.
     """
-    from mindspore_hyper.pipeline.model import PipelineModel
+    from mindspore_hyper.pipeline.pipeline_model import PipelineModel
 
     explicit = pipeline is not None
     options = PipelineOptions.of(pipeline)
@@ -88,7 +88,7 @@ def parallelize_pipeline(model, table, runtime, pipeline=None, return_dtensor: b
         runtime.check_mesh(mesh)
         return PipelineModel(model, layers, schedule, split, options, strategy, runtime, reduction, table,
                              from_config=not explicit)
-    from mindspore_hyper.pipeline.p2p import ShmTransport, peer_pairs
+    from mindspore_hyper.pipeline.stage_transport import ShmTransport, peer_pairs
 
     w = runtime.processes
     rebalance = options.rebalance or (options.rebalance is None and table.config is not None

@@ -37,7 +37,7 @@ from mindspore_hyper.mpmd.group_runner import GroupRunner
 from mindspore_hyper.mpmd.group_placement import place_groups
 from mindspore_hyper.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord
 from mindspore_hyper.mpmd.share_rebalancing import ShareRebalancing, gather_group_seconds, proportional_shares
-from mindspore_hyper.mpmd.timeline import GroupTimeline
+from mindspore_hyper.mpmd.group_timeline import GroupTimeline
 from mindspore_hyper.runtime.modes import runtime_for
 from mindspore_hyper.schedule.rebalance import RebalancePolicy
 from mindspore_hyper.strategy.config import ParallelConfig, load_parallel_config

@@ -4,7 +4,7 @@ Pure data and planning: nothing here executes a collective or knows about models
 """
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.shard.placement import Partial, Placement, Replicate, Shard
-from mindspore_hyper.shard.redistribute import (
+from mindspore_hyper.shard.redistribution_plan import (
     AllGather, AllReduce, AllToAll, LocalSlice, MakePartial, PlanStep, RedistributionPlan, ReduceScatter,
     plan_redistribution,
 )

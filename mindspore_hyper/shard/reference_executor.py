@@ -9,7 +9,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from mindspore_hyper.shard.redistribute import (
+from mindspore_hyper.shard.redistribution_plan import (
     AllGather, AllReduce, AllToAll, LocalSlice, MakePartial, RedistributionPlan, ReduceScatter,
 )
 from mindspore_hyper.shard.tensor_layout import TensorLayout

@@ -8,7 +8,7 @@ positions, runs by `method`:
 - "ulysses": an AllToAll turns sequence-sharded q/k/v into head-sharded ones, attention runs on
   whole sequences for 1/cp of the heads, and a second AllToAll turns the result back.
 
-The algorithms live in `mindspore_hyper.dtensor.context`; this value type only records the choice.
+The algorithms live in `mindspore_hyper.dtensor.context_parallel`; this value type only records the choice.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from typing import Optional, Tuple, Union
 from mindspore_hyper.estimate.calibrate import calibrate_cpu
 from mindspore_hyper.estimate.hardware import Hardware, load_hardware
 from mindspore_hyper.estimate.layer_ops import model_flops_per_token
-from mindspore_hyper.estimate.model import TransformerConfig
+from mindspore_hyper.estimate.transformer_config import TransformerConfig
 
 __all__ = ["flops_per_token_of", "peak_flops_of", "model_flops_utilization"]
 

@@ -22,7 +22,7 @@ import time
 from typing import Any, Callable, List, Optional, TextIO, Union
 
 from mindspore_hyper.estimate.hardware import Hardware
-from mindspore_hyper.estimate.model import TransformerConfig
+from mindspore_hyper.estimate.transformer_config import TransformerConfig
 from mindspore_hyper.train.mfu import CPU, flops_per_token_of, peak_flops_of
 from mindspore_hyper.train.progress import ProgressBar
 from mindspore_hyper.train.step_record import StepRecord

@@ -9,9 +9,9 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from mindspore_hyper.dtensor.context.ring_core import RingAttention, RingPlan
-from mindspore_hyper.dtensor.context.ring_transports import LocalRing
-from mindspore_hyper.dtensor.context.scores import MASKED_BELOW, Step
+from mindspore_hyper.dtensor.context_parallel.ring_core import RingAttention, RingPlan
+from mindspore_hyper.dtensor.context_parallel.ring_transports import LocalRing
+from mindspore_hyper.dtensor.context_parallel.scores import MASKED_BELOW, Step
 
 pytestmark = pytest.mark.usefixtures("pynative")
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from mindspore_hyper.estimate.hardware import hardware_from_dict, hardware_presets, load_hardware
-from mindspore_hyper.estimate.model import TransformerConfig
+from mindspore_hyper.estimate.transformer_config import TransformerConfig
 from mindspore_hyper.estimate.step_time import estimate_step_time
 from mindspore_hyper.estimate.strategy import JobStrategy
 from mindspore_hyper.estimate.validation import (HELDOUT_FILE, heldout_rows, heldout_summary, load_heldout,

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from mindspore_hyper.multimodal import AsyncEncoderPipeline
-from mindspore_hyper.multimodal.p2p import FEATURES, StageMessage
+from mindspore_hyper.multimodal.request_transport import FEATURES, StageMessage
 from mm_models import make_models
 
 
@@ -37,7 +37,7 @@ def test_message_checks_and_normalises():
 def test_channel_carries_messages_in_order_with_and_without_array():
     import uuid
 
-    from mindspore_hyper.multimodal.p2p import DONE, END, Channel
+    from mindspore_hyper.multimodal.request_transport import DONE, END, Channel
 
     job = "mm" + uuid.uuid4().hex[:10]
     sender = Channel(job, 0, 1, me=0, timeout=10.0)  # returns at once; the receiving end waits for it

@@ -62,7 +62,7 @@ def main():
     options = {"schedule": kind, "microbatches": m}
     rebalance = os.environ.get("PIPELINE_TEST_REBALANCE") == "1"
     if rebalance:
-        from mindspore_hyper.pipeline.model import PipelineModel
+        from mindspore_hyper.pipeline.pipeline_model import PipelineModel
         from test_pipeline_rebalance import LAYER_COSTS
 
         def fixed_stage_times(self):

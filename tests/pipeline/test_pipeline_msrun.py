@@ -78,7 +78,7 @@ def test_distributed_pipeline_of_a_construct_with_a_side_input(tmp_path):
 
 
 def test_a_receive_that_waits_too_long_names_the_peer():
-    from mindspore_hyper.pipeline.p2p import Mailbox, P2PTimeout
+    from mindspore_hyper.pipeline.stage_transport import Mailbox, P2PTimeout
     from mindspore_hyper.schedule.actions import P2PTensor, Payload
 
     box = Mailbox(rank=1)

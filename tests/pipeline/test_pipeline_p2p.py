@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
-from mindspore_hyper.pipeline.p2p import P2PError, P2PTimeout, ShmTransport
+from mindspore_hyper.pipeline.stage_transport import P2PError, P2PTimeout, ShmTransport
 from mindspore_hyper.schedule.actions import P2PTensor, Payload
 
 

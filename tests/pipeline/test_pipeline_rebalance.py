@@ -33,7 +33,7 @@ def fixed_stage_times(self):
 
 
 def test_dynamic_scheduler_moves_layers_and_keeps_numerics(monkeypatch):
-    from mindspore_hyper.pipeline.model import PipelineModel
+    from mindspore_hyper.pipeline.pipeline_model import PipelineModel
 
     monkeypatch.setattr(PipelineModel, "stage_times", fixed_stage_times)
     x, y = batch()

@@ -13,7 +13,7 @@ import mindspore_hyper as mh
 from mindspore_hyper import Layout
 from mindspore_hyper.runtime.distributed.runtime import DistributedRuntime
 from mindspore_hyper.pipeline import PipelineModel
-from mindspore_hyper.runtime.simulation.model import SimulatedModel
+from mindspore_hyper.runtime.simulation.simulated_model import SimulatedModel
 from pipeline_models import assert_same_training, gpt, single_device_run, tokens
 
 PIPELINE_2 = Layout((2,), ("pipeline",))

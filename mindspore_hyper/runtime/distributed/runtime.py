@@ -100,6 +100,6 @@ class DistributedRuntime(OpByOpRuntime):
 
     def wrap(self, model, table, return_dtensor: bool):
         """A `DistributedModel` for this process's rank."""
-        from mindspore_hyper.runtime.distributed.model import DistributedModel
+        from mindspore_hyper.runtime.distributed.distributed_model import DistributedModel
 
         return DistributedModel(model, table, self, return_dtensor=return_dtensor)

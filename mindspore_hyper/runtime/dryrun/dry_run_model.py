@@ -16,8 +16,8 @@ from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.dtensor.meta import MetaTensor, meta
 from mindspore_hyper.runtime.dryrun.collectives import as_meta
 from mindspore_hyper.runtime.dryrun.shape_grad import in_training_forward
-from mindspore_hyper.runtime.model import ParallelModel
-from mindspore_hyper.runtime.simulation.model import record_gradient_sync, zero_along
+from mindspore_hyper.runtime.parallel_model import ParallelModel
+from mindspore_hyper.runtime.simulation.simulated_model import record_gradient_sync, zero_along
 
 __all__ = ["DryRunModel"]
 

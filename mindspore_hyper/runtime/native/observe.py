@@ -76,7 +76,7 @@ def observe_primitives(model, table: StrategyTable, example_inputs: Sequence, lo
     """
     from mindspore import Tensor
 
-    from mindspore_hyper.runtime.simulation.model import SimulatedModel
+    from mindspore_hyper.runtime.simulation.simulated_model import SimulatedModel
     from mindspore_hyper.runtime.simulation.runtime import SimulationRuntime
 
     observation = Observation(input_shapes=[tuple(x.shape) for x in example_inputs if isinstance(x, Tensor)])

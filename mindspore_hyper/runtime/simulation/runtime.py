@@ -9,7 +9,7 @@ from mindspore import nn
 from mindspore_hyper.context import get_context
 from mindspore_hyper.dtensor.execution import ParameterSlot, in_process_collectives
 from mindspore_hyper.runtime.base import OpByOpRuntime
-from mindspore_hyper.runtime.simulation.model import SimulatedModel
+from mindspore_hyper.runtime.simulation.simulated_model import SimulatedModel
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.strategy.resolve import resolve_strategy
 

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))  # sim_models
 ms.set_context(mode=ms.PYNATIVE_MODE)
 import mindspore_hyper as mh  # noqa: E402
 from mindspore_hyper import Layout, auto_parallelize  # noqa: E402
-from mindspore_hyper.dtensor.context.ring_core import RingAttention  # noqa: E402
+from mindspore_hyper.dtensor.context_parallel.ring_core import RingAttention  # noqa: E402
 from models import GPT  # noqa: E402
 from sim_models import Classifier  # noqa: E402
 

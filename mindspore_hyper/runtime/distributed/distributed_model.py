@@ -23,7 +23,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from mindspore_hyper.comm.collectives import AxisGroup, ring_send_bytes
 from mindspore_hyper.comm.process_collectives import adopt
-from mindspore_hyper.runtime.model import ParallelModel
+from mindspore_hyper.runtime.parallel_model import ParallelModel
 
 __all__ = ["DistributedModel"]
 

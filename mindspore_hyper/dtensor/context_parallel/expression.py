@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from mindspore_hyper.dtensor import dispatch
-from mindspore_hyper.dtensor.context.attend import attend
-from mindspore_hyper.dtensor.context.scores import AttentionScores, Step, ordinary, suspended
+from mindspore_hyper.dtensor.context_parallel.attend import attend
+from mindspore_hyper.dtensor.context_parallel.scores import AttentionScores, Step, ordinary, suspended
 from mindspore_hyper.dtensor.dtensor import DTensor, is_float
 
 __all__ = ["intercept"]

@@ -11,7 +11,7 @@ from typing import Set, Tuple
 from mindspore import Tensor, nn, ops
 
 from mindspore_hyper.comm.collectives import AxisGroup, on_gradient, ring_send_bytes
-from mindspore_hyper.runtime.model import ParallelModel
+from mindspore_hyper.runtime.parallel_model import ParallelModel
 from mindspore_hyper.strategy.resolve import StrategyTable
 
 # a new node for the gradient hook: the Identity primitive (ops.identity, the same op, prints

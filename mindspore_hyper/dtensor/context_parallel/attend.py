@@ -1,8 +1,8 @@
 """`attend`: attention by the strategy's context-parallel method."""
 from __future__ import annotations
 
-from mindspore_hyper.dtensor.context import ring, ulysses
-from mindspore_hyper.dtensor.context.scores import AttentionScores
+from mindspore_hyper.dtensor.context_parallel import ring, ulysses
+from mindspore_hyper.dtensor.context_parallel.scores import AttentionScores
 from mindspore_hyper.dtensor.dtensor import DTensor
 
 __all__ = ["attend"]

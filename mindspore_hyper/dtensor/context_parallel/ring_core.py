@@ -45,7 +45,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, mint, nn, ops
 
-from mindspore_hyper.dtensor.context.scores import Step
+from mindspore_hyper.dtensor.context_parallel.scores import Step
 
 __all__ = ["RingAttention", "RingPlan", "zigzag_chunks", "span", "mask_block", "ROW_FLOOR"]
 

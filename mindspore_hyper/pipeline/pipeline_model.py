@@ -22,11 +22,11 @@ from mindspore_hyper.pipeline.computation import StageComputation
 from mindspore_hyper.pipeline.dropout_replay import DropoutReplay
 from mindspore_hyper.pipeline.microbatch import loss_scale, split_microbatches
 from mindspore_hyper.pipeline.options import PipelineOptions
-from mindspore_hyper.pipeline.p2p import LocalTransport
+from mindspore_hyper.pipeline.stage_transport import LocalTransport
 from mindspore_hyper.pipeline.runner import StageRunner
 from mindspore_hyper.pipeline.stages import PipelineLayers, StageCell, check_unshared
 from mindspore_hyper.pipeline.traced_chain import TracedStageCell
-from mindspore_hyper.runtime.model import register_model
+from mindspore_hyper.runtime.parallel_model import register_model
 from mindspore_hyper.runtime.optimizer_check import optimizer_gradients
 from mindspore_hyper.runtime.training_options import refuse_unsupported
 from mindspore_hyper.schedule.actions import ActionKind

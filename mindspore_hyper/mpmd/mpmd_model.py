@@ -24,7 +24,7 @@ from mindspore_hyper.autodiff import value_and_grad
 from mindspore_hyper.mpmd.group_runner import GroupRunner
 from mindspore_hyper.mpmd.group_placement import GroupPlacement, place_groups
 from mindspore_hyper.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord, apply_device_plan
-from mindspore_hyper.mpmd.timeline import GroupTimeline
+from mindspore_hyper.mpmd.group_timeline import GroupTimeline
 from mindspore_hyper.runtime.optimizer_check import optimizer_gradients
 from mindspore_hyper.runtime.training_options import refuse_unsupported
 from mindspore_hyper.schedule.rebalance import GroupSharePlan, RebalancePolicy

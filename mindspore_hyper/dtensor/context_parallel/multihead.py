@@ -17,8 +17,8 @@ import types
 from mindspore import nn, ops
 
 import mindspore as ms
-from mindspore_hyper.dtensor.context.attend import attend
-from mindspore_hyper.dtensor.context.scores import AttentionScores, Step
+from mindspore_hyper.dtensor.context_parallel.attend import attend
+from mindspore_hyper.dtensor.context_parallel.scores import AttentionScores, Step
 from mindspore_hyper.dtensor.dtensor import DTensor
 
 __all__ = ["install"]

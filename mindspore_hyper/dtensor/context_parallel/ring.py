@@ -25,9 +25,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mindspore import ops
 
-from mindspore_hyper.dtensor.context.ring_core import RingAttention, RingPlan, span
-from mindspore_hyper.dtensor.context.ring_transports import LocalRing, ProcessRing
-from mindspore_hyper.dtensor.context.scores import MASKED_BELOW, AttentionScores
+from mindspore_hyper.dtensor.context_parallel.ring_core import RingAttention, RingPlan, span
+from mindspore_hyper.dtensor.context_parallel.ring_transports import LocalRing, ProcessRing
+from mindspore_hyper.dtensor.context_parallel.scores import MASKED_BELOW, AttentionScores
 from mindspore_hyper.dtensor.dtensor import DTensor, key_of, significant_axes
 from mindspore_hyper.dtensor.rules.common import make
 

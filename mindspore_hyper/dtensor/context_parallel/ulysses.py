@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from mindspore import ops
 
-from mindspore_hyper.dtensor.context.scores import AttentionScores, ordinary
+from mindspore_hyper.dtensor.context_parallel.scores import AttentionScores, ordinary
 from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.dtensor.rules.common import make
 

@@ -115,7 +115,7 @@ class ParallelModel(nn.Cell):
         register_model(self)
         self.execution.context_parallel = self.strategy.context
         if self.strategy.context is not None:
-            from mindspore_hyper.dtensor.context import expression, multihead
+            from mindspore_hyper.dtensor.context_parallel import expression, multihead
 
             self.execution.context_attention = expression.intercept
             multihead.install(network)
