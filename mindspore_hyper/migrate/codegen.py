@@ -2,7 +2,7 @@
 
 `__init__` builds the Cell tree (cell_builder.CellPlan) as nested constructor calls mirroring the
 torch modules; `construct` is the traced program, one line per op, with the torch source line it
-came from as a comment. The helpers the code uses (helpers.py) are copied into the file, so it
+came from as a comment. The helpers the code uses (generated_support.py) are copied into the file, so it
 needs only MindSpore and NumPy.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from mindspore_hyper.migrate import helpers
+from mindspore_hyper.migrate import generated_support as helpers
 from mindspore_hyper.migrate.cell_builder import CellNode, CellPlan, ParamSpec, is_identifier, member_access
 from mindspore_hyper.migrate.graph import Graph, Node, node_refs
 from mindspore_hyper.migrate.mappings import lookup_function

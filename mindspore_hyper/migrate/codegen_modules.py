@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from mindspore import nn
 
-from mindspore_hyper.migrate import helpers
+from mindspore_hyper.migrate import generated_support as helpers
 from mindspore_hyper.migrate.cell_builder import CellNode, CellPlan, ParamSpec, is_identifier, member_access
 from mindspore_hyper.migrate.codegen import (_INDENT, _RESERVED, MappingUse, _Forward, _param_code, _variable,
                                              module_source)

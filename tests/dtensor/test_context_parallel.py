@@ -12,7 +12,7 @@ from mindspore import Tensor, mint, nn, ops
 import mindspore_hyper as mh
 from mindspore_hyper.dtensor.context_parallel.ring_core import RingAttention
 from mindspore_hyper.dtensor.dtensor import DTensor
-from mindspore_hyper.migrate.helpers import scaled_dot_product_attention
+from mindspore_hyper.migrate.generated_support import scaled_dot_product_attention
 from mindspore_hyper.shard import Layout
 
 from paths import EXAMPLES
