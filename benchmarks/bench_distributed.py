@@ -1,24 +1,40 @@
-"""Distributed mode vs one device: one training step (forward, backward, AdamW update) of the
-4-layer GPT benchmark model on 4 processes under msrun (data 2 x tensor 2, Megatron-style tensor
-parallel, data-parallel gradients summed in the aggregator) divided by the same step on one
-device; and the peer: the same model with torch DTensor on 4 processes over gloo (mp.spawn,
-CPU, parallelize_module with the same plan, gradients all-reduced over "data") divided by
-torch's single-device step. All four measured in this run, one after the other.
+"""Distributed mode vs one device, and the same for torch: one training step (forward, backward,
+AdamW update) of the 4-layer GPT benchmark model on 4 processes (data 2 x tensor 2, Megatron-style
+tensor parallel) against each framework's best single-device step, in absolute seconds and in
+core-seconds. Ours: `mode="distributed"` under msrun (data-parallel gradient sums in the
+aggregator, overlapped with the backward). Peer: torch DTensor `parallelize_module` (same plan)
+on 4 processes over gloo (mp.spawn, CPU) with torch's DistributedDataParallel on the "data"
+group (bucketed gradient all-reduces overlapped with the backward, `_pre_dp_module_transform`
+for TP + DDP), no other collective in the step.
 
-    python benchmarks/bench_distributed.py                               # hidden 768, seq 256, batch 8
-    python benchmarks/bench_distributed.py --hidden 256 --heads 4 --seq 64   # quicker
+    python benchmarks/bench_distributed.py                     # hidden 768, seq 256, batch 8, 3 runs
+    python benchmarks/bench_distributed.py --hidden 256 --heads 4 --seq 64 --runs 1 --json out.json   # quicker
 
-Each process gets max(1, cores // processes) compute threads in both libraries (MindSpore's
-runtime_num_threads, torch.set_num_threads). Our processes are bound to cores by the package's
-default (flag cpu_binding, docs/distributed.md; `MS_HYPER_CPU_BINDING=none` for the A/B); torch's
-4 processes run both unbound and pinned the same way (process r on core r % cores), and the
-faster is the peer. Each library's single-device baseline is its fastest configuration measured
-here (MindSpore: async or inline host dispatch, all cores or one; torch: all cores or one).
-Prints the median of --repeat timed steps after one warm-up step (distributed: the slowest
-rank's median), both ratios, and whether the distributed losses equal the single-device ones.
-Without torch the torch rows are skipped with a message. Goal: ours <= 1.2x and <= torch's ratio.
+Fair by construction:
+  * the same model, batch and initial weights on both sides (gpt_args.initial_weights loaded into
+    MindSpore and torch; gpt_args.token_batch);
+  * single device swept over 1 and 2 compute threads (and all cores where there are more), the
+    process bound to that many cores from its start (taskset); MindSpore also both ways of
+    host dispatch (async, inline); each framework's fastest configuration is its baseline T1;
+  * 4 processes: max(1, cores // 4) compute threads each; ours bound by the package's default
+    (flag cpu_binding), torch's run both unbound and pinned the same way (process r on core
+    r % cores), the faster counting (TN);
+  * with `cores` the cores the 4 processes run on: scaling efficiency T1 / (cores x TN) and
+    distribution overhead cores x TN - T1 core-seconds per step, per framework; goal: ours <= torch's;
+  * --runs N (default 3) runs of every row, rows interleaved by framework and in reversed order
+    on every other run; the 1-minute load average printed at the start and end of each run;
+  * losses asserted equal (gpt_args.loss_tolerance: float32 roundoff x the model's reduction
+    depth): each 4-process run's to its framework's single-device run at every step, and
+    MindSpore's single-device step-0 loss to torch's (same weights, before any update).
+
+Each row: the median of --repeat timed steps after one warm-up step (4 processes: the slowest
+rank's median). Summary: per row the median over runs. `--json PATH` writes every run's figures,
+the summary and the loss checks; the exit status is 1 if a loss check fails. Without torch the
+torch rows are skipped with a message.
 """
+import argparse
 import contextlib
+import copy
 import json
 import os
 import statistics
@@ -32,28 +48,42 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from gpt_args import gpt_argument_parser  # noqa: E402
+from gpt_args import compare_losses, gpt_argument_parser, initial_weights, load_average, token_batch  # noqa: E402
 
 WORKERS = 4
 MESH = (2, 2)
 
 
+def cores() -> list:
+    """The cores this process may run on (its affinity), in order."""
+    return sorted(os.sched_getaffinity(0))
+
+
 def threads_per_process(processes: int) -> int:
-    return max(1, (os.cpu_count() or 1) // processes)
+    return max(1, len(cores()) // processes)
+
+
+def job_cores() -> int:
+    """Cores the 4-process job runs on: its processes' threads, at most the cores there are."""
+    return min(len(cores()), WORKERS * threads_per_process(WORKERS))
+
+
+def thread_sweep() -> list:
+    """Single-device thread counts: 1 and 2, and all cores where there are more."""
+    return sorted({n for n in (1, 2, len(cores())) if n <= len(cores())})
 
 
 def pin(rank: int) -> None:
     """Pin this process (and the threads it starts later) to core rank % cores, what the
     package's cpu_binding does for 4 processes on 2 cores: the tensor-parallel peers (ranks 2d,
     2d+1 of mesh data x tensor) get different cores and compute at the same time."""
-    cores = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cores[rank % len(cores)]})
+    available = cores()
+    os.sched_setaffinity(0, {available[rank % len(available)]})
 
 
 def batch(args):
-    rng = np.random.default_rng(0)
-    return (rng.integers(0, args.vocab, (args.batch, args.seq)).astype(np.int32),
-            rng.integers(0, args.vocab, (args.batch, args.seq)).astype(np.int32))
+    """(ids, labels) int32 numpy arrays, the same for every row (gpt_args.token_batch)."""
+    return token_batch(args.vocab, args.batch, args.seq)
 
 
 def cfg_of(args) -> dict:
@@ -67,6 +97,7 @@ def ours(args, distributed: bool) -> dict:
 
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     import mindspore_hyper as mh
+    from gpt_args import load_mindspore_weights
     from models import GPT
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -77,10 +108,13 @@ def ours(args, distributed: bool) -> dict:
         import dist_profile
 
         dist_profile.install()
+    threads = threads_per_process(WORKERS) if distributed else getattr(args, "threads", None)
+    if threads:
+        ms.set_context(runtime_num_threads=threads)
     ids, labels = (Tensor(a) for a in batch(args))
     model = GPT(**cfg_of(args))
+    load_mindspore_weights(model, initial_weights(**cfg_of(args)))
     if distributed:
-        ms.set_context(runtime_num_threads=threads_per_process(WORKERS))
         s = mh.Layout(MESH, ("data", "tensor"))(tensor_map=())
         s.override("*.qkv.*", "tensor").override("*.fc1.*", "tensor")
         s.override("*.proj.weight", None, "tensor").override("*.fc2.weight", None, "tensor")
@@ -150,6 +184,7 @@ def run_ours_distributed(args) -> dict:
         import dist_profile
 
         print("mindspore_hyper profile:\n" + dist_profile.format_table(ranks[0]["profile"]))
+    # the model's loss is the global batch mean on every rank
     return {"median": slowest["median"], "times": slowest["times"], "losses": ranks[0]["losses"]}
 
 
@@ -159,19 +194,27 @@ def torch_single(args) -> dict:
 
     import bench_sim_overhead_torch as peer
 
-    torch.manual_seed(0)
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
     ids, labels = (torch.from_numpy(a.astype(np.int64)) for a in batch(args))
     model = peer.GPT(**cfg_of(args))
+    peer.load_weights(model, initial_weights(**cfg_of(args)))
     step = peer.single_device_step(model, ids, labels)
     return timed(step, args.repeat)
 
 
 def torch_rank(rank: int, args, out: str) -> None:
+    """One of torch's 4 processes: TP by parallelize_module on "tensor", then DDP on "data"
+    (bucketed all-reduces launched by autograd hooks as buckets fill, overlapping the backward;
+    the gradient average is DDP's). The step returns the rank's local loss without a collective
+    (the driver averages the data ranks' losses after the run)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
+    from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
+    from torch.nn.parallel import DistributedDataParallel
 
     import bench_sim_overhead_torch as peer
 
@@ -181,20 +224,20 @@ def torch_rank(rank: int, args, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29531")
     dist.init_process_group("gloo", rank=rank, world_size=WORKERS)
     mesh = init_device_mesh("cpu", MESH, mesh_dim_names=("data", "tensor"))
-    torch.manual_seed(0)
     model = peer.GPT(**cfg_of(args))
+    peer.load_weights(model, initial_weights(**cfg_of(args)))
     for block in model.blocks:
         parallelize_module(block, mesh["tensor"], {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
                                                   "fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
     parallelize_module(model, mesh["tensor"], {
         "embed": RowwiseParallel(input_layouts=Replicate()),
         "head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)})
+    _pre_dp_module_transform(model)  # DTensor parameters -> local tensors DDP can bucket
+    ddp = DistributedDataParallel(model, process_group=mesh.get_group("data"))
     ids, labels = (torch.from_numpy(a.astype(np.int64)) for a in batch(args))
     data_rank, data_size = mesh["data"].get_local_rank(), MESH[0]
     ids, labels = ids.chunk(data_size)[data_rank], labels.chunk(data_size)[data_rank]
-    params = list(model.parameters())
-    optimizer = peer.make_optimizer(model)
-    dp_group = mesh.get_group("data")
+    optimizer = peer.make_optimizer(ddp)
 
     phases = {}
 
@@ -210,22 +253,16 @@ def torch_rank(rank: int, args, out: str) -> None:
         optimizer.zero_grad(set_to_none=True)
         with loss_parallel():
             with phase("forward"):
-                loss = model(ids, labels)
-            with phase("backward"):
+                loss = ddp(ids, labels)
+            with phase("backward"):  # DDP's bucketed all-reduces run and finish in here
                 loss.backward()
-        with phase("grad sync"):
-            for p in params:
-                grad = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
-                dist.all_reduce(grad, op=dist.ReduceOp.AVG, group=dp_group)
         with phase("optimizer"):
             optimizer.step()
-        with phase("rest"):
-            local = loss.full_tensor() if isinstance(loss, DTensor) else loss
-            value = local.detach().clone()
-            dist.all_reduce(value, op=dist.ReduceOp.AVG, group=dp_group)
-        return value.item()
+        local = loss.to_local() if isinstance(loss, DTensor) else loss
+        return local.item()
 
     result = timed(step, args.repeat)
+    result["data_rank"] = data_rank
     if args.profile:
         import dist_profile
 
@@ -250,73 +287,173 @@ def run_torch_distributed(args) -> dict:
         print("torch profile (rank 0, s/step: wall, of which in collectives):")
         for name, wall in prof["wall"].items():
             print(f"  {name:<10} {wall:8.3f}  {prof['collectives'].get(name, 0.0):8.3f}")
-    return {"median": slowest["median"], "times": slowest["times"], "losses": ranks[0]["losses"]}
+    # global batch mean = mean over the data ranks of their local means (one rank per data index)
+    per_data = {r["data_rank"]: r["losses"] for r in ranks}
+    losses = [float(np.mean([per_data[d][k] for d in sorted(per_data)])) for k in range(len(ranks[0]["losses"]))]
+    return {"median": slowest["median"], "times": slowest["times"], "losses": losses}
 
 
-# ---------------------------------------------------------------- driver
+# ---------------------------------------------------------------- rows
 def forwarded(args):
     return [f"--layers={args.layers}", f"--hidden={args.hidden}", f"--heads={args.heads}", f"--seq={args.seq}",
             f"--batch={args.batch}", f"--vocab={args.vocab}", f"--repeat={args.repeat}"] + \
         (["--profile"] if args.profile else []) + (["--pin"] if args.pin else [])
 
 
-def in_subprocess(which: str, args, env=None, one_core: bool = False) -> dict:
-    """Run one measurement in a fresh interpreter (MindSpore and torch never share a process),
-    on every core or, with `one_core`, pinned to the first one from its start."""
-    pin_first = ["taskset", "-c", str(min(os.sched_getaffinity(0)))] if one_core else []
-    proc = subprocess.run(pin_first + [sys.executable, __file__, "--worker", which] + forwarded(args),
+def in_subprocess(which: str, args, env=None, threads=None) -> dict:
+    """Run one single-device measurement in a fresh interpreter (MindSpore and torch never share
+    a process); with `threads`, that many compute threads, the process bound to as many cores
+    from its start."""
+    bind = ["taskset", "-c", ",".join(str(c) for c in cores()[:threads])] if threads else []
+    proc = subprocess.run(bind + [sys.executable, __file__, "--worker", which] + forwarded(args) +
+                          ([f"--threads={threads}"] if threads else []),
                           capture_output=True, text=True, env=None if env is None else dict(os.environ, **env))
     if proc.returncode:
         sys.exit(f"{which} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def fastest(name: str, runs: dict) -> dict:
-    """The run of `runs` (configuration -> result) with the smallest median, after printing all."""
-    print(f"{name}: " + ", ".join(f"{how} {r['median']:.3f} s" for how, r in runs.items()))
-    return min(runs.values(), key=lambda r: r["median"])
-
-
-def ours_single_baseline(args) -> dict:
-    """MindSpore's fastest single-device configuration: its default async op pipeline or inline
-    dispatch (what the CPU modes' host_dispatch flag asks for), on all cores or on one."""
+def rows(args) -> list:
+    """(label, framework, kind, measure) of every row, the frameworks interleaved."""
     from mindspore_hyper.context import HOST_BLOCKING_ENV
 
-    return fastest("mindspore single device", {
-        "async dispatch": in_subprocess("ours-single", args, env={HOST_BLOCKING_ENV: "0"}),
-        "inline dispatch": in_subprocess("ours-single", args, env={HOST_BLOCKING_ENV: "1"}),
-        "inline dispatch, one core": in_subprocess("ours-single", args, env={HOST_BLOCKING_ENV: "1"}, one_core=True)})
-
-
-def torch_single_baseline(args) -> dict:
-    """torch's fastest single-device configuration: all cores, or one."""
-    return fastest("torch single device", {"all cores": in_subprocess("torch-single", args),
-                                           "one core": in_subprocess("torch-single", args, one_core=True)})
-
-
-def torch_distributed_best(args) -> dict:
-    """torch's 4 processes unbound and pinned (process r on core r % cores): the faster."""
-    import copy
-
+    def plural(n):
+        return f"{n} thread{'s' if n > 1 else ''} on {n} core{'s' if n > 1 else ''}"
+    ms_single, torch_single_rows = [], []
+    for n in thread_sweep():
+        for how, flag in (("inline", "1"), ("async", "0")):
+            ms_single.append((f"mindspore 1 device, {how} dispatch, {plural(n)}", "mindspore", "single",
+                              lambda n=n, flag=flag: in_subprocess("ours-single", args, {HOST_BLOCKING_ENV: flag}, n)))
+        torch_single_rows.append((f"torch 1 device, {plural(n)}", "torch", "single",
+                                  lambda n=n: in_subprocess("torch-single", args, threads=n)))
     pinned = copy.copy(args)
     pinned.pin = True
-    return fastest("torch 4 processes", {"unbound": run_torch_distributed(args),
-                                         "pinned": run_torch_distributed(pinned)})
+    dist_ms = [("mindspore_hyper 4 processes (cpu_binding)", "mindspore", "distributed",
+                lambda: run_ours_distributed(args))]
+    dist_torch = [("torch DTensor+DDP 4 processes, unbound", "torch", "distributed", lambda: run_torch_distributed(args)),
+                  ("torch DTensor+DDP 4 processes, pinned", "torch", "distributed",
+                   lambda: run_torch_distributed(pinned))]
+    if args.skip_torch:
+        torch_single_rows, dist_torch = [], []
+    out = []
+    for i in range(max(len(ms_single), len(torch_single_rows))):
+        out += ms_single[i:i + 1] + torch_single_rows[i:i + 1]
+    return out + dist_ms + dist_torch
 
 
-def report(name, single, parallel):
-    ratio = parallel["median"] / single["median"]
-    same = max(abs(a - b) / abs(b) for a, b in zip(parallel["losses"], single["losses"]))
-    print(f"{name}: single {single['median']:.3f} s, distributed {parallel['median']:.3f} s  "
-          f"ratio {ratio:.2f}x   (losses equal single-device to {same:.1e} relative)")
-    return ratio
+def one_run(index: int, args, specs) -> dict:
+    """Every row once, in the listed order on even runs and reversed on odd ones."""
+    order = specs if index % 2 == 0 else list(reversed(specs))
+    run = {"load_start": load_average(), "order": [label for label, *_ in order], "rows": {}}
+    print(f"run {index + 1}: 1-min load average at start {run['load_start']:.2f}")
+    for label, framework, kind, measure in order:
+        load = load_average()
+        result = measure()
+        result.update(framework=framework, kind=kind, load_before=load)
+        run["rows"][label] = result
+        print(f"  {label:<58} {result['median']:8.3f} s/step  (steps {', '.join(f'{t:.3f}' for t in result['times'])};"
+              f" load before {load:.2f})")
+    run["load_end"] = load_average()
+    print(f"run {index + 1}: 1-min load average at end {run['load_end']:.2f}")
+    return run
+
+
+# ---------------------------------------------------------------- summary
+def scaling(t1: float, tn: float, n_cores: int) -> dict:
+    """Scaling efficiency T1 / (cores x TN) and distribution overhead cores x TN - T1 (core-seconds per step)."""
+    return {"t1_s": t1, "tn_s": tn, "cores": n_cores, "tn_over_t1": tn / t1, "efficiency": t1 / (n_cores * tn),
+            "overhead_core_s": n_cores * tn - t1}
+
+
+def framework_summary(row_medians: dict, runs, framework: str, n_cores: int) -> dict:
+    single = {k: v for k, v in row_medians.items() if runs[0]["rows"][k]["framework"] == framework
+              and runs[0]["rows"][k]["kind"] == "single"}
+    dist = {k: v for k, v in row_medians.items() if runs[0]["rows"][k]["framework"] == framework
+            and runs[0]["rows"][k]["kind"] == "distributed"}
+    base, best = min(single, key=single.get), min(dist, key=dist.get)
+    per_run = []
+    for run in runs:  # the same figures from each run's own rows
+        rs = run["rows"]
+        t1 = min(rs[k]["median"] for k in single)
+        tn = min(rs[k]["median"] for k in dist)
+        per_run.append(scaling(t1, tn, n_cores))
+    return dict(scaling(single[base], dist[best], n_cores), baseline=base, distributed=best, per_run=per_run)
+
+
+def loss_checks(runs, args) -> list:
+    """Each run: every 4-process row against its framework's fastest single-device row of that
+    run (all steps), and MindSpore's single-device step-0 loss against torch's."""
+    checks = []
+    for run in runs:
+        rs = run["rows"]
+        base = {}
+        for fw in ("mindspore", "torch"):
+            singles = [k for k in rs if rs[k]["framework"] == fw and rs[k]["kind"] == "single"]
+            if singles:
+                base[fw] = min(singles, key=lambda k: rs[k]["median"])
+        for label, r in rs.items():
+            if r["kind"] == "distributed":
+                checks.append(compare_losses(f"{label} vs {base[r['framework']]}", r["losses"],
+                                             rs[base[r["framework"]]]["losses"], cfg_of(args), args.batch))
+        if len(base) == 2:
+            checks.append(compare_losses("MindSpore vs torch 1 device, step 0 (same weights, before any update)",
+                                         rs[base["mindspore"]]["losses"][:1], rs[base["torch"]]["losses"][:1],
+                                         cfg_of(args), args.batch))
+    return checks
+
+
+def summary(runs, args) -> dict:
+    labels = list(runs[0]["rows"])
+    row_medians = {k: statistics.median(r["rows"][k]["median"] for r in runs) for k in labels}
+    n_cores = job_cores()
+    out = {"rows": {k: {"median_s": row_medians[k], "min_s": min(r["rows"][k]["median"] for r in runs),
+                        "max_s": max(r["rows"][k]["median"] for r in runs)} for k in labels},
+           "frameworks": {}, "loss_checks": loss_checks(runs, args)}
+    for fw in ("mindspore", "torch"):
+        if any(runs[0]["rows"][k]["framework"] == fw for k in labels):
+            out["frameworks"][fw] = framework_summary(row_medians, runs, fw, n_cores)
+    if len(out["frameworks"]) == 2:
+        ms, pt = out["frameworks"]["mindspore"], out["frameworks"]["torch"]
+        out["goal"] = {"ours_overhead_core_s": ms["overhead_core_s"], "torch_overhead_core_s": pt["overhead_core_s"],
+                       "met": ms["overhead_core_s"] <= pt["overhead_core_s"],
+                       "met_per_run": [a["overhead_core_s"] <= b["overhead_core_s"]
+                                       for a, b in zip(ms["per_run"], pt["per_run"])]}
+    return out
+
+
+def print_summary(s: dict, runs) -> None:
+    print(f"\nsummary over {len(runs)} run(s): seconds per step, median over runs (min-max)")
+    for label, r in s["rows"].items():
+        print(f"  {label:<58} {r['median_s']:8.3f} s  ({r['min_s']:.3f}-{r['max_s']:.3f})")
+    names = {"mindspore": "mindspore_hyper", "torch": "torch DTensor+DDP"}
+    print(f"\n{'':<18} {'T1 s':>7} {'TN s':>7} {'cores':>5} {'TN/T1':>6} {'efficiency':>10} {'overhead core-s/step':>21}")
+    for fw, v in s["frameworks"].items():
+        print(f"{names[fw]:<18} {v['t1_s']:7.3f} {v['tn_s']:7.3f} {v['cores']:5d} {v['tn_over_t1']:5.2f}x "
+              f"{v['efficiency']:10.2f} {v['overhead_core_s']:21.3f}")
+        print(f"{'':<18} T1 = {v['baseline']}; TN = {v['distributed']}; per run overhead: "
+              + ", ".join(f"{p['overhead_core_s']:.3f}" for p in v["per_run"]))
+    if "goal" in s:
+        g = s["goal"]
+        print(f"goal (our distribution overhead in core-seconds per step <= torch's): {g['ours_overhead_core_s']:.3f} vs "
+              f"{g['torch_overhead_core_s']:.3f} -> {'met' if g['met'] else 'NOT met'} "
+              f"(per run: {', '.join('met' if m else 'not met' for m in g['met_per_run'])})")
+    bad = [c for c in s["loss_checks"] if not c["ok"]]
+    for c in bad:
+        print(f"LOSS CHECK FAILED: {c['what']}: relative {c['relative']} > tolerance {c['tolerance']}")
+    worst = max((c["max_relative"] for c in s["loss_checks"]), default=0.0)
+    print(f"loss checks: {len(s['loss_checks'])}, all within tolerance: {not bad} (largest relative difference "
+          f"{worst:.1e}; gpt_args.loss_tolerance at step 0 "
+          f"{s['loss_checks'][0]['tolerance'][0] if s['loss_checks'] else float('nan'):.1e})")
 
 
 def main():
     parser = gpt_argument_parser(__doc__.splitlines()[0])
-    parser.add_argument("--worker", choices=("ours", "ours-single", "torch-single"), help=argparse_hidden())
-    parser.add_argument("--out", help=argparse_hidden())
-    parser.add_argument("--pin", action="store_true", help=argparse_hidden())  # torch's pinned run
+    parser.add_argument("--worker", choices=("ours", "ours-single", "torch-single"), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--pin", action="store_true", help=argparse.SUPPRESS)  # torch's pinned run
+    parser.add_argument("--threads", type=int, help=argparse.SUPPRESS)  # a single-device worker's threads
+    parser.add_argument("--runs", type=int, default=3, help="runs of every row, in alternating order (default 3)")
+    parser.add_argument("--json", metavar="PATH", help="also write all figures as JSON to PATH")
     parser.add_argument("--skip-torch", action="store_true", help="measure ours only (A/B of our changes)")
     parser.add_argument("--profile", action="store_true",
                         help="also print where rank 0's step time goes (dist_profile.py; blocking launches)")
@@ -331,26 +468,29 @@ def main():
     if args.worker in ("ours-single", "torch-single"):
         print(json.dumps(ours(args, distributed=False) if args.worker == "ours-single" else torch_single(args)))
         return
+    if args.runs < 1:
+        parser.error(f"--runs: expected a positive number of runs, got {args.runs}")
+    if not args.skip_torch:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            print("torch rows skipped: PyTorch is not installed (pip install torch==2.13.0, or .[bench])")
+            args.skip_torch = True
 
     print(f"model: GPT {cfg_of(args)}, batch {args.batch}; {WORKERS} processes, mesh data {MESH[0]} x tensor "
-          f"{MESH[1]}; {threads_per_process(WORKERS)} compute thread(s) per process, {os.cpu_count()} cores")
-    ours_ratio = report("mindspore_hyper", ours_single_baseline(args), run_ours_distributed(args))
-    if args.skip_torch:
-        return
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        print("torch rows skipped: PyTorch is not installed (pip install torch==2.13.0, or .[bench])")
-        return
-    torch_ratio = report("torch DTensor (gloo)", torch_single_baseline(args), torch_distributed_best(args))
-    verdict = "met" if ours_ratio <= min(1.2, torch_ratio) else "NOT met"
-    print(f"goal (ours <= 1.2x and <= torch): {ours_ratio:.2f}x vs {torch_ratio:.2f}x -> {verdict}")
-
-
-def argparse_hidden():
-    import argparse
-
-    return argparse.SUPPRESS
+          f"{MESH[1]}, {threads_per_process(WORKERS)} compute thread(s) each on {job_cores()} cores; single device "
+          f"swept over {thread_sweep()} threads; {args.repeat} timed steps after 1 warm-up; {args.runs} run(s)")
+    specs = rows(args)
+    runs = [one_run(i, args, specs) for i in range(args.runs)]
+    s = summary(runs, args)
+    print_summary(s, runs)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cfg": cfg_of(args), "batch": args.batch, "repeat": args.repeat, "cores": len(cores()),
+                       "job_cores": job_cores(), "runs": runs, "summary": s}, f, indent=1)
+        print(f"wrote {args.json}")
+    if any(not c["ok"] for c in s["loss_checks"]):
+        sys.exit("a loss check failed (see above)")
 
 
 if __name__ == "__main__":

@@ -20,9 +20,11 @@ Plan (same as bench_sim_overhead.strategy()):
                                          Replicate()]).to_local()), replicated on "tensor"
   * gradients                            DDP-style: dist.all_reduce(AVG) over the "data" group, one
                                          per parameter, between backward and the optimizer step
-  * AdamW state                          NOT sharded on "data" (no ZeRO-1): every rank updates its
-                                         whole tensor-parallel shard, so the simulated optimizer does
-                                         2x the single-device optimizer work in total.
+  * AdamW state                          NOT sharded on "data" (no ZeRO-1): every one of the 8 ranks
+                                         updates its whole tensor-parallel shard: 2x one device's
+                                         element-updates for the tensor-sharded parameters, 8x for the
+                                         replicated ones (pos, LayerNorms, row-parallel biases); the
+                                         script counts them (`element_updates`).
 Why not FSDP2: fully_shard(mesh=mesh["data"]) on top of the TP plan does run its forward under
 LocalTensorMode, but its backward fails (torch 2.13.0) in FSDPParam.free_unsharded_param ->
 free_storage: "Attempted to call resize_() on an invalid python storage" (a LocalTensor is a
@@ -32,17 +34,22 @@ The fused qkv projection uses the Megatron head-interleaved output layout ([head
 so a column shard holds whole heads (q, k and v of heads/4 heads) and attention needs no
 communication; the single-device model uses the identical module code and weights.
 
-Prints the median of --repeat timed steps after one warm-up step for each, the ratio, and the
-difference between the simulated and the single-device loss at every step (same initial weights,
-same data, same optimizer).
+Both models start from the same numpy weights (gpt_args.initial_weights, also what
+bench_sim_overhead.py loads into MindSpore) and train on the same batch (gpt_args.token_batch).
+Prints the median of --repeat timed steps after one warm-up step for each, the ratio, the
+optimizer element-updates each side performs per step, and the simulated vs single-device loss
+at every step, asserted equal within gpt_args.loss_tolerance (exit status 1 otherwise).
+`--json PATH` also writes the result (bench_sim_overhead.py reads it); `--sim-first` times the
+simulated step before the single-device one (the driver alternates the order between runs).
 """
-import copy
+import json
 import math
 import statistics
 import sys
 import time
 
-from gpt_args import gpt_argument_parser
+from gpt_args import (compare_losses, gpt_argument_parser, initial_weights, load_average, loss_tolerance, token_batch,
+                      torch_name)
 
 try:
     import torch
@@ -122,6 +129,12 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
 
 
+def load_weights(model: nn.Module, weights: dict) -> None:
+    """Load gpt_args.initial_weights (MindSpore names, numpy) into the torch GPT (every
+    parameter, strictly: a missing or extra name raises)."""
+    model.load_state_dict({torch_name(k): torch.from_numpy(v.copy()) for k, v in weights.items()}, strict=True)
+
+
 # ---------------------------------------------------------------- timing
 def make_optimizer(model):
     # = mindspore nn.AdamWeightDecay(params, learning_rate=1e-4) defaults (eps 1e-6, weight_decay 0)
@@ -151,50 +164,81 @@ def single_device_step(model, ids, labels):
     return step
 
 
-def global_loss(loss, mesh):
+def global_loss(loss, mesh, tolerance: float):
     """Mean over the data-parallel ranks of the per-rank (local-batch mean) losses: the global
     batch mean, read off the LocalTensor shards after timing; also checks that the ranks of each
-    tensor-parallel group agree."""
+    tensor-parallel group agree (to `tolerance`, relative: they hold the same all-reduced value)."""
     local = loss.to_local() if isinstance(loss, DTensor) else loss
     shards = {r: t.item() for r, t in local._local_tensors.items()}
     ranks = mesh.mesh.tolist()  # [[data0 ranks...], [data1 ranks...]]
     per_data = []
     for row in ranks:
         vals = [shards[r] for r in row]
-        if max(vals) - min(vals) > 1e-5 * max(1.0, abs(vals[0])):
+        if max(vals) - min(vals) > tolerance * max(1.0, abs(vals[0])):
             raise RuntimeError(f"tensor-parallel replicas disagree on the loss: {vals}")
         per_data.append(vals[0])
     return sum(per_data) / len(per_data)
 
 
-def main():
-    args = gpt_argument_parser(__doc__.splitlines()[0]).parse_args()
+def element_updates(model) -> dict:
+    """Optimizer element-updates per step: of the LocalTensor run (every one of the WORLD ranks
+    updates its whole local tensor-parallel shard: AdamW state not sharded on "data"), of a
+    real 8-device job with ZeRO-1 on "data" (each rank updates 1/data of its shard), and of one
+    device (every parameter element once)."""
+    local = 0
+    for p in model.parameters():
+        shard = p.to_local() if isinstance(p, DTensor) else p
+        local += math.prod(shard.shape)
+    return {"torch_local_tensor": local * WORLD, "real_zero1_job": local * WORLD // MESH_SHAPE[0],
+            "single_device": sum(math.prod(p.shape) for p in model.parameters())}
+
+
+def parse_args(argv=None):
+    parser = gpt_argument_parser(__doc__.splitlines()[0])
+    parser.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")
+    parser.add_argument("--sim-first", action="store_true", help="time the simulated step before the single-device one")
+    return parser.parse_args(argv)
+
+
+def measure(args) -> dict:
+    """Both steps, timed in the order --sim-first asks; a JSON-able dict (see `main`)."""
     dp, tp = MESH_SHAPE
     if args.heads % tp or args.vocab % tp or args.batch % dp or args.hidden % args.heads:
         sys.exit(f"need heads and vocab divisible by {tp}, batch by {dp}, hidden by heads")
-
-    torch.manual_seed(0)
     cfg = dict(vocab=args.vocab, hidden=args.hidden, heads=args.heads, layers=args.layers, seq=args.seq)
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
-    labels = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
+    weights = initial_weights(**cfg)
+    ids, labels = (torch.from_numpy(a.astype("int64")) for a in token_batch(args.vocab, args.batch, args.seq))
+    result = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cfg": cfg, "batch": args.batch,
+              "order": "simulated first" if args.sim_first else "single first"}
 
-    single = GPT(**cfg)
-    initial = copy.deepcopy(single.state_dict())  # identical initial weights for the simulated run
+    def single_run():
+        single = GPT(**cfg)
+        load_weights(single, weights)
+        median, times, losses = time_steps(single_device_step(single, ids, labels), args.repeat)
+        result["single"] = {"median": median, "times": times, "losses": losses}
 
-    # ---- single device
-    base, base_all, base_losses = time_steps(single_device_step(single, ids, labels), args.repeat)
+    def simulated_run():
+        result["simulated"] = simulated(args, cfg, weights, ids, labels, result)
 
-    # ---- simulated: 8 ranks in this process
+    for run in ((simulated_run, single_run) if args.sim_first else (single_run, simulated_run)):
+        run()
+    result["loss_check"] = compare_losses("torch LocalTensor vs torch single device", result["simulated"]["losses"],
+                                          result["single"]["losses"], cfg, args.batch)
+    return result
+
+
+def simulated(args, cfg, weights, ids, labels, result) -> dict:
+    """The LocalTensor step timed (8 ranks in this process); records the plan and the
+    optimizer element-updates in `result`."""
     dist.init_process_group("fake", rank=0, world_size=WORLD)
     with maybe_disable_local_tensor_mode():
         mesh = init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=MESH_NAMES)
     tp_mesh, dp_group = mesh["tensor"], mesh.get_group("data")
     with LocalTensorMode(frozenset(range(WORLD))):
         # Built inside the mode (as torch's LocalTensor tests do), so every parameter is a
-        # LocalTensor holding one copy per rank; then loaded with the single-device initial weights.
+        # LocalTensor holding one copy per rank; then loaded with the shared initial weights.
         model = GPT(**cfg)
-        model.load_state_dict(initial)
+        load_weights(model, weights)
         for block in model.blocks:
             parallelize_module(block, tp_mesh, {
                 "attn.qkv": ColwiseParallel(),
@@ -210,8 +254,9 @@ def main():
         ids_local = distribute_tensor(ids, mesh, [Shard(0), Replicate()]).to_local()
         labels_local = distribute_tensor(labels, mesh, [Shard(0), Replicate()]).to_local()
         params = list(model.parameters())
-        plan = {name: (tuple(p.placements), tuple(p.to_local().shape)) for name, p in model.named_parameters()
-                if isinstance(p, DTensor)}
+        result["plan"] = {name: [str(tuple(p.placements)), list(p.to_local().shape)]
+                          for name, p in model.named_parameters() if isinstance(p, DTensor)}
+        result["element_updates"] = element_updates(model)
         opt = make_optimizer(model)
 
         def sim_step():
@@ -226,27 +271,48 @@ def main():
             opt.step()
             return loss.detach()
 
-        sim, sim_all, sim_losses = time_steps(sim_step, args.repeat)
-        sim_losses = [global_loss(l, mesh) for l in sim_losses]
+        median, times, losses = time_steps(sim_step, args.repeat)
+        tolerance = loss_tolerance(batch=args.batch, step=0, **cfg)
+        losses = [global_loss(l, mesh, tolerance) for l in losses]
     dist.destroy_process_group()
+    return {"median": median, "times": times, "losses": losses}
 
-    diffs = [abs(a - b) for a, b in zip(sim_losses, base_losses)]
-    print(f"torch {torch.__version__}, torch.get_num_threads() = {torch.get_num_threads()}")
-    print(f"model: GPT {cfg}, batch {args.batch}; mesh data 2 x tensor 4 (8 LocalTensor ranks, fake PG)")
+
+def main():
+    args = parse_args()
+    load_start = load_average()
+    result = measure(args)
+    result["load"] = [load_start, load_average()]
+    base, sim = result["single"], result["simulated"]
+    updates = result["element_updates"]
+    print(f"torch {torch.__version__}, torch.get_num_threads() = {result['threads']}; "
+          f"1-min load average {result['load'][0]:.2f} at start, {result['load'][1]:.2f} at end")
+    print(f"model: GPT {result['cfg']}, batch {args.batch}; mesh data 2 x tensor 4 (8 LocalTensor ranks, fake PG); "
+          f"timed {result['order']}")
     print("tensor-parallel parameters (blocks.0 shown; placements on 'tensor', local shape):")
-    for name, (placements, shape) in plan.items():
+    for name, (placements, shape) in result["plan"].items():
         if not name.startswith("blocks.") or name.startswith("blocks.0."):
-            print(f"    {name}: {placements} {shape}")
+            print(f"    {name}: {placements} {tuple(shape)}")
     print("timed: forward + backward + AdamW step in both runs (simulated: TP via parallelize_module, "
           "loss_parallel cross-entropy, batch Shard(0) on 'data' + per-parameter gradient all_reduce(AVG) "
           "on 'data'; AdamW state not sharded on 'data')")
-    print(f"single-device step: median {base:.3f} s  (all: {', '.join(f'{t:.3f}' for t in base_all)})")
-    print(f"simulated step:     median {sim:.3f} s  (all: {', '.join(f'{t:.3f}' for t in sim_all)})")
-    print(f"ratio simulated / single-device: {sim / base:.2f}x")
-    print(f"loss single-device: {', '.join(f'{l:.6f}' for l in base_losses)}")
-    print(f"loss simulated:     {', '.join(f'{l:.6f}' for l in sim_losses)}")
-    print(f"|simulated - single-device| loss: step 0 (same weights) {diffs[0]:.3e}, "
-          f"max over all {len(diffs)} steps {max(diffs):.3e}")
+    print(f"optimizer element-updates per step: LocalTensor {updates['torch_local_tensor']:,} "
+          f"({updates['torch_local_tensor'] / updates['single_device']:.2f}x one device's "
+          f"{updates['single_device']:,}); a real 8-device ZeRO-1 job {updates['real_zero1_job']:,}")
+    print(f"single-device step: median {base['median']:.3f} s  (all: {', '.join(f'{t:.3f}' for t in base['times'])})")
+    print(f"simulated step:     median {sim['median']:.3f} s  (all: {', '.join(f'{t:.3f}' for t in sim['times'])})")
+    print(f"ratio simulated / single-device: {sim['median'] / base['median']:.2f}x")
+    print(f"loss single-device: {', '.join(f'{l:.6f}' for l in base['losses'])}")
+    print(f"loss simulated:     {', '.join(f'{l:.6f}' for l in sim['losses'])}")
+    check = result["loss_check"]
+    print(f"|simulated - single-device| / single-device loss: max {check['max_relative']:.2e} over "
+          f"{len(check['relative'])} steps (tolerance {check['tolerance'][0]:.1e} at step 0, growing by that "
+          f"per step: gpt_args.loss_tolerance) -> {'equal' if check['ok'] else 'NOT EQUAL'}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    if not check["ok"]:
+        sys.exit("loss check failed: the simulated losses differ from the single-device ones beyond the tolerance")
 
 
 if __name__ == "__main__":
