@@ -1,8 +1,9 @@
 """HyperMPMD on the seed's multimodal config: text encoder, vision encoder and fusion layer on
 their own device groups (configs/multimodal_process_groups.yaml, scaled from 193 to 7 simulated
 devices with the same proportions), `scheduler: dynamic` moving devices between the groups.
-Checks the training against one device and prints the per-group timeline (PNG / Chrome trace
-with --timeline DIR).
+Checks the training (clipped to a global gradient norm over the groups) against one device and
+prints the step's report with its MPMD section: the per-group timeline (PNG / Chrome trace with
+--timeline DIR).
 
     .venv/bin/python examples/mpmd_multimodal.py [--steps 4] [--timeline docs/img]
 """
@@ -17,6 +18,7 @@ import mindspore_hyper as mh
 from mindspore_hyper.mpmd import scale_groups
 from mindspore_hyper.strategy.config import load_parallel_config
 
+MAX_GRAD_NORM = 0.5  # global-norm clipping over the three groups, as ops.clip_by_global_norm on one device
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "multimodal_process_groups.yaml")
 
 
@@ -59,11 +61,12 @@ def main():
         batch = (ms.Tensor(rng.standard_normal((32, 8)).astype(np.float32)),
                  ms.Tensor(rng.standard_normal((16, 12)).astype(np.float32)),
                  ms.Tensor(rng.standard_normal((16, 4)).astype(np.float32)))
-        loss = float(model.train_step(opt, *batch))
+        loss = float(model.train_step(opt, *batch, max_grad_norm=MAX_GRAD_NORM))  # the norm over every group
         ref_loss, grads = ref_grad(*batch)
-        ref_opt(grads)
+        ref_opt(ops.clip_by_global_norm(grads, MAX_GRAD_NORM))
         groups = ", ".join(f"{n} {len(p.ranks)}" for n, p in model.placements().items())
-        print(f"step {step}: loss {loss:.6f} (one device {float(ref_loss):.6f}); devices: {groups}")
+        print(f"step {step}: loss {loss:.6f} (one device {float(ref_loss):.6f}), gradient norm "
+              f"{model.last_grad_norm:.4f}; devices: {groups}")
         np.testing.assert_allclose(loss, float(ref_loss), rtol=1e-5)
     print(f"dynamic scheduler, last decision: {model.rebalancing.last_plan.reason}")
     for record in model.rebalances:
@@ -71,13 +74,14 @@ def main():
               + (f" ({record.note})" if record.note else ""))
     for p, q in zip(net.trainable_params(), ref.trainable_params()):
         np.testing.assert_allclose(p.asnumpy(), q.asnumpy(), rtol=1e-4, atol=1e-6, err_msg=p.name)
-    report = model.report()  # the last training step: forward and backward per group
+    report = model.report(opt)  # the last training step: memory and communication per device, and the MPMD
+    # section (report.mpmd): forward and backward per group, cross-group bytes
     print(report)
     if args.timeline:
         os.makedirs(args.timeline, exist_ok=True)
-        report.timeline.plot(os.path.join(args.timeline, "mpmd_multimodal_timeline.png"),
-                             title="seed multimodal config on 7 simulated devices: one training step")
-        report.timeline.to_chrome_trace(os.path.join(args.timeline, "mpmd_multimodal_timeline.json"))
+        report.mpmd.timeline.plot(os.path.join(args.timeline, "mpmd_multimodal_timeline.png"),
+                                  title="seed multimodal config on 7 simulated devices: one training step")
+        report.mpmd.timeline.to_chrome_trace(os.path.join(args.timeline, "mpmd_multimodal_timeline.json"))
     print(f"OK: {args.steps} steps on the seed's device groups match one device")
 
 

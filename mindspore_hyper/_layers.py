@@ -15,9 +15,10 @@ LAYERS = (
     ("foundation", ("units", "context", "autodiff", "_core", "_layers", "_resources"),
      "byte and dtype units, context flags, MindSpore grad helpers, the C++ core (extension module), "
      "the data files shipped in the package"),
-    ("algebra", ("shard",), "Layout (mesh), TensorLayout, placements, redistribution planner"),
+    ("algebra", ("shard",), "Layout (mesh), TensorLayout, placements, redistribution planner; Strategy, the "
+                            "model-wide declaration over a mesh (`layout(tensor_map=...)` builds it, no hook)"),
     ("strategy, communication", ("strategy", "comm"),
-     "Strategy, YAML config, process groups, resolve -> StrategyTable; Collectives protocol, backends, "
+     "YAML config, process groups, resolve (Strategy or config) -> StrategyTable; Collectives protocol, backends, "
      "transports, topology, cost model"),
     ("DTensor", ("dtensor",), "DTensor, dispatch, rules (one module per op family), Execution, shard hints"),
     ("plans (data)", ("schedule",),
@@ -36,9 +37,10 @@ LAYERS = (
     ("HyperParallel API", ("hyper_parallel",),
      "upstream's hyper_parallel API (DeviceMesh, DTensor views, styles, parallelize_module) over the runtimes"),
     ("public API", ("",), "mindspore_hyper/__init__.py: the names users import"),
-    ("tools", ("cli", "estimate", "train"), "the mindspore-hyper command line, memory/time estimation (it "
-                                            "cross-checks through the public API), step telemetry (MFU from the "
-                                            "estimator)"),
+    ("tools", ("cli", "estimate", "train", "tools"),
+     "the mindspore-hyper command line, memory/time estimation (it cross-checks through the public API), step "
+     "telemetry (MFU from the estimator), the op and layer coverage sweeps (`tools/coverage/`: they drive the "
+     "DTensors and the simulation runtime)"),
 )
 
 # Modules written in C++ (no .py file): `from mindspore_hyper import _core` is an edge to it.

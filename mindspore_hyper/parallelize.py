@@ -14,10 +14,10 @@ from typing import Union
 
 from mindspore_hyper.context import MODES, get_context
 from mindspore_hyper.runtime.modes import RUNTIMES
+from mindspore_hyper.shard.model_strategy import Strategy
 from mindspore_hyper.strategy.config import ParallelConfig, load_parallel_config
 from mindspore_hyper.strategy.program import program_of
 from mindspore_hyper.strategy.resolve import resolve_strategy
-from mindspore_hyper.strategy.strategy import Strategy
 
 __all__ = ["auto_parallelize", "RUNTIMES"]
 

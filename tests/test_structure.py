@@ -365,6 +365,95 @@ def test_modules_are_named_for_what_they_hold():
     assert not found, "modules with a generic name (name them for what they hold): " + ", ".join(sorted(found))
 
 
+def attribute_patches(source: str, package: str = PACKAGE) -> List[Tuple[int, str]]:
+    """(line, target) for each attribute a module sets (or deletes) on a name it imported from
+    `package`: `Layout.strategy_builder = Strategy`, `setattr(rules, "x", f)`. Such a patch is an
+    upward hook when the importer sits higher (the lower module then calls the higher one at run
+    time, unseen by the import analysis) and action at a distance otherwise."""
+    tree = ast.parse(source)
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == package):
+            imported.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            imported.update(a.asname or a.name.split(".")[0] for a in node.names
+                            if a.name.split(".")[0] == package)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") \
+                and node.args:
+            targets = [ast.Attribute(value=node.args[0], attr="<setattr>")]
+        else:
+            continue
+        for target in targets:
+            for one in (target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]):
+                base = one
+                while isinstance(base, (ast.Attribute, ast.Subscript)):
+                    base = base.value
+                if isinstance(one, ast.Attribute) and isinstance(base, ast.Name) and base.id in imported:
+                    found.append((node.lineno, ast.unparse(one)))
+    return found
+
+
+def test_no_module_patches_what_it_imports():
+    """Issue 40 item 5: no upward hook. The strategy layer used to install `Layout.strategy_builder`
+    so that the algebra called it; now no module of the package sets attributes on a class or module
+    it imports from the package."""
+    _, modules, _ = analyse()
+    found = []
+    for module, path in modules.items():
+        if path is not None:
+            with open(path, encoding="utf-8") as f:
+                found += [f"{PACKAGE}.{module or '__init__'} line {line}: {target} = ..."
+                          for line, target in attribute_patches(f.read())]
+    assert not found, "modules set attributes on what they import (pass it in, or define it there):\n" + \
+        "\n".join(found)
+
+
+def test_the_patch_check_finds_patches():
+    source = ("from mindspore_hyper.shard.layout import Layout\nimport mindspore_hyper.dtensor as dt\n"
+              "from numpy import ndarray\n"
+              "Layout.strategy_builder = object\n"  # line 4: a class of the package
+              "def f():\n    setattr(dt, 'x', 1)\n"  # line 6: a module of the package, in a function
+              "ndarray.flags = 1\nlocal = Layout((2,), ('a',))\n"  # not the package's; a local name
+              "local.cache = {}\nLayout.cache['k'] = 1\n")  # an instance's attribute; an item, not an attribute
+    assert attribute_patches(source) == [(4, "Layout.strategy_builder"), (6, "dt.<setattr>")]
+
+
+MAX_CLASS_LINES = 300
+
+
+def long_classes(source: str, limit: int = MAX_CLASS_LINES) -> List[Tuple[str, int]]:
+    """(name, lines) of each class in `source` spanning more than `limit` lines (decorators excluded)."""
+    return [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_no_class_over_300_lines():
+    """Issue 40 item 5: a class a reader can hold in mind; a longer one holds several concepts that
+    want their own modules (PipelineModel was 430 lines before its step, norm, stage mesh, timelines
+    and rebalancing moved out)."""
+    found = []
+    for root, _, files in os.walk(PACKAGE_DIR):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                with open(path, encoding="utf-8") as f:
+                    found += [f"{os.path.relpath(path, PACKAGE_DIR)}: {cls} ({n} lines)" for cls, n in long_classes(f.read())]
+    assert not found, f"classes over {MAX_CLASS_LINES} lines (split them by concept):\n" + "\n".join(found)
+
+
+def test_the_class_length_check_can_fail():
+    source = "class Short:\n    a = 1\n\n\nclass Long:\n" + "    x = 1\n" * 5
+    assert long_classes(source, limit=4) == [("Long", 6)]
+
+
 def test_architecture_doc_shows_the_layer_table():
     with open(ARCHITECTURE, encoding="utf-8") as f:
         text = f.read()

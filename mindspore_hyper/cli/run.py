@@ -2,12 +2,14 @@
 
     mindspore-hyper run [--devices N] [--json REPORT] script.py [args...]       simulation, N devices
     mindspore-hyper run --processes N [--json REPORT] script.py [args...]       msrun, N processes
+    mindspore-hyper run --devices N --per-rank script.py [args...]             simulation, once per rank
 
 `import hyper_parallel` in the script resolves to mindspore_hyper.hyper_parallel (unless upstream's
 package is installed). The script runs unchanged: in simulation once for all N devices, under
-msrun once per process (each one rank). Afterwards the per-device memory and collectives of
-every device mesh the script used are printed, and with --json written (under msrun one file per
-rank, REPORT.rankR).
+msrun once per process (each one rank); with --per-rank once per simulated device, each run as
+that rank (for scripts that build rank-specific pieces: pipeline stages). Afterwards the
+per-device memory and collectives of every device mesh the script used are printed, and with
+--json written (under msrun one file per rank, REPORT.rankR).
 """
 from __future__ import annotations
 
@@ -35,6 +37,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--devices", type=positive_int, default=8, help="simulated devices (default 8)")
     where.add_argument("--processes", type=positive_int, help="run under msrun with this many local processes")
+    p.add_argument("--per-rank", action="store_true",
+                   help="simulation: run the script once per device, each run as that rank (scripts that build "
+                        "rank-specific pieces, such as pipeline stages)")
     p.add_argument("--json", metavar="REPORT", help="write the report as JSON (under msrun: REPORT.rankR)")
     add_plot_argument(p, " (simulation)")
     p.add_argument("--log-dir", default="msrun_log", help="msrun's log folder with --processes (default msrun_log)")
@@ -52,7 +57,10 @@ def run(args: argparse.Namespace) -> int:
         from mindspore_hyper.hyper_parallel.script_runner import run_script
 
         complete = (lambda report: plot_report(report, args.plot)) if args.plot else None
-        return run_script(args.script, list(args.script_args), args.devices, args.json, complete=complete)
+        return run_script(args.script, list(args.script_args), args.devices, args.json, complete=complete,
+                          per_rank=args.per_rank)
+    if args.per_rank:
+        raise ValueError("--per-rank: under msrun (--processes) each process is one rank already; drop the flag")
     if args.plot:
         raise ValueError("--plot: the per-rank reports of an msrun job are written with --json (one per rank); "
                          "plot in simulation (--devices N)")

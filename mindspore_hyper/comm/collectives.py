@@ -29,8 +29,9 @@ simulation the ring reads the other members' tensors directly.
 Backends: `InProcessCollectives` (MindSpore ops, all members in this process),
 `LibraryCollectives` (the C++ library's in-process transport), `ProcessCollectives` (one member
 per process over the shared-memory or MindSpore transport). A backend reports what its backward
-pass moves to `recorder(kind, axis, send_bytes, input_bytes)` when the group's `records` flag is
-set (one member group per device is enough for per-device accounting).
+pass moves to `recorder(kind, axis, send_bytes, input_bytes, cause)` when the group's `records` flag
+is set (one member group per device is enough for per-device accounting); `cause` is the
+`collective_cause` current when the collective's forward ran.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ __all__ = ["AxisGroup", "Collectives", "Recorder", "ring_send_bytes", "on_gradie
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
 
-Recorder = Callable[[str, str, int, int], None]
+Recorder = Callable[[str, str, int, int, str], None]  # (kind, axis, send_bytes, input_bytes, cause)
 
 
 @dataclass(frozen=True)

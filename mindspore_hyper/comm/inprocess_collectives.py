@@ -13,6 +13,7 @@ from typing import List, Optional, Sequence
 
 from mindspore import Tensor, ops
 
+from mindspore_hyper.comm.collective_cause import current_cause
 from mindspore_hyper.comm.collectives import AxisGroup, Recorder, check_members, on_gradient, ring_send_bytes
 
 # a new node for the gradient hook: the Identity primitive (ops.identity, the same op, prints
@@ -46,7 +47,7 @@ class InProcessCollectives:
     """Collectives over members that are all in this process (see module docstring).
 
     Args:
-        recorder: called as recorder(kind, axis, send_bytes, input_bytes) for backward traffic.
+        recorder: called as recorder(kind, axis, send_bytes, input_bytes, cause) for backward traffic.
     """
 
     def __init__(self, recorder: Optional[Recorder] = None):
@@ -56,10 +57,10 @@ class InProcessCollectives:
         """Report `kind` over `group` when a gradient reaches `tensor` (returns it unchanged)."""
         if self.recorder is None or not group.records or group.size == 1:
             return tensor
-        recorder, n, axis = self.recorder, group.size, group.axis
+        recorder, n, axis, cause = self.recorder, group.size, group.axis, current_cause()
 
         def hook(grad):
-            recorder(kind, axis, ring_send_bytes(kind, n, input_bytes), input_bytes)
+            recorder(kind, axis, ring_send_bytes(kind, n, input_bytes), input_bytes, cause)
 
         on_gradient(tensor, hook)
         return tensor

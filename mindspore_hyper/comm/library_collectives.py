@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 from mindspore import Tensor, nn, ops
 
+from mindspore_hyper.comm.collective_cause import current_cause
 from mindspore_hyper.comm.collectives import AxisGroup, Recorder, check_members, ring_send_bytes
 from mindspore_hyper.comm.inprocess_collectives import InProcessCollectives, nbytes_of
 
@@ -40,10 +41,12 @@ class _Recorded(nn.Cell):
     def __init__(self, recorder: Optional[Recorder], group: AxisGroup):
         super().__init__()
         self.recorder, self.group = recorder, group
+        self.cause = current_cause()  # made per call, in the forward: what its backward is recorded under
 
     def record(self, kind: str, input_bytes: int) -> None:
         if self.recorder is not None and self.group.records and self.group.size > 1:
-            self.recorder(kind, self.group.axis, ring_send_bytes(kind, self.group.size, input_bytes), input_bytes)
+            self.recorder(kind, self.group.axis, ring_send_bytes(kind, self.group.size, input_bytes), input_bytes,
+                          self.cause)
 
 
 class _AllReduce(_Recorded):

@@ -2,15 +2,10 @@
 a two-member shared-memory communicator (`one_way_channel`).
 
 The pipeline's stage boundaries, the MPMD cross-group tensors and the multimodal encoder/LM
-requests all travel as `Message`s on a `P2PChannel`. A message is a tag (a few ints, the name
-the receiver asks for), optional metadata (a few ints) and arrays of any supported dtype and
-shape. On the wire (the framing, docs/comm.md): 32 int64 words holding the descriptor's length
-and the descriptor (tag, meta, each array's dtype code and shape; a longer descriptor's rest
-follows), then each non-empty array's bytes. The receiver checks every descriptor (C++,
-`_core.comm.parse_p2p_descriptor`) against the limits -- at most 8 tag ints, 64 meta ints, 1024
-arrays of at most 32 dimensions, `max_message_bytes` of array data -- before it allocates
-anything: a malformed message is a `FrameError` naming the peer and the field, and aborts the
-channel (the stream cannot be resynchronised). The sender checks the same limits (ValueError).
+requests all travel as `Message`s on a `P2PChannel`: a tag (a few ints, the name the receiver
+asks for), optional metadata (a few ints) and arrays of any supported dtype and shape. The wire
+format and its limits, checked on both ends (a malformed message is a `FrameError` naming the
+peer and the field, and aborts the channel), are `p2p_framing.py`'s.
 
 The sending end hands messages to its own background thread (`send` returns at once, having
 copied the arrays unless told not to; `flush` waits until they are written), so a process never
@@ -30,93 +25,58 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Deque, List, Optional, Sequence, Tuple, Union
+from typing import Deque, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mindspore_hyper.comm._common import _C, CommError, CommTimeout
+from mindspore_hyper.comm._common import CommError, CommTimeout
+from mindspore_hyper.comm.p2p_framing import (MAX_META, MAX_TAG, P2P_DTYPES, FrameError, Message, Tag, as_ints,
+                                              check_array, check_message, read_message, write_message)
 from mindspore_hyper.comm.shm import DEFAULT_MAX_MESSAGE_BYTES, ShmCommunicator, one_way_channel
 
 __all__ = ["P2PChannel", "Message", "Tag", "P2P_DTYPES", "FrameError"]
 
-FrameError = _C.FrameError
-_LIMITS = _C.P2P_LIMITS  # the framing's limits, from the C++ parser
-P2P_DTYPES = tuple(_LIMITS["dtypes"])  # wire code = index
-_DTYPES = tuple(np.dtype(name) for name in P2P_DTYPES)
-_CODES = {dtype: code for code, dtype in enumerate(_DTYPES)}
-_MAX_TAG = _LIMITS["max_tag"]  # ints in a tag
-_MAX_META = _LIMITS["max_meta"]  # ints of metadata
-_MAX_ARRAYS = _LIMITS["max_arrays"]
-_MAX_DIMS = _LIMITS["max_dims"]
-_HEAD = _LIMITS["head_words"]  # int64 words of a message's first write: the descriptor's length, then the descriptor
 DEFAULT_MAX_QUEUED_BYTES = 256 << 20
 DEFAULT_MAX_UNMATCHED_BYTES = 256 << 20
-_INT64 = (-(1 << 63), (1 << 63) - 1)
-
-Tag = Union[int, Tuple[int, ...]]
 
 
-def _ints(value, what: str, limit: int, allow_empty: bool) -> Tuple[int, ...]:
-    """`value` (an int or a sequence of ints) as a tuple of Python ints; ValueError naming `what`."""
-    def is_int(v) -> bool:
-        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-    items = (value,) if is_int(value) else tuple(value) if isinstance(value, (tuple, list, np.ndarray)) else None
-    if (items is None or not all(is_int(v) and _INT64[0] <= v <= _INT64[1] for v in items) or len(items) > limit
-            or not (items or allow_empty)):
-        raise ValueError(f"{what}={value!r}: expected {'' if allow_empty else 'an int or '}a sequence of "
-                         f"{'' if allow_empty else '1 to '}{limit} int64 values at most")
-    return tuple(int(v) for v in items)
-
-
-def _check_array(value, index: int, copy: bool) -> np.ndarray:
-    """arrays[index] C-contiguous (a copy if `copy`); TypeError naming the argument for unsupported dtypes."""
-    arr = np.asarray(value)
-    if arr.dtype not in _CODES:
-        raise TypeError(f"arrays[{index}]: dtype {arr.dtype} is not supported; expected one of {', '.join(P2P_DTYPES)}")
-    return np.array(arr, order="C", copy=True) if copy else np.ascontiguousarray(arr)
+def _check_arguments(source: int, target: int, me: int, timeout: float, **limits: int) -> None:
+    """Raise ValueError naming the argument: `me` not one of two distinct ends, a timeout or a
+    byte limit not positive."""
+    if me not in (source, target) or source == target:
+        raise ValueError(f"channel {source} -> {target}: me={me} is not one of its two ends")
+    if not timeout > 0:
+        raise ValueError(f"timeout={timeout!r}: expected a positive number of seconds")
+    for arg, value in limits.items():
+        if not (isinstance(value, (int, np.integer)) and value > 0):
+            raise ValueError(f"{arg}={value!r}: expected a positive number of bytes")
 
 
-@dataclass(frozen=True)
-class Message:
-    """One message of a channel.
+class _KeptMessages:
+    """The receiving end's messages read and not yet received, in arrival order, with their
+    array bytes (bounded by the channel's `max_unmatched_bytes`). Guarded by the channel's lock."""
 
-    Attributes:
-        tag: the name a receive asks for (a tuple of ints).
-        arrays: the arrays, in the order sent.
-        meta: small integer metadata (a tuple of ints, empty when none).
-    """
+    def __init__(self):
+        self._messages: List[Tuple[Message, int]] = []
+        self.nbytes = 0
 
-    tag: Tuple[int, ...]
-    arrays: Tuple[np.ndarray, ...]
-    meta: Tuple[int, ...] = ()
+    def add(self, message: Message) -> None:
+        nbytes = sum(arr.nbytes for arr in message.arrays)
+        self._messages.append((message, nbytes))
+        self.nbytes += nbytes
 
+    def take(self, want: Optional[Tuple[int, ...]]) -> Optional[Message]:
+        """The first kept message with tag `want` (any if None), removed; None if there is none."""
+        for i, (message, nbytes) in enumerate(self._messages):
+            if want is None or message.tag == want:
+                del self._messages[i]
+                self.nbytes -= nbytes
+                return message
+        return None
 
-def _descriptor(message: Message) -> np.ndarray:
-    words: List[int] = [len(message.tag), *message.tag, len(message.meta), *message.meta, len(message.arrays)]
-    for arr in message.arrays:
-        words += [_CODES[arr.dtype], arr.ndim, *arr.shape]
-    return np.array(words, np.int64)
-
-
-def _check_message(message: Message, max_message_bytes: int) -> int:
-    """The message's array bytes; ValueError naming the argument when it breaks the framing's limits."""
-    if len(message.arrays) > _MAX_ARRAYS:
-        raise ValueError(f"arrays: {len(message.arrays)} arrays; a message holds at most {_MAX_ARRAYS}")
-    for i, arr in enumerate(message.arrays):
-        if arr.ndim > _MAX_DIMS:  # numpy 2 allows 64
-            raise ValueError(f"arrays[{i}]: {arr.ndim} dimensions; at most {_MAX_DIMS}")
-    nbytes = sum(arr.nbytes for arr in message.arrays)
-    if nbytes > max_message_bytes:
-        raise ValueError(f"arrays: {nbytes} bytes in all; the channel's max_message_bytes is {max_message_bytes}")
-    return nbytes
-
-
-def _parse(words: np.ndarray, max_message_bytes: int):
-    """(tag, meta, [(dtype, shape) per array]) from a peer's descriptor; FrameError naming the field."""
-    tag, meta, layout, _ = _C.parse_p2p_descriptor(words, max_message_bytes)
-    return tag, meta, [(_DTYPES[code], shape) for code, shape in layout]
+    def describe(self) -> str:
+        tags = sorted({m.tag for m, _ in self._messages})
+        return f"{len(self._messages)} messages of other tags {tags} ({self.nbytes} bytes)"
 
 
 class P2PChannel:
@@ -148,14 +108,8 @@ class P2PChannel:
     def __init__(self, job: str, name: str, source: int, target: int, me: int, timeout: float,
                  channel_bytes: Optional[int] = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES, max_unmatched_bytes: int = DEFAULT_MAX_UNMATCHED_BYTES):
-        if me not in (source, target) or source == target:
-            raise ValueError(f"channel {source} -> {target}: me={me} is not one of its two ends")
-        if not timeout > 0:
-            raise ValueError(f"timeout={timeout!r}: expected a positive number of seconds")
-        for arg, value in (("max_message_bytes", max_message_bytes), ("max_queued_bytes", max_queued_bytes),
-                           ("max_unmatched_bytes", max_unmatched_bytes)):
-            if not (isinstance(value, (int, np.integer)) and value > 0):
-                raise ValueError(f"{arg}={value!r}: expected a positive number of bytes")
+        _check_arguments(source, target, me, timeout, max_message_bytes=max_message_bytes,
+                         max_queued_bytes=max_queued_bytes, max_unmatched_bytes=max_unmatched_bytes)
         self.job, self.name = job, name
         self.source, self.target, self.me = int(source), int(target), int(me)
         self.timeout = float(timeout)
@@ -173,8 +127,7 @@ class P2PChannel:
         self._send_error: Optional[BaseException] = None
         self._thread: Optional[threading.Thread] = None
         # receiving end
-        self._arrived: List[Tuple[Message, int]] = []
-        self._arrived_bytes = 0
+        self._kept = _KeptMessages()
         self._reading = False
         self._recv_error: Optional[BaseException] = None
         if self.sending:
@@ -229,10 +182,10 @@ class P2PChannel:
             CommError / CommTimeout: an earlier send failed (names the peer).
         """
         self._check_end(True, "send")
-        message = Message(_ints(tag, "tag", _MAX_TAG, allow_empty=False),
-                          tuple(_check_array(a, i, copy) for i, a in enumerate(arrays)),
-                          _ints(meta, "meta", _MAX_META, allow_empty=True))
-        nbytes = _check_message(message, self.max_message_bytes)
+        message = Message(as_ints(tag, "tag", MAX_TAG, allow_empty=False),
+                          tuple(check_array(a, i, copy) for i, a in enumerate(arrays)),
+                          as_ints(meta, "meta", MAX_META, allow_empty=True))
+        nbytes = check_message(message, self.max_message_bytes)
         deadline = time.monotonic() + self.timeout
         with self._cond:
             self._raise_send_error()
@@ -312,7 +265,7 @@ class P2PChannel:
                 failed = self._send_error is not None
             try:
                 if not failed:
-                    self._write(comm, message)
+                    write_message(comm, message)
             except Exception as exc:  # noqa: BLE001 -- raised to the sending threads by send / flush / check
                 with self._cond:
                     self._send_error = exc
@@ -321,20 +274,6 @@ class P2PChannel:
                     self._unsent -= 1
                     self._queued_bytes -= nbytes
                     self._cond.notify_all()
-
-    @staticmethod
-    def _write(comm, message: Message) -> None:
-        words = _descriptor(message)
-        head = np.zeros(_HEAD, np.int64)
-        head[0] = words.size
-        inline = min(words.size, _HEAD - 1)
-        head[1:1 + inline] = words[:inline]
-        comm.send(head, 1)
-        if words.size > inline:
-            comm.send(words[inline:], 1)
-        for arr in message.arrays:
-            if arr.nbytes:
-                comm.send(arr.reshape(-1).view(np.uint8), 1)
 
     # ----- receiving end -------------------------------------------------------------------------
     def recv(self, tag: Optional[Tag] = None, timeout: Optional[float] = None) -> Message:
@@ -356,7 +295,7 @@ class P2PChannel:
                 channel is unusable afterwards.
         """
         self._check_end(False, "recv")
-        want = None if tag is None else _ints(tag, "tag", _MAX_TAG, allow_empty=False)
+        want = None if tag is None else as_ints(tag, "tag", MAX_TAG, allow_empty=False)
         timeout = self.timeout if timeout is None else float(timeout)
         if not timeout > 0:
             raise ValueError(f"timeout={timeout!r}: expected a positive number of seconds")
@@ -365,7 +304,7 @@ class P2PChannel:
         while True:
             with self._cond:
                 while True:
-                    found = self._take(want)
+                    found = self._kept.take(want)
                     if found is not None:
                         return found
                     if self._closed:
@@ -378,18 +317,18 @@ class P2PChannel:
                     if left <= 0:
                         raise CommTimeout(f"rank {self.me}: no {what} from rank {self.source} on {self.name!r} "
                                           f"within {timeout:g} s")
-                    if not self._reading and self._arrived_bytes >= self.max_unmatched_bytes:
-                        tags = sorted({m.tag for m, _ in self._arrived})
+                    if not self._reading and self._kept.nbytes >= self.max_unmatched_bytes:
                         raise CommError(f"rank {self.me}: waiting for {what} from rank {self.source} on "
-                                        f"{self.name!r}: {len(self._arrived)} messages of other tags {tags} "
-                                        f"({self._arrived_bytes} bytes) wait unreceived, over max_unmatched_bytes="
-                                        f"{self.max_unmatched_bytes}; receive them first (they stay kept)")
+                                        f"{self.name!r}: {self._kept.describe()} wait unreceived, over "
+                                        f"max_unmatched_bytes={self.max_unmatched_bytes}; receive them first (they "
+                                        f"stay kept)")
                     if not self._reading:
                         self._reading = True
                         break
                     self._cond.wait(left)
             try:
-                message = self._read(left)
+                message = read_message(self._comm, left, self.timeout, self.max_message_bytes,
+                                       f"rank {self.me}: malformed message from rank {self.source} on {self.name!r}")
             except Exception as exc:  # noqa: BLE001 -- raised to every receive of this channel, naming its tag
                 with self._cond:
                     self._recv_error = exc
@@ -397,45 +336,9 @@ class P2PChannel:
                     self._cond.notify_all()
                 continue  # raised above, naming the tag
             with self._cond:
-                nbytes = sum(arr.nbytes for arr in message.arrays)
-                self._arrived.append((message, nbytes))
-                self._arrived_bytes += nbytes
+                self._kept.add(message)
                 self._reading = False
                 self._cond.notify_all()
-
-    def _take(self, want: Optional[Tuple[int, ...]]) -> Optional[Message]:
-        for i, (message, nbytes) in enumerate(self._arrived):
-            if want is None or message.tag == want:
-                del self._arrived[i]
-                self._arrived_bytes -= nbytes
-                return message
-        return None
-
-    def _read(self, wait: float) -> Message:
-        """Read one message: its start within `wait` seconds, the rest within the channel's timeout."""
-        comm = self._comm
-        comm.timeout = wait
-        try:
-            head = comm.recv((_HEAD,), np.int64, 0)
-        finally:
-            comm.timeout = self.timeout
-        try:  # everything the peer announces is checked before anything is allocated for it
-            size = _C.p2p_descriptor_length(int(head[0]))
-            words = head[1:1 + min(size, _HEAD - 1)]
-            if size > _HEAD - 1:
-                words = np.concatenate([words, comm.recv((size - (_HEAD - 1),), np.int64, 0)])
-            tag, meta, layout = _parse(words, self.max_message_bytes)
-        except FrameError as exc:  # the rest of the stream cannot be found: the channel is lost
-            why = f"rank {self.me}: malformed message from rank {self.source} on {self.name!r}: {exc}"
-            comm.abort(why)
-            raise FrameError(why) from None
-        arrays = []
-        for dtype, shape in layout:
-            out = np.empty(shape, dtype)
-            if out.nbytes:
-                comm.recv_into(out.reshape(-1).view(np.uint8), 0)
-            arrays.append(out)
-        return Message(tag, tuple(arrays), meta)
 
     # ----- both ends -----------------------------------------------------------------------------
     def close(self) -> None:

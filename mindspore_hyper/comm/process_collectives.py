@@ -21,6 +21,7 @@ from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from mindspore_hyper.comm._common import CommError
+from mindspore_hyper.comm.collective_cause import current_cause
 from mindspore_hyper.comm.collectives import AxisGroup, Recorder, ring_send_bytes
 from mindspore_hyper.comm.inprocess_collectives import nbytes_of
 from mindspore_hyper.comm.ring_shift_async import RING_TIMINGS_KEPT, RingSender, RingShiftHandle, RingShiftTiming
@@ -80,11 +81,13 @@ class _Collective(nn.Cell):
         self.owner, self.group = owner, group
         self.comm = owner.communicator(group)
         self.index = group.local[0]
+        self.cause = ""  # the collective_cause its backward is recorded under (`ProcessCollectives._cell`)
 
     def record(self, kind: str, input_bytes: int) -> None:
         recorder = self.owner.recorder
         if recorder is not None and self.group.records and self.group.size > 1:
-            recorder(kind, self.group.axis, ring_send_bytes(kind, self.group.size, input_bytes), input_bytes)
+            recorder(kind, self.group.axis, ring_send_bytes(kind, self.group.size, input_bytes), input_bytes,
+                     self.cause)
 
     def call(self, what: str, fn, *args):
         return _named_call(self.group, self.index, what, fn, *args)
@@ -256,7 +259,7 @@ class ProcessCollectives:
 
     Args:
         communicator_for: global ranks of a group (member order) -> its communicator.
-        recorder: called as recorder(kind, axis, send_bytes, input_bytes) for backward traffic.
+        recorder: called as recorder(kind, axis, send_bytes, input_bytes, cause) for backward traffic.
     """
 
     def __init__(self, communicator_for: Callable[[Tuple[int, ...]], object], recorder: Optional[Recorder] = None):
@@ -270,10 +273,14 @@ class ProcessCollectives:
         return self._communicator_for(tuple(group.ranks))
 
     def _cell(self, kind, group: AxisGroup, *params) -> nn.Cell:
-        """The (reusable) Cell of one collective kind over `group` with `params`."""
-        key = (kind, group, params)
+        """The (reusable) Cell of one collective kind over `group` with `params`, for the current
+        collective cause (its backward is recorded under it; a model has few distinct causes)."""
+        cause = current_cause()
+        key = (kind, group, params, cause)
         if key not in self._cells:
-            self._cells[key] = kind(self, group, *params)
+            cell = kind(self, group, *params)
+            cell.cause = cause
+            self._cells[key] = cell
         return self._cells[key]
 
     @staticmethod

@@ -1,5 +1,5 @@
 """Per-device bookkeeping of a parallel run: live activation bytes and their peak, collectives
-by kind and mesh axis, the ops dispatched with their FLOPs and bytes, the live bytes as each op
+by kind and mesh axis with what caused them, the ops dispatched with their FLOPs and bytes, the live bytes as each op
 started (the memory timeline) and the op at the peak, and ops that fell back to replicated
 execution.
 
@@ -16,6 +16,8 @@ import contextlib
 from collections import Counter, defaultdict
 from typing import Dict, Iterator, List, Optional, Tuple
 
+from mindspore_hyper.comm.collective_cause import current_cause
+
 __all__ = ["Accounting", "active_accounting", "use_accounting"]
 
 
@@ -30,6 +32,9 @@ class Accounting:
         # (kind, axis) -> [count, bytes sent per device, input bytes per device], per phase
         self.comm: Dict[Tuple[str, str], list] = defaultdict(lambda: [0, 0, 0])
         self.comm_backward: Dict[Tuple[str, str], list] = defaultdict(lambda: [0, 0, 0])
+        # (kind, axis) -> cause -> count, per phase: what caused each collective (comm/collective_cause.py)
+        self.comm_causes: Dict[Tuple[str, str], Counter] = defaultdict(Counter)
+        self.comm_backward_causes: Dict[Tuple[str, str], Counter] = defaultdict(Counter)
         self.ops: Counter = Counter()
         self.fallbacks: Counter = Counter()
         self.compute: Counter = Counter()  # (op, FLOPs, bytes) of one call on one device -> calls
@@ -39,12 +44,12 @@ class Accounting:
         self.steps = 0
 
     _STATE = ("live_bytes", "peak_bytes", "held_bytes", "peak_op", "_op")
-    _TABLES = ("comm", "comm_backward", "ops", "fallbacks", "compute")
+    _TABLES = ("comm", "comm_backward", "comm_causes", "comm_backward_causes", "ops", "fallbacks", "compute")
 
     def snapshot(self) -> dict:
         """Every counter, copied (what `restore` puts back)."""
         state = {name: getattr(self, name) for name in self._STATE}
-        state.update({name: dict(getattr(self, name)) for name in self._TABLES})
+        state.update({name: {k: _copy(v) for k, v in getattr(self, name).items()} for name in self._TABLES})
         state["timeline"] = list(self.timeline)
         return state
 
@@ -55,7 +60,7 @@ class Accounting:
         for name in self._TABLES:
             table = getattr(self, name)
             table.clear()
-            table.update({k: list(v) if isinstance(v, list) else v for k, v in state[name].items()})
+            table.update({k: _copy(v) for k, v in state[name].items()})
         self.timeline[:] = state["timeline"]
 
     def reset_step(self) -> None:
@@ -66,6 +71,8 @@ class Accounting:
         self.peak_bytes = self.live_bytes
         self.comm.clear()
         self.comm_backward.clear()
+        self.comm_causes.clear()
+        self.comm_backward_causes.clear()
         self.ops.clear()
         self.fallbacks.clear()
         self.compute.clear()
@@ -86,13 +93,15 @@ class Accounting:
         self.held_bytes += nbytes
 
     def record_comm(self, kind: str, axis: str, send_bytes: int, input_bytes: int = 0,
-                    backward: bool = False) -> None:
-        """One collective over `axis` ("a+b" for several axes): bytes one device sends, and its
-        local input size."""
+                    backward: bool = False, cause: Optional[str] = None) -> None:
+        """One collective over `axis` ("a+b" for several axes): bytes one device sends, its local
+        input size, and what caused it (None: the current `collective_cause`; "": unknown)."""
         entry = (self.comm_backward if backward else self.comm)[(kind, axis)]
         entry[0] += 1
         entry[1] += send_bytes
         entry[2] += input_bytes
+        causes = (self.comm_backward_causes if backward else self.comm_causes)[(kind, axis)]
+        causes[current_cause() if cause is None else cause] += 1
 
     def record_op(self, op_name: str) -> None:
         """One op on DTensors dispatched (by its MindSpore name): it starts at the live bytes now."""
@@ -106,6 +115,13 @@ class Accounting:
 
     def record_fallback(self, op_name: str) -> None:
         self.fallbacks[op_name] += 1
+
+
+def _copy(value):
+    """A table entry, copied (counters are lists, cause counts Counters, others immutable)."""
+    if isinstance(value, Counter):
+        return Counter(value)
+    return list(value) if isinstance(value, list) else value
 
 
 _GLOBAL = Accounting(device_num=0)

@@ -22,6 +22,7 @@ from mindspore._c_expression import NoFallbackGuard
 from mindspore.graph.api import _pynative_executor
 from mindspore.ops.primitive import Primitive
 
+from mindspore_hyper.comm.collective_cause import grad_sync_cause, op_cause, set_cause
 from mindspore_hyper.dtensor import mutation, shard_hints
 from mindspore_hyper.dtensor import random as random_ops
 from mindspore_hyper.dtensor.batched import run_batched
@@ -38,6 +39,8 @@ __all__ = ["DTensorOpError", "OpCall", "dispatch", "dispatch_getitem", "dispatch
 
 # Ops that inspect type only (same answer on every shard): run once on one shard, return as is.
 TYPE_QUERIES = ("typeof",)
+# Dtype casts (`ops.cast`, `Tensor.astype`/`.to`): a parameter's cast is named after it in collective causes.
+CASTS = ("Cast", "ToDtype")
 
 
 class DTensorOpError(RuntimeError):
@@ -219,7 +222,8 @@ def _normalise(execution, func, args, kwargs) -> OpCall:
 # -- dispatch ------------------------------------------------------------------------------------
 
 def dispatch(execution, func, args, kwargs):
-    """Entry point from `DTensor.__fallback__` (and plain-Tensor calls with DTensor operands)."""
+    """Entry point from `DTensor.__fallback__` (and plain-Tensor calls with DTensor operands).
+    What the op moves is recorded as caused by it (`collective_cause`; `execute` names the input)."""
     owner = _mesh_of(list(args) + list(kwargs.values()))
     if owner is not None:
         execution = owner
@@ -228,6 +232,14 @@ def dispatch(execution, func, args, kwargs):
         with NoFallbackGuard():
             return func(*args, **kwargs)
     execution.accounting.record_op(call.name)
+    previous = set_cause(f"op {call.name}")
+    try:
+        return _dispatch(execution, call)
+    finally:
+        set_cause(previous)
+
+
+def _dispatch(execution, call: OpCall):
     if execution.context_attention is not None:  # attention across the sequence axis (dtensor/context_parallel)
         attention = execution.context_attention(execution, call)
         if attention is not None:
@@ -249,6 +261,8 @@ def dispatch(execution, func, args, kwargs):
     if execution.observer is not None:
         execution.observer(call, decision)
     result = execute(execution, call, decision, private=written.targets if written is not None else ())
+    if call.name in CASTS and isinstance(result, DTensor):  # a parameter's cast (LayerNorm's, amp's) keeps its name
+        result._cast_of = _parameter_of(originals[0])
     return result if written is None else _write_back(execution, call, written, originals, result)
 
 
@@ -333,9 +347,20 @@ def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] 
         fan = [a for a in axes if a not in significant_axes(layout)] if is_float(t.dtype) else []
         if t._hint_source is not None and t._pending is not None:
             t = t._hint_source  # not moved yet: move the original straight to the layout the op needs
-        moved, fused = t.redistribute_with_fusion(layout, grad_partial_axes=fan)
-        fan = [a for a in fan if a not in fused]
-        ready.append(_fan_out(execution, moved, fan) if fan else moved)
+        if layout == t.layout and not fan:
+            ready.append(t)
+        else:
+            previous = set_cause(op_cause("redistribute for", call.name, i, _cell_of(execution, call)))
+            try:
+                moved, fused = t.redistribute_with_fusion(layout, grad_partial_axes=fan)
+                fan = [a for a in fan if a not in fused]
+                if fan:  # a parameter's gradient summed over devices it is replicated on: its grad sync
+                    slot = execution.parameters.get(_parameter_of(t))
+                    set_cause(grad_sync_cause(slot.param.name) if slot is not None else
+                              op_cause("gradient sum for", call.name, i, _cell_of(execution, call)))
+                ready.append(_fan_out(execution, moved, fan) if fan else moved)
+            finally:
+                set_cause(previous)
         if i in private or (private and ready[-1]._stacked is not None):  # in-place kernels refuse views
             ready[-1] = DTensor._create(layout, {k: ops.deepcopy(v) for k, v in ready[-1].shards.items()},
                                         t.global_shape, t.dtype, execution)
@@ -361,6 +386,22 @@ def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] 
         raise _op_error(call, error) from error
     _record_cost(execution, call, result)
     return result
+
+
+def _parameter_of(t: DTensor) -> Optional[int]:
+    """The id of the model Parameter `t` lays out or is a cast of, else None."""
+    return t._parameter_id if t._parameter_id is not None else t._cast_of
+
+
+def _cell_of(execution, call: OpCall) -> str:
+    """The Cell path of the first model parameter (or its cast) among the op's inputs
+    ("layers.0.fc1" for "layers.0.fc1.weight"), "" when none: where in the model the op runs,
+    for collective causes."""
+    for t in call.tensors:
+        slot = execution.parameters.get(_parameter_of(t))
+        if slot is not None:
+            return slot.param.name.rpartition(".")[0] or slot.param.name
+    return ""
 
 
 def _record_cost(execution, call: OpCall, result) -> None:
@@ -520,6 +561,10 @@ def dispatch_setitem(execution, dt: DTensor, index, value) -> None:
     again by `dt`'s layout (and written back to the Parameter `dt` lays out, if any)."""
     execution.accounting.record_op("setitem")
     execution.accounting.record_fallback("setitem")
-    whole = ops.deepcopy(dt.full_tensor())
-    whole[index] = value  # DTensor indices or values are read by their gathered values
-    mutation.write_back(execution, dt, dt, distribute(execution, whole, dt.layout))
+    previous = set_cause("op setitem (gathered, assigned, laid out again)")
+    try:
+        whole = ops.deepcopy(dt.full_tensor())
+        whole[index] = value  # DTensor indices or values are read by their gathered values
+        mutation.write_back(execution, dt, dt, distribute(execution, whole, dt.layout))
+    finally:
+        set_cause(previous)

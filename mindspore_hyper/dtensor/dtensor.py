@@ -63,6 +63,7 @@ class DTensor(Tensor):
         dt._execution = execution
         nbytes = math.prod(layout.local_shape(global_shape)) * dtype.itemsize
         dt._parameter_id = None  # id of the Parameter this DTensor lays out, if any
+        dt._cast_of = None  # id of the Parameter this DTensor is a dtype cast of (named in collective causes)
         dt._device_mesh = None  # the mesh view it was made on (a DeviceMesh); None: its layout's mesh
         accounting = execution.accounting
         if execution.holds_activations:

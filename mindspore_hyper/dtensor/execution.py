@@ -102,8 +102,8 @@ class Execution:
         finally:
             self._accounting, self.holds_activations = saved, holds
 
-    def record_backward(self, kind: str, axis: str, send_bytes: int, input_bytes: int) -> None:
-        self.accounting.record_comm(kind, axis, send_bytes, input_bytes, backward=True)
+    def record_backward(self, kind: str, axis: str, send_bytes: int, input_bytes: int, cause: str = "") -> None:
+        self.accounting.record_comm(kind, axis, send_bytes, input_bytes, backward=True, cause=cause)
 
     @property
     def holds_all_ranks(self) -> bool:

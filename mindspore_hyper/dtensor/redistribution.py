@@ -10,6 +10,7 @@ from typing import Dict, Sequence
 
 from mindspore import Tensor, ops
 
+from mindspore_hyper.comm.collective_cause import current_cause, set_cause
 from mindspore_hyper.comm.inprocess_collectives import InProcessCollectives, reduce_tensors
 from mindspore_hyper.dtensor.batched import BATCH_BELOW_ELEMENTS, stacked_shards
 from mindspore_hyper.dtensor.dtensor import DTensor, Key, key_of, significant_axes
@@ -18,7 +19,10 @@ from mindspore_hyper.shard.redistribution_plan import (
 )
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
-__all__ = ["run_redistribution"]
+__all__ = ["run_redistribution", "DIRECT_CAUSE"]
+
+# the collective cause of a redistribution no op asked for (`DTensor.redistribute`, `full_tensor`)
+DIRECT_CAUSE = "DTensor.redistribute / full_tensor called directly"
 
 
 def run_redistribution(dt: DTensor, layout: TensorLayout, record: bool, grad_partial_axes: Sequence[int]):
@@ -32,6 +36,12 @@ def run_redistribution(dt: DTensor, layout: TensorLayout, record: bool, grad_par
         raise ValueError(f"a rank-local tensor (DTensor.to_local() where ranks hold different values) has no global "
                          f"value to lay out as {layout if dt.layout.is_rank_local else dt.layout}: make a DTensor of it "
                          "with DTensor.from_local(local, device_mesh, placements)")
+    if not current_cause():  # called by a script or library code, not for an op: say so in the report
+        previous = set_cause(DIRECT_CAUSE)
+        try:
+            return run_redistribution(dt, layout, record, grad_partial_axes)
+        finally:
+            set_cause(previous)
     plan = plan_redistribution(dt.layout, layout, dt.global_shape, dt.dtype.itemsize)
     execution = dt.execution
     shards, stacked, current = None, dt._stacked, dt.layout

@@ -18,6 +18,10 @@ from mindspore_hyper.hyper_parallel.fully_shard import FSDPModule, fully_shard
 from mindspore_hyper.hyper_parallel.hsdp import HSDPCell, hsdp, hsdp_sync_stream
 from mindspore_hyper.hyper_parallel.init_weights import init_empty_weights, init_on_device, init_parameters
 from mindspore_hyper.hyper_parallel.install import install_hyper_parallel
+from mindspore_hyper.hyper_parallel.pipeline_microbatches import BatchDimSpec
+from mindspore_hyper.hyper_parallel.pipeline_schedule import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from mindspore_hyper.hyper_parallel.pipeline_stage import PipelineStage
+from mindspore_hyper.hyper_parallel.pipeline_steps import MetaStep, MetaStepType
 from mindspore_hyper.hyper_parallel.placement_types import Partial, Placement, Replicate, Shard, StridedShard
 from mindspore_hyper.hyper_parallel.process_group import (
     ProcessGroup, destroy_process_group, get_backend, get_group_local_rank, get_process_group_ranks, get_rank,
@@ -42,4 +46,6 @@ __all__ = [
     "split_group", "get_group_local_rank", "get_rank", "get_world_size",
     "install_hyper_parallel", "init_parameters", "init_empty_weights", "init_on_device", "shard_module", "ShardingPlan",
     "hsdp", "HSDPCell", "hsdp_sync_stream", "custom_shard",
+    "PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "MetaStep", "MetaStepType",
+    "BatchDimSpec",
 ]

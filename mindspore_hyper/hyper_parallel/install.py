@@ -22,7 +22,8 @@ MODULES: Dict[str, Iterable[str]] = {
         "distribute_tensor", "parallelize_value_and_grad", "SkipDTensorDispatch", "ParallelStyle",
         "parallelize_module", "init_process_group", "destroy_process_group", "get_process_group_ranks", "get_backend",
         "split_group", "get_group_local_rank", "get_platform", "shard_module", "fully_shard", "init_parameters",
-        "init_empty_weights", "init_on_device"),
+        "init_empty_weights", "init_on_device", "PipelineStage", "ScheduleGPipe", "Schedule1F1B",
+        "ScheduleInterleaved1F1B", "MetaStep", "MetaStepType", "BatchDimSpec"),
     "hyper_parallel.core": (),
     "hyper_parallel.core.dtensor": ("DTensor", "DeviceMesh", "init_device_mesh", "distribute_tensor",
                                     "distribute_module", "Shard", "Replicate", "Partial", "StridedShard", "Placement",
@@ -57,7 +58,12 @@ MODULES: Dict[str, Iterable[str]] = {
     "hyper_parallel.core.fully_shard.api": ("fully_shard", "FSDPModule"),
     "hyper_parallel.core.hsdp": ("hsdp", "HSDPCell", "hsdp_sync_stream"),
     "hyper_parallel.core.hsdp.api": ("hsdp", "HSDPCell", "hsdp_sync_stream"),
-    "hyper_parallel.core.pipeline_parallel": (),
+    "hyper_parallel.core.pipeline_parallel": ("PipelineStage", "ScheduleGPipe", "Schedule1F1B",
+                                              "ScheduleInterleaved1F1B", "MetaStep", "MetaStepType", "BatchDimSpec"),
+    "hyper_parallel.core.pipeline_parallel.stage": ("PipelineStage",),
+    "hyper_parallel.core.pipeline_parallel.scheduler": ("ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
+                                                        "MetaStep", "MetaStepType"),
+    "hyper_parallel.core.pipeline_parallel.utils": ("BatchDimSpec",),
     "hyper_parallel.core.context_parallel": (),
     "hyper_parallel.core.distributed_checkpoint": ("save", "load"),
 }
@@ -65,9 +71,9 @@ MODULES: Dict[str, Iterable[str]] = {
 # upstream names not provided yet, with the reason a script gets
 NOT_PROVIDED: Dict[str, str] = {
     name: "not provided by mindspore_hyper yet (docs/hyper_parallel.md lists what is)"
-    for name in ("PipelineStage", "ScheduleInterleaved1F1B",
-                 "ScheduleGPipe", "Schedule1F1B", "MetaStep", "MetaStepType", "BatchDimSpec", "ContextParallel",
-                 "AsyncContextParallel", "mark_created_groups")
+    for name in ("ContextParallel", "AsyncContextParallel", "mark_created_groups", "SharedParameterInfo",
+                 "PipelineScheduleRuntime", "validate_pipeline_execution", "generate_operations",
+                 "detect_cycle_in_graph", "parse_and_validate", "add_send_recv")
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
+from mindspore_hyper.hyper_parallel.rank_threads import thread_rank
 from mindspore_hyper.hyper_parallel.session import holds_all_ranks, job_size, refuse_in_simulation, reset_session
 
 __all__ = ["ProcessGroup", "init_process_group", "destroy_process_group", "get_process_group_ranks", "get_backend",
@@ -97,6 +98,8 @@ def split_group(parent_pg: Optional[ProcessGroup] = None, split_ranks: Sequence[
 
 def get_group_local_rank(group: Optional[ProcessGroup] = None, global_rank: Optional[int] = None) -> int:
     """`global_rank`'s (default: this process's) index in `group`."""
+    if global_rank is None:
+        global_rank = thread_rank()  # a per-rank simulation's thread
     if global_rank is None:
         refuse_in_simulation("get_group_local_rank()")
         global_rank = _world().rank

@@ -14,18 +14,21 @@ from typing import Dict, List
 from mindspore_hyper.context import get_context
 from mindspore_hyper.hyper_parallel.session import session_executions
 from mindspore_hyper.runtime.parallel_model import live_models
+from mindspore_hyper.runtime.report import causes_text
 from mindspore_hyper.units import format_bytes
 
 __all__ = ["session_report", "format_report"]
 
 
 def _accounting_rows(accounting) -> Dict:
-    """Collectives (kind, axis, phase, count, bytes sent and input bytes per device), the ops'
+    """Collectives (kind, axis, phase, count, bytes sent and input bytes per device, and what caused
+    them: cause -> count, `comm/collective_cause.py`), the ops'
     work (FLOPs and bytes of one call on one device, and calls), the peak and the op it was
     reached in, and the memory timeline (per op: its name and the live bytes when it started)."""
     comm = [{"kind": kind, "axis": axis, "phase": phase, "count": count, "send_bytes_per_device": sent,
-             "input_bytes_per_device": given}
-            for phase, table in (("forward", accounting.comm), ("backward", accounting.comm_backward))
+             "input_bytes_per_device": given, "causes": dict(sorted(causes.get((kind, axis), {}).items()))}
+            for phase, table, causes in (("forward", accounting.comm, accounting.comm_causes),
+                                         ("backward", accounting.comm_backward, accounting.comm_backward_causes))
             for (kind, axis), (count, sent, given) in sorted(table.items())]
     compute = [{"op": op, "flops": flops, "bytes": nbytes, "calls": calls}
                for (op, flops, nbytes), calls in sorted(accounting.compute.items())]
@@ -52,7 +55,7 @@ def session_report(mode: str, devices: int) -> Dict:
     """The report as plain data (the `--json` schema, the same in every mode): mode, devices, and
     per mesh its shape, dimension names, the bytes of laid-out parameters each device holds, the
     per-device peak and live bytes of the other DTensors, collectives by (kind, dimension,
-    phase) and the ops' FLOPs and bytes; a model wrapped by `auto_parallelize` adds its memory
+    phase) with their causes (cause -> count) and the ops' FLOPs and bytes; a model wrapped by `auto_parallelize` adds its memory
     parts (parameters, gradients, optimizer states, peak activations) per set of equal devices; a
     pipelined model its stages and schedule. `moe_routing` says how MoE routers chose experts:
     balanced in a dry run (it has no logits) or with the `moe_routing` flag, else learned."""
@@ -71,7 +74,7 @@ def session_report(mode: str, devices: int) -> Dict:
     staged = {id(sm) for p in pipelines for sm in p.stage_models.values()}
     for model in models:
         if model in pipelines:
-            if model._steps:
+            if model.steps_run:
                 meshes.append(_pipeline_entry(model))
         elif id(model) not in staged and model.accounting.steps:
             meshes.append(_model_entry(model))
@@ -132,7 +135,8 @@ def format_report(report: Dict) -> str:
                          f"{p['overlapped_seconds']:.3f} s if fully overlapped)")
         for row in mesh["collectives"]:
             lines.append(f"    {row['phase']:<8} {row['kind']:<13} over {row['axis']:<10} x{row['count']:<4} "
-                         f"{format_bytes(row['send_bytes_per_device'])} sent per device")
+                         f"{format_bytes(row['send_bytes_per_device'])} sent per device"
+                         + (f"; caused by {causes_text(row['causes'])}" if "causes" in row else ""))
         if mesh["replicated_fallbacks"]:
             ops = ", ".join(f"{k} x{v}" for k, v in sorted(mesh["replicated_fallbacks"].items()))
             lines.append(f"    ran replicated (no sharding rule): {ops}")

@@ -20,7 +20,8 @@ def under_msrun() -> bool:
 
 
 def run_script(script: str, args: List[str], devices: Optional[int], json_path: Optional[str] = None,
-               mode: str = "simulation", complete: Optional[Callable[[Dict], None]] = None) -> int:
+               mode: str = "simulation", complete: Optional[Callable[[Dict], None]] = None,
+               per_rank: bool = False) -> int:
     """Install the `hyper_parallel` import, set the mode, run `script` as `__main__` with `args`,
     then print (and write to `json_path`) the per-device report.
 
@@ -31,12 +32,15 @@ def run_script(script: str, args: List[str], devices: Optional[int], json_path: 
         json_path: where to write the report; under msrun each rank writes PATH.rankR.
         mode: the one-process mode: "simulation" (values) or "dryrun" (shapes and bytes only).
         complete: adds to the report before it is printed (e.g. predicted step times).
+        per_rank: in simulation, run the script once per device, each run as that rank
+            (rank_threads.py: for scripts that build rank-specific pieces, such as pipeline stages).
 
     Returns:
         0, or the script's `SystemExit` code.
 
     Raises:
         FileNotFoundError: no such script.
+        ValueError: `per_rank` outside the simulation.
     """
     import mindspore as ms
 
@@ -47,6 +51,8 @@ def run_script(script: str, args: List[str], devices: Optional[int], json_path: 
 
     if not os.path.isfile(script):
         raise FileNotFoundError(f"no script {script!r}")
+    if per_rank and devices is None:
+        raise ValueError("per_rank: under msrun each process is one rank already")
     ms.set_context(mode=ms.PYNATIVE_MODE)
     if devices is None:
         set_context(mode="distributed")
@@ -61,14 +67,24 @@ def run_script(script: str, args: List[str], devices: Optional[int], json_path: 
     else:
         set_context(mode=mode, device_num=devices)
         rank, size = None, devices
+        from mindspore_hyper.parallelize import RUNTIMES
+
+        if per_rank and not RUNTIMES[mode]().computes_values():
+            raise ValueError(f"per_rank: mode {mode!r} records shapes only, and a per-rank run exchanges values "
+                             f"between its ranks; run it in simulation")
     install_hyper_parallel()
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     code = 0
-    with keeping_models():  # the script's models outlive its main() for the report
+    with keeping_models(), _communication(devices):  # the script's models outlive its main() for the report
         try:
-            runpy.run_path(script, run_name="__main__")
+            if per_rank:
+                from mindspore_hyper.hyper_parallel.rank_threads import run_per_rank
+
+                code = run_per_rank(script, devices)
+            else:
+                runpy.run_path(script, run_name="__main__")
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         finally:
@@ -82,6 +98,20 @@ def run_script(script: str, args: List[str], devices: Optional[int], json_path: 
         with open(path, "w") as f:
             json.dump(report, f, indent=1)
     return code
+
+
+def _communication(devices: Optional[int]):
+    """In simulation, MindSpore's `mindspore.communication` speaks for the simulated job
+    (rank_threads.simulated_communication: a rank query outside a per-rank run is refused, as the
+    API's `get_rank()` is); under msrun (`devices` None) MindSpore's own answers."""
+    from contextlib import nullcontext
+
+    if devices is None:
+        return nullcontext()
+    from mindspore_hyper.hyper_parallel.rank_threads import simulated_communication
+    from mindspore_hyper.hyper_parallel.session import refuse_in_simulation
+
+    return simulated_communication(devices, refuse_in_simulation)
 
 
 def _main(argv: List[str]) -> int:

@@ -7,6 +7,8 @@ counted together (`session_accounting`) and reported by `mindspore-hyper run`.
 """
 from __future__ import annotations
 
+import inspect
+import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from mindspore_hyper.context import get_context
@@ -14,7 +16,8 @@ from mindspore_hyper.dtensor.accounting import Accounting
 from mindspore_hyper.shard.layout import Layout
 
 __all__ = ["execution_for", "runtime_of", "check_device_count", "session_executions", "reset_session",
-           "RankDependentError", "refuse_in_simulation", "holds_all_ranks", "job_size", "current_meshes", "mesh_of", "remember_mesh",
+           "RankDependentError", "refuse_in_simulation", "script_line",
+           "holds_all_ranks", "job_size", "current_meshes", "mesh_of", "remember_mesh",
            "prepare_elsewhere", "is_prepared_elsewhere"]
 
 _EXECUTIONS: Dict[Tuple[Layout, str], object] = {}
@@ -57,6 +60,7 @@ def check_device_count(size: int, what: str) -> None:
 
 def execution_for(root: Layout):
     """The Execution of `root`'s mesh in the current mode (made on first use)."""
+    _refuse_in_per_rank_run()
     runtime = _runtime()
     key = (root, runtime.name)
     if key not in _EXECUTIONS:
@@ -84,18 +88,47 @@ class RankDependentError(RuntimeError):
     """A rank-dependent question asked in simulation, where the script runs once for all ranks."""
 
 
+def _refuse_in_per_rank_run() -> None:
+    """Raise inside a per-rank simulation (rank_threads.py): meshes and DTensors simulate all
+    their devices in one script run, which a script running once per rank is not.
+
+    Raises:
+        RankDependentError: in a per-rank run's thread.
+    """
+    from mindspore_hyper.hyper_parallel.rank_threads import thread_rank
+
+    if thread_rank() is not None:
+        raise RankDependentError(f"{script_line()}: a DeviceMesh's DTensors simulate all its devices in one script "
+                                 "run, but this script runs once per rank (mindspore-hyper run --per-rank): run it "
+                                 "without --per-rank, or under msrun (--processes N)")
+
+
 def refuse_in_simulation(what: str) -> None:
     """Raise when this process holds every rank (the simulation): `what` would differ per device.
 
     Raises:
         RankDependentError: in simulation, naming `what` and the ways out.
     """
+    _refuse_in_per_rank_run()
     runtime = _runtime()
     if runtime.holds_all_ranks():
         raise RankDependentError(
-            f"{what} differs per device, and the simulation runs the script once for all {runtime.device_count()} "
-            "virtual devices; build data globally (distribute_tensor, DTensor factories) instead of per rank, or run "
-            "the script under msrun (mindspore-hyper run --processes N gives each process its rank)")
+            f"{script_line()}: {what} differs per device, and the simulation runs the script once for all "
+            f"{runtime.device_count()} virtual devices; build data globally (distribute_tensor, DTensor factories) "
+            "instead of per rank, run the script once per rank (mindspore-hyper run --per-rank: scripts without "
+            "DTensors, such as pipeline stages), or run the script under msrun (mindspore-hyper run --processes N "
+            "gives each process its rank)")
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def script_line() -> str:
+    """`file:line` of the innermost caller outside this package (the user's script)."""
+    for frame in inspect.stack()[1:]:
+        if not os.path.abspath(frame.filename).startswith(_PACKAGE_DIR):
+            return f"{frame.filename}:{frame.lineno}"
+    return "<unknown>"
 
 
 _CURRENT: List[Any] = []  # the meshes of open `with mesh:` blocks, innermost last, above the last made one

@@ -13,7 +13,7 @@ import sys
 from typing import Optional
 
 from mindspore_hyper.shard.layout import Layout
-from mindspore_hyper.strategy.strategy import Strategy
+from mindspore_hyper.shard.model_strategy import Strategy
 
 __all__ = ["CannotResize", "EXIT_CANNOT_RESIZE", "resize_data_axis", "elastic_strategy"]
 

@@ -61,11 +61,12 @@ class DispatchScheme:
         (none without expert axes: each device keeps its own rows)."""
         name = "+".join(ex.mesh.alias_names[a] for a in axes.expert)
         engine = self.engine
+        cause = f"MoE dispatch/combine ({'token rows' if what == 'rows' else what})"  # sends may run on a thread
 
         def record(nbytes: int) -> None:
             engine.last_stats[what] = engine.last_stats.get(what, 0) + int(nbytes)
             if name:
-                ex.accounting.record_comm("AllToAll", name, int(nbytes), int(nbytes))
+                ex.accounting.record_comm("AllToAll", name, int(nbytes), int(nbytes), cause=cause)
 
         return record
 

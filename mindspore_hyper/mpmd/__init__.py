@@ -1,12 +1,13 @@
 """HyperMPMD runtime: submodules on their own device groups, per-group timelines, dynamic
 rebalancing of devices between groups (simulation), groups on real processes under msrun."""
-from mindspore_hyper.mpmd.mpmd_model import MPMDModel, MPMDReport
+from mindspore_hyper.mpmd.mpmd_model import MPMDModel
+from mindspore_hyper.mpmd.mpmd_report import MPMDSection
 from mindspore_hyper.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord, apply_device_plan
 from mindspore_hyper.mpmd.group_placement import GroupPlacement, data_parallel_strategy, place_groups
 from mindspore_hyper.mpmd.scaling import for_processes, scale_groups
 from mindspore_hyper.mpmd.group_timeline import GroupTimeline
 
-__all__ = ["MPMDModel", "MPMDReport", "RebalanceRecord", "DeviceRebalancing", "apply_device_plan", "GroupPlacement",
+__all__ = ["MPMDModel", "MPMDSection", "RebalanceRecord", "DeviceRebalancing", "apply_device_plan", "GroupPlacement",
            "data_parallel_strategy", "place_groups",
            "scale_groups", "for_processes", "GroupTimeline", "check_mpmd_enabled"]
 

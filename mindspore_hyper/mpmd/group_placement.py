@@ -15,11 +15,11 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from mindspore import nn
 
 from mindspore_hyper.shard.layout import Layout
+from mindspore_hyper.shard.model_strategy import Strategy
 from mindspore_hyper.strategy.config import ParallelConfig
 from mindspore_hyper.strategy.process_groups import DeviceGroup
-from mindspore_hyper.strategy.strategy import Strategy
 
-__all__ = ["GroupPlacement", "place_groups", "data_parallel_strategy"]
+__all__ = ["GroupPlacement", "place_groups", "data_parallel_strategy", "check_unshared_parameters"]
 
 
 def data_parallel_strategy(size: int, optimizer_sharding: bool) -> Strategy:
@@ -132,3 +132,24 @@ def place_groups(network: nn.Cell, config: ParallelConfig,
                              f"parameters runs in a group; add it to process_groups (modules: <pattern>) or to a "
                              f"module_level entry with strategy: mpmd")
     return placements
+
+
+def check_unshared_parameters(network: nn.Cell, placements: Sequence[GroupPlacement]) -> None:
+    """Refuse a Parameter used by Cells of two groups where the groups run in their own processes
+    (msrun): each group's processes would update their own copy with their own part of its
+    gradient (in one process the copies are one Parameter and autograd sums both uses).
+
+    Raises:
+        ValueError: naming the parameter, both groups and their Cells.
+    """
+    cells = dict(network.cells_and_names())
+    owner: Dict[int, Tuple[str, str]] = {}
+    for placement in placements:
+        for cell_name in placement.cells:
+            for param in cells[cell_name].trainable_params():
+                first = owner.setdefault(id(param), (placement.name, cell_name))
+                if first[0] != placement.name:
+                    raise ValueError(f"parameter {param.name!r} is used by group {first[0]!r} (Cell {first[1]!r}) and "
+                                     f"group {placement.name!r} (Cell {cell_name!r}): under msrun each group's "
+                                     "processes would update their own copy; give the Cells their own Parameters, "
+                                     "put them in one group, or run in simulation")

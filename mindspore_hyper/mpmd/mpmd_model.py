@@ -13,8 +13,8 @@ computation, hence the numerics, stays the same).
 """
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
 import mindspore as ms
@@ -22,51 +22,24 @@ from mindspore import Parameter, Tensor, nn
 
 from mindspore_hyper.autodiff import value_and_grad
 from mindspore_hyper.mpmd.group_runner import GroupRunner
-from mindspore_hyper.mpmd.group_placement import GroupPlacement, place_groups
+from mindspore_hyper.mpmd.group_placement import GroupPlacement, check_unshared_parameters, place_groups
 from mindspore_hyper.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord, apply_device_plan
+from mindspore_hyper.mpmd.gradient_norm import mpmd_grad_norm
 from mindspore_hyper.mpmd.group_timeline import GroupTimeline
-from mindspore_hyper.runtime.optimizer_check import optimizer_gradients
+from mindspore_hyper.mpmd.mpmd_report import mpmd_report
+from mindspore_hyper.runtime import loss_scale as scaling
+from mindspore_hyper.runtime.grad_clip import check_max_norm, scale_to_norm
+from mindspore_hyper.runtime.optimizer_check import check_optimizer, optimizer_gradients
+from mindspore_hyper.runtime.parallel_model import check_loss
+from mindspore_hyper.runtime.report import StepReport
 from mindspore_hyper.runtime.training_options import refuse_unsupported
 from mindspore_hyper.schedule.rebalance import GroupSharePlan, RebalancePolicy
 from mindspore_hyper.strategy.config import ParallelConfig
-from mindspore_hyper.strategy.strategy import Strategy
+from mindspore_hyper.shard.model_strategy import Strategy
 
-__all__ = ["MPMDModel", "RebalanceRecord", "MPMDReport"]
+__all__ = ["MPMDModel", "RebalanceRecord"]
 
 HOST = "<between groups>"  # source of tensors computed by parameter-free code between groups
-
-
-@dataclass
-class MPMDReport:
-    """What the last step did per group.
-
-    Attributes:
-        groups: name -> {"ranks", "cells", "hardware", "scheduler", "forward_seconds"}.
-        timeline: the per-group timeline of the last forward.
-        cross_group_bytes: (source group, target group) -> bytes of activations that crossed
-            (the same bytes return as gradients in a training step); the source is
-            "<between groups>" for tensors made by parameter-free code between groups.
-        memory: global rank -> bytes the rank holds (parameters, gradients, optimizer states,
-            activation peak) by its group's report.
-        rebalances: the decisions of the dynamic scheduler so far.
-    """
-
-    groups: Dict[str, Dict[str, Any]]
-    timeline: GroupTimeline
-    cross_group_bytes: Dict[Tuple[str, str], int]
-    memory: Dict[int, int]
-    rebalances: List[RebalanceRecord] = field(default_factory=list)
-
-    def __str__(self) -> str:
-        lines = ["group            ranks            forward s"]
-        for name, g in self.groups.items():
-            r = g["ranks"]
-            text = f"{r[0]}-{r[-1]}" if list(r) == list(range(r[0], r[-1] + 1)) else ",".join(map(str, r))
-            lines.append(f"{name:<16} {text:<16} {g['forward_seconds']:.4f}")
-        for (src, dst), n in self.cross_group_bytes.items():
-            lines.append(f"{src} -> {dst}: {n} bytes")
-        lines.append(str(self.timeline))
-        return "\n".join(lines)
 
 
 class MPMDModel(nn.Cell):
@@ -97,6 +70,8 @@ class MPMDModel(nn.Cell):
         self.runtime = runtime
         self._zero = config.optimizer_sharding is not None
         placements = place_groups(network, config, group_strategies)
+        if not runtime.in_one_process():
+            check_unshared_parameters(network, placements)
         for p in placements:
             if p.group.scheduler == "dynamic" and p.explicit:
                 raise ValueError(f"{p.group.path}.scheduler: dynamic moves devices between data-parallel groups; "
@@ -112,14 +87,27 @@ class MPMDModel(nn.Cell):
         dynamic = [p.name for p in placements if p.group.scheduler == "dynamic"]
         self.rebalancing = DeviceRebalancing(self.runners, dynamic, policy, self._zero) if len(dynamic) >= 2 else None
         self.steps = 0
+        self.last_step_seconds = 0.0  # wall time of the last forward, or of the whole last train_step
+        self.last_grad_norm: Optional[float] = None  # global gradient norm (every group) of the last train_step
+        self.last_step_skipped = False  # the last train_step's update was skipped (loss scaling overflow)
+        self.last_gradients: Dict[str, Any] = {}
+        self._needs_loss = False  # set by train_step: the forward must return a scalar loss
+        self._loss_factor: Optional[float] = None  # set by train_step under loss scaling
         self._reset_step(())
 
     # -- the forward -------------------------------------------------------------------------
     def construct(self, *inputs):
+        start = time.perf_counter()
         self._reset_step(inputs)
         for runner in self.runners.values():
             runner.begin_step(inputs)
-        return self.network(*inputs)
+        result = self.network(*inputs)
+        if self._needs_loss:  # inside train_step: refused before any backward runs
+            check_loss(result, "train_step")
+        if self._loss_factor is not None:
+            result = result * self._loss_factor
+        self.last_step_seconds = time.perf_counter() - start
+        return result
 
     def _reset_step(self, inputs) -> None:
         self.timeline = GroupTimeline(tuple(self.runners))
@@ -188,44 +176,80 @@ class MPMDModel(nn.Cell):
     # -- training ----------------------------------------------------------------------------
     def optimizer_parameters(self) -> List[Parameter]:
         """The Parameters an optimizer must update: those of the groups this process belongs to
-        (every group in simulation; under msrun, this process's group)."""
+        (every group in simulation; under msrun, this process's group), each once (a Parameter
+        the Cells of two groups share, in simulation)."""
         mine = [cell for runner in self.runners.values() if getattr(runner, "member", True)
                 for cell in runner.cells.values()]
-        return [p for cell in mine for p in cell.trainable_params()]
+        return list({id(p): p for cell in mine for p in cell.trainable_params()}.values())
 
-    def train_step(self, optimizer: nn.Optimizer, *inputs, max_grad_norm=None, accumulation_steps: int = 1,
-                   loss_scale=None) -> Tensor:
-        """Forward (the model returns the loss), backward through every group, optimizer update,
-        then, under `scheduler: dynamic`, one rebalancing decision applied before the next step.
+    def train_step(self, optimizer: nn.Optimizer, *inputs, max_grad_norm: Optional[float] = None,
+                   accumulation_steps: int = 1, loss_scale=None) -> Tensor:
+        """One training step, as `ParallelModel.train_step`: forward (the model returns the
+        loss), backward through every group, optimizer update, then, under `scheduler: dynamic`,
+        one rebalancing decision applied before the next step. Sets `last_gradients`,
+        `last_grad_norm` (the global norm before clipping over every group, each element counted
+        once, see `gradient_norm.py`) and `last_step_skipped`.
 
         Args:
             optimizer: built on `optimizer_parameters()`.
             *inputs: the model's inputs.
-            max_grad_norm, accumulation_steps, loss_scale: ParallelModel.train_step's options,
-                not supported by MPMD yet: refused unless left at their defaults.
+            max_grad_norm: clip the gradients to this global norm over every group (as
+                `mindspore.ops.clip_by_global_norm` on one device), or None.
+            accumulation_steps: 1 (gradient accumulation is not supported by MPMD yet).
+            loss_scale: None, a number >= 1 or a `mindspore.amp` loss scaler (see
+                `ParallelModel.train_step`): the loss scaled before the backward, the gradients
+                unscaled, the update skipped (in every process) when a gradient of any group is
+                not finite.
 
         Returns:
-            The loss.
+            The loss (unscaled).
 
         Raises:
-            ValueError: a clipping, accumulation or loss-scaling option is set.
+            ValueError: the optimizer is not built on `optimizer_parameters()`; the model returns
+                something else than a scalar loss (before any backward or update runs); a bad
+                `max_grad_norm` or `loss_scale`; `accumulation_steps` other than 1.
         """
-        refuse_unsupported("MPMD", max_grad_norm, accumulation_steps, loss_scale)
+        refuse_unsupported("MPMD", accumulation_steps=accumulation_steps,
+                           accumulation_hint="pass the whole batch to one step (each group splits it over its "
+                                             "own ranks)")
+        if max_grad_norm is not None:
+            max_grad_norm = check_max_norm(max_grad_norm, "max_grad_norm")
+        scaler = scaling.as_loss_scaler(loss_scale)
+        mine = self.optimizer_parameters()
+        check_optimizer(optimizer, mine, mine, self.config.optimizer_sharding, "train_step")
+        start = time.perf_counter()
+        factor = scaling.scale_value(scaler) if scaler is not None else None
         # gradients of every parameter (also other groups' unused copies under msrun), so the
         # backward takes the same path in every process and cross-group gradients meet
         weights = tuple(self.network.trainable_params())
         if getattr(self, "_grad_fn", None) is None or self._grad_weights != weights:
             self._grad_fn = value_and_grad(self, None, weights + (self._anchor,))
             self._grad_weights = weights
-        loss, grads = self._grad_fn(*inputs)
+        self._needs_loss, self._loss_factor = True, factor
+        try:
+            loss, grads = self._grad_fn(*inputs)
+        finally:
+            self._needs_loss, self._loss_factor = False, None
         grads = grads[:-1]  # the anchor's (zero) gradient
         self._place_backward(time.perf_counter())
-        mine = {id(p) for p in self.optimizer_parameters()}
-        self.last_gradients = {w.name: g.asnumpy() for w, g in zip(weights, grads) if id(w) in mine}
-        optimizer(optimizer_gradients(optimizer, {id(w): g for w, g in zip(weights, grads)}))
+        if factor is not None:
+            loss = loss / factor
+            grads = tuple(scaling.unscale(g, factor) for g in grads)
+        held = {id(p) for p in mine}
+        self.last_gradients = {w.name: g.asnumpy() for w, g in zip(weights, grads) if id(w) in held}
+        norm = mpmd_grad_norm(self, grads)
+        self.last_grad_norm = norm
+        self.last_step_skipped = factor is not None and not math.isfinite(norm)
+        if scaler is not None:
+            scaling.adjust(scaler, not self.last_step_skipped)
+        if not self.last_step_skipped:
+            if max_grad_norm is not None:
+                grads = scale_to_norm(grads, norm, max_grad_norm)
+            optimizer(optimizer_gradients(optimizer, {id(w): g for w, g in zip(weights, grads)}))
         self.steps += 1
         self.end_step()
         self.rebalance()
+        self.last_step_seconds = time.perf_counter() - start
         return loss
 
     def end_step(self) -> None:
@@ -251,16 +275,20 @@ class MPMDModel(nn.Cell):
     def placements(self) -> Dict[str, GroupPlacement]:
         return {n: r.placement for n, r in self.runners.items()}
 
-    def report(self) -> MPMDReport:
-        """Per-group ranks and times, cross-group bytes, per-rank memory and the timeline of the last step."""
-        memory: Dict[int, int] = {}
-        for runner in self.runners.values():
-            for model in runner.models.values():
-                rep = model.report()
-                for local, mem in rep.memory.items():
-                    rank = runner.placement.ranks[local]
-                    memory[rank] = memory.get(rank, 0) + mem["total"]
-        groups = {n: {"ranks": r.placement.ranks, "cells": r.placement.cells, "hardware": r.placement.group.hardware,
-                      "scheduler": r.placement.group.scheduler, "forward_seconds": self.group_seconds[n]}
-                  for n, r in self.runners.items()}
-        return MPMDReport(groups, self.timeline, dict(self.cross_group_bytes), memory, list(self.rebalances))
+    def report(self, optimizer: Optional[nn.Optimizer] = None) -> StepReport:
+        """The last step's StepReport: memory per global rank of the groups it holds (each
+        group's Cells summed), the groups' collectives (mesh axis named `axis@group`), and the
+        MPMD section `report.mpmd` (an `MPMDSection`: per-group ranks and forward times,
+        cross-group bytes, the per-group timeline, the dynamic scheduler's decisions).
+
+        Args:
+            optimizer: the training optimizer (its real states are counted), or None (each
+                group's `optimizer_states` per parameter assumed).
+
+        Raises:
+            ValueError: the optimizer updates none of `optimizer_parameters()`.
+        """
+        if optimizer is not None:
+            mine = self.optimizer_parameters()
+            check_optimizer(optimizer, mine, mine, self.config.optimizer_sharding, "report")
+        return mpmd_report(self, optimizer)

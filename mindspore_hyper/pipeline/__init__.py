@@ -1,8 +1,11 @@
 """Pipeline execution: a model cut into stages runs a `mindspore_hyper.schedule` Schedule.
 
 stages.py (cut a model into stage Cells), microbatch.py, computation.py (one stage's forward and
-backward pieces), runner.py (a rank's action list), p2p.py (stage-boundary send/recv), model.py
-(PipelineModel), build.py (`auto_parallelize` entry), report.py.
+backward pieces), runner.py (a rank's action list), stage_transport.py (stage-boundary send/recv),
+pipeline_model.py (PipelineModel, ParallelModel's protocol) with pipeline_step.py (one train_step:
+clipping, loss scaling), global_grad_norm.py, stage_mesh.py, distributed_forward.py,
+step_timelines.py and stage_rebalancing.py, build.py (`auto_parallelize` entry), report.py (the
+StepReport and its PipelineSection).
 """
 from mindspore_hyper.pipeline.aux_loss import AuxLosses, add_aux_loss
 from mindspore_hyper.pipeline.build import parallelize_pipeline

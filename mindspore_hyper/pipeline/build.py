@@ -7,7 +7,7 @@ from mindspore_hyper.pipeline.options import PipelineOptions
 from mindspore_hyper.pipeline.stages import (balanced_split, check_split, check_unshared, layers_of,
                                              split_from_table)
 from mindspore_hyper.schedule.build import build_schedule
-from mindspore_hyper.strategy.strategy import Strategy
+from mindspore_hyper.shard.model_strategy import Strategy
 
 __all__ = ["parallelize_pipeline"]
 

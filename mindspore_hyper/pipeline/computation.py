@@ -41,7 +41,8 @@ class StageComputation:
         run: the stage's forward `run(x, *targets)` (a StageCell, or a parallel model around it).
         params: the stage's trainable Parameters (gradients accumulate per Parameter).
         first: the stage receives the model input (no input gradient is produced).
-        last: the stage ends in the loss (its backward is seeded with `loss_scale`).
+        last: the stage ends in the loss (its backward is seeded with `loss_scale` times
+            `gradient_scale`).
         loss_scale: the factor of a microbatch's loss in the step's loss.
         dropouts: the stage's DropoutReplay (None: the stage has no nn.Dropout).
         grad: `mindspore.grad`'s signature; the runtime's (`Runtime.grad`: a dry run's records the
@@ -57,15 +58,17 @@ class StageComputation:
         self.grads: Dict[int, Tensor] = {}  # id(Parameter) -> accumulated gradient
         self.losses: List[float] = []
         self.aux_losses: List[float] = []  # per forward: the stage's auxiliary losses (unscaled)
+        self.gradient_scale = 1.0  # the step's loss scale (loss scaling), times every loss in the backward
         self._fns: Dict[str, Callable] = {}
 
     # -- objective whose gradient is the stage's vector-Jacobian product --------------------------
     def _objective(self, x, dy, *targets):
         with AuxLosses() as aux:
             out = self.run(x, *targets)
-        objective = out * self.loss_scale if self.last else (out * dy).sum()
+        scale = self.loss_scale * self.gradient_scale
+        objective = out * scale if self.last else (out * dy).sum()
         if aux:
-            objective = objective + aux.total() * self.loss_scale
+            objective = objective + aux.total() * scale
         return objective
 
     def _grad_fn(self, what: str) -> Callable:
@@ -158,8 +161,10 @@ class StageComputation:
         masks = self.dropouts.live_bytes() if self.dropouts is not None else 0
         return masks + sum(int(x.nbytes) for x, _ in self._inputs.values() if isinstance(x, Tensor))
 
-    def reset(self) -> None:
-        """Start a step: no kept inputs, no gradients, no losses."""
+    def reset(self, gradient_scale: float = 1.0) -> None:
+        """Start a step: no kept inputs, no gradients, no losses; the backward objectives
+        multiplied by `gradient_scale` (a loss scale: the gradients come out scaled by it)."""
+        self.gradient_scale = float(gradient_scale)
         self._inputs.clear()
         self._pending_dy.clear()
         if self.dropouts is not None:

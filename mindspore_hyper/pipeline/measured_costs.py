@@ -41,7 +41,7 @@ def median_action_costs(timelines: Sequence[ScheduleTimeline]) -> Dict[ActionKey
 
 def simulate_measured(schedule: Schedule, timelines: Sequence[ScheduleTimeline]) -> ScheduleTimeline:
     """The schedule simulated with per-action median costs and the median p2p latency of `timelines`."""
-    from mindspore_hyper.pipeline.pipeline_model import p2p_latency
+    from mindspore_hyper.pipeline.step_timelines import p2p_latency
 
     costs = median_action_costs(timelines)
     means: Dict[Tuple[ActionKind, int], List[float]] = defaultdict(list)

@@ -1,16 +1,71 @@
 """The StepReport of a pipelined model: memory per device of its stages, the stages' collectives,
-stage-boundary send/recv bytes and the schedule's timeline with measured per-stage costs."""
+and its pipeline section (`PipelineSection`): the schedule, stage-boundary send/recv bytes and the
+schedule's timeline with measured per-stage costs."""
 from __future__ import annotations
 
 import math
-from typing import Dict
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from mindspore_hyper.context import get_context
 from mindspore_hyper.runtime.report import KINDS, StepReport
+from mindspore_hyper.units import format_bytes
 
-__all__ = ["pipeline_report"]
+__all__ = ["pipeline_report", "PipelineSection"]
+
+
+@dataclass
+class PipelineSection:
+    """The pipeline part of a PipelineModel's StepReport (`StepReport.pipeline`).
+
+    Attributes:
+        schedule: the schedule kind, e.g. "1f1b".
+        ranks: pipeline ranks.
+        chunks: model chunks per rank.
+        microbatches: microbatches per step.
+        split: layers per virtual stage.
+        p2p: stage boundary ("stage 0->1") -> activation / gradient send counts and bytes per step.
+        timeline: the schedule's ScheduleTimeline simulated with the measured per-stage costs, or
+            None (a dry run, or under msrun before `measured_timeline()` was called after the step).
+    """
+
+    schedule: str
+    ranks: int
+    chunks: int
+    microbatches: int
+    split: Tuple[int, ...]
+    p2p: Dict[str, Dict[str, int]] = field(default_factory=dict)
+    timeline: Optional[object] = None
+
+    def lines(self) -> List[str]:
+        """The section as text lines (the schedule, the boundary sends, the timeline's figures)."""
+        out = [f"pipeline: {self.schedule}, {self.ranks} ranks x {self.chunks} chunk(s), {self.microbatches} "
+               f"microbatches, layers per stage {list(self.split)}; activations = stage inputs kept for the "
+               f"recomputing backwards"]
+        if self.p2p:
+            out.append("pipeline stage-boundary sends per step (activations / gradients):")
+            head = ["boundary", "act count", "act bytes", "grad count", "grad bytes"]
+            rows = [[k, str(v["activation_count"]), format_bytes(v["activation_bytes"]), str(v["gradient_count"]),
+                     format_bytes(v["gradient_bytes"])] for k, v in self.p2p.items()]
+            widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+            out += ["  ".join(x.rjust(w) for x, w in zip(row, widths)) for row in [head] + rows]
+        if self.timeline is not None:
+            out.append(f"pipeline timeline (simulated with measured costs): makespan "
+                       f"{self.timeline.makespan * 1e3:.1f} ms, bubble {self.timeline.bubble_fraction:.1%}")
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def to_dict(self) -> dict:
+        """Plain values (JSON-ready); the timeline as its makespan and bubble fraction."""
+        timeline = None if self.timeline is None else {"makespan_s": self.timeline.makespan,
+                                                       "bubble_fraction": self.timeline.bubble_fraction}
+        return {"schedule": self.schedule, "ranks": self.ranks, "chunks": self.chunks,
+                "microbatches": self.microbatches, "split": list(self.split),
+                "p2p": {k: dict(v) for k, v in self.p2p.items()}, "timeline": timeline}
 
 
 def pipeline_report(model, optimizer=None) -> StepReport:
@@ -40,12 +95,16 @@ def pipeline_report(model, optimizer=None) -> StepReport:
         row["activations_peak"] = runner.peak_live_bytes if runner is not None else 0
         row["total"] = sum(row[k] for k in KINDS)
         memory[g] = row
-    comm, comm_backward, fallbacks = {}, {}, {}
+    comm, comm_backward, fallbacks, comm_causes = {}, {}, {}, {}
     for s, rep in stage_reports.items():
         for target, source in ((comm, rep.comm), (comm_backward, rep.comm_backward)):
             for kind, axes in source.items():
                 for ax, v in axes.items():
                     target.setdefault(kind, {})[f"{ax}@stage{s}"] = dict(v)
+        for phase, kinds in rep.comm_causes.items():  # what caused them, under the same "axis@stageS"
+            for kind, axes in kinds.items():
+                for ax, causes in axes.items():
+                    comm_causes.setdefault(phase, {}).setdefault(kind, {})[f"{ax}@stage{s}"] = dict(causes)
         for op, n in rep.fallbacks.items():
             fallbacks[op] = fallbacks.get(op, 0) + n
     p2p: Dict[str, Dict[str, int]] = {}
@@ -57,15 +116,14 @@ def pipeline_report(model, optimizer=None) -> StepReport:
             entry[f"{payload}_bytes"] += nbytes
     timeline = None  # a dry run's action times are shape inference, not a device's: no measured timeline
     if model.runtime.computes_values() and model.last_events and (model.in_one_process
-                                                                 or model._measured_step == model._steps):
+                                                                 or model.measured_step == model.steps_run):
         timeline = model.simulated_timeline()
+    section = PipelineSection(schedule.kind, schedule.num_stages, schedule.num_chunks, schedule.num_microbatches,
+                              tuple(model.split), p2p, timeline)
     report = StepReport(mesh=dict(zip(mesh.alias_names, mesh.device_matrix)), memory=memory, comm=comm,
                         comm_backward=comm_backward, fallbacks=fallbacks, device_memory=get_context("device_memory"),
-                        step_seconds=model.last_step_seconds, simulated=model.in_one_process,
-                        p2p=p2p, timeline=timeline)
-    report.notes.append(f"pipeline: {schedule.kind}, {schedule.num_stages} ranks x {schedule.num_chunks} chunk(s), "
-                        f"{schedule.num_microbatches} microbatches, layers per stage {list(model.split)}; "
-                        f"activations = stage inputs kept for the recomputing backwards")
+                        step_seconds=model.last_step_seconds, simulated=model.in_one_process, pipeline=section,
+                        comm_causes=comm_causes)
     report.check_memory()
     return report
 

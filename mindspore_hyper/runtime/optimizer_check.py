@@ -2,8 +2,9 @@
 
 Every model the user trains (ParallelModel and its runtimes' subclasses, PipelineModel,
 MPMDModel) hands its optimizer the gradients through `optimizer_gradients`, which refuses a
-Parameter the model cannot give a gradient for; ParallelModel also runs `check_optimizer` first
-(ZeRO-1 slices and foreign Parameters named with both shapes).
+Parameter the model cannot give a gradient for; ParallelModel and MPMDModel also run
+`check_optimizer` first, before the step computes anything (ZeRO-1 slices and foreign Parameters
+named with both shapes).
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from mindspore import Parameter, Tensor, nn
 from mindspore.graph.api import _pynative_executor
 
 from mindspore_hyper.autodiff import value_and_grad
+from mindspore_hyper.comm.collective_cause import set_cause
 from mindspore_hyper.dtensor import shard_hints
 from mindspore_hyper.dtensor.accounting import Accounting
 from mindspore_hyper.dtensor.dispatch import distribute, parameter_dtensor
@@ -349,7 +350,11 @@ class ParallelModel(nn.Cell):
         if isinstance(outputs, (tuple, list)):
             return type(outputs)(self._collect(o) for o in outputs)
         if isinstance(outputs, DTensor) and not self.return_dtensor:
-            return outputs.full_tensor()
+            previous = set_cause("model output made whole (returned as a global tensor)")
+            try:
+                return outputs.full_tensor()
+            finally:
+                set_cause(previous)
         return outputs
 
     def report(self, optimizer: Optional[nn.Optimizer] = None):

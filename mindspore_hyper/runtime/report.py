@@ -9,7 +9,7 @@ tracked as DTensors are created and freed (each at its dtype's size); with mixed
 working weights (the compute-dtype copies MindSpore's amp casts the float32 masters to), and
 `memory_by_dtype`: each kind's bytes by dtype (runtime/mixed_precision.py). Communication per
 step: count and bytes sent per device, per collective kind and mesh axis, forward as planned and
-backward as recorded when the gradients moved. Replication fallbacks by op name.
+backward as recorded when the gradients moved, with what caused them (`comm_causes`). Replication fallbacks by op name.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from mindspore_hyper.comm.collective_cause import UNATTRIBUTED
 from mindspore_hyper.context import get_context
 from mindspore_hyper.runtime.mixed_precision import memory_by_dtype
 from mindspore_hyper.units import format_bytes as _fmt
@@ -49,12 +50,15 @@ class StepReport:
     comm_time_estimate_s: float = 0.0
     notes: List[str] = field(default_factory=list)
     simulated: bool = True  # every device of the mesh simulated in this process (else: this process's own)
-    p2p: Dict[str, Dict[str, int]] = field(default_factory=dict)  # pipeline: stage boundary -> send counts/bytes
-    timeline: object = None  # pipeline: the schedule's Timeline with measured per-stage costs
+    pipeline: object = None  # PipelineModel: its section (pipeline/report.PipelineSection), else None
     backward_ran: Optional[bool] = None  # the last step's forward recorded gradients (None: not known)
     # rank -> "parameters" / "gradients" / "optimizer_states" / "working_weights" -> dtype -> bytes
     # (runtime/mixed_precision.memory_by_dtype); activations are counted at their own dtypes' sizes
     memory_by_dtype: Dict[int, Dict[str, Dict[str, int]]] = field(default_factory=dict)
+    # "forward" / "backward" -> kind -> axis -> cause -> count: what caused each row's collectives
+    # (the op and input redistributed, a parameter's grad sync, ...: comm/collective_cause.py)
+    comm_causes: Dict[str, Dict[str, Dict[str, Dict[str, int]]]] = field(default_factory=dict)
+    mpmd: object = None  # MPMD model: the per-group section (mpmd/mpmd_report.MPMDSection), else None
 
     @classmethod
     def build(cls, model, optimizer=None) -> "StepReport":
@@ -86,6 +90,7 @@ class StepReport:
             device_memory=get_context("device_memory"), step_seconds=model.last_step_seconds,
             simulated=simulated, backward_ran=getattr(model, "last_forward_recorded_gradients", None),
             memory_by_dtype=by_kind_dtype,
+            comm_causes={"forward": _nest_causes(acc.comm_causes), "backward": _nest_causes(acc.comm_backward_causes)},
         )
         if table.mesh.size <= COMM_TIME_MAX_DEVICES:
             report.comm_time_estimate_s = _comm_time(report, table.mesh)
@@ -96,6 +101,16 @@ class StepReport:
                                 f"{COMM_TIME_MAX_DEVICES}); `mindspore-hyper dryrun --hardware PRESET` predicts it")
         report.check_memory()
         return report
+
+    @property
+    def p2p(self) -> Dict[str, Dict[str, int]]:
+        """The pipeline section's stage boundary -> send counts/bytes per step ({} without one)."""
+        return self.pipeline.p2p if self.pipeline is not None else {}
+
+    @property
+    def timeline(self):
+        """The pipeline section's schedule timeline with measured per-stage costs (None without one)."""
+        return self.pipeline.timeline if self.pipeline is not None else None
 
     # -- checks ------------------------------------------------------------------------------
     def over_budget(self) -> Dict[int, int]:
@@ -125,6 +140,10 @@ class StepReport:
             "step_seconds": self.step_seconds, "comm_time_estimate_s": self.comm_time_estimate_s,
             "notes": list(self.notes), "p2p": {k: dict(v) for k, v in self.p2p.items()},
             "memory_by_dtype": {r: {k: dict(v) for k, v in m.items()} for r, m in self.memory_by_dtype.items()},
+            "comm_causes": {p: {k: {a: dict(c) for a, c in axes.items()} for k, axes in kinds.items()}
+                            for p, kinds in self.comm_causes.items()},
+            **({"mpmd": self.mpmd.to_dict()} if self.mpmd is not None else {}),
+            **({"pipeline": self.pipeline.to_dict()} if self.pipeline is not None else {}),
         }
 
     def __str__(self) -> str:
@@ -141,12 +160,13 @@ class StepReport:
                 row.insert(5, _fmt(m.get("working_weights", 0)))
         lines += _table(head, rows)
         lines += self._dtype_lines()
-        crow = [[phase, kind, axis, str(v["count"]), _fmt(v["bytes"])]
+        crow = [[phase, kind, axis, str(v["count"]), _fmt(v["bytes"]),
+                 causes_text(self.comm_causes.get(phase, {}).get(kind, {}).get(axis, {}))]
                 for phase, comm in (("forward", self.comm), ("backward", self.comm_backward))
                 for kind, axes in comm.items() for axis, v in axes.items()]
         if crow:
             lines.append("communication per step (bytes sent per device):")
-            lines += _table(["phase", "collective", "axis", "count", "bytes"], crow)
+            lines += _table(["phase", "collective", "axis", "count", "bytes", "caused by"], crow, left_last=True)
             lines.append(self._backward_note())
             if not math.isnan(self.comm_time_estimate_s):
                 lines.append(f"estimated communication time per step: {self.comm_time_estimate_s * 1e3:.3f} ms "
@@ -154,14 +174,10 @@ class StepReport:
         else:
             lines.append("communication per step: none" + (" (the last step ran no backward pass)"
                                                            if self.backward_ran is False else ""))
-        if self.p2p:
-            lines.append("pipeline stage-boundary sends per step (activations / gradients):")
-            lines += _table(["boundary", "act count", "act bytes", "grad count", "grad bytes"],
-                            [[k, str(v["activation_count"]), _fmt(v["activation_bytes"]), str(v["gradient_count"]),
-                              _fmt(v["gradient_bytes"])] for k, v in self.p2p.items()])
-        if self.timeline is not None:
-            lines.append(f"pipeline timeline (simulated with measured costs): makespan "
-                         f"{self.timeline.makespan * 1e3:.1f} ms, bubble {self.timeline.bubble_fraction:.1%}")
+        if self.pipeline is not None:
+            lines.append(str(self.pipeline))
+        if self.mpmd is not None:
+            lines.append(str(self.mpmd))
         if self.fallbacks:
             lines.append("replication fallbacks (op: count): " +
                          ", ".join(f"{k}: {v}" for k, v in sorted(self.fallbacks.items())))
@@ -263,10 +279,12 @@ def _optimizer_bytes_by_dtype(table, optimizer, ranks, simulated: bool = True,
     if network is not None:  # a state is named after its Parameter's own name, which a wrapper Cell
         # (MindSpore's amp O2/O3 `_OutputTo32`) leaves as it was while the table's path grows a prefix
         rows.update({p.name: rows[path] for path, p in network.parameters_and_names() if path in rows})
+    updated = {id(p) for p in optimizer.parameters}  # not states (a Cell's table names its own relative to
+    # the Cell: "text_encoder.0.weight" would read as a state "text_encoder" of "0.weight")
     for _, state in optimizer.parameters_and_names():
         prefix, _, pname = state.name.partition(".")
         row = rows.get(pname)
-        if row is None or pname == state.name:
+        if row is None or pname == state.name or id(state) in updated:
             continue
         if simulated and tuple(state.shape) == row.global_shape:
             nbytes = math.prod(row.optimizer_layout.local_shape(row.global_shape)) * state.dtype.itemsize
@@ -291,6 +309,36 @@ def _comm_time(report: "StepReport", mesh) -> float:
     return total
 
 
+def _nest_causes(flat) -> Dict[str, Dict[str, Dict[str, int]]]:
+    """(kind, axis) -> Counter of causes, as kind -> axis -> cause -> count."""
+    out: Dict[str, Dict[str, Dict[str, int]]] = {}
+    for (kind, axis), causes in sorted(flat.items()):
+        out.setdefault(kind, {})[axis] = dict(sorted(causes.items()))
+    return out
+
+
+_LISTED = ("grad sync of ", "optimizer ZeRO gather of ")  # causes that name parameters: listed together
+
+
+def causes_text(causes: Dict[str, int], shown: int = 3) -> str:
+    """One row's causes as text, most frequent first: "redistribute for MatMul input 1 in fc1 x2;
+    grad sync of fc1.weight, fc2.weight (+5 more)"; a cause recorded without one reads
+    "not attributed". Parameter-naming causes are merged into one list per kind; at most `shown`
+    other causes or names each, then how many more."""
+    names: Dict[str, List[str]] = {}
+    others = []
+    for cause, count in sorted(causes.items(), key=lambda kv: (-kv[1], kv[0])):
+        prefix = next((p for p in _LISTED if cause.startswith(p)), None)
+        if prefix is not None:
+            names.setdefault(prefix, []).extend(cause[len(prefix):].split(", "))
+        else:
+            others.append((cause or UNATTRIBUTED) + (f" x{count}" if count > 1 else ""))
+    parts = [prefix + ", ".join(listed[:shown]) + (f" (+{len(listed) - shown} more)" if len(listed) > shown else "")
+             for prefix, listed in names.items()]
+    parts += others[:shown] + ([f"+{len(others) - shown} more causes"] if len(others) > shown else [])
+    return "; ".join(parts)
+
+
 def _nest(flat) -> Dict[str, Dict[str, Dict[str, int]]]:
     out: Dict[str, Dict[str, Dict[str, int]]] = {}
     for (kind, axis), (count, nbytes, input_bytes) in sorted(flat.items()):
@@ -298,7 +346,10 @@ def _nest(flat) -> Dict[str, Dict[str, Dict[str, int]]]:
     return out
 
 
-def _table(head, rows) -> List[str]:
+def _table(head, rows, left_last: bool = False) -> List[str]:
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     fmt = "  ".join("{:>%d}" % w for w in widths)
+    if left_last:  # a text column (causes): left-aligned
+        fmt = fmt[:fmt.rindex("{")] + "{}"
+    
     return [fmt.format(*head)] + [fmt.format(*r) for r in rows]

@@ -1,6 +1,8 @@
-"""HyperShard algebra: device meshes, tensor layouts, placements, redistribution plans.
+"""HyperShard algebra: device meshes, tensor layouts, placements, redistribution plans, and the
+model-wide `Strategy` declaration (`model_strategy.py`) that `Layout(...)(tensor_map=...)` builds.
 
-Pure data and planning: nothing here executes a collective or knows about models.
+Pure data and planning: nothing here executes a collective or imports a model (a Strategy maps
+parameter names and shapes to layouts; `mindspore_hyper.strategy` resolves it against a model).
 """
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.shard.placement import Partial, Placement, Replicate, Shard

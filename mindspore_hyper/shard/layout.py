@@ -7,8 +7,9 @@ effects: it creates no process groups and needs no initialised communication.
 from __future__ import annotations
 
 import math
-from typing import Callable, ClassVar, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
+from mindspore_hyper.shard.model_strategy import Strategy
 from mindspore_hyper.shard.tensor_layout import NONE_ALIAS, TensorLayout
 
 __all__ = ["Layout", "NONE_ALIAS"]
@@ -18,9 +19,8 @@ class Layout:
     """A device matrix with one alias per axis and an optional mapping of mesh positions to ranks.
 
     Calling it with a tensor map gives a TensorLayout; the keyword form
-    `layout(tensor_map=..., optimizer_state=...)` gives a model-wide Strategy, built by
-    `strategy_builder`, which `mindspore_hyper.strategy` installs (the strategy layer sits above
-    this algebra, so it registers itself instead of being imported here).
+    `layout(tensor_map=..., optimizer_state=...)` gives a model-wide `Strategy` (defined beside
+    it in `shard.model_strategy`: pure data over this mesh, so nothing above the algebra is called).
 
     Args:
         device_matrix: positive ints, the size of each mesh axis (major first).
@@ -46,8 +46,6 @@ class Layout:
         self._position_of_rank = {r: i for i, r in enumerate(self._rank_list)}
         self._groups_cache = {}
         self._coords_cache: Dict[int, Tuple[int, ...]] = {}
-
-    strategy_builder: ClassVar[Optional[Callable[..., object]]] = None
 
     # -- basic facts -------------------------------------------------------------------------
     @property
@@ -154,9 +152,7 @@ class Layout:
         if "tensor_map" in strategy_kwargs:
             if tensor_map:
                 raise ValueError("Layout(...): give the tensor map positionally or as tensor_map=, not both")
-            if Layout.strategy_builder is None:
-                raise RuntimeError("layout(tensor_map=...) builds a Strategy: import mindspore_hyper first")
-            return Layout.strategy_builder(self, **strategy_kwargs)
+            return Strategy(self, **strategy_kwargs)
         if strategy_kwargs:
             raise ValueError(
                 f"Layout(...) got keyword(s) {sorted(strategy_kwargs)} without tensor_map=; "

@@ -32,18 +32,18 @@ pattern that matches nothing) happen in `resolve_strategy`.
 from __future__ import annotations
 
 import fnmatch
-import math
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from mindspore_hyper.shard.layout import NONE_ALIAS, Layout
+from mindspore_hyper.strategy.config_mesh import config_mesh
 from mindspore_hyper.strategy.process_groups import (
     SCHEDULERS, ConfigError, DeviceGroup, check_disjoint, check_within, parse_process_groups, parse_ranks,
 )
-from mindspore_hyper.strategy.context_parallel import ContextParallel
-from mindspore_hyper.strategy.strategy import Strategy
+from mindspore_hyper.shard.context_parallel_spec import ContextParallel
+from mindspore_hyper.shard.model_strategy import Strategy
 
 __all__ = ["ParallelConfig", "ModuleEntry", "ParameterEntry", "ConfigError", "load_parallel_config",
            "parse_split_tuple", "is_glob"]
@@ -56,7 +56,6 @@ OPTIMIZER_KEYS = ("sharding", "offload")
 MODULE_KEYS = ("name", "strategy", "devices", "optional")
 PARAMETER_KEYS = ("name", "tensor_map", "optional")
 MPMD = "mpmd"
-DEFAULT_ALIASES = ("data", "tensor", "pipeline")
 
 _TUPLE_RE = re.compile(r"^\(?\s*(\d+\s*(?:,\s*\d+\s*)*),?\s*\)?$")
 
@@ -313,7 +312,7 @@ class _Loader:
             groups += parse_process_groups(self.raw["process_groups"], scheduler)
         check_disjoint(groups)
 
-        mesh, inferred, mesh_text = self._mesh(raw_modules, groups, pipeline_axis)
+        mesh, inferred, mesh_text = config_mesh(pc, raw_modules, groups, pipeline_axis)
         for group in groups:
             check_within(group, mesh.size, mesh_text)
 
@@ -444,69 +443,6 @@ class _Loader:
             tmap.append(None if not aliases else aliases[0] if len(aliases) == 1 else tuple(aliases))
         return ModuleEntry(pattern=m["name"], path=path, kind="spmd", splits=dict(m["splits"]),
                            pipeline=m["pipeline"], tensor_map=tuple(tmap), optional=m["optional"])
-
-    # -- mesh --------------------------------------------------------------------------------
-    def _mesh(self, raw_modules: List[dict], groups: List[DeviceGroup], pipeline_axis: str):
-        pc = self.pc
-        device_num = pc.get("device_num")
-        if device_num is not None and (isinstance(device_num, bool) or not isinstance(device_num, int)
-                                       or device_num <= 0):
-            raise ConfigError("parallel_config.device_num", f"{device_num!r}; expected a positive int")
-        has_dm, has_alias = "device_matrix" in pc, "alias_names" in pc
-        if has_dm or has_alias:
-            if not has_dm:
-                raise ConfigError("parallel_config.device_matrix", "missing; alias_names needs a device_matrix")
-            dm = pc["device_matrix"]
-            aliases = pc.get("alias_names")
-            if aliases is None:
-                if isinstance(dm, (list, tuple)) and len(dm) == len(DEFAULT_ALIASES):
-                    aliases = DEFAULT_ALIASES
-                else:
-                    raise ConfigError("parallel_config.alias_names", "missing; give one alias per device_matrix axis")
-            try:
-                mesh = Layout(list(dm) if isinstance(dm, (list, tuple)) else dm,
-                              list(aliases) if isinstance(aliases, (list, tuple)) else aliases)
-            except ValueError as exc:
-                key = "alias_names" if "alias" in str(exc) else "device_matrix"
-                raise ConfigError(f"parallel_config.{key}", str(exc)) from None
-            if device_num is not None and device_num != mesh.size:
-                raise ConfigError("parallel_config.device_num", f"{device_num} but device_matrix "
-                                                                f"{mesh.device_matrix} has {mesh.size} devices")
-            return mesh, False, f"device_matrix {mesh.device_matrix}"
-        # Inferred mesh: ("data", <aliases named by the strategies in order>, pipeline).
-        sizes: Dict[str, int] = {}
-        stages = None
-        for m in raw_modules:
-            if m["kind"] != "spmd":
-                continue
-            for alias, counts in m["splits"].items():
-                if alias != "data":
-                    sizes[alias] = max(sizes.get(alias, 1), max(counts) if counts else 1)
-            if m["pipeline"] is not None:
-                if stages is not None and m["pipeline"] != stages:
-                    raise ConfigError(f"{m['path']}.strategy.pipeline", f"{m['pipeline']} stages, but an earlier entry "
-                                                                       f"asks for {stages}; the model has one pipeline")
-                stages = m["pipeline"]
-        if stages is not None:
-            if pipeline_axis in sizes and sizes[pipeline_axis] > 1:
-                raise ConfigError("parallel_config.module_level", f"axis {pipeline_axis!r} is both split by a strategy "
-                                                                  "and used for pipeline stages")
-            sizes[pipeline_axis] = stages
-        if device_num is not None:
-            world, where = device_num, "parallel_config.device_num"
-            text = f"device_num {device_num}"
-        else:
-            from mindspore_hyper.context import get_context
-
-            highest = max((g.ranks[-1] for g in groups if g.ranks), default=-1)
-            world = max(int(get_context("device_num")), highest + 1)
-            where, text = "parallel_config", f"the device count {world} (context device_num or the highest rank + 1)"
-        others = math.prod(sizes.values())
-        if world % others:
-            raise ConfigError(where, f"the strategies need {others} devices per data-parallel replica "
-                                     f"({dict(sizes)}), which does not divide {text}")
-        mesh = Layout([world // others] + list(sizes.values()), ["data"] + list(sizes))
-        return mesh, True, f"the inferred mesh {mesh.device_matrix}{mesh.alias_names} ({text})"
 
     # -- small fields ------------------------------------------------------------------------
     def _context_parallel(self, mesh: Layout) -> Optional[ContextParallel]:

@@ -21,9 +21,9 @@ from mindspore_hyper.strategy.config import (
     ConfigError, ModuleEntry, ParallelConfig, is_glob, load_parallel_config,
 )
 from mindspore_hyper.shard.layout import Layout
-from mindspore_hyper.strategy.process_groups import DeviceGroup
-from mindspore_hyper.strategy.strategy import Strategy
+from mindspore_hyper.shard.model_strategy import Strategy
 from mindspore_hyper.shard.tensor_layout import TensorLayout
+from mindspore_hyper.strategy.process_groups import DeviceGroup
 from mindspore_hyper.units import format_bytes, itemsize as dtype_size
 
 __all__ = ["ParamRow", "StrategyTable", "resolve_strategy", "assign_pipeline_stages", "DEFAULT_OPTIMIZER_STATES"]

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from mindspore import ops
 
-from mindspore_hyper.dtensor import DTensor, coverage
-from mindspore_hyper.dtensor.op_catalog import CATALOG, Arg, OpCase
+from mindspore_hyper.dtensor import DTensor
 from mindspore_hyper.dtensor.rules import registry
 from mindspore_hyper.dtensor.rules.common import make
+from mindspore_hyper.tools.coverage import op_sweep
+from mindspore_hyper.tools.coverage.op_catalog import CATALOG, Arg, OpCase
 from sweep_run import sweep_results
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "op_coverage.md"
@@ -26,9 +27,9 @@ pytestmark = pytest.mark.xdist_group("op_sweep")
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
     """name -> CaseResult of every catalog op, from one sweep in a fresh process."""
-    results = sweep_results(tmp_path_factory.mktemp("sweep"), "mindspore_hyper.dtensor.coverage", timeout=600)
+    results = sweep_results(tmp_path_factory.mktemp("sweep"), "mindspore_hyper.tools.coverage.op_sweep", timeout=600)
     cases = {case.name: case for case in CATALOG}
-    return {d["name"]: coverage.CaseResult.from_dict(d, cases[d["name"]]) for d in results}
+    return {d["name"]: op_sweep.CaseResult.from_dict(d, cases[d["name"]]) for d in results}
 
 
 def test_catalog_covers_at_least_150_distinct_ops():
@@ -45,9 +46,9 @@ def test_op_matches_one_device_or_is_refused(outcomes, name):
 
 
 def test_docs_table_is_up_to_date(outcomes):
-    text = coverage.render([outcomes[case.name] for case in CATALOG])
-    assert coverage.ops_section(DOC.read_text()) == text, \
-        "docs/op_coverage.md is stale: run python -m mindspore_hyper.dtensor.coverage"
+    text = op_sweep.render([outcomes[case.name] for case in CATALOG])
+    assert op_sweep.ops_section(DOC.read_text()) == text, \
+        "docs/op_coverage.md is stale: run python -m mindspore_hyper.tools.coverage.op_sweep"
 
 
 def test_sweep_catches_a_wrong_rule(monkeypatch):
@@ -57,7 +58,7 @@ def test_sweep_catches_a_wrong_rule(monkeypatch):
         return registry.Decision(inputs=[x.layout], outputs=make(x.layout.mesh, list(reversed(x.layout.dims))))
 
     monkeypatch.setitem(registry.RULES, "Neg", wrong)
-    outcome = coverage.run_case(OpCase("ops.neg (wrong rule)", ops.neg, (Arg((4, 4)),)))
+    outcome = op_sweep.run_case(OpCase("ops.neg (wrong rule)", ops.neg, (Arg((4, 4)),)))
     assert outcome.mismatches and not outcome.ok
 
 
@@ -67,5 +68,5 @@ def test_sweep_flags_errors_that_do_not_name_the_op():
             raise ValueError("something")
         return x
 
-    outcome = coverage.run_case(OpCase("unclear failure", fails_on_dtensors, (Arg((4, 4)),)))
+    outcome = op_sweep.run_case(OpCase("unclear failure", fails_on_dtensors, (Arg((4, 4)),)))
     assert outcome.unclear and not outcome.ok

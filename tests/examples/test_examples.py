@@ -91,5 +91,11 @@ def test_pretrain_llama_checks_itself_and_resumes_at_another_size(tmp_path):
     resumed = run("--steps", "2", "--devices", "2", "--resume", str(tmp_path / "ckpt"), "--no-check")
     tail = [float(x) for x in resumed.split("parallel losses:")[1].splitlines()[0].split()]
     # steps 3-4 on 2 devices from the checkpoint: the same data (the loader's position), weights
-    # and optimizer states as the uninterrupted run's; only float32 summation order differs
-    np.testing.assert_allclose(tail, whole[2:], rtol=1e-4)
+    # and optimizer states as the uninterrupted run's; only float32 summation order differs (data
+    # 1 instead of 2): the example's loss_rtol derives the bound of the s-th step after the restore
+    # (4 s gamma_512: 1.2e-4, 2.4e-4), plus 1e-7 for the 7 printed decimals
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from pretrain_llama import loss_rtol
+
+    rtol = loss_rtol("fp32", 2, batch=16)
+    assert (np.abs(np.subtract(tail, whole[2:])) <= rtol * np.abs(whole[2:]) + 1e-7).all(), (tail, whole[2:], rtol)

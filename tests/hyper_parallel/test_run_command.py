@@ -89,5 +89,5 @@ def test_upstream_import_paths_resolve_and_missing_names_say_so():
     from hyper_parallel.platform import get_platform
 
     assert get_platform().name == "mindspore"
-    with pytest.raises(ImportError, match="hyper_parallel.PipelineStage: not provided by mindspore_hyper yet"):
-        from hyper_parallel import PipelineStage  # noqa: F401
+    with pytest.raises(ImportError, match="SharedParameterInfo: not provided by mindspore_hyper yet"):
+        from hyper_parallel.core.pipeline_parallel.stage import SharedParameterInfo  # noqa: F401

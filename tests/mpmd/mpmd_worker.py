@@ -1,6 +1,7 @@
 """msrun worker: the multimodal model with its groups on 4 processes (text 0-1, vision 2,
-fusion 3), 3 Adam steps; writes rank<N>.json with losses, this group's gradients and parameters
-next to a single-device run done in the same process. `fail@R`: rank R fails after one training
+fusion 3), 3 Adam steps, then a fresh pair 3 momentum steps with global-norm clipping and loss
+scaling; writes rank<N>.json with losses, norms, this group's gradients and parameters next to
+single-device runs done in the same process. `fail@R`: rank R fails after one training
 step: it prints the error and leaves with status 0 without closing anything, as a crashed process
 would (msrun kills every worker as soon as one exits non-zero, which would race the others' own
 report); the others must notice the dead peer by themselves and fail naming it."""
@@ -20,6 +21,7 @@ import mindspore as ms  # noqa: E402
 import mindspore_hyper as mh  # noqa: E402
 from mindspore_hyper.strategy.config import load_parallel_config  # noqa: E402
 from mpmd_models import Multimodal, make_pair, multimodal_batch, train_reference  # noqa: E402
+from tolerances import reduction_length  # noqa: E402
 
 CONFIG = {"parallel_config": {"device_num": 4},
           "process_groups": {"text_encoder": {"ranks": [0, 1], "batch_size": 32, "hardware": "CPU"},
@@ -56,6 +58,7 @@ def main(out_dir, mode="train"):
         if first is None:
             first = dict(model.last_gradients)
     mine = {p.name: p.asnumpy() for p in model.optimizer_parameters()}
+    report = model.report(opt)  # this process's rank: its group's Cells
     ref_losses, ref_grads, ref_params = train_reference(ref, batches)
     result = {
         "rank": rank, "losses": losses, "ref_losses": ref_losses,
@@ -65,9 +68,43 @@ def main(out_dir, mode="train"):
         "grad_error": {n: float(np.abs(first[n] - ref_grads[n]).max()) for n in first},
         "param_error": {n: float(np.abs(mine[n] - ref_params[n]).max()) for n in mine},
         "events": [[n, *e] for n, r in model.runners.items() for e in r.events],  # group, kind, cell, start, end
+        "report_ranks": sorted(report.memory), "report_parameters": report.memory[rank]["parameters"],
+        "param_bytes": sum(a.nbytes for a in mine.values()), "report_groups": sorted(report.mpmd.groups),
     }
+    result.update(clipped_training())
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
+
+
+def clipped_training(steps=3, lr=0.1, momentum=0.9, max_norm=0.05, scale=2.0 ** 10):
+    """A fresh model pair trained `steps` momentum steps with max_grad_norm and a static loss scale
+    (2**10: exact in float32, so the unscaled gradients are the unscaled run's), against one device
+    with ops.clip_by_global_norm: each step's loss and global norm, and this group's parameters."""
+    net, ref = make_pair(lambda: Multimodal(text_layers=2))
+    model = mh.auto_parallelize(net, load_parallel_config(CONFIG), mode="distributed")
+    batches = [multimodal_batch(seed=10 + s) for s in range(steps)]
+    opt = ms.nn.Momentum(model.optimizer_parameters(), lr, momentum)
+    losses, norms = [], []
+    for batch in batches:
+        losses.append(float(model.train_step(opt, *batch, max_grad_norm=max_norm, loss_scale=scale)))
+        norms.append(model.last_grad_norm)
+    ref_opt = ms.nn.Momentum(ref.trainable_params(), lr, momentum)
+    grad_fn = ms.value_and_grad(ref, None, ref.trainable_params())
+    ref_losses, ref_norms = [], []
+    start = {p.name: p.asnumpy().copy() for p in ref.trainable_params()}
+    for batch in batches:
+        loss, grads = grad_fn(*batch)
+        ref_losses.append(float(loss))
+        ref_norms.append(float(np.sqrt(sum(np.sum(g.asnumpy().astype(np.float64) ** 2) for g in grads))))
+        ref_opt(ms.ops.clip_by_global_norm(grads, max_norm))
+    want = {p.name: p.asnumpy() for p in ref.trainable_params()}
+    mine = {p.name: p.asnumpy() for p in model.optimizer_parameters()}
+    return {"clip_losses": losses, "clip_ref_losses": ref_losses, "clip_norms": norms, "clip_ref_norms": ref_norms,
+            "clip_max_norm": max_norm, "clip_skipped": model.last_step_skipped,
+            "clip_param_error": {n: float(np.linalg.norm(mine[n] - want[n])) for n in mine},
+            "clip_param_moved": {n: float(np.linalg.norm(want[n] - start[n])) for n in mine},
+            "clip_param_norm": {n: float(np.linalg.norm(want[n])) for n in mine},
+            "clip_reduction": reduction_length(list(ref.trainable_params()), 32)}
 
 
 if __name__ == "__main__":

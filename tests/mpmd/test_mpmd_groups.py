@@ -10,8 +10,8 @@ from mindspore import nn, ops
 import mindspore_hyper as mh
 from mindspore_hyper.mpmd import GroupTimeline, MPMDModel, scale_groups
 from mindspore_hyper.shard.layout import Layout
+from mindspore_hyper.shard.model_strategy import Strategy
 from mindspore_hyper.strategy.config import load_parallel_config
-from mindspore_hyper.strategy.strategy import Strategy
 from mpmd_models import (Multimodal, assert_same_training, make_pair, multimodal_batch, train_parallel,
                          train_reference)
 from paths import CONFIGS
@@ -73,19 +73,21 @@ def test_timeline_overlaps_independent_groups(mpmd, tmp_path):
     model = mh.auto_parallelize(Multimodal(), seed_config_on(7), mode="simulation")
     model(*multimodal_batch())
     report = model.report()
-    tasks = {t.lane: t for t in report.timeline.spans}
+    section = report.mpmd  # the MPMD part of the StepReport
+    tasks = {t.lane: t for t in section.timeline.spans}
     text, vision, fusion = tasks["text_encoder"], tasks["vision_encoder"], tasks["fusion_layer"]
     assert text.start == vision.start == 0.0  # no data dependency: concurrent
     assert fusion.start == pytest.approx(max(text.end, vision.end))  # reads both
-    assert (text.args["index"], vision.args["index"]) in report.timeline.overlaps()
-    assert report.timeline.makespan < report.timeline.serial_time
+    assert (text.args["index"], vision.args["index"]) in section.timeline.overlaps()
+    assert section.timeline.makespan < section.timeline.serial_time
     # the fusion input (concat of the encoders' features) crossed into the fusion group
-    assert report.cross_group_bytes == {("<between groups>", "fusion_layer"): 16 * 32 * 4}
+    assert section.cross_group_bytes == {("<between groups>", "fusion_layer"): 16 * 32 * 4}
     # memory per global rank: a text rank holds the text encoder's parameters, rank 6 the fusion's
     text_params = sum(p.asnumpy().nbytes for p in model.network.text_encoder.trainable_params())
-    assert report.memory[0] >= text_params and set(report.memory) == set(range(7))
+    assert report.memory[0]["parameters"] == text_params and set(report.memory) == set(range(7))
+    assert section.memory == {rank: row["total"] for rank, row in report.memory.items()}
     path = tmp_path / "mpmd.json"
-    report.timeline.to_chrome_trace(str(path))
+    section.timeline.to_chrome_trace(str(path))
     threads = {e["args"]["name"] for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "M"}
     assert threads == {"text_encoder", "vision_encoder", "fusion_layer"}
 
@@ -96,14 +98,14 @@ def test_training_step_timeline_has_measured_backwards(mpmd):
     mpmd.set_context(device_num=7)
     model = mh.auto_parallelize(Multimodal(), seed_config_on(7, "static"), mode="simulation")
     model.train_step(nn.Adam(model.optimizer_parameters()), *multimodal_batch())
-    task = {t.label: t for t in model.report().timeline.spans}
+    task = {t.label: t for t in model.report().mpmd.timeline.spans}
     assert set(task) == {f"{g} {p}" for g in ("text_encoder", "vision_encoder", "fusion_layer")
                          for p in ("forward", "backward")}
     fusion, text, vision = (task[f"{g} backward"] for g in ("fusion_layer", "text_encoder", "vision_encoder"))
     assert all(t.duration > 0 for t in (fusion, text, vision))
     assert fusion.start == task["fusion_layer forward"].end
     assert text.start == vision.start == fusion.end
-    assert tuple(sorted((text.args["index"], vision.args["index"]))) in model.report().timeline.overlaps()
+    assert tuple(sorted((text.args["index"], vision.args["index"]))) in model.report().mpmd.timeline.overlaps()
 
 
 class EncoderHead(nn.Cell):
@@ -140,7 +142,7 @@ def test_mpmd_module_entries_with_mindspore_layers(mpmd):
     model = mh.auto_parallelize(net, mpmd_entries_config(), mode="simulation")
     batches = eh_batches()
     assert_same_training(train_parallel(model, batches), train_reference(ref, batches))
-    tasks = [t for t in model.report().timeline.spans if t.label.endswith("forward")]
+    tasks = [t for t in model.report().mpmd.timeline.spans if t.label.endswith("forward")]
     assert [t.lane for t in tasks] == ["encoder", "table", "head"]
     assert tasks[0].start == tasks[1].start == 0.0 and tasks[2].args["depends_on"] == (0, 1)
 

@@ -1,12 +1,13 @@
 """MPMD groups under msrun: each process runs its group, cross-group tensors over shared memory;
-training equals one device; groups reading only the batch do not wait for each other; a dead
-peer is named by the survivors."""
+training equals one device, also with global-norm clipping and loss scaling over the groups;
+groups reading only the batch do not wait for each other; a dead peer is named by the survivors."""
 import json
 import os
 
 import pytest
 
 from msrun_helpers import run_msrun, worker_logs
+from tolerances import U32, training_rtol
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpmd_worker.py")
 
@@ -25,6 +26,9 @@ def test_groups_on_4_processes_train_like_one_device(tmp_path):
             assert set(res[what]) == set(res["params"])
             for name, err in res[what].items():
                 assert err < 1e-5, (rank, what, name, err)
+        # the StepReport of a process: its own rank, holding its group's parameters (data parallel: whole)
+        assert res["report_ranks"] == [rank] and res["report_parameters"] == res["param_bytes"]
+        assert res["report_groups"] == ["fusion_layer", "text_encoder", "vision_encoder"]
         # only members ran the group's Cells; the others received the outputs
         assert {e[0] for e in res["events"] if e[1] == "forward"} == set(expected_members[rank])
         assert {e[0] for e in res["events"] if e[1] == "receive"} == \
@@ -32,6 +36,22 @@ def test_groups_on_4_processes_train_like_one_device(tmp_path):
 
     def last(rank, kind, group):
         return max(e[3] for e in results[rank]["events"] if e[1] == kind and e[0] == group)
+
+    # train_step(max_grad_norm=, loss_scale=): the norm over the 4 processes' groups (one all-gather),
+    # the same on every process, equals one device's; clipping was active; the groups' parameters
+    # equal one device's with ops.clip_by_global_norm, within the float32 bound of another reduction
+    # order (tests/tolerances.py)
+    first = results[0]
+    rtol = training_rtol(first["clip_reduction"], len(first["clip_norms"]))
+    for rank, res in enumerate(results):
+        assert res["clip_norms"] == first["clip_norms"] and not res["clip_skipped"]
+        assert res["clip_norms"] == pytest.approx(res["clip_ref_norms"], rel=rtol)
+        assert res["clip_losses"] == pytest.approx(res["clip_ref_losses"], rel=rtol)
+        assert set(res["clip_param_error"]) == set(res["params"])
+        for name, err in res["clip_param_error"].items():
+            bound = rtol * res["clip_param_moved"][name] + 4 * U32 * res["clip_param_norm"][name]
+            assert err <= bound, (rank, name, err, bound)
+    assert first["clip_ref_norms"][0] > first["clip_max_norm"]
 
     # after the first step the encoders, which read only the batch, run before waiting for each
     # other's output: text (ranks 0-1) and vision (rank 2) compute at the same time

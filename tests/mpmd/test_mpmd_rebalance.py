@@ -52,7 +52,7 @@ def test_hand_made_move_is_applied_and_keeps_training_numerics(mpmd):
     for p in net.trainable_params():
         assert_adam_training_close(p.asnumpy(), ref_params[p.name], 1e-2, len(data), reduction, err_msg=p.name)
     model(*data[0])
-    assert {t.lane for t in model.report().timeline.spans} == {"text_encoder", "vision_encoder", "fusion_layer"}
+    assert {t.lane for t in model.report().mpmd.timeline.spans} == {"text_encoder", "vision_encoder", "fusion_layer"}
 
 
 def test_dynamic_scheduler_moves_devices_to_the_heavy_group_between_steps(mpmd):

@@ -31,6 +31,22 @@ def single_device_run(model, x, y, steps: int = 5, lr: float = 1e-2):
     return losses, {p.name: p.asnumpy().copy() for p in model.trainable_params()}
 
 
+def single_device_clipped_run(model, x, y, max_norm: float, steps: int = 5, lr: float = 1e-2):
+    """Losses, final parameters and each step's global gradient norm (float64 sum of squares) of
+    plain MindSpore training with `ops.clip_by_global_norm(grads, max_norm)` before each nn.Adam step."""
+    from mindspore import ops
+
+    params = model.trainable_params()
+    step, optimizer = ms.value_and_grad(model, None, params), nn.Adam(params, lr)
+    losses, norms = [], []
+    for _ in range(steps):
+        loss, grads = step(x, y)
+        losses.append(float(loss.asnumpy()))
+        norms.append(float(np.sqrt(sum(np.sum(g.asnumpy().astype(np.float64) ** 2) for g in grads))))
+        optimizer(ops.clip_by_global_norm(grads, max_norm))
+    return losses, {p.name: p.asnumpy().copy() for p in params}, norms
+
+
 def assert_same_training(model, losses, reference, lr=1e-2, loose=(), tokens=64):
     """Losses and parameters of `len(losses)` nn.Adam steps at `lr` equal to the single-device run's
     up to float32 rounding in any evaluation order (tests/tolerances.py): each parameter normwise

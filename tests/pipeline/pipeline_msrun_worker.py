@@ -3,6 +3,8 @@ losses, its stages' parameters and (rank 0) the measured and simulated timelines
 
 Usage: msrun ... pipeline_msrun_worker.py KIND MICROBATCHES OUT [WIDTH DEPTH BATCH STEPS]
 With env PIPELINE_TEST_MODEL=gpt: the examples' GPT instead (see gpt_main).
+With env PIPELINE_TEST_CLIP=N: train_step(max_grad_norm=N); each rank writes every step's
+`last_grad_norm` (the global norm over all stages and shards) too.
 With env PIPELINE_TEST_REBALANCE=1: start from the split (1, 6) with rebalancing on, the
 planner fed fixed per-layer costs (test_pipeline_rebalance.LAYER_COSTS) for this process's
 stages; the applied plans and migrated bytes are written too.
@@ -74,10 +76,12 @@ def main():
         options.update(rebalance=True, layers_per_stage=(1, 6))
     parallel = mh.auto_parallelize(model, strategy, pipeline=options)
     optimizer = nn.Adam(parallel.optimizer_parameters(), 1e-2)
-    losses = []
+    clip = float(os.environ["PIPELINE_TEST_CLIP"]) if os.environ.get("PIPELINE_TEST_CLIP") else None
+    losses, norms = [], []
     timelines = []
     for _ in range(steps):
-        losses.append(float(parallel.train_step(optimizer, x, y).asnumpy()))
+        losses.append(float(parallel.train_step(optimizer, x, y, max_grad_norm=clip).asnumpy()))
+        norms.append(parallel.last_grad_norm)
         measured = parallel.measured_timeline()  # collective: every rank calls it
         timelines.append(measured)
     rank = parallel.world.rank
@@ -93,6 +97,7 @@ def main():
                 arrays[f"param:{p.name}"] = p.asnumpy()
                 arrays[f"region:{p.name}"] = np.array([[r.start, r.stop] for r in region])
     arrays["losses"] = np.array(losses)
+    arrays["grad_norms"] = np.array(norms)
     arrays["eval_loss"] = np.array(eval_loss)
     if rebalance:
         arrays["plans"] = np.array(json.dumps([[list(p.before), list(p.after)] for p in parallel.rebalance_log]))

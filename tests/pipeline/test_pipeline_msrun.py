@@ -1,6 +1,7 @@
-"""Pipeline execution under msrun: zb_h1 on 4 processes and 1f1b on tensor 2 x pipeline 2 train
-like one device (losses and each process's stage parameters, or their shards, after 5 Adam
-steps); a receive that waits too long names the peer rank. (1f1b on 2 processes: the example's
+"""Pipeline execution under msrun: zb_h1 on 4 processes and 1f1b on tensor 2 x pipeline 2 (with
+global-norm clipping over the stages' processes and tensor shards) train like one device (losses,
+grad norms and each process's stage parameters, or their shards, after 5 Adam steps); a receive
+that waits too long names the peer rank. (1f1b on 2 processes: the example's
 msrun test in tests/examples; data 2 x pipeline 2 was run the same way, see docs/mpmd.md.)"""
 import os
 import threading
@@ -11,7 +12,7 @@ import pytest
 
 from msrun_helpers import run_msrun, worker_logs
 from paths import REPO_ROOT
-from pipeline_models import batch, dense_chain, gpt, single_device_run, tokens
+from pipeline_models import batch, dense_chain, gpt, single_device_clipped_run, single_device_run, tokens
 from tolerances import assert_adam_training_close, reduction_length, training_rtol
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_msrun_worker.py")
@@ -20,14 +21,20 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_msru
 @pytest.mark.msrun
 @pytest.mark.parametrize("kind, workers, mesh", [("zb_h1", 4, "pipeline"), ("1f1b", 4, "tensor")])
 def test_distributed_pipeline_trains_like_one_device(kind, workers, mesh, tmp_path):
+    clip = 0.3 if mesh == "tensor" else None  # clips the first 3 steps' gradients (norms 0.48 to 0.31), not the last 2
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
-               PIPELINE_TEST_MESH=mesh)
+               PIPELINE_TEST_MESH=mesh, PIPELINE_TEST_CLIP=str(clip or ""))
     result = run_msrun(WORKER, [kind, 4, tmp_path], workers, tmp_path / "log", timeout=240, env=env)
     assert result.returncode == 0, worker_logs(tmp_path / "log", workers)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     x, y = batch()
     model = dense_chain()
-    losses, params = single_device_run(model, x, y)
+    if clip is None:
+        losses, params = single_device_run(model, x, y)
+        norms = None
+    else:
+        losses, params, norms = single_device_clipped_run(model, x, y, clip)
+        assert norms[0] > clip > norms[-1]  # both sides of the limit
     eval_loss = float(model(x, y).asnumpy())  # the trained model's forward-only loss
     reduction = reduction_length(model.trainable_params(), 64)  # Adam-aware bounds: tests/tolerances.py
     rtol = training_rtol(reduction, len(losses))
@@ -36,6 +43,8 @@ def test_distributed_pipeline_trains_like_one_device(kind, workers, mesh, tmp_pa
         out = np.load(tmp_path / f"rank{rank}.npz")
         np.testing.assert_allclose(out["losses"], losses, rtol=rtol)
         np.testing.assert_allclose(float(out["eval_loss"]), eval_loss, rtol=rtol)
+        if norms is not None:  # the same norm on every process: every stage's and tensor shard's squares once
+            np.testing.assert_allclose(out["grad_norms"], norms, rtol=rtol)
         for key in out.files:
             if key.startswith("param:"):
                 name = key[len("param:"):]

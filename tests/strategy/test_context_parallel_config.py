@@ -2,9 +2,9 @@
 import pytest
 
 from mindspore_hyper.shard import Layout
+from mindspore_hyper.shard.context_parallel_spec import ContextParallel
+from mindspore_hyper.shard.model_strategy import Strategy
 from mindspore_hyper.strategy.config import ConfigError, load_parallel_config
-from mindspore_hyper.strategy.context_parallel import ContextParallel
-from mindspore_hyper.strategy.strategy import Strategy
 
 MESH = Layout((2, 2, 2), ("data", "tensor", "cp"))
 

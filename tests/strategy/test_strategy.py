@@ -2,14 +2,15 @@
 import pytest
 
 from mindspore_hyper.shard import Layout
-from mindspore_hyper.strategy.strategy import Strategy
+from mindspore_hyper.shard.model_strategy import Strategy
 
 MESH = Layout(device_matrix=(2, 2, 2), alias_names=("data", "tensor", "pipeline"))
 
 
 def test_seed_keyword_form_returns_strategy():
     strategy = MESH(tensor_map=("tensor", None, "pipeline"), optimizer_state="data")
-    assert isinstance(strategy, Strategy)
+    assert isinstance(strategy, Strategy) and strategy.mesh is MESH
+    assert not hasattr(Layout, "strategy_builder")  # built by the algebra itself, no hook installed from above
     assert strategy.data_axis == "data" and strategy.optimizer_state == "data"
 
 

@@ -53,7 +53,7 @@ def attention(execution, scores: AttentionScores, value: DTensor) -> DTensor:
     t, s = q.shape[-2], kt.shape[-1]
     per_rank = 2 if t == s and t % (2 * n) == 0 and _has_empty_block(masks, 2 * n, t, s) else 1
     record = lambda nbytes, backward: execution.accounting.record_comm(  # noqa: E731
-        "P2P", cp_name, nbytes, nbytes, backward=backward)
+        "P2P", cp_name, nbytes, nbytes, backward=backward, cause="ring attention K/V shifts (context parallel)")
     tensors = (q, kt, v, masks)
     ring = _simulated(execution, tensors, axis, record) if execution.holds_all_ranks else \
         _in_process(execution, tensors, axis, cp_name, record)

@@ -21,6 +21,7 @@ from typing import Dict, List, Sequence, Set, Tuple
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
+from mindspore_hyper.comm.collective_cause import grad_sync_cause, zero_gather_cause
 from mindspore_hyper.comm.collectives import AxisGroup, ring_send_bytes
 from mindspore_hyper.comm.process_collectives import adopt
 from mindspore_hyper.runtime.parallel_model import ParallelModel
@@ -124,7 +125,8 @@ class DistributedModel(ParallelModel):
             return
         self._recorded.add((pid, group.axis))
         nbytes = dout.asnumpy().nbytes
-        self.accounting.record_comm(kind, group.axis, ring_send_bytes(kind, group.size, nbytes), nbytes, backward=True)
+        self.accounting.record_comm(kind, group.axis, ring_send_bytes(kind, group.size, nbytes), nbytes, backward=True,
+                                    cause=grad_sync_cause(self.execution.parameters[pid].param.name))
 
     # -- training --------------------------------------------------------------------------------
     def optimizer_parameters(self) -> List[Parameter]:
@@ -225,8 +227,9 @@ class DistributedModel(ParallelModel):
                 rows.append(moved.reshape(n, -1))
             bucket = np.ascontiguousarray(np.concatenate(rows, axis=1))
             nbytes = bucket.nbytes
+            names = [self.execution.parameters[pid].param.name for pid, _ in items]
             self.accounting.record_comm("ReduceScatter", axis, ring_send_bytes("ReduceScatter", n, nbytes), nbytes,
-                                        backward=True)
+                                        backward=True, cause=grad_sync_cause(*names))
             mine = self.world.communicator(ranks).reduce_scatter(bucket, dim=0)[0]
             offset = 0
             for (pid, contribution), row in zip(items, rows):
@@ -248,5 +251,5 @@ class DistributedModel(ParallelModel):
             full = self.world.communicator(zero.ranks).all_gather(np.ascontiguousarray(part), dim=zero.dim)
             self.accounting.record_comm("AllGather", "+".join(self.mesh.alias_names[a] for a in zero.axes),
                                         ring_send_bytes("AllGather", len(zero.ranks), part.nbytes), part.nbytes,
-                                        backward=True)
+                                        backward=True, cause=zero_gather_cause(zero.param.name))
             zero.param.set_data(Tensor(full, dtype=zero.param.dtype))

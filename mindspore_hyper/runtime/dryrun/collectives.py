@@ -13,6 +13,7 @@ from typing import List, Optional, Sequence
 
 from mindspore import Tensor
 
+from mindspore_hyper.comm.collective_cause import current_cause
 from mindspore_hyper.comm.collectives import AxisGroup, ring_send_bytes
 from mindspore_hyper.dtensor.meta import MetaTensor, meta
 
@@ -43,7 +44,8 @@ class DryRunCollectives:
     """The Collectives protocol on shapes (see module docstring).
 
     Args:
-        recorder: called as recorder(kind, axis, send_bytes, input_bytes) for backward traffic.
+        recorder: called as recorder(kind, axis, send_bytes, input_bytes, cause) for backward traffic
+            (recorded as the forward runs, under its collective cause, as the simulation's backward is).
     """
 
     def __init__(self, recorder=None):
@@ -52,7 +54,7 @@ class DryRunCollectives:
     def _backward(self, t: Tensor, kind: str, group: AxisGroup, input_bytes: int) -> None:
         if self.recorder is None or not group.records or group.size == 1 or not getattr(t, "grad_path", False):
             return
-        self.recorder(kind, group.axis, ring_send_bytes(kind, group.size, input_bytes), input_bytes)
+        self.recorder(kind, group.axis, ring_send_bytes(kind, group.size, input_bytes), input_bytes, current_cause())
 
     def all_reduce(self, members: Sequence[Tensor], op: str, group: AxisGroup) -> List[Tensor]:
         return [as_meta(m) for m in members]

@@ -4,20 +4,30 @@
 records the backward's collectives as each forward one is planned (`DryRunCollectives`) and the
 data-parallel gradient sums as parameters are read, and skips the optimizer update (there are no
 gradients to apply). `report()` has a row for every device of the mesh.
+
+The step's options are accounted as the simulation accounts them: `accumulation_steps=k` runs k
+micro-batch forwards (each holding its activations until the next starts; the gradients are
+counted once) with each parameter's data-parallel sum once per step; `max_grad_norm` and
+`loss_scale` are checked and add nothing to the report (their only traffic, the global norm's
+one-scalar all-reduce, is not a report row in any mode).
 """
 from __future__ import annotations
 
-from typing import Dict, Set, Tuple
+from typing import Dict, Optional, Set, Tuple
 
 from mindspore import Tensor, nn
 
 from mindspore_hyper.comm.collectives import AxisGroup
 from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.dtensor.meta import MetaTensor, meta
+from mindspore_hyper.runtime import loss_scale as scaling
+from mindspore_hyper.runtime.accumulation import check_accumulation_steps, is_batched, micro_batch_rows
 from mindspore_hyper.runtime.dryrun.collectives import as_meta
 from mindspore_hyper.runtime.dryrun.shape_grad import in_training_forward
+from mindspore_hyper.runtime.grad_clip import check_max_norm
 from mindspore_hyper.runtime.parallel_model import ParallelModel
-from mindspore_hyper.runtime.simulation.simulated_model import record_gradient_sync, zero_along
+from mindspore_hyper.runtime.simulation.simulated_model import (batch_axes, record_gradient_sync,
+                                                                 summed_once_per_step, zero_along)
 
 __all__ = ["DryRunModel"]
 
@@ -55,12 +65,22 @@ class DryRunModel(ParallelModel):
         super().__init__(network, table, runtime, return_dtensor)
         self._synced: Set[Tuple[int, str]] = set()
         self._training = False
-        self._replays: Dict[tuple, tuple] = {}  # (training, needs loss, input signature) -> (counters, output)
+        # (training, needs loss, micro-batch, micro-batches, input signature) -> (counters, output)
+        self._replays: Dict[tuple, tuple] = {}
+        self._batch_axes = batch_axes(self.strategy)
         collectives = self.execution.collectives
         record = collectives.recorder
-        # the backward of a collective happens only in a training step's backward: a forward
-        # without recording (a pipeline's, an evaluation) moves no gradient
-        collectives.recorder = lambda *args: record(*args) if self.records_gradients() else None
+
+        def record_backward(kind: str, axis: str, *sizes) -> None:
+            # the backward of a collective happens only in a training step's backward: a forward
+            # without recording (a pipeline's, an evaluation) moves no gradient; under gradient
+            # accumulation a batch-independent tensor's gradient sum runs once, after the last
+            # micro-batch (as the simulation records it)
+            if self.records_gradients() and (self._last_micro_batch or not summed_once_per_step(
+                    kind, axis, self._batch_axes)):
+                record(kind, axis, *sizes)
+
+        collectives.recorder = record_backward
         for cell in [self] + [c for _, c in network.cells_and_names()]:
             # a Cell initialises its lazily created Parameters (no_init_parameters) when first
             # called (this wrapper too: its parameters are the network's); the dry run reads only
@@ -82,7 +102,9 @@ class DryRunModel(ParallelModel):
         its distinct stage programs, not with its microbatches."""
         if self.return_dtensor:
             return super().construct(*inputs)
-        key = (self.records_gradients(), self._needs_loss, tuple(_signature(x) for x in inputs))
+        # the counters after micro-batch i of an accumulated step include the step's earlier ones
+        key = (self.records_gradients(), self._needs_loss, self._micro_batch, self._accumulation_steps,
+               tuple(_signature(x) for x in inputs))
         if key in self._replays:
             state, out = self._replays[key]
             self.accounting.restore(state)
@@ -105,23 +127,40 @@ class DryRunModel(ParallelModel):
                 and (pid, group.axis) not in self._synced):
             self._synced.add((pid, group.axis))
             record_gradient_sync(self.accounting, self.rows[pid].param_bytes, group,
-                                 zero_along(self.mesh, slot, group))
+                                 zero_along(self.mesh, slot, group), slot.param.name)
         return out
 
-    def train_step(self, optimizer: nn.Optimizer, *inputs, **options) -> MetaTensor:
+    def train_step(self, optimizer: nn.Optimizer, *inputs, max_grad_norm: Optional[float] = None,
+                   accumulation_steps: int = 1, loss_scale=None) -> MetaTensor:
         """The step's forward on shapes, its backward's collectives and gradient sums recorded;
-        no update (see module docstring). Returns the loss (shape and dtype only).
+        no update (see module docstring). The options are checked as in the simulation and
+        accounted as it accounts them: `accumulation_steps=k` runs k micro-batch forwards on
+        dim 0 of every batched input cut into k; `max_grad_norm` and `loss_scale` add no row
+        (`loss_scale`'s scaler is not adjusted: a dry run has no gradient to test for overflow,
+        and `last_grad_norm` stays None).
+
+        Returns:
+            The loss (shape and dtype only; the last micro-batch's).
 
         Raises:
-            ValueError: `options` the dry run does not model (named), an optimizer not built on
-                `optimizer_parameters()`, a model that does not return a scalar loss.
+            ValueError: an optimizer not built on `optimizer_parameters()`, a model that does not
+                return a scalar loss, a bad `max_grad_norm`, `accumulation_steps` or `loss_scale`,
+                an input's batch not divisible by `accumulation_steps`.
         """
-        if options:
-            raise ValueError(f"dry run: train_step option(s) {sorted(options)} are not modelled by the dry run yet; "
-                             "run without them (the memory and communication of the plain step are reported)")
         self.check_optimizer(optimizer, "train_step")
-        self._training, self._needs_loss = True, True
+        if max_grad_norm is not None:
+            check_max_norm(max_grad_norm, "max_grad_norm")
+        scaling.as_loss_scaler(loss_scale)
+        steps = check_accumulation_steps(accumulation_steps)
+        micro_batch = tuple(meta((micro_batch_rows(i, x, steps),) + tuple(x.shape[1:]), x.dtype)
+                            if steps > 1 and is_batched(i, x, steps) else x for i, x in enumerate(inputs))
+        self._training, self._needs_loss, self._accumulation_steps = True, True, steps
+        self.last_grad_norm, self.last_step_skipped = None, False
         try:
-            return self(*inputs)
+            for index in range(steps):
+                self._micro_batch, self._last_micro_batch = index, index == steps - 1
+                loss = self(*micro_batch)
+            return loss
         finally:
             self._training, self._needs_loss = False, False
+            self._micro_batch, self._last_micro_batch, self._accumulation_steps = 0, True, 1

@@ -15,7 +15,7 @@ from __future__ import annotations
 from mindspore import nn
 from mindspore.ops.auto_generate.gen_ops_prim import FlashAttentionScore
 
-from mindspore_hyper.strategy.context_parallel import ContextParallel
+from mindspore_hyper.shard.context_parallel_spec import ContextParallel
 
 __all__ = ["refusal"]
 

@@ -10,6 +10,7 @@ from typing import Set, Tuple
 
 from mindspore import Tensor, nn, ops
 
+from mindspore_hyper.comm.collective_cause import grad_sync_cause, zero_gather_cause
 from mindspore_hyper.comm.collectives import AxisGroup, on_gradient, ring_send_bytes
 from mindspore_hyper.runtime.parallel_model import ParallelModel
 from mindspore_hyper.strategy.resolve import StrategyTable
@@ -18,7 +19,7 @@ from mindspore_hyper.strategy.resolve import StrategyTable
 # MindSpore's deprecation warning on every run)
 _IDENTITY = ops.Identity()
 
-__all__ = ["SimulatedModel", "record_gradient_sync", "zero_along"]
+__all__ = ["SimulatedModel", "record_gradient_sync", "zero_along", "batch_axes", "summed_once_per_step"]
 
 
 def zero_along(mesh, slot, group: AxisGroup) -> bool:
@@ -27,19 +28,20 @@ def zero_along(mesh, slot, group: AxisGroup) -> bool:
     return bool(zero_axes & set(group.axis.split("+")))
 
 
-def record_gradient_sync(accounting, param_bytes: int, group: AxisGroup, zero: bool) -> None:
+def record_gradient_sync(accounting, param_bytes: int, group: AxisGroup, zero: bool, name: str) -> None:
     """One parameter's data-parallel gradient sum over `group` (backward): an AllReduce, or with
     ZeRO-1 along the group a ReduceScatter to the optimizer shard plus an AllGather of the
-    updated parameter shard; bytes per device."""
+    updated parameter shard; bytes per device, caused by the parameter `name`'s gradient sync
+    (the AllGather by the optimizer's ZeRO gather)."""
     n, axis = group.size, group.axis
     if zero:
         accounting.record_comm("ReduceScatter", axis, ring_send_bytes("ReduceScatter", n, param_bytes), param_bytes,
-                               backward=True)
+                               backward=True, cause=grad_sync_cause(name))
         accounting.record_comm("AllGather", axis, ring_send_bytes("ReduceScatter", n, param_bytes), param_bytes // n,
-                               backward=True)
+                               backward=True, cause=zero_gather_cause(name))
     else:
         accounting.record_comm("AllReduce", axis, ring_send_bytes("AllReduce", n, param_bytes), param_bytes,
-                               backward=True)
+                               backward=True, cause=grad_sync_cause(name))
 
 
 class SimulatedModel(ParallelModel):
@@ -51,16 +53,16 @@ class SimulatedModel(ParallelModel):
         collectives = self.execution.collectives
         if getattr(collectives, "recorder", None) is not None:
             collectives.recorder = self._record_backward
-        self._batch_axes = _batch_axes(self.strategy)
+        self._batch_axes = batch_axes(self.strategy)
 
-    def _record_backward(self, kind: str, axis: str, send_bytes: int, input_bytes: int) -> None:
+    def _record_backward(self, kind: str, axis: str, send_bytes: int, input_bytes: int, cause: str = "") -> None:
         """Backward traffic of the collectives. Under gradient accumulation, the gradient sum of
         a tensor read by an op sharded over the batch axes it is replicated on (a tensor that does
         not depend on the batch: a parameter read through a cast or a redistribution) is done
         once per step, with the parameters': recorded on the last micro-batch only."""
-        if kind == "AllReduce" and not self._last_micro_batch and set(axis.split("+")) <= self._batch_axes:
+        if not self._last_micro_batch and summed_once_per_step(kind, axis, self._batch_axes):
             return
-        self.execution.record_backward(kind, axis, send_bytes, input_bytes)
+        self.execution.record_backward(kind, axis, send_bytes, input_bytes, cause)
 
     def begin_step(self) -> None:
         self._synced.clear()
@@ -81,13 +83,20 @@ class SimulatedModel(ParallelModel):
             if (pid, group.axis) in synced:
                 return
             synced.add((pid, group.axis))
-            record_gradient_sync(self.accounting, row.param_bytes, group, zero)
+            record_gradient_sync(self.accounting, row.param_bytes, group, zero, slot.param.name)
 
         out = _IDENTITY(shard)
         return out if on_gradient(out, hook) else shard
 
 
-def _batch_axes(strategy) -> Set[str]:
+def summed_once_per_step(kind: str, axis: str, batch_axes: Set[str]) -> bool:
+    """Whether a backward collective is the gradient sum of a tensor that does not depend on the
+    batch (an AllReduce over batch axes only): under gradient accumulation it runs once per step,
+    after the last micro-batch, not once per micro-batch."""
+    return kind == "AllReduce" and set(axis.split("+")) <= batch_axes
+
+
+def batch_axes(strategy) -> Set[str]:
     """The mesh axes that split the model's inputs (the batch, and the sequence where inputs are
     split along it)."""
     axes: Set[str] = set()

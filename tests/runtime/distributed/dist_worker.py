@@ -72,6 +72,7 @@ def run_case(case: str):
     out["optimizer_bytes_held"] = sum(p.asnumpy().nbytes for p in optimizer.moment1) * 2
     out["global_param_bytes"] = global_bytes
     out["comm_backward"] = report.comm_backward
+    out["comm_causes"] = report.comm_causes
     from mindspore_hyper.runtime.distributed import world
 
     out["communicators"] = sorted({type(c).__name__ for c in world()._communicators.values()})

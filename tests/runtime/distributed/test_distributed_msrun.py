@@ -43,9 +43,50 @@ def check_matches_single_device(result):
         assert total <= TOLERANCE, (what, total)
 
 
+def simulated_step(data: int, tensor: int) -> dict:
+    """The worker's GPT, strategy and first batch, one train_step simulated in this process: its
+    report's figures that a distributed rank's must equal (JSON-shaped, as the worker writes them)."""
+    import importlib.util
+
+    import mindspore_hyper as mh
+    from mindspore import nn
+
+    spec = importlib.util.spec_from_file_location("dist_worker", WORKER)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    mh.set_context(mode="simulation", device_num=data * tensor)
+    model = mh.auto_parallelize(worker.GPT(vocab=128, hidden=64, heads=worker.HEADS, layers=2, seq=16),
+                                worker.megatron(data, tensor, False))
+    model.train_step(nn.Adam(model.optimizer_parameters(), learning_rate=1e-3), *worker.batches(1)[0])
+    return json.loads(json.dumps({"comm_causes": model.report().comm_causes}))
+
+
+def check_causes_like_simulation(result: dict, simulated: dict) -> None:
+    """Every collective names what caused it: each cause the simulation of the same step names, with
+    the same count, and each row's causes add up to its count. The backward of an all-reduce by max
+    (cross-entropy's logsumexp) moves the winners' counts under msrun, where the simulation records
+    nothing: extra backward AllReduces over 'tensor', named after the op input they are for."""
+    causes = result["comm_causes"]
+    for phase, kinds in simulated.items():
+        for kind, axes in kinds.items():
+            for axis, row in axes.items():
+                for cause, count in row.items():
+                    assert causes[phase][kind][axis].get(cause) == count, (phase, kind, axis, cause)
+    for kind, axes in result["comm_backward"].items():
+        for axis, row in axes.items():
+            assert sum(causes["backward"][kind][axis].values()) == row["count"], (kind, axis)
+            extra = set(causes["backward"][kind][axis]) - set(simulated["backward"].get(kind, {}).get(axis, {}))
+            assert not extra or (kind, axis) == ("AllReduce", "tensor") and all(
+                c.startswith("redistribute for ") for c in extra), (kind, axis, extra)
+
+
 @pytest.mark.msrun
 def test_gpt_data_x_tensor_with_and_without_zero1_on_4_processes(tmp_path):
     results = run(tmp_path, 4, ["2x2", "2x2+zero"])
+    simulated = simulated_step(2, 2)
+    causes = [c for kinds in simulated["comm_causes"].values() for axes in kinds.values() for row in axes.values()
+              for c in row]
+    assert all(causes) and any(c.startswith("grad sync of ") for c in causes)  # each attributed, grad syncs named
     for rank, res in enumerate(results):
         plain, zero = res["2x2"], res["2x2+zero"]
         assert plain["rank"] == rank
@@ -58,6 +99,8 @@ def test_gpt_data_x_tensor_with_and_without_zero1_on_4_processes(tmp_path):
         assert zero["memory"]["optimizer_states"] == zero["optimizer_bytes_held"] == zero["param_bytes_held"]
         assert "ReduceScatter" in zero["comm_backward"] and "AllGather" in zero["comm_backward"]
         assert "AllReduce" in plain["comm_backward"]
+        check_causes_like_simulation(plain, simulated["comm_causes"])
+        assert any(c.startswith("optimizer ZeRO gather of ") for c in zero["comm_causes"]["backward"]["AllGather"]["data"])
         assert plain["communicators"] == ["ShmCommunicator"]
         # cpu_binding="auto": each process on its own cores, every thread with it
         expected = cores_for(rank, 4, sorted(os.sched_getaffinity(0)))

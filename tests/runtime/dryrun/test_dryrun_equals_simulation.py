@@ -18,20 +18,21 @@ from models import GPT  # noqa: E402
 from train_transformer import megatron_strategy  # noqa: E402
 
 
-def _report(mh, mode, devices, make_model, strategy, inputs):
+def _report(mh, mode, devices, make_model, strategy, inputs, options=None):
     mh.set_context(mode=mode, device_num=devices)
     model = mh.auto_parallelize(make_model(), strategy)
     optimizer = nn.Adam(model.optimizer_parameters(), 1e-3)
-    model.train_step(optimizer, *inputs)
+    model.train_step(optimizer, *inputs, **(options or {}))
     return model.report(optimizer)
 
 
-def _assert_same(mh, devices, make_model, strategy_fn, inputs):
-    sim = _report(mh, "simulation", devices, make_model, strategy_fn(), inputs)
-    dry = _report(mh, "dryrun", devices, make_model, strategy_fn(), inputs)
+def _assert_same(mh, devices, make_model, strategy_fn, inputs, options=None):
+    sim = _report(mh, "simulation", devices, make_model, strategy_fn(), inputs, options)
+    dry = _report(mh, "dryrun", devices, make_model, strategy_fn(), inputs, options)
     assert sim.memory == dry.memory
     assert sim.comm == dry.comm
     assert sim.comm_backward == dry.comm_backward
+    assert sim.comm_causes == dry.comm_causes  # what caused each collective (the op and input, grad sync, ...)
     assert sim.fallbacks == dry.fallbacks
     assert sim.comm_backward, "the case must move gradients (else the backward check is empty)"
     return dry
@@ -45,6 +46,27 @@ def test_gpt_data_tensor_zero1(pynative):
     ids = _ids(4, 16, 128)
     report = _assert_same(pynative, 4, GPT, lambda: megatron_strategy(4), (ids, ids))
     assert set(report.memory) == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("options", [
+    {"max_grad_norm": 1.0},
+    {"accumulation_steps": 2},
+    {"max_grad_norm": 1.0, "accumulation_steps": 4, "loss_scale": 2.0 ** 10},
+], ids=["clip", "accumulate 2", "clip + accumulate 4 + loss scale"])
+def test_gpt_with_train_step_options(pynative, options):
+    """The dry run models train_step's options as the simulation accounts them: accumulation runs
+    k micro-batch forwards (activations of one micro-batch at a time, every tensor-parallel
+    collective k times, each parameter's data-parallel gradient sum once per step), clipping and
+    loss scaling add no row."""
+    ids = _ids(8, 16, 128)
+    dry = _assert_same(pynative, 4, GPT, lambda: megatron_strategy(4), (ids, ids), options)
+    plain = _report(pynative, "dryrun", 4, GPT, megatron_strategy(4), (ids, ids))
+    steps = options.get("accumulation_steps", 1)
+    assert dry.memory[0]["gradients"] == plain.memory[0]["gradients"]
+    assert (dry.memory[0]["activations_peak"] < plain.memory[0]["activations_peak"]) == (steps > 1)
+    assert dry.comm_backward["ReduceScatter"] == plain.comm_backward["ReduceScatter"]  # ZeRO-1's sums: once
+    assert dry.comm_backward["AllReduce"]["tensor"]["count"] == steps * plain.comm_backward["AllReduce"]["tensor"][
+        "count"]
 
 
 def test_llama_like_tensor_parallel(pynative):
@@ -97,6 +119,7 @@ def test_moe_expert_parallel_with_balanced_routing(pynative):
         else:
             dry = model.report(optimizer)
     assert sim.memory == dry.memory and sim.comm == dry.comm and sim.comm_backward == dry.comm_backward
+    assert sim.comm_causes == dry.comm_causes
     assert "AllToAll" in dry.comm and "expert" in dry.comm["AllToAll"]
 
 
@@ -151,8 +174,12 @@ def test_refusals_name_what_the_dry_run_cannot_do(pynative):
     mh.set_context(device_num=4)
     model = mh.auto_parallelize(GPT(), megatron_strategy(4))
     optimizer = nn.Adam(model.optimizer_parameters(), 1e-3)
-    with pytest.raises(ValueError, match=r"dry run: train_step option\(s\) \['max_grad_norm'\]"):
-        model.train_step(optimizer, ids, ids, max_grad_norm=1.0)
+    with pytest.raises(ValueError, match=r"max_grad_norm=0: expected a finite number > 0"):
+        model.train_step(optimizer, ids, ids, max_grad_norm=0)
+    with pytest.raises(ValueError, match=r"accumulation_steps=3: input 0 \(shape \(4, 16\)\) has batch size 4"):
+        model.train_step(optimizer, ids, ids, accumulation_steps=3)
+    with pytest.raises(ValueError, match=r"loss_scale=0.5: expected None, a number >= 1"):
+        model.train_step(optimizer, ids, ids, loss_scale=0.5)
     loss = model.train_step(optimizer, ids, ids)
     with pytest.raises(DryRunValueError,
                        match=r"asnumpy\(\) of a tensor of shape \(\) .*test_dryrun_equals_simulation"):
@@ -182,6 +209,7 @@ def test_pipeline_stages_like_the_simulation(pynative, schedule):
     sim, dry = reports["simulation"], reports["dryrun"]
     assert sim.memory == dry.memory and set(dry.memory) == {0, 1, 2, 3}
     assert sim.comm == dry.comm and sim.comm_backward == dry.comm_backward and sim.p2p == dry.p2p
+    assert sim.comm_causes == dry.comm_causes and dry.comm_causes["backward"]
     assert dry.p2p and dry.comm_backward
 
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn
 
-from mindspore_hyper.dtensor.coverage import make_inputs
 from mindspore_hyper.dtensor.meta import DryRunValueError, meta
-from mindspore_hyper.dtensor.op_catalog import CATALOG
 from mindspore_hyper.dtensor.shape_registry import ShapeRuleError
+from mindspore_hyper.tools.coverage.op_catalog import CATALOG
+from mindspore_hyper.tools.coverage.op_sweep import make_inputs
 from shape_check import checking_shape_rules, signature as _signature
 from sim_models import Classifier, TinyLM
 

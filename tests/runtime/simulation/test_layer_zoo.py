@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from mindspore_hyper.dtensor import coverage
 from mindspore_hyper.dtensor.rules import registry
 from mindspore_hyper.dtensor.rules.common import make
-from mindspore_hyper.runtime.simulation import layer_sweep
-from mindspore_hyper.runtime.simulation.layer_catalog import LAYERS, LayerCase
+from mindspore_hyper.tools.coverage import layer_sweep, op_sweep
+from mindspore_hyper.tools.coverage.layer_catalog import LAYERS, LayerCase
 from sweep_run import sweep_results
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "op_coverage.md"
@@ -29,7 +28,7 @@ pytestmark = pytest.mark.xdist_group("layer_zoo")
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
     """name -> LayerResult of every layer case, from one sweep in a fresh process."""
-    results = sweep_results(tmp_path_factory.mktemp("zoo"), "mindspore_hyper.runtime.simulation.layer_sweep",
+    results = sweep_results(tmp_path_factory.mktemp("zoo"), "mindspore_hyper.tools.coverage.layer_sweep",
                             timeout=900)
     cases = {case.name: case for case in LAYERS}
     return {d["name"]: layer_sweep.LayerResult.from_dict(d, cases[d["name"]]) for d in results}
@@ -58,8 +57,8 @@ def test_layer_trains_like_one_device_or_is_refused(outcomes, name):
 
 def test_docs_table_is_up_to_date(outcomes):
     text = layer_sweep.render([outcomes[case.name] for case in LAYERS])
-    assert coverage.layers_section(DOC.read_text()) == "\n" + text, \
-        "docs/op_coverage.md's layer zoo is stale: run python -m mindspore_hyper.runtime.simulation.layer_sweep --write"
+    assert op_sweep.layers_section(DOC.read_text()) == "\n" + text, \
+        "docs/op_coverage.md's layer zoo is stale: run python -m mindspore_hyper.tools.coverage.layer_sweep --write"
 
 
 def test_sweep_catches_a_wrong_rule(monkeypatch):

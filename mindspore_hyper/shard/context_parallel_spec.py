@@ -13,8 +13,10 @@ The algorithms live in `mindspore_hyper.dtensor.context_parallel`; this value ty
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from mindspore_hyper.shard.layout import Layout
+if TYPE_CHECKING:  # layout.py builds Strategies, which hold a ContextParallel; no import circle
+    from mindspore_hyper.shard.layout import Layout
 
 __all__ = ["ContextParallel", "CONTEXT_METHODS"]
 

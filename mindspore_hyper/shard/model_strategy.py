@@ -1,5 +1,10 @@
 """Strategy: a model-wide sharding declaration (the seed's `layout(tensor_map=..., optimizer_state=...)`).
 
+It lives in the algebra beside Layout and TensorLayout because it is pure data over a mesh: a
+default tensor map, name-pattern overrides, the optimizer-state and input splits. `Layout`'s
+keyword form builds one directly (no hook from the strategy layer); `mindspore_hyper.strategy`
+resolves it against a model into the per-parameter `StrategyTable` that the runtimes consume.
+
 Semantics, for a parameter named N of shape S:
 1. Its tensor map is the last override whose pattern (fnmatch glob on N) matches, else the
    default `tensor_map` applied by dimension position: truncated to len(S), padded with None.
@@ -19,11 +24,13 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
-from mindspore_hyper.shard.layout import NONE_ALIAS, Layout
-from mindspore_hyper.shard.tensor_layout import TensorLayout
-from mindspore_hyper.strategy.context_parallel import ContextParallel
+from mindspore_hyper.shard.context_parallel_spec import ContextParallel
+from mindspore_hyper.shard.tensor_layout import NONE_ALIAS, TensorLayout
+
+if TYPE_CHECKING:  # layout.py builds Strategies; importing it here would close a circle
+    from mindspore_hyper.shard.layout import Layout
 
 __all__ = ["Strategy", "ParamLayout"]
 

@@ -1,4 +1,4 @@
-"""The ops the coverage sweep runs on DTensors (`mindspore_hyper.dtensor.coverage`).
+"""The ops the coverage sweep runs on DTensors (`mindspore_hyper.tools.coverage.op_sweep`).
 
 Each `OpCase` is a call of a MindSpore functional op, `mint` op, Tensor method or operator on
 small random inputs that runs on CPU. `reference` replaces `fn` on one device where the two

@@ -1,0 +1,264 @@
+"""Upstream's pipeline schedules (`ScheduleGPipe`, `Schedule1F1B`, `ScheduleInterleaved1F1B`)
+over this package's schedules as data and stage runner.
+
+A schedule holds this rank's PipelineStages (one; several for the interleaved schedule, stage
+s living on pipeline rank s % p, upstream's "loop" placement). `run(*inputs)` on the rank of
+stage 0 (plain `run()` on the others) splits the inputs into microbatches, executes the rank's
+action list of the package's `Schedule` of that family (`mindspore_hyper.schedule`), sending
+activations and gradients to the neighbouring ranks, and returns, on the rank of the last
+stage, its output for each microbatch (upstream's losses; [] elsewhere). Each Parameter's
+gradient, summed over the microbatches, is added to its `.grad` (set `param.grad = None` to
+start afresh), as upstream's stages leave it for the optimizer.
+
+Under msrun each process is one pipeline rank; in a per-rank simulation (`mindspore-hyper run
+--devices N --per-rank`, rank_threads.py) each thread is one. The plain simulation runs a script
+once for all devices, while a PipelineStage is one rank's stage (upstream's scripts build it
+from their rank): `run()` there is refused with the script's line. `run_ranks_in_process`
+executes every rank's schedule of one step in this process (the same runner, in-process).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence
+
+from mindspore import Tensor
+
+from mindspore_hyper.hyper_parallel.pipeline_microbatches import check_batch_dims, split_inputs
+from mindspore_hyper.hyper_parallel.pipeline_stage import PipelineStage, stage_computation
+from mindspore_hyper.hyper_parallel.pipeline_steps import meta_steps
+from mindspore_hyper.hyper_parallel.rank_threads import per_rank_transport, thread_rank
+from mindspore_hyper.hyper_parallel.session import RankDependentError, holds_all_ranks, job_size, script_line
+from mindspore_hyper.pipeline.runner import StageRunner
+from mindspore_hyper.pipeline.stage_transport import LocalTransport
+from mindspore_hyper.schedule.build import build_schedule
+
+__all__ = ["ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "run_ranks_in_process"]
+
+class _PipelineSchedule:
+    """What the three schedules share (see module docstring); `_KIND`: the package's family."""
+
+    _KIND = ""
+
+    def __init__(self, stages, micro_batch_num: int, args_batch_dim=None, kwargs_batch_dim=None,
+                 output_concat_dim=None):
+        name = type(self).__name__
+        self.stages = self._check_stages(stages)
+        if isinstance(micro_batch_num, bool) or not isinstance(micro_batch_num, int) or micro_batch_num < 1:
+            raise ValueError(f"{name}: micro_batch_num must be a positive int, but got {micro_batch_num!r}")
+        if kwargs_batch_dim is not None:
+            raise ValueError(f"{name}(kwargs_batch_dim=...): keyword inputs to run() are not supported yet; pass the "
+                             f"inputs positionally (args_batch_dim)")
+        if output_concat_dim is not None:
+            raise ValueError(f"{name}(output_concat_dim=...): concatenating the microbatch outputs is not supported; "
+                             f"run() returns one output per microbatch")
+        self._batch_dims = check_batch_dims(args_batch_dim)
+        self.micro_batch_num = micro_batch_num
+        self.n_local_stages = len(self.stages)
+        stage_num = self.stages[0].stage_num
+        if any(s.stage_num != stage_num for s in self.stages):
+            raise ValueError(f"{name}: the stages disagree on stage_num ({[s.stage_num for s in self.stages]})")
+        if stage_num % self.n_local_stages:
+            raise ValueError(f"{name}: {self.n_local_stages} stages per rank do not divide stage_num={stage_num}")
+        self.real_stage_num = stage_num // self.n_local_stages
+        self.pipeline_rank = self.stages[0].stage_index % self.real_stage_num
+        expected = [self.pipeline_rank + c * self.real_stage_num for c in range(self.n_local_stages)]
+        if sorted(s.stage_index for s in self.stages) != expected:
+            raise ValueError(f"{name}: a rank holds stages r, r + p, r + 2p, ... (p={self.real_stage_num} pipeline "
+                             f"ranks); got stage indices {[s.stage_index for s in self.stages]}, expected {expected}")
+        chunks = self._chunks(self.n_local_stages)
+        try:
+            self.schedule = build_schedule(self._KIND, self.real_stage_num, micro_batch_num, chunks)
+        except ValueError as exc:
+            raise ValueError(f"{name} with {self.real_stage_num} pipeline ranks and micro_batch_num="
+                             f"{micro_batch_num}: {exc}") from None
+        self._computations = {s.stage_index: stage_computation(s) for s in self.stages}
+        self._transport = None
+
+    @staticmethod
+    def _check_stages(stages) -> List[PipelineStage]:
+        stages = [stages] if isinstance(stages, PipelineStage) else stages
+        if not isinstance(stages, (list, tuple)) or not stages or not all(isinstance(s, PipelineStage) for s in stages):
+            raise TypeError(f"stages must be a PipelineStage or a non-empty list/tuple of PipelineStage, but got "
+                            f"{stages!r}")
+        return sorted(stages, key=lambda s: s.stage_index)
+
+    def _chunks(self, n_local: int) -> int:
+        if n_local != 1:
+            raise ValueError(f"{type(self).__name__} runs one stage per rank, but got {n_local}; use "
+                             f"ScheduleInterleaved1F1B for several")
+        return 1
+
+    @property
+    def exec_order(self) -> Dict[int, list]:
+        """Every pipeline rank's execution order as upstream's MetaSteps (read-only)."""
+        return meta_steps(self.schedule)
+
+    @exec_order.setter
+    def exec_order(self, value) -> None:
+        raise ValueError("exec_order: running a hand-made MetaStep order is not supported yet; use ScheduleGPipe, "
+                         "Schedule1F1B or ScheduleInterleaved1F1B")
+
+    @property
+    def holds_first_stage(self) -> bool:
+        return self.stages[0].is_first_stage
+
+    # -- one step ---------------------------------------------------------------------------------
+    def _microbatches(self, args, kwargs) -> list:
+        name = type(self).__name__
+        if kwargs:
+            raise ValueError(f"{name}.run(): keyword inputs ({sorted(kwargs)}) are not supported yet; pass them "
+                             f"positionally")
+        if self.holds_first_stage and not args:
+            raise ValueError(f"{name}.run(): this rank holds stage 0, which takes the step's inputs: run(*inputs)")
+        if args and not self.holds_first_stage:
+            raise ValueError(f"{name}.run(): inputs given on pipeline rank {self.pipeline_rank}, which does not hold "
+                             f"stage 0; call run() without inputs here")
+        if not args:
+            return [()] * self.micro_batch_num
+        return split_inputs(args, self.micro_batch_num, self._batch_dims)
+
+    def _start(self, microbatches, transport) -> StageRunner:
+        for c in self._computations.values():
+            c.reset()
+        runner = StageRunner(self.schedule, self.pipeline_rank, self._computations, transport, all_inputs=True)
+        runner.start_step(microbatches)
+        return runner
+
+    def _finish(self) -> List[Tensor]:
+        """Add the step's gradients to the Parameters' `.grad`; the last stage's outputs."""
+        outputs: List[Tensor] = []
+        for c in self._computations.values():
+            for param in c.params:
+                g = c.grads.get(id(param))
+                if g is not None:
+                    held = getattr(param, "grad", None)
+                    param.grad = g if held is None else held + g
+            outputs += c.outputs
+        return outputs
+
+    def _process_transport(self):
+        """This process's transport to its neighbouring pipeline ranks (msrun).
+
+        Raises:
+            RankDependentError: in simulation (see module docstring).
+            ValueError: the job's process count is not the number of pipeline ranks.
+        """
+        if self._transport is not None:
+            return self._transport
+        me = thread_rank()
+        if me is not None:  # a per-rank simulation: this thread is one rank
+            self._check_rank(me, job_size())
+            self._transport = per_rank_transport()
+        elif holds_all_ranks():
+            raise RankDependentError(
+                f"{script_line()}: {type(self).__name__}.run() runs one rank's pipeline stages, and the simulation "
+                f"runs the script once for all devices (a script builds its stage from its rank). Run it once per "
+                f"rank: mindspore-hyper run --devices {self.real_stage_num} --per-rank SCRIPT, or under msrun: "
+                f"mindspore-hyper run --processes {self.real_stage_num} SCRIPT")
+        else:
+            from mindspore_hyper.pipeline.stage_transport import ShmTransport, peer_pairs
+            from mindspore_hyper.runtime.distributed.world import world
+
+            w = world()
+            self._check_rank(w.rank, w.size)
+            self._transport = ShmTransport(w, peer_pairs(self.schedule))
+        return self._transport
+
+    def _check_rank(self, rank: int, size: int) -> None:
+        """Raise unless the job has one rank per pipeline rank and `rank` holds these stages."""
+        if size != self.real_stage_num:
+            raise ValueError(f"{type(self).__name__}: {self.real_stage_num} pipeline ranks in a job of {size} "
+                             f"devices; a pipeline combined with data or tensor parallelism is not supported "
+                             f"yet: run {self.real_stage_num} devices")
+        if rank != self.pipeline_rank:
+            raise ValueError(f"{type(self).__name__}: rank {rank} holds stage(s) "
+                             f"{[s.stage_index for s in self.stages]}, which belong to pipeline rank "
+                             f"{self.pipeline_rank} (stage s runs on rank s % {self.real_stage_num})")
+
+    def run(self, *args, **kwargs) -> List[Tensor]:
+        """One step over `micro_batch_num` microbatches (see module docstring).
+
+        Args:
+            *args: on the rank of stage 0, the step's inputs (split along their batch
+                dimension); nothing on the other ranks.
+
+        Returns:
+            On the rank of the last stage, its output for each microbatch; else [].
+
+        Raises:
+            RankDependentError: in the one-process simulation (names the script's line).
+            ValueError: inputs on the wrong rank, keyword inputs, a batch the microbatches do not
+                divide, DTensor inputs, or a stage returning something else than one Tensor.
+        """
+        microbatches = self._microbatches(args, kwargs)
+        transport = self._process_transport()
+        counts: Dict[int, int] = {}
+        for a in self.schedule.actions[self.pipeline_rank]:
+            if a.kind.value == "recv":
+                counts[a.peer] = counts.get(a.peer, 0) + 1
+        transport.expect(counts)
+        runner = self._start(microbatches, transport)
+        runner.advance(blocking=True)
+        transport.flush()
+        return self._finish()
+
+
+class ScheduleGPipe(_PipelineSchedule):
+    """GPipe: every microbatch's forward, then every backward (one stage per rank)."""
+
+    _KIND = "gpipe"
+
+
+class Schedule1F1B(_PipelineSchedule):
+    """1F1B: after a warm-up of forwards, one forward and one backward alternate (one stage per
+    rank; micro_batch_num >= the number of pipeline ranks)."""
+
+    _KIND = "1f1b"
+
+
+class ScheduleInterleaved1F1B(_PipelineSchedule):
+    """Interleaved 1F1B: v stages per rank (stage s on rank s % p); with one stage per rank it
+    is 1F1B. micro_batch_num must be a multiple of the number of pipeline ranks."""
+
+    _KIND = "interleaved_1f1b"
+
+    def _chunks(self, n_local: int) -> int:
+        return n_local
+
+    def __init__(self, stages, micro_batch_num: int, args_batch_dim=None, kwargs_batch_dim=None,
+                 output_concat_dim=None):
+        n_local = len(stages) if isinstance(stages, (list, tuple)) else 1
+        self._KIND = "1f1b" if n_local == 1 else "interleaved_1f1b"
+        super().__init__(stages, micro_batch_num, args_batch_dim, kwargs_batch_dim, output_concat_dim)
+
+
+def run_ranks_in_process(schedules: Sequence[_PipelineSchedule], *args) -> List[Tensor]:
+    """One step of every pipeline rank's schedule, in this process over in-process transfers.
+
+    Args:
+        schedules: one schedule per pipeline rank (any order), of one family and microbatch count.
+        *args: the step's inputs (for the rank of stage 0).
+
+    Returns:
+        The last stage's output for each microbatch.
+
+    Raises:
+        ValueError: not exactly one schedule per pipeline rank, or the schedules disagree.
+        RuntimeError: no rank can progress (an invalid schedule).
+    """
+    by_rank = {s.pipeline_rank: s for s in schedules}
+    first = schedules[0]
+    if sorted(by_rank) != list(range(first.real_stage_num)) or len(schedules) != first.real_stage_num or any(
+            s.schedule != first.schedule for s in schedules):
+        raise ValueError(f"run_ranks_in_process: expected one schedule of the same family and micro_batch_num per "
+                         f"pipeline rank 0..{first.real_stage_num - 1}, got ranks {sorted(by_rank)}")
+    transport = LocalTransport(first.real_stage_num)
+    runners = [s._start(s._microbatches(args if s.holds_first_stage else (), {}), transport)
+               for s in by_rank.values()]
+    while not all(r.done for r in runners):
+        if sum(r.advance(blocking=False) for r in runners) == 0:
+            stuck = {r.rank: str(r.actions[r.pc]) for r in runners if not r.done}
+            raise RuntimeError(f"pipeline: no rank can progress (waiting: {stuck})")
+    outputs: List[Tensor] = []
+    for s in by_rank.values():
+        outputs += s._finish()
+    return outputs

@@ -1,0 +1,78 @@
+"""Run by test_pipeline_stage_msrun.py under `mindspore-hyper run --processes 2`: a pipeline script in
+upstream's form (each rank builds the whole model, keeps its stage's layers, wraps them in a
+PipelineStage; `schedule.run(x)` on stage 0, `schedule.run()` on the other) trains 3 Adam steps
+with 1F1B, then one GPipe step, each rank checking its stage against one device running the
+same layers in the same process. Exits non-zero on the first mismatch.
+
+Tolerance: as tests/hyper_parallel/test_pipeline.py (float32 sums reassociated over at most 8
+terms: below 1e-6; rtol 1e-5, atol 1e-6, 1e-5 on weights after Adam's steps)."""
+import numpy as np
+
+import mindspore as ms
+from mindspore import Tensor, nn
+from mindspore.communication.management import get_group_size, get_rank, init
+
+from hyper_parallel import PipelineStage, Schedule1F1B, ScheduleGPipe
+from pipeline_layers import Block, Head
+
+init()
+rank, size = get_rank(), get_group_size()
+assert size == 2, size
+M, BATCH = 4, 8
+
+
+def build():
+    ms.set_seed(0)  # every rank and the reference build the same initial values
+    return nn.SequentialCell([Block(), Block(), Block(), Head()])
+
+
+model, reference = build(), build()
+mine = nn.SequentialCell([model[2 * rank], model[2 * rank + 1]])  # this rank's two layers
+stage = PipelineStage(mine, rank, size)
+params = mine.trainable_params()
+opt = nn.Adam(params, learning_rate=0.05)
+ref_params = reference.trainable_params()
+ref_opt = nn.Adam(ref_params, learning_rate=0.05)
+ref_mine = [q for p, q in zip(model.trainable_params(), ref_params) if any(p is r for r in params)]
+
+
+def reference_step(x):
+    """One device: the sum of the microbatches' losses (M times the whole batch's mean loss)."""
+    return ms.value_and_grad(lambda x: reference(x) * M, None, ref_params)(x)
+
+
+def check(outputs, loss, what):
+    if stage.is_last_stage:
+        assert len(outputs) == M, (what, len(outputs))
+        np.testing.assert_allclose(sum(float(o.asnumpy()) for o in outputs), float(loss.asnumpy()), rtol=1e-5,
+                                   atol=1e-6, err_msg=what)
+    else:
+        assert outputs == [], what
+
+
+schedule = Schedule1F1B(stage, M)
+for step in range(3):
+    x = Tensor(np.random.RandomState(step).randn(BATCH, 8).astype(np.float32))
+    outputs = schedule.run(x) if stage.is_first_stage else schedule.run()
+    loss, grads = reference_step(x)
+    check(outputs, loss, f"1F1B step {step}")
+    by_id = {id(q): g for q, g in zip(ref_params, grads)}
+    for p, q in zip(params, ref_mine):
+        np.testing.assert_allclose(p.grad.asnumpy(), by_id[id(q)].asnumpy(), rtol=1e-5, atol=1e-6, err_msg=p.name)
+    opt(tuple(p.grad for p in params))
+    ref_opt(grads)
+    for p in params:
+        p.grad = None
+for p, q in zip(params, ref_mine):
+    np.testing.assert_allclose(p.asnumpy(), q.asnumpy(), rtol=1e-5, atol=1e-5, err_msg=p.name)
+print(f"rank {rank}: pipeline 1F1B trains 3 Adam steps like one device", flush=True)
+
+x = Tensor(np.random.RandomState(7).randn(BATCH, 8).astype(np.float32))
+gpipe = ScheduleGPipe(stage, M)
+outputs = gpipe.run(x) if stage.is_first_stage else gpipe.run()
+loss, grads = reference_step(x)
+check(outputs, loss, "GPipe")
+by_id = {id(q): g for q, g in zip(ref_params, grads)}
+for p, q in zip(params, ref_mine):
+    np.testing.assert_allclose(p.grad.asnumpy(), by_id[id(q)].asnumpy(), rtol=1e-5, atol=1e-6, err_msg=p.name)
+print(f"rank {rank}: pipeline GPipe equals one device", flush=True)
