@@ -19,7 +19,7 @@ import os
 from mindspore_hyper.cli.arg_types import positive_int
 from mindspore_hyper.cli.report_plot import add_plot_argument, plot_report
 
-__all__ = ["add_parser", "run", "add_predictions"]
+__all__ = ["add_parser", "run", "add_hardware_argument", "load_hardware_argument", "add_predictions"]
 
 EXAMPLES = """\
 examples:
@@ -29,22 +29,40 @@ examples:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the `dryrun` subcommand."""
-    from mindspore_hyper.estimate.hardware import hardware_presets
-
     p = subparsers.add_parser("dryrun", help="a training script on N devices, shapes and bytes only (memory, "
                                              "collectives, predicted step time)",
                               description=__doc__.split("\n\n", 1)[1], epilog=EXAMPLES,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", type=positive_int, default=8, help="devices of the job (default 8)")
-    p.add_argument("--hardware", metavar="PRESET",
-                   help=f"predict the step time on this hardware: one of {', '.join(hardware_presets())} or a "
-                        ".yaml path")
+    add_hardware_argument(p)
     p.add_argument("--json", metavar="REPORT", help="write the report as JSON")
     add_plot_argument(p)
     p.add_argument("script", help="the script to run")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
     p.set_defaults(func=run, parser=p)
     return p
+
+
+def add_hardware_argument(p: argparse.ArgumentParser) -> None:
+    """`--hardware PRESET`: predict each mesh's step time on that hardware (dryrun and run)."""
+    from mindspore_hyper.estimate.hardware import hardware_presets
+
+    p.add_argument("--hardware", metavar="PRESET",
+                   help=f"predict the step time on this hardware: one of {', '.join(hardware_presets())} or a "
+                        ".yaml path")
+
+
+def load_hardware_argument(args: argparse.Namespace):
+    """The `--hardware` preset loaded (None without the flag), before the script runs.
+
+    Raises:
+        ValueError: an unknown preset, naming the known ones.
+    """
+    if not args.hardware:
+        return None
+    from mindspore_hyper.estimate.hardware import load_hardware
+
+    return load_hardware(args.hardware)
 
 
 def add_predictions(report: dict, hardware) -> None:
@@ -67,11 +85,7 @@ def run(args: argparse.Namespace) -> int:
     """
     if not os.path.isfile(args.script):
         raise FileNotFoundError(f"no script {args.script!r}")
-    hardware = None
-    if args.hardware:
-        from mindspore_hyper.estimate.hardware import load_hardware
-
-        hardware = load_hardware(args.hardware)
+    hardware = load_hardware_argument(args)
 
     def complete(report):
         if hardware is not None:

@@ -1,6 +1,6 @@
 """`mindspore-hyper run`: a script written for HyperParallel, on this package, with the report.
 
-    mindspore-hyper run [--devices N] [--json REPORT] script.py [args...]       simulation, N devices
+    mindspore-hyper run [--devices N] [--hardware P] [--json R] script.py [args...]  simulation, N devices
     mindspore-hyper run --processes N [--json REPORT] script.py [args...]       msrun, N processes
     mindspore-hyper run --devices N --per-rank script.py [args...]             simulation, once per rank
 
@@ -9,7 +9,9 @@ package is installed). The script runs unchanged: in simulation once for all N d
 msrun once per process (each one rank); with --per-rank once per simulated device, each run as
 that rank (for scripts that build rank-specific pieces: pipeline stages). Afterwards the
 per-device memory and collectives of every device mesh the script used are printed, and with
---json written (under msrun one file per rank, REPORT.rankR).
+--json written (under msrun one file per rank, REPORT.rankR). With --hardware (simulation) each
+mesh's step time is predicted on that hardware from the recorded compute and collectives, as
+`mindspore-hyper dryrun --hardware` does.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import subprocess
 import sys
 
 from mindspore_hyper.cli.arg_types import positive_int
+from mindspore_hyper.cli.dryrun import add_hardware_argument, add_predictions, load_hardware_argument
 from mindspore_hyper.cli.report_plot import add_plot_argument, plot_report
 
 __all__ = ["add_parser", "run"]
@@ -26,6 +29,7 @@ __all__ = ["add_parser", "run"]
 EXAMPLES = """\
 examples:
   mindspore-hyper run --devices 8 my_tp_script.py --steps 5
+  mindspore-hyper run --devices 8 --hardware ascend-910c my_tp_script.py
   mindspore-hyper run --processes 4 --json report.json my_tp_script.py"""
 
 
@@ -40,6 +44,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--per-rank", action="store_true",
                    help="simulation: run the script once per device, each run as that rank (scripts that build "
                         "rank-specific pieces, such as pipeline stages)")
+    add_hardware_argument(p)
     p.add_argument("--json", metavar="REPORT", help="write the report as JSON (under msrun: REPORT.rankR)")
     add_plot_argument(p, " (simulation)")
     p.add_argument("--log-dir", default="msrun_log", help="msrun's log folder with --processes (default msrun_log)")
@@ -56,11 +61,20 @@ def run(args: argparse.Namespace) -> int:
     if args.processes is None:
         from mindspore_hyper.hyper_parallel.script_runner import run_script
 
-        complete = (lambda report: plot_report(report, args.plot)) if args.plot else None
+        hardware = load_hardware_argument(args)
+
+        def complete(report):
+            if hardware is not None:
+                add_predictions(report, hardware)
+            if args.plot:
+                plot_report(report, args.plot)
         return run_script(args.script, list(args.script_args), args.devices, args.json, complete=complete,
                           per_rank=args.per_rank)
     if args.per_rank:
         raise ValueError("--per-rank: under msrun (--processes) each process is one rank already; drop the flag")
+    if args.hardware:
+        raise ValueError("--hardware: the prediction is made from the simulation's report; run with --devices N "
+                         "(or `mindspore-hyper dryrun --hardware`)")
     if args.plot:
         raise ValueError("--plot: the per-rank reports of an msrun job are written with --json (one per rank); "
                          "plot in simulation (--devices N)")

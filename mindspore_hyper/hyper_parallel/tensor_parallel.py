@@ -19,6 +19,7 @@ from typing import Dict, Optional, Tuple, Union
 
 from mindspore import nn
 
+from mindspore_hyper.comm.collective_cause import set_cause
 from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.hyper_parallel.device_mesh import DeviceMesh, get_current_mesh
 from mindspore_hyper.hyper_parallel.distribute import distribute_module
@@ -38,19 +39,35 @@ def _one(placement: Optional[Placement], default: Placement) -> Placement:
     return placement
 
 
-def _to_dtensor(x, mesh: DeviceMesh, placement: Placement, desired: Placement):
+def _style_cause(style: "ParallelStyle", module: nn.Cell, where: str) -> str:
+    """The report's cause of a style's redistribution: "RowwiseParallel output of layers.0.wo" (the
+    Cell's path read from its parameters' names, which carry it once the model is built)."""
+    names = [p.name for p in module.get_parameters()]
+    path = names[0].rsplit(".", 1)[0] if names and "." in names[0] else type(module).__name__
+    return f"{type(style).__name__} {where} of {path}"
+
+
+def _redistribute(x: DTensor, mesh: DeviceMesh, placement: Placement, cause: str) -> DTensor:
+    previous = set_cause(cause)
+    try:
+        return x.redistribute(mesh, (placement,))
+    finally:
+        set_cause(previous)
+
+
+def _to_dtensor(x, mesh: DeviceMesh, placement: Placement, desired: Placement, cause: str):
     if not isinstance(x, DTensor) or x.layout.is_rank_local:
         x = DTensor.from_local(x, mesh, (placement,))
     if x.placements != (desired,):
-        x = x.redistribute(mesh, (desired,))
+        x = _redistribute(x, mesh, desired, cause)
     return x
 
 
-def _from_dtensor(x, mesh: DeviceMesh, placement: Placement, use_local_output: bool):
+def _from_dtensor(x, mesh: DeviceMesh, placement: Placement, use_local_output: bool, cause: str):
     if not isinstance(x, DTensor):
         return x
     if x.placements != (placement,):
-        x = x.redistribute(mesh, (placement,))
+        x = _redistribute(x, mesh, placement, cause)
     return x.to_local() if use_local_output else x
 
 
@@ -102,9 +119,11 @@ class ColwiseParallel(ParallelStyle):
             plan = {name: (Shard(0),) for name in params}
         return distribute_module(
             module, mesh, parameter_shard_plan=plan,
-            input_fn=lambda m, inputs, mesh: (_to_dtensor(inputs[0], mesh, self.input_layout, Replicate()),)
+            input_fn=lambda m, inputs, mesh: (_to_dtensor(inputs[0], mesh, self.input_layout, Replicate(),
+                                                        _style_cause(self, m, "input")),)
             + tuple(inputs[1:]),
-            output_fn=lambda m, out, mesh: _from_dtensor(out, mesh, self.output_layout, self.use_local_output))
+            output_fn=lambda m, out, mesh: _from_dtensor(out, mesh, self.output_layout, self.use_local_output,
+                                                      _style_cause(self, m, "output")))
 
 
 class RowwiseParallel(ParallelStyle):
@@ -127,9 +146,11 @@ class RowwiseParallel(ParallelStyle):
             desired = Shard(-1)
         return distribute_module(
             module, mesh, parameter_shard_plan=plan,
-            input_fn=lambda m, inputs, mesh: (_to_dtensor(inputs[0], mesh, self.input_layout, desired),)
+            input_fn=lambda m, inputs, mesh: (_to_dtensor(inputs[0], mesh, self.input_layout, desired,
+                                                        _style_cause(self, m, "input")),)
             + tuple(inputs[1:]),
-            output_fn=lambda m, out, mesh: _from_dtensor(out, mesh, self.output_layout, self.use_local_output))
+            output_fn=lambda m, out, mesh: _from_dtensor(out, mesh, self.output_layout, self.use_local_output,
+                                                      _style_cause(self, m, "output")))
 
 
 class SequenceParallel(ParallelStyle):
@@ -169,9 +190,11 @@ class NoParallel(ParallelStyle):
     def _apply(self, module, mesh):
         return distribute_module(
             module, mesh,
-            input_fn=lambda m, inputs, mesh: (_to_dtensor(inputs[0], mesh, self.input_layout, Replicate()),)
+            input_fn=lambda m, inputs, mesh: (_to_dtensor(inputs[0], mesh, self.input_layout, Replicate(),
+                                                        _style_cause(self, m, "input")),)
             + tuple(inputs[1:]),
-            output_fn=lambda m, out, mesh: _from_dtensor(out, mesh, self.output_layout, self.use_local_output))
+            output_fn=lambda m, out, mesh: _from_dtensor(out, mesh, self.output_layout, self.use_local_output,
+                                                      _style_cause(self, m, "output")))
 
 
 def _layouts(value, name: str) -> Tuple[Optional[Placement], ...]:
@@ -202,14 +225,14 @@ class PrepareModuleInput(ParallelStyle):
                              "same keywords")
         self.use_local_output = use_local_output
 
-    def convert(self, inputs, mesh):
+    def convert(self, inputs, mesh, cause: str = "PrepareModuleInput input"):
         if len(inputs) < len(self.input_layouts):
             raise ValueError(f"PrepareModuleInput: {len(self.input_layouts)} input layouts for {len(inputs)} inputs")
         out = list(inputs)
         for i, (layout, desired) in enumerate(zip(self.input_layouts, self.desired_input_layouts)):
             if layout is None or out[i] is None:
                 continue
-            out[i] = _to_dtensor(out[i], mesh, layout, _one(desired, layout))
+            out[i] = _to_dtensor(out[i], mesh, layout, _one(desired, layout), cause)
             if self.use_local_output:
                 out[i] = out[i].to_local()
         return tuple(out)
@@ -222,7 +245,7 @@ class PrepareModuleInput(ParallelStyle):
         prepare = self
 
         def construct(*args, **kwargs):
-            return inner(*prepare.convert(args, mesh), **kwargs)
+            return inner(*prepare.convert(args, mesh, _style_cause(prepare, module, "input")), **kwargs)
 
         object.__setattr__(module, "construct", construct)
         return module
@@ -239,13 +262,13 @@ class PrepareModuleOutput(ParallelStyle):
             raise ValueError("PrepareModuleOutput: output_layouts and desired_output_layouts must have the same length")
         self.use_local_output = use_local_output
 
-    def convert(self, outputs, mesh):
+    def convert(self, outputs, mesh, cause: str = "PrepareModuleOutput output"):
         single = not isinstance(outputs, (tuple, list))
         values = [outputs] if single else list(outputs)
         for i, (layout, desired) in enumerate(zip(self.output_layouts, self.desired_output_layouts)):
             if layout is None:
                 continue
-            value = _to_dtensor(values[i], mesh, layout, _one(desired, layout))
+            value = _to_dtensor(values[i], mesh, layout, _one(desired, layout), cause)
             values[i] = value.to_local() if self.use_local_output else value
         return values[0] if single else type(outputs)(values)
 
@@ -254,7 +277,7 @@ class PrepareModuleOutput(ParallelStyle):
         prepare = self
 
         def construct(*args, **kwargs):
-            return prepare.convert(inner(*args, **kwargs), mesh)
+            return prepare.convert(inner(*args, **kwargs), mesh, _style_cause(prepare, module, "output"))
 
         object.__setattr__(module, "construct", construct)
         return module

@@ -11,6 +11,7 @@ from mindspore_hyper.hyper_parallel import (
     ColwiseParallel, DTensor, NoParallel, PrepareModuleInput, PrepareModuleOutput, Replicate, RowwiseParallel,
     SequenceParallel, Shard, init_device_mesh, laid_out_parameters, parallelize_module,
 )
+from mindspore_hyper.hyper_parallel.report import session_report
 from paths import EXAMPLES
 
 # Two Adam steps move each weight by about lr = 1e-2; float32 rounding of sharded vs whole
@@ -60,6 +61,10 @@ def test_colwise_rowwise_mlp_trains_like_one_device(fresh_session, linear):
     np.testing.assert_allclose(train(model, mse(model), batches), train(reference, mse(reference), batches), rtol=1e-5)
     for (name, p), (_, q) in zip(model.parameters_and_names(), reference.parameters_and_names()):
         np.testing.assert_allclose(p.asnumpy(), q.asnumpy(), atol=ADAM_ATOL, err_msg=name)
+    # the report names the style that moved the bytes: RowwiseParallel's output (Partial -> Replicate)
+    (mesh_report,) = session_report("simulation", 4)["meshes"]
+    row = next(r for r in mesh_report["collectives"] if r["phase"] == "forward" and r["kind"] == "AllReduce")
+    assert row["causes"] == {"RowwiseParallel output of down": 3}  # one per forward of the 3 steps
 
 
 def test_the_examples_llama_trains_like_one_device_on_a_2x2_mesh_slice(fresh_session):

@@ -97,12 +97,13 @@ def test_a_hyper_parallel_script_dry_runs_like_its_simulation(tmp_path):
 def test_a_pipelined_gpt_dry_runs_like_its_simulation(tmp_path):
     """The examples' GPT cut into 2 stages (1F1B, 4 microbatches) on data 2 x pipeline 2 x tensor 2:
     the memory rows, every stage's collectives and ops, and the sends agree with `run`; the
-    prediction simulates the schedule."""
+    prediction simulates the schedule, and `run --hardware` predicts the same step from its own
+    (numeric) simulation's report."""
     args = ["--pipeline", "2", "--layers", "4"]
     reports = {}
     for command in ("run", "dryrun"):
-        extra = ["--hardware", "ascend-910c"] if command == "dryrun" else []
-        done = _cli(command, "--devices", "8", "--json", str(tmp_path / f"{command}.json"), *extra, SCRIPT, *args)
+        done = _cli(command, "--devices", "8", "--json", str(tmp_path / f"{command}.json"), "--hardware",
+                    "ascend-910c", SCRIPT, *args)
         assert done.returncode == 0, done.stderr[-3000:]
         reports[command] = json.loads((tmp_path / f"{command}.json").read_text())
     (sim,), (dry,) = reports["run"]["meshes"], reports["dryrun"]["meshes"]
@@ -111,3 +112,10 @@ def test_a_pipelined_gpt_dry_runs_like_its_simulation(tmp_path):
     assert dry["pipeline"]["schedule"] == "1f1b" and set(dry["pipeline"]["per_stage"]) == {"0", "1"}
     predicted = dry["predicted"]
     assert predicted["compute_seconds"] > 0 and "bubble" in predicted["notes"][0]
+    assert sim["predicted"] == predicted
+
+
+def test_run_refuses_a_prediction_under_msrun():
+    done = subprocess.run([CLI, "run", "--processes", "2", "--hardware", "a100-80gb", SCRIPT],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "--hardware: the prediction is made from the simulation's report" in done.stderr
