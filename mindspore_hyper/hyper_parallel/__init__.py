@@ -9,6 +9,7 @@ package's own DTensor, meshes and runtimes. See docs/hyper_parallel.md for what 
 """
 from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.hyper_parallel.autodiff import SkipDTensorDispatch, parallelize_value_and_grad
+from mindspore_hyper.hyper_parallel.context_parallel import ContextParallel
 from mindspore_hyper.hyper_parallel.custom_shard import custom_shard
 from mindspore_hyper.hyper_parallel.device_mesh import DeviceMesh, get_current_mesh, init_device_mesh
 from mindspore_hyper.hyper_parallel.distribute import (
@@ -47,5 +48,5 @@ __all__ = [
     "install_hyper_parallel", "init_parameters", "init_empty_weights", "init_on_device", "shard_module", "ShardingPlan",
     "hsdp", "HSDPCell", "hsdp_sync_stream", "custom_shard",
     "PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "MetaStep", "MetaStepType",
-    "BatchDimSpec",
+    "BatchDimSpec", "ContextParallel",
 ]

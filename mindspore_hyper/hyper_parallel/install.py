@@ -23,7 +23,7 @@ MODULES: Dict[str, Iterable[str]] = {
         "parallelize_module", "init_process_group", "destroy_process_group", "get_process_group_ranks", "get_backend",
         "split_group", "get_group_local_rank", "get_platform", "shard_module", "fully_shard", "init_parameters",
         "init_empty_weights", "init_on_device", "PipelineStage", "ScheduleGPipe", "Schedule1F1B",
-        "ScheduleInterleaved1F1B", "MetaStep", "MetaStepType", "BatchDimSpec"),
+        "ScheduleInterleaved1F1B", "MetaStep", "MetaStepType", "BatchDimSpec", "ContextParallel"),
     "hyper_parallel.core": (),
     "hyper_parallel.core.dtensor": ("DTensor", "DeviceMesh", "init_device_mesh", "distribute_tensor",
                                     "distribute_module", "Shard", "Replicate", "Partial", "StridedShard", "Placement",
@@ -64,14 +64,15 @@ MODULES: Dict[str, Iterable[str]] = {
     "hyper_parallel.core.pipeline_parallel.scheduler": ("ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
                                                         "MetaStep", "MetaStepType"),
     "hyper_parallel.core.pipeline_parallel.utils": ("BatchDimSpec",),
-    "hyper_parallel.core.context_parallel": (),
+    "hyper_parallel.core.context_parallel": ("ContextParallel",),
+    "hyper_parallel.core.context_parallel.context_parallel": ("ContextParallel",),
     "hyper_parallel.core.distributed_checkpoint": ("save", "load"),
 }
 
 # upstream names not provided yet, with the reason a script gets
 NOT_PROVIDED: Dict[str, str] = {
     name: "not provided by mindspore_hyper yet (docs/hyper_parallel.md lists what is)"
-    for name in ("ContextParallel", "AsyncContextParallel", "mark_created_groups", "SharedParameterInfo",
+    for name in ("AsyncContextParallel", "mark_created_groups", "SharedParameterInfo",
                  "PipelineScheduleRuntime", "validate_pipeline_execution", "generate_operations",
                  "detect_cycle_in_graph", "parse_and_validate", "add_send_recv")
 }

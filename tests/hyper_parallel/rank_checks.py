@@ -34,6 +34,34 @@ except ValueError as error:
     assert "hold different values" in str(error)
 print(f"rank {rank}: rank-dependent API checks passed")
 
+# ContextParallel as upstream uses it: each rank passes its own sequence shards of q, k, v and gets
+# its shard of the attention output (Ulysses: AllToAll to heads and back; degree 1: k, v gathered)
+from mindspore import nn as _nn, ops as _ops  # noqa: E402
+
+
+def causal_core(q, k, v):
+    q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
+    n = k.shape[2]
+    mask = Tensor(np.triu(np.full((n, n), -1e9, np.float32), 1))
+    scores = _ops.matmul(q, k.transpose(0, 1, 3, 2)) / np.sqrt(q.shape[-1]) + mask
+    return _ops.matmul(_ops.softmax(scores, -1), v).transpose(0, 2, 1, 3)
+
+
+class Core(_nn.Cell):
+    def construct(self, q, k, v):
+        return causal_core(q, k, v)
+
+
+cp_mesh = hp.init_device_mesh("npu", (4,), mesh_dim_names=("cp",))
+qkv = [np.random.RandomState(i).randn(2, 8, 4, 3).astype(np.float32) for i in range(3)]
+whole_out = causal_core(*[Tensor(a) for a in qkv]).asnumpy()
+for degree in (None, 1):
+    core = hp.ContextParallel(ulysses_degree=degree).apply(Core(), cp_mesh)
+    mine_out = core(*[Tensor(a[:, rank * 2:(rank + 1) * 2]) for a in qkv])
+    # float32, same values; the softmax sums <= 8 terms in another order: ~8 * 2^-24 relative
+    np.testing.assert_allclose(mine_out.asnumpy(), whole_out[:, rank * 2:(rank + 1) * 2], rtol=1e-5, atol=1e-6)
+print(f"rank {rank}: ContextParallel (Ulysses and gathered k/v) equals one device")
+
 # fully_shard with each rank's own batch (torch's FSDP use): gradients averaged over the ranks,
 # so 3 Adam steps equal one device's on the 4 batches concatenated (equal sizes: mean of means)
 import mindspore as ms  # noqa: E402

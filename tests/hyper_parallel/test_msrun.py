@@ -29,6 +29,7 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:] + logs
     for rank in range(4):
         assert f"rank {rank}: rank-dependent API checks passed" in logs
+        assert f"rank {rank}: ContextParallel (Ulysses and gathered k/v) equals one device" in logs
         assert f"rank {rank}: fully_shard with per-rank batches trains like one device" in logs
         assert f"rank {rank}: distributed checkpoint round trip" in logs
     assert logs.count("OK: tensor-parallel 4 trains like one device over 2 steps") == 4
