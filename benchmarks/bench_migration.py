@@ -152,6 +152,10 @@ def main() -> None:
     parser.add_argument("--limit", type=float, default=600.0, help="seconds per family before it counts as failed")
     parser.add_argument("--write-docs", action="store_true", help="write the sweep table into docs/migration.md")
     parser.add_argument("--jsonl", help="append each sweep row to this file as it finishes")
+    parser.add_argument("--resume", action="store_true",
+                        help="with --jsonl: keep the rows already in that file (the last per family) instead of "
+                             "running those families again, except the ones --rerun names")
+    parser.add_argument("--rerun", default="", help="with --resume: 'failed' (rows that failed) or a comma list")
     args = parser.parse_args()
     ms.set_context(mode=ms.PYNATIVE_MODE)
     print(f"load {os.getloadavg()}")
@@ -189,9 +193,13 @@ def sweep_part(args: argparse.Namespace) -> None:
     else:
         named = dict(sweep.NAMED)
         families = [(f, named.get(f) or dict(sweep.all_families())[f]) for f in args.families.split(",")]
+    kept = _kept_rows(args, sweep.SweepRow) if args.resume else {}
     start = time.perf_counter()
     rows = []
     for family, head in families:
+        if (family, head) in kept:
+            rows.append(kept[(family, head)])
+            continue
         row = sweep.sweep_one(family, head, limit=args.limit)
         rows.append(row)
         print(f"{row.family:<16} {row.head:<20} {row.status:<9} {row.stage:<8} {row.seconds:6.1f} s  {row.reason}",
@@ -201,9 +209,13 @@ def sweep_part(args: argparse.Namespace) -> None:
                 f.write(json.dumps(dataclasses.asdict(row)) + "\n")
     wall = time.perf_counter() - start
     passed, built = sweep.pass_rate(rows)
+    reused = sum((r.family, r.head) in kept for r in rows)
+    timing = (f"wall time {wall:.0f} s ({len(rows)} families, load {os.getloadavg()[0]:.1f} at the end)" if not reused
+              else f"{len(rows) - reused} families run now in {wall:.0f} s and {reused} rows kept from earlier runs "
+                   f"of {os.path.basename(args.jsonl)}; the families' own times add up to {sum(r.seconds for r in rows):.0f} s (load "
+                   f"{os.getloadavg()[0]:.1f} at the end)")
     summary = (f"{passed} of {built} families that build offline pass ({100.0 * passed / max(built, 1):.0f}%); "
-               f"{len(rows) - built} did not build; wall time {wall:.0f} s ({len(rows)} families, "
-               f"load {os.getloadavg()[0]:.1f} at the end)")
+               f"{len(rows) - built} did not build; {timing}")
     print(summary)
     text = sweep.table(rows)
     print(text)
@@ -214,9 +226,26 @@ def sweep_part(args: argparse.Namespace) -> None:
             raise SystemExit(f"{DOC} has no sweep markers ({BEGIN!r} ... {END!r})")
         head, rest = doc.split(BEGIN, 1)
         _, tail = rest.split(END, 1)
-        block = f"{BEGIN}\nFamilies: `{args.families}`. {summary}.\n\n{text}\n{END}"
+        label = f"`{args.families}`" if len(args.families) < 60 else f"{len(families)} listed"
+        block = f"{BEGIN}\nFamilies: {label}. {summary}.\n\n{text}\n{END}"
         with open(DOC, "w", encoding="utf-8") as f:
             f.write(head + block + tail)
+
+
+def _kept_rows(args: argparse.Namespace, row_type) -> dict:
+    """(family, head) -> the last row of each family in --jsonl, less the ones --rerun names."""
+    import json
+
+    if not args.jsonl:
+        raise SystemExit("--resume needs --jsonl (the file of earlier rows)")
+    kept = {}
+    if os.path.exists(args.jsonl):
+        with open(args.jsonl, encoding="utf-8") as f:
+            for line in f:
+                row = row_type(**json.loads(line))
+                kept[(row.family, row.head)] = row
+    again = set(args.rerun.split(",")) if args.rerun not in ("", "failed") else set()
+    return {k: r for k, r in kept.items() if k[0] not in again and not (args.rerun == "failed" and r.status == "fail")}
 
 
 def forward_part(args: argparse.Namespace) -> None:

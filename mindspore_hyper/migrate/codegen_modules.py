@@ -134,13 +134,17 @@ class _ClassForward(_Forward):
             rel = str(node.target)
             owner, _, name = rel.rpartition(".")
             unit = self.units.get(self.full(owner)) if owner else None
+            torch_shape = None
             if unit is not None and unit.leaf_params is not None:
-                if name not in unit.leaf_params or name in unit.relaid:
+                torch_shape = tuple(getattr(node.example, "shape", ()))
+                if name not in unit.leaf_params or name in unit.relaid and not torch_shape:
                     raise Unsupported(f"the parameter {rel!r} is not readable as a torch tensor in MindSpore "
                                       "(its layer keeps it under another layout)")
-                name = unit.leaf_params[name]
+                relaid, name = name in unit.relaid, unit.leaf_params[name]
             base = _child_expr("self", owner, self.lists, self.prefix) if owner else "self"
             self.expr[node] = member_access(base, name)
+            if torch_shape and relaid:  # Conv1d's (out, in, 1, k) read as torch's (out, in, k): the same elements
+                self.expr[node] = f"mint.reshape({self.expr[node]}, {torch_shape})"
             return None
         if node.op == "module":
             unit = self.units[self.full(node.target)]

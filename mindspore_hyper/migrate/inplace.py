@@ -3,6 +3,10 @@
 Generated MindSpore code never mutates a tensor, so `x.add_(y)` becomes `z = x + y` and every
 later read of `x` reads `z`. That is exact unless other tensors alias `x`: an in-place update of a
 model input, a parameter/buffer, a view, or a tensor that has views, is refused with its location.
+One aliasing case is rewritten instead: a write into one slice or select of a tensor the program
+created itself (`k = x.new_empty(...); k[..., :8].copy_(a)`, DeepSeek-V3's key expansion) becomes
+`k2 = slice_scatter(k, a, ...)` (the slice's new value put into a copy of the whole), later reads of
+`k` read `k2` and later reads of the slice read its new value.
 """
 from __future__ import annotations
 
@@ -20,6 +24,10 @@ __all__ = ["rewrite_inplace", "op_name"]
 _INPLACE_OPERATORS = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
                       operator.itruediv: operator.truediv, operator.ifloordiv: operator.floordiv,
                       operator.iand: operator.and_, operator.ior: operator.or_}
+_SCATTERS = {"slice": torch.ops.aten.slice_scatter, "select": torch.ops.aten.select_scatter}
+# conversions that return their input itself when nothing changes (`x.to(x.dtype)` is x): a write into a slice
+# of their result may write into a model input, so it is not rewritten
+_MAY_RETURN_INPUT = {"to", "type", "type_as", "float", "double", "half", "int", "long", "bool", "bfloat16"}
 _VIEWS = {"view", "reshape", "permute", "transpose", "t", "unsqueeze", "squeeze", "expand", "expand_as", "slice",
           "select", "narrow", "as_strided", "alias", "detach", "getitem", "flatten", "unflatten", "view_as",
           "split", "split_with_sizes", "chunk", "unbind", "diagonal", "swapaxes", "movedim", "contiguous"}
@@ -36,6 +44,8 @@ def op_name(node: Node) -> str:
 def _out_of_place(node: Node) -> Optional[Any]:
     """The out-of-place key of an in-place call (None if the call is not in place or has no mapping)."""
     target = node.target
+    if op_name(node) == "copy_":
+        return torch.ops.aten.copy
     if target in _INPLACE_OPERATORS:
         return _INPLACE_OPERATORS[target]
     if node.kwargs.get("inplace") is True:
@@ -81,7 +91,16 @@ def rewrite_inplace(graph: Graph) -> Tuple[List[str], List[str]]:
                       and op_name(u) in _VIEWS and any(position[v] > position[node] for v in users.get(u, []))]
         if target.op in ("input", "attr", "constant"):
             problems.append(f"{what}: updates a model input, parameter or buffer in place ({node.where()})")
-        elif target.op == "function" and op_name(target) in _VIEWS:
+        elif target.op == "function" and op_name(target) in _SCATTERS:
+            refused = _write_into_slice(graph, node, key, target, what)
+            if refused:
+                problems.append(refused)
+            else:
+                notes.append(f"{what} (a slice of a tensor the program created) rewritten as a scatter into a copy "
+                             f"({node.where()})")
+            position = {n: i for i, n in enumerate(graph.nodes)}
+            users = graph.users()
+        elif target.op == "function" and op_name(target) in _VIEWS and not _item_of_fresh_tuple(target):
             problems.append(f"{what}: updates a view of another tensor in place ({node.where()})")
         elif late_views:
             problems.append(f"{what}: views of it taken before the update are read after it ({node.where()})")
@@ -91,3 +110,85 @@ def rewrite_inplace(graph: Graph) -> Tuple[List[str], List[str]]:
             graph.replace_uses(target, node, after=node)
             notes.append(f"{what} rewritten as out-of-place ({node.where()})")
     return notes, problems
+
+
+def _write_into_slice(graph: Graph, node: Node, key: Any, view: Node, what: str) -> Optional[str]:
+    """Rewrite `node`, an in-place update of `view` (a slice or select of a tensor the program created), as
+    the view's new value followed by a scatter of it into a copy of the whole; None, or why it is refused."""
+    base = _mutated(view)
+    while isinstance(base, Node) and _whole_slice(base):  # `k[:, 0]` exports as select(slice(k, 0), 1, 0)
+        base = _mutated(base)
+    if not isinstance(base, Node) or base.op != "function" or op_name(base) in _VIEWS | _MAY_RETURN_INPUT:
+        return (f"{what}: updates a view of a model input, parameter, buffer, another view or a conversion that may "
+                f"return its input in place ({node.where()})")
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    users = graph.users()
+    chain, walk = {view}, view
+    while _mutated(walk) is not base:
+        walk = _mutated(walk)
+        chain.add(walk)
+    if any(position[v] > position[node] for u in _views_before(base, node, position, users) if u not in chain
+           for v in users.get(u, [])):
+        return f"{what}: other views of `{base.name}` taken before the update are read after it ({node.where()})"
+    if op_name(node) == "copy_":
+        source = node.args[1] if len(node.args) > 1 else node.kwargs.get("src")  # aten calls: by name
+        shapes = [getattr(getattr(v, "example", None), "shape", None) for v in (source, view)]
+        if not isinstance(source, Node) or shapes[0] is None or shapes[0] != shapes[1]:
+            return f"{what}: copies a value of another shape (a broadcast) into a slice ({node.where()})"
+        value = source
+    else:
+        node.target = key
+        node.kwargs = {k: v for k, v in node.kwargs.items() if k != "inplace"}
+        value = node
+    example = getattr(base, "example", None)
+    kind = op_name(view)
+    names = ("dim", "start", "end", "step") if kind == "slice" else ("dim", "index")
+    where = dict(zip(names, view.args[1:]))
+    where.update({k: v for k, v in view.kwargs.items() if k in names})
+    scatter = Node(name=_fresh_name(graph, f"{base.name}_written"), op="function", target=_SCATTERS[kind],
+                   kwargs={"self": base, "src": value, **where}, scope=node.scope,
+                   scope_type=node.scope_type, location=node.location, example=example,
+                   display=f"aten.{kind}_scatter")
+    graph.nodes.insert(graph.nodes.index(node) + 1, scatter)
+    graph.replace_uses(view, value, after=node)
+    if value is not node:
+        graph.replace_uses(node, value, after=node)
+        graph.nodes.remove(node)
+    graph.replace_uses(base, scatter, after=scatter)
+    return None
+
+
+def _views_before(base: Node, node: Node, position, users) -> List[Node]:
+    """Every view of `base` (views of views included) taken before `node`."""
+    found, todo = [], [base]
+    while todo:
+        for u in users.get(todo.pop(), []):
+            if u.op == "function" and op_name(u) in _VIEWS and position[u] < position[node] and u not in found:
+                found.append(u)
+                todo.append(u)
+    return found
+
+
+def _item_of_fresh_tuple(node: Node) -> bool:
+    """`getitem` of the tuple a non-view op returned (`torch.topk(x, k)[0]`): a tensor of its own, not a view."""
+    if op_name(node) != "getitem" or not node.args or not isinstance(node.args[0], Node):
+        return False
+    source = node.args[0]
+    return source.op == "function" and isinstance(source.example, (tuple, list)) and op_name(source) not in _VIEWS
+
+
+def _whole_slice(node: Node) -> bool:
+    """A slice of a whole dimension (`x[:]`): the same tensor."""
+    if node.op != "function" or op_name(node) != "slice":
+        return False
+    named = dict(zip(("self", "dim", "start", "end", "step"), node.args), **node.kwargs)
+    return named.get("start") in (None, 0) and named.get("end") in (None, 2 ** 63 - 1) and named.get("step", 1) == 1
+
+
+def _fresh_name(graph: Graph, stem: str) -> str:
+    taken = {n.name for n in graph.nodes}
+    name, k = stem, 1
+    while name in taken:
+        k += 1
+        name = f"{stem}_{k}"
+    return name

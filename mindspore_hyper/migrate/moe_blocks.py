@@ -77,12 +77,26 @@ def recognize(module: torch.nn.Module) -> Optional[MoEBlockSpec]:
 
 
 def not_mapped_reason(module: torch.nn.Module) -> Optional[str]:
-    """Why a sparse MoE block (a class named *SparseMoeBlock) is not mapped to MoE; None if it is or is no block."""
-    if not type(module).__name__.endswith("SparseMoeBlock") or recognize(module) is not None:
+    """Why a sparse MoE block (a class named *SparseMoeBlock, or a module with an experts child holding
+    gate_up_proj and a gate/router child) is not mapped to MoE; None if it is, or is no block."""
+    experts = getattr(module, "experts", None)
+    router = getattr(module, "gate", None) or getattr(module, "router", None)
+    block = type(module).__name__.endswith("SparseMoeBlock") or (
+        isinstance(router, torch.nn.Module) and hasattr(experts, "gate_up_proj"))
+    if not block or recognize(module) is not None:
         return None
     if hasattr(module, "shared_expert_gate"):
         return ("its shared expert's output is scaled by sigmoid(shared_expert_gate(x)); mindspore_hyper.moe.MoE's "
                 "shared expert is not gated")
+    if hasattr(router, "e_score_correction_bias"):
+        return ("its router scores experts by sigmoid (not softmax), chooses by the scores plus "
+                "e_score_correction_bias within the groups of highest top-2 score sum, and scales the chosen scores "
+                "by routed_scaling_factor; mindspore_hyper.moe.MoE's router takes a softmax, ranks groups by their "
+                "best probability and has neither the bias nor the scale")
+    if getattr(experts, "gate_up_proj_bias", None) is not None or hasattr(experts, "_apply_gate"):
+        return ("its experts have biases and a clamped SwiGLU ((up + 1) * gate * sigmoid(alpha * gate)), and its "
+                "router takes the softmax of the top-k logits; mindspore_hyper.moe.MoE's experts are bias-free SiLU "
+                "SwiGLU routed by a softmax over all experts")
     return "its router, experts or activation are not Mixtral's (softmax, top-k renormalised, SiLU SwiGLU experts)"
 
 

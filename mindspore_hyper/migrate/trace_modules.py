@@ -19,6 +19,7 @@ from torch.export.graph_signature import InputKind
 
 from mindspore_hyper.migrate.errors import UnsupportedOpError
 from mindspore_hyper.migrate.graph import Graph
+from mindspore_hyper.migrate.grad_regions import inline_grad_regions
 from mindspore_hyper.migrate.inplace import rewrite_inplace
 from mindspore_hyper.migrate.lowering import Lowering, output_names, preserved_buffers, type_name
 from mindspore_hyper.migrate.mappings import lookup_module
@@ -144,14 +145,16 @@ def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str
     dense = dense_experts_modules(module, moe_blocks)
     refused = verify_dense(module, dense, args, kwargs) if dense else {}
     dense = {p: m for p, m in dense.items() if p not in refused}
-    notes = [f"{p} ({type(m).__name__}): converted generically, its experts computed densely (every token "
-             f"through every expert, the non-chosen weighted 0: exact, E/k times the expert FLOPs), not as "
-             f"mindspore_hyper.moe.MoE: {not_mapped_reason(m)}"
-             for p, m in module.named_modules() if not_mapped_reason(m)]
+    dense_note = ("its experts computed densely (every token through every expert, the non-chosen weighted 0: exact, "
+                  "E/k times the expert FLOPs), ")
+    notes = [f"{p} ({type(m).__name__}): converted generically, "
+             f"{dense_note if (f'{p}.experts' if p else 'experts') in dense else ''}not as mindspore_hyper.moe.MoE: "
+             f"{not_mapped_reason(m)}" for p, m in module.named_modules() if not_mapped_reason(m)]
     notes += [f"{p} ({type(dense_m).__name__}) left as written (not computed densely): {why}"
               for p, why in refused.items() for dense_m in [module.get_submodule(p)]]
     with dense_forwards(moe_blocks, dense):
         ep = torch.export.export(module, tuple(args), kwargs=dict(kwargs), dynamic_shapes=dims, strict=False)
+    notes += inline_grad_regions(ep.graph_module)
     mapped_leaves = {p for p, m in module.named_modules() if p and lookup_module(m) is not None}
     # a mapped layer's own buffers (BatchNorm's running statistics in training) are updated by its MindSpore layer
     mutated = [s for s in ep.graph_signature.output_specs if s.kind.name != "USER_OUTPUT" and not (

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fnmatch
 import signal
 import time
 import traceback
@@ -46,7 +47,24 @@ NAMED = [("llama", "causal-lm"), ("mistral", "causal-lm"), ("mixtral", "causal-l
          ("roberta", "masked-lm"), ("electra", "masked-lm"), ("t5", "seq2seq"), ("bart", "seq2seq"),
          ("vit", "image-classification"), ("clip", "image-classification"), ("clip_text", "text-tower"),
          ("whisper", "seq2seq")]
-FAST = [("gpt_neox", "causal-lm"), ("roberta", "masked-lm"), ("gemma", "causal-lm")]  # Qwen2-MoE: test_migrate_generated
+FAST = [("gpt_neox", "causal-lm"), ("roberta", "masked-lm"), ("gemma", "causal-lm"),
+        ("qwen2", "causal-lm"), ("gpt2", "causal-lm")]  # Qwen2-MoE: test_migrate_generated
+
+# parallel as converted: YAML module_level patterns on the torch names (under the sweep's wrapper, `model.`) that
+# split the attention and MLP projections over "tensor" (column-parallel in, row-parallel out) on a 2 x 2
+# data x tensor mesh; the families whose rows also check one step in simulation against one device
+_LLAMA_LIKE = [("model.model.layers.*.self_attn.[qkv]_proj", (2, 1)), ("model.model.layers.*.self_attn.o_proj", (1, 2)),
+               ("model.model.layers.*.mlp.gate_proj", (2, 1)), ("model.model.layers.*.mlp.up_proj", (2, 1)),
+               ("model.model.layers.*.mlp.down_proj", (1, 2))]
+_GPT2 = [("model.transformer.h.*.attn.c_attn", (1, 2)), ("model.transformer.h.*.attn.c_proj", (2, 1)),
+         ("model.transformer.h.*.mlp.c_fc", (1, 2)), ("model.transformer.h.*.mlp.c_proj", (2, 1))]  # Conv1D: (in, out)
+# parameter_level entries (they win over module_level) for 1-D parameters under those modules: GPT-2's Conv1D
+# biases, split with their column-parallel outputs, replicated after the row-parallel sums
+TENSOR_BIASES = {"gpt2": [("model.transformer.h.*.attn.c_attn.bias", ["tensor"]),
+                          ("model.transformer.h.*.mlp.c_fc.bias", ["tensor"]),
+                          ("model.transformer.h.*.c_proj.bias", [None])]}
+TENSOR_PATTERNS = {"llama": _LLAMA_LIKE, "qwen2": _LLAMA_LIKE, "mistral": _LLAMA_LIKE, "qwen3": _LLAMA_LIKE,
+                   "gpt2": _GPT2}
 
 VOCAB = 128
 LAYERS, HIDDEN, FFN, HEADS_N, KV_HEADS, HEAD_DIM = 2, 32, 64, 4, 2, 8
@@ -91,6 +109,7 @@ class SweepRow:
     forward_error: Optional[float] = None
     train_error: Optional[float] = None  # worst relative loss difference over the steps
     parameter_units: Optional[float] = None  # worst parameter difference / allowed (parameter_error)
+    parallel_error: Optional[float] = None  # 2 x 2 data x tensor in simulation vs one device (parallel_step_error)
     fallbacks: List[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -129,8 +148,8 @@ def _scaled_kwargs(config) -> Dict[str, Any]:
         elif key in SCALED and (value is None and key in ("num_key_value_heads", "num_kv_heads") or
                                 value is not None and type(value) is type(SCALED[key])):
             found[key] = SCALED[key]
-        elif isinstance(value, float) and ("dropout" in key or "pdrop" in key or key in ("jitter_noise",
-                                                                                          "router_jitter_noise")):
+        elif isinstance(value, float) and ("dropout" in key or "pdrop" in key or "drop_path" in key or
+                                           "layerdrop" in key or key in ("jitter_noise", "router_jitter_noise")):
             found[key] = 0.0
     heads = next((values[k] for k in ("num_attention_heads", "n_head", "num_heads") if isinstance(values.get(k), int)),
                  None)
@@ -265,8 +284,22 @@ def losses(head: str, report, num_labels: int) -> Tuple[Callable, Callable]:
 
     if head in ("causal-lm", "masked-lm", "seq2seq"):
         target = 1 if head == "seq2seq" else 0
-        return (lambda out, b: next_token_loss_torch(_logits_torch(out), b[target]),
-                lambda out, b: next_token_loss_ms(pick(out), b[target]))
+
+        def length(logits, b):
+            # an audio/multimodal decoder's logits can be longer than the ids given (prefix positions): the loss
+            # reads the positions both have, on both sides alike
+            return min(logits.shape[1], b[target].shape[1])
+
+        def torch_loss(out, b):
+            logits = _logits_torch(out)
+            n = length(logits, b)
+            return next_token_loss_torch(logits[:, :n], b[target][:, :n])
+
+        def ms_loss(out, b):
+            logits = pick(out)
+            n = length(logits, b)
+            return next_token_loss_ms(logits[:, :n], b[target][:, :n])
+        return torch_loss, ms_loss
     if head == "text-tower":
         return (lambda out, b: (_logits_torch(out) ** 2).mean(), lambda out, b: mint.mean(mint.pow(pick(out), 2)))
 
@@ -358,7 +391,13 @@ def sweep_one(family: str, head: str, limit: Optional[float] = None, shapes=((2,
                 raise AssertionError(f"after {STEPS} AdamW steps: losses {loss_error:.1e} relative (torch "
                                      f"{want[-1]:.6f}, MindSpore {got[-1]:.6f} at the last), parameters "
                                      f"{param_units:.2f} x allowed (worst {parameter_error.where})")
-            row.status, row.stage = "pass", "train"
+            if family in TENSOR_PATTERNS:
+                stage = "parallel"
+                row.parallel_error = parallel_step_error(family, cell, batches[0], ms_loss)
+                if not row.parallel_error <= TOL:
+                    raise AssertionError(f"2 x 2 data x tensor in simulation: loss or gradients "
+                                         f"{row.parallel_error:.1e} relative from one device's")
+            row.status, row.stage = "pass", stage
     except Exception as exc:  # noqa: BLE001 - every failure is a row with its reason
         row.status, row.stage, row.reason = "fail", stage, _first_line(exc)
         if stage not in ("convert",) and not isinstance(exc, (AssertionError, TimeoutError)):
@@ -369,6 +408,40 @@ def sweep_one(family: str, head: str, limit: Optional[float] = None, shapes=((2,
     finally:
         row.seconds = time.perf_counter() - start
     return row
+
+
+def parallel_step_error(family: str, cell, batch, ms_loss) -> float:
+    """The converted Cell under auto_parallelize on a 2 x 2 data x tensor mesh in simulation, with the attention
+    and MLP projections split over "tensor" by module_level patterns on the torch names (TENSOR_PATTERNS): the
+    worst relative difference of the loss and of every parameter's gradient from the same step on one device
+    (equal gradients make the optimizer step equal). The context is reset afterwards."""
+    import mindspore as ms
+    import mindspore_hyper as mh
+    from mindspore_hyper.migrate.compare import to_mindspore
+
+    inputs = [to_mindspore(x) for x in batch]
+    params = cell.trainable_params()
+    step = ms.value_and_grad(lambda *xs: ms_loss(cell(*xs), inputs), None, params)
+    want_loss, want = step(*inputs)
+    config = {"parallel_config": {"device_matrix": [2, 2], "alias_names": ["data", "tensor"], "module_level": [
+        {"name": name, "strategy": {"tensor": split}} for name, split in TENSOR_PATTERNS[family]],
+        "parameter_level": [{"name": name, "tensor_map": tmap} for name, tmap in TENSOR_BIASES.get(family, [])]}}
+    mh.set_context(mode="simulation", device_num=4)
+    try:
+        simulated = mh.auto_parallelize(cell, config)
+        sharded = {r.name for r in simulated.table if r.layout.sharded_axes()}
+        first = TENSOR_PATTERNS[family][0][0] + ".*"
+        if not any(fnmatch.fnmatch(n, first) for n in sharded):
+            raise AssertionError(f"the module_level pattern {first} sharded nothing (sharded: {sorted(sharded)[:4]})")
+        got_loss, got = ms.value_and_grad(lambda *xs: ms_loss(simulated(*xs), inputs), None, params)(*inputs)
+    finally:
+        mh.reset_context()
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    worst = abs(float(got_loss.asnumpy()) - float(want_loss.asnumpy())) / abs(float(want_loss.asnumpy()))
+    for g, w in zip(got, want):
+        scale = max(float(np.abs(w.asnumpy()).max()), 1e-30)
+        worst = max(worst, float(np.abs(g.asnumpy() - w.asnumpy()).max()) / scale)
+    return worst
 
 
 def train_torch(model: torch.nn.Module, batches, torch_loss, lr: float = 1e-2, weight_decay: float = 0.01,
@@ -449,6 +522,8 @@ def table(rows: List[SweepRow]) -> str:
         if r.status == "pass":
             reason = (f"forward {r.forward_error:.1e}, losses over 5 AdamW steps {r.train_error:.1e}, parameters "
                       f"{r.parameter_units:.2f} x allowed")
+            if r.parallel_error is not None:
+                reason += f"; 2 x 2 data x tensor (simulation) one step {r.parallel_error:.1e}"
             if r.fallbacks:
                 reason += "; traced body: " + "; ".join(r.fallbacks).replace("|", "\\|")
         lines.append(f"| {r.family} | {r.head} | {r.model} | {result} | {reason} |")

@@ -16,6 +16,7 @@ class OpZoo(torch.nn.Module):
         self.norm_w = torch.nn.Parameter(torch.rand(6) + 0.5)
         self.table = torch.nn.Parameter(torch.randn(10, 6))
         self.gn_w = torch.nn.Parameter(torch.rand(3) + 0.5)
+        self.conv1d_w = torch.nn.Parameter(torch.randn(3, 4, 3))
         self.layers = torch.nn.Sequential(
             torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
             torch.nn.Conv2d(4, 4, 3, stride=2, padding="valid"), torch.nn.AvgPool2d(2, 1, 1, count_include_pad=False),
@@ -119,6 +120,17 @@ class OpZoo(torch.nn.Module):
         out += [torch.scatter(x, 2, index, 1.0), x.scatter(-1, index, y[..., :2]), torch.zeros_like(x).scatter(2, index, 2.5),
                 torch.repeat_interleave(x, 2, dim=1), x.repeat_interleave(3, -1), x.repeat_interleave(2),
                 torch.diff(x, dim=-1), x.diff(prepend=x[..., :1]), torch.topk(x, 2).values, x.topk(3, 1, False)[1]]
+        # ops the transformers sweep needed (activations, norms, sorting, padding, sliding blocks)
+        fresh = x.new_empty(b, h, n)
+        fresh.copy_(x * 2)  # a whole fresh tensor overwritten: aten.copy
+        out += [torch.expm1(x), x.expm1(), torch.log1p(x.abs()), x.abs().log1p(), torch.floor(x), x.floor(),
+                torch.ceil(x), x.ceil(), torch.sign(x), x.sign(), torch.tan(x * 0.5), (x * 0.5).tan(),
+                F.hardtanh(x, -0.3, 0.4), torch.sort(x, -1)[0], torch.sort(x, 1, descending=True)[1],
+                x.sort(0)[0], torch.logsumexp(x, -1), x.logsumexp((0, 1), keepdim=True),
+                torch.linalg.vector_norm(x, dim=-1), torch.linalg.vector_norm(x, 1.0, 1, keepdim=True),
+                torch.linalg.vector_norm(x), F.rms_norm(x, (n,), self.norm_w, 1e-5), F.rms_norm(x, (h, n)),
+                F.pad(x, (1, 2)), F.pad(x, (0, 0, 2, 1), value=-1.5), F.unfold(img, (2, 2), padding=1), fresh,
+                F.adaptive_avg_pool1d(x, 1), F.conv1d(x, self.conv1d_w, padding=1), F.logsigmoid(x * 30)]
         return tuple(out)
 
 
@@ -129,7 +141,18 @@ class DynamicZoo(torch.nn.Module):
         b, t, n = x.shape
         positions = torch.arange(t) + torch.zeros(b, t) + torch.ones(b, t) + torch.full((b, t), 0.5)
         flat = x.transpose(1, 2).contiguous().view(b, -1)
-        return flat * (0.5 * t), positions  # a float times a size: torch.sym_float
+        written = x.new_empty(b, t, n + 2)  # DeepSeek-V3's key expansion: slices of a fresh tensor written
+        written[..., :n].copy_(x)
+        written[..., n:].copy_(x[..., :2] * 2)
+        written[:, 0].mul_(3)
+        written[:, -1].copy_(x[:, 0, :1].expand(b, n + 2))
+        scale = torch.tensor([1.0, 2.0, 3.0]) * torch.scalar_tensor(2.5)  # constants made in forward
+        with torch.no_grad():  # a no-grad region (exported as a nested graph, inlined): no gradient out of it
+            frozen = x * 2
+        first = x[:, :min(t, 3)] + x[:, :max(t - 4, 1)].sum(1, keepdim=True)  # torch.sym_min / sym_max
+        masked = x * 1
+        masked[x > 0.5] = 0.25  # x[mask] = v on a tensor the program made: aten.index_put_
+        return flat * (0.5 * t), positions, written, x * scale, frozen + x, first, masked  # 0.5 * t: sym_float
 
 
 def zoo_inputs():

@@ -187,3 +187,58 @@ def test_frozen_torch_parameters_stay_frozen():
     cell, report = convert(Frozen(), torch.randint(0, 11, (2, 5)))
     assert report.weights.frozen == ["positions.embedding_table"]
     assert [p.name for p in cell.trainable_params()] == ["tokens.embedding_table"]
+
+
+class NoGradRegion(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        with torch.no_grad():  # exported as a nested graph (wrap_with_set_grad_enabled): inlined, no gradient out
+            frozen = x * self.w * 2
+        return x * self.w + frozen
+
+
+def test_no_grad_region_is_inlined_and_passes_no_gradient():
+    """The Cell's gradient of w is torch's, x only (d(x w)/dw), not 3x (as without the stop at the region's end)."""
+    torch.manual_seed(0)
+    model = NoGradRegion()
+    cell, report = convert(model, torch.randn(2, 3))
+    assert any("torch.no_grad() region" in n for n in report.notes), report.notes
+    x = torch.randn(4, 3)
+    assert_same_outputs(cell, model, x)
+    model(x).sum().backward()
+    from mindspore_hyper.migrate.compare import to_mindspore
+
+    grad = ms.grad(lambda a: cell(a).sum(), None, [cell.w])(to_mindspore(x))[0].asnumpy()
+    # sums of 4 float32 values: equal to rounding (1e-6 relative)
+    assert abs(grad - model.w.grad.numpy()).max() <= 1e-6 * abs(model.w.grad.numpy()).max()
+
+
+class ShortConvolution(torch.nn.Module):
+    """Reads its Conv1d's weight as a tensor (Mamba's and Inkling's short convolutions do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, 4, 3, groups=4, padding=2)
+
+    def forward(self, x):
+        y = torch.nn.functional.conv1d(x.transpose(1, 2), self.conv.weight, self.conv.bias, padding=2, groups=4)
+        return y[..., :x.shape[1]].transpose(1, 2)
+
+
+def test_a_conv1d_weight_read_as_a_tensor_is_the_torch_layout():
+    """MindSpore's Conv1d keeps its weight as (out, in, 1, k); read by the parent it is reshaped to torch's
+    (out, in, k): outputs (3-tap sums) and the weight's gradient equal torch's to float32 rounding (1e-6)."""
+    torch.manual_seed(0)
+    model = ShortConvolution()
+    cell, _ = convert(model, torch.randn(2, 5, 4))
+    x = torch.randn(3, 7, 4)
+    assert_same_outputs(cell, model, x)
+    model(x).sum().backward()
+    from mindspore_hyper.migrate.compare import to_mindspore
+
+    grad = ms.grad(lambda a: cell(a).sum(), None, [cell.conv.weight])(to_mindspore(x))[0].asnumpy()
+    want = model.conv.weight.grad.numpy()
+    assert abs(grad.reshape(want.shape) - want).max() <= 1e-6 * abs(want).max()

@@ -129,3 +129,28 @@ def test_experts_that_only_look_alike_are_not_replaced():
     assert any("experts (LookalikeExperts) left as written" in n and "differs from its forward" in n
                for n in report.notes), report.notes
     assert_same_outputs(cell, model, torch.randn(3, 4, 8))
+
+
+def test_deepseek_v3_block_is_converted_generically_and_says_why():
+    """DeepSeek-V3's routing (sigmoid scores, group-limited choice on the scores plus e_score_correction_bias,
+    routed_scaling_factor) is not MoE's: its block is converted generically, the reason in the report, and equals
+    torch (forward and the router's gradient) at another shape."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+
+    config = DeepseekV3Config(hidden_size=16, moe_intermediate_size=8, n_routed_experts=4, num_experts_per_tok=2,
+                              n_group=2, topk_group=1, n_shared_experts=1, routed_scaling_factor=2.5)
+    torch.manual_seed(0)
+    model = Block(DeepseekV3MoE(config)).eval()
+    model.moe.gate.e_score_correction_bias.copy_(torch.randn(4) * 0.3)  # the bias changes the choice
+    cell, report = convert(model, torch.randn(2, 5, 16))
+    assert not any(isinstance(c, MoE) for _, c in cell.cells_and_names())
+    assert any("e_score_correction_bias" in n and "routed_scaling_factor" in n for n in report.notes), report.notes
+    x, weights = torch.randn(3, 7, 16), torch.randn(3, 7, 16)
+    assert_same_outputs(cell, model, x)
+    (model(x) * weights).sum().backward()
+    router = next(p for n, p in cell.parameters_and_names() if n.endswith("gate.weight"))
+    grads = ms.grad(lambda a: (cell(a) * to_mindspore(weights)).sum(), None, [router])(to_mindspore(x))
+    want = model.moe.gate.weight.grad.numpy()
+    # float32 on both sides: sums of <= 16-term products, relative 1e-4 with an absolute floor for near-zero entries
+    np.testing.assert_allclose(grads[0].asnumpy(), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())

@@ -1,4 +1,6 @@
-"""The transformers sweep (migrate_sweep.py): a fast subset in the suite (GPT-NeoX, RoBERTa, Gemma:
+"""The transformers sweep (migrate_sweep.py): a fast subset in the suite (GPT-NeoX, RoBERTa, Gemma, Qwen2 and
+GPT-2 (these two also under auto_parallelize, 2 x 2 data x tensor from module_level patterns on the torch names,
+in simulation: one step's loss and gradients equal one device's):
 built from scaled-down configs, converted by the default `convert` at (2, 8), equal to torch at (3, 11)
 and through 5 AdamW steps, <= 1e-4, the tolerance derived in migrate_sweep's docstring). The named list
 (or every family) runs only on request: MIGRATE_SWEEP=named (or all) with `-m sweep`."""
@@ -17,6 +19,8 @@ def test_fast_subset_passes(family, head):
     assert row.status == "pass", row
     assert row.forward_error <= sweep.TOL and row.train_error <= sweep.TOL
     assert not row.fallbacks  # each class generated, none written as its traced body
+    if family in sweep.TENSOR_PATTERNS:  # parallel as converted: 2 x 2 data x tensor in simulation, one step
+        assert row.parallel_error is not None and row.parallel_error <= sweep.TOL
 
 
 def test_a_wrong_conversion_fails_the_sweep(monkeypatch):

@@ -117,3 +117,9 @@ def square(self):
 def leaky_relu(self, negative_slope=0.01, inplace=False):
     return call("ops.leaky_relu", self, negative_slope)
 
+
+
+@function("mint.neg of ops.softplus of mint.neg", aten.log_sigmoid, F.logsigmoid)
+def log_sigmoid(self):
+    # log(sigmoid(x)) = -softplus(-x) (softplus is linear past its threshold, as torch's log_sigmoid is stable)
+    return call("mint.neg", call("ops.softplus", call("mint.neg", self)))

@@ -59,3 +59,27 @@ def _functional_conv(fn: str, input, weight, bias, stride, padding, dilation, gr
 @function("ops.conv2d", F.conv2d, aten.conv2d)
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _functional_conv("ops.conv2d", input, weight, bias, stride, padding, dilation, groups)
+
+
+@function("ops.unfold", F.unfold, aten.im2col)
+def im2col(input=None, kernel_size=None, dilation=1, padding=0, stride=1, self=None):
+    # torch.nn.functional.unfold (sliding blocks of a 4-D input as columns); mint's Im2ColExt has no CPU kernel
+    return call("ops.unfold", input if self is None or self.value is None and not self.is_tensor else self, _ints(kernel_size), dilation=_ints(dilation), padding=_ints(padding),
+                stride=_ints(stride))
+
+
+@function("ops.conv2d (over a unit height)", aten.conv1d, F.conv1d)
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    # mint's conv1d has no CPU kernel: (N, C, L) as (N, C, 1, L), the weight (O, C/g, k) as (O, C/g, 1, k)
+    if input.ndim != 3:
+        raise Unsupported(f"conv1d of a {input.ndim}-d input is not mapped (only batched: N, C, L)")
+    one = lambda arg: (lambda v: v[0] if isinstance(v, tuple) else v)(_ints(arg))  # noqa: E731
+    pad = padding.const("padding")
+    if isinstance(pad, str):
+        extra = dict(pad_mode=repr(pad))
+    else:
+        p = one(padding)
+        extra = dict(pad_mode="'pad'", padding=(0, p))  # (height, width)
+    out = call("ops.conv2d", call("mint.unsqueeze", input, 2), call("mint.unsqueeze", weight, 2), bias,
+               stride=(1, one(stride)), dilation=(1, one(dilation)), groups=groups, **extra)
+    return call("mint.squeeze", out, 2)

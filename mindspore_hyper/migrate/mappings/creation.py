@@ -87,6 +87,9 @@ def _new(fn: str):
 function("mint.ones", aten.new_ones, method("new_ones"))(_new("mint.ones"))
 function("mint.zeros", aten.new_zeros, method("new_zeros"))(_new("mint.zeros"))
 function("ops.full", aten.new_full, method("new_full"))(_new("ops.full"))
+# an uninitialised tensor: torch leaves its values unspecified, zeros are one choice of them (programs write it
+# before reading it: the in-place pass turns those writes into scatters)
+function("mint.zeros (torch: uninitialised)", aten.new_empty, method("new_empty"))(_new("mint.zeros"))
 
 
 @function("ops.tril", aten.tril, torch.tril, method("tril"))
@@ -98,3 +101,8 @@ def tril(self, diagonal=0):
 @function("mint.triu", aten.triu, torch.triu, method("triu"))
 def triu(self, diagonal=0):
     return call("mint.triu", self, diagonal)
+
+
+@function("ops.full (a 0-d tensor)", aten.scalar_tensor)
+def scalar_tensor(s, dtype=None, layout=None, device=None, pin_memory=None, requires_grad=False, *, result):
+    return call("ops.full", "()", s, dtype=_result_dtype(dtype, result))

@@ -8,6 +8,7 @@ import math
 import operator
 
 import torch
+import torch.nn.functional as F
 
 from mindspore_hyper.migrate.mappings.common import call, expect, is_python
 from mindspore_hyper.migrate.mappings.registry import Unsupported, function, method
@@ -84,6 +85,9 @@ for _name, _keys in {
     "sin": (aten.sin, torch.sin, method("sin")), "cos": (aten.cos, torch.cos, method("cos")),
     "reciprocal": (aten.reciprocal, torch.reciprocal, method("reciprocal")),
     "logical_not": (aten.logical_not, torch.logical_not, method("logical_not")),
+    "expm1": (aten.expm1, torch.expm1, method("expm1")), "log1p": (aten.log1p, torch.log1p, method("log1p")),
+    "floor": (aten.floor, torch.floor, method("floor")), "ceil": (aten.ceil, torch.ceil, method("ceil")),
+    "sign": (aten.sign, torch.sign, method("sign")), "tan": (aten.tan, torch.tan, method("tan")),
 }.items():
     function(f"mint.{_name}", *_keys)(_unary(f"mint.{_name}"))
 
@@ -112,9 +116,27 @@ def sym_float(x):
     return call("float", x)
 
 
+def _symbolic_extreme(fn: str):
+    def emit(a, b):
+        if not is_python(a, b):
+            raise Unsupported(f"torch.sym_{fn} of a tensor")
+        return call(fn, a, b)
+    return emit
+
+
+function("min (of symbolic sizes)", torch.sym_min)(_symbolic_extreme("min"))
+function("max (of symbolic sizes)", torch.sym_max)(_symbolic_extreme("max"))
+
+
 @function("mint.clamp", aten.clamp, aten.clip, torch.clamp, method("clamp"), torch.clip, method("clip"))
 def clamp(self, min=None, max=None):
     return call("mint.clamp", self, min=min, max=max)
+
+
+@function("mint.clamp", aten.hardtanh, F.hardtanh)
+def hardtanh(self, min_val=-1.0, max_val=1.0, inplace=False):
+    # mint's Hardtanh has no CPU kernel; clamp is the same function (its gradient is 0 outside, as torch's)
+    return call("mint.clamp", self, min=min_val, max=max_val)
 
 
 @function("mint.clamp", aten.clamp_min, method("clamp_min"))

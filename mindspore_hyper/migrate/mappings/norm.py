@@ -7,7 +7,7 @@ defaults to 1e-7 in MindSpore and 1e-5 in torch. The constructors below always p
 import torch
 import torch.nn.functional as F
 
-from mindspore_hyper.migrate.mappings.common import call, sizes
+from mindspore_hyper.migrate.mappings.common import call, literal, sizes
 from mindspore_hyper.migrate.mappings.registry import Unsupported, function, module
 
 aten = torch.ops.aten
@@ -56,3 +56,15 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_
 @function("mint.nn.functional.group_norm", F.group_norm, aten.group_norm)
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
     return call("mint.nn.functional.group_norm", input, num_groups, weight, bias, eps)
+
+
+@function("mint.rsqrt of mint.mean (a composition)", F.rms_norm, aten.rms_norm)
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    # torch: x * rsqrt(mean(x^2 over the normalised dimensions) + eps) * weight, eps None -> the dtype's epsilon;
+    # mint's RmsNorm has no CPU kernel
+    n = len(normalized_shape.items if normalized_shape.items is not None else normalized_shape.const("normalized_shape"))
+    epsilon = eps if eps.value is not None else literal(float(torch.finfo(input.dtype or torch.float32).eps))
+    dims = tuple(range(-n, 0))
+    mean = call("mint.mean", call("mint.mul", input, input), dim=dims, keepdim=True)
+    normed = call("mint.mul", input, call("mint.rsqrt", call("mint.add", mean, epsilon)))
+    return normed if weight.value is None and not weight.is_tensor else call("mint.mul", normed, weight)

@@ -79,3 +79,13 @@ def avg_pool2d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_i
 @function("ops.adaptive_avg_pool2d", aten.adaptive_avg_pool2d, F.adaptive_avg_pool2d)
 def adaptive_avg_pool2d(self, output_size):
     return call("ops.adaptive_avg_pool2d", self, _pair(output_size.const("output_size")))
+
+
+@function("mint.mean (output size 1)", aten.adaptive_avg_pool1d, F.adaptive_avg_pool1d)
+def adaptive_avg_pool1d(self=None, output_size=None, input=None):
+    # the whole length averaged (a pooler's global average); other output sizes are not mapped
+    tensor = self if self is not None and (self.is_tensor or self.value is not None) else input
+    size = output_size.const("output_size")
+    if size not in (1, (1,), [1]):
+        raise Unsupported(f"adaptive_avg_pool1d(output_size={size!r}) is not mapped (only 1: the global average)")
+    return call("mint.mean", tensor, dim=-1, keepdim=True)

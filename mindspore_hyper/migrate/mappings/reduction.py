@@ -123,3 +123,32 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
     # (values, indices); MindSpore's indices are int32, torch's int64: cast them
     return (f"(lambda values_indices: (values_indices[0], ops.cast(values_indices[1], ms.int64)))"
             f"({call('ops.topk', self, k, dim=dim, largest=largest, sorted=sorted)})")
+
+
+@function("ops.sort", aten.sort, torch.sort, method("sort"))
+def sort(self, dim=-1, descending=False, stable=None):
+    # (values, indices); MindSpore's indices are int32, torch's int64: cast them. mint.sort has no CPU kernel.
+    return (f"(lambda values_indices: (values_indices[0], ops.cast(values_indices[1], ms.int64)))"
+            f"({call('ops.sort', self, dim, descending)})")
+
+
+@function("ops.logsumexp", aten.logsumexp, torch.logsumexp, method("logsumexp"))
+def logsumexp(self, dim, keepdim=False):
+    # mint.logsumexp has no CPU kernel
+    return call("ops.logsumexp", self, _dims(dim), keepdim)
+
+
+@function("ops.norm", aten.linalg_vector_norm, torch.linalg.vector_norm,
+          names=["aten.linalg_vector_norm", "torch.linalg.vector_norm"])
+def vector_norm(self, ord=2, dim=None, keepdim=False, dtype=None):
+    # mint's LinalgVectorNorm has no CPU kernel
+    if dtype.value is not None:
+        raise Unsupported("linalg_vector_norm(dtype=...) is not mapped")
+    dims = _dims(dim)
+    if dims is None:  # every element: the norm of the flattened tensor (ops.norm of a matrix is a matrix norm)
+        if keepdim.value:
+            raise Unsupported("linalg_vector_norm over every dimension with keepdim=True is not mapped")
+        return call("ops.norm", call("mint.reshape", self, "(-1,)"), ord)
+    if isinstance(dims, tuple) and len(dims) > 1:  # ops.norm over two dimensions is a matrix norm
+        raise Unsupported(f"linalg_vector_norm over several dimensions {dims} is not mapped (one, or all)")
+    return call("ops.norm", self, ord, dims, keepdim)

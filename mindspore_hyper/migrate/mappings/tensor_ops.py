@@ -103,10 +103,15 @@ def expand_as(self, other):
     return call("mint.broadcast_to", self, f"{other}.shape")
 
 
-@function("(identity)", method("contiguous"), aten.contiguous, aten.clone, torch.clone, method("clone"), aten.alias, aten.detach,
-          method("detach"))
+@function("(identity)", method("contiguous"), aten.contiguous, aten.clone, torch.clone, method("clone"), aten.alias)
 def identity(self, memory_format=None):
     return Alias(self)
+
+
+@function("ops.stop_gradient", aten.detach, method("detach"))
+def detach(self):
+    # the same values, no gradient through them (torch's detach, and the outputs of a torch.no_grad() region)
+    return call("ops.stop_gradient", self) if self.is_tensor and self.dtype.is_floating_point else Alias(self)
 
 
 # -- dtype ---------------------------------------------------------------------------------------
@@ -228,6 +233,77 @@ def slice_(self, dim=0, start=None, end=None, step=1):
 @function("Tensor.__getitem__ (select)", aten.select, torch.select, method("select"))
 def select(self, dim, index):
     return f"{self}[{_dims_prefix(dim.const('dim'), self.ndim)}{index}]"
+
+
+def _part(self: Arg, dim: int, text: str) -> str:
+    """`self[:, :, text]` with `text` at dimension `dim`."""
+    return f"{self}[{_dims_prefix(dim, self.ndim)}{text}]"
+
+
+def _cast_to(src: Arg, self: Arg) -> str:
+    return str(src) if src.dtype == self.dtype or self.dtype is None else call("ops.cast", src, ms_dtype(self.dtype))
+
+
+@function("mint.cat (the slices around the written one)", aten.slice_scatter)
+def slice_scatter(self, src, dim=0, start=None, end=None, step=1):
+    # the in-place pass writes `x[..., a:b].copy_(v)` into a tensor the program created as this op
+    d = dim.const("dim") % max(self.ndim, 1)
+    if step.value != 1:
+        raise Unsupported(f"slice_scatter with step {step.code} is not mapped (only contiguous slices)")
+    parts = []
+    if start.value not in (None, 0):
+        parts.append(_part(self, d, f":{start}"))
+    parts.append(_cast_to(src, self))
+    if end.value is not None and end.value != _INT64_MAX:
+        parts.append(_part(self, d, f"{end}:"))
+    if len(parts) == 1:
+        return parts[0]
+    return call("mint.cat", f"[{', '.join(parts)}]", dim=d)
+
+
+@function("mint.cat (the parts around the written index)", aten.select_scatter)
+def select_scatter(self, src, dim, index):
+    d = dim.const("dim") % self.ndim
+    i = index.const("index")  # a negative index stays negative: it counts from the end at every size
+    parts = [_part(self, d, f":{i}")] if i != 0 else []
+    parts.append(call("mint.unsqueeze", _cast_to(src, self), d))
+    if i != -1:
+        parts.append(_part(self, d, f"{i + 1}:"))
+    return call("mint.cat", f"[{', '.join(parts)}]", dim=d)
+
+
+@function("mint.broadcast_to + ops.cast", aten.copy)
+def copy(self, src, non_blocking=False):
+    # the out-of-place form of `x.copy_(src)`: src, broadcast to x's shape, in x's dtype
+    value = _cast_to(src, self)
+    return value if src.shape == self.shape else call("mint.broadcast_to", value, f"{self}.shape")
+
+
+@function("(identity: a fresh copy of a constant)", aten.lift_fresh_copy)
+def lift_fresh_copy(self):
+    return Alias(self)  # generated code never mutates, so a copy is the tensor itself
+
+
+@function("ops.pad", aten.pad, torch.nn.functional.pad)
+def pad(self=None, pad=None, mode="constant", value=None, input=None):
+    # mint's ConstantPadND has no CPU kernel; the pad list is torch's order (last dimension first) in both
+    tensor = self if self is not None and (self.is_tensor or self.value is not None) else input
+    if mode.value != "constant":
+        raise Unsupported(f"pad(mode={mode.value!r}) is not mapped (only 'constant')")
+    fill = value if value.value is not None or value.is_tensor else literal(0.0)
+    return call("ops.pad", tensor, pad, value=fill)
+
+
+@function("mint.where (a boolean mask of the full shape)", aten.index_put)
+def index_put(self, indices, values, accumulate=False):
+    # the out-of-place form of `x[mask] = v` (aten.index_put_): one boolean mask of x's shape, v a number or 0-d
+    parts = indices.items if indices.items is not None else []
+    if accumulate.value or len(parts) != 1 or parts[0].dtype != torch.bool or parts[0].shape != self.shape:
+        raise Unsupported("index_put is mapped for one boolean mask of the tensor's own shape (x[mask] = v) only")
+    if values.is_tensor and values.ndim != 0:
+        raise Unsupported("index_put with a tensor of values (not one value) is not mapped")
+    value = values if values.is_tensor else call("ops.full", "()", values, dtype=ms_dtype(self.dtype))
+    return call("mint.where", parts[0], call("ops.cast", value, ms_dtype(self.dtype)), self)
 
 
 @function("Tensor.__getitem__ (advanced indexing)", aten.index)
