@@ -19,7 +19,7 @@ import os
 from mindspore_hyper.cli.arg_types import positive_int
 from mindspore_hyper.cli.report_plot import add_plot_argument, plot_report
 
-__all__ = ["add_parser", "run", "add_hardware_argument", "load_hardware_argument", "add_predictions"]
+__all__ = ["add_parser", "run", "add_hardware_argument", "load_hardware_argument", "report_completion", "add_predictions"]
 
 EXAMPLES = """\
 examples:
@@ -65,6 +65,24 @@ def load_hardware_argument(args: argparse.Namespace):
     return load_hardware(args.hardware)
 
 
+def report_completion(args: argparse.Namespace):
+    """What `run` and `dryrun` add to the report before it is printed: each mesh's predicted step
+    time with --hardware (the preset loaded now, so a bad name fails before the script runs) and
+    the --plot picture.
+
+    Raises:
+        ValueError: an unknown hardware preset.
+    """
+    hardware = load_hardware_argument(args)
+
+    def complete(report: dict) -> None:
+        if hardware is not None:
+            add_predictions(report, hardware)
+        if args.plot:
+            plot_report(report, args.plot)
+    return complete
+
+
 def add_predictions(report: dict, hardware) -> None:
     """Add each mesh's predicted step time on `hardware` (`estimate.dryrun_time`) to `report`."""
     from mindspore_hyper.estimate.dryrun_time import predict_pipeline_step, predict_step
@@ -85,13 +103,7 @@ def run(args: argparse.Namespace) -> int:
     """
     if not os.path.isfile(args.script):
         raise FileNotFoundError(f"no script {args.script!r}")
-    hardware = load_hardware_argument(args)
-
-    def complete(report):
-        if hardware is not None:
-            add_predictions(report, hardware)
-        if args.plot:
-            plot_report(report, args.plot)
+    complete = report_completion(args)
     from mindspore_hyper.hyper_parallel.script_runner import run_script
 
     return run_script(args.script, list(args.script_args), args.devices, args.json, mode="dryrun", complete=complete)

@@ -21,8 +21,8 @@ import subprocess
 import sys
 
 from mindspore_hyper.cli.arg_types import positive_int
-from mindspore_hyper.cli.dryrun import add_hardware_argument, add_predictions, load_hardware_argument
-from mindspore_hyper.cli.report_plot import add_plot_argument, plot_report
+from mindspore_hyper.cli.dryrun import add_hardware_argument, report_completion
+from mindspore_hyper.cli.report_plot import add_plot_argument
 
 __all__ = ["add_parser", "run"]
 
@@ -61,14 +61,8 @@ def run(args: argparse.Namespace) -> int:
     if args.processes is None:
         from mindspore_hyper.hyper_parallel.script_runner import run_script
 
-        hardware = load_hardware_argument(args)
-
-        def complete(report):
-            if hardware is not None:
-                add_predictions(report, hardware)
-            if args.plot:
-                plot_report(report, args.plot)
-        return run_script(args.script, list(args.script_args), args.devices, args.json, complete=complete,
+        return run_script(args.script, list(args.script_args), args.devices, args.json,
+                          complete=report_completion(args),
                           per_rank=args.per_rank)
     if args.per_rank:
         raise ValueError("--per-rank: under msrun (--processes) each process is one rank already; drop the flag")

@@ -13,7 +13,6 @@ computation, hence the numerics, stays the same).
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
@@ -28,7 +27,8 @@ from mindspore_hyper.mpmd.gradient_norm import mpmd_grad_norm
 from mindspore_hyper.mpmd.group_timeline import GroupTimeline
 from mindspore_hyper.mpmd.mpmd_report import mpmd_report
 from mindspore_hyper.runtime import loss_scale as scaling
-from mindspore_hyper.runtime.grad_clip import check_max_norm, scale_to_norm
+from mindspore_hyper.runtime.grad_clip import check_max_norm
+from mindspore_hyper.runtime.guarded_update import guarded_update
 from mindspore_hyper.runtime.optimizer_check import check_optimizer, optimizer_gradients
 from mindspore_hyper.runtime.parallel_model import check_loss
 from mindspore_hyper.runtime.report import StepReport
@@ -237,15 +237,8 @@ class MPMDModel(nn.Cell):
             grads = tuple(scaling.unscale(g, factor) for g in grads)
         held = {id(p) for p in mine}
         self.last_gradients = {w.name: g.asnumpy() for w, g in zip(weights, grads) if id(w) in held}
-        norm = mpmd_grad_norm(self, grads)
-        self.last_grad_norm = norm
-        self.last_step_skipped = factor is not None and not math.isfinite(norm)
-        if scaler is not None:
-            scaling.adjust(scaler, not self.last_step_skipped)
-        if not self.last_step_skipped:
-            if max_grad_norm is not None:
-                grads = scale_to_norm(grads, norm, max_grad_norm)
-            optimizer(optimizer_gradients(optimizer, {id(w): g for w, g in zip(weights, grads)}))
+        guarded_update(self, grads, mpmd_grad_norm(self, grads), scaler, max_grad_norm,
+                       lambda g: optimizer(optimizer_gradients(optimizer, {id(w): g_w for w, g_w in zip(weights, g)})))
         self.steps += 1
         self.end_step()
         self.rebalance()

@@ -19,7 +19,6 @@ optimizer once. Its options are ParallelModel.train_step's:
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Dict
 
@@ -32,7 +31,8 @@ from mindspore_hyper.pipeline.global_grad_norm import pipeline_grad_norm
 from mindspore_hyper.pipeline.microbatch import loss_scale as microbatch_scale, split_microbatches
 from mindspore_hyper.runtime import loss_scale as scaling
 from mindspore_hyper.runtime.accumulation import check_accumulation_steps
-from mindspore_hyper.runtime.grad_clip import check_max_norm, scale_to_norm
+from mindspore_hyper.runtime.grad_clip import check_max_norm
+from mindspore_hyper.runtime.guarded_update import guarded_update
 from mindspore_hyper.runtime.optimizer_check import optimizer_gradients
 
 __all__ = ["run_train_step", "check_pipeline_options"]
@@ -94,15 +94,7 @@ def run_train_step(model, optimizer: nn.Optimizer, inputs, max_grad_norm=None, a
     model.last_gradients = {names[pid]: g.asnumpy() for pid, g in found.items()}
     grads = optimizer_gradients(optimizer, found, allowed={id(p) for p in model.optimizer_parameters()},
                                 missing=lambda p: ops.zeros(p.shape, p.dtype))
-    norm = pipeline_grad_norm(model, found)
-    model.last_grad_norm = norm
-    model.last_step_skipped = factor is not None and not math.isfinite(norm)
-    if scaler is not None:
-        scaling.adjust(scaler, not model.last_step_skipped)
-    if not model.last_step_skipped:
-        if max_grad_norm is not None:
-            grads = tuple(scale_to_norm(grads, norm, max_grad_norm))
-        optimizer(grads)
+    guarded_update(model, grads, pipeline_grad_norm(model, found), scaler, max_grad_norm, optimizer)
     model.last_loss = _loss(model)
     _finish(model, start, None)
     if model.rebalancing.active(model) and model.steps_run > 1:  # the first step's times include building graphs

@@ -6,7 +6,6 @@ the runtime's `materialize`), runs the model on DTensors and returns global tens
 """
 from __future__ import annotations
 
-import math
 import contextlib
 import itertools
 import time
@@ -24,7 +23,8 @@ from mindspore_hyper.dtensor.dispatch import distribute, parameter_dtensor
 from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.runtime import loss_scale as scaling
 from mindspore_hyper.runtime.accumulation import check_accumulation_steps, split_batch
-from mindspore_hyper.runtime.grad_clip import check_max_norm, grad_norm, scale_to_norm
+from mindspore_hyper.runtime.grad_clip import check_max_norm, grad_norm
+from mindspore_hyper.runtime.guarded_update import guarded_update
 from mindspore_hyper.runtime.optimizer_check import check_optimizer, optimizer_gradients
 from mindspore_hyper.strategy.resolve import ParamRow, StrategyTable
 
@@ -262,16 +262,9 @@ class ParallelModel(nn.Cell):
             grads = [scaling.unscale(g, factor) for g in grads]
             self._keep_gradients(grads)
         norm = grad_norm(self, [self.last_gradients[self.rows[id(w)].name] for w in self._grad_weights])
-        self.last_grad_norm = norm
-        self.last_step_skipped = factor is not None and not math.isfinite(norm)
-        if scaler is not None:
-            scaling.adjust(scaler, not self.last_step_skipped)
-        if self.last_step_skipped:
-            return loss
-        if max_grad_norm is not None:
-            grads = scale_to_norm(grads, norm, max_grad_norm)
-        optimizer(self.optimizer_gradients(optimizer, self._grad_weights, grads))
-        self.after_update()
+        if guarded_update(self, grads, norm, scaler, max_grad_norm,
+                          lambda g: optimizer(self.optimizer_gradients(optimizer, self._grad_weights, g))):
+            self.after_update()
         return loss
 
     def compute_gradients(self, *inputs, accumulation_steps: int = 1):
