@@ -117,13 +117,14 @@ class ColwiseParallel(ParallelStyle):
             plan = {name: (Shard(1),) for name in params}
         else:
             plan = {name: (Shard(0),) for name in params}
+        cause_in, cause_out = _style_cause(self, module, "input"), _style_cause(self, module, "output")
         return distribute_module(
             module, mesh, parameter_shard_plan=plan,
             input_fn=lambda m, inputs, mesh: (_to_dtensor(inputs[0], mesh, self.input_layout, Replicate(),
-                                                        _style_cause(self, m, "input")),)
+                                                        cause_in),)
             + tuple(inputs[1:]),
             output_fn=lambda m, out, mesh: _from_dtensor(out, mesh, self.output_layout, self.use_local_output,
-                                                      _style_cause(self, m, "output")))
+                                                      cause_out))
 
 
 class RowwiseParallel(ParallelStyle):
@@ -144,13 +145,14 @@ class RowwiseParallel(ParallelStyle):
             if "bias" in params:
                 plan["bias"] = (Replicate(),)
             desired = Shard(-1)
+        cause_in, cause_out = _style_cause(self, module, "input"), _style_cause(self, module, "output")
         return distribute_module(
             module, mesh, parameter_shard_plan=plan,
             input_fn=lambda m, inputs, mesh: (_to_dtensor(inputs[0], mesh, self.input_layout, desired,
-                                                        _style_cause(self, m, "input")),)
+                                                        cause_in),)
             + tuple(inputs[1:]),
             output_fn=lambda m, out, mesh: _from_dtensor(out, mesh, self.output_layout, self.use_local_output,
-                                                      _style_cause(self, m, "output")))
+                                                      cause_out))
 
 
 class SequenceParallel(ParallelStyle):
@@ -188,13 +190,14 @@ class NoParallel(ParallelStyle):
         self.use_local_output = use_local_output
 
     def _apply(self, module, mesh):
+        cause_in, cause_out = _style_cause(self, module, "input"), _style_cause(self, module, "output")
         return distribute_module(
             module, mesh,
             input_fn=lambda m, inputs, mesh: (_to_dtensor(inputs[0], mesh, self.input_layout, Replicate(),
-                                                        _style_cause(self, m, "input")),)
+                                                        cause_in),)
             + tuple(inputs[1:]),
             output_fn=lambda m, out, mesh: _from_dtensor(out, mesh, self.output_layout, self.use_local_output,
-                                                      _style_cause(self, m, "output")))
+                                                      cause_out))
 
 
 def _layouts(value, name: str) -> Tuple[Optional[Placement], ...]:
@@ -243,9 +246,10 @@ class PrepareModuleInput(ParallelStyle):
                              "them positionally")
         inner = module.construct
         prepare = self
+        cause = _style_cause(self, module, "input")
 
         def construct(*args, **kwargs):
-            return inner(*prepare.convert(args, mesh, _style_cause(prepare, module, "input")), **kwargs)
+            return inner(*prepare.convert(args, mesh, cause), **kwargs)
 
         object.__setattr__(module, "construct", construct)
         return module
@@ -275,9 +279,10 @@ class PrepareModuleOutput(ParallelStyle):
     def _apply(self, module, mesh):
         inner = module.construct
         prepare = self
+        cause = _style_cause(self, module, "output")
 
         def construct(*args, **kwargs):
-            return prepare.convert(inner(*args, **kwargs), mesh, _style_cause(prepare, module, "output"))
+            return prepare.convert(inner(*args, **kwargs), mesh, cause)
 
         object.__setattr__(module, "construct", construct)
         return module
