@@ -8,7 +8,9 @@ error, and the mean absolute error overall and per source, against the goal (mea
 every row within 10%). Then the profile of the error, for the diagnosis (never used to fit):
 
 - per row, the share of the predicted step that is pipeline bubble, exposed communication and
-  exposed gradient sync, and the data-parallel sync if it were not overlapped at all;
+  exposed gradient sync, the data-parallel sync if it were not overlapped at all, whether the run
+  overlaps it (`grad_sync_overlap`), and the tile and wave utilisation of one layer's GEMMs
+  (forward and backward, FLOP-weighted; 100% on a preset without `gemm_tiling`);
 - the fit's own rows (Korthikanti Table 5, full recomputation) in the held-out rows' unit, to
   compare the software stack of the fit with that of the held-out runs on the same hardware;
 - for the Llama 3 rows, the sensitivity to what the paper does not give (virtual stages per rank,
@@ -25,28 +27,49 @@ from dataclasses import replace
 GOAL_MAE, GOAL_ROW = 0.05, 0.10
 
 
+def gemm_utilisation(run):
+    """The tile and wave utilisation of one layer's GEMMs, forward and backward, FLOP-weighted."""
+    from mindspore_hyper.estimate.gemm_tiling import backward_shapes, utilisation
+    from mindspore_hyper.estimate.hardware import load_hardware
+    from mindspore_hyper.estimate.layer_ops import layer_forward_ops
+
+    hw = load_hardware(run.hardware)
+    if hw.gemm_tiling is None:
+        return 1.0
+    shapes = []
+    for op in layer_forward_ops(run.config, run.strategy, hw.attention):
+        for g in op.gemms:
+            shapes += [g, *backward_shapes(g)]
+    return utilisation(shapes, hw.gemm_tiling, hw.peak_flops)
+
+
 def profile(rows):
-    """Per-row shares of the predicted step: where the time goes, and the gradient sync unhidden."""
+    """Per-row shares of the predicted step: where the time goes, the gradient sync unhidden, and
+    the GEMMs' tile and wave utilisation."""
     print("\n== error profile (shares of the predicted step) ==")
-    print("| run | error | compute | bubble | exposed comm | grad sync exposed | grad sync if not overlapped |")
-    print("|---|---|---|---|---|---|---|")
+    print("| run | error | compute | bubble | exposed comm | grad sync exposed | grad sync if not overlapped | "
+          "sync overlapped | GEMM tile utilisation |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         est = r.estimate
         b, s = est.breakdown, est.seconds
         sync = sum(c.seconds for c in est.comm if c.axis == "data")
         print(f"| {r.run.id} | {r.error:+.1%} | {b['compute'] / s:.1%} | {b['pipeline bubble'] / s:.1%} | "
-              f"{b['exposed communication'] / s:.1%} | {b['gradient sync (exposed)'] / s:.1%} | {sync / s:.1%} |")
+              f"{b['exposed communication'] / s:.1%} | {b['gradient sync (exposed)'] / s:.1%} | {sync / s:.1%} | "
+              f"{'yes' if r.run.strategy.grad_sync_overlap else 'no'} | {gemm_utilisation(r.run):.1%} |")
 
 
 def fit_rows_in_heldout_units():
     """Korthikanti Table 5's full-recompute rows (the fit) as Narayanan eq. (3) teraFLOP/s per GPU."""
-    from mindspore_hyper.estimate.validation import KORTHIKANTI_TABLE5, step_flops
+    from mindspore_hyper.estimate.validation import KORTHIKANTI_TABLE5, HeldoutRun, step_flops
 
     print("\n== the fit's rows (Korthikanti et al. 2022 Table 5, full recompute, 2022 Megatron-LM) in the same unit ==")
     for run in KORTHIKANTI_TABLE5:
         tflops = step_flops(run.config, run.batch, "narayanan2021") / (run.full_s * run.gpus) / 1e12
+        as_run = HeldoutRun(run.name, "", "", "a100-80gb", run.config, run.strategy("full"), run.gpus, run.batch,
+                            "narayanan2021", "tflops_per_gpu")
         print(f"  {run.name}: t 8, p {run.pipeline}, micro-batch 1, {run.gpus} GPUs: measured {tflops:.0f} TFLOP/s "
-              f"per GPU (96 B s l h^2 (...) / seconds / GPUs)")
+              f"per GPU (96 B s l h^2 (...) / seconds / GPUs); GEMM tile utilisation {gemm_utilisation(as_run):.1%}")
 
 
 def llama_sensitivity(rows):

@@ -192,14 +192,14 @@ def train(args, devices, resume=None):
     if resume:
         mh.load_checkpoint(model, resume, optimizer=optimizer, extra_state={"data": loader})
         first = loader.consumed // args.batch
-    telemetry = Telemetry(log_every=args.log_every, total_steps=args.steps)
+    telemetry = Telemetry(log_every=args.log_every, total_steps=first + args.steps)  # steps numbered from the run's start
     losses_out, skipped = [], 0
     for step in range(first, first + args.steps):
         ids, labels = next(loader)
         loss = model.train_step(optimizer, ids, labels, max_grad_norm=1.0, accumulation_steps=4, loss_scale=scaler)
         losses_out.append(float(loss.asnumpy()))
         skipped += model.last_step_skipped
-        telemetry.step(model, loss, tokens=args.batch * SEQ)
+        telemetry.step(model, loss, tokens=args.batch * SEQ, step=step)
         if args.ckpt and args.save_every and (step + 1) % args.save_every == 0:
             mh.save_checkpoint(model, args.ckpt, optimizer=optimizer, step=step + 1, extra_state={"data": loader})
     return losses_out, skipped

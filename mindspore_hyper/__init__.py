@@ -8,10 +8,13 @@ checkpoint functions (which need MindSpore, ~3 s to import) on first use, so too
 the communication library or the planner start without MindSpore.
 """
 from mindspore_hyper.context import get_context, reset_context, set_context
+from mindspore_hyper.mindspore_log import silence_nn_adam_deprecations
 from mindspore_hyper.shard import Layout, Partial, Replicate, Shard
 from mindspore_hyper.strategy import load_parallel_config, resolve_strategy
 
 __version__ = "0.1.0"
+
+silence_nn_adam_deprecations()  # MindSpore's nn.Adam logs a deprecation of a primitive nobody names
 
 __all__ = [
     "set_context", "get_context", "reset_context", "auto_parallelize", "Layout", "Shard", "Replicate",

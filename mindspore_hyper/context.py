@@ -127,6 +127,18 @@ def _bytes_range(low: int, high: int) -> Callable[[Any, str], int]:
     return parse
 
 
+def _fraction(low: float, high: float) -> Callable[[Any, str], float]:
+    def parse(value: Any, name: str) -> float:
+        try:
+            number = float(value) if not isinstance(value, bool) else None
+        except (TypeError, ValueError):
+            number = None
+        if number is None or not low <= number <= high:
+            raise ValueError(f"{name}={value!r}: expected a fraction in [{low:g}, {high:g}]")
+        return number
+    return parse
+
+
 def _topology(value: Any, name: str) -> str:
     if isinstance(value, str) and value in TOPOLOGY_PRESETS:
         return value
@@ -191,6 +203,11 @@ FLAGS: Dict[str, Flag] = {f.name: f for f in (
     Flag("offload_dir", _directory, "", "directory of the offload store's disk tier ('' = system temp)"),
     Flag("memory_check", _choice(MEMORY_CHECKS), "warn",
          "what simulation does when a device exceeds device_memory: warn or error"),
+    Flag("allocator_alignment", _int_range(1, 1 << 20), 512,
+         "report's step peak with the allocator's rounding: every block rounded up to this many bytes (MindSpore's "
+         "memory pool: 512; `--hardware` sets the preset's)"),
+    Flag("allocator_fragmentation", _fraction(0.0, 1.0), 0.0,
+         "report's step peak with a fragmentation allowance: the rounded peak times (1 + this fraction)"),
     Flag("moe_routing", _choice(MOE_ROUTINGS), "learned",
          "MoE routers: learned (each token's top-k by its logits) or balanced (token t's j-th choice is expert "
          "(t k + j) mod E: equal loads, what the dry run, which has no logits, always assumes)"),

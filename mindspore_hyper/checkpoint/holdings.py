@@ -6,7 +6,7 @@ global tensors) and a distributed model (this process's shards)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 from mindspore import Parameter, nn
@@ -18,7 +18,7 @@ from mindspore_hyper.runtime.parallel_model import ParallelModel
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
-__all__ = ["HeldTensor", "Holdings", "holdings_of", "owner_of", "SINGLE_MESH"]
+__all__ = ["HeldTensor", "Holdings", "holdings_of", "owner_of", "SINGLE_MESH", "register_cell_view"]
 
 SINGLE_MESH = Layout((1,), ("device",))  # the mesh of a plain Cell
 PARAMETERS, OPTIMIZER = "parameters", "optimizer"
@@ -104,6 +104,26 @@ class Holdings:
             self.model.after_parameters_set()
 
 
+_CELL_VIEWS: List[Callable[[nn.Cell], Optional[Holdings]]] = []
+
+
+def register_cell_view(view: Callable[[nn.Cell], Optional[Holdings]]) -> None:
+    """Let a front end that lays out a plain Cell's Parameters itself (the HyperParallel API's
+    `fully_shard`, `parallelize_module`, ...) give that Cell's holdings: `view(cell)` returns
+    them, or None for a Cell it did not lay out (the Cell is then one device's). Without it such
+    a Cell's pieces would be saved as whole tensors (under msrun each process holds its pieces)."""
+    if view not in _CELL_VIEWS:
+        _CELL_VIEWS.append(view)
+
+
+def _cell(cell: nn.Cell) -> Holdings:
+    for view in _CELL_VIEWS:
+        holdings = view(cell)
+        if holdings is not None:
+            return holdings
+    return _single(cell)
+
+
 def holdings_of(model, optimizer: Optional[nn.Optimizer] = None) -> Holdings:
     """This process's holdings of `model` (a ParallelModel, a plain nn.Cell, or an object whose
     `checkpoint_holdings()` gives them) and `optimizer`.
@@ -118,7 +138,7 @@ def holdings_of(model, optimizer: Optional[nn.Optimizer] = None) -> Holdings:
     elif not isinstance(model, nn.Cell) and callable(getattr(model, "checkpoint_holdings", None)):
         holdings = model.checkpoint_holdings()  # another front end's view (the HyperParallel API's state dicts)
     elif isinstance(model, nn.Cell):
-        holdings = _single(model)
+        holdings = _cell(model)
     else:
         raise CheckpointError(f"model: expected a ParallelModel (auto_parallelize's result) or an nn.Cell, got "
                               f"{type(model).__name__}")

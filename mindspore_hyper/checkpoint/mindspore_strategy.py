@@ -85,9 +85,15 @@ def save_strategy_file(model, path: str, optimizer: Optional[nn.Optimizer] = Non
         optimizer: include its states' layouts too, or None.
 
     Raises:
-        CheckpointError: see `holdings_of` and `write_strategy_file`.
+        CheckpointError: see `holdings_of` and `write_strategy_file`; a tensor split into uneven
+            (torch.chunk) pieces, which MindSpore's format cannot describe (its tools cut every
+            shard of a dimension to the same size).
     """
     from mindspore_hyper.checkpoint.holdings import holdings_of
 
     holdings = holdings_of(model, optimizer)
+    uneven = [t.name for t in holdings.tensors if not t.layout.is_even(t.global_shape)]
+    if uneven:
+        raise CheckpointError(f"{', '.join(uneven)}: split into uneven pieces (a dimension its mesh axes do not "
+                              "divide); MindSpore's strategy files describe only even splits")
     write_strategy_file(path, holdings.mesh, [(t.name, t.layout.ms_tensor_map) for t in holdings.tensors])

@@ -170,7 +170,9 @@ def _planned(name: str, global_shape: Tuple[int, ...], dtype: str, layout, holde
              state_of: Optional[str]) -> TensorEntry:
     regions: Dict[Box, List[int]] = {}
     for rank in sorted(holders):
-        regions.setdefault(rank_box(layout, rank, global_shape), []).append(rank)
+        box = rank_box(layout, rank, global_shape)
+        if box.volume:  # an empty torch.chunk piece (3 rows over 4 ranks: the last has none) stores nothing
+            regions.setdefault(box, []).append(rank)
     shards = tuple(ShardEntry(box, rank_file(ranks[0]), name, ranks[0], tuple(ranks))
                    for box, ranks in regions.items())
     return TensorEntry(name, global_shape, dtype, layout.tensor_map, layout.ms_tensor_map, state_of, shards)
@@ -273,9 +275,16 @@ def _skeleton(holdings: Holdings, entries: Dict[str, TensorEntry], step: int, sa
     for t in holdings.tensors:
         sections[t.section == "optimizer"][t.name] = entries[t.name]
     optimizer = sections[1] if holdings.optimizer_class is not None else None
-    strategy = STRATEGY_NAME if expressible(holdings.mesh) else None
+    strategy = STRATEGY_NAME if _describable(holdings) else None
     return Manifest(holdings.mesh, holdings.mode, {}, sections[0], optimizer, holdings.optimizer_class, strategy,
                     step, save_id, chunk_bytes, dict(extra_state or {}))
+
+
+def _describable(holdings: Holdings) -> bool:
+    """Whether MindSpore's strategy format describes every stored layout: a mesh it can name
+    (`expressible`) and no tensor split into uneven pieces (MindSpore's tools cut every shard
+    of a dimension to the same size, so they would misread torch.chunk pieces)."""
+    return expressible(holdings.mesh) and all(t.layout.is_even(t.global_shape) for t in holdings.tensors)
 
 
 _strategy_cache: Dict[tuple, bytes] = {}  # the last save's strategy file (every save of one model has the same)
@@ -285,7 +294,7 @@ def _strategy(holdings: Holdings, entries: Dict[str, TensorEntry]) -> Optional[b
     """The MindSpore strategy file of the stored layouts, or None when the mesh cannot be
     described. The last one is kept: building it (protobuf in Python) costs about as much as
     the rest of an asynchronous save's call."""
-    if not expressible(holdings.mesh):
+    if not _describable(holdings):
         return None
     tensors = [(e.name, e.ms_tensor_map) for e in entries.values()]
     key = (holdings.mesh.device_matrix, holdings.mesh.alias_names, repr(tensors))

@@ -49,7 +49,11 @@ def add_hardware_argument(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--hardware", metavar="PRESET",
                    help=f"predict the step time on this hardware: one of {', '.join(hardware_presets())} or a "
-                        ".yaml path")
+                        ".yaml path; its allocator's block rounding is the report's (default 512 bytes, MindSpore's "
+                        "memory pool)")
+    p.add_argument("--fragmentation", metavar="FRACTION", type=float,
+                   help="fragmentation allowance: the step peak with the allocator's rounding x (1 + FRACTION), "
+                        "in [0, 1] (default: the --hardware preset's, else 0)")
 
 
 def load_hardware_argument(args: argparse.Namespace):
@@ -68,12 +72,22 @@ def load_hardware_argument(args: argparse.Namespace):
 def report_completion(args: argparse.Namespace):
     """What `run` and `dryrun` add to the report before it is printed: each mesh's predicted step
     time with --hardware (the preset loaded now, so a bad name fails before the script runs) and
-    the --plot picture.
+    the --plot picture. Sets the context's allocator flags (the preset's rounding and
+    fragmentation, --fragmentation over it) before the script runs.
 
     Raises:
-        ValueError: an unknown hardware preset.
+        ValueError: an unknown hardware preset, or --fragmentation outside [0, 1].
     """
+    from mindspore_hyper.context import set_context
+
     hardware = load_hardware_argument(args)
+    if hardware is not None:  # read when each step's report is built, during the script
+        set_context(allocator_alignment=hardware.allocator_alignment, allocator_fragmentation=hardware.fragmentation)
+    if getattr(args, "fragmentation", None) is not None:
+        try:
+            set_context(allocator_fragmentation=args.fragmentation)
+        except ValueError as error:
+            raise ValueError(f"--fragmentation {args.fragmentation:g}: expected a fraction in [0, 1]") from error
 
     def complete(report: dict) -> None:
         if hardware is not None:

@@ -1,6 +1,7 @@
 """The plot of a run's report (`mindspore-hyper run/dryrun --plot PNG`): per-device memory over
-the step, one line per mesh (every device of a mesh runs the same program), and the bytes one
-device sends per mesh axis and phase."""
+the step, one line per mesh (every device of a mesh runs the same program): after a training step
+its activations and gradients over forward, backward and update (`step_memory`), else the live
+bytes as each forward op starts; and the bytes one device sends per mesh axis and phase."""
 from __future__ import annotations
 
 from typing import Dict
@@ -25,14 +26,20 @@ def plot_report(report: Dict, path: str) -> str:
     labels, sent = [], []
     for mesh in report["meshes"]:
         name = " x ".join(f"{n}={s}" for n, s in zip(mesh["dim_names"], mesh["shape"]))
-        live = [b / 2**30 for _, b in mesh.get("memory_timeline", [])]
-        left.plot(range(len(live)), live, label=f"{name} ({mesh['source']})")
+        step = (mesh.get("step_memory") or {}).get("timeline")
+        if step:  # forward, backward, update: activations + gradients
+            live = [(a + g) / 2**30 for _, _, a, g in step]
+            label = f"{name} ({mesh['source']}): forward, backward, update"
+        else:
+            live = [b / 2**30 for _, b in mesh.get("memory_timeline", [])]
+            label = f"{name} ({mesh['source']}): forward"
+        left.plot(range(len(live)), live, label=label)
         for row in mesh["collectives"]:
             phase = "fwd" if row["phase"] == "forward" else "bwd"
             labels.append(f"{phase} {row['kind']} / {row['axis']}")
             sent.append(row["send_bytes_per_device"] / 2**30)
-    left.set_xlabel("op (dispatch order)")
-    left.set_ylabel("live bytes per device (GiB)")
+    left.set_xlabel("op (dispatch order; the backward's in reverse)")
+    left.set_ylabel("activations (+ gradients) per device (GiB)")
     left.set_title(f"memory over the step ({report['mode']}, {report['devices']} devices)")
     if report["meshes"]:
         left.legend(fontsize=7)

@@ -69,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
     if args.hardware:
         raise ValueError("--hardware: the prediction is made from the simulation's report; run with --devices N "
                          "(or `mindspore-hyper dryrun --hardware`)")
+    if args.fragmentation is not None:
+        raise ValueError("--fragmentation: under msrun set MS_HYPER_ALLOCATOR_FRAGMENTATION in the environment (each "
+                         "rank reads it as the context flag allocator_fragmentation)")
     if args.plot:
         raise ValueError("--plot: the per-rank reports of an msrun job are written with --json (one per rank); "
                          "plot in simulation (--devices N)")

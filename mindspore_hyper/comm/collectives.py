@@ -24,7 +24,9 @@ fan_out            all_reduce                  a replicated input read by a shar
 `ProcessCollectives` also has `ring_shift_async` (member i's tensors to member i+1, posted to a
 sender thread) and `permute_chunks` (chunks to new owners), which ring attention uses under msrun;
 they are not autograd nodes (ring attention has its own backward, which calls them too). In
-simulation the ring reads the other members' tensors directly.
+simulation the ring reads the other members' tensors directly. Its `communicator(group)` (the
+group's numpy communicator, the one its collectives move bytes through) is what a model's
+`GradientSync` (runtime/gradient_sync.py) moves host gradient arrays through under msrun.
 
 Backends: `InProcessCollectives` (MindSpore ops, all members in this process),
 `LibraryCollectives` (the C++ library's in-process transport), `ProcessCollectives` (one member

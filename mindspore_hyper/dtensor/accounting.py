@@ -1,11 +1,13 @@
 """Per-device bookkeeping of a parallel run: live activation bytes and their peak, collectives
 by kind and mesh axis with what caused them, the ops dispatched with their FLOPs and bytes, the live bytes as each op
 started (the memory timeline) and the op at the peak, and ops that fell back to replicated
-execution.
+execution; for the step's memory over forward and backward (`runtime/step_memory.py`), the sizes of
+the activations each op made that the step holds and the last op that read each parameter.
 
 All byte figures are per device. A DTensor's shards all have the same size, so a live tensor
-adds the same bytes to each device of its mesh. A DTensor made while a training step records
-gradients is held until the step ends (its backward needs most such activations; an upper bound
+adds the same bytes to each device of its mesh (uneven torch.chunk pieces: the largest,
+device 0's). A DTensor made while a training step records gradients is held until the step
+ends (its backward needs most such activations; an upper bound
 for ops that save none); otherwise it is freed when it is garbage. Forward collectives are recorded as the
 redistribution planner's steps run; backward collectives by the collectives backend when a
 gradient actually passes through them (see mindspore_hyper.comm.collectives).
@@ -13,8 +15,9 @@ gradient actually passes through them (see mindspore_hyper.comm.collectives).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import Counter, defaultdict
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from mindspore_hyper.comm.collective_cause import current_cause
 
@@ -42,8 +45,16 @@ class Accounting:
         self.peak_op = ""  # the op during which the peak was reached
         self._op = ""
         self.steps = 0
+        # for runtime/step_memory.py: per op of `timeline`, the sizes (bytes -> count) of the
+        # activations it made that the step holds; those made before the micro-batch's first op
+        # (its inputs); where in `timeline` the last micro-batch began; parameter id -> (index in
+        # `timeline` of the last op that read it, bytes of its shard)
+        self.held_sizes: List[Counter] = []
+        self.held_before: Counter = Counter()
+        self.micro_batch_start = 0
+        self.parameter_reads: Dict[int, Tuple[int, int]] = {}
 
-    _STATE = ("live_bytes", "peak_bytes", "held_bytes", "peak_op", "_op")
+    _STATE = ("live_bytes", "peak_bytes", "held_bytes", "peak_op", "_op", "micro_batch_start")
     _TABLES = ("comm", "comm_backward", "comm_causes", "comm_backward_causes", "ops", "fallbacks", "compute")
 
     def snapshot(self) -> dict:
@@ -51,6 +62,9 @@ class Accounting:
         state = {name: getattr(self, name) for name in self._STATE}
         state.update({name: {k: _copy(v) for k, v in getattr(self, name).items()} for name in self._TABLES})
         state["timeline"] = list(self.timeline)
+        state["held_sizes"] = [Counter(c) for c in self.held_sizes]
+        state["held_before"] = Counter(self.held_before)
+        state["parameter_reads"] = dict(self.parameter_reads)
         return state
 
     def restore(self, state: dict) -> None:
@@ -62,6 +76,9 @@ class Accounting:
             table.clear()
             table.update({k: _copy(v) for k, v in state[name].items()})
         self.timeline[:] = state["timeline"]
+        self.held_sizes[:] = [Counter(c) for c in state["held_sizes"]]
+        self.held_before = Counter(state["held_before"])
+        self.parameter_reads = dict(state["parameter_reads"])
 
     def reset_step(self) -> None:
         """Clear per-step counters: the last step's held activations are released and the peak
@@ -77,7 +94,19 @@ class Accounting:
         self.fallbacks.clear()
         self.compute.clear()
         self.timeline.clear()
+        self.held_sizes.clear()
+        self.held_before = Counter()
+        self.micro_batch_start = 0
+        self.parameter_reads.clear()
         self.peak_op = self._op = ""
+
+    def release_held(self) -> None:
+        """Free the held activations (a micro-batch's, when the step's next one starts); the step's
+        timeline and other counters go on."""
+        self.live_bytes -= self.held_bytes
+        self.held_bytes = 0
+        self.held_before = Counter()
+        self.micro_batch_start = len(self.timeline)
 
     def allocate(self, nbytes: int) -> None:
         self.live_bytes += nbytes
@@ -91,6 +120,8 @@ class Accounting:
         """Allocate `nbytes` kept until the step ends (`reset_step`)."""
         self.allocate(nbytes)
         self.held_bytes += nbytes
+        sizes = self.held_sizes[-1] if len(self.timeline) > self.micro_batch_start else self.held_before
+        sizes[nbytes] += 1
 
     def record_comm(self, kind: str, axis: str, send_bytes: int, input_bytes: int = 0,
                     backward: bool = False, cause: Optional[str] = None) -> None:
@@ -103,11 +134,18 @@ class Accounting:
         causes = (self.comm_backward_causes if backward else self.comm_causes)[(kind, axis)]
         causes[current_cause() if cause is None else cause] += 1
 
-    def record_op(self, op_name: str) -> None:
-        """One op on DTensors dispatched (by its MindSpore name): it starts at the live bytes now."""
+    def record_op(self, op_name: str, tensors: Sequence = ()) -> None:
+        """One op on DTensors dispatched (by its MindSpore name): it starts at the live bytes now;
+        of its input `tensors`, those laying out a model parameter are recorded as read by it."""
         self.ops[op_name] += 1
         self.timeline.append((op_name, self.live_bytes))
+        self.held_sizes.append(Counter())
         self._op = op_name
+        for t in tensors:
+            pid = getattr(t, "_parameter_id", None)
+            if pid is not None:
+                nbytes = math.prod(t.layout.max_local_shape(t.global_shape)) * t.dtype.itemsize  # uneven: largest
+                self.parameter_reads[pid] = (len(self.timeline) - 1, nbytes)
 
     def record_compute(self, op_name: str, flops: int, nbytes: int) -> None:
         """One forward op's work on one device: FLOPs and bytes read and written (`dtensor.op_cost`)."""

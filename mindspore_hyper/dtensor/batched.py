@@ -287,8 +287,8 @@ def run_batched(execution, call, decision, axes: Sequence[int], keys: Sequence[t
     op batches; returns its outputs as DTensors, or None to run it per shard."""
     adapter = decision.batch_fn if decision.local_fn is not None else BATCHED.get(call.name)
     if (adapter is None or len(keys) < 2 or not execution.holds_all_ranks
-            or any(isinstance(v, DTensor) for v in call.kwargs.values())):
-        return None
+            or any(isinstance(v, DTensor) for v in call.kwargs.values()) or any(t._uneven for t in call.tensors)):
+        return None  # uneven shards (torch.chunk pieces) differ in shape: they do not stack
     if decision.local_args is not None and call.name not in SAME_ARGS_ON_EVERY_SHARD:
         return None
     if any(math.prod(layout.local_shape(t.global_shape)) >= BATCH_BELOW_ELEMENTS

@@ -30,7 +30,7 @@ from mindspore_hyper.dtensor.dtensor import DTensor, is_float, key_of, significa
 from mindspore_hyper.dtensor.meta import MetaTensor, meta
 from mindspore_hyper.dtensor.op_cost import op_flops
 from mindspore_hyper.dtensor.rank_local import rank_local_decision
-from mindspore_hyper.dtensor.rules.registry import RULES, Decision
+from mindspore_hyper.dtensor.rules.registry import RULES, UNEVEN, Decision
 from mindspore_hyper.dtensor.shape_registry import infer as infer_shapes
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
@@ -109,16 +109,17 @@ def _swap(value, supply):
 
 def distribute(execution, tensor: Tensor, layout: TensorLayout, record: bool = False) -> DTensor:
     """Lay a global tensor out by `layout` in `execution` (differentiable local slicing; Partial
-    axes get the value on coordinate 0 and zeros elsewhere for sum, copies for avg/max/min).
+    axes get the value on coordinate 0 and zeros elsewhere for sum, copies for avg/max/min). A
+    dimension the layout does not divide is cut into torch.chunk pieces (`shard.chunking`).
 
     Raises:
-        ValueError: the shape does not divide by the layout.
+        ValueError: the tensor's rank differs from the layout's.
     """
     if isinstance(tensor, DTensor):
         return tensor.redistribute(layout)
     tensor = _shape_only(execution, tensor)
     global_shape = tuple(tensor.shape)
-    layout.check_shape(global_shape)
+    layout.check_shape(global_shape, uneven=True)
     replicated = TensorLayout.replicated(layout.mesh, len(global_shape))
     source = DTensor._create(replicated, {(): tensor}, global_shape, tensor.dtype, execution)
     return source.redistribute(layout, record=record)
@@ -184,6 +185,9 @@ def _as_dtensor(execution, value):
     if isinstance(value, DTensor):
         if value.layout.mesh != execution.mesh:
             raise ValueError(f"an op mixes DTensors of different meshes: {value.layout.mesh} vs {execution.mesh}")
+        if value.execution.job_ranks != execution.job_ranks:
+            raise ValueError(f"an op mixes DTensors of meshes on different devices (the job's ranks "
+                             f"{value.execution.job_ranks} vs {execution.job_ranks}); move one first")
         return value
     if isinstance(value, Tensor):
         param = execution.laid_out_parameter(value)
@@ -231,7 +235,7 @@ def dispatch(execution, func, args, kwargs):
     if not call.tensors:
         with NoFallbackGuard():
             return func(*args, **kwargs)
-    execution.accounting.record_op(call.name)
+    execution.accounting.record_op(call.name, call.tensors)
     previous = set_cause(f"op {call.name}")
     try:
         return _dispatch(execution, call)
@@ -258,6 +262,8 @@ def _dispatch(execution, call: OpCall):
     if written is not None and not _covers_all_axes(decision, written.targets):
         execution.accounting.record_fallback(call.name)
         decision = replicated_decision(call)
+    if any(t._uneven for t in call.tensors) and not decision.inputs[0].is_rank_local:
+        _check_uneven(call, decision, written.rule if written is not None else call.name)
     if execution.observer is not None:
         execution.observer(call, decision)
     result = execute(execution, call, decision, private=written.targets if written is not None else ())
@@ -304,6 +310,29 @@ def _decide(execution, call: OpCall, rule_name: str) -> Decision:
         execution.accounting.record_fallback(call.name)
         decision = replicated_decision(call)
     return decision
+
+
+def _check_uneven(call: OpCall, decision: Decision, rule_name: str) -> None:
+    """An op whose decision keeps a dimension split into uneven pieces runs only by a rule that
+    is right on them (`rules.registry.UNEVEN`).
+
+    Raises:
+        DTensorOpError: otherwise, naming the op, the input and the dimension.
+    """
+    for i, (t, layout) in enumerate(zip(call.tensors, decision.inputs)):
+        dims = layout.uneven_dims(t.global_shape)
+        if not dims:
+            continue
+        check = UNEVEN.get(RULES.get(rule_name))
+        reason = check(call, decision) if check is not None else \
+            ("its sharding rule needs every device's shard to have the same shape; redistribute it to Replicate() "
+             "along that dimension, or use a size the devices divide")
+        if reason is None:
+            return
+        d = dims[0]
+        raise DTensorOpError(call.name, f"input {i} of shape {tuple(t.global_shape)} has dimension {d} split into "
+                                        f"uneven pieces over {layout.shard_count(d)} devices (torch.chunk: the "
+                                        f"trailing devices hold fewer rows); {reason}")
 
 
 def _covers_all_axes(decision: Decision, targets) -> bool:
@@ -381,7 +410,9 @@ def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] 
     finally:
         execution.set_running(None)
     try:
-        result = _assemble(execution, results, axes, decision, mesh)
+        result = _assemble(execution, results, axes, decision, mesh, call)
+    except DTensorOpError:
+        raise
     except Exception as error:  # MindSpore runs kernels asynchronously: their errors surface here
         raise _op_error(call, error) from error
     _record_cost(execution, call, result)
@@ -407,12 +438,17 @@ def _cell_of(execution, call: OpCall) -> str:
 def _record_cost(execution, call: OpCall, result) -> None:
     """Account one device's FLOPs and bytes of the op (`op_cost`), from its local shapes."""
     outs = [r for r in (result if isinstance(result, (tuple, list)) else [result]) if isinstance(r, DTensor)]
-    in_shapes = [t.layout.local_shape(t.global_shape) for t in call.tensors]
-    out_shapes = [r.layout.local_shape(r.global_shape) for r in outs]
+    in_shapes = [_shard_shape(t) for t in call.tensors]
+    out_shapes = [_shard_shape(r) for r in outs]
     nbytes = sum(math.prod(s) * t.dtype.itemsize for s, t in zip(in_shapes, call.tensors)) + \
         sum(math.prod(s) * r.dtype.itemsize for s, r in zip(out_shapes, outs))
     flops = op_flops(call.name, call.inputs, in_shapes, out_shapes, call.attrs)
     execution.accounting.record_compute(call.name, flops, nbytes)
+
+
+def _shard_shape(t: DTensor):
+    """The shape of `t`'s shard on one device (the largest, for uneven shards)."""
+    return t.layout.max_local_shape(t.global_shape) if t._uneven else t.layout.local_shape(t.global_shape)
 
 
 def _dispatch_random(execution, call: OpCall):
@@ -504,7 +540,8 @@ def _localise(values, coords):
     return out
 
 
-def _assemble(execution, results: Dict[tuple, Any], axes: List[int], decision: Decision, mesh):
+def _assemble(execution, results: Dict[tuple, Any], axes: List[int], decision: Decision, mesh, call: OpCall):
+    uneven = any(t._uneven for t in call.tensors)
     first = next(iter(results.values()))
     flat_first = first if isinstance(first, (tuple, list)) else [first]
     layouts = decision.outputs
@@ -526,11 +563,50 @@ def _assemble(execution, results: Dict[tuple, Any], axes: List[int], decision: D
         for key, value in results.items():
             value = value[i] if isinstance(first, (tuple, list)) else value
             shards.setdefault(key_of(dict(zip(axes, key)), out_axes), value)
-        global_shape = tuple(n * layout.shard_count(d) for d, n in enumerate(sample.shape))
-        outputs.append(DTensor._create(layout, shards, global_shape, sample.dtype, execution))
+        if uneven and layout.is_rank_local:
+            global_shape = tuple(sample.shape)
+        elif uneven:
+            global_shape = uneven_global_shape(call, layout, shards, out_axes, i)
+        else:
+            global_shape = tuple(n * layout.shard_count(d) for d, n in enumerate(sample.shape))
+        out = DTensor._create(layout, shards, global_shape, sample.dtype, execution)
+        out._uneven = out._uneven or (uneven and layout.is_rank_local)
+        outputs.append(out)
     if isinstance(first, (tuple, list)):
         return type(first)(outputs)
     return outputs[0]
+
+
+def uneven_global_shape(call: OpCall, layout: TensorLayout, shards: Dict[tuple, Tensor], out_axes, index: int):
+    """The global shape of output `index` of an op on uneven shards: a dimension split like a
+    dimension of an input (the same mesh axes) whose torch.chunk pieces every held shard
+    matches has that input dimension's size; a dimension whose shards (all held) all have one
+    size is that size times its shard count.
+
+    Raises:
+        DTensorOpError: no size gives the shards' shapes (naming the op and the dimension).
+    """
+    coords = [dict(zip(out_axes, key)) for key in shards]
+    sample = next(iter(shards.values()))
+    shape = []
+    for d, entry in enumerate(layout.dims):
+        sizes = [s.shape[d] for s in shards.values()]
+        if not entry:
+            shape.append(sample.shape[d])
+            continue
+        candidates = [t.global_shape[e] for t in call.tensors for e, t_entry in enumerate(t.layout.dims)
+                      if t_entry == entry]
+        found = next((n for n in candidates
+                      if all(layout.dim_bounds(d, n, c)[1] == size for c, size in zip(coords, sizes))), None)
+        holds_all = len(shards) == math.prod(layout.mesh.device_matrix[a] for a in out_axes)
+        if found is None and holds_all and len(set(sizes)) == 1:  # every piece seen, all one size
+            found = sizes[0] * layout.shard_count(d)
+        if found is None:
+            raise DTensorOpError(call.name, f"output {index} dimension {d} is split over uneven shards of sizes "
+                                            f"{sizes} that no input dimension's torch.chunk pieces give; "
+                                            "redistribute the input to Replicate() along it first")
+        shape.append(found)
+    return tuple(shape)
 
 
 def dispatch_getitem(execution, dt: DTensor, index):
@@ -548,8 +624,9 @@ def dispatch_getitem(execution, dt: DTensor, index):
             call.sources.append(source)
         converted.append(item)
     call.inputs.append(tuple(converted) if isinstance(index, tuple) else converted[0])
-    execution.accounting.record_op(call.name)
-    decision = getitem_decision(call) if len(call.tensors) == 1 else None
+    execution.accounting.record_op(call.name, call.tensors)
+    # uneven pieces (torch.chunk): the indexing rule's offsets assume equal shards; index the gathered value
+    decision = getitem_decision(call) if len(call.tensors) == 1 and not dt._uneven else None
     if decision is None:
         execution.accounting.record_fallback("getitem")
         decision = replicated_decision(call)

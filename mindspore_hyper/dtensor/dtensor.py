@@ -19,14 +19,24 @@ import weakref
 from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
-from mindspore import Tensor, ops
+from mindspore import Parameter, Tensor, ops
 from mindspore.common.initializer import Zero
 
+from mindspore_hyper.dtensor.reflected_operators import ReflectedOperators
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
 __all__ = ["DTensor", "significant_axes", "key_of", "is_float", "to_local", "from_local", "layout_on"]
 
 Key = Tuple[int, ...]
+
+
+def _shard_bytes(layout: TensorLayout, global_shape, dtype) -> Tuple[bool, int]:
+    """(whether the layout splits `global_shape` into uneven torch.chunk pieces, bytes of one
+    device's shard): with uneven pieces the largest device's (coordinate 0's); such DTensors run
+    ops per shard (their shards do not stack)."""
+    if layout.is_even(global_shape):
+        return False, math.prod(layout.local_shape(global_shape)) * dtype.itemsize
+    return True, math.prod(layout.max_local_shape(global_shape)) * dtype.itemsize
 
 
 def significant_axes(layout: TensorLayout) -> Tuple[int, ...]:
@@ -44,7 +54,7 @@ def is_float(dtype) -> bool:
     return dtype in (ms.float16, ms.float32, ms.float64, ms.bfloat16)
 
 
-class DTensor(Tensor):
+class DTensor(ReflectedOperators, Tensor):
     """A tensor laid out over a mesh (see module docstring). Build with `distribute_tensor`
     or receive from ops on DTensors."""
 
@@ -61,7 +71,7 @@ class DTensor(Tensor):
         dt._hint_source = None  # a DTensor this one is a not yet moved `.shard()` view of
         dt._global_shape = global_shape
         dt._execution = execution
-        nbytes = math.prod(layout.local_shape(global_shape)) * dtype.itemsize
+        dt._uneven, nbytes = _shard_bytes(layout, global_shape, dtype)
         dt._parameter_id = None  # id of the Parameter this DTensor lays out, if any
         dt._cast_of = None  # id of the Parameter this DTensor is a dtype cast of (named in collective causes)
         dt._device_mesh = None  # the mesh view it was made on (a DeviceMesh); None: its layout's mesh
@@ -128,6 +138,23 @@ class DTensor(Tensor):
         replicated = TensorLayout.replicated(self._layout.mesh, len(self._global_shape))
         return self.redistribute(replicated).shards[()]
 
+    def reduce_partial(self) -> "DTensor":
+        """Upstream's `reduce_partial()`: every Partial placement reduced (by its op) into
+        Replicate, Shard and Replicate placements kept, on the same mesh (differentiable). A
+        DTensor without Partial placements is returned as it is.
+
+        Raises:
+            ValueError: a rank-local value (it has no global value to reduce into).
+        """
+        if not self._layout.is_partial:
+            return self
+        if self._layout.is_rank_local:
+            raise ValueError("DTensor.reduce_partial(): a rank-local value (from to_local() in simulation) has no "
+                             "global value; make it a DTensor with DTensor.from_local first")
+        reduced = self.redistribute(self._layout.with_partial({}))
+        reduced._device_mesh = self._device_mesh
+        return reduced
+
     @property
     def device_mesh(self):
         """The mesh this DTensor lives on: the DeviceMesh (or sub-mesh) it was made on, else its
@@ -169,6 +196,7 @@ class DTensor(Tensor):
         """
         if placements is not None or not isinstance(layout, TensorLayout):
             mesh = layout if layout is not None else self.device_mesh
+            _check_same_devices(self, mesh)
             placements = self.placements if placements is None else placements
             target = layout_on(mesh, placements, self.ndim, base=self._layout)
             moved = self.redistribute_with_fusion(target, record=record)[0]
@@ -218,8 +246,10 @@ class DTensor(Tensor):
 
     # -- copies and storage ------------------------------------------------------------------
     def __new__(cls, *args, **kwargs):
-        # Reached only by callers that build a new object from a DTensor's storage, such as
-        # `Parameter(d)` (DTensors themselves are made by `Tensor._make_subclass`).
+        # `Parameter(d)` gets its run's laid-out Parameter (`Execution.parameter_from`); other callers
+        # that build on a DTensor's storage are refused (DTensors are made by `Tensor._make_subclass`).
+        if issubclass(cls, Parameter) and args and isinstance(args[0], DTensor):
+            return args[0].execution.parameter_from(args[0])
         raise TypeError("a DTensor cannot be the data of a new Parameter or Tensor subclass; pass "
                         "d.full_tensor() (the global value) or d.local_shard(rank) (one device's shard)")
 
@@ -277,64 +307,11 @@ class DTensor(Tensor):
         self._pending, self._stacked = None, other._stacked
         return self
 
-    # -- operators with a plain Tensor on the left ---------------------------------------------
-    # Python tries a subclass's reflected method first; MindSpore's own operator would not find
-    # this DTensor's __fallback__ when the left operand is a plain Tensor.
-    def __radd__(self, other):
-        return ops.add(other, self)
-
-    def __rsub__(self, other):
-        return ops.sub(other, self)
-
-    def __rmul__(self, other):
-        return ops.mul(other, self)
-
-    def __rtruediv__(self, other):
-        return ops.div(other, self)
-
-    def __rfloordiv__(self, other):
-        return ops.floor_div(other, self)
-
-    def __rmod__(self, other):
-        return ops.floor_mod(other, self)
-
-    def __rpow__(self, other):
-        return ops.pow(other, self)
-
-    def __rmatmul__(self, other):
-        return ops.matmul(other, self)
-
-    def __rand__(self, other):
-        return ops.logical_and(other, self) if self.dtype == _bool() else ops.bitwise_and(other, self)
-
-    def __ror__(self, other):
-        return ops.logical_or(other, self) if self.dtype == _bool() else ops.bitwise_or(other, self)
-
-    def __rxor__(self, other):
-        return ops.logical_xor(other, self) if self.dtype == _bool() else ops.bitwise_xor(other, self)
-
-    def __lt__(self, other):
-        return ops.less(self, other)
-
-    def __le__(self, other):
-        return ops.less_equal(self, other)
-
-    def __gt__(self, other):
-        return ops.greater(self, other)
-
-    def __ge__(self, other):
-        return ops.greater_equal(self, other)
-
-    def __eq__(self, other):
-        return False if other is None else ops.equal(self, other)
-
-    def __ne__(self, other):
-        return True if other is None else ops.not_equal(self, other)
-
+    # Defining __eq__ (in ReflectedOperators) makes a class unhashable: keep Tensor's hash.
     __hash__ = Tensor.__hash__
 
     def __repr__(self) -> str:
-        local = self._layout.local_shape(self._global_shape)
+        local = self._layout.max_local_shape(self._global_shape)
         return (f"DTensor(shape={self._global_shape}, dtype={self.dtype}, layout={self._layout.tensor_map}"
                 f"{', partial=' + repr(self._layout.partial) if self._layout.is_partial else ''}, "
                 f"mesh={dict(zip(self._layout.mesh.alias_names, self._layout.mesh.device_matrix))}, "
@@ -368,13 +345,19 @@ def _keep_mesh(result, mesh) -> None:
             value._device_mesh = mesh
 
 
-def _bool():
-    import mindspore as ms
-
-    return ms.bool_
-
-
 # -- HyperParallel/torch's local views: to_local, from_local ---------------------------------------
+
+def _check_same_devices(dt: "DTensor", mesh) -> None:
+    """Raise unless the DeviceMesh `mesh` (a plain Layout passes) lies on `dt`'s devices.
+
+    Raises:
+        ValueError: `mesh` holds other ranks of the job (moving between device sets is not supported).
+    """
+    if hasattr(mesh, "execution") and mesh.execution().job_ranks != dt.execution.job_ranks:
+        raise ValueError(f"redistribute to {mesh!r}: it lies on other devices than this DTensor's mesh (the job's "
+                         f"ranks {mesh.execution().job_ranks} vs {dt.execution.job_ranks}); moving a DTensor between "
+                         "device sets is not supported")
+
 
 def layout_on(mesh, placements, ndim: int, base: Optional[TensorLayout] = None) -> TensorLayout:
     """The TensorLayout of `placements` on `mesh`: a DeviceMesh view (which maps its own dims onto
@@ -396,8 +379,9 @@ def to_local(dt: "DTensor"):
         return dt.shards[key_of(execution.mesh.coords(execution.local_ranks[0]), axes)]
     # a dry run holds one representative rank but accounts like the simulation: rank-local too
     layout = TensorLayout.rank_local(execution.mesh, dt.ndim, axes)
-    local_shape = dt.layout.local_shape(dt.global_shape)
+    local_shape = dt.layout.max_local_shape(dt.global_shape)  # uneven shards: each rank's own is its shard's
     out = DTensor._create(layout, dict(dt.shards), local_shape, dt.dtype, execution)
+    out._uneven = dt._uneven
     out._device_mesh = dt._device_mesh
     return out
 
@@ -415,13 +399,16 @@ def from_local(local, device_mesh, placements, *, run_check: bool = False, shape
         placements: one per mesh dimension.
         run_check: check that ranks along Replicate dimensions hold equal values (in simulation
             they do by construction; a rank-local value varying there is refused either way).
-        shape: the global shape; must equal what the even split of `placements` gives (uneven
-            shards are not supported).
+        shape: the global shape; None: the local shape times the shard counts (even shards).
+            Given, each rank's local shape must be its torch.chunk piece of it (uneven shards:
+            the trailing ranks hold fewer rows or none); checked on the ranks this process holds,
+            and with `run_check` under msrun on every rank (each process then raises).
         stride: accepted for the signature; must be None or the contiguous strides of `shape`.
 
     Raises:
         ValueError: a DTensor that is not rank-local, a rank-local value that differs along a
-            dimension `placements` replicate, or a `shape`/`stride` the local shards cannot give.
+            dimension `placements` replicate, or a `shape`/`stride` the local shards cannot give
+            (named with the rank, its local shape and the expected one).
     """
     mesh = device_mesh
     if not hasattr(mesh, "execution"):
@@ -434,10 +421,13 @@ def from_local(local, device_mesh, placements, *, run_check: bool = False, shape
     ndim = local.ndim
     layout = layout_on(mesh, placements, ndim)
     local_shape = tuple(local.shape)
-    global_shape = tuple(n * layout.shard_count(d) for d, n in enumerate(local_shape))
-    if shape is not None and tuple(shape) != global_shape:
-        raise ValueError(f"DTensor.from_local: shape={tuple(shape)} but local shards of shape {local_shape} under "
-                         f"{tuple(placements)} make {global_shape} (uneven shards are not supported)")
+    if shape is None:  # torch's rule: even shards, the global shape is the local one times the shard counts
+        global_shape = tuple(n * layout.shard_count(d) for d, n in enumerate(local_shape))
+    else:
+        global_shape = tuple(int(n) for n in shape)
+        if len(global_shape) != ndim:
+            raise ValueError(f"DTensor.from_local: shape={tuple(shape)} has {len(global_shape)} dimensions, the local "
+                             f"tensor {ndim}")
     if stride is not None and tuple(stride) != _contiguous_strides(global_shape):
         raise ValueError(f"DTensor.from_local: stride={tuple(stride)} is not the contiguous stride "
                          f"{_contiguous_strides(global_shape)} of {global_shape}")
@@ -456,6 +446,8 @@ def from_local(local, device_mesh, placements, *, run_check: bool = False, shape
         shards = {key: local for key in keys}
         if run_check and len(execution.local_ranks) == 1:
             _check_replicas(execution, local, axes)
+    if shape is not None:
+        _check_local_shapes(execution, layout, shards, axes, global_shape, tuple(placements), run_check)
     out = DTensor._create(layout, shards, global_shape, local.dtype, execution)
     out._device_mesh = mesh if hasattr(mesh, "placements_of") else None
     return out
@@ -480,6 +472,36 @@ def _check_replicas(execution, local, axes) -> None:
         names = ", ".join(repr(mesh.alias_names[a]) for a in free)
         raise ValueError(f"DTensor.from_local(run_check=True): the ranks along mesh dimension {names} hold "
                          "different values where the placements say Replicate")
+
+
+def _check_local_shapes(execution, layout: TensorLayout, shards, axes, global_shape, placements,
+                        run_check: bool) -> None:
+    """Each held shard has the shape of its rank's piece of `global_shape`; with `run_check` under
+    msrun the ranks agree first on whether any of them differs (so every process raises).
+
+    Raises:
+        ValueError: a shard's shape is not its piece's.
+    """
+    wrong = []
+    for key, shard in shards.items():
+        coords = dict(zip(axes, key))
+        expected = tuple(layout.dim_bounds(d, n, coords)[1] for d, n in enumerate(global_shape))
+        if tuple(shard.shape) != expected:
+            rank = next(r for r in execution.local_ranks
+                        if all(execution.mesh.coords(r)[a] == v for a, v in coords.items()))
+            wrong.append(f"rank {rank} has {tuple(shard.shape)}, expected {expected}")
+    if run_check and len(execution.local_ranks) == 1 and execution.mesh.size > 1:
+        from mindspore_hyper.comm.collectives import AxisGroup
+
+        ranks = tuple(execution.mesh.ranks)
+        group = AxisGroup("world", ranks, (ranks.index(execution.local_ranks[0]),), records=False)
+        flag = Tensor(np.array([1.0 if wrong else 0.0], np.float32))
+        if float(execution.collectives.all_reduce([flag], "max", group)[0].asnumpy()[0]) and not wrong:
+            wrong.append("another rank's local shape is not its piece")
+    if wrong:
+        raise ValueError(f"DTensor.from_local: local shapes do not lay out shape={tuple(global_shape)} under "
+                         f"{placements} (torch.chunk pieces: ceil(size / devices) rows each, the trailing ranks "
+                         f"fewer or none): {'; '.join(wrong)}")
 
 
 def _contiguous_strides(shape) -> tuple:

@@ -86,6 +86,7 @@ class Execution:
         self.shape_only = False  # shards are MetaTensors: shapes and bytes, no values (a dry run)
         self.context_parallel = None  # the strategy's ContextParallel: attention across the sequence axis
         self.context_attention: Optional[Callable[[Any, Any], Any]] = None  # (execution, call) -> result or None
+        self.job_ranks: Optional[Tuple[int, ...]] = None  # the job's rank of each mesh rank; None: the same numbers
 
     # -- bookkeeping ---------------------------------------------------------------------------
     @property
@@ -108,6 +109,41 @@ class Execution:
     @property
     def holds_all_ranks(self) -> bool:
         return len(self.local_ranks) == self.mesh.size
+
+    def parameter_from(self, dtensor) -> Parameter:
+        """The Parameter `Parameter(dtensor, name=..., requires_grad=...)` makes (MindSpore's
+        `Parameter.__init__` then sets its name and `requires_grad`): upstream's form of a laid-out
+        weight. Like the Parameters the HyperParallel API lays out, it stays a MindSpore
+        Parameter holding the global value (simulation) or this process's shard (msrun), with the
+        DTensor's layout recorded in `parameters`, so a Cell laid out by the API reads it as that
+        DTensor while it runs; `laid_out_view` keeps the mesh view the DTensor was made on.
+
+        Raises:
+            ValueError: a rank-local value (to_local() in simulation: no layout to keep), Partial
+                placements (a Parameter holds a value, not pending sums), or a DTensor not made on
+                a DeviceMesh (init_device_mesh).
+        """
+        from mindspore import Tensor, ops
+
+        if dtensor.layout.is_rank_local:
+            raise ValueError("Parameter(dtensor): the DTensor is a rank-local value (to_local() in simulation); pass "
+                             "DTensor.from_local(value, mesh, placements) or distribute_tensor(...) instead")
+        if dtensor.layout.is_partial:
+            raise ValueError(f"Parameter(dtensor): the DTensor's placements {dtensor.placements} hold Partial sums; "
+                             "redistribute it to Shard/Replicate placements first")
+        if dtensor._device_mesh is None:
+            raise ValueError("Parameter(dtensor): the DTensor was not made on a DeviceMesh (init_device_mesh); make "
+                             "it with distribute_tensor or DTensor.from_local on one, or pass dtensor.full_tensor() "
+                             "for a global Parameter")
+        if self.holds_all_ranks:
+            value = dtensor.full_tensor()
+        else:
+            (value,) = (dtensor.local_shard(rank) for rank in self.local_ranks)
+        param = Parameter(ops.stop_gradient(Tensor(value)))
+        self.parameters[id(param)] = ParameterSlot(param, dtensor.layout, tuple(dtensor.global_shape),
+                                                   local=not self.holds_all_ranks)
+        param.laid_out_view = dtensor._device_mesh
+        return param
 
     def laid_out_parameter(self, tensor) -> Optional[Any]:
         """The model Parameter that `tensor` is, if the run lays it out: the Parameter itself, or
@@ -224,7 +260,9 @@ def distribute_tensor(tensor, layout: TensorLayout):
     """Lay a global tensor out by `layout` as a DTensor of the standalone execution (every rank
     in this process; see `standalone_execution`).
 
+    A dimension the layout does not divide is cut into torch.chunk pieces (`shard.chunking`).
+
     Raises:
-        ValueError: the shape does not divide by the layout.
+        ValueError: the tensor's rank differs from the layout's.
     """
     return dispatcher.distribute(standalone_execution(layout.mesh), tensor, layout)

@@ -14,6 +14,7 @@ from mindspore_hyper.comm.collective_cause import current_cause, set_cause
 from mindspore_hyper.comm.inprocess_collectives import InProcessCollectives, reduce_tensors
 from mindspore_hyper.dtensor.batched import BATCH_BELOW_ELEMENTS, stacked_shards
 from mindspore_hyper.dtensor.dtensor import DTensor, Key, key_of, significant_axes
+from mindspore_hyper.dtensor.padded_collectives import PaddedCollectives
 from mindspore_hyper.shard.redistribution_plan import (
     AllGather, AllReduce, AllToAll, LocalSlice, MakePartial, ReduceScatter, plan_redistribution,
 )
@@ -48,10 +49,12 @@ def run_redistribution(dt: DTensor, layout: TensorLayout, record: bool, grad_par
     accounting = execution.accounting
     itemsize = dt.dtype.itemsize
     fused = set()
+    uneven = dt._uneven or not layout.is_even(dt.global_shape)  # torch.chunk pieces: padded collectives
     for step in plan:
-        input_bytes = math.prod(current.local_shape(dt.global_shape)) * itemsize
+        local = current.max_local_shape(dt.global_shape) if uneven else current.local_shape(dt.global_shape)
+        input_bytes = math.prod(local) * itemsize
         grad_partial = isinstance(step, AllGather) and step.axis in grad_partial_axes
-        if _runs_stacked(execution, step, current, dt.global_shape):
+        if not uneven and _runs_stacked(execution, step, current, dt.global_shape):
             if stacked is None:
                 stacked = stacked_shards(execution, dt if shards is None else
                                          DTensor._create(current, shards, dt.global_shape, dt.dtype, execution))
@@ -63,7 +66,8 @@ def run_redistribution(dt: DTensor, layout: TensorLayout, record: bool, grad_par
         else:
             if shards is None:
                 shards = dt.shards if stacked is dt._stacked else _unstacked(execution, stacked, current)
-            shards, current = _apply_step(execution, step, shards, current, record, grad_partial)
+            shards, current = _apply_step(execution, step, shards, current, record, grad_partial,
+                                          dt.global_shape if uneven else None)
             stacked = None
         if grad_partial:
             fused.add(step.axis)
@@ -131,8 +135,10 @@ def _unstacked(execution, stacked: Tensor, layout: TensorLayout) -> Dict[Key, Te
 
 
 def _apply_step(execution, step, shards: Dict[Key, Tensor], layout: TensorLayout, record: bool,
-                grad_partial: bool):
-    """One plan step on the held distinct shards; returns (new shards, new layout)."""
+                grad_partial: bool, uneven_shape=None):
+    """One plan step on the held distinct shards; returns (new shards, new layout). With
+    `uneven_shape` (the global shape of a tensor some layout does not divide) the collectives pad
+    the pieces (`padded_collectives`)."""
     mesh = layout.mesh
     a = step.axis
     old_axes = significant_axes(layout)
@@ -156,6 +162,8 @@ def _apply_step(execution, step, shards: Dict[Key, Tensor], layout: TensorLayout
     new_axes = significant_axes(new_layout)
     new_shards: Dict[Key, Tensor] = {}
     backend = execution.collectives
+    if uneven_shape is not None:
+        backend = PaddedCollectives(backend, layout, new_layout, uneven_shape)
     if a not in old_axes:  # LocalSlice / MakePartial: one old shard -> the held new ones
         for key, shard in shards.items():
             fixed = dict(zip(old_axes, key))

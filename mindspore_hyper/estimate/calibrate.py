@@ -336,6 +336,11 @@ def save_hardware(hardware: Hardware, path: str) -> str:
             "sources": dict(hardware.sources)}
     if hardware.kernels:
         data["kernels"] = {k: [f * 1e6, b * 1e6] for k, (f, b) in hardware.kernels.items()}
+    if hardware.gemm_tiling is not None:
+        tiling = hardware.gemm_tiling
+        data["gemm_tiling"] = {"sms": tiling.sms, "tiles": [list(t) for t in tiling.tiles]}
+        if tiling.l2_bandwidth is not None:
+            data["gemm_tiling"]["l2_bandwidth_GBps"] = tiling.l2_bandwidth / 1e9
     if hardware.core_sharing is not None:
         sharing = hardware.core_sharing
         data["core_sharing"] = {"cores": sharing.cores, "processes": sharing.processes, "threads": sharing.threads,

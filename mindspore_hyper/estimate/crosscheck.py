@@ -8,11 +8,12 @@ simulation or (`shapes_only`) in the dry run, which reaches sizes no simulation 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable, Dict, List, Optional, Sequence
 
 from mindspore_hyper.estimate.gpt_layout import gpt_parallel_config
 from mindspore_hyper.estimate.job import estimate_stage
+from mindspore_hyper.estimate.resolved_job import DERIVED_FIELDS, job_strategy_of
 from mindspore_hyper.estimate.transformer_config import TransformerConfig
 from mindspore_hyper.estimate.strategy import JobStrategy
 
@@ -117,7 +118,8 @@ def compare(config: TransformerConfig, strategy: JobStrategy, report) -> List[Co
 def crosscheck_gpt(gpt_class, config: TransformerConfig, strategy: JobStrategy, seed: int = 0,
                    shapes_only: bool = False) -> List[Comparison]:
     """Build examples/models.py's GPT for `config`, simulate one training step under `strategy`
-    (laid out by `gpt_parallel_config`) and compare every device with the estimate.
+    (laid out by `gpt_parallel_config`) and compare every device with the estimate of the
+    strategy that ran (`job_strategy_of` the resolved layout: the same sizes and ZeRO stage).
 
     Args:
         gpt_class: the GPT class (``GPT(vocab, hidden, heads, layers, seq)``).
@@ -131,12 +133,25 @@ def crosscheck_gpt(gpt_class, config: TransformerConfig, strategy: JobStrategy, 
 
     Returns:
         The comparisons (see `compare`).
+
+    Raises:
+        ValueError: optimizer_states is not 2; the GPT's resolved layout amounts to other sizes or
+            another ZeRO stage than `strategy` (a layout that does not say what it was asked).
     """
     if strategy.optimizer_states != 2:
         raise ValueError(f"optimizer_states={strategy.optimizer_states}: the simulated step uses Adam (2 states)")
+    from mindspore_hyper.strategy.resolve import resolve_strategy  # here: the estimate package imports no MindSpore
+
     model, ids, labels = seeded_gpt_batch(gpt_class, config, strategy.data, seed, lazy=shapes_only)
-    report = simulate_step(model, gpt_parallel_config(strategy), (ids, labels), shapes_only=shapes_only)
-    return compare(config, strategy, report)
+    layout = gpt_parallel_config(strategy)
+    others = {f.name: getattr(strategy, f.name) for f in fields(strategy) if f.name not in DERIVED_FIELDS}
+    ran = job_strategy_of(resolve_strategy(model, layout, strategy.optimizer_states), **others)
+    if ran != strategy:
+        differ = [f"{name}={getattr(strategy, name)} asked, {getattr(ran, name)} laid out" for name in DERIVED_FIELDS
+                  if getattr(strategy, name) != getattr(ran, name)]
+        raise ValueError(f"crosscheck_gpt: the GPT's resolved layout is not the strategy's: {'; '.join(differ)}")
+    report = simulate_step(model, layout, (ids, labels), shapes_only=shapes_only)
+    return compare(config, ran, report)
 
 
 def seeded_gpt_batch(gpt_class, config: TransformerConfig, data: int, seed: int, lazy: bool = False):

@@ -88,6 +88,9 @@ def predict_step(mesh: dict, hardware: Hardware, training: bool = True) -> StepP
     notes = [f"roofline per op on {hardware.name} (matmul efficiency {eff.matmul:g}, memory {eff.memory:g})"
              + ("; backward = 2 x forward" if training else "") + "; collectives by the hierarchical alpha-beta "
              "model; no overlap in step_seconds"]
+    if hardware.gemm_tiling is not None:
+        notes.append(f"{hardware.name}'s GEMM tile and wave quantisation (gemm_tiling) not applied: the recorded ops "
+                     "carry FLOPs and bytes, not GEMM shapes (each GEMM at the large-GEMM efficiency)")
     if hardware.validated:
         notes.append(f"{hardware.name}: {hardware.validated}")
     return StepPrediction(hardware.name, compute, sum(by_axis.values()), flops, by_axis, notes)
@@ -166,6 +169,9 @@ def predict_pipeline_step(mesh: dict, hardware: Hardware) -> StepPrediction:
              f"{part['microbatches']} microbatches, simulated with per-stage roofline costs (backward = "
              f"recompute + 2 x forward) and {latency * 1e6:.1f} us per activation send; bubble "
              f"{timeline.bubble_fraction:.1%}; data-parallel gradient sums once per step after the schedule"]
+    if hardware.gemm_tiling is not None:
+        notes.append(f"{hardware.name}'s GEMM tile and wave quantisation (gemm_tiling) not applied: the recorded ops "
+                     "carry FLOPs and bytes, not GEMM shapes (each GEMM at the large-GEMM efficiency)")
     if hardware.validated:
         notes.append(f"{hardware.name}: {hardware.validated}")
     return StepPrediction(hardware.name, compute, grad_sync, flops, by_axis, notes)

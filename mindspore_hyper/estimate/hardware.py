@@ -20,6 +20,12 @@ A preset file (``load_hardware("a100-80gb")``)::
                                      # forward and backward us per call (calibrate_cpu with a job)
     core_sharing: {cores: 2, processes: 4, threads: 1, bound: true}   # optional: the processes share the cores
                                      # (calibrate_cpu; core_sharing.py)
+    gemm_tiling: {sms: 108, tiles: [[256, 128], [128, 128]], l2_bandwidth_GBps: 7219}   # optional: each
+                                     # GEMM loses its tile and wave quantisation at the best tile (gemm_tiling.py);
+                                     # without it a GEMM's efficiency is shape-independent
+    allocator: {alignment_bytes: 512, fragmentation: 0.0}   # optional (these defaults): the framework's
+                                     # device memory pool rounds every block up to alignment_bytes; the
+                                     # report's fragmentation allowance is the rounded peak x (1 + fragmentation)
 
 The levels are the communication library's network of levels (`comm.levels.Level`; its cost
 model `comm.cost.hierarchical_time` times the collectives, `estimate.collective_time`), and the
@@ -36,18 +42,26 @@ from mindspore_hyper._resources import resource_path
 from mindspore_hyper.comm.levels import Level
 from mindspore_hyper.comm.topology import read_yaml
 from mindspore_hyper.estimate.core_sharing import CoreSharing
+from mindspore_hyper.estimate.gemm_tiling import GemmTiling
 
 __all__ = ["Level", "Efficiency", "Hardware", "load_hardware", "hardware_presets", "HARDWARE_DIR", "ATTENTION_KERNELS"]
 
 HARDWARE_DIR = resource_path("hardware")  # shipped in the package; configs/hardware of an editable checkout
 ATTENTION_KERNELS = ("flash", "materialized")
 _TOP_KEYS = ("name", "description", "peak_tflops", "memory_GB", "memory_bandwidth_GBps", "levels", "attention",
-             "efficiency", "sources", "kernels", "core_sharing", "validated")
+             "efficiency", "sources", "kernels", "core_sharing", "validated", "gemm_tiling", "allocator")
 _LEVEL_KEYS = ("name", "devices", "bandwidth_GBps", "latency_us")
 _EFFICIENCY_KEYS = ("matmul", "memory", "network", "message_overhead_us", "op_overhead_us", "peer_wait_us")
 _EFFICIENCY_REQUIRED = ("matmul", "memory", "network", "message_overhead_us")
 _CORE_SHARING_KEYS = ("cores", "processes", "threads")
 _CORE_SHARING_OPTIONAL = ("bound",)
+_GEMM_TILING_KEYS = ("sms", "tiles")
+_GEMM_TILING_OPTIONAL = ("l2_bandwidth_GBps",)
+_ALLOCATOR_KEYS = ("alignment_bytes", "fragmentation")
+# MindSpore 2.10's device memory pool (include/mindspore/ccsrc/include/runtime/memory/mem_pool/
+# dynamic_mem_pool.h, kDynamicMemAlignSize and DynamicMemPool::AlignMemorySize, which the Ascend
+# pool delegates to): every block rounded up to a multiple of 512 bytes, an empty one to 512
+POOL_ALIGNMENT_BYTES = 512
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,12 @@ class Hardware:
         validated: which published runs the efficiency factors were checked against ("unvalidated"
             or "unvalidated: why" where none); the step-time estimate repeats it in its notes. None:
             the file does not say (no note).
+        gemm_tiling: the GEMM library's tiling (SMs and tile): each GEMM's efficiency is scaled by
+            its tile and wave quantisation (`gemm_tiling.tile_utilisation`); None: shape-independent.
+        allocator_alignment: bytes the device memory pool rounds every block up to (the report's
+            step peak "rounded"; MindSpore's pool: 512).
+        fragmentation: the fragmentation allowance, a fraction of the rounded step peak (default 0:
+            none assumed; no measurement of it on this hardware is shipped).
     """
 
     name: str
@@ -113,6 +133,9 @@ class Hardware:
     kernels: Dict[str, Tuple[float, float]] = field(default_factory=dict)
     core_sharing: Optional[CoreSharing] = None
     validated: Optional[str] = None
+    gemm_tiling: Optional[GemmTiling] = None
+    allocator_alignment: int = POOL_ALIGNMENT_BYTES
+    fragmentation: float = 0.0
 
     @property
     def max_devices(self) -> int:
@@ -242,6 +265,23 @@ def hardware_from_dict(data: Any, source: str = "<dict>") -> Hardware:
             sharing = CoreSharing(**raw)
         except ValueError as exc:
             raise ValueError(f"hardware {source!r}: field {exc}") from None
+    tiling = None
+    if "gemm_tiling" in data:
+        raw = _mapping(source, "gemm_tiling", data["gemm_tiling"], _GEMM_TILING_KEYS + _GEMM_TILING_OPTIONAL,
+                       _GEMM_TILING_KEYS)
+        l2 = raw.get("l2_bandwidth_GBps")
+        try:
+            tiling = GemmTiling(raw["sms"], raw["tiles"], None if l2 is None else _number(
+                source, "gemm_tiling.l2_bandwidth_GBps", l2) * 1e9)
+        except ValueError as exc:
+            raise ValueError(f"hardware {source!r}: field {exc}") from None
+    allocator = _mapping(source, "allocator", data.get("allocator", {}), _ALLOCATOR_KEYS, ())
+    alignment = allocator.get("alignment_bytes", POOL_ALIGNMENT_BYTES)
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1:
+        raise ValueError(f"hardware {source!r}: field 'allocator.alignment_bytes': expected an int >= 1, "
+                         f"got {alignment!r}")
+    fragmentation = _number(source, "allocator.fragmentation", allocator.get("fragmentation", 0.0), high=1.0,
+                            inclusive_low=True)
     validated = data.get("validated")
     if validated is not None and (not isinstance(validated, str) or not validated.strip()):
         raise ValueError(f"hardware {source!r}: field 'validated': expected a non-empty string (the published runs "
@@ -252,4 +292,5 @@ def hardware_from_dict(data: Any, source: str = "<dict>") -> Hardware:
                     levels=tuple(levels), efficiency=efficiency, attention=attention, description=description,
                     sources=dict(sources),
                     kernels={k: (float(f) * 1e-6, float(b) * 1e-6) for k, (f, b) in kernels.items()},
-                    core_sharing=sharing, validated=validated)
+                    core_sharing=sharing, validated=validated, gemm_tiling=tiling,
+                    allocator_alignment=alignment, fragmentation=fragmentation)

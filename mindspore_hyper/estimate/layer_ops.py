@@ -28,7 +28,13 @@ mlp down           matmul    2 T (f/t) h; e (T f/t + f/t h + T h)
 =================  ========  ===========================================================
 
 MoE (experts > 0): a router GEMM 2 T h E, and the MLP rows run on T x top_k routed tokens with
-(E / ep) experts' weights read. Model FLOPs (for MFU) count the attention core in full (the
+(E / ep) experts' weights read.
+
+Each GEMM op also carries its GEMMs' shapes (`Op.gemms`: qkv T x (h/t + 2kv) x h, ..., the
+materialised attention core's (b a/t) heads of QK^T (s/cp) x s x d_h and AV (s/cp) x d_h x s; a
+flash kernel's none): on a hardware with a `gemm_tiling` the matmul efficiency of each phase is
+scaled by the tile and wave quantisation of its GEMMs (`gemm_tiling`; the backward's input and
+weight gradients as their transposed shapes). Model FLOPs (for MFU) count the attention core in full (the
 convention of Korthikanti et al.'s formula 72 B s l h^2 (1 + s/(6h) + V/(12hl))).
 """
 from __future__ import annotations
@@ -37,6 +43,7 @@ import math
 from dataclasses import dataclass
 from typing import List, Tuple
 
+from mindspore_hyper.estimate.gemm_tiling import GemmShape, backward_shapes, utilisation
 from mindspore_hyper.estimate.hardware import Hardware
 from mindspore_hyper.estimate.transformer_config import TransformerConfig
 from mindspore_hyper.estimate.strategy import JobStrategy
@@ -60,6 +67,8 @@ class Op:
         flops: floating-point operations executed.
         bytes: bytes read and written in device memory.
         weight_grad: the op has weights (its backward has a weight-gradient half).
+        gemms: the forward's GEMMs (their FLOPs sum to `flops`), for the hardware's tile and wave
+            quantisation; empty: shape-independent (memory ops, a flash attention kernel).
     """
 
     name: str
@@ -67,16 +76,29 @@ class Op:
     flops: float
     bytes: float
     weight_grad: bool = False
+    gemms: Tuple[GemmShape, ...] = ()
 
 
-def op_seconds(op: Op, hardware: Hardware) -> float:
-    """Roofline time of `op` on `hardware` (see the module doc), plus the hardware's per-launch
-    op overhead."""
+def _utilisation(shapes: Tuple[GemmShape, ...], hardware: Hardware) -> float:
+    """The tile and wave utilisation of `shapes` on `hardware` (1.0 without a `gemm_tiling`)."""
+    if hardware.gemm_tiling is None or not shapes:
+        return 1.0
+    return utilisation(shapes, hardware.gemm_tiling, hardware.peak_flops)
+
+
+def _roofline(op: Op, hardware: Hardware, gemm_utilisation: float = 1.0) -> float:
     eff = hardware.efficiency
     memory = op.bytes / (hardware.memory_bandwidth * eff.memory)
     if op.kind == "memory":
         return memory + eff.op_overhead
-    return max(op.flops / (hardware.peak_flops * eff.matmul), memory) + eff.op_overhead
+    return max(op.flops / (hardware.peak_flops * eff.matmul * gemm_utilisation), memory) + eff.op_overhead
+
+
+def op_seconds(op: Op, hardware: Hardware) -> float:
+    """Roofline time of `op`'s forward on `hardware` (see the module doc: the matmul efficiency
+    times the tile and wave utilisation of its GEMMs where the hardware has a `gemm_tiling`), plus
+    the hardware's per-launch op overhead."""
+    return _roofline(op, hardware, _utilisation(op.gemms, hardware))
 
 
 def kernel_key(op: Op) -> str:
@@ -99,11 +121,17 @@ def op_phase_seconds(op: Op, hardware: Hardware) -> Tuple[float, float, float]:
         forward, backward = measured
         return (forward, backward / 2, backward / 2) if op.weight_grad else (forward, backward, 0.0)
     t = op_seconds(op, hardware)
-    if op.kind == "attention":
-        return t, t * (FLASH_BACKWARD if hardware.attention == "flash" else 2.0), 0.0
     if op.kind == "memory":
         return t, 2 * t, 0.0
-    return t, t, t if op.weight_grad else 0.0
+    grads = tuple(backward_shapes(g) for g in op.gemms)
+    if op.kind == "attention":
+        if hardware.attention == "flash":
+            return t, t * FLASH_BACKWARD, 0.0
+        # materialised: each forward GEMM's two transposes (dQ, dK from QK^T; dP, dV from AV)
+        return t, 2 * _roofline(op, hardware, _utilisation(tuple(g for pair in grads for g in pair), hardware)), 0.0
+    backward_input = _roofline(op, hardware, _utilisation(tuple(i for i, _ in grads), hardware))
+    weight = _roofline(op, hardware, _utilisation(tuple(w for _, w in grads), hardware)) if op.weight_grad else 0.0
+    return t, backward_input, weight
 
 
 def _dims(config: TransformerConfig, strategy: JobStrategy) -> Tuple[float, float, float, float, int]:
@@ -118,11 +146,14 @@ def _mlp_ops(config: TransformerConfig, tokens: float, f_local: float, e: int, w
              prefix: str) -> List[Op]:
     h = config.hidden
     c = 2 if config.gated_mlp else 1
+    rows = tokens / weight_copies  # each expert's GEMM runs on its share of the routed tokens
     return [Op(f"{prefix}up", "matmul", 2 * tokens * h * f_local * c,
-               e * (tokens * h + weight_copies * c * h * f_local + c * tokens * f_local), True),
+               e * (tokens * h + weight_copies * c * h * f_local + c * tokens * f_local), True,
+               (GemmShape(weight_copies, rows, c * f_local, h, e),)),
             Op(f"{prefix}activation", "memory", 0.0, tokens * f_local * e * (3 if config.gated_mlp else 2)),
             Op(f"{prefix}down", "matmul", 2 * tokens * f_local * h,
-               e * (tokens * f_local + weight_copies * f_local * h + tokens * h), True)]
+               e * (tokens * f_local + weight_copies * f_local * h + tokens * h), True,
+               (GemmShape(weight_copies, rows, h, f_local, e),))]
 
 
 def layer_forward_ops(config: TransformerConfig, strategy: JobStrategy, attention_kernel: str = "flash") -> List[Op]:
@@ -140,20 +171,25 @@ def layer_forward_ops(config: TransformerConfig, strategy: JobStrategy, attentio
     heads_local = c.heads / t
     core_flops = 4 * c.micro_batch * heads_local * (c.seq_len / cp) * c.seq_len * c.head_dim
     scores = c.micro_batch * heads_local * (c.seq_len / cp) * c.seq_len
+    batched, queries = c.micro_batch * heads_local, c.seq_len / cp
+    core_gemms = () if attention_kernel == "flash" else (GemmShape(batched, queries, c.seq_len, c.head_dim, e),
+                                                         GemmShape(batched, queries, c.head_dim, c.seq_len, e))
     ops = [Op("norm 1", "memory", 0.0, 2 * norm_tokens * h * e),
            Op("qkv", "matmul", 2 * tokens * h * (q_local + 2 * kv),
-              e * (tokens * h + h * (q_local + 2 * kv) + tokens * (q_local + 2 * kv)), True),
+              e * (tokens * h + h * (q_local + 2 * kv) + tokens * (q_local + 2 * kv)), True,
+              (GemmShape(1, tokens, q_local + 2 * kv, h, e),)),
            Op("attention core", "attention", core_flops / 2 if attention_kernel == "flash" else core_flops,
-              e * (2 * tokens * q_local + 2 * tokens * kv))]
+              e * (2 * tokens * q_local + 2 * tokens * kv), False, core_gemms)]
     if attention_kernel == "materialized":
         ops.append(Op("scores", "memory", 0.0, (6 * e + 1) * scores))
     ops += [Op("projection", "matmul", 2 * tokens * q_local * h, e * (tokens * q_local + h * q_local + tokens * h),
-               True),
+               True, (GemmShape(1, tokens, h, q_local, e),)),
             Op("dropout-add 1", "memory", 0.0, norm_tokens * h * (3 * e + 1)),
             Op("norm 2", "memory", 0.0, 2 * norm_tokens * h * e)]
     if c.experts:
         experts_local = c.experts / st.expert
-        ops.append(Op("router", "matmul", 2 * tokens * h * c.experts, e * (tokens * h + h * c.experts), True))
+        ops.append(Op("router", "matmul", 2 * tokens * h * c.experts, e * (tokens * h + h * c.experts), True,
+                      (GemmShape(1, tokens, c.experts, h, e),)))
         ops += _mlp_ops(c, tokens * c.top_k, f_local, e, experts_local, "expert ")
     else:
         ops += _mlp_ops(c, tokens, f_local, e, 1, "mlp ")
@@ -166,7 +202,8 @@ def head_forward_ops(config: TransformerConfig, strategy: JobStrategy) -> List[O
     tokens, norm_tokens, _, _, e = _dims(config, strategy)
     h, v_local = config.hidden, config.vocab / strategy.tensor
     return [Op("final norm", "memory", 0.0, 2 * norm_tokens * config.hidden * e),
-            Op("lm head", "matmul", 2 * tokens * h * v_local, e * (tokens * h + h * v_local + tokens * v_local), True),
+            Op("lm head", "matmul", 2 * tokens * h * v_local, e * (tokens * h + h * v_local + tokens * v_local), True,
+               (GemmShape(1, tokens, v_local, h, e),)),
             Op("cross-entropy", "memory", 0.0, tokens * v_local * (e + 4 + 4))]
 
 

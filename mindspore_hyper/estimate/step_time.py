@@ -33,7 +33,8 @@ the breakdown's "shared cores" is the makespan's change from it. The data-parall
 sync (over data x context) is reduce-scatter (ZeRO >= 1, followed by the parameter all-gather
 after the step for ZeRO-1 and 2) or all-reduce, of the stage's gradient bytes, once per step
 (ZeRO-2: once per micro-batch, as it keeps only a gradient shard); each overlaps a micro-batch's
-backward ((L - 1)/L of it: a layer's gradients are ready when its backward ends).
+backward ((L - 1)/L of it: a layer's gradients are ready when its backward ends), or none of it
+with `grad_sync_overlap=False` (a sync after the backward, Megatron-LM's `local` DDP).
 """
 from __future__ import annotations
 
@@ -349,6 +350,8 @@ def estimate_step_time(config: TransformerConfig, strategy: JobStrategy,
         syncs = m if st.zero_stage == 2 else 1
         one = collective_seconds(kind, grad_bytes, hw, fan["replicas"])
         overlap = (layer.backward_input + layer.backward_weight + layer.recompute) * max(busiest_layers - 1, 0)
+        if not st.grad_sync_overlap:  # after the backward (Megatron's local DDP): nothing hidden
+            overlap = 0.0
         sync, hidden = syncs * one, syncs * min(one, overlap)
         comm.append(CommTerm(f"data-parallel gradient {kind.replace('_', '-')}", kind, "data",
                              levels_spanned(hw, fan["replicas"]), syncs, grad_bytes, sync, hidden))

@@ -62,6 +62,12 @@ class JobStrategy(Record):
             the last stage's final norm, LM head and loss included; not with the split backwards
             of zb_h1, zb_v and dualpipe_v, whose two halves that runtime recomputes each). The
             memory estimate counts Table 2's full-recompute row for both.
+        grad_sync_overlap: the data-parallel gradient sync overlaps the backward (True: PyTorch
+            DDP's bucketed all-reduce, started as a layer's gradients are ready, hiding up to
+            (L - 1)/L of a micro-batch's backward) or runs after the backward, all of it exposed
+            (False: Megatron-LM's `local` DDP, one all-reduce of the gradient buffer after the
+            last micro-batch). Step time only; not with zero_stage=3, whose gradient
+            reduce-scatters run per layer inside the backward.
 
     Raises:
         ValueError: a field of the wrong type or out of range, or fields that contradict each
@@ -88,6 +94,7 @@ class JobStrategy(Record):
     schedule: str = "1f1b"
     chunks: int = 1
     recompute_scope: str = "layers"
+    grad_sync_overlap: bool = True
 
     def __post_init__(self):
         for name in ("data", "tensor", "pipeline", "expert", "context_parallel", "chunks"):
@@ -118,10 +125,13 @@ class JobStrategy(Record):
             raise ValueError(f"chunks={self.chunks}: schedule='interleaved_1f1b' needs >= 2 chunks per rank")
         if self.schedule in ("1f1b", "zb_h1", "gpipe") and self.chunks != 1:
             raise ValueError(f"chunks={self.chunks}: schedule={self.schedule!r} runs 1 chunk per rank")
-        for name in ("sequence_parallel", "inference"):
+        for name in ("sequence_parallel", "inference", "grad_sync_overlap"):
             check_bool(name, getattr(self, name))
         if self.master_weights is not None and not isinstance(self.master_weights, bool):
             raise ValueError(f"master_weights={self.master_weights!r}: expected a bool or None")
+        if not self.grad_sync_overlap and self.zero_stage == 3:
+            raise ValueError("grad_sync_overlap=False: ZeRO-3 reduce-scatters each layer's gradients inside the "
+                             "backward (there is no once-per-step sync to run after it); use zero_stage 0, 1 or 2")
         if self.data % self.expert:
             raise ValueError(f"expert={self.expert}: the expert-parallel size must divide data={self.data}")
         if self.inference:

@@ -8,7 +8,11 @@ docs and MindFormers import) resolve here when no real `hyper_parallel` is insta
 package's own DTensor, meshes and runtimes. See docs/hyper_parallel.md for what is covered.
 """
 from mindspore_hyper.dtensor.dtensor import DTensor
+from mindspore_hyper.hyper_parallel.async_context_parallel import AsyncContextParallel
 from mindspore_hyper.hyper_parallel.autodiff import SkipDTensorDispatch, parallelize_value_and_grad
+from mindspore_hyper.hyper_parallel.autograd_compat import enable_mindspore_backward_compat
+from mindspore_hyper.hyper_parallel.checkpoint import cell_holdings  # noqa: F401 (mh.save_checkpoint of laid-out Cells)
+from mindspore_hyper.hyper_parallel.comm_compute_overlap import CommComputeOverlap, HookCoordinator, HookRole
 from mindspore_hyper.hyper_parallel.context_parallel import ContextParallel
 from mindspore_hyper.hyper_parallel.custom_shard import custom_shard
 from mindspore_hyper.hyper_parallel.device_mesh import DeviceMesh, get_current_mesh, init_device_mesh
@@ -16,7 +20,9 @@ from mindspore_hyper.hyper_parallel.distribute import (
     distribute_module, distribute_tensor, empty, full, laid_out_parameters, ones, rand, randn, zeros,
 )
 from mindspore_hyper.hyper_parallel.fully_shard import FSDPModule, fully_shard
+from mindspore_hyper.hyper_parallel.fully_shard_policies import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 from mindspore_hyper.hyper_parallel.hsdp import HSDPCell, hsdp, hsdp_sync_stream
+from mindspore_hyper.hyper_parallel.hsdp_module import HSDPModule
 from mindspore_hyper.hyper_parallel.init_weights import init_empty_weights, init_on_device, init_parameters
 from mindspore_hyper.hyper_parallel.install import install_hyper_parallel
 from mindspore_hyper.hyper_parallel.pipeline_microbatches import BatchDimSpec
@@ -48,5 +54,6 @@ __all__ = [
     "install_hyper_parallel", "init_parameters", "init_empty_weights", "init_on_device", "shard_module", "ShardingPlan",
     "hsdp", "HSDPCell", "hsdp_sync_stream", "custom_shard",
     "PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "MetaStep", "MetaStepType",
-    "BatchDimSpec", "ContextParallel",
+    "BatchDimSpec", "ContextParallel", "AsyncContextParallel", "CommComputeOverlap", "HookCoordinator", "HookRole",
+    "HSDPModule", "MixedPrecisionPolicy", "OffloadPolicy", "CPUOffloadPolicy", "enable_mindspore_backward_compat",
 ]

@@ -4,26 +4,30 @@
 A state dict (nested dicts of Parameters, e.g. `{"model": net.parameters_dict(), "optim":
 optimizer.parameters_dict()}`) is saved as one committed step of per-rank safetensors files plus
 the layout manifest (docs/checkpoint.md): a Parameter laid out by the API is stored by its layout
-(each rank its piece), an optimizer state by its parameter's, anything else replicated. `load`
-fills the same Parameters in place from a checkpoint saved on any mesh or world size.
+(each rank its piece), an optimizer state by its parameter's, anything else replicated. Every
+entry is listed in the manifest's `parameters` under its state-dict path, optimizer states too:
+which entries are laid out depends on the mesh, and a checkpoint must load on any. `load` fills
+the same Parameters in place from a checkpoint saved on any mesh or world size.
 """
 from __future__ import annotations
 
 import os
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from mindspore import Parameter
 
 from mindspore_hyper.checkpoint.box import Box
 from mindspore_hyper.checkpoint.errors import CheckpointError
-from mindspore_hyper.checkpoint.holdings import OPTIMIZER, PARAMETERS, SINGLE_MESH, HeldTensor, Holdings, owner_of
+from mindspore_hyper.checkpoint.holdings import (
+    PARAMETERS, SINGLE_MESH, HeldTensor, Holdings, owner_of, register_cell_view,
+)
 from mindspore_hyper.checkpoint.load import load_checkpoint
 from mindspore_hyper.checkpoint.regions import rank_box
 from mindspore_hyper.checkpoint.save import save_checkpoint
 from mindspore_hyper.hyper_parallel.session import mesh_of
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
-__all__ = ["save", "load", "StateDict"]
+__all__ = ["save", "load", "StateDict", "cell_holdings"]
 
 
 def _flatten(state_dict: Dict[str, Any], prefix: str = "") -> Dict[str, Parameter]:
@@ -70,16 +74,15 @@ class StateDict:
         tensors = []
         for name, p in self.params.items():
             slot = execution.parameters.get(id(p))
-            section = PARAMETERS
             if slot is None:
                 slot = _owner_slot(p, laid_out)
-                section = OPTIMIZER if slot is not None else PARAMETERS
             if slot is None:
                 layout, shape = TensorLayout.replicated(mesh.root, len(p.shape)), tuple(p.shape)
             else:
                 layout, shape = slot.layout, tuple(slot.global_shape)
             held = rank_box(layout, local[0], shape) if len(local) == 1 else Box.full(shape)
-            tensors.append(HeldTensor(section, name, p, shape, str(p.dtype), layout, tuple(mesh.root.ranks), held))
+            tensors.append(HeldTensor(PARAMETERS, name, p, shape, str(p.dtype), layout, tuple(mesh.root.ranks),
+                                      held))
         group = None
         if len(local) == 1 and mesh.root.size > 1:
             from mindspore_hyper.runtime.distributed.world import world
@@ -87,6 +90,19 @@ class StateDict:
             group = world().communicator(tuple(range(world().size)))
         mode = "simulation" if len(local) > 1 else "distributed"
         return Holdings(mesh.root, mode, tuple(local), tensors, None, group)
+
+
+def cell_holdings(cell) -> Optional[Holdings]:
+    """The holdings of a Cell whose Parameters the API laid out (its parameter paths as names),
+    for `mh.save_checkpoint` / `load_checkpoint` of the Cell itself; None for a Cell it did not
+    lay out."""
+    params = dict(cell.parameters_and_names())
+    if all(mesh_of(p) is None for p in params.values()):
+        return None
+    return StateDict(params).checkpoint_holdings()
+
+
+register_cell_view(cell_holdings)
 
 
 def _owner_slot(state: Parameter, laid_out: Dict[str, Any]):

@@ -7,19 +7,32 @@ view leaves out. That is what every rank sees in torch's semantics, and it needs
 simulation, which holds all ranks, runs the same script.
 
 Questions whose answer is a rank (`get_rank`, `get_local_rank`, `get_coordinate`, a sub-mesh's
-rank list) are answered under msrun and refused in simulation, where they would differ per
-virtual device: a script that branches on them cannot run once for all ranks.
+rank list) are answered under msrun and in a per-rank simulation (each thread is one rank), and
+refused in the plain simulation, where they would differ per virtual device: a script that
+branches on them cannot run once for all ranks.
+
+A mesh may hold only some of the job's ranks (`members`, ascending; the root Layout numbers
+them 0..n-1 by that order). Its DTensors live on those devices only: collectives among them,
+the report counting them. A rank outside it gets `get_coordinate() is None`, as in torch; its
+other rank questions and DTensors on the mesh are refused (torch gives it DTensors of empty
+local tensors, which this package does not make). `init_device_mesh` with fewer devices than
+the job follows upstream: rank r gets the mesh of ranks base..base+n-1, base = r - r % n, so the
+job holds job/n copies of the mesh (`copies`), each rank inside its own. The plain simulation
+runs copy 0 (ranks 0..n-1): the script runs once with the same values for every rank, so every
+copy computes the same.
 """
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from mindspore_hyper.hyper_parallel.session import (
-    RankDependentError, check_device_count, current_meshes, execution_for, refuse_in_simulation,
+    RankDependentError, calling_rank, current_meshes, execution_for, holds_all_ranks, job_size,
 )
+from mindspore_hyper.hyper_parallel.mesh_reshape import flattened, unflattened
+from mindspore_hyper.hyper_parallel.rank_threads import thread_rank
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.shard.placement import Partial, Placement, Replicate, Shard
 from mindspore_hyper.shard.tensor_layout import NONE_ALIAS, TensorLayout
@@ -29,24 +42,19 @@ __all__ = ["DeviceMesh", "init_device_mesh", "get_current_mesh", "RankDependentE
 DEVICE_TYPES = ("cpu", "npu", "gpu", "cuda", "ascend")
 
 
-def _process_rank() -> int:
-    from mindspore_hyper.runtime.distributed.world import world
-
-    return world().rank
-
-
 class DeviceMesh:
     """A mesh of devices with named dimensions (see module docstring).
 
     Args:
         device_type: "npu", "cpu", "gpu" ("cuda", "ascend" accepted); every kind runs on this
             machine's CPU in simulation and under msrun.
-        mesh: the global ranks, an n-dimensional array-like; a permutation of range(size).
+        mesh: the job's ranks of its devices, an n-dimensional array-like of distinct ranks
+            (all of the job's or some of them).
         mesh_dim_names: one unique name per dimension (default "dim0", "dim1", ...).
 
     Raises:
-        ValueError: an unknown device type, a mesh that is not a permutation of its ranks, or
-            names that do not match the dimensions.
+        ValueError: an unknown device type, repeated or negative ranks, or names that do not
+            match the dimensions.
     """
 
     def __init__(self, device_type: str, mesh, *, mesh_dim_names: Optional[Sequence[str]] = None):
@@ -55,25 +63,34 @@ class DeviceMesh:
         ranks = np.asarray(mesh.asnumpy() if hasattr(mesh, "asnumpy") else mesh)
         if ranks.ndim == 0 or ranks.size == 0 or not np.issubdtype(ranks.dtype, np.integer):
             raise ValueError(f"DeviceMesh: mesh must be a non-empty integer array of ranks, got {mesh!r}")
+        flat = [int(r) for r in ranks.reshape(-1)]
+        if len(set(flat)) != len(flat) or min(flat) < 0:
+            raise ValueError(f"DeviceMesh: mesh={flat}: expected distinct non-negative ranks (rank_list)")
         if mesh_dim_names is None:
             mesh_dim_names = tuple(f"dim{i}" for i in range(ranks.ndim))
         if len(tuple(mesh_dim_names)) != ranks.ndim:
             raise ValueError(f"DeviceMesh: mesh_dim_names={tuple(mesh_dim_names)} has {len(tuple(mesh_dim_names))} "
                              f"names for a {ranks.ndim}-dimensional mesh of shape {ranks.shape}")
+        members = tuple(sorted(flat))
         root = Layout(tuple(int(n) for n in ranks.shape), tuple(mesh_dim_names),
-                      rank_list=[int(r) for r in ranks.reshape(-1)])
-        self._init(device_type.lower(), root, tuple(range(root.ndim)))
+                      rank_list=[members.index(r) for r in flat])
+        self._init(device_type.lower(), root, tuple(range(root.ndim)), members, 1,
+                   MeshFamily(root))
 
-    @classmethod
-    def _view(cls, device_type: str, root: Layout, dims: Tuple[int, ...]) -> "DeviceMesh":
-        view = cls.__new__(cls)
-        view._init(device_type, root, dims)
+    def view(self, dims: Tuple[int, ...]) -> "DeviceMesh":
+        """The mesh along the root's dimensions `dims` (indices into `root`), on the same devices."""
+        view = DeviceMesh.__new__(DeviceMesh)
+        view._init(self.device_type, self.root, tuple(dims), self.members, self.copies, self.family)
         return view
 
-    def _init(self, device_type: str, root: Layout, dims: Tuple[int, ...]) -> None:
+    def _init(self, device_type: str, root: Layout, dims: Tuple[int, ...], members: Tuple[int, ...],
+              copies: int, family: "MeshFamily") -> None:
         self.device_type = device_type
         self.root = root
         self.dims = dims
+        self.members = members  # the job's rank of each root rank (root rank i = job rank members[i])
+        self.copies = copies  # how many copies of the mesh the job holds (init_device_mesh, upstream's tiling)
+        self.family = family  # torch's root mesh: its dimension names and the meshes _flatten registered
 
     # -- shape -------------------------------------------------------------------------------
     @property
@@ -96,12 +113,17 @@ class DeviceMesh:
 
     @property
     def mesh(self) -> np.ndarray:
-        """The ranks of this mesh as an array (a sub-mesh's depend on the calling rank)."""
+        """The job's ranks of this mesh as an array (a sub-mesh's, and a mesh of several copies',
+        depend on the calling rank)."""
+        if self.dims == tuple(range(self.root.ndim)) and self.copies == 1:
+            return np.array([self.members[r] for r in self.root.rank_list]).reshape(self.root.device_matrix)
+        what = "the ranks of sub-mesh" if self.copies == 1 else f"the ranks of a mesh tiling the job {self.copies} times"
+        local = self._local_rank(f"{what} {self.mesh_dim_names}")
         if self.dims == tuple(range(self.root.ndim)):
-            return np.array(self.root.rank_list).reshape(self.root.device_matrix)
-        refuse_in_simulation(f"the ranks of sub-mesh {self.mesh_dim_names}")
-        ranks = self.root.axis_group(_process_rank(), list(self.dims))
-        return np.array(ranks).reshape(self.shape)
+            ranks = list(self.root.rank_list)
+        else:
+            ranks = self.root.axis_group(local, list(self.dims))
+        return np.array([self.members[r] for r in ranks]).reshape(self.shape)
 
     def _dim_index(self, mesh_dim: Union[int, str]) -> int:
         if isinstance(mesh_dim, str):
@@ -115,6 +137,12 @@ class DeviceMesh:
     def __getitem__(self, names: Union[str, Sequence[str]]) -> "DeviceMesh":
         """The sub-mesh along the named dimension(s), e.g. `mesh["tp"]`, `mesh["dp", "tp"]`."""
         names = (names,) if isinstance(names, str) else tuple(names)
+        if len(names) == 1 and names[0] not in self.mesh_dim_names and names[0] in self.family.flattened:
+            if not self.is_family_root():
+                raise KeyError(f"DeviceMesh[{names[0]!r}]: a flattened dimension is sliced from the mesh it was "
+                               f"flattened from the root of (torch's rule), not from this view {self.mesh_dim_names}; "
+                               f"keep the mesh _flatten returned")
+            return self.family.flattened[names[0]]
         if not names or len(set(names)) != len(names):
             raise KeyError(f"DeviceMesh[{names!r}]: name one or more distinct dimensions of {self.mesh_dim_names}")
         dims = []
@@ -122,36 +150,125 @@ class DeviceMesh:
             if name not in self.mesh_dim_names:
                 raise KeyError(f"DeviceMesh[{name!r}]: no such dimension; this mesh has {self.mesh_dim_names}")
             dims.append(self.dims[self.mesh_dim_names.index(name)])
-        return DeviceMesh._view(self.device_type, self.root, tuple(dims))
+        return self.view(tuple(dims))
+
+    # -- torch's private reshaping (MindFormers' ParallelDims.build_mesh calls both) -----------
+    def is_family_root(self) -> bool:
+        """Whether this is the mesh every `_flatten`/`_unflatten`/slice here came from (torch's root)."""
+        return self.root is self.family.root and self.dims == tuple(range(self.root.ndim))
+
+    def _root_ranks(self) -> np.ndarray:
+        """The job's ranks of the root mesh, shaped as the root."""
+        return np.array([self.members[r] for r in self.root.rank_list]).reshape(self.root.device_matrix)
+
+    def _reshaped(self, reshaped) -> "DeviceMesh":
+        """A view of a new root over the same devices: (job ranks, names, view dims) (`mesh_reshape`)."""
+        ranks, names, dims = reshaped
+        root = DeviceMesh(self.device_type, ranks, mesh_dim_names=names).root
+        mesh = DeviceMesh.__new__(DeviceMesh)
+        mesh._init(self.device_type, root, dims, self.members, self.copies, self.family)
+        return mesh
+
+    def _unflatten(self, dim: Union[int, str], mesh_sizes: Sequence[int], mesh_dim_names: Sequence[str],
+                   backend_override: Optional[dict] = None) -> "DeviceMesh":
+        """This mesh with dimension `dim` split row-major into `mesh_sizes` named `mesh_dim_names`
+        (torch's `DeviceMesh._unflatten`): (8,) unflattened to (2, 2, 2) is
+        [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]; a sub-mesh stays a sub-mesh through the calling rank.
+
+        Args:
+            dim: the dimension to split, index or name.
+            mesh_sizes: positive ints whose product is that dimension's size.
+            mesh_dim_names: one new name per size.
+            backend_override: torch's per-dimension process-group backend ({name or index:
+                backend}, "fake" for none): its keys are checked; no effect here, where a
+                dimension's group is made when a collective needs it, on this package's transport.
+
+        Returns:
+            The unflattened mesh (same devices; DTensors on it are laid out on its own root).
+
+        Raises:
+            ValueError: an unknown dim, sizes whose product is not the dimension's size, a name
+                count that differs from the sizes', a repeated name or an unknown override key.
+        """
+        what = (f"DeviceMesh._unflatten(dim={dim!r}, mesh_sizes={tuple(mesh_sizes)}, "
+                f"mesh_dim_names={tuple(mesh_dim_names)})")
+        return self._reshaped(unflattened(self._root_ranks(), self.root.alias_names, self.dims, dim, mesh_sizes,
+                                          mesh_dim_names, backend_override, what))
+
+    def _flatten(self, mesh_dim_name: Optional[str] = None, backend_override=None) -> "DeviceMesh":
+        """This mesh's dimensions as one (torch's `DeviceMesh._flatten`) named `mesh_dim_name`
+        (default: the names joined by "_"), the first varying slowest: (2, 2, 2) ("dp", "cp", "tp")
+        flattened along ["dp", "tp"] is [0, 1, 4, 5] through rank 0. It is registered with the
+        family root, whose `root[name]` and `get_group(name)` then find it.
+
+        Args:
+            mesh_dim_name: the flattened dimension's name.
+            backend_override: torch's process-group backend for it; no effect (see `_unflatten`).
+
+        Returns:
+            The 1-D mesh (this mesh itself when it is 1-D and already has that name).
+
+        Raises:
+            ValueError: the name is one of the root's names, or an earlier `_flatten` gave the
+                same name to other devices.
+        """
+        name = mesh_dim_name or "_".join(self.mesh_dim_names)
+        if self.ndim == 1 and name in self.mesh_dim_names:
+            return self
+        what = f"DeviceMesh._flatten({name!r}) of {self.mesh_dim_names}"
+        if not isinstance(name, str) or name in self.family.root_names:
+            raise ValueError(f"{what}: expected a string that is not already a dimension of the root mesh "
+                             f"{self.family.root_names}; choose another name")
+        flat = self._reshaped(flattened(self._root_ranks(), self.root.alias_names, self.dims, name, what))
+        earlier = self.family.flattened.setdefault(name, flat)
+        if earlier != flat:
+            raise ValueError(f"{what}: a flattened mesh named {name!r} was made before on other devices "
+                             f"({earlier}); choose another name")
+        return earlier
 
     # -- the calling process -----------------------------------------------------------------
-    def get_rank(self) -> int:
-        """This process's global rank (msrun only; refused in simulation)."""
-        refuse_in_simulation("get_rank()")
-        return _process_rank()
+    def _local_rank(self, what: str) -> int:
+        """The calling rank's root rank.
 
-    def get_coordinate(self) -> List[int]:
-        """This process's coordinate on each dimension of the mesh."""
-        refuse_in_simulation("get_coordinate()")
-        coords = self.root.coords(_process_rank())
+        Raises:
+            RankDependentError: in the plain simulation.
+            ValueError: the calling rank is not in this mesh.
+        """
+        rank = calling_rank(what)
+        if rank not in self.members:
+            raise ValueError(f"{what}: rank {rank} is not in this mesh (its ranks: {list(self.members)})")
+        return self.members.index(rank)
+
+    def get_rank(self) -> int:
+        """This process's global rank (msrun, per-rank simulation; refused in the plain simulation)."""
+        return calling_rank("get_rank()")
+
+    def get_coordinate(self) -> Optional[List[int]]:
+        """This process's coordinate on each dimension of the mesh; None for a rank outside it (torch)."""
+        rank = calling_rank("get_coordinate()")
+        if rank not in self.members:
+            return None
+        coords = self.root.coords(self.members.index(rank))
         return [coords[d] for d in self.dims]
 
     def get_local_rank(self, mesh_dim: Union[int, str, None] = None) -> int:
         """This process's index along `mesh_dim` (required for a mesh of several dimensions)."""
         if mesh_dim is None and self.ndim != 1:
             raise ValueError(f"get_local_rank: name mesh_dim for a {self.ndim}-dimensional mesh {self.mesh_dim_names}")
-        refuse_in_simulation("get_local_rank()")
-        return self.get_coordinate()[self._dim_index(mesh_dim or 0)]
+        coords = self.root.coords(self._local_rank("get_local_rank()"))
+        return [coords[d] for d in self.dims][self._dim_index(mesh_dim or 0)]
 
     def get_group(self, mesh_dim: Union[int, str, None] = None):
         """The process group along `mesh_dim` through this process (`ProcessGroup`)."""
         from mindspore_hyper.hyper_parallel.process_group import ProcessGroup
 
+        if isinstance(mesh_dim, str) and mesh_dim not in self.mesh_dim_names and mesh_dim in self.family.flattened:
+            return self.family.flattened[mesh_dim].get_group()  # torch: the root's flattened dimensions
         if mesh_dim is None and self.ndim != 1:
             raise ValueError(f"get_group: name mesh_dim for a {self.ndim}-dimensional mesh {self.mesh_dim_names}")
-        refuse_in_simulation("get_group()")
+        local = self._local_rank("get_group()")
         dim = self.dims[self._dim_index(mesh_dim or 0)]
-        return ProcessGroup(tuple(self.root.axis_group(_process_rank(), [dim])))
+        return ProcessGroup(tuple(self.members[r] for r in self.root.axis_group(local, [dim])))
 
     # -- layouts -----------------------------------------------------------------------------
     def tensor_layout(self, placements, ndim: int, base: Optional[TensorLayout] = None) -> TensorLayout:
@@ -198,7 +315,7 @@ class DeviceMesh:
 
     def execution(self):
         """The run that DTensors on this mesh belong to (simulation or msrun, by the context)."""
-        return execution_for(self.root)
+        return execution_for(self.root, self.members)
 
     # -- identity ----------------------------------------------------------------------------
     def __enter__(self) -> "DeviceMesh":
@@ -209,13 +326,25 @@ class DeviceMesh:
         current_meshes().pop()
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, DeviceMesh) and self.root == other.root and self.dims == other.dims
+        return (isinstance(other, DeviceMesh) and self.root == other.root and self.dims == other.dims
+                and self.members == other.members)
 
     def __hash__(self) -> int:
-        return hash((self.root, self.dims))
+        return hash((self.root, self.dims, self.members))
 
     def __repr__(self) -> str:
-        return f"DeviceMesh({self.device_type!r}, shape={self.shape}, mesh_dim_names={self.mesh_dim_names})"
+        ranks = "" if self.members == tuple(range(len(self.members))) else f", ranks={list(self.members)}"
+        return f"DeviceMesh({self.device_type!r}, shape={self.shape}, mesh_dim_names={self.mesh_dim_names}{ranks})"
+
+
+class MeshFamily:
+    """What the meshes derived from one constructed mesh share (torch's root mesh): that mesh's
+    Layout and the meshes `_flatten` made from any of them, by name."""
+
+    def __init__(self, root: Layout):
+        self.root = root
+        self.root_names = root.alias_names
+        self.flattened: Dict[str, DeviceMesh] = {}
 
 
 def _is_alias(entry) -> bool:
@@ -223,20 +352,49 @@ def _is_alias(entry) -> bool:
 
 
 def init_device_mesh(device_type: str, mesh_shape: Sequence[int], *,
-                     mesh_dim_names: Optional[Sequence[str]] = None) -> DeviceMesh:
-    """A mesh of `mesh_shape` over ranks 0..N-1 (row-major), made the current mesh.
+                     mesh_dim_names: Optional[Sequence[str]] = None,
+                     rank_list: Optional[Sequence[int]] = None) -> DeviceMesh:
+    """A mesh of `mesh_shape` (row-major over its ranks), made the current mesh.
 
-    N must be the job's device count: `device_num` in simulation (`mindspore-hyper run
-    --devices N` sets it), the msrun worker count under msrun.
+    Its ranks, as upstream's: `rank_list` when given; else, for n = prod(mesh_shape) devices in a
+    job of N, ranks base..base+n-1 with base = r - r % n for the calling rank r (all of the job
+    when n = N; N/n copies of the mesh otherwise, each rank inside its own; see module docstring).
+
+    Args:
+        device_type: see `DeviceMesh`.
+        mesh_shape: positive ints; their product is at most the job's device count.
+        mesh_dim_names: one name per dimension.
+        rank_list: the job's ranks of the mesh, row-major (prod(mesh_shape) distinct ranks).
 
     Raises:
-        ValueError: a bad shape, or N differs from the job's device count (the message says how to match).
+        ValueError: a bad shape or rank_list, more devices than the job has, or (without
+            rank_list) a mesh size that does not divide the job's device count.
     """
     shape = tuple(mesh_shape)
     if not shape or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape):
         raise ValueError(f"init_device_mesh: mesh_shape={mesh_shape!r}; expected positive ints")
-    check_device_count(math.prod(shape), f"init_device_mesh(mesh_shape={shape})")
-    mesh = DeviceMesh(device_type, np.arange(math.prod(shape)).reshape(shape), mesh_dim_names=mesh_dim_names)
+    size, job = math.prod(shape), job_size()
+    if size > job:
+        raise ValueError(f"init_device_mesh(mesh_shape={shape}): {size} devices, but the job has {job}; "
+                         f"a mesh holds at most the job's devices")
+    copies = 1
+    if rank_list is not None:
+        ranks = list(rank_list)
+        if len(ranks) != size:
+            raise ValueError(f"init_device_mesh: rank_list has {len(ranks)} ranks; expected prod(mesh_shape)={size}")
+    elif size == job:
+        ranks = list(range(size))
+    else:
+        if job % size:
+            raise ValueError(f"init_device_mesh(mesh_shape={shape}): {size} devices do not divide the job's {job}; "
+                             f"without rank_list upstream gives rank r the ranks base..base+{size - 1} (base = r - r % "
+                             f"{size}), which needs a multiple: pass rank_list=... or change the mesh")
+        copies = job // size
+        rank = 0 if holds_all_ranks() and thread_rank() is None else calling_rank("init_device_mesh")
+        base = rank - rank % size
+        ranks = list(range(base, base + size))
+    mesh = DeviceMesh(device_type, np.array(ranks).reshape(shape), mesh_dim_names=mesh_dim_names)
+    mesh.copies = copies
     current_meshes()[:] = [mesh]
     return mesh
 

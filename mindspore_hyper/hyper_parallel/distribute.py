@@ -40,29 +40,41 @@ def distribute_tensor(tensor: Tensor, device_mesh: Optional[DeviceMesh] = None, 
                       src_data_rank: Optional[int] = 0) -> DTensor:
     """Lay the global `tensor` out on `device_mesh` by `placements` (default: the current mesh,
     replicated). Every rank takes its piece of the same global value: in simulation exactly; under
-    msrun the value of rank `src_data_rank` (broadcast first), or each process's own when None.
+    msrun the value of the device at index `src_data_rank` of the rank's group along the mesh's
+    dimensions (broadcast first; torch's meaning), or each process's own when None. A dimension
+    the placements do not divide is split as torch.chunk splits it (ceil(n / k) per rank, the
+    trailing ranks fewer or none).
 
     Raises:
-        ValueError: the shape does not divide by the placements, or bad placements.
+        ValueError: bad placements, a tensor rank the placements do not fit, or a src_data_rank
+            outside the group.
     """
     mesh = _mesh(device_mesh)
     if isinstance(tensor, DTensor):
         raise ValueError("distribute_tensor: the tensor is already a DTensor; use .redistribute(device_mesh, placements)")
+    if src_data_rank is not None and (isinstance(src_data_rank, bool) or not isinstance(src_data_rank, int)
+                                      or not 0 <= src_data_rank < mesh.size()):
+        raise ValueError(f"distribute_tensor: src_data_rank={src_data_rank!r}; expected a rank of the mesh's group "
+                         f"(0..{mesh.size() - 1}) or None")
     layout = layout_on(mesh, _placements(mesh, placements), tensor.ndim)
     execution = mesh.execution()
-    if src_data_rank is not None and len(execution.local_ranks) == 1 and mesh.root.size > 1:
-        tensor = _broadcast(execution, tensor, src_data_rank)
+    if src_data_rank is not None and len(execution.local_ranks) == 1 and mesh.size() > 1:
+        tensor = _broadcast(execution, mesh, tensor, src_data_rank)
     out = distribute(execution, tensor, layout)
     out._device_mesh = mesh
     return out
 
 
-def _broadcast(execution, tensor: Tensor, root: int) -> Tensor:
+def _broadcast(execution, mesh: DeviceMesh, tensor: Tensor, source: int) -> Tensor:
+    """This process's `tensor` replaced by that of the device at index `source` of its group along
+    `mesh`'s dimensions (torch's src_data_rank: a group rank; a sub-mesh broadcasts within each of
+    its groups, e.g. each "tp" group from its own first device)."""
     from mindspore_hyper.comm.collectives import AxisGroup
 
-    ranks = tuple(execution.mesh.ranks)
-    group = AxisGroup("world", ranks, (ranks.index(execution.local_ranks[0]),), records=False)
-    return execution.collectives.broadcast([tensor], ranks.index(root), group)[0]
+    local = execution.local_ranks[0]
+    ranks = tuple(execution.mesh.axis_group(local, list(mesh.dims)))
+    group = AxisGroup("+".join(mesh.mesh_dim_names), ranks, (ranks.index(local),), records=False)
+    return execution.collectives.broadcast([tensor], source, group)[0]
 
 
 # -- factories -------------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 Each Parameter of the Cell is split along its first dimension over the data-parallel mesh (on
 top of any tensor-parallel layout it already has: the data-parallel pieces are cut from each
-tensor-parallel piece, torch's StridedShard order). While the Cell runs, its Parameters read as
+tensor-parallel piece, torch's StridedShard order). Rows the mesh does not divide are split as
+torch's FSDP2 splits them (torch.chunk): ceil(rows / devices) each, the trailing devices fewer or
+none; the gathers pad the pieces. While the Cell runs, its Parameters read as
 DTensors gathered over the data-parallel mesh; the gather's backward reduce-scatters the
 gradient. Optimizers built on `trainable_params()` then update the shards: under msrun each
 process holds and updates only its piece (parameters, gradients and optimizer states all split:
@@ -16,14 +18,18 @@ batch: its loss is global and its gradient is summed, as every DTensor op sums.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Dict, Optional, Tuple
 
-from mindspore import Parameter, Tensor, nn
+from mindspore import Parameter, Tensor, nn, ops
 
 from mindspore_hyper.dtensor.dtensor import DTensor, significant_axes
 from mindspore_hyper.hyper_parallel.device_mesh import DeviceMesh, get_current_mesh
 from mindspore_hyper.hyper_parallel.distribute import lay_out_parameter, local_values, wrap_construct
+from mindspore_hyper.hyper_parallel.fully_shard_policies import check_policies
+from mindspore_hyper.hyper_parallel.hsdp_module import HSDPModule
+from mindspore_hyper.hyper_parallel.main_grad import accumulate_on_main_grad
 from mindspore_hyper.hyper_parallel.session import mesh_of, prepare_elsewhere, remember_mesh, runtime_of
 from mindspore_hyper.shard.placement import Replicate
 from mindspore_hyper.shard.tensor_layout import TensorLayout
@@ -31,18 +37,16 @@ from mindspore_hyper.shard.tensor_layout import TensorLayout
 __all__ = ["fully_shard", "FSDPModule"]
 
 
-class _ScaleGradient(nn.Cell):
-    """Identity forward; the backward multiplies the gradient by `scale`."""
+@functools.lru_cache(maxsize=None)
+def _gradient_scaler(scale: float):
+    """Identity forward; the backward multiplies the gradient by `scale`. A primitive
+    (`InsertGradientOf`), not a custom-bprop Cell: torch-style `loss.backward()`
+    (autograd_compat.py) cannot run a Cell's bprop outside `mindspore.value_and_grad`."""
 
-    def __init__(self, scale: float):
-        super().__init__()
-        self.scale = scale
+    def scaled(dout):
+        return dout * scale
 
-    def construct(self, x):
-        return x
-
-    def bprop(self, x, out, dout):
-        return (dout * self.scale,)
+    return ops.InsertGradientOf(scaled)
 
 
 class FSDPModule:
@@ -78,7 +82,7 @@ def _sharded_layout(layout: TensorLayout, dp_axes: Tuple[int, ...]) -> TensorLay
 
 
 def fully_shard(module: nn.Cell, *, mesh: Optional[DeviceMesh] = None, reshard_after_forward: bool = True,
-                mp_policy=None, offload_policy=None, ignored_params=None) -> nn.Cell:
+                mp_policy=None, offload_policy=None, ignored_params=None, replicate_params=None) -> nn.Cell:
     """Shard `module`'s Parameters over the data-parallel `mesh` (see module docstring).
 
     Apply it bottom-up (blocks first, then the root), as with torch: a Parameter already managed
@@ -88,25 +92,44 @@ def fully_shard(module: nn.Cell, *, mesh: Optional[DeviceMesh] = None, reshard_a
         module: the Cell (changed in place and returned).
         mesh: the data-parallel mesh, one dimension (or a sub-mesh such as `mesh["dp"]`); default
             the current mesh.
-        reshard_after_forward: True (the default) only: the gathered Parameters live until the
-            backward releases them, in every mode.
-        mp_policy, offload_policy: not supported yet (None only).
+        reshard_after_forward: True (the default) or False: upstream frees the gathered
+            Parameters after the forward (True) or keeps them for the backward (False), a
+            memory/communication trade with the same values; here they live until the backward
+            releases them either way.
+        mp_policy, offload_policy: upstream's policies (`fully_shard_policies.py`): those that
+            change no value (OffloadPolicy(), a float32 model reducing in float32) are taken,
+            the others refused; `apply_grad_on_fp32_main_grad=True` adds each backward's reduced
+            gradients onto `param.main_grad` (`main_grad.py`).
         ignored_params: Parameters to leave unsharded.
+        replicate_params: upstream's Parameters kept whole on every rank; None or empty only.
+
+    Returns:
+        `module`, whose class gains `HSDPModule` (upstream's per-Cell settings).
 
     Raises:
-        ValueError: an unsupported argument, a Parameter whose first dimension the mesh does not
-            divide, or one already split over the mesh.
+        ValueError: an unsupported argument, or a Parameter already split over the mesh.
     """
     mesh = mesh if mesh is not None else get_current_mesh()
-    if mp_policy is not None or offload_policy is not None:
-        raise ValueError("fully_shard: mp_policy and offload_policy are not supported yet; pass None (for offload "
-                         "use mindspore_hyper.offload.hyper_offload)")
-    if reshard_after_forward is not True:
-        raise ValueError("fully_shard(reshard_after_forward=...): only True is supported (the gathered parameters "
-                         "are released by the backward in every mode)")
+    check_policies(mp_policy, offload_policy, {p.dtype for p in module.get_parameters()})
+    if replicate_params:
+        raise ValueError(f"fully_shard(replicate_params=[{len(replicate_params)} Parameters]): keeping chosen "
+                         "Parameters whole inside a sharded Cell is not supported yet; pass them as ignored_params "
+                         "or wrap them in their own Cell")
+    if not isinstance(reshard_after_forward, bool):
+        raise ValueError(f"fully_shard(reshard_after_forward={reshard_after_forward!r}): expected a bool (resharding "
+                         "to a smaller group after the forward is not supported)")
     if getattr(module, "fsdp_state", None) is not None:
         raise ValueError(f"fully_shard: {type(module).__name__} is already fully sharded")
     shard_parameters(module, mesh, lambda slot: tuple(mesh.dims), ignored_params, reduce="avg")
+    if mp_policy is not None and mp_policy.apply_grad_on_fp32_main_grad:
+        skip = {id(p) for p in (ignored_params or ())} | {  # ignored, or an inner fully_shard Cell's
+            id(p) for _, cell in module.cells_and_names() if cell is not module
+            and getattr(cell, "fsdp_state", None) is not None for p in cell.get_parameters()}
+        for param in module.get_parameters():
+            if id(param) not in skip:
+                accumulate_on_main_grad(param)
+    if not isinstance(module, HSDPModule):
+        module.__class__ = type(f"HSDP{type(module).__name__}", (HSDPModule, type(module)), {})
     return module
 
 
@@ -131,10 +154,15 @@ def shard_parameters(module: nn.Cell, mesh: DeviceMesh, axes_of: Callable, ignor
         slot = execution.parameters[id(param)]
         axes = tuple(axes_of(slot))
         if not param.shape or not axes or math.prod(slot.global_shape) * param.dtype.itemsize < threshold_bytes:
-            continue  # a scalar, or a Parameter under the threshold, stays as it is
+            # a scalar, a Parameter under the threshold, or rows no group divides stays whole; under
+            # hsdp ("sum") its gradient is still summed over the data-parallel group, as upstream's
+            if reduce == "sum":
+                gathered[id(param)] = (param, slot.layout, ())
+                prepare_elsewhere(param)
+            continue
         used_layout = slot.layout
         new_layout = _sharded_layout(slot.layout, axes)
-        new_layout.check_shape(tuple(slot.global_shape))
+        new_layout.check_shape(tuple(slot.global_shape), uneven=True)  # torch.chunk pieces, as FSDP2
         param = _reshard(module, execution, slot, new_layout, mesh)
         gathered[id(param)] = (param, used_layout, axes)
         prepare_elsewhere(param)
@@ -157,21 +185,23 @@ def _reshard(module: nn.Cell, execution, slot, layout: TensorLayout, mesh: Devic
     """Give `slot` the `layout`; under msrun its Parameter is replaced by the new piece."""
     old_param = slot.param
     previous = mesh_of(old_param)
-    if previous is not None and previous.root != mesh.root:
+    if previous is not None and (previous.root != mesh.root or previous.members != mesh.members):
         raise ValueError(f"fully_shard: parameter {old_param.name!r} is laid out on another root mesh "
                          f"{previous!r}; take both meshes as views of one (init_device_mesh(..., ('dp', 'tp')))")
     dims = sorted(set(previous.dims if previous is not None else ()) | set(mesh.dims))
-    view = DeviceMesh._view(mesh.device_type, mesh.root, tuple(dims))
+    view = mesh.view(tuple(dims))
     if slot.local:
-        rank = execution.local_ranks[0]
-        coords = layout.mesh.coords(rank)
-        pieces = 1
-        index = 0
-        for a in layout.dims[0][len(slot.layout.dims[0]):]:
-            index = index * layout.mesh.device_matrix[a] + coords[a]
-            pieces *= layout.mesh.device_matrix[a]
-        rows = old_param.shape[0] // pieces
-        value = old_param.asnumpy()[index * rows:(index + 1) * rows]
+        coords = layout.mesh.coords(execution.local_ranks[0])
+        rows = slot.global_shape[0]
+        held = slot.layout.dim_bounds(0, rows, coords)[0]  # where the old piece starts
+        start, length = layout.dim_bounds(0, rows, coords)  # torch.chunk piece: the trailing ones shorter
+        empty = [r for r in layout.mesh.ranks if layout.dim_bounds(0, rows, layout.mesh.coords(r))[1] == 0]
+        if empty:  # every process finds the same ranks, so all of them raise
+            raise ValueError(f"fully_shard: parameter {old_param.name!r} has {rows} rows; split as torch.chunk over "
+                             f"{layout.shard_count(0)} devices, ranks {empty} would hold none, and MindSpore's "
+                             "optimizers cannot hold a Parameter of 0 elements (under msrun each process keeps only "
+                             "its piece); use a row count that leaves every device a piece, or ignored_params")
+        value = old_param.asnumpy()[start - held:start - held + length]
         new_param = Parameter(Tensor(value.copy(), dtype=old_param.dtype), name=old_param.name,
                               requires_grad=old_param.requires_grad)
         for _, cell in module.cells_and_names():
@@ -199,8 +229,14 @@ def _gather(execution, state: FSDPModule, inputs) -> Dict[int, DTensor]:
     holds_all = runtime_of(execution).holds_all_ranks()
     out = {}
     for pid, (param, layout, axes) in state.gathered.items():
-        size = math.prod(execution.mesh.device_matrix[a] for a in axes)
-        global_batch = any(isinstance(x, DTensor) and set(significant_axes(x.layout)) & set(axes) for x in inputs)
+        # hsdp over fewer devices than the data-parallel group (shard_size, or rows the group does
+        # not divide): the Parameter is also replicated over the group's other axes, whose ranks'
+        # gradients are summed too (upstream's all-reduce over the unsharded group)
+        replicas = [a for a in state.mesh.dims if a not in axes and a not in significant_axes(layout)]
+        size = math.prod(execution.mesh.device_matrix[a] for a in list(axes) + replicas)
+        # a DTensor batch split over the group (its split or its replica axes) is one global batch
+        global_batch = any(isinstance(x, DTensor) and set(significant_axes(x.layout)) & set(axes + tuple(replicas))
+                           for x in inputs)
         per_rank = not global_batch and not holds_all
         scale = state.grad_scale
         if not global_batch:
@@ -208,8 +244,13 @@ def _gather(execution, state: FSDPModule, inputs) -> Dict[int, DTensor]:
                 (size if state.reduce == "sum" else 1.0)
         sharded = parameter_dtensor(execution, param)
         gathered = sharded.redistribute(layout, grad_partial_axes=axes if per_rank else ())
+        if per_rank and replicas:  # identity forward; the backward all-reduces over the replicas
+            keys = significant_axes(layout)
+            gathered = DTensor._create(layout, {k: execution.collectives.fan_out(v, execution.group(
+                replicas, dict(zip(keys, k)))) for k, v in gathered.shards.items()}, gathered.global_shape,
+                gathered.dtype, execution)
         if scale != 1.0:
-            scaler = _ScaleGradient(scale)
+            scaler = _gradient_scaler(scale)
             gathered = DTensor._create(layout, {k: scaler(v) for k, v in gathered.shards.items()},
                                        gathered.global_shape, gathered.dtype, execution)
         gathered._parameter_id = pid

@@ -2,7 +2,9 @@
 
 `install_hyper_parallel()` registers modules under upstream's import paths (those its docs,
 tests and MindFormers 2.0 import) whose names are this package's objects. A name upstream has
-and this package does not provide yet is refused at import with what is missing, never a stand-in.
+and this package does not provide yet is refused at import with what is missing (`NOT_PROVIDED`),
+never a stand-in; a few that MindFormers imports with every model but uses only for features a
+script may leave off import and refuse at use instead (`refused_names.py`).
 """
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import importlib.util
 import sys
 import types
 from typing import Dict, Iterable
+
+from mindspore_hyper.hyper_parallel.refused_names import REFUSED, refused_value
 
 __all__ = ["install_hyper_parallel", "MODULES", "NOT_PROVIDED"]
 
@@ -23,7 +27,8 @@ MODULES: Dict[str, Iterable[str]] = {
         "parallelize_module", "init_process_group", "destroy_process_group", "get_process_group_ranks", "get_backend",
         "split_group", "get_group_local_rank", "get_platform", "shard_module", "fully_shard", "init_parameters",
         "init_empty_weights", "init_on_device", "PipelineStage", "ScheduleGPipe", "Schedule1F1B",
-        "ScheduleInterleaved1F1B", "MetaStep", "MetaStepType", "BatchDimSpec", "ContextParallel"),
+        "ScheduleInterleaved1F1B", "MetaStep", "MetaStepType", "BatchDimSpec", "ContextParallel",
+        "AsyncContextParallel", "DFunction"),
     "hyper_parallel.core": (),
     "hyper_parallel.core.dtensor": ("DTensor", "DeviceMesh", "init_device_mesh", "distribute_tensor",
                                     "distribute_module", "Shard", "Replicate", "Partial", "StridedShard", "Placement",
@@ -35,7 +40,8 @@ MODULES: Dict[str, Iterable[str]] = {
     "hyper_parallel.core.layout": ("Layout", "DeviceMesh"),
     "hyper_parallel.core.device_mesh": ("DeviceMesh", "init_device_mesh", "get_current_mesh"),
     "hyper_parallel.core.dtensor.device_mesh": ("DeviceMesh", "init_device_mesh", "get_current_mesh"),
-    "hyper_parallel.core.dtensor.layout": ("Layout", "DeviceMesh"),
+    "hyper_parallel.core.dtensor.layout": ("Layout", "DeviceMesh", "_infer_slice_area_by_rank"),
+    "hyper_parallel.core.dtensor.redistribute_infer": ("RedistributionOperatorInfer",),
     "hyper_parallel.core.dtensor.parameter_init": ("init_parameters",),
     "hyper_parallel.core.dtensor.init_weights": ("init_empty_weights", "init_on_device"),
     "hyper_parallel.core.tensor_parallel": ("ColwiseParallel", "RowwiseParallel", "SequenceParallel",
@@ -54,8 +60,12 @@ MODULES: Dict[str, Iterable[str]] = {
     "hyper_parallel.collectives.cc": ("init_process_group", "destroy_process_group", "get_process_group_ranks",
                                       "get_backend", "split_group", "get_group_local_rank"),
     "hyper_parallel.platform": ("get_platform",),
-    "hyper_parallel.core.fully_shard": ("fully_shard", "FSDPModule"),
-    "hyper_parallel.core.fully_shard.api": ("fully_shard", "FSDPModule"),
+    "hyper_parallel.platform.mindspore": (),
+    "hyper_parallel.platform.mindspore.autograd_compat": ("enable_mindspore_backward_compat",),
+    "hyper_parallel.core.fully_shard": ("fully_shard", "FSDPModule", "HSDPModule", "MixedPrecisionPolicy",
+                                        "OffloadPolicy", "CPUOffloadPolicy"),
+    "hyper_parallel.core.fully_shard.api": ("fully_shard", "FSDPModule", "HSDPModule", "MixedPrecisionPolicy"),
+    "hyper_parallel.core.fully_shard.utils": ("MixedPrecisionPolicy", "OffloadPolicy", "CPUOffloadPolicy"),
     "hyper_parallel.core.hsdp": ("hsdp", "HSDPCell", "hsdp_sync_stream"),
     "hyper_parallel.core.hsdp.api": ("hsdp", "HSDPCell", "hsdp_sync_stream"),
     "hyper_parallel.core.pipeline_parallel": ("PipelineStage", "ScheduleGPipe", "Schedule1F1B",
@@ -64,18 +74,31 @@ MODULES: Dict[str, Iterable[str]] = {
     "hyper_parallel.core.pipeline_parallel.scheduler": ("ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
                                                         "MetaStep", "MetaStepType"),
     "hyper_parallel.core.pipeline_parallel.utils": ("BatchDimSpec",),
-    "hyper_parallel.core.context_parallel": ("ContextParallel",),
+    "hyper_parallel.core.pipeline_parallel.comm_compute_overlap": ("CommComputeOverlap",),
+    "hyper_parallel.core.pipeline_parallel.hook_coordinator": ("HookCoordinator", "HookRole"),
+    "hyper_parallel.core.context_parallel": ("ContextParallel", "AsyncContextParallel"),
     "hyper_parallel.core.context_parallel.context_parallel": ("ContextParallel",),
-    "hyper_parallel.core.distributed_checkpoint": ("save", "load"),
+    "hyper_parallel.core.context_parallel.async_context_parallel": ("AsyncContextParallel",),
+    "hyper_parallel.core.distributed_checkpoint": ("save", "load", "get_global_layout"),
+    "hyper_parallel.core.activation_checkpoint": ("CheckpointPolicy", "checkpoint_wrapper", "swap_wrapper",
+                                                  "SwapManager"),
+    "hyper_parallel.custom_ops": (),
+    "hyper_parallel.custom_ops.experimental": (),
 }
 
 # upstream names not provided yet, with the reason a script gets
 NOT_PROVIDED: Dict[str, str] = {
     name: "not provided by mindspore_hyper yet (docs/hyper_parallel.md lists what is)"
-    for name in ("AsyncContextParallel", "mark_created_groups", "SharedParameterInfo",
+    for name in ("mark_created_groups", "SharedParameterInfo",
                  "PipelineScheduleRuntime", "validate_pipeline_execution", "generate_operations",
                  "detect_cycle_in_graph", "parse_and_validate", "add_send_recv")
 }
+# Ascend-only kernels (upstream's `custom_ops.experimental`; its callers catch the ImportError)
+NOT_PROVIDED.update({
+    name: "an Ascend-only kernel; no CPU implementation is provided by mindspore_hyper"
+    for name in ("npu_mhc_post", "npu_mhc_pre_sinkhorn", "npu_sparse_attn_shared_kv", "npu_lightning_indexer_v2",
+                 "npu_sparse_lightning_indexer_grad_kl_loss_v2")
+})
 
 
 class _Platform:
@@ -104,6 +127,8 @@ def _value(name: str):
         from mindspore_hyper.hyper_parallel import checkpoint
 
         return getattr(checkpoint, name)
+    if name in REFUSED:
+        return refused_value(name)
     package = importlib.import_module(_PACKAGE)
     return getattr(package, name)
 

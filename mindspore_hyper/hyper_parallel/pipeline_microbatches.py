@@ -74,8 +74,9 @@ def split_inputs(args: Sequence, num: int, batch_dims: Optional[Sequence[Optiona
     parts = []
     for i, x in enumerate(args):
         if isinstance(x, DTensor):
-            raise ValueError(f"run(): input {i} is a DTensor; a pipeline combined with tensor or data parallelism "
-                             f"inside its stages is not supported yet: pass the plain batch (a Tensor)")
+            raise ValueError(f"run(): input {i} is a DTensor; DTensor inputs to a pipeline are not supported yet: "
+                             f"pass the plain batch (a Tensor; a stage parallelized over its pipeline rank's devices "
+                             f"takes it as every device's input)")
         spec = batch_dims[i] if batch_dims is not None else None
         dim = 0 if spec is None else spec.batch_dim
         if not isinstance(x, Tensor) or dim == -1:

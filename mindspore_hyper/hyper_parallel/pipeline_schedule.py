@@ -26,7 +26,7 @@ from mindspore_hyper.hyper_parallel.pipeline_microbatches import check_batch_dim
 from mindspore_hyper.hyper_parallel.pipeline_stage import PipelineStage, stage_computation
 from mindspore_hyper.hyper_parallel.pipeline_steps import meta_steps
 from mindspore_hyper.hyper_parallel.rank_threads import per_rank_transport, thread_rank
-from mindspore_hyper.hyper_parallel.session import RankDependentError, holds_all_ranks, job_size, script_line
+from mindspore_hyper.hyper_parallel.session import RankDependentError, holds_all_ranks, job_size, mesh_of, script_line
 from mindspore_hyper.pipeline.runner import StageRunner
 from mindspore_hyper.pipeline.stage_transport import LocalTransport
 from mindspore_hyper.schedule.build import build_schedule
@@ -136,18 +136,21 @@ class _PipelineSchedule:
         return outputs
 
     def _process_transport(self):
-        """This process's transport to its neighbouring pipeline ranks (msrun).
+        """This rank's transport to its neighbouring pipeline ranks: with d = devices / pipeline
+        ranks, pipeline rank q runs on the job's ranks q*d .. q*d+d-1 (upstream's contiguous
+        blocks), and the rank at position i of its block exchanges with position i of the
+        neighbouring blocks.
 
         Raises:
-            RankDependentError: in simulation (see module docstring).
-            ValueError: the job's process count is not the number of pipeline ranks.
+            RankDependentError: in the plain simulation (see module docstring).
+            ValueError: the pipeline ranks do not divide the job, or this rank holds another block's stages.
         """
         if self._transport is not None:
             return self._transport
         me = thread_rank()
         if me is not None:  # a per-rank simulation: this thread is one rank
-            self._check_rank(me, job_size())
-            self._transport = per_rank_transport()
+            per_block = self._check_rank(me, job_size())
+            self._transport = _PeerMapped(per_rank_transport(), _peer_map(me, per_block))
         elif holds_all_ranks():
             raise RankDependentError(
                 f"{script_line()}: {type(self).__name__}.run() runs one rank's pipeline stages, and the simulation "
@@ -159,20 +162,38 @@ class _PipelineSchedule:
             from mindspore_hyper.runtime.distributed.world import world
 
             w = world()
-            self._check_rank(w.rank, w.size)
-            self._transport = ShmTransport(w, peer_pairs(self.schedule))
+            per_block = self._check_rank(w.rank, w.size)
+            peer_of = _peer_map(w.rank, per_block)
+            pairs = [(peer_of(a), peer_of(b)) for a, b in peer_pairs(self.schedule)]
+            self._transport = ShmTransport(w, pairs, peer_of=peer_of)
         return self._transport
 
-    def _check_rank(self, rank: int, size: int) -> None:
-        """Raise unless the job has one rank per pipeline rank and `rank` holds these stages."""
-        if size != self.real_stage_num:
-            raise ValueError(f"{type(self).__name__}: {self.real_stage_num} pipeline ranks in a job of {size} "
-                             f"devices; a pipeline combined with data or tensor parallelism is not supported "
-                             f"yet: run {self.real_stage_num} devices")
-        if rank != self.pipeline_rank:
-            raise ValueError(f"{type(self).__name__}: rank {rank} holds stage(s) "
-                             f"{[s.stage_index for s in self.stages]}, which belong to pipeline rank "
-                             f"{self.pipeline_rank} (stage s runs on rank s % {self.real_stage_num})")
+    def _check_rank(self, rank: int, size: int) -> int:
+        """The devices per pipeline rank; raise unless they divide the job, `rank` lies in the block
+        of these stages' pipeline rank, and every laid-out Parameter of the stages lies on it.
+
+        Raises:
+            ValueError: naming what does not fit.
+        """
+        name, p = type(self).__name__, self.real_stage_num
+        if size % p:
+            raise ValueError(f"{name}: {p} pipeline ranks do not divide the job's {size} devices (each pipeline "
+                             f"rank runs devices / {p} of them, in contiguous blocks)")
+        per_block = size // p
+        block = range(self.pipeline_rank * per_block, (self.pipeline_rank + 1) * per_block)
+        if rank not in block:
+            raise ValueError(f"{name}: rank {rank} holds stage(s) {[s.stage_index for s in self.stages]}, which "
+                             f"belong to pipeline rank {self.pipeline_rank} (ranks {block.start}..{block.stop - 1}: "
+                             f"stage s runs on the ranks of block s % {p}, {per_block} per block)")
+        for stage in self.stages:
+            for param in stage.submodule.trainable_params():
+                mesh = mesh_of(param)
+                if mesh is not None and not set(mesh.members) <= set(block):
+                    raise ValueError(f"{name}: Parameter {param.name!r} of stage {stage.stage_index} is laid out on "
+                                     f"ranks {list(mesh.members)}, outside its pipeline rank's ranks "
+                                     f"{block.start}..{block.stop - 1}: build the stage's mesh on its block "
+                                     f"(init_device_mesh with the block's size)")
+        return per_block
 
     def run(self, *args, **kwargs) -> List[Tensor]:
         """One step over `micro_batch_num` microbatches (see module docstring).
@@ -200,6 +221,30 @@ class _PipelineSchedule:
         runner.advance(blocking=True)
         transport.flush()
         return self._finish()
+
+
+def _peer_map(rank: int, per_block: int):
+    """The job rank of pipeline rank q's device at `rank`'s position in its block."""
+    return lambda q: q * per_block + rank % per_block
+
+
+class _PeerMapped:
+    """A transport addressed by pipeline ranks over one addressed by the job's ranks."""
+
+    def __init__(self, inner, peer_of):
+        self.inner, self.peer_of = inner, peer_of
+
+    def send(self, src: int, key, value: Tensor, peer: int) -> None:
+        self.inner.send(src, key, value, self.peer_of(peer))
+
+    def recv(self, key, peer: int):
+        return self.inner.recv(key, self.peer_of(peer))
+
+    def expect(self, counts) -> None:
+        self.inner.expect({self.peer_of(q): n for q, n in counts.items()})
+
+    def flush(self) -> None:
+        self.inner.flush()
 
 
 class ScheduleGPipe(_PipelineSchedule):

@@ -16,7 +16,7 @@ from typing import List, Optional
 from mindspore import Tensor, nn
 
 from mindspore_hyper.dtensor.dtensor import DTensor
-from mindspore_hyper.hyper_parallel.session import mesh_of
+from mindspore_hyper.hyper_parallel.hsdp import run_by_pipeline_schedule
 from mindspore_hyper.pipeline.computation import StageComputation
 from mindspore_hyper.pipeline.dropout_replay import DropoutReplay
 
@@ -66,7 +66,8 @@ class PipelineStage:
                                  f"supported (stages form a chain)")
         if group is not None:
             raise ValueError("PipelineStage: group= (a custom pipeline process group) is not supported yet; leave it "
-                             "None: stage s runs on rank s % (number of pipeline ranks)")
+                             "None: stage s runs on the ranks of block s % p (p pipeline ranks, the job's ranks in p "
+                             "contiguous blocks)")
         if not isinstance(dyn_shape, bool) or not isinstance(has_backward, bool):
             raise TypeError(f"PipelineStage: dyn_shape and has_backward must be bool, but got {dyn_shape!r}, "
                             f"{has_backward!r}")
@@ -75,11 +76,6 @@ class PipelineStage:
         if shared_parameters is not None:
             raise ValueError("PipelineStage(shared_parameters=...): Parameters shared between stages (tied weights) "
                              "are not supported yet")
-        laid_out = [p.name for p in submodule.trainable_params() if mesh_of(p) is not None]
-        if laid_out:
-            raise ValueError(f"PipelineStage: Parameter {laid_out[0]!r} is laid out on a DeviceMesh (shard_module, "
-                             f"parallelize_module, fully_shard or hsdp); a pipeline combined with tensor or data "
-                             f"parallelism inside its stages is not supported yet")
         self.submodule, self.device, self.dyn_shape = submodule, device, dyn_shape
 
     @property
@@ -102,7 +98,8 @@ class _StageRun:
 
     def __call__(self, x, *inputs):
         stage = self.stage
-        out = stage.submodule(*inputs) if stage.is_first_stage else stage.submodule(x)
+        with run_by_pipeline_schedule():
+            out = stage.submodule(*inputs) if stage.is_first_stage else stage.submodule(x)
         if isinstance(out, DTensor) or not isinstance(out, Tensor):
             raise ValueError(f"PipelineStage {stage.stage_index}: its Cell returned {type(out).__name__}; a stage "
                              f"returns one plain Tensor here (several outputs and DTensors are not supported yet)")

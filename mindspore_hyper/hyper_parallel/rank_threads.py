@@ -10,8 +10,9 @@ MindSpore work runs alone, as in its own process, and the run is deterministic. 
 living rank waits and nothing moves, the waiting rank raises (a deadlock, named), and the other
 ranks stop. A failing rank stops the run with its error.
 
-The DTensor API (meshes, DTensors) simulates all devices in one script run; it is refused
-inside a per-rank run (use msrun for scripts that need both).
+A DeviceMesh made in a thread holds the thread's rank (a mesh without it is refused for DTensors,
+as under msrun); the thread simulates all the mesh's devices, so each of a mesh's ranks computes
+the same values (a pipeline rank of several devices: session.py, pipeline_schedule.py).
 """
 from __future__ import annotations
 

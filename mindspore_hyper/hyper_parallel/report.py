@@ -12,9 +12,9 @@ import math
 from typing import Dict, List
 
 from mindspore_hyper.context import get_context
-from mindspore_hyper.hyper_parallel.session import session_executions
+from mindspore_hyper.hyper_parallel.session import job_ranks_of, session_executions
 from mindspore_hyper.runtime.parallel_model import live_models
-from mindspore_hyper.runtime.report import causes_text
+from mindspore_hyper.runtime.report import causes_text, device_groups
 from mindspore_hyper.units import format_bytes
 
 __all__ = ["session_report", "format_report"]
@@ -46,9 +46,36 @@ def _model_entry(model) -> Dict:
              "shape": list(model.mesh.device_matrix), "dim_names": list(model.mesh.alias_names),
              "training_step": bool(report.backward_ran),
              "memory_per_device": [{"devices": label, **parts} for label, parts in report.memory_groups()],
-             "parameter_bytes_per_device": max(m["parameters"] for m in report.memory.values())}
+             "parameter_bytes_per_device": max(m["parameters"] for m in report.memory.values()),
+             "step_memory": _step_memory_entry(report.step_memory)}
     entry.update(_accounting_rows(model.accounting))
     return entry
+
+
+def _step_memory_entry(section):
+    """A training step's memory over forward, backward and update (`StepReport.step_memory`):
+    the series ([phase, op, activation bytes, gradient bytes]), its peak's phase and op (exact and
+    with the allocator's rounding), the rounding and fragmentation used, and per set of equal
+    devices the step peak exact, rounded and with the fragmentation allowance (a pipeline adds its
+    series per pipeline rank: pipeline/pipeline_step_memory.py); None for a step without backward,
+    a pipeline of plain-cell stages or a HyperParallel-API mesh (docs/dryrun.md says why)."""
+    if section is None:
+        return None
+    entry = {k: v for k, v in section.items() if k != "per_device"}
+    entry["per_device"] = [{"devices": label, **row} for label, row in device_groups(section["per_device"])]
+    return entry
+
+
+def _parameter_bytes(execution) -> int:
+    """Bytes of laid-out parameters on the device holding the most: every device's when the layouts
+    divide the shapes; with uneven (torch.chunk) pieces the real pieces of each device, summed,
+    and the largest sum."""
+    slots = list(execution.parameters.values())
+    if all(slot.layout.is_even(slot.global_shape) for slot in slots):
+        return sum(math.prod(slot.layout.local_shape(slot.global_shape)) * slot.param.dtype.itemsize for slot in slots)
+    mesh = execution.mesh
+    return max(sum(math.prod(slot.layout.shard_shape(slot.global_shape, mesh.coords(rank))) * slot.param.dtype.itemsize
+                   for slot in slots) for rank in mesh.ranks)
 
 
 def session_report(mode: str, devices: int) -> Dict:
@@ -61,10 +88,10 @@ def session_report(mode: str, devices: int) -> Dict:
     balanced in a dry run (it has no logits) or with the `moe_routing` flag, else learned."""
     meshes: List[Dict] = []
     for execution in session_executions():
-        params = sum(math.prod(slot.layout.local_shape(slot.global_shape)) * slot.param.dtype.itemsize
-                     for slot in execution.parameters.values())
+        params = _parameter_bytes(execution)
         entry = {"source": "HyperParallel API", "shape": list(execution.mesh.device_matrix),
-                 "dim_names": list(execution.mesh.alias_names), "parameter_bytes_per_device": params}
+                 "dim_names": list(execution.mesh.alias_names), "ranks": list(job_ranks_of(execution)),
+                 "parameter_bytes_per_device": params, "step_memory": None}
         entry.update(_accounting_rows(execution.accounting))
         meshes.append(entry)
     models = live_models()
@@ -95,7 +122,7 @@ def _pipeline_entry(model) -> Dict:
     over = type(next(iter(model.stage_models.values()))).__name__ if model.stage_models else "cells"
     entry = {"source": f"{type(model.network).__name__} (PipelineModel over {over})",
              "shape": list(model.mesh.device_matrix), "dim_names": list(model.mesh.alias_names),
-             "training_step": True,
+             "training_step": True, "step_memory": _step_memory_entry(report.step_memory),
              "memory_per_device": [{"devices": label, **parts} for label, parts in report.memory_groups()],
              "parameter_bytes_per_device": max(m["parameters"] for m in report.memory.values()),
              "peak_bytes_per_device": max(m["activations_peak"] for m in report.memory.values()),
@@ -120,7 +147,9 @@ def format_report(report: Dict) -> str:
         lines.append("  no DTensor was made (the script used no device mesh)")
     for mesh in report["meshes"]:
         dims = " x ".join(f"{n}={s}" for n, s in zip(mesh["dim_names"], mesh["shape"]))
-        lines.append(f"  mesh {dims} ({mesh['source']}): laid-out parameters "
+        ranks = mesh.get("ranks")
+        on = f" on ranks {ranks}" if ranks is not None and ranks != list(range(report["devices"])) else ""
+        lines.append(f"  mesh {dims}{on} ({mesh['source']}): laid-out parameters "
                      f"{format_bytes(mesh['parameter_bytes_per_device'])} per device; peak "
                      f"{format_bytes(mesh['peak_bytes_per_device'])} of other DTensors (activations, inputs)"
                      f"{' reached in ' + mesh['peak_op'] if mesh.get('peak_op') else ''}; "
@@ -128,6 +157,18 @@ def format_report(report: Dict) -> str:
         for row in mesh.get("memory_per_device", []):
             parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in row.items() if k != "devices")
             lines.append(f"    devices {row['devices']}: {parts}")
+        step = mesh.get("step_memory")
+        by_rank = (step or {}).get("per_pipeline_rank")  # a pipeline: each pipeline rank's series has its own peak
+        for rank, series in (by_rank or {}).items():
+            lines.append(f"    pipeline rank {rank}: step memory peak in the {series['peak_phase']} of "
+                         f"{series['peak_op']}")
+        for row in (step or {}).get("per_device", []):
+            at = "" if by_rank else f" in the {step['peak_phase']} of {step['peak_op']}"
+            lines.append(f"    devices {row['devices']}: step peak (forward, backward, update) "
+                         f"{format_bytes(row['step_peak'])}{at}; "
+                         f"{format_bytes(row['step_peak_rounded'])} with blocks rounded to {step['alignment_bytes']} "
+                         f"bytes, {format_bytes(row['step_peak_with_fragmentation'])} with "
+                         f"{step['fragmentation']:.0%} fragmentation")
         if "predicted" in mesh:
             p = mesh["predicted"]
             lines.append(f"    predicted step on {p['hardware']}: {p['step_seconds']:.3f} s without overlap "

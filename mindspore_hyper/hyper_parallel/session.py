@@ -3,24 +3,28 @@
 `mode="simulation"` holds every rank of the mesh in this process; `mode="distributed"` (msrun)
 holds this process's rank. DTensors made by the API (from_local, distribute_tensor, factories,
 parallelized modules) of one mesh share its Execution, so their memory and communication are
-counted together (`session_accounting`) and reported by `mindspore-hyper run`.
+counted together (`session_accounting`) and reported by `mindspore-hyper run`. A mesh on some
+of the job's ranks runs on those (under msrun: a sub-world of their processes); in a per-rank
+simulation (rank_threads.py) each thread simulates the whole mesh of its rank.
 """
 from __future__ import annotations
 
 import inspect
 import os
+import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from mindspore_hyper.context import get_context
 from mindspore_hyper.dtensor.accounting import Accounting
+from mindspore_hyper.hyper_parallel.rank_threads import thread_rank
 from mindspore_hyper.shard.layout import Layout
 
-__all__ = ["execution_for", "runtime_of", "check_device_count", "session_executions", "reset_session",
+__all__ = ["execution_for", "calling_rank", "runtime_of", "job_ranks_of", "session_executions", "reset_session",
            "RankDependentError", "refuse_in_simulation", "script_line",
            "holds_all_ranks", "job_size", "current_meshes", "mesh_of", "remember_mesh",
            "prepare_elsewhere", "is_prepared_elsewhere"]
 
-_EXECUTIONS: Dict[Tuple[Layout, str], object] = {}
+_EXECUTIONS: Dict[tuple, object] = {}  # (root, members, mode, per-rank thread's rank) -> Execution
 
 
 def _runtime():
@@ -45,33 +49,64 @@ def job_size() -> int:
     return _runtime().device_count()
 
 
-def check_device_count(size: int, what: str) -> None:
-    """Raise unless a mesh of `size` devices matches this job (the message says how to match).
+def execution_for(root: Layout, members: Optional[Tuple[int, ...]] = None):
+    """The Execution of `root`'s mesh in the current mode (made on first use).
+
+    Args:
+        root: the mesh (its ranks 0..n-1).
+        members: the job's rank of each of its ranks (ascending); None: 0..n-1.
 
     Raises:
-        ValueError: the job has another number of devices.
+        ValueError: a rank outside the job, or (msrun, per-rank simulation) the calling rank is
+            not one of `members` (torch gives such a rank DTensors of empty local tensors; not here).
     """
+    members = tuple(range(root.size)) if members is None else tuple(members)
     runtime = _runtime()
     count = runtime.device_count()
-    if size != count:
-        raise ValueError(f"{what}: {size} devices, but {runtime.device_count_text(count)}; "
-                         f"{runtime.device_count_hint(size)}")
-
-
-def execution_for(root: Layout):
-    """The Execution of `root`'s mesh in the current mode (made on first use)."""
-    _refuse_in_per_rank_run()
-    runtime = _runtime()
-    key = (root, runtime.name)
+    outside = [r for r in members if not 0 <= r < count]
+    if outside:
+        raise ValueError(f"a DeviceMesh of shape {root.device_matrix} on ranks {list(members)}: rank {outside[0]} is "
+                         f"outside the job ({runtime.device_count_text(count)}); "
+                         f"{runtime.device_count_hint(max(members) + 1)}")
+    me = thread_rank()
+    if me is not None or not runtime.holds_all_ranks():
+        rank = me if me is not None else runtime.processes.rank
+        if rank not in members:
+            raise ValueError(f"{script_line()}: rank {rank} is not in the DeviceMesh of ranks {list(members)}; a rank "
+                             f"outside a mesh holds no part of its DTensors (torch gives it empty local tensors, which "
+                             f"this package does not make): guard the code with `if mesh.get_coordinate() is not "
+                             f"None`")
+    key = (root, members, runtime.name, me)
     if key not in _EXECUTIONS:
-        check_device_count(root.size, f"a DeviceMesh of shape {root.device_matrix}")
+        if me is None and members != tuple(range(count)):
+            runtime = runtime.sub_runtime(members)
         execution = runtime.execution(root, Accounting(root.size))
         _RUNTIME_OF[id(execution)] = runtime
+        if members != tuple(range(root.size)):
+            execution.job_ranks = members
         _EXECUTIONS[key] = execution
     return _EXECUTIONS[key]
 
 
+def calling_rank(what: str) -> int:
+    """The job rank asking `what`: the thread's in a per-rank simulation, the process's under msrun.
+
+    Raises:
+        RankDependentError: in the plain simulation (every rank runs the script at once).
+    """
+    me = thread_rank()
+    if me is not None:
+        return me
+    refuse_in_simulation(what)
+    return _runtime().processes.rank
+
+
 _RUNTIME_OF: Dict[int, object] = {}
+
+
+def job_ranks_of(execution) -> Tuple[int, ...]:
+    """The job's rank of each rank of `execution`'s mesh."""
+    return execution.job_ranks if execution.job_ranks is not None else tuple(range(execution.mesh.size))
 
 
 def runtime_of(execution):
@@ -80,27 +115,25 @@ def runtime_of(execution):
 
 
 def session_executions():
-    """Every Execution the API made in this process, in creation order."""
-    return list(_EXECUTIONS.values())
+    """Every Execution the API made in this process, in creation order. In a per-rank run every
+    rank of a mesh simulates the whole mesh (the same values): the first rank's stands for it."""
+    return [execution for (_, members, _, me), execution in _EXECUTIONS.items() if me is None or me == members[0]]
 
 
 class RankDependentError(RuntimeError):
     """A rank-dependent question asked in simulation, where the script runs once for all ranks."""
 
 
-def _refuse_in_per_rank_run() -> None:
-    """Raise inside a per-rank simulation (rank_threads.py): meshes and DTensors simulate all
-    their devices in one script run, which a script running once per rank is not.
+def _refuse_in_per_rank_run(what: str) -> None:
+    """Raise inside a per-rank simulation (rank_threads.py): `what` (process groups) is not
+    simulated there; meshes and their DTensors are (each thread simulates its mesh's devices).
 
     Raises:
         RankDependentError: in a per-rank run's thread.
     """
-    from mindspore_hyper.hyper_parallel.rank_threads import thread_rank
-
     if thread_rank() is not None:
-        raise RankDependentError(f"{script_line()}: a DeviceMesh's DTensors simulate all its devices in one script "
-                                 "run, but this script runs once per rank (mindspore-hyper run --per-rank): run it "
-                                 "without --per-rank, or under msrun (--processes N)")
+        raise RankDependentError(f"{script_line()}: {what} is not simulated in a per-rank run (mindspore-hyper run "
+                                 "--per-rank): use a DeviceMesh's get_group(), or run under msrun (--processes N)")
 
 
 def refuse_in_simulation(what: str) -> None:
@@ -109,7 +142,7 @@ def refuse_in_simulation(what: str) -> None:
     Raises:
         RankDependentError: in simulation, naming `what` and the ways out.
     """
-    _refuse_in_per_rank_run()
+    _refuse_in_per_rank_run(what)
     runtime = _runtime()
     if runtime.holds_all_ranks():
         raise RankDependentError(
@@ -131,13 +164,16 @@ def script_line() -> str:
     return "<unknown>"
 
 
-_CURRENT: List[Any] = []  # the meshes of open `with mesh:` blocks, innermost last, above the last made one
+_CURRENT = threading.local()  # .meshes: the open `with mesh:` blocks' meshes, innermost last, above the last made
 _MESH_OF: Dict[int, tuple] = {}  # id(Parameter) -> (the Parameter, the mesh view it is laid out on)
 
 
 def current_meshes() -> List[Any]:
-    """The stack behind `get_current_mesh` (the list itself: callers push and pop)."""
-    return _CURRENT
+    """The stack behind `get_current_mesh` (the list itself: callers push and pop); one per thread,
+    as upstream's (a per-rank run's threads are ranks of their own)."""
+    if not hasattr(_CURRENT, "meshes"):
+        _CURRENT.meshes = []
+    return _CURRENT.meshes
 
 
 def remember_mesh(param, mesh) -> None:
@@ -148,7 +184,9 @@ def remember_mesh(param, mesh) -> None:
 def mesh_of(param) -> Optional[Any]:
     """The mesh view `param` was laid out on by the API, or None."""
     entry = _MESH_OF.get(id(param))
-    return entry[1] if entry is not None and entry[0] is param else None
+    if entry is not None and entry[0] is param:
+        return entry[1]
+    return getattr(param, "laid_out_view", None)  # a `Parameter(dtensor)` keeps its DTensor's view
 
 
 _PREPARED: Dict[int, Any] = {}  # id(Parameter) -> the Parameter, for those a Cell's own hook prepares
@@ -167,7 +205,7 @@ def is_prepared_elsewhere(param) -> bool:
 def reset_session() -> None:
     """Forget the API's meshes, executions and laid-out Parameters (a new script in the same
     process starts afresh)."""
-    _CURRENT.clear()
+    current_meshes().clear()
     _MESH_OF.clear()
     _PREPARED.clear()
     _EXECUTIONS.clear()

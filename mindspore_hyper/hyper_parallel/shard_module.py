@@ -23,7 +23,9 @@ class ShardingPlan:
 
     Attributes:
         plan: parameter name -> placements (one per mesh dimension, or the alias form: one mesh
-            dimension name / "None" per tensor dimension).
+            dimension name / "None" per tensor dimension). A name is a full one
+            ("mlp_layers.0.weight") or, as upstream, one inside a submodule ("weight"): the first
+            Parameter found with it, depth-first in definition order.
         input_plan: "input" (the model) or "<submodule>.input" -> placements of each positional
             input, or one placements tuple for the first: DTensor inputs are moved to them.
         output_plan: "output" or "<submodule>.output" -> the same for outputs.
@@ -75,6 +77,45 @@ def _cell(cells: Dict[str, nn.Cell], name: str, what: str) -> nn.Cell:
     return cells[name]
 
 
+def _search_parameter(cell: nn.Cell, key: str):
+    """Upstream's search (`search_parameter_by_name`): a Parameter of `cell` itself, else the one
+    `key`'s path names ("sub.cell.weight"), else the first found depth-first in the submodules
+    (in definition order), each searched the same way. None when there is none."""
+    if key in cell._params:
+        return cell._params[key]
+    path, _, last = key.rpartition(".")
+    if path:
+        sub = dict(cell.cells_and_names()).get(path)
+        if sub is not None and last in sub._params:
+            return sub._params[last]
+    for child in cell._cells.values():
+        if isinstance(child, nn.Cell):
+            found = _search_parameter(child, key)
+            if found is not None:
+                return found
+    return None
+
+
+def _full_parameter_name(model: nn.Cell, key: str) -> str:
+    """The full name (as `parameters_and_names` gives it) of the Parameter a plan key names: a
+    full name, or, as upstream, a name relative to a submodule ("weight", "0.weight", with or
+    without "self."), resolved to the first match depth-first (upstream lays out that one only).
+
+    Raises:
+        ValueError: no Parameter matches (the nearest full names are listed).
+    """
+    names = {id(p): n for n, p in model.parameters_and_names()}
+    key = key.replace("self.", "")
+    if key in names.values():
+        return key
+    found = _search_parameter(model, key)
+    if found is None or id(found) not in names:
+        near = difflib.get_close_matches(key, list(names.values()), n=5, cutoff=0.4)
+        raise ValueError(f"ShardingPlan.plan: no parameter {key!r} (a full name, or a name inside a submodule); "
+                         f"nearest: {near or sorted(names.values())[:5]}")
+    return names[id(found)]
+
+
 def shard_module(model: nn.Cell, device_mesh: DeviceMesh, sharding_plan: ShardingPlan) -> Optional[nn.Cell]:
     """Lay `model`'s planned Parameters out on `device_mesh` (the others replicated) and move its
     and its submodules' DTensor inputs/outputs as the plan says. As upstream, a job of one
@@ -88,11 +129,7 @@ def shard_module(model: nn.Cell, device_mesh: DeviceMesh, sharding_plan: Shardin
         raise TypeError(f"shard_module: sharding_plan must be a ShardingPlan, got {type(sharding_plan).__name__}")
     if job_size() == 1 and holds_all_ranks():
         return None
-    params = dict(model.parameters_and_names())
-    for name in sharding_plan.plan or {}:
-        if name not in params:
-            near = difflib.get_close_matches(name, list(params), n=5, cutoff=0.4)
-            raise ValueError(f"ShardingPlan.plan: no parameter {name!r}; nearest: {near or sorted(params)[:5]}")
+    parameter_plan = {_full_parameter_name(model, key): value for key, value in (sharding_plan.plan or {}).items()}
     cells = dict(model.cells_and_names())
     hooks: Dict[str, Dict[str, Any]] = {}
     for section, suffix in ((sharding_plan.input_plan, "input"), (sharding_plan.output_plan, "output")):
@@ -105,7 +142,7 @@ def shard_module(model: nn.Cell, device_mesh: DeviceMesh, sharding_plan: Shardin
     for name in sharding_plan.return_local_tensor or ():
         _cell(cells, name, "return_local_tensor")
         hooks.setdefault(name, {})["local"] = True
-    distribute_module(model, device_mesh, parameter_shard_plan=dict(sharding_plan.plan or {}))
+    distribute_module(model, device_mesh, parameter_shard_plan=parameter_plan)
     for name, hook in hooks.items():
         _wrap(cells[name], device_mesh, hook)
     return model

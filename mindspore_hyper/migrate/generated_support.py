@@ -12,7 +12,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, mint, nn, ops
 
 __all__ = ["Module", "param", "scaled_dot_product_attention", "layer_norm", "diff", "PaddingEmbedding",
-           "padded_embedding", "repeat_interleave", "HELPERS"]
+           "padded_embedding", "repeat_interleave", "slice_dim", "HELPERS"]
 
 
 class Module(nn.Cell):
@@ -100,6 +100,19 @@ def diff(x, n=1, dim=-1, prepend=None, append=None):
     return x
 
 
+def slice_dim(x, dim, start, stop, step=1):
+    """x[:, ..., start:stop:step] at dimension `dim` (>= 0), clipped as Python and torch clip. An empty result is
+    made as zeros of its shape (it passes no gradient, as in torch): MindSpore 2.10's CPU StridedSliceGrad fails
+    ("input memory out of bounds") on an empty slice (DeepSeek-V4's `kv[:, :usable]`, usable 0 below 128
+    tokens). Generated where the slice was empty on the example inputs."""
+    begin, end, stride = slice(start, stop, step).indices(x.shape[dim])
+    if len(range(begin, end, stride)) == 0:
+        shape = list(x.shape)
+        shape[dim] = 0
+        return mint.zeros(tuple(shape), dtype=x.dtype)
+    return x[(slice(None),) * dim + (slice(begin, end, stride),)]
+
+
 HELPERS = {"Module": Module, "param": param, "scaled_dot_product_attention": scaled_dot_product_attention,
            "layer_norm": layer_norm, "diff": diff, "PaddingEmbedding": PaddingEmbedding,
-           "padded_embedding": padded_embedding, "repeat_interleave": repeat_interleave}
+           "padded_embedding": padded_embedding, "repeat_interleave": repeat_interleave, "slice_dim": slice_dim}

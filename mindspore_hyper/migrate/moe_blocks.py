@@ -93,7 +93,7 @@ def not_mapped_reason(module: torch.nn.Module) -> Optional[str]:
                 "e_score_correction_bias within the groups of highest top-2 score sum, and scales the chosen scores "
                 "by routed_scaling_factor; mindspore_hyper.moe.MoE's router takes a softmax, ranks groups by their "
                 "best probability and has neither the bias nor the scale")
-    if getattr(experts, "gate_up_proj_bias", None) is not None or hasattr(experts, "_apply_gate"):
+    if getattr(experts, "gate_up_proj_bias", None) is not None:
         return ("its experts have biases and a clamped SwiGLU ((up + 1) * gate * sigmoid(alpha * gate)), and its "
                 "router takes the softmax of the top-k logits; mindspore_hyper.moe.MoE's experts are bias-free SiLU "
                 "SwiGLU routed by a softmax over all experts")

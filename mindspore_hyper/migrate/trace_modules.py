@@ -10,6 +10,8 @@ one of its tensor inputs (`x.shape[1]`) so generated signatures carry tensors on
 from __future__ import annotations
 
 import contextlib
+import operator
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -25,6 +27,7 @@ from mindspore_hyper.migrate.lowering import Lowering, output_names, preserved_b
 from mindspore_hyper.migrate.mappings import lookup_module
 from mindspore_hyper.migrate.moe_blocks import (MoEBlockSpec, dense_experts_modules, dense_forwards,
                                                 not_mapped_reason, recognize, verify_dense)
+from mindspore_hyper.migrate.moe_experts import decorated_dense, decorated_experts, verify_decorated
 from mindspore_hyper.migrate.trace_export import _schema_kwargs
 from mindspore_hyper.migrate.trace_fx import bind_inputs
 
@@ -129,7 +132,8 @@ def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str
         The ModuleTrace.
 
     Raises:
-        UnsupportedOpError: a module is called more than once per forward, or the program updates state.
+        UnsupportedOpError: a later call of a shared module cannot be inlined (see _inline_call), or the program
+            updates state.
         Exception: whatever torch.export raises for a model it cannot trace (the caller wraps it).
     """
     bind_inputs(module, args, kwargs)
@@ -145,14 +149,23 @@ def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str
     dense = dense_experts_modules(module, moe_blocks)
     refused = verify_dense(module, dense, args, kwargs) if dense else {}
     dense = {p: m for p, m in dense.items() if p not in refused}
+    # experts of transformers' use_experts_implementation decorator (grouped_mm by default: histc, data-dependent
+    # offsets) that the checks above did not take: computed densely through the decorator's flags (moe_experts)
+    decorated = decorated_experts(module, {**moe_blocks, **dense})
+    refused_decorated = verify_decorated(module, decorated, args, kwargs) if decorated else {}
+    decorated = {p: m for p, m in decorated.items() if p not in refused_decorated}
+    refused = {p: why for p, why in refused.items() if p not in decorated}
     dense_note = ("its experts computed densely (every token through every expert, the non-chosen weighted 0: exact, "
                   "E/k times the expert FLOPs), ")
     notes = [f"{p} ({type(m).__name__}): converted generically, "
              f"{dense_note if (f'{p}.experts' if p else 'experts') in dense else ''}not as mindspore_hyper.moe.MoE: "
              f"{not_mapped_reason(m)}" for p, m in module.named_modules() if not_mapped_reason(m)]
     notes += [f"{p} ({type(dense_m).__name__}) left as written (not computed densely): {why}"
-              for p, why in refused.items() for dense_m in [module.get_submodule(p)]]
-    with dense_forwards(moe_blocks, dense):
+              for p, why in {**refused, **refused_decorated}.items() for dense_m in [module.get_submodule(p)]]
+    notes += [f"{p} ({type(m).__name__}): its experts implementation {m.config._experts_implementation!r} replaced "
+              "by the dense formulation (every token through every expert, the non-chosen weighted 0: exact, E/k "
+              "times the expert FLOPs)" for p, m in decorated.items()]
+    with dense_forwards(moe_blocks, dense), decorated_dense(decorated):
         ep = torch.export.export(module, tuple(args), kwargs=dict(kwargs), dynamic_shapes=dims, strict=False)
     notes += inline_grad_regions(ep.graph_module)
     mapped_leaves = {p for p, m in module.named_modules() if p and lookup_module(m) is not None}
@@ -174,7 +187,8 @@ def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str
     values: Dict[torch.fx.Node, Any] = {}
     with torch.no_grad(), preserved_buffers(unflat), _recording(values):
         unflat(*args, **kwargs)
-    with dense_forwards(moe_blocks, dense):  # the same computation as exported, so the values match bitwise
+    # the same computation as exported, so the values match bitwise
+    with dense_forwards(moe_blocks, dense), decorated_dense(decorated):
         call_args = _call_arguments(module, args, kwargs)
     torch_modules = dict(module.named_modules(remove_duplicate=False))
     unflat_modules = _children_of(unflat)
@@ -309,6 +323,7 @@ def _lower(path: str, fx_graph: torch.fx.Graph, owner: torch.nn.Module, torch_mo
     deferred: List[Tuple[torch.fx.Node, torch.fx.Node, int]] = []
     output = None
     placeholder_index = 0
+    inlined: Dict[torch.fx.Node, Any] = {}  # a later call of a shared module -> its outputs (indexable)
     for fx_node in fx_graph.nodes:
         if fx_node.op == "placeholder":
             if fx_node in derivable:
@@ -334,19 +349,34 @@ def _lower(path: str, fx_graph: torch.fx.Graph, owner: torch.nn.Module, torch_mo
                 constants[target] = value.detach().clone()
             low.add(fx_node, "attr", target=target, display=f"attribute {target}", scope=scope)
         elif fx_node.op == "call_module":
-            if "@" in str(fx_node.target):  # unflatten's name for a second call of the same module
+            if "@" in str(fx_node.target):  # unflatten's name for a later call of the same module
                 child = str(fx_node.target).split("@")[0]
-                raise UnsupportedOpError([f"{type(torch_mod).__name__} at {path!r} calls its module {child!r} more "
-                                          "than once per forward (a shared module): not supported by the "
-                                          "module-structured conversion"])
+                if lookup_module(torch_mod.get_submodule(child)) is not None:  # a MindSpore layer: call it again
+                    low.add(fx_node, "module", target=child, args=low.args(fx_node.args), display=child, scope=scope)
+                else:  # its ops for this call, in the parent (the first call stays a call of the child's Cell)
+                    result = _inline_call(low, fx_node, getattr(owner, str(fx_node.target)), child, scope, constants)
+                    if isinstance(result, (list, tuple)):
+                        inlined[fx_node] = result
+                    else:
+                        low.map[fx_node] = result
+                continue
             low.add(fx_node, "module", target=str(fx_node.target), args=low.args(fx_node.args),
                     display=str(fx_node.target), scope=scope)
+        elif fx_node.op == "call_function" and fx_node.target is operator.getitem and \
+                isinstance(fx_node.args[0], torch.fx.Node) and fx_node.args[0] in inlined:
+            low.map[fx_node] = inlined[fx_node.args[0]][fx_node.args[1]]  # an output of an inlined call
         elif fx_node.op == "call_function":
+            if any(a in inlined for a in fx_node.all_input_nodes):
+                raise UnsupportedOpError([f"{type(torch_mod).__name__} at {path!r} uses the outputs of a later call "
+                                          "of a shared module other than by index (not supported)"])
             target = getattr(fx_node.target, "overloadpacket", fx_node.target)
             fargs, fkwargs = _schema_kwargs(fx_node.target, low.args(fx_node.args), low.args(fx_node.kwargs))
             low.add(fx_node, "function", target, fargs, fkwargs, scope=scope)
         elif fx_node.op == "output":
             output = fx_node.args[0]
+            if any(a in inlined for a in fx_node.all_input_nodes):
+                raise UnsupportedOpError([f"{type(torch_mod).__name__} at {path!r} returns the outputs of a later "
+                                          "call of a shared module as a whole (not supported)"])
         else:
             raise UnsupportedOpError([f"graph node {fx_node.name} of kind {fx_node.op} in "
                                       f"{type(torch_mod).__name__} is not supported"])
@@ -355,3 +385,55 @@ def _lower(path: str, fx_graph: torch.fx.Graph, owner: torch.nn.Module, torch_mo
                 scope=scope)
     graph = low.graph(output, "torch.export", [], specialized=False)
     return graph, tuple(dropped), constants, isinstance(output, (tuple, list))
+
+
+def _inline_call(low: Lowering, call: torch.fx.Node, child_gm: torch.nn.Module, child: str,
+                 scope: Tuple[str, str], constants: Dict[str, torch.Tensor]) -> Any:
+    """Lower the graph of a later call (`call`, unflatten's `child@n`) of the parent's module `child` into the
+    parent's program: its inputs are the call's arguments, its parameters and buffers are read from the child
+    (`self.child.weight`: the same Parameters the first call's Cell uses), its own constants become the parent's.
+    A module called more than once per forward thus runs as in torch, whether or not its calls trace alike
+    (ModernBERT's rotary embedding reads another inverse-frequency buffer on its second call). Returns the call's
+    outputs (a node, or a list/tuple of nodes the parent indexes)."""
+    graph = child_gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(call.args) or call.kwargs:
+        raise UnsupportedOpError([f"the call {call.target!r} passes {len(call.args)} positional inputs to a graph "
+                                  f"of {len(placeholders)} (keyword inputs: {sorted(call.kwargs)}): not supported"])
+    for node, arg in zip(placeholders, call.args):
+        low.map[node] = low.args(arg)
+    outputs = None
+    own = {n for n, _ in child_gm.named_parameters()} | {n for n, _ in child_gm.named_buffers()}
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            continue
+        if node.op == "get_attr":
+            target = str(node.target)
+            value = child_gm
+            for part in target.split("."):
+                value = getattr(value, part)
+            if target in own:
+                low.add(node, "attr", target=f"{child}.{target}", display=f"attribute {child}.{target}", scope=scope)
+            else:
+                name = re.sub(r"\W", "_", f"{call.target}_{target}")
+                if not isinstance(value, torch.Tensor):
+                    raise UnsupportedOpError([f"attribute {target!r} of the call {call.target!r} is a "
+                                              f"{type(value).__name__}, not a tensor"])
+                constants[name] = value.detach().clone()
+                low.add(node, "attr", target=name, display=f"attribute {name}", scope=scope)
+        elif node.op == "call_module":
+            if "@" in str(node.target):
+                raise UnsupportedOpError([f"the call {call.target!r} calls its own module {node.target!r} again "
+                                          "(a shared module inside a shared module): not supported"])
+            low.add(node, "module", target=f"{child}.{node.target}", args=low.args(node.args),
+                    display=f"{child}.{node.target}", scope=scope)
+        elif node.op == "call_function":
+            target = getattr(node.target, "overloadpacket", node.target)
+            fargs, fkwargs = _schema_kwargs(node.target, low.args(node.args), low.args(node.kwargs))
+            low.add(node, "function", target, fargs, fkwargs, scope=scope)
+        elif node.op == "output":
+            outputs = low.args(node.args[0])
+        else:
+            raise UnsupportedOpError([f"graph node {node.name} of kind {node.op} in the call {call.target!r} is "
+                                      "not supported"])
+    return outputs

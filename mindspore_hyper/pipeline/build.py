@@ -7,7 +7,7 @@ from mindspore_hyper.pipeline.options import PipelineOptions
 from mindspore_hyper.pipeline.stages import (balanced_split, check_split, check_unshared, layers_of,
                                              split_from_table)
 from mindspore_hyper.schedule.build import build_schedule
-from mindspore_hyper.shard.model_strategy import Strategy
+from mindspore_hyper.strategy.resolve import StrategyTable
 
 __all__ = ["parallelize_pipeline"]
 
@@ -64,7 +64,7 @@ def parallelize_pipeline(model, table, runtime, pipeline=None, return_dtensor: b
         raise ValueError(f"pipeline.stages={options.stages}, but the mesh's {axis!r} axis has size {p}")
     if p < 2:
         raise ValueError(f"pipeline: the mesh's {axis!r} axis has size {p}; a pipeline needs at least 2 ranks")
-    _check_no_pipeline_sharding(strategy, axis)
+    _check_no_pipeline_sharding(table, axis)
     v = options.num_chunks()
     m = options.microbatches if options.microbatches is not None else p * v
     try:
@@ -126,13 +126,24 @@ def _not_pipelined(message: str, explicit: bool):
     return None
 
 
-def _check_no_pipeline_sharding(strategy: Strategy, axis: str) -> None:
+def _check_no_pipeline_sharding(table: StrategyTable, axis: str) -> None:
+    """Refuse a strategy that splits a parameter or the inputs along the pipeline axis `axis` (a
+    stage's tensors live on one pipeline rank). The resolved layouts decide, not the declaration: a
+    default tensor map naming the axis at a position no parameter has (the seed's
+    `("tensor", None, "pipeline")` on a model of matrices and vectors) splits nothing."""
     def uses(tmap) -> bool:
         return any(e == axis or (isinstance(e, tuple) and axis in e) for e in (tmap or ()))
 
-    if uses(strategy.tensor_map) or any(uses(t) for t in strategy.overrides.values()) or uses(strategy.input_map):
+    strategy = table.strategy
+    index = table.mesh.axis_index(axis)
+    split = [row.name for row in table if index in row.layout.sharded_axes()]
+    if split:
+        more = f" and {len(split) - 3} more" if len(split) > 3 else ""
         raise ValueError(f"the strategy shards tensors along {axis!r}, which holds the pipeline ranks; a stage's "
-                         f"tensors live on one pipeline rank")
+                         f"tensors live on one pipeline rank (split along it: {', '.join(split[:3])}{more})")
+    if uses(strategy.input_map):
+        raise ValueError(f"the strategy shards tensors along {axis!r}, which holds the pipeline ranks: "
+                         f"input_map={strategy.input_map}; a stage's inputs live on one pipeline rank")
     if strategy.data_axis == axis:
         raise ValueError(f"data_axis={axis!r} is the pipeline axis")
 

@@ -15,6 +15,7 @@ so the gradients are those of the forward that produced the loss.
 """
 from __future__ import annotations
 
+from collections import Counter
 from contextlib import nullcontext
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -158,8 +159,13 @@ class StageComputation:
 
     def live_input_bytes(self) -> int:
         """Bytes of the stage inputs (and dropout masks) kept for backwards (the recomputation's activations)."""
-        masks = self.dropouts.live_bytes() if self.dropouts is not None else 0
-        return masks + sum(int(x.nbytes) for x, _ in self._inputs.values() if isinstance(x, Tensor))
+        return sum(size * count for size, count in self.live_input_sizes().items())
+
+    def live_input_sizes(self) -> Counter:
+        """Block size (bytes) -> count of the kept stage inputs and dropout masks (`live_input_bytes`)."""
+        sizes = self.dropouts.live_sizes() if self.dropouts is not None else Counter()
+        sizes.update(int(x.nbytes) for x, _ in self._inputs.values() if isinstance(x, Tensor))
+        return sizes
 
     def reset(self, gradient_scale: float = 1.0) -> None:
         """Start a step: no kept inputs, no gradients, no losses; the backward objectives

@@ -11,6 +11,7 @@ primitive. Functional `ops.dropout` calls and other random ops are not covered (
 """
 from __future__ import annotations
 
+from collections import Counter
 from contextlib import contextmanager
 from typing import Dict, Iterator, List, Optional
 
@@ -104,9 +105,9 @@ class DropoutReplay:
         """Forget `microbatch`'s masks (its last recomputation ran)."""
         self._masks.pop(microbatch, None)
 
-    def live_bytes(self) -> int:
-        """Bytes of the kept masks."""
-        return sum(int(m.nbytes) for masks in self._masks.values() for m in masks)
+    def live_sizes(self) -> Counter:
+        """Mask size (bytes) -> count of the kept masks."""
+        return Counter(int(m.nbytes) for masks in self._masks.values() for m in masks)
 
     def reset(self) -> None:
         self._masks.clear()

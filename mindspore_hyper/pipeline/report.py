@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from mindspore_hyper.context import get_context
+from mindspore_hyper.pipeline.pipeline_step_memory import pipeline_step_memory
 from mindspore_hyper.runtime.report import KINDS, StepReport
 from mindspore_hyper.units import format_bytes
 
@@ -77,10 +78,12 @@ def pipeline_report(model, optimizer=None) -> StepReport:
     devices = list(mesh.ranks) if model.in_one_process else list(model.held_devices)
     stage_reports = {s: sm.report(optimizer) for s, sm in model.stage_models.items()}
     memory: Dict[int, Dict[str, int]] = {}
+    placed: Dict[int, Tuple[int, int]] = {}  # device -> (pipeline rank, rank on the stage mesh)
     for g in devices:
         coords = mesh.coords(g)
         pipeline_rank = coords[a]
         local = _stage_rank(model, coords, a)
+        placed[g] = (pipeline_rank, local)
         row = {k: 0 for k in KINDS}
         for s in schedule.stages_of(pipeline_rank):
             if s in stage_reports:
@@ -124,6 +127,7 @@ def pipeline_report(model, optimizer=None) -> StepReport:
                         comm_backward=comm_backward, fallbacks=fallbacks, device_memory=get_context("device_memory"),
                         step_seconds=model.last_step_seconds, simulated=model.in_one_process, pipeline=section,
                         comm_causes=comm_causes)
+    report.step_memory = pipeline_step_memory(model, optimizer, memory, placed, stage_reports)
     report.check_memory()
     return report
 

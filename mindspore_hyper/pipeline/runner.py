@@ -5,24 +5,41 @@ s-1 (received, or handed over locally when s-1 runs on the same rank, the turn o
 produces the activation for s+1 (the last stage produces the loss). A backward reads the
 gradient from stage s+1 and produces the one for s-1. Sends take what a compute produced;
 receives put what arrived where the compute finds it. Every action's real start and end are
-recorded (`events`), and the bytes sent per stage boundary (`sent_bytes`). MindSpore launches
+recorded (`events`), the bytes sent per stage boundary (`sent_bytes`), and per compute action the
+block sizes of the stage inputs kept for backwards before and after it (`kept_inputs`, the step's
+memory series: pipeline_step_memory.py). MindSpore launches
 kernels asynchronously, so a compute action ends with `mindspore.runtime.synchronize()`: its
 recorded end is when its kernels finished (else the next send's copy to numpy would absorb the
-rest of the compute time).
+rest of the compute time). MindSpore's first such call on CPU only logs an error and returns
+(mindspore_log.CPU_SYNCHRONIZE_ERROR), so `synchronize_kernels` makes it twice, that message silenced.
 """
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import mindspore as ms
 from mindspore import Tensor
 
+from mindspore_hyper.mindspore_log import CPU_SYNCHRONIZE_ERROR, silenced
 from mindspore_hyper.schedule.actions import Action, ActionKind, P2PTensor, Payload
 from mindspore_hyper.schedule.schedule import Schedule
 from mindspore_hyper.pipeline.computation import StageComputation
 
-__all__ = ["StageRunner"]
+__all__ = ["StageRunner", "synchronize_kernels"]
+
+_SYNCHRONIZED_ONCE = False
+
+
+def synchronize_kernels() -> None:
+    """Wait until every launched kernel finished (`mindspore.runtime.synchronize()`)."""
+    global _SYNCHRONIZED_ONCE
+    if not _SYNCHRONIZED_ONCE:
+        with silenced(CPU_SYNCHRONIZE_ERROR):
+            ms.runtime.synchronize()  # on CPU: logs CPU_SYNCHRONIZE_ERROR once and returns without waiting
+        _SYNCHRONIZED_ONCE = True
+    ms.runtime.synchronize()
 
 
 class StageRunner:
@@ -59,6 +76,7 @@ class StageRunner:
         self.events: List[Tuple[int, Action, float, float]] = []
         self.sent_bytes: Dict[Tuple[str, int, int], Tuple[int, int]] = {}  # (payload, src, dst) -> (count, bytes)
         self.peak_live_bytes = 0
+        self.kept_inputs: List[Tuple[Action, Counter, Counter]] = []  # compute action, kept sizes before, after
 
     @property
     def done(self) -> bool:
@@ -86,8 +104,10 @@ class StageRunner:
                 self.sent_bytes[key] = (count + 1, nbytes + int(value.nbytes))
                 self.transport.send(self.rank, action.tensor, value, action.peer)
             else:
+                before = self._kept_sizes()
                 self._compute(action)
-                ms.runtime.synchronize()
+                self.kept_inputs.append((action, before, self._kept_sizes()))
+                synchronize_kernels()
             self.events.append((self.rank, action, start, self.clock()))
             self.pc += 1
             ran += 1
@@ -112,6 +132,13 @@ class StageRunner:
             dx = run(k, dy)
             if s != 0:
                 self._give(P2PTensor(Payload.GRADIENT, s, s - 1, k), dx)
+
+    def _kept_sizes(self) -> Counter:
+        """Block size -> count of the stage inputs (and dropout masks) this rank keeps for backwards."""
+        sizes: Counter = Counter()
+        for c in self.stages.values():
+            sizes.update(c.live_input_sizes())
+        return sizes
 
     def _take(self, key: P2PTensor) -> Tensor:
         if key in self.ready:

@@ -24,6 +24,7 @@ from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.runtime import loss_scale as scaling
 from mindspore_hyper.runtime.accumulation import check_accumulation_steps, split_batch
 from mindspore_hyper.runtime.grad_clip import check_max_norm, grad_norm
+from mindspore_hyper.runtime.gradient_sync import GradientSync
 from mindspore_hyper.runtime.guarded_update import guarded_update
 from mindspore_hyper.runtime.optimizer_check import check_optimizer, optimizer_gradients
 from mindspore_hyper.strategy.resolve import ParamRow, StrategyTable
@@ -113,6 +114,7 @@ class ParallelModel(nn.Cell):
         self._last_micro_batch = True  # the running micro-batch is the step's last
         self._accumulation_steps = 1  # micro-batches of the running step
         self.execution = runtime.execution(self.mesh, self.accounting, self._parameter_fan_out)
+        self.gradient_sync = GradientSync(self.accounting, self.execution.collectives)
         register_model(self)
         self.execution.context_parallel = self.strategy.context
         if self.strategy.context is not None:
@@ -158,8 +160,7 @@ class ParallelModel(nn.Cell):
             self.accounting.reset_step()
             self.begin_step()
         else:  # a later micro-batch of one step: its counters go on; the last one's activations are freed
-            self.accounting.free(self.accounting.held_bytes)
-            self.accounting.held_bytes = 0
+            self.accounting.release_held()
         injected = self._parameters_as_dtensors()
         self.execution.holds_activations = self.records_gradients()
         self.last_forward_recorded_gradients = self.execution.holds_activations  # a backward follows (report)
@@ -181,7 +182,9 @@ class ParallelModel(nn.Cell):
         return result
 
     def begin_step(self) -> None:
-        """Called at the start of each forward (runtimes reset per-step state here)."""
+        """Called at the start of each forward, except a step's later micro-batches (per-step state
+        is reset here: the gradient sync records every parameter's sum again)."""
+        self.gradient_sync.begin_step()
 
     def records_gradients(self) -> bool:
         """Whether this forward is a training step's (its activations are held for the backward)."""

@@ -10,6 +10,10 @@ working weights (the compute-dtype copies MindSpore's amp casts the float32 mast
 `memory_by_dtype`: each kind's bytes by dtype (runtime/mixed_precision.py). Communication per
 step: count and bytes sent per device, per collective kind and mesh axis, forward as planned and
 backward as recorded when the gradients moved, with what caused them (`comm_causes`). Replication fallbacks by op name.
+After a training step, `step_memory`: the memory over forward, backward and the optimizer update
+(`runtime/step_memory.py`), its peak and the op at it, each device's step peak exact, with the
+allocator's rounding (context flag `allocator_alignment`) and with a fragmentation allowance
+(`allocator_fragmentation`).
 """
 from __future__ import annotations
 
@@ -23,9 +27,10 @@ import numpy as np
 from mindspore_hyper.comm.collective_cause import UNATTRIBUTED
 from mindspore_hyper.context import get_context
 from mindspore_hyper.runtime.mixed_precision import memory_by_dtype
+from mindspore_hyper.runtime.step_memory import round_block, step_memory
 from mindspore_hyper.units import format_bytes as _fmt
 
-__all__ = ["StepReport", "DeviceMemoryError"]
+__all__ = ["StepReport", "DeviceMemoryError", "device_groups", "rounded_model_states"]
 
 KINDS = ("parameters", "gradients", "optimizer_states", "activations_peak")
 GROUP_ABOVE = 16  # more devices than this: the table and plot show groups of equal devices
@@ -59,6 +64,8 @@ class StepReport:
     # (the op and input redistributed, a parameter's grad sync, ...: comm/collective_cause.py)
     comm_causes: Dict[str, Dict[str, Dict[str, Dict[str, int]]]] = field(default_factory=dict)
     mpmd: object = None  # MPMD model: the per-group section (mpmd/mpmd_report.MPMDSection), else None
+    # after a training step: the step's memory series and each device's step peak (see `_step_memory`)
+    step_memory: Optional[dict] = None
 
     @classmethod
     def build(cls, model, optimizer=None) -> "StepReport":
@@ -66,7 +73,8 @@ class StepReport:
         per = table.bytes_per_device()
         ranks = model.local_ranks
         simulated = model.runtime.name in ("simulation", "dryrun")  # parameters stay global tensors
-        by_dtype = (_optimizer_bytes_by_dtype(table, optimizer, ranks, simulated, model.network)
+        by_dtype = (_optimizer_bytes_by_dtype(table, optimizer, ranks, simulated, model.network,
+                                              rows_by_id=getattr(model, "rows", None))
                     if optimizer is not None else None)
         optimizer_bytes = {r: sum(v.values()) for r, v in by_dtype.items()} if by_dtype is not None else None
         memory = {}
@@ -99,6 +107,8 @@ class StepReport:
             report.notes.append(f"communication time not estimated on {table.mesh.size} devices (the topology cost "
                                 f"model chooses algorithms on the whole device graph, seconds per collective above "
                                 f"{COMM_TIME_MAX_DEVICES}); `mindspore-hyper dryrun --hardware PRESET` predicts it")
+        if report.backward_ran:
+            report.step_memory = _step_memory(model, optimizer, memory, ranks, simulated)
         report.check_memory()
         return report
 
@@ -143,6 +153,7 @@ class StepReport:
             "comm_causes": {p: {k: {a: dict(c) for a, c in axes.items()} for k, axes in kinds.items()}
                             for p, kinds in self.comm_causes.items()},
             **({"mpmd": self.mpmd.to_dict()} if self.mpmd is not None else {}),
+            **({"step_memory": self.step_memory} if self.step_memory is not None else {}),
             **({"pipeline": self.pipeline.to_dict()} if self.pipeline is not None else {}),
         }
 
@@ -160,6 +171,7 @@ class StepReport:
                 row.insert(5, _fmt(m.get("working_weights", 0)))
         lines += _table(head, rows)
         lines += self._dtype_lines()
+        lines += self._step_memory_lines()
         crow = [[phase, kind, axis, str(v["count"]), _fmt(v["bytes"]),
                  causes_text(self.comm_causes.get(phase, {}).get(kind, {}).get(axis, {}))]
                 for phase, comm in (("forward", self.comm), ("backward", self.comm_backward))
@@ -199,6 +211,18 @@ class StepReport:
                 " (working weights: the compute-dtype copies of the masters that mixed precision casts; "
                 "activations counted at their own dtypes)"]
 
+    def _step_memory_lines(self) -> List[str]:
+        """The step peak over forward, backward and update of the first device with the highest
+        (`step_memory`; a pipeline's section gives the series of that device's pipeline rank)."""
+        step = self.step_memory
+        if not step or not step["per_device"]:
+            return []
+        rank, row = max(step["per_device"].items(), key=lambda kv: kv[1]["step_peak"])
+        return [f"step peak (forward, backward, update; device {rank}): {_fmt(row['step_peak'])} in the "
+                f"{step['peak_phase']} of {step['peak_op']}; {_fmt(row['step_peak_rounded'])} with blocks rounded to "
+                f"{step['alignment_bytes']} bytes, {_fmt(row['step_peak_with_fragmentation'])} with "
+                f"{step['fragmentation']:.0%} fragmentation"]
+
     def _backward_note(self) -> str:
         """The line under the communication table: what the backward rows mean for this step."""
         if self.backward_ran is False:
@@ -211,12 +235,7 @@ class StepReport:
         """(label, memory row) per set of devices with equal memory figures: one row per device
         up to `GROUP_ABOVE` devices, else one per group ("0-47 (48)"), so 384 devices read as a
         few lines."""
-        if len(self.memory) <= GROUP_ABOVE:
-            return [(str(r), m) for r, m in self.memory.items()]
-        groups: Dict[tuple, List[int]] = {}
-        for rank, m in self.memory.items():
-            groups.setdefault(tuple(sorted(m.items())), []).append(rank)
-        return [(f"{_ranges(ranks)} ({len(ranks)})", dict(key)) for key, ranks in groups.items()]
+        return device_groups(self.memory)
 
     def plot(self, path: str) -> str:
         """Save a PNG: per-device memory as stacked bars, and bytes per collective kind/axis."""
@@ -255,6 +274,17 @@ class StepReport:
         return path
 
 
+def device_groups(rows: Dict[int, Dict[str, int]]):
+    """(label, row) per set of devices with equal rows: one per device up to `GROUP_ABOVE`
+    devices, else one per group ("0-47 (48)")."""
+    if len(rows) <= GROUP_ABOVE:
+        return [(str(r), m) for r, m in rows.items()]
+    groups: Dict[tuple, List[int]] = {}
+    for rank, m in rows.items():
+        groups.setdefault(tuple(sorted(m.items())), []).append(rank)
+    return [(f"{_ranges(ranks)} ({len(ranks)})", dict(key)) for key, ranks in groups.items()]
+
+
 def _ranges(ranks: List[int]) -> str:
     """Ranks as compact ranges: [0, 1, 2, 5] -> "0-2,5"."""
     parts, start = [], None
@@ -267,10 +297,11 @@ def _ranges(ranks: List[int]) -> str:
     return ",".join(parts)
 
 
-def _optimizer_bytes_by_dtype(table, optimizer, ranks, simulated: bool = True,
-                              network=None) -> Dict[int, Dict[str, int]]:
+def _optimizer_bytes_by_dtype(table, optimizer, ranks, simulated: bool = True, network=None, alignment: int = 1,
+                              rows_by_id=None) -> Dict[int, Dict[str, int]]:
     """rank -> state dtype ("float32") -> bytes of the optimizer's per-parameter states. A state Parameter is
-    matched to its parameter by name suffix; in simulation, where states are global tensors, a
+    matched to its parameter by name suffix (the table's name, or the name of a model Parameter the
+    optimizer updates: `rows_by_id`, id(Parameter) -> its row, the model's `rows`); in simulation, where states are global tensors, a
     global-shaped state counts at the parameter's optimizer layout; under msrun every state
     counts at its actual size (what this process really holds, even when a shard has the
     global shape, as a replicated parameter's does)."""
@@ -279,6 +310,10 @@ def _optimizer_bytes_by_dtype(table, optimizer, ranks, simulated: bool = True,
     if network is not None:  # a state is named after its Parameter's own name, which a wrapper Cell
         # (MindSpore's amp O2/O3 `_OutputTo32`) leaves as it was while the table's path grows a prefix
         rows.update({p.name: rows[path] for path, p in network.parameters_and_names() if path in rows})
+    for p in optimizer.parameters if rows_by_id else ():  # a Parameter the model made for itself (a pipeline
+        # stage's shards under msrun, named within its stage) names its states after its own name
+        if id(p) in rows_by_id:
+            rows.setdefault(p.name, rows_by_id[id(p)])
     updated = {id(p) for p in optimizer.parameters}  # not states (a Cell's table names its own relative to
     # the Cell: "text_encoder.0.weight" would read as a state "text_encoder" of "0.weight")
     for _, state in optimizer.parameters_and_names():
@@ -290,11 +325,61 @@ def _optimizer_bytes_by_dtype(table, optimizer, ranks, simulated: bool = True,
             nbytes = math.prod(row.optimizer_layout.local_shape(row.global_shape)) * state.dtype.itemsize
         else:
             nbytes = math.prod(state.shape) * state.dtype.itemsize
+        nbytes = round_block(nbytes, alignment)  # alignment > 1: each state as the allocator rounds it
         for rank in ranks:
             if rank in row.devices:
                 dtype = str(state.dtype).lower()
                 per_rank[rank][dtype] = per_rank[rank].get(dtype, 0) + nbytes
     return per_rank
+
+
+def _step_memory(model, optimizer, memory, ranks, simulated: bool) -> dict:
+    """The step's memory section: the series of the representative device (`step_memory`: every
+    device of the SPMD program alike) exact and with every block rounded to the context's
+    `allocator_alignment`, its peak and the op at it, and per device the step peak = parameters +
+    optimizer states + working weights (alive throughout) + the series' peak, exact, rounded
+    (parameters and optimizer states rounded per parameter and state; working weights as they
+    are), and rounded x (1 + `allocator_fragmentation`) rounded up to a byte."""
+    alignment, fragmentation = get_context("allocator_alignment"), get_context("allocator_fragmentation")
+    trainable = {id(p) for p in model.network.trainable_params()}
+    exact, rounded = (step_memory(model.accounting, a, trainable) for a in (1, alignment))
+    if not exact.points:
+        return {"timeline": [], "peak_phase": "", "peak_op": "", "alignment_bytes": alignment,
+                "fragmentation": fragmentation, "per_device": {}}
+    states = rounded_model_states(model, optimizer, ranks, simulated, alignment)
+    per_device = {}
+    for rank in ranks:
+        m = memory[rank]
+        working = m.get("working_weights", 0)
+        step_rounded = states[rank] + working + rounded.peak.total
+        per_device[rank] = {
+            "step_peak": m["parameters"] + m["optimizer_states"] + working + exact.peak.total,
+            "step_peak_rounded": step_rounded,
+            "step_peak_with_fragmentation": math.ceil(step_rounded * (1 + fragmentation)),
+        }
+    return {"timeline": exact.to_rows(), "peak_phase": exact.peak.phase, "peak_op": exact.peak.op,
+            "rounded_peak_phase": rounded.peak.phase, "rounded_peak_op": rounded.peak.op,
+            "alignment_bytes": alignment, "fragmentation": fragmentation, "per_device": per_device}
+
+
+def rounded_model_states(model, optimizer, ranks, simulated: bool, alignment: int) -> Dict[int, int]:
+    """rank -> bytes of `model`'s parameters and optimizer states on it, each parameter and each
+    state a block rounded up to `alignment` bytes (without an optimizer: each parameter's states
+    as one block). `simulated`: states are global tensors counted at their ZeRO layout (see
+    `_optimizer_bytes_by_dtype`)."""
+    table = model.table
+    params = {rank: 0 for rank in ranks}
+    for row in table:
+        for rank in row.devices:
+            if rank in params:
+                params[rank] += round_block(row.param_bytes, alignment)
+    if optimizer is not None:
+        states = {r: sum(v.values()) for r, v in _optimizer_bytes_by_dtype(
+            table, optimizer, ranks, simulated, model.network, alignment, getattr(model, "rows", None)).items()}
+    else:  # each parameter's states as one block
+        states = {rank: sum(round_block(row.optimizer_bytes, alignment) for row in table if rank in row.devices)
+                  for rank in ranks}
+    return {rank: params[rank] + states[rank] for rank in ranks}
 
 
 def _comm_time(report: "StepReport", mesh) -> float:

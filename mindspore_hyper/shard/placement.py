@@ -29,8 +29,10 @@ class Placement:
 
 @dataclass(frozen=True)
 class Shard(Placement):
-    """The tensor's dimension `dim` is split into equal contiguous chunks along this mesh axis
-    (a negative `dim` counts from the last dimension, as in HyperParallel and torch)."""
+    """The tensor's dimension `dim` is split into contiguous chunks along this mesh axis, as
+    torch.chunk splits it: ceil(size / devices) elements each, the trailing devices fewer or none
+    when the size does not divide (`shard.chunking`). A negative `dim` counts from the last
+    dimension, as in HyperParallel and torch."""
 
     dim: int
 

@@ -13,6 +13,7 @@ from typing import Dict, Iterator, List, Sequence, Tuple
 
 
 from mindspore_hyper import units
+from mindspore_hyper.shard.chunking import nested_chunk_bounds
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
 __all__ = [
@@ -134,13 +135,13 @@ def plan_redistribution(src: TensorLayout, dst: TensorLayout, global_shape: Sequ
         The plan (iterable of steps with per-device send bytes).
 
     Raises:
-        ValueError: meshes differ, rank mismatch, or a shape that does not divide.
+        ValueError: meshes differ, or the shape's rank differs from the layouts'.
     """
     if src.mesh != dst.mesh:
         raise ValueError(f"cannot redistribute between different meshes: {src.mesh} vs {dst.mesh}")
     global_shape = tuple(int(s) for s in global_shape)
-    src.check_shape(global_shape)
-    dst.check_shape(global_shape)
+    src.check_shape(global_shape, uneven=True)  # uneven pieces: the runtime pads them for collectives
+    dst.check_shape(global_shape, uneven=True)
     mesh = src.mesh
     sizes = mesh.device_matrix
     itemsize = units.itemsize(dtype)
@@ -152,9 +153,9 @@ def plan_redistribution(src: TensorLayout, dst: TensorLayout, global_shape: Sequ
     target_partial = dst.partial
     ndim = len(global_shape)
 
-    def local_bytes() -> int:
-        n = math.prod(global_shape) * itemsize
-        return n // math.prod(sizes[a] for entry in state for a in entry)
+    def local_bytes() -> int:  # the largest shard's (what a padded collective moves per device)
+        return math.prod(nested_chunk_bounds(size, [sizes[a] for a in entry], [0] * len(entry))[1]
+                         for size, entry in zip(global_shape, state)) * itemsize
 
     def holder(axis: int):
         for d, entry in enumerate(state):

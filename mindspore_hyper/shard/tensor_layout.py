@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
+from mindspore_hyper.shard.chunking import nested_chunk_bounds
 from mindspore_hyper.shard.placement import RANK_LOCAL, REDUCE_OPS, Partial, Placement, Replicate, Shard
 
 if TYPE_CHECKING:
@@ -187,13 +188,21 @@ class TensorLayout:
         return tuple(a for entry in self._dims for a in entry)
 
     # -- shapes and slices -------------------------------------------------------------------
-    def check_shape(self, global_shape: Sequence[int]) -> None:
-        """Raise ValueError naming the dimension and axes when `global_shape` cannot be laid out."""
+    def check_shape(self, global_shape: Sequence[int], uneven: bool = False) -> None:
+        """Raise ValueError naming the dimension and axes when `global_shape` cannot be laid out.
+
+        Args:
+            global_shape: the tensor's global shape.
+            uneven: accept dimensions their shard count does not divide (torch.chunk pieces, see
+                `shard.chunking`); only the number of dimensions is checked then.
+        """
         if len(global_shape) != self.ndim:
             raise ValueError(
                 f"tensor of shape {tuple(global_shape)} has {len(global_shape)} dimensions but the "
                 f"tensor map {self.tensor_map} has {self.ndim} entries"
             )
+        if uneven:
+            return
         for dim, size in enumerate(global_shape):
             n = self.shard_count(dim)
             if size % n:
@@ -203,10 +212,42 @@ class TensorLayout:
                     f"{n} (mesh axis {'x'.join(axes)} = {n})"
                 )
 
+    def is_even(self, global_shape: Sequence[int]) -> bool:
+        """Whether every sharded dimension of `global_shape` divides by its shard count (every
+        device's shard then has the same shape)."""
+        return all(size % n == 0 for size, n in zip(global_shape, self._shard_counts))
+
+    def uneven_dims(self, global_shape: Sequence[int]) -> Tuple[int, ...]:
+        """The dimensions of `global_shape` whose shard count does not divide them."""
+        return tuple(d for d, (size, n) in enumerate(zip(global_shape, self._shard_counts)) if size % n)
+
     def local_shape(self, global_shape: Sequence[int]) -> Tuple[int, ...]:
-        """Shape of each device's shard."""
+        """Shape of each device's shard (an even layout; see `max_local_shape` for uneven ones).
+
+        Raises:
+            ValueError: a dimension does not divide by its shard count.
+        """
         self.check_shape(global_shape)
         return tuple(size // self.shard_count(dim) for dim, size in enumerate(global_shape))
+
+    def max_local_shape(self, global_shape: Sequence[int]) -> Tuple[int, ...]:
+        """Shape of the largest shard (the device at coordinate 0 of every axis): each sharded
+        dimension has ceil(size / shard count) elements per chunking level; the even shard shape
+        when the layout divides `global_shape`."""
+        self.check_shape(global_shape, uneven=True)
+        return tuple(nested_chunk_bounds(size, [self._mesh.device_matrix[a] for a in entry], [0] * len(entry))[1]
+                     for size, entry in zip(global_shape, self._dims))
+
+    def dim_bounds(self, dim: int, size: int, coords: Sequence[int]) -> Tuple[int, int]:
+        """(start, length) of the piece of dimension `dim` (of `size` elements) held by the device
+        at mesh `coords` (torch.chunk pieces, axis by axis major first; `shard.chunking`)."""
+        entry = self._dims[dim]
+        return nested_chunk_bounds(size, [self._mesh.device_matrix[a] for a in entry], [coords[a] for a in entry])
+
+    def shard_shape(self, global_shape: Sequence[int], coords: Sequence[int]) -> Tuple[int, ...]:
+        """Shape of the shard held by the device at mesh `coords` (uneven layouts allowed)."""
+        self.check_shape(global_shape, uneven=True)
+        return tuple(self.dim_bounds(d, size, coords)[1] for d, size in enumerate(global_shape))
 
     def coords(self, rank: int) -> Tuple[int, ...]:
         return self._mesh.coords(rank)
@@ -220,10 +261,15 @@ class TensorLayout:
         return index
 
     def rank_slices(self, rank: int, global_shape: Sequence[int]) -> Tuple[slice, ...]:
-        """The slice of the global tensor held by `rank`."""
-        local = self.local_shape(global_shape)
-        return tuple(slice(index * n, (index + 1) * n)
-                     for index, n in ((self.shard_index(rank, d), n) for d, n in enumerate(local)))
+        """The slice of the global tensor held by `rank` (torch.chunk pieces when the layout does
+        not divide `global_shape`)."""
+        self.check_shape(global_shape, uneven=True)
+        coords = self._mesh.coords(rank)
+        out = []
+        for d, size in enumerate(global_shape):
+            start, length = self.dim_bounds(d, size, coords)
+            out.append(slice(start, start + length))
+        return tuple(out)
 
     def replica_ranks(self, rank: int) -> List[int]:
         """Ranks holding an identical copy of `rank`'s shard (including `rank`): they differ only

@@ -54,10 +54,26 @@ def stage_table(table: StrategyTable, names: Sequence[str], stage_mesh: Layout, 
             for n in names]
     overrides = {p: t for p, t in full.overrides.items() if any(fnmatch.fnmatchcase(n, p) for n in names)}
     context = full.context
-    strategy = Strategy(stage_mesh, full.tensor_map, full.optimizer_state if full.optimizer_state != axis else None,
-                        full.data_axis, full.input_map, overrides,
+    strategy = Strategy(stage_mesh, _without_axis(full.tensor_map, axis),
+                        full.optimizer_state if full.optimizer_state != axis else None, full.data_axis,
+                        full.input_map, overrides,
                         context_parallel=context and context.axis, context_method=context and context.method)
     return StrategyTable(rows, stage_mesh, strategy, optimizer_states=table.optimizer_states)
+
+
+def _without_axis(tensor_map, axis: str) -> tuple:
+    """A default tensor map with the pipeline axis `axis` removed (an entry naming only it becomes
+    None). No parameter is split along it (checked above and by the pipeline build), so the map
+    resolves the same on the stage mesh."""
+    def drop(entry):
+        if entry == axis:
+            return None
+        if isinstance(entry, tuple):
+            kept = tuple(e for e in entry if e != axis)
+            return kept if len(kept) > 1 else (kept[0] if kept else None)
+        return entry
+
+    return tuple(drop(e) for e in tensor_map)
 
 
 def _stage_row(row: ParamRow, stage_mesh: Layout, axis: str, zero_on_axis: bool, optimizer_states: int) -> ParamRow:

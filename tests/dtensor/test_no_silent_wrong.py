@@ -80,7 +80,7 @@ def test_copies_and_data():
 
 def test_a_dtensor_cannot_become_a_parameter_silently():
     d = distribute_tensor(Tensor(values()), MESH("a", None))
-    with pytest.raises(TypeError, match="full_tensor"):
+    with pytest.raises(ValueError, match="not made on a DeviceMesh.*full_tensor"):
         Parameter(d, name="w")
 
 

@@ -58,9 +58,15 @@ def test_full_tensor_is_differentiable():
     np.testing.assert_allclose(grad.asnumpy(), 2 * g.asnumpy(), rtol=1e-6)
 
 
-def test_distribute_rejects_indivisible_shape():
-    with pytest.raises(ValueError, match="dimension 0 .* size 3, not divisible by 2"):
-        distribute_tensor(Tensor(np.zeros((3, 4), np.float32)), MESH("data", None))
+def test_distribute_splits_indivisible_dimensions_as_torch_chunk():
+    """3 rows over "data" x "tensor" (2 x 2, nested): 2, 1 over data, then 1, 1 and 1, 0 over tensor."""
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    dt = distribute_tensor(Tensor(x), MESH(("data", "tensor"), None))
+    rows = {r: dt.local_shard(r).shape[0] for r in MESH.ranks}
+    assert [rows[MESH.rank_at((d, t, 0))] for d in range(2) for t in range(2)] == [1, 1, 1, 0]
+    np.testing.assert_array_equal(dt.asnumpy(), x)
+    with pytest.raises(ValueError, match="has 2 dimensions but the tensor map"):
+        distribute_tensor(Tensor(x), MESH("data"))
 
 
 def test_ops_on_dtensors_of_different_meshes_fail_clearly():

@@ -71,6 +71,14 @@ def test_transcribed_figures_agree_with_each_other():
             assert run.global_batch * run.config.seq_len == 2 ** 24, run.id
 
 
+def test_the_narayanan_rows_sync_gradients_as_the_reproduction_script_says():
+    """run_table_1.sh: DDP=torch (overlapped) for the rows without a pipeline, DDP=local (after the
+    backward) from 39.1B up."""
+    for run in load_heldout()[1]:
+        if run.source == "narayanan2021":
+            assert run.strategy.grad_sync_overlap is (run.strategy.pipeline == 1), run.id
+
+
 def _narayanan_flops(c, batch):
     # Narayanan et al. 2021, eq. (3), written out again
     return 96 * batch * c.seq_len * c.layers * c.hidden ** 2 * (1 + c.seq_len / (6 * c.hidden)

@@ -1,6 +1,7 @@
 """Run by test_msrun.py under `mindspore-hyper run --processes 4`: the rank-dependent parts of the
-HyperParallel API (each rank's own from_local, process groups, a sub-mesh's ranks), then the
-example's tensor-parallel Llama against one device. Exits non-zero on the first mismatch."""
+HyperParallel API (each rank's own from_local, process groups, a sub-mesh's ranks), meshes
+smaller than the job, a tensor-parallel pipeline (pipeline_tp_script.py: 2 pipeline ranks x 2),
+then the example's tensor-parallel Llama against one device. Exits non-zero on the first mismatch."""
 import os
 import sys
 
@@ -104,6 +105,72 @@ for name, value in laid_out_parameters(sharded).items():
                                atol=1e-5, err_msg=name)
 print(f"rank {rank}: fully_shard with per-rank batches trains like one device")
 
+# fully_shard's apply_grad_on_fp32_main_grad (MindFormers' policy): after one backward each rank's
+# main_grad is its piece of the averaged gradient, one device's on the 4 batches concatenated
+# (float32 sums of <= 16 terms in another order: ~1e-6 relative)
+from mindspore_hyper.hyper_parallel.fully_shard_policies import MixedPrecisionPolicy  # noqa: E402
+
+main_sharded, main_reference = Mlp(), Mlp()
+for (_, p), (_, q) in zip(main_sharded.parameters_and_names(), main_reference.parameters_and_names()):
+    q.set_data(Tensor(p.asnumpy()))
+fully_shard(main_sharded, mesh=dp_mesh,
+            mp_policy=MixedPrecisionPolicy(reduce_dtype=ms.float32, apply_grad_on_fp32_main_grad=True))
+mse_of = lambda m: (lambda x, y: ((m(x) - y) ** 2).mean())  # noqa: E731
+ms.value_and_grad(mse_of(main_sharded), None, main_sharded.trainable_params())(Tensor(data[rank]),
+                                                                              Tensor(target[rank]))
+whole_grads = ms.value_and_grad(mse_of(main_reference), None, main_reference.trainable_params())(
+    Tensor(data.reshape(8, 8)), Tensor(target.reshape(8, 8)))[1]
+for param, whole_grad in zip(main_sharded.trainable_params(), whole_grads):
+    rows = whole_grad.shape[0] // 4
+    np.testing.assert_allclose(param.main_grad.asnumpy(), whole_grad.asnumpy()[rank * rows:(rank + 1) * rows],
+                               rtol=1e-5, atol=1e-7, err_msg=param.name)
+print(f"rank {rank}: fully_shard's main_grad holds this rank's piece of one device's gradient")
+
+# uneven Shard (torch.chunk pieces; the collectives pad them): 7 x 3 over dp x tp gives rows 4, 3
+# and columns 2, 1; then fully_shard of 7- and 11-row weights over 4 ranks (2,2,2,1 and 3,3,3,2 rows)
+odd = np.arange(21, dtype=np.float32).reshape(7, 3)
+row_of, col_of = ((0, 4), (4, 7)), ((0, 2), (2, 3))
+piece = odd[slice(*row_of[dp]), slice(*col_of[tp])]
+u = hp.DTensor.from_local(Tensor(piece), mesh, [Shard(0), Shard(1)], shape=(7, 3), run_check=True)
+np.testing.assert_array_equal(u.full_tensor().asnumpy(), odd)
+np.testing.assert_array_equal(hp.distribute_tensor(Tensor(odd), mesh, [Shard(0), Shard(1)]).to_local().asnumpy(), piece)
+np.testing.assert_array_equal(u.redistribute(mesh, [Shard(1), Shard(0)]).to_local().asnumpy(),
+                              odd[slice(*row_of[tp]), slice(*col_of[dp])])
+summed = hp.DTensor.from_local(Tensor(odd), mesh, [Partial("sum"), Replicate()]).redistribute(mesh, [Shard(0), Replicate()])
+np.testing.assert_array_equal(summed.to_local().asnumpy(), 2 * odd[slice(*row_of[dp])])
+w3 = np.linspace(-1, 1, 3 * 5, dtype=np.float32).reshape(3, 5)
+np.testing.assert_allclose(((u * 2.0) @ Tensor(w3)).full_tensor().asnumpy(), (2 * odd) @ w3, rtol=1e-5)  # 3-term sums
+try:
+    hp.DTensor.from_local(Tensor(piece), mesh, [Shard(0), Shard(1)], shape=(8, 3), run_check=True)
+    raise AssertionError("from_local accepted local shapes that do not lay out shape=(8, 3)")
+except ValueError as error:
+    assert "local shapes do not lay out shape=(8, 3)" in str(error), error
+
+
+class Odd(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Dense(8, 7), nn.Dense(7, 11)
+
+    def construct(self, x):
+        return self.down(ops.tanh(self.up(x)))
+
+
+ms.set_seed(6)
+odd_sharded, odd_reference = Odd(), Odd()
+for (_, p), (_, q) in zip(odd_sharded.parameters_and_names(), odd_reference.parameters_and_names()):
+    q.set_data(Tensor(p.asnumpy()))
+fully_shard(odd_sharded, mesh=dp_mesh)
+odd_target = np.random.RandomState(9).randn(4, 2, 11).astype(np.float32)
+adam_steps(odd_sharded, Tensor(data[rank]), Tensor(odd_target[rank]))
+adam_steps(odd_reference, Tensor(data.reshape(8, 8)), Tensor(odd_target.reshape(8, 11)))
+for name, value in laid_out_parameters(odd_sharded).items():
+    whole_rows = dict(odd_reference.parameters_and_names())[name].shape[0]
+    assert value.to_local().shape[0] == ([2, 2, 2, 1] if whole_rows == 7 else [3, 3, 3, 2])[rank]
+    np.testing.assert_allclose(value.full_tensor().asnumpy(), dict(odd_reference.parameters_and_names())[name].asnumpy(),
+                               atol=1e-5, err_msg=name)  # as above: Adam steps of ~1e-2, float32 rounding ~1e-7
+print(f"rank {rank}: uneven shards (torch.chunk) under msrun equal numpy and one device")
+
 # upstream's distributed checkpoint: each rank writes its pieces; a plain model loads them whole
 from hyper_parallel.core.distributed_checkpoint import load, save  # noqa: E402
 
@@ -112,7 +179,91 @@ restored = Mlp()
 load({"model": restored.parameters_dict()}, checkpoint_id=os.environ["HP_CKPT"])
 for name, p in restored.parameters_and_names():
     np.testing.assert_array_equal(p.asnumpy(), laid_out_parameters(sharded)[name].full_tensor().asnumpy(), err_msg=name)
+# uneven pieces: the 7- and 11-row model saved from 4 ranks (2,2,2,1 and 3,3,3,2 rows) as a state
+# dict and as the Cell itself (mh.save_checkpoint), loaded into fully_shard over the 2-rank "dp"
+# sub-mesh (4,3 and 6,5 rows) and into a plain model
+import mindspore_hyper as mh  # noqa: E402
+
+save({"model": odd_sharded.parameters_dict()}, checkpoint_id=os.environ["HP_CKPT"] + "_uneven")
+mh.save_checkpoint(odd_sharded, os.environ["HP_CKPT"] + "_uneven_cell")
+odd_saved = {name: v.full_tensor().asnumpy() for name, v in laid_out_parameters(odd_sharded).items()}
+odd_halves, odd_plain = Odd(), Odd()
+fully_shard(odd_halves, mesh=mesh["dp"])
+load({"model": odd_halves.parameters_dict()}, checkpoint_id=os.environ["HP_CKPT"] + "_uneven")
+mh.load_checkpoint(odd_plain, os.environ["HP_CKPT"] + "_uneven_cell")
+for name, value in laid_out_parameters(odd_halves).items():
+    assert value.to_local().shape[0] == -(-odd_saved[name].shape[0] // 2) - dp * (odd_saved[name].shape[0] % 2)
+    np.testing.assert_array_equal(value.full_tensor().asnumpy(), odd_saved[name], err_msg=name)
+for name, p in odd_plain.parameters_and_names():
+    np.testing.assert_array_equal(p.asnumpy(), odd_saved[name], err_msg=name)
 print(f"rank {rank}: distributed checkpoint round trip")
+
+# meshes smaller than the job: upstream's tiling (rank r gets ranks r - r % 2, r - r % 2 + 1) and
+# a mesh on ranks 1 and 3 only; collectives stay among the mesh's ranks
+tile = hp.init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+base = rank - rank % 2
+assert tile.mesh.tolist() == [base, base + 1] and tile.get_coordinate() == [rank % 2], tile.mesh
+pair = hp.DTensor.from_local(Tensor(np.full((2,), float(rank), np.float32)), tile, [Partial("sum")])
+np.testing.assert_array_equal(pair.full_tensor().asnumpy(), np.full((2,), 2.0 * base + 1, np.float32))
+owned = whole + 100 * base  # each pair's own global value; distribute_tensor takes its first rank's
+d = hp.distribute_tensor(Tensor(owned if rank % 2 == 0 else np.zeros_like(owned)), tile, [Shard(1)])
+np.testing.assert_array_equal(d.to_local().asnumpy(), owned[:, 4 * (rank % 2):4 * (rank % 2 + 1)])
+w = np.linspace(-1, 1, 8 * 3, dtype=np.float32).reshape(8, 3)
+y = hp.distribute_tensor(Tensor(owned), tile, [Shard(1)]) @ hp.distribute_tensor(Tensor(w), tile, [Shard(0)])
+np.testing.assert_allclose(y.full_tensor().asnumpy(), owned @ w, rtol=1e-5)  # float32, 8-term sums of <= 200
+odd = hp.DeviceMesh("cpu", [1, 3], mesh_dim_names=("x",))
+if rank % 2:
+    assert odd.get_coordinate() == [rank // 2]
+    odd_sum = hp.DTensor.from_local(Tensor(np.full((2,), float(rank), np.float32)), odd, [Partial("sum")])
+    np.testing.assert_array_equal(odd_sum.full_tensor().asnumpy(), np.full((2,), 4.0, np.float32))
+else:
+    assert odd.get_coordinate() is None  # torch: a rank outside the mesh has no coordinate
+    try:
+        hp.distribute_tensor(Tensor(whole), odd, [Replicate()])
+        raise AssertionError("a DTensor on a mesh this rank is outside of was made")
+    except ValueError as error:
+        assert f"rank {rank} is not in the DeviceMesh of ranks [1, 3]" in str(error), error
+# torch's src_data_rank on a sub-mesh: each "tp" group takes its own first device's value
+by_tp = hp.distribute_tensor(Tensor(np.full((2,), float(rank), np.float32)), mesh["tp"], [Replicate()])
+np.testing.assert_array_equal(by_tp.to_local().asnumpy(), np.full((2,), float(2 * dp), np.float32))
+print(f"rank {rank}: meshes smaller than the job checked")
+
+# Parameter(DTensor) as upstream's loss_repeat_mean writes it: each rank passes its own block of the
+# weight; the Parameter holds that block, and shard_module + hsdp train it like one device
+from hyper_parallel import ShardingPlan, hsdp, parallelize_value_and_grad, shard_module  # noqa: E402
+
+
+class RepeatMean(nn.Cell):
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = ms.Parameter(weight, name="weight")
+
+    def construct(self, x):
+        return ops.relu(ops.matmul(x, self.weight))
+
+
+w_whole = np.random.RandomState(10).randn(8, 2).astype(np.float32)
+x_whole = np.random.RandomState(11).randn(4, 8).astype(np.float32)
+block = hp.DTensor.from_local(Tensor(w_whole[tp * 4:(tp + 1) * 4]), mesh, [Replicate(), Shard(0)])
+repeat = RepeatMean(block)
+assert tuple(repeat.weight.shape) == (4, 2) and repeat.weight.name == "weight"  # this rank's block
+shard_module(repeat, device_mesh=mesh, sharding_plan=ShardingPlan(input_plan={"input": ((Shard(0), Shard(1)),)}))
+repeat = hsdp(repeat, shard_size=2, threshold=0)
+repeat_ref = RepeatMean(Tensor(w_whole))
+x_mine = hp.DTensor.from_local(Tensor(x_whole[dp * 2:(dp + 1) * 2, tp * 4:(tp + 1) * 4]), mesh, [Shard(0), Shard(1)])
+for model, grad_of, x in ((repeat, parallelize_value_and_grad, x_mine),
+                          (repeat_ref, lambda f, w: ms.value_and_grad(f, None, w), Tensor(x_whole))):
+    optimizer = nn.Adam(model.trainable_params(), learning_rate=1e-2)
+    step = grad_of(lambda data, model=model: model(data).sum(), optimizer.parameters)
+    for _ in range(2):
+        optimizer(step(x)[1])
+# Adam moves the weight by ~1e-2 per step; the 8-term products differ by float32 rounding (~1e-7)
+np.testing.assert_allclose(laid_out_parameters(repeat)["weight"].full_tensor().asnumpy(), repeat_ref.weight.asnumpy(),
+                           atol=1e-5)
+print(f"rank {rank}: Parameter(DTensor) of each rank's block trains like one device")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pipeline_tp_script  # noqa: E402,F401  (2 pipeline ranks x 2 tensor-parallel devices)
 
 sys.path.insert(0, os.environ["HP_EXAMPLES"])
 sys.argv = ["hyper_parallel_llama.py", "--tp", "4", "--steps", "2"]

@@ -33,7 +33,11 @@ def test_sub_mesh_placements_map_onto_the_root(fresh_session):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: init_device_mesh("npu", (3,)), "3 devices, but device_num=8"),
+    (lambda: init_device_mesh("npu", (3,)), "3 devices do not divide the job's 8"),
+    (lambda: init_device_mesh("npu", (16,)), "16 devices, but the job has 8"),
+    (lambda: init_device_mesh("npu", (4,), rank_list=(0, 1, 2)), "rank_list has 3 ranks; expected"),
+    (lambda: init_device_mesh("npu", (4,), rank_list=(6, 7, 8, 9)).execution(), "rank 8 is outside the job"),
+    (lambda: DeviceMesh("npu", [[0, 1], [1, 2]]), "distinct non-negative ranks"),
     (lambda: init_device_mesh("tpu", (8,)), "device_type='tpu'"),
     (lambda: init_device_mesh("npu", (2, 4), mesh_dim_names=("dp",)), "1 names for a 2-dimensional mesh"),
     (lambda: init_device_mesh("npu", (0, 8)), "positive ints"),
@@ -69,5 +73,23 @@ def test_rank_questions_are_refused_in_simulation_with_the_reason():
 def test_a_mesh_of_explicit_ranks():
     mesh = DeviceMesh("npu", [[4, 5, 6, 7], [0, 1, 2, 3]], mesh_dim_names=("a", "b"))
     assert mesh.root.rank_list == (4, 5, 6, 7, 0, 1, 2, 3)
-    with pytest.raises(ValueError, match="rank_list"):
-        DeviceMesh("npu", [[0, 1], [1, 2]])
+    np.testing.assert_array_equal(mesh.mesh, [[4, 5, 6, 7], [0, 1, 2, 3]])
+
+
+def test_a_mesh_on_some_of_the_job_s_ranks(fresh_session):
+    fresh_session.set_context(device_num=8)
+    mesh = DeviceMesh("cpu", [[6, 4], [7, 5]], mesh_dim_names=("dp", "tp"))
+    assert mesh.members == (4, 5, 6, 7) and mesh.root.rank_list == (2, 0, 3, 1) and mesh.size() == 4
+    np.testing.assert_array_equal(mesh.mesh, [[6, 4], [7, 5]])
+    assert "ranks=[4, 5, 6, 7]" in repr(mesh)
+    assert mesh != DeviceMesh("cpu", [[2, 0], [3, 1]], mesh_dim_names=("dp", "tp"))  # same shape, other devices
+    explicit = init_device_mesh("cpu", (2, 2), rank_list=(6, 4, 7, 5), mesh_dim_names=("dp", "tp"))
+    assert explicit == mesh and explicit.copies == 1
+
+
+def test_init_device_mesh_smaller_than_the_job_tiles_it_as_upstream(fresh_session):
+    fresh_session.set_context(device_num=8)
+    mesh = init_device_mesh("npu", (2, 2), mesh_dim_names=("dp", "tp"))
+    assert mesh.copies == 2 and mesh.members == (0, 1, 2, 3) and mesh.size() == 4
+    with pytest.raises(RankDependentError, match="tiling the job 2 times"):
+        mesh.mesh  # ranks 0..3 or 4..7, by the calling rank

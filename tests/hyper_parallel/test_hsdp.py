@@ -45,6 +45,26 @@ def test_hsdp_over_the_data_parallel_group_of_tensor_parallel_parameters(fresh_s
         np.testing.assert_allclose(g.asnumpy(), r.asnumpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("options", [{"shard_size": 1, "threshold": 0}, {"threshold": 64}])
+def test_parameters_hsdp_keeps_whole_take_a_global_batchs_gradient_once(fresh_session, options):
+    """A Parameter hsdp leaves unsplit (shard_size=1, or under the threshold: 512 B < 64 KB) with a
+    batch split over "dp" as a DTensor: the loss is global, so its gradient is one device's (the
+    replicas' gradients are not summed on top; upstream's loss_repeat_mean case 2 found this)."""
+    fresh_session.set_context(device_num=8)
+    x = Tensor(np.random.RandomState(4).randn(8, 16).astype(np.float32))
+    reference_loss, reference_grads = gradients(Net(), x)
+    mesh = init_device_mesh("npu", (4, 2), mesh_dim_names=("dp", "tp"))
+    model = Net()
+    shard_module(model, mesh, ShardingPlan(plan={"weight": (Replicate(), Shard(0))}))
+    model = hsdp(model, **options)
+    assert laid_out_parameters(model)["weight"].placements == (Replicate(), Shard(0))  # not split over "dp"
+    loss, grads = gradients(lambda x: model(distribute_tensor(x, mesh, [Shard(0), Shard(1)])), x, model)
+    # float32 sums of <= 16 terms reordered by the split: a few ulps
+    np.testing.assert_allclose(float(loss), float(reference_loss), rtol=1e-5)
+    for g, r in zip(grads, reference_grads):
+        np.testing.assert_allclose(g.asnumpy(), r.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_hsdp_sums_plain_inputs_as_that_many_equal_ranks_would(fresh_session):
     """Plain inputs are the same batch on every rank; hsdp sums the ranks' gradients (x
     grad_scale), so the gradient is group size x grad_scale x one device's, as N processes give."""
@@ -74,4 +94,10 @@ def test_hsdp_threshold_shard_size_and_refusals(fresh_session):
         hsdp(Net(), comm_async=True)
     with pytest.raises(ValueError, match="set_requires_grad_sync\\(False\\)"):
         hsdp(Net(), threshold=0).set_requires_grad_sync(False)
+    with pytest.raises(ValueError, match="enable_grad_accumulation must be bool"):
+        hsdp(Net(), enable_grad_accumulation=1)
+    accumulating = hsdp(Net(), 2, 0, "level1", True)  # upstream's positional form (its vpp_schedule test)
+    with pytest.raises(ValueError, match=r"enable_grad_accumulation=True\): HSDPNet was called outside a pipeline "
+                                         r"schedule"):  # accumulation in pipelines: pipeline_tp_script.py
+        accumulating(Tensor(np.ones((2, 16), np.float32)))
     assert mesh.size() == 4

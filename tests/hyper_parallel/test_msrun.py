@@ -1,5 +1,6 @@
 """One msrun job of 4 processes: the HyperParallel API's rank-dependent paths, fully_shard with
-each rank's own batch, a distributed checkpoint round trip and the example's tensor-parallel
+each rank's own batch, a distributed checkpoint round trip, meshes smaller than the job, a
+pipeline of tensor-parallel stages and the example's tensor-parallel
 Llama, launched as a user would (`mindspore-hyper run --processes 4`)."""
 import json
 import os
@@ -25,17 +26,28 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
                               timeout=300)
     except subprocess.TimeoutExpired:
         pytest.fail("msrun did not finish within 300 s (hang)")
-    logs = worker_logs(tmp_path / "log", 4)
-    assert done.returncode == 0, done.stderr[-2000:] + logs
+    logs = worker_logs(tmp_path / "log", 4, tail=60000)  # every check's line, before the long report
+    assert done.returncode == 0, done.stderr[-2000:] + logs[-8000:]
     for rank in range(4):
         assert f"rank {rank}: rank-dependent API checks passed" in logs
         assert f"rank {rank}: ContextParallel (Ulysses and gathered k/v) equals one device" in logs
         assert f"rank {rank}: fully_shard with per-rank batches trains like one device" in logs
+        assert f"rank {rank}: fully_shard's main_grad holds this rank's piece of one device's gradient" in logs
+        assert f"rank {rank}: uneven shards (torch.chunk) under msrun equal numpy and one device" in logs
         assert f"rank {rank}: distributed checkpoint round trip" in logs
+        assert f"rank {rank}: meshes smaller than the job checked" in logs
+        assert f"rank {rank}: Parameter(DTensor) of each rank's block trains like one device" in logs
+        assert f"rank {rank}: tensor-parallel (and GPipe) pipeline 1F1B trains 2 Adam steps like one device" in logs
+        assert f"rank {rank}: tensor-parallel (and GPipe) pipeline GPipe equals one device" in logs
+        assert f"rank {rank}: fully_shard pipeline 1F1B trains 1 Adam steps like one device" in logs
+        assert f"rank {rank}: hsdp pipeline 1F1B trains 1 Adam steps like one device" in logs
+        assert f"rank {rank}: hsdp accumulating pipeline 1F1B trains 1 Adam steps like one device" in logs
     assert logs.count("OK: tensor-parallel 4 trains like one device over 2 steps") == 4
     per_rank = [json.loads((tmp_path / f"report.json.rank{r}").read_text()) for r in range(4)]
     assert [r["mode"] for r in per_rank] == [f"distributed (rank {r})" for r in range(4)]
-    tp_mesh = [m for m in per_rank[0]["meshes"] if m["dim_names"] == ["tp"]][0]
+    # the tiled 2-device mesh of ranks 2 and 3 counts only those two devices in their reports
+    assert any(m["ranks"] == [2, 3] and m["shape"] == [2] for m in per_rank[3]["meshes"] if "ranks" in m)
+    tp_mesh = [m for m in per_rank[0]["meshes"] if m["dim_names"] == ["tp"] and m["shape"] == [4]][0]
     assert any(row["kind"] == "AllReduce" and row["axis"] == "tp" for row in tp_mesh["collectives"])
     # the example's Llama (vocab 64, dim 32, hidden 64, 2 layers), tensor 4, float32: every
     # matrix of the plan split 4 ways (its norms are plain Parameters, outside the plan)

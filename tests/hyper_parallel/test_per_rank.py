@@ -72,18 +72,84 @@ def test_a_failing_rank_stops_the_run_with_its_error(fresh_session, tmp_path):
                               "sys.exit(3 if get_rank() == 1 else 0)\n") == 3
 
 
-def test_dtensors_are_refused_in_a_per_rank_run(fresh_session, tmp_path):
-    fresh_session.set_context(device_num=2)
-    with pytest.raises(RankDependentError, match="this script runs once per rank"):
+def test_the_tensor_parallel_pipeline_script_runs_once_per_rank():
+    """Upstream's vpp_schedule pattern (there 8 devices = 4 pipeline ranks x 2; here 4 = 2 x 2 to
+    keep the test short: the script takes any even device count), each stage split over
+    its 2 devices (Colwise/Rowwise, fully_shard, hsdp); every rank checks its stage's losses,
+    gradients and weights itself."""
+    script = os.path.join(HERE, "pipeline_tp_script.py")
+    done = subprocess.run([CLI, "run", "--devices", "4", "--per-rank", script], capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in range(4):
+        assert f"rank {rank}: tensor-parallel (and GPipe) pipeline 1F1B trains 2 Adam steps like one device" in done.stdout
+        assert f"rank {rank}: tensor-parallel (and GPipe) pipeline GPipe equals one device" in done.stdout
+        assert f"rank {rank}: fully_shard pipeline 1F1B trains 1 Adam steps like one device" in done.stdout
+        assert f"rank {rank}: hsdp pipeline 1F1B trains 1 Adam steps like one device" in done.stdout
+        assert f"rank {rank}: hsdp accumulating pipeline 1F1B trains 1 Adam steps like one device" in done.stdout
+    for ranks in ([0, 1], [2, 3]):  # one report per stage mesh, its 2 devices only
+        assert done.stdout.count(f"mesh tp=2 on ranks {ranks} (HyperParallel API)") == 1
+
+
+def test_each_rank_simulates_its_own_mesh_and_a_rank_outside_a_mesh_is_refused(fresh_session, tmp_path, capsys):
+    fresh_session.set_context(device_num=4)
+    per_rank(tmp_path, """
+        import numpy as np
+        from mindspore import Tensor
+        from mindspore_hyper.hyper_parallel import DeviceMesh, Shard, distribute_tensor, init_device_mesh
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+        x = distribute_tensor(Tensor(np.arange(8, dtype=np.float32).reshape(4, 2)), mesh, [Shard(0)])
+        low = DeviceMesh("cpu", [0, 1])
+        print(f"rank {mesh.get_rank()}: ranks {mesh.mesh.tolist()} coordinate {mesh.get_coordinate()} "
+              f"sum {float((x * 2).sum())} outside {low.get_coordinate()}")
+    """, devices=4)
+    out = capsys.readouterr().out
+    for rank in range(4):
+        base = rank - rank % 2
+        outside = [rank] if rank < 2 else None
+        assert f"rank {rank}: ranks {[base, base + 1]} coordinate {[rank % 2]} sum 56.0 outside {outside}" in out
+    with pytest.raises(ValueError, match=r"rank 2 is not in the DeviceMesh of ranks \[0, 1\].*get_coordinate\(\) is not"):
         per_rank(tmp_path, """
             import numpy as np
             from mindspore import Tensor
-            from mindspore_hyper.hyper_parallel import Shard, distribute_tensor, init_device_mesh
-            mesh = init_device_mesh("cpu", (2,))
-            distribute_tensor(Tensor(np.ones((2, 2), np.float32)), mesh, [Shard(0)])
-        """)
-    with pytest.raises(RankDependentError, match=r"script\.py:3: a DeviceMesh's DTensors .* runs once per rank"):
+            from mindspore_hyper.hyper_parallel import DeviceMesh, Replicate, distribute_tensor
+            distribute_tensor(Tensor(np.ones((2, 2), np.float32)), DeviceMesh("cpu", [0, 1]), [Replicate()])
+        """, devices=4)
+    with pytest.raises(RankDependentError, match=r"split_group\(\) is not simulated in a per-rank run"):
         per_rank(tmp_path, """
-            from mindspore_hyper.hyper_parallel import init_device_mesh
-            init_device_mesh("cpu", (2,)).get_rank()
-        """)
+            from mindspore_hyper.hyper_parallel import split_group
+            split_group(split_ranks=[[0, 1], [2, 3]])
+        """, devices=4)
+    with pytest.raises(ValueError, match=r"get_local_rank\(\): rank 3 is not in this mesh"):
+        per_rank(tmp_path, """
+            from mindspore.communication import get_rank
+            from mindspore_hyper.hyper_parallel import DeviceMesh
+            if get_rank() == 3:
+                DeviceMesh("cpu", [0, 1]).get_local_rank()
+        """, devices=4)
+
+
+def test_a_stage_laid_out_beyond_its_pipeline_rank_s_devices_is_refused(fresh_session, tmp_path):
+    fresh_session.set_context(device_num=4)
+    with pytest.raises(ValueError, match="laid out on ranks \\[0, 1, 2, 3\\], outside its pipeline rank's ranks 0..1"):
+        per_rank(tmp_path, """
+            import numpy as np
+            from mindspore import Tensor, nn
+            from mindspore.communication import get_rank
+            from mindspore_hyper.hyper_parallel import (
+                ColwiseParallel, PipelineStage, Schedule1F1B, init_device_mesh, parallelize_module)
+            rank = get_rank()
+            cell = nn.SequentialCell([nn.Dense(4, 4)])
+            parallelize_module(cell, init_device_mesh("cpu", (4,)), {"0": ColwiseParallel()})  # the whole job
+            schedule = Schedule1F1B(PipelineStage(cell, rank // 2, 2), 2)
+            schedule.run(Tensor(np.ones((2, 4), np.float32))) if rank < 2 else schedule.run()
+        """, devices=4)
+    with pytest.raises(ValueError, match="3 pipeline ranks do not divide the job's 4 devices"):
+        per_rank(tmp_path, """
+            import numpy as np
+            from mindspore import Tensor, nn
+            from mindspore.communication import get_rank
+            from mindspore_hyper.hyper_parallel import PipelineStage, ScheduleGPipe
+            stage = PipelineStage(nn.Dense(4, 4), min(get_rank(), 2), 3)
+            ScheduleGPipe(stage, 2).run(*[Tensor(np.ones((2, 4), np.float32))] * stage.is_first_stage)
+        """, devices=4)

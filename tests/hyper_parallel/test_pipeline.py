@@ -197,6 +197,11 @@ def test_bad_schedules_and_inputs_are_refused():
         scheds[0]._microbatches((), {})
     with pytest.raises(ValueError, match=r"keyword inputs \(\['x'\]\)"):
         scheds[0]._microbatches((), {"x": batch()})
+    from mindspore_hyper.hyper_parallel import Replicate, distribute_tensor, init_device_mesh
+
+    dt = distribute_tensor(batch(), init_device_mesh("cpu", (1,)), [Replicate()])
+    with pytest.raises(ValueError, match="input 0 is a DTensor; DTensor inputs to a pipeline are not supported"):
+        scheds[0]._microbatches((dt,), {})
 
 
 def test_unsupported_stage_options_are_refused():

@@ -73,6 +73,7 @@ def test_install_yields_to_a_real_hyper_parallel(tmp_path):
 def test_upstream_import_paths_resolve_and_missing_names_say_so():
     from mindspore_hyper.hyper_parallel import install_hyper_parallel
     from mindspore_hyper.hyper_parallel.install import MODULES
+    from mindspore_hyper.hyper_parallel.refused_names import REFUSED
 
     assert install_hyper_parallel() is True
     import importlib
@@ -84,7 +85,7 @@ def test_upstream_import_paths_resolve_and_missing_names_say_so():
         module = importlib.import_module(path)
         for name in names:
             expected = getattr(checkpoint, name) if name in ("save", "load") else getattr(ours, name, None)
-            if name != "get_platform":
+            if name != "get_platform" and name not in REFUSED:  # refused names: test_mindformers_imports.py
                 assert getattr(module, name) is expected, f"{path}.{name}"
     from hyper_parallel.platform import get_platform
 

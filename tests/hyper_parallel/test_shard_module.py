@@ -54,7 +54,7 @@ def test_shard_module_trains_like_one_device(fresh_session):
 def test_shard_module_names_what_does_not_exist(fresh_session):
     fresh_session.set_context(device_num=4)
     mesh = init_device_mesh("npu", (4,), mesh_dim_names=("tp",))
-    with pytest.raises(ValueError, match="no parameter 'fc1.weigth'; nearest: \\['fc1.weight'"):
+    with pytest.raises(ValueError, match=r"no parameter 'fc1.weigth' \(a full name, or a name inside a submodule\); nearest: \['fc1.weight'"):
         shard_module(Net(), mesh, ShardingPlan(plan={"fc1.weigth": (Shard(0),)}))
     with pytest.raises(ValueError, match="submodule 'fc3'"):
         shard_module(Net(), mesh, ShardingPlan(input_plan={"fc3.input": (Shard(0),)}))
@@ -62,6 +62,50 @@ def test_shard_module_names_what_does_not_exist(fresh_session):
         shard_module(Net(), mesh, ShardingPlan(output_plan={"fc1.outputs": (Shard(0),)}))
     with pytest.raises(TypeError, match="must be a ShardingPlan"):
         shard_module(Net(), mesh, {"plan": {}})
+
+
+class Layer(nn.Cell):
+    def __init__(self, seed):
+        super().__init__()
+        self.weight = ms.Parameter(Tensor(np.random.RandomState(seed).randn(8, 8).astype(np.float32)), name="weight")
+
+    def construct(self, x):
+        return ops.tanh(ops.matmul(x, self.weight))
+
+
+class Stack(nn.Cell):
+    def __init__(self, keep=(0, 1, 2)):
+        super().__init__()
+        self.layers = nn.CellDict({str(i): Layer(i) for i in keep})
+
+    def construct(self, x):
+        for layer in self.layers.values():
+            x = layer(x)
+        return x
+
+
+def test_plan_keys_inside_submodules_resolve_as_upstream(fresh_session):
+    """Upstream's search: a key not a full name is looked up in the submodules, depth-first in
+    definition order, and the first match is laid out (upstream's vpp_schedule keeps one layer
+    per stage and names its Parameter "weight")."""
+    fresh_session.set_context(device_num=4)
+    mesh = init_device_mesh("npu", (2, 2), mesh_dim_names=("dp", "tp"))
+    one = Stack(keep=(2,))
+    shard_module(one, mesh, ShardingPlan(plan={"weight": (Replicate(), Shard(1))}))
+    assert {k: v.placements for k, v in laid_out_parameters(one).items()} == {"layers.2.weight": (Replicate(), Shard(1))}
+
+    model, reference = Stack(), Stack()
+    shard_module(model, mesh, ShardingPlan(plan={"weight": (Shard(0), Replicate()), "1.weight": (Replicate(), Shard(1)),
+                                                 "self.layers.2.weight": (Replicate(), Shard(0))}))
+    placements = {k: v.placements for k, v in laid_out_parameters(model).items()}
+    assert placements == {"layers.0.weight": (Shard(0), Replicate()), "layers.1.weight": (Replicate(), Shard(1)),
+                          "layers.2.weight": (Replicate(), Shard(0))}
+    x = np.random.RandomState(5).randn(4, 8).astype(np.float32)
+    out = model(distribute_tensor(Tensor(x), mesh, [Replicate(), Replicate()]))
+    # three tanh(8-term products) layers, products summed in another order over the split: a few ulps of |x| < 8
+    np.testing.assert_allclose(out.full_tensor().asnumpy(), reference(Tensor(x)).asnumpy(), atol=1e-5)
+    with pytest.raises(ValueError, match=r"no parameter '3.weight' .*nearest: \[.*'layers.0.weight'"):
+        shard_module(Stack(), mesh, ShardingPlan(plan={"3.weight": (Shard(0), Replicate())}))
 
 
 def test_custom_shard_runs_a_local_function_on_each_ranks_part(fresh_session):

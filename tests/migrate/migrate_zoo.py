@@ -130,7 +130,9 @@ class OpZoo(torch.nn.Module):
                 torch.linalg.vector_norm(x, dim=-1), torch.linalg.vector_norm(x, 1.0, 1, keepdim=True),
                 torch.linalg.vector_norm(x), F.rms_norm(x, (n,), self.norm_w, 1e-5), F.rms_norm(x, (h, n)),
                 F.pad(x, (1, 2)), F.pad(x, (0, 0, 2, 1), value=-1.5), F.unfold(img, (2, 2), padding=1), fresh,
-                F.adaptive_avg_pool1d(x, 1), F.conv1d(x, self.conv1d_w, padding=1), F.logsigmoid(x * 30)]
+                F.adaptive_avg_pool1d(x, 1), F.conv1d(x, self.conv1d_w, padding=1), F.logsigmoid(x * 30),
+                torch.tensor_split(x, [1, 4], 2)[0], torch.tensor_split(x, [1, 4], 2)[2],  # Mamba's split
+                x.tensor_split(3, dim=1)[0], x.tensor_split(3, dim=1)[2], x.clamp_max(0.2)]  # 3 sections of 4; Ergo
         return tuple(out)
 
 

@@ -242,3 +242,31 @@ def test_a_conv1d_weight_read_as_a_tensor_is_the_torch_layout():
     grad = ms.grad(lambda a: cell(a).sum(), None, [cell.conv.weight])(to_mindspore(x))[0].asnumpy()
     want = model.conv.weight.grad.numpy()
     assert abs(grad.reshape(want.shape) - want).max() <= 1e-6 * abs(want).max()
+
+
+class EmptySlice(torch.nn.Module):
+    """DeepSeek-V4's compression: the first (T // 4) * 4 positions, none below 4 tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 3))
+
+    def forward(self, x):
+        usable = (x.shape[1] // 4) * 4
+        return torch.cat([x[:, :usable] * 2, x], 1) * self.w
+
+
+def test_a_slice_empty_on_the_example_trains_at_every_length():
+    """Empty at the example length (3 < 4): written through slice_dim (MindSpore's CPU gradient of an empty slice
+    fails); forward and gradient equal torch's there and at a length where the slice is not empty."""
+    model = EmptySlice()
+    cell, _ = convert(model, torch.randn(2, 3, 3))
+    from mindspore_hyper.migrate.compare import to_mindspore
+
+    for x in (torch.randn(2, 3, 3), torch.randn(2, 9, 3)):
+        assert_same_outputs(cell, model, x)
+        model.w.grad = None
+        model(x).sum().backward()
+        grad = ms.grad(lambda a: cell(a).sum(), None, [cell.w])(to_mindspore(x))[0].asnumpy()
+        want = model.w.grad.numpy()  # sums of <= 54 float32 values: 1e-5 relative is far above their rounding
+        assert abs(grad - want).max() <= 1e-5 * abs(want).max()

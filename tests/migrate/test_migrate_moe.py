@@ -1,7 +1,9 @@
 """Sparse MoE blocks: transformers' MixtralSparseMoeBlock becomes mindspore_hyper.moe.MoE (softmax
 router, top-k renormalised, SwiGLU experts as batched weights) and Qwen2-MoE's block (a sigmoid-gated
 shared expert, which MoE has not) is converted generically with its experts computed densely, the
-reason in the report; both equal torch at the example shape and at another one."""
+reason in the report; both equal torch at the example shape and at another one. Experts behind transformers'
+use_experts_implementation (grouped_mm by default: aten.histc) are computed densely after a check, and refused
+by name when the check fails."""
 import numpy as np
 import pytest
 import torch
@@ -154,3 +156,77 @@ def test_deepseek_v3_block_is_converted_generically_and_says_why():
     want = model.moe.gate.weight.grad.numpy()
     # float32 on both sides: sums of <= 16-term products, relative 1e-4 with an absolute floor for near-zero entries
     np.testing.assert_allclose(grads[0].asnumpy(), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def _decorated_experts(apply_gate=None):
+    """An experts class decorated by transformers' use_experts_implementation (up_proj (E, in, out), no gate,
+    squared ReLU: Ergo's and Nemotron-H's layout), dispatched to grouped_mm (torch.histc offsets) by its config."""
+    from transformers import PretrainedConfig
+    from transformers.integrations.moe import use_experts_implementation
+
+    class SquaredReluExperts(torch.nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.num_experts = 4
+            self.up_proj = torch.nn.Parameter(torch.randn(4, 8, 12) * 0.3)
+            self.down_proj = torch.nn.Parameter(torch.randn(4, 12, 8) * 0.3)
+            self.act_fn = lambda x: torch.relu(x) ** 2
+
+        def forward(self, hidden_states, top_k_index, top_k_weights):  # "eager": never selected here
+            raise NotImplementedError
+
+    flags = dict(has_gate=False, is_transposed=True)
+    if apply_gate is not None:  # a gated variant whose gate only works on 2-D inputs
+        flags = dict(has_gate=True, is_transposed=True)
+        SquaredReluExperts._apply_gate = apply_gate
+    cls = use_experts_implementation(SquaredReluExperts, **flags)
+    config = PretrainedConfig()
+    config._experts_implementation = "grouped_mm"
+    torch.manual_seed(0)
+    experts = cls(config)
+    if apply_gate is not None:
+        experts.gate_up_proj = torch.nn.Parameter(torch.randn(4, 8, 24) * 0.3)
+        del experts.up_proj
+    return experts
+
+
+class RoutedExperts(torch.nn.Module):
+    """A softmax top-2 router in front of an experts module called as transformers' blocks call it."""
+
+    def __init__(self, experts):
+        super().__init__()
+        self.router = torch.nn.Linear(8, 4, bias=False)
+        self.experts = experts
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.shape[-1])
+        weights, index = torch.topk(torch.softmax(self.router(flat), -1), 2, dim=-1)
+        return self.experts(flat, index, weights).reshape(x.shape)
+
+
+def test_grouped_mm_experts_are_computed_densely_with_torch_gradients():
+    """The grouped_mm path (aten.histc) is replaced, after checking it on the example, by the dense formulation
+    through the decorator's flags; forward and the experts' gradient equal torch's at another shape."""
+    model = RoutedExperts(_decorated_experts())
+    cell, report = convert(model, torch.randn(2, 5, 8))
+    assert any("'grouped_mm' replaced by the dense formulation" in n for n in report.notes), report.notes
+    x, weights = torch.randn(3, 7, 8), torch.randn(3, 7, 8)
+    assert_same_outputs(cell, model, x)
+    (model(x) * weights).sum().backward()
+    up = next(p for n, p in cell.parameters_and_names() if n.endswith("experts.up_proj"))
+    grads = ms.grad(lambda a: (cell(a) * to_mindspore(weights)).sum(), None, [up])(to_mindspore(x))
+    want = model.experts.up_proj.grad.numpy()
+    # float32 sums of <= 21 tokens x 8 products on both sides: 1e-5 of the largest entry is far above rounding
+    assert np.abs(grads[0].asnumpy() - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_experts_whose_dense_formulation_differs_keep_their_path_and_fail_by_name():
+    """A gate written for 2-D inputs only (it slices dimension 1) is not what the dense formulation computes on
+    [E, T, 2F]: the module keeps grouped_mm, whose aten.histc is refused by name."""
+    from mindspore_hyper.migrate.errors import UnsupportedOpError
+
+    def two_d_gate(self, gate_up):
+        return torch.relu(gate_up[:, :12]) * gate_up[:, 12:]
+    model = RoutedExperts(_decorated_experts(two_d_gate))
+    with pytest.raises(UnsupportedOpError, match="aten.histc"):
+        convert(model, torch.randn(2, 5, 8))

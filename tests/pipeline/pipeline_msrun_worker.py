@@ -85,6 +85,10 @@ def main():
         measured = parallel.measured_timeline()  # collective: every rank calls it
         timelines.append(measured)
     rank = parallel.world.rank
+    if mesh_kind == "tensor":  # the last training step's memory rows and series of this process's device
+        # (before the forward-only call below, after which the report has no step series)
+        report = parallel.report(optimizer)
+        step_memory = json.dumps({"step_memory": report.step_memory, "memory": report.memory})
     eval_loss = float(parallel(x, y).asnumpy())  # forward only, every process
 
     arrays = {f"param:{p.name}": p.asnumpy() for p in parallel.optimizer_parameters()}
@@ -96,6 +100,8 @@ def main():
                 region = model_s.held_region(model_s.rows[id(p)].name)
                 arrays[f"param:{p.name}"] = p.asnumpy()
                 arrays[f"region:{p.name}"] = np.array([[r.start, r.stop] for r in region])
+    if mesh_kind == "tensor":
+        arrays["step_memory"] = np.array(step_memory)
     arrays["losses"] = np.array(losses)
     arrays["grad_norms"] = np.array(norms)
     arrays["eval_loss"] = np.array(eval_loss)

@@ -1,6 +1,7 @@
 """Pipeline execution under msrun: zb_h1 on 4 processes and 1f1b on tensor 2 x pipeline 2 (with
 global-norm clipping over the stages' processes and tensor shards) train like one device (losses,
-grad norms and each process's stage parameters, or their shards, after 5 Adam steps); a receive
+grad norms and each process's stage parameters, or their shards, after 5 Adam steps), the tensor x
+pipeline case reporting the simulation's memory and step memory series; a receive
 that waits too long names the peer rank. (1f1b on 2 processes: the example's
 msrun test in tests/examples; data 2 x pipeline 2 was run the same way, see docs/mpmd.md.)"""
 import os
@@ -56,6 +57,39 @@ def test_distributed_pipeline_trains_like_one_device(kind, workers, mesh, tmp_pa
                 seen.add(name)
     assert seen == set(params)  # every parameter lives on exactly one of the processes
     assert (tmp_path / "measured_trace.json").exists()
+    if mesh == "tensor":
+        check_step_memory_like_simulation(tmp_path, workers, kind, clip)
+
+
+def check_step_memory_like_simulation(tmp_path, workers, kind, clip):
+    """Each process's memory row (parameters and optimizer states of its stage's shards: a stage's
+    own Parameters under msrun are named within the stage), step memory series (its pipeline rank's,
+    pipeline/pipeline_step_memory.py) and step peaks equal the numeric simulation's of the same step
+    on tensor 2 x pipeline 2, byte for byte (every step has the same shapes: the worker's last step
+    has the first step's figures)."""
+    import json
+
+    import mindspore_hyper as mh
+    from mindspore import nn
+
+    try:
+        mh.set_context(mode="simulation", device_num=workers)
+        parallel = mh.auto_parallelize(dense_chain(), mh.Layout((2, workers // 2), ("tensor", "pipeline"))(
+            tensor_map=("tensor",)), pipeline={"schedule": kind, "microbatches": 4})
+        optimizer = nn.Adam(parallel.optimizer_parameters(), 1e-2)
+        parallel.train_step(optimizer, *batch(), max_grad_norm=clip)
+        report = parallel.report(optimizer)
+        simulated = json.loads(json.dumps({"step_memory": report.step_memory, "memory": report.memory}))
+    finally:
+        mh.reset_context()
+    for rank in range(workers):
+        got = json.loads(str(np.load(tmp_path / f"rank{rank}.npz")["step_memory"]))
+        assert got["memory"] == {str(rank): simulated["memory"][str(rank)]}  # parameters, optimizer states, ...
+        step = got["step_memory"]
+        (pipeline_rank,) = step["per_pipeline_rank"]
+        assert step["per_pipeline_rank"][pipeline_rank] == simulated["step_memory"]["per_pipeline_rank"][pipeline_rank]
+        assert step["timeline"] == simulated["step_memory"]["per_pipeline_rank"][pipeline_rank]["timeline"]
+        assert step["per_device"] == {str(rank): simulated["step_memory"]["per_device"][str(rank)]}
 
 
 @pytest.mark.msrun

@@ -187,3 +187,19 @@ def test_mesh_and_strategy_errors():
         mh.auto_parallelize(dense_chain(), Layout((2,), ("data",))(tensor_map=()), pipeline={})
     with pytest.raises(ValueError, match="shards tensors along 'pipeline'"):
         mh.auto_parallelize(dense_chain(), Layout((2,), ("pipeline",))(tensor_map=("pipeline",)), pipeline={})
+
+
+def test_a_default_map_naming_the_pipeline_axis_past_every_parameter_pipelines(reference):
+    """The seed's form, tensor_map=("tensor", None, "pipeline"), names the pipeline axis at a third
+    dimension no parameter of a Dense chain has: nothing is split along it, so the model pipelines
+    (each stage's strategy without that axis) and trains like one device. A parameter that is split
+    along it is refused, named."""
+    model = dense_chain()
+    x, y = batch()
+    mesh = Layout((2, 2), ("tensor", "pipeline"))
+    mh.set_context(mode="simulation", device_num=mesh.size)
+    parallel = mh.auto_parallelize(model, mesh(tensor_map=("tensor", None, "pipeline")),
+                                   pipeline=dict(schedule="1f1b", microbatches=2))
+    assert_same_training(model, train(parallel, x, y), reference)
+    with pytest.raises(ValueError, match=r"shards tensors along 'pipeline'.*\(split along it: _backbone\.2\.weight\)"):
+        mh.auto_parallelize(dense_chain(), mesh(tensor_map=()).override("*.2.weight", None, "pipeline"), pipeline={})

@@ -148,3 +148,32 @@ def test_every_rank_slice_tiles_the_tensor():
             count[tl.rank_slices(rank, shape)] += 1
         replicas = 8 // np.prod([tl.shard_count(d) for d in range(3)])
         assert (count == replicas).all()
+
+
+def test_uneven_dimensions_split_as_torch_chunk_axis_by_axis():
+    """Against torch.chunk itself (applied mesh axis by mesh axis, major first, as torch's
+    DTensor does): which rows each rank holds, the largest shard, the even path unchanged."""
+    import torch
+
+    from mindspore_hyper.shard.chunking import chunk_sizes
+
+    for size in range(0, 11):
+        for pieces in range(1, 6):
+            expected = [len(c) for c in torch.arange(size).chunk(pieces)] if size else []
+            expected += [0] * (pieces - len(expected))  # torch.chunk drops trailing empty chunks
+            assert list(chunk_sizes(size, pieces)) == expected, (size, pieces)
+    layout = MESH(None, ("data", "tensor"))  # dimension 1 over 2 x 2, data major
+    rows = torch.arange(5)
+    for rank in MESH.ranks:
+        data, tensor = MESH.coords(rank)[MESH.axis_index("data")], MESH.coords(rank)[MESH.axis_index("tensor")]
+        outer = rows.chunk(2)[data] if data < len(rows.chunk(2)) else rows[:0]
+        inner = outer.chunk(2)
+        want = inner[tensor] if tensor < len(inner) else rows[:0]
+        got = layout.rank_slices(rank, (3, 5))[1]
+        assert list(range(5))[got] == want.tolist()
+        assert layout.shard_shape((3, 5), MESH.coords(rank)) == (3, len(want))
+    assert layout.max_local_shape((3, 5)) == (3, 2) and layout.uneven_dims((3, 5)) == (1,)
+    assert not layout.is_even((3, 5)) and layout.is_even((3, 8))
+    assert layout.rank_slices(MESH.rank_at((1, 1, 0)), (3, 8)) == (slice(0, 3), slice(6, 8))  # even: 4th quarter
+    with pytest.raises(ValueError, match="not divisible by 4"):
+        layout.local_shape((3, 5))  # the even-only view still refuses

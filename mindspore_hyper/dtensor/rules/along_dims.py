@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from mindspore_hyper.dtensor.rules.common import make, norm_dims, unshard_dims
-from mindspore_hyper.dtensor.rules.registry import Decision, register
+from mindspore_hyper.dtensor.rules.registry import Decision, accepts_uneven, register
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ ALONG = {
 }
 
 
+@accepts_uneven()
 @register(*ALONG)
 def along_dims(call):
     x = call.tensors[0]

@@ -11,7 +11,7 @@ import math
 from typing import List
 
 from mindspore_hyper.dtensor.rules.common import make, without_partial
-from mindspore_hyper.dtensor.rules.registry import Decision, register
+from mindspore_hyper.dtensor.rules.registry import Decision, accepts_uneven, register
 
 ADDITIVE = ("Add", "AddExt", "Sub", "SubExt", "AddScalar", "SubScalar", "AddN")
 SCALING = ("Mul", "Muls", "Div", "Divs", "RealDiv", "Neg", "Cast", "ToDtype", "StopGradient")
@@ -118,26 +118,31 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+@accepts_uneven()
 @register(*ADDITIVE)
 def additive(call):
     return elementwise_decision(call, "add")
 
 
+@accepts_uneven()
 @register(*SCALING)
 def scaling(call):
     return elementwise_decision(call, "scale")
 
 
+@accepts_uneven()
 @register(*VALUE_FREE)
 def value_free(call):
     return elementwise_decision(call, "drop")
 
 
+@accepts_uneven()
 @register(*GENERAL)
 def general(call):
     return elementwise_decision(call, "none")
 
 
+@accepts_uneven()
 @register("PReLU")
 def prelu(call):
     """Elementwise with one slope per channel (dimension 1): the slopes follow the channel split."""

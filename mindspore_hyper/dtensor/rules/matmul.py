@@ -7,7 +7,7 @@ and contraction layout; its output dimension keeps its own axes unless the left 
 from __future__ import annotations
 
 from mindspore_hyper.dtensor.rules.common import free_entry, make, without_partial
-from mindspore_hyper.dtensor.rules.registry import Decision, register
+from mindspore_hyper.dtensor.rules.registry import Decision, accepts_uneven, register
 
 
 def _flags(call):
@@ -20,6 +20,7 @@ def _flags(call):
     return False, False
 
 
+@accepts_uneven()
 @register("MatMul", "MatMulExt", "BatchMatMul", "BatchMatMulExt", "Bmm", "BmmExt")
 def matmul(call):
     a, b = call.tensors[0], call.tensors[1]
@@ -58,6 +59,7 @@ def matmul(call):
     )
 
 
+@accepts_uneven()
 @register("BiasAdd")
 def bias_add(call):
     x = call.tensors[0]
@@ -69,6 +71,7 @@ def bias_add(call):
     return Decision(inputs=[layout, bias_layout], outputs=layout)
 
 
+@accepts_uneven()
 @register("Dense")
 def dense(call):
     """x @ w.T + b (what mint.nn.functional.linear and ops.dense run): like MatMul with the

@@ -9,7 +9,7 @@ channel when evaluating.
 from __future__ import annotations
 
 from mindspore_hyper.dtensor.rules.common import make, norm_dims, unshard_dims, without_partial
-from mindspore_hyper.dtensor.rules.registry import Decision, register
+from mindspore_hyper.dtensor.rules.registry import Decision, accepts_uneven, register
 
 
 def _axis_arg(call, default=-1):
@@ -22,6 +22,7 @@ def _axis_arg(call, default=-1):
     return call.attrs.get("axis", default)
 
 
+@accepts_uneven()
 @register("Softmax", "LogSoftmax", "SoftmaxExt", "LogSoftmaxExt")
 def softmax(call):
     x = call.tensors[0]

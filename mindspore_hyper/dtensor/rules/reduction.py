@@ -8,7 +8,7 @@ products, spreads, medians, all/any) gather the reduced dimensions first.
 from __future__ import annotations
 
 from mindspore_hyper.dtensor.rules.common import make, norm_dims, without_partial
-from mindspore_hyper.dtensor.rules.registry import Decision, register
+from mindspore_hyper.dtensor.rules.registry import Decision, accepts_uneven, register
 
 KINDS = {
     "SumExt": "sum", "ReduceSum": "sum", "DeprecatedSum": "sum", "Sum": "sum",
@@ -39,6 +39,7 @@ def parse_reduction(call):
     return dims, keep
 
 
+@accepts_uneven(lambda call, decision: _mean_of_uneven(call))
 @register(*KINDS)
 def reduction(call):
     x = call.tensors[0]
@@ -66,6 +67,19 @@ def reduction(call):
     return Decision(inputs=[layout], outputs=make(layout.mesh, out_dims, partial))
 
 
+def _mean_of_uneven(call):
+    """Why a mean cannot reduce uneven pieces (their means do not average to the whole's), else None."""
+    x = call.tensors[0]
+    if KINDS[call.name] != "mean" or x.ndim == 0:
+        return None
+    dims, _ = parse_reduction(call)
+    uneven = [d for d in norm_dims(dims, x.ndim) if d in x.layout.uneven_dims(x.global_shape)]
+    if uneven:
+        return (f"a mean over dimension {uneven[0]}, split into uneven pieces, is not the mean of the pieces' means; "
+                "redistribute it to Replicate() along that dimension first (or take sum / size)")
+    return None
+
+
 # Reductions whose partial results do not combine by a Partial placement (positions, products,
 # spreads, medians, bool all/any) and Unstack: the reduced dimensions must be whole per device.
 # None for the dimensions means all of them.
@@ -74,6 +88,7 @@ WHOLE_DIMS = ("MaxDim", "MinDim", "ArgMaxExt", "ArgMinExt", "Argmax", "Argmin", 
               "Unstack")
 
 
+@accepts_uneven()
 @register(*WHOLE_DIMS)
 def whole_dims_reduction(call):
     """Reductions over whole dimensions (see WHOLE_DIMS); every output drops them (or keeps

@@ -6,7 +6,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
-__all__ = ["Decision", "RULES", "register"]
+__all__ = ["Decision", "RULES", "UNEVEN", "register", "accepts_uneven"]
 
 
 @dataclass
@@ -39,5 +39,21 @@ def register(*names: str):
             if name in RULES:
                 raise ValueError(f"a sharding rule for {name!r} is already registered")
             RULES[name] = rule
+        return rule
+    return wrap
+
+
+# Rules whose decisions stay right on uneven shards (torch.chunk pieces, `shard.chunking`):
+# rule -> a check (call, decision) -> None, or the reason it cannot run this call on them. An op
+# whose rule is not here and keeps an uneven dimension split is refused by the dispatcher.
+UNEVEN: Dict[Callable, Callable[[Any, Decision], Optional[str]]] = {}
+
+
+def accepts_uneven(check: Optional[Callable[[Any, Decision], Optional[str]]] = None):
+    """Mark a rule as right on uneven shards: each device runs the op on its own piece and the
+    pieces line up across operands (elementwise, per-dimension, matmul rows). `check` refuses
+    particular calls by returning the reason."""
+    def wrap(rule):
+        UNEVEN[rule] = check or (lambda call, decision: None)
         return rule
     return wrap

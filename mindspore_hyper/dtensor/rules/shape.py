@@ -12,7 +12,7 @@ import math
 from typing import List, Optional, Sequence, Tuple
 
 from mindspore_hyper.dtensor.rules.common import make, norm_dims, unshard_dims
-from mindspore_hyper.dtensor.rules.registry import Decision, register
+from mindspore_hyper.dtensor.rules.registry import Decision, accepts_uneven, register
 
 
 def _target_shape(call, in_shape) -> Tuple[int, ...]:
@@ -149,6 +149,7 @@ def _perm(call, ndim) -> Tuple[int, ...]:
     return tuple(int(p) % ndim for p in rest)
 
 
+@accepts_uneven()
 @register("Transpose", "DeprecatedTranspose", "TransposeExt", "SwapAxes", "Swapaxes", "Permute", "TransposeExtView",
           "TransposeView")
 def transpose(call):
@@ -158,6 +159,7 @@ def transpose(call):
     return Decision(inputs=[x.layout], outputs=out)
 
 
+@accepts_uneven()
 @register("ExpandDims", "Unsqueeze")
 def expand_dims(call):
     x = call.tensors[0]

@@ -144,6 +144,11 @@ def clamp_min(self, min):
     return call("mint.clamp", self, min=min)
 
 
+@function("mint.clamp", aten.clamp_max, method("clamp_max"))
+def clamp_max(self, max):
+    return call("mint.clamp", self, max=max)
+
+
 _COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 for _name, _op in _COMPARISONS.items():
     function(f"mint.{_name}", getattr(aten, _name), getattr(torch, _name), method(_name), getattr(operator, _name))(

@@ -2,7 +2,9 @@
 
 torch and MindSpore differ in defaults: BatchNorm momentum is the weight of the new statistic in
 torch (0.1) and of the old one in MindSpore (0.9), so m becomes 1 - m; nn.LayerNorm's epsilon
-defaults to 1e-7 in MindSpore and 1e-5 in torch. The constructors below always pass both.
+defaults to 1e-7 in MindSpore and 1e-5 in torch. The constructors below always pass both. MindSpore's
+nn.LayerNorm always trains gamma and beta, so a torch LayerNorm without weight or bias is not mapped (its traced
+program, the layer_norm helper with the missing term constant, is generated instead).
 """
 import torch
 import torch.nn.functional as F
@@ -16,7 +18,8 @@ _NORM_PARAMS = {"weight": "gamma", "bias": "beta"}
 _BN_PARAMS = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}
 
 
-@module(torch.nn.LayerNorm, "nn.LayerNorm", params=_NORM_PARAMS)
+@module(torch.nn.LayerNorm, "nn.LayerNorm", params=_NORM_PARAMS,
+        accepts=lambda m: m.weight is not None and m.bias is not None)  # nn.LayerNorm always trains both
 def layer_norm_module(m: torch.nn.LayerNorm) -> str:
     n = len(m.normalized_shape)
     return (f"nn.LayerNorm({tuple(m.normalized_shape)}, begin_norm_axis={-n}, begin_params_axis={-n}, "

@@ -126,6 +126,9 @@ class ModuleMapping:
         params: torch parameter/buffer name -> the Cell's attribute name (absent: not kept).
         relaid: parameters whose MindSpore layout differs from torch's (Conv1d weight): the
             generated code cannot read them as torch tensors.
+        accepts: torch module -> whether this instance maps (None: every instance); one that does not
+            (a LayerNorm without bias, whose MindSpore layer would train a beta torch lacks) is
+            converted from its traced program instead.
     """
 
     torch_type: type
@@ -133,6 +136,7 @@ class ModuleMapping:
     build: Callable[[Any], str]
     params: Dict[str, str] = field(default_factory=dict)
     relaid: tuple = ()
+    accepts: Optional[Callable[[Any], bool]] = None
 
 
 _FUNCTIONS: Dict[Hashable, FunctionMapping] = {}
@@ -183,13 +187,14 @@ def function(ms_name: str, *keys: Hashable, foldable: bool = True,
     return register
 
 
-def module(torch_type: type, ms_name: str, params: Optional[Dict[str, str]] = None, relaid: tuple = ()) -> Callable:
+def module(torch_type: type, ms_name: str, params: Optional[Dict[str, str]] = None, relaid: tuple = (),
+           accepts: Optional[Callable[[Any], bool]] = None) -> Callable:
     """Register the decorated constructor-code builder for `torch_type` (see ModuleMapping)."""
 
     def register(build: Callable) -> Callable:
         if torch_type in _MODULES:
             raise ValueError(f"torch module {torch_type.__name__} is mapped twice")
-        _MODULES[torch_type] = ModuleMapping(torch_type, ms_name, build, dict(params or {}), tuple(relaid))
+        _MODULES[torch_type] = ModuleMapping(torch_type, ms_name, build, dict(params or {}), tuple(relaid), accepts)
         return build
 
     return register
@@ -206,12 +211,13 @@ def lookup_function(key: Hashable) -> Optional[FunctionMapping]:
 def lookup_module(torch_module: Any) -> Optional[ModuleMapping]:
     """The mapping of a torch module: its exact type, or a mapped base class whose forward it keeps."""
     cls = type(torch_module)
-    if cls in _MODULES:
-        return _MODULES[cls]
-    for base in cls.__mro__[1:]:
-        if base in _MODULES:
-            return _MODULES[base] if cls.forward is base.forward else None
-    return None
+    found = _MODULES.get(cls)
+    if found is None:
+        base = next((b for b in cls.__mro__[1:] if b in _MODULES), None)
+        found = _MODULES[base] if base is not None and cls.forward is base.forward else None
+    if found is not None and found.accepts is not None and not found.accepts(torch_module):
+        return None
+    return found
 
 
 def function_mappings() -> List[FunctionMapping]:

@@ -174,6 +174,30 @@ def split(self, split_size=None, dim=0, split_sizes=None, split_size_or_sections
     return call("ops.split", self, size, axis=dim)
 
 
+@function("a tuple of slices", aten.tensor_split, torch.tensor_split, method("tensor_split"))
+def tensor_split(self, indices_or_sections=None, dim=0, sections=None, indices=None, tensor_indices_or_sections=None):
+    """torch.tensor_split as slices along `dim`: at the given indices (`x[:, a:b]`; Python slicing clips and
+    empties out of range as torch does), or into n sections, the first size % n of them one longer, their
+    bounds computed from the run-time size."""
+    split = next((a for a in (indices_or_sections, sections, indices, tensor_indices_or_sections)
+                  if a.value is not None), None)
+    if split is None or split.is_tensor:
+        raise Unsupported("tensor_split by a tensor of indices or sections (values known only at run time)")
+    d = dim.const("tensor_split's dim")
+    d = d % self.ndim if self.ndim else d
+    prefix = ":, " * d
+    if split.items is not None:
+        bounds = [str(a) for a in split.items]
+    elif isinstance(split.value, (list, tuple)):
+        bounds = [str(int(v)) for v in split.value]
+    else:
+        n = split.const("tensor_split's number of sections")
+        size = f"{self}.shape[{d}]"
+        bounds = [f"{i} * ({size} // {n}) + min({i}, {size} % {n})" for i in range(1, n)]
+    starts, stops = [""] + bounds, bounds + [""]
+    return "(" + ", ".join(f"{self}[{prefix}{a}:{b}]" for a, b in zip(starts, stops)) + ",)"
+
+
 @function("mint.chunk", aten.chunk, torch.chunk, method("chunk"))
 def chunk(self, chunks, dim=0):
     return call("mint.chunk", self, chunks, dim=dim)
@@ -220,13 +244,16 @@ def _dims_prefix(dim: int, ndim: int) -> str:
 
 
 @function("Tensor.__getitem__ (slice)", aten.slice)
-def slice_(self, dim=0, start=None, end=None, step=1):
+def slice_(self, dim=0, start=None, end=None, step=1, result=None):
     d = dim.const("dim")
     begin = "" if start.value in (None, 0) else str(start)
     stop = "" if end.value is None or end.value == _INT64_MAX else str(end)
     stride = "" if step.value == 1 else f":{step}"
     if not (begin or stop or stride):  # the whole dimension (`x[:]`): the same tensor, no copy op
         return Alias(self)
+    if isinstance(result.example, torch.Tensor) and result.example.numel() == 0 and self.ndim:
+        # empty on the example: MindSpore's CPU gradient of an empty slice fails, so the helper makes it zeros
+        return call("slice_dim", self, d % self.ndim, begin or "None", stop or "None", step)
     return f"{self}[{_dims_prefix(d, self.ndim)}{begin}:{stop}{stride}]"
 
 
@@ -312,14 +339,17 @@ def index(self, indices):
     return f"{self}[{', '.join(parts)}{',' if len(parts) == 1 else ''}]"
 
 
-@function("mint.scatter", aten.scatter, torch.scatter, method("scatter"))
+@function("ops.tensor_scatter_elements", aten.scatter, torch.scatter, method("scatter"))
 def scatter(self, dim, index, src=None, value=None, reduce=None):
+    # Not mint.scatter (nor ops.scatter): MindSpore 2.10's CPU Scatter kernel, once run on one shape,
+    # writes wrong elements for later calls of other shapes in the same process (a second converted
+    # model's router computed a wrong group mask); TensorScatterElements has no such stale state.
     if reduce.value is not None:
         raise Unsupported(f"scatter(reduce={reduce.value!r}) is not mapped")
     source = src if src.value is not None or src.is_tensor else value
-    if not source.is_tensor:  # a number: a tensor of it, the index's shape (mint.scatter takes a tensor)
+    if not source.is_tensor:  # a number: a tensor of it, the index's shape (the op takes a tensor)
         source = call("ops.full", f"{index}.shape", source, dtype=ms_dtype(self.dtype))
-    return call("mint.scatter", self, dim, index, source)
+    return call("ops.tensor_scatter_elements", self, index, source, axis=dim)
 
 
 @function("mint.gather", aten.gather, torch.gather, method("gather"))

@@ -16,14 +16,14 @@ over those axes:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Set, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from mindspore_hyper.comm.collective_cause import grad_sync_cause, zero_gather_cause
-from mindspore_hyper.comm.collectives import AxisGroup, ring_send_bytes
+from mindspore_hyper.comm.collectives import AxisGroup
 from mindspore_hyper.comm.process_collectives import adopt
+from mindspore_hyper.runtime.gradient_sync import member_group
 from mindspore_hyper.runtime.parallel_model import ParallelModel
 
 __all__ = ["DistributedModel"]
@@ -79,12 +79,8 @@ class DistributedModel(ParallelModel):
         self._pending: List[tuple] = []  # (parameter id, async handle) of queued gradient sums
         self._zero_pending: List[tuple] = []  # (parameter id, group, contribution) for ZeRO-1
         self._zero: Dict[int, _ZeroSlice] = {}
-        self._recorded: Set[Tuple[int, str]] = set()
         self._held: Dict[Tuple[int, AxisGroup], np.ndarray] = {}  # accumulated micro-batch contributions
         self._gradient_cells: Dict[Tuple[int, AxisGroup], _ParameterGradient] = {}
-
-    def begin_step(self) -> None:
-        self._recorded.clear()
 
     # -- gradient sums ---------------------------------------------------------------------------
     def _parameter_fan_out(self, shard: Tensor, group: AxisGroup, slot):
@@ -106,27 +102,19 @@ class DistributedModel(ParallelModel):
             if not self._last_micro_batch:  # summed locally until the last micro-batch's backward
                 self._held[(pid, group)] = dout.asnumpy()
                 return ops.zeros_like(dout)
-        comm = self.world.communicator(group.ranks)
         zero = self._zero.get(pid)
         if self._deferring and zero is not None and set(zero.axes) & set(self._axes(group)):
             self._zero_pending.append((pid, group, dout.asnumpy()))
             return ops.zeros_like(dout)
-        self._record_once(pid, "AllReduce", group, dout)
+        sync = self.gradient_sync
+        names = (slot.param.name,) if sync.claim(pid, group) else ()  # recorded once per step
         if self._deferring:
-            self._pending.append((pid, comm.all_reduce_async(dout.asnumpy())))
+            self._pending.append((pid, sync.all_reduce_async(dout.asnumpy(), group, names)))
             return ops.zeros_like(dout)
-        return adopt(comm.all_reduce(dout.asnumpy()), dout)
+        return adopt(sync.all_reduce(dout.asnumpy(), group, names), dout)
 
     def _axes(self, group: AxisGroup) -> Tuple[int, ...]:
         return tuple(self.mesh.axis_index(a) for a in group.axis.split("+"))
-
-    def _record_once(self, pid: int, kind: str, group: AxisGroup, dout: Tensor) -> None:
-        if (pid, group.axis) in self._recorded:
-            return
-        self._recorded.add((pid, group.axis))
-        nbytes = dout.asnumpy().nbytes
-        self.accounting.record_comm(kind, group.axis, ring_send_bytes(kind, group.size, nbytes), nbytes, backward=True,
-                                    cause=grad_sync_cause(self.execution.parameters[pid].param.name))
 
     # -- training --------------------------------------------------------------------------------
     def optimizer_parameters(self) -> List[Parameter]:
@@ -187,8 +175,8 @@ class DistributedModel(ParallelModel):
 
     def reduce_over_processes(self, value: float) -> float:
         """Sum of a float over the mesh's processes (float64 all-reduce)."""
-        ranks = tuple(range(self.mesh.size))
-        return float(self.world.communicator(ranks).all_reduce(np.array([value], np.float64))[0])
+        group = member_group("all", tuple(range(self.mesh.size)), self.world.rank, records=False)
+        return self.gradient_sync.sum_scalar(value, group)
 
     def _finish_gradients(self, weights: Sequence[Parameter], grads) -> list:
         """Add the queued sums to autograd's gradients; ZeRO-1 parameters get their slice."""
@@ -214,9 +202,10 @@ class DistributedModel(ParallelModel):
         for pid, group, contribution in self._zero_pending:
             zero = self._zero[pid]
             rest = [a for a in self._axes(group) if a not in zero.axes]
-            if rest:  # first sum over the group's other axes
-                others = tuple(self.mesh.axis_group(self.world.rank, rest))
-                contribution = self.world.communicator(others).all_reduce(contribution)
+            if rest:  # first sum over the group's other axes (no row of its own: the bucket's ReduceScatter
+                # row over the whole group axis stands for the group's sum, as in the simulation)
+                others = member_group(group.axis, tuple(self.mesh.axis_group(self.world.rank, rest)), self.world.rank)
+                contribution = self.gradient_sync.all_reduce(contribution, others)
             buckets.setdefault((zero.ranks, group.axis), []).append((pid, contribution))
         for (ranks, axis), items in buckets.items():
             n = len(ranks)
@@ -226,11 +215,8 @@ class DistributedModel(ParallelModel):
                 moved = np.moveaxis(contribution, zero.dim, 0)
                 rows.append(moved.reshape(n, -1))
             bucket = np.ascontiguousarray(np.concatenate(rows, axis=1))
-            nbytes = bucket.nbytes
             names = [self.execution.parameters[pid].param.name for pid, _ in items]
-            self.accounting.record_comm("ReduceScatter", axis, ring_send_bytes("ReduceScatter", n, nbytes), nbytes,
-                                        backward=True, cause=grad_sync_cause(*names))
-            mine = self.world.communicator(ranks).reduce_scatter(bucket, dim=0)[0]
+            mine = self.gradient_sync.reduce_scatter(bucket, member_group(axis, ranks, self.world.rank), names)
             offset = 0
             for (pid, contribution), row in zip(items, rows):
                 zero = self._zero[pid]
@@ -247,9 +233,7 @@ class DistributedModel(ParallelModel):
     def after_update(self) -> None:
         """All-gather the updated ZeRO-1 slices into the parameters' shards."""
         for zero in self._zero.values():
-            part = zero.slice_param.asnumpy()
-            full = self.world.communicator(zero.ranks).all_gather(np.ascontiguousarray(part), dim=zero.dim)
-            self.accounting.record_comm("AllGather", "+".join(self.mesh.alias_names[a] for a in zero.axes),
-                                        ring_send_bytes("AllGather", len(zero.ranks), part.nbytes), part.nbytes,
-                                        backward=True, cause=zero_gather_cause(zero.param.name))
+            axis = "+".join(self.mesh.alias_names[a] for a in zero.axes)
+            full = self.gradient_sync.all_gather(zero.slice_param.asnumpy(), zero.dim,
+                                                 member_group(axis, zero.ranks, self.world.rank), zero.param.name)
             zero.param.set_data(Tensor(full, dtype=zero.param.dtype))

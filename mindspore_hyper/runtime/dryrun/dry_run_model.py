@@ -13,7 +13,7 @@ one-scalar all-reduce, is not a report row in any mode).
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Set, Tuple
+from typing import Dict, Optional, Tuple
 
 from mindspore import Tensor, nn
 
@@ -25,9 +25,9 @@ from mindspore_hyper.runtime.accumulation import check_accumulation_steps, is_ba
 from mindspore_hyper.runtime.dryrun.collectives import as_meta
 from mindspore_hyper.runtime.dryrun.shape_grad import in_training_forward
 from mindspore_hyper.runtime.grad_clip import check_max_norm
+from mindspore_hyper.runtime.gradient_sync import zero_along
 from mindspore_hyper.runtime.parallel_model import ParallelModel
-from mindspore_hyper.runtime.simulation.simulated_model import (batch_axes, record_gradient_sync,
-                                                                 summed_once_per_step, zero_along)
+from mindspore_hyper.runtime.simulation.simulated_model import batch_axes, summed_once_per_step
 
 __all__ = ["DryRunModel"]
 
@@ -63,7 +63,6 @@ class DryRunModel(ParallelModel):
 
     def __init__(self, network: nn.Cell, table, runtime, return_dtensor: bool = False):
         super().__init__(network, table, runtime, return_dtensor)
-        self._synced: Set[Tuple[int, str]] = set()
         self._training = False
         # (training, needs loss, micro-batch, micro-batches, input signature) -> (counters, output)
         self._replays: Dict[tuple, tuple] = {}
@@ -91,9 +90,6 @@ class DryRunModel(ParallelModel):
     def local_ranks(self) -> Tuple[int, ...]:
         """Every device of the mesh: each runs the representative's shapes."""
         return tuple(self.mesh.ranks)
-
-    def begin_step(self) -> None:
-        self._synced.clear()
 
     def construct(self, *inputs):
         """The forward; a program already run on inputs of the same shapes (another pipeline
@@ -124,10 +120,9 @@ class DryRunModel(ParallelModel):
         out = as_meta(shard)
         pid = id(slot.param)
         if (self.records_gradients() and group.records and group.size > 1 and out.grad_path
-                and (pid, group.axis) not in self._synced):
-            self._synced.add((pid, group.axis))
-            record_gradient_sync(self.accounting, self.rows[pid].param_bytes, group,
-                                 zero_along(self.mesh, slot, group), slot.param.name)
+                and self.gradient_sync.claim(pid, group)):
+            self.gradient_sync.parameter_sum(self.rows[pid].param_bytes, group, zero_along(self.mesh, slot, group),
+                                             slot.param.name)
         return out
 
     def train_step(self, optimizer: nn.Optimizer, *inputs, max_grad_norm: Optional[float] = None,

@@ -10,8 +10,8 @@ from typing import Set, Tuple
 
 from mindspore import Tensor, nn, ops
 
-from mindspore_hyper.comm.collective_cause import grad_sync_cause, zero_gather_cause
-from mindspore_hyper.comm.collectives import AxisGroup, on_gradient, ring_send_bytes
+from mindspore_hyper.comm.collectives import AxisGroup, on_gradient
+from mindspore_hyper.runtime.gradient_sync import zero_along
 from mindspore_hyper.runtime.parallel_model import ParallelModel
 from mindspore_hyper.strategy.resolve import StrategyTable
 
@@ -19,29 +19,7 @@ from mindspore_hyper.strategy.resolve import StrategyTable
 # MindSpore's deprecation warning on every run)
 _IDENTITY = ops.Identity()
 
-__all__ = ["SimulatedModel", "record_gradient_sync", "zero_along", "batch_axes", "summed_once_per_step"]
-
-
-def zero_along(mesh, slot, group: AxisGroup) -> bool:
-    """Whether the parameter of `slot` has its optimizer states split (ZeRO-1) along `group`."""
-    zero_axes = {mesh.alias_names[a] for a in slot.zero_axes}
-    return bool(zero_axes & set(group.axis.split("+")))
-
-
-def record_gradient_sync(accounting, param_bytes: int, group: AxisGroup, zero: bool, name: str) -> None:
-    """One parameter's data-parallel gradient sum over `group` (backward): an AllReduce, or with
-    ZeRO-1 along the group a ReduceScatter to the optimizer shard plus an AllGather of the
-    updated parameter shard; bytes per device, caused by the parameter `name`'s gradient sync
-    (the AllGather by the optimizer's ZeRO gather)."""
-    n, axis = group.size, group.axis
-    if zero:
-        accounting.record_comm("ReduceScatter", axis, ring_send_bytes("ReduceScatter", n, param_bytes), param_bytes,
-                               backward=True, cause=grad_sync_cause(name))
-        accounting.record_comm("AllGather", axis, ring_send_bytes("ReduceScatter", n, param_bytes), param_bytes // n,
-                               backward=True, cause=zero_gather_cause(name))
-    else:
-        accounting.record_comm("AllReduce", axis, ring_send_bytes("AllReduce", n, param_bytes), param_bytes,
-                               backward=True, cause=grad_sync_cause(name))
+__all__ = ["SimulatedModel", "batch_axes", "summed_once_per_step"]
 
 
 class SimulatedModel(ParallelModel):
@@ -49,7 +27,6 @@ class SimulatedModel(ParallelModel):
 
     def __init__(self, network: nn.Cell, table: StrategyTable, runtime, return_dtensor: bool = False):
         super().__init__(network, table, runtime, return_dtensor)
-        self._synced: Set[Tuple[int, str]] = set()
         collectives = self.execution.collectives
         if getattr(collectives, "recorder", None) is not None:
             collectives.recorder = self._record_backward
@@ -64,26 +41,22 @@ class SimulatedModel(ParallelModel):
             return
         self.execution.record_backward(kind, axis, send_bytes, input_bytes, cause)
 
-    def begin_step(self) -> None:
-        self._synced.clear()
-
     def _parameter_fan_out(self, shard: Tensor, group: AxisGroup, slot):
         """A parameter's gradient is summed over `group` once per step (data-parallel gradient
         synchronisation): an AllReduce, or with ZeRO-1 along the group a ReduceScatter to the
-        optimizer shard plus an AllGather of the updated parameter shard. Recorded when the
-        gradient arrives; autograd sums the per-device contributions here."""
+        optimizer shard plus an AllGather of the updated parameter shard. Autograd sums the
+        per-device contributions here; the gradient sync records its collectives when the
+        gradient arrives."""
         if not group.records or group.size == 1:
             return shard
         pid = id(slot.param)
         row = self.rows[pid]
         zero = zero_along(self.mesh, slot, group)
-        synced = self._synced
+        sync = self.gradient_sync
 
         def hook(grad):
-            if (pid, group.axis) in synced:
-                return
-            synced.add((pid, group.axis))
-            record_gradient_sync(self.accounting, row.param_bytes, group, zero, slot.param.name)
+            if sync.claim(pid, group):
+                sync.parameter_sum(row.param_bytes, group, zero, slot.param.name)
 
         out = _IDENTITY(shard)
         return out if on_gradient(out, hook) else shard

@@ -73,6 +73,7 @@ def run_case(case: str):
     out["global_param_bytes"] = global_bytes
     out["comm_backward"] = report.comm_backward
     out["comm_causes"] = report.comm_causes
+    out["step_memory"] = report.step_memory  # the last step's memory over forward, backward and update
     from mindspore_hyper.runtime.distributed import world
 
     out["communicators"] = sorted({type(c).__name__ for c in world()._communicators.values()})

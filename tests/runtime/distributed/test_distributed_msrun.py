@@ -43,9 +43,11 @@ def check_matches_single_device(result):
         assert total <= TOLERANCE, (what, total)
 
 
-def simulated_step(data: int, tensor: int) -> dict:
+def simulated_step(data: int, tensor: int, zero: bool = False) -> dict:
     """The worker's GPT, strategy and first batch, one train_step simulated in this process: its
-    report's figures that a distributed rank's must equal (JSON-shaped, as the worker writes them)."""
+    report's figures that a distributed rank's must equal (JSON-shaped, as the worker writes them):
+    what caused each collective, and the step's memory series (every step has the same shapes, so
+    the worker's last step has the first step's series)."""
     import importlib.util
 
     import mindspore_hyper as mh
@@ -56,9 +58,22 @@ def simulated_step(data: int, tensor: int) -> dict:
     spec.loader.exec_module(worker)
     mh.set_context(mode="simulation", device_num=data * tensor)
     model = mh.auto_parallelize(worker.GPT(vocab=128, hidden=64, heads=worker.HEADS, layers=2, seq=16),
-                                worker.megatron(data, tensor, False))
-    model.train_step(nn.Adam(model.optimizer_parameters(), learning_rate=1e-3), *worker.batches(1)[0])
-    return json.loads(json.dumps({"comm_causes": model.report().comm_causes}))
+                                worker.megatron(data, tensor, zero))
+    optimizer = nn.Adam(model.optimizer_parameters(), learning_rate=1e-3)
+    model.train_step(optimizer, *worker.batches(1)[0])
+    report = model.report(optimizer)
+    return json.loads(json.dumps({"comm_causes": report.comm_causes, "step_memory": report.step_memory}))
+
+
+def check_step_memory_like_simulation(result: dict, simulated: dict, rank: int) -> None:
+    """A process's step memory series (forward, backward, update) equals the simulation's of the
+    same step byte for byte: the series, its peak's phase and op, exact and rounded, and this
+    rank's step peaks (the process reports its own device only)."""
+    step, expected = result["step_memory"], simulated["step_memory"]
+    assert step is not None and step["timeline"], "a training step's report has a memory series"
+    assert {k: v for k, v in step.items() if k != "per_device"} == \
+        {k: v for k, v in expected.items() if k != "per_device"}
+    assert step["per_device"] == {str(rank): expected["per_device"][str(rank)]}
 
 
 def check_causes_like_simulation(result: dict, simulated: dict) -> None:
@@ -83,7 +98,7 @@ def check_causes_like_simulation(result: dict, simulated: dict) -> None:
 @pytest.mark.msrun
 def test_gpt_data_x_tensor_with_and_without_zero1_on_4_processes(tmp_path):
     results = run(tmp_path, 4, ["2x2", "2x2+zero"])
-    simulated = simulated_step(2, 2)
+    simulated, simulated_zero = simulated_step(2, 2), simulated_step(2, 2, zero=True)
     causes = [c for kinds in simulated["comm_causes"].values() for axes in kinds.values() for row in axes.values()
               for c in row]
     assert all(causes) and any(c.startswith("grad sync of ") for c in causes)  # each attributed, grad syncs named
@@ -100,6 +115,8 @@ def test_gpt_data_x_tensor_with_and_without_zero1_on_4_processes(tmp_path):
         assert "ReduceScatter" in zero["comm_backward"] and "AllGather" in zero["comm_backward"]
         assert "AllReduce" in plain["comm_backward"]
         check_causes_like_simulation(plain, simulated["comm_causes"])
+        check_step_memory_like_simulation(plain, simulated, rank)
+        check_step_memory_like_simulation(zero, simulated_zero, rank)
         assert any(c.startswith("optimizer ZeRO gather of ") for c in zero["comm_causes"]["backward"]["AllGather"]["data"])
         assert plain["communicators"] == ["ShmCommunicator"]
         # cpu_binding="auto": each process on its own cores, every thread with it

@@ -23,8 +23,8 @@ def test_a_large_job_dry_runs_with_the_report_of_run(tmp_path):
     its JSON has the keys `mindspore-hyper run --json` writes for the same script."""
     args = ["--layers", "4", "--hidden", "4096", "--heads", "32", "--seq", "2048", "--vocab", "32000",
             "--data", "64", "--tensor", "8"]
-    done = _cli("dryrun", "--devices", "512", "--hardware", "a100-80gb", "--json", str(tmp_path / "d.json"),
-                "--plot", str(tmp_path / "d.png"), SCRIPT, *args)
+    done = _cli("dryrun", "--devices", "512", "--hardware", "a100-80gb", "--fragmentation", "0.1", "--json",
+                str(tmp_path / "d.json"), "--plot", str(tmp_path / "d.png"), SCRIPT, *args)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "mindspore-hyper: dryrun, 512 devices" in done.stdout
     dry = json.loads((tmp_path / "d.json").read_text())
@@ -41,6 +41,15 @@ def test_a_large_job_dry_runs_with_the_report_of_run(tmp_path):
     whole = 2 * hidden + 4 * hidden  # proj and fc2 biases, two LayerNorms
     params = layers * (split / 8 + whole) + vocab * hidden / 8 + 2048 * hidden + 2 * hidden + hidden * vocab / 8
     assert row["parameters"] == 4 * params  # float32, Megatron's split
+    step = mesh["step_memory"]  # forward, backward and update; the preset's rounding, --fragmentation
+    assert [row[0] for row in step["timeline"]].count("backward") == mesh["ops"] and step["peak_phase"]
+    assert step["alignment_bytes"] == 512 and step["fragmentation"] == 0.1
+    (peaks,) = step["per_device"]
+    assert peaks["devices"].endswith("(512)")
+    states = row["parameters"] + row["optimizer_states"]
+    assert peaks["step_peak"] == states + max(a + g for _, _, a, g in step["timeline"])
+    assert peaks["step_peak"] <= peaks["step_peak_rounded"] < peaks["step_peak_with_fragmentation"]
+    assert "step peak (forward, backward, update)" in done.stdout
     predicted = mesh["predicted"]
     assert predicted["hardware"] == "a100-80gb" and predicted["step_seconds"] > predicted["overlapped_seconds"] > 0
     run = _cli("run", "--devices", "4", "--json", str(tmp_path / "r.json"), SCRIPT)
@@ -69,6 +78,7 @@ def test_predicted_step_time_from_the_recorded_ops(pynative):
 
     assert p.comm_seconds == pytest.approx(2 * collective_seconds("all_reduce", 1e8, hw, group_fanouts(hw, 4, 1)))
     assert p.flops == 3 * (3 * 2e12 + 2 * 1e6)
+    assert any("GEMM tile and wave quantisation (gemm_tiling) not applied" in n for n in p.notes)  # said, not silent
     assert math.isclose(p.step_seconds, p.compute_seconds + p.comm_seconds)
 
 
@@ -77,6 +87,8 @@ def test_bad_input_is_named(tmp_path):
     assert done.returncode != 0 and "no-such-gpu" in done.stderr
     done = _cli("dryrun", str(tmp_path / "missing.py"))
     assert done.returncode != 0 and "missing.py" in done.stderr
+    done = _cli("dryrun", "--fragmentation", "2", SCRIPT)
+    assert done.returncode != 0 and "--fragmentation 2: expected a fraction in [0, 1]" in done.stderr
 
 
 def test_a_hyper_parallel_script_dry_runs_like_its_simulation(tmp_path):
@@ -96,7 +108,8 @@ def test_a_hyper_parallel_script_dry_runs_like_its_simulation(tmp_path):
 
 def test_a_pipelined_gpt_dry_runs_like_its_simulation(tmp_path):
     """The examples' GPT cut into 2 stages (1F1B, 4 microbatches) on data 2 x pipeline 2 x tensor 2:
-    the memory rows, every stage's collectives and ops, and the sends agree with `run`; the
+    the memory rows, every stage's collectives and ops, the sends and the step's memory series per
+    pipeline rank (pipeline/pipeline_step_memory.py) agree with `run`; the
     prediction simulates the schedule, and `run --hardware` predicts the same step from its own
     (numeric) simulation's report."""
     args = ["--pipeline", "2", "--layers", "4"]
@@ -107,9 +120,10 @@ def test_a_pipelined_gpt_dry_runs_like_its_simulation(tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
         reports[command] = json.loads((tmp_path / f"{command}.json").read_text())
     (sim,), (dry,) = reports["run"]["meshes"], reports["dryrun"]["meshes"]
-    for key in ("memory_per_device", "collectives", "compute", "pipeline"):
+    for key in ("memory_per_device", "collectives", "compute", "pipeline", "step_memory"):
         assert sim[key] == dry[key], key
     assert dry["pipeline"]["schedule"] == "1f1b" and set(dry["pipeline"]["per_stage"]) == {"0", "1"}
+    assert set(dry["step_memory"]["per_pipeline_rank"]) == {"0", "1"} and dry["step_memory"]["timeline"]
     predicted = dry["predicted"]
     assert predicted["compute_seconds"] > 0 and "bubble" in predicted["notes"][0]
     assert sim["predicted"] == predicted

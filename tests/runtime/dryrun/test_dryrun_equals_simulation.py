@@ -34,6 +34,8 @@ def _assert_same(mh, devices, make_model, strategy_fn, inputs, options=None):
     assert sim.comm_backward == dry.comm_backward
     assert sim.comm_causes == dry.comm_causes  # what caused each collective (the op and input, grad sync, ...)
     assert sim.fallbacks == dry.fallbacks
+    # the step's memory over forward, backward and the update (runtime/step_memory.py)
+    assert sim.step_memory == dry.step_memory and dry.step_memory["timeline"]
     assert sim.comm_backward, "the case must move gradients (else the backward check is empty)"
     return dry
 
@@ -192,7 +194,8 @@ def test_refusals_name_what_the_dry_run_cannot_do(pynative):
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_pipeline_stages_like_the_simulation(pynative, schedule):
     """The pipeline example's MindSpore layers, data 2 x pipeline 2: every device's memory (stage
-    inputs in flight as activations), the stages' collectives and the stage-boundary sends."""
+    inputs in flight as activations), the stages' collectives, the stage-boundary sends and the
+    step's memory series of each pipeline rank (pipeline/pipeline_step_memory.py)."""
     import pipeline_training
 
     mh = pynative
@@ -211,6 +214,8 @@ def test_pipeline_stages_like_the_simulation(pynative, schedule):
     assert sim.comm == dry.comm and sim.comm_backward == dry.comm_backward and sim.p2p == dry.p2p
     assert sim.comm_causes == dry.comm_causes and dry.comm_causes["backward"]
     assert dry.p2p and dry.comm_backward
+    assert sim.step_memory == dry.step_memory and set(dry.step_memory["per_pipeline_rank"]) == {0, 1}
+    assert set(dry.step_memory["per_device"]) == {0, 1, 2, 3}
 
 
 @pytest.mark.parametrize("strategy", ["data 4, ZeRO-1", "data 2 x pipeline 2, ZeRO-1", "data 2 x tensor 4, ZeRO-3"])

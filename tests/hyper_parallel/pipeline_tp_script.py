@@ -1,0 +1,129 @@
+"""A pipeline whose stages are tensor-parallel, in upstream's form (its vpp_schedule test: each
+pipeline rank is a block of 2 devices): rank r builds the whole model, keeps stage r // 2's
+layers, splits them over the 2 devices of its block (`init_device_mesh` of 2 devices in the
+larger job: upstream's tiling gives rank r the mesh of ranks r - r % 2, r - r % 2 + 1) with
+ColwiseParallel / RowwiseParallel, wraps them in a PipelineStage and trains 2 Adam steps of 1F1B
+and one GPipe step; then again with fully_shard, then hsdp (without and with gradient accumulation), over
+the block (1 Adam step each);
+each rank checks its stage against one device running the same layers.
+
+Run by test_per_rank.py with `mindspore-hyper run --devices 8 --per-rank` (4 pipeline ranks x 2).
+Exits non-zero on the first mismatch.
+
+Tolerance: float32 sums of at most 16 terms reassociated by the split and the microbatches:
+below 1e-6 relative; rtol 1e-5, atol 1e-6 on gradients, 1e-5 on weights after Adam's steps."""
+import numpy as np
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+from mindspore.communication.management import get_group_size, get_rank, init
+
+from hyper_parallel import PipelineStage, Schedule1F1B, ScheduleGPipe, init_device_mesh, parallelize_module
+from hyper_parallel.core.fully_shard.api import fully_shard
+from hyper_parallel.core.hsdp import hsdp
+from hyper_parallel.core.tensor_parallel import ColwiseParallel, RowwiseParallel
+from pipeline_layers import Head
+
+init()
+rank, size = get_rank(), get_group_size()
+TP = 2
+STAGES = size // TP
+stage_index = rank // TP
+M, BATCH = 4, 8
+
+
+class TpBlock(nn.Cell):
+    """8 -> 16 -> 8 with tanh: `up` splits its output features, `down` its input features."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Dense(8, 16, weight_init="normal", bias_init="normal")
+        self.down = nn.Dense(16, 8, weight_init="normal", bias_init="normal")
+
+    def construct(self, x):
+        return ops.tanh(self.down(ops.tanh(self.up(x))))
+
+
+def build():
+    ms.set_seed(0)  # every rank and the reference build the same initial values
+    return nn.SequentialCell([TpBlock() for _ in range(STAGES)] + [Head()])
+
+
+def piece(param, value, mesh):
+    """This rank's piece of the reference `value` of `param`: the whole value in simulation (a
+    laid-out Parameter stays global there), this process's piece under msrun (split along the
+    first dimension that differs)."""
+    if tuple(param.shape) == value.shape:
+        return value
+    dim = next(d for d, (a, b) in enumerate(zip(param.shape, value.shape)) if a != b)
+    return np.split(value, TP, axis=dim)[mesh.get_local_rank()]
+
+
+def train(style, steps, what):
+    """Cut the model, lay this rank's stage out on its block's mesh by `style`, train `steps` Adam
+    steps of 1F1B (then one GPipe step when `what` names it) against one device."""
+    model, reference = build(), build()
+    layers = [model[stage_index]] + ([model[STAGES]] if stage_index == STAGES - 1 else [])
+    mine = nn.SequentialCell(layers)
+    mesh = init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
+    assert mesh.get_coordinate() == [rank % TP], mesh.get_coordinate()
+    style(mine, mesh)
+    stage = PipelineStage(mine, stage_index, STAGES)
+    params = mine.trainable_params()
+    opt = nn.Adam(params, learning_rate=0.05)
+    ref_params = reference.trainable_params()
+    ref_opt = nn.Adam(ref_params, learning_rate=0.05)
+    mine_ids = {id(p) for p in params}  # the model's Cells hold the stage's (laid-out) Parameters too
+    ref_mine = [q for p, q in zip(model.trainable_params(), ref_params) if id(p) in mine_ids]
+    assert len(ref_mine) == len(params), (len(ref_mine), len(params))
+
+    def reference_step(x):
+        """One device: the sum of the microbatches' losses (M times the whole batch's mean loss)."""
+        return ms.value_and_grad(lambda x: reference(x) * M, None, ref_params)(x)
+
+    def check(outputs, loss, grads, label):
+        if stage.is_last_stage:
+            assert len(outputs) == M, (label, len(outputs))
+            np.testing.assert_allclose(sum(float(o.asnumpy()) for o in outputs), float(loss.asnumpy()), rtol=1e-5,
+                                       atol=1e-6, err_msg=label)
+        else:
+            assert outputs == [], label
+        by_id = {id(q): g for q, g in zip(ref_params, grads)}
+        for p, q in zip(params, ref_mine):
+            np.testing.assert_allclose(p.grad.asnumpy(), piece(p, by_id[id(q)].asnumpy(), mesh), rtol=1e-5,
+                                       atol=1e-6, err_msg=f"{label}: {p.name}")
+
+    schedule = Schedule1F1B(stage, M)
+    for step in range(steps):
+        x = Tensor(np.random.RandomState(step).randn(BATCH, 8).astype(np.float32))
+        outputs = schedule.run(x) if stage.is_first_stage else schedule.run()
+        loss, grads = reference_step(x)
+        check(outputs, loss, grads, f"{what} 1F1B step {step}")
+        opt(tuple(p.grad for p in params))
+        ref_opt(grads)
+        if hasattr(mine, "zero_grads"):
+            mine.zero_grads()  # hsdp's Cells: upstream's way to clear accumulated gradients
+            assert all(p.grad is None for p in params)
+        for p in params:
+            p.grad = None
+    for p, q in zip(params, ref_mine):
+        np.testing.assert_allclose(p.asnumpy(), piece(p, q.asnumpy(), mesh), rtol=1e-5, atol=1e-5, err_msg=p.name)
+    print(f"rank {rank}: {what} pipeline 1F1B trains {steps} Adam steps like one device", flush=True)
+    if "GPipe" in what:
+        x = Tensor(np.random.RandomState(7).randn(BATCH, 8).astype(np.float32))
+        gpipe = ScheduleGPipe(stage, M)
+        outputs = gpipe.run(x) if stage.is_first_stage else gpipe.run()
+        loss, grads = reference_step(x)
+        check(outputs, loss, grads, "GPipe")
+        print(f"rank {rank}: {what} pipeline GPipe equals one device", flush=True)
+
+
+train(lambda cell, mesh: parallelize_module(cell, mesh, {"0.up": ColwiseParallel(), "0.down": RowwiseParallel()}),
+      2, "tensor-parallel (and GPipe)")
+# every rank of a block passes the same batch: fully_shard's average over the block is that batch's gradient
+train(lambda cell, mesh: fully_shard(cell, mesh=mesh), 1, "fully_shard")
+# hsdp sums the block's gradients (upstream's vpp_schedule uses it); grad_scale=1/TP makes that one device's
+train(lambda cell, mesh: hsdp(cell, shard_size=TP, grad_scale=1 / TP), 1, "hsdp")
+# upstream's vpp_schedule form: positional shard_size, threshold, level, enable_grad_accumulation=True
+# (accumulated over the microbatches, synchronised at the last: the same sum)
+train(lambda cell, mesh: hsdp(cell, TP, 0, "level1", True, grad_scale=1 / TP), 1, "hsdp accumulating")
