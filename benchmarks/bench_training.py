@@ -15,7 +15,9 @@ bottleneck; it runs in the training loop's thread, so its time adds to the step'
 "loader share" is the fraction of a step + batch that goes to the batch). The load average is
 printed with the results: figures from a loaded machine are not claims. Then the training
 essentials' overhead per step (`overhead`): clipping and telemetry, and accumulation, against
-plain `train_step`.
+plain `train_step`, measured in pairs: each variant's step beside a plain step (alternating
+which goes first), the ratio per pair, its median and a distribution-free 95% interval of the
+median, so that the machine's drift between trials cancels within a pair.
 """
 import argparse
 import os
@@ -107,7 +109,7 @@ def main():
 
 def overhead(par, opt, batch, args) -> None:
     """The training essentials' cost per step against plain `train_step(opt, ids, labels)`, the same
-    global batch, interleaved over the trials: global-norm clipping (`max_grad_norm=1.0`) with the
+    global batch, in adjacent pairs: global-norm clipping (`max_grad_norm=1.0`) with the
     telemetry call; then with 4 accumulated micro-batches too (each a quarter of the batch: in a
     simulation that is 4x the op dispatches of one forward/backward, not bookkeeping, so it is
     printed apart from the bookkeeping goal)."""
@@ -126,20 +128,44 @@ def overhead(par, opt, batch, args) -> None:
             "clip + telemetry + accumulation 4": lambda: telemetry.step(
                 par, par.train_step(opt, *batch, max_grad_norm=1.0, accumulation_steps=4),
                 tokens=args.batch * args.seq)}
-    times = {name: [] for name in runs}
+    ratios = {name: [] for name in runs if name != "plain"}
+    plain_s = []
     for _ in range(args.trials):
-        for name, run in runs.items():
-            run()  # one untimed step: a switch between variants costs nothing in the figure
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                run()
-            times[name].append((time.perf_counter() - start) / args.steps)
-    plain = statistics.median(times["plain"])
-    print("training essentials per step (medians; ratio to plain train_step on the same batch):")
-    for name, values in times.items():
-        t = statistics.median(values)
-        print(f"  {name:34s} {1e3 * t:10.2f} ms/step   ratio {t / plain:6.3f}")
+        for name in ratios:
+            runs[name]()  # one untimed step: a switch between variants costs nothing in the figure
+            for pair in range(args.steps):
+                order = ("plain", name) if pair % 2 == 0 else (name, "plain")
+                seconds = {}
+                for which in order:
+                    start = time.perf_counter()
+                    runs[which]()
+                    seconds[which] = time.perf_counter() - start
+                plain_s.append(seconds["plain"])
+                ratios[name].append(seconds[name] / seconds["plain"])
+    plain = statistics.median(plain_s)
+    print(f"training essentials per step: each variant step paired with an adjacent plain train_step on the "
+          f"same batch (alternating order), {args.trials * args.steps} pairs each; plain step median "
+          f"{1e3 * plain:.2f} ms; load average {os.getloadavg()[0]:.2f}")
+    for name, values in ratios.items():
+        low, high = median_interval(values)
+        print(f"  {name:34s} ratio {statistics.median(values):6.3f}  (95% interval of the median "
+              f"{low:6.3f} .. {high:6.3f})")
 
+
+def median_interval(values, confidence: float = 0.95):
+    """A distribution-free interval for the median of `values`: the order statistics whose ranks
+    the binomial(n, 1/2) distribution puts `confidence` of its mass between (Conover 1999)."""
+    from math import comb
+
+    ordered, n = sorted(values), len(values)
+    tail, k = 0.0, 0
+    while k < n // 2:
+        tail_next = tail + comb(n, k) / 2 ** n
+        if 2 * tail_next > 1 - confidence:
+            break
+        tail, k = tail_next, k + 1
+    r = max(k, 1)  # X_(r) .. X_(n+1-r), 1-based, covers with 1 - 2 P(B <= r - 1) (too few pairs: min .. max)
+    return ordered[r - 1], ordered[n - r]
 
 if __name__ == "__main__":
     main()

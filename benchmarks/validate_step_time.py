@@ -7,14 +7,16 @@ predicted and published figure (teraFLOP/s per GPU, counted as the publication c
 error, and the mean absolute error overall and per source, against the goal (mean |error| <= 5%,
 every row within 10%). Then the profile of the error, for the diagnosis (never used to fit):
 
-- per row, the share of the predicted step that is pipeline bubble, exposed communication and
-  exposed gradient sync, the data-parallel sync if it were not overlapped at all, whether the run
-  overlaps it (`grad_sync_overlap`), and the tile and wave utilisation of one layer's GEMMs
-  (forward and backward, FLOP-weighted; 100% on a preset without `gemm_tiling`);
+- per row, the predicted step by term (shares): GEMMs, attention core, memory ops, exposed
+  tensor-parallel, context-parallel and stage-to-stage communication, bubble, exposed
+  data-parallel sync, optimizer; whether the run overlaps its sync (`grad_sync_overlap`), and the
+  tile and wave utilisation of one layer's GEMMs (forward and backward, FLOP-weighted; 100% on a
+  preset without `gemm_tiling`);
 - the fit's own rows (Korthikanti Table 5, full recomputation) in the held-out rows' unit, to
   compare the software stack of the fit with that of the held-out runs on the same hardware;
 - for the Llama 3 rows, the sensitivity to what the paper does not give (virtual stages per rank,
-  causal or full attention in the FLOP count).
+  causal or full attention in the FLOP count, the attention kernel's efficiency, ring instead of
+  the all-gather context parallelism).
 
     python benchmarks/validate_step_time.py              # the table, the summary and the profile
     python benchmarks/validate_step_time.py --table      # the Markdown table and summary only (docs)
@@ -43,20 +45,51 @@ def gemm_utilisation(run):
     return utilisation(shapes, hw.gemm_tiling, hw.peak_flops)
 
 
+def compute_shares(run):
+    """One layer's compute seconds per micro-batch (forward, backward, recomputation) by op class:
+    GEMMs, the attention core (with a materialised kernel's score ops), memory ops; as fractions."""
+    from mindspore_hyper.estimate.hardware import load_hardware
+    from mindspore_hyper.estimate.layer_ops import layer_forward_ops, op_phase_seconds
+
+    hw, st = load_hardware(run.hardware), run.strategy
+    shares = {"GEMM": 0.0, "attention core": 0.0, "memory ops": 0.0}
+    for op in layer_forward_ops(run.config, st, hw.attention):
+        f, bi, bw = op_phase_seconds(op, hw)
+        attention = op.kind == "attention" or op.name == "scores"
+        again = f if st.recompute == "full" or (st.recompute == "selective" and attention) else 0.0
+        key = "attention core" if attention else "GEMM" if op.kind == "matmul" else "memory ops"
+        shares[key] += f + bi + bw + again
+    total = sum(shares.values())
+    return {k: v / total for k, v in shares.items()}
+
+
 def profile(rows):
-    """Per-row shares of the predicted step: where the time goes, the gradient sync unhidden, and
-    the GEMMs' tile and wave utilisation."""
-    print("\n== error profile (shares of the predicted step) ==")
-    print("| run | error | compute | bubble | exposed comm | grad sync exposed | grad sync if not overlapped | "
-          "sync overlapped | GEMM tile utilisation |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    """Per row, the predicted step split into its terms (shares of the step): the compute of the
+    busiest rank split by op class in one layer's proportions (the LM head and a separate gradient
+    accumulation fall in with them), the exposed tensor-parallel, context-parallel and stage-to-stage
+    communication (blocking transfers and the scatter-gather's all-gather), the bubble, the exposed
+    data-parallel sync; then whether the run overlaps its sync and the GEMMs' tile utilisation."""
+    print("\n== error profile: the predicted step by term (shares of the step) ==")
+    print("| run | error | GEMM | attention core | memory ops | TP comm | CP comm | PP p2p + gather | bubble | "
+          "DP sync exposed | optimizer | sync overlapped | GEMM tile utilisation |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         est = r.estimate
         b, s = est.breakdown, est.seconds
-        sync = sum(c.seconds for c in est.comm if c.axis == "data")
-        print(f"| {r.run.id} | {r.error:+.1%} | {b['compute'] / s:.1%} | {b['pipeline bubble'] / s:.1%} | "
-              f"{b['exposed communication'] / s:.1%} | {b['gradient sync (exposed)'] / s:.1%} | {sync / s:.1%} | "
-              f"{'yes' if r.run.strategy.grad_sync_overlap else 'no'} | {gemm_utilisation(r.run):.1%} |")
+
+        def exposed(test):
+            return sum(c.exposed for c in est.comm if test(c))
+
+        pp = exposed(lambda c: c.name.startswith("pipeline")) if not r.run.strategy.p2p_overlap else \
+            exposed(lambda c: c.name.startswith("pipeline scatter-gather"))
+        terms = [exposed(lambda c: c.axis == "tensor" and not c.name.startswith("pipeline")),
+                 exposed(lambda c: c.axis == "context"), pp]
+        compute = b["exposed communication"] + b["compute"] - sum(terms)
+        shares = compute_shares(r.run)
+        cells = [compute * shares[k] for k in ("GEMM", "attention core", "memory ops")] + terms + \
+            [b["pipeline bubble"], b["gradient sync (exposed)"], b["optimizer"]]
+        print(f"| {r.run.id} | {r.error:+.1%} | " + " | ".join(f"{x / s:.1%}" for x in cells) +
+              f" | {'yes' if r.run.strategy.grad_sync_overlap else 'no'} | {gemm_utilisation(r.run):.1%} |")
 
 
 def fit_rows_in_heldout_units():
@@ -74,6 +107,7 @@ def fit_rows_in_heldout_units():
 
 def llama_sensitivity(rows):
     """What the Llama 3 paper leaves open, varied one at a time (diagnosis only)."""
+    from mindspore_hyper.estimate.hardware import load_hardware
     from mindspore_hyper.estimate.layer_ops import model_flops_per_token
     from mindspore_hyper.estimate.step_time import estimate_step_time
 
@@ -94,6 +128,15 @@ def llama_sensitivity(rows):
         causal = full - 3 * c.layers * 2 * c.seq_len * c.hidden  # the attention scores' causal half not counted
         parts.append(f"causal FLOP count (v=2): {r.predicted * causal / full:.0f} "
                      f"({r.predicted * causal / full / r.published - 1:+.0%})")
+        hw = load_hardware(run.hardware)
+        for label, eff in (("attention at FlashAttention-3's 0.75", 0.75), ("attention at the matmul factor", None)):
+            est = estimate_step_time(run.config, run.strategy, hw.with_efficiency(attention=eff))
+            pred = est.model_flops / (est.seconds * run.gpus) / 1e12
+            parts.append(f"{label}: {pred:.0f} ({pred / r.published - 1:+.0%})")
+        if run.strategy.context_parallel > 1:
+            est = estimate_step_time(run.config, replace(run.strategy, context_method="ring"), hw)
+            pred = est.model_flops / (est.seconds * run.gpus) / 1e12
+            parts.append(f"ring context parallelism: {pred:.0f} ({pred / r.published - 1:+.0%})")
         print(f"  {run.id} (published {r.published:g}): " + "; ".join(parts))
 
 

@@ -65,7 +65,10 @@ STRATEGY_BOOLS = (
     ("sequence-parallel", "Megatron sequence parallelism over the tensor-parallel group"),
     ("master-weights", "fp32 master copy of 16-bit parameters (default: when --dtype-bytes < 4)"),
     ("inference", "forward only with a KV cache (no gradients or optimizer states)"),
+    ("grad-sync-overlap", "step time (--hardware) only: the data-parallel gradient sync overlaps the backward "
+                          "(default; --no-grad-sync-overlap: one sync after the backward, Megatron-LM's local DDP)"),
 )
+STEP_TIME_ONLY = ("grad_sync_overlap",)  # strategy fields only the step time reads: refused without --hardware
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -95,7 +98,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     strategy.add_argument("--offload-optimizer", dest="offload_optimizer", choices=TIERS,
                           help="tier of the optimizer states")
     strategy.add_argument("--context-method", dest="context_method", choices=CONTEXT_METHODS,
-                          help="context parallelism: ring (K/V blocks around the group) or ulysses (AllToAll)")
+                          help="context parallelism: ring (K/V blocks around the group), ulysses (AllToAll) or "
+                               "all_gather (the whole K/V gathered, Llama 3's; step time only)")
     strategy.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
     strategy.add_argument("--activation-model", dest="activation_model", choices=ACTIVATION_MODELS,
                           help="megatron: Table 2 (default); simulation: what the CPU simulation counts for "
@@ -154,6 +158,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"no model: give --preset NAME, --config FILE with a model: section, or {', '.join(missing)}")
     if args.plot and args.sweep is None:
         raise ValueError("--plot draws the sequence sweep: add --sweep (default 4K:128K)")
+    for field in STEP_TIME_ONLY:
+        if getattr(args, field) is not None and not args.hardware:
+            flag = _flag_of(field)
+            raise ValueError(f"{flag} / --no-{flag[2:]} changes only the step time: add --hardware NAME")
     try:
         config = build_config(model, where=f"{args.config}: model" if args.config else "model")
         strategy = build_strategy({**spec["strategy"], **_given(args, strategy_fields)},

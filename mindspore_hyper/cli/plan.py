@@ -81,11 +81,14 @@ def _gpt_strategy(args: argparse.Namespace):
     return JobStrategy(zero_stage=args.zero or 0, **sizes)
 
 
-def _gpt_estimate(args: argparse.Namespace, strategy, report) -> list:
-    """Estimated vs simulated bytes per pipeline stage (the GPT preset with the layout flags)."""
+def _gpt_estimate(args: argparse.Namespace, table, report) -> list:
+    """Estimated vs simulated bytes per pipeline stage (the GPT preset with the layout flags), for
+    the JobStrategy read off the resolved `table` (`job_strategy_of`: the layout that ran)."""
     from mindspore_hyper.estimate import TransformerConfig
     from mindspore_hyper.estimate.crosscheck import compare
+    from mindspore_hyper.estimate.resolved_job import job_strategy_of
 
+    strategy = job_strategy_of(table)
     kwargs = {**GPT_DEFAULTS, **args.init_args}
     config = TransformerConfig(layers=kwargs["layers"], hidden=kwargs["hidden"], heads=kwargs["heads"],
                                vocab=kwargs["vocab"], seq_len=kwargs["seq"], micro_batch=args.batch // strategy.data,
@@ -153,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     if (args.model == GPT_PRESET and strategy is not None and args.inputs is None and not args.forward_only
             and args.optimizer == "adam"):
         try:
-            estimate = _gpt_estimate(args, strategy, report)
+            estimate = _gpt_estimate(args, table, report)
         except ValueError as exc:  # a layout the simulation runs but the estimator's model does not cover
             unavailable = f"the estimator does not cover this layout: {exc}"
     if args.plot:

@@ -3,7 +3,8 @@
 The code that knows why bytes move sets the cause around the call that moves them: the DTensor
 dispatcher around an op's input redistribution ("redistribute for MatMul input 1 in fc1") and
 its fan-out ("gradient sum for MatMul input 0 in fc1"), the runtimes for a parameter's
-gradient synchronisation ("grad sync of fc1.weight") and the ZeRO-1 gather, MoE for its token
+gradient synchronisation ("grad sync of fc1.weight"), the ZeRO-1 gather and the global gradient
+norm's scalar sum ("clip grad norm"; "grad norm" when the step does not clip), MoE for its token
 exchange, ring attention for its shifts. A forward collective is recorded under the cause set
 when it runs; a backward one under the cause set when its forward ran (the backends capture it
 then). The cost is one attribute read per collective and, where a cause is set, one string.
@@ -15,9 +16,12 @@ from __future__ import annotations
 import threading
 from typing import Optional
 
-__all__ = ["current_cause", "set_cause", "UNATTRIBUTED", "op_cause", "grad_sync_cause", "zero_gather_cause"]
+__all__ = ["current_cause", "set_cause", "UNATTRIBUTED", "op_cause", "grad_sync_cause", "zero_gather_cause",
+           "CLIP_NORM_CAUSE", "GRAD_NORM_CAUSE"]
 
 UNATTRIBUTED = "not attributed"  # the report's text for a collective recorded under no cause
+CLIP_NORM_CAUSE = "clip grad norm"  # the global gradient norm's scalar sum, clipping to it
+GRAD_NORM_CAUSE = "grad norm"  # the same sum without clipping (last_grad_norm, the loss-scale overflow check)
 
 _state = threading.local()
 

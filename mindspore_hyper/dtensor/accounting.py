@@ -53,6 +53,8 @@ class Accounting:
         self.held_before: Counter = Counter()
         self.micro_batch_start = 0
         self.parameter_reads: Dict[int, Tuple[int, int]] = {}
+        # a script-driven training step's forward being noted (dtensor/step_window.py), or None
+        self.window = None
 
     _STATE = ("live_bytes", "peak_bytes", "held_bytes", "peak_op", "_op", "micro_batch_start")
     _TABLES = ("comm", "comm_backward", "comm_causes", "comm_backward_causes", "ops", "fallbacks", "compute")
@@ -109,6 +111,8 @@ class Accounting:
         self.micro_batch_start = len(self.timeline)
 
     def allocate(self, nbytes: int) -> None:
+        if self.window is not None:
+            self.window.note(nbytes, len(self.timeline))
         self.live_bytes += nbytes
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes, self.peak_op = self.live_bytes, self._op

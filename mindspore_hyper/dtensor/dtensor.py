@@ -185,18 +185,32 @@ class DTensor(ReflectedOperators, Tensor):
 
         Args:
             layout: the wanted TensorLayout, or a device mesh (HyperParallel's
-                `redistribute(device_mesh, placements)`; None: this DTensor's mesh).
-            placements: with a device mesh: one placement per mesh dimension.
+                `redistribute(device_mesh, placements)`; None: this DTensor's mesh). A
+                DeviceMesh of another shape, names or rank order over the same devices is
+                reached through Replicate (`_across_meshes`), as upstream allows.
+            placements: with a device mesh: one placement per mesh dimension (required for
+                another mesh; None: this DTensor's placements on its own).
             async_op: accepted for HyperParallel's signature; the move completes before return.
             record: account the steps (False when a global tensor is first laid out: a real run
                 starts with the shards, so neither pass moves anything).
             grad_partial_axes: mesh axes over which the result's consumers hold partial gradients
                 (an op sharded over them reads the result replicated): gathers along them
                 reduce-scatter in backward.
+
+        Raises:
+            ValueError: a mesh on other devices, another mesh without placements, a
+                rank-local value, or a TensorLayout on another mesh (the planner's).
         """
         if placements is not None or not isinstance(layout, TensorLayout):
             mesh = layout if layout is not None else self.device_mesh
             _check_same_devices(self, mesh)
+            if hasattr(mesh, "execution") and mesh.root != self._layout.mesh:
+                if placements is None:
+                    raise ValueError(f"redistribute(device_mesh={mesh!r}): another mesh than this DTensor's; pass "
+                                     f"placements=, one per dimension of it {mesh.mesh_dim_names}")
+                moved = _across_meshes(self, mesh, placements, record)
+                moved._device_mesh = mesh
+                return moved
             placements = self.placements if placements is None else placements
             target = layout_on(mesh, placements, self.ndim, base=self._layout)
             moved = self.redistribute_with_fusion(target, record=record)[0]
@@ -356,7 +370,24 @@ def _check_same_devices(dt: "DTensor", mesh) -> None:
     if hasattr(mesh, "execution") and mesh.execution().job_ranks != dt.execution.job_ranks:
         raise ValueError(f"redistribute to {mesh!r}: it lies on other devices than this DTensor's mesh (the job's "
                          f"ranks {mesh.execution().job_ranks} vs {dt.execution.job_ranks}); moving a DTensor between "
-                         "device sets is not supported")
+                         "device sets is not supported (upstream requires the same rank list too): take its value "
+                         "with .full_tensor() (or .redistribute(its_mesh, [Replicate(), ...]).to_local()) and build "
+                         "the DTensor on the new mesh with distribute_tensor / DTensor.from_local")
+
+
+def _across_meshes(dt: "DTensor", mesh, placements, record: bool) -> "DTensor":
+    """`dt` on the DeviceMesh `mesh`, another mesh (shape, names or rank order) over the same
+    devices (upstream's `redistribute` onto a mesh of another shape): gathered to Replicate on
+    its own mesh (the collectives that takes: AllGather of shards, AllReduce of Partial values,
+    accounted there), the same global value taken as Replicate on `mesh` (every device already
+    holds it: no communication), then laid out as `placements` there (local slices). Exact, and
+    differentiable through the same steps: the slices' backward gathers the gradient, the
+    gathers' backward slices it (or reduces it where the source was Partial)."""
+    replicated = dt.redistribute(TensorLayout.replicated(dt.layout.mesh, dt.ndim), record=record)
+    execution = mesh.execution()
+    whole = TensorLayout.replicated(mesh.root, dt.ndim)
+    on_mesh = DTensor._create(whole, {(): replicated.shards[()]}, dt.global_shape, dt.dtype, execution)
+    return on_mesh.redistribute_with_fusion(layout_on(mesh, placements, dt.ndim), record=record)[0]
 
 
 def layout_on(mesh, placements, ndim: int, base: Optional[TensorLayout] = None) -> TensorLayout:

@@ -20,7 +20,8 @@ with an unclear error; `install()` routes each to the dispatcher:
   their never-materialised placeholders: gradients of zero, silently. A function's DTensor
   outputs are returned by their global values (`full_tensor()`, differentiable), as a DTensor
   loss differentiates in torch; a Cell returning DTensors, and a rank-local output (no global
-  value), are refused with the fix.
+  value), are refused with the fix. The functions in `BACKWARD_LISTENERS` are called as the
+  backward begins (the HyperParallel API marks a script-driven step's phases with it).
 
 Calls without DTensors take MindSpore's original paths unchanged.
 """
@@ -39,7 +40,9 @@ from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.dtensor.meta import MetaTensor
 from mindspore_hyper.dtensor.shape_registry import infer as infer_shapes
 
-__all__ = ["install"]
+__all__ = ["install", "BACKWARD_LISTENERS"]
+
+BACKWARD_LISTENERS: list = []  # called with no argument when a mindspore.grad/value_and_grad backward begins
 
 _ORIGINAL = primitive_module._run_op
 _ORIGINAL_TENSOR_CALL = _TensorMeta.__call__
@@ -216,6 +219,8 @@ def _grad_backward(fn, *args):
     """MindSpore's PyNative gradient backward, for the function `_grad_forward` ran."""
     from mindspore import nn
 
+    for listener in list(BACKWARD_LISTENERS):
+        listener()
     return _ORIGINAL_GRAD_BACKWARD(fn if isinstance(fn, nn.Cell) else _with_global_outputs(fn), *args)
 
 

@@ -31,14 +31,14 @@ def _pad(t: Tensor, dim: int, size: int) -> Tensor:
 
 
 def _take(t: Tensor, dim: int, start: int, length: int) -> Tensor:
-    """Elements [start, start + length) of `t` along `dim`. An empty piece is a new empty tensor:
-    it carries no gradient, and MindSpore's CPU StridedSliceGrad fails on an empty slice."""
+    """Elements [start, start + length) of `t` along `dim`. An empty piece is the empty part of
+    a split (MindSpore's CPU StridedSliceGrad fails on an empty slice; a split's backward is a
+    concat): it stays in the graph, so under msrun the backward reaches, with a zero gradient,
+    the collective that made `t` on a rank whose piece is empty, as every other rank's does."""
     if start == 0 and length == t.shape[dim]:
         return t
     if length == 0:
-        shape = list(t.shape)
-        shape[dim] = 0
-        return ops.zeros(tuple(shape), t.dtype)
+        return ops.split(t, [t.shape[dim], 0], dim)[1]
     return t[(slice(None),) * dim + (slice(start, start + length),)]
 
 

@@ -332,7 +332,9 @@ def save_hardware(hardware: Hardware, path: str) -> str:
                            "network": hardware.efficiency.network,
                            "message_overhead_us": hardware.efficiency.message_overhead * 1e6,
                            "op_overhead_us": hardware.efficiency.op_overhead * 1e6,
-                           "peer_wait_us": hardware.efficiency.peer_wait * 1e6},
+                           "peer_wait_us": hardware.efficiency.peer_wait * 1e6,
+                           **({} if hardware.efficiency.attention is None else
+                              {"attention": hardware.efficiency.attention})},
             "sources": dict(hardware.sources)}
     if hardware.kernels:
         data["kernels"] = {k: [f * 1e6, b * 1e6] for k, (f, b) in hardware.kernels.items()}

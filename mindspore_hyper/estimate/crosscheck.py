@@ -9,7 +9,7 @@ simulation or (`shapes_only`) in the dry run, which reaches sizes no simulation 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mindspore_hyper.estimate.gpt_layout import gpt_parallel_config
 from mindspore_hyper.estimate.job import estimate_stage
@@ -17,7 +17,7 @@ from mindspore_hyper.estimate.resolved_job import DERIVED_FIELDS, job_strategy_o
 from mindspore_hyper.estimate.transformer_config import TransformerConfig
 from mindspore_hyper.estimate.strategy import JobStrategy
 
-__all__ = ["simulate_step", "compare", "crosscheck_gpt", "Comparison", "COMPARED"]
+__all__ = ["simulate_step", "compare", "crosscheck_gpt", "gpt_layout_that_runs", "Comparison", "COMPARED"]
 
 # estimator field -> the report's memory key
 COMPARED = {"parameters": "parameters", "gradients": "gradients", "optimizer_states": "optimizer_states",
@@ -140,18 +140,41 @@ def crosscheck_gpt(gpt_class, config: TransformerConfig, strategy: JobStrategy, 
     """
     if strategy.optimizer_states != 2:
         raise ValueError(f"optimizer_states={strategy.optimizer_states}: the simulated step uses Adam (2 states)")
-    from mindspore_hyper.strategy.resolve import resolve_strategy  # here: the estimate package imports no MindSpore
-
     model, ids, labels = seeded_gpt_batch(gpt_class, config, strategy.data, seed, lazy=shapes_only)
-    layout = gpt_parallel_config(strategy)
     others = {f.name: getattr(strategy, f.name) for f in fields(strategy) if f.name not in DERIVED_FIELDS}
-    ran = job_strategy_of(resolve_strategy(model, layout, strategy.optimizer_states), **others)
-    if ran != strategy:
-        differ = [f"{name}={getattr(strategy, name)} asked, {getattr(ran, name)} laid out" for name in DERIVED_FIELDS
-                  if getattr(strategy, name) != getattr(ran, name)]
-        raise ValueError(f"crosscheck_gpt: the GPT's resolved layout is not the strategy's: {'; '.join(differ)}")
+    layout, ran = gpt_layout_that_runs(model, strategy, "crosscheck_gpt", **others)
     report = simulate_step(model, layout, (ids, labels), shapes_only=shapes_only)
     return compare(config, ran, report)
+
+
+def gpt_layout_that_runs(model, strategy: JobStrategy, where: str, **others: Any) -> Tuple[dict, JobStrategy]:
+    """The parallel config that lays examples/models.py's GPT `model` out as `strategy` says
+    (`gpt_parallel_config`), and the JobStrategy its resolved layout amounts to (`job_strategy_of`:
+    sizes and ZeRO stage read off the resolved table, with `others` for the remaining fields), so
+    that an estimate describes the layout that runs rather than the one asked for.
+
+    Args:
+        model: the GPT (built, or lazily under `no_init_parameters()`).
+        strategy: the sizes and ZeRO stage asked (its optimizer_states sizes the table).
+        where: the caller's name, for messages.
+        **others: the derived JobStrategy's fields other than data, tensor, pipeline, zero_stage.
+
+    Returns:
+        (the parallel config mapping, the derived JobStrategy).
+
+    Raises:
+        ValueError: the resolved layout's sizes or ZeRO stage differ from `strategy`'s (a layout
+            that does not say what it was asked), or one `gpt_parallel_config` refuses.
+    """
+    from mindspore_hyper.strategy.resolve import resolve_strategy  # here: the estimate package imports no MindSpore
+
+    layout = gpt_parallel_config(strategy)
+    ran = job_strategy_of(resolve_strategy(model, layout, strategy.optimizer_states), **others)
+    differ = [f"{name}={getattr(strategy, name)} asked, {getattr(ran, name)} laid out" for name in DERIVED_FIELDS
+              if getattr(strategy, name) != getattr(ran, name)]
+    if differ:
+        raise ValueError(f"{where}: the GPT's resolved layout is not the strategy's: {'; '.join(differ)}")
+    return layout, ran
 
 
 def seeded_gpt_batch(gpt_class, config: TransformerConfig, data: int, seed: int, lazy: bool = False):

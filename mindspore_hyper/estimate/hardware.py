@@ -12,7 +12,8 @@ A preset file (``load_hardware("a100-80gb")``)::
       - {name: infiniband, devices: 4480, bandwidth_GBps: 25, latency_us: 6}
     attention: materialized          # or flash (scores never stored; causal half skipped)
     efficiency: {matmul: 0.80, memory: 0.80, network: 0.80, message_overhead_us: 5}  # op_overhead_us: 0,
-                                     # peer_wait_us: 0 (both optional)
+                                     # peer_wait_us: 0 (both optional); attention: the flash kernel's
+                                     # fraction of peak (optional; default the matmul factor)
     sources: {peak_tflops: "...", ...}
     validated: "unvalidated: ..."    # optional: the published runs the factors were checked against
                                      # (or "unvalidated"); repeated in every step-time estimate's notes
@@ -51,7 +52,8 @@ ATTENTION_KERNELS = ("flash", "materialized")
 _TOP_KEYS = ("name", "description", "peak_tflops", "memory_GB", "memory_bandwidth_GBps", "levels", "attention",
              "efficiency", "sources", "kernels", "core_sharing", "validated", "gemm_tiling", "allocator")
 _LEVEL_KEYS = ("name", "devices", "bandwidth_GBps", "latency_us")
-_EFFICIENCY_KEYS = ("matmul", "memory", "network", "message_overhead_us", "op_overhead_us", "peer_wait_us")
+_EFFICIENCY_KEYS = ("matmul", "memory", "network", "message_overhead_us", "op_overhead_us", "peer_wait_us",
+                    "attention")
 _EFFICIENCY_REQUIRED = ("matmul", "memory", "network", "message_overhead_us")
 _CORE_SHARING_KEYS = ("cores", "processes", "threads")
 _CORE_SHARING_OPTIONAL = ("bound",)
@@ -79,6 +81,8 @@ class Efficiency:
         peer_wait: seconds a rank waits per blocking collective for group peers that reached it
             later, beyond the transfer (0 on dedicated devices; the `cpu` profile measures it when
             more processes than cores take turns on the cores).
+        attention: fraction of peak FLOP/s a fused (flash) attention kernel reaches, forward and
+            backward; None: the matmul factor (a materialised attention core is timed as its GEMMs).
     """
 
     matmul: float
@@ -87,6 +91,7 @@ class Efficiency:
     message_overhead: float
     op_overhead: float = 0.0
     peer_wait: float = 0.0
+    attention: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -237,11 +242,17 @@ def hardware_from_dict(data: Any, source: str = "<dict>") -> Hardware:
                             _number(source, "efficiency.op_overhead_us", eff.get("op_overhead_us", 0),
                                     inclusive_low=True) * 1e-6,
                             _number(source, "efficiency.peer_wait_us", eff.get("peer_wait_us", 0),
-                                    inclusive_low=True) * 1e-6)
+                                    inclusive_low=True) * 1e-6,
+                            None if eff.get("attention") is None else
+                            _number(source, "efficiency.attention", eff["attention"], high=1.0))
     attention = data.get("attention", "flash")
     if attention not in ATTENTION_KERNELS:
         raise ValueError(f"hardware {source!r}: field 'attention': expected one of {', '.join(ATTENTION_KERNELS)}, "
                          f"got {attention!r}")
+    if efficiency.attention is not None and attention != "flash":
+        raise ValueError(f"hardware {source!r}: field 'efficiency.attention': the flash kernel's efficiency, but "
+                         f"'attention' is {attention!r} (its attention core is timed as GEMMs at the matmul factor); "
+                         f"remove it or set attention: flash")
     sources = data.get("sources", {})
     if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
         raise ValueError(f"hardware {source!r}: field 'sources': expected a mapping of field -> citation text")

@@ -2,7 +2,8 @@
 
 Each op has a class that decides how it is timed (`op_seconds`): "matmul" (a GEMM: the roofline
 max(FLOPs / (peak x matmul efficiency), bytes / (HBM bandwidth x memory efficiency))),
-"attention" (the attention core's two batched GEMMs, timed as a matmul) and "memory" (norms,
+"attention" (the attention core's two batched GEMMs, timed as a matmul; a flash kernel at the
+hardware's `efficiency.attention` where it has one) and "memory" (norms,
 activations, bias-dropout-residual, softmax: bytes / (HBM bandwidth x memory efficiency)).
 
 Notation: b micro-batch, s sequence, cp context parallel, T = b s / cp tokens on the device, h
@@ -91,6 +92,8 @@ def _roofline(op: Op, hardware: Hardware, gemm_utilisation: float = 1.0) -> floa
     memory = op.bytes / (hardware.memory_bandwidth * eff.memory)
     if op.kind == "memory":
         return memory + eff.op_overhead
+    if op.kind == "attention" and hardware.attention == "flash" and eff.attention is not None:
+        return max(op.flops / (hardware.peak_flops * eff.attention), memory) + eff.op_overhead
     return max(op.flops / (hardware.peak_flops * eff.matmul * gemm_utilisation), memory) + eff.op_overhead
 
 

@@ -10,22 +10,35 @@ all-gather). Per layer and micro-batch:
   (with its tensor-parallel communication), selective = the attention core (and scores) again;
   with recompute_scope="stage" (mindspore_hyper's pipeline runtime) the last stage's backward
   also runs its final norm, LM head and loss forward again.
-- tensor parallel (Megatron, not overlapped): 2 all-reduces of T h e bytes forward and 2
-  backward; with sequence parallelism 2 all-gathers + 2 reduce-scatters each way (same bytes).
+- tensor parallel (Megatron): 2 all-reduces of T h e bytes forward and 2 backward; with sequence
+  parallelism 2 all-gathers + 2 reduce-scatters each way (same bytes); exposed, except with
+  `tp_backward_overlap` the backward's two input-gradient collectives of the column-parallel
+  linears (qkv, MLP up), each hidden up to its linear's weight-gradient GEMM.
 - context parallel: ring: (cp - 1) K/V blocks of T 2kv e bytes passed forward, hidden behind
   the attention core up to its time; backward (the hand-written ring of
   `dtensor/context_parallel/ring_core.py`) (cp - 1) steps of the K/V blocks and their gradient
   accumulators (twice the bytes), hidden behind the attention core's backward, then one more
   accumulator shift that brings each gradient home, exposed (nothing is left to overlap);
-  Ulysses: 4 AllToAlls (q, k, v, output) forward and 4 backward, exposed.
+  Ulysses: 4 AllToAlls (q, k, v, output) forward and 4 backward, exposed; all-gather (Llama 3,
+  Dubey et al. 2024 section 3.3.2): the whole sequence's K/V (cp T 2kv e bytes) all-gathered
+  before the attention and their gradients reduce-scattered after its backward, exposed (the
+  paper: the all-gather's latency lies on the critical path).
 - expert parallel: 2 AllToAlls (dispatch, combine) of T top_k h e bytes forward, 2 backward.
 - ZeRO-3: each layer's parameters all-gathered forward and backward and its gradients
   reduce-scattered, prefetched: hidden behind the layer's compute up to its time.
+- gradient accumulation: inside the weight-gradient GEMMs (free), or with
+  `grad_accumulation_fused=False` a separate add of each micro-batch's weight gradients into the
+  step's buffer, 3 e bytes per local parameter at the memory bandwidth, in the weight-gradient phase.
 
 Mesh order (innermost first): tensor, context, data (expert groups inside it), pipeline; each
 axis's group spans the hardware levels `collective_time.group_fanouts` says. A stage-to-stage
-transfer is `collective_time.transfer_seconds` of one activation (no peer wait: the schedule
-simulation makes a receive wait for its sender). On a profile whose processes share cores
+transfer is `collective_time.transfer_seconds` of one activation, T h e / t bytes with tensor
+parallelism (Megatron's scatter-gather: each tensor-parallel rank sends its 1/t; the receiver
+then all-gathers it over the tensor group, a collective on its critical path; none with sequence
+parallelism, whose stage boundary is sequence-sharded already); no peer wait: the schedule
+simulation makes a receive wait for its sender. With `p2p_overlap=False` (Megatron-LM 2021-2022:
+blocking transfers) each send also stops its sender for the transfer, charged inside the stage's
+forward and backward. On a profile whose processes share cores
 (`Hardware.core_sharing`, the `cpu` profile), the pipelined part is simulated with the speeds
 of `core_sharing.StageSpeeds` (k computing pipeline ranks are k x data x tensor x context processes; bound
 processes share only their own core):
@@ -45,11 +58,11 @@ from typing import Dict, List, Optional, Union
 from mindspore_hyper.estimate.collective_time import (collective_seconds, group_fanouts, levels_spanned,
                                                       transfer_seconds)
 from mindspore_hyper.estimate.hardware import Hardware, load_hardware
-from mindspore_hyper.estimate.job import _check_fit, stage_layers
+from mindspore_hyper.estimate.job import _check_fit, _local, stage_layers
 from mindspore_hyper.estimate.layer_ops import (FLASH_BACKWARD, OPTIMIZER_KEY, head_forward_ops, layer_forward_ops,
                                                 model_flops_per_token, op_phase_seconds)
 from mindspore_hyper.estimate.transformer_config import TransformerConfig
-from mindspore_hyper.estimate.pipeline_time import PipelineTime, pipeline_makespan
+from mindspore_hyper.estimate.pipeline_time import PipelineTime, pipeline_makespan, rank_stages
 from mindspore_hyper.estimate.strategy import JobStrategy
 
 __all__ = ["CommTerm", "LayerTime", "StepTimeEstimate", "estimate_step_time", "global_batch"]
@@ -229,14 +242,21 @@ def _layer_time(config: TransformerConfig, st: JobStrategy, hw: Hardware, fan: D
 
     comm_f = comm_b = 0.0
     if st.tensor > 1:
+        # the column-parallel linears' weight-gradient GEMMs, behind which tp_backward_overlap hides
+        # the collective of their input gradients (one each), up to each GEMM's time
+        wgrads = [bw for op, (_, _, bw) in phases if op.name == "qkv" or op.name.endswith("up")]
+        one = collective_seconds("reduce_scatter" if st.sequence_parallel else "all_reduce", tokens * h * e, hw,
+                                 fan["tensor"])
+        hide = sum(min(one, w) for w in wgrads) if st.tp_backward_overlap else 0.0
         if st.sequence_parallel:
             comm_f += term("tensor parallel forward (all-gather)", "all_gather", "tensor", 2, tokens * h * e)
             comm_f += term("tensor parallel forward (reduce-scatter)", "reduce_scatter", "tensor", 2, tokens * h * e)
             comm_b += term("tensor parallel backward (all-gather)", "all_gather", "tensor", 2, tokens * h * e)
-            comm_b += term("tensor parallel backward (reduce-scatter)", "reduce_scatter", "tensor", 2, tokens * h * e)
+            comm_b += term("tensor parallel backward (reduce-scatter)", "reduce_scatter", "tensor", 2, tokens * h * e,
+                           hide)
         else:
             comm_f += term("tensor parallel forward", "all_reduce", "tensor", 2, tokens * h * e)
-            comm_b += term("tensor parallel backward", "all_reduce", "tensor", 2, tokens * h * e)
+            comm_b += term("tensor parallel backward", "all_reduce", "tensor", 2, tokens * h * e, hide)
     cp = st.context_parallel
     kv = math.ceil(config.kv_heads / st.tensor) * config.head_dim
     if cp > 1 and st.context_method == "ring":
@@ -245,6 +265,10 @@ def _layer_time(config: TransformerConfig, st: JobStrategy, hw: Hardware, fan: D
         comm_b += term("context ring backward (K/V and their gradients)", "send_recv", "context", cp - 1, 2 * block,
                        core * (FLASH_BACKWARD if hw.attention == "flash" else 2.0))
         comm_b += term("context ring backward (gradients home)", "send_recv", "context", 1, block)
+    elif cp > 1 and st.context_method == "all_gather":
+        gathered = cp * tokens * 2 * kv * e  # the whole sequence's K/V (n = the gathered buffer)
+        comm_f += term("context all-gather forward (K/V)", "all_gather", "context", 1, gathered)
+        comm_b += term("context reduce-scatter backward (K/V gradients)", "reduce_scatter", "context", 1, gathered)
     elif cp > 1:
         width = 2 * h / st.tensor + 2 * kv
         comm_f += term("context Ulysses forward (q, k, v, output)", "all_to_all", "context", 1, tokens * width * e)
@@ -312,19 +336,29 @@ def estimate_step_time(config: TransformerConfig, strategy: JobStrategy,
     layer_f = layer.forward + layer.comm_forward
     layer_bi = layer.backward_input + layer.recompute + layer.comm_backward
     head_recompute = head_f + head_comm / 2 if st.recompute_scope == "stage" else 0.0
-    forward, backward_input, backward_weight = [], [], []
-    for vs in range(virtual):
-        n = stage_layers(c.layers, virtual, vs)
-        last = vs == virtual - 1
-        forward.append(n * layer_f + (head_f + head_comm / 2 if last else 0.0))
-        backward_input.append(n * layer_bi + (head_bi + head_comm / 2 + head_recompute if last else 0.0))
-        backward_weight.append(n * layer.backward_weight + (head_w if last else 0.0))
     p2p_bytes = tokens * c.hidden * e / (t if t > 1 else 1)  # Megatron's scatter-gather across stages
     p2p = transfer_seconds(p2p_bytes, hw, fan["pipeline"])
+    # the receiver all-gathers a scattered activation (or gradient) over the tensor group before using
+    # it (`gather_split_1d_tensor`); with sequence parallelism the stage boundary is sequence-sharded already
+    gather = collective_seconds("all_gather", tokens * c.hidden * e, hw, fan["tensor"]) \
+        if p > 1 and t > 1 and not st.sequence_parallel else 0.0
+    send = 0.0 if st.p2p_overlap else p2p  # a blocking transfer stops its sender until it has arrived
+    accumulate = _accumulation_seconds(c, st, hw)
+    forward, backward_input, backward_weight, stage_comm = [], [], [], []
+    for vs in range(virtual):
+        n = stage_layers(c.layers, virtual, vs)
+        first, last = vs == 0, vs == virtual - 1
+        f_comm = (0.0 if first else gather) + (0.0 if last else send)  # receive the input, send the output
+        b_comm = (0.0 if last else gather) + (0.0 if first else send)  # receive the gradient, send the input's
+        forward.append(n * layer_f + (head_f + head_comm / 2 if last else 0.0) + f_comm)
+        backward_input.append(n * layer_bi + (head_bi + head_comm / 2 + head_recompute if last else 0.0) + b_comm)
+        backward_weight.append(n * (layer.backward_weight + accumulate["layer"]) + (head_w if last else 0.0)
+                               + (accumulate["embedding"] if first else 0.0) + (accumulate["head"] if last else 0.0))
+        stage_comm.append(f_comm + b_comm)
     kwargs = {"simulation_limit": simulation_limit} if simulation_limit is not None else {}
     if hw.core_sharing is not None:  # each pipeline rank is d x t x cp processes
         kwargs["speeds"] = hw.core_sharing.stage_speeds(p, d * t * cp)
-    pipe = pipeline_makespan(st.schedule, p, m, v, forward, backward_input, backward_weight, p2p, **kwargs)
+    pipe = pipeline_makespan(st.schedule, p, m, v, forward, backward_input, backward_weight, p2p - send, **kwargs)
 
     # per step communication terms
     busiest_layers = max(stage_layers(c.layers, p, k) for k in range(p))
@@ -334,9 +368,16 @@ def estimate_step_time(config: TransformerConfig, strategy: JobStrategy,
         comm.append(CommTerm(name, kind, axis, levels_spanned(hw, fan[axis]), count * n, nbytes, seconds * n,
                              hidden * n))
     if p > 1:
+        hidden_p2p = 2 * m * v * p2p - 2 * (p - 1) * p2p if st.p2p_overlap else 0.0
         comm.append(CommTerm("pipeline activations and gradients", "send_recv", "pipeline",
-                             levels_spanned(hw, fan["pipeline"]), 2 * m * v, p2p_bytes, 2 * m * v * p2p,
-                             2 * m * v * p2p - 2 * (p - 1) * p2p))
+                             levels_spanned(hw, fan["pipeline"]), 2 * m * v, p2p_bytes, 2 * m * v * p2p, hidden_p2p))
+    if gather:
+        comm.append(CommTerm("pipeline scatter-gather (all-gather of what a stage received)", "all_gather", "tensor",
+                             levels_spanned(hw, fan["tensor"]), 2 * m * v, tokens * c.hidden * e,
+                             2 * m * v * gather, 0.0))
+    # the busiest rank's stage-boundary communication inside its forwards and backwards (exposed)
+    exposed_stage_comm = m * max(sum(stage_comm[s] for s in stages)
+                                 for stages in rank_stages(st.schedule, p, v)) if p > 1 else 0.0
 
     # data-parallel gradient sync, optimizer
     stage_params = max(_stage_local_params(c, st, k) for k in range(p))
@@ -381,8 +422,9 @@ def estimate_step_time(config: TransformerConfig, strategy: JobStrategy,
     mfu = model_flops / (seconds * st.devices * hw.peak_flops)
     exposed_layer_comm = busiest_layers * m * (layer.comm_forward + layer.comm_backward +
                                                (layer.comm_forward if st.recompute == "full" else 0.0))
-    compute = pipe.work - exposed_layer_comm
-    breakdown = {"compute": compute, "exposed communication": exposed_layer_comm, "pipeline bubble": pipe.bubble}
+    compute = pipe.work - exposed_layer_comm - exposed_stage_comm
+    breakdown = {"compute": compute, "exposed communication": exposed_layer_comm + exposed_stage_comm,
+                 "pipeline bubble": pipe.bubble}
     if hw.core_sharing is not None:
         breakdown["shared cores"] = pipe.sharing
     breakdown.update({"gradient sync (exposed)": exposed_sync, "optimizer": optimizer})
@@ -404,6 +446,18 @@ def estimate_step_time(config: TransformerConfig, strategy: JobStrategy,
                             global_batch=batch, model_flops=model_flops, layer=layer, comm=comm, pipeline=pipe,
                             optimizer=optimizer, grad_sync_exposed=exposed_sync, breakdown=breakdown,
                             hardware=hw.name, config=c, strategy=st, notes=notes)
+
+
+def _accumulation_seconds(config: TransformerConfig, strategy: JobStrategy, hw: Hardware) -> Dict[str, float]:
+    """Seconds per micro-batch of the separate gradient-accumulation add (`grad_accumulation_fused=False`):
+    one layer's, the embedding's (first stage) and the head's (last stage) local parameters x 3
+    dtype bytes (read the gradient, read and write the buffer) at the memory bandwidth; 0 when fused."""
+    pieces = {"layer": config.layer_params(), "embedding": config.embedding_params(),
+              "head": config.head_params(separate_copy=strategy.pipeline > 1)}
+    if strategy.grad_accumulation_fused:
+        return {k: 0.0 for k in pieces}
+    rate = hw.memory_bandwidth * hw.efficiency.memory
+    return {k: _local(pc, config, strategy).total * 3 * config.dtype_bytes / rate for k, pc in pieces.items()}
 
 
 def _stage_local_params(config: TransformerConfig, strategy: JobStrategy, stage: int) -> float:

@@ -12,7 +12,7 @@ __all__ = ["JobStrategy", "TIERS", "ACTIVATION_MODELS", "CONTEXT_METHODS", "SCHE
 
 TIERS = ("device", "host", "disk")
 ACTIVATION_MODELS = ("megatron", "simulation")
-CONTEXT_METHODS = ("ring", "ulysses")
+CONTEXT_METHODS = ("ring", "ulysses", "all_gather")
 SCHEDULES = ("1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v", "gpipe")
 _TWO_CHUNK_SCHEDULES = ("zb_v", "dualpipe_v")
 RECOMPUTE_SCOPES = ("layers", "stage")
@@ -50,7 +50,10 @@ class JobStrategy(Record):
         context_method: how attention crosses the chunks: "ring" (K/V blocks passed around the
             context group, overlapped with the attention of the current block) or "ulysses"
             (AllToAll from sequence-sharded to head-sharded and back; heads must divide by
-            tensor x context_parallel).
+            tensor x context_parallel) or "all_gather" (Llama 3's: every rank all-gathers the whole
+            sequence's K/V before its attention and reduce-scatters their gradients after the
+            attention backward, both exposed; estimate only, the runtime has ring and ulysses;
+            its memory is estimated as ring's, without the gathered K/V buffer).
         schedule: pipeline schedule (a `mindspore_hyper.schedule` kind): "1f1b",
             "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v" or "gpipe". It sets the step-time
             model's bubble and the default in-flight micro-batches.
@@ -68,6 +71,23 @@ class JobStrategy(Record):
             (False: Megatron-LM's `local` DDP, one all-reduce of the gradient buffer after the
             last micro-batch). Step time only; not with zero_stage=3, whose gradient
             reduce-scatters run per layer inside the backward.
+        p2p_overlap: the pipeline's stage-to-stage transfers run beside compute (True: a send
+            does not stop its sender, a receive waits only for a late tensor) or block the
+            sender for the transfer (False: Megatron-LM 2021-2022's `p2p_communication._communicate`,
+            batch_isend_irecv, wait on every request, then a device synchronize, before the next
+            forward or backward starts). Step time only; no effect without a pipeline.
+        tp_backward_overlap: in the backward of each column-parallel linear (qkv, MLP up), the
+            tensor-parallel collective of its input gradient (all-reduce; reduce-scatter with
+            sequence parallelism) runs while its weight-gradient GEMM computes, hidden up to that
+            GEMM's time (True: Megatron-LM from September 2021, `async_tensor_model_parallel_allreduce`
+            and the sequence-parallel `LinearWithGradAccumulationAndAsyncCommunication`) or after it,
+            exposed (False). Step time only; no effect without tensor parallelism.
+        grad_accumulation_fused: each micro-batch's weight gradients reach the step's gradient
+            buffer inside the weight-gradient GEMM (True: Megatron-LM's gradient_accumulation_fusion,
+            the model's default) or through a separate memory-bound add per parameter and
+            micro-batch (False: Megatron-LM 2021's local DDP, whose backward hook runs
+            `main_grad.add_(grad)`: the gradient read, the buffer read and written, 3 x dtype bytes
+            per parameter at the memory efficiency). Step time only.
 
     Raises:
         ValueError: a field of the wrong type or out of range, or fields that contradict each
@@ -95,6 +115,9 @@ class JobStrategy(Record):
     chunks: int = 1
     recompute_scope: str = "layers"
     grad_sync_overlap: bool = True
+    p2p_overlap: bool = True
+    tp_backward_overlap: bool = False
+    grad_accumulation_fused: bool = True
 
     def __post_init__(self):
         for name in ("data", "tensor", "pipeline", "expert", "context_parallel", "chunks"):
@@ -125,7 +148,8 @@ class JobStrategy(Record):
             raise ValueError(f"chunks={self.chunks}: schedule='interleaved_1f1b' needs >= 2 chunks per rank")
         if self.schedule in ("1f1b", "zb_h1", "gpipe") and self.chunks != 1:
             raise ValueError(f"chunks={self.chunks}: schedule={self.schedule!r} runs 1 chunk per rank")
-        for name in ("sequence_parallel", "inference", "grad_sync_overlap"):
+        for name in ("sequence_parallel", "inference", "grad_sync_overlap", "p2p_overlap",
+                     "tp_backward_overlap", "grad_accumulation_fused"):
             check_bool(name, getattr(self, name))
         if self.master_weights is not None and not isinstance(self.master_weights, bool):
             raise ValueError(f"master_weights={self.master_weights!r}: expected a bool or None")

@@ -7,7 +7,13 @@ sequences of micro-batch 1) and Table 5's seconds per iteration on Selene (DGX A
 parallelism with every layer recomputed) and "present work" (sequence parallelism + selective
 recomputation). The micro-batch size (1) is our reading of the paper's setup (MFU in its Table 5
 agrees with it: 175B, 64 sequences, 13.75 s -> 51.4% of 64 x 312 TFLOP/s; 22B, 4 sequences on 8
-GPUs, 1.10 s -> 41.6%, the paper's 41.5%).
+GPUs, 1.10 s -> 41.6%, the paper's 41.5%). The software is Megatron-LM of 2022 (the paper's
+code, NVIDIA/Megatron-LM with sequence parallelism, merged March 2022): stage-to-stage transfers
+block (`p2p_communication._communicate`: batch_isend_irecv, wait, torch.cuda.synchronize), and
+each column-parallel linear's backward runs its input gradient's all-reduce (reduce-scatter with
+sequence parallelism) beside its weight-gradient GEMM (`LinearWithGradAccumulationAndAsyncCommunication`,
+`async_tensor_model_parallel_allreduce` on by default since September 2021): the strategies say so
+(`p2p_overlap=False`, `tp_backward_overlap=True`).
 """
 from __future__ import annotations
 
@@ -39,11 +45,14 @@ class PublishedRun:
     selective_s: float
 
     def strategy(self, mode: str) -> JobStrategy:
-        """The run's strategy: mode "full" (TP, full recompute) or "selective" (TP + SP + selective)."""
+        """The run's strategy: mode "full" (TP, full recompute) or "selective" (TP + SP + selective),
+        as the 2022 Megatron-LM ran it (module doc): blocking stage-to-stage transfers, and the
+        backward's tensor-parallel collectives overlapped with the weight-gradient GEMMs."""
+        software = {"p2p_overlap": False, "tp_backward_overlap": True}
         if mode == "full":
-            return JobStrategy(tensor=8, pipeline=self.pipeline, microbatches=self.batch, recompute="full")
+            return JobStrategy(tensor=8, pipeline=self.pipeline, microbatches=self.batch, recompute="full", **software)
         return JobStrategy(tensor=8, pipeline=self.pipeline, microbatches=self.batch, recompute="selective",
-                           sequence_parallel=True)
+                           sequence_parallel=True, **software)
 
 
 def _gpt(layers: int, hidden: int, heads: int) -> TransformerConfig:

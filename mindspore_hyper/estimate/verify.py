@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Sequence
 
-from mindspore_hyper.estimate.crosscheck import Comparison, compare, seeded_gpt_batch
+from mindspore_hyper.estimate.crosscheck import Comparison, compare, gpt_layout_that_runs, seeded_gpt_batch
 from mindspore_hyper.estimate.transformer_config import TransformerConfig
 from mindspore_hyper.estimate.search import SearchResult
 from mindspore_hyper.estimate.strategy import JobStrategy
@@ -29,7 +29,8 @@ class Verification:
 
     Attributes:
         result: the search result verified.
-        strategy: the layout simulated (the result's sizes and ZeRO stage, float32).
+        strategy: the layout simulated, read off its resolved strategy (`job_strategy_of`: the
+            result's sizes and ZeRO stage; float32, no master weights, Adam).
         single_loss, simulated_loss: loss on one device and on the simulated mesh.
         comparisons: estimated vs simulated bytes per device of the model states.
     """
@@ -83,7 +84,6 @@ def verify_search_result(results: Sequence[SearchResult], gpt_class, seed: int =
 
     import mindspore_hyper as mh
     from mindspore_hyper.autodiff import value_and_grad
-    from mindspore_hyper.estimate.gpt_layout import gpt_parallel_config
 
     runnable = [r for r in results if simulation_runnable(r)]
     if not runnable:
@@ -93,11 +93,13 @@ def verify_search_result(results: Sequence[SearchResult], gpt_class, seed: int =
     config = result.config
     _check_gpt_shaped(config)
     st = result.strategy
-    layout = JobStrategy(data=st.data, tensor=st.tensor, pipeline=st.pipeline, zero_stage=st.zero_stage)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     model, ids, labels = seeded_gpt_batch(gpt_class, config, st.data, seed)
     single_loss = float(model(ids, labels).asnumpy())  # the plain Cell, before it is parallelized
-    loaded = mh.load_parallel_config(gpt_parallel_config(layout))
+    # sequence parallelism changes no model-state bytes and the GPT layout has none (module doc); Adam: 2 states
+    asked = st.with_(sequence_parallel=False, optimizer_states=2)
+    config_map, layout = gpt_layout_that_runs(model, asked, "verify", master_weights=False)
+    loaded = mh.load_parallel_config(config_map)
     mh.set_context(mode="simulation", device_num=loaded.mesh.size)
     parallel = mh.auto_parallelize(model, loaded, pipeline=False)
     params = model.trainable_params()
@@ -105,5 +107,5 @@ def verify_search_result(results: Sequence[SearchResult], gpt_class, seed: int =
     report = parallel.report(nn.Adam(params, learning_rate=1e-3))
     simulated_loss = float(loss.asnumpy() if hasattr(loss, "asnumpy") else loss)
     fp32 = config.with_(dtype_bytes=4)
-    rows = [c for c in compare(fp32, layout.with_(master_weights=False), report) if c.kind in MODEL_STATES]
+    rows = [c for c in compare(fp32, layout, report) if c.kind in MODEL_STATES]
     return Verification(result, layout, single_loss, simulated_loss, rows)

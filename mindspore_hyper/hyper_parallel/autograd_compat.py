@@ -30,6 +30,7 @@ from mindspore.graph.api import _pynative_executor
 
 from mindspore_hyper.hyper_parallel.rank_threads import thread_rank
 from mindspore_hyper.hyper_parallel.session import holds_all_ranks
+from mindspore_hyper.hyper_parallel.step_phases import backward_began
 
 __all__ = ["enable_mindspore_backward_compat", "disable_mindspore_backward_compat", "backward_compat_enabled"]
 
@@ -92,6 +93,7 @@ def _backward(self, gradient=None, retain_graph: Optional[bool] = None, create_g
         raise RuntimeError("backward(): this tensor's forward was not recorded for a backward: MindSpore's grad "
                            "flag is off (mindspore.value_and_grad/grad turn it off when they return); call "
                            "enable_mindspore_backward_compat() again after using them, before the forward")
+    backward_began()  # the step's forward ends here (step_phases.py)
     return run_backward((self,), (seed,), create_graph if retain_graph is None else retain_graph,
                         create_graph, inputs, allow_unreachable=True, accumulate_grad=True)
 
@@ -124,8 +126,10 @@ def enable_mindspore_backward_compat() -> None:
         raise NotImplementedError(
             "enable_mindspore_backward_compat(): torch-style loss.backward() runs in the one-process simulation "
             "only; a process holding one rank (msrun, --per-rank) communicates through Cells with a custom bprop, "
-            "which MindSpore's run_backward cannot run outside mindspore.value_and_grad: differentiate with "
-            "mindspore.value_and_grad there")
+            "which MindSpore's run_backward cannot run (MindSpore 2.10 stops with \"pointer[top_cell_] is null\"). "
+            "Take the gradients with mindspore.value_and_grad(loss_fn, None, params)(inputs) and pass them to the "
+            "optimizer (or, for a model from mindspore_hyper.auto_parallelize, call its train_step(optimizer, "
+            "*inputs)); the same script then runs in simulation and under msrun")
     if _SAVED:
         _pynative_executor.set_grad_flag(True)
         return

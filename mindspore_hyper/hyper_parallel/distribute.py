@@ -143,8 +143,9 @@ def lay_out_parameter(root: nn.Cell, param: Parameter, mesh: DeviceMesh, placeme
     replicates what its plan leaves out) takes the new layout: every device holds its whole value.
 
     Raises:
-        ValueError: the parameter's shape does not divide by the placements, or it is already
-            split or Partial on the mesh.
+        ValueError: the parameter is already split or Partial on the mesh, or (one process per
+            device) a device's torch.chunk piece of it would be empty. A dimension the placements
+            do not divide is split into torch.chunk pieces (as upstream and torch).
     """
     execution = mesh.execution()
     if id(param) in execution.parameters:
@@ -154,9 +155,15 @@ def lay_out_parameter(root: nn.Cell, param: Parameter, mesh: DeviceMesh, placeme
                              "distribute_module applied twice to the same Cell?)")
         del execution.parameters[id(param)]
     layout = layout_on(mesh, placements, len(param.shape))
-    layout.check_shape(tuple(param.shape))
+    layout.check_shape(tuple(param.shape), uneven=True)  # torch.chunk pieces, as upstream and torch
     row = SimpleNamespace(name=param.name, layout=layout, optimizer_layout=layout, global_shape=tuple(param.shape))
     slot = runtime_of(execution).materialize(root, param, row)
+    empty = [r for r in layout.mesh.ranks if 0 in layout.shard_shape(row.global_shape, layout.mesh.coords(r))]
+    if slot.local and empty:  # every process finds the same ranks, so all of them raise
+        raise ValueError(f"parameter {param.name!r} of shape {row.global_shape} split as {tuple(placements)}: ranks "
+                         f"{empty} would hold an empty torch.chunk piece, and MindSpore's optimizers cannot hold a "
+                         "Parameter of 0 elements (each process keeps only its piece); use a size that leaves every "
+                         "device a piece (in simulation empty pieces run)")
     execution.parameters[id(slot.param)] = slot
     remember_mesh(slot.param, mesh)
     return slot.param

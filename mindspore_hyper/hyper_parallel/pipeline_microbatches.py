@@ -4,6 +4,14 @@ Upstream cuts each input along its batch dimension (dimension 0 unless a `BatchD
 otherwise; -1: not split, every microbatch gets the whole input) into `micro_batch_num`
 consecutive equal parts. Upstream drops a remainder silently; here a batch the microbatches do
 not divide is refused.
+
+A DTensor input is cut as upstream cuts it (`custom_shard` of the slice, as torch's pipelining
+does): each device's local piece into `micro_batch_num` consecutive parts, each microbatch a
+DTensor on the same mesh with the same placements. Where the batch dimension is not sharded that
+is the global tensor's consecutive split; where it is `Shard`ed, microbatch m holds the m-th part
+of every device's rows (16 rows over 2 devices, 8 microbatches: rows m and 8 + m). Every
+device's piece must divide by the microbatches (checked from the layout, so every process
+agrees).
 """
 from __future__ import annotations
 
@@ -65,18 +73,14 @@ def split_inputs(args: Sequence, num: int, batch_dims: Optional[Sequence[Optiona
     """Each microbatch's positional inputs (see module docstring); non-Tensor inputs go whole to each.
 
     Raises:
-        ValueError: a DTensor input, more batch dims than inputs, a batch dim outside an input,
-            or a batch size `num` does not divide (each names the input).
+        ValueError: more batch dims than inputs, a batch dim outside an input, or a batch size
+            `num` does not divide (for a DTensor: a device's piece; each names the input).
     """
     if batch_dims is not None and len(batch_dims) != len(args):
         raise ValueError(f"args_batch_dim has {len(batch_dims)} entries for {len(args)} inputs to run(); give one "
                          f"per input")
     parts = []
     for i, x in enumerate(args):
-        if isinstance(x, DTensor):
-            raise ValueError(f"run(): input {i} is a DTensor; DTensor inputs to a pipeline are not supported yet: "
-                             f"pass the plain batch (a Tensor; a stage parallelized over its pipeline rank's devices "
-                             f"takes it as every device's input)")
         spec = batch_dims[i] if batch_dims is not None else None
         dim = 0 if spec is None else spec.batch_dim
         if not isinstance(x, Tensor) or dim == -1:
@@ -84,9 +88,39 @@ def split_inputs(args: Sequence, num: int, batch_dims: Optional[Sequence[Optiona
             continue
         if not -x.ndim <= dim < x.ndim:
             raise ValueError(f"run(): input {i} (shape {tuple(x.shape)}) has no batch dimension {dim}")
+        if isinstance(x, DTensor):
+            parts.append(_split_dtensor(x, i, dim % x.ndim, num))
+            continue
         size = int(x.shape[dim])
         if size % num:
             raise ValueError(f"run(): micro_batch_num={num} does not divide input {i}'s batch dimension {dim} "
                              f"(size {size}, shape {tuple(x.shape)})")
         parts.append(list(ops.split(x, size // num, axis=dim)))
     return [tuple(p[k] for p in parts) for k in range(num)]
+
+
+def _split_dtensor(x: DTensor, index: int, dim: int, num: int) -> List[DTensor]:
+    """`x` cut into `num` microbatches along `dim` as upstream cuts a DTensor (module docstring).
+
+    Raises:
+        ValueError: a device's piece of `dim` that `num` does not divide, or microbatch pieces that
+            are not the torch.chunk pieces of the microbatch's global size (named).
+    """
+    layout, size = x.layout, int(x.shape[dim])
+    mesh = layout.mesh
+    pieces = {r: layout.dim_bounds(dim, size, mesh.coords(r))[1] for r in mesh.ranks}
+    wrong = {r: n for r, n in pieces.items() if n % num}
+    if wrong:
+        raise ValueError(f"run(): micro_batch_num={num} does not divide input {index}'s batch dimension {dim} on "
+                         f"every device: the DTensor (shape {tuple(x.shape)}, placements {x.placements}) holds "
+                         f"{sorted(set(pieces.values()))} rows there per device ({wrong} on ranks {sorted(wrong)}); "
+                         f"each device's rows are cut into the microbatches, as upstream's")
+    micro = size // num
+    shape = tuple(micro if d == dim else n for d, n in enumerate(x.shape))
+    uneven = {r: n // num for r, n in pieces.items() if layout.dim_bounds(dim, micro, mesh.coords(r))[1] != n // num}
+    if uneven:
+        raise ValueError(f"run(): input {index}'s microbatches (batch dimension {dim}: {micro} rows, placements "
+                         f"{x.placements}) would hold {uneven} rows on ranks {sorted(uneven)}, not torch.chunk pieces "
+                         f"of {micro}; use a batch every device holds an equal share of")
+    return [DTensor.from_local(part, x.device_mesh, x.placements, shape=shape)
+            for part in ops.tensor_split(x.to_local(), num, axis=dim)]

@@ -22,6 +22,7 @@ from typing import Dict, List, Sequence
 
 from mindspore import Tensor
 
+from mindspore_hyper.hyper_parallel.pipeline_activations import WireRoute
 from mindspore_hyper.hyper_parallel.pipeline_microbatches import check_batch_dims, split_inputs
 from mindspore_hyper.hyper_parallel.pipeline_stage import PipelineStage, stage_computation
 from mindspore_hyper.hyper_parallel.pipeline_steps import meta_steps
@@ -70,7 +71,8 @@ class _PipelineSchedule:
         except ValueError as exc:
             raise ValueError(f"{name} with {self.real_stage_num} pipeline ranks and micro_batch_num="
                              f"{micro_batch_num}: {exc}") from None
-        self._computations = {s.stage_index: stage_computation(s) for s in self.stages}
+        self._route = WireRoute()
+        self._computations = {s.stage_index: stage_computation(s, self._route) for s in self.stages}
         self._transport = None
 
     @staticmethod
@@ -163,6 +165,7 @@ class _PipelineSchedule:
 
             w = world()
             per_block = self._check_rank(w.rank, w.size)
+            self._route.in_process = False  # shared-memory channels carry plain tensors
             peer_of = _peer_map(w.rank, per_block)
             pairs = [(peer_of(a), peer_of(b)) for a, b in peer_pairs(self.schedule)]
             self._transport = ShmTransport(w, pairs, peer_of=peer_of)
@@ -200,7 +203,8 @@ class _PipelineSchedule:
 
         Args:
             *args: on the rank of stage 0, the step's inputs (split along their batch
-                dimension); nothing on the other ranks.
+                dimension; a DTensor per device, keeping its placements:
+                pipeline_microbatches.py); nothing on the other ranks.
 
         Returns:
             On the rank of the last stage, its output for each microbatch; else [].
@@ -208,7 +212,8 @@ class _PipelineSchedule:
         Raises:
             RankDependentError: in the one-process simulation (names the script's line).
             ValueError: inputs on the wrong rank, keyword inputs, a batch the microbatches do not
-                divide, DTensor inputs, or a stage returning something else than one Tensor.
+                divide (a DTensor's: on some device), a stage returning something else than one
+                Tensor or DTensor, or (one process per device) a stage returning a DTensor.
         """
         microbatches = self._microbatches(args, kwargs)
         transport = self._process_transport()

@@ -15,8 +15,8 @@ from typing import List, Optional
 
 from mindspore import Tensor, nn
 
-from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.hyper_parallel.hsdp import run_by_pipeline_schedule
+from mindspore_hyper.hyper_parallel.pipeline_activations import WireRoute, from_wire, stage_mesh, to_wire, wire_meta
 from mindspore_hyper.pipeline.computation import StageComputation
 from mindspore_hyper.pipeline.dropout_replay import DropoutReplay
 
@@ -89,24 +89,40 @@ class PipelineStage:
 
 class _StageRun:
     """The stage's forward in the runner's form `run(activation, *inputs)`: the first stage
-    calls its Cell on the step's inputs, a later one on the activation; the last stage keeps
-    its output (`latest`) and returns its sum (seeding the backward with ones)."""
+    calls its Cell on the step's inputs, a later one on the activation (a DTensor activation
+    laid out again on this stage's mesh: pipeline_activations.py); the last stage keeps its
+    output (`latest`) and returns the sum of its global value (seeding the backward with ones).
+    `route`: whether DTensor activations may travel (stages in one process)."""
 
-    def __init__(self, stage: PipelineStage):
-        self.stage = stage
+    def __init__(self, stage: PipelineStage, route: WireRoute):
+        self.stage, self.route = stage, route
         self.latest = None
+        self.input_meta = None  # (mesh, placements) of the DTensor activation this stage receives
+
+    def _input(self, x):
+        meta = wire_meta(x)
+        if meta is not None:  # the forward; its recomputation under grad may get the bare Tensor
+            if self.input_meta is not None and self.input_meta[1] != meta[1]:
+                raise ValueError(f"PipelineStage {self.stage.stage_index}: the previous stage's DTensor output "
+                                 f"changed placements between microbatches ({self.input_meta[1]} -> {meta[1]})")
+            self.input_meta = meta
+        meta = meta or self.input_meta
+        if meta is None:
+            return x
+        return from_wire(x, meta, stage_mesh(self.stage.submodule), self.stage.stage_index)
 
     def __call__(self, x, *inputs):
         stage = self.stage
         with run_by_pipeline_schedule():
-            out = stage.submodule(*inputs) if stage.is_first_stage else stage.submodule(x)
-        if isinstance(out, DTensor) or not isinstance(out, Tensor):
+            out = stage.submodule(*inputs) if stage.is_first_stage else stage.submodule(self._input(x))
+        if not isinstance(out, Tensor):
             raise ValueError(f"PipelineStage {stage.stage_index}: its Cell returned {type(out).__name__}; a stage "
-                             f"returns one plain Tensor here (several outputs and DTensors are not supported yet)")
+                             f"returns one Tensor or DTensor here (several outputs are not supported yet)")
+        wire = to_wire(out, stage.stage_index, self.route)
         if not stage.is_last_stage:
-            return out
+            return wire
         self.latest = out
-        return out.sum()
+        return wire.sum()
 
 
 class _OutputKeeping(StageComputation):
@@ -129,6 +145,7 @@ class _OutputKeeping(StageComputation):
         self.outputs = []
 
 
-def stage_computation(stage: PipelineStage) -> StageComputation:
-    """The runner's computation of `stage` (its `outputs`: the last stage's outputs per microbatch)."""
-    return _OutputKeeping(_StageRun(stage), stage)
+def stage_computation(stage: PipelineStage, route: WireRoute) -> StageComputation:
+    """The runner's computation of `stage` (its `outputs`: the last stage's outputs per microbatch;
+    `route`: whether DTensor activations may travel between its stages)."""
+    return _OutputKeeping(_StageRun(stage, route), stage)

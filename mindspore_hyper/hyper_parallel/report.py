@@ -12,6 +12,7 @@ import math
 from typing import Dict, List
 
 from mindspore_hyper.context import get_context
+from mindspore_hyper.hyper_parallel.api_step_memory import api_step_memory
 from mindspore_hyper.hyper_parallel.session import job_ranks_of, session_executions
 from mindspore_hyper.runtime.parallel_model import live_models
 from mindspore_hyper.runtime.report import causes_text, device_groups
@@ -57,8 +58,9 @@ def _step_memory_entry(section):
     the series ([phase, op, activation bytes, gradient bytes]), its peak's phase and op (exact and
     with the allocator's rounding), the rounding and fragmentation used, and per set of equal
     devices the step peak exact, rounded and with the fragmentation allowance (a pipeline adds its
-    series per pipeline rank: pipeline/pipeline_step_memory.py); None for a step without backward,
-    a pipeline of plain-cell stages or a HyperParallel-API mesh (docs/dryrun.md says why)."""
+    series per pipeline rank: pipeline/pipeline_step_memory.py; a HyperParallel-API mesh the
+    optimizer that ended its step: api_step_memory.py); None for a step without backward or a
+    pipeline of plain-cell stages."""
     if section is None:
         return None
     entry = {k: v for k, v in section.items() if k != "per_device"}
@@ -89,9 +91,11 @@ def session_report(mode: str, devices: int) -> Dict:
     meshes: List[Dict] = []
     for execution in session_executions():
         params = _parameter_bytes(execution)
+        ranks = job_ranks_of(execution)
         entry = {"source": "HyperParallel API", "shape": list(execution.mesh.device_matrix),
-                 "dim_names": list(execution.mesh.alias_names), "ranks": list(job_ranks_of(execution)),
-                 "parameter_bytes_per_device": params, "step_memory": None}
+                 "dim_names": list(execution.mesh.alias_names), "ranks": list(ranks),
+                 "parameter_bytes_per_device": params,
+                 "step_memory": _step_memory_entry(api_step_memory(execution, ranks))}
         entry.update(_accounting_rows(execution.accounting))
         meshes.append(entry)
     models = live_models()
@@ -112,13 +116,15 @@ def session_report(mode: str, devices: int) -> Dict:
 
 def _pipeline_entry(model) -> Dict:
     """A pipelined model's last step: the whole mesh's memory rows (stage inputs in flight as its
-    activations), every stage's collectives (axis "a@stageS"), and per stage its ops' work and
+    activations), every stage's collectives (axis "a@stageS") and the global gradient norm's
+    all-reduce over the whole mesh, and per stage its ops' work and
     collectives of one microbatch plus the schedule (what the step-time model simulates)."""
     report = model.report()
     schedule = model.schedule
     stages = {s: _accounting_rows(sm.accounting) for s, sm in sorted(model.stage_models.items())}
     collectives = [dict(row, axis=f"{row['axis']}@stage{s}") for s, rows in stages.items()
                    for row in rows["collectives"]]
+    collectives += _accounting_rows(model.norm_sync.accounting)["collectives"]  # the global norm's, whole mesh
     over = type(next(iter(model.stage_models.values()))).__name__ if model.stage_models else "cells"
     entry = {"source": f"{type(model.network).__name__} (PipelineModel over {over})",
              "shape": list(model.mesh.device_matrix), "dim_names": list(model.mesh.alias_names),

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from mindspore_hyper.context import get_context
 from mindspore_hyper.dtensor.accounting import Accounting
 from mindspore_hyper.hyper_parallel.rank_threads import thread_rank
+from mindspore_hyper.hyper_parallel.step_phases import reset_steps, track
 from mindspore_hyper.shard.layout import Layout
 
 __all__ = ["execution_for", "calling_rank", "runtime_of", "job_ranks_of", "session_executions", "reset_session",
@@ -82,6 +83,8 @@ def execution_for(root: Layout, members: Optional[Tuple[int, ...]] = None):
             runtime = runtime.sub_runtime(members)
         execution = runtime.execution(root, Accounting(root.size))
         _RUNTIME_OF[id(execution)] = runtime
+        if me is None:  # its training steps' phases, for the step's memory series (not per-rank threads':
+            track(execution)  # the phases are marked process-wide)
         if members != tuple(range(root.size)):
             execution.job_ranks = members
         _EXECUTIONS[key] = execution
@@ -210,3 +213,4 @@ def reset_session() -> None:
     _PREPARED.clear()
     _EXECUTIONS.clear()
     _RUNTIME_OF.clear()
+    reset_steps()

@@ -55,9 +55,17 @@ def _redistribute(x: DTensor, mesh: DeviceMesh, placement: Placement, cause: str
         set_cause(previous)
 
 
-def _to_dtensor(x, mesh: DeviceMesh, placement: Placement, desired: Placement, cause: str):
+def _to_dtensor(x, mesh: DeviceMesh, placement: Placement, desired: Placement, cause: str,
+                last_dim: Optional[int] = None):
+    """`x` as a DTensor at `desired`: a plain or rank-local `x` is each rank's local part under
+    `placement`. `last_dim`: the global size of the last dimension (a Linear's input features),
+    so a local part split there into uneven torch.chunk pieces gets its true global shape (the
+    even rule, local size times devices, would be wrong)."""
     if not isinstance(x, DTensor) or x.layout.is_rank_local:
-        x = DTensor.from_local(x, mesh, (placement,))
+        shape = None
+        if last_dim is not None and isinstance(placement, Shard) and placement.dim % x.ndim == x.ndim - 1:
+            shape = tuple(x.shape[:-1]) + (last_dim,)
+        x = DTensor.from_local(x, mesh, (placement,), shape=shape)
     if x.placements != (desired,):
         x = _redistribute(x, mesh, desired, cause)
     return x
@@ -139,17 +147,17 @@ class RowwiseParallel(ParallelStyle):
     def _apply(self, module, mesh):
         params = dict(module.parameters_and_names())
         if _kind(module) == "embedding":
-            plan, desired = {name: (Shard(0),) for name in params}, Replicate()
+            plan, desired, in_features = {name: (Shard(0),) for name in params}, Replicate(), None
         else:
             plan = {"weight": (Shard(1),)}
             if "bias" in params:
                 plan["bias"] = (Replicate(),)
-            desired = Shard(-1)
+            desired, in_features = Shard(-1), int(params["weight"].shape[1])
         cause_in, cause_out = _style_cause(self, module, "input"), _style_cause(self, module, "output")
         return distribute_module(
             module, mesh, parameter_shard_plan=plan,
             input_fn=lambda m, inputs, mesh: (_to_dtensor(inputs[0], mesh, self.input_layout, desired,
-                                                        cause_in),)
+                                                        cause_in, in_features),)
             + tuple(inputs[1:]),
             output_fn=lambda m, out, mesh: _from_dtensor(out, mesh, self.output_layout, self.use_local_output,
                                                       cause_out))

@@ -12,7 +12,8 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, mint, nn, ops
 
 __all__ = ["Module", "param", "scaled_dot_product_attention", "layer_norm", "diff", "PaddingEmbedding",
-           "padded_embedding", "repeat_interleave", "slice_dim", "HELPERS"]
+           "padded_embedding", "repeat_interleave", "slice_dim", "einsum", "selective_scan",
+           "Unrunnable", "HELPERS"]
 
 
 class Module(nn.Cell):
@@ -113,6 +114,97 @@ def slice_dim(x, dim, start, stop, step=1):
     return x[(slice(None),) * dim + (slice(begin, end, stride),)]
 
 
+def einsum(equation, *operands):
+    """torch.einsum for an explicit equation (`bij,bjk->bik`: letters only, `->` given, no letter twice in one
+    operand; the converter writes the ellipsis and an implicit output out as letters), as sums, transposes,
+    broadcasts, reshapes and batched matrix products: MindSpore's einsum has no CPU kernel. Operands are contracted
+    left to right; a letter no later operand and not the output has is summed as early as possible. Equal to
+    torch up to the order of the float sums. Letters of size 1 broadcast against the other operand's, as in torch."""
+    terms, output = equation.split("->")
+    terms = terms.split(",")
+
+    def sum_out(x, letters, keep):
+        dims = tuple(i for i, c in enumerate(letters) if c not in keep)
+        if not dims:
+            return x, letters
+        return mint.sum(x, dim=dims), "".join(c for c in letters if c in keep)
+
+    def arrange(x, letters, order, sizes):
+        if list(letters) != list(order):
+            x = mint.permute(x, tuple(letters.index(c) for c in order))
+        target = tuple(sizes[c] for c in order)
+        return x if tuple(x.shape) == target else mint.broadcast_to(x, target)
+
+    x, letters = operands[0], terms[0]
+    for k in range(1, len(terms)):
+        needed = set(output).union(*terms[k + 1:])
+        y, other = operands[k], terms[k]
+        x, letters = sum_out(x, letters, needed | set(other))
+        y, other = sum_out(y, other, needed | set(letters))
+        sizes = {}
+        for t, lets in ((x, letters), (y, other)):
+            for c, n in zip(lets, t.shape):
+                if sizes.get(c, 1) == 1:
+                    sizes[c] = n
+                elif n not in (1, sizes[c]):
+                    raise ValueError(f"einsum {equation}: letter {c!r} has sizes {sizes[c]} and {n}")
+        batch = [c for c in letters if c in other and c in needed]
+        summed = [c for c in letters if c in other and c not in needed]
+        free_x = [c for c in letters if c not in other]
+        free_y = [c for c in other if c not in letters]
+        count = lambda group: math.prod(sizes[c] for c in group)  # noqa: E731
+        a = mint.reshape(arrange(x, letters, batch + free_x + summed, sizes),
+                         (count(batch), count(free_x), count(summed)))
+        b = mint.reshape(arrange(y, other, batch + summed + free_y, sizes),
+                         (count(batch), count(summed), count(free_y)))
+        x = mint.reshape(mint.bmm(a, b), tuple(sizes[c] for c in batch + free_x + free_y))
+        letters = "".join(batch + free_x + free_y)
+    x, letters = sum_out(x, letters, set(output))
+    if letters != output:
+        x = mint.permute(x, tuple(letters.index(c) for c in output))
+    return x
+
+
+def selective_scan(hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
+    """transformers' reference Mamba selective scan, looping over the run-time length (so the Cell stays
+    shape-general): hidden_states, dt, z (batch, channels, length), A (channels, state), B, C (batch, state,
+    length), D, delta_bias (channels). The same operations in the same order as torch's recurrent branch."""
+    batch, channels, length = hidden_states.shape
+    if delta_bias is not None:
+        dt = mint.add(dt, mint.unsqueeze(delta_bias, -1))
+    if delta_softplus:
+        dt = ops.softplus(dt, 1.0, 20.0)
+    B, C = mint.transpose(B, 1, 2), mint.transpose(C, 1, 2)
+    discrete_A = mint.exp(mint.mul(A[None, :, None, :], dt[:, :, :, None]))
+    delta_b_u = mint.mul(mint.mul(dt[:, :, :, None], B[:, None, :, :]), hidden_states[:, :, :, None])
+    state = mint.zeros((batch, channels, A.shape[-1]), dtype=hidden_states.dtype)
+    outputs = []
+    for index in range(length):
+        state = mint.add(mint.mul(discrete_A[:, :, index], state), delta_b_u[:, :, index])
+        outputs.append(mint.matmul(state, mint.unsqueeze(C[:, index, :], -1))[:, :, 0])
+    out = ops.stack(outputs, -1)
+    if D is not None:
+        out = mint.add(out, mint.mul(hidden_states, D[None, :, None]))
+    if z is not None:
+        out = mint.mul(out, mint.nn.functional.silu(z))
+    return out
+
+
+class Unrunnable(nn.Cell):
+    """A layer torch builds but cannot run (an AvgPool2d of kernel 0, Gemma 3's image pooling under a small
+    config: torch raises when it is called); calling it raises the same way, so a model that never calls it
+    converts and one that does fails as in torch."""
+
+    def __init__(self, reason):
+        super().__init__()
+        self.reason = reason
+
+    def construct(self, *args):
+        raise RuntimeError(self.reason)
+
+
 HELPERS = {"Module": Module, "param": param, "scaled_dot_product_attention": scaled_dot_product_attention,
            "layer_norm": layer_norm, "diff": diff, "PaddingEmbedding": PaddingEmbedding,
-           "padded_embedding": padded_embedding, "repeat_interleave": repeat_interleave, "slice_dim": slice_dim}
+           "padded_embedding": padded_embedding, "repeat_interleave": repeat_interleave, "slice_dim": slice_dim,
+           "einsum": einsum, "selective_scan": selective_scan,
+           "Unrunnable": Unrunnable}

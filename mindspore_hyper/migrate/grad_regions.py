@@ -47,7 +47,11 @@ def inline_grad_regions(graph_module: torch.fx.GraphModule) -> List[str]:
                 copied = env[value] if isinstance(value, torch.fx.Node) else value
                 if isinstance(copied, torch.fx.Node) and isinstance(copied.meta.get("val"), torch.Tensor):
                     detached = graph.call_function(torch.ops.aten.detach.default, (copied,))
-                    detached.meta = dict(copied.meta)
+                    # the detach belongs to the scope that opened the region, not to the module that computed the
+                    # value: placed inside that module's program it would cut the gradient of every call of the
+                    # module, with or without no_grad (HRM's L_module)
+                    detached.meta = {**copied.meta, "nn_module_stack": dict(node.meta.get("nn_module_stack") or {}),
+                                     "stack_trace": node.meta.get("stack_trace")}
                     copied = detached
                 outputs.append(copied)
         for user in list(node.users):

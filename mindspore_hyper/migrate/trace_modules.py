@@ -25,11 +25,13 @@ from mindspore_hyper.migrate.grad_regions import inline_grad_regions
 from mindspore_hyper.migrate.inplace import rewrite_inplace
 from mindspore_hyper.migrate.lowering import Lowering, output_names, preserved_buffers, type_name
 from mindspore_hyper.migrate.mappings import lookup_module
+from mindspore_hyper.migrate.mappings.selective_scan import exported_scans
 from mindspore_hyper.migrate.moe_blocks import (MoEBlockSpec, dense_experts_modules, dense_forwards,
                                                 not_mapped_reason, recognize, verify_dense)
 from mindspore_hyper.migrate.moe_experts import decorated_dense, decorated_experts, verify_decorated
 from mindspore_hyper.migrate.trace_export import _schema_kwargs
 from mindspore_hyper.migrate.trace_fx import bind_inputs
+from mindspore_hyper.migrate.value_assertions import drop_value_assertions
 
 __all__ = ["ModuleProgram", "ModuleTrace", "trace_modules"]
 
@@ -165,9 +167,11 @@ def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str
     notes += [f"{p} ({type(m).__name__}): its experts implementation {m.config._experts_implementation!r} replaced "
               "by the dense formulation (every token through every expert, the non-chosen weighted 0: exact, E/k "
               "times the expert FLOPs)" for p, m in decorated.items()]
-    with dense_forwards(moe_blocks, dense), decorated_dense(decorated):
+    # Mamba's reference scan as one op, so its Python loop does not fix the length (mappings/selective_scan.py)
+    with dense_forwards(moe_blocks, dense), decorated_dense(decorated), exported_scans(module):
         ep = torch.export.export(module, tuple(args), kwargs=dict(kwargs), dynamic_shapes=dims, strict=False)
     notes += inline_grad_regions(ep.graph_module)
+    notes += drop_value_assertions(ep.graph_module)
     mapped_leaves = {p for p, m in module.named_modules() if p and lookup_module(m) is not None}
     # a mapped layer's own buffers (BatchNorm's running statistics in training) are updated by its MindSpore layer
     mutated = [s for s in ep.graph_signature.output_specs if s.kind.name != "USER_OUTPUT" and not (
@@ -188,7 +192,7 @@ def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str
     with torch.no_grad(), preserved_buffers(unflat), _recording(values):
         unflat(*args, **kwargs)
     # the same computation as exported, so the values match bitwise
-    with dense_forwards(moe_blocks, dense), decorated_dense(decorated):
+    with dense_forwards(moe_blocks, dense), decorated_dense(decorated), exported_scans(module):
         call_args = _call_arguments(module, args, kwargs)
     torch_modules = dict(module.named_modules(remove_duplicate=False))
     unflat_modules = _children_of(unflat)

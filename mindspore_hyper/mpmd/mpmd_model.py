@@ -20,6 +20,8 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
 from mindspore_hyper.autodiff import value_and_grad
+from mindspore_hyper.comm.collective_cause import CLIP_NORM_CAUSE, GRAD_NORM_CAUSE
+from mindspore_hyper.dtensor.accounting import Accounting
 from mindspore_hyper.mpmd.group_runner import GroupRunner
 from mindspore_hyper.mpmd.group_placement import GroupPlacement, check_unshared_parameters, place_groups
 from mindspore_hyper.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord, apply_device_plan
@@ -28,6 +30,7 @@ from mindspore_hyper.mpmd.group_timeline import GroupTimeline
 from mindspore_hyper.mpmd.mpmd_report import mpmd_report
 from mindspore_hyper.runtime import loss_scale as scaling
 from mindspore_hyper.runtime.grad_clip import check_max_norm
+from mindspore_hyper.runtime.gradient_sync import GradientSync
 from mindspore_hyper.runtime.guarded_update import guarded_update
 from mindspore_hyper.runtime.optimizer_check import check_optimizer, optimizer_gradients
 from mindspore_hyper.runtime.parallel_model import check_loss
@@ -93,6 +96,9 @@ class MPMDModel(nn.Cell):
         self.last_gradients: Dict[str, Any] = {}
         self._needs_loss = False  # set by train_step: the forward must return a scalar loss
         self._loss_factor: Optional[float] = None  # set by train_step under loss scaling
+        # the global norm's scalar all-reduce over the job's mesh, recorded here (its report rows)
+        self.norm_sync = GradientSync(Accounting(config.mesh.size),
+                                      None if runtime.in_one_process() else runtime.make_collectives(config.mesh))
         self._reset_step(())
 
     # -- the forward -------------------------------------------------------------------------
@@ -110,6 +116,7 @@ class MPMDModel(nn.Cell):
         return result
 
     def _reset_step(self, inputs) -> None:
+        self.norm_sync.accounting.reset_step()
         self.timeline = GroupTimeline(tuple(self.runners))
         self._raw = {id(x) for x in inputs if isinstance(x, Tensor)}
         self._produced: Dict[int, int] = {}
@@ -237,7 +244,8 @@ class MPMDModel(nn.Cell):
             grads = tuple(scaling.unscale(g, factor) for g in grads)
         held = {id(p) for p in mine}
         self.last_gradients = {w.name: g.asnumpy() for w, g in zip(weights, grads) if id(w) in held}
-        guarded_update(self, grads, mpmd_grad_norm(self, grads), scaler, max_grad_norm,
+        norm = mpmd_grad_norm(self, grads, GRAD_NORM_CAUSE if max_grad_norm is None else CLIP_NORM_CAUSE)
+        guarded_update(self, grads, norm, scaler, max_grad_norm,
                        lambda g: optimizer(optimizer_gradients(optimizer, {id(w): g_w for w, g_w in zip(weights, g)})))
         self.steps += 1
         self.end_step()

@@ -96,6 +96,11 @@ def mpmd_report(model, optimizer=None) -> StepReport:
             _add(fallbacks, rep.fallbacks)
             estimate += rep.comm_time_estimate_s
             backward.append(rep.backward_ran)
+    norm = model.norm_sync.accounting  # the global norm's all-reduce over the job's mesh (not one group's)
+    for (kind, axis), (count, nbytes, input_bytes) in norm.comm_backward.items():
+        comm_backward.setdefault(kind, {})[axis] = {"count": count, "bytes": nbytes, "input_bytes": input_bytes}
+    for (kind, axis), counts in norm.comm_backward_causes.items():
+        causes.setdefault("backward", {}).setdefault(kind, {})[axis] = dict(counts)
     groups = {n: {"ranks": r.placement.ranks, "cells": r.placement.cells, "hardware": r.placement.group.hardware,
                   "scheduler": r.placement.group.scheduler, "forward_seconds": model.group_seconds[n]}
               for n, r in model.runners.items()}

@@ -295,9 +295,18 @@ def hyper_offload(model: nn.Cell, policy: Optional[OffloadPolicy] = None, *,
     Raises:
         WorkingSetError: a sub-Cell's working set exceeds a device tier (before anything runs).
         ValueError: `store` does not give one store per simulated device.
+        NotImplementedError: in a dry run (no values to offload; see docs/dryrun.md).
     """
+    from mindspore_hyper.runtime.modes import runtime_for
     from mindspore_hyper.runtime.parallel_model import ParallelModel
 
+    runtime = model.runtime if isinstance(model, ParallelModel) else runtime_for(get_context("mode"))
+    if runtime is not None and not runtime.computes_values():
+        raise NotImplementedError(
+            "hyper_offload in a dry run: the offload tiers are a store of the parameters' values (copied in, "
+            "brought to the device tier per Cell, updated there), and a dry run has no values; the dry run "
+            "does not model offload tiers yet: dry-run the model without hyper_offload (its figures are the "
+            "device's without offload), or measure the offloaded step in simulation")
     policy = policy or OffloadPolicy()
     network, n = model, 1
     shards_of = lambda p: single_device(p.shape)  # noqa: E731

@@ -8,9 +8,11 @@ counting (`PipelineStep` sums them by Parameter), so it is counted once. Within 
 data/tensor sub-mesh the rules of runtime/grad_clip.py apply: in one process the gradients are
 global tensors, each counted whole; under msrun a process counts its shard of a gradient only if
 it is the shard's first replica on the stage mesh (`grad_clip.counted_once`). Each process sums
-the squares it counts in float64, and the sums of all processes are added through the
-runtime's `gather_values` (the exchange that carries the pipeline's losses), so every process
-gets the same norm.
+the squares it counts in float64, and the sums of all processes are added by one float64
+AllReduce over the whole mesh through the model's `norm_sync` (a `GradientSync` on the runtime's
+`Collectives`), so every process gets the same norm and the report lists the AllReduce (8 bytes
+per device; caused "clip grad norm", or "grad norm" when the step keeps the norm without
+clipping), in simulation and the dry run as the collective each device would run.
 """
 from __future__ import annotations
 
@@ -20,9 +22,11 @@ from typing import Mapping
 import numpy as np
 from mindspore import Tensor
 
+from mindspore_hyper.comm.collective_cause import GRAD_NORM_CAUSE
+from mindspore_hyper.comm.collectives import AxisGroup
 from mindspore_hyper.runtime.grad_clip import counted_once
 
-__all__ = ["local_square_sum", "pipeline_grad_norm"]
+__all__ = ["local_square_sum", "pipeline_grad_norm", "sum_over_mesh"]
 
 
 def _square_sum(grad: Tensor) -> float:
@@ -56,18 +60,28 @@ def local_square_sum(model, gradients: Mapping[int, Tensor]) -> float:
     return total
 
 
-def pipeline_grad_norm(model, gradients: Mapping[int, Tensor]) -> float:
+def sum_over_mesh(model, value: float, cause: str) -> float:
+    """`value` summed over the processes of the pipelined model's whole mesh: one float64
+    AllReduce through `model.norm_sync` (its `Collectives`), recorded under `cause` as each
+    device's (in one process `value` is the sum already and nothing moves)."""
+    ranks = tuple(range(model.mesh.size))
+    held = ranks if model.in_one_process else model.held_devices  # a dry run holds representatives: all here
+    group = AxisGroup("+".join(model.mesh.alias_names), ranks, tuple(ranks.index(r) for r in held))
+    return model.norm_sync.sum_scalar(value, group, cause)
+
+
+def pipeline_grad_norm(model, gradients: Mapping[int, Tensor], cause: str = GRAD_NORM_CAUSE) -> float:
     """The global L2 norm of a pipelined model's gradients, every element counted once; the same
-    value on every process (under msrun every process must call it: one gather of a scalar).
+    value on every process (under msrun every process must call it: one all-reduce of a scalar).
 
     Args:
         model: the PipelineModel.
         gradients: see `local_square_sum`.
+        cause: what the report records the scalar all-reduce as ("clip grad norm" when the norm
+            clips, "grad norm" when it is only kept).
 
     Returns:
         The norm (inf or nan when a gradient element is not finite).
     """
-    total = local_square_sum(model, gradients)
-    if not model.in_one_process and model.world.size > 1:
-        total = float(model.runtime.gather_values(np.array([total], dtype=np.float64)).sum())
+    total = sum_over_mesh(model, local_square_sum(model, gradients), cause)
     return math.sqrt(total) if total >= 0 else float("nan")

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 from mindspore import Parameter, Tensor, nn
 
+from mindspore_hyper.dtensor.accounting import Accounting
 from mindspore_hyper.pipeline.aux_loss import AuxLosses
 from mindspore_hyper.pipeline.computation import StageComputation
 from mindspore_hyper.pipeline.distributed_forward import distributed_forward
@@ -29,6 +30,7 @@ from mindspore_hyper.pipeline.stage_transport import LocalTransport
 from mindspore_hyper.pipeline.stages import PipelineLayers, StageCell, check_unshared
 from mindspore_hyper.pipeline import step_timelines
 from mindspore_hyper.pipeline.traced_chain import TracedStageCell
+from mindspore_hyper.runtime.gradient_sync import GradientSync
 from mindspore_hyper.runtime.parallel_model import register_model
 from mindspore_hyper.schedule.actions import ActionKind
 from mindspore_hyper.schedule.schedule import Schedule
@@ -90,6 +92,9 @@ class PipelineModel(nn.Cell):
         self.last_gradients: Dict[str, np.ndarray] = {}  # name -> this process's gradient (before clipping)
         self.last_grad_norm: Optional[float] = None  # the last step's global gradient norm, before clipping
         self.last_step_skipped = False  # the last step's update was skipped (loss scaling overflow)
+        # the global norm's scalar all-reduce over the whole mesh, recorded here (its report rows)
+        self.norm_sync = GradientSync(Accounting(self.mesh.size),
+                                      None if self.in_one_process else runtime.make_collectives(self.mesh))
         self.last_measured: Optional[ScheduleTimeline] = None  # the gathered timeline of step `measured_step`
         self.measured_step = -1
         self.split = tuple(split)
@@ -201,6 +206,7 @@ class PipelineModel(nn.Cell):
         evaluation). Under msrun every process must call it: each runs its stages, activations
         go stage to stage point-to-point, and the output is broadcast from the last stage
         (distributed_forward.py)."""
+        self.norm_sync.accounting.reset_step()  # no gradient norm in this step's report
         self.trace(inputs, require_loss=False)
         if not self.in_one_process:
             return distributed_forward(self, inputs)
@@ -277,9 +283,10 @@ class PipelineModel(nn.Cell):
     # -- report -----------------------------------------------------------------------------------
     def report(self, optimizer: Optional[nn.Optimizer] = None):
         """The last step's StepReport: memory per device of the stages it holds, the stages'
-        collectives (axis named `axis@stageK`), and its `pipeline` section (pipeline/report.py):
-        the schedule, the stage-boundary send/recv bytes (`p2p`) and the schedule's timeline
-        with the measured per-stage costs (`timeline`)."""
+        collectives (axis named `axis@stageK`), the global gradient norm's all-reduce over the
+        whole mesh (axis: the mesh's axes joined by "+"), and its `pipeline` section
+        (pipeline/report.py): the schedule, the stage-boundary send/recv bytes (`p2p`) and the
+        schedule's timeline with the measured per-stage costs (`timeline`)."""
         from mindspore_hyper.pipeline.report import pipeline_report
 
         return pipeline_report(self, optimizer)

@@ -26,8 +26,9 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
+from mindspore_hyper.comm.collective_cause import CLIP_NORM_CAUSE, GRAD_NORM_CAUSE
 from mindspore_hyper.dtensor.meta import meta
-from mindspore_hyper.pipeline.global_grad_norm import pipeline_grad_norm
+from mindspore_hyper.pipeline.global_grad_norm import pipeline_grad_norm, sum_over_mesh
 from mindspore_hyper.pipeline.microbatch import loss_scale as microbatch_scale, split_microbatches
 from mindspore_hyper.runtime import loss_scale as scaling
 from mindspore_hyper.runtime.accumulation import check_accumulation_steps
@@ -82,10 +83,12 @@ def run_train_step(model, optimizer: nn.Optimizer, inputs, max_grad_norm=None, a
                                                    model.runtime.computes_values())
     factor = scaling.scale_value(scaler) if scaler is not None else None
     start = time.perf_counter()
+    model.norm_sync.accounting.reset_step()  # the report lists the last step's norm all-reduce
     microbatches = split_microbatches(inputs, model.schedule.num_microbatches)
     model.trace(microbatches[0], require_loss=True)
     _run_schedule(model, microbatches, factor if factor is not None else 1.0)
     if not model.runtime.computes_values():  # a dry run: shapes recorded, nothing to update
+        sum_over_mesh(model, 0.0, GRAD_NORM_CAUSE)  # the norm's all-reduce, as the simulation records it
         return _finish(model, start, meta((), ms.float32))
     found = _summed_gradients(model)
     if factor is not None:
@@ -94,7 +97,8 @@ def run_train_step(model, optimizer: nn.Optimizer, inputs, max_grad_norm=None, a
     model.last_gradients = {names[pid]: g.asnumpy() for pid, g in found.items()}
     grads = optimizer_gradients(optimizer, found, allowed={id(p) for p in model.optimizer_parameters()},
                                 missing=lambda p: ops.zeros(p.shape, p.dtype))
-    guarded_update(model, grads, pipeline_grad_norm(model, found), scaler, max_grad_norm, optimizer)
+    norm = pipeline_grad_norm(model, found, GRAD_NORM_CAUSE if max_grad_norm is None else CLIP_NORM_CAUSE)
+    guarded_update(model, grads, norm, scaler, max_grad_norm, optimizer)
     model.last_loss = _loss(model)
     _finish(model, start, None)
     if model.rebalancing.active(model) and model.steps_run > 1:  # the first step's times include building graphs

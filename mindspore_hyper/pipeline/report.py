@@ -110,6 +110,11 @@ def pipeline_report(model, optimizer=None) -> StepReport:
                     comm_causes.setdefault(phase, {}).setdefault(kind, {})[f"{ax}@stage{s}"] = dict(causes)
         for op, n in rep.fallbacks.items():
             fallbacks[op] = fallbacks.get(op, 0) + n
+    norm = model.norm_sync.accounting  # the global norm's all-reduce over the whole mesh (not one stage's)
+    for (kind, ax), (count, nbytes, input_bytes) in norm.comm_backward.items():
+        comm_backward.setdefault(kind, {})[ax] = {"count": count, "bytes": nbytes, "input_bytes": input_bytes}
+    for (kind, ax), causes in norm.comm_backward_causes.items():
+        comm_causes.setdefault("backward", {}).setdefault(kind, {})[ax] = dict(causes)
     p2p: Dict[str, Dict[str, int]] = {}
     for runner in model.runners.values():
         for (payload, src, dst), (count, nbytes) in runner.sent_bytes.items():

@@ -10,6 +10,10 @@ process counts a gradient's squares only if it is the first replica of its shard
 every mesh axis the layout leaves unsplit), and one all-reduce of the scalar over the mesh's
 processes adds the shards of every tensor, data, sequence, expert or ZeRO axis. Squares are summed
 in float64, so the norm is within float32 rounding of `mindspore.ops.clip_by_global_norm`'s.
+That all-reduce goes through the model's `GradientSync` (`sum_scalar`), so the report lists it in
+every mode: one AllReduce of 8 bytes over the whole mesh per norm, caused "clip grad norm" (or
+"grad norm" for a step that keeps the norm without clipping); in simulation it is what each
+device would run, nothing moving in the one process.
 
 `mindspore.ops.clip_by_global_norm` itself, called in one msrun process on that process's
 gradients, sees only its shards: its norm is wrong (too small) whenever a parameter is split.
@@ -21,6 +25,8 @@ from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 from mindspore import Tensor
+
+from mindspore_hyper.comm.collective_cause import CLIP_NORM_CAUSE, GRAD_NORM_CAUSE
 
 __all__ = ["clip_grad_norm", "grad_norm", "local_square_sum", "counted_once", "scale_to_norm", "check_max_norm"]
 
@@ -87,7 +93,7 @@ def local_square_sum(model, grads: Sequence) -> float:
     return total
 
 
-def grad_norm(model, grads: Sequence) -> float:
+def grad_norm(model, grads: Sequence, cause: str = GRAD_NORM_CAUSE) -> float:
     """The global L2 norm of a ParallelModel's gradients, each element counted once (module
     docstring); the same value on every process.
 
@@ -96,11 +102,13 @@ def grad_norm(model, grads: Sequence) -> float:
         grads: its gradients (Tensors or numpy arrays) in the order of
             `model.optimizer_parameters()`, as `compute_gradients` returns them (global tensors
             in simulation; this process's shards or ZeRO-1 slices under msrun).
+        cause: what the model's report records the scalar all-reduce as ("clip grad norm" when
+            the norm clips, "grad norm" when it is only kept).
 
     Returns:
         The norm (inf or nan when a gradient is not finite).
     """
-    total = model.reduce_over_processes(local_square_sum(model, grads))
+    total = model.reduce_over_processes(local_square_sum(model, grads), cause)
     return math.sqrt(total) if total >= 0 else float("nan")
 
 
@@ -125,7 +133,7 @@ def clip_grad_norm(model, grads: Sequence, max_norm: float) -> Tuple[List[Tensor
             this process's shape per trainable parameter.
     """
     max_norm = check_max_norm(max_norm)
-    norm = grad_norm(model, grads)
+    norm = grad_norm(model, grads, CLIP_NORM_CAUSE)
     model.last_grad_norm = norm
     return scale_to_norm(grads, norm, max_norm), norm
 

@@ -15,6 +15,10 @@ the AllGather by the ZeRO gather) where it moves the bytes:
   and `all_gather` move host arrays through the runtime's `Collectives` backend (its
   `communicator(group)`, the one its autograd collectives use).
 
+`sum_scalar` is the global gradient norm's AllReduce of each device's squared-norm share (one
+float64 over the mesh, runtime/grad_clip.py), recorded under its cause ("clip grad norm") in
+either case.
+
 Bytes follow the planner's ring convention (`ring_send_bytes`); a parameter's sum is recorded
 once per step (`claim`) however many ops read the parameter and however many micro-batches
 contribute.
@@ -28,7 +32,9 @@ import numpy as np
 from mindspore_hyper.comm.collective_cause import grad_sync_cause, zero_gather_cause
 from mindspore_hyper.comm.collectives import AxisGroup, ring_send_bytes
 
-__all__ = ["GradientSync", "zero_along", "member_group"]
+__all__ = ["GradientSync", "zero_along", "member_group", "SCALAR_BYTES"]
+
+SCALAR_BYTES = np.dtype(np.float64).itemsize  # a summed scalar (a squared-norm share) travels as one float64
 
 
 def zero_along(mesh, slot, group: AxisGroup) -> bool:
@@ -114,8 +120,18 @@ class GradientSync:
                      zero_gather_cause(name))
         return self.collectives.communicator(group).all_gather(np.ascontiguousarray(part), dim=dim)
 
-    def sum_scalar(self, value: float, group: AxisGroup) -> float:
-        """A float summed over `group`'s processes (float64; not a gradient collective: unrecorded)."""
+    # -- either ---------------------------------------------------------------------------------
+    def sum_scalar(self, value: float, group: AxisGroup, cause: str = "") -> float:
+        """A float summed over `group`'s members: one AllReduce of a float64 (8 bytes), recorded
+        under `cause` when one is given (the global gradient norm's "clip grad norm"); "" records
+        nothing. Where every member is in this process, `value` is the sum already (computed
+        from the global tensors) and nothing moves; else the sum of the processes' values moves
+        through the group's communicator."""
+        if cause:
+            self._record("AllReduce", group.axis, ring_send_bytes("AllReduce", group.size, SCALAR_BYTES),
+                         SCALAR_BYTES, cause)
+        if len(group.local) == group.size:
+            return float(value)
         return float(self.collectives.communicator(group).all_reduce(np.array([value], np.float64))[0])
 
 

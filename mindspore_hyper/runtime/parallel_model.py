@@ -16,7 +16,8 @@ from mindspore import Parameter, Tensor, nn
 from mindspore.graph.api import _pynative_executor
 
 from mindspore_hyper.autodiff import value_and_grad
-from mindspore_hyper.comm.collective_cause import set_cause
+from mindspore_hyper.comm.collective_cause import CLIP_NORM_CAUSE, GRAD_NORM_CAUSE, set_cause
+from mindspore_hyper.comm.collectives import AxisGroup
 from mindspore_hyper.dtensor import shard_hints
 from mindspore_hyper.dtensor.accounting import Accounting
 from mindspore_hyper.dtensor.dispatch import distribute, parameter_dtensor
@@ -264,7 +265,8 @@ class ParallelModel(nn.Cell):
             loss = loss / factor
             grads = [scaling.unscale(g, factor) for g in grads]
             self._keep_gradients(grads)
-        norm = grad_norm(self, [self.last_gradients[self.rows[id(w)].name] for w in self._grad_weights])
+        norm = grad_norm(self, [self.last_gradients[self.rows[id(w)].name] for w in self._grad_weights],
+                         GRAD_NORM_CAUSE if max_grad_norm is None else CLIP_NORM_CAUSE)
         if guarded_update(self, grads, norm, scaler, max_grad_norm,
                           lambda g: optimizer(self.optimizer_gradients(optimizer, self._grad_weights, g))):
             self.after_update()
@@ -309,9 +311,21 @@ class ParallelModel(nn.Cell):
         """The gradients after the step's data-parallel synchronisation (runs once per step)."""
         return list(grads)
 
-    def reduce_over_processes(self, value: float) -> float:
-        """Sum of a float over the processes of the model's mesh (itself in simulation: one process)."""
-        return float(value)
+    def reduce_over_processes(self, value: float, cause: str = "") -> float:
+        """Sum of a float over the model's mesh: one float64 AllReduce through the model's
+        `GradientSync` over every mesh axis, recorded under `cause` ("" : unrecorded). Each
+        process passes its share (in simulation the one process's value is the sum already).
+
+        Args:
+            value: this process's share.
+            cause: the report's cause of the AllReduce (`collective_cause`), or "".
+
+        Returns:
+            The sum, the same on every process.
+        """
+        ranks = tuple(range(self.mesh.size))
+        group = AxisGroup("+".join(self.mesh.alias_names), ranks, tuple(ranks.index(r) for r in self.local_ranks))
+        return self.gradient_sync.sum_scalar(value, group, cause)
 
     def _keep_gradients(self, grads) -> None:
         self.last_gradients = {self.rows[id(w)].name: g.asnumpy() for w, g in zip(self._grad_weights, grads)}

@@ -81,3 +81,27 @@ def test_bad_config_file_key_exits_2(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text("model:\n  preset: gpt-example\n  depth: 3\n")
     check_usage_error(["estimate", "--config", str(job)], "model.depth: unknown key")
+
+
+def test_grad_sync_overlap_flag_acts_on_the_step_time():
+    """--no-grad-sync-overlap gives the library's grad_sync_overlap=False step (the sync after the
+    backward, nothing hidden), which is slower than the default's when the sync has backward to hide behind."""
+    from mindspore_hyper.estimate import estimate_step_time
+
+    args = ("estimate", "--preset", "gpt3-175b", "--data", "8", "--tensor", "8", "--pipeline", "8",
+            "--microbatches", "16", "--micro-batch", "1", "--hardware", "a100-80gb")
+    config = preset("gpt3-175b").with_(micro_batch=1)
+    strategy = JobStrategy(data=8, tensor=8, pipeline=8, microbatches=16)
+    default = cli_json(*args)["step_time"]
+    local = cli_json(*args, "--no-grad-sync-overlap")["step_time"]
+    assert cli_json(*args, "--grad-sync-overlap")["step_time"] == default
+    assert default["seconds"] == estimate_step_time(config, strategy, "a100-80gb").seconds
+    assert local["seconds"] == estimate_step_time(config, strategy.with_(grad_sync_overlap=False), "a100-80gb").seconds
+    sync = [c for c in local["comm"] if c["axis"] == "data"]
+    assert sync and all(c["hidden"] == 0.0 for c in sync)
+    assert local["seconds"] > default["seconds"]
+
+
+def test_grad_sync_overlap_flag_without_hardware_is_refused():
+    check_usage_error(["estimate", "--preset", "gpt-example", "--no-grad-sync-overlap"],
+                      "--grad-sync-overlap / --no-grad-sync-overlap changes only the step time: add --hardware")

@@ -27,7 +27,7 @@ def test_a100_figures_in_si_units():
     assert hw.peak_flops == 312e12 and hw.memory_bytes == 80 * 10**9 and hw.memory_bandwidth == 2039e9
     assert [(lv.name, lv.devices, lv.bandwidth) for lv in hw.levels] == [("nvlink", 8, 300e9),
                                                                           ("infiniband", 4480, 25e9)]
-    assert hw.levels[0].latency == pytest.approx(1e-6) and hw.efficiency.message_overhead == pytest.approx(5e-6)
+    assert hw.levels[0].latency == pytest.approx(1e-6) and hw.efficiency.message_overhead == pytest.approx(1.25e-6)
     assert hw.attention == "materialized"
 
 

@@ -79,6 +79,27 @@ def test_the_narayanan_rows_sync_gradients_as_the_reproduction_script_says():
             assert run.strategy.grad_sync_overlap is (run.strategy.pipeline == 1), run.id
 
 
+def test_each_runs_software_is_its_codes():
+    """Megatron-LM at the sc21 scripts' commit (2021): blocking stage transfers and the local DDP's
+    per-micro-batch gradient add on the pipelined DDP=local rows, no async tensor-parallel
+    all-reduce; Korthikanti's 2022 code: blocking transfers and the async backward collective."""
+    from mindspore_hyper.estimate.validation import KORTHIKANTI_TABLE5
+
+    for run in load_heldout()[1]:
+        st = run.strategy
+        if run.source == "narayanan2021":
+            local_ddp = not st.grad_sync_overlap
+            assert st.p2p_overlap is not local_ddp and st.grad_accumulation_fused is not local_ddp, run.id
+            assert st.tp_backward_overlap is False, run.id
+        else:  # Llama 3: the model's defaults, and the paper's all-gather context parallelism
+            assert (st.p2p_overlap, st.tp_backward_overlap, st.grad_accumulation_fused) == (True, False, True)
+            assert st.context_parallel == 1 or st.context_method == "all_gather", run.id
+    for run in KORTHIKANTI_TABLE5:
+        for mode in ("full", "selective"):
+            st = run.strategy(mode)
+            assert st.p2p_overlap is False and st.tp_backward_overlap is True and st.grad_accumulation_fused
+
+
 def _narayanan_flops(c, batch):
     # Narayanan et al. 2021, eq. (3), written out again
     return 96 * batch * c.seq_len * c.layers * c.hidden ** 2 * (1 + c.seq_len / (6 * c.hidden)

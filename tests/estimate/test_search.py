@@ -158,3 +158,28 @@ def test_verify_refuses_what_the_simulation_cannot_run():
     zero2 = [r for r in fitting_candidates(MODEL, 8, A100, 16, micro_batches=(1,), zero_stages=(2,))]
     with pytest.raises(ValueError, match="no result the simulation's GPT layout runs"):
         verify_search_result(zero2[:3], object)
+
+
+def test_verify_compares_against_the_strategy_its_layout_resolves_to(monkeypatch):
+    """verify reads the simulated strategy off the resolved table (`job_strategy_of`): a layout
+    that does not resolve to the searched sizes is refused before the simulated step."""
+    import os
+    import sys
+
+    from mindspore_hyper.estimate import crosscheck, gpt_parallel_config
+    from mindspore_hyper.estimate.verify import verify_search_result
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+    from models import GPT  # examples/models.py
+
+    tiny = TransformerConfig(layers=2, hidden=64, heads=4, vocab=128, seq_len=16)
+    results = search_strategies(tiny, 4, A100, 8, top=1, micro_batches=(1,))
+    asked = results[0].strategy
+    # a layout with twice the tensor size handed in for the searched strategy (heads 4, so 2 or 4 divide)
+    monkeypatch.setattr(crosscheck, "gpt_parallel_config",
+                        lambda s: gpt_parallel_config(s.with_(tensor=2 if s.tensor == 1 else 1)))
+    laid = 2 if asked.tensor == 1 else 1
+    with pytest.raises(ValueError, match=f"verify: the GPT's resolved layout is not the strategy's: "
+                                         f"tensor={asked.tensor} asked, {laid} laid out"):
+        verify_search_result(results, GPT)
+

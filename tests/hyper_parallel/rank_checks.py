@@ -171,6 +171,105 @@ for name, value in laid_out_parameters(odd_sharded).items():
                                atol=1e-5, err_msg=name)  # as above: Adam steps of ~1e-2, float32 rounding ~1e-7
 print(f"rank {rank}: uneven shards (torch.chunk) under msrun equal numpy and one device")
 
+# redistribute onto another mesh over the same devices (upstream's different-mesh case): the 2x2
+# mesh's shards gathered to Replicate there, sliced on the 1-D "dp" mesh (and a Partial back);
+# exact. Its gradient equals the same move within one mesh on every rank, and rank 0's (the
+# source rank of distribute_tensor, which gets the gradient, torch's rule) equals one device's
+g64 = np.arange(64, dtype=np.float32).reshape(8, 8)
+on_line = hp.distribute_tensor(Tensor(g64), mesh, [Shard(0), Shard(1)]).redistribute(dp_mesh, [Shard(0)])
+np.testing.assert_array_equal(on_line.to_local().asnumpy(), g64[2 * rank:2 * rank + 2])
+back = hp.DTensor.from_local(Tensor(np.full((2, 4), float(rank), np.float32)), dp_mesh, [Partial("sum")])
+np.testing.assert_array_equal(back.redistribute(mesh, [Replicate(), Shard(1)]).to_local().asnumpy(),
+                              np.full((2, 2), 6.0, np.float32))
+w8 = ms.Parameter(Tensor(np.random.RandomState(3).randn(8, 8).astype(np.float32)), name="w8")
+c8 = Tensor(np.random.RandomState(4).randn(8, 8).astype(np.float32))
+
+
+def moved_loss(across):
+    dw = hp.distribute_tensor(w8 * 1.0, mesh, [Shard(0), Shard(1)])
+    dw = (dw.redistribute(dp_mesh, [Shard(1)]) if across else dw).redistribute(mesh, [Replicate(), Shard(0)])
+    return (ops.tanh(dw) * hp.distribute_tensor(c8, mesh, [Replicate(), Shard(0)])).sum().full_tensor()
+
+
+loss_across, (grad_across,) = ms.value_and_grad(lambda: moved_loss(True), None, [w8])()
+grad_within = ms.value_and_grad(lambda: moved_loss(False), None, [w8])()[1][0]
+one_loss, (one_grad,) = ms.value_and_grad(lambda: (ops.tanh(w8) * c8).sum(), None, [w8])()
+np.testing.assert_allclose(float(loss_across), float(one_loss), rtol=1e-5)  # 64 float32 terms, another order
+np.testing.assert_array_equal(grad_across.asnumpy(), grad_within.asnumpy())  # the same elementwise products
+if rank == 0:
+    np.testing.assert_allclose(grad_across.asnumpy(), one_grad.asnumpy(), rtol=1e-6, atol=1e-7)  # c * (1 - tanh^2)
+print(f"rank {rank}: redistribute onto another mesh of the same devices equals numpy and one device")
+
+# a rank whose torch.chunk piece is empty (3 rows over 4: 1, 1, 1, 0; 2 columns: 1, 1, 0, 0) adds
+# zero to a sum, and the backward runs its collectives there too: MindSpore's CPU ReduceSum of 0
+# elements returns uninitialised memory, which the Partial sum gave every rank (found here: 3.96
+# for 2.17), and an empty piece cut off the graph left that rank out of the backward's gathers (the
+# others waited). float32 tanh and sums of <= 6 terms of O(1): ~1e-6 relative
+three = np.random.RandomState(5).randn(3, 2).astype(np.float32)
+d3 = hp.distribute_tensor(Tensor(three), dp_mesh, [Shard(0)])
+assert d3.to_local().shape == ((0, 2) if rank == 3 else (1, 2))
+np.testing.assert_allclose(float((ops.tanh(d3) ** 2).sum()), float((np.tanh(three) ** 2).sum()), rtol=1e-5)
+np.testing.assert_allclose(d3.sum(axis=0).full_tensor().asnumpy(), three.sum(0), rtol=1e-5, atol=1e-6)
+w3 = ms.Parameter(Tensor(three), name="w3")
+one_loss, (one_grad,) = ms.value_and_grad(lambda: (ops.tanh(w3) ** 2).sum(), None, [w3])()
+
+
+def summed_over_pieces():
+    return (ops.tanh(hp.distribute_tensor(w3 * 1.0, dp_mesh, [Shard(0)])) ** 2).sum().full_tensor()
+
+
+def moved_through_pieces():
+    d = hp.distribute_tensor(w3 * 1.0, dp_mesh, [Shard(0)]).redistribute(dp_mesh, [Shard(1)])
+    return (ops.tanh(d.redistribute(dp_mesh, [Replicate()])) ** 2).sum().full_tensor()
+
+
+for empty_piece_loss in (summed_over_pieces, moved_through_pieces):
+    loss, (grad,) = ms.value_and_grad(empty_piece_loss, None, [w3])()
+    np.testing.assert_allclose(float(loss), float(one_loss), rtol=1e-5)
+    if rank == 0:  # distribute_tensor's source rank gets the gradient (torch's rule): 2 tanh (1 - tanh^2)
+        np.testing.assert_allclose(grad.asnumpy(), one_grad.asnumpy(), rtol=1e-5, atol=1e-7)
+print(f"rank {rank}: a rank's empty piece adds zero to sums and runs the backward's collectives")
+
+# refused under msrun, named: fully_shard leaving a rank no rows (3 rows over 4: MindSpore's
+# optimizers cannot hold a Parameter of 0 elements), and torch-style loss.backward()
+try:
+    fully_shard(nn.Dense(8, 3), mesh=dp_mesh)
+    raise AssertionError("fully_shard accepted 3 rows over 4 processes")
+except ValueError as error:
+    assert "has 3 rows" in str(error) and "ranks [3] would hold none" in str(error), error
+from mindspore_hyper.hyper_parallel import enable_mindspore_backward_compat  # noqa: E402
+
+try:
+    enable_mindspore_backward_compat()
+    raise AssertionError("enable_mindspore_backward_compat() accepted a process holding one rank")
+except NotImplementedError as error:
+    assert "mindspore.value_and_grad(loss_fn, None, params)" in str(error) and "train_step(" in str(error), error
+print(f"rank {rank}: fully_shard leaving a rank no rows and loss.backward() are refused, named")
+
+# Colwise/Rowwise on features tp = 4 does not divide: 7 hidden features, pieces 2, 2, 2, 1
+from mindspore_hyper.hyper_parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # noqa: E402
+
+ms.set_seed(10)
+tp4 = hp.init_device_mesh("npu", (4,), mesh_dim_names=("tp_uneven",))  # not the Llama's "tp" report row
+tp_sharded, tp_reference = Odd(), Odd()
+for (_, p), (_, q) in zip(tp_sharded.parameters_and_names(), tp_reference.parameters_and_names()):
+    q.set_data(Tensor(p.asnumpy()))
+parallelize_module(tp_sharded, tp4, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+assert dict(tp_sharded.parameters_and_names())["up.weight"].shape == ((2, 8) if rank < 3 else (1, 8))
+same_x, same_y = Tensor(data.reshape(8, 8)), Tensor(odd_target.reshape(8, 11))  # every rank the same batch
+np.testing.assert_allclose(tp_sharded(same_x).asnumpy(), tp_reference(same_x).asnumpy(), rtol=1e-5, atol=1e-6)
+adam_steps(tp_sharded, same_x, same_y)
+adam_steps(tp_reference, same_x, same_y)
+for name, value in laid_out_parameters(tp_sharded).items():  # Adam steps of ~1e-2, float32 rounding ~1e-7
+    np.testing.assert_allclose(value.full_tensor().asnumpy(), dict(tp_reference.parameters_and_names())[name].asnumpy(),
+                               atol=1e-5, err_msg=name)
+try:  # 6 features over 4: pieces 2, 2, 2, 0; an optimizer cannot hold rank 3's empty Parameter
+    parallelize_module(nn.Dense(8, 6), tp4, ColwiseParallel())
+    raise AssertionError("an empty Parameter piece was accepted under msrun")
+except ValueError as error:
+    assert "ranks [3] would hold an empty torch.chunk piece" in str(error), error
+print(f"rank {rank}: Colwise/Rowwise with uneven features train like one device")
+
 # upstream's distributed checkpoint: each rank writes its pieces; a plain model loads them whole
 from hyper_parallel.core.distributed_checkpoint import load, save  # noqa: E402
 

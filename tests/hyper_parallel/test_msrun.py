@@ -34,6 +34,10 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
         assert f"rank {rank}: fully_shard with per-rank batches trains like one device" in logs
         assert f"rank {rank}: fully_shard's main_grad holds this rank's piece of one device's gradient" in logs
         assert f"rank {rank}: uneven shards (torch.chunk) under msrun equal numpy and one device" in logs
+        assert f"rank {rank}: redistribute onto another mesh of the same devices equals numpy and one device" in logs
+        assert f"rank {rank}: a rank's empty piece adds zero to sums and runs the backward's collectives" in logs
+        assert f"rank {rank}: fully_shard leaving a rank no rows and loss.backward() are refused, named" in logs
+        assert f"rank {rank}: Colwise/Rowwise with uneven features train like one device" in logs
         assert f"rank {rank}: distributed checkpoint round trip" in logs
         assert f"rank {rank}: meshes smaller than the job checked" in logs
         assert f"rank {rank}: Parameter(DTensor) of each rank's block trains like one device" in logs

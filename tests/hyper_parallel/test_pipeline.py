@@ -199,8 +199,9 @@ def test_bad_schedules_and_inputs_are_refused():
         scheds[0]._microbatches((), {"x": batch()})
     from mindspore_hyper.hyper_parallel import Replicate, distribute_tensor, init_device_mesh
 
-    dt = distribute_tensor(batch(), init_device_mesh("cpu", (1,)), [Replicate()])
-    with pytest.raises(ValueError, match="input 0 is a DTensor; DTensor inputs to a pipeline are not supported"):
+    dt = distribute_tensor(Tensor(np.ones((6, 8), np.float32)), init_device_mesh("cpu", (1,)), [Replicate()])
+    with pytest.raises(ValueError, match="micro_batch_num=4 does not divide input 0's batch dimension 0 on every "
+                                         "device"):
         scheds[0]._microbatches((dt,), {})
 
 
@@ -226,5 +227,6 @@ def test_a_stage_returning_several_tensors_is_refused():
             return x, x
 
     scheds = [ScheduleGPipe(PipelineStage(Pair() if s == 0 else Head(), s, 2), 2) for s in range(2)]
-    with pytest.raises(ValueError, match="PipelineStage 0: its Cell returned tuple"):
+    with pytest.raises(ValueError, match="PipelineStage 0: its Cell returned tuple; a stage returns one Tensor or "
+                                         "DTensor"):
         run_ranks_in_process(scheds, batch())

@@ -68,6 +68,51 @@ def test_colwise_rowwise_mlp_trains_like_one_device(fresh_session, linear):
     assert row["causes"] == {"RowwiseParallel output of down": 3}  # one per forward of the 3 steps
 
 
+class UnevenMlp(nn.Cell):
+    """Two Colwise/Rowwise pairs whose hidden features (6, 7) tp=4 does not divide: torch.chunk
+    pieces 2, 2, 2, 0 (one device holds no feature) and 2, 2, 2, 1. `pre` is unsplit, so its
+    gradient passes through the Colwise input's backward (including the empty piece's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.Dense(5, 5)
+        self.up1, self.down1 = nn.Dense(5, 6), nn.Dense(6, 5)
+        self.up2, self.down2 = nn.Dense(5, 7), nn.Dense(7, 3)
+
+    def construct(self, x):
+        h = ops.tanh(self.pre(x))
+        h = h + self.down1(ops.tanh(self.up1(h)))
+        return self.down2(ops.tanh(self.up2(h)))
+
+
+def test_colwise_rowwise_with_features_the_devices_do_not_divide_train_like_one_device(fresh_session):
+    """Upstream's and torch's semantics: uneven torch.chunk pieces of the split features."""
+    fresh_session.set_context(device_num=4)
+    ms.set_seed(2)
+    model, reference = UnevenMlp(), UnevenMlp()
+    copy_weights(model, reference)
+    mesh = init_device_mesh("npu", (4,), mesh_dim_names=("tp",))
+    parallelize_module(model, mesh, {"up1": ColwiseParallel(), "down1": RowwiseParallel(),
+                                     "up2": ColwiseParallel(), "down2": RowwiseParallel()})
+    pieces = {name: [tuple(dt.local_shard(r).shape) for r in range(4)]
+              for name, dt in laid_out_parameters(model).items() if name in ("up1.weight", "down2.weight")}
+    assert pieces == {"up1.weight": [(2, 5), (2, 5), (2, 5), (0, 5)], "down2.weight": [(3, 2), (3, 2), (3, 2), (3, 1)]}
+    rng = np.random.RandomState(1)
+    x, y = (Tensor(rng.randn(3, n).astype(np.float32)) for n in (5, 3))
+    # forward: the same float32 products, the 4 devices' partial sums added in another order
+    # (<= 7 terms of O(1): ~1e-6 relative)
+    np.testing.assert_allclose(model(x).asnumpy(), reference(x).asnumpy(), rtol=1e-5, atol=1e-6)
+    mse = lambda m: (lambda x, y: ((m(x) - y) ** 2).mean())  # noqa: E731
+    grads = ms.grad(mse(model), None, model.trainable_params())(x, y)
+    expected = ms.grad(mse(reference), None, reference.trainable_params())(x, y)
+    for p, g, e in zip(model.trainable_params(), grads, expected):
+        np.testing.assert_allclose(g.asnumpy(), e.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=p.name)
+    np.testing.assert_allclose(train(model, mse(model), [(x, y)]), train(reference, mse(reference), [(x, y)]),
+                               rtol=1e-5)
+    for (name, p), (_, q) in zip(model.parameters_and_names(), reference.parameters_and_names()):
+        np.testing.assert_allclose(p.asnumpy(), q.asnumpy(), atol=ADAM_ATOL, err_msg=name)
+
+
 def test_the_examples_llama_trains_like_one_device_on_a_2x2_mesh_slice(fresh_session):
     """The example's model (attention on each device's heads, vocabulary-parallel embedding, a
     replicated-output head) on the "tp" slice of a dp x tp mesh."""
@@ -149,5 +194,8 @@ def test_plans_that_cannot_apply_are_refused_with_the_fix(fresh_session):
         parallelize_module(Mlp(), mesh["tp"], {"upp": ColwiseParallel()})
     with pytest.raises(ValueError, match="LayerNorm: tensor-parallel styles split nn.Dense"):
         parallelize_module(nn.LayerNorm((8,)), mesh["tp"], ColwiseParallel())
-    with pytest.raises(ValueError, match="not divisible by 2"):
-        parallelize_module(nn.Dense(4, 3), mesh["tp"], ColwiseParallel())
+    # a Linear's features the devices do not divide split as torch.chunk (test below); an Embedding's
+    # vocabulary cannot: its lookup needs equal pieces, refused when it runs
+    embedding = parallelize_module(nn.Embedding(5, 4), mesh["tp"], RowwiseParallel())
+    with pytest.raises(RuntimeError, match="Gather.*dimension 0 of shape \\(5, 4\\) has size 5, not divisible by 2"):
+        embedding(Tensor(np.array([[0, 4]], np.int32)))

@@ -91,6 +91,9 @@ SCALED: Dict[str, Any] = {
     "num_conv_pos_embedding_groups": 4, "tdnn_dim": [16, 16], "tdnn_kernel": [3, 1], "tdnn_dilation": [1, 1],
     "xvector_output_dim": 16, "classifier_proj_size": 16,
     "use_cache": False, "num_labels": 5,
+    # wav2vec2-like audio models: SpecAugment masks random time steps and features in training (NumPy's RNG, drawn
+    # per call), which the two sides cannot share; off for every family that has these keys
+    "mask_time_prob": 0.0, "mask_feature_prob": 0.0,
 }
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
              "cls_token_id", "mask_token_id", "unk_token_id")
@@ -376,7 +379,7 @@ def sweep_one(family: str, head: str, limit: Optional[float] = None, shapes=((2,
             torch_loss, ms_loss = losses(head, report, getattr(model.config, "num_labels", 5))
             sizes = [shapes[0], shapes[1], (2, 9), (4, 12), (3, 10)][:STEPS]
             batches = [inputs_for(model, head, b, t, seed=10 + i) for i, (b, t) in enumerate(sizes)]
-            reference = copy.deepcopy(module).double()
+            reference = float64_copy(module)
             want, got = train_both(module, cell, batches, torch_loss, ms_loss)
             try:
                 train_torch(reference, [tuple(x.double() if x.is_floating_point() else x for x in b)
@@ -408,6 +411,18 @@ def sweep_one(family: str, head: str, limit: Optional[float] = None, shapes=((2,
     finally:
         row.seconds = time.perf_counter() - start
     return row
+
+
+def float64_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A float64 copy of the wrapped model for the rounding reference. Experts that transformers runs through
+    grouped_mm (no float64 kernel: Ergo, DeepSeek-V4, Kolibri) are switched to transformers' eager loop, the
+    same sums expert by expert, so those families get the rounding term of the tolerance too."""
+    reference = copy.deepcopy(module).double()
+    inner = reference.model
+    if getattr(inner.config, "_experts_implementation", None) not in (None, "eager") and hasattr(
+            inner, "set_experts_implementation"):
+        inner.set_experts_implementation("eager")
+    return reference
 
 
 def parallel_step_error(family: str, cell, batch, ms_loss) -> float:
@@ -502,6 +517,8 @@ def parameter_error(module: torch.nn.Module, cell, report, floor: float = 1e-3,
                 exact[placed.cell_name] = ref[placed.torch_name]
     worst, where = 0.0, ""
     for name, want in expected.items():
+        if want.size == 0:  # an empty parameter (MobileBERT's 0-output `predictions.dense`) has nothing to compare
+            continue
         got = params[name].asnumpy().reshape(want.shape)
         allowed = TOL * max(float(np.abs(want).max()), floor)
         if name in exact:

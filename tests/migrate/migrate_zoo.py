@@ -5,6 +5,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+import mindspore_hyper.migrate.mappings  # noqa: F401  (registers torch.ops.mindspore_hyper.selective_scan)
+
 
 class OpZoo(torch.nn.Module):
     def __init__(self):
@@ -133,6 +135,13 @@ class OpZoo(torch.nn.Module):
                 F.adaptive_avg_pool1d(x, 1), F.conv1d(x, self.conv1d_w, padding=1), F.logsigmoid(x * 30),
                 torch.tensor_split(x, [1, 4], 2)[0], torch.tensor_split(x, [1, 4], 2)[2],  # Mamba's split
                 x.tensor_split(3, dim=1)[0], x.tensor_split(3, dim=1)[2], x.clamp_max(0.2)]  # 3 sections of 4; Ergo
+        # einsum (ellipsis, implicit output) and Mamba's selective scan: channels 4, length 6, state 3
+        out += [torch.einsum("bhn,bgn->bhg", x, y), torch.einsum("...n,mn", x, self.w2), x.masked_fill(mask, 0),
+                torch.ops.mindspore_hyper.selective_scan(x, y, -torch.exp(self.w2[:4, :3]), x[:, :3], y[:, 1:],
+                                                         self.b[:4], y, self.b[:4], True),
+                F.interpolate(img, size=(5, 11), mode="bilinear"),  # MobileViT's resizing
+                F.interpolate(img, size=(12, 3), mode="bilinear", align_corners=True),
+                torch.real(torch.fft.fftn(x, dim=(1, 2))), torch.real(torch.fft.fftn(y, norm="ortho"))]  # FNet
         return tuple(out)
 
 

@@ -216,6 +216,65 @@ def test_no_grad_region_is_inlined_and_passes_no_gradient():
     assert abs(grad - model.w.grad.numpy()).max() <= 1e-6 * abs(model.w.grad.numpy()).max()
 
 
+class Recurrent(torch.nn.Module):
+    """One block applied twice, the first time under no_grad (HRM's L_module cycles)."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh(), torch.nn.Linear(3, 3))
+
+    def forward(self, x):
+        with torch.no_grad():
+            z = self.block(x)
+        return self.block(z + x)
+
+
+def test_no_grad_call_of_a_module_leaves_its_other_calls_trained():
+    """The stop at the region's end sits in the caller, not in the block's class (shared by both calls): the
+    block's gradients are torch's (from the second call only), not zero."""
+    torch.manual_seed(0)
+    model = Recurrent()
+    cell, _ = convert(model, torch.randn(2, 3))
+    x = torch.randn(4, 3)
+    assert_same_outputs(cell, model, x)
+    (model(x) ** 2).sum().backward()
+    from mindspore_hyper.migrate.compare import to_mindspore
+
+    params = cell.trainable_params()
+    grads = ms.grad(lambda a: (cell(a) ** 2).sum(), None, params)(to_mindspore(x))
+    want = [p.grad.numpy() for p in model.parameters()]
+    assert len(grads) == len(want) == 4
+    for got, expected in zip(grads, want):
+        # 3-term dot products and tanh through two linear layers, summed over 4 rows, in float32: within ~20 u =
+        # 1.2e-6 of exact on each side; 1e-5 of the largest component (a zero gradient, as with the stop inside
+        # the block, is off by 100%)
+        assert abs(got.asnumpy().reshape(expected.shape) - expected).max() <= 1e-5 * abs(expected).max()
+
+
+class CheckedLengths(torch.nn.Module):
+    """Flaubert's input check (`assert lengths.max().item() <= slen`) and DynamicCache's first update (its empty
+    (0,) start concatenated with the keys)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(11, 4)
+
+    def forward(self, ids):
+        lengths = (ids != 0).sum(dim=1)
+        torch._check(lengths.max().item() <= ids.shape[1])  # as export records Flaubert's assert
+        keys = torch.cat([torch.tensor([]), self.embed(ids)], dim=-2)
+        return keys * lengths[:, None, None]
+
+
+def test_value_assertion_is_dropped_and_named_and_empty_cat_operand_skipped():
+    torch.manual_seed(0)
+    model = CheckedLengths()
+    cell, report = convert(model, torch.randint(0, 11, (2, 5)))
+    dropped = [n for n in report.notes if "run-time assertion on tensor values dropped" in n]
+    assert len(dropped) == 1 and "lengths.max().item()" in dropped[0], report.notes
+    assert_same_outputs(cell, model, torch.randint(0, 11, (3, 7)))  # another shape: nothing fixed to the first
+
+
 class ShortConvolution(torch.nn.Module):
     """Reads its Conv1d's weight as a tensor (Mamba's and Inkling's short convolutions do)."""
 

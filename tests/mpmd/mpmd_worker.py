@@ -70,6 +70,8 @@ def main(out_dir, mode="train"):
         "events": [[n, *e] for n, r in model.runners.items() for e in r.events],  # group, kind, cell, start, end
         "report_ranks": sorted(report.memory), "report_parameters": report.memory[rank]["parameters"],
         "param_bytes": sum(a.nbytes for a in mine.values()), "report_groups": sorted(report.mpmd.groups),
+        "norm_rows": [[row, report.comm_causes["backward"]["AllReduce"][axis]]  # over the job's mesh: no "@group"
+                      for axis, row in report.comm_backward.get("AllReduce", {}).items() if "@" not in axis],
     }
     result.update(clipped_training())
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:

@@ -29,6 +29,8 @@ def test_groups_on_4_processes_train_like_one_device(tmp_path):
         # the StepReport of a process: its own rank, holding its group's parameters (data parallel: whole)
         assert res["report_ranks"] == [rank] and res["report_parameters"] == res["param_bytes"]
         assert res["report_groups"] == ["fusion_layer", "text_encoder", "vision_encoder"]
+        # the global norm's float64 sum over the 4 processes: 8 bytes in, the ring's 2(n-1)/n x 8 = 12 sent
+        assert res["norm_rows"] == [[{"count": 1, "bytes": 12, "input_bytes": 8}, {"grad norm": 1}]]
         # only members ran the group's Cells; the others received the outputs
         assert {e[0] for e in res["events"] if e[1] == "forward"} == set(expected_members[rank])
         assert {e[0] for e in res["events"] if e[1] == "receive"} == \

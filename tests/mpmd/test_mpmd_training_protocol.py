@@ -80,9 +80,12 @@ def test_report_is_a_step_report_with_the_mpmd_section(mpmd):
             assert row["total"] == sum(row[k] for k in ("parameters", "gradients", "optimizer_states",
                                                         "activations_peak"))
             assert report.mpmd.memory[rank] == row["total"]
-    # the groups' gradient all-reduces, named by group; the single-device fusion group has none
+    # the groups' gradient all-reduces, named by group; the single-device fusion group has none; and the
+    # global norm's float64 sum over the job's 7 devices (8 bytes in, the ring's 2(n-1)/n x 8 = 13 sent)
     axes = {axis for axes in report.comm_backward.values() for axis in axes}
-    assert axes == {"data@text_encoder", "data@vision_encoder"}
+    assert axes == {"data@text_encoder", "data@vision_encoder", "data"}
+    assert report.comm_backward["AllReduce"]["data"] == {"count": 1, "bytes": 13, "input_bytes": 8}
+    assert report.comm_causes["backward"]["AllReduce"]["data"] == {"grad norm": 1}
     assert [t.label for t in report.mpmd.timeline.spans][-1].endswith("backward")
     assert report.step_seconds > 0 and set(report.mpmd.groups) == {"text_encoder", "vision_encoder", "fusion_layer"}
     text = str(report)
@@ -164,6 +167,7 @@ def test_train_step_clips_like_single_device(mpmd, max_norm):
         assert model.last_grad_norm == pytest.approx(ref_norms[step], rel=rtol)
         assert not model.last_step_skipped
     assert (ref_norms[0] > max_norm) == (max_norm == 0.05)  # both sides of the limit are exercised
+    assert model.report(opt).comm_causes["backward"]["AllReduce"]["data"] == {"clip grad norm": 1}  # the last step's
     rtol = training_rtol(reduction, STEPS)
     for p, start in zip(ref.trainable_params(), before):
         got, want = net.parameters_dict()[p.name].asnumpy(), p.asnumpy()

@@ -88,7 +88,9 @@ def main():
     if mesh_kind == "tensor":  # the last training step's memory rows and series of this process's device
         # (before the forward-only call below, after which the report has no step series)
         report = parallel.report(optimizer)
-        step_memory = json.dumps({"step_memory": report.step_memory, "memory": report.memory})
+        step_memory = json.dumps({"step_memory": report.step_memory, "memory": report.memory,
+                                  "norm_row": report.comm_backward["AllReduce"]["tensor+pipeline"],
+                                  "norm_causes": report.comm_causes["backward"]["AllReduce"]["tensor+pipeline"]})
     eval_loss = float(parallel(x, y).asnumpy())  # forward only, every process
 
     arrays = {f"param:{p.name}": p.asnumpy() for p in parallel.optimizer_parameters()}

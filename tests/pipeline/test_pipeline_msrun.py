@@ -66,7 +66,7 @@ def check_step_memory_like_simulation(tmp_path, workers, kind, clip):
     own Parameters under msrun are named within the stage), step memory series (its pipeline rank's,
     pipeline/pipeline_step_memory.py) and step peaks equal the numeric simulation's of the same step
     on tensor 2 x pipeline 2, byte for byte (every step has the same shapes: the worker's last step
-    has the first step's figures)."""
+    has the first step's figures), and so does the report's row of the clipping norm's all-reduce."""
     import json
 
     import mindspore_hyper as mh
@@ -80,11 +80,15 @@ def check_step_memory_like_simulation(tmp_path, workers, kind, clip):
         parallel.train_step(optimizer, *batch(), max_grad_norm=clip)
         report = parallel.report(optimizer)
         simulated = json.loads(json.dumps({"step_memory": report.step_memory, "memory": report.memory}))
+        simulated_norm = report.comm_backward["AllReduce"]["tensor+pipeline"]
     finally:
         mh.reset_context()
     for rank in range(workers):
         got = json.loads(str(np.load(tmp_path / f"rank{rank}.npz")["step_memory"]))
         assert got["memory"] == {str(rank): simulated["memory"][str(rank)]}  # parameters, optimizer states, ...
+        # the clipping norm's float64 sum over the 4 processes: 8 bytes in, the ring's 2(n-1)/n x 8 = 12 sent
+        assert got["norm_row"] == simulated_norm == {"count": 1, "bytes": 12, "input_bytes": 8}
+        assert got["norm_causes"] == {"clip grad norm": 1}
         step = got["step_memory"]
         (pipeline_rank,) = step["per_pipeline_rank"]
         assert step["per_pipeline_rank"][pipeline_rank] == simulated["step_memory"]["per_pipeline_rank"][pipeline_rank]

@@ -283,3 +283,20 @@ def test_report_is_a_step_report_with_the_pipeline_section():
     assert "pipeline: 1f1b, 2 ranks x 1 chunk(s), 2 microbatches" in text and "stage 0->1" in text
     assert report.to_dict()["pipeline"]["p2p"] == section.p2p
     assert len(report.memory) == 8 and any("@stage" in a for axes in report.comm_backward.values() for a in axes)
+
+
+def test_report_lists_the_norm_all_reduce_over_the_whole_mesh():
+    """The global norm adds each device's squared-norm share over all 8 devices of the mesh: one
+    AllReduce of one float64 per device (8 bytes in, the ring's 2(n-1)/n x 8 = 14 bytes sent for
+    n = 8), caused "clip grad norm" when the step clips and "grad norm" when it only keeps the norm."""
+    for max_grad_norm, cause in ((0.05, "clip grad norm"), (None, "grad norm")):
+        parallel = pipelined(norm_chain(), DTP, "1f1b", m=2)
+        optimizer = nn.SGD(parallel.optimizer_parameters(), LR)
+        for seed in range(2):  # the report lists the last step's
+            parallel.train_step(optimizer, *chain_batch(seed), max_grad_norm=max_grad_norm)
+        report = parallel.report(optimizer)
+        assert report.comm_backward["AllReduce"]["data+tensor+pipeline"] == {"count": 1, "bytes": 14,
+                                                                             "input_bytes": 8}
+        assert report.comm_causes["backward"]["AllReduce"]["data+tensor+pipeline"] == {cause: 1}
+    parallel(*chain_batch(0))  # a forward-only step computes no norm
+    assert "data+tensor+pipeline" not in parallel.report(optimizer).comm_backward.get("AllReduce", {})

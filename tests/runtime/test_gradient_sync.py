@@ -82,7 +82,7 @@ def test_process_collectives_move_and_record_the_same_bytes():
     np.testing.assert_array_equal(sync.all_reduce_async(grad, group).wait(), grad * 3)  # not recorded
     np.testing.assert_array_equal(sync.reduce_scatter(grad, group, ["a", "b"]), grad[0] * 3)
     np.testing.assert_array_equal(sync.all_gather(grad[:1], 0, group, "w"), np.stack([grad[0], grad[0] * 2]))
-    assert sync.sum_scalar(0.5, member_group("all", (0, 1), 1, records=False)) == 1.5
+    assert sync.sum_scalar(0.5, member_group("all", (0, 1), 1)) == 1.5  # no cause: not recorded
     assert backend.log == [("all_reduce", 24), ("all_reduce_async", 24), ("reduce_scatter", 24),
                            ("all_gather", 12), ("all_reduce", 8)]
     assert backend.groups[-1].local == (1,)
@@ -95,3 +95,20 @@ def test_process_collectives_move_and_record_the_same_bytes():
 def test_member_group_refuses_a_rank_outside_the_group():
     with pytest.raises(ValueError, match=r"rank 3 is not a member of group 'data' \(0, 1\)"):
         member_group("data", (0, 1), rank=3)
+
+
+def test_sum_scalar_records_one_float64_all_reduce_under_its_cause():
+    # in one process the value is the sum already (nothing moves); in a process of one member it
+    # is summed by the communicator; both record an AllReduce of 8 bytes: n = 4 sends
+    # 2(n-1)/n x 8 = 12 bytes, n = 2 sends 8
+    accounting = Accounting(4)
+    sync = GradientSync(accounting, collectives=None)
+    assert sync.sum_scalar(2.5, AxisGroup.whole(4, "data+tensor"), "clip grad norm") == 2.5
+    assert _rows(accounting) == {("AllReduce", "data+tensor"): (1, 12, 8)}
+    assert dict(accounting.comm_backward_causes[("AllReduce", "data+tensor")]) == {"clip grad norm": 1}
+    accounting, backend = Accounting(2), _Backend()
+    sync = GradientSync(accounting, backend)
+    assert sync.sum_scalar(0.5, member_group("data", (0, 1), 0), "grad norm") == 1.5
+    assert backend.log == [("all_reduce", 8)]
+    assert _rows(accounting) == {("AllReduce", "data"): (1, 8, 8)}
+

@@ -6,8 +6,53 @@ and contraction layout; its output dimension keeps its own axes unless the left 
 """
 from __future__ import annotations
 
+from mindspore import ops
+
 from mindspore_hyper.dtensor.rules.common import free_entry, make, without_partial
 from mindspore_hyper.dtensor.rules.registry import Decision, accepts_uneven, register
+
+
+def _empty_pieces_safe(decision: Decision, tensors, out_shape) -> Decision:
+    """`decision`, its op run on a device holding an empty torch.chunk piece (6 features over 4
+    devices: 2, 2, 2, 0; 3 rows over 4: 1, 1, 1, 0) with each empty operand replaced by zeros one
+    element long in its empty dimensions, the result cut back to its empty size. MindSpore 2.10's
+    CPU MatMul with a contraction of 0 elements returns uninitialised memory (checked: a
+    (2, 0) @ (0, 3) product held nonzero values), where the right value is zeros; the same
+    product appears in the backward of an empty output or row piece (dx = dy @ w with dy empty
+    along the contraction). With the zero slices the forward is exact and every gradient is
+    zero where it must be. The zeros are fresh, so the empty piece leaves the gradient graph
+    (keeping it in by concatenation trips MindSpore's StridedSliceGrad on the empty result): under
+    msrun, where empty parameter pieces are refused, an empty activation piece with a collective
+    behind it in the backward is not tested. `out_shape(a_shape, b_shape)` gives the local result's
+    shape. Only uneven layouts can leave a piece empty; even ones keep the plain (batched) path."""
+    if not any(layout.uneven_dims(tuple(t.shape)) for layout, t in zip(decision.inputs, tensors)):
+        return decision
+
+    def local_fn(call, inputs, coords):
+        n = len(tensors)
+        if not any(0 in tuple(x.shape) for x in inputs[:n]):
+            return call.run(inputs, dict(call.kwargs))
+        target = out_shape(tuple(inputs[0].shape), tuple(inputs[1].shape))
+        padded = [ops.zeros(tuple(max(d, 1) for d in x.shape), x.dtype) if 0 in tuple(x.shape) else x
+                  for x in inputs[:n]]
+        out = call.run(padded + list(inputs[n:]), dict(call.kwargs))
+        return out[tuple(slice(0, d) for d in target)]
+
+    decision.local_fn = local_fn
+    return decision
+
+
+def _matmul_shape(ta: bool, tb: bool):
+    """The local MatMul result's shape from its operands' (right-aligned batch broadcast)."""
+    def shape(a, b):
+        m = a[-1] if ta else a[-2]
+        n = b[-2] if tb else b[-1]
+        batch_a, batch_b = list(a[:-2]), list(b[:-2])
+        nd = max(len(batch_a), len(batch_b))
+        batch_a, batch_b = [1] * (nd - len(batch_a)) + batch_a, [1] * (nd - len(batch_b)) + batch_b
+        batch = [0 if 0 in (x, y) else max(x, y) for x, y in zip(batch_a, batch_b)]
+        return tuple(batch) + (m, n)
+    return shape
 
 
 def _flags(call):
@@ -53,10 +98,11 @@ def matmul(call):
     out_dims = list(out_batch) + [tuple(a_dims[a_m]), b_dims[b_n]]
     partial = dict(a_layout.partial)
     partial.update({x: "sum" for x in a_dims[a_k]})
-    return Decision(
+    decision = Decision(
         inputs=[make(mesh, a_dims, a_layout.partial), make(mesh, b_dims)],
         outputs=make(mesh, out_dims, partial),
     )
+    return _empty_pieces_safe(decision, call.tensors[:2], _matmul_shape(ta, tb))
 
 
 @accepts_uneven()
@@ -90,4 +136,5 @@ def dense(call):
     inputs = [x_layout, make(mesh, [features, contraction])]
     if len(call.tensors) > 2:
         inputs.append(make(mesh, [features], partial))
-    return Decision(inputs=inputs, outputs=make(mesh, list(x_layout.dims[:-1]) + [features], partial))
+    decision = Decision(inputs=inputs, outputs=make(mesh, list(x_layout.dims[:-1]) + [features], partial))
+    return _empty_pieces_safe(decision, call.tensors, lambda x_shape, w_shape: x_shape[:-1] + w_shape[:1])

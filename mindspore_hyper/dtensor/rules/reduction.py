@@ -7,6 +7,9 @@ products, spreads, medians, all/any) gather the reduced dimensions first.
 """
 from __future__ import annotations
 
+from mindspore import ops
+
+from mindspore_hyper.dtensor.meta import MetaTensor
 from mindspore_hyper.dtensor.rules.common import make, norm_dims, without_partial
 from mindspore_hyper.dtensor.rules.registry import Decision, accepts_uneven, register
 
@@ -64,7 +67,36 @@ def reduction(call):
                 out_dims.append(())
         else:
             out_dims.append(entry)
-    return Decision(inputs=[layout], outputs=make(layout.mesh, out_dims, partial))
+    decision = Decision(inputs=[layout], outputs=make(layout.mesh, out_dims, partial))
+    if kind == "sum" and layout.uneven_dims(x.global_shape):
+        decision.local_fn = _empty_piece_sum(reduced, keep)
+    return decision
+
+
+def _empty_piece_sum(reduced, keep: bool):
+    """The per-piece sum, a device's empty torch.chunk piece (3 rows over 4: 1, 1, 1, 0) padded
+    with one zero along each empty dimension first: MindSpore 2.10's CPU ReduceSum of a tensor of
+    0 elements returns uninitialised memory (checked: 1.5e36 for a (0, 2) tensor's sum), which
+    under msrun became every rank's loss once the Partial sum was reduced. The padding is a
+    concat, so the piece stays in the graph (its gradient: zeros) and, under msrun, the backward
+    reaches the collectives that made it on this rank too."""
+    def local_fn(call, inputs, coords):
+        x = inputs[0]
+        empty = [d for d, n in enumerate(x.shape) if n == 0]
+        if isinstance(x, MetaTensor) or not empty:  # a dry run's shapes: the shape rule
+            return call.run(inputs, dict(call.kwargs))
+        padded = x
+        for d in empty:
+            shape = list(padded.shape)
+            shape[d] = 1
+            padded = ops.concat([padded, ops.zeros(tuple(shape), x.dtype)], d)
+        out = call.run([padded] + list(inputs[1:]), dict(call.kwargs))
+        kept = [d for d in range(x.ndim) if keep or d not in reduced]  # the result's dimensions
+        cut = [d for d in empty if d not in reduced]  # empty in the result too
+        for d in cut:
+            out = ops.split(out, [1, 0], kept.index(d))[1]
+        return out
+    return local_fn
 
 
 def _mean_of_uneven(call):

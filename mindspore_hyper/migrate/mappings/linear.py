@@ -10,7 +10,10 @@ from mindspore_hyper.migrate.mappings.registry import function, method, module
 aten = torch.ops.aten
 
 
-@module(torch.nn.Linear, "nn.Dense", params={"weight": "weight", "bias": "bias"})
+# nn.Dense refuses 0 features (MobileBERT's `predictions.dense` under a small config has 0 outputs and is only read
+# as a weight): such a Linear is converted from its traced program instead, keeping its (empty) parameters.
+@module(torch.nn.Linear, "nn.Dense", params={"weight": "weight", "bias": "bias"},
+        accepts=lambda m: m.in_features > 0 and m.out_features > 0)
 def dense(m: torch.nn.Linear) -> str:
     # torch Linear.weight is (out, in), the layout nn.Dense keeps: weights copy unchanged.
     return f"nn.Dense({m.in_features}, {m.out_features}, has_bias={m.bias is not None})"

@@ -19,11 +19,22 @@ def _pool_padding(padding) -> str:
     return f"pad_mode='pad', padding=({top_bottom}, {left_right})"
 
 
+def _unrunnable(m, stride):
+    """The `Unrunnable` helper's constructor when torch cannot run `m` (a kernel or stride of 0), else None."""
+    if 0 in _pair(m.kernel_size) + _pair(stride):
+        reason = (f"{type(m).__name__}(kernel_size={m.kernel_size}, stride={stride}): torch raises when it is called "
+                  "(a kernel or stride of 0)")
+        return f"Unrunnable({reason!r})"
+    return None
+
+
 @module(torch.nn.MaxPool2d, "nn.MaxPool2d")
 def max_pool2d_module(m: torch.nn.MaxPool2d) -> str:
+    stride = m.stride if m.stride is not None else m.kernel_size
+    if _unrunnable(m, stride):
+        return _unrunnable(m, stride)
     if m.return_indices or _pair(m.dilation) != (1, 1):
         raise Unsupported("nn.MaxPool2d with return_indices or dilation is not mapped")
-    stride = m.stride if m.stride is not None else m.kernel_size
     return (f"nn.MaxPool2d(kernel_size={_pair(m.kernel_size)}, stride={_pair(stride)}, {_pool_padding(m.padding)}, "
             f"ceil_mode={m.ceil_mode})")
 
@@ -33,6 +44,8 @@ def avg_pool2d_module(m: torch.nn.AvgPool2d) -> str:
     if m.divisor_override is not None:
         raise Unsupported("nn.AvgPool2d(divisor_override=...) is not mapped")
     stride = m.stride if m.stride is not None else m.kernel_size
+    if _unrunnable(m, stride):
+        return _unrunnable(m, stride)
     return (f"nn.AvgPool2d(kernel_size={_pair(m.kernel_size)}, stride={_pair(stride)}, {_pool_padding(m.padding)}, "
             f"ceil_mode={m.ceil_mode}, count_include_pad={m.count_include_pad})")
 

@@ -12,7 +12,7 @@ import torch
 
 from mindspore_hyper.migrate.mappings.common import call, literal, ms_dtype, sizes, subscript
 from mindspore_hyper.migrate.mappings.registry import (
-    NO_VALUE, Alias, Arg, Unsupported, function, method)
+    NO_VALUE, NOT_CONSTANT, Alias, Arg, Unsupported, function, method)
 
 aten = torch.ops.aten
 _INT64_MAX = 2 ** 63 - 1
@@ -215,6 +215,13 @@ def _tensor_list(tensors: Arg) -> str:
 
 @function("mint.cat", aten.cat, aten.concat, torch.cat, torch.concat)
 def cat(tensors, dim=0):
+    # torch skips 1-D empty operands beside tensors of higher rank (a legacy rule: transformers' DynamicCache cats its
+    # empty (0,) start with the keys, Flaubert); mint.cat refuses mixed ranks. Such an operand is empty on every valid
+    # input (non-empty, torch refuses the ranks), so leaving it out is exact
+    if tensors.items is not None and any(t.is_tensor and len(t.shape) > 1 for t in tensors.items):
+        kept = [t for t in tensors.items if not (t.is_tensor and t.shape == (0,))]
+        if len(kept) < len(tensors.items):
+            tensors = Arg("", NOT_CONSTANT, None, kept, tensors.kind)
     return call("mint.cat", _tensor_list(tensors), dim=dim)
 
 
@@ -365,6 +372,11 @@ def index_select(self, dim, index):
 
 @function("ops.masked_fill", aten.masked_fill, torch.masked_fill, method("masked_fill"))
 def masked_fill(self, mask, value):
+    # MindSpore's CPU MaskedFill needs the value in the input's dtype (`masked_fill(~mask, 0)` on floats: Nemotron-H)
+    if self.is_tensor and self.dtype.is_floating_point and value.is_constant and isinstance(value.value, (bool, int)):
+        value = literal(float(value.value))
+    elif self.is_tensor and value.is_tensor and value.dtype != self.dtype:
+        value = call("ops.cast", value, ms_dtype(self.dtype))
     return call("ops.masked_fill", self, mask, value)
 
 

@@ -173,11 +173,6 @@ class DistributedModel(ParallelModel):
                                f"the same path through the model")
         return self._finish_gradients(weights, grads)
 
-    def reduce_over_processes(self, value: float) -> float:
-        """Sum of a float over the mesh's processes (float64 all-reduce)."""
-        group = member_group("all", tuple(range(self.mesh.size)), self.world.rank, records=False)
-        return self.gradient_sync.sum_scalar(value, group)
-
     def _finish_gradients(self, weights: Sequence[Parameter], grads) -> list:
         """Add the queued sums to autograd's gradients; ZeRO-1 parameters get their slice."""
         arrays = {id(w): g.asnumpy().copy() for w, g in zip(weights, grads)}

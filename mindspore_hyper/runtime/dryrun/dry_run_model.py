@@ -7,9 +7,9 @@ gradients to apply). `report()` has a row for every device of the mesh.
 
 The step's options are accounted as the simulation accounts them: `accumulation_steps=k` runs k
 micro-batch forwards (each holding its activations until the next starts; the gradients are
-counted once) with each parameter's data-parallel sum once per step; `max_grad_norm` and
-`loss_scale` are checked and add nothing to the report (their only traffic, the global norm's
-one-scalar all-reduce, is not a report row in any mode).
+counted once) with each parameter's data-parallel sum once per step, and the global gradient
+norm's one-scalar all-reduce ("clip grad norm" with `max_grad_norm`, else "grad norm"; there is
+no norm value); `loss_scale` is checked and adds nothing.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Dict, Optional, Tuple
 
 from mindspore import Tensor, nn
 
+from mindspore_hyper.comm.collective_cause import CLIP_NORM_CAUSE, GRAD_NORM_CAUSE
 from mindspore_hyper.comm.collectives import AxisGroup
 from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.dtensor.meta import MetaTensor, meta
@@ -62,6 +63,12 @@ class DryRunModel(ParallelModel):
     """A model dry-run on its mesh (see module docstring and ParallelModel)."""
 
     def __init__(self, network: nn.Cell, table, runtime, return_dtensor: bool = False):
+        context = table.strategy.context
+        if context is not None and context.method == "ring":
+            raise ValueError(f"dry run: context_parallel={context.axis!r} with context_method='ring' (the default) is "
+                             "not modelled: ring attention reads the attention mask's values to skip masked-out "
+                             "blocks and choose the zigzag order, and a dry run has none; dry-run it with "
+                             "context_method='ulysses' (equal to the simulation) or run the ring in simulation")
         super().__init__(network, table, runtime, return_dtensor)
         self._training = False
         # (training, needs loss, micro-batch, micro-batches, input signature) -> (counters, output)
@@ -130,9 +137,10 @@ class DryRunModel(ParallelModel):
         """The step's forward on shapes, its backward's collectives and gradient sums recorded;
         no update (see module docstring). The options are checked as in the simulation and
         accounted as it accounts them: `accumulation_steps=k` runs k micro-batch forwards on
-        dim 0 of every batched input cut into k; `max_grad_norm` and `loss_scale` add no row
-        (`loss_scale`'s scaler is not adjusted: a dry run has no gradient to test for overflow,
-        and `last_grad_norm` stays None).
+        dim 0 of every batched input cut into k; the global norm's scalar all-reduce is recorded
+        (caused "clip grad norm" with `max_grad_norm`, else "grad norm"); `loss_scale` adds no
+        row (its scaler is not adjusted: a dry run has no gradient to test for overflow, and
+        `last_grad_norm` stays None).
 
         Returns:
             The loss (shape and dtype only; the last micro-batch's).
@@ -155,6 +163,8 @@ class DryRunModel(ParallelModel):
             for index in range(steps):
                 self._micro_batch, self._last_micro_batch = index, index == steps - 1
                 loss = self(*micro_batch)
+            # the global norm's scalar all-reduce, recorded as the simulation records it (no value moves)
+            self.reduce_over_processes(0.0, GRAD_NORM_CAUSE if max_grad_norm is None else CLIP_NORM_CAUSE)
             return loss
         finally:
             self._training, self._needs_loss = False, False

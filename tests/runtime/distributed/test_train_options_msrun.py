@@ -1,7 +1,8 @@
 """Clipping, accumulation and loss scaling under msrun (4 processes, data x tensor with ZeRO-1):
 the global norm counts each shard once (equal on every process, equal to the single-device norm),
 the accumulated, clipped, scaled step equals the single-device loop with ops.clip_by_global_norm,
-and MindSpore's own clipping on a process's shards sees a wrong (smaller) norm."""
+MindSpore's own clipping on a process's shards sees a wrong (smaller) norm, and the report has the
+norm's scalar all-reduce ("clip grad norm")."""
 import json
 import os
 
@@ -32,3 +33,7 @@ def test_clipping_accumulation_and_loss_scale_on_4_processes(tmp_path):
         assert res["mindspore_local_norm"] < 0.9 * res["package_norm_of_same"]  # shards only: wrong
         # ZeRO-1 over data: one reduce-scatter bucket and one all-gather per step, not one per micro-batch
         assert res["comm_backward"]["ReduceScatter"]["data"]["count"] == 1, res["comm_backward"]
+        # the global norm's float64 sum over the 4 processes, once by train_step(max_grad_norm) and once by
+        # clip_grad_norm after it: 8 bytes in each, the ring's 2(n-1)/n x 8 = 12 bytes sent (n = 4)
+        assert res["comm_backward"]["AllReduce"]["data+tensor"] == {"count": 2, "bytes": 24, "input_bytes": 16}
+        assert res["comm_causes"]["backward"]["AllReduce"]["data+tensor"] == {"clip grad norm": 2}

@@ -41,7 +41,7 @@ def run_case(case: str):
     out["mindspore_local_norm"] = float(ops.sqrt(squares).asnumpy()[0])
     out["package_norm_of_same"] = mh.clip_grad_norm(par, grads, 1e9)[1]
     report = par.report(opt)
-    out["comm_backward"] = report.comm_backward
+    out["comm_backward"], out["comm_causes"] = report.comm_backward, report.comm_causes
     local = {p.name: p.asnumpy() for p in net.trainable_params()}
     regions = {row.name: row.layout.rank_slices(rank, row.global_shape) for row in par.table}
 

@@ -93,7 +93,9 @@ def test_bad_input_is_named(tmp_path):
 
 def test_a_hyper_parallel_script_dry_runs_like_its_simulation(tmp_path):
     """The same HyperParallel-API script under `run` (values) and `dryrun` (shapes): its mesh's
-    laid-out parameters, peak, ops' FLOPs and bytes and collectives agree exactly."""
+    laid-out parameters, peak, ops' FLOPs and bytes, collectives and step memory series agree
+    exactly; the series' update point and step peak are checked by hand (Adam: 2 states per
+    parameter element)."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hp_tp_script.py")
     reports = {}
     for command in ("run", "dryrun"):
@@ -101,9 +103,25 @@ def test_a_hyper_parallel_script_dry_runs_like_its_simulation(tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
         reports[command] = json.loads((tmp_path / f"{command}.json").read_text())
     (sim,), (dry,) = reports["run"]["meshes"], reports["dryrun"]["meshes"]
-    for key in ("parameter_bytes_per_device", "peak_bytes_per_device", "collectives", "compute", "ops"):
+    for key in ("parameter_bytes_per_device", "peak_bytes_per_device", "collectives", "compute", "ops",
+                "step_memory"):
         assert sim[key] == dry[key], key
     assert any(c["kind"] == "AllReduce" for c in dry["collectives"])
+    # the step's phases, marked from the script's value_and_grad and optimizer call
+    # (hyper_parallel/step_phases.py): its 5 forward ops, their backwards, the update
+    step = dry["step_memory"]
+    assert [row[:2] for row in step["timeline"]] == [["forward", op] for op in FORWARD] + \
+        [["backward", op] for op in reversed(FORWARD)] + [["optimizer", "update"]]
+    # tp=4: up (64, 16) column-parallel and its bias 64 -> 16 x 16 + 16 floats, down (16, 64)
+    # row-parallel 16 x 16 floats with its bias 16 replicated: 4 bytes each
+    params = 4 * (16 * 16 + 16 + 16 * 16 + 16)
+    assert dry["parameter_bytes_per_device"] == params
+    assert step["timeline"][-1] == ["optimizer", "update", 0, params]  # every gradient alive, no activation
+    peak = max(row[2] + row[3] for row in step["timeline"])
+    assert step["optimizer"] == "Adam" and {row["step_peak"] for row in step["per_device"]} == {3 * params + peak}
+
+
+FORWARD = ("MatMul", "BiasAdd", "ReLU", "MatMul", "BiasAdd")  # up, relu, down: nn.Dense is MatMul + BiasAdd
 
 
 def test_a_pipelined_gpt_dry_runs_like_its_simulation(tmp_path):
@@ -123,6 +141,10 @@ def test_a_pipelined_gpt_dry_runs_like_its_simulation(tmp_path):
     for key in ("memory_per_device", "collectives", "compute", "pipeline", "step_memory"):
         assert sim[key] == dry[key], key
     assert dry["pipeline"]["schedule"] == "1f1b" and set(dry["pipeline"]["per_stage"]) == {"0", "1"}
+    # the global norm's float64 all-reduce over the 8 devices: 8 bytes in, the ring's 2(n-1)/n x 8 = 14 sent
+    (norm,) = [row for row in dry["collectives"] if "grad norm" in row["causes"]]
+    assert (norm["kind"], norm["count"], norm["send_bytes_per_device"], norm["input_bytes_per_device"]) == \
+        ("AllReduce", 1, 14, 8) and "@stage" not in norm["axis"]
     assert set(dry["step_memory"]["per_pipeline_rank"]) == {"0", "1"} and dry["step_memory"]["timeline"]
     predicted = dry["predicted"]
     assert predicted["compute_seconds"] > 0 and "bubble" in predicted["notes"][0]

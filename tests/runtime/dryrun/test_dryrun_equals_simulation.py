@@ -152,6 +152,19 @@ def test_a_lazily_built_model_is_never_initialised(pynative):
     assert losses[0] == losses[1]
 
 
+@pytest.mark.parametrize("mesh", [((4,), ("cp",)), ((2, 2), ("data", "cp"))], ids=["cp4", "data2 x cp2"])
+def test_gpt_ulysses_context_parallel(pynative, mesh):
+    """The examples' GPT with Ulysses context parallelism (ZeRO-1 over data where there is one):
+    the sequence -> head AllToAlls forward and backward, and the memory, equal the simulation's."""
+    def strategy():
+        return pynative.Layout(*mesh)(tensor_map=(), context_parallel="cp", context_method="ulysses",
+                                      optimizer_state="data" if "data" in mesh[1] else None)
+
+    ids = _ids(2, 8, 16)
+    dry = _assert_same(pynative, 4, lambda: GPT(vocab=16, hidden=8, heads=4, layers=1, seq=8), strategy, (ids, ids))
+    assert dry.comm["AllToAll"]["cp"]["count"] > 0 and dry.comm_backward["AllToAll"]["cp"]["count"] > 0
+
+
 def test_refusals_name_what_the_dry_run_cannot_do(pynative):
     from mindspore_hyper.dtensor.meta import DryRunValueError
 
@@ -187,6 +200,16 @@ def test_refusals_name_what_the_dry_run_cannot_do(pynative):
                        match=r"asnumpy\(\) of a tensor of shape \(\) .*test_dryrun_equals_simulation"):
         loss.asnumpy()
     assert mh.dryrun_mock(1.5, lambda: loss.asnumpy()) == 1.5
+    with pytest.raises(ValueError, match=r"dry run: context_parallel='cp' with context_method='ring' \(the default\) "
+                                         r"is not modelled: ring attention reads the attention mask's values"):
+        mh.auto_parallelize(GPT(vocab=16, hidden=8, heads=4, layers=1, seq=8),
+                            mh.Layout((4,), ("cp",))(tensor_map=(), context_parallel="cp"))
+    from mindspore_hyper.offload import OffloadPolicy, hyper_offload
+
+    for offloaded in (model, nn.Dense(4, 4)):  # a dry-run model, and a plain Cell in a dry-run script
+        with pytest.raises(NotImplementedError, match="hyper_offload in a dry run: the offload tiers are a store of "
+                                                      "the parameters' values"):
+            hyper_offload(offloaded, OffloadPolicy(), optimizer=lambda ps: nn.Adam(ps, 1e-3))
     mh.set_context(mode="simulation")
     assert mh.dryrun_mock(1.5, lambda: 2.5) == 2.5
 

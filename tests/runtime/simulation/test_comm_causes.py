@@ -34,11 +34,11 @@ def _column_column(optimizer_state=None):
     return strategy.override("fc1.*", "tensor").override("fc2.*", "tensor")
 
 
-def _train_step(mode, optimizer_state=None):
+def _train_step(mode, optimizer_state=None, max_grad_norm=None):
     mh.set_context(mode=mode, device_num=4)
     model = mh.auto_parallelize(SummedMLP(16, 32, 16), _column_column(optimizer_state))
     optimizer = nn.Adam(model.optimizer_parameters(), 1e-3)
-    model.train_step(optimizer, X)
+    model.train_step(optimizer, X, max_grad_norm=max_grad_norm)
     return model, model.report(optimizer)
 
 
@@ -54,8 +54,10 @@ def test_tensor_parallel_rows_name_the_matmul_redistribution_and_the_grad_sync(p
     # one AllToAll forward, and its inverse in the backward, both caused by MatMul's input 1 in Cell fc2
     assert causes["forward"]["AllToAll"] == {"tensor": {"redistribute for MatMul input 1 in fc2": 1}}
     assert causes["backward"]["AllToAll"] == {"tensor": {"redistribute for MatMul input 1 in fc2": 1}}
-    # one data-parallel gradient AllReduce per parameter, each named after its parameter
-    assert causes["backward"]["AllReduce"] == {"data": {f"grad sync of {name}": 1 for name in MLP_PARAMETERS}}
+    # one data-parallel gradient AllReduce per parameter, each named after its parameter, and the
+    # global norm's scalar sum over the whole mesh (kept as last_grad_norm; this step does not clip)
+    assert causes["backward"]["AllReduce"] == {"data": {f"grad sync of {name}": 1 for name in MLP_PARAMETERS},
+                                               "data+tensor": {"grad norm": 1}}
     # every row's causes add up to its count; nothing is unattributed
     for phase, comm in (("forward", report.comm), ("backward", report.comm_backward)):
         for kind, axes in comm.items():
@@ -94,6 +96,25 @@ def test_dry_run_names_the_same_causes(pynative, optimizer_state):
     _, dry = _train_step("dryrun", optimizer_state)
     assert sim.comm == dry.comm and sim.comm_backward == dry.comm_backward
     assert sim.comm_causes == dry.comm_causes and dry.comm_causes["backward"]
+
+
+@pytest.mark.parametrize("mode", ["simulation", "dryrun"])
+def test_clipping_records_the_norm_all_reduce_once_over_the_mesh(pynative, mode):
+    """train_step(max_grad_norm=...) sums each device's squared-norm share over the whole mesh:
+    one AllReduce of one float64 per device, 8 bytes in, the ring's 2(n-1)/n x 8 = 12 bytes sent
+    over n = 4 devices, caused "clip grad norm"; a step without clipping has no such row."""
+    _, clipped = _train_step(mode, max_grad_norm=1.0)
+    assert clipped.comm_backward["AllReduce"]["data+tensor"] == {"count": 1, "bytes": 12, "input_bytes": 8}
+    assert clipped.comm_causes["backward"]["AllReduce"]["data+tensor"] == {"clip grad norm": 1}
+    assert "clip grad norm" in str(clipped)
+    plain_model, plain = _train_step(mode)
+    assert "clip grad norm" not in _all_causes(plain)  # the norm is still kept (last_grad_norm): "grad norm"
+    assert plain.comm_causes["backward"]["AllReduce"]["data+tensor"] == {"grad norm": 1}
+    if mode == "simulation":  # clipping by hand after the step adds its own sum to the step's rows
+        grads = [Tensor(plain_model.last_gradients[p.name]) for p in plain_model.network.trainable_params()]
+        mh.clip_grad_norm(plain_model, grads, 1.0)
+        assert plain_model.report().comm_causes["backward"]["AllReduce"]["data+tensor"] == {
+            "grad norm": 1, "clip grad norm": 1}
 
 
 def test_model_output_made_whole_is_its_own_cause(pynative):

@@ -1,0 +1,158 @@
+"""Pipeline schedules with DTensor inputs and DTensor activations (upstream's vpp_schedule
+pattern): `run(x)` with a DTensor `x` cuts each device's rows into the microbatches, keeping the
+placements; stages on a mesh take and return DTensors; every pipeline rank's schedule runs in
+this process (`run_ranks_in_process`) against one device running the same layers on the same
+microbatches.
+
+Tolerances: the pipeline runs the same float32 ops as one device on the same rows; values differ
+only by the order of sums (per-device partial sums of a batch of 2 rows, gradients summed over 4
+microbatches in another order). Reassociating a sum of n <= 8 float32 terms of magnitude O(1)
+moves it by at most about n * 2**-24 ~ 5e-7, so rtol=1e-5 / atol=1e-6 keeps a ~10x margin and
+still catches any wrong or missing term (a microbatch's gradient is O(1e-2) or more).
+"""
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from mindspore_hyper.hyper_parallel import (
+    ColwiseParallel, DTensor, PipelineStage, Replicate, RowwiseParallel, Schedule1F1B, ScheduleInterleaved1F1B,
+    Shard, distribute_module, distribute_tensor, init_device_mesh, parallelize_module,
+)
+from mindspore_hyper.hyper_parallel.pipeline_activations import WireRoute, to_wire
+from mindspore_hyper.hyper_parallel.pipeline_microbatches import split_inputs
+from mindspore_hyper.hyper_parallel.pipeline_schedule import run_ranks_in_process
+from pipeline_layers import Block, Head
+
+RTOL, ATOL = 1e-5, 1e-6
+STAGES, M, BATCH = 4, 4, 8
+
+
+class Seen(nn.Cell):
+    """A stage Cell that records the placements of the input it gets (None: a plain Tensor)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.seen = []
+
+    def construct(self, x):
+        self.seen.append(x.placements if isinstance(x, DTensor) else None)
+        return self.inner(x)
+
+
+def make_pair(seed=0):
+    """The pipeline's layers and a one-device copy holding the same values."""
+    ms.set_seed(seed)
+    layers = list(nn.CellList([Block() for _ in range(STAGES - 1)] + [Head()]))
+    twin = list(nn.CellList([Block() for _ in range(STAGES - 1)] + [Head()]))
+    for a, b in zip(layers, twin):
+        for p, q in zip(a.trainable_params(), b.trainable_params()):
+            q.set_data(Tensor(p.asnumpy()))
+    return layers, twin
+
+
+def batch(seed=0):
+    return Tensor(np.random.RandomState(seed).randn(BATCH, 8).astype(np.float32))
+
+
+def schedules(cells, chunks):
+    """One schedule per pipeline rank: rank r holds stages r, r + p, ... (1F1B: one each)."""
+    ranks = STAGES // chunks
+    out = []
+    for r in range(ranks):
+        stages = [PipelineStage(cells[s], s, STAGES) for s in range(r, STAGES, ranks)]
+        out.append(ScheduleInterleaved1F1B(stages, M) if chunks > 1 else Schedule1F1B(stages[0], M))
+    return out
+
+
+def one_device(layers, x, rows_of):
+    """One device on the same microbatches (`rows_of(m)`: microbatch m's rows of `x`): each
+    microbatch's output and the gradient of their sum (upstream seeds each output with ones)."""
+    params = [p for layer in layers for p in layer.trainable_params()]
+
+    def forward(part):
+        h = part
+        for layer in layers:
+            h = layer(h)
+        return h
+
+    def step(x):
+        total = 0
+        for m in range(M):
+            total = total + forward(ops.gather(x, Tensor(rows_of(m), ms.int32), 0))
+        return total
+
+    _, grads = ms.value_and_grad(step, None, params)(x)
+    outputs = [float(forward(ops.gather(x, Tensor(rows_of(m), ms.int32), 0)).asnumpy()) for m in range(M)]
+    return outputs, grads
+
+
+def check_against_one_device(layers, twin, outputs, rows_of, x):
+    expected, grads = one_device(twin, x, rows_of)
+    np.testing.assert_allclose([float(o.asnumpy()) for o in outputs], expected, rtol=RTOL, atol=ATOL)
+    params = [p for layer in layers for p in layer.trainable_params()]
+    for p, g in zip(params, grads):
+        np.testing.assert_allclose(p.grad.asnumpy(), g.asnumpy(), rtol=RTOL, atol=ATOL, err_msg=p.name)
+
+
+def test_a_dtensor_input_is_cut_per_device_keeping_its_placements(fresh_session):
+    fresh_session.set_context(device_num=2)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+    x = batch()
+    sharded = split_inputs((distribute_tensor(x, mesh, (Shard(0),)),), M, None)
+    for m, (part,) in enumerate(sharded):  # device 0 holds rows 0-3, device 1 rows 4-7: row m of each
+        assert part.placements == (Shard(0),) and part.shape == (2, 8)
+        np.testing.assert_array_equal(part.asnumpy(), x.asnumpy()[[m, 4 + m]])
+    replicated = split_inputs((distribute_tensor(x, mesh, (Replicate(),)),), M, None)
+    for m, (part,) in enumerate(replicated):  # unsharded batch: the global tensor's consecutive rows
+        assert part.placements == (Replicate(),)
+        np.testing.assert_array_equal(part.asnumpy(), x.asnumpy()[2 * m:2 * m + 2])
+    uneven = distribute_tensor(Tensor(np.ones((7, 8), np.float32)), mesh, (Shard(0),))  # 4 + 3 rows
+    with pytest.raises(ValueError, match=r"micro_batch_num=2 does not divide input 0's batch dimension 0 on every "
+                                         r"device.*\{1: 3\} on ranks \[1\]"):
+        split_inputs((uneven,), 2, None)
+
+
+@pytest.mark.parametrize("chunks", [1, 2], ids=["1F1B", "interleaved"])
+def test_data_parallel_stages_take_and_return_dtensors_like_one_device(fresh_session, chunks):
+    """The batch Shard(0) over "dp" (upstream's vpp_schedule input), each stage's Parameters
+    replicated on the mesh: every stage gets and returns a Shard(0) DTensor."""
+    fresh_session.set_context(device_num=2)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+    layers, twin = make_pair()
+    cells = [Seen(distribute_module(layer, mesh)) for layer in layers]
+    x = batch()
+    outputs = run_ranks_in_process(schedules(cells, chunks), distribute_tensor(x, mesh, (Shard(0),)))
+    assert all(isinstance(o, DTensor) for o in outputs) and len(outputs) == M
+    assert all(cell.seen[0] == (Shard(0),) for cell in cells)  # the forward's input, first microbatch
+    check_against_one_device(layers, twin, outputs, lambda m: [m, 4 + m], x)
+
+
+@pytest.mark.parametrize("chunks", [1, 2], ids=["1F1B", "interleaved"])
+def test_tensor_parallel_stages_pass_split_activations_like_one_device(fresh_session, chunks):
+    """Stages alternate Colwise and Rowwise with DTensor outputs, so every other activation
+    crosses the pipeline split along its features (Shard(-1)) and is taken as such."""
+    fresh_session.set_context(device_num=2)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    layers, twin = make_pair(seed=3)
+    for s, layer in enumerate(layers[:-1]):
+        style = (ColwiseParallel(use_local_output=False) if s % 2 == 0 else
+                 RowwiseParallel(input_layouts=Shard(-1), use_local_output=False))
+        parallelize_module(layer, mesh, {"dense": style})
+    distribute_module(layers[-1], mesh)
+    cells = [Seen(layer) for layer in layers]
+    x = batch()
+    outputs = run_ranks_in_process(schedules(cells, chunks), distribute_tensor(x, mesh, (Replicate(),)))
+    assert [cell.seen[0] for cell in cells] == [(Replicate(),), (Shard(1),), (Replicate(),), (Shard(1),)]
+    check_against_one_device(layers, twin, outputs, lambda m: [2 * m, 2 * m + 1], x)
+
+
+def test_dtensor_activations_between_processes_are_refused(fresh_session):
+    fresh_session.set_context(device_num=2)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+    route = WireRoute()
+    route.in_process = False  # as a schedule sets it under msrun
+    with pytest.raises(ValueError, match="PipelineStage 1: its Cell returned a DTensor; with one process per device"):
+        to_wire(distribute_tensor(batch(), mesh, (Shard(0),)), 1, route)
