@@ -214,7 +214,7 @@ def sweep_part(args: argparse.Namespace) -> None:
               else f"{len(rows) - reused} families run now in {wall:.0f} s and {reused} rows kept from earlier runs "
                    f"of {os.path.basename(args.jsonl)}; the families' own times add up to {sum(r.seconds for r in rows):.0f} s (load "
                    f"{os.getloadavg()[0]:.1f} at the end)")
-    summary = (f"{passed} of {built} families that build offline pass ({100.0 * passed / max(built, 1):.0f}%); "
+    summary = (f"{passed} of {built} families that build offline pass ({100.0 * passed / max(built, 1):.1f}%); "
                f"{len(rows) - built} did not build; {timing}")
     print(summary)
     text = sweep.table(rows)

@@ -164,10 +164,14 @@ def _mesh_of(values):
 
 
 def replicated_dtensor(execution, tensor: Tensor) -> DTensor:
-    """A plain (global) tensor as a DTensor replicated on every device of `execution`."""
-    tensor = _shape_only(execution, tensor)
-    return DTensor._create(TensorLayout.replicated(execution.mesh, tensor.ndim), {(): tensor}, tensor.shape,
-                           tensor.dtype, execution)
+    """A plain (global) tensor as a DTensor replicated on every device of `execution`. In a
+    dry run the shard of a host constant of the model code (not a Parameter, not lazily
+    initialised) keeps it as `MetaTensor.constant` (ring attention recognises causal masks by it)."""
+    shard = _shape_only(execution, tensor)
+    if shard is not tensor and not isinstance(tensor, Parameter) and getattr(tensor, "has_init", True) is False:
+        shard.constant = tensor
+    return DTensor._create(TensorLayout.replicated(execution.mesh, shard.ndim), {(): shard}, shard.shape,
+                           shard.dtype, execution)
 
 
 def _shape_only(execution, tensor: Tensor) -> Tensor:

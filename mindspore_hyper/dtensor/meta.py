@@ -27,6 +27,10 @@ class MetaTensor(Tensor):
     """A shape and dtype without values (see module docstring). Build with `meta`."""
 
     grad_path: bool  # a trainable parameter reaches it: backward traffic through it is counted
+    # the host constant of the model code it stands for (a plain Tensor with values, e.g. a causal
+    # mask), None for what the run computes: read only to recognise a mask's diagonal structure
+    # (dtensor/context_parallel/diagonal_mask.py), never to compute
+    constant = None
 
     def __fallback__(self, func, args, kwargs=None):
         return infer(func, args, kwargs or {})

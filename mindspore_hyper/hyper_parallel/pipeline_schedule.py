@@ -15,10 +15,18 @@ Under msrun each process is one pipeline rank; in a per-rank simulation (`mindsp
 once for all devices, while a PipelineStage is one rank's stage (upstream's scripts build it
 from their rank): `run()` there is refused with the script's line. `run_ranks_in_process`
 executes every rank's schedule of one step in this process (the same runner, in-process).
+
+Under msrun a refusal on one rank reaches every rank (pipeline/step_refusal.py): the step's
+checks (inputs, microbatches, the rank's block) run on every process and are agreed on by a tiny
+all-gather before any transfer; a rank that fails during the step (a stage refusing its output,
+any error in a stage) sends its refusal in place of the tensors it still owes, and each rank
+waiting for one raises it and passes it on. Every rank raises the same exception class naming
+the refusing rank. After such a step the pipeline's channels may still hold its tensors, so a
+later step in the same job is refused on every rank.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from mindspore import Tensor
 
@@ -30,6 +38,7 @@ from mindspore_hyper.hyper_parallel.rank_threads import per_rank_transport, thre
 from mindspore_hyper.hyper_parallel.session import RankDependentError, holds_all_ranks, job_size, mesh_of, script_line
 from mindspore_hyper.pipeline.runner import StageRunner
 from mindspore_hyper.pipeline.stage_transport import LocalTransport
+from mindspore_hyper.pipeline.step_refusal import agree
 from mindspore_hyper.schedule.build import build_schedule
 
 __all__ = ["ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "run_ranks_in_process"]
@@ -38,6 +47,7 @@ class _PipelineSchedule:
     """What the three schedules share (see module docstring); `_KIND`: the package's family."""
 
     _KIND = ""
+    _failed_step: Optional[str] = None  # under msrun: why a step failed after its transfers began (this process)
 
     def __init__(self, stages, micro_batch_num: int, args_batch_dim=None, kwargs_batch_dim=None,
                  output_concat_dim=None):
@@ -214,8 +224,16 @@ class _PipelineSchedule:
             ValueError: inputs on the wrong rank, keyword inputs, a batch the microbatches do not
                 divide (a DTensor's: on some device), a stage returning something else than one
                 Tensor or DTensor, or (one process per device) a stage returning a DTensor.
+            RuntimeError: (one process per device) an earlier step of the job failed.
+            Under msrun, what any rank raises (before or during the step) is raised on every
+            rank: the same class, naming the refusing rank and carrying its message.
         """
-        microbatches = self._microbatches(args, kwargs)
+        processes = self._processes()
+        if processes is None:
+            microbatches = self._microbatches(args, kwargs)
+        else:  # every process checks its step and learns whether all passed before any transfer
+            microbatches = agree(lambda: self._checked_step(args, kwargs, processes),
+                                 processes.communicator(tuple(range(processes.size))), processes.rank)
         transport = self._process_transport()
         counts: Dict[int, int] = {}
         for a in self.schedule.actions[self.pipeline_rank]:
@@ -223,9 +241,40 @@ class _PipelineSchedule:
                 counts[a.peer] = counts.get(a.peer, 0) + 1
         transport.expect(counts)
         runner = self._start(microbatches, transport)
-        runner.advance(blocking=True)
-        transport.flush()
+        try:
+            runner.advance(blocking=True)
+            transport.flush()
+        except Exception as exc:
+            abort = getattr(transport, "abort", None)  # between processes: tell the peers still waiting
+            if abort is not None:
+                _PipelineSchedule._failed_step = str(exc)
+                abort([(a.tensor, a.peer) for a in runner.actions[runner.pc:] if a.kind.value == "send"], exc)
+            raise
         return self._finish()
+
+    @staticmethod
+    def _processes():
+        """The job's World where each process is one rank (msrun), else None."""
+        if thread_rank() is not None or holds_all_ranks():
+            return None
+        from mindspore_hyper.runtime.distributed.world import world
+
+        return world()
+
+    def _checked_step(self, args, kwargs, processes) -> list:
+        """The step's microbatches after the checks every process agrees on under msrun.
+
+        Raises:
+            RuntimeError: an earlier step failed after its transfers began.
+            ValueError: as `run` and `_check_rank`.
+        """
+        if _PipelineSchedule._failed_step is not None:
+            raise RuntimeError(f"{type(self).__name__}.run(): an earlier pipeline step of this job failed "
+                               f"({_PipelineSchedule._failed_step}); its tensors may still be in flight between the "
+                               f"ranks, so no pipeline step runs again in this job: restart it")
+        microbatches = self._microbatches(args, kwargs)
+        self._check_rank(processes.rank, processes.size)
+        return microbatches
 
 
 def _peer_map(rank: int, per_block: int):

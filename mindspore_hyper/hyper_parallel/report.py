@@ -145,10 +145,21 @@ def _pipeline_entry(model) -> Dict:
     return entry
 
 
+def format_seconds(seconds: float) -> str:
+    """`seconds` to 3 significant digits in s, ms or us: a small model's predicted step is
+    microseconds, which a fixed "0.000 s" hid."""
+    if seconds == 0 or abs(seconds) >= 1:
+        return f"{seconds:.3f} s"
+    if abs(seconds) >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"
+
+
 def format_report(report: Dict) -> str:
     """The report as text: one block per mesh."""
     lines = [f"mindspore-hyper: {report['mode']}, {report['devices']} devices"
-             + (f"; MoE routing {report['moe_routing']}" if report.get("moe_routing", "learned") != "learned" else "")]
+             + (f"; MoE routers (if the model has any) route {report['moe_routing']}"
+                if report.get("moe_routing", "learned") != "learned" else "")]
     if not report["meshes"]:
         lines.append("  no DTensor was made (the script used no device mesh)")
     for mesh in report["meshes"]:
@@ -177,9 +188,9 @@ def format_report(report: Dict) -> str:
                          f"{step['fragmentation']:.0%} fragmentation")
         if "predicted" in mesh:
             p = mesh["predicted"]
-            lines.append(f"    predicted step on {p['hardware']}: {p['step_seconds']:.3f} s without overlap "
-                         f"({p['compute_seconds']:.3f} s compute, {p['comm_seconds']:.3f} s collectives; "
-                         f"{p['overlapped_seconds']:.3f} s if fully overlapped)")
+            lines.append(f"    predicted step on {p['hardware']}: {format_seconds(p['step_seconds'])} without overlap "
+                         f"({format_seconds(p['compute_seconds'])} compute, {format_seconds(p['comm_seconds'])} "
+                         f"collectives; {format_seconds(p['overlapped_seconds'])} if fully overlapped)")
         for row in mesh["collectives"]:
             lines.append(f"    {row['phase']:<8} {row['kind']:<13} over {row['axis']:<10} x{row['count']:<4} "
                          f"{format_bytes(row['send_bytes_per_device'])} sent per device"

@@ -1,7 +1,8 @@
 """MindSpore source with one Cell class per torch module class, from a module-structured trace.
 
 Each torch module becomes: its mapped MindSpore layer (nn.Dense, nn.Embedding, ...), an nn.CellList
-(ModuleList), or an instance of a generated class named after its torch class whose `__init__`
+(ModuleList), an nn.CellDict (ModuleDict: the parametrizations of a weight-normed layer), or an
+instance of a generated class named after its torch class whose `__init__`
 creates its parameters (torch names) and children, and whose `construct` holds its own ops.
 Modules whose generated code is the same share the class, so the source grows with the number of
 distinct module classes, not with depth; a parent's consecutive calls of every layer of a CellList,
@@ -474,9 +475,9 @@ def generate_modules(trace: ModuleTrace, root_module: torch.nn.Module, class_nam
             code.layers[path] = "mindspore_hyper.moe.MoE"
             code.moe_blocks.append(path)
             continue
-        if isinstance(module, torch.nn.ModuleDict):
-            code.problems.append(f"{type_name(type(module))} at {path!r}: ModuleDict containers are not supported")
-            units[path] = _Unit("None")
+        if isinstance(module, torch.nn.ModuleDict):  # a container (never called): nn.CellDict under the same keys
+            members = ", ".join(f"{name!r}: {units[f'{path}.{name}'].ctor}" for name, _ in module.named_children())
+            units[path] = _Unit(f"nn.CellDict({{{members}}})")
             continue
         unit, text, hyper_used, fallback = _generate_class(prog, units, lists, code)
         if fallback is not None:

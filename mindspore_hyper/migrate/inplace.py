@@ -3,7 +3,9 @@
 Generated MindSpore code never mutates a tensor, so `x.add_(y)` becomes `z = x + y` and every
 later read of `x` reads `z`. That is exact unless other tensors alias `x`: an in-place update of a
 model input, a parameter/buffer, a view, or a tensor that has views, is refused with its location.
-One aliasing case is rewritten instead: a write into one slice or select of a tensor the program
+An update of a view is rewritten out of place when it is seen only through that view (nothing reads the
+tensor the program created, or its other views, after it: Funnel's `positional_attn *= cls_mask`). Another
+aliasing case is rewritten too: a write into one slice or select of a tensor the program
 created itself (`k = x.new_empty(...); k[..., :8].copy_(a)`, DeepSeek-V3's key expansion) becomes
 `k2 = slice_scatter(k, a, ...)` (the slice's new value put into a copy of the whole), later reads of
 `k` read `k2` and later reads of the slice read its new value.
@@ -91,6 +93,13 @@ def rewrite_inplace(graph: Graph) -> Tuple[List[str], List[str]]:
                       and op_name(u) in _VIEWS and any(position[v] > position[node] for v in users.get(u, []))]
         if target.op in ("input", "attr", "constant"):
             problems.append(f"{what}: updates a model input, parameter or buffer in place ({node.where()})")
+        elif target.op == "function" and op_name(target) in _VIEWS and _write_unseen(graph, node, target, position,
+                                                                                      users):
+            node.target = key
+            node.kwargs = {k: v for k, v in node.kwargs.items() if k != "inplace"}
+            graph.replace_uses(target, node, after=node)
+            notes.append(f"{what} (a view of a tensor the program created, which nothing reads afterwards but "
+                         f"through this view) rewritten as out-of-place ({node.where()})")
         elif target.op == "function" and op_name(target) in _SCATTERS:
             refused = _write_into_slice(graph, node, key, target, what)
             if refused:
@@ -110,6 +119,28 @@ def rewrite_inplace(graph: Graph) -> Tuple[List[str], List[str]]:
             graph.replace_uses(target, node, after=node)
             notes.append(f"{what} rewritten as out-of-place ({node.where()})")
     return notes, problems
+
+
+def _write_unseen(graph: Graph, node: Node, view: Node, position, users) -> bool:
+    """Whether `node`, an in-place update of `view`, is seen only through `view`: the view chain starts at a
+    tensor the program created (not an input, parameter, buffer or a conversion that may return its input), and
+    neither that tensor nor any other view of it taken before the update is read after it or returned (Funnel's
+    `positional_attn *= cls_mask` on a slice of a reshape of an einsum). Then the out-of-place op, read by the
+    view's later readers, is exact: what the write changes in the base is never read."""
+    root = view
+    while isinstance(root, Node) and root.op == "function" and op_name(root) in _VIEWS and \
+            not _item_of_fresh_tuple(root):
+        root = _mutated(root)
+    if not isinstance(root, Node) or root.op != "function" or op_name(root) in _MAY_RETURN_INPUT:
+        return False
+    aliases = [root] + _views_before(root, node, position, users)
+    outputs = set(graph.output_nodes())
+    for alias in aliases:
+        if alias is view:
+            continue
+        if alias in outputs or any(position[u] > position[node] for u in users.get(alias, [])):
+            return False
+    return True
 
 
 def _write_into_slice(graph: Graph, node: Node, key: Any, view: Node, what: str) -> Optional[str]:

@@ -29,7 +29,7 @@ from mindspore_hyper.migrate.mappings.selective_scan import exported_scans
 from mindspore_hyper.migrate.moe_blocks import (MoEBlockSpec, dense_experts_modules, dense_forwards,
                                                 not_mapped_reason, recognize, verify_dense)
 from mindspore_hyper.migrate.moe_experts import decorated_dense, decorated_experts, verify_decorated
-from mindspore_hyper.migrate.trace_export import _schema_kwargs
+from mindspore_hyper.migrate.trace_export import _schema_kwargs, leafspec_warning_silenced
 from mindspore_hyper.migrate.trace_fx import bind_inputs
 from mindspore_hyper.migrate.value_assertions import drop_value_assertions
 
@@ -168,7 +168,8 @@ def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str
               "by the dense formulation (every token through every expert, the non-chosen weighted 0: exact, E/k "
               "times the expert FLOPs)" for p, m in decorated.items()]
     # Mamba's reference scan as one op, so its Python loop does not fix the length (mappings/selective_scan.py)
-    with dense_forwards(moe_blocks, dense), decorated_dense(decorated), exported_scans(module):
+    with dense_forwards(moe_blocks, dense), decorated_dense(decorated), exported_scans(module), \
+            leafspec_warning_silenced():
         ep = torch.export.export(module, tuple(args), kwargs=dict(kwargs), dynamic_shapes=dims, strict=False)
     notes += inline_grad_regions(ep.graph_module)
     notes += drop_value_assertions(ep.graph_module)
@@ -187,7 +188,8 @@ def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str
         if isinstance(val, torch.Tensor):
             symbolic[spec.arg.name] = [_symbol(s) for s in val.shape]
     names = output_names(ep.module_call_graph[0].signature.out_spec) if ep.module_call_graph[0].signature else None
-    unflat = torch.export.unflatten(ep)
+    with leafspec_warning_silenced():
+        unflat = torch.export.unflatten(ep)
     values: Dict[torch.fx.Node, Any] = {}
     with torch.no_grad(), preserved_buffers(unflat), _recording(values):
         unflat(*args, **kwargs)

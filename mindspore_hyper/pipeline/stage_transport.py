@@ -7,7 +7,9 @@ arrive in any order. Between processes, each directed pair of ranks has its chan
 "pp" in the rank's `comm.channel_pool` (the tensor's identity is the message's tag); the channel
 writes in its own thread and reads only inside a receive, so no thread polls while the stage
 computes. A receive that waits longer
-than `timeout` raises `P2PTimeout` naming the peer rank.
+than `timeout` raises `P2PTimeout` naming the peer rank. A rank that refuses a step sends, in
+place of each tensor it still owes, a message standing for its refusal (`abort`); a receive that
+gets one raises the same exception class with that rank's message (step_refusal.py).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from mindspore import Tensor
 
 from mindspore_hyper.comm import CommError, CommTimeout
 from mindspore_hyper.comm.channel_pool import channel_pool
+from mindspore_hyper.pipeline.step_refusal import abort_meta, read_abort
 from mindspore_hyper.schedule.actions import ActionKind, P2PTensor, Payload
 
 __all__ = ["P2PTimeout", "P2PError", "Mailbox", "LocalTransport", "ShmTransport", "peer_pairs"]
@@ -144,14 +147,45 @@ class ShmTransport:
             raise P2PError(f"rank {self.rank}: sending to rank {peer} failed: {exc}") from exc
 
     def recv(self, key: P2PTensor, peer: int):
+        """The tensor `key` from pipeline rank `peer`, waiting for it.
+
+        Raises:
+            P2PTimeout / P2PError: nothing within the timeout, or the transfer failed.
+            ValueError, TypeError, RuntimeError, TimeoutError: the peer refused the step (`abort`):
+                the class it raised, with its rank and message.
+        """
         peer = self.peer_of(peer)
         try:
-            return self._channel(peer, self.rank).recv(_tag(key), self.timeout).arrays[0]
+            message = self._channel(peer, self.rank).recv(_tag(key), self.timeout)
         except CommTimeout as exc:
             raise P2PTimeout(f"rank {self.rank}: no '{key}' from rank {peer} (waited at most {self.timeout:g} s; "
                              f"peer rank {peer} is stalled, failed or runs another schedule): {exc}") from exc
         except CommError as exc:
             raise P2PError(f"rank {self.rank}: receiving '{key}' from rank {peer} failed: {exc}") from exc
+        refused = read_abort(message.meta, message.arrays)
+        if refused is not None:
+            raise refused
+        return message.arrays[0]
+
+    def abort(self, owed: Iterable[Tuple[P2PTensor, int]], exc: BaseException) -> None:
+        """Send, in place of each tensor still owed ((key, pipeline peer rank)), a message standing
+        for `exc`, and wait until they are written (at most the timeout), so that a peer waiting
+        for any of them raises it too (step_refusal.py). Best effort: a failed channel is skipped,
+        its peer then waits for its timeout."""
+        meta, text = abort_meta(exc, self.rank)
+        peers = set()
+        for key, peer in owed:
+            peer = self.peer_of(peer)
+            try:
+                self._channel(self.rank, peer).send(_tag(key), [text], meta=meta)
+                peers.add(peer)
+            except (CommError, CommTimeout, P2PError):
+                continue
+        for peer in sorted(peers):
+            try:
+                self._channel(self.rank, peer).flush()
+            except (CommError, CommTimeout):
+                continue
 
     def flush(self) -> None:
         """Wait until every queued send was handed to the transport; raise a failed one."""

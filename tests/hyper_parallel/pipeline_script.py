@@ -2,17 +2,23 @@
 upstream's form (each rank builds the whole model, keeps its stage's layers, wraps them in a
 PipelineStage; `schedule.run(x)` on stage 0, `schedule.run()` on the other) trains 3 Adam steps
 with 1F1B, then one GPipe step, each rank checking its stage against one device running the
-same layers in the same process. Exits non-zero on the first mismatch.
+same layers in the same process. Then refusals reach every rank: a bad batch on rank 0 (before
+any transfer; the pipeline trains on after it), a DTensor output of stage 0 (during the step;
+rank 1 gets rank 0's ValueError instead of waiting for its activation), and every step after
+a failed one. Exits non-zero on the first mismatch.
 
 Tolerance: as tests/hyper_parallel/test_pipeline.py (float32 sums reassociated over at most 8
 terms: below 1e-6; rtol 1e-5, atol 1e-6, 1e-5 on weights after Adam's steps)."""
+import os
+
 import numpy as np
 
 import mindspore as ms
 from mindspore import Tensor, nn
 from mindspore.communication.management import get_group_size, get_rank, init
 
-from hyper_parallel import PipelineStage, Schedule1F1B, ScheduleGPipe
+from hyper_parallel import DTensor, PipelineStage, Schedule1F1B, ScheduleGPipe, init_device_mesh
+from hyper_parallel.core.dtensor.placement_types import Replicate
 from pipeline_layers import Block, Head
 
 init()
@@ -76,3 +82,50 @@ by_id = {id(q): g for q, g in zip(ref_params, grads)}
 for p, q in zip(params, ref_mine):
     np.testing.assert_allclose(p.grad.asnumpy(), by_id[id(q)].asnumpy(), rtol=1e-5, atol=1e-6, err_msg=p.name)
 print(f"rank {rank}: pipeline GPipe equals one device", flush=True)
+
+
+def refused_everywhere(run, expected: str, what: str) -> None:
+    """`run()` raises on this rank a ValueError or RuntimeError whose message holds `expected`
+    (the refusing rank's own, or its message forwarded to this rank); not a timeout."""
+    try:
+        run()
+    except (ValueError, RuntimeError) as exc:
+        assert expected in str(exc), (what, exc)
+        print(f"rank {rank}: {what} refused on every rank ({type(exc).__name__}: {str(exc)[:100]}...)", flush=True)
+        return
+    raise AssertionError(f"{what}: not refused on rank {rank}")
+
+
+class DTensorOutput(nn.Cell):
+    """Stage 0 returning a DTensor, which cannot yet travel between processes (refused on rank 0
+    during the step, while rank 1 waits for its activation)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.mesh = init_device_mesh("cpu", (1,))  # this rank alone
+
+    def construct(self, x):
+        out = self.inner(x)
+        return DTensor.from_local(out, self.mesh, (Replicate(),)) if rank == 0 else out
+
+
+def refusals_reach_every_rank():
+    """Under msrun a refusal on one rank is raised on both (see module docstring)."""
+    # before any transfer (rank 0's batch of 6 rows in 4 microbatches): the step's agreement;
+    # nothing was sent, so the pipeline trains on after it
+    refused_everywhere(lambda: gpipe.run(x[:6]) if stage.is_first_stage else gpipe.run(),
+                       "micro_batch_num=4 does not divide input 0's batch dimension 0", "a bad batch on rank 0")
+    outputs = gpipe.run(x) if stage.is_first_stage else gpipe.run()
+    check(outputs, loss, "GPipe after a refused step")
+    print(f"rank {rank}: pipeline GPipe equals one device after a refused step", flush=True)
+    refusing = ScheduleGPipe(PipelineStage(DTensorOutput(mine), rank, size), M)
+    refused_everywhere(lambda: refusing.run(x) if stage.is_first_stage else refusing.run(),
+                       "PipelineStage 0: its Cell returned a DTensor", "a DTensor activation from rank 0")
+    # the failed step's tensors may still be on their way: every rank refuses the next step
+    refused_everywhere(lambda: gpipe.run(x) if stage.is_first_stage else gpipe.run(),
+                       "an earlier pipeline step of this job failed", "a step after a failed step")
+
+
+if "MS_ROLE" in os.environ:  # msrun (a per-rank simulation stops the run at a failing rank's error instead)
+    refusals_reach_every_rank()

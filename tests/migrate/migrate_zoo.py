@@ -135,6 +135,10 @@ class OpZoo(torch.nn.Module):
                 F.adaptive_avg_pool1d(x, 1), F.conv1d(x, self.conv1d_w, padding=1), F.logsigmoid(x * 30),
                 torch.tensor_split(x, [1, 4], 2)[0], torch.tensor_split(x, [1, 4], 2)[2],  # Mamba's split
                 x.tensor_split(3, dim=1)[0], x.tensor_split(3, dim=1)[2], x.clamp_max(0.2)]  # 3 sections of 4; Ergo
+        # weight norm (Hubert's parametrized convolution): over all but the last, all but the first, every dimension
+        out += [torch._weight_norm(self.conv1d_w, self.norm_w[:3].reshape(1, 1, 3), 2),
+                torch._weight_norm(self.conv1d_w, self.gn_w.reshape(3, 1, 1), 0),
+                torch._weight_norm(self.conv1d_w, self.b[0], -1)]
         # einsum (ellipsis, implicit output) and Mamba's selective scan: channels 4, length 6, state 3
         out += [torch.einsum("bhn,bgn->bhg", x, y), torch.einsum("...n,mn", x, self.w2), x.masked_fill(mask, 0),
                 torch.ops.mindspore_hyper.selective_scan(x, y, -torch.exp(self.w2[:4, :3]), x[:, :3], y[:, 1:],

@@ -120,3 +120,17 @@ def test_run_errors(workdir, capsys, argv, status, message):
     assert args.func(args) == status
     assert message in capsys.readouterr().err
     assert not (workdir / "out").exists()
+
+
+def test_convert_prints_no_warning_of_torch_export(workdir, capsys):
+    """issue 42: `mindspore-hyper convert` printed torch 2.13's FutureWarning about pytree's
+    `LeafSpec`, raised inside torch.export.export and torch.export.unflatten (the port's path)."""
+    import warnings
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["convert", "cli_models:Net", "--input-shape", "4,16", "--out", "out"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # a FutureWarning anywhere fails the conversion
+        assert args.func(args) == 0, capsys.readouterr().err
+    assert (workdir / "out").is_dir()

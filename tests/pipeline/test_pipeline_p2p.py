@@ -1,31 +1,19 @@
 """The pipeline's ShmTransport over comm.p2p channels, both ends in this process: tensors arrive by
 identity in any order, a late tensor names the peer, an unsupported dtype names the tensor."""
-import threading
-import uuid
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from mindspore import Tensor
 
-from mindspore_hyper.pipeline.stage_transport import P2PError, P2PTimeout, ShmTransport
+from mindspore_hyper.pipeline.stage_transport import P2PError, P2PTimeout
+from shm_transport_pair import transport_pair
 from mindspore_hyper.schedule.actions import P2PTensor, Payload
 
 
 @pytest.fixture
 def transports():
-    job = "pp" + uuid.uuid4().hex[:10]
-    pairs = [(0, 1), (1, 0)]
-    worlds = [SimpleNamespace(rank=r, job=job, timeout=0.5, transport="shm") for r in (0, 1)]
-    # each constructor waits for the other rank's sending end: make them on two threads
-    made = {}
-    t = threading.Thread(target=lambda: made.setdefault(1, ShmTransport(worlds[1], pairs)))
-    t.start()
-    made[0] = ShmTransport(worlds[0], pairs)
-    t.join(30)
-    yield made[0], made[1]
-    for tr in made.values():
-        tr.close()
+    yield from transport_pair("pp", 0.5)
 
 
 def test_tensors_arrive_by_identity_in_any_order(transports):

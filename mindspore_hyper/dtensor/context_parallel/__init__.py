@@ -10,7 +10,9 @@ score matrix (docs/context_parallel.md).
 - `ring`: ring attention on DTensors (layouts, masks, zigzag and skipped blocks, accounting);
   `ring_core`: its forward and hand-written backward ring (online softmax, recomputation from the
   rows' log-sum-exp), the same math in simulation and under msrun; `ring_transports`: how the
-  ring's tensors move (members in this process, or the process collectives).
+  ring's tensors move (members in this process, or the process collectives); `ring_shapes`: the
+  ring in a dry run (the same plan and moves on shapes), its skipped blocks from a causal mask's
+  structure (`diagonal_mask`) instead of its values.
 - `ulysses`: AllToAll to head-sharded q/k/v, attention on whole sequences, AllToAll back.
 - `multihead`: `nn.MultiheadAttention` (so `nn.TransformerEncoderLayer` / `nn.Transformer*`).
 

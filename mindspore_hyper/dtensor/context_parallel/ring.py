@@ -15,6 +15,10 @@ divides by 2*cp, the sequence is cut in 2*cp chunks and device r works on chunks
 (the zigzag order): every device then computes the same number of blocks. The chunk exchange
 that zigzag needs is a p2p transfer on the axis, as are the ring's K/V blocks; both are recorded,
 forward and backward, as what a device sends (the busiest one in simulation).
+
+A dry run (shape-only shards) has no mask values: `ring_shapes` finds the skipped blocks from the
+structure of a causal (diagonal) constant mask and makes the ring's moves on shapes; any other
+mask is refused there.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mindspore import ops
 
+from mindspore_hyper.dtensor.context_parallel import ring_shapes
 from mindspore_hyper.dtensor.context_parallel.ring_core import RingAttention, RingPlan, span
 from mindspore_hyper.dtensor.context_parallel.ring_transports import LocalRing, ProcessRing
 from mindspore_hyper.dtensor.context_parallel.scores import MASKED_BELOW, AttentionScores
@@ -51,9 +56,11 @@ def attention(execution, scores: AttentionScores, value: DTensor) -> DTensor:
     masks = [(step, None if step.mask is None else step.mask.redistribute(_mask_layout(step.mask, q_layout)))
              for step in scores.steps]
     t, s = q.shape[-2], kt.shape[-1]
-    per_rank = 2 if t == s and t % (2 * n) == 0 and _has_empty_block(masks, 2 * n, t, s) else 1
     record = lambda nbytes, backward: execution.accounting.record_comm(  # noqa: E731
         "P2P", cp_name, nbytes, nbytes, backward=backward, cause="ring attention K/V shifts (context parallel)")
+    if execution.shape_only:
+        return _shape_only(execution, (q, kt, v), scores.steps, axis, record)
+    per_rank = 2 if t == s and t % (2 * n) == 0 and _has_empty_block(masks, 2 * n, t, s) else 1
     tensors = (q, kt, v, masks)
     ring = _simulated(execution, tensors, axis, record) if execution.holds_all_ranks else \
         _in_process(execution, tensors, axis, cp_name, record)
@@ -64,6 +71,29 @@ def attention(execution, scores: AttentionScores, value: DTensor) -> DTensor:
     out_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
     out = DTensor._create(v_layout, ring.shards(outs, v_layout), out_shape, q.dtype, execution)
     _hold(execution, ring.device, per_rank)
+    return out
+
+
+def _shape_only(execution, tensors, steps, axis: int, record) -> DTensor:
+    """A dry run's ring (`ring_shapes`): the skipped blocks from the masks' structure, the moves
+    on shapes, the representative device's output shard and held bytes."""
+    q, kt, v = tensors
+    cp_name = execution.context_parallel.axis
+    n = execution.mesh.device_matrix[axis]
+    t, s = q.shape[-2], kt.shape[-1]
+    structures = ring_shapes.mask_structures(steps, (t, s), cp_name)
+    coords = dict(enumerate(execution.mesh.coords(execution.local_ranks[0])))
+    pick = lambda x: x.shards[key_of(coords, significant_axes(x.layout))]  # noqa: E731
+    device = (pick(q), pick(kt), pick(v))
+    ring_shapes.check_dtypes(*device, steps, cp_name)
+    empty = lambda chunks: ring_shapes.empty_blocks(structures, steps, chunks, t, s)  # noqa: E731
+    per_rank = 2 if t == s and t % (2 * n) == 0 and empty(2 * n).any() else 1
+    plan = RingPlan(n, tuple(range(n)), per_rank, tuple(steps), empty(per_rank * n), (t, s))
+    backward = execution.holds_activations and any(getattr(x, "grad_path", False) for x in device)
+    shard = ring_shapes.run(plan, LocalRing(record), *device, backward=backward)
+    out = DTensor._create(v.layout, {key_of(coords, significant_axes(v.layout)): shard},
+                          tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype, execution)
+    _hold(execution, device, per_rank)
     return out
 
 

@@ -65,6 +65,8 @@ def call(fn: str, *args: Any, **kwargs: Any) -> str:
 def expect(arg: Any, allowed: Sequence[Any], what: str) -> None:
     """Raise Unsupported unless `arg` (Arg or value) is one of `allowed` (e.g. a default)."""
     value = arg.value if isinstance(arg, Arg) else arg
+    if type(value) is not list and isinstance(value, list):  # torch.fx's immutable_list (export's size lists)
+        value = list(value)
     if value is NOT_CONSTANT or not any(value == a and type(value) is type(a) or value is a for a in allowed):
         shown = arg.code if isinstance(arg, Arg) else repr(arg)
         raise Unsupported(f"{what}={shown} is not supported (supported: {', '.join(map(repr, allowed))})")

@@ -1,4 +1,5 @@
-"""Normalisation: LayerNorm, BatchNorm1d/2d, GroupNorm modules; functional layer_norm and group_norm.
+"""Normalisation: LayerNorm, BatchNorm1d/2d, GroupNorm modules; functional layer_norm, group_norm, rms_norm and
+weight norm (`torch._weight_norm`, what `torch.nn.utils.parametrizations.weight_norm` computes at each access).
 
 torch and MindSpore differ in defaults: BatchNorm momentum is the weight of the new statistic in
 torch (0.1) and of the old one in MindSpore (0.9), so m becomes 1 - m; nn.LayerNorm's epsilon
@@ -71,3 +72,15 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     mean = call("mint.mean", call("mint.mul", input, input), dim=dims, keepdim=True)
     normed = call("mint.mul", input, call("mint.rsqrt", call("mint.add", mean, epsilon)))
     return normed if weight.value is None and not weight.is_tensor else call("mint.mul", normed, weight)
+
+
+@function("mint.mul / mint.div by mint.sqrt of mint.sum (a composition)", torch._weight_norm, aten._weight_norm)
+def weight_norm(v, g, dim=0):
+    # torch.nn.utils.parametrizations.weight_norm: v * (g / ||v||), the L2 norm over every dimension of v but `dim`
+    # (torch.norm_except_dim, where dim=-1 means over every dimension), kept for broadcasting against v
+    d = dim.const("dim")
+    n = v.ndim
+    dims = tuple(range(n)) if d == -1 else tuple(i for i in range(n) if i != d % n)
+    norm = (call("mint.sqrt", call("mint.sum", call("mint.mul", v, v), dim=dims, keepdim=True)) if dims
+            else call("mint.abs", v))  # a 1-D weight normalised along its only dimension: |v| per element
+    return call("mint.mul", v, call("mint.div", g, norm))

@@ -209,7 +209,14 @@ def lookup_function(key: Hashable) -> Optional[FunctionMapping]:
 
 
 def lookup_module(torch_module: Any) -> Optional[ModuleMapping]:
-    """The mapping of a torch module: its exact type, or a mapped base class whose forward it keeps."""
+    """The mapping of a torch module: its exact type, or a mapped base class whose forward it keeps.
+
+    A module with `torch.nn.utils.parametrize` parametrizations (weight norm: `weight = g * v / ||v||`, computed
+    from `parametrizations.weight.original0/1` at each access) is never mapped: the MindSpore layer would store and
+    train the computed weight instead of its originals. Its traced program (the parametrization's ops and the
+    functional call) is converted instead."""
+    if _parametrized(torch_module):
+        return None
     cls = type(torch_module)
     found = _MODULES.get(cls)
     if found is None:
@@ -218,6 +225,13 @@ def lookup_module(torch_module: Any) -> Optional[ModuleMapping]:
     if found is not None and found.accepts is not None and not found.accepts(torch_module):
         return None
     return found
+
+
+def _parametrized(torch_module: Any) -> bool:
+    """Whether `torch_module` has torch.nn.utils.parametrize parametrizations."""
+    from torch.nn.utils import parametrize
+
+    return parametrize.is_parametrized(torch_module)
 
 
 def function_mappings() -> List[FunctionMapping]:

@@ -63,12 +63,6 @@ class DryRunModel(ParallelModel):
     """A model dry-run on its mesh (see module docstring and ParallelModel)."""
 
     def __init__(self, network: nn.Cell, table, runtime, return_dtensor: bool = False):
-        context = table.strategy.context
-        if context is not None and context.method == "ring":
-            raise ValueError(f"dry run: context_parallel={context.axis!r} with context_method='ring' (the default) is "
-                             "not modelled: ring attention reads the attention mask's values to skip masked-out "
-                             "blocks and choose the zigzag order, and a dry run has none; dry-run it with "
-                             "context_method='ulysses' (equal to the simulation) or run the ring in simulation")
         super().__init__(network, table, runtime, return_dtensor)
         self._training = False
         # (training, needs loss, micro-batch, micro-batches, input signature) -> (counters, output)

@@ -1,14 +1,14 @@
 """The dry run's per-device figures equal the numeric simulation's, exactly: parameters,
 gradients, optimizer states, peak activations, and every collective (kind, axis, count, bytes)
 forward and backward, on the examples' GPT, a Llama-like model and MindSpore's own nn layers,
-under data, tensor, sequence-split inputs and ZeRO-1."""
+under data, tensor, sequence-split inputs, context parallelism (Ulysses and ring) and ZeRO-1."""
 import contextlib
 import os
 import sys
 
 import numpy as np
 import pytest
-from mindspore import Tensor, nn
+from mindspore import Parameter, Tensor, nn, ops
 
 from sim_models import DenseStack, TinyLM
 
@@ -16,6 +16,20 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))), "examples"))
 from models import GPT  # noqa: E402
 from train_transformer import megatron_strategy  # noqa: E402
+
+
+class BiasedAttention(nn.Cell):
+    """Attention with a learned additive bias as its mask, returning a scalar."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Dense(8, 8)
+        self.bias = Parameter(Tensor(np.zeros((8, 8), np.float32)), name="bias")
+
+    def construct(self, x):
+        q = self.proj(x)
+        scores = ops.matmul(q, q.swapaxes(-1, -2)) + self.bias
+        return ops.matmul(ops.softmax(scores, -1), q).mean()
 
 
 def _report(mh, mode, devices, make_model, strategy, inputs, options=None):
@@ -165,6 +179,52 @@ def test_gpt_ulysses_context_parallel(pynative, mesh):
     assert dry.comm["AllToAll"]["cp"]["count"] > 0 and dry.comm_backward["AllToAll"]["cp"]["count"] > 0
 
 
+@pytest.mark.parametrize("mesh, seq, zigzag", [
+    (((4,), ("cp",)), 8, True),
+    (((2, 2), ("data", "cp")), 8, True),
+    (((4,), ("cp",)), 12, False),
+], ids=["cp4 zigzag", "data2 x cp2 zigzag", "cp4 contiguous"])
+def test_gpt_ring_context_parallel(pynative, mesh, seq, zigzag):
+    """The examples' GPT with ring context parallelism (the default method; ZeRO-1 over data
+    where there is one): the dry run finds the causal mask's skipped blocks from positions (the
+    zigzag order where the sequence divides by 2 x cp), and its K/V shifts, zigzag permutes and
+    memory equal the simulation's, forward and backward."""
+    def strategy():
+        return pynative.Layout(*mesh)(tensor_map=(), context_parallel="cp",
+                                      optimizer_state="data" if "data" in mesh[1] else None)
+
+    ids = _ids(2, seq, 16)
+    dry = _assert_same(pynative, 4, lambda: GPT(vocab=16, hidden=8, heads=4, layers=1, seq=seq), strategy, (ids, ids))
+    n = dict(zip(mesh[1], mesh[0]))["cp"]
+    # per layer: n-1 K/V shifts forward, n+1 backward; zigzag adds permutes of q, k^T, v and the
+    # output forward, and of dout, its row sums, dq, dk^T and dv backward
+    assert dry.comm["P2P"]["cp"]["count"] == n - 1 + (4 if zigzag else 0)
+    assert dry.comm_backward["P2P"]["cp"]["count"] == n + 1 + (5 if zigzag else 0)
+
+
+class CausalSdpa(nn.Cell):
+    """Converted models' attention: scaled_dot_product_attention(is_causal=True), whose causal
+    mask is a boolean fill mask built on the host."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Dense(8, 24)
+
+    def construct(self, x):
+        from mindspore_hyper.migrate.generated_support import scaled_dot_product_attention
+
+        b, t, _ = x.shape
+        q, k, v = (p.reshape(b, t, 2, 4).transpose(0, 2, 1, 3) for p in self.qkv(x).split(8, -1))
+        return scaled_dot_product_attention(q, k, v, is_causal=True).mean()
+
+
+def test_converted_causal_attention_ring_context_parallel(pynative):
+    x = Tensor(np.random.default_rng(5).standard_normal((2, 8, 8)).astype(np.float32))
+    dry = _assert_same(pynative, 4, CausalSdpa, lambda: pynative.Layout((4,), ("cp",))(
+        tensor_map=(), context_parallel="cp"), (x,))
+    assert dry.comm["P2P"]["cp"]["count"] == 3 + 4  # zigzag: the fill mask's empty blocks were found
+
+
 def test_refusals_name_what_the_dry_run_cannot_do(pynative):
     from mindspore_hyper.dtensor.meta import DryRunValueError
 
@@ -200,10 +260,17 @@ def test_refusals_name_what_the_dry_run_cannot_do(pynative):
                        match=r"asnumpy\(\) of a tensor of shape \(\) .*test_dryrun_equals_simulation"):
         loss.asnumpy()
     assert mh.dryrun_mock(1.5, lambda: loss.asnumpy()) == 1.5
-    with pytest.raises(ValueError, match=r"dry run: context_parallel='cp' with context_method='ring' \(the default\) "
-                                         r"is not modelled: ring attention reads the attention mask's values"):
-        mh.auto_parallelize(GPT(vocab=16, hidden=8, heads=4, layers=1, seq=8),
-                            mh.Layout((4,), ("cp",))(tensor_map=(), context_parallel="cp"))
+    ring_refusal = (r"dry run: context_parallel='cp' with context_method='ring' \(the default\) is not modelled: ring "
+                    r"attention reads the attention mask's values.*; ")
+    scattered = GPT(vocab=16, hidden=8, heads=4, layers=1, seq=8)  # a constant mask with no diagonal structure
+    scattered.mask = Tensor(np.where(np.random.default_rng(4).random((8, 8)) < 0.3, -1e9, 0.0).astype(np.float32))
+    biased = BiasedAttention()  # a learned mask: computed by the run
+    for net, why in ((scattered, "the mask of score step 1 .* is a constant without one diagonal structure"),
+                     (biased, r"the mask of score step 0 .* is computed by the run \(from inputs or parameters\)")):
+        ring = mh.auto_parallelize(net, mh.Layout((4,), ("cp",))(tensor_map=(), context_parallel="cp"))
+        inputs = (_ids(2, 8, 16),) * 2 if net is scattered else (Tensor(np.ones((2, 8, 8), np.float32)),)
+        with pytest.raises(ValueError, match=ring_refusal + why):
+            ring.train_step(nn.Adam(ring.optimizer_parameters(), 1e-3), *inputs)
     from mindspore_hyper.offload import OffloadPolicy, hyper_offload
 
     for offloaded in (model, nn.Dense(4, 4)):  # a dry-run model, and a plain Cell in a dry-run script
