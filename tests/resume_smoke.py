@@ -12,11 +12,12 @@ msrun launches) take about two minutes, over the unit suite's budget. Run as
    SIGKILLs the worker processes of that msrun (its children whose MS_ROLE is MS_WORKER, found in
    its own process tree: msrun starts each worker in a session of its own, so a signal to msrun's
    process group would not reach them);
-4. checks the folder: its newest committed step is one this run saved before the kill (>= KILL_AT,
-   < STEPS), every earlier save is committed, and the killed workers' logged losses up to it follow
-   the reference;
+4. checks that no process of that run is left, and the folder: its newest committed step is one
+   this run saved before the kill (>= KILL_AT, < STEPS), every earlier save is committed, and the
+   killed workers' logged losses up to it follow the reference;
 5. resumes at 2 msrun processes (data 1 x tensor 2) from that step to STEPS and checks that every
-   process's losses continue the reference within the example's `loss_rtol`.
+   process's losses continue the reference within the example's `loss_rtol`, and that no
+   shared-memory segment of the package's (/dev/shm/mshyper_*) was left by either run.
 
 Every subprocess runs under a timeout; on any failure (or SIGTERM) the script kills every process it
 started (msrun, its scheduler, workers and log tails, by pid) and exits 1 with the reason. Traffic:
@@ -32,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set
 
 import numpy as np
 import psutil  # a MindSpore dependency
@@ -44,6 +45,7 @@ sys.path.insert(0, os.path.dirname(EXAMPLE))
 import pretrain_llama  # noqa: E402 (the example's tolerance and token writer, not copies)
 from mindspore_hyper.checkpoint.directory import committed_steps, leftovers, newest_step  # noqa: E402
 from mindspore_hyper.cli.msrun import msrun_command  # noqa: E402
+from mindspore_hyper.comm.shm import SEGMENT_PREFIX  # noqa: E402
 from mindspore_hyper.context import HOST_BLOCKING_ENV  # noqa: E402
 
 STEPS, SAVE_EVERY, KILL_AT = 8, 2, 4  # kill once step 4 of 8 is saved: half the run is left to resume
@@ -59,6 +61,11 @@ PRINTED_7, PRINTED_4 = 1e-7, 1e-4
 
 class SmokeFailure(Exception):
     """A check failed or a process misbehaved: the message says which."""
+
+
+def _segments() -> Set[str]:
+    """The package's shared-memory segments now in /dev/shm (`comm.shm.SEGMENT_PREFIX`)."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith(SEGMENT_PREFIX)}
 
 
 def _free_port() -> int:
@@ -180,6 +187,7 @@ def run(work: str, env: Dict[str, str], jobs: List[MsrunJob]) -> List[str]:
     """The smoke test's steps in `work`; appends every msrun launch to `jobs` (for the caller's
     clean-up); returns the timing lines."""
     figures: List[str] = []
+    segments_before = _segments()
     tokens, ckpt = os.path.join(work, "tokens.bin"), os.path.join(work, "ckpt")
     pretrain_llama.write_tokens(tokens)
     common = ["--batch", str(BATCH), "--no-check", "--tokens", tokens]
@@ -227,6 +235,9 @@ def run(work: str, env: Dict[str, str], jobs: List[MsrunJob]) -> List[str]:
     except SmokeFailure:
         msrun_rc = None  # msrun keeps waiting on its dead workers: stop it and what is left under it
     killed.kill_all()
+    alive = [p.pid for p in killed.known.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    if alive:
+        raise SmokeFailure(f"processes of the killed run still alive after the kill: pids {alive}")
     timed(f"msrun's end after the kill (exit status {msrun_rc if msrun_rc is not None else 'none: killed'})",
           figures, start)
     logs = [killed.log(rank) for rank in range(4)]
@@ -262,6 +273,9 @@ def run(work: str, env: Dict[str, str], jobs: List[MsrunJob]) -> List[str]:
             raise SmokeFailure(f"the resume's worker {rank} printed {len(losses)} losses, expected {STEPS - newest}")
         worst = max(worst, check_curve(dict(zip(range(newest, STEPS), losses)), reference, PRINTED_7,
                                        f"the resume's worker {rank}"))
+    segments = _segments() - segments_before
+    if segments:
+        raise SmokeFailure(f"shared-memory segments left in /dev/shm after both runs: {sorted(segments)}")
     print(f"== resume smoke: resumed steps {newest + 1}-{STEPS} on 2 processes within {worst:.1e} relative of the "
           f"one-device reference (loss_rtol allows {pretrain_llama.loss_rtol('fp32', STEPS, BATCH)[newest]:.1e} "
           f"at step {newest + 1})", flush=True)
