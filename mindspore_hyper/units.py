@@ -6,7 +6,7 @@ import functools
 
 import numpy as np
 
-__all__ = ["format_bytes", "itemsize", "numpy_dtype"]
+__all__ = ["format_bytes", "format_seconds", "itemsize", "numpy_dtype"]
 
 _BINARY = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
 _SHORT = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
@@ -32,6 +32,16 @@ def format_bytes(n: float, short: bool = False) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def format_seconds(seconds: float) -> str:
+    """`seconds` to 3 significant digits in s, ms or us: a small model's predicted step is
+    microseconds, which a fixed "0.000 s" hid."""
+    if seconds == 0 or abs(seconds) >= 1:
+        return f"{seconds:.3f} s"
+    if abs(seconds) >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"
 
 
 def itemsize(dtype) -> int:

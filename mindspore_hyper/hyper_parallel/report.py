@@ -16,7 +16,7 @@ from mindspore_hyper.hyper_parallel.api_step_memory import api_step_memory
 from mindspore_hyper.hyper_parallel.session import job_ranks_of, session_executions
 from mindspore_hyper.runtime.parallel_model import live_models
 from mindspore_hyper.runtime.report import causes_text, device_groups
-from mindspore_hyper.units import format_bytes
+from mindspore_hyper.units import format_bytes, format_seconds
 
 __all__ = ["session_report", "format_report"]
 
@@ -143,16 +143,6 @@ def _pipeline_entry(model) -> Dict:
                           "per_stage": {str(s): {"compute": rows["compute"], "collectives": rows["collectives"]}
                                         for s, rows in stages.items()}}}
     return entry
-
-
-def format_seconds(seconds: float) -> str:
-    """`seconds` to 3 significant digits in s, ms or us: a small model's predicted step is
-    microseconds, which a fixed "0.000 s" hid."""
-    if seconds == 0 or abs(seconds) >= 1:
-        return f"{seconds:.3f} s"
-    if abs(seconds) >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} us"
 
 
 def format_report(report: Dict) -> str:

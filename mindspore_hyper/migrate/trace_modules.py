@@ -117,6 +117,20 @@ def _derivable_sizes(fx_graph: torch.fx.Graph) -> Dict[torch.fx.Node, Tuple[torc
     return found
 
 
+def _tensor_attribute(root: torch.nn.Module, target: str, owner: str) -> torch.Tensor:
+    """A detached copy of the tensor at the dotted attribute path `target` of `root`.
+
+    Raises:
+        UnsupportedOpError: the attribute is not a tensor (`owner` names whose attribute it is).
+    """
+    value = root
+    for part in target.split("."):
+        value = getattr(value, part)
+    if not isinstance(value, torch.Tensor):
+        raise UnsupportedOpError([f"attribute {target!r} of {owner} is a {type(value).__name__}, not a tensor"])
+    return value.detach().clone()
+
+
 def _children_of(gm: torch.nn.Module) -> Dict[str, torch.nn.Module]:
     return dict(gm.named_modules())
 
@@ -346,13 +360,7 @@ def _lower(path: str, fx_graph: torch.fx.Graph, owner: torch.nn.Module, torch_mo
         if fx_node.op == "get_attr":
             target = str(fx_node.target)
             if target not in own:
-                value = owner
-                for part in target.split("."):
-                    value = getattr(value, part)
-                if not isinstance(value, torch.Tensor):
-                    raise UnsupportedOpError([f"attribute {target!r} of {type(torch_mod).__name__} is a "
-                                              f"{type(value).__name__}, not a tensor"])
-                constants[target] = value.detach().clone()
+                constants[target] = _tensor_attribute(owner, target, type(torch_mod).__name__)
             low.add(fx_node, "attr", target=target, display=f"attribute {target}", scope=scope)
         elif fx_node.op == "call_module":
             if "@" in str(fx_node.target):  # unflatten's name for a later call of the same module
@@ -415,17 +423,11 @@ def _inline_call(low: Lowering, call: torch.fx.Node, child_gm: torch.nn.Module, 
             continue
         if node.op == "get_attr":
             target = str(node.target)
-            value = child_gm
-            for part in target.split("."):
-                value = getattr(value, part)
             if target in own:
                 low.add(node, "attr", target=f"{child}.{target}", display=f"attribute {child}.{target}", scope=scope)
             else:
                 name = re.sub(r"\W", "_", f"{call.target}_{target}")
-                if not isinstance(value, torch.Tensor):
-                    raise UnsupportedOpError([f"attribute {target!r} of the call {call.target!r} is a "
-                                              f"{type(value).__name__}, not a tensor"])
-                constants[name] = value.detach().clone()
+                constants[name] = _tensor_attribute(child_gm, target, f"the call {call.target!r}")
                 low.add(node, "attr", target=name, display=f"attribute {name}", scope=scope)
         elif node.op == "call_module":
             if "@" in str(node.target):

@@ -1,6 +1,7 @@
 """The text of `mindspore-hyper run`/`dryrun` reports (issue 42: a small model's predicted step
 printed as "0.000 s"; a dense model's dry run said "MoE routing balanced" as if it had routers)."""
-from mindspore_hyper.hyper_parallel.report import format_report, format_seconds
+from mindspore_hyper.hyper_parallel.report import format_report
+from mindspore_hyper.units import format_seconds
 
 
 def test_seconds_keep_three_significant_digits_at_any_scale():
