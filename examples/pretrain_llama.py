@@ -20,8 +20,10 @@ the recipes keep them (in float16, MindSpore 2.10's CPU RsqrtGrad kernel overflo
 small variances and every gradient of the embedding is NaN: docs/training.md, "Mixed
 precision"); it matches float32 training to float16's tolerance
 (tests/examples/test_pretrain_llama_precision.py). The default is float32. bfloat16
-(`--dtype bf16`, the recipes' choice, for Ascend) has no MindSpore 2.10 CPU kernels for MatMul,
-Softmax or the norms (docs/training.md, "Mixed precision").
+(`--dtype bf16`, the recipes' choice) has no MindSpore 2.10 CPU kernels for MatMul, Softmax or the
+norms: on the CPU the script sets `cpu_bfloat16="emulate"`, which runs those ops on float32 copies
+with bfloat16 outputs (docs/training.md, "CPU kernels and dtypes"); no loss scale (bfloat16 has
+float32's exponent range).
 """
 import argparse
 import math
@@ -183,6 +185,8 @@ def train(args, devices, resume=None):
     """Train `args.steps` steps on `devices` devices (1: the single-device reference run through the
     same wrapper); returns the losses and the number of steps the loss scaler skipped."""
     mh.set_context(device_num=devices)
+    if args.dtype == "bf16" and ms.get_context("device_target") == "CPU":
+        mh.set_context(cpu_bfloat16="emulate")  # MindSpore's CPU kernels lack bfloat16 MatMul, Softmax, ...
     model = mh.auto_parallelize(build(args.dtype), strategy(devices))
     optimizer = nn.AdamWeightDecay(model.optimizer_parameters(), learning_rate=3e-3, weight_decay=0.01)
     loader = ShardedLoader(TokenFile(args.tokens, seq_len=SEQ), global_batch=args.batch, model=model, seed=0)
@@ -211,8 +215,8 @@ def main():
     p.add_argument("--devices", type=int, default=4)
     p.add_argument("--batch", type=int, default=16, help="global batch (sequences), 4 micro-batches of it")
     p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32",
-                   help="the decoder layers' compute dtype (fp16 with a dynamic loss scale; bf16 has no CPU "
-                        "kernels: see the module docstring)")
+                   help="the decoder layers' compute dtype (fp16 with a dynamic loss scale; bf16 emulated on the "
+                        "CPU: see the module docstring)")
     p.add_argument("--tokens", help="token file (written if missing; default: a temporary file)")
     p.add_argument("--ckpt", help="checkpoint folder")
     p.add_argument("--save-every", type=int, default=0)

@@ -33,6 +33,7 @@ MOE_ROUTINGS = ("learned", "balanced")
 DIST_TRANSPORTS = ("shm", "mindspore", "hybrid")
 HOST_DISPATCH = ("inline", "async")
 CPU_BINDINGS = ("auto", "none")
+CPU_BFLOAT16 = ("mindspore", "emulate")
 # MindSpore reads it once, at its first op: "1" runs each op on the calling thread
 HOST_BLOCKING_ENV = "MS_DEV_HOST_BLOCKING_RUN"
 
@@ -221,6 +222,9 @@ FLAGS: Dict[str, Flag] = {f.name: f for f in (
          "distributed mode (shm and hybrid transports): bind each process of a host to its own cores "
          "(a block each, or one core round robin when processes outnumber cores) unless a launcher "
          "bound it already; none leaves the scheduler free"),
+    Flag("cpu_bfloat16", _choice(CPU_BFLOAT16), "mindspore",
+         "simulation and distributed modes on the CPU: ops whose MindSpore CPU kernel lacks bfloat16 fail as "
+         "MindSpore's do (mindspore), or run on float32 copies with outputs rounded to bfloat16 (emulate)"),
     Flag("sim_synchronize", _parse_bool, True,
          "simulation: launch MindSpore kernels synchronously (mindspore.runtime.launch_blocking), much cheaper for many small ops"),
     Flag("hyper_offload", _parse_bool, False, "enable HyperOffload (tiered parameter/activation store)"),

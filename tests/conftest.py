@@ -11,6 +11,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mindspore_hyper.context import HOST_BLOCKING_ENV  # noqa: E402 (light: no MindSpore)
 
 os.environ.setdefault(HOST_BLOCKING_ENV, "1")
+# msrun jobs on MindSpore's transport (dist_transport "mindspore" / "hybrid"): a worker that starts
+# before msrun's scheduler listens retries its registration after MS_RETRY_INTERVAL_LOWER to
+# _UPPER seconds (MindSpore's defaults 3 and 5), and under load the 4 registrations trickled in
+# over 42 s; with 1 s they take about one second (the dist test's 4-process job: 85 -> 41 s wall
+# at load 10-13, the same CPU seconds). Only the waiting between retries changes.
+os.environ.setdefault("MS_RETRY_INTERVAL_LOWER", "1")
+os.environ.setdefault("MS_RETRY_INTERVAL_UPPER", "1")
 
 
 def pytest_configure(config):
@@ -18,10 +25,20 @@ def pytest_configure(config):
     the simulation turns them on when it wraps a model (`sim_synchronize`), but once MindSpore's
     asynchronous launch pipeline has run a kernel (a single-device reference computed first) the
     switch comes too late and every later simulated test in that process runs its thousands of small
-    kernels several times slower (a test file alone: 51 s instead of 13 s). Values are the same."""
+    kernels several times slower (a test file alone: 51 s instead of 13 s). Values are the same.
+    The pytest-xdist controller (`make test`'s `-n 2`) runs no test, only its workers do (each
+    configures itself): it skips MindSpore's import (several seconds before the workers start)."""
+    if _is_xdist_controller(config):
+        config.option.loadscopereorder = False  # the workers' order (pytest_collection_modifyitems)
+        return
     import mindspore as ms
 
     ms.runtime.launch_blocking()
+
+
+def _is_xdist_controller(config) -> bool:
+    """Whether this process is pytest-xdist's controller, which distributes tests and runs none."""
+    return getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput")
 
 
 @pytest.fixture(autouse=True)
@@ -52,3 +69,26 @@ def pytest_itemcollected(item):
     as each is collected, before pytest-xdist reads the groups)."""
     if item.get_closest_marker("msrun") is not None:
         item.add_marker(pytest.mark.xdist_group("msrun"))
+
+
+# The pytest-xdist groups, longest first (quiet 2-core runs: the msrun launches several minutes
+# together, the layer zoo's sweep about a minute, the docs blocks and the op sweep about 20 s each).
+GROUPS_LONGEST_FIRST = ("msrun", "layer_zoo", "docs_snippets", "op_sweep")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, the groups first, longest first, then every other test in collection
+    order; the controller keeps this order (`--dist loadgroup` would sort the groups by their
+    number of tests, which put the msrun group, the longest, after the op sweep and the docs
+    blocks). A worker that finishes its group takes single tests, so the long group starts at once
+    and the short tests fill both workers to the end. Without pytest-xdist the order is unchanged."""
+    if not hasattr(config, "workerinput"):
+        return
+    rank = {group: i for i, group in enumerate(GROUPS_LONGEST_FIRST)}
+
+    def place(item):
+        marker = item.get_closest_marker("xdist_group")
+        group = (marker.args[0] if marker.args else marker.kwargs.get("name")) if marker is not None else None
+        return rank.get(group, len(rank))
+
+    items.sort(key=place)  # stable: the collection order within each place

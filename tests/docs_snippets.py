@@ -71,6 +71,52 @@ def snippets(paths: Optional[List[str]] = None) -> List[Snippet]:
     return out
 
 
+SHELL_FENCE = re.compile(r"^```(bash|sh|shell)\s*$")
+SCRIPT = re.compile(r"(?<![\w/.<-])([\w./-]+\.py)(?![\w>])")  # a .py path not written as <...>
+TARGET = re.compile(r"(?:\bconvert|--model)\s+([^\s<][^\s]*:[^\s]+)")  # module:Class not written as <...>
+
+
+def shell_blocks(paths: Optional[List[str]] = None) -> List[Snippet]:
+    """Every ```bash (sh, shell) block of `paths` (default: README.md and docs/*.md); not run."""
+    out = []
+    for path in paths or doc_files():
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        starts = [i for i, line in enumerate(lines) if SHELL_FENCE.match(line)]
+        for start in starts:
+            end = next(j for j in range(start + 1, len(lines)) if lines[j].startswith("```"))
+            rel = os.path.relpath(path, ROOT)
+            out.append(Snippet(f"{rel}:{start + 1}", rel, start + 1, "\n".join(lines[start + 1:end]) + "\n", None))
+    return out
+
+
+def unmarked_placeholders(command_text: str) -> List[str]:
+    """The files a shell block's commands name that are not in the repository and not written as
+    placeholders (`<your_train.py>`, `<your_module>:<YourTorchModel>`): scripts (*.py, from the
+    repository root) and `convert`/`--model` targets (module:Class, importable from the root).
+    Comments (from " #") are not commands."""
+    import importlib.util
+
+    missing = []
+    for line in command_text.splitlines():
+        command = line.split(" #", 1)[0] if not line.lstrip().startswith("#") else ""
+        for path in SCRIPT.findall(command):
+            if not os.path.exists(os.path.join(ROOT, path)):
+                missing.append(path)
+        for target in TARGET.findall(command):
+            module = target.split(":", 1)[0]
+            sys.path.insert(0, ROOT)
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ImportError:
+                found = False
+            finally:
+                sys.path.remove(ROOT)
+            if not found:
+                missing.append(target)
+    return missing
+
+
 def _run(ids: List[str]) -> Dict[str, dict]:
     import mindspore as ms
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from docs_snippets import ROOT, snippets
+from docs_snippets import ROOT, shell_blocks, snippets, unmarked_placeholders
 
 # one worker runs them all (make test: --dist loadgroup), so the blocks' subprocess runs once
 pytestmark = pytest.mark.xdist_group("docs_snippets")
@@ -48,3 +48,17 @@ def test_documented_python_block_runs(snippet, results):
         pytest.skip(f"{snippet.id}: {snippet.skip}")
     result = results[snippet.id]
     assert result["ok"], f"{snippet.id} fails as written:\n{result['error']}"
+
+
+def test_shell_commands_name_files_that_exist_or_placeholders():
+    """Issue 42: `convert mymodels:MLP`, `elastic ... train.py` read as if those files existed. A
+    shell block's scripts and conversion targets are the repository's, or marked `<your_...>`."""
+    blocks = shell_blocks()
+    assert len(blocks) >= 10 and "README.md:3" in {b.id for b in blocks}
+    unmarked = {b.id: unmarked_placeholders(b.code) for b in blocks}
+    assert not {k: v for k, v in unmarked.items() if v}, "name the user's own files as <placeholders>"
+    assert unmarked_placeholders("mindspore-hyper convert mymodels:MLP --out c/\nmsrun --join=True train.py") == \
+        ["mymodels:MLP", "train.py"]
+    assert unmarked_placeholders("mindspore-hyper convert <your_module>:<YourTorchModel> --out c/  # train.py\n"
+                                 "elastic <your_train.py>\npython examples/quickstart.py") == []
+

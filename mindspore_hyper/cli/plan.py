@@ -17,12 +17,12 @@ examples:
   mindspore-hyper plan --data 2 --tensor 4 --zero 1
       (the GPT preset, examples/models.py, on 8 simulated devices; with the estimate beside it)
   mindspore-hyper plan --init-args '{"layers": 4, "hidden": 128}' --batch 16 --data 2 --pipeline 2
-  mindspore-hyper plan --model mypkg.net:Net --init-args '{"dim": 64}' --inputs float32:8x64 \\
+  mindspore-hyper plan --model <your_module>:<YourCell> --init-args '{"dim": 64}' --inputs float32:8x64 \\
       --config configs/tensor_parallel_8.yaml --forward-only --json
   mindspore-hyper plan --search --preset llama2-70b --devices 1024 --hardware h100-80gb \
       --global-batch 1024 --top 5 --plot front.png
       (no simulation: strategies ranked by the step-time model, docs/estimate.md)
-  mindspore-hyper plan --model mypkg.net:Net --inputs float32:8x64 --data 2 --zero 1
+  mindspore-hyper plan --model <your_module>:<YourCell> --inputs float32:8x64 --data 2 --zero 1
       (--data and --zero lay out any model; --tensor and --pipeline the GPT's parameters by name,
        another model takes a parallel config YAML, see docs/config.md)"""
 

@@ -9,7 +9,9 @@ package is installed). The script runs unchanged: in simulation once for all N d
 msrun once per process (each one rank); with --per-rank once per simulated device, each run as
 that rank (for scripts that build rank-specific pieces: pipeline stages). Afterwards the
 per-device memory and collectives of every device mesh the script used are printed, and with
---json written (under msrun one file per rank, REPORT.rankR). With --hardware (simulation) each
+--json written (under msrun one file per rank, REPORT.rankR). Under msrun the console shows the
+workers' output without MindSpore's start-up notices (launch/worker_console.py; the logs in
+--log-dir keep every line) and rank 0's report; every rank's is in LOG_DIR/report_rank<R>.txt. With --hardware (simulation) each
 mesh's step time is predicted on that hardware from the recorded compute and collectives, as
 `mindspore-hyper dryrun --hardware` does.
 """
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 
 from mindspore_hyper.cli.arg_types import positive_int
@@ -27,10 +28,10 @@ from mindspore_hyper.cli.report_plot import add_plot_argument
 __all__ = ["add_parser", "run"]
 
 EXAMPLES = """\
-examples:
-  mindspore-hyper run --devices 8 my_tp_script.py --steps 5
-  mindspore-hyper run --devices 8 --hardware ascend-910c my_tp_script.py
-  mindspore-hyper run --processes 4 --json report.json my_tp_script.py"""
+examples (<your_script.py>: a placeholder for your script, such as examples/hyper_parallel_llama.py):
+  mindspore-hyper run --devices 8 <your_script.py> --steps 5
+  mindspore-hyper run --devices 8 --hardware ascend-910c <your_script.py>
+  mindspore-hyper run --processes 4 --json report.json <your_script.py>"""
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -78,17 +79,21 @@ def run(args: argparse.Namespace) -> int:
     from mindspore_hyper.cli.msrun import msrun_command
     from mindspore_hyper.hyper_parallel import script_runner
     from mindspore_hyper.launch.elastic import _free_port
+    from mindspore_hyper.launch.worker_console import WorkerConsole
 
-    worker = [script_runner.__file__] + (["--json", os.path.abspath(args.json)] if args.json else [])
+    os.makedirs(args.log_dir, exist_ok=True)
+    worker = [script_runner.__file__, "--report-dir", os.path.abspath(args.log_dir)]
+    worker += ["--json", os.path.abspath(args.json)] if args.json else []
     executable, argv, env = msrun_command([
         f"--worker_num={args.processes}", f"--local_worker_num={args.processes}", f"--master_port={_free_port()}",
-        f"--log_dir={args.log_dir}", "--join=True", *worker, args.script, *args.script_args])
+        f"--log_dir={args.log_dir}", *WorkerConsole.msrun_arguments(args.processes), *worker, args.script,
+        *args.script_args])
     env["MS_HYPER_MODE"] = "distributed"
-    completed = subprocess.run(argv, env=env)
+    returncode = WorkerConsole(args.log_dir, args.processes).run(argv, env)
     from mindspore_hyper.comm.shm import cleanup_stale_segments
 
     cleanup_stale_segments()  # segments of workers msrun killed (their creators are gone; live jobs' stay)
-    if completed.returncode:
-        print(f"mindspore-hyper run: msrun exited with {completed.returncode}; the workers' logs are in "
+    if returncode:
+        print(f"mindspore-hyper run: msrun exited with {returncode}; the workers' logs are in "
               f"{args.log_dir}/worker_*.log", file=sys.stderr)
-    return completed.returncode
+    return returncode

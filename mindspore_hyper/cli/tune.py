@@ -19,7 +19,7 @@ examples:
       (the GPT preset, blocks.* offloaded, real training steps per candidate)
   mindspore-hyper tune block-size --init-args '{"layers": 4}' --device-memory 2MB \\
       --candidates 32KiB,64KiB,128KiB --json
-  mindspore-hyper tune prefetch-depth --model mypkg.net:Net --inputs float32:32x512 float32:32x1 \\
+  mindspore-hyper tune prefetch-depth --model <your_module>:<YourCell> --inputs float32:32x512 float32:32x1 \\
       --offload-cells 'layers.*' --device-memory 8MiB --block-size 1MiB
   (a --model Class must return the scalar loss from its --inputs)"""
 

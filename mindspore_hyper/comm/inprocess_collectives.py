@@ -13,6 +13,7 @@ from typing import List, Optional, Sequence
 
 from mindspore import Tensor, ops
 
+from mindspore_hyper import bfloat16_emulation
 from mindspore_hyper.comm.collective_cause import current_cause
 from mindspore_hyper.comm.collectives import AxisGroup, Recorder, check_members, on_gradient, ring_send_bytes
 
@@ -115,7 +116,7 @@ class InProcessCollectives:
     def fan_out(self, tensor: Tensor, group: AxisGroup) -> Tensor:
         if self.recorder is None or not group.records or group.size == 1:
             return tensor
-        out = _IDENTITY(tensor)
+        out = bfloat16_emulation.identity(_IDENTITY, tensor)  # a bfloat16 Identity: on a float32 copy
         self._on_backward(out, "AllReduce", group, nbytes_of(tensor))
         return out
 

@@ -2,7 +2,10 @@
 
 Same contract as `InProcessCollectives` (selected by `set_context(sim_collectives="library")`):
 the forward data really moves through `InProcessCommunicator` (its algorithms, chosen by the alpha-beta
-model of the `topology` flag). Each collective is a Cell with a custom `bprop` implementing the
+model of the `topology` flag). Each call of a collective is one node of MindSpore's PyNative
+autograd graph (MindSpore's custom autograd function `mindspore.common._Function`, torch's
+`autograd.Function`, not a Cell with a custom `bprop`, so that both `mindspore.value_and_grad` and
+`run_backward`, torch-style `loss.backward()`, differentiate it) whose backward implements the
 backward of `mindspore_hyper.comm.collectives` (AllReduce-sum -> identity per member,
 ReduceScatter -> AllGather, AllToAll -> the inverse AllToAll, AllGather -> the member's slice),
 which also reports the backward traffic to the recorder.
@@ -12,7 +15,8 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, ops
+from mindspore.common import _Function
 
 from mindspore_hyper.comm.collective_cause import current_cause
 from mindspore_hyper.comm.collectives import AxisGroup, Recorder, check_members, ring_send_bytes
@@ -35,11 +39,11 @@ def _arrays(tensors) -> List[np.ndarray]:
     return [t.asnumpy() for t in tensors]
 
 
-class _Recorded(nn.Cell):
-    """A collective Cell that reports its backward traffic once per call."""
+class _Recorded:
+    """A collective over the members' tensors that reports its backward traffic once per call:
+    `forward(*xs)` moves the data, `backward(xs, out, dout)` the gradients (one per member)."""
 
     def __init__(self, recorder: Optional[Recorder], group: AxisGroup):
-        super().__init__()
         self.recorder, self.group = recorder, group
         self.cause = current_cause()  # made per call, in the forward: what its backward is recorded under
 
@@ -48,17 +52,36 @@ class _Recorded(nn.Cell):
             self.recorder(kind, self.group.axis, ring_send_bytes(kind, self.group.size, input_bytes), input_bytes,
                           self.cause)
 
+    def __call__(self, *xs):
+        return _LibraryNode.apply(self, *xs)
+
+
+class _LibraryNode(_Function):
+    """A `_Recorded` collective as one autograd node."""
+
+    @staticmethod
+    def forward(ctx, collective, *xs):  # pylint: disable=arguments-differ
+        out = collective.forward(*xs)
+        ctx.collective, ctx.members, ctx.single = collective, len(xs), not isinstance(out, tuple)
+        ctx.save_for_backward(*xs, *((out,) if ctx.single else out))
+        return out
+
+    @staticmethod
+    def backward(ctx, *dout):  # pylint: disable=arguments-differ
+        saved, n = ctx.saved_tensors, ctx.members
+        xs, out = saved[:n], saved[n] if ctx.single else saved[n:]
+        return (None,) + tuple(ctx.collective.backward(xs, out, dout[0] if ctx.single else dout))
+
 
 class _AllReduce(_Recorded):
     def __init__(self, recorder, group, op: str):
         super().__init__(recorder, group)
         self.op = op
 
-    def construct(self, *xs):
+    def forward(self, *xs):
         return Tensor(_group(len(xs)).all_reduce(_arrays(xs), self.op)[0])
 
-    def bprop(self, *args):
-        xs, out, dout = args[:-2], args[-2], args[-1]
+    def backward(self, xs, out, dout):
         if self.op == "sum":
             return tuple(dout for _ in xs)
         if self.op == "avg":
@@ -75,11 +98,10 @@ class _AllGather(_Recorded):
         super().__init__(recorder, group)
         self.dim, self.grad_partial = dim, grad_partial
 
-    def construct(self, *xs):
+    def forward(self, *xs):
         return Tensor(_group(len(xs)).all_gather(_arrays(xs), dim=self.dim)[0])
 
-    def bprop(self, *args):
-        xs, dout = args[:-2], args[-1]
+    def backward(self, xs, out, dout):
         if self.grad_partial:
             self.record("ReduceScatter", nbytes_of(dout))
         return tuple(ops.split(dout, xs[0].shape[self.dim], self.dim))
@@ -90,11 +112,10 @@ class _ReduceScatter(_Recorded):
         super().__init__(recorder, group)
         self.dim, self.op = dim, op
 
-    def construct(self, *xs):
+    def forward(self, *xs):
         return tuple(Tensor(a) for a in _group(len(xs)).reduce_scatter(_arrays(xs), dim=self.dim, op=self.op))
 
-    def bprop(self, *args):
-        xs, douts = args[:-2], args[-1]
+    def backward(self, xs, out, douts):
         self.record("AllGather", nbytes_of(douts[0]))
         gathered = Tensor(_group(len(xs)).all_gather(_arrays(douts), dim=self.dim)[0])
         if self.op == "avg":
@@ -107,12 +128,11 @@ class _AllToAll(_Recorded):
         super().__init__(recorder, group)
         self.split_dim, self.concat_dim = split_dim, concat_dim
 
-    def construct(self, *xs):
+    def forward(self, *xs):
         outs = _group(len(xs)).all_to_all(_arrays(xs), split_dim=self.split_dim, concat_dim=self.concat_dim)
         return tuple(Tensor(a) for a in outs)
 
-    def bprop(self, *args):
-        xs, douts = args[:-2], args[-1]
+    def backward(self, xs, out, douts):
         self.record("AllToAll", nbytes_of(douts[0]))
         back = _group(len(xs)).all_to_all(_arrays(douts), split_dim=self.concat_dim, concat_dim=self.split_dim)
         return tuple(Tensor(a) for a in back)

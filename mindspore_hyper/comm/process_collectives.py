@@ -1,9 +1,14 @@
 """Collectives with one group member per process (msrun), over a numpy communicator.
 
-Each collective is a Cell whose `construct` moves the bytes through the group's communicator
-(the shared-memory transport on one host, or MindSpore's transport across hosts) and whose
-`bprop` implements the backward of `mindspore_hyper.comm.collectives`, moving the gradient
-bytes the same way and reporting them to the recorder.
+Each collective's forward moves the bytes through the group's communicator (the shared-memory
+transport on one host, or MindSpore's transport across hosts); its backward implements the
+backward of `mindspore_hyper.comm.collectives`, moving the gradient bytes the same way and
+reporting them to the recorder under the collective cause of its forward. A call is one node of
+MindSpore's PyNative autograd graph through MindSpore's custom autograd function
+(`mindspore.common._Function`, torch's `autograd.Function`), not a Cell with a custom `bprop`:
+`mindspore.value_and_grad` differentiates both, but MindSpore's `run_backward`, which torch-style
+`loss.backward()` runs (`hyper_parallel/autograd_compat.py`), stops at a Cell's bprop ("The
+pointer[top_cell_] is null", MindSpore 2.10).
 
 A communicator is anything with numpy-level `all_reduce(x, op)`, `all_gather(x, dim)`,
 `reduce_scatter(x, dim, op)`, `all_to_all(x, split_dim, concat_dim)`, `broadcast(x, root)`
@@ -17,7 +22,8 @@ from collections import deque
 from typing import Callable, Deque, List, Optional, Sequence, Tuple
 
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, ops
+from mindspore.common import _Function
 from mindspore.common import dtype as mstype
 
 from mindspore_hyper.comm._common import CommError
@@ -73,43 +79,68 @@ def _named_call(group: AxisGroup, index: int, what: str, fn, *args):
                         f"this is rank {group.ranks[index]}): {exc}") from None
 
 
-class _Collective(nn.Cell):
-    """One collective over `group`; `self.comm` moves the bytes."""
+class _Collective:
+    """One collective over `group`: `forward(x)` moves the data through `self.comm`, `backward(x,
+    out, dout, cause)` the gradient (recorded under `cause`, the collective cause of the forward).
+    `keeps_values`: whether the backward reads `x` and `out` (they are kept for it only then)."""
+
+    keeps_values = False
 
     def __init__(self, owner: "ProcessCollectives", group: AxisGroup):
-        super().__init__()
         self.owner, self.group = owner, group
         self.comm = owner.communicator(group)
         self.index = group.local[0]
-        self.cause = ""  # the collective_cause its backward is recorded under (`ProcessCollectives._cell`)
 
-    def record(self, kind: str, input_bytes: int) -> None:
+    def record(self, kind: str, input_bytes: int, cause: str) -> None:
         recorder = self.owner.recorder
         if recorder is not None and self.group.records and self.group.size > 1:
-            recorder(kind, self.group.axis, ring_send_bytes(kind, self.group.size, input_bytes), input_bytes,
-                     self.cause)
+            recorder(kind, self.group.axis, ring_send_bytes(kind, self.group.size, input_bytes), input_bytes, cause)
 
     def call(self, what: str, fn, *args):
         return _named_call(self.group, self.index, what, fn, *args)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return _AutogradNode.apply(x, self)
+
+
+class _AutogradNode(_Function):
+    """A collective as one autograd node of MindSpore's PyNative graph (MindSpore's custom autograd
+    function, torch's `autograd.Function`): both `mindspore.value_and_grad` and `run_backward`
+    (torch-style `loss.backward()`, `hyper_parallel/autograd_compat.py`) differentiate it, where
+    `run_backward` cannot run a Cell's custom `bprop`."""
+
+    @staticmethod
+    def forward(ctx, x, collective):  # pylint: disable=arguments-differ
+        out = collective.forward(x)
+        ctx.collective, ctx.cause = collective, current_cause()
+        if collective.keeps_values:
+            ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):  # pylint: disable=arguments-differ
+        x, out = ctx.saved_tensors if ctx.collective.keeps_values else (None, None)
+        return ctx.collective.backward(x, out, dout, ctx.cause), None
 
 
 class _AllReduce(_Collective):
     def __init__(self, owner, group, op: str):
         super().__init__(owner, group)
         self.op = op
+        self.keeps_values = op in ("max", "min")
 
-    def construct(self, x):
+    def forward(self, x):
         return adopt(self.call("all_reduce", self.comm.all_reduce, _array(x), self.op), x)
 
-    def bprop(self, x, out, dout):
+    def backward(self, x, out, dout, cause):
         if self.op == "sum":
-            return (dout,)
+            return dout
         if self.op == "avg":
-            return (dout / self.group.size,)
+            return dout / self.group.size
         hit = ops.cast(ops.equal(x, out), dout.dtype)  # max/min: the gradient goes to the winners
-        self.record("AllReduce", nbytes_of(hit))
+        self.record("AllReduce", nbytes_of(hit), cause)
         count = adopt(self.call("all_reduce", self.comm.all_reduce, hit.asnumpy(), "sum"), hit)
-        return (dout * hit / count,)
+        return dout * hit / count
 
 
 class _AllGather(_Collective):
@@ -117,30 +148,30 @@ class _AllGather(_Collective):
         super().__init__(owner, group)
         self.dim, self.grad_partial = dim, grad_partial
 
-    def construct(self, x):
+    def forward(self, x):
         return adopt(self.call("all_gather", self.comm.all_gather, _array(x), self.dim), x)
 
-    def bprop(self, x, out, dout):
+    def backward(self, x, out, dout, cause):
         if self.grad_partial:
-            self.record("ReduceScatter", nbytes_of(dout))
-            return (adopt(self.call("reduce_scatter", self.comm.reduce_scatter, dout.asnumpy(), self.dim, "sum"),
-                            dout),)
-        return (ops.split(dout, x.shape[self.dim], self.dim)[self.index],)
+            self.record("ReduceScatter", nbytes_of(dout), cause)
+            return adopt(self.call("reduce_scatter", self.comm.reduce_scatter, dout.asnumpy(), self.dim, "sum"), dout)
+        return ops.split(dout, dout.shape[self.dim] // self.group.size, self.dim)[self.index]
 
 
 class _ReduceScatter(_Collective):
     def __init__(self, owner, group, dim: int, op: str):
         super().__init__(owner, group)
         self.dim, self.op = dim, op
+        self.keeps_values = op in ("max", "min")
 
-    def construct(self, x):
+    def forward(self, x):
         if self.op in ("max", "min"):
             full = self.call("all_reduce", self.comm.all_reduce, _array(x), self.op)
             return adopt(np.array_split(full, self.group.size, axis=self.dim)[self.index], x)
         return adopt(self.call("reduce_scatter", self.comm.reduce_scatter, _array(x), self.dim, self.op), x)
 
-    def bprop(self, x, out, dout):
-        self.record("AllGather", nbytes_of(dout))
+    def backward(self, x, out, dout, cause):
+        self.record("AllGather", nbytes_of(dout), cause)
         gathered = adopt(self.call("all_gather", self.comm.all_gather, dout.asnumpy(), self.dim), dout)
         if self.op == "avg":
             gathered = gathered / self.group.size
@@ -149,7 +180,7 @@ class _ReduceScatter(_Collective):
             hit = ops.cast(ops.equal(x, full), dout.dtype)
             count = adopt(self.call("all_reduce", self.comm.all_reduce, hit.asnumpy(), "sum"), hit)
             gathered = gathered * hit / count
-        return (gathered,)
+        return gathered
 
 
 class _AllToAll(_Collective):
@@ -157,13 +188,13 @@ class _AllToAll(_Collective):
         super().__init__(owner, group)
         self.split_dim, self.concat_dim = split_dim, concat_dim
 
-    def construct(self, x):
+    def forward(self, x):
         return adopt(self.call("all_to_all", self.comm.all_to_all, _array(x), self.split_dim, self.concat_dim), x)
 
-    def bprop(self, x, out, dout):
-        self.record("AllToAll", nbytes_of(dout))
-        back = self.call("all_to_all", self.comm.all_to_all, dout.asnumpy(), self.concat_dim, self.split_dim)
-        return (adopt(back, dout),)
+    def backward(self, x, out, dout, cause):
+        self.record("AllToAll", nbytes_of(dout), cause)
+        return adopt(self.call("all_to_all", self.comm.all_to_all, dout.asnumpy(), self.concat_dim, self.split_dim),
+                     dout)
 
 
 class _Ring:
@@ -216,30 +247,30 @@ class _LocalSlice(_Collective):
         super().__init__(owner, group)
         self.dim, self.records = dim, record
 
-    def construct(self, x):
+    def forward(self, x):
         return ops.split(x, x.shape[self.dim] // self.group.size, self.dim)[self.index]
 
-    def bprop(self, x, out, dout):
+    def backward(self, x, out, dout, cause):
         if self.records:
-            self.record("AllGather", nbytes_of(dout))
-        return (adopt(self.call("all_gather", self.comm.all_gather, dout.asnumpy(), self.dim), dout),)
+            self.record("AllGather", nbytes_of(dout), cause)
+        return adopt(self.call("all_gather", self.comm.all_gather, dout.asnumpy(), self.dim), dout)
 
 
 class _MakePartialSum(_Collective):
-    def construct(self, x):
+    def forward(self, x):
         return x if self.index == 0 else ops.zeros_like(x)
 
-    def bprop(self, x, out, dout):
-        return (dout,)  # every member holds the whole sum's gradient
+    def backward(self, x, out, dout, cause):
+        return dout  # every member holds the whole sum's gradient
 
 
 class _FanOut(_Collective):
-    def construct(self, x):
+    def forward(self, x):
         return x
 
-    def bprop(self, x, out, dout):
-        self.record("AllReduce", nbytes_of(dout))
-        return (adopt(self.call("all_reduce", self.comm.all_reduce, dout.asnumpy(), "sum"), dout),)
+    def backward(self, x, out, dout, cause):
+        self.record("AllReduce", nbytes_of(dout), cause)
+        return adopt(self.call("all_reduce", self.comm.all_reduce, dout.asnumpy(), "sum"), dout)
 
 
 class _Broadcast(_Collective):
@@ -247,11 +278,11 @@ class _Broadcast(_Collective):
         super().__init__(owner, group)
         self.root = root
 
-    def construct(self, x):
+    def forward(self, x):
         return adopt(self.call("broadcast", self.comm.broadcast, _array(x), self.root), x)
 
-    def bprop(self, x, out, dout):
-        return (dout if self.index == self.root else ops.zeros_like(dout),)
+    def backward(self, x, out, dout, cause):
+        return dout if self.index == self.root else ops.zeros_like(dout)
 
 
 class ProcessCollectives:
@@ -265,23 +296,19 @@ class ProcessCollectives:
     def __init__(self, communicator_for: Callable[[Tuple[int, ...]], object], recorder: Optional[Recorder] = None):
         self._communicator_for = communicator_for
         self.recorder = recorder
-        self._cells = {}
+        self._ops = {}
         self._rings = {}
         self.ring_timings: Deque[RingShiftTiming] = deque(maxlen=RING_TIMINGS_KEPT)  # latest ring_shift_async waits
 
     def communicator(self, group: AxisGroup):
         return self._communicator_for(tuple(group.ranks))
 
-    def _cell(self, kind, group: AxisGroup, *params) -> nn.Cell:
-        """The (reusable) Cell of one collective kind over `group` with `params`, for the current
-        collective cause (its backward is recorded under it; a model has few distinct causes)."""
-        cause = current_cause()
-        key = (kind, group, params, cause)
-        if key not in self._cells:
-            cell = kind(self, group, *params)
-            cell.cause = cause
-            self._cells[key] = cell
-        return self._cells[key]
+    def _op(self, kind, group: AxisGroup, *params) -> _Collective:
+        """The (reusable) collective of one kind over `group` with `params`."""
+        key = (kind, group, params)
+        if key not in self._ops:
+            self._ops[key] = kind(self, group, *params)
+        return self._ops[key]
 
     @staticmethod
     def _one(members: Sequence[Tensor], group: AxisGroup, name: str) -> Tensor:
@@ -292,19 +319,19 @@ class ProcessCollectives:
 
     def all_reduce(self, members, op: str, group: AxisGroup) -> List[Tensor]:
         x = self._one(members, group, "all_reduce")
-        return [x if group.size == 1 else self._cell(_AllReduce, group, op)(x)]
+        return [x if group.size == 1 else self._op(_AllReduce, group, op)(x)]
 
     def all_gather(self, members, dim: int, group: AxisGroup, grad_partial: bool = False) -> List[Tensor]:
         x = self._one(members, group, "all_gather")
-        return [x if group.size == 1 else self._cell(_AllGather, group, dim, grad_partial)(x)]
+        return [x if group.size == 1 else self._op(_AllGather, group, dim, grad_partial)(x)]
 
     def reduce_scatter(self, members, dim: int, op: str, group: AxisGroup) -> List[Tensor]:
         x = self._one(members, group, "reduce_scatter")
-        return [x if group.size == 1 else self._cell(_ReduceScatter, group, dim, op)(x)]
+        return [x if group.size == 1 else self._op(_ReduceScatter, group, dim, op)(x)]
 
     def all_to_all(self, members, split_dim: int, concat_dim: int, group: AxisGroup) -> List[Tensor]:
         x = self._one(members, group, "all_to_all")
-        return [x if group.size == 1 else self._cell(_AllToAll, group, split_dim, concat_dim)(x)]
+        return [x if group.size == 1 else self._op(_AllToAll, group, split_dim, concat_dim)(x)]
 
     def _ring(self, group: AxisGroup) -> _Ring:
         if group not in self._rings:
@@ -360,18 +387,18 @@ class ProcessCollectives:
 
     def local_slice(self, tensor: Tensor, dim: int, group: AxisGroup, record: bool = True) -> List[Tensor]:
         self._one([tensor], group, "local_slice")
-        return [tensor if group.size == 1 else self._cell(_LocalSlice, group, dim, record)(tensor)]
+        return [tensor if group.size == 1 else self._op(_LocalSlice, group, dim, record)(tensor)]
 
     def make_partial(self, tensor: Tensor, op: str, group: AxisGroup) -> List[Tensor]:
         self._one([tensor], group, "make_partial")
         if op != "sum" or group.size == 1:
             return [tensor]
-        return [self._cell(_MakePartialSum, group)(tensor)]
+        return [self._op(_MakePartialSum, group)(tensor)]
 
     def fan_out(self, tensor: Tensor, group: AxisGroup) -> Tensor:
         self._one([tensor], group, "fan_out")
-        return tensor if group.size == 1 else self._cell(_FanOut, group)(tensor)
+        return tensor if group.size == 1 else self._op(_FanOut, group)(tensor)
 
     def broadcast(self, members, root: int, group: AxisGroup) -> List[Tensor]:
         x = self._one(members, group, "broadcast")
-        return [x if group.size == 1 else self._cell(_Broadcast, group, root)(x)]
+        return [x if group.size == 1 else self._op(_Broadcast, group, root)(x)]

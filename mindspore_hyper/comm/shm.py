@@ -37,6 +37,11 @@ _READABLE = 32  # characters of the group name kept readable in the segment name
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
+def _is_bfloat16(x) -> bool:
+    """A bfloat16 array (MindSpore's `asnumpy` gives ml_dtypes' bfloat16), which the C++ library has no kernels for."""
+    return np.asarray(x).dtype.name == "bfloat16"
+
+
 def segment_name(name: str, token: str) -> str:
     """The /dev/shm name of group `name` in the job of `token`: SEGMENT_PREFIX, the first 32
     characters of `name` (others than letters, digits, '_', '.', '-' as '_'), '_', and 32 hex
@@ -162,8 +167,15 @@ class ShmCommunicator(AggregatorOwner):
 
     # ----- collectives ------------------------------------------------------------------------
     def all_reduce(self, x, op: str = "sum", algorithm: str = "auto", out: Optional[np.ndarray] = None) -> np.ndarray:
-        """Reduce over ranks; returns a new array, or writes into `out` (may be `x` itself: in place)."""
+        """Reduce over ranks; returns a new array, or writes into `out` (may be `x` itself: in place).
+        bfloat16 (no kernel in the library): reduced in float32, rounded to bfloat16 once."""
         check_op(op)
+        if _is_bfloat16(x):
+            reduced = self.all_reduce(np.asarray(x).astype(np.float32), op, algorithm).astype(np.asarray(x).dtype)
+            if out is None:
+                return reduced
+            np.copyto(out, reduced)
+            return out
         if out is None:
             out = contiguous(x).copy()
         else:
@@ -187,8 +199,10 @@ class ShmCommunicator(AggregatorOwner):
 
     def all_gather(self, x, dim: int = 0) -> np.ndarray:
         """Concatenate every rank's array along `dim`. Sizes along `dim` may differ; the other
-        dimensions must agree (CommMismatch on every rank otherwise)."""
+        dimensions must agree (CommMismatch on every rank otherwise). bfloat16 moves as its bytes."""
         arr = contiguous(x)
+        if _is_bfloat16(arr):
+            return self.all_gather(arr.view(np.float16), dim).view(arr.dtype)
         dim = normalize_dim(dim, arr.ndim, "all_gather")
         moved = np.ascontiguousarray(np.moveaxis(arr, dim, 0))
         self._before_direct()
@@ -204,8 +218,11 @@ class ShmCommunicator(AggregatorOwner):
         return np.moveaxis(out, 0, dim)
 
     def reduce_scatter(self, x, dim: int = 0, op: str = "sum") -> np.ndarray:
-        """Reduce over ranks; this rank gets its np.array_split part along `dim`."""
+        """Reduce over ranks; this rank gets its np.array_split part along `dim` (bfloat16: reduced in
+        float32, rounded to bfloat16 once)."""
         check_op(op)
+        if _is_bfloat16(x):
+            return self.reduce_scatter(np.asarray(x).astype(np.float32), dim, op).astype(np.asarray(x).dtype)
         moved = np.ascontiguousarray(np.moveaxis(contiguous(x), dim, 0))
         rest = moved.shape[1:]
         inner = int(np.prod(rest)) if rest else 1
@@ -250,6 +267,8 @@ class ShmCommunicator(AggregatorOwner):
         return buf.view(arr.dtype).copy(), list(counts)
 
     def broadcast(self, x, root: int = 0, algorithm: str = "auto") -> np.ndarray:
+        if _is_bfloat16(x):  # bfloat16 moves as its bytes
+            return self.broadcast(contiguous(x).view(np.float16), root, algorithm).view(np.asarray(x).dtype)
         out = contiguous(x).copy()
         self._before_direct()
         self._g.broadcast(out, dtype_name(out), int(root), algorithm)

@@ -3,10 +3,12 @@
 Runtime-neutral: a DTensor holds the shards of the ranks its process owns (every virtual device
 in simulation, one device under msrun); its `Execution` supplies the collectives.
 """
+from mindspore_hyper import bfloat16_emulation
 from mindspore_hyper.dtensor import interception, rules, shape_rules  # noqa: F401  (rules register themselves)
 from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.dtensor.execution import Execution, ParameterSlot, distribute_tensor
 
 interception.install()
+bfloat16_emulation.install()  # mirrors the running Cells' mixed-precision types
 
 __all__ = ["DTensor", "Execution", "ParameterSlot", "distribute_tensor"]

@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mindspore import Parameter, Tensor, ops
 
+from mindspore_hyper import bfloat16_emulation
 from mindspore_hyper.dtensor.dtensor import DTensor, significant_axes
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
@@ -289,6 +290,8 @@ def run_batched(execution, call, decision, axes: Sequence[int], keys: Sequence[t
     if (adapter is None or len(keys) < 2 or not execution.holds_all_ranks
             or any(isinstance(v, DTensor) for v in call.kwargs.values()) or any(t._uneven for t in call.tensors)):
         return None  # uneven shards (torch.chunk pieces) differ in shape: they do not stack
+    if bfloat16_emulation.touches_bfloat16(t.dtype for t in call.tensors):
+        return None  # Stack and Tile have no bfloat16 CPU kernel: bfloat16 shards run one by one
     if decision.local_args is not None and call.name not in SAME_ARGS_ON_EVERY_SHARD:
         return None
     if any(math.prod(layout.local_shape(t.global_shape)) >= BATCH_BELOW_ELEMENTS

@@ -22,6 +22,7 @@ from mindspore._c_expression import NoFallbackGuard
 from mindspore.graph.api import _pynative_executor
 from mindspore.ops.primitive import Primitive
 
+from mindspore_hyper import bfloat16_emulation
 from mindspore_hyper.comm.collective_cause import grad_sync_cause, op_cause, set_cause
 from mindspore_hyper.dtensor import mutation, shard_hints
 from mindspore_hyper.dtensor import random as random_ops
@@ -400,17 +401,20 @@ def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] 
     call.replace_tensors(ready)
     mesh = execution.mesh
     keys = execution.keys(axes)
-    if execution.batch_shards:
+    # an op without a bfloat16 CPU kernel, emulated per shard (flag cpu_bfloat16); other ops: one set lookup
+    emulate = None if call.name not in bfloat16_emulation.NO_BFLOAT16_CPU_KERNEL or execution.shape_only else \
+        bfloat16_emulation.emulation(call.name, [t.dtype for t in call.tensors])
+    if execution.batch_shards and emulate is None:
         batched_result = run_batched(execution, call, decision, axes, keys)
         if batched_result is not None:
             _record_cost(execution, call, batched_result)
             return batched_result
     results = {}
     try:
-        for index, key in enumerate(keys):
+        for key in keys:
             coords = dict(zip(axes, key))
             execution.set_running(coords)
-            results[key] = _run_local(call, decision, coords, index)
+            results[key] = _run_local(call, decision, coords, emulate)
     finally:
         execution.set_running(None)
     try:
@@ -481,15 +485,23 @@ def _dispatch_random(execution, call: OpCall):
     return result
 
 
-def _run_local(call: OpCall, decision: Decision, coords, index: int = 0):
+def _run_local(call: OpCall, decision: Decision, coords, emulate: Optional[str] = None):
+    """The op on the shards at `coords`; `emulate` (`bfloat16_emulation.emulation`): on float32
+    copies, bfloat16 outputs."""
     local_inputs = _localise(call.inputs, coords)
-    try:
+    local_kwargs = dict(zip(call.kwargs, _localise(list(call.kwargs.values()), coords)))
+
+    def run(inputs, kwargs):
         if decision.local_fn is not None:
-            return decision.local_fn(call, local_inputs, coords)
+            return decision.local_fn(call, inputs, coords)
         if decision.local_args is not None:
-            local_inputs = decision.local_args(local_inputs, coords)
-        local_kwargs = dict(zip(call.kwargs, _localise(list(call.kwargs.values()), coords)))
-        return call.run(local_inputs, local_kwargs)
+            inputs = decision.local_args(inputs, coords)
+        return call.run(inputs, kwargs)
+
+    try:
+        if emulate is not None:
+            return bfloat16_emulation.run_in_float32(run, local_inputs, local_kwargs, emulate)
+        return run(local_inputs, local_kwargs)
     except DTensorOpError:
         raise
     except Exception as error:
@@ -501,7 +513,8 @@ def _op_error(call: OpCall, error: Exception) -> DTensorOpError:
     text = str(error).split("C++ Call Stack")[0]  # MindSpore's message without its C++ stack
     lines = [line.strip(" -=") for line in text.splitlines() if line.strip(" -=")]
     summary = " ".join(lines[:2]) if lines else repr(error)
-    return DTensorOpError(call.name, f"failed on the shards of DTensors {_describe(call)}: {summary}")
+    hint = bfloat16_emulation.refusal_hint(text)
+    return DTensorOpError(call.name, f"failed on the shards of DTensors {_describe(call)}: {summary}{hint}")
 
 
 def _drain_pipeline() -> None:

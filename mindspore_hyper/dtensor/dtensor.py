@@ -22,10 +22,13 @@ import numpy as np
 from mindspore import Parameter, Tensor, ops
 from mindspore.common.initializer import Zero
 
+from mindspore_hyper import bfloat16_emulation
 from mindspore_hyper.dtensor.reflected_operators import ReflectedOperators
+from mindspore_hyper.shard.placement import Replicate
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
-__all__ = ["DTensor", "significant_axes", "key_of", "is_float", "to_local", "from_local", "layout_on"]
+__all__ = ["DTensor", "significant_axes", "key_of", "is_float", "to_local", "from_local", "layout_on",
+           "accept_layout_form"]
 
 Key = Tuple[int, ...]
 
@@ -101,7 +104,11 @@ class DTensor(ReflectedOperators, Tensor):
                     dtype, execution) -> "DTensor":
         """A DTensor whose distinct shards are `stacked[i]` for `keys[i]`, cut out only when read
         (a batched op's result; the next batched op reads `stacked` itself)."""
-        dt = cls._lazy(layout, lambda: dict(zip(keys, ops.unstack(stacked, 0))), global_shape, dtype, execution)
+        def unstack():
+            with bfloat16_emulation.outside_cells():  # in a BF16 Cell: float32 shards stay float32 (no
+                return dict(zip(keys, ops.unstack(stacked, 0)))  # bfloat16 Stack in the backward)
+
+        dt = cls._lazy(layout, unstack, global_shape, dtype, execution)
         dt._stacked = stacked
         return dt
 
@@ -173,10 +180,10 @@ class DTensor(ReflectedOperators, Tensor):
         return to_local(self)
 
     @staticmethod
-    def from_local(local_tensor, device_mesh, placements, *, run_check: bool = False, shape=None,
+    def from_local(local_tensor, device_mesh, placements=None, *, run_check: bool = False, shape=None,
                    stride=None) -> "DTensor":
         """The DTensor whose shard on each rank is that rank's `local_tensor` (see
-        module function `from_local`)."""
+        module function `from_local`; `device_mesh` may be upstream's Layout call result)."""
         return from_local(local_tensor, device_mesh, placements, run_check=run_check, shape=shape, stride=stride)
 
     def redistribute(self, layout=None, placements=None, *, record: bool = True, grad_partial_axes=(),
@@ -187,7 +194,9 @@ class DTensor(ReflectedOperators, Tensor):
             layout: the wanted TensorLayout, or a device mesh (HyperParallel's
                 `redistribute(device_mesh, placements)`; None: this DTensor's mesh). A
                 DeviceMesh of another shape, names or rank order over the same devices is
-                reached through Replicate (`_across_meshes`), as upstream allows.
+                reached through Replicate (`_across_meshes`), as upstream allows. Upstream's
+                Layout call result on another Layout than this DTensor's mesh is taken as that
+                Layout's DeviceMesh and tensor map (`accept_layout_form`).
             placements: with a device mesh: one placement per mesh dimension (required for
                 another mesh; None: this DTensor's placements on its own).
             async_op: accepted for HyperParallel's signature; the move completes before return.
@@ -201,6 +210,9 @@ class DTensor(ReflectedOperators, Tensor):
             ValueError: a mesh on other devices, another mesh without placements, a
                 rank-local value, or a TensorLayout on another mesh (the planner's).
         """
+        if (placements is None and isinstance(layout, TensorLayout) and layout.mesh != self._layout.mesh
+                and _LAYOUT_FORM):  # upstream's Layout call result on another mesh of the same devices
+            layout, placements = _LAYOUT_FORM[0](layout, self.ndim, "DTensor.redistribute")
         if placements is not None or not isinstance(layout, TensorLayout):
             mesh = layout if layout is not None else self.device_mesh
             _check_same_devices(self, mesh)
@@ -402,13 +414,22 @@ def layout_on(mesh, placements, ndim: int, base: Optional[TensorLayout] = None) 
 def to_local(dt: "DTensor"):
     """`dt.to_local()`: the shard when this process's ranks all hold the same one (always under
     msrun), else a rank-local DTensor of the shards (no copy)."""
+    axes, execution = significant_axes(dt.layout), dt.execution
+    if axes and len(execution.local_ranks) == 1 and not execution.shape_only:
+        return dt.shards[key_of(execution.mesh.coords(execution.local_ranks[0]), axes)]
+    return rank_local_view(dt)
+
+
+def rank_local_view(dt: "DTensor"):
+    """The local part as a parallel style's `use_local_output` gives it: the shard when every
+    rank holds the same one, else a rank-local DTensor of the shards (no copy) in every mode --
+    under msrun too (one shard), so the model's ops on it are dispatched and accounted there as
+    in simulation and in a dry run (which holds one representative rank), and a process's step
+    memory series equals a simulated device's."""
     axes = significant_axes(dt.layout)
     execution = dt.execution
     if not axes:
         return dt.shards[()]
-    if len(execution.local_ranks) == 1 and not execution.shape_only:
-        return dt.shards[key_of(execution.mesh.coords(execution.local_ranks[0]), axes)]
-    # a dry run holds one representative rank but accounts like the simulation: rank-local too
     layout = TensorLayout.rank_local(execution.mesh, dt.ndim, axes)
     local_shape = dt.layout.max_local_shape(dt.global_shape)  # uneven shards: each rank's own is its shard's
     out = DTensor._create(layout, dict(dt.shards), local_shape, dt.dtype, execution)
@@ -417,7 +438,19 @@ def to_local(dt: "DTensor"):
     return out
 
 
-def from_local(local, device_mesh, placements, *, run_check: bool = False, shape=None, stride=None) -> "DTensor":
+_LAYOUT_FORM: list = []  # the HyperParallel API's converter of a Layout call result (hyper_parallel/layout_form.py)
+
+
+def accept_layout_form(convert) -> None:
+    """Let `from_local` and `redistribute` take upstream's Layout call result in place of a mesh
+    and placements: `convert(tensor_layout, ndim, caller)` returns (DeviceMesh, placements) or
+    raises naming the field it cannot express. The HyperParallel API registers it (the
+    DeviceMesh lives above this layer)."""
+    _LAYOUT_FORM[:] = [convert]
+
+
+def from_local(local, device_mesh, placements=None, *, run_check: bool = False, shape=None,
+               stride=None) -> "DTensor":
     """The DTensor whose shard on each rank is that rank's `local` value.
 
     A plain tensor is the same value on every rank (so `Shard` placements repeat it and a
@@ -426,8 +459,11 @@ def from_local(local, device_mesh, placements, *, run_check: bool = False, shape
 
     Args:
         local: a Tensor or a rank-local DTensor.
-        device_mesh: a DeviceMesh (or sub-mesh): it knows the run its DTensors belong to.
-        placements: one per mesh dimension.
+        device_mesh: a DeviceMesh (or sub-mesh): it knows the run its DTensors belong to; or
+            upstream's Layout call result (`Layout((2, 2), ("dp", "tp"))("None", "tp")`, no
+            placements): its mesh and tensor map, taken exactly (hyper_parallel/layout_form.py).
+        placements: one per mesh dimension (None: Replicate on every one, as torch's default;
+            must be None with a Layout call result).
         run_check: check that ranks along Replicate dimensions hold equal values (in simulation
             they do by construction; a rank-local value varying there is refused either way).
         shape: the global shape; None: the local shape times the shard counts (even shards).
@@ -442,9 +478,21 @@ def from_local(local, device_mesh, placements, *, run_check: bool = False, shape
             (named with the rank, its local shape and the expected one).
     """
     mesh = device_mesh
+    if isinstance(mesh, TensorLayout):
+        if placements is not None:
+            raise ValueError(f"DTensor.from_local: device_mesh is a Layout call result ({mesh}), which carries the "
+                             f"placements itself, and placements={placements!r} was given too; pass one of them")
+        if not _LAYOUT_FORM:
+            raise TypeError("DTensor.from_local(local, layout): a Layout call result needs the HyperParallel API; "
+                            "import mindspore_hyper.hyper_parallel (or hyper_parallel) first")
+        mesh, placements = _LAYOUT_FORM[0](mesh, local.ndim, "DTensor.from_local")
     if not hasattr(mesh, "execution"):
-        raise TypeError(f"DTensor.from_local: device_mesh must be a DeviceMesh (init_device_mesh), got "
-                        f"{type(mesh).__name__}")
+        hint = (" (a Layout: call it with the tensor map, e.g. layout('None', 'tp'))"
+                if hasattr(mesh, "device_matrix") else "")
+        raise TypeError(f"DTensor.from_local: device_mesh must be a DeviceMesh (init_device_mesh) or a Layout call "
+                        f"result, got {type(mesh).__name__}{hint}")
+    if placements is None:
+        placements = (Replicate(),) * mesh.ndim
     root = mesh.root
     if isinstance(local, DTensor) and not local.layout.is_rank_local:
         raise ValueError("DTensor.from_local: local_tensor is already a DTensor (laid out as "

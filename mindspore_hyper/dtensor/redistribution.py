@@ -10,6 +10,7 @@ from typing import Dict, Sequence
 
 from mindspore import Tensor, ops
 
+from mindspore_hyper import bfloat16_emulation
 from mindspore_hyper.comm.collective_cause import current_cause, set_cause
 from mindspore_hyper.comm.inprocess_collectives import InProcessCollectives, reduce_tensors
 from mindspore_hyper.dtensor.batched import BATCH_BELOW_ELEMENTS, stacked_shards
@@ -50,11 +51,13 @@ def run_redistribution(dt: DTensor, layout: TensorLayout, record: bool, grad_par
     itemsize = dt.dtype.itemsize
     fused = set()
     uneven = dt._uneven or not layout.is_even(dt.global_shape)  # torch.chunk pieces: padded collectives
+    # Stack (Unstack's backward) has no bfloat16 CPU kernel: bfloat16 shards move one by one
+    by_shard = uneven or bfloat16_emulation.touches_bfloat16((dt.dtype,))
     for step in plan:
         local = current.max_local_shape(dt.global_shape) if uneven else current.local_shape(dt.global_shape)
         input_bytes = math.prod(local) * itemsize
         grad_partial = isinstance(step, AllGather) and step.axis in grad_partial_axes
-        if not uneven and _runs_stacked(execution, step, current, dt.global_shape):
+        if not by_shard and _runs_stacked(execution, step, current, dt.global_shape):
             if stacked is None:
                 stacked = stacked_shards(execution, dt if shards is None else
                                          DTensor._create(current, shards, dt.global_shape, dt.dtype, execution))

@@ -25,6 +25,7 @@ from mindspore_hyper.hyper_parallel.hsdp import HSDPCell, hsdp, hsdp_sync_stream
 from mindspore_hyper.hyper_parallel.hsdp_module import HSDPModule
 from mindspore_hyper.hyper_parallel.init_weights import init_empty_weights, init_on_device, init_parameters
 from mindspore_hyper.hyper_parallel.install import install_hyper_parallel
+from mindspore_hyper.hyper_parallel.layout_form import mesh_and_placements  # noqa: F401 (from_local(x, layout))
 from mindspore_hyper.hyper_parallel.pipeline_microbatches import BatchDimSpec
 from mindspore_hyper.hyper_parallel.pipeline_schedule import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from mindspore_hyper.hyper_parallel.pipeline_stage import PipelineStage

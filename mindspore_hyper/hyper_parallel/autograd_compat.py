@@ -12,9 +12,17 @@ the ranks as the layouts say); with fully_shard's `apply_grad_on_fp32_main_grad`
 gradient also lands on `param.main_grad` (`main_grad.py`). Unlike upstream, that policy does not
 leave `.grad` None: it holds the same gradient, and `zero_grad()` clears both.
 
-It is refused in a process that holds one rank (msrun, a per-rank simulation): there this
-package's collectives are Cells with a custom bprop, which `run_backward` cannot run (nor can it
-any other custom-bprop Cell: MindSpore stops with "The pointer[top_cell_] is null").
+Under msrun (one rank per process) each process's Parameter gets its shard's gradient, reduced
+over the ranks as the layouts say, equal to `value_and_grad`'s: the collectives there are
+MindSpore custom autograd functions (`comm/process_collectives.py`), which `run_backward`
+differentiates. A per-rank simulation's rank simulates its mesh as the simulation does.
+
+`run_backward` cannot run a Cell with a custom `bprop` (MindSpore 2.10 stops with "The
+pointer[top_cell_] is null" as the Cell runs in the forward); ring attention, MoE's token
+exchange, an `auto_parallelize` model's gradient sum under msrun, the C++ library's simulated
+collectives and mpmd's cross-group transfers and timing marks are custom autograd functions as
+well. While the patch is on, a Cell with a custom `bprop` (a user's) stops with an error naming it
+and the way that works instead (`mindspore.value_and_grad`, which runs them).
 `mindspore.value_and_grad` turns MindSpore's grad flag off when it returns; a forward after it
 is not recorded, and its `backward()` says so (call `enable_mindspore_backward_compat()` again).
 `disable_mindspore_backward_compat()` (not upstream's) restores MindSpore's tensor class.
@@ -23,13 +31,11 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
-from mindspore import ops
+from mindspore import nn, ops
 from mindspore.common import dtype as mstype
 from mindspore._c_expression import TensorPy, run_backward
 from mindspore.graph.api import _pynative_executor
 
-from mindspore_hyper.hyper_parallel.rank_threads import thread_rank
-from mindspore_hyper.hyper_parallel.session import holds_all_ranks
 from mindspore_hyper.hyper_parallel.step_phases import backward_began
 
 __all__ = ["enable_mindspore_backward_compat", "disable_mindspore_backward_compat", "backward_compat_enabled"]
@@ -115,25 +121,29 @@ def backward_compat_enabled() -> bool:
     return bool(_SAVED)
 
 
+def _call_custom_bprop(cell, *args, **kwargs):
+    """MindSpore's `Cell._call_custom_bprop`, whose failure outside `value_and_grad` names the Cell."""
+    try:
+        return _SAVED["__cell_custom_bprop__"](cell, *args, **kwargs)
+    except RuntimeError as error:
+        if "top_cell_" not in str(error):
+            raise
+        raise NotImplementedError(
+            f"loss.backward() (enable_mindspore_backward_compat) cannot differentiate {type(cell).__name__}, a Cell "
+            f"with a custom bprop: MindSpore's run_backward runs a Cell's bprop only inside mindspore.value_and_grad "
+            f"(MindSpore 2.10: \"The pointer[top_cell_] is null\"). Take the gradients with "
+            f"mindspore.value_and_grad(loss_fn, None, params)(inputs) and pass them to the optimizer") from None
+
+
 def enable_mindspore_backward_compat() -> None:
     """Give MindSpore tensors torch's `backward()`/`.grad` (module docstring); idempotent, and
-    turns MindSpore's grad flag (which `mindspore.value_and_grad` turns off) back on.
-
-    Raises:
-        NotImplementedError: the process holds one rank (msrun, a per-rank simulation).
-    """
-    if thread_rank() is not None or not holds_all_ranks():
-        raise NotImplementedError(
-            "enable_mindspore_backward_compat(): torch-style loss.backward() runs in the one-process simulation "
-            "only; a process holding one rank (msrun, --per-rank) communicates through Cells with a custom bprop, "
-            "which MindSpore's run_backward cannot run (MindSpore 2.10 stops with \"pointer[top_cell_] is null\"). "
-            "Take the gradients with mindspore.value_and_grad(loss_fn, None, params)(inputs) and pass them to the "
-            "optimizer (or, for a model from mindspore_hyper.auto_parallelize, call its train_step(optimizer, "
-            "*inputs)); the same script then runs in simulation and under msrun")
+    turns MindSpore's grad flag (which `mindspore.value_and_grad` turns off) back on."""
     if _SAVED:
         _pynative_executor.set_grad_flag(True)
         return
     _SAVED["__grad_flag__"] = _pynative_executor.grad_flag()
+    _SAVED["__cell_custom_bprop__"] = nn.Cell._call_custom_bprop
+    nn.Cell._call_custom_bprop = _call_custom_bprop
     for name, value in _PATCH.items():
         _SAVED[name] = TensorPy.__dict__.get(name, _MISSING)
         setattr(TensorPy, name, value)
@@ -145,6 +155,7 @@ def disable_mindspore_backward_compat() -> None:
     if not _SAVED:
         return
     _pynative_executor.set_grad_flag(_SAVED.pop("__grad_flag__"))
+    nn.Cell._call_custom_bprop = _SAVED.pop("__cell_custom_bprop__")
     for name, value in _SAVED.items():
         if value is _MISSING:
             delattr(TensorPy, name)

@@ -175,7 +175,7 @@ class _PipelineSchedule:
 
             w = world()
             per_block = self._check_rank(w.rank, w.size)
-            self._route.in_process = False  # shared-memory channels carry plain tensors
+            self._route.local_pieces = True  # a DTensor activation travels as this rank's piece, with a header
             peer_of = _peer_map(w.rank, per_block)
             pairs = [(peer_of(a), peer_of(b)) for a, b in peer_pairs(self.schedule)]
             self._transport = ShmTransport(w, pairs, peer_of=peer_of)
@@ -223,7 +223,9 @@ class _PipelineSchedule:
             RankDependentError: in the one-process simulation (names the script's line).
             ValueError: inputs on the wrong rank, keyword inputs, a batch the microbatches do not
                 divide (a DTensor's: on some device), a stage returning something else than one
-                Tensor or DTensor, or (one process per device) a stage returning a DTensor.
+                Tensor or DTensor, or (under msrun) a DTensor activation that cannot travel (a
+                Partial placement; a receiving stage without a mesh of the sender's shape:
+                pipeline_activations.py).
             RuntimeError: (one process per device) an earlier step of the job failed.
             Under msrun, what any rank raises (before or during the step) is raised on every
             rank: the same class, naming the refusing rank and carrying its message.

@@ -15,8 +15,11 @@ from typing import List, Optional
 
 from mindspore import Tensor, nn
 
+from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.hyper_parallel.hsdp import run_by_pipeline_schedule
-from mindspore_hyper.hyper_parallel.pipeline_activations import WireRoute, from_wire, stage_mesh, to_wire, wire_meta
+from mindspore_hyper.hyper_parallel.pipeline_activations import (
+    WireRoute, from_wire, global_value, stage_mesh, to_wire, wire_meta,
+)
 from mindspore_hyper.pipeline.computation import StageComputation
 from mindspore_hyper.pipeline.dropout_replay import DropoutReplay
 
@@ -92,19 +95,20 @@ class _StageRun:
     calls its Cell on the step's inputs, a later one on the activation (a DTensor activation
     laid out again on this stage's mesh: pipeline_activations.py); the last stage keeps its
     output (`latest`) and returns the sum of its global value (seeding the backward with ones).
-    `route`: whether DTensor activations may travel (stages in one process)."""
+    `route`: how DTensor activations travel (global values or local pieces)."""
 
     def __init__(self, stage: PipelineStage, route: WireRoute):
         self.stage, self.route = stage, route
         self.latest = None
-        self.input_meta = None  # (mesh, placements) of the DTensor activation this stage receives
+        self.input_meta = None  # the WireLayout of the DTensor activation this stage receives
 
     def _input(self, x):
         meta = wire_meta(x)
         if meta is not None:  # the forward; its recomputation under grad may get the bare Tensor
-            if self.input_meta is not None and self.input_meta[1] != meta[1]:
+            if self.input_meta is not None and self.input_meta.placements != meta.placements:
                 raise ValueError(f"PipelineStage {self.stage.stage_index}: the previous stage's DTensor output "
-                                 f"changed placements between microbatches ({self.input_meta[1]} -> {meta[1]})")
+                                 f"changed placements between microbatches ({self.input_meta.placements} -> "
+                                 f"{meta.placements})")
             self.input_meta = meta
         meta = meta or self.input_meta
         if meta is None:
@@ -118,11 +122,10 @@ class _StageRun:
         if not isinstance(out, Tensor):
             raise ValueError(f"PipelineStage {stage.stage_index}: its Cell returned {type(out).__name__}; a stage "
                              f"returns one Tensor or DTensor here (several outputs are not supported yet)")
-        wire = to_wire(out, stage.stage_index, self.route)
         if not stage.is_last_stage:
-            return wire
+            return to_wire(out, stage.stage_index, self.route)
         self.latest = out
-        return wire.sum()
+        return (global_value(out) if isinstance(out, DTensor) else out).sum()
 
 
 class _OutputKeeping(StageComputation):

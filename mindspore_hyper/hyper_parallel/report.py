@@ -163,7 +163,7 @@ def format_report(report: Dict) -> str:
                      f"{mesh['ops']} ops on DTensors")
         for row in mesh.get("memory_per_device", []):
             parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in row.items() if k != "devices")
-            lines.append(f"    devices {row['devices']}: {parts}")
+            lines.append(f"    {_devices(row['devices'])}: {parts}")
         step = mesh.get("step_memory")
         by_rank = (step or {}).get("per_pipeline_rank")  # a pipeline: each pipeline rank's series has its own peak
         for rank, series in (by_rank or {}).items():
@@ -171,7 +171,7 @@ def format_report(report: Dict) -> str:
                          f"{series['peak_op']}")
         for row in (step or {}).get("per_device", []):
             at = "" if by_rank else f" in the {step['peak_phase']} of {step['peak_op']}"
-            lines.append(f"    devices {row['devices']}: step peak (forward, backward, update) "
+            lines.append(f"    {_devices(row['devices'])}: step peak (forward, backward, update) "
                          f"{format_bytes(row['step_peak'])}{at}; "
                          f"{format_bytes(row['step_peak_rounded'])} with blocks rounded to {step['alignment_bytes']} "
                          f"bytes, {format_bytes(row['step_peak_with_fragmentation'])} with "
@@ -189,3 +189,8 @@ def format_report(report: Dict) -> str:
             ops = ", ".join(f"{k} x{v}" for k, v in sorted(mesh["replicated_fallbacks"].items()))
             lines.append(f"    ran replicated (no sharding rule): {ops}")
     return "\n".join(lines)
+
+
+def _devices(label: str) -> str:
+    """A row's devices as text: "device 5", or "devices 0-3,8-11 (8)" for a group of equal ones."""
+    return f"device {label}" if label.isdigit() else f"devices {label}"

@@ -1,7 +1,11 @@
 """Run a HyperParallel-API script on this package: in simulation (one process, N devices) or as
 one msrun worker (this file is also the script msrun starts for `mindspore-hyper run --processes`).
 
-    python script_runner.py [--json REPORT] SCRIPT [ARGS...]   (as an msrun worker)
+    python script_runner.py [--json REPORT] [--report-dir DIR] SCRIPT [ARGS...]   (as an msrun worker)
+
+As an msrun worker with `--report-dir` (what `mindspore-hyper run --processes` passes: its log
+folder), every rank writes its report to DIR/report_rank<R>.txt and only rank 0 prints it, so the
+console shows it once; without it every rank prints its own.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ def under_msrun() -> bool:
 
 def run_script(script: str, args: List[str], devices: Optional[int], json_path: Optional[str] = None,
                mode: str = "simulation", complete: Optional[Callable[[Dict], None]] = None,
-               per_rank: bool = False) -> int:
+               per_rank: bool = False, report_dir: Optional[str] = None) -> int:
     """Install the `hyper_parallel` import, set the mode, run `script` as `__main__` with `args`,
     then print (and write to `json_path`) the per-device report.
 
@@ -34,6 +38,8 @@ def run_script(script: str, args: List[str], devices: Optional[int], json_path: 
         complete: adds to the report before it is printed (e.g. predicted step times).
         per_rank: in simulation, run the script once per device, each run as that rank
             (rank_threads.py: for scripts that build rank-specific pieces, such as pipeline stages).
+        report_dir: under msrun, each rank writes its report's text to
+            DIR/report_rank<R>.txt and only rank 0 prints it (None: every rank prints its own).
 
     Returns:
         0, or the script's `SystemExit` code.
@@ -92,7 +98,15 @@ def run_script(script: str, args: List[str], devices: Optional[int], json_path: 
         report = session_report(mode if rank is None else f"distributed (rank {rank})", size)
     if complete is not None:
         complete(report)
-    print(format_report(report), flush=True)
+    text = format_report(report)
+    if rank is not None and report_dir is not None:
+        with open(os.path.join(report_dir, f"report_rank{rank}.txt"), "w") as f:
+            f.write(text + "\n")
+        if rank == 0:
+            print(text + f"\n(rank 0's report; every rank's: {os.path.join(report_dir, 'report_rank<R>.txt')})",
+                  flush=True)
+    else:
+        print(text, flush=True)
     if json_path:
         path = json_path if rank is None else f"{json_path}.rank{rank}"
         with open(path, "w") as f:
@@ -115,13 +129,13 @@ def _communication(devices: Optional[int]):
 
 
 def _main(argv: List[str]) -> int:
-    json_path = None
-    if argv[:1] == ["--json"]:
-        json_path, argv = argv[1], argv[2:]
+    options = {"--json": None, "--report-dir": None}
+    while argv[:1] and argv[0] in options and len(argv) > 1:
+        options[argv[0]], argv = argv[1], argv[2:]
     if not argv:
-        print("usage: script_runner.py [--json REPORT] SCRIPT [ARGS...]", file=sys.stderr)
+        print("usage: script_runner.py [--json REPORT] [--report-dir DIR] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
-    return run_script(argv[0], argv[1:], None, json_path)
+    return run_script(argv[0], argv[1:], None, options["--json"], report_dir=options["--report-dir"])
 
 
 if __name__ == "__main__":

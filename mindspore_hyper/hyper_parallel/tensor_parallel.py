@@ -9,8 +9,9 @@ outputs at the Cell's boundary (`distribute_module`):
 - SequenceParallel: Parameters replicated, activations split along the sequence dimension.
 - PrepareModuleInput / PrepareModuleOutput / PrepareModuleInputOutput: only the conversions.
 - NoParallel: Parameters replicated, input and output Replicate.
-`use_local_output` returns local tensors (under msrun the shard; in simulation the shard where
-every rank's is the same, else a rank-local value), as upstream does.
+`use_local_output` returns local tensors, as upstream does: the shard where every rank's is the
+same, else a rank-local value (`dtensor.rank_local_view`) in every mode, under msrun too (one
+shard), so the model's ops on it are accounted per process as per simulated device.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Dict, Optional, Tuple, Union
 from mindspore import nn
 
 from mindspore_hyper.comm.collective_cause import set_cause
-from mindspore_hyper.dtensor.dtensor import DTensor
+from mindspore_hyper.dtensor.dtensor import DTensor, rank_local_view
 from mindspore_hyper.hyper_parallel.device_mesh import DeviceMesh, get_current_mesh
 from mindspore_hyper.hyper_parallel.distribute import distribute_module
 from mindspore_hyper.shard.placement import Placement, Replicate, Shard
@@ -76,7 +77,7 @@ def _from_dtensor(x, mesh: DeviceMesh, placement: Placement, use_local_output: b
         return x
     if x.placements != (placement,):
         x = _redistribute(x, mesh, placement, cause)
-    return x.to_local() if use_local_output else x
+    return rank_local_view(x) if use_local_output else x
 
 
 def _kind(module: nn.Cell) -> str:
@@ -183,7 +184,7 @@ class SequenceParallel(ParallelStyle):
             return (first,) + tuple(inputs[1:])
 
         def outputs_fn(m, out, mesh):
-            return out.to_local() if self.use_local_output and isinstance(out, DTensor) else out
+            return rank_local_view(out) if self.use_local_output and isinstance(out, DTensor) else out
 
         return distribute_module(module, mesh, input_fn=inputs_fn, output_fn=outputs_fn)
 
@@ -245,7 +246,7 @@ class PrepareModuleInput(ParallelStyle):
                 continue
             out[i] = _to_dtensor(out[i], mesh, layout, _one(desired, layout), cause)
             if self.use_local_output:
-                out[i] = out[i].to_local()
+                out[i] = rank_local_view(out[i])
         return tuple(out)
 
     def _apply(self, module, mesh):
@@ -281,7 +282,7 @@ class PrepareModuleOutput(ParallelStyle):
             if layout is None:
                 continue
             value = _to_dtensor(values[i], mesh, layout, _one(desired, layout), cause)
-            values[i] = value.to_local() if self.use_local_output else value
+            values[i] = rank_local_view(value) if self.use_local_output else value
         return values[0] if single else type(outputs)(values)
 
     def _apply(self, module, mesh):

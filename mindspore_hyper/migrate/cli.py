@@ -19,16 +19,18 @@ DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool")
 
 _EPILOG = """\
 examples:
-  convert mymodels:MLP --input-shape 4,16 --out converted/
-  convert mymodels:make_llama --input-shape 2,16 --input-dtype int64 --int-high 100 --check-shape 5,37 --out llama/
-  convert mymodels:make_gpt2 --input-shape 2,8 --input-dtype int64 --int-high 100 --out gpt2/
-  convert mymodels:TwoInputs --input-shape 2,8 --input-shape 2,8 --input-dtype int64 --input-dtype bool --out two/
+  convert <your_module>:<YourMLP> --input-shape 4,16 --out converted/
+  convert <your_module>:<make_llama> --input-shape 2,16 --input-dtype int64 --int-high 100 --check-shape 5,37 --out llama/
+  convert <your_module>:<make_gpt2> --input-shape 2,8 --input-dtype int64 --int-high 100 --out gpt2/
+  convert <your_module>:<TwoInputs> --input-shape 2,8 --input-shape 2,8 --input-dtype int64 --input-dtype bool --out two/
 
-The class (or factory function) is imported from the module (the current directory is on the
-path), called with --init-args, and traced on random inputs of the given shapes. The output
-directory gets <name>.py (the Cell classes, with build(checkpoint)), <name>.ckpt and
-<name>.report.json; nothing is written when the conversion fails. Exit status: 0 converted,
-1 unsupported ops, a failed trace or a failed --check-shape, 2 bad arguments.
+<your_module>:<...> is a placeholder for your own torch model. The class (or factory function)
+is imported from the module (the current directory is on the path), called with --init-args,
+and traced on random inputs of the given shapes. The output directory gets <name>.py (the Cell
+classes, with build(checkpoint)), <name>.ckpt and <name>.report.json, and the command prints a
+summary (each input's symbolic and fixed dimensions, the classes, fallbacks, mappings, the check
+against torch, the files); nothing is written when the conversion fails. Exit status: 0
+converted, 1 unsupported ops, a failed trace or a failed --check-shape, 2 bad arguments.
 """
 
 

@@ -479,7 +479,8 @@ def generate_modules(trace: ModuleTrace, root_module: torch.nn.Module, class_nam
             members = ", ".join(f"{name!r}: {units[f'{path}.{name}'].ctor}" for name, _ in module.named_children())
             units[path] = _Unit(f"nn.CellDict({{{members}}})")
             continue
-        unit, text, hyper_used, fallback = _generate_class(prog, units, lists, code)
+        fixed = _FixedDims(class_name, tuple(trace.static)) if path == "" else None
+        unit, text, hyper_used, fallback = _generate_class(prog, units, lists, code, fixed)
         if fallback is not None:
             code.fallbacks.append({"module": path, "torch": type_name(type(module)), "reason": fallback})
         torch_cls = type(module).__name__
@@ -528,8 +529,8 @@ def generate_modules(trace: ModuleTrace, root_module: torch.nn.Module, class_nam
     return code
 
 
-def _generate_class(prog: ModuleProgram, units: Dict[str, _Unit], lists: set,
-                    code: ModuleCode) -> Tuple[_Unit, str, List[str], Optional[str]]:
+def _generate_class(prog: ModuleProgram, units: Dict[str, _Unit], lists: set, code: ModuleCode,
+                    fixed: Optional["_FixedDims"] = None) -> Tuple[_Unit, str, List[str], Optional[str]]:
     """(unit, class text, hyper-parameters, None) of one module; when its class cannot be generated (the text
     does not compile, the generator fails, or a call or output of its own cannot be expressed), its faithful
     traced body instead (no hyper-parameters, loops or size cache: the module's own ops as traced), with the
@@ -537,7 +538,7 @@ def _generate_class(prog: ModuleProgram, units: Dict[str, _Unit], lists: set,
     marks = (len(code.problems), len(code.uses), len(code.loops))
     unit = _Unit("")
     try:
-        text, hyper_used = _class_body(prog, units, lists, code, unit)
+        text, hyper_used = _class_body(prog, units, lists, code, unit, fixed=fixed)
         failed = code.problems[marks[0]:]
         if not failed:
             compile(text, f"<class of {prog.path or '(root)'}>", "exec")
@@ -552,7 +553,7 @@ def _generate_class(prog: ModuleProgram, units: Dict[str, _Unit], lists: set,
     del code.problems[marks[0]:], code.uses[marks[1]:], code.loops[marks[2]:]
     unit = _Unit("")
     try:
-        text, hyper_used = _class_body(prog, units, lists, code, unit, plain=True)
+        text, hyper_used = _class_body(prog, units, lists, code, unit, plain=True, fixed=fixed)
         compile(text, f"<traced body of {prog.path or '(root)'}>", "exec")
     except Exception as exc:  # noqa: BLE001
         code.problems += first or [f"{type_name(type(prog.module))} at {prog.path!r}: {reason}; its traced body "
@@ -564,9 +565,11 @@ def _generate_class(prog: ModuleProgram, units: Dict[str, _Unit], lists: set,
 
 
 def _class_body(prog: ModuleProgram, units: Dict[str, _Unit], lists: set, code: ModuleCode,
-                unit: _Unit, plain: bool = False) -> Tuple[str, List[str]]:
+                unit: _Unit, plain: bool = False, fixed: Optional["_FixedDims"] = None) -> Tuple[str, List[str]]:
     """The class text (named __CLASS__) of one module, and the hyper-parameters its code uses (`plain`: the
-    traced body, sizes and values as literals, no loops or size-only cache)."""
+    traced body, sizes and values as literals, no loops or size-only cache). The root (`prog.path` empty) takes
+    its hyper-parameters with their traced values as defaults, so `build()` makes it without arguments, and
+    its construct first checks the input dimensions `fixed` lists."""
     module, path = prog.module, prog.path
     init: List[str] = []
     hyper = {} if plain else _hyperparameters(module)
@@ -599,7 +602,8 @@ def _class_body(prog: ModuleProgram, units: Dict[str, _Unit], lists: set, code: 
         code.loops += forward.loops
         hyper_used = list(forward.used_hyper)
         inputs = [forward.expr[n] for n in prog.graph.inputs]
-        body = forward.lines + [f"return {returned}"]
+        checks = fixed.lines({str(n.target): forward.expr[n] for n in prog.graph.inputs}) if fixed else []
+        body = checks + forward.lines + [f"return {returned}"]
         construct = (f"\n\n    def construct(self{''.join(', ' + v for v in inputs)}):\n"
                      + "\n".join(f"{_INDENT * 2}{line}" if line else "" for line in body) + "\n")
         construct += forward.sized_method()
@@ -608,11 +612,40 @@ def _class_body(prog: ModuleProgram, units: Dict[str, _Unit], lists: set, code: 
     hyper_used = list(dict.fromkeys(hyper_used + shape_hyper))  # unique arguments by construction
     for h in reversed(hyper_used):
         init.insert(0, f"self.{h} = {h}")
-    signature = "".join(f", {h}" for h in hyper_used)
+    signature = "".join(f", {h}" if path else f", {h}={render_literal(hyper[h])}" for h in hyper_used)
     init_text = "\n".join(f"{_INDENT * 2}{line}" for line in ["super().__init__()"] + init)
     doc = f'    """{type_name(type(module))} converted from PyTorch{" (its traced body)" if plain else ""}."""\n\n'
     text = f"class __CLASS__(nn.Cell):\n{doc}    def __init__(self{signature}):\n{init_text}{construct}"
     return text.rstrip("\n"), hyper_used
+
+
+@dataclass(frozen=True)
+class _FixedDims:
+    """The input dimensions torch.export fixed (specialised to the example's size because the model computes
+    with their value, e.g. Python ints from the sequence length): the root's construct checks them first, so
+    another size is refused with their names instead of failing later in an op or giving another computation."""
+
+    class_name: str
+    static: Tuple[Tuple[str, int, int], ...]  # (input name as the exported program names it, dimension, size)
+
+    def lines(self, variables: Dict[str, str]) -> List[str]:
+        """The check lines, given input name -> construct argument (an input the construct lacks is unused,
+        so its size cannot change the result: no check). A tuple slice of the shape, not an index, so an input
+        of lower rank gets the same message."""
+        out: List[str] = []
+        for name, dim, size in self.static:
+            var = variables.get(name)
+            if var is None:
+                continue
+            shown = name if name == var else f"{name} (argument {var})"
+            out += [f"if tuple({var}.shape)[{dim}:{dim + 1}] != ({size},):",
+                    f"{_INDENT}raise ValueError(f\"{self.class_name}: input {shown} has shape {{tuple({var}.shape)}}; "
+                    f"its dimension {dim} must be {size}: torch.export fixed it at the example's size because the "
+                    f"model computes with its value (Python numbers from it, or a weight's shape), so this code holds "
+                    f"that size only; where the model allows another, convert again with an example of it\")"]
+        if out:
+            out.insert(0, "# input dimensions torch.export fixed (report.static): another size is refused")
+        return out
 
 
 def _cell_attr(torch_name: str, programs: Dict[str, ModuleProgram], lists: set) -> str:

@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Sequence
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
+import mindspore as ms
 from mindspore import Tensor, nn
 
 from mindspore_hyper.migrate.lowering import preserved_buffers
@@ -67,7 +68,7 @@ def compare_outputs(torch_module: torch.nn.Module, cell: nn.Cell, torch_args: Se
         second = torch_outputs(torch_module(*torch_args, **torch_kwargs))
     if relative_error(second, first) != 0.0:
         return {"skipped": "torch gives different outputs on two runs (dropout active in training mode)"}
-    state = {name: p.value().copy() for name, p in cell_parameters(cell).items() if not p.requires_grad}
+    state = {name: _snapshot(p) for name, p in cell_parameters(cell).items() if not p.requires_grad}
     try:
         got = cell_outputs(cell(*[to_mindspore(x) for x in cell_inputs]))
     finally:
@@ -75,3 +76,12 @@ def compare_outputs(torch_module: torch.nn.Module, cell: nn.Cell, torch_args: Se
         for name, value in state.items():
             params[name].set_data(value)
     return {"max_relative_error": relative_error(got, first)}
+
+
+def _snapshot(param: ms.Parameter) -> Tensor:
+    """A copy of a parameter's value, for restoring it after a forward that updates it (running statistics).
+    bfloat16 goes through float32 (an exact round trip): MindSpore's CPU Identity, which `Parameter.value()` runs,
+    has no bfloat16 kernel (RecurrentGemma's bfloat16 `normalizer` buffer)."""
+    if param.dtype == ms.bfloat16:
+        return param.astype(ms.float32).astype(ms.bfloat16)
+    return param.value().copy()

@@ -55,8 +55,8 @@ def convert_modules(torch_module: torch.nn.Module, args: Tuple[Any, ...], kwargs
     report.layers = dict(code.layers)
     report.loops = list(code.loops)
     report.symbolic = {k: list(v) for k, v in traced.symbolic.items()}
-    report.static = [f"{k} dimension {d} = {size}" for k, v in traced.symbolic.items()
-                     for d, (s, size) in enumerate(zip(v, _shape(bound.arguments.get(k)))) if s is None]
+    # named as the exported program names its inputs (`inputs_0` for a forward(*inputs)), as `symbolic` is
+    report.static = [f"{name} dimension {d} = {size}" for name, d, size in traced.static]
     report.fallbacks = list(code.fallbacks)
     report.unsupported = list(code.problems)
     if report.unsupported:
@@ -105,10 +105,6 @@ def _check_layers(torch_module: torch.nn.Module) -> None:
                 problems.append(f"{type_name(type(module))} at {path!r}: {exc}")
     if problems:
         raise UnsupportedOpError(problems)
-
-
-def _shape(value: Any) -> Tuple[int, ...]:
-    return tuple(value.shape) if isinstance(value, torch.Tensor) else ()
 
 
 def _where(exc: BaseException) -> str:

@@ -12,6 +12,7 @@ from mindspore import nn
 from mindspore_hyper.migrate.cell_builder import load_generated, plan_cells
 from mindspore_hyper.migrate.codegen import generate, root_class_name
 from mindspore_hyper.migrate.compare import compare_outputs, to_mindspore
+from mindspore_hyper.migrate.complex_pairs import rewrite_complex
 from mindspore_hyper.migrate.errors import UnsupportedOpError
 from mindspore_hyper.migrate.fold import fold_constants
 from mindspore_hyper.migrate.inplace import rewrite_inplace
@@ -93,6 +94,9 @@ def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[st
         return cell, report
     graph = trace(torch_module, args, kwargs, tracer)
     rewritten, problems = rewrite_inplace(graph)
+    complex_notes, complex_problems = rewrite_complex(graph)
+    graph.notes += complex_notes
+    problems += complex_problems
     folded = fold_constants(graph)
     plan = plan_cells(torch_module, graph)
     name = root_class_name(class_name or type(torch_module).__name__)

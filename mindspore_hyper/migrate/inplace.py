@@ -8,7 +8,8 @@ tensor the program created, or its other views, after it: Funnel's `positional_a
 aliasing case is rewritten too: a write into one slice or select of a tensor the program
 created itself (`k = x.new_empty(...); k[..., :8].copy_(a)`, DeepSeek-V3's key expansion) becomes
 `k2 = slice_scatter(k, a, ...)` (the slice's new value put into a copy of the whole), later reads of
-`k` read `k2` and later reads of the slice read its new value.
+`k` read `k2` and later reads of the slice read its new value; a slice of a select (or any chain of them,
+`a[..., i, :i] = r`: Gated DeltaNet's forward substitution) becomes one scatter per link of the chain.
 """
 from __future__ import annotations
 
@@ -144,20 +145,19 @@ def _write_unseen(graph: Graph, node: Node, view: Node, position, users) -> bool
 
 
 def _write_into_slice(graph: Graph, node: Node, key: Any, view: Node, what: str) -> Optional[str]:
-    """Rewrite `node`, an in-place update of `view` (a slice or select of a tensor the program created), as
-    the view's new value followed by a scatter of it into a copy of the whole; None, or why it is refused."""
-    base = _mutated(view)
-    while isinstance(base, Node) and _whole_slice(base):  # `k[:, 0]` exports as select(slice(k, 0), 1, 0)
+    """Rewrite `node`, an in-place update of `view` (a slice or select, possibly of slices and selects, of a
+    tensor the program created), as the view's new value followed by scatters of it into copies of each view up
+    the chain and of the whole (`a[..., i, :i] = r`, a slice of a select: Gated DeltaNet's forward
+    substitution); None, or why it is refused."""
+    chain, base = [view], _mutated(view)
+    while isinstance(base, Node) and base.op == "function" and op_name(base) in _SCATTERS:
+        chain.append(base)  # `k[:, 0]` exports as select(slice(k, 0), 1, 0); `a[..., i, :i]` as slice(select(a))
         base = _mutated(base)
     if not isinstance(base, Node) or base.op != "function" or op_name(base) in _VIEWS | _MAY_RETURN_INPUT:
         return (f"{what}: updates a view of a model input, parameter, buffer, another view or a conversion that may "
                 f"return its input in place ({node.where()})")
     position = {n: i for i, n in enumerate(graph.nodes)}
     users = graph.users()
-    chain, walk = {view}, view
-    while _mutated(walk) is not base:
-        walk = _mutated(walk)
-        chain.add(walk)
     if any(position[v] > position[node] for u in _views_before(base, node, position, users) if u not in chain
            for v in users.get(u, [])):
         return f"{what}: other views of `{base.name}` taken before the update are read after it ({node.where()})"
@@ -171,22 +171,35 @@ def _write_into_slice(graph: Graph, node: Node, key: Any, view: Node, what: str)
         node.target = key
         node.kwargs = {k: v for k, v in node.kwargs.items() if k != "inplace"}
         value = node
-    example = getattr(base, "example", None)
+    # new values up the chain: a whole slice (`x[:]`) is its parent, so the parent's new value is its own
+    renewed, last, below = [], node, value
+    for child, parent in zip(chain, chain[1:] + [base]):
+        if not _whole_slice(child):
+            below = _scatter(graph, parent, below, child, last, node)
+            last = below
+        renewed.append((parent, below))
+    graph.replace_uses(view, value, after=node)  # later reads of the view, of the views up the chain, of the base
+    for old, new in renewed:
+        graph.replace_uses(old, new, after=last)
+    if value is not node:
+        graph.replace_uses(node, value, after=node)
+        graph.nodes.remove(node)
+    return None
+
+
+def _scatter(graph: Graph, parent: Node, value: Node, view: Node, after: Node, node: Node) -> Node:
+    """A slice_scatter or select_scatter node of `value` into a copy of `parent` at `view`'s place (view is a
+    slice or select of parent), inserted after `after`."""
     kind = op_name(view)
     names = ("dim", "start", "end", "step") if kind == "slice" else ("dim", "index")
     where = dict(zip(names, view.args[1:]))
     where.update({k: v for k, v in view.kwargs.items() if k in names})
-    scatter = Node(name=_fresh_name(graph, f"{base.name}_written"), op="function", target=_SCATTERS[kind],
-                   kwargs={"self": base, "src": value, **where}, scope=node.scope,
-                   scope_type=node.scope_type, location=node.location, example=example,
+    scatter = Node(name=_fresh_name(graph, f"{parent.name}_written"), op="function", target=_SCATTERS[kind],
+                   kwargs={"self": parent, "src": value, **where}, scope=node.scope,
+                   scope_type=node.scope_type, location=node.location, example=getattr(parent, "example", None),
                    display=f"aten.{kind}_scatter")
-    graph.nodes.insert(graph.nodes.index(node) + 1, scatter)
-    graph.replace_uses(view, value, after=node)
-    if value is not node:
-        graph.replace_uses(node, value, after=node)
-        graph.nodes.remove(node)
-    graph.replace_uses(base, scatter, after=scatter)
-    return None
+    graph.nodes.insert(graph.nodes.index(after) + 1, scatter)
+    return scatter
 
 
 def _views_before(base: Node, node: Node, position, users) -> List[Node]:

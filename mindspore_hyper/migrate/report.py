@@ -83,28 +83,27 @@ class ConversionReport:
         return json.dumps(self.to_dict(), indent=2, default=str)
 
     def __str__(self) -> str:
-        lines = [f"{self.model}: traced with {self.tracer}, {len(self.uses)} ops converted in {self.seconds:.2f} s"]
+        """A readable summary: what was converted, each input's symbolic and fixed dimensions (by
+        input name and dimension), the classes, fallbacks, mappings, the check and the files
+        written (every figure is in `to_dict()` / the .report.json too)."""
+        lines = [f"converted {self.model}: {len(self.uses)} ops, traced with {self.tracer}, in {self.seconds:.2f} s"]
         lines += [f"  note: {n}" for n in self.notes]
+        lines += self._input_lines()
         if self.classes:
-            lines.append("generated classes:")
-            lines += [f"  {c['class']} <- {c['torch']} (x{c['modules']}, first {c['first'] or '(root)'!r}"
-                      + (f", __init__({', '.join(c['hyperparameters'])})" if c["hyperparameters"] else "") + ")"
+            lines.append("generated classes (MindSpore class <- torch class):")
+            lines += [f"  {c['class']} <- {c['torch']} ({_modules(c)}"
+                      + (f"; __init__({', '.join(c['hyperparameters'])})" if c["hyperparameters"] else "") + ")"
                       for c in self.classes]
+            lines.append("fallbacks (modules written as their traced body, their class could not be generated): "
+                         + ("none" if not self.fallbacks else str(len(self.fallbacks))))
+            lines += [f"  {f['module'] or '(root)'} ({f['torch']}): {f['reason']}" for f in self.fallbacks]
         if self.loops:
             lines.append("loops over CellLists: " + ", ".join(self.loops))
-        if self.symbolic:
-            lines.append("input dimensions: " + "; ".join(
-                f"{k}: ({', '.join(s or 'static' for s in v)})" for k, v in self.symbolic.items()))
-        if self.fallbacks:
-            lines.append("modules written as their traced body (their class could not be generated):")
-            lines += [f"  {f['module'] or '(root)'} ({f['torch']}): {f['reason']}" for f in self.fallbacks]
-        if self.static:
-            lines.append("static (specialised by torch.export): " + ", ".join(self.static))
         table = self.mapping_table()
         if table:
             width = max(len(r["torch"]) for r in table)
-            lines.append("mappings:")
-            lines += [f"  {r['torch']:<{width}}  -> {r['mindspore']}  (x{r['count']})" for r in table]
+            lines.append("ops converted (torch -> MindSpore, count):")
+            lines += [f"  {r['torch']:<{width}}  -> {r['mindspore']}  x{r['count']}" for r in table]
         if self.unsupported:
             lines.append("unsupported:")
             lines += [f"  {u}" for u in self.unsupported]
@@ -119,6 +118,53 @@ class ConversionReport:
         if self.outputs:
             lines.append("outputs: " + ", ".join(self.outputs))
         if self.check:
-            lines.append("check against torch: " + ", ".join(f"{k}={v}" for k, v in self.check.items()))
-        lines += [f"wrote {kind}: {path}" for kind, path in self.files.items()]
+            lines.append("check against torch: " + "; ".join(_check_text(k, v) for k, v in self.check.items()))
+        if self.files:
+            lines.append("files written:")
+            lines += [f"  {path}  ({_FILE_KINDS.get(kind, kind)})" for kind, path in self.files.items()]
         return "\n".join(lines)
+
+    def _input_lines(self) -> List[str]:
+        """One line per input: each dimension symbolic (its size may change between calls; "= x
+        dim 0" where two dimensions share a symbol, so must be equal) or fixed at its traced size."""
+        first: Dict[str, str] = {}  # symbol -> the first "input dim d" holding it
+        fixed = {text.rsplit(" = ", 1)[0]: text.rsplit(" = ", 1)[1] for text in self.static}
+        lines = []
+        for name, dims in self.symbolic.items():
+            parts = []
+            for d, symbol in enumerate(dims):
+                where = f"{name} dim {d}"
+                if symbol is None:
+                    size = fixed.get(f"{name} dimension {d}")
+                    parts.append(f"dim {d} fixed" + (f" at {size}" if size is not None else ""))
+                elif symbol in first:
+                    parts.append(f"dim {d} symbolic (= {first[symbol]})")
+                else:
+                    first[symbol] = where
+                    parts.append(f"dim {d} symbolic (may change between calls)")
+            lines.append(f"input {name}: " + (", ".join(parts) if parts else "a scalar"))
+        return lines
+
+
+_FILE_KINDS = {"source": "MindSpore source: the Cell classes and build(checkpoint)", "checkpoint": "the weights",
+               "report": "this report in full, JSON"}
+
+
+def _modules(row: Dict[str, Any]) -> str:
+    """How many torch modules a generated class stands for, and the first one's path."""
+    first = repr(row["first"]) if row["first"] else "the root"
+    return f"1 module: {first}" if row["modules"] == 1 else f"{row['modules']} modules, first {first}"
+
+
+def _check_text(key: str, value: Any) -> str:
+    """One check against torch in words: the example inputs' ("max_relative_error"), or a second
+    shape's ("second_shape": its shapes and result); skipped or failed ones say why."""
+    if key == "max_relative_error":
+        return f"max relative error {value:.2g} on the example inputs"
+    if isinstance(value, dict):
+        shapes = " and ".join(str(tuple(shape)) for shape in value.get("shapes", []))
+        on = f" on inputs of shape {shapes}" if shapes else f" ({key})"
+        if "max_relative_error" in value:
+            return f"max relative error {value['max_relative_error']:.2g}{on}"
+        return f"{'failed' if 'failed' in value else 'skipped'}{on}: {value.get('failed') or value.get('skipped')}"
+    return f"{key.replace('_', ' ')}: {value}"

@@ -19,6 +19,7 @@ import torch
 import torch.fx
 from torch.export.graph_signature import InputKind
 
+from mindspore_hyper.migrate.complex_pairs import rewrite_complex
 from mindspore_hyper.migrate.errors import UnsupportedOpError
 from mindspore_hyper.migrate.graph import Graph
 from mindspore_hyper.migrate.grad_regions import inline_grad_regions
@@ -29,6 +30,7 @@ from mindspore_hyper.migrate.mappings.selective_scan import exported_scans
 from mindspore_hyper.migrate.moe_blocks import (MoEBlockSpec, dense_experts_modules, dense_forwards,
                                                 not_mapped_reason, recognize, verify_dense)
 from mindspore_hyper.migrate.moe_experts import decorated_dense, decorated_experts, verify_decorated
+from mindspore_hyper.migrate.sorted_experts import choose_sorted, sorted_forwards
 from mindspore_hyper.migrate.trace_export import _schema_kwargs, leafspec_warning_silenced
 from mindspore_hyper.migrate.trace_fx import bind_inputs
 from mindspore_hyper.migrate.value_assertions import drop_value_assertions
@@ -70,6 +72,7 @@ class ModuleTrace:
     programs: Dict[str, ModuleProgram]
     symbolic: Dict[str, List[Optional[str]]]  # input name -> per-dimension symbol name (None: static)
     output_names: List[str]
+    static: List[Tuple[str, int, int]] = field(default_factory=list)  # (input name, dimension, its fixed size)
     notes: List[str] = field(default_factory=list)
     rewritten: List[str] = field(default_factory=list)  # in-place ops made out-of-place
 
@@ -181,9 +184,12 @@ def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str
     notes += [f"{p} ({type(m).__name__}): its experts implementation {m.config._experts_implementation!r} replaced "
               "by the dense formulation (every token through every expert, the non-chosen weighted 0: exact, E/k "
               "times the expert FLOPs)" for p, m in decorated.items()]
+    # JetMoE's experts over rows sorted by expert: the sizes kept a tensor (sorted_experts.py)
+    by_sizes, sorted_notes = choose_sorted(module, args, kwargs)
+    notes += sorted_notes
     # Mamba's reference scan as one op, so its Python loop does not fix the length (mappings/selective_scan.py)
     with dense_forwards(moe_blocks, dense), decorated_dense(decorated), exported_scans(module), \
-            leafspec_warning_silenced():
+            sorted_forwards(by_sizes), leafspec_warning_silenced():
         ep = torch.export.export(module, tuple(args), kwargs=dict(kwargs), dynamic_shapes=dims, strict=False)
     notes += inline_grad_regions(ep.graph_module)
     notes += drop_value_assertions(ep.graph_module)
@@ -195,12 +201,14 @@ def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str
         raise UnsupportedOpError([f"the exported program updates {', '.join(str(s.target) for s in mutated)} in "
                                   "place (not supported)"])
     symbolic: Dict[str, List[Optional[str]]] = {}
+    static: List[Tuple[str, int, int]] = []
     user = [s for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
     placeholder_vals = {n.name: n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"}
     for spec in user:
         val = placeholder_vals.get(spec.arg.name)
         if isinstance(val, torch.Tensor):
             symbolic[spec.arg.name] = [_symbol(s) for s in val.shape]
+            static += [(spec.arg.name, d, int(s)) for d, s in enumerate(val.shape) if _symbol(s) is None]
     names = output_names(ep.module_call_graph[0].signature.out_spec) if ep.module_call_graph[0].signature else None
     with leafspec_warning_silenced():
         unflat = torch.export.unflatten(ep)
@@ -208,11 +216,13 @@ def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str
     with torch.no_grad(), preserved_buffers(unflat), _recording(values):
         unflat(*args, **kwargs)
     # the same computation as exported, so the values match bitwise
-    with dense_forwards(moe_blocks, dense), decorated_dense(decorated), exported_scans(module):
+    with dense_forwards(moe_blocks, dense), decorated_dense(decorated), exported_scans(module), \
+            sorted_forwards(by_sizes):
         call_args = _call_arguments(module, args, kwargs)
     torch_modules = dict(module.named_modules(remove_duplicate=False))
     unflat_modules = _children_of(unflat)
     programs: Dict[str, ModuleProgram] = {}
+    layers = mapped_leaves | set(moe_blocks)  # module calls that become MindSpore layers, not generated classes
     problems: List[str] = []
     rewritten: List[str] = []
     for path, torch_mod in torch_modules.items():
@@ -239,14 +249,18 @@ def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str
         done, refused = rewrite_inplace(program.graph)
         rewritten += done
         problems += refused
+        done, refused = rewrite_complex(program.graph, root=not path, layer=lambda target, path=path: (
+            f"{path}.{target}" if path else target) in layers)
+        notes += done
+        problems += refused
     if problems:
         raise UnsupportedOpError(problems)
     _simplify_calls(programs)
     root = programs[""]
     if root.graph is not None and names and len(names) == len(root.graph.outputs):
         root.graph.output_names = names
-    return ModuleTrace(programs, symbolic, list(root.graph.output_names) if root.graph else [], notes=notes,
-                       rewritten=rewritten)
+    return ModuleTrace(programs, symbolic, list(root.graph.output_names) if root.graph else [], static=static,
+                       notes=notes, rewritten=rewritten)
 
 
 def _call_arguments(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:

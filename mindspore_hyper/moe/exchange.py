@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, ops
+from mindspore.common import _Function
 
 from mindspore_hyper.comm.inprocess_collectives import nbytes_of
 
@@ -35,9 +36,12 @@ __all__ = ["Segments", "InProcessExchange", "LibraryExchange", "ProcessExchange"
 Segments = Dict[int, Dict[int, Optional[Tensor]]]
 
 
-class RowExchange(nn.Cell):
+class RowExchange:
     """The autograd face of one uneven all-to-all of rows [N, H] whose forward already moved
-    (`moved`, e.g. on the background thread); backward: the reverse all-to-all.
+    (`moved`, e.g. on the background thread); backward: the reverse all-to-all. Calling it on
+    the sent rows `x` gives the received rows as one node of MindSpore's PyNative autograd graph
+    (`_RowExchangeNode`, a custom autograd function, not a Cell with a custom `bprop`): both
+    `mindspore.value_and_grad` and `run_backward` (torch-style `loss.backward()`) differentiate it.
 
     Args:
         comm: the group's communicator (numpy `all_to_all_v(x, send_counts)`).
@@ -48,16 +52,33 @@ class RowExchange(nn.Cell):
     """
 
     def __init__(self, comm, send_rows: Sequence[int], recv_rows: Sequence[int], hidden: int, moved: np.ndarray):
-        super().__init__()
         self.comm, self.hidden, self.moved = comm, hidden, moved
         self.send_rows, self.recv_rows = list(send_rows), list(recv_rows)
 
-    def construct(self, x):
+    def __call__(self, x: Tensor) -> Tensor:
+        return _RowExchangeNode.apply(x, self)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The received rows [sum(recv_rows), H] in x's dtype."""
         return Tensor(self.moved.reshape(-1, self.hidden), dtype=x.dtype)
 
-    def bprop(self, x, out, dout):
+    def backward(self, dout: Tensor) -> Tensor:
+        """The received rows' gradient sent back to their sources: the sent rows' gradient."""
         back = move_rows(self.comm, dout.asnumpy(), self.recv_rows, self.send_rows, self.hidden)
-        return (Tensor(back.reshape(-1, self.hidden), dtype=dout.dtype),)
+        return Tensor(back.reshape(-1, self.hidden), dtype=dout.dtype)
+
+
+class _RowExchangeNode(_Function):
+    """A `RowExchange` as one autograd node."""
+
+    @staticmethod
+    def forward(ctx, x, exchange):  # pylint: disable=arguments-differ
+        ctx.exchange = exchange
+        return exchange.forward(x)
+
+    @staticmethod
+    def backward(ctx, dout):  # pylint: disable=arguments-differ
+        return ctx.exchange.backward(dout), None
 
 
 def move_rows(comm, rows: np.ndarray, send_rows: Sequence[int], recv_rows: Sequence[int], hidden: int) -> np.ndarray:
@@ -313,27 +334,42 @@ class ProcessExchange:
         return {src: {s: pieces[src * per + s] for s in range(per)} for src in range(self.size)}
 
 
-class _LibraryAllToAllV(nn.Cell):
+class _LibraryAllToAllV:
     """The uneven all-to-all of every member's rows through the C++ library's in-process
-    transport (`InProcessCommunicator.all_to_all_v`); backward: the reverse one."""
+    transport (`InProcessCommunicator.all_to_all_v`); backward: the reverse one. Called on the
+    members' rows, it is one autograd node (`_LibraryAllToAllVNode`) that both
+    `mindspore.value_and_grad` and `run_backward` (`loss.backward()`) differentiate."""
 
     def __init__(self, group, send_rows: List[List[int]], hidden: int):
-        super().__init__()
         self.group, self.send_rows, self.hidden = group, send_rows, hidden
 
-    def _move(self, xs, counts) -> tuple:
+    def move(self, xs, counts) -> tuple:
+        """Member i's rows xs[i] split counts[i][j] rows to member j: each member's received rows."""
         arrays = [np.ascontiguousarray(x.asnumpy().reshape(-1)) for x in xs]
         res = self.group.all_to_all_v(arrays, [[r * self.hidden for r in row] for row in counts])
         return tuple(Tensor(buf.reshape(-1, self.hidden), dtype=xs[0].dtype) for buf, _ in res)
 
-    def construct(self, *xs):
-        return self._move(xs, self.send_rows)
+    def __call__(self, *xs) -> tuple:
+        return _LibraryAllToAllVNode.apply(self, *xs)
 
-    def bprop(self, *args):
+    def backward(self, douts) -> tuple:
+        """The received rows' gradients moved back: the sent rows' gradients."""
         n = len(self.send_rows)
-        douts = args[n + 1]
         back = [[self.send_rows[j][i] for j in range(n)] for i in range(n)]  # member i sends back what it got
-        return self._move(douts, back)
+        return self.move(douts, back)
+
+
+class _LibraryAllToAllVNode(_Function):
+    """A `_LibraryAllToAllV` as one autograd node."""
+
+    @staticmethod
+    def forward(ctx, exchange, *xs):  # pylint: disable=arguments-differ
+        ctx.exchange = exchange
+        return exchange.move(xs, exchange.send_rows)
+
+    @staticmethod
+    def backward(ctx, *douts):  # pylint: disable=arguments-differ
+        return (None,) + ctx.exchange.backward(douts)
 
 
 class LibraryExchange(InProcessExchange):

@@ -16,7 +16,8 @@ import atexit
 from typing import List, Optional, Sequence
 
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, ops
+from mindspore.common import _Function
 
 from mindspore_hyper.comm import CommError
 from mindspore_hyper.comm.channel_pool import ChannelPool, channel_pool
@@ -113,57 +114,86 @@ def _tensor(a: np.ndarray, like: Tensor) -> Tensor:
     return Tensor(a, dtype=like.dtype)
 
 
-class SendInputGradient(nn.Cell):
+class _Identity:
+    """Identity on a tensor whose backward does something besides passing the gradient on
+    (`backward(dout)` -> the input's gradient). A call is one node of MindSpore's PyNative
+    autograd graph (`_IdentityNode`, a custom autograd function, not a Cell with a custom
+    `bprop`): both `mindspore.value_and_grad` and `run_backward` (torch-style `loss.backward()`)
+    differentiate it."""
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return _IdentityNode.apply(x, self)
+
+
+class _IdentityNode(_Function):
+    """An `_Identity` as one autograd node."""
+
+    @staticmethod
+    def forward(ctx, x, identity):  # pylint: disable=arguments-differ
+        ctx.identity = identity
+        return x
+
+    @staticmethod
+    def backward(ctx, dout):  # pylint: disable=arguments-differ
+        return ctx.identity.backward(dout), None
+
+
+class SendInputGradient(_Identity):
     """Identity on a group input in the leader; its backward sends the input's gradient (whole,
     as every member holds it) to the processes outside the group."""
 
     def __init__(self, peers: Sequence[int], what: str):
-        super().__init__()
         self.peers, self.what = tuple(peers), what
 
-    def construct(self, x):
-        return x
-
-    def bprop(self, x, out, dout):
+    def backward(self, dout: Tensor) -> Tensor:
         grad = dout.asnumpy()
         for peer in self.peers:
             send_arrays([grad], peer, self.what)
-        return (dout,)
+        return dout
 
 
-class RecvInputGradient(nn.Cell):
+class RecvInputGradient(_Identity):
     """Identity on a group input outside the group; its backward receives the input's gradient
     from the group's leader (the local gradient, which is zero, is replaced)."""
 
     def __init__(self, leader: int, what: str):
-        super().__init__()
         self.leader, self.what = leader, what
 
-    def construct(self, x):
-        return x
-
-    def bprop(self, x, out, dout):
+    def backward(self, dout: Tensor) -> Tensor:
         (grad,) = recv_arrays(self.leader, self.what)
-        return (_tensor(grad, dout),)
+        return _tensor(grad, dout)
 
 
-class RemoteGroupOutput(nn.Cell):
+class RemoteGroupOutput:
     """A group's call in a process outside the group: receives the output from the group's leader.
 
     Called as `(*inputs, *parameters)`: the group's Parameters (this process's unused copies)
     are inputs only so that the output takes part in autograd exactly where the members' real
     output does; the backward gives zeros (the real gradients are the members' and arrive
-    through `RecvInputGradient`).
+    through `RecvInputGradient`). A call is one autograd node (`_RemoteOutputNode`, as `_Identity`).
     """
 
     def __init__(self, leader: int, what: str):
-        super().__init__()
         self.leader, self.what = leader, what
 
-    def construct(self, *args):
+    def __call__(self, *args):
+        return _RemoteOutputNode.apply(self, *args)
+
+    def receive(self):
+        """The group's output from its leader: a Tensor or a tuple of Tensors."""
         arrays = recv_arrays(self.leader, self.what)  # [structure flag, outputs...]
         tensors = tuple(Tensor(a) for a in arrays[1:])
         return tensors[0] if int(arrays[0][0]) == 0 else tensors
 
-    def bprop(self, *args):
-        return tuple(ops.zeros_like(a) for a in args[:-2])
+
+class _RemoteOutputNode(_Function):
+    """A `RemoteGroupOutput` call as one autograd node: zero gradients for its arguments."""
+
+    @staticmethod
+    def forward(ctx, remote, *args):  # pylint: disable=arguments-differ
+        ctx.args = args
+        return remote.receive()
+
+    @staticmethod
+    def backward(ctx, *dout):  # pylint: disable=arguments-differ
+        return (None,) + tuple(ops.zeros_like(a) for a in ctx.args)

@@ -191,9 +191,7 @@ def _member_models(cells, placement: GroupPlacement, optimizer_states: int) -> d
     runtime = DistributedRuntime(world().sub(placement.ranks))  # parameters from the group leader's values
     models = {}
     for name, cell in cells.items():
-        table = resolve_strategy(cell, placement.strategy, optimizer_states=optimizer_states)
-        for row in table:
-            row.layout.check_shape(row.global_shape)
+        table = resolve_strategy(cell, placement.strategy, optimizer_states=optimizer_states).check_shapes()
         models[name] = runtime.wrap(cell, table, return_dtensor=False)
     return models
 

@@ -13,6 +13,7 @@ from typing import Callable, Dict, List, Optional
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common import _Function
 from mindspore.graph.api import _pynative_executor
 
 from mindspore_hyper.mpmd.group_placement import GroupPlacement
@@ -25,37 +26,43 @@ __all__ = ["GroupRunner"]
 CallHook = Callable[["GroupRunner", str, tuple, object, float], int]
 
 
-class _GradientArrival(nn.Cell):
+class _GradientArrival:
     """Identity on a group output; its backward reports when autograd reaches the output (the
-    start of the group's backward: the backward runs the recorded ops in reverse order)."""
+    start of the group's backward: the backward runs the recorded ops in reverse order). A call
+    is one autograd node (`_ReportingNode`, a custom autograd function, not a Cell with a custom
+    `bprop`, so `run_backward`, torch-style `loss.backward()`, runs it as `value_and_grad` does)."""
 
     def __init__(self, report: Callable[[], None]):
-        super().__init__()
         self.report = report
 
-    def construct(self, x):
-        return x
-
-    def bprop(self, x, out, dout):
-        self.report()
-        return (dout,)
+    def __call__(self, x: Tensor) -> Tensor:
+        return _ReportingNode.apply(x, None, self.report)
 
 
-class _BackwardEnd(nn.Cell):
+class _BackwardEnd:
     """Identity on a group input, also reading `anchor` (a scalar Parameter the training step
     differentiates): its backward runs right after the group's backward, even when the input
-    itself needs no gradient, and reports the time."""
+    itself needs no gradient, and reports the time (one autograd node, as `_GradientArrival`)."""
 
     def __init__(self, report: Callable[[], None]):
-        super().__init__()
         self.report = report
 
-    def construct(self, x, anchor):
+    def __call__(self, x: Tensor, anchor: Parameter) -> Tensor:
+        return _ReportingNode.apply(x, anchor, self.report)
+
+
+class _ReportingNode(_Function):
+    """Identity on x (reading `anchor` when not None) whose backward calls `report()`."""
+
+    @staticmethod
+    def forward(ctx, x, anchor, report):  # pylint: disable=arguments-differ
+        ctx.anchor, ctx.report = anchor, report
         return x
 
-    def bprop(self, x, anchor, out, dout):
-        self.report()
-        return dout, ops.zeros_like(anchor)
+    @staticmethod
+    def backward(ctx, dout):  # pylint: disable=arguments-differ
+        ctx.report()
+        return dout, None if ctx.anchor is None else ops.zeros_like(ctx.anchor), None
 
 
 _FLOATS = (ms.float16, ms.float32, ms.float64, ms.bfloat16)
@@ -117,9 +124,7 @@ class GroupRunner:
         """(Re)lay the group's Cells out on `placement`'s mesh (used again after a device move)."""
         models = {}
         for name, cell in self.cells.items():
-            table = resolve_strategy(cell, placement.strategy, optimizer_states=self.optimizer_states)
-            for row in table:
-                row.layout.check_shape(row.global_shape)
+            table = resolve_strategy(cell, placement.strategy, optimizer_states=self.optimizer_states).check_shapes()
             models[name] = SimulatedModel(cell, table, self.runtime)
         self.placement, self.models = placement, models
 

@@ -22,6 +22,7 @@ from mindspore_hyper.context import get_context
 from mindspore_hyper.offload.expert_offload import attach_expert_offloads
 from mindspore_hyper.offload.activations import ActivationSwap
 from mindspore_hyper.offload.device_shards import DeviceShard, from_strategy_rows, single_device
+from mindspore_hyper.offload.dry_run_offload import DryRunOffload
 from mindspore_hyper.offload.hooks import UseHooks
 from mindspore_hyper.offload.offload_unit import (OffloadPolicy, OffloadUnit, WorkingSetError, check_working_sets,
                                                   make_units)
@@ -200,6 +201,7 @@ class OffloadedModel:
         out["peak_materialized_param_bytes"] = self.peak_materialized_bytes
         out["per_device_peak_materialized_bytes"] = list(self.residency.peak_materialized)
         out["device_peak_bytes"] = max(s["device"]["peak_bytes"] for s in per_device)
+        out["per_device_peak_pinned_bytes"] = [s["pinned"]["peak_bytes"] for s in per_device]
         out["group_updates"] = dict(self.updates.counts)  # host: during the backward; optimizer: after it
         out["update_wait_ns"] = self.updates.wait_ns
         if self.expert_offloads:
@@ -252,6 +254,13 @@ class OffloadedModel:
                 p.set_data(Tensor(self.residency.gather(u, i, pinned=False)), slice_shape=True)
 
 
+def _mesh_shards(model) -> Callable[[Parameter], List[DeviceShard]]:
+    """A parallel model's parameter -> every device's `DeviceShard`, from its strategy table."""
+    named = dict(model.network.parameters_and_names())
+    table = from_strategy_rows({id(named[row.name]): row for row in model.table}, model.mesh.size)
+    return lambda p: table[id(p)]
+
+
 def _simulation_stores(n: int, store_options: dict) -> Tuple[List[OffloadStore], str]:
     """One store per virtual device: each its own device tier (`device_memory` each, the device's
     HBM), an equal share of the node's host pool, and its disk files in its own folder."""
@@ -295,19 +304,26 @@ def hyper_offload(model: nn.Cell, policy: Optional[OffloadPolicy] = None, *,
     Raises:
         WorkingSetError: a sub-Cell's working set exceeds a device tier (before anything runs).
         ValueError: `store` does not give one store per simulated device.
-        NotImplementedError: in a dry run (no values to offload; see docs/dryrun.md).
+        NotImplementedError: in a dry run, an option it does not model (`DryRunOffload`).
+
+    In a dry run (`mode="dryrun"`, `model` from `auto_parallelize`) the result is a `DryRunOffload`:
+    the same units, shards and residency decisions on shapes only, whose `stats()` gives the
+    per-device figures the simulation's `OffloadedModel.stats()` gives (docs/dryrun.md).
     """
     from mindspore_hyper.runtime.modes import runtime_for
     from mindspore_hyper.runtime.parallel_model import ParallelModel
 
     runtime = model.runtime if isinstance(model, ParallelModel) else runtime_for(get_context("mode"))
-    if runtime is not None and not runtime.computes_values():
-        raise NotImplementedError(
-            "hyper_offload in a dry run: the offload tiers are a store of the parameters' values (copied in, "
-            "brought to the device tier per Cell, updated there), and a dry run has no values; the dry run "
-            "does not model offload tiers yet: dry-run the model without hyper_offload (its figures are the "
-            "device's without offload), or measure the offloaded step in simulation")
     policy = policy or OffloadPolicy()
+    if runtime is not None and not runtime.computes_values():
+        if not isinstance(model, ParallelModel):
+            raise NotImplementedError(
+                f"hyper_offload in a dry run of a {type(model).__name__}: offload the model auto_parallelize returns "
+                "(a dry-run model computes shapes; a plain network would compute values)")
+        if store is not None:
+            raise ValueError(f"store: a dry run makes its own shape-only stores, got {store!r}; pass the store "
+                             "options (block_size, device_memory, ...) instead")
+        return DryRunOffload(model, policy, optimizer, _mesh_shards(model), **store_options)
     network, n = model, 1
     shards_of = lambda p: single_device(p.shape)  # noqa: E731
     running_ranks = lambda: None  # noqa: E731
@@ -325,9 +341,7 @@ def hyper_offload(model: nn.Cell, policy: Optional[OffloadPolicy] = None, *,
                                       "experts of a single-device model only; offload a single-device MoE model")
         running_ranks = model.execution.running_ranks
         model.execution.batch_shards = False  # activations are saved per shard, for the devices holding each
-        named = dict(network.parameters_and_names())
-        table = from_strategy_rows({id(named[row.name]): row for row in model.table}, n)
-        shards_of = lambda p: table[id(p)]  # noqa: E731
+        shards_of = _mesh_shards(model)
     owned_stores, owned_dir = [], None
     if store is None:
         if n == 1:

@@ -16,7 +16,8 @@ from mindspore_hyper.offload.store import OffloadStore, TensorRef
 from mindspore_hyper.offload.workspace import Workspace
 from mindspore_hyper.units import format_bytes
 
-__all__ = ["OffloadPolicy", "OffloadUnit", "UnitOnDevice", "WorkingSetError", "make_units", "check_working_sets"]
+__all__ = ["OffloadPolicy", "OffloadUnit", "UnitOnDevice", "WorkingSetError", "make_units", "check_working_sets",
+           "select_cells"]
 
 
 class WorkingSetError(ValueError):
@@ -110,7 +111,12 @@ def unique(blocks: Iterable[int]) -> List[int]:
     return out
 
 
-def _select_cells(model: nn.Cell, policy: OffloadPolicy) -> List[Tuple[str, nn.Cell]]:
+def select_cells(model: nn.Cell, policy: OffloadPolicy) -> List[Tuple[str, nn.Cell]]:
+    """The (name, Cell) pairs the policy offloads, in model order.
+
+    Raises:
+        ValueError: `policy.cells` matches no sub-Cell with parameters.
+    """
     if policy.cells is None:
         return [(n, c) for n, c in model.name_cells().items() if c.trainable_params()]
     chosen = []
@@ -146,7 +152,7 @@ def make_units(model: nn.Cell, policy: OffloadPolicy, stores: Sequence[OffloadSt
     """
     units, seen = [], set(exclude)
     workspaces: Dict[tuple, List[Workspace]] = {}
-    for name, cell in _select_cells(model, policy):
+    for name, cell in select_cells(model, policy):
         unit = OffloadUnit(name, cell)
         unit.params = [p for p in cell.trainable_params() if id(p) not in seen]
         if not unit.params:

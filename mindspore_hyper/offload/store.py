@@ -11,7 +11,7 @@ from mindspore_hyper import _core
 from mindspore_hyper.context import get_context
 from mindspore_hyper.units import format_bytes
 
-__all__ = ["OffloadStore", "StoreError", "CapacityError", "DiskError", "CorruptBlockError"]
+__all__ = ["OffloadStore", "PinCount", "StoreError", "CapacityError", "DiskError", "CorruptBlockError"]
 
 StoreError = _core.StoreError
 CapacityError = _core.CapacityError
@@ -33,6 +33,35 @@ class TensorRef:
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+class PinCount:
+    """The blocks pinned on a device tier (pinned by `acquire`, unpinned by `release`): now and at
+    the peak. Pinned blocks are the ones in use, which the tier must hold whatever its cache
+    holds besides; their count follows the callers' acquire/release order only (no timing), so
+    a dry run reproduces it (`offload/shape_store.py`)."""
+
+    def __init__(self):
+        self.count: Dict[int, int] = {}  # block id -> pins
+        self.peak_blocks = 0
+
+    def pin(self, blocks: Sequence[int]) -> None:
+        for b in blocks:
+            self.count[b] = self.count.get(b, 0) + 1
+        self.peak_blocks = max(self.peak_blocks, len(self.count))
+
+    def unpin(self, blocks: Sequence[int]) -> None:
+        for b in blocks:
+            left = self.count.get(b, 0) - 1
+            if left > 0:
+                self.count[b] = left
+            else:
+                self.count.pop(b, None)
+
+    def stats(self, block_size: int) -> Dict[str, int]:
+        """Blocks pinned now and at the peak, and the peak's bytes (blocks x `block_size`)."""
+        return {"blocks": len(self.count), "peak_blocks": self.peak_blocks,
+                "peak_bytes": self.peak_blocks * block_size}
 
 
 class OffloadStore:
@@ -78,6 +107,7 @@ class OffloadStore:
                                                  worker_nice=self.worker_nice)
         self.device_blocks = self.device_memory // self.block_size
         self.handle = _core.register_tensor_store(self.tensors)  # how the kernels reach it
+        self.pins = PinCount()
 
     # -- tensors -------------------------------------------------------------------------
     def put(self, array: np.ndarray) -> TensorRef:
@@ -128,6 +158,7 @@ class OffloadStore:
         """Pins the blocks on the device tier; record=False: without an access in the prefetch
         trace (the caller reports the use later with `touch`)."""
         self.scheduler.acquire(list(blocks), record)
+        self.pins.pin(blocks)
 
     def touch(self, blocks: Sequence[int]) -> None:
         """Records a use of blocks the caller already holds (prefetch trace only)."""
@@ -135,6 +166,7 @@ class OffloadStore:
 
     def release(self, blocks: Sequence[int]) -> None:
         self.scheduler.release(list(blocks))
+        self.pins.unpin(blocks)
 
     def begin_step(self) -> None:
         self.scheduler.begin_step()
@@ -148,10 +180,12 @@ class OffloadStore:
         self.scheduler.depth = int(depth)
 
     def stats(self) -> Dict:
-        """Store statistics (per tier, bytes per tier pair) and the prefetcher's (hits, stalls)."""
+        """Store statistics (per tier, bytes per tier pair), the prefetcher's (hits, stalls) and
+        the blocks pinned on the device tier (`pinned`: now and at the peak, blocks and bytes)."""
         s = self.blocks.stats()
         s["prefetch"] = self.scheduler.stats()
         s["device_budget_bytes"] = self.device_memory
+        s["pinned"] = self.pins.stats(self.block_size)
         return s
 
     def close(self) -> None:

@@ -26,9 +26,7 @@ def parallel_stage(model, cell):
     stage's processes (msrun)."""
     # the job's table, resolved once, sliced to this stage's parameters on the stage mesh
     names = [n for n, _ in cell.parameters_and_names()]
-    table = stage_table(model.table, names, model.stage_mesh, model.options.axis)
-    for row in table:
-        row.layout.check_shape(row.global_shape)
+    table = stage_table(model.table, names, model.stage_mesh, model.options.axis).check_shapes()
     # under msrun the build broadcast every Parameter from rank 0 already (every process builds
     # the whole model, but only a stage's processes build its stage: no broadcast over the job here)
     # (in one process every stage's devices are virtual ones of this process: any ranks do)

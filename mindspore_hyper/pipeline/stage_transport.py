@@ -10,12 +10,16 @@ computes. A receive that waits longer
 than `timeout` raises `P2PTimeout` naming the peer rank. A rank that refuses a step sends, in
 place of each tensor it still owes, a message standing for its refusal (`abort`); a receive that
 gets one raises the same exception class with that rank's message (step_refusal.py).
+
+A tensor may carry a header: a few ints describing it (`attach_header`; a stage's DTensor
+layout, hyper_parallel/pipeline_activations.py). It travels with the tensor (as the message's
+meta ints between processes, on the Tensor object in process) and is read back with `header_of`.
 """
 from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Dict, Iterable, Set, Tuple
+from typing import Callable, Dict, Iterable, Optional, Sequence, Set, Tuple
 
 import numpy as np
 from mindspore import Tensor
@@ -25,7 +29,22 @@ from mindspore_hyper.comm.channel_pool import channel_pool
 from mindspore_hyper.pipeline.step_refusal import abort_meta, read_abort
 from mindspore_hyper.schedule.actions import ActionKind, P2PTensor, Payload
 
-__all__ = ["P2PTimeout", "P2PError", "Mailbox", "LocalTransport", "ShmTransport", "peer_pairs"]
+__all__ = ["P2PTimeout", "P2PError", "Mailbox", "LocalTransport", "ShmTransport", "peer_pairs", "attach_header",
+           "header_of", "HEADER_FLAG"]
+
+HEADER_FLAG = 2  # first meta int of a tensor message with a header (step_refusal.ABORT_FLAG, 1, marks a refusal)
+_HEADER = "_hyper_wire_header"  # attribute of a Tensor: the header ints it travels with
+
+
+def attach_header(tensor: Tensor, header: Sequence[int]) -> Tensor:
+    """`tensor`, marked to travel with `header` (ints; at most 63 between processes)."""
+    setattr(tensor, _HEADER, tuple(int(v) for v in header))
+    return tensor
+
+
+def header_of(tensor) -> Optional[Tuple[int, ...]]:
+    """The header `tensor` travels with, or None."""
+    return getattr(tensor, _HEADER, None)
 
 
 class P2PTimeout(TimeoutError):
@@ -139,8 +158,10 @@ class ShmTransport:
     def send(self, src: int, key: P2PTensor, value: Tensor, peer: int) -> None:
         peer = self.peer_of(peer)
         try:
+            header = header_of(value)
+            meta = () if header is None else (HEADER_FLAG,) + header
             # not copied, as before this channel: stage outputs are not changed in place
-            self._channel(self.rank, peer).send(_tag(key), [value.asnumpy()], copy=False)
+            self._channel(self.rank, peer).send(_tag(key), [value.asnumpy()], meta=meta, copy=False)
         except TypeError as exc:
             raise P2PError(f"pipeline send of '{key}': {exc}") from None
         except CommError as exc:
@@ -165,6 +186,8 @@ class ShmTransport:
         refused = read_abort(message.meta, message.arrays)
         if refused is not None:
             raise refused
+        if message.meta and int(message.meta[0]) == HEADER_FLAG:
+            return attach_header(Tensor(message.arrays[0]), message.meta[1:])
         return message.arrays[0]
 
     def abort(self, owed: Iterable[Tuple[P2PTensor, int]], exc: BaseException) -> None:

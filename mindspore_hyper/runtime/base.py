@@ -203,6 +203,5 @@ class OpByOpRuntime(Runtime):
         """
         self.check_op_by_op()
         self.check_mesh(table.mesh)
-        for row in table:
-            row.layout.check_shape(row.global_shape)
+        table.check_shapes()
         return self.wrap(model, table, return_dtensor)

@@ -8,7 +8,9 @@ dtype inside the forward. Those casts are ordinary ops: the simulation and msrun
 shard like every other op, so a parallel run computes what one device computes, and gradients
 come back float32 through the casts' backward. Loss scaling is MindSpore's too
 (`amp.StaticLossScaler` / `DynamicLossScaler` around the parallel model's forward: the loss and
-the gradients are global tensors). See docs/training.md, "Mixed precision".
+the gradients are global tensors). See docs/training.md, "Mixed precision". MindSpore's CPU
+kernels lack bfloat16 for most ops: the flag `cpu_bfloat16="emulate"` runs those on float32 copies
+(`mindspore_hyper/bfloat16_emulation.py`).
 
 This module reads what MindSpore set, for the memory report (`working_weight_bytes`) and for the
 native translation (`compute_dtypes`).

@@ -33,7 +33,6 @@ from mindspore_hyper.units import format_bytes as _fmt
 __all__ = ["StepReport", "DeviceMemoryError", "device_groups", "rounded_model_states"]
 
 KINDS = ("parameters", "gradients", "optimizer_states", "activations_peak")
-GROUP_ABOVE = 16  # more devices than this: the table and plot show groups of equal devices
 COMM_TIME_MAX_DEVICES = 512  # larger meshes: no topology-model communication time (see `build`)
 
 
@@ -232,9 +231,8 @@ class StepReport:
         return "  backward: recorded when the gradients moved"
 
     def memory_groups(self):
-        """(label, memory row) per set of devices with equal memory figures: one row per device
-        up to `GROUP_ABOVE` devices, else one per group ("0-47 (48)"), so 384 devices read as a
-        few lines."""
+        """(label, memory row) per set of devices with equal memory figures ("0-47 (48)"; a device
+        alone: its rank), so 8 or 384 equal devices read as one line."""
         return device_groups(self.memory)
 
     def plot(self, path: str) -> str:
@@ -275,14 +273,17 @@ class StepReport:
 
 
 def device_groups(rows: Dict[int, Dict[str, int]]):
-    """(label, row) per set of devices with equal rows: one per device up to `GROUP_ABOVE`
-    devices, else one per group ("0-47 (48)")."""
-    if len(rows) <= GROUP_ABOVE:
-        return [(str(r), m) for r, m in rows.items()]
+    """(label, row) per set of devices with equal rows, in order of their first device, at any
+    number of devices: a group's label is its ranges and count ("0-3,8-11 (8)"), a device alone
+    its rank ("5"); a row keeps its keys' order."""
     groups: Dict[tuple, List[int]] = {}
+    first: Dict[tuple, Dict[str, int]] = {}
     for rank, m in rows.items():
-        groups.setdefault(tuple(sorted(m.items())), []).append(rank)
-    return [(f"{_ranges(ranks)} ({len(ranks)})", dict(key)) for key, ranks in groups.items()]
+        key = tuple(sorted(m.items()))
+        groups.setdefault(key, []).append(rank)
+        first.setdefault(key, m)
+    return [(f"{_ranges(ranks)} ({len(ranks)})" if len(ranks) > 1 else str(ranks[0]), dict(first[key]))
+            for key, ranks in groups.items()]
 
 
 def _ranges(ranks: List[int]) -> str:

@@ -127,6 +127,17 @@ class StrategyTable:
     def names(self) -> List[str]:
         return [r.name for r in self._rows]
 
+    def check_shapes(self) -> "StrategyTable":
+        """Check every parameter's shape fits its layout (each split dimension divisible as the
+        layout requires); returns the table, for chaining.
+
+        Raises:
+            ValueError: a parameter its layout cannot split (named by the layout's check).
+        """
+        for row in self._rows:
+            row.layout.check_shape(row.global_shape)
+        return self
+
     def bytes_per_device(self) -> Dict[int, Dict[str, int]]:
         """rank -> {"param": bytes, "optimizer": bytes} summed over the parameters each rank holds."""
         out = {rank: {"param": 0, "optimizer": 0} for rank in self.mesh.ranks}

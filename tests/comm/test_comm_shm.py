@@ -11,7 +11,7 @@ import uuid
 import numpy as np
 import pytest
 
-from comm_helpers import segment_path
+from comm_helpers import on_both_ranks, segment_path
 
 from mindspore_hyper.comm import CommMismatch, CommTimeout, ShmCommunicator
 from mindspore_hyper.comm.shm import SEGMENT_PREFIX
@@ -285,3 +285,25 @@ def test_segment_of_a_creator_killed_before_anyone_attached_is_removed_by_the_ne
     fresh = ShmCommunicator("t" + uuid.uuid4().hex[:12], 0, 1, timeout=5.0)  # any new group's rank 0 cleans up
     fresh.close()
     assert not os.path.exists(path)
+
+
+def test_bfloat16_reduces_in_float32_and_moves_as_bytes(shm_pair):
+    """The library has no bfloat16 kernels: a bfloat16 sum is taken in float32 and rounded to
+    bfloat16 once (numpy's ml_dtypes rounding, to nearest even), gathers and broadcasts copy the
+    bytes; a bfloat16 comes back."""
+    import mindspore as ms
+    from mindspore import Tensor
+
+    bf16 = Tensor(np.zeros(1, np.float32), dtype=ms.bfloat16).asnumpy().dtype  # what MindSpore's asnumpy gives
+    rng = np.random.default_rng(3)
+    parts = [rng.standard_normal((3, 5)).astype(np.float32).astype(bf16) for _ in range(2)]
+    exact = (parts[0].astype(np.float32) + parts[1].astype(np.float32)).astype(bf16)  # exact in float32, rounded once
+    reduced = on_both_ranks(shm_pair, lambda g: g.all_reduce(parts[g.rank]))
+    gathered = on_both_ranks(shm_pair, lambda g: g.all_gather(parts[g.rank], dim=1))
+    scattered = on_both_ranks(shm_pair, lambda g: g.reduce_scatter(parts[g.rank], dim=0))
+    sent = on_both_ranks(shm_pair, lambda g: g.broadcast(parts[g.rank], root=1))
+    for rank in range(2):
+        assert reduced[rank].dtype == bf16 and np.array_equal(reduced[rank].view(np.uint16), exact.view(np.uint16))
+        assert np.array_equal(gathered[rank].view(np.uint16), np.concatenate(parts, 1).view(np.uint16))
+        assert np.array_equal(scattered[rank].view(np.uint16), np.array_split(exact, 2, 0)[rank].view(np.uint16))
+        assert np.array_equal(sent[rank].view(np.uint16), parts[1].view(np.uint16))

@@ -76,8 +76,11 @@ def test_pipeline_example_under_msrun(tmp_path):
 
 def test_pretrain_llama_checks_itself_and_resumes_at_another_size(tmp_path):
     """The pre-training example (clipping 1.0, 4 accumulated micro-batches, ZeRO-1, the sharded
-    loader, checkpoints, telemetry) matches one device over its steps, and a run stopped after 2
-    steps on 4 devices and resumed on 2 continues the loss curve of the uninterrupted run."""
+    loader, checkpoints, telemetry) matches one device over its steps, and its checkpoint of step 2
+    on 4 devices, resumed on 2, continues the loss curve of the uninterrupted run (the run that
+    checks itself also saves: one run fewer, the killed-and-resumed run is tests/resume_smoke.py's)."""
+    from mindspore_hyper.checkpoint.directory import step_name
+
     script = os.path.join(ROOT, "examples", "pretrain_llama.py")
     tokens = str(tmp_path / "tokens.bin")
 
@@ -87,11 +90,10 @@ def test_pretrain_llama_checks_itself_and_resumes_at_another_size(tmp_path):
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
         return done.stdout
 
-    out = run("--steps", "4")
+    out = run("--steps", "4", "--ckpt", str(tmp_path / "ckpt"), "--save-every", "2")
     assert "OK: 4 steps on 4 devices match one device" in out
     whole = [float(x) for x in out.split("parallel losses:")[1].splitlines()[0].split()]
-    run("--steps", "2", "--ckpt", str(tmp_path / "ckpt"), "--save-every", "2", "--no-check")
-    resumed = run("--steps", "2", "--devices", "2", "--resume", str(tmp_path / "ckpt"), "--no-check")
+    resumed = run("--steps", "2", "--devices", "2", "--resume", str(tmp_path / "ckpt" / step_name(2)), "--no-check")
     tail = [float(x) for x in resumed.split("parallel losses:")[1].splitlines()[0].split()]
     # steps 3-4 on 2 devices from the checkpoint: the same data (the loader's position), weights
     # and optimizer states as the uninterrupted run's; only float32 summation order differs (data

@@ -3,9 +3,9 @@ upstream's form (each rank builds the whole model, keeps its stage's layers, wra
 PipelineStage; `schedule.run(x)` on stage 0, `schedule.run()` on the other) trains 3 Adam steps
 with 1F1B, then one GPipe step, each rank checking its stage against one device running the
 same layers in the same process. Then refusals reach every rank: a bad batch on rank 0 (before
-any transfer; the pipeline trains on after it), a DTensor output of stage 0 (during the step;
-rank 1 gets rank 0's ValueError instead of waiting for its activation), and every step after
-a failed one. Exits non-zero on the first mismatch.
+any transfer; the pipeline trains on after it), a DTensor output of stage 0 taken by a stage
+without a mesh (during the step: rank 1 refuses it, and rank 0 gets rank 1's ValueError instead
+of waiting for its gradient), and every step after a failed one. Exits non-zero on the first mismatch.
 
 Tolerance: as tests/hyper_parallel/test_pipeline.py (float32 sums reassociated over at most 8
 terms: below 1e-6; rtol 1e-5, atol 1e-6, 1e-5 on weights after Adam's steps)."""
@@ -97,8 +97,9 @@ def refused_everywhere(run, expected: str, what: str) -> None:
 
 
 class DTensorOutput(nn.Cell):
-    """Stage 0 returning a DTensor, which cannot yet travel between processes (refused on rank 0
-    during the step, while rank 1 waits for its activation)."""
+    """Stage 0 returning a DTensor, which travels to rank 1 as its local piece and layout; rank 1's
+    stage has no laid-out Parameter, so no mesh to take it on: refused there during the step,
+    while rank 0 waits for its gradient."""
 
     def __init__(self, inner):
         super().__init__()
@@ -121,7 +122,8 @@ def refusals_reach_every_rank():
     print(f"rank {rank}: pipeline GPipe equals one device after a refused step", flush=True)
     refusing = ScheduleGPipe(PipelineStage(DTensorOutput(mine), rank, size), M)
     refused_everywhere(lambda: refusing.run(x) if stage.is_first_stage else refusing.run(),
-                       "PipelineStage 0: its Cell returned a DTensor", "a DTensor activation from rank 0")
+                       "PipelineStage 1: it receives a DTensor activation (placements (Replicate(),) on a mesh of "
+                       "shape (1,)), but none of its Parameters is laid out", "a DTensor activation rank 1 cannot take")
     # the failed step's tensors may still be on their way: every rank refuses the next step
     refused_everywhere(lambda: gpipe.run(x) if stage.is_first_stage else gpipe.run(),
                        "an earlier pipeline step of this job failed", "a step after a failed step")

@@ -4,7 +4,13 @@ layers, splits them over the 2 devices of its block (`init_device_mesh` of 2 dev
 larger job: upstream's tiling gives rank r the mesh of ranks r - r % 2, r - r % 2 + 1) with
 ColwiseParallel / RowwiseParallel, wraps them in a PipelineStage and trains 2 Adam steps of 1F1B
 and one GPipe step; then again with fully_shard, then hsdp (without and with gradient accumulation), over
-the block (1 Adam step each);
+the block (1 Adam step each); then stages of one 8 -> 8 layer each, alternately Colwise and Rowwise
+with DTensor outputs, so the activations cross the pipeline split as DTensors (Shard(1) after a
+Colwise stage: each device sends its local piece to the matching device of the next block, the
+placements and global shape beside it; Replicate after a Rowwise one) and the gradients come back
+as local pieces (2 Adam steps of 1F1B; before them, the blocks above with Replicate DTensor
+activations, 1 step); under msrun, the same stages returning local tensors (use_local_output=True:
+each device's own piece crosses as a plain tensor, 1 step);
 each rank checks its stage against one device running the same layers.
 
 Run by test_per_rank.py with `mindspore-hyper run --devices 8 --per-rank` (4 pipeline ranks x 2).
@@ -12,17 +18,20 @@ Exits non-zero on the first mismatch.
 
 Tolerance: float32 sums of at most 16 terms reassociated by the split and the microbatches:
 below 1e-6 relative; rtol 1e-5, atol 1e-6 on gradients, 1e-5 on weights after Adam's steps."""
+import os
+
 import numpy as np
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.communication.management import get_group_size, get_rank, init
 
-from hyper_parallel import PipelineStage, Schedule1F1B, ScheduleGPipe, init_device_mesh, parallelize_module
+from hyper_parallel import DTensor, PipelineStage, Schedule1F1B, ScheduleGPipe, init_device_mesh, parallelize_module
+from hyper_parallel.core.dtensor.placement_types import Replicate, Shard
 from hyper_parallel.core.fully_shard.api import fully_shard
 from hyper_parallel.core.hsdp import hsdp
 from hyper_parallel.core.tensor_parallel import ColwiseParallel, RowwiseParallel
-from pipeline_layers import Head
+from pipeline_layers import Block, Head
 
 init()
 rank, size = get_rank(), get_group_size()
@@ -49,6 +58,24 @@ def build():
     return nn.SequentialCell([TpBlock() for _ in range(STAGES)] + [Head()])
 
 
+def build_blocks():
+    ms.set_seed(0)
+    return nn.SequentialCell([Block() for _ in range(STAGES)] + [Head()])
+
+
+class Received(nn.Cell):
+    """A stage's layers, recording the placements of each input it gets (None: a plain Tensor)."""
+
+    def __init__(self, layers):
+        super().__init__()
+        self.layers = layers
+        self.seen = set()
+
+    def construct(self, x):
+        self.seen.add(tuple(x.placements) if isinstance(x, DTensor) else None)
+        return self.layers(x)
+
+
 def piece(param, value, mesh):
     """This rank's piece of the reference `value` of `param`: the whole value in simulation (a
     laid-out Parameter stays global there), this process's piece under msrun (split along the
@@ -59,16 +86,18 @@ def piece(param, value, mesh):
     return np.split(value, TP, axis=dim)[mesh.get_local_rank()]
 
 
-def train(style, steps, what):
-    """Cut the model, lay this rank's stage out on its block's mesh by `style`, train `steps` Adam
-    steps of 1F1B (then one GPipe step when `what` names it) against one device."""
-    model, reference = build(), build()
+def train(style, steps, what, make=build, record=False):
+    """Cut the model `make()` builds, lay this rank's stage out on its block's mesh by `style`,
+    train `steps` Adam steps of 1F1B (then one GPipe step when `what` names it) against one
+    device; with `record`, returns the placements of the inputs the stage received."""
+    model, reference = make(), make()
     layers = [model[stage_index]] + ([model[STAGES]] if stage_index == STAGES - 1 else [])
     mine = nn.SequentialCell(layers)
     mesh = init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
     assert mesh.get_coordinate() == [rank % TP], mesh.get_coordinate()
     style(mine, mesh)
-    stage = PipelineStage(mine, stage_index, STAGES)
+    cell = Received(mine) if record else mine
+    stage = PipelineStage(cell, stage_index, STAGES)
     params = mine.trainable_params()
     opt = nn.Adam(params, learning_rate=0.05)
     ref_params = reference.trainable_params()
@@ -116,6 +145,7 @@ def train(style, steps, what):
         loss, grads = reference_step(x)
         check(outputs, loss, grads, "GPipe")
         print(f"rank {rank}: {what} pipeline GPipe equals one device", flush=True)
+    return cell.seen if record else None
 
 
 train(lambda cell, mesh: parallelize_module(cell, mesh, {"0.up": ColwiseParallel(), "0.down": RowwiseParallel()}),
@@ -127,3 +157,32 @@ train(lambda cell, mesh: hsdp(cell, shard_size=TP, grad_scale=1 / TP), 1, "hsdp"
 # upstream's vpp_schedule form: positional shard_size, threshold, level, enable_grad_accumulation=True
 # (accumulated over the microbatches, synchronised at the last: the same sum)
 train(lambda cell, mesh: hsdp(cell, TP, 0, "level1", True, grad_scale=1 / TP), 1, "hsdp accumulating")
+
+
+def alternating(cell, mesh):
+    """Even stages column-parallel, odd ones row-parallel taking Shard(-1); every stage but the
+    last returns a DTensor (the last, ending in the loss head, a local tensor)."""
+    last = stage_index == STAGES - 1
+    style = (ColwiseParallel(use_local_output=False) if stage_index % 2 == 0 else
+             RowwiseParallel(input_layouts=Shard(-1), use_local_output=last))
+    parallelize_module(cell, mesh, {"0.dense": style})
+
+
+# the blocks above with the down projection's output kept a DTensor: Replicate activations cross
+last = stage_index == STAGES - 1
+seen = train(lambda cell, mesh: parallelize_module(cell, mesh, {"0.up": ColwiseParallel(), "0.down": RowwiseParallel(
+    use_local_output=last)}), 1, "Replicate DTensor activations", record=True)
+assert seen == {None if stage_index == 0 else (Replicate(),)}, (stage_index, seen)
+assert STAGES % 2 == 0, STAGES  # the last stage is a Rowwise one
+seen = train(alternating, 2, "DTensor activations", make=build_blocks, record=True)
+expected = None if stage_index == 0 else (Shard(1),) if stage_index % 2 else (Replicate(),)
+assert seen == {expected}, (stage_index, seen)
+print(f"rank {rank}: DTensor activations (placements {expected}) cross the pipeline like one device", flush=True)
+
+if "MS_ROLE" in os.environ:  # msrun: local outputs (a rank-local view of a sharded output) cross as plain tensors
+    def alternating_local(cell, mesh):
+        style = ColwiseParallel() if stage_index % 2 == 0 else RowwiseParallel(input_layouts=Shard(-1))
+        parallelize_module(cell, mesh, {"0.dense": style})
+
+    seen = train(alternating_local, 1, "local activations", make=build_blocks, record=True)
+    assert seen == {None}, (stage_index, seen)

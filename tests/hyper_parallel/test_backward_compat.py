@@ -1,6 +1,7 @@
 """enable_mindspore_backward_compat (MindFormers 2.0's Trainer): torch-style `loss.backward(sense)`
 and `param.grad` through tensor-parallel styles and fully_shard in simulation, against one
-device's `mindspore.value_and_grad` gradients."""
+device's `mindspore.value_and_grad` gradients (one rank per process: rank_checks.py under msrun,
+test_per_rank.py)."""
 import numpy as np
 import pytest
 import mindspore as ms
@@ -122,18 +123,24 @@ def test_bad_backward_calls_are_refused_and_disable_restores_mindspore(compat):
     assert backward_compat_enabled()
     disable_mindspore_backward_compat()
     assert not backward_compat_enabled() and not hasattr(Tensor(1.0), "backward")
+    assert nn.Cell._call_custom_bprop is nn.Cell.__dict__["_call_custom_bprop"] and \
+        nn.Cell._call_custom_bprop.__module__ == "mindspore.nn.cell"
 
 
-def test_a_process_holding_one_rank_is_refused(fresh_session, tmp_path):
-    """One rank per process (here a per-rank simulation; msrun alike): the collectives are
-    custom-bprop Cells, which MindSpore's run_backward cannot run: refused, with the way out."""
-    from mindspore_hyper.hyper_parallel.rank_threads import run_per_rank
+class _CustomBprop(nn.Cell):
+    """A Cell with a custom bprop (as ring attention's and MoE's token exchange are)."""
 
-    fresh_session.set_context(device_num=2)
-    script = tmp_path / "script.py"
-    script.write_text("from mindspore_hyper.hyper_parallel import enable_mindspore_backward_compat\n"
-                      "enable_mindspore_backward_compat()\n")
-    with pytest.raises(NotImplementedError, match=r"one-process simulation only.*mindspore.value_and_grad\(loss_fn, "
-                                                  r"None, params\).*train_step\(optimizer"):
-        run_per_rank(str(script), 2)
-    assert not backward_compat_enabled()
+    def construct(self, x):
+        return x * 2
+
+    def bprop(self, x, out, dout):
+        return (dout * 2,)
+
+
+def test_a_cell_with_a_custom_bprop_is_refused_named_and_value_and_grad_still_runs_it(compat):
+    x = ms.Parameter(Tensor(np.ones((2,), np.float32)), name="x")
+    with pytest.raises(NotImplementedError, match=r"cannot differentiate _CustomBprop, a Cell with a custom bprop.*"
+                                                  r"mindspore.value_and_grad\(loss_fn, None, params\)"):
+        _CustomBprop()(x).sum().backward()
+    grad = ms.value_and_grad(lambda: _CustomBprop()(x).sum(), None, [x])()[1][0]
+    np.testing.assert_array_equal(grad.asnumpy(), [2.0, 2.0])  # the bprop's, exact

@@ -36,7 +36,8 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
         assert f"rank {rank}: uneven shards (torch.chunk) under msrun equal numpy and one device" in logs
         assert f"rank {rank}: redistribute onto another mesh of the same devices equals numpy and one device" in logs
         assert f"rank {rank}: a rank's empty piece adds zero to sums and runs the backward's collectives" in logs
-        assert f"rank {rank}: fully_shard leaving a rank no rows and loss.backward() are refused, named" in logs
+        assert f"rank {rank}: fully_shard leaving a rank no rows is refused, named" in logs
+        assert f"rank {rank}: loss.backward() equals value_and_grad and one device (fully_shard, main_grad, " in logs
         assert f"rank {rank}: Colwise/Rowwise with uneven features train like one device" in logs
         assert f"rank {rank}: distributed checkpoint round trip" in logs
         assert f"rank {rank}: meshes smaller than the job checked" in logs
@@ -46,7 +47,28 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
         assert f"rank {rank}: fully_shard pipeline 1F1B trains 1 Adam steps like one device" in logs
         assert f"rank {rank}: hsdp pipeline 1F1B trains 1 Adam steps like one device" in logs
         assert f"rank {rank}: hsdp accumulating pipeline 1F1B trains 1 Adam steps like one device" in logs
+        # DTensor activations between pipeline ranks: each device's piece to the matching device, layout beside it
+        assert f"rank {rank}: Replicate DTensor activations pipeline 1F1B trains 1 Adam steps like one device" in logs
+        assert f"rank {rank}: DTensor activations pipeline 1F1B trains 2 Adam steps like one device" in logs
+        assert f"rank {rank}: DTensor activations (placements {(None, '(Shard(1),)')[rank // 2]}) cross" in logs
+        assert f"rank {rank}: local activations pipeline 1F1B trains 1 Adam steps like one device" in logs
     assert logs.count("OK: tensor-parallel 4 trains like one device over 2 steps") == 4
+    # issue 42: the console shows rank 0's report once (every rank's is in the log folder), each
+    # worker's lines whole, MindSpore's real warnings, and none of its start-up notices
+    console = done.stdout.splitlines()
+    assert sum(line.startswith("mindspore-hyper: distributed (rank") for line in console) == 1
+    assert "mindspore-hyper: distributed (rank 0), 4 devices" in console
+    for rank in range(4):
+        own = (tmp_path / "log" / f"report_rank{rank}.txt").read_text()
+        assert own.startswith(f"mindspore-hyper: distributed (rank {rank}), 4 devices")
+        assert f"rank {rank}: tensor-parallel (and GPipe) pipeline GPipe equals one device" in console
+        assert any(line.startswith("[WARNING] ME(") and line.endswith(f"rank {rank}: a real MindSpore warning reaches "
+                                                                         "the console") for line in console)
+    from mindspore_hyper.launch.worker_console import is_harmless
+
+    assert not [line for line in console + done.stderr.splitlines() if is_harmless(line)]
+    logged = "".join((tmp_path / "log" / f"worker_{r}.log").read_text() for r in range(4)).splitlines()
+    assert sum(is_harmless(line) for line in logged) >= 4 * 5  # the logs keep them (5 a worker at least)
     per_rank = [json.loads((tmp_path / f"report.json.rank{r}").read_text()) for r in range(4)]
     assert [r["mode"] for r in per_rank] == [f"distributed (rank {r})" for r in range(4)]
     # the tiled 2-device mesh of ranks 2 and 3 counts only those two devices in their reports
@@ -57,6 +79,19 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
     # matrix of the plan split 4 ways (its norms are plain Parameters, outside the plan)
     matrices = 64 * 32 * 2 + 2 * (4 * 32 * 32 + 3 * 32 * 64)
     assert tp_mesh["parameter_bytes_per_device"] == 4 * (matrices // 4)
+    # each process's step memory series (every op, phase and live byte count, the peak and its
+    # op) equals a simulated device's for the same script: the styles' local outputs are
+    # rank-local DTensors in both modes, so the attention's ops on them are accounted in both
+    simulated = tmp_path / "simulated.json"
+    done = subprocess.run([cli, "run", "--devices", "4", "--json", str(simulated),
+                           os.path.join(EXAMPLES, "hyper_parallel_llama.py"), "--tp", "4", "--steps", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    sim_mesh = [m for m in json.loads(simulated.read_text())["meshes"] if m["dim_names"] == ["tp"]][0]
+    assert sim_mesh["step_memory"]["timeline"] and sim_mesh["step_memory"]["per_device"][0]["step_peak"] > 0
+    for report in per_rank:
+        mesh = [m for m in report["meshes"] if m["dim_names"] == ["tp"] and m["shape"] == [4]][0]
+        assert mesh["step_memory"] == sim_mesh["step_memory"]
 
 
 @pytest.mark.msrun

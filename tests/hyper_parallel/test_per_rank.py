@@ -87,6 +87,7 @@ def test_the_tensor_parallel_pipeline_script_runs_once_per_rank():
         assert f"rank {rank}: fully_shard pipeline 1F1B trains 1 Adam steps like one device" in done.stdout
         assert f"rank {rank}: hsdp pipeline 1F1B trains 1 Adam steps like one device" in done.stdout
         assert f"rank {rank}: hsdp accumulating pipeline 1F1B trains 1 Adam steps like one device" in done.stdout
+        assert f"rank {rank}: DTensor activations pipeline 1F1B trains 2 Adam steps like one device" in done.stdout
     for ranks in ([0, 1], [2, 3]):  # one report per stage mesh, its 2 devices only
         assert done.stdout.count(f"mesh tp=2 on ranks {ranks} (HyperParallel API)") == 1
 
@@ -153,3 +154,64 @@ def test_a_stage_laid_out_beyond_its_pipeline_rank_s_devices_is_refused(fresh_se
             stage = PipelineStage(nn.Dense(4, 4), min(get_rank(), 2), 3)
             ScheduleGPipe(stage, 2).run(*[Tensor(np.ones((2, 4), np.float32))] * stage.is_first_stage)
         """, devices=4)
+
+
+def test_loss_backward_runs_once_per_rank_and_equals_one_device(fresh_session, tmp_path, capsys):
+    """torch-style loss.backward() (enable_mindspore_backward_compat) in a per-rank run: each rank,
+    its own batch, fully_shard with main_grad (one backward, sense 0.25) and Colwise/Rowwise, against
+    one device's value_and_grad. Each rank's thread simulates its mesh's 2 devices, so a rank's plain
+    batch stands for both (module docstring of rank_threads.py): one device's gradient on that batch.
+    float32 sums of <= 8 terms in another order: ~1e-6 relative; the sense 0.25 scales exactly."""
+    from mindspore_hyper.hyper_parallel.autograd_compat import disable_mindspore_backward_compat
+
+    fresh_session.set_context(device_num=2)
+    try:
+        per_rank(tmp_path, """
+            import numpy as np
+            import mindspore as ms
+            from mindspore import Tensor, nn, ops
+            from mindspore.communication import get_rank
+            from mindspore_hyper.hyper_parallel import (
+                ColwiseParallel, MixedPrecisionPolicy, RowwiseParallel, enable_mindspore_backward_compat, fully_shard,
+                init_device_mesh, parallelize_module,
+            )
+
+            class Mlp(nn.Cell):
+                def __init__(self):
+                    super().__init__()
+                    self.up, self.down = nn.Dense(8, 16), nn.Dense(16, 8)
+
+                def construct(self, x):
+                    return self.down(ops.tanh(self.up(x)))
+
+            rank = get_rank()
+            rng = np.random.RandomState(rank)
+            x, y = Tensor(rng.randn(4, 8).astype(np.float32)), Tensor(rng.randn(4, 8).astype(np.float32))
+            mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+            policy = MixedPrecisionPolicy(reduce_dtype=ms.float32, apply_grad_on_fp32_main_grad=True)
+            for style in ("fully_shard", "Colwise/Rowwise"):
+                ms.set_seed(rank)
+                model, reference = Mlp(), Mlp()
+                for (_, p), (_, q) in zip(model.parameters_and_names(), reference.parameters_and_names()):
+                    q.set_data(Tensor(p.asnumpy()))
+                if style == "fully_shard":
+                    fully_shard(model, mesh=mesh, mp_policy=policy)
+                else:
+                    parallelize_module(model, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+                enable_mindspore_backward_compat()
+                ((model(x) - y) ** 2).mean().backward(Tensor(0.25, ms.float32))
+                want = ms.value_and_grad(lambda x, y: ((reference(x) - y) ** 2).mean(), None,
+                                         reference.trainable_params())(x, y)[1]
+                for p, g in zip(model.trainable_params(), want):
+                    got = [p.grad] + ([p.main_grad] if style == "fully_shard" else [])
+                    for held in got:
+                        np.testing.assert_allclose(held.asnumpy(), 0.25 * g.asnumpy(), rtol=1e-5, atol=1e-7,
+                                                   err_msg=p.name)
+                print(f"rank {rank}: {style} loss.backward() equals one device")
+        """)
+    finally:
+        disable_mindspore_backward_compat()
+    out = capsys.readouterr().out
+    for rank in range(2):
+        assert f"rank {rank}: fully_shard loss.backward() equals one device" in out
+        assert f"rank {rank}: Colwise/Rowwise loss.backward() equals one device" in out

@@ -17,12 +17,13 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindspore_hyper.hyper_parallel import (
-    ColwiseParallel, DTensor, PipelineStage, Replicate, RowwiseParallel, Schedule1F1B, ScheduleInterleaved1F1B,
+    ColwiseParallel, DTensor, Partial, PipelineStage, Replicate, RowwiseParallel, Schedule1F1B, ScheduleInterleaved1F1B,
     Shard, distribute_module, distribute_tensor, init_device_mesh, parallelize_module,
 )
-from mindspore_hyper.hyper_parallel.pipeline_activations import WireRoute, to_wire
+from mindspore_hyper.hyper_parallel.pipeline_activations import WireLayout, WireRoute, from_wire, to_wire, wire_meta
 from mindspore_hyper.hyper_parallel.pipeline_microbatches import split_inputs
 from mindspore_hyper.hyper_parallel.pipeline_schedule import run_ranks_in_process
+from mindspore_hyper.pipeline.stage_transport import header_of
 from pipeline_layers import Block, Head
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -149,10 +150,58 @@ def test_tensor_parallel_stages_pass_split_activations_like_one_device(fresh_ses
     check_against_one_device(layers, twin, outputs, lambda m: [2 * m, 2 * m + 1], x)
 
 
-def test_dtensor_activations_between_processes_are_refused(fresh_session):
-    fresh_session.set_context(device_num=2)
-    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+def local_route():
     route = WireRoute()
-    route.in_process = False  # as a schedule sets it under msrun
-    with pytest.raises(ValueError, match="PipelineStage 1: its Cell returned a DTensor; with one process per device"):
-        to_wire(distribute_tensor(batch(), mesh, (Shard(0),)), 1, route)
+    route.local_pieces = True  # as a schedule sets it under msrun (one process per device)
+    return route
+
+
+def test_a_dtensor_activation_travels_as_its_local_piece_with_its_layout(fresh_session):
+    """Under msrun each device sends its local piece, its layout in a header of ints beside it
+    (the 4-process msrun job checks the whole path: pipeline_tp_script.py); on a mesh of one
+    device the piece is the whole value, so the receiving side's DTensor must equal it exactly."""
+    fresh_session.set_context(device_num=1)
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    value = np.random.RandomState(0).randn(2, 6).astype(np.float32)
+    wire = to_wire(distribute_tensor(Tensor(value), mesh, (Shard(-1),)), 0, local_route())
+    assert not isinstance(wire, DTensor) and header_of(wire) == (1, 1, 2, 2, 6, 1, 1)  # mesh (1,), shape, Shard(1)
+    assert wire_meta(wire) == WireLayout((Shard(1),), (1,), (2, 6))
+    received = from_wire(wire, wire_meta(wire), mesh, 1)
+    assert received.placements == (Shard(1),) and tuple(received.shape) == (2, 6)
+    np.testing.assert_array_equal(received.full_tensor().asnumpy(), value)
+    replicated = to_wire(distribute_tensor(Tensor(value), mesh, (Replicate(),)), 0, local_route())
+    assert wire_meta(replicated) == WireLayout((Replicate(),), (1,), (2, 6))
+    plain = Tensor(value)
+    assert to_wire(plain, 0, local_route()) is plain and wire_meta(plain) is None
+
+
+def test_a_local_output_differing_per_device_is_refused_in_simulation(fresh_session):
+    """A style's use_local_output=True view of a sharded output is rank-local: each device's own
+    tensor (under msrun the one it sends: pipeline_tp_script.py); one process holding several
+    devices cannot send it as one tensor."""
+    fresh_session.set_context(device_num=2)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    pieces = distribute_tensor(batch(), mesh, (Shard(1),)).to_local()
+    for route in (WireRoute(), local_route()):
+        with pytest.raises(ValueError, match=r"PipelineStage 0: its Cell returned a local tensor that differs per "
+                                             r"device .* return the DTensor \(use_local_output=False\)"):
+            to_wire(pieces, 0, route)
+
+
+def test_dtensor_activations_that_cannot_travel_between_processes_are_refused(fresh_session):
+    fresh_session.set_context(device_num=1)
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    partial = DTensor.from_local(batch(), mesh, (Partial(),))
+    with pytest.raises(ValueError, match=r"PipelineStage 1: its Cell returned a DTensor with placements "
+                                         r"\(Partial\('sum'\),\); with one process per device a Partial\('sum'\) "
+                                         r"activation cannot travel.*reduce_partial"):
+        to_wire(partial, 1, local_route())
+    wire = to_wire(distribute_tensor(batch(), mesh, (Shard(0),)), 0, local_route())
+    with pytest.raises(ValueError, match=r"PipelineStage 1: it receives a DTensor activation \(placements "
+                                         r"\(Shard\(0\),\) on a mesh of shape \(1,\)\), but none of its "
+                                         r"Parameters is laid out"):
+        from_wire(wire, wire_meta(wire), None, 1)
+    square = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+    with pytest.raises(ValueError, match=r"PipelineStage 2: it receives a DTensor laid out on a mesh of shape \(1,\) "
+                                         r".*its own mesh .* has shape \(1, 1\)"):
+        from_wire(wire, wire_meta(wire), square, 2)

@@ -27,3 +27,26 @@ def test_predicted_step_and_routing_lines():
     assert text.splitlines()[0] == ("mindspore-hyper: dryrun, 4 devices; MoE routers (if the model has any) route "
                                     "balanced: token t's j-th copy to expert (t k + j) mod E")
     assert "MoE" not in format_report(_report("learned"))
+
+
+def test_equal_devices_print_as_one_line_with_their_ranges():
+    """Issue 42: 4 devices with the same step peak printed 4 equal lines (grouping began above 16)."""
+    from mindspore_hyper.runtime.report import device_groups
+
+    same = {"step_peak": 2048, "step_peak_rounded": 2560, "step_peak_with_fragmentation": 2560}
+    other = dict(same, step_peak=4096)
+    rows = {0: same, 1: same, 2: other, 3: other, 4: same, 5: same, 6: dict(same, step_peak=1)}
+    groups = device_groups(rows)
+    assert groups == [("0-1,4-5 (4)", same), ("2-3 (2)", other), ("6", rows[6])]
+    mesh = dict(_report("learned")["meshes"][0], memory_per_device=[],
+                step_memory={"peak_phase": "backward", "peak_op": "MatMul", "alignment_bytes": 512,
+                             "fragmentation": 0.0,
+                             "per_device": [{"devices": label, **row} for label, row in groups]})
+    text = format_report({"mode": "simulation", "devices": 7, "meshes": [mesh]})
+    peaks = [line.strip() for line in text.splitlines() if "step peak" in line]
+    assert peaks == ["devices 0-1,4-5 (4): step peak (forward, backward, update) 2.00 KiB in the backward of "
+                     "MatMul; 2.50 KiB with blocks rounded to 512 bytes, 2.50 KiB with 0% fragmentation",
+                     "devices 2-3 (2): step peak (forward, backward, update) 4.00 KiB in the backward of MatMul; "
+                     "2.50 KiB with blocks rounded to 512 bytes, 2.50 KiB with 0% fragmentation",
+                     "device 6: step peak (forward, backward, update) 1 B in the backward of MatMul; 2.50 KiB with "
+                     "blocks rounded to 512 bytes, 2.50 KiB with 0% fragmentation"]

@@ -216,12 +216,14 @@ def inputs_for(model: torch.nn.Module, head: str, batch: int, length: int, seed:
     config = model.config
     g = torch.Generator().manual_seed(seed)
     main = getattr(model, "main_input_name", "input_ids")
-    if main == "input_ids":
+    if main == "input_ids" or main == "inputs" and getattr(config, "vocab_size", None):  # Perceiver's MLM: ids
         vocab = getattr(config, "vocab_size", VOCAB) or VOCAB
         first = torch.randint(3, vocab, (batch, length), generator=g)
     elif main == "pixel_values":
         vision = getattr(config, "vision_config", None) or config  # CLIP: the vision tower's config
-        size = vision.image_size if isinstance(vision.image_size, int) else vision.image_size[0]
+        # conv nets whose config has no image size (PoolFormer, PP-LCNet) take the sweep's
+        size = getattr(vision, "image_size", SCALED["image_size"])
+        size = size if isinstance(size, int) else size[0]
         first = torch.randn(batch, getattr(vision, "num_channels", 3), size, size, generator=g)
     elif main == "input_features":
         first = torch.randn(batch, config.num_mel_bins, 2 * config.max_source_positions, generator=g)
@@ -338,7 +340,9 @@ def _first_line(exc: BaseException) -> str:
     if isinstance(exc, UnsupportedOpError) and exc.problems:
         text = exc.problems[0] + (f" (+{len(exc.problems) - 1} more)" if len(exc.problems) > 1 else "")
     else:
-        lines = [l for l in str(exc).strip().splitlines() if l.strip()]
+        # MindSpore's errors open with banners ("-----", "- Kernel select failed:"): the first line after them
+        lines = [l for l in str(exc).strip().splitlines() if l.strip() and not set(l.strip()) <= set("-")
+                 and not (l.startswith("- ") and l.rstrip().endswith(":"))]
         text = f"{type(exc).__name__}: {lines[0] if lines else ''}"
         if len(lines) > 1 and lines[0].rstrip().endswith(":"):
             text += " " + lines[1].strip()

@@ -135,6 +135,10 @@ class OpZoo(torch.nn.Module):
                 F.adaptive_avg_pool1d(x, 1), F.conv1d(x, self.conv1d_w, padding=1), F.logsigmoid(x * 30),
                 torch.tensor_split(x, [1, 4], 2)[0], torch.tensor_split(x, [1, 4], 2)[2],  # Mamba's split
                 x.tensor_split(3, dim=1)[0], x.tensor_split(3, dim=1)[2], x.clamp_max(0.2)]  # 3 sections of 4; Ergo
+        # SEW's squeeze pooling, PP-LCNet's hard activations (x * 4 reaches past both kinks), Gated DeltaNet's eye
+        out += [F.avg_pool1d(x, 2), F.avg_pool1d(x, 3, 2, padding=1, ceil_mode=True, count_include_pad=False),
+                F.hardsigmoid(x * 4), F.hardswish(x * 4), torch.eye(x.shape[1], x.shape[2]) + x,  # eye: fx records it of sizes
+                x.unflatten(-1, (2, 3)), torch.unflatten(x, 1, (2, -1))]  # Qwen4-Exp's mixing weights
         # weight norm (Hubert's parametrized convolution): over all but the last, all but the first, every dimension
         out += [torch._weight_norm(self.conv1d_w, self.norm_w[:3].reshape(1, 1, 3), 2),
                 torch._weight_norm(self.conv1d_w, self.gn_w.reshape(3, 1, 1), 0),
@@ -146,6 +150,9 @@ class OpZoo(torch.nn.Module):
                 F.interpolate(img, size=(5, 11), mode="bilinear"),  # MobileViT's resizing
                 F.interpolate(img, size=(12, 3), mode="bilinear", align_corners=True),
                 torch.real(torch.fft.fftn(x, dim=(1, 2))), torch.real(torch.fft.fftn(y, norm="ortho"))]  # FNet
+        # JetMoE's ungrouping of the expert rows (index_add) and its truncating division of sorted positions
+        out += [torch.index_add(x, 2, ids[0] % n, y), x.index_add(1, ids[0, :2] % h, y[:, :2], alpha=2),
+                torch.div(ids - 5, 3, rounding_mode="trunc"), torch.div(x, 0.3, rounding_mode="trunc")]
         return tuple(out)
 
 
@@ -167,7 +174,9 @@ class DynamicZoo(torch.nn.Module):
         first = x[:, :min(t, 3)] + x[:, :max(t - 4, 1)].sum(1, keepdim=True)  # torch.sym_min / sym_max
         masked = x * 1
         masked[x > 0.5] = 0.25  # x[mask] = v on a tensor the program made: aten.index_put_
-        return flat * (0.5 * t), positions, written, x * scale, frozen + x, first, masked  # 0.5 * t: sym_float
+        eye = x * torch.eye(t, n)  # aten.eye of a run-time size (Gated DeltaNet's `torch.eye(chunk_size)`)
+        eye = eye + x.unflatten(1, (t, 1)).sum(2)  # aten.unflatten in the port (Qwen4-Exp)
+        return flat * (0.5 * t), positions, written, x * scale, frozen + x, first, masked, eye  # 0.5 * t: sym_float
 
 
 def zoo_inputs():

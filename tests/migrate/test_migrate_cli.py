@@ -56,7 +56,17 @@ def test_subprocess_converts_and_written_files_reproduce_torch(workdir):
         capture_output=True, text=True,
         timeout=300)
     assert result.returncode == 0, result.stderr
-    assert re.search(r"torch.nn.Linear +-> nn.Dense", result.stdout) and "max_relative_error" in result.stdout
+    assert re.search(r"torch.nn.Linear +-> nn.Dense +x1", result.stdout)
+    # issue 42: a readable summary, not "(s77, static)" and a Python dict
+    lines = result.stdout.splitlines()
+    assert "input x: dim 0 symbolic (may change between calls), dim 1 fixed at 12" in lines
+    assert "fallbacks (modules written as their traced body, their class could not be generated): none" in lines
+    assert re.search(r"check against torch: max relative error \S+ on the example inputs; max relative error \S+ on "
+                     r"inputs of shape \(7, 12\)$", result.stdout, re.M)
+    assert lines[-4:] == ["files written:", f"  {os.path.join('out', 'net.py')}  (MindSpore source: the Cell classes and "
+                          "build(checkpoint))", f"  {os.path.join('out', 'net.ckpt')}  (the weights)",
+                          f"  {os.path.join('out', 'net.report.json')}  (this report in full, JSON)"]
+    assert "{" not in result.stdout and not re.search(r"\bs\d+\b", result.stdout)
     assert sorted(os.listdir(workdir / "out")) == ["net.ckpt", "net.py", "net.report.json"]
     report = json.loads((workdir / "out" / "net.report.json").read_text())
     assert report["classes"][0]["class"] == "Net" and report["check"]["second_shape"]["shapes"] == [[7, 12]]
@@ -134,3 +144,32 @@ def test_convert_prints_no_warning_of_torch_export(workdir, capsys):
         warnings.simplefilter("error", FutureWarning)  # a FutureWarning anywhere fails the conversion
         assert args.func(args) == 0, capsys.readouterr().err
     assert (workdir / "out").is_dir()
+
+
+def test_summary_names_shared_symbols_fixed_sizes_and_failed_checks():
+    """The summary's input and check lines from the report's fields (no conversion needed)."""
+    from mindspore_hyper.migrate.report import ConversionReport
+
+    report = ConversionReport(model="m.Net", tracer="torch.export (module-structured)",
+                              symbolic={"input_ids": ["s0", "s1"], "mask": ["s0", None, "s1"], "flag": []},
+                              static=["mask dimension 1 = 1"],
+                              check={"max_relative_error": 3.1e-7,
+                                     "second_shape": {"failed": "ValueError: shape", "shapes": [[5, 37], [5, 1, 37]]}},
+                              fallbacks=[{"module": "blocks.0", "torch": "m.Block", "reason": "SyntaxError: x"}],
+                              classes=[{"class": "Net", "torch": "m.Net", "modules": 1, "first": "",
+                                        "hyperparameters": [], "lines": 3},
+                                       {"class": "Block", "torch": "m.Block", "modules": 2, "first": "blocks.0",
+                                        "hyperparameters": ["dim"], "lines": 9}])
+    lines = str(report).splitlines()
+    assert lines[1:4] == ["input input_ids: dim 0 symbolic (may change between calls), dim 1 symbolic (may change "
+                          "between calls)",
+                          "input mask: dim 0 symbolic (= input_ids dim 0), dim 1 fixed at 1, dim 2 symbolic "
+                          "(= input_ids dim 1)",
+                          "input flag: a scalar"]
+    assert "  Net <- m.Net (1 module: the root)" in lines
+    assert "  Block <- m.Block (2 modules, first 'blocks.0'; __init__(dim))" in lines
+    assert "fallbacks (modules written as their traced body, their class could not be generated): 1" in lines
+    assert "  blocks.0 (m.Block): SyntaxError: x" in lines
+    assert lines[-1] == ("check against torch: max relative error 3.1e-07 on the example inputs; failed on inputs of "
+                         "shape (5, 37) and (5, 1, 37): ValueError: shape")
+

@@ -56,7 +56,8 @@ def test_default_is_the_port_at_another_batch_and_length():
     cell, report = convert(model, torch.randint(0, 101, (2, 16)))
     assert report.tracer == "torch.export (module-structured)" and report.loops == ["model.layers"]
     assert all(report.symbolic["input_ids"]) and not report.static  # batch and sequence symbolic
-    assert "input dimensions: input_ids: (" in str(report)
+    assert ("input input_ids: dim 0 symbolic (may change between calls), dim 1 symbolic (may change between calls)"
+            in str(report).splitlines())
     assert_same_outputs(cell, model, torch.randint(0, 101, (3, 7)))
 
 
@@ -113,8 +114,8 @@ def test_a_class_that_cannot_be_generated_becomes_its_traced_body(monkeypatch, t
 
     real = codegen_modules._class_body
 
-    def broken(prog, units, lists, code, unit, plain=False):
-        text, hyper = real(prog, units, lists, code, unit, plain)
+    def broken(prog, units, lists, code, unit, plain=False, fixed=None):
+        text, hyper = real(prog, units, lists, code, unit, plain, fixed)
         if type(prog.module).__name__ == "Scale" and not plain:
             text = text.replace("def __init__(self", "def __init__(self, eps, eps", 1)
         return text, hyper
@@ -329,3 +330,61 @@ def test_a_slice_empty_on_the_example_trains_at_every_length():
         grad = ms.grad(lambda a: cell(a).sum(), None, [cell.w])(to_mindspore(x))[0].asnumpy()
         want = model.w.grad.numpy()  # sums of <= 54 float32 values: 1e-5 relative is far above their rounding
         assert abs(grad - want).max() <= 1e-5 * abs(want).max()
+
+
+class PositionWeights(torch.nn.Module):
+    """Computes Python numbers from its input's length (as Funnel's pooling and CPM-Ant's mask do), so
+    torch.export fixes that length; a forward(*inputs) as the sweep's wrapped models have (input `inputs_0`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, *inputs):
+        x = inputs[0]
+        weights = torch.tensor([1.0 / (i + 1) for i in range(x.size(1))])
+        return self.proj(x) * weights[None, :, None]
+
+
+def test_a_fixed_input_dimension_is_checked_by_the_generated_cell(tmp_path):
+    """The report's fixed length is checked on entry: another length is refused with the input, dimension and
+    both sizes (not an op's shape error later); another batch (symbolic) runs and equals torch. Outputs: a
+    4-term float32 dot product times a float32 weight, a few units of rounding (~1e-7) each: 1e-5 relative."""
+    torch.manual_seed(0)
+    model = PositionWeights()
+    cell, report = convert(model, torch.randn(2, 5, 4), out=str(tmp_path))
+    assert report.symbolic["inputs_0"][0] is not None and "inputs_0 dimension 1 = 5" in report.static
+    written = load(report.files["source"], "written_position_weights").build(report.files["checkpoint"])
+    for converted in (cell, written):
+        assert_same_outputs(converted, model, torch.randn(3, 5, 4))
+        with pytest.raises(ValueError, match=r"PositionWeights: input inputs_0 \(argument inputs\) has shape "
+                                             r"\(2, 7, 4\); its dimension 1 must be 5: torch.export fixed it"):
+            converted(ms.Tensor(torch.randn(2, 7, 4).numpy()))
+        with pytest.raises(ValueError, match=r"has shape \(5,\); its dimension 1 must be 5"):  # lower rank
+            converted(ms.Tensor(torch.randn(5).numpy()))
+
+
+class Projection(torch.nn.Module):
+    """A root whose constructor needs arguments (as JetMoE's JetMoeMoE block converted alone)."""
+
+    def __init__(self, input_size, output_size, eps=1e-3):
+        super().__init__()
+        self.input_size, self.output_size, self.eps = input_size, output_size, eps
+        self.weight = torch.nn.Parameter(torch.randn(input_size, output_size))
+
+    def forward(self, x):
+        return (x @ self.weight) / (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+
+
+def test_a_root_with_constructor_arguments_builds_with_its_recorded_values(tmp_path):
+    """The generated root takes the hyper-parameters its code uses with the torch instance's values as defaults:
+    the loader and the written build() make it without arguments; other values still build another size.
+    Outputs: a 6-term float32 dot product over a root-mean-square, a few units of rounding: 1e-5 relative."""
+    torch.manual_seed(0)
+    model = Projection(6, 5)
+    cell, report = convert(model, torch.randn(2, 6), out=str(tmp_path))
+    assert sorted(report.classes[-1]["hyperparameters"]) == ["eps", "input_size", "output_size"]
+    assert (cell.input_size, cell.output_size, cell.eps) == (6, 5, 1e-3)
+    written = load(report.files["source"], "written_projection")
+    assert_same_outputs(written.build(report.files["checkpoint"]), model, torch.randn(3, 6))
+    assert tuple(written.Projection(input_size=3, output_size=2).weight.shape) == (3, 2)

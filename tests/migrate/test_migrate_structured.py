@@ -238,3 +238,20 @@ def test_padding_idx_row_gets_no_gradient_as_in_torch():
     grad = ms.grad(lambda x: (cell(x) * to_mindspore(weights)).sum(), None, cell.trainable_params())(to_mindspore(ids))
     np.testing.assert_allclose(grad[0].asnumpy(), model.emb.weight.grad.numpy(), rtol=1e-6, atol=1e-7)
     assert not model.emb.weight.grad[2].any() and grad[0].asnumpy()[2].tolist() == [0.0, 0.0, 0.0]
+
+
+class _LengthList(torch.nn.Module):
+    """CPM-Ant's pattern under a forward(*inputs) (the sweep's wrapper): a Python list as long as the input, so
+    torch.export fixes the length."""
+
+    def forward(self, *inputs):
+        x = inputs[0]
+        return x + torch.tensor(list(range(x.shape[1])), dtype=x.dtype)
+
+
+def test_static_dimensions_are_reported_under_the_exported_input_names():
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    cell, report = convert(_LengthList(), (torch.randn(2, 6),))
+    assert report.symbolic["inputs_0"][0] is not None and report.symbolic["inputs_0"][1] is None
+    assert report.static == ["inputs_0 dimension 1 = 6"]  # was empty: looked up as a forward parameter name
+    assert_same_outputs(cell, _LengthList(), torch.randn(3, 6))

@@ -7,6 +7,7 @@ and through 5 AdamW steps, <= 1e-4, the tolerance derived in migrate_sweep's doc
 import os
 
 import pytest
+import torch
 
 import migrate_sweep as sweep
 
@@ -37,6 +38,24 @@ def test_a_wrong_conversion_fails_the_sweep(monkeypatch):
     monkeypatch.setattr(converter, "convert", skewed)
     row = sweep.sweep_one("gpt_neox", "causal-lm")
     assert row.status == "fail" and row.stage == "forward" and "max_relative_error" in row.reason, row
+
+
+def test_a_mindspore_error_banner_is_left_out_of_the_reason():
+    """MindSpore's errors open with banners; the row's reason is the first line after them (it read "TypeError:
+    -----" for RecurrentGemma)."""
+    exc = TypeError("\n" + "-" * 52 + "\n- Kernel select failed:\n" + "-" * 52 + "\nSelect CPU operator[Identity] fail! "
+                    "Unsupported data type!\nThe supported data types are ...")
+    assert sweep._first_line(exc) == "TypeError: Select CPU operator[Identity] fail! Unsupported data type!"
+
+
+def test_inputs_of_models_without_an_image_size_or_named_inputs():
+    """Conv nets whose config has no image size (PoolFormer) get the sweep's 32 x 32 images; Perceiver's masked LM,
+    whose main input is `inputs`, gets token ids (both were "not built" before)."""
+    pool = sweep.build_model("poolformer", "image-classification")
+    assert tuple(sweep.inputs_for(pool, "image-classification", 2, 8, seed=0)[0].shape) == (2, 3, 32, 32)
+    perceiver = sweep.build_model("perceiver", "masked-lm")
+    ids = sweep.inputs_for(perceiver, "masked-lm", 2, 8, seed=0)[0]
+    assert ids.dtype == torch.int64 and tuple(ids.shape) == (2, 8) and int(ids.max()) < perceiver.config.vocab_size
 
 
 def _requested():

@@ -11,6 +11,7 @@ or "pipeline:<case>", a case of moe_pipeline_msrun_worker.py (one job for every 
 from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
 
 exit_if_msrun_scheduler()  # before MindSpore's import (~3 s): msrun's scheduler has nothing to do with shm
+import copy
 import os
 import sys
 
@@ -26,13 +27,29 @@ from mindspore_hyper.moe.eplb import rebalance_experts  # noqa: E402
 from mindspore_hyper.moe.expert_placement import ExpertPlacement, apply_placement  # noqa: E402
 from msrun_cases import run_cases_and_write_results, train_reference  # noqa: E402
 from moe_models import MoENet, batches, copy_weights, expert_strategy  # noqa: E402
-from moe_msrun_cases import PIPELINE_PREFIX  # noqa: E402
+from moe_msrun_cases import EXPERT_PARALLEL_CASES, PIPELINE_PREFIX  # noqa: E402
+from mindspore_hyper.hyper_parallel.autograd_compat import (  # noqa: E402
+    disable_mindspore_backward_compat, enable_mindspore_backward_compat,
+)
 
 STEPS = 3  # the third step runs on the re-placed experts of the +place case
 
 
 def relative(local, expected):
     return float(np.linalg.norm(local - expected) / max(np.linalg.norm(expected), 1e-30))
+
+
+def backward_error(par, params, batch) -> float:
+    """`loss.backward()` (`enable_mindspore_backward_compat`, MindFormers' Trainer) through the
+    expert exchange, the collectives and the parameter gradient sums vs `value_and_grad` on the
+    same parameters and batch: the largest relative difference of a parameter's gradient."""
+    _, grads = ms.value_and_grad(par, None, params)(*batch)
+    enable_mindspore_backward_compat()
+    try:
+        par(*batch).backward()
+        return max(relative(p.grad.asnumpy(), g.asnumpy()) for p, g in zip(params, grads))
+    finally:
+        disable_mindspore_backward_compat()
 
 
 def run_case(case: str):
@@ -62,7 +79,9 @@ def run_case(case: str):
     local = {n: p.asnumpy() for n, p in model.parameters_and_names()}
     held = {row.name: row.layout.rank_slices(rank, row.global_shape) for row in par.table}
     out["held_expert_shape"] = list(local["moe.experts.w_gate"].shape)
-    out["stats"] = model.moe.parallel().last_stats
+    out["stats"] = copy.deepcopy(model.moe.parallel().last_stats)
+    if case in EXPERT_PARALLEL_CASES:
+        out["backward_error"] = backward_error(par, model.trainable_params(), data[0])
 
     def reference() -> dict:
         return train_reference(ref, nn.Adam(ref.trainable_params(), learning_rate=1e-2), data)

@@ -1,7 +1,8 @@
 """Expert parallelism under msrun (one process per device, the shared-memory transport's uneven
 all-to-all): 3 Adam steps of data x expert (re-placed with EPLB replicas after 2 steps) and
 expert x tensor parallel MoE equal the single device, with per-expert counts or the 1-bit routing mask as dispatch metadata, and with the
-dispatch/compute/combine pipeline in 2 chunks (background AllToAll). The msrun job is shared
+dispatch/compute/combine pipeline in 2 chunks (background AllToAll); `loss.backward()` through the
+exchange gives `value_and_grad`'s gradients. The msrun job is shared
 with the hierarchical test (conftest.py's `moe_msrun_results`)."""
 import numpy as np
 import pytest
@@ -21,6 +22,8 @@ def test_expert_parallel_on_4_processes_equals_single_device(moe_msrun_results):
                 assert worst < 1e-4, (case, what, out[what])
             assert out["held_expert_shape"][0] == 4  # 8 experts over expert=2: this process holds 4
             assert out["stats"]["rows"] > 0 and out["stats"]["metadata"] > 0
+            # loss.backward() through the exchange equals value_and_grad: the same ops in the same order
+            assert out["backward_error"] == 0.0, (case, out["backward_error"])
         # metadata: 2 members x 4 experts x int64 counts, or 2 x ceil(16 tokens x 4 experts / 8) mask bytes
         assert res["2x2x1+place"]["stats"]["metadata"] == 2 * 6 * 8  # 6 slots per member after re-placement
         assert sum(res["2x2x1+place"]["replicas"]) == 12

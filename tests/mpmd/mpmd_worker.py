@@ -4,7 +4,11 @@ scaling; writes rank<N>.json with losses, norms, this group's gradients and para
 single-device runs done in the same process. `fail@R`: rank R fails after one training
 step: it prints the error and leaves with status 0 without closing anything, as a crashed process
 would (msrun kills every worker as soon as one exits non-zero, which would race the others' own
-report); the others must notice the dead peer by themselves and fail naming it."""
+report); the others must notice the dead peer by themselves and fail naming it.
+
+Usage (under msrun): mpmd_worker.py OUT_DIR [train|fail@R|rlhf ...], one after another in the same
+processes (default train); "rlhf" runs rlhf_worker.py's job, writing to OUT_DIR/rlhf/ (the tests
+share one 4-process launch: conftest.py)."""
 from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
 
 exit_if_msrun_scheduler()  # before MindSpore's import (~3 s): msrun's scheduler has nothing to do with shm
@@ -110,4 +114,11 @@ def clipped_training(steps=3, lr=0.1, momentum=0.9, max_norm=0.05, scale=2.0 ** 
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *(sys.argv[2:3]))
+    for what in sys.argv[2:] or ["train"]:
+        if what == "rlhf":
+            import rlhf_worker
+
+            os.makedirs(os.path.join(sys.argv[1], "rlhf"), exist_ok=True)
+            rlhf_worker.main(os.path.join(sys.argv[1], "rlhf"))
+        else:
+            main(sys.argv[1], what)

@@ -4,7 +4,8 @@ the step results, this process's role parameters and its measured phase events, 
 same steps run by `ppo_step` on bare Cells (the roles one after another) in the same process.
 Then the same with the config's `scheduler: dynamic` kept (the frozen roles' scoring rows shared
 between the groups, moved by the planner on measured times), 4 steps, and one hand-made move of
-a row before step 3; the share history and decisions are written too."""
+a row before step 3; the share history and decisions are written too. The tests run it through
+mpmd_worker.py (`rlhf`), in its 4-process job (conftest.py)."""
 from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
 
 exit_if_msrun_scheduler()  # before MindSpore's import (~3 s): msrun's scheduler has nothing to do with shm

@@ -13,10 +13,9 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpmd_worker.p
 
 
 @pytest.mark.msrun
-def test_groups_on_4_processes_train_like_one_device(tmp_path):
-    proc = run_msrun(WORKER, [tmp_path], 4, tmp_path / "logs", timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(tmp_path / "logs", 4)
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+def test_groups_on_4_processes_train_like_one_device(mpmd_4_processes):
+    """The job is shared with test_rlhf_msrun.py (conftest.py's `mpmd_4_processes`)."""
+    results = mpmd_4_processes["train"]
     expected_members = [["text_encoder"], ["text_encoder"], ["vision_encoder"], ["fusion_layer"]]
     for rank, res in enumerate(results):
         assert res["members"] == expected_members[rank]

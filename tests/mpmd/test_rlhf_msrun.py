@@ -2,15 +2,10 @@
 point-to-point; the numbers equal the roles run one after another; disjoint groups overlap in
 the measured timeline, colocated roles time-share. With `scheduler: dynamic`, the frozen roles'
 scoring rows are shared between the groups and the shares move between steps (every process
-agreeing), with the same numbers."""
-import json
-import os
-
+agreeing), with the same numbers. rlhf_worker.py's job runs in the 4-process launch of
+test_mpmd_msrun.py (conftest.py's `mpmd_4_processes`)."""
 import pytest
 
-from msrun_helpers import run_msrun, worker_logs
-
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rlhf_worker.py")
 ROLES = [["actor", "reference"], ["actor", "reference"], ["critic"], ["reward_model"]]
 ALL = {"actor", "reference", "critic", "reward_model"}
 
@@ -20,11 +15,9 @@ def overlap(a, b) -> bool:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("rlhf_msrun")
-    proc = run_msrun(WORKER, [out], 4, out / "logs", timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(out / "logs", 4)
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+def results(mpmd_4_processes):
+    """Each rank's rlhf_worker.py results."""
+    return mpmd_4_processes["rlhf"]
 
 
 def run_interval(results: list, run: str, step: int, rank: int, label: str) -> tuple:

@@ -1,7 +1,8 @@
 """Worker of the multimodal msrun tests: runs the encoder pipeline in distributed mode (encoders on
-ranks 0..N-2, the LM on the last rank) and writes what this rank got to OUT_DIR/rank<r>.npz.
+ranks 0..N-2, the LM on the last rank) and writes what this rank got to OUT_DIR/<run>/rank<r>.npz.
 
-Usage (under msrun): mm_worker.py OUT_DIR infer|train|fail AHEAD
+Usage (under msrun): mm_worker.py OUT_DIR RUN [RUN ...], a RUN being infer|train|fail:AHEAD, run
+one after another in the same processes (a launch costs every process's MindSpore start-up).
 ("fail": encoder 0 raises while encoding its second batch, prints the error and leaves with
 status 0 without closing anything, as a crashed process would: msrun kills every worker as soon as
 one exits non-zero, which would race the LM's own report; so the LM must notice the dead peer by
@@ -27,6 +28,8 @@ STEPS = 2
 
 
 def main(out_dir, what, ahead):
+    out_dir = os.path.join(out_dir, what)
+    os.makedirs(out_dir, exist_ok=True)
     mh.set_context(mode="distributed")
     rank = int(os.environ["RANK_ID"])
     workers = int(os.environ["MS_WORKER_NUM"])
@@ -76,7 +79,9 @@ def main(out_dir, what, ahead):
 
 if __name__ == "__main__":
     try:
-        main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+        for run in sys.argv[2:]:
+            what, _, ahead = run.partition(":")
+            main(sys.argv[1], what, int(ahead))
     except RuntimeError as exc:
         if "encoder failure injected by the test" not in str(exc):
             raise

@@ -1,5 +1,6 @@
 """AsyncEncoderPipeline under msrun: two encoder processes and an LM process give the per-request
-outputs and the training gradients/parameters of the single-process synchronous model."""
+outputs and the training gradients/parameters of the single-process synchronous model (inference
+and training in one 3-process job: a launch costs every process's MindSpore start-up)."""
 import json
 import os
 
@@ -14,21 +15,26 @@ from msrun_helpers import run_msrun, worker_logs
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mm_worker.py")
 
 
-def launch(tmp_path, workers, what, ahead, timeout=300, **env):
-    return run_msrun(WORKER, [tmp_path, what, ahead], workers, tmp_path / "logs", timeout,
+def launch(tmp_path, workers, runs, timeout=300, **env):
+    """mm_worker.py's `runs` ("<infer|train|fail>:<ahead>") in one job of `workers` processes."""
+    return run_msrun(WORKER, [tmp_path, *runs], workers, tmp_path / "logs", timeout * len(runs),
                      env=dict(os.environ, MS_HYPER_MODE="distributed", **env))
 
 
-def run(tmp_path, workers, what, ahead):
-    proc = launch(tmp_path, workers, what, ahead)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(tmp_path / "logs", workers)
-    return [(dict(np.load(tmp_path / f"rank{r}.npz")), json.loads((tmp_path / f"rank{r}.json").read_text()))
-            for r in range(workers)]
+@pytest.fixture(scope="module")
+def three_processes(tmp_path_factory):
+    """Inference (ahead 2) and training (ahead 1) on 2 encoder processes and the LM process."""
+    folder = tmp_path_factory.mktemp("mm_3_processes")
+    proc = launch(folder, 3, ["infer:2", "train:1"])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(folder / "logs", 3)
+    return {what: [(dict(np.load(folder / what / f"rank{r}.npz")),
+                    json.loads((folder / what / f"rank{r}.json").read_text())) for r in range(3)]
+            for what in ("infer", "train")}
 
 
 @pytest.mark.msrun
-def test_inference_on_two_encoder_processes_and_one_lm_process(tmp_path):
-    ranks = run(tmp_path, 3, "infer", 2)
+def test_inference_on_two_encoder_processes_and_one_lm_process(three_processes):
+    ranks = three_processes["infer"]
     assert [meta["role"] for _, meta in ranks] == ["encoder", "encoder", "lm"]
     assert not ranks[0][0] and not ranks[1][0]  # outputs live on the LM process
     outputs, meta = ranks[2]
@@ -54,8 +60,8 @@ def test_inference_on_two_encoder_processes_and_one_lm_process(tmp_path):
 
 
 @pytest.mark.msrun
-def test_training_matches_the_synchronous_single_process_model(tmp_path):
-    ranks = run(tmp_path, 3, "train", 1)  # 2 encoder replicas (gradients all-reduced) + the LM
+def test_training_matches_the_synchronous_single_process_model(three_processes):
+    ranks = three_processes["train"]  # 2 encoder replicas (gradients all-reduced) + the LM
     encoder, lm = make_models(seed=3)
     batches = make_batches(5, seed=1)
     params = encoder.trainable_params() + lm.trainable_params()
@@ -92,7 +98,7 @@ def test_training_matches_the_synchronous_single_process_model(tmp_path):
 
 @pytest.mark.msrun
 def test_a_failing_encoder_process_fails_the_lm_instead_of_hanging(tmp_path):
-    proc = launch(tmp_path, 2, "fail", 1, timeout=120, MS_HYPER_COMM_TIMEOUT="30")
+    proc = launch(tmp_path, 2, ["fail:1"], timeout=120, MS_HYPER_COMM_TIMEOUT="30")
     assert proc.returncode != 0
     logs = worker_logs(tmp_path / "logs", 2, tail=100000)
     assert "encoder failure injected by the test" in logs

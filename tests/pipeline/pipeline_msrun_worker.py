@@ -1,13 +1,16 @@
 """msrun worker: 5 pipelined Adam steps of pipeline_models.dense_chain; each rank writes its
 losses, its stages' parameters and (rank 0) the measured and simulated timelines to OUT/rank<r>.npz.
 
-Usage: msrun ... pipeline_msrun_worker.py KIND MICROBATCHES OUT [WIDTH DEPTH BATCH STEPS]
-With env PIPELINE_TEST_MODEL=gpt: the examples' GPT instead (see gpt_main).
-With env PIPELINE_TEST_CLIP=N: train_step(max_grad_norm=N); each rank writes every step's
-`last_grad_norm` (the global norm over all stages and shards) too.
-With env PIPELINE_TEST_REBALANCE=1: start from the split (1, 6) with rebalancing on, the
-planner fed fixed per-layer costs (test_pipeline_rebalance.LAYER_COSTS) for this process's
-stages; the applied plans and migrated bytes are written too.
+Usage: msrun ... pipeline_msrun_worker.py RUN [RUN ...], each RUN a JSON object, run one after
+another in the same processes (a launch costs every process's MindSpore start-up):
+  "kind", "microbatches", "out": the schedule, its micro-batches and the folder for rank<r>.npz;
+  "mesh": "pipeline" (default) or "data" / "tensor": that axis 2 x pipeline;
+  "model": "gpt": the examples' GPT instead (see gpt_main);
+  "clip": N: train_step(max_grad_norm=N); each rank writes every step's `last_grad_norm` (the
+    global norm over all stages and shards) too;
+  "rebalance": true: start from the split (1, 6) with rebalancing on, the planner fed fixed
+    per-layer costs (test_pipeline_rebalance.LAYER_COSTS) for this process's stages; the applied
+    plans and migrated bytes are written too.
 """
 from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
 
@@ -46,23 +49,23 @@ def gpt_main(kind, m, out):
     np.savez(os.path.join(out, f"rank{parallel.world.rank}.npz"), **arrays)
 
 
-def main():
-    kind, m, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    if os.environ.get("PIPELINE_TEST_MODEL") == "gpt":
+def main(run: dict):
+    kind, m, out = run["kind"], int(run["microbatches"]), run["out"]
+    if run.get("model") == "gpt":
         return gpt_main(kind, m, out)
-    width, depth, n, steps = (int(a) for a in (sys.argv[4:8] if len(sys.argv) > 4 else (16, 4, 8, 5)))
+    width, depth, n, steps = 16, 4, 8, 5
     ms.set_context(mode=ms.PYNATIVE_MODE)
     mh.set_context(mode="distributed", comm_timeout=60.0)
     size = int(os.environ.get("MS_WORKER_NUM", "1"))
     model = dense_chain(width, depth)
     x, y = batch(n)
-    mesh_kind = os.environ.get("PIPELINE_TEST_MESH", "pipeline")  # or "data" / "tensor": that axis 2 x pipeline
+    mesh_kind = run.get("mesh", "pipeline")  # or "data" / "tensor": that axis 2 x pipeline
     if mesh_kind == "pipeline":
         strategy = Layout((size,), ("pipeline",))(tensor_map=())
     else:
         strategy = Layout((2, size // 2), (mesh_kind, "pipeline"))(tensor_map=(mesh_kind,) if mesh_kind == "tensor" else ())
     options = {"schedule": kind, "microbatches": m}
-    rebalance = os.environ.get("PIPELINE_TEST_REBALANCE") == "1"
+    rebalance = bool(run.get("rebalance"))
     if rebalance:
         from mindspore_hyper.pipeline.pipeline_model import PipelineModel
         from test_pipeline_rebalance import LAYER_COSTS
@@ -76,7 +79,7 @@ def main():
         options.update(rebalance=True, layers_per_stage=(1, 6))
     parallel = mh.auto_parallelize(model, strategy, pipeline=options)
     optimizer = nn.Adam(parallel.optimizer_parameters(), 1e-2)
-    clip = float(os.environ["PIPELINE_TEST_CLIP"]) if os.environ.get("PIPELINE_TEST_CLIP") else None
+    clip = run.get("clip")
     losses, norms = [], []
     timelines = []
     for _ in range(steps):
@@ -128,4 +131,9 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from mindspore_hyper.pipeline.pipeline_model import PipelineModel
+
+    stage_times = PipelineModel.stage_times
+    for arg in sys.argv[1:]:
+        main(json.loads(arg))
+        PipelineModel.stage_times = stage_times  # a rebalancing run fixed the layer costs

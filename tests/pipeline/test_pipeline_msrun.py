@@ -4,29 +4,21 @@ grad norms and each process's stage parameters, or their shards, after 5 Adam st
 pipeline case reporting the simulation's memory and step memory series; a receive
 that waits too long names the peer rank. (1f1b on 2 processes: the example's
 msrun test in tests/examples; data 2 x pipeline 2 was run the same way, see docs/mpmd.md.)"""
-import os
 import threading
 
 import mindspore as ms
 import numpy as np
 import pytest
 
-from msrun_helpers import run_msrun, worker_logs
-from paths import REPO_ROOT
 from pipeline_models import batch, dense_chain, gpt, single_device_clipped_run, single_device_run, tokens
 from tolerances import assert_adam_training_close, reduction_length, training_rtol
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_msrun_worker.py")
-
-
 @pytest.mark.msrun
 @pytest.mark.parametrize("kind, workers, mesh", [("zb_h1", 4, "pipeline"), ("1f1b", 4, "tensor")])
-def test_distributed_pipeline_trains_like_one_device(kind, workers, mesh, tmp_path):
-    clip = 0.3 if mesh == "tensor" else None  # clips the first 3 steps' gradients (norms 0.48 to 0.31), not the last 2
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
-               PIPELINE_TEST_MESH=mesh, PIPELINE_TEST_CLIP=str(clip or ""))
-    result = run_msrun(WORKER, [kind, 4, tmp_path], workers, tmp_path / "log", timeout=240, env=env)
-    assert result.returncode == 0, worker_logs(tmp_path / "log", workers)
+def test_distributed_pipeline_trains_like_one_device(kind, workers, mesh, pipeline_4_processes):
+    """Both runs in one 4-process job (conftest.py's `pipeline_4_processes`)."""
+    folder, options = pipeline_4_processes[f"{kind}-{mesh}"]
+    clip = options.get("clip")
     ms.set_context(mode=ms.PYNATIVE_MODE)
     x, y = batch()
     model = dense_chain()
@@ -41,7 +33,7 @@ def test_distributed_pipeline_trains_like_one_device(kind, workers, mesh, tmp_pa
     rtol = training_rtol(reduction, len(losses))
     seen = set()
     for rank in range(workers):
-        out = np.load(tmp_path / f"rank{rank}.npz")
+        out = np.load(folder / f"rank{rank}.npz")
         np.testing.assert_allclose(out["losses"], losses, rtol=rtol)
         np.testing.assert_allclose(float(out["eval_loss"]), eval_loss, rtol=rtol)
         if norms is not None:  # the same norm on every process: every stage's and tensor shard's squares once
@@ -56,12 +48,12 @@ def test_distributed_pipeline_trains_like_one_device(kind, workers, mesh, tmp_pa
                 assert_adam_training_close(out[key], want, 1e-2, len(losses), reduction, err_msg=name)
                 seen.add(name)
     assert seen == set(params)  # every parameter lives on exactly one of the processes
-    assert (tmp_path / "measured_trace.json").exists()
+    assert (folder / "measured_trace.json").exists()
     if mesh == "tensor":
-        check_step_memory_like_simulation(tmp_path, workers, kind, clip)
+        check_step_memory_like_simulation(folder, workers, kind, clip)
 
 
-def check_step_memory_like_simulation(tmp_path, workers, kind, clip):
+def check_step_memory_like_simulation(folder, workers, kind, clip):
     """Each process's memory row (parameters and optimizer states of its stage's shards: a stage's
     own Parameters under msrun are named within the stage), step memory series (its pipeline rank's,
     pipeline/pipeline_step_memory.py) and step peaks equal the numeric simulation's of the same step
@@ -84,7 +76,7 @@ def check_step_memory_like_simulation(tmp_path, workers, kind, clip):
     finally:
         mh.reset_context()
     for rank in range(workers):
-        got = json.loads(str(np.load(tmp_path / f"rank{rank}.npz")["step_memory"]))
+        got = json.loads(str(np.load(folder / f"rank{rank}.npz")["step_memory"]))
         assert got["memory"] == {str(rank): simulated["memory"][str(rank)]}  # parameters, optimizer states, ...
         # the clipping norm's float64 sum over the 4 processes: 8 bytes in, the ring's 2(n-1)/n x 8 = 12 sent
         assert got["norm_row"] == simulated_norm == {"count": 1, "bytes": 12, "input_bytes": 8}
@@ -97,22 +89,19 @@ def check_step_memory_like_simulation(tmp_path, workers, kind, clip):
 
 
 @pytest.mark.msrun
-def test_distributed_pipeline_of_a_construct_with_a_side_input(tmp_path):
+def test_distributed_pipeline_of_a_construct_with_a_side_input(pipeline_2_processes):
     """examples/models.py GPT on 2 processes (1f1b), pipelined through its construct: each
     process recomputes the mask side input; losses and each process's stage parameters after 5
-    Adam steps equal one device's."""
-
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
-               PIPELINE_TEST_MODEL="gpt")
-    result = run_msrun(WORKER, ["1f1b", 2, tmp_path], 2, tmp_path / "log", timeout=240, env=env)
-    assert result.returncode == 0, worker_logs(tmp_path / "log", 2)
+    Adam steps equal one device's (the job of test_pipeline_rebalance.py's msrun test,
+    conftest.py's `pipeline_2_processes`)."""
+    folder, _ = pipeline_2_processes["gpt"]
     ms.set_context(mode=ms.PYNATIVE_MODE)
     model = gpt(layers=2)
     losses, params = single_device_run(model, *tokens(), lr=1e-3)
     reduction = reduction_length(model.trainable_params(), 64)  # Adam-aware bounds: tests/tolerances.py
     seen = set()
     for rank in range(2):
-        out = np.load(tmp_path / f"rank{rank}.npz")
+        out = np.load(folder / f"rank{rank}.npz")
         np.testing.assert_allclose(out["losses"], losses, rtol=training_rtol(reduction, len(losses)))
         for key in out.files:
             if key.startswith("param:"):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
-from mindspore_hyper.pipeline.stage_transport import P2PError, P2PTimeout
+from mindspore_hyper.pipeline.stage_transport import P2PError, P2PTimeout, attach_header, header_of
 from shm_transport_pair import transport_pair
 from mindspore_hyper.schedule.actions import P2PTensor, Payload
 
@@ -28,6 +28,18 @@ def test_tensors_arrive_by_identity_in_any_order(transports):
     grad = P2PTensor(Payload.GRADIENT, 1, 0, 0)
     t1.send(1, grad, Tensor(np.ones(4, np.float32)), 0)
     np.testing.assert_array_equal(t0.recv(grad, 1), np.ones(4, np.float32))
+
+
+def test_a_header_travels_beside_its_tensor(transports):
+    """A stage's DTensor layout travels as a header of ints with its local piece (pipeline_activations.py)."""
+    t0, t1 = transports
+    marked, plain = P2PTensor(Payload.ACTIVATION, 0, 1, 0), P2PTensor(Payload.ACTIVATION, 0, 1, 1)
+    t0.send(0, marked, attach_header(Tensor(np.arange(6, dtype=np.float32).reshape(2, 3)), (1, 2, 2, 2, 6, 1, 1)), 1)
+    t0.send(0, plain, Tensor(np.ones(2, np.float32)), 1)
+    got = t1.recv(marked, 0)
+    assert header_of(got) == (1, 2, 2, 2, 6, 1, 1)
+    np.testing.assert_array_equal(got.asnumpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert header_of(t1.recv(plain, 0)) is None
 
 
 def test_a_late_tensor_and_a_bad_announcement_name_the_peer(transports):

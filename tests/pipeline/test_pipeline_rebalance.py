@@ -76,21 +76,15 @@ def test_static_scheduler_keeps_the_split():
 
 
 @pytest.mark.msrun
-def test_rebalancing_under_msrun_migrates_parameters_and_optimizer_states(tmp_path):
+def test_rebalancing_under_msrun_migrates_parameters_and_optimizer_states(pipeline_2_processes):
     """2 processes start from (1, 6); the planner's move sends the moved layers' Parameters and
-    Adam states to the new owner; the 5-step training still equals one device."""
+    Adam states to the new owner; the 5-step training still equals one device (the 2-process job
+    of test_pipeline_msrun.py's GPT test, conftest.py's `pipeline_2_processes`)."""
     import json
-    import os
 
-    from msrun_helpers import run_msrun, worker_logs
-    from paths import REPO_ROOT
     from pipeline_models import dense_chain
 
-    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_msrun_worker.py")
-    env = dict(os.environ, PIPELINE_TEST_REBALANCE="1",
-               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
-    result = run_msrun(worker, ["1f1b", 2, tmp_path], 2, tmp_path / "log", timeout=240, env=env)
-    assert result.returncode == 0, worker_logs(tmp_path / "log", 2)
+    folder, _ = pipeline_2_processes["rebalance"]
     x, y = batch()
     from tolerances import assert_adam_training_close, reduction_length, training_rtol
 
@@ -99,7 +93,7 @@ def test_rebalancing_under_msrun_migrates_parameters_and_optimizer_states(tmp_pa
     reduction = reduction_length(model.trainable_params(), 64)  # Adam-aware, see tests/tolerances.py
     owned = {}
     for rank in range(2):
-        out = np.load(tmp_path / f"rank{rank}.npz")
+        out = np.load(folder / f"rank{rank}.npz")
         plans = json.loads(str(out["plans"]))
         assert plans and plans[0][0] == [1, 6] and plans[0][1][0] > 1, plans
         assert int(out["migrated_bytes"]) > 0

@@ -1,6 +1,7 @@
 """msrun worker of tests/runtime/test_mixed_precision.py: MindSpore's amp O2 (float16, loss scaling)
 with nn.Dropout and ops.dropout, data x tensor parallel in distributed mode, and the same model
-trained on one device in this process; writes <out>/rank<r>.json."""
+trained on one device in this process; then amp O2 in bfloat16 with the CPU emulation against
+tests/runtime/test_mixed_precision_bfloat16.py's hand-written reference; writes <out>/rank<r>.json."""
 import json
 import os
 import sys
@@ -63,7 +64,37 @@ def main():
     rank = world().rank
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
         json.dump({"losses": losses, "ref_losses": ref_losses, "params": params,
-                   "memory_by_dtype": report.memory_by_dtype[rank], "memory": report.memory[rank]}, f)
+                   "memory_by_dtype": report.memory_by_dtype[rank], "memory": report.memory[rank],
+                   "bfloat16": bfloat16_case(strategy)}, f)
+
+
+def bfloat16_case(strategy):
+    """amp O2 in bfloat16 with the CPU emulation (no dropout: its draw is not emulated), 5 Adam
+    steps, against the hand-written float32 reference that rounds where bfloat16 does."""
+    import test_mixed_precision_bfloat16 as B
+
+    mh.set_context(cpu_bfloat16="emulate")
+    ref = B._reference()
+    ref_opt = nn.Adam(ref.trainable_params(), learning_rate=T.LR)
+    ref_grad = ms.value_and_grad(ref, None, ref_opt.parameters)
+    ms.set_seed(1)
+    net = amp.auto_mixed_precision(T.Block(), "O2", dtype=ms.bfloat16)
+    par = mh.auto_parallelize(net, strategy)
+    optimizer = nn.Adam(par.optimizer_parameters(), learning_rate=T.LR)
+    losses, ref_losses = [], []
+    for ids, labels in T.BATCH:
+        losses.append(float(par.train_step(optimizer, ids, labels).asnumpy()))
+        loss, grads = ref_grad(ids, labels)
+        ref_opt(grads)
+        ref_losses.append(float(loss.asnumpy()))
+    named = {p.name: p for p in ref.trainable_params()}  # the amp model's paths start at its wrapper
+    params = {}
+    for name, p in net.parameters_and_names():
+        want = named[p.name].asnumpy()[par.held_region(name)].astype(np.float64)
+        params[name] = [float(np.linalg.norm(p.asnumpy() - want)), float(np.linalg.norm(want)),
+                        float(np.abs(p.asnumpy() - want).max())]
+    return {"losses": losses, "ref_losses": ref_losses, "params": params,
+            "working_weights": par.report(optimizer).memory_by_dtype[world().rank]["working_weights"]}
 
 
 if __name__ == "__main__":

@@ -129,12 +129,20 @@ def test_bfloat16_refused_naming_the_kernel(clean_context):
     """MindSpore 2.10's CPU kernels have no bfloat16 (MatMul, Gather, Identity, ...): one device and
     the simulation raise MindSpore's kernel-selection error naming the kernel and BFloat16 (the
     simulation's per-shard ops wrap it in DTensorOpError naming the op), never a silent value."""
+    from mindspore_hyper.bfloat16_emulation import reset_cell_types
+
     clean_context.set_context(device_num=4)
-    with pytest.raises(TypeError, match="Unsupported data type"):
-        _amp_block("O3", ms.bfloat16)(*BATCH[0])
+    try:  # a failing forward may leave the BF16 Cell's type pushed in MindSpore: reset after each
+        with pytest.raises(TypeError, match="Unsupported data type"):
+            _amp_block("O3", ms.bfloat16)(*BATCH[0])
+    finally:
+        reset_cell_types()
     sim = simulate(_amp_block("O3", ms.bfloat16), _strategy())
-    with pytest.raises((DTensorOpError, TypeError), match="Unsupported data type") as refused:
-        sim(*BATCH[0])
+    try:
+        with pytest.raises((DTensorOpError, TypeError), match="Unsupported data type") as refused:
+            sim(*BATCH[0])
+    finally:
+        reset_cell_types()
     assert "BFloat16" in str(refused.value) and "CPU operator[" in str(refused.value)
 
 
@@ -163,7 +171,9 @@ def test_report_counts_bytes_by_dtype(clean_context):
 def test_float16_amp_with_dropout_under_msrun_equals_single_device(tmp_path):
     """4 processes (data 2 x tensor 2): MindSpore's amp O2, loss scaling, nn.Dropout and
     ops.dropout; every process's losses and parameter shards after 5 steps equal single-device
-    training (the dropout masks are the single device's: docs/training.md, "Random numbers")."""
+    training (the dropout masks are the single device's: docs/training.md, "Random numbers").
+    Then amp O2 in bfloat16 with `cpu_bfloat16="emulate"` equals the hand-written rounding
+    reference of tests/runtime/test_mixed_precision_bfloat16.py the same way."""
     import json
     import os
 
@@ -181,6 +191,12 @@ def test_float16_amp_with_dropout_under_msrun_equals_single_device(tmp_path):
         by = result["memory_by_dtype"]
         assert by["parameters"] == {"float32": result["memory"]["parameters"]}  # this process's shards
         assert set(by["working_weights"]) == {"float16"}
+        # bfloat16 with the CPU emulation (the same launch): tolerance derived in test_mixed_precision_bfloat16.py
+        bf16, rtol16 = result["bfloat16"], 4 * STEPS * ((TP + 1) * 2.0 ** -8 + gamma(64))
+        np.testing.assert_allclose(bf16["losses"], bf16["ref_losses"], rtol=rtol16)
+        for name, (diff, norm, worst) in bf16["params"].items():
+            assert diff <= rtol16 * norm and worst <= adam_displacement_bound(LR, STEPS), (rank, name, "bfloat16")
+        assert set(bf16["working_weights"]) == {"bfloat16"}
 
 
 @pytest.mark.parametrize("level", ["O1", "O2"])

@@ -1,11 +1,15 @@
 """Ring attention's forward and backward passes over the members of one ring: the math both the
 simulation (every cp member in this process) and msrun (one per process) run.
 
-`RingAttention` is a Cell: its `construct` is the forward ring, its `bprop` the backward ring (a
-hand-written, flash-attention style backward, instead of MindSpore's autodiff of the forward). It
-sees the ring through a transport (`ring_transports.py`) that moves each local member's tensors
-one step around the ring (`shift`, member r's to member r+1, answered by a handle whose `wait()`
-gives member r-1's) and moves chunks between members (`permute`, for the zigzag order).
+`RingAttention` is one node of MindSpore's PyNative autograd graph (MindSpore's custom autograd
+function `mindspore.common._Function`, torch's `autograd.Function`): its `forward` is the forward
+ring, its `backward` the backward ring (a hand-written, flash-attention style backward, instead of
+MindSpore's autodiff of the forward). Both `mindspore.value_and_grad` and `run_backward` (torch-style
+`loss.backward()`, `hyper_parallel/autograd_compat.py`) differentiate it, where `run_backward`
+cannot run a Cell's custom `bprop`. It sees the ring through a transport (`ring_transports.py`)
+that moves each local member's tensors one step around the ring (`shift`, member r's to member
+r+1, answered by a handle whose `wait()` gives member r-1's) and moves chunks between members
+(`permute`, for the zigzag order).
 
 Chunks: the sequence is cut in `plan.chunks` chunks, `per_rank` per member: 1 (member r holds
 chunk r of q, k^T and v) or 2 (zigzag: member r holds chunks r and 2n-1-r; the contiguous shards
@@ -43,7 +47,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, mint, nn, ops
+from mindspore import Tensor, mint, ops
+from mindspore.common import _Function
 
 from mindspore_hyper.dtensor.context_parallel.scores import Step
 
@@ -127,7 +132,7 @@ class _Saved:
     lse: list
 
 
-class RingAttention(nn.Cell):
+class RingAttention:
     """softmax(steps(q @ k^T)) @ v over a ring (see module docstring).
 
     Called with each local member's contiguous (q [..., t/n, d], k^T [..., d, s/n], v [..., s/n,
@@ -142,7 +147,6 @@ class RingAttention(nn.Cell):
     """
 
     def __init__(self, plan: RingPlan, transport, masks: Sequence[Sequence]):
-        super().__init__()
         self.plan, self.transport, self.masks = plan, transport, [list(m) for m in masks]
         self.computed = {"forward": [0] * len(plan.ranks), "backward": [0] * len(plan.ranks)}
         self.saved: Optional[_Saved] = None
@@ -155,17 +159,22 @@ class RingAttention(nn.Cell):
         """The masks to pass after q/k^T/v, in `graded` order."""
         return [self.masks[m][k] for m, k in self.graded]
 
-    def construct(self, *tensors):
+    def __call__(self, *tensors) -> tuple:
+        """Each member's output (the autograd node `_RingNode` over this ring)."""
+        return _RingNode.apply(self, *tensors)
+
+    def forward(self, *tensors) -> tuple:
+        """The forward ring: each member's output; keeps what the backward needs in `saved`."""
         tensors = tensors[:3 * len(self.plan.ranks)]
         q, kt, v = (self._to_chunks(list(tensors[i::3]), dim, "forward") for i, dim in ((0, -2), (1, -1), (2, -2)))
         outs, lse = self._forward(q, kt, v)
         self.saved = _Saved(q, kt, v, lse)
         return tuple(self._from_chunks(outs, -2, "forward"))
 
-    def bprop(self, *args):
-        """MindSpore's custom backward: args are the inputs, the outputs and their gradients."""
-        out, dout = args[-2], args[-1]
-        dout = list(dout) if isinstance(dout, (tuple, list)) else [dout]
+    def backward(self, out: Sequence, dout: Sequence) -> tuple:
+        """The backward ring: from the members' outputs and their gradients, the gradients of
+        the inputs (each member's q, k^T, v, then the graded masks)."""
+        dout = list(dout)
         saved, self.saved = self.saved, None
         delta = [(d * o).sum(-1, keepdims=True) for d, o in zip(dout, out)]
         dout, delta = self._to_chunks(dout, -2, "backward"), self._to_chunks(delta, -2, "backward")
@@ -275,6 +284,21 @@ class RingAttention(nn.Cell):
                 _add_block(self._mask_grads[(member, k)], ds, rows, cols)
             ds = plan.steps[k].grad(ds, mask_block(mask, rows, cols))
         return ops.matmul(ds, kt.swapaxes(-1, -2)), ops.matmul(q.swapaxes(-1, -2), ds), dv
+
+
+class _RingNode(_Function):
+    """A ring attention as one autograd node: `RingAttention.forward` and `.backward`."""
+
+    @staticmethod
+    def forward(ctx, ring, *tensors):  # pylint: disable=arguments-differ
+        out = ring.forward(*tensors)
+        ctx.ring = ring
+        ctx.save_for_backward(*out)
+        return out
+
+    @staticmethod
+    def backward(ctx, *dout):  # pylint: disable=arguments-differ
+        return (None,) + ctx.ring.backward(ctx.saved_tensors, dout)
 
 
 def _tracked(mask) -> bool:

@@ -1,4 +1,5 @@
-"""Activations: ReLU, GELU, SiLU, Tanh, Sigmoid, Softmax, LogSoftmax, LeakyReLU, Identity (modules and functions).
+"""Activations: ReLU, GELU, SiLU, Tanh, Sigmoid, Softmax, LogSoftmax, LeakyReLU, Identity (modules and functions),
+hardsigmoid and hardswish (functions).
 
 mint kernels are used where MindSpore 2.10 has them on CPU (relu, silu, sigmoid, tanh, softmax);
 gelu, log_softmax and leaky_relu go through ops (their mint kernels are missing on CPU).
@@ -117,6 +118,19 @@ def square(self):
 def leaky_relu(self, negative_slope=0.01, inplace=False):
     return call("ops.leaky_relu", self, negative_slope)
 
+
+
+@function("mint.nn.functional.hardsigmoid", aten.hardsigmoid, F.hardsigmoid)
+def hardsigmoid(self, inplace=False):
+    # relu6(x + 3) / 6; values and gradients equal torch's (measured on [-5, 5], the kinks at +-3 included)
+    return call("mint.nn.functional.hardsigmoid", self)
+
+
+@function("mint.nn.functional.hardswish", aten.hardswish, F.hardswish)
+def hardswish(self, inplace=False):
+    # x * relu6(x + 3) / 6 (PP-LCNet, MobileNet-v3); values equal torch's; the gradient too but at exactly x = -3
+    # and 3, the kinks, where MindSpore takes the inner side's slope (-0.5, 1.5) and torch the outer's (0, 1)
+    return call("mint.nn.functional.hardswish", self)
 
 
 @function("mint.neg of ops.softplus of mint.neg", aten.log_sigmoid, F.logsigmoid)

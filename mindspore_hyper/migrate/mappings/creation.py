@@ -1,4 +1,4 @@
-"""Tensor creation: arange, zeros/ones/full (and *_like, new_*), tril/triu.
+"""Tensor creation: arange, zeros/ones/full (and *_like, new_*), eye, tril/triu.
 
 The dtype is always written out, taken from the value torch produced on the example inputs
 (torch and MindSpore infer different defaults, e.g. torch.full with an int fill gives int64).
@@ -90,6 +90,12 @@ function("ops.full", aten.new_full, method("new_full"))(_new("ops.full"))
 # an uninitialised tensor: torch leaves its values unspecified, zeros are one choice of them (programs write it
 # before reading it: the in-place pass turns those writes into scatters)
 function("mint.zeros (torch: uninitialised)", aten.new_empty, method("new_empty"))(_new("mint.zeros"))
+
+
+@function("mint.eye", aten.eye, torch.eye)
+def eye(n, m=None, dtype=None, layout=None, device=None, pin_memory=None, requires_grad=False, *, result):
+    # the identity matrix (Gated DeltaNet's forward substitution under export adds it: `ut + torch.eye(chunk)`)
+    return call("mint.eye", *([n] if m.value is None else [n, m]), dtype=_result_dtype(dtype, result))
 
 
 @function("ops.tril", aten.tril, torch.tril, method("tril"))

@@ -52,14 +52,40 @@ def rsub(self, other, alpha=1):
 
 @function("mint.div", aten.div, aten.true_divide, torch.div, torch.true_divide, method("div"), operator.truediv)
 def div(self, other, rounding_mode=None):
-    if is_python(self, other):
-        return f"({self} / {other})"
     mode = rounding_mode.value
+    if is_python(self, other):
+        if mode == "trunc":  # Python's // floors: the magnitudes' quotient with the sign of the true quotient
+            return f"((abs({self}) // abs({other})) * (1 if ({self} < 0) == ({other} < 0) else -1))"
+        return f"({self} {'//' if mode == 'floor' else '/'} {other})"
     if mode is None:
         return call("mint.div", self, other)
     if mode == "floor":
         return call("ops.floor_divide", self, other)
+    if mode == "trunc":
+        return _trunc_divide(self, other)
     raise Unsupported(f"div(rounding_mode={mode!r}) is not mapped (MindSpore 2.10 has no CPU Trunc kernel)")
+
+
+def _trunc_divide(self, other) -> str:
+    """`div(self, other, rounding_mode="trunc")` without MindSpore's Trunc (no CPU kernel): for integers the
+    quotient of the magnitudes, floored, negated where the operands' signs differ (exact); for floats the true
+    quotient's magnitude floored, with its sign (torch computes trunc(a / b): the same rounded quotient)."""
+    def integer(arg) -> bool:
+        return arg.is_tensor and not arg.dtype.is_floating_point and not arg.dtype.is_complex
+
+    if integer(self) and not other.is_tensor and not other.is_constant:
+        raise Unsupported("div(rounding_mode='trunc') of an integer tensor by a run-time Python number is not mapped")
+    if not (integer(self) and (integer(other) or isinstance(other.value, int))):
+        return f"(lambda q: mint.mul(mint.floor(mint.abs(q)), mint.sign(q)))({call('mint.div', self, other)})"
+    if other.is_tensor:
+        negative = call("mint.logical_xor", call("mint.lt", self, 0), call("mint.lt", other, 0))
+        magnitude = call("ops.floor_divide", call("mint.abs", self), call("mint.abs", other))
+    elif other.value == 0:
+        raise Unsupported("div(rounding_mode='trunc') by the integer 0")
+    else:
+        negative = call("mint.lt" if other.value > 0 else "mint.gt", self, 0)
+        magnitude = call("ops.floor_divide", call("mint.abs", self), abs(other.value))
+    return f"(lambda q: mint.where({negative}, mint.neg(q), q))({magnitude})"
 
 
 @function("ops.floor_divide", aten.floor_divide, torch.floor_divide, method("floor_divide"), operator.floordiv)

@@ -1,4 +1,4 @@
-"""Pooling and flattening: MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Flatten (modules and functions)."""
+"""Pooling and flattening: MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Flatten (modules and functions), avg_pool1d."""
 import torch
 import torch.nn.functional as F
 
@@ -87,6 +87,23 @@ def avg_pool2d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_i
     return call("ops.avg_pool2d", self, kernel, _pair(steps) if steps else kernel,
                 (top_bottom, top_bottom, left_right, left_right), ceil_mode=ceil_mode,
                 count_include_pad=count_include_pad)
+
+
+def _single(v) -> int:
+    """One length from torch's 1-d pooling arguments (an int or a 1-element list)."""
+    return v[0] if isinstance(v, (tuple, list)) else v
+
+
+@function("ops.avg_pool1d", aten.avg_pool1d, F.avg_pool1d)
+def avg_pool1d(self=None, kernel_size=None, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               input=None):
+    # SEW's squeeze pooling (nn.AvgPool1d traced); the same windows, padding and divisor as torch (measured equal,
+    # with ceil_mode and count_include_pad, values and gradients)
+    tensor = self if self is not None and (self.is_tensor or self.value is not None) else input
+    kernel = _single(kernel_size.const("kernel_size"))
+    steps = stride.const("stride") if stride is not None else None
+    return call("ops.avg_pool1d", tensor, kernel, _single(steps) if steps else kernel,
+                _single(padding.const("padding")), ceil_mode, count_include_pad)
 
 
 @function("ops.adaptive_avg_pool2d", aten.adaptive_avg_pool2d, F.adaptive_avg_pool2d)

@@ -88,6 +88,14 @@ def flatten(self, start_dim=0, end_dim=-1):
     return call("mint.flatten", self, start_dim, end_dim)
 
 
+@function("mint.reshape (unflatten)", aten.unflatten, torch.unflatten, method("unflatten"))
+def unflatten(self, dim, sizes):
+    # one dimension split into `sizes` (one of them may be -1), the others kept: a reshape to the sizes before
+    # it, the new ones and the sizes after it, read at run time (Qwen4-Exp's mixing weights)
+    d = dim.const("dim") % self.ndim
+    return call("mint.reshape", self, f"tuple({self}.shape[:{d}]) + tuple({sizes}) + tuple({self}.shape[{d + 1}:])")
+
+
 @function("mint.broadcast_to", aten.expand)
 def expand(self, size, implicit=False):
     return call("mint.broadcast_to", self, sizes([size]))
@@ -357,6 +365,23 @@ def scatter(self, dim, index, src=None, value=None, reduce=None):
     if not source.is_tensor:  # a number: a tensor of it, the index's shape (the op takes a tensor)
         source = call("ops.full", f"{index}.shape", source, dtype=ms_dtype(self.dtype))
     return call("ops.tensor_scatter_elements", self, index, source, axis=dim)
+
+
+@function("ops.unsorted_segment_sum", aten.index_add, torch.index_add, method("index_add"))
+def index_add(self, dim, index, source, alpha=1):
+    # self + the rows of `source` summed into the positions `index` names along `dim` (the rows summed first, then
+    # added to self: torch adds them to self one by one, so a position receiving two or more rows into a nonzero
+    # self may differ by rounding). Not mint.index_add: MindSpore 2.10's CPU kernel also writes its result into
+    # `self` (measured: the input tensor changed).
+    if not self.is_tensor or self.ndim == 0:
+        raise Unsupported("index_add into a 0-dimensional tensor is not mapped")
+    d = dim.const("dim") % self.ndim
+    rows = source if d == 0 else call("mint.transpose", source, 0, d)
+    summed = call("ops.unsorted_segment_sum", rows, index, f"{self}.shape[{d}]")
+    summed = summed if d == 0 else call("mint.transpose", summed, 0, d)
+    if alpha.const("alpha") != 1:
+        summed = call("mint.mul", summed, alpha)
+    return call("mint.add", self, summed)
 
 
 @function("mint.gather", aten.gather, torch.gather, method("gather"))

@@ -20,6 +20,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common import _Function
 
 from mindspore_hyper.comm.collectives import AxisGroup
 from mindspore_hyper.comm.process_collectives import adopt
@@ -54,19 +55,31 @@ class _ZeroSlice:
         return shard[:self.dim] + (slice(begin, begin + size),) + shard[self.dim + 1:]
 
 
-class _ParameterGradient(nn.Cell):
-    """Identity in forward; in backward, the parameter gradient's sum over the group."""
+class _ParameterGradient:
+    """Identity in forward; in backward, the parameter gradient's sum over the group. A call is
+    one node of MindSpore's PyNative autograd graph (`_ParameterGradientNode`, a custom autograd
+    function, not a Cell with a custom `bprop`): both `mindspore.value_and_grad` and `run_backward`
+    (torch-style `loss.backward()`) differentiate it."""
 
     def __init__(self, model: "DistributedModel", slot, group: AxisGroup):
-        super().__init__()
-        # a bound method, not the model Cell: a Cell attribute would rename the model's parameters
         self.sum_gradient, self.slot, self.group = model.sum_parameter_gradient, slot, group
 
-    def construct(self, x):
+    def __call__(self, x: Tensor) -> Tensor:
+        return _ParameterGradientNode.apply(x, self)
+
+
+class _ParameterGradientNode(_Function):
+    """A `_ParameterGradient` as one autograd node."""
+
+    @staticmethod
+    def forward(ctx, x, cell):  # pylint: disable=arguments-differ
+        ctx.cell = cell
         return x
 
-    def bprop(self, x, out, dout):
-        return (self.sum_gradient(self.slot, self.group, dout),)
+    @staticmethod
+    def backward(ctx, dout):  # pylint: disable=arguments-differ
+        cell = ctx.cell
+        return cell.sum_gradient(cell.slot, cell.group, dout), None
 
 
 class DistributedModel(ParallelModel):

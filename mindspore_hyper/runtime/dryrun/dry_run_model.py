@@ -67,6 +67,9 @@ class DryRunModel(ParallelModel):
         self._training = False
         # (training, needs loss, micro-batch, micro-batches, input signature) -> (counters, output)
         self._replays: Dict[tuple, tuple] = {}
+        # False: every forward runs the network (hooks on its Cells see every call: a dry-run
+        # offload, offload/dry_run_offload.py, counts its units' uses from them)
+        self.replay_programs = True
         self._batch_axes = batch_axes(self.strategy)
         collectives = self.execution.collectives
         record = collectives.recorder
@@ -97,7 +100,7 @@ class DryRunModel(ParallelModel):
         microbatch, a recompute) is replayed from its record: the same counters, fresh outputs of
         the same shapes (shape-only programs are deterministic), so a pipeline's cost grows with
         its distinct stage programs, not with its microbatches."""
-        if self.return_dtensor:
+        if self.return_dtensor or not self.replay_programs:
             return super().construct(*inputs)
         # the counters after micro-batch i of an accumulated step include the step's earlier ones
         key = (self.records_gradients(), self._needs_loss, self._micro_batch, self._accumulation_steps,

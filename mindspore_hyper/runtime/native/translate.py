@@ -14,7 +14,8 @@
    with `hsdp()`, `pipeline()` and `dataset_strategy()`.
 
 MindSpore compiles this only on Ascend/GPU; on CPU only the attributes can be inspected
-(MindSpore refuses "Invalid backend: CPU"). Native mode never ran here.
+(MindSpore refuses "Invalid backend: CPU"), and calling the step raises (`cpu_refusal.py`: in one
+process it would run on one device). Native mode never ran here.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from mindspore_hyper.runtime.native.checks import check_in_strategy
+from mindspore_hyper.runtime.native.cpu_refusal import native_step_type
 from mindspore_hyper.runtime.native.observe import Observation, observe_primitives
 from mindspore_hyper.shard.layout import NONE_ALIAS, Layout
 from mindspore_hyper.shard.tensor_layout import TensorLayout
@@ -105,7 +107,7 @@ def apply_native(model, table: StrategyTable, example_inputs: Optional[Sequence]
         parallel_mode: AutoParallel mode, "semi_auto" by default.
 
     Returns:
-        `AutoParallel` wrapping the training step (`train_one_step(*batch) -> loss`), with
+        `AutoParallel` (a subclass that refuses to run on CPU: `cpu_refusal.py`) wrapping the training step (`train_one_step(*batch) -> loss`), with
         `hyper_native_plan` (a NativePlan), `hyper_strategy_table`, `hyper_network` (the Cell
         the step differentiates) and `hyper_optimizer` attributes.
 
@@ -115,7 +117,6 @@ def apply_native(model, table: StrategyTable, example_inputs: Optional[Sequence]
             in-strategy MindSpore would refuse (rank, divisibility, device count, Layout).
     """
     from mindspore import nn
-    from mindspore.parallel.auto_parallel import AutoParallel
 
     if table.strategy.context is not None:
         from mindspore_hyper.runtime.native.context_parallel import refusal
@@ -150,7 +151,7 @@ def apply_native(model, table: StrategyTable, example_inputs: Optional[Sequence]
     hsdp_axis = table.strategy.optimizer_state
     step = network if optimizer is None else _train_one_step(network, optimizer, table.pipeline_stages > 1,
                                                                hsdp_axis is not None)
-    net = AutoParallel(step, parallel_mode)
+    net = native_step_type()(step, parallel_mode)
     if table.pipeline_stages > 1:
         net.pipeline(stages=table.pipeline_stages, scheduler=pipeline_scheduler)
         plan.pipeline_stages = table.pipeline_stages

@@ -10,6 +10,7 @@ from typing import Set, Tuple
 
 from mindspore import Tensor, nn, ops
 
+from mindspore_hyper import bfloat16_emulation
 from mindspore_hyper.comm.collectives import AxisGroup, on_gradient
 from mindspore_hyper.runtime.gradient_sync import zero_along
 from mindspore_hyper.runtime.parallel_model import ParallelModel
@@ -58,7 +59,7 @@ class SimulatedModel(ParallelModel):
             if sync.claim(pid, group):
                 sync.parameter_sum(row.param_bytes, group, zero, slot.param.name)
 
-        out = _IDENTITY(shard)
+        out = bfloat16_emulation.identity(_IDENTITY, shard)  # a bfloat16 Identity: on a float32 copy
         return out if on_gradient(out, hook) else shard
 
 

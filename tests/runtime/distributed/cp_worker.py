@@ -2,11 +2,13 @@
 data x cp mesh of processes, and the same model on one device in the same process; writes per
 rank and case what the test compares (forward output, first-step gradients, losses and parameters
 after 5 momentum steps, relative errors) and what the ring did (blocks computed per pass, timed
-asynchronous shifts per pass, the cp traffic recorded).
+asynchronous shifts per pass, the cp traffic recorded) and how far `loss.backward()`'s gradients are
+from `value_and_grad`'s.
 
-Usage (under msrun): cp_worker.py OUT_DIR DATA CP CASE [CASE ...], a CASE being
-"<model>-<method>": model gpt (the examples' GPT, causal mask) or encoder (a
-TransformerEncoderLayer classifier, padding mask), method ring or ulysses.
+Usage (under msrun): cp_worker.py OUT_DIR CASE [CASE ...], a CASE being
+"<model>-<method>@<data>x<cp>": model gpt (the examples' GPT, causal mask) or encoder (a
+TransformerEncoderLayer classifier, padding mask), method ring or ulysses, on the mesh data x cp
+of the job's processes (one job runs the cases of several meshes of its size, one after another).
 """
 from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
 
@@ -27,6 +29,9 @@ ms.set_context(mode=ms.PYNATIVE_MODE)
 import mindspore_hyper as mh  # noqa: E402
 from mindspore_hyper import Layout, auto_parallelize  # noqa: E402
 from mindspore_hyper.dtensor.context_parallel.ring_core import RingAttention  # noqa: E402
+from mindspore_hyper.hyper_parallel.autograd_compat import (  # noqa: E402
+    disable_mindspore_backward_compat, enable_mindspore_backward_compat,
+)
 from models import GPT  # noqa: E402
 from sim_models import Classifier  # noqa: E402
 
@@ -59,8 +64,25 @@ def relative_error(got, want) -> float:
     return float(np.abs(np.asarray(got) - np.asarray(want)).max() / max(np.abs(np.asarray(want)).max(), 1e-30))
 
 
-def main(out_dir: str, data: int, cp: int, case: str) -> None:
-    model_name, method = case.split("-")
+def backward_error(par, params, batch) -> float:
+    """`loss.backward()` (`enable_mindspore_backward_compat`, MindFormers' Trainer) through the
+    attention (ring or Ulysses), the collectives and the parameter gradient sums vs
+    `value_and_grad` on the same parameters and batch: the largest relative difference of a
+    parameter's gradient."""
+    inputs, labels = batch
+    _, grads = ms.value_and_grad(par, None, params)(*inputs, *labels)
+    enable_mindspore_backward_compat()
+    try:
+        par(*inputs, *labels).backward()
+        return max(relative_error(p.grad.asnumpy(), g.asnumpy()) for p, g in zip(params, grads))
+    finally:
+        disable_mindspore_backward_compat()
+
+
+def main(out_dir: str, case: str) -> None:
+    name, _, mesh = case.partition("@")
+    model_name, method = name.split("-")
+    data, cp = (int(v) for v in mesh.split("x"))
     ref, model = build(model_name), build(model_name)
     data_batches = batches(model_name, data)
     strategy = Layout((data, cp), ("data", "cp"))(tensor_map=(), context_parallel="cp", context_method=method)
@@ -99,6 +121,7 @@ def main(out_dir: str, data: int, cp: int, case: str) -> None:
             out["timed_bytes"] = {phase: sum(t.nbytes for t in timings if t.phase == phase)
                                   for phase in ("forward", "backward")}
     RingAttention.__init__ = made
+    out["backward_error"] = backward_error(par, model.trainable_params(), data_batches[0])
     out["param_error"] = max(relative_error(p.asnumpy(), r.asnumpy())
                              for p, r in zip(model.trainable_params(), ref.trainable_params()))
     with open(os.path.join(out_dir, f"{case}-rank{out['rank']}.json"), "w") as f:
@@ -107,5 +130,5 @@ def main(out_dir: str, data: int, cp: int, case: str) -> None:
 
 if __name__ == "__main__":
     mh.set_context(mode="distributed", comm_timeout=60.0)
-    for name in sys.argv[4:]:
-        main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), name)
+    for name in sys.argv[2:]:
+        main(sys.argv[1], name)

@@ -6,7 +6,8 @@ Usage (under msrun): dist_worker.py OUT_DIR CASE [CASE ...], a CASE being
 "<data>x<tensor>[+zero]" (e.g. 2x2+zero) or "fail@<rank>" (that rank raises after one step,
 prints the error and leaves with status 0 without closing anything, as a crashed process would:
 msrun kills every worker as soon as one exits non-zero, which would race the survivors' own report;
-so the survivors must notice the dead peer by themselves, and their failure is the job's).
+so the survivors must notice the dead peer by themselves, and their failure is the job's), or
+"options" (train_options_worker.py's case: clipping, accumulation and loss scaling on 2 x 2).
 """
 from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
 
@@ -48,6 +49,10 @@ def batches(n):
 def run_case(case: str):
     if case.startswith("fail@"):
         run_failing(int(case[5:]), sys.argv[1])  # exits the process
+    if case == "options":  # test_train_options_msrun.py's case, in the same launch (conftest.py)
+        from train_options_worker import run_case as run_options
+
+        return run_options(case)
     dims, _, extra = case.partition("+")
     data, tensor = (int(v) for v in dims.split("x"))
     ms.set_seed(1)

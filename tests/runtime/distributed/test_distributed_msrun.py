@@ -96,8 +96,9 @@ def check_causes_like_simulation(result: dict, simulated: dict) -> None:
 
 
 @pytest.mark.msrun
-def test_gpt_data_x_tensor_with_and_without_zero1_on_4_processes(tmp_path):
-    results = run(tmp_path, 4, ["2x2", "2x2+zero"])
+def test_gpt_data_x_tensor_with_and_without_zero1_on_4_processes(dist_4_processes):
+    """The job is shared with test_train_options_msrun.py (conftest.py's `dist_4_processes`)."""
+    results = dist_4_processes
     simulated, simulated_zero = simulated_step(2, 2), simulated_step(2, 2, zero=True)
     causes = [c for kinds in simulated["comm_causes"].values() for axes in kinds.values() for row in axes.values()
               for c in row]

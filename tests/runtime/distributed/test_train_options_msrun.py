@@ -2,25 +2,19 @@
 the global norm counts each shard once (equal on every process, equal to the single-device norm),
 the accumulated, clipped, scaled step equals the single-device loop with ops.clip_by_global_norm,
 MindSpore's own clipping on a process's shards sees a wrong (smaller) norm, and the report has the
-norm's scalar all-reduce ("clip grad norm")."""
-import json
-import os
-
+norm's scalar all-reduce ("clip grad norm"). The case (train_options_worker.py) runs in the 4-process
+job of test_distributed_msrun.py (conftest.py's `dist_4_processes`)."""
 import numpy as np
 import pytest
 
-from msrun_helpers import run_msrun, worker_logs
 from tolerances import training_rtol
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_options_worker.py")
 REDUCTION = 32  # the DenseNorm model's longest reduction (its hidden width; the batch is 16)
 
 
 @pytest.mark.msrun
-def test_clipping_accumulation_and_loss_scale_on_4_processes(tmp_path):
-    proc = run_msrun(WORKER, [tmp_path, "options"], 4, tmp_path / "logs", 600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(tmp_path / "logs", 4)
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text())["options"] for r in range(4)]
+def test_clipping_accumulation_and_loss_scale_on_4_processes(dist_4_processes):
+    results = [rank["options"] for rank in dist_4_processes]
     rtol = training_rtol(REDUCTION, 2)
     for res in results:
         assert res["norms"] == results[0]["norms"]  # every process agrees on the norm

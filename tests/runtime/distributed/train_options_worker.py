@@ -2,7 +2,8 @@
 2 x 2 (data x tensor) mesh with ZeRO-1 by train_step(max_grad_norm, accumulation_steps, loss_scale),
 against the single-device loop with ops.clip_by_global_norm on the whole batch.
 
-Usage (under msrun, 4 workers): train_options_worker.py OUT_DIR options
+Usage (under msrun, 4 workers): train_options_worker.py OUT_DIR options; the tests run the case
+through dist_worker.py, in its 4-process job (conftest.py).
 """
 from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
 

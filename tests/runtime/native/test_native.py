@@ -329,6 +329,22 @@ def test_native_never_compiles_on_cpu_here():
                                                            "fc.bias_add", "proj.matmul"}
 
 
+def test_the_step_refuses_to_run_on_cpu():
+    """Issue 42: on CPU the step ran the whole model on one device without a word (MindSpore skips
+    every shard() in one PyNative process); its call is refused, naming what runs the strategy here,
+    before anything is computed, and the translation stays readable."""
+    net = Net()
+    step = native(net, tp_strategy(), optimizer=nn.SGD(net.trainable_params(), 1e-2))
+    before = [p.asnumpy().copy() for p in net.trainable_params()]
+    with pytest.raises(RuntimeError, match=r"native mode does not run on CPU.*not on the strategy's 8\. On CPU use "
+                                           r"mh\.set_context\(mode='simulation', device_num=8\).*mode='distributed' "
+                                           r"under msrun.*--worker_num=8"):
+        step(IDS)
+    for old, p in zip(before, net.trainable_params()):
+        np.testing.assert_array_equal(p.asnumpy(), old)  # no update ran
+    assert isinstance(step, AutoParallel) and step.hyper_native_plan.primitive_layouts
+
+
 def test_optimizer_offload_is_reported_not_translated():
     cfg = {"parallel_config": {"device_matrix": [2, 4], "alias_names": ["data", "tensor"],
                                "optimizer": {"sharding": True, "offload": True}}}

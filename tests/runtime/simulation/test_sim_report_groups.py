@@ -32,3 +32,15 @@ def test_many_devices_are_summarised_per_group(clean_context, tmp_path):
     assert len(text.splitlines()) < 32
     report.plot(str(tmp_path / "r.png"))
     assert (tmp_path / "r.png").stat().st_size > 0
+
+
+def test_few_equal_devices_are_one_row(clean_context):
+    """Issue 42: grouping began above 16 devices, so 4 equal devices printed 4 equal rows."""
+    mh.set_context(device_num=4)
+    model = nn.SequentialCell([nn.Dense(16, 32), nn.ReLU(), nn.Dense(32, 16)])
+    sim = simulate(model, Layout((4,), ("data",))(tensor_map=()))
+    sim(Tensor(np.ones((8, 16), np.float32))).sum()
+    report = sim.report()
+    assert [label for label, _ in report.memory_groups()] == ["0-3 (4)"]
+    rows = [line for line in str(report).splitlines() if line.lstrip().startswith("0-3 (4)")]
+    assert len(rows) == 1 and not any(line.lstrip().startswith(("1 ", "2 ", "3 ")) for line in str(report).splitlines())
