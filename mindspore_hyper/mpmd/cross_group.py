@@ -21,6 +21,7 @@ from mindspore.common import _Function
 
 from mindspore_hyper.comm import CommError
 from mindspore_hyper.comm.channel_pool import ChannelPool, channel_pool
+from mindspore_hyper.comm.gradient_identity import identity_with_gradient
 from mindspore_hyper.comm.p2p import P2PChannel
 from mindspore_hyper.runtime.distributed.world import world
 
@@ -117,25 +118,11 @@ def _tensor(a: np.ndarray, like: Tensor) -> Tensor:
 class _Identity:
     """Identity on a tensor whose backward does something besides passing the gradient on
     (`backward(dout)` -> the input's gradient). A call is one node of MindSpore's PyNative
-    autograd graph (`_IdentityNode`, a custom autograd function, not a Cell with a custom
-    `bprop`): both `mindspore.value_and_grad` and `run_backward` (torch-style `loss.backward()`)
-    differentiate it."""
+    autograd graph (`comm/gradient_identity.py`), which both `mindspore.value_and_grad` and
+    `run_backward` (torch-style `loss.backward()`) differentiate."""
 
     def __call__(self, x: Tensor) -> Tensor:
-        return _IdentityNode.apply(x, self)
-
-
-class _IdentityNode(_Function):
-    """An `_Identity` as one autograd node."""
-
-    @staticmethod
-    def forward(ctx, x, identity):  # pylint: disable=arguments-differ
-        ctx.identity = identity
-        return x
-
-    @staticmethod
-    def backward(ctx, dout):  # pylint: disable=arguments-differ
-        return ctx.identity.backward(dout), None
+        return identity_with_gradient(x, self.backward)
 
 
 class SendInputGradient(_Identity):

@@ -20,9 +20,9 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
-from mindspore.common import _Function
 
 from mindspore_hyper.comm.collectives import AxisGroup
+from mindspore_hyper.comm.gradient_identity import identity_with_gradient
 from mindspore_hyper.comm.process_collectives import adopt
 from mindspore_hyper.runtime.gradient_sync import member_group
 from mindspore_hyper.runtime.parallel_model import ParallelModel
@@ -57,7 +57,7 @@ class _ZeroSlice:
 
 class _ParameterGradient:
     """Identity in forward; in backward, the parameter gradient's sum over the group. A call is
-    one node of MindSpore's PyNative autograd graph (`_ParameterGradientNode`, a custom autograd
+    one node of MindSpore's PyNative autograd graph (`comm/gradient_identity.py`, a custom autograd
     function, not a Cell with a custom `bprop`): both `mindspore.value_and_grad` and `run_backward`
     (torch-style `loss.backward()`) differentiate it."""
 
@@ -65,21 +65,7 @@ class _ParameterGradient:
         self.sum_gradient, self.slot, self.group = model.sum_parameter_gradient, slot, group
 
     def __call__(self, x: Tensor) -> Tensor:
-        return _ParameterGradientNode.apply(x, self)
-
-
-class _ParameterGradientNode(_Function):
-    """A `_ParameterGradient` as one autograd node."""
-
-    @staticmethod
-    def forward(ctx, x, cell):  # pylint: disable=arguments-differ
-        ctx.cell = cell
-        return x
-
-    @staticmethod
-    def backward(ctx, dout):  # pylint: disable=arguments-differ
-        cell = ctx.cell
-        return cell.sum_gradient(cell.slot, cell.group, dout), None
+        return identity_with_gradient(x, lambda dout: self.sum_gradient(self.slot, self.group, dout))
 
 
 class DistributedModel(ParallelModel):

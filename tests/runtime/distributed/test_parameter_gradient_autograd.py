@@ -6,13 +6,11 @@ which could not run its former custom-bprop Cell.
 One process, one member of a data-parallel group of 2 whose other member's contribution equals
 this one's (a mirror model: the sum is twice the contribution)."""
 import numpy as np
-import mindspore as ms
-from mindspore import Parameter, Tensor, ops
-from mindspore._c_expression import run_backward
-from mindspore.graph.api import _pynative_executor
+from mindspore import Parameter, Tensor
 
 from mindspore_hyper.comm.collectives import AxisGroup
 from mindspore_hyper.runtime.distributed.distributed_model import _ParameterGradient
+from autograd_paths import both_ways
 
 X = np.random.default_rng(7).standard_normal((3, 4)).astype(np.float32)
 C = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
@@ -39,17 +37,10 @@ def test_value_and_grad_and_run_backward_sum_the_gradient_over_the_group():
         np.testing.assert_array_equal(shard.asnumpy(), w.asnumpy())  # identity forward
         return (shard * Tensor(X) * Tensor(C)).sum()
 
-    _, (grad,) = ms.value_and_grad(loss, None, [w])()
     want = 2 * (X * C)  # the contribution x * c (one float32 product, as numpy's) summed over 2 equal members
-    np.testing.assert_array_equal(grad.asnumpy(), want)
-    _pynative_executor.set_grad_flag(True)  # what enable_mindspore_backward_compat() turns on
-    try:
-        total = loss()
-        run_backward((total,), (ops.ones_like(total),), False, False, (), allow_unreachable=True,
-                     accumulate_grad=True)
-    finally:
-        _pynative_executor.set_grad_flag(False)
-    np.testing.assert_array_equal(w._grad.asnumpy(), want)
+    (by_value_and_grad,), (by_run_backward,) = both_ways(loss, [w])
+    np.testing.assert_array_equal(by_value_and_grad, want)
+    np.testing.assert_array_equal(by_run_backward, want)
     assert [(slot, g) for slot, g, _ in model.calls] == [("slot of w", group)] * 2  # once per backward
     for _, _, dout in model.calls:
         np.testing.assert_array_equal(dout, X * C)
