@@ -5,6 +5,8 @@ divided by the same step on a single device, beside the same ratio of the peer
 
     python benchmarks/bench_sim_overhead.py                 # 4 layers, hidden 768, seq 256, batch 8, 3 runs
     python benchmarks/bench_sim_overhead.py --hidden 256 --seq 64 --runs 1 --json out.json   # quicker
+    python benchmarks/bench_sim_overhead.py --hidden 256 --heads 4 --seq 64 --layers 2 --vocab 256 --profile
+        # Python function calls per step of both steps under cProfile (a count: comparable under load)
 
 Like with like:
   * one set of initial weights (gpt_args.initial_weights, numpy) loaded into the MindSpore
@@ -146,6 +148,59 @@ def ours(args) -> dict:
     return result
 
 
+def profile_steps(args) -> None:
+    """--profile: the single-device and the simulated step in this process under cProfile (after
+    one warm-up step each): Python function calls per step (a count, the same on a loaded machine:
+    the measure to compare code by), ops dispatched per simulated step, the time per step under
+    the profiler (inflated by it) and the functions with the most own time."""
+    import cProfile
+    import pstats
+
+    import mindspore as ms
+    from mindspore import Tensor, nn
+
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import mindspore_hyper as mh
+    from gpt_args import initial_weights, load_mindspore_weights, token_batch
+    from models import GPT
+
+    ms.runtime.launch_blocking()
+    ms.set_seed(0)
+    mh.set_context(mode="simulation", device_num=DEVICES)
+    cfg = cfg_of(args)
+    weights = initial_weights(**cfg)
+    batch = tuple(Tensor(a) for a in token_batch(args.vocab, args.batch, args.seq))
+    print(f"--profile: GPT {cfg}, batch {args.batch}; {args.repeat} profiled steps per side after 1 warm-up; "
+          f"1-min load average {load_average():.2f}")
+    dispatcher = os.path.join("dtensor", "dispatch.py")
+    for name in ("single device", "simulated"):
+        model = GPT(**cfg)
+        load_mindspore_weights(model, weights)
+        net = mh.auto_parallelize(model, strategy()) if name == "simulated" else model
+        optimizer = nn.AdamWeightDecay(model.trainable_params(), learning_rate=1e-4)
+        step = ms.value_and_grad(net, None, optimizer.parameters)
+
+        def one():
+            loss, grads = step(*batch)
+            optimizer(grads)
+            return float(loss.asnumpy())
+
+        one()
+        profiler = cProfile.Profile()
+        start = time.perf_counter()
+        profiler.enable()
+        for _ in range(args.repeat):
+            one()
+        profiler.disable()
+        seconds = (time.perf_counter() - start) / args.repeat
+        stats = pstats.Stats(profiler)
+        ops = sum(entry[1] for (path, _, func), entry in stats.stats.items()
+                  if path.endswith(dispatcher) and func == "dispatch") / args.repeat
+        print(f"\n{name}: {stats.total_calls / args.repeat:,.0f} Python function calls per step"
+              + (f", {ops:.0f} ops dispatched" if ops else "") + f"; {seconds:.3f} s per step under the profiler")
+        stats.sort_stats("tottime").print_stats(args.profile_top)
+
+
 def cfg_of(args) -> dict:
     return dict(vocab=args.vocab, hidden=args.hidden, heads=args.heads, layers=args.layers, seq=args.seq)
 
@@ -245,12 +300,27 @@ def print_summary(s: dict, runs, args) -> None:
 
 def main():
     parser = gpt_argument_parser(__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3, help="runs, in alternating order (default 3)")
+    parser.add_argument("--runs", type=int, default=None, help="runs, in alternating order (default 3)")
     parser.add_argument("--json", metavar="PATH", help="also write all figures as JSON to PATH")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead: both MindSpore steps under cProfile in this process (calls per step, "
+                             "top functions)")
+    parser.add_argument("--profile-top", type=int, default=25, metavar="N", help="functions listed by --profile")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch LocalTensor peer")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one MindSpore side, --json
     parser.add_argument("--sim-first", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.profile:
+        if args.runs is not None or args.json or args.worker or args.no_torch:
+            parser.error("--profile runs the MindSpore side once in this process: it takes no --runs, --json or "
+                         "--no-torch")
+        if args.profile_top < 0:
+            parser.error(f"--profile-top: expected a number of functions >= 0, got {args.profile_top}")
+        if args.repeat < 1:
+            parser.error(f"--repeat: expected at least 1 profiled step, got {args.repeat}")
+        return profile_steps(args)
+    if args.runs is None:
+        args.runs = 3
     if args.runs < 1:
         parser.error(f"--runs: expected a positive number of runs, got {args.runs}")
     if args.worker:

@@ -14,21 +14,29 @@ A kernel gets bfloat16 when a Cell with MindSpore's mixed-precision type BF16 (`
 O2/O3) is running (MindSpore's kernel launch casts every float input to it: the float32 weights
 too) or, outside mixed-precision Cells, when an input is bfloat16. MindSpore keeps the running
 Cells' types on a stack in C++ without a getter; `install()` mirrors it from the calls that
-push and pop it (`_pynative_executor.set_mixed_precision_type`, called by `Cell.__call__` only).
-A forward that raises leaves the mirror, and sometimes MindSpore's stack, with the types pushed
-(`reset_cell_types`): where the mirror holds a type, one or two one-element Adds ask MindSpore
-which type casts now (only for a table op with the flag on). The emulation casts the float inputs
-to bfloat16 where the Cell's type would, then runs the op with the type FP32 pushed, so the kernel
-launch casts them (and the float32 weights) to float32.
+push and pop it (`_pynative_executor.set_mixed_precision_type`, called by `Cell.__call__` only),
+and pops the types of Cells whose forward raised (MindSpore pops a Cell's type only when its
+forward returns: `_call_restoring_type`). Where the mirror holds a type, one or two one-element
+Adds ask MindSpore which type casts now (only for a listed op with the flag on). The emulation
+casts the float inputs to bfloat16 where the Cell's type would, then runs the op with the type
+FP32 pushed, so the kernel launch casts them (and the float32 weights) to float32.
+
+Beyond the table: a broadcasting Add, Sub, Mul or Div on bfloat16 (`BROADCAST_GRADIENT_OPS`: its
+forward kernel exists, its MindSpore backward sums the gradient with a ReduceSum that has none)
+runs on float32 copies too, bitwise equal to the bfloat16 kernel forward; random ops draw as the
+float32 run does (`emulated_kernel`; Dropout in `dtensor/random.py`: the float32 mask, the scale
+rounded once).
 
 The package's own kernels follow: its gradient anchors (Identity) are emulated like the
 dispatcher's ops (`identity`), bfloat16 shards are neither batched nor moved stacked (Stack and
 Tile have no bfloat16 kernel), and stacked float32 shards are cut out `outside_cells`.
 
-Not emulated: ops that never reach the dispatcher (on plain tensors, or in MindSpore's backward:
-a broadcasting bfloat16 Add or Mul sums its gradient with ReduceSum, which has no bfloat16 CPU
-kernel either), random ops (Dropout's draw) and the context-parallel attention path. They fail
-as on one device.
+Not emulated: ops that never reach the dispatcher: on plain tensors (a plain single-device Cell:
+the package sees none of its ops, so a bfloat16 model there fails as MindSpore fails; run it as a
+one-device simulation, `Layout((1,), ("data",))`, to get the emulation), and MindSpore's backward
+kernels of ops the dispatcher ran with MindSpore's own bfloat16 kernel. Ring attention runs its own
+kernels on the shards: it is emulated as one fused kernel, float32 inside, its output rounded once
+(`dtensor/context_parallel/ring.py`); Ulysses runs by the dispatcher's rules, emulated op by op.
 """
 from __future__ import annotations
 
@@ -37,14 +45,15 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor, ops
+from mindspore import Tensor, nn, ops
 from mindspore._c_expression import MixedPrecisionType
 from mindspore.graph.api import _no_grad, _pynative_executor
 
 from mindspore_hyper.context import get_context
 
-__all__ = ["NO_BFLOAT16_CPU_KERNEL", "FLAG", "install", "reset_cell_types", "touches_bfloat16", "outside_cells",
-           "emulation", "run_in_float32", "identity", "refusal_hint"]
+__all__ = ["NO_BFLOAT16_CPU_KERNEL", "BROADCAST_GRADIENT_OPS", "EMULATED", "FLAG", "install", "touches_bfloat16",
+           "outside_cells", "float32_kernels", "emulation", "emulated_kernel", "bfloat16_kernel", "run_in_float32",
+           "identity", "refusal_hint"]
 
 FLAG = "cpu_bfloat16"  # the context flag: "mindspore" (MindSpore's kernels, as is) or "emulate"
 
@@ -68,11 +77,20 @@ NO_BFLOAT16_CPU_KERNEL = frozenset((
     "SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits",
 ))
 
+# Ops with bfloat16 CPU kernels whose MindSpore backward, when the operands' shapes differ (a
+# broadcast: a bias add, a scale), sums the gradient over the broadcast dimensions with ReduceSum,
+# which has no bfloat16 CPU kernel: emulated only then (`emulation`). Their forward on float32
+# copies rounded once equals the bfloat16 kernel's (float32's 24 bits >= 2 * 8 + 2: rounding twice
+# is innocuous for +, -, *, /), and the backward reduces in float32, rounded once.
+BROADCAST_GRADIENT_OPS = frozenset(("Add", "AddExt", "Sub", "SubExt", "Mul", "Div", "RealDiv"))
+EMULATED = NO_BFLOAT16_CPU_KERNEL | BROADCAST_GRADIENT_OPS  # what `emulation` may emulate (one set lookup)
+
 _FLOATS = (ms.float16, ms.float32, ms.float64)
 _BF16 = ms.bfloat16  # MindSpore's dtypes are singletons: `is` (50 ns) where `==` costs about 2 us
 _STACK: List[Any] = []  # the mixed-precision types of the running Cells, innermost last
 _PROBES: Dict[Any, Tensor] = {}  # dtype -> a one-element tensor (`_cell_cast`)
 _ORIGINAL = _pynative_executor.set_mixed_precision_type
+_ORIGINAL_CALL = nn.Cell._complex_call
 
 
 def _tracked(mixed_precision_type, is_push: bool = True):
@@ -85,9 +103,48 @@ def _tracked(mixed_precision_type, is_push: bool = True):
     return result
 
 
+def _call_restoring_type(cell: nn.Cell, *args, **kwargs):
+    """MindSpore's `Cell._complex_call` (the call of a Cell with a mixed-precision type), which pops
+    the type it pushed only when the forward returns: where the forward raises, the types pushed
+    since (this Cell's and its children's) are popped here before the error goes on, so later
+    kernels are not cast by a Cell no longer running (`_unwind`)."""
+    if cell.mixed_precision_type is None:
+        return _ORIGINAL_CALL(cell, *args, **kwargs)
+    depth = len(_STACK)
+    try:
+        return _ORIGINAL_CALL(cell, *args, **kwargs)
+    except BaseException:
+        if len(_STACK) > depth:
+            _unwind(depth)
+        raise
+
+
+_CAST_OF = {MixedPrecisionType.BF16: ms.bfloat16, MixedPrecisionType.FP16: ms.float16,
+            MixedPrecisionType.FP32: ms.float32}  # the dtype each Cell type casts kernel inputs to
+
+
+def _unwind(depth: int) -> None:
+    """Pop the types above `depth` of the mirror from MindSpore's stack, each only while MindSpore
+    still casts by it: a grad function that failed inside the forward resets MindSpore's stack as
+    a whole, and a pop of an empty stack leaves MindSpore casting by whatever lies past it (float16
+    when checked), so where MindSpore no longer casts by the mirror's type the mirror is cut
+    instead. An asynchronous kernel failure is synchronised first (the probes would raise it)."""
+    try:
+        _pynative_executor.sync()
+    except Exception:  # pylint: disable=broad-except  # the failure being raised: the caller's
+        pass
+    while len(_STACK) > depth:
+        if _cell_cast() is not _CAST_OF.get(_STACK[-1]):
+            del _STACK[depth:]
+            return
+        _pynative_executor.set_mixed_precision_type(MixedPrecisionType.NOTSET, False)
+
+
 def install() -> None:
-    """Mirror the running Cells' mixed-precision types (idempotent)."""
+    """Mirror the running Cells' mixed-precision types, and restore them where a Cell's forward
+    raises (`_call_restoring_type`); idempotent."""
     _pynative_executor.set_mixed_precision_type = _tracked
+    nn.Cell._complex_call = _call_restoring_type
 
 
 def _probe(dtype):
@@ -100,8 +157,8 @@ def _probe(dtype):
 
 def _cell_cast():
     """The dtype a running Cell's mixed-precision type casts kernel inputs to (bfloat16, float16,
-    float32), or None outside such Cells. The mirror says whether one may run; MindSpore drops or
-    keeps a type pushed by a Cell whose forward raised, so where it may, one or two one-element
+    float32), or None outside such Cells. The mirror says whether one may run; MindSpore may have
+    reset its stack since (a grad function that failed), so where one may, one or two one-element
     Adds say which: a bfloat16 Add gives float32 or float16 under those types, bfloat16 under
     BF16 or none; then a float32 Add gives bfloat16 under BF16 only."""
     if not _STACK:
@@ -110,18 +167,6 @@ def _cell_cast():
     if got is not _BF16:
         return got
     return _BF16 if _probe(ms.float32) is _BF16 else None
-
-
-def reset_cell_types() -> bool:
-    """After a forward raised inside Cells with mixed-precision types (MindSpore's `Cell.__call__`
-    pops its type only when the forward returns), stop the type that may be left from casting
-    later kernels: the type NOTSET is pushed over it (MindSpore's stack has no safe way to be
-    emptied) and the mirror forgotten. Returns whether a type was still casting."""
-    active = _cell_cast() is not None
-    if active:
-        _ORIGINAL(MixedPrecisionType.NOTSET, True)
-    _STACK.clear()
-    return active
 
 
 def touches_bfloat16(dtypes: Iterable[Any]) -> bool:
@@ -144,37 +189,73 @@ def outside_cells():
         _pynative_executor.set_mixed_precision_type(MixedPrecisionType.NOTSET, False)
 
 
-def emulation(name: str, dtypes: Iterable[Any]) -> Optional[str]:
-    """How op `name` with inputs of `dtypes` runs: None (MindSpore's kernel, as is), or emulated
-    when it is in `NO_BFLOAT16_CPU_KERNEL`, its kernel would get bfloat16 (module docstring) and
-    the flag says "emulate" (read here, so a flag set at any time acts at the next op): "cell"
-    (a BF16 Cell runs: its cast of the float inputs comes first) or "inputs" (bfloat16 inputs).
-    For any other op one set lookup; for a table op outside mixed-precision Cells one dtype test
-    per input.
+def emulation(name: str, dtypes: Sequence[Any], shapes: Iterable[Sequence[int]] = ()) -> Optional[str]:
+    """How op `name` with inputs of `dtypes` (tensor operands' shapes `shapes`) runs: None
+    (MindSpore's kernel, as is), or emulated (`bfloat16_kernel`'s "cell" or "inputs") when the op is
+    in `NO_BFLOAT16_CPU_KERNEL`, or in `BROADCAST_GRADIENT_OPS` with operands of different shapes
+    (all of its float operands bfloat16, or a BF16 Cell's cast), and its kernel would get bfloat16
+    with the flag on. For any other op one set lookup; for a listed op outside mixed-precision
+    Cells one dtype test per input.
 
     Raises:
         ValueError: the flag says "emulate" and MindSpore targets a device other than the CPU
             (whose kernels take bfloat16: nothing to emulate).
     """
-    if name not in NO_BFLOAT16_CPU_KERNEL:
+    if name not in EMULATED or not _STACK and not any(d is _BF16 for d in dtypes):
         return None
-    bf16_input = any(d is _BF16 for d in dtypes)
-    if not _STACK and not bf16_input:
+    broadcast_op = name in BROADCAST_GRADIENT_OPS
+    if broadcast_op and len({tuple(s) for s in shapes}) < 2:
+        return None  # no broadcast: MindSpore's bfloat16 kernels, forward and backward
+    mode = emulated_kernel(dtypes)
+    if broadcast_op and mode == "inputs" and any(d in _FLOATS for d in dtypes):
+        return None  # with a wider float MindSpore promotes (casts first): its kernels are float32
+    return mode
+
+
+def emulated_kernel(dtypes: Sequence[Any]) -> Optional[str]:
+    """`bfloat16_kernel(dtypes)` where the flag says "emulate", else None: how any op on inputs of
+    `dtypes` is emulated (random ops use it: the float32 run's draw, rounded).
+
+    Raises:
+        ValueError: the flag says "emulate" and MindSpore targets a device other than the CPU.
+    """
+    if not _STACK and not any(d is _BF16 for d in dtypes):
         return None
     if get_context(FLAG) != "emulate":
         return None
-    cast = _cell_cast()
-    if cast is _BF16:
-        mode = "cell"
-    elif cast is None and bf16_input:
-        mode = "inputs"
-    else:
-        return None  # a Cell's type float32 or float16: the kernel gets that
+    mode = bfloat16_kernel(dtypes)
+    if mode is None:
+        return None
     target = ms.get_context("device_target")
     if target != "CPU":
         raise ValueError(f"{FLAG}='emulate': emulates the bfloat16 kernels MindSpore's CPU backend lacks; the "
                          f"device target is {target!r}, whose kernels take bfloat16: set {FLAG}='mindspore'")
     return mode
+
+
+def bfloat16_kernel(dtypes: Sequence[Any]) -> Optional[str]:
+    """Whether a kernel on inputs of `dtypes` gets bfloat16 now, whatever the flag: "cell" (a Cell
+    of mixed-precision type BF16 runs: MindSpore's kernel launch casts the float inputs to
+    bfloat16), "inputs" (outside such Cells, an input is bfloat16), or None (a Cell's type
+    float32 or float16, or no bfloat16 input: the kernel gets that)."""
+    bf16_input = any(d is _BF16 for d in dtypes)
+    if not _STACK and not bf16_input:
+        return None
+    cast = _cell_cast()
+    if cast is _BF16:
+        return "cell"
+    return "inputs" if cast is None and bf16_input else None
+
+
+@contextlib.contextmanager
+def float32_kernels():
+    """Inside the block kernels get float32 where a running Cell's mixed-precision type would cast
+    their float inputs (the type FP32 pushed; bfloat16 inputs are cast up, exactly)."""
+    _pynative_executor.set_mixed_precision_type(MixedPrecisionType.FP32)
+    try:
+        yield
+    finally:
+        _pynative_executor.set_mixed_precision_type(MixedPrecisionType.NOTSET, False)
 
 
 def _round_to_bfloat16(values: Sequence[Any]) -> List[Any]:
@@ -206,11 +287,8 @@ def run_in_float32(run: Callable[[List[Any], Dict[str, Any]], Any], inputs: List
     if mode == "cell":
         inputs = _round_to_bfloat16(inputs)
         kwargs = dict(zip(kwargs, _round_to_bfloat16(list(kwargs.values()))))
-    _pynative_executor.set_mixed_precision_type(MixedPrecisionType.FP32)
-    try:
+    with float32_kernels():
         result = run(inputs, kwargs)
-    finally:
-        _pynative_executor.set_mixed_precision_type(MixedPrecisionType.NOTSET, False)
     return _outputs_to_bfloat16(result)
 
 

@@ -86,7 +86,7 @@ def auto_parallelize(model, strategy_or_config: StrategyLike, mode: str = None, 
     if program.shape == "mpmd":
         from mindspore_hyper.mpmd.build import parallelize_mpmd
 
-        return parallelize_mpmd(model, table, runtime, group_strategies, optimizer_states, return_dtensor)
+        return parallelize_mpmd(model, table, runtime, group_strategies, return_dtensor)
     if group_strategies:
         raise ValueError("group_strategies: the strategy declares no device groups (process_groups or "
                          "strategy: mpmd entries)")

@@ -11,7 +11,8 @@ that rank (for scripts that build rank-specific pieces: pipeline stages). Afterw
 per-device memory and collectives of every device mesh the script used are printed, and with
 --json written (under msrun one file per rank, REPORT.rankR). Under msrun the console shows the
 workers' output without MindSpore's start-up notices (launch/worker_console.py; the logs in
---log-dir keep every line) and rank 0's report; every rank's is in LOG_DIR/report_rank<R>.txt. With --hardware (simulation) each
+--log-dir keep every line) and rank 0's report; every rank's is in LOG_DIR/report_rank<R>.txt. A rank
+that fails ends the job at once with its error (launch/rank_failure.py). With --hardware (simulation) each
 mesh's step time is predicted on that hardware from the recorded compute and collectives, as
 `mindspore-hyper dryrun --hardware` does.
 """
@@ -89,11 +90,15 @@ def run(args: argparse.Namespace) -> int:
         f"--log_dir={args.log_dir}", *WorkerConsole.msrun_arguments(args.processes), *worker, args.script,
         *args.script_args])
     env["MS_HYPER_MODE"] = "distributed"
-    returncode = WorkerConsole(args.log_dir, args.processes).run(argv, env)
+    console = WorkerConsole(args.log_dir, args.processes)
+    returncode = console.run(argv, env)
     from mindspore_hyper.comm.shm import cleanup_stale_segments
 
     cleanup_stale_segments()  # segments of workers msrun killed (their creators are gone; live jobs' stay)
-    if returncode:
+    if console.failure is not None:  # the console stopped the job at once (launch/worker_console.py)
+        print(f"mindspore-hyper run: {console.failure}; the job was ended at once (every other rank stopped); the "
+              f"workers' logs are in {args.log_dir}/worker_*.log", file=sys.stderr)
+    elif returncode:
         print(f"mindspore-hyper run: msrun exited with {returncode}; the workers' logs are in "
               f"{args.log_dir}/worker_*.log", file=sys.stderr)
     return returncode

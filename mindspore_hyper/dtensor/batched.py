@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mindspore import Parameter, Tensor, ops
+from mindspore._c_expression.typing import type_id_to_type
 
 from mindspore_hyper import bfloat16_emulation
 from mindspore_hyper.dtensor.dtensor import DTensor, significant_axes
@@ -283,6 +284,15 @@ def _not_ref(shard: Tensor) -> Tensor:
     return shard
 
 
+def _cast_target(call) -> List[Any]:
+    """[the dtype a Cast makes] (MindSpore passes it as its TypeId), [] for other ops: a Cast to
+    bfloat16 batched would unstack bfloat16 outputs, whose backward is a bfloat16 Stack."""
+    if call.name not in ("Cast", "ToDtype") or len(call.inputs) < 2:
+        return []
+    dtype = call.inputs[1]
+    return [type_id_to_type(dtype) if isinstance(dtype, int) and not isinstance(dtype, bool) else dtype]
+
+
 def run_batched(execution, call, decision, axes: Sequence[int], keys: Sequence[tuple]):
     """Run `call` once over all `keys` (the op's distinct shard coordinates on `axes`) if its
     op batches; returns its outputs as DTensors, or None to run it per shard."""
@@ -290,8 +300,8 @@ def run_batched(execution, call, decision, axes: Sequence[int], keys: Sequence[t
     if (adapter is None or len(keys) < 2 or not execution.holds_all_ranks
             or any(isinstance(v, DTensor) for v in call.kwargs.values()) or any(t._uneven for t in call.tensors)):
         return None  # uneven shards (torch.chunk pieces) differ in shape: they do not stack
-    if bfloat16_emulation.touches_bfloat16(t.dtype for t in call.tensors):
-        return None  # Stack and Tile have no bfloat16 CPU kernel: bfloat16 shards run one by one
+    if bfloat16_emulation.touches_bfloat16([t.dtype for t in call.tensors] + _cast_target(call)):
+        return None  # Stack and Tile have no bfloat16 CPU kernel: bfloat16 shards (in or out) run one by one
     if decision.local_args is not None and call.name not in SAME_ARGS_ON_EVERY_SHARD:
         return None
     if any(math.prod(layout.local_shape(t.global_shape)) >= BATCH_BELOW_ELEMENTS

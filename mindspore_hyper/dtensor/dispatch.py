@@ -13,6 +13,7 @@ written values go back to what the caller passed (`mutation`). A failing op rais
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -30,6 +31,7 @@ from mindspore_hyper.dtensor.batched import run_batched
 from mindspore_hyper.dtensor.dtensor import DTensor, is_float, key_of, significant_axes
 from mindspore_hyper.dtensor.meta import MetaTensor, meta
 from mindspore_hyper.dtensor.op_cost import op_flops
+from mindspore_hyper.dtensor.padded_storage import stored_piece
 from mindspore_hyper.dtensor.rank_local import rank_local_decision
 from mindspore_hyper.dtensor.rules.registry import RULES, UNEVEN, Decision
 from mindspore_hyper.dtensor.shape_registry import infer as infer_shapes
@@ -66,12 +68,15 @@ class OpCall:
     prim_name: Optional[str] = None
     tensors: List[DTensor] = field(default_factory=list)
     sources: List[Any] = field(default_factory=list)
+    # whether the shards may be MetaTensors (a dry run's shape-only execution); False skips the
+    # check on every shard's run; None (an OpCall made outside `dispatch`): checked
+    shape_only: Optional[bool] = None
 
     def run(self, local_inputs: Sequence[Any], local_kwargs: Optional[Dict[str, Any]] = None):
         """Run the real op on plain local tensors (keyword tensors localised in `local_kwargs`);
         on shape-only shards (a dry run's MetaTensors) infer its outputs by its shape rule."""
         kwargs = self.kwargs if local_kwargs is None else local_kwargs
-        if _holds_meta(local_inputs) or _holds_meta(kwargs.values()):
+        if self.shape_only is not False and (_holds_meta(local_inputs) or _holds_meta(kwargs.values())):
             args = (self.prim, self.prim_name, tuple(local_inputs)) if self.prim is not None else tuple(local_inputs)
             return infer_shapes(self.func, args, kwargs, name=self.name)
         with NoFallbackGuard():
@@ -79,8 +84,9 @@ class OpCall:
                 return self.func(self.prim, self.prim_name, tuple(local_inputs))
             return self.func(*local_inputs, **kwargs)
 
-    @property
+    @functools.cached_property
     def attrs(self) -> Dict[str, Any]:
+        """The primitive's attributes (a copy, made once per call: rules and the cost read it)."""
         return dict(self.prim.attrs) if self.prim is not None else {}
 
     def replace_tensors(self, new: Sequence[DTensor]) -> None:
@@ -138,9 +144,11 @@ def parameter_dtensor(execution, param: Parameter) -> DTensor:
             # have initialised it): initialised now, on first use; a dry run never initialises
             slot.param.init_data()
         with execution.uncounted():  # parameter shards are not activations
-            if slot.local:
+            if slot.local:  # the Parameter stores the shard (padded where a piece would be empty: padded_storage)
                 axes = significant_axes(slot.layout)
-                shards = {key_of(execution.mesh.coords(r), axes): param for r in execution.local_ranks}
+                shards = {key_of(execution.mesh.coords(r), axes): stored_piece(
+                    param, slot.layout.shard_shape(slot.global_shape, execution.mesh.coords(r)))
+                    for r in execution.local_ranks}
                 dt = DTensor._create(slot.layout, shards, slot.global_shape, param.dtype, execution)
             else:
                 def make_shards():
@@ -209,7 +217,7 @@ def _normalise(execution, func, args, kwargs) -> OpCall:
         prim, prim_name, inputs = args[0], args[1], list(args[2])
     else:
         inputs = list(args)
-    call = OpCall(name, func, [], dict(kwargs), prim, prim_name)
+    call = OpCall(name, func, [], dict(kwargs), prim, prim_name, shape_only=execution.shape_only)
 
     def convert(value):
         converted = _as_dtensor(execution, value)
@@ -369,12 +377,13 @@ def replicated_decision(call: OpCall) -> Decision:
     return Decision(inputs=[TensorLayout.replicated(mesh, t.ndim) for t in call.tensors], outputs=None)
 
 
-def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] = ()):
+def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] = (), any_op: bool = False):
     """Redistribute inputs per `decision`, fan out replicated inputs of a sharded op, and run
     the op once per distinct output shard this process holds. The inputs at positions
     `private` (operands the op writes), and for such an op every input cut out of a batched
     op's stack, get copies of their shards first: a shard may be a view of a caller's tensor or
-    of a stack, and MindSpore's in-place kernels refuse views."""
+    of a stack, and MindSpore's in-place kernels refuse views. `any_op`: bfloat16 emulated
+    whatever the op (`_emulation`)."""
     axes = sorted(set().union(*[significant_axes(layout) for layout in decision.inputs]))
     ready = []
     for i, (t, layout) in enumerate(zip(call.tensors, decision.inputs)):
@@ -401,9 +410,7 @@ def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] 
     call.replace_tensors(ready)
     mesh = execution.mesh
     keys = execution.keys(axes)
-    # an op without a bfloat16 CPU kernel, emulated per shard (flag cpu_bfloat16); other ops: one set lookup
-    emulate = None if call.name not in bfloat16_emulation.NO_BFLOAT16_CPU_KERNEL or execution.shape_only else \
-        bfloat16_emulation.emulation(call.name, [t.dtype for t in call.tensors])
+    emulate = _emulation(execution, call, any_op)
     if execution.batch_shards and emulate is None:
         batched_result = run_batched(execution, call, decision, axes, keys)
         if batched_result is not None:
@@ -425,6 +432,19 @@ def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] 
         raise _op_error(call, error) from error
     _record_cost(execution, call, result)
     return result
+
+
+def _emulation(execution, call: OpCall, any_op: bool) -> Optional[str]:
+    """How the op runs on bfloat16 (flag cpu_bfloat16; `bfloat16_emulation.emulation`): an op without
+    a bfloat16 CPU kernel, or whose backward lacks one, or with `any_op` any op (a random op: the
+    float32 run's draw), per shard on float32 copies; None: MindSpore's kernel. Other ops: one set
+    lookup."""
+    if execution.shape_only or not (any_op or call.name in bfloat16_emulation.EMULATED):
+        return None
+    dtypes = [t.dtype for t in call.tensors]
+    if any_op:
+        return bfloat16_emulation.emulated_kernel(dtypes)
+    return bfloat16_emulation.emulation(call.name, dtypes, (t.global_shape for t in call.tensors))  # read lazily
 
 
 def _parameter_of(t: DTensor) -> Optional[int]:
@@ -479,7 +499,7 @@ def _dispatch_random(execution, call: OpCall):
             raise _op_error(call, error) from error
     execution.accounting.record_fallback(call.name)
     first = call.tensors[0]
-    result = execute(execution, call, replicated_decision(call))
+    result = execute(execution, call, replicated_decision(call), any_op=True)  # bfloat16: the float32 run's draw
     if isinstance(result, DTensor) and result.global_shape == first.global_shape and not first.layout.is_partial:
         return result.redistribute(first.layout)  # an elementwise draw keeps its input's split (local slices)
     return result

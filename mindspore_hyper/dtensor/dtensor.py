@@ -20,6 +20,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 from mindspore import Parameter, Tensor, ops
+from mindspore.common import dtype as mstype
 from mindspore.common.initializer import Zero
 
 from mindspore_hyper import bfloat16_emulation
@@ -44,17 +45,26 @@ def _shard_bytes(layout: TensorLayout, global_shape, dtype) -> Tuple[bool, int]:
 
 def significant_axes(layout: TensorLayout) -> Tuple[int, ...]:
     """Mesh axes along which shards differ: sharding axes and Partial axes, ascending."""
-    return tuple(sorted(set(layout.sharded_axes()) | set(layout.partial)))
+    return layout.significant_axes
 
 
 def key_of(coords, axes: Sequence[int]) -> Key:
     return tuple(coords[a] for a in axes)
 
 
-def is_float(dtype) -> bool:
-    import mindspore as ms
+_FLOAT_DTYPES = (mstype.float16, mstype.float32, mstype.float64, mstype.bfloat16)
+# id(dtype) -> (dtype, is float): MindSpore's dtype comparison costs microseconds and the
+# dispatcher asks per input of every op; the entry keeps its dtype alive, so its id is not reused
+_IS_FLOAT: Dict[int, Tuple[object, bool]] = {}
 
-    return dtype in (ms.float16, ms.float32, ms.float64, ms.bfloat16)
+
+def is_float(dtype) -> bool:
+    entry = _IS_FLOAT.get(id(dtype))
+    if entry is None or entry[0] is not dtype:
+        entry = (dtype, dtype in _FLOAT_DTYPES)
+        if len(_IS_FLOAT) < 64:  # MindSpore's dtypes are a few singletons; others are answered, not kept
+            _IS_FLOAT[id(dtype)] = entry
+    return entry[1]
 
 
 class DTensor(ReflectedOperators, Tensor):

@@ -17,6 +17,7 @@ from typing import Optional, Tuple
 from mindspore import Tensor, ops
 from mindspore._c_expression import NoFallbackGuard
 
+from mindspore_hyper.dtensor.padded_storage import padded
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
 __all__ = ["Mutation", "mutation_of", "write_back"]
@@ -84,8 +85,9 @@ def write_back(execution, source, written, updated):
 
 def _store_parameter(execution, parameter_id: int, value) -> None:
     slot = execution.parameters[parameter_id]
-    if slot.local:  # this process's shard is the Parameter
-        _store(slot.param, value.local_shard(execution.local_ranks[0]))
+    if slot.local:  # this process's shard is the Parameter (padded where a piece would be empty: padded_storage)
+        piece = value.local_shard(execution.local_ranks[0])
+        _store(slot.param, padded(piece, slot.param.shape[0]) if piece.ndim else piece)
     else:
         _store(slot.param, _gathered(value))
 

@@ -12,9 +12,13 @@ seed and slices its own part). Cost: one global-size draw per call and process.
   each shard of the input is then multiplied by its part of `mask * (1 / keep_prob)` in float32
   and rounded to the input's dtype, which is what MindSpore's CPU kernel computes (forward and
   backward equal it bitwise in float32 and float16). The input is not gathered; a Partial input is
-  reduced first (the single device scales the sum, not the pieces).
+  reduced first (the single device scales the sum, not the pieces). bfloat16 on the CPU with
+  `cpu_bfloat16="emulate"` (MindSpore has no bfloat16 CPU Dropout): the mask is the float32 run's
+  (drawn on float32 ones: equal to it bit for bit), and the input (rounded to bfloat16 first in a
+  BF16 Cell) is scaled in float32 and rounded once to bfloat16, as Ascend's kernel does.
 - Every other random op (`RANDOM_OPS`, or a primitive carrying seed attributes): its inputs are
-  gathered and it runs once on the whole tensors (a replication fallback in the report).
+  gathered and it runs once on the whole tensors (a replication fallback in the report); with
+  bfloat16 emulated, on float32 copies (the float32 run's draw), floating outputs rounded once.
 - In-place random ops (`Tensor.uniform_`, `normal_`, ...) are refused: MindSpore 2.10 has no CPU
   kernel for them, and a per-shard draw would differ from the single device's.
 
@@ -32,6 +36,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 
+from mindspore_hyper import bfloat16_emulation
 from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
@@ -60,7 +65,7 @@ INPLACE_RANDOM_OPS = frozenset((
     "InplaceBernoulliTensor",
 ))
 
-_SEED_ATTRS = ("seed", "seed2", "Seed0", "Seed1", "seed0", "seed1")
+_SEED_ATTRS = frozenset(("seed", "seed2", "Seed0", "Seed1", "seed0", "seed1"))
 
 
 def random_kind(name: str, attrs: dict) -> Optional[str]:
@@ -70,7 +75,7 @@ def random_kind(name: str, attrs: dict) -> Optional[str]:
         return "mask"
     if name in INPLACE_RANDOM_OPS:
         return "inplace"
-    if name in RANDOM_OPS or any(key in attrs for key in _SEED_ATTRS):
+    if name in RANDOM_OPS or not _SEED_ATTRS.isdisjoint(attrs):
         return "global"
     return None
 
@@ -99,19 +104,32 @@ def apply_dropout(call, x: DTensor, draw) -> Tuple[DTensor, DTensor]:
         else float(call.attrs.get("keep_prob", 0.5))
     if x.layout.is_partial:  # the single device scales the sum, not the pieces
         x = x.redistribute(x.layout.with_partial({}))
-    ones = ops.ones(x.global_shape, x.dtype)
-    _, mask = draw([ones] + list(call.inputs[1:]))
+    emulate = bfloat16_emulation.emulated_kernel((x.dtype,))  # bfloat16 on the CPU, flag cpu_bfloat16
+    rest = list(call.inputs[1:])
+    if emulate is None:
+        _, mask = draw([ops.ones(x.global_shape, x.dtype)] + rest)
+    else:  # the float32 run's draw (the same mask); the mask's dtype is bfloat16 (0 and 1: exact)
+        _, mask = bfloat16_emulation.run_in_float32(lambda inputs, kwargs: draw(inputs),
+                                                    [ops.ones(x.global_shape, ms.float32)] + rest, {}, "inputs")
     mask = ops.stop_gradient(mask)
     with execution.uncounted():  # the global draw is transient; the shards of the mask are counted
         whole = DTensor._create(TensorLayout.replicated(execution.mesh, len(x.global_shape)), {(): mask},
                                 x.global_shape, mask.dtype, execution)
     mask_dt = whole.redistribute(x.layout, record=False)
-    scale = ops.cast(mask_dt, ms.float32) * float(np.float32(1.0 / keep_prob))  # 0 or float32(1/keep_prob)
+    if emulate is None:
+        return _scaled(x, mask_dt, keep_prob), mask_dt
+    with bfloat16_emulation.float32_kernels():  # a BF16 Cell's cast would round the float32 scale
+        # the Cell's cast of x first; then Ascend's kernel: x * mask * (1 / keep_prob) in float32, rounded once
+        x = x if x.dtype == ms.bfloat16 else ops.cast(x, ms.bfloat16)
+        return _scaled(x, mask_dt, keep_prob), mask_dt
+
+
+def _scaled(x: DTensor, mask: DTensor, keep_prob: float) -> DTensor:
+    """`x * mask * (1 / keep_prob)` computed in float32 (MindSpore's CPU kernel), in `x`'s dtype."""
+    scale = ops.cast(mask, ms.float32) * float(np.float32(1.0 / keep_prob))  # 0 or float32(1/keep_prob)
     if x.dtype == ms.float32:
-        out = x * scale
-    else:  # MindSpore's kernel scales in float32 and rounds once
-        out = ops.cast(ops.cast(x, ms.float32) * scale, x.dtype)
-    return out, mask_dt
+        return x * scale
+    return ops.cast(ops.cast(x, ms.float32) * scale, x.dtype)  # in float32, rounded once
 
 
 def draw_kind(call) -> Optional[str]:

@@ -26,6 +26,23 @@ __all__ = ["run_redistribution", "DIRECT_CAUSE"]
 # the collective cause of a redistribution no op asked for (`DTensor.redistribute`, `full_tensor`)
 DIRECT_CAUSE = "DTensor.redistribute / full_tensor called directly"
 
+# (source layout, target layout, global shape, item size) -> the steps planned for them: a plan
+# depends on nothing else, and every step of a training run moves the same tensors the same way
+_PLANS: Dict[tuple, tuple] = {}
+_PLANS_KEPT = 4096  # past this many the memo starts over
+
+
+def _planned_steps(src: TensorLayout, dst: TensorLayout, global_shape: Sequence[int], itemsize: int) -> tuple:
+    """The steps of `plan_redistribution(src, dst, global_shape, itemsize)`, planned once per key."""
+    key = (src, dst, tuple(global_shape), itemsize)
+    steps = _PLANS.get(key)
+    if steps is None:
+        steps = tuple(plan_redistribution(src, dst, global_shape, itemsize))  # steps are frozen dataclasses
+        if len(_PLANS) >= _PLANS_KEPT:
+            _PLANS.clear()
+        _PLANS[key] = steps
+    return steps
+
 
 def run_redistribution(dt: DTensor, layout: TensorLayout, record: bool, grad_partial_axes: Sequence[int]):
     """`dt` laid out as `layout` (a new DTensor), and the `grad_partial_axes` whose gathers took
@@ -44,7 +61,7 @@ def run_redistribution(dt: DTensor, layout: TensorLayout, record: bool, grad_par
             return run_redistribution(dt, layout, record, grad_partial_axes)
         finally:
             set_cause(previous)
-    plan = plan_redistribution(dt.layout, layout, dt.global_shape, dt.dtype.itemsize)
+    plan = _planned_steps(dt.layout, layout, dt.global_shape, dt.dtype.itemsize)
     execution = dt.execution
     shards, stacked, current = None, dt._stacked, dt.layout
     accounting = execution.accounting

@@ -81,6 +81,12 @@ class StateDict:
             else:
                 layout, shape = slot.layout, tuple(slot.global_shape)
             held = rank_box(layout, local[0], shape) if len(local) == 1 else Box.full(shape)
+            empty = [r for r in layout.mesh.ranks if shape and rank_box(layout, r, shape).shape[0] == 0]
+            if empty and slot is not None and slot.local:  # every process finds them: all refuse
+                raise CheckpointError(f"state_dict[{name!r}]: its pieces of {shape} are stored padded under msrun "
+                                      f"(ranks {empty} hold no rows: fully_shard of fewer rows than devices, "
+                                      f"dtensor/padded_storage.py); saving and loading padded pieces is not supported "
+                                      f"yet: give it at least as many rows as the mesh has devices")
             tensors.append(HeldTensor(PARAMETERS, name, p, shape, str(p.dtype), layout, tuple(mesh.root.ranks),
                                       held))
         group = None

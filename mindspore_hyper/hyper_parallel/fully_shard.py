@@ -4,7 +4,10 @@ Each Parameter of the Cell is split along its first dimension over the data-para
 top of any tensor-parallel layout it already has: the data-parallel pieces are cut from each
 tensor-parallel piece, torch's StridedShard order). Rows the mesh does not divide are split as
 torch's FSDP2 splits them (torch.chunk): ceil(rows / devices) each, the trailing devices fewer or
-none; the gathers pad the pieces. While the Cell runs, its Parameters read as
+none; the gathers pad the pieces. Under msrun, where some device's piece would be empty (fewer rows
+than devices), every process stores ceil(rows / devices) rows, zeros after its real ones
+(`dtensor.padded_storage`; MindSpore's optimizers cannot hold a Parameter of 0 elements), as
+FSDP2 pads its shards. While the Cell runs, its Parameters read as
 DTensors gathered over the data-parallel mesh; the gather's backward reduce-scatters the
 gradient. Optimizers built on `trainable_params()` then update the shards: under msrun each
 process holds and updates only its piece (parameters, gradients and optimizer states all split:
@@ -22,6 +25,7 @@ import functools
 import math
 from typing import Callable, Dict, Optional, Tuple
 
+import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mindspore_hyper.dtensor.dtensor import DTensor, significant_axes
@@ -195,13 +199,10 @@ def _reshard(module: nn.Cell, execution, slot, layout: TensorLayout, mesh: Devic
         rows = slot.global_shape[0]
         held = slot.layout.dim_bounds(0, rows, coords)[0]  # where the old piece starts
         start, length = layout.dim_bounds(0, rows, coords)  # torch.chunk piece: the trailing ones shorter
-        empty = [r for r in layout.mesh.ranks if layout.dim_bounds(0, rows, layout.mesh.coords(r))[1] == 0]
-        if empty:  # every process finds the same ranks, so all of them raise
-            raise ValueError(f"fully_shard: parameter {old_param.name!r} has {rows} rows; split as torch.chunk over "
-                             f"{layout.shard_count(0)} devices, ranks {empty} would hold none, and MindSpore's "
-                             "optimizers cannot hold a Parameter of 0 elements (under msrun each process keeps only "
-                             "its piece); use a row count that leaves every device a piece, or ignored_params")
+        lengths = [layout.dim_bounds(0, rows, layout.mesh.coords(r))[1] for r in layout.mesh.ranks]
         value = old_param.asnumpy()[start - held:start - held + length]
+        if min(lengths) == 0:  # some device's piece is empty: every device stores max(lengths) rows (padded_storage)
+            value = np.concatenate([value, np.zeros((max(lengths) - length,) + value.shape[1:], value.dtype)])
         new_param = Parameter(Tensor(value.copy(), dtype=old_param.dtype), name=old_param.name,
                               requires_grad=old_param.requires_grad)
         for _, cell in module.cells_and_names():

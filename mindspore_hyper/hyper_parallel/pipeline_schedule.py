@@ -162,6 +162,7 @@ class _PipelineSchedule:
         me = thread_rank()
         if me is not None:  # a per-rank simulation: this thread is one rank
             per_block = self._check_rank(me, job_size())
+            self._route.rank = me  # a stage without a laid-out Parameter takes a DTensor on its own block
             self._transport = _PeerMapped(per_rank_transport(), _peer_map(me, per_block))
         elif holds_all_ranks():
             raise RankDependentError(
@@ -176,6 +177,7 @@ class _PipelineSchedule:
             w = world()
             per_block = self._check_rank(w.rank, w.size)
             self._route.local_pieces = True  # a DTensor activation travels as this rank's piece, with a header
+            self._route.rank = w.rank
             peer_of = _peer_map(w.rank, per_block)
             pairs = [(peer_of(a), peer_of(b)) for a, b in peer_pairs(self.schedule)]
             self._transport = ShmTransport(w, pairs, peer_of=peer_of)
@@ -224,8 +226,8 @@ class _PipelineSchedule:
             ValueError: inputs on the wrong rank, keyword inputs, a batch the microbatches do not
                 divide (a DTensor's: on some device), a stage returning something else than one
                 Tensor or DTensor, or (under msrun) a DTensor activation that cannot travel (a
-                Partial placement; a receiving stage without a mesh of the sender's shape:
-                pipeline_activations.py).
+                layout too large for its header; a receiving stage whose mesh has another shape
+                than the sender's: pipeline_activations.py).
             RuntimeError: (one process per device) an earlier step of the job failed.
             Under msrun, what any rank raises (before or during the step) is raised on every
             rank: the same class, naming the refusing rank and carrying its message.

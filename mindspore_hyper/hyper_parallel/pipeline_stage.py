@@ -113,7 +113,7 @@ class _StageRun:
         meta = meta or self.input_meta
         if meta is None:
             return x
-        return from_wire(x, meta, stage_mesh(self.stage.submodule), self.stage.stage_index)
+        return from_wire(x, meta, stage_mesh(self.stage.submodule), self.stage.stage_index, self.route.rank)
 
     def __call__(self, x, *inputs):
         stage = self.stage

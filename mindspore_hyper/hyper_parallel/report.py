@@ -48,9 +48,29 @@ def _model_entry(model) -> Dict:
              "training_step": bool(report.backward_ran),
              "memory_per_device": [{"devices": label, **parts} for label, parts in report.memory_groups()],
              "parameter_bytes_per_device": max(m["parameters"] for m in report.memory.values()),
-             "step_memory": _step_memory_entry(report.step_memory)}
+             "step_memory": _step_memory_entry(report.step_memory), "offload": _offload_entry(report.offload)}
     entry.update(_accounting_rows(model.accounting))
     return entry
+
+
+def _offload_entry(section):
+    """A model's offload figures (`StepReport.offload`, offload/offload_section.py) per set of
+    equal devices: modelled (`per_device`, equal in every mode), measured (`measured_per_device`:
+    the simulation's stores; None in a dry run), the bytes taken off the memory rows per kind
+    (`offloaded_per_device`) and the backward order (modelled, observed or None, whether they
+    match); None for a model without offloaded units."""
+    if section is None:
+        return None
+    measured = section["measured_per_device"]
+    offloaded = {rank: {kind: sum(by_dtype.values()) for kind, by_dtype in kinds.items()}
+                 for rank, kinds in section["offloaded"].items()}
+    return {"block_size": section["block_size"], "device_budget_bytes": section["device_budget_bytes"],
+            "per_device": [{"devices": label, **row} for label, row in device_groups(section["per_device"])],
+            "measured_per_device": (None if measured is None else
+                                    [{"devices": label, **row} for label, row in device_groups(measured)]),
+            "offloaded_per_device": [{"devices": label, **row} for label, row in device_groups(offloaded)],
+            "offloaded_parameters": list(section["offloaded_parameters"]),
+            "backward_order": dict(section["backward_order"]), "backward_order_text": section["backward_order_text"]}
 
 
 def _step_memory_entry(section):
@@ -128,7 +148,7 @@ def _pipeline_entry(model) -> Dict:
     over = type(next(iter(model.stage_models.values()))).__name__ if model.stage_models else "cells"
     entry = {"source": f"{type(model.network).__name__} (PipelineModel over {over})",
              "shape": list(model.mesh.device_matrix), "dim_names": list(model.mesh.alias_names),
-             "training_step": True, "step_memory": _step_memory_entry(report.step_memory),
+             "training_step": True, "step_memory": _step_memory_entry(report.step_memory), "offload": None,
              "memory_per_device": [{"devices": label, **parts} for label, parts in report.memory_groups()],
              "parameter_bytes_per_device": max(m["parameters"] for m in report.memory.values()),
              "peak_bytes_per_device": max(m["activations_peak"] for m in report.memory.values()),
@@ -176,6 +196,7 @@ def format_report(report: Dict) -> str:
                          f"{format_bytes(row['step_peak_rounded'])} with blocks rounded to {step['alignment_bytes']} "
                          f"bytes, {format_bytes(row['step_peak_with_fragmentation'])} with "
                          f"{step['fragmentation']:.0%} fragmentation")
+        lines += _offload_text(mesh.get("offload"))
         if "predicted" in mesh:
             p = mesh["predicted"]
             lines.append(f"    predicted step on {p['hardware']}: {format_seconds(p['step_seconds'])} without overlap "
@@ -189,6 +210,27 @@ def format_report(report: Dict) -> str:
             ops = ", ".join(f"{k} x{v}" for k, v in sorted(mesh["replicated_fallbacks"].items()))
             lines.append(f"    ran replicated (no sharding rule): {ops}")
     return "\n".join(lines)
+
+
+def _offload_text(offload) -> List[str]:
+    """A model's offload figures as text lines (none without offloaded units)."""
+    if not offload:
+        return []
+    lines = []
+    for row in offload["per_device"]:
+        lines.append(f"    {_devices(row['devices'])}: offload stores {format_bytes(row['stored_bytes'])} "
+                     f"(host tier {format_bytes(row['host_tier_bytes'])}, "
+                     f"disk tier {format_bytes(row['disk_tier_bytes'])}); "
+                     f"device tier pinned peak {format_bytes(row['device_tier_peak_pinned_bytes'])} "
+                     f"(budget {format_bytes(offload['device_budget_bytes'])}), "
+                     f"{format_bytes(row['device_loads_bytes'])} pinned onto it per step")
+    for row in offload["measured_per_device"] or ():
+        lines.append(f"    {_devices(row['devices'])}: offload measured in the last step: "
+                     f"{format_bytes(row['bytes_to_device'])} to the device tier, "
+                     f"{format_bytes(row['bytes_from_device'])} from it, prefetch {row['prefetch_hits']} hits, "
+                     f"{row['prefetch_late']} late, {row['prefetch_misses']} misses")
+    lines.append(f"    {offload['backward_order_text']}")
+    return lines
 
 
 def _devices(label: str) -> str:

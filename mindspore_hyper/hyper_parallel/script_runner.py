@@ -5,7 +5,9 @@ one msrun worker (this file is also the script msrun starts for `mindspore-hyper
 
 As an msrun worker with `--report-dir` (what `mindspore-hyper run --processes` passes: its log
 folder), every rank writes its report to DIR/report_rank<R>.txt and only rank 0 prints it, so the
-console shows it once; without it every rank prints its own.
+console shows it once; without it every rank prints its own. A rank whose script fails (raises, or
+exits with a non-zero status) prints its traceback, then reports the error into DIR
+(`launch/rank_failure.py`): the console ends the job at once with it.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import json
 import os
 import runpy
 import sys
+import traceback
 from typing import Callable, Dict, List, Optional
 
 __all__ = ["run_script", "under_msrun"]
@@ -135,7 +138,28 @@ def _main(argv: List[str]) -> int:
     if not argv:
         print("usage: script_runner.py [--json REPORT] [--report-dir DIR] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
-    return run_script(argv[0], argv[1:], None, options["--json"], report_dir=options["--report-dir"])
+    report_dir = options["--report-dir"]
+    worker = report_dir is not None and os.environ.get("MS_ROLE") == "MS_WORKER"  # not msrun's scheduler
+    try:
+        code = run_script(argv[0], argv[1:], None, options["--json"], report_dir=report_dir)
+    except Exception as error:  # noqa: BLE001 - reported to the console, which ends the job with it
+        if not worker:
+            raise
+        traceback.print_exc()  # into the log first: the console stops every worker once it reads the report
+        sys.stderr.flush()
+        _report_failure(report_dir, error)
+        return 1
+    if code and worker:
+        _report_failure(report_dir, f"the script exited with status {code}")
+    return code
+
+
+def _report_failure(report_dir: str, error) -> None:
+    """Write this rank's failure (an exception, or its text) for the console (`launch/rank_failure.py`)."""
+    from mindspore_hyper.launch.rank_failure import error_text, write_rank_failure
+
+    text = error if isinstance(error, str) else error_text(error)
+    write_rank_failure(report_dir, int(os.environ.get("RANK_ID", "0")), text)
 
 
 if __name__ == "__main__":

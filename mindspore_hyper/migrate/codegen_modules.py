@@ -420,8 +420,10 @@ def generate_modules(trace: ModuleTrace, root_module: torch.nn.Module, class_nam
     programs = trace.programs
     code = ModuleCode("", class_name)
     units: Dict[str, _Unit] = {}
+    # a list with parameters of its own (the ParametrizationList of a weight-normed layer the forward never calls:
+    # original0/1) is a class holding them, not an nn.CellList
     lists = {p for p, prog in programs.items() if p and isinstance(prog.module, (torch.nn.ModuleList,))
-             and prog.graph is None}
+             and prog.graph is None and not _params(prog.module)}
     bodies: Dict[Tuple[str, str], str] = {}  # (torch class, body text) -> class name
     class_info: Dict[str, GeneratedClass] = {}
     class_text: Dict[str, str] = {}
@@ -476,8 +478,13 @@ def generate_modules(trace: ModuleTrace, root_module: torch.nn.Module, class_nam
             code.moe_blocks.append(path)
             continue
         if isinstance(module, torch.nn.ModuleDict):  # a container (never called): nn.CellDict under the same keys
-            members = ", ".join(f"{name!r}: {units[f'{path}.{name}'].ctor}" for name, _ in module.named_children())
-            units[path] = _Unit(f"nn.CellDict({{{members}}})")
+            ctors = [(name, units[f"{path}.{name}"].ctor) for name, _ in module.named_children()]
+            members = ", ".join(f"{name!r}: {ctor}" for name, ctor in ctors)
+            # MindSpore's CellDict refuses containers (CellList, CellDict) as members: the parametrizations of a
+            # weight-normed layer the forward never calls (Wav2Vec2-Conformer's unused positional convolution) hold
+            # a plain ParametrizationList; then the Module helper holds them under the same names
+            nested = any(ctor.startswith(("nn.CellList(", "nn.CellDict(", "Module(")) for _, ctor in ctors)
+            units[path] = _Unit(f"Module(**{{{members}}})" if nested else f"nn.CellDict({{{members}}})")
             continue
         fixed = _FixedDims(class_name, tuple(trace.static)) if path == "" else None
         unit, text, hyper_used, fallback = _generate_class(prog, units, lists, code, fixed)
@@ -518,7 +525,7 @@ def generate_modules(trace: ModuleTrace, root_module: torch.nn.Module, class_nam
     code.classes = list(class_info.values())
     body = "\n\n\n".join(ordered)
     helper_text = "\n\n\n".join(inspect.getsource(helpers.HELPERS[h]).rstrip() for h in helpers.HELPERS
-                                if h != "Module" and re.search(rf"\b{h}\(", body))
+                                if re.search(rf"\b{h}\(" if h != "Module" else r"\bModule\(\*\*\{", body))
     dims = "; ".join(f"{name}: ({', '.join(s or 'static' for s in shape)})" for name, shape in trace.symbolic.items())
     code.source = module_source(
         f"{class_name}: {type_name(type(root_module))} converted to MindSpore by mindspore_hyper.migrate "

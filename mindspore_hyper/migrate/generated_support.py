@@ -12,8 +12,8 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, mint, nn, ops
 
 __all__ = ["Module", "param", "scaled_dot_product_attention", "layer_norm", "diff", "PaddingEmbedding",
-           "padded_embedding", "repeat_interleave", "slice_dim", "einsum", "selective_scan",
-           "Unrunnable", "HELPERS"]
+           "padded_embedding", "repeat_interleave", "slice_dim", "strided_scatter", "scatter_reduce", "einsum",
+           "selective_scan", "Unrunnable", "HELPERS"]
 
 
 class Module(nn.Cell):
@@ -114,6 +114,72 @@ def slice_dim(x, dim, start, stop, step=1):
     return x[(slice(None),) * dim + (slice(begin, end, stride),)]
 
 
+def strided_scatter(x, src, dim, start, stop, step):
+    """torch.slice_scatter with a step: x with x[:, ..., start:stop:step] (at dimension `dim` >= 0) replaced by
+    src, clipped as Python and torch clip (`x[..., 1:n:3] = y`: Qwen3.5's interleaved rotary sections). Every
+    position of the dimension takes its src slice (a gather; positions outside the slice read slice 0) and a mask
+    keeps x's own value outside the slice, so the gradient reaches src and x's kept positions exactly as in torch."""
+    n = x.shape[dim]
+    positions = np.arange(n)[slice(start, stop, step)]
+    if positions.size == 0:
+        return x
+    keep = np.ones(n, np.bool_)
+    keep[positions] = False
+    source = np.zeros(n, np.int32)
+    source[positions] = np.arange(positions.size, dtype=np.int32)
+    shape = [1] * x.ndim
+    shape[dim] = n
+    return mint.where(Tensor(keep.reshape(shape)), x, ops.gather(src, Tensor(source), dim))
+
+
+def scatter_reduce(x, dim, index, src, reduce, include_self=True):
+    """torch.scatter_reduce for reduce "sum", "mean" (floating dtypes), "amax" or "amin": every element of src
+    (read where index has elements) reduced into x at its own position with dimension `dim` replaced by its index;
+    positions no index names keep x. Segment reductions over x's flattened positions (TAPAS's segment minimum).
+    The gradient is torch's: for amax/amin split evenly among the elements equal to the result (x's counted among
+    them even without include_self, where its own share is dropped, as torch does), a result that is not finite
+    passing none."""
+    dim = dim % x.ndim
+    if tuple(src.shape) != tuple(index.shape):
+        src = src[tuple(slice(0, n) for n in index.shape)]
+    strides = [int(np.prod(x.shape[d + 1:])) for d in range(x.ndim)]
+    coords = np.indices(tuple(index.shape))
+    base = np.zeros(tuple(index.shape), np.int32)  # each element's flat position in x, but for dimension `dim`
+    for d in range(x.ndim):
+        if d != dim:
+            base += (coords[d] * strides[d]).astype(np.int32)
+    flat = mint.reshape(mint.add(Tensor(base), mint.mul(ops.cast(index, ms.int32), strides[dim])), (-1,))
+    values = mint.reshape(src, (-1,))
+    size = int(np.prod(x.shape))
+    own = mint.reshape(x, (-1,))
+    count = ops.unsorted_segment_sum(mint.ones(values.shape, dtype=x.dtype), flat, size)
+    hit = mint.gt(count, 0)
+    if reduce in ("sum", "mean"):
+        total = ops.unsorted_segment_sum(values, flat, size)
+        if include_self:
+            total, count = mint.add(total, own), mint.add(count, 1)
+        if reduce == "mean":
+            total = mint.div(total, mint.where(hit, count, ops.ones_like(count)))
+        return mint.reshape(mint.where(hit, total, own), x.shape)
+    segment = ops.unsorted_segment_max if reduce == "amax" else ops.unsorted_segment_min
+    best = segment(values, flat, size)
+    if include_self:
+        best = mint.maximum(best, own) if reduce == "amax" else mint.minimum(best, own)
+    result = ops.stop_gradient(mint.where(hit, best, own))
+    if not x.is_floating_point():
+        return mint.reshape(result, x.shape)
+    chosen = ops.cast(mint.eq(values, ops.gather(result, flat, 0)), x.dtype)
+    kept = ops.cast(mint.eq(own, result), x.dtype)
+    ties = mint.add(kept, ops.unsorted_segment_sum(chosen, flat, size))  # x counted even without include_self, as torch
+    if not include_self:
+        kept = mint.mul(kept, ops.cast(mint.logical_not(hit), x.dtype))
+    carrier = mint.div(mint.add(mint.mul(own, kept), ops.unsorted_segment_sum(mint.mul(values, chosen), flat, size)),
+                       ties)
+    delta = mint.sub(carrier, ops.stop_gradient(carrier))  # zero, with the gradient of the tied elements' mean
+    delta = mint.where(mint.isfinite(carrier), delta, ops.zeros_like(delta))
+    return mint.reshape(mint.add(result, delta), x.shape)
+
+
 def einsum(equation, *operands):
     """torch.einsum for an explicit equation (`bij,bjk->bik`: letters only, `->` given, no letter twice in one
     operand; the converter writes the ellipsis and an implicit output out as letters), as sums, transposes,
@@ -206,5 +272,5 @@ class Unrunnable(nn.Cell):
 HELPERS = {"Module": Module, "param": param, "scaled_dot_product_attention": scaled_dot_product_attention,
            "layer_norm": layer_norm, "diff": diff, "PaddingEmbedding": PaddingEmbedding,
            "padded_embedding": padded_embedding, "repeat_interleave": repeat_interleave, "slice_dim": slice_dim,
-           "einsum": einsum, "selective_scan": selective_scan,
-           "Unrunnable": Unrunnable}
+           "strided_scatter": strided_scatter, "scatter_reduce": scatter_reduce, "einsum": einsum,
+           "selective_scan": selective_scan, "Unrunnable": Unrunnable}

@@ -24,15 +24,22 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 @contextlib.contextmanager
 def preserved_buffers(module: torch.nn.Module) -> Iterator[None]:
-    """Run the body, then put every buffer of `module` back to its value before (BatchNorm statistics)."""
+    """Run the body, then put every buffer of `module` back to its value before (BatchNorm statistics); a buffer the
+    body replaced by one of another shape (Wav2Vec2-Conformer's relative positions, extended for a longer input)
+    gets the saved tensor back."""
     saved = {name: b.detach().clone() for name, b in module.named_buffers()}
     try:
         yield
     finally:
         with torch.no_grad():
             for name, b in module.named_buffers():
-                if name in saved:
+                if name not in saved:
+                    continue
+                if b.shape == saved[name].shape:
                     b.copy_(saved[name])
+                else:
+                    owner, _, attr = name.rpartition(".")
+                    setattr(module.get_submodule(owner) if owner else module, attr, saved[name])
 
 
 class _Recorder(torch.fx.Interpreter):

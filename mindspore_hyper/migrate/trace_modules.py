@@ -377,8 +377,16 @@ def _lower(path: str, fx_graph: torch.fx.Graph, owner: torch.nn.Module, torch_mo
                 constants[target] = _tensor_attribute(owner, target, type(torch_mod).__name__)
             low.add(fx_node, "attr", target=target, display=f"attribute {target}", scope=scope)
         elif fx_node.op == "call_module":
+            child = str(fx_node.target).split("@")[0]
+            called = owner.get_submodule(str(fx_node.target))
+            if lookup_module(torch_mod.get_submodule(child)) is not None and _carries_sizes(called):
+                result = _layer_call_with_sizes(low, fx_node, called, child, scope)
+                if isinstance(result, list):
+                    inlined[fx_node] = result
+                else:
+                    low.map[fx_node] = result
+                continue
             if "@" in str(fx_node.target):  # unflatten's name for a later call of the same module
-                child = str(fx_node.target).split("@")[0]
                 if lookup_module(torch_mod.get_submodule(child)) is not None:  # a MindSpore layer: call it again
                     low.add(fx_node, "module", target=child, args=low.args(fx_node.args), display=child, scope=scope)
                 else:  # its ops for this call, in the parent (the first call stays a call of the child's Cell)
@@ -413,6 +421,63 @@ def _lower(path: str, fx_graph: torch.fx.Graph, owner: torch.nn.Module, torch_mo
                 scope=scope)
     graph = low.graph(output, "torch.export", [], specialized=False)
     return graph, tuple(dropped), constants, isinstance(output, (tuple, list))
+
+
+def _is_tensor_node(node: torch.fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), torch.Tensor)
+
+
+def _carries_sizes(child_gm: torch.nn.Module) -> bool:
+    """True when the unflattened graph of a mapped layer's call also takes or returns symbolic sizes: export puts
+    the size arithmetic of a symbolic shape in the scope of the module whose output first has that shape, so a
+    BatchNorm after a strided convolution (SwiftFormer's embeddings, CvT's projections) receives the caller's
+    sizes and returns `1 + (h - 1) // 2` beside its output."""
+    graph = getattr(child_gm, "graph", None)
+    if graph is None:
+        return False
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    output = next(n for n in graph.nodes if n.op == "output").args[0]
+    outputs = list(output) if isinstance(output, (list, tuple)) else [output]
+    return any(not _is_tensor_node(n) for n in placeholders + outputs if isinstance(n, torch.fx.Node))
+
+
+def _layer_call_with_sizes(low: Lowering, call: torch.fx.Node, child_gm: torch.nn.Module, child: str,
+                           scope: Tuple[str, str]) -> Any:
+    """A mapped layer's call whose graph carries size arithmetic (see _carries_sizes): the arithmetic on the sizes
+    is lowered into the caller's program and the layer is called on its tensor inputs. Returns the layer's call, or
+    when the graph returns a list, its outputs in order (the parent indexes them): the lowered sizes, and the
+    layer's call for its tensor output.
+
+    Raises:
+        UnsupportedOpError: the call's inputs do not match the graph's, or the graph returns other than one tensor
+            besides the sizes it computes from its inputs.
+    """
+    graph = child_gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(call.args) or call.kwargs:
+        raise UnsupportedOpError([f"the layer call {call.target!r} passes {len(call.args)} positional inputs to a "
+                                  f"graph of {len(placeholders)} (keyword inputs: {sorted(call.kwargs)}): not "
+                                  "supported"])
+    tensors = [low.args(a) for p, a in zip(placeholders, call.args) if _is_tensor_node(p)]
+    inputs = {p: low.args(a) for p, a in zip(placeholders, call.args)}
+    low.map.update(inputs)
+    sizes: Dict[torch.fx.Node, Any] = {p: v for p, v in inputs.items() if not _is_tensor_node(p)}
+    for node in graph.nodes:  # size arithmetic: non-tensor call_functions of the inputs, sizes and constants
+        if node.op == "call_function" and not _is_tensor_node(node) and all(
+                a in sizes or a in inputs for a in node.all_input_nodes):
+            target = getattr(node.target, "overloadpacket", node.target)
+            fargs, fkwargs = _schema_kwargs(node.target, low.args(node.args), low.args(node.kwargs))
+            sizes[node] = low.add(node, "function", target, fargs, fkwargs, scope=scope)
+    output = next(n for n in graph.nodes if n.op == "output").args[0]
+    outputs = list(output) if isinstance(output, (list, tuple)) else [output]
+    results = [o for o in outputs if o not in sizes]
+    if len(results) != 1 or not _is_tensor_node(results[0]):
+        raise UnsupportedOpError([f"the layer call {call.target!r} returns {len(results)} values besides sizes "
+                                  "(a mapped layer returns one tensor): not supported"])
+    layer = low.add(results[0], "module", target=child, args=tuple(tensors), display=child, scope=scope)
+    if not isinstance(output, (list, tuple)):
+        return layer
+    return [layer if o is results[0] else sizes[o] for o in outputs]
 
 
 def _inline_call(low: Lowering, call: torch.fx.Node, child_gm: torch.nn.Module, child: str,

@@ -9,15 +9,15 @@ from mindspore_hyper.mpmd.distributed import parallelize_groups
 __all__ = ["parallelize_mpmd"]
 
 
-def _simulated_groups(model, table, runtime, group_strategies, optimizer_states: int):
+def _simulated_groups(model, table, runtime, group_strategies):
     runtime.check_mesh(table.mesh)
-    return MPMDModel(model, table.config, runtime, group_strategies, optimizer_states=optimizer_states)
+    return MPMDModel(model, table, runtime, group_strategies)
 
 
-def parallelize_mpmd(model, table, runtime, group_strategies=None, optimizer_states: int = 2,
-                     return_dtensor: bool = False):
+def parallelize_mpmd(model, table, runtime, group_strategies=None, return_dtensor: bool = False):
     """The MPMDModel of `model` over the device groups of `table` (a resolved StrategyTable) in
-    `runtime`'s mode.
+    `runtime`'s mode. `table` becomes the job's table with every group's rows (resolved once on
+    the group's own mesh, each group's runtime running its slice: `MPMDModel.table`).
 
     Raises:
         ValueError: GRAPH_MODE, hyper_mpmd off, return_dtensor=True, a mode without MPMD groups,
@@ -33,4 +33,4 @@ def parallelize_mpmd(model, table, runtime, group_strategies=None, optimizer_sta
         raise ValueError("return_dtensor=True: an MPMD model returns global tensors (each group has its own "
                          "mesh); drop return_dtensor")
     build = _simulated_groups if runtime.in_one_process() else parallelize_groups
-    return build(model, table, runtime, group_strategies, optimizer_states)
+    return build(model, table, runtime, group_strategies)

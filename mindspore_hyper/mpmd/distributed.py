@@ -22,7 +22,6 @@ from mindspore_hyper.mpmd.cross_group import (RecvInputGradient, RemoteGroupOutp
                                              outbox, send_output)
 from mindspore_hyper.mpmd.group_runner import GroupRunner
 from mindspore_hyper.mpmd.group_placement import GroupPlacement
-from mindspore_hyper.strategy.resolve import resolve_strategy
 
 __all__ = ["DistributedGroupRunner", "MemberGroupRunner", "parallelize_groups",
            "check_group_process"]
@@ -44,7 +43,7 @@ class DistributedGroupRunner(GroupRunner):
             process's member calls and of its waits for the group's outputs.
     """
 
-    def __init__(self, network, placement: GroupPlacement, runtime, on_call=None, optimizer_states: int = 2):
+    def __init__(self, network, placement: GroupPlacement, runtime, table, on_call=None):
         w = world()
         self.member = w.rank in placement.ranks
         self.leader = placement.ranks[0]
@@ -55,7 +54,7 @@ class DistributedGroupRunner(GroupRunner):
         self._step_inputs: tuple = ()
         self._calls_this_step: Dict[str, int] = {}
         self._early: Dict[str, Tuple[Tuple[int, ...], object]] = {}
-        super().__init__(network, placement, runtime, on_call, optimizer_states)
+        super().__init__(network, placement, runtime, table, on_call)
 
     def begin_step(self, inputs: tuple) -> None:
         """Run this group's Cells that read only the model's inputs now (members only)."""
@@ -76,7 +75,7 @@ class DistributedGroupRunner(GroupRunner):
         outbox().flush()
 
     def build(self, placement: GroupPlacement) -> None:
-        models = _member_models(self.cells, placement, self.optimizer_states) if self.member else {}
+        models = _member_models(self.slices(placement), placement) if self.member else {}
         self.placement, self.models = placement, models
         self._remote = {name: RemoteGroupOutput(self.leader, f"group {placement.name!r} output of {name!r} "
                                                              f"(leader rank {self.leader})")
@@ -148,12 +147,12 @@ class MemberGroupRunner(GroupRunner):
         member: whether this process belongs to the group.
     """
 
-    def __init__(self, network, placement: GroupPlacement, runtime=None, on_call=None, optimizer_states: int = 2):
+    def __init__(self, network, placement: GroupPlacement, runtime, table, on_call=None):
         self.member = world().rank in placement.ranks
-        super().__init__(network, placement, runtime, on_call, optimizer_states)
+        super().__init__(network, placement, runtime, table, on_call)
 
     def build(self, placement: GroupPlacement) -> None:
-        models = _member_models(self.cells, placement, self.optimizer_states) if self.member else {}
+        models = _member_models(self.slices(placement), placement) if self.member else {}
         self.placement, self.models = placement, models
 
     @contextlib.contextmanager
@@ -186,14 +185,11 @@ class MemberGroupRunner(GroupRunner):
         return construct
 
 
-def _member_models(cells, placement: GroupPlacement, optimizer_states: int) -> dict:
-    """Cell name -> DistributedModel of the Cell on the group's mesh, in a member process."""
+def _member_models(slices, placement: GroupPlacement) -> dict:
+    """Cell name -> DistributedModel of the Cell on the group's mesh (its slice of the job's
+    table, `GroupRunner.slices`), in a member process."""
     runtime = DistributedRuntime(world().sub(placement.ranks))  # parameters from the group leader's values
-    models = {}
-    for name, cell in cells.items():
-        table = resolve_strategy(cell, placement.strategy, optimizer_states=optimizer_states).check_shapes()
-        models[name] = runtime.wrap(cell, table, return_dtensor=False)
-    return models
+    return {name: runtime.wrap(cell, table, return_dtensor=False) for name, cell, table in slices}
 
 
 def _carries_gradient(x) -> bool:
@@ -230,7 +226,7 @@ def check_group_process(config) -> None:
                          "under msrun set sharding: False")
 
 
-def parallelize_groups(model, table, runtime, group_strategies=None, optimizer_states: int = 2):
+def parallelize_groups(model, table, runtime, group_strategies=None):
     """The MPMDModel of `model` in this msrun process (see `parallelize_mpmd`).
 
     Raises:
@@ -248,5 +244,4 @@ def parallelize_groups(model, table, runtime, group_strategies=None, optimizer_s
                          "optimizer states migrated, communicators rebuilt), and the groups run different Cells, so "
                          "no rows of work can move instead; under msrun use scheduler: static")
     check_group_process(table.config)
-    return MPMDModel(model, table.config, runtime, group_strategies, optimizer_states=optimizer_states,
-                     runner_class=DistributedGroupRunner)
+    return MPMDModel(model, table, runtime, group_strategies, runner_class=DistributedGroupRunner)

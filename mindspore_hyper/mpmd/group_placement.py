@@ -17,9 +17,12 @@ from mindspore import nn
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.shard.model_strategy import Strategy
 from mindspore_hyper.strategy.config import ParallelConfig
+from mindspore_hyper.strategy.group_table import resolve_group
 from mindspore_hyper.strategy.process_groups import DeviceGroup
+from mindspore_hyper.strategy.resolve import StrategyTable
 
-__all__ = ["GroupPlacement", "place_groups", "data_parallel_strategy", "check_unshared_parameters"]
+__all__ = ["GroupPlacement", "place_groups", "resolve_placements", "data_parallel_strategy",
+           "check_unshared_parameters"]
 
 
 def data_parallel_strategy(size: int, optimizer_sharding: bool) -> Strategy:
@@ -55,6 +58,21 @@ class GroupPlacement:
     @property
     def size(self) -> int:
         return len(self.ranks)
+
+    @property
+    def strategy_field(self) -> str:
+        """Where the group's strategy comes from, as errors name it."""
+        if self.explicit:
+            return f"group_strategies[{self.name!r}]"
+        return f"{self.group.path} (data parallel over its {self.size} ranks)"
+
+    def resolve_into(self, table: StrategyTable, network: nn.Cell) -> None:
+        """Resolve the group's Cells by its strategy into the job's `table` (see `resolve_group`)."""
+        resolve_group(table, network, self.name, self.cells, self.strategy, self.ranks, self.strategy_field)
+
+    def held_by(self, table: StrategyTable) -> bool:
+        """Whether `table` holds the group's rows as this placement runs them (its strategy and ranks)."""
+        return table.group_strategies.get(self.name) is self.strategy and table.group_ranks.get(self.name) == self.ranks
 
     def with_ranks(self, ranks: Sequence[int], optimizer_sharding: bool) -> "GroupPlacement":
         """The same group re-sharded data parallel over `ranks`."""
@@ -132,6 +150,19 @@ def place_groups(network: nn.Cell, config: ParallelConfig,
                              f"parameters runs in a group; add it to process_groups (modules: <pattern>) or to a "
                              f"module_level entry with strategy: mpmd")
     return placements
+
+
+def resolve_placements(table: StrategyTable, network: nn.Cell, placements: Sequence[GroupPlacement]) -> StrategyTable:
+    """The job's `table` holding every group's rows, each resolved once on the group's own mesh
+    (the groups' runtimes take their slices, `group_slice`); returns `table`.
+
+    Raises:
+        ValueError: a group's strategy that does not fit its Cells' parameters (naming the group's
+            strategy field, the group and the Cell).
+    """
+    for placement in placements:
+        placement.resolve_into(table, network)
+    return table
 
 
 def check_unshared_parameters(network: nn.Cell, placements: Sequence[GroupPlacement]) -> None:

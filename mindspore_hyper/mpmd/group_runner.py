@@ -1,5 +1,9 @@
 """A device group at run time: its Cells, each run as a simulated model on the group's own mesh.
 
+Each Cell's model runs the Cell's slice of the job's StrategyTable (`group_slice`): the group's
+rows were resolved once, on the group's mesh, by the MPMD build (`resolve_placements`); a device
+move (rebalancing) that gives the group other ranks resolves its rows into the table again.
+
 The runner takes over its Cells' `construct` (an instance attribute, so the model's code and
 parameter names stay untouched): a call from the model enters the group's simulated mesh (inputs
 laid out by the group's strategy), runs the Cell there and returns global tensors, which the
@@ -9,7 +13,7 @@ redistribution between the two groups' layouts, differentiable both ways.
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
@@ -18,7 +22,8 @@ from mindspore.graph.api import _pynative_executor
 
 from mindspore_hyper.mpmd.group_placement import GroupPlacement
 from mindspore_hyper.runtime.simulation.simulated_model import SimulatedModel
-from mindspore_hyper.strategy.resolve import resolve_strategy
+from mindspore_hyper.strategy.group_table import group_slice
+from mindspore_hyper.strategy.resolve import StrategyTable
 
 __all__ = ["GroupRunner"]
 
@@ -93,21 +98,22 @@ class GroupRunner:
         network: the whole model (the Cells are looked up by name in it).
         placement: the group's ranks, Cells and strategy.
         runtime: the simulation runtime (holds every virtual device in this process).
+        table: the job's StrategyTable, holding the group's rows (`resolve_placements`; its
+            `optimizer_states` are the memory reports' assumption).
         on_call: called after each Cell call with (runner, cell name, inputs, outputs, seconds);
             returns the call's task index. With `on_output_gradient` set, the outputs of a call
             under gradient recording report, with that index, when the backward reaches them.
-        optimizer_states: optimizer states per parameter assumed by memory reports.
     """
 
-    def __init__(self, network: nn.Cell, placement: GroupPlacement, runtime, on_call: Optional[CallHook] = None,
-                 optimizer_states: int = 2):
+    def __init__(self, network: nn.Cell, placement: GroupPlacement, runtime, table: StrategyTable,
+                 on_call: Optional[CallHook] = None):
         self.network = network
         self.runtime = runtime
+        self.table = table
         self.on_call = on_call
         self.on_output_gradient: Optional[Callable[[int], None]] = None  # gets on_call's result
         self.on_backward_end: Optional[Callable[[int], None]] = None
         self.backward_anchor: Optional[Parameter] = None  # see _BackwardEnd
-        self.optimizer_states = optimizer_states
         self.cells: Dict[str, nn.Cell] = dict((n, c) for n, c in network.cells_and_names() if n in placement.cells)
         self.models: Dict[str, SimulatedModel] = {}
         self.placement = placement
@@ -122,11 +128,16 @@ class GroupRunner:
 
     def build(self, placement: GroupPlacement) -> None:
         """(Re)lay the group's Cells out on `placement`'s mesh (used again after a device move)."""
-        models = {}
-        for name, cell in self.cells.items():
-            table = resolve_strategy(cell, placement.strategy, optimizer_states=self.optimizer_states).check_shapes()
-            models[name] = SimulatedModel(cell, table, self.runtime)
+        models = {name: SimulatedModel(cell, table, self.runtime) for name, cell, table in self.slices(placement)}
         self.placement, self.models = placement, models
+
+    def slices(self, placement: GroupPlacement) -> List[Tuple[str, nn.Cell, StrategyTable]]:
+        """(Cell name, Cell, its slice of the job's table) for each of the group's Cells on
+        `placement`; a placement whose rows the table does not hold (a device move gave the group
+        other ranks) is resolved into the table first."""
+        if not placement.held_by(self.table):
+            placement.resolve_into(self.table, self.network)
+        return [(name, cell, group_slice(self.table, placement.name, name)) for name, cell in self.cells.items()]
 
     def begin_step(self, inputs: tuple) -> None:
         """Called with the model's inputs at the start of each forward (nothing to do here)."""

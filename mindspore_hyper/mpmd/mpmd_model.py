@@ -1,7 +1,8 @@
 """MPMDModel: a model whose submodules run on their own device groups (HyperMPMD, simulation).
 
 Each device group (a `process_groups` entry or a `strategy: mpmd` module entry) runs its Cells
-on a mesh of its own ranks with its own strategy (`GroupRunner`). Activations crossing groups
+on a mesh of its own ranks with its own strategy (`GroupRunner`), the group's rows resolved once into
+the job's StrategyTable (`MPMDModel.table`) and each Cell's slice run. Activations crossing groups
 are gathered from the producer's layout and laid out by the consumer's (forward; the gradient
 goes back the same way). Parameter-free code between groups (a concat, the loss) runs on the
 global tensors. Every step yields a per-group timeline (`GroupTimeline`): the measured forward
@@ -17,13 +18,14 @@ import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn
+from mindspore import Parameter, Tensor, nn, ops
 
 from mindspore_hyper.autodiff import value_and_grad
 from mindspore_hyper.comm.collective_cause import CLIP_NORM_CAUSE, GRAD_NORM_CAUSE
 from mindspore_hyper.dtensor.accounting import Accounting
 from mindspore_hyper.mpmd.group_runner import GroupRunner
-from mindspore_hyper.mpmd.group_placement import GroupPlacement, check_unshared_parameters, place_groups
+from mindspore_hyper.mpmd.group_placement import (GroupPlacement, check_unshared_parameters, place_groups,
+                                                   resolve_placements)
 from mindspore_hyper.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord, apply_device_plan
 from mindspore_hyper.mpmd.gradient_norm import mpmd_grad_norm
 from mindspore_hyper.mpmd.group_timeline import GroupTimeline
@@ -37,8 +39,8 @@ from mindspore_hyper.runtime.parallel_model import check_loss
 from mindspore_hyper.runtime.report import StepReport
 from mindspore_hyper.runtime.training_options import refuse_unsupported
 from mindspore_hyper.schedule.rebalance import GroupSharePlan, RebalancePolicy
-from mindspore_hyper.strategy.config import ParallelConfig
 from mindspore_hyper.shard.model_strategy import Strategy
+from mindspore_hyper.strategy.resolve import StrategyTable
 
 __all__ = ["MPMDModel", "RebalanceRecord"]
 
@@ -50,26 +52,32 @@ class MPMDModel(nn.Cell):
 
     Args:
         network: the model; every Cell with parameters must belong to a device group.
-        config: the ParallelConfig holding the groups.
+        table: the job's StrategyTable, resolved from a config holding the groups (`table.config`);
+            each group's rows are resolved into it here, once, on the group's own mesh
+            (`resolve_placements`), and each group's runtime runs its slice. Its `optimizer_states`
+            are the memory reports' assumption.
         runtime: the simulation runtime.
-        group_strategies: optional explicit Strategy per group name (mesh size = group size);
+        group_strategies: optional explicit Strategy per group name (mesh size = group size;
+            override patterns name parameters relative to each of the group's Cells);
             default: data parallel over the group's ranks.
         policy: the dynamic scheduler's thresholds and smoothing.
-        optimizer_states: optimizer states per parameter assumed by memory reports.
         runner_class: how a group runs: `GroupRunner` (simulation, every group in this process)
             or `DistributedGroupRunner` (msrun, this process's group only).
 
     Raises:
-        ValueError: see `place_groups`; `scheduler: dynamic` on a group with an explicit strategy.
+        ValueError: see `place_groups` and `resolve_placements` (a group strategy that does not fit
+            its Cells, naming the group and the strategy's field); `scheduler: dynamic` on a group
+            with an explicit strategy.
     """
 
-    def __init__(self, network: nn.Cell, config: ParallelConfig, runtime,
+    def __init__(self, network: nn.Cell, table: StrategyTable, runtime,
                  group_strategies: Optional[Mapping[str, Strategy]] = None,
-                 policy: RebalancePolicy = RebalancePolicy(), optimizer_states: int = 2,
-                 runner_class: Type[GroupRunner] = GroupRunner):
+                 policy: RebalancePolicy = RebalancePolicy(), runner_class: Type[GroupRunner] = GroupRunner):
         super().__init__(auto_prefix=False)
+        config = table.config
         self.network = network
         self.config = config
+        self.table = table
         self.runtime = runtime
         self._zero = config.optimizer_sharding is not None
         placements = place_groups(network, config, group_strategies)
@@ -79,8 +87,9 @@ class MPMDModel(nn.Cell):
             if p.group.scheduler == "dynamic" and p.explicit:
                 raise ValueError(f"{p.group.path}.scheduler: dynamic moves devices between data-parallel groups; "
                                  f"group {p.name!r} has an explicit strategy (drop it or use scheduler: static)")
+        resolve_placements(table, network, placements)
         self.runners: Dict[str, GroupRunner] = {
-            p.name: runner_class(network, p, runtime, self._on_call, optimizer_states) for p in placements}
+            p.name: runner_class(network, p, runtime, table, self._on_call) for p in placements}
         # a scalar the training step also differentiates, so each group's backward end is marked
         self.__dict__["_anchor"] = Parameter(Tensor(0.0, ms.float32), name="mpmd_backward_anchor")
         for runner in self.runners.values():
@@ -242,7 +251,48 @@ class MPMDModel(nn.Cell):
         if factor is not None:
             loss = loss / factor
             grads = tuple(scaling.unscale(g, factor) for g in grads)
-        held = {id(p) for p in mine}
+        self._update(optimizer, weights, grads, scaler, max_grad_norm)
+        self.last_step_seconds = time.perf_counter() - start
+        return loss
+
+    def optimizer_step(self, optimizer: nn.Optimizer, max_grad_norm: Optional[float] = None) -> None:
+        """The rest of a step whose backward ran as torch-style `loss.backward()` (under
+        `enable_mindspore_backward_compat()`): `loss = model(*inputs); loss.backward();
+        model.optimizer_step(optimizer)` equals `train_step(optimizer, *inputs)`. Takes each
+        Parameter's `param.grad` (none: zero, as `value_and_grad` gives), then does what `train_step`
+        does after its backward, and clears the gradients (torch's `zero_grad(set_to_none=True)`;
+        two backwards before it add up). Loss scaling is the caller's (scale the loss, unscale).
+
+        Args:
+            optimizer: built on `optimizer_parameters()`.
+            max_grad_norm: clip the gradients to this global norm over every group, or None.
+
+        Raises:
+            ValueError: the optimizer is not built on `optimizer_parameters()`; a bad `max_grad_norm`.
+            RuntimeError: no Parameter of the model has a gradient (no `loss.backward()` since the
+                last update).
+        """
+        if max_grad_norm is not None:
+            max_grad_norm = check_max_norm(max_grad_norm, "max_grad_norm")
+        mine = self.optimizer_parameters()
+        check_optimizer(optimizer, mine, mine, self.config.optimizer_sharding, "optimizer_step")
+        # every parameter, as train_step's value_and_grad (under msrun other groups' unused copies get zeros)
+        weights = tuple(self.network.trainable_params())
+        accumulated = [w._grad for w in weights]  # pylint: disable=protected-access  # what `param.grad` reads
+        if all(g is None for g in accumulated):
+            raise RuntimeError("optimizer_step: no Parameter of the model has a gradient; run loss.backward() on the "
+                               "loss this model returned (after enable_mindspore_backward_compat()) first, or use "
+                               "train_step(optimizer, *inputs)")
+        self._place_backward(time.perf_counter())
+        grads = tuple(ops.zeros_like(w) if g is None else g for w, g in zip(weights, accumulated))
+        for w in weights + (self._anchor,):
+            w._grad = None  # pylint: disable=protected-access
+        self._update(optimizer, weights, grads, None, max_grad_norm)
+
+    def _update(self, optimizer: nn.Optimizer, weights: tuple, grads: tuple, scaler, max_grad_norm) -> None:
+        """The step after its backward: `last_gradients` (this process's groups), the global norm,
+        the (clipped, unless skipped) update, the wait for the sends and the rebalancing decision."""
+        held = {id(p) for p in self.optimizer_parameters()}
         self.last_gradients = {w.name: g.asnumpy() for w, g in zip(weights, grads) if id(w) in held}
         norm = mpmd_grad_norm(self, grads, GRAD_NORM_CAUSE if max_grad_norm is None else CLIP_NORM_CAUSE)
         guarded_update(self, grads, norm, scaler, max_grad_norm,
@@ -250,8 +300,6 @@ class MPMDModel(nn.Cell):
         self.steps += 1
         self.end_step()
         self.rebalance()
-        self.last_step_seconds = time.perf_counter() - start
-        return loss
 
     def end_step(self) -> None:
         """After the optimizer step (under msrun: wait until this process's cross-group sends left)."""

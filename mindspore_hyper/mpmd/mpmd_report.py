@@ -27,7 +27,10 @@ class MPMDSection:
     """What the last step did per group (the MPMD section of the model's StepReport).
 
     Attributes:
-        groups: name -> {"ranks", "cells", "hardware", "scheduler", "forward_seconds"}.
+        groups: name -> {"ranks", "cells", "hardware", "scheduler", "forward_seconds", "mesh" (the
+            group's own mesh: {"device_matrix", "alias_names"}), "parameters" (the group's rows of
+            the job's StrategyTable, `ParamRow.to_dict()` each: tensor maps on the group's mesh,
+            devices the global ranks)}.
         timeline: the per-group timeline of the last step (forward; with train_step, backward too).
         cross_group_bytes: (source group, target group) -> bytes of activations that crossed
             (the same bytes return as gradients in a training step); the source is
@@ -51,11 +54,12 @@ class MPMDSection:
                 "rebalances": [r.plan.reason for r in self.rebalances]}
 
     def __str__(self) -> str:
-        lines = ["MPMD groups:", "group            ranks            forward s"]
+        lines = ["MPMD groups:", "group            ranks            mesh                     parameters  forward s"]
         for name, g in self.groups.items():
             r = g["ranks"]
             text = f"{r[0]}-{r[-1]}" if list(r) == list(range(r[0], r[-1] + 1)) else ",".join(map(str, r))
-            lines.append(f"{name:<16} {text:<16} {g['forward_seconds']:.4f}")
+            mesh = " x ".join(f"{a} {n}" for a, n in zip(g["mesh"]["alias_names"], g["mesh"]["device_matrix"]))
+            lines.append(f"{name:<16} {text:<16} {mesh:<24} {len(g['parameters']):>10}  {g['forward_seconds']:.4f}")
         for (src, dst), n in self.cross_group_bytes.items():
             lines.append(f"{src} -> {dst}: {n} bytes")
         lines.append(str(self.timeline))
@@ -102,7 +106,10 @@ def mpmd_report(model, optimizer=None) -> StepReport:
     for (kind, axis), counts in norm.comm_backward_causes.items():
         causes.setdefault("backward", {}).setdefault(kind, {})[axis] = dict(counts)
     groups = {n: {"ranks": r.placement.ranks, "cells": r.placement.cells, "hardware": r.placement.group.hardware,
-                  "scheduler": r.placement.group.scheduler, "forward_seconds": model.group_seconds[n]}
+                  "scheduler": r.placement.group.scheduler, "forward_seconds": model.group_seconds[n],
+                  "mesh": {"device_matrix": list(r.placement.strategy.mesh.device_matrix),
+                           "alias_names": list(r.placement.strategy.mesh.alias_names)},
+                  "parameters": {row.name: row.to_dict() for row in model.table.group_rows(n)}}
               for n, r in model.runners.items()}
     section = MPMDSection(groups, model.timeline, dict(model.cross_group_bytes),
                          {rank: row["total"] for rank, row in memory.items()}, list(model.rebalances))

@@ -21,9 +21,11 @@ from mindspore_hyper.autodiff import value_and_grad
 from mindspore_hyper.context import get_context
 from mindspore_hyper.offload.expert_offload import attach_expert_offloads
 from mindspore_hyper.offload.activations import ActivationSwap
+from mindspore_hyper.offload.backward_order import BackwardOrder
 from mindspore_hyper.offload.device_shards import DeviceShard, from_strategy_rows, single_device
 from mindspore_hyper.offload.dry_run_offload import DryRunOffload
 from mindspore_hyper.offload.hooks import UseHooks
+from mindspore_hyper.offload.offload_section import offload_section
 from mindspore_hyper.offload.offload_unit import (OffloadPolicy, OffloadUnit, WorkingSetError, check_working_sets,
                                                   make_units)
 from mindspore_hyper.offload.residency import Residency
@@ -71,6 +73,7 @@ class OffloadedModel:
         self.hooks = UseHooks(self.units, self.residency, cell_backward_hooks)
         self.updates = UnitUpdates(self.units, self.residency, max(s.worker_nice for s in self.stores), async_writes)
         self.activations = ActivationSwap(model, policy, self.stores, self.residency, running_ranks)
+        self.parallel_model = None  # the ParallelModel whose report() shows this offload (set by hyper_offload)
 
     @property
     def store(self) -> OffloadStore:
@@ -100,6 +103,7 @@ class OffloadedModel:
                 store.begin_step()
             self.activations.begin_step()
             self.residency.begin_step()
+            self.hooks.begin_step()
             for off in self.expert_offloads:
                 off.begin_step()
             try:
@@ -208,8 +212,26 @@ class OffloadedModel:
             out["expert_cache"] = [off.stats() for off in self.expert_offloads]
         return out
 
+    def backward_order(self) -> BackwardOrder:
+        """The last step's forward uses of the units and the order its backward used them in."""
+        return BackwardOrder(tuple(self.hooks.forward_uses), tuple(self.hooks.backward_uses))
+
+    def report_section(self, ranks: Sequence[int]) -> Dict:
+        """The offload section of the parallel model's `report()` (`offload/offload_section.py`).
+
+        Raises:
+            ValueError: the offload is not of a parallel model (one from `auto_parallelize`).
+        """
+        if self.parallel_model is None:
+            raise ValueError("report_section: this offload is of a plain network, not of a parallel model; "
+                             "read its figures from stats()")
+        return offload_section(self.units, self.stores, self.residency, self.backward_order(), self.parallel_model,
+                               list(ranks), measured=True)
+
     def remove(self) -> None:
         """Removes the hooks and puts the stored values back into the model's Parameters."""
+        if self.parallel_model is not None and getattr(self.parallel_model, "offload", None) is self:
+            self.parallel_model.offload = None
         for part in (self.hooks, self.updates, self.activations):
             part.remove()
         self.residency.scrub_all()
@@ -309,6 +331,8 @@ def hyper_offload(model: nn.Cell, policy: Optional[OffloadPolicy] = None, *,
     In a dry run (`mode="dryrun"`, `model` from `auto_parallelize`) the result is a `DryRunOffload`:
     the same units, shards and residency decisions on shapes only, whose `stats()` gives the
     per-device figures the simulation's `OffloadedModel.stats()` gives (docs/dryrun.md).
+    For a model from `auto_parallelize` (simulation or dry run) the model's `report()` and the
+    `--json` report show the offload's figures (`offload/offload_section.py`) until `remove()`.
     """
     from mindspore_hyper.runtime.modes import runtime_for
     from mindspore_hyper.runtime.parallel_model import ParallelModel
@@ -365,6 +389,9 @@ def hyper_offload(model: nn.Cell, policy: Optional[OffloadPolicy] = None, *,
         raise
     off._owned_stores = owned_stores
     off._owned_dirs = [owned_dir] if owned_dir else []
+    if isinstance(model, ParallelModel):  # its report() shows the offload's figures
+        off.parallel_model = model
+        model.offload = off
     return off
 
 

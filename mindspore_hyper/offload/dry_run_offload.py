@@ -6,10 +6,12 @@ as in the simulation), the blocks each tensor occupies (`ShapeStore`: block size
 and which units are materialized when (`Residency`: the same decisions, its own code, driven by
 the same uses: each unit's forward from its Cell's hooks, then its backward in reverse order of
 the forward's uses, each complete before the next, as MindSpore's PyNative backward ran them in
-every model checked). So a dry run gives per device the simulation's
-`per_device_peak_materialized_bytes` (parameter and workspace bytes materialized at once) and
+every model checked: the simulation's report compares it with the order it observed,
+`backward_order.py`, and this one's report says it is assumed). So a dry run gives per device
+the simulation's `per_device_peak_materialized_bytes` (parameter and workspace bytes materialized at once) and
 `per_device_peak_pinned_bytes` (blocks pinned on the tier at once x block size), equal byte for
-byte (tests/offload/test_offload_dryrun.py).
+byte (tests/offload/test_offload_dryrun.py), and the model's `report()` the offload section
+(`offload_section.py`) with the simulation's modelled figures (tests/offload/test_offload_report.py).
 
 The update: an optimizer with a host rule (Adam, SGD) updates each unit on the host during the
 backward, pinning nothing on the tier; any other updates through the optimizer workspaces after
@@ -34,10 +36,12 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn
 
 from mindspore_hyper.context import get_context
+from mindspore_hyper.offload.backward_order import BackwardOrder
 from mindspore_hyper.offload.device_shards import DeviceShard
 from mindspore_hyper.offload.host_optimizer import host_rule
 from mindspore_hyper.offload.offload_unit import (OffloadPolicy, OffloadUnit, UnitOnDevice, check_working_sets,
                                                   select_cells)
+from mindspore_hyper.offload.offload_section import offload_section
 from mindspore_hyper.offload.residency import Residency
 from mindspore_hyper.offload.shape_store import ShapeStore
 from mindspore_hyper.units import numpy_dtype
@@ -204,6 +208,8 @@ class DryRunOffload:
             self._handles.append(u.cell.register_forward_pre_hook(self._make_bring(u)))
             self._handles.append(u.cell.register_forward_hook(self._make_drop(u)))
         model.replay_programs = False  # every forward runs the network, so its Cells' hooks see every use
+        self.order = BackwardOrder((), None)  # the last step's (modelled: no backward runs)
+        model.offload = self  # its report() shows this offload's figures
 
     def _make_bring(self, u: OffloadUnit):
         def hook(cell, inputs):
@@ -224,11 +230,14 @@ class DryRunOffload:
         from mindspore_hyper.runtime.dryrun.shape_grad import training_forward
 
         def step(*inputs):
+            for store in self.stores:
+                store.begin_step()
             self.residency.begin_step()
             self._uses = []
             try:
                 with training_forward():
                     loss = loss_fn(*inputs)
+                self.order = BackwardOrder(tuple(u.name for u in self._uses), None)
                 for u in reversed(self._uses):  # the backward of each forward use
                     self.residency.bring(u)
                     self.residency.drop(u)
@@ -302,8 +311,16 @@ class DryRunOffload:
                 "per_device_peak_materialized_bytes": list(self.residency.peak_materialized),
                 "per_device_peak_pinned_bytes": [s["pinned"]["peak_bytes"] for s in per_device]}
 
+    def report_section(self, ranks: Sequence[int]) -> Dict:
+        """The offload section of the model's `report()` (`offload/offload_section.py`): the
+        modelled figures, no measured ones, the backward order as the assumption it is."""
+        return offload_section(self.units, self.stores, self.residency, self.order, self.model, list(ranks),
+                               measured=False)
+
     def remove(self) -> None:
         """Removes the hooks (the Parameters never left the model)."""
+        if getattr(self.model, "offload", None) is self:
+            self.model.offload = None
         for h in self._handles:
             h.remove()
         self._handles.clear()

@@ -1,8 +1,10 @@
 """The hooks that tell `Residency` when an offload unit is used: its Cell's forward, and the
-backward of each of its calls."""
+backward of each of its calls. They also record the step's order of uses (`forward_uses`,
+`backward_uses`: unit names), which the report compares with the dry run's model of the backward
+(the forward's uses in reverse: `offload/backward_order.py`)."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import List, Sequence
 
 from mindspore import Parameter, Tensor
 from mindspore.graph.api import _pynative_executor
@@ -37,6 +39,8 @@ class UseHooks:
         self.residency = residency
         self.handles = []  # removed by `remove`
         self._tensor_hooks = []  # this step's hooks on Cell inputs/outputs (removed after backward)
+        self.forward_uses: List[str] = []  # this step's uses (unit names, in order; see `begin_step`)
+        self.backward_uses: List[str] = []
         for u in self.units:
             self.handles.append(u.cell.register_forward_pre_hook(self._make_bring(u)))
             self.handles.append(u.cell.register_forward_hook(self._make_drop(u)))
@@ -48,6 +52,10 @@ class UseHooks:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+
+    def begin_step(self) -> None:
+        """A new forward + backward: the recorded uses start again."""
+        self.forward_uses, self.backward_uses = [], []
 
     def end_backward(self) -> None:
         """After backward: every unit's use is over (also those whose inputs got no gradient)."""
@@ -62,8 +70,14 @@ class UseHooks:
 
     def _make_bring(self, u: OffloadUnit):
         def hook(cell, inputs):
+            if self.residency.in_step:
+                self.forward_uses.append(u.name)
             self.residency.bring(u)
         return hook
+
+    def _backward_bring(self, u: OffloadUnit) -> None:
+        self.backward_uses.append(u.name)
+        self.residency.bring(u)
 
     def _make_drop(self, u: OffloadUnit):
         def hook(cell, inputs, output):
@@ -93,7 +107,7 @@ class UseHooks:
         def on_output_grad(grad):
             if not use["brought"]:
                 use["brought"] = True
-                self.residency.bring(u)
+                self._backward_bring(u)
 
         def on_input_grad(grad):
             use["left"] -= 1
@@ -124,7 +138,7 @@ class UseHooks:
         hook, the pre-hook already wraps this call's output; the inputs were not wrapped, so this
         call's use ends with the backward."""
         u.cell_backward_hooks = True
-        self.handles.append(u.cell.register_backward_pre_hook(lambda cell, grad_output: self.residency.bring(u)))
+        self.handles.append(u.cell.register_backward_pre_hook(lambda cell, grad_output: self._backward_bring(u)))
         self.handles.append(u.cell.register_backward_hook(
             lambda cell, grad_input, grad_output: self.residency.drop(u)))
 

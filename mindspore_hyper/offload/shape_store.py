@@ -106,7 +106,8 @@ class ShapeStore:
         """A use of held blocks (the prefetch trace only: nothing to model)."""
 
     def begin_step(self) -> None:
-        """A step boundary (the prefetch trace only: nothing to model)."""
+        """A step boundary: the pin count's loads count from zero (`PinCount.step_loads`)."""
+        self.pins.begin_step()
 
     def stats(self) -> Dict:
         """The figures a shape-only store has: blocks and bytes stored, the device budget and the

@@ -44,9 +44,18 @@ class PinCount:
     def __init__(self):
         self.count: Dict[int, int] = {}  # block id -> pins
         self.peak_blocks = 0
+        # pins of a block that was not pinned (each one a load onto the tier unless its cache of
+        # unpinned blocks still held it), since `begin_step`
+        self.step_loads = 0
+
+    def begin_step(self) -> None:
+        """A new step: `step_loads` counts from zero."""
+        self.step_loads = 0
 
     def pin(self, blocks: Sequence[int]) -> None:
         for b in blocks:
+            if b not in self.count:
+                self.step_loads += 1
             self.count[b] = self.count.get(b, 0) + 1
         self.peak_blocks = max(self.peak_blocks, len(self.count))
 
@@ -108,6 +117,7 @@ class OffloadStore:
         self.device_blocks = self.device_memory // self.block_size
         self.handle = _core.register_tensor_store(self.tensors)  # how the kernels reach it
         self.pins = PinCount()
+        self.step_start: Optional[Dict] = None  # `stats()` at the last `begin_step`
 
     # -- tensors -------------------------------------------------------------------------
     def put(self, array: np.ndarray) -> TensorRef:
@@ -169,7 +179,11 @@ class OffloadStore:
         self.pins.unpin(blocks)
 
     def begin_step(self) -> None:
+        """A step boundary: the prefetch trace's, the pin count's (`PinCount.step_loads`), and the
+        counters the last step's measured figures are taken against (`step_start`)."""
         self.scheduler.begin_step()
+        self.pins.begin_step()
+        self.step_start = self.stats()
 
     @property
     def prefetch_depth(self) -> int:

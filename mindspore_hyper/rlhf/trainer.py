@@ -34,13 +34,14 @@ from mindspore_hyper.rlhf.ppo import PHASES, PPOResult, PPOSettings, Unit, ppo_s
 from mindspore_hyper.rlhf.process_phases import ProcessPhases
 from mindspore_hyper.mpmd import check_mpmd_enabled
 from mindspore_hyper.mpmd.group_runner import GroupRunner
-from mindspore_hyper.mpmd.group_placement import place_groups
+from mindspore_hyper.mpmd.group_placement import place_groups, resolve_placements
 from mindspore_hyper.mpmd.rebalancing import DeviceRebalancing, RebalanceRecord
 from mindspore_hyper.mpmd.share_rebalancing import ShareRebalancing, gather_group_seconds, proportional_shares
 from mindspore_hyper.mpmd.group_timeline import GroupTimeline
 from mindspore_hyper.runtime.modes import runtime_for
 from mindspore_hyper.schedule.rebalance import RebalancePolicy
 from mindspore_hyper.strategy.config import ParallelConfig, load_parallel_config
+from mindspore_hyper.strategy.resolve import resolve_strategy
 
 __all__ = ["PPOTrainer", "ROLES"]
 
@@ -61,6 +62,7 @@ class PPOTrainer:
             simulation; under msrun, moves of the frozen roles' scoring rows between the groups.
 
     Attributes:
+        table: the job's StrategyTable, every group's rows resolved on the group's own mesh.
         phases: under msrun, this process's `ProcessPhases` (measured events); None in simulation.
         timeline: in simulation, the last step's per-group timeline.
 
@@ -103,11 +105,13 @@ class PPOTrainer:
         self.models = models
         self.settings = settings
         placements = place_groups(models, config, colocated=host_groups)
+        # the job's strategy table: every group's rows resolved once on its own mesh (each runner runs its slices)
+        self.table = resolve_placements(resolve_strategy(models, config), models, placements)
         self.phases: Optional[ProcessPhases] = None
         if not runtime.in_one_process():
             self.runners = self._process_runners(models, config, placements)
         else:
-            self.runners = {p.name: GroupRunner(models, p, runtime) for p in placements}
+            self.runners = {p.name: GroupRunner(models, p, runtime, self.table) for p in placements}
         self.role_group = {}
         for role in ROLES:
             self.role_group[role] = next(p.name for p in placements if role in p.cells)
@@ -137,7 +141,7 @@ class PPOTrainer:
                              "group; under msrun rows of the frozen roles' scoring move between two or more dynamic "
                              "groups (make another group dynamic or use scheduler: static)")
         check_group_process(config)
-        return {p.name: MemberGroupRunner(models, p) for p in placements}
+        return {p.name: MemberGroupRunner(models, p, None, self.table) for p in placements}
 
     def step(self, prompts: Tensor) -> PPOResult:
         """One PPO step (generation, scoring, training) with the roles on their groups; then,

@@ -95,7 +95,11 @@ class ParallelModel(nn.Cell):
         runtime: the Runtime that holds the ranks and moves the data.
         execution: this model's run state (held ranks, collectives, parameter layouts).
         accounting: live counters of the last step (memory, collectives, fallbacks).
+        offload: the offload of this model's units (`hyper_offload` sets it, its `remove` clears
+            it; duck-typed: `report_section(ranks)`), whose figures `report()` shows; else None.
     """
+
+    offload = None
 
     def __init__(self, network: nn.Cell, table: StrategyTable, runtime, return_dtensor: bool = False):
         super().__init__(auto_prefix=False)

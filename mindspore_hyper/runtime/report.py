@@ -14,6 +14,10 @@ After a training step, `step_memory`: the memory over forward, backward and the 
 (`runtime/step_memory.py`), its peak and the op at it, each device's step peak exact, with the
 allocator's rounding (context flag `allocator_alignment`) and with a fragmentation allowance
 (`allocator_fragmentation`).
+With offloaded units (`hyper_offload` of the model), `offload`: the offload's figures per device
+(`offload/offload_section.py`), and the memory rows count the offloaded parameters' parameter,
+gradient and optimizer-state bytes only as the device tier holds them (`offload_device_tier`: its
+peak of pinned blocks); the host and disk tiers are listed in the offload section.
 """
 from __future__ import annotations
 
@@ -65,6 +69,8 @@ class StepReport:
     mpmd: object = None  # MPMD model: the per-group section (mpmd/mpmd_report.MPMDSection), else None
     # after a training step: the step's memory series and each device's step peak (see `_step_memory`)
     step_memory: Optional[dict] = None
+    # with offloaded units: the offload's section (offload/offload_section.py), else None
+    offload: Optional[dict] = None
 
     @classmethod
     def build(cls, model, optimizer=None) -> "StepReport":
@@ -72,6 +78,11 @@ class StepReport:
         per = table.bytes_per_device()
         ranks = model.local_ranks
         simulated = model.runtime.name in ("simulation", "dryrun")  # parameters stay global tensors
+        offload = model.offload.report_section(ranks) if getattr(model, "offload", None) is not None else None
+        if offload is not None and optimizer is not None:
+            raise ValueError("report(optimizer): the model's offloaded units are updated by the optimizers "
+                             "hyper_offload made, whose states the offload section counts; call report() "
+                             "without an optimizer")
         by_dtype = (_optimizer_bytes_by_dtype(table, optimizer, ranks, simulated, model.network,
                                               rows_by_id=getattr(model, "rows", None))
                     if optimizer is not None else None)
@@ -85,11 +96,14 @@ class StepReport:
                 "activations_peak": acc.peak_bytes,
             }
         by_kind_dtype = memory_by_dtype(table, ranks, by_dtype, model.network)
+        if offload is not None:
+            _take_offloaded(memory, by_kind_dtype, offload)
         for rank in ranks:
             working = sum(by_kind_dtype[rank]["working_weights"].values())
             if working:  # mixed precision: compute-dtype copies of the weights, cast inside MindSpore's kernels
                 memory[rank]["working_weights"] = working
-            memory[rank]["total"] = sum(memory[rank][k] for k in KINDS) + working
+            memory[rank]["total"] = sum(memory[rank][k] for k in KINDS) + working + \
+                memory[rank].get("offload_device_tier", 0)
         report = cls(
             mesh=dict(zip(table.mesh.alias_names, table.mesh.device_matrix)),
             memory=memory, comm=_nest(acc.comm), comm_backward=_nest(acc.comm_backward),
@@ -98,6 +112,7 @@ class StepReport:
             simulated=simulated, backward_ran=getattr(model, "last_forward_recorded_gradients", None),
             memory_by_dtype=by_kind_dtype,
             comm_causes={"forward": _nest_causes(acc.comm_causes), "backward": _nest_causes(acc.comm_backward_causes)},
+            offload=offload,
         )
         if table.mesh.size <= COMM_TIME_MAX_DEVICES:
             report.comm_time_estimate_s = _comm_time(report, table.mesh)
@@ -107,7 +122,7 @@ class StepReport:
                                 f"model chooses algorithms on the whole device graph, seconds per collective above "
                                 f"{COMM_TIME_MAX_DEVICES}); `mindspore-hyper dryrun --hardware PRESET` predicts it")
         if report.backward_ran:
-            report.step_memory = _step_memory(model, optimizer, memory, ranks, simulated)
+            report.step_memory = _step_memory(model, optimizer, memory, ranks, simulated, offload)
         report.check_memory()
         return report
 
@@ -154,6 +169,7 @@ class StepReport:
             **({"mpmd": self.mpmd.to_dict()} if self.mpmd is not None else {}),
             **({"step_memory": self.step_memory} if self.step_memory is not None else {}),
             **({"pipeline": self.pipeline.to_dict()} if self.pipeline is not None else {}),
+            **({"offload": self.offload} if self.offload is not None else {}),
         }
 
     def __str__(self) -> str:
@@ -168,7 +184,12 @@ class StepReport:
             head.insert(5, "working weights")
             for row, (_, m) in zip(rows, self.memory_groups()):
                 row.insert(5, _fmt(m.get("working_weights", 0)))
+        if any("offload_device_tier" in m for m in self.memory.values()):
+            head.insert(-2, "offload tier")
+            for row, (_, m) in zip(rows, self.memory_groups()):
+                row.insert(-2, _fmt(m.get("offload_device_tier", 0)))
         lines += _table(head, rows)
+        lines += self._offload_lines()
         lines += self._dtype_lines()
         lines += self._step_memory_lines()
         crow = [[phase, kind, axis, str(v["count"]), _fmt(v["bytes"]),
@@ -194,6 +215,36 @@ class StepReport:
                          ", ".join(f"{k}: {v}" for k, v in sorted(self.fallbacks.items())))
         lines += self.notes
         return "\n".join(lines)
+
+    def _offload_lines(self) -> List[str]:
+        """The offload section as text: per set of equal devices the modelled figures, then the
+        measured ones (simulation), then the backward order."""
+        section = self.offload
+        if section is None:
+            return []
+        lines = [f"offloaded units (blocks of {_fmt(section['block_size'])}, device tier budget "
+                 f"{_fmt(section['device_budget_bytes'])}; 'offload tier' above: its peak of pinned blocks, in "
+                 "place of the offloaded parameters, gradients and optimizer states):"]
+        rows = [[label, _fmt(m["stored_bytes"]), _fmt(m["device_tier_peak_pinned_bytes"]),
+                 _fmt(m["peak_materialized_bytes"]), _fmt(m["host_tier_bytes"]), _fmt(m["disk_tier_bytes"]),
+                 _fmt(m["device_loads_bytes"])] for label, m in device_groups(section["per_device"])]
+        lines += _table(["device", "stored", "tier pinned(peak)", "materialized(peak)", "host tier", "disk tier",
+                         "loads/step"], rows)
+        measured = section["measured_per_device"]
+        if measured is None:
+            lines.append("  measured copies and prefetches: none in a dry run (no copies run); 'loads/step' is the "
+                         "bytes pinned onto the tier per step if its cache never kept a block")
+        else:
+            rows = [[label, _fmt(m["bytes_to_device"]), _fmt(m["bytes_from_device"]), _fmt(m["bytes_host_to_disk"]),
+                     f"{m['prefetch_hits']}/{m['prefetch_late']}/{m['prefetch_misses']}",
+                     _fmt(m["device_tier_peak_bytes"]), _fmt(m["host_tier_bytes"]), _fmt(m["disk_tier_bytes"])]
+                    for label, m in device_groups(measured)]
+            lines.append("  measured in the last step (the stores' copies; tiers now, device tier peak since made):")
+            lines += ["  " + line for line in _table(
+                ["device", "to device", "from device", "host->disk", "prefetch hit/late/miss", "tier peak",
+                 "host tier", "disk tier"], rows)]
+        lines.append("  " + section["backward_order_text"])
+        return lines
 
     def _dtype_lines(self) -> List[str]:
         """Bytes by dtype of the first device (every device of a symmetric mesh alike), when the
@@ -245,7 +296,8 @@ class StepReport:
         fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
         groups = self.memory_groups()
         bottom = np.zeros(len(groups))
-        for kind in KINDS + (("working_weights",) if any("working_weights" in m for _, m in groups) else ()):
+        extra = tuple(k for k in ("working_weights", "offload_device_tier") if any(k in m for _, m in groups))
+        for kind in KINDS + extra:
             values = np.array([m.get(kind, 0) for _, m in groups], dtype=float) / 2**20
             left.bar([label for label, _ in groups], values, bottom=bottom, label=kind)
             bottom += values
@@ -334,24 +386,26 @@ def _optimizer_bytes_by_dtype(table, optimizer, ranks, simulated: bool = True, n
     return per_rank
 
 
-def _step_memory(model, optimizer, memory, ranks, simulated: bool) -> dict:
+def _step_memory(model, optimizer, memory, ranks, simulated: bool, offload: Optional[dict] = None) -> dict:
     """The step's memory section: the series of the representative device (`step_memory`: every
     device of the SPMD program alike) exact and with every block rounded to the context's
     `allocator_alignment`, its peak and the op at it, and per device the step peak = parameters +
     optimizer states + working weights (alive throughout) + the series' peak, exact, rounded
     (parameters and optimizer states rounded per parameter and state; working weights as they
-    are), and rounded x (1 + `allocator_fragmentation`) rounded up to a byte."""
+    are), and rounded x (1 + `allocator_fragmentation`) rounded up to a byte. With an `offload`
+    section the offloaded parameters count as the device tier's pinned peak (whole blocks)."""
     alignment, fragmentation = get_context("allocator_alignment"), get_context("allocator_fragmentation")
     trainable = {id(p) for p in model.network.trainable_params()}
     exact, rounded = (step_memory(model.accounting, a, trainable) for a in (1, alignment))
     if not exact.points:
         return {"timeline": [], "peak_phase": "", "peak_op": "", "alignment_bytes": alignment,
                 "fragmentation": fragmentation, "per_device": {}}
-    states = rounded_model_states(model, optimizer, ranks, simulated, alignment)
+    offloaded = set(offload["offloaded_parameters"]) if offload is not None else ()
+    states = rounded_model_states(model, optimizer, ranks, simulated, alignment, skip=offloaded)
     per_device = {}
     for rank in ranks:
         m = memory[rank]
-        working = m.get("working_weights", 0)
+        working = m.get("working_weights", 0) + m.get("offload_device_tier", 0)  # (the tier: whole blocks)
         step_rounded = states[rank] + working + rounded.peak.total
         per_device[rank] = {
             "step_peak": m["parameters"] + m["optimizer_states"] + working + exact.peak.total,
@@ -363,12 +417,13 @@ def _step_memory(model, optimizer, memory, ranks, simulated: bool) -> dict:
             "alignment_bytes": alignment, "fragmentation": fragmentation, "per_device": per_device}
 
 
-def rounded_model_states(model, optimizer, ranks, simulated: bool, alignment: int) -> Dict[int, int]:
+def rounded_model_states(model, optimizer, ranks, simulated: bool, alignment: int, skip=()) -> Dict[int, int]:
     """rank -> bytes of `model`'s parameters and optimizer states on it, each parameter and each
     state a block rounded up to `alignment` bytes (without an optimizer: each parameter's states
     as one block). `simulated`: states are global tensors counted at their ZeRO layout (see
-    `_optimizer_bytes_by_dtype`)."""
-    table = model.table
+    `_optimizer_bytes_by_dtype`). `skip`: names of parameters left out (offloaded: the device
+    tier holds them)."""
+    table = [row for row in model.table if row.name not in skip]
     params = {rank: 0 for rank in ranks}
     for row in table:
         for rank in row.devices:
@@ -381,6 +436,21 @@ def rounded_model_states(model, optimizer, ranks, simulated: bool, alignment: in
         states = {rank: sum(round_block(row.optimizer_bytes, alignment) for row in table if rank in row.devices)
                   for rank in ranks}
     return {rank: params[rank] + states[rank] for rank in ranks}
+
+
+def _take_offloaded(memory, by_kind_dtype, section) -> None:
+    """Moves the offloaded parameters' bytes out of the memory rows (and the by-dtype figures):
+    the device holds them only as its offload tier's pinned blocks (`offload_device_tier`)."""
+    for rank, row in memory.items():
+        for kind, by_dtype in section["offloaded"][rank].items():
+            for dtype, nbytes in by_dtype.items():
+                row[kind] -= nbytes
+                left = by_kind_dtype[rank][kind].get(dtype, 0) - nbytes
+                if left:
+                    by_kind_dtype[rank][kind][dtype] = left
+                else:
+                    by_kind_dtype[rank][kind].pop(dtype, None)
+        row["offload_device_tier"] = section["per_device"][rank]["device_tier_peak_pinned_bytes"]
 
 
 def _comm_time(report: "StepReport", mesh) -> float:

@@ -46,6 +46,8 @@ class Layout:
         self._position_of_rank = {r: i for i, r in enumerate(self._rank_list)}
         self._groups_cache = {}
         self._coords_cache: Dict[int, Tuple[int, ...]] = {}
+        # (dims, partial) -> the TensorLayout on this mesh (`TensorLayout.from_dims` returns one instance each)
+        self.tensor_layouts: Dict[tuple, TensorLayout] = {}
 
     # -- basic facts -------------------------------------------------------------------------
     @property
@@ -171,6 +173,8 @@ class Layout:
                 "rank_list": list(self._rank_list)}
 
     def __eq__(self, other) -> bool:
+        if other is self:
+            return True
         return (isinstance(other, Layout) and self._device_matrix == other._device_matrix
                 and self._alias_names == other._alias_names and self._rank_list == other._rank_list)
 

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 __all__ = ["TensorLayout", "NONE_ALIAS"]
 
 NONE_ALIAS = "None"  # the tensor-map entry of an unsharded dimension (MindSpore's spelling)
+# bounds of the memos (layouts kept per mesh, local shapes kept per layout); past one a memo starts over
+_MEMO_LIMIT = 4096
+_SHAPES_PER_LAYOUT = 256
 
 Entry = Tuple[int, ...]  # mesh axis indices splitting one tensor dimension, major first
 
@@ -63,14 +66,23 @@ class TensorLayout:
             )
         self._partial: Tuple[Tuple[int, str], ...] = tuple(sorted(parsed_partial.items()))
         self._shard_counts = tuple(math.prod(mesh.device_matrix[a] for a in entry) for entry in self._dims)
+        # facts the dispatcher asks for on every op, fixed by the (immutable) layout: computed once
+        self._sharded_axes, self._significant_axes = tuple(used), tuple(sorted(set(used) | set(parsed_partial)))
+        self._local_shapes: Dict[Tuple[int, ...], Tuple[int, ...]] = {}  # even global shape -> local shape
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
     def from_dims(cls, mesh: Layout, dims: Sequence[Sequence[int]],
                   partial: Optional[Dict[int, str]] = None) -> "TensorLayout":
-        """Build from mesh axis indices per dimension (the internal form)."""
-        tensor_map = [tuple(mesh.alias_names[a] for a in entry) if entry else None for entry in dims]
-        return cls(mesh, tensor_map, partial)
+        """Build from mesh axis indices per dimension (the internal form). Layouts are immutable: one
+        instance per (dims, partial) is kept on the mesh (`Layout.tensor_layouts`), as ops reuse few."""
+        cache = mesh.tensor_layouts if cls is TensorLayout and hasattr(mesh, "tensor_layouts") else {}
+        key = (tuple(tuple(entry) for entry in dims), tuple(partial.items()) if partial else ())
+        layout = cache.get(key)
+        if layout is None:
+            tensor_map = [tuple(mesh.alias_names[a] for a in entry) if entry else None for entry in dims]
+            layout = _memo_put(cache, key, cls(mesh, tensor_map, partial))
+        return layout
 
     @classmethod
     def from_placements(cls, mesh: Layout, placements: Sequence[Placement], ndim: int) -> "TensorLayout":
@@ -185,7 +197,12 @@ class TensorLayout:
         return self._shard_counts[dim]
 
     def sharded_axes(self) -> Tuple[int, ...]:
-        return tuple(a for entry in self._dims for a in entry)
+        return self._sharded_axes
+
+    @property
+    def significant_axes(self) -> Tuple[int, ...]:
+        """Mesh axes along which devices' shards differ: the sharding and the Partial axes, ascending."""
+        return self._significant_axes
 
     # -- shapes and slices -------------------------------------------------------------------
     def check_shape(self, global_shape: Sequence[int], uneven: bool = False) -> None:
@@ -215,7 +232,8 @@ class TensorLayout:
     def is_even(self, global_shape: Sequence[int]) -> bool:
         """Whether every sharded dimension of `global_shape` divides by its shard count (every
         device's shard then has the same shape)."""
-        return all(size % n == 0 for size, n in zip(global_shape, self._shard_counts))
+        return tuple(global_shape) in self._local_shapes or all(  # in the memo: `local_shape` divided it
+            size % n == 0 for size, n in zip(global_shape, self._shard_counts))
 
     def uneven_dims(self, global_shape: Sequence[int]) -> Tuple[int, ...]:
         """The dimensions of `global_shape` whose shard count does not divide them."""
@@ -227,8 +245,12 @@ class TensorLayout:
         Raises:
             ValueError: a dimension does not divide by its shard count.
         """
-        self.check_shape(global_shape)
-        return tuple(size // self.shard_count(dim) for dim, size in enumerate(global_shape))
+        local = self._local_shapes.get(shape := tuple(global_shape))
+        if local is None:  # a layout meets few shapes: each divided once
+            self.check_shape(shape)
+            local = tuple(size // n for size, n in zip(shape, self._shard_counts))
+            _memo_put(self._local_shapes, shape, local, _SHAPES_PER_LAYOUT)
+        return local
 
     def max_local_shape(self, global_shape: Sequence[int]) -> Tuple[int, ...]:
         """Shape of the largest shard (the device at coordinate 0 of every axis): each sharded
@@ -306,6 +328,15 @@ class TensorLayout:
         if self._partial:
             partial = ", partial={" + ", ".join(f"{self._mesh.alias_names[a]!r}: {op!r}" for a, op in self._partial) + "}"
         return f"TensorLayout({self.tensor_map}{partial}, mesh={self._mesh.device_matrix}{self._mesh.alias_names})"
+
+
+def _memo_put(memo: dict, key, value, limit: Optional[int] = None):
+    """`memo[key] = value` in a memo of at most `limit` (default `_MEMO_LIMIT`) entries, past which it
+    starts over; returns `value`."""
+    if len(memo) >= (_MEMO_LIMIT if limit is None else limit):
+        memo.clear()
+    memo[key] = value
+    return value
 
 
 def _parse_entry(mesh: Layout, entry, dim: int) -> Entry:

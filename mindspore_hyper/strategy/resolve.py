@@ -93,6 +93,10 @@ class StrategyTable:
         pipeline_stages: number of pipeline stages (1 = none).
         cell_stages: Cell name -> pipeline stage (the Cells the native runtime marks).
         groups: the device groups (mpmd entries, process groups).
+        group_strategies: group name -> the Strategy (on the group's own mesh) its rows were
+            resolved by, for each group whose rows `set_group_rows` put here (the MPMD build);
+            empty until then (the rows of grouped parameters are then the config's, on the job mesh).
+        group_ranks: group name -> the global ranks its mesh's ranks stand for (in mesh order).
         optimizer_states: optimizer states per parameter assumed for optimizer_bytes.
     """
 
@@ -107,6 +111,8 @@ class StrategyTable:
         self.cell_stages = dict(cell_stages or {})
         self.pipeline_stages = config.pipeline_stages if config is not None else 1
         self.groups: List[DeviceGroup] = list(config.groups) if config is not None else []
+        self.group_strategies: Dict[str, Strategy] = {}
+        self.group_ranks: Dict[str, Tuple[int, ...]] = {}
         self.optimizer_states = optimizer_states
 
     def __iter__(self) -> Iterator[ParamRow]:
@@ -126,6 +132,36 @@ class StrategyTable:
 
     def names(self) -> List[str]:
         return [r.name for r in self._rows]
+
+    def group_rows(self, group: str) -> List[ParamRow]:
+        """The rows device group `group` holds (`row.group == group`), in table order."""
+        return [r for r in self._rows if r.group == group]
+
+    def set_group_rows(self, group: str, strategy: Strategy, ranks: Sequence[int], rows: Sequence[ParamRow],
+                       cells: Sequence[str]) -> None:
+        """Hold device group `group`'s rows (see strategy/group_table.py): they replace the
+        group's earlier rows and the rows of the parameters under its `cells` (the config's rows
+        on the job mesh), in place where a name was here, else at the end.
+
+        Args:
+            group: the group's name.
+            strategy: the Strategy the rows were resolved by (its mesh is the group's).
+            ranks: the global rank of each rank of the group's mesh, in mesh order.
+            rows: the group's rows (full parameter names, `row.group == group`).
+            cells: the names of the Cells the group runs.
+        """
+        new = {r.name: r for r in rows}
+        under = tuple(c + "." for c in cells)
+        kept = []
+        for r in self._rows:
+            if r.name in new:
+                kept.append(new.pop(r.name))
+            elif r.group != group and not r.name.startswith(under):
+                kept.append(r)
+        self._rows = kept + [r for r in rows if r.name in new]
+        self._by_name = {r.name: r for r in self._rows}
+        self.group_strategies[group] = strategy
+        self.group_ranks[group] = tuple(ranks)
 
     def check_shapes(self) -> "StrategyTable":
         """Check every parameter's shape fits its layout (each split dimension divisible as the
@@ -158,6 +194,8 @@ class StrategyTable:
             "optimizer_axis": self.strategy.optimizer_state, "data_axis": self.strategy.data_axis,
             "optimizer_states": self.optimizer_states, "cell_stages": dict(self.cell_stages),
             "groups": [g.to_dict() for g in self.groups],
+            "group_meshes": {g: dict(s.mesh.to_dict(), ranks=list(self.group_ranks[g]))
+                             for g, s in self.group_strategies.items()},
             "parameters": {r.name: r.to_dict() for r in self._rows},
         }
 
@@ -177,6 +215,8 @@ class StrategyTable:
                f"optimizer axis {self.strategy.optimizer_state}", fmt.format(*head),
                fmt.format(*["-" * w for w in widths])]
         out += [fmt.format(*line) for line in lines]
+        out += [f"group {g}: tensor maps on its own mesh {s.mesh.device_matrix} {s.mesh.alias_names} "
+                f"(ranks {list(self.group_ranks[g])})" for g, s in self.group_strategies.items()]
         notes = [(r.name, n) for r in self._rows for n in r.notes]
         if notes:
             out.append("notes (*):")

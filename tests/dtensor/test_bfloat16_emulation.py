@@ -222,35 +222,48 @@ def test_flag_refused_off_the_cpu(clean_context, monkeypatch):
 
 
 def test_an_op_outside_the_table_is_refused_naming_it(clean_context):
-    """With the flag on, a bfloat16 failure of an op the table lacks says so (here Dropout2D, a
-    random op that the dispatcher runs once on the gathered input)."""
+    """With the flag on, a bfloat16 failure of an op the table lacks says so (here Sign)."""
     clean_context.set_context(cpu_bfloat16="emulate")
     with pytest.raises((DTensorOpError, TypeError), match="not among the emulated ones"):
-        ops.Dropout2D(0.5)(_replicated(A.reshape(1, 2, 4, 4), ms.bfloat16))[0].full_tensor().asnumpy()
+        ops.sign(_replicated(A, ms.bfloat16)).full_tensor().asnumpy()
 
 
-def test_a_failed_bfloat16_forward_leaves_no_wrong_rounding(clean_context):
-    """A forward that raises inside a BF16 Cell leaves its type in the mirror (and, for some
-    failures, in MindSpore's stack: later kernels still cast to bfloat16). The emulation asks
-    MindSpore which type casts before rounding anything, so a float32 op afterwards is rounded only
-    where MindSpore would cast it; `reset_cell_types` stops a leftover type from casting."""
+class _Raises(nn.Cell):
+    def construct(self, x):
+        raise ValueError("a forward that fails")
+
+
+class _Nested(nn.Cell):
+    """A Cell whose child raises; `grad_inside`: the child runs under MindSpore's grad, whose failure
+    resets MindSpore's stack of types as a whole inside the forward."""
+
+    def __init__(self, grad_inside: bool):
+        super().__init__()
+        self.inner, self.grad_inside = _Raises(), grad_inside
+
+    def construct(self, x):
+        return ms.grad(lambda a: self.inner(a).sum())(x) if self.grad_inside else self.inner(x)
+
+
+@pytest.mark.parametrize("case", ["kernel", "python", "under grad", "grad inside"])
+def test_a_failed_bfloat16_forward_leaves_no_type_casting(clean_context, case):
+    """A forward that raises inside BF16 Cells (MindSpore's kernel refusal, a Python error, either
+    under value_and_grad, or a grad inside the forward that resets MindSpore's stack) pops the types
+    its Cells pushed, no more: later float32, float16 and bfloat16 kernels get their own dtypes
+    and the emulation rounds only bfloat16 (no caller clean-up)."""
     clean_context.set_context(cpu_bfloat16="emulate")
     at = A.T.copy()
-    plain = ops.matmul(Tensor(A), Tensor(at)).asnumpy()  # references first: a leftover type would cast them
-    rounded = _round_to_nearest_even(ops.matmul(Tensor(_round_to_nearest_even(A)),
-                                                Tensor(_round_to_nearest_even(at))).asnumpy())
-    dense = nn.Dense(8, 6).to_float(ms.bfloat16)
-    with pytest.raises(TypeError, match="Unsupported data type"):
-        dense(Tensor(A)).asnumpy()  # one device: MindSpore's bfloat16 MatMul does not exist on CPU
-    leftover = None
-    try:
-        got = ops.matmul(_replicated(A, ms.float32), _replicated(at, ms.float32)).full_tensor()
-        leftover = got.dtype == ms.bfloat16  # MindSpore still casts (its stack kept the type): emulated
-        np.testing.assert_array_equal(got.astype(ms.float32).asnumpy(), rounded if leftover else plain)
-    finally:
-        reset = bfloat16_emulation.reset_cell_types()
-    assert reset == leftover, "reset_cell_types found a casting type exactly where MindSpore still cast"
-    assert ops.add(Tensor([1.0]), Tensor([1.0])).dtype == ms.float32
+    plain = ops.matmul(Tensor(A), Tensor(at)).asnumpy()
+    net = nn.Dense(8, 6).to_float(ms.bfloat16) if case == "kernel" else \
+        _Nested(case == "grad inside").to_float(ms.bfloat16)
+    with pytest.raises((TypeError, ValueError), match="Unsupported data type|a forward that fails"):
+        if case == "under grad":
+            ms.value_and_grad(lambda a: net(a).sum())(Tensor(A))
+        else:
+            net(Tensor(A)).asnumpy()  # one device: MindSpore's bfloat16 MatMul does not exist on CPU
+    assert not bfloat16_emulation._STACK, "the mirror holds no type"
+    for dtype in (ms.float32, ms.float16, ms.bfloat16):  # a pop too many makes MindSpore cast to float16
+        assert ops.add(Tensor([1.0]).astype(dtype), Tensor([1.0]).astype(dtype)).dtype == dtype
     got = ops.matmul(_replicated(A, ms.float32), _replicated(at, ms.float32)).full_tensor()
     assert got.dtype == ms.float32
     np.testing.assert_array_equal(got.asnumpy(), plain)

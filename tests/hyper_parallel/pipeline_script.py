@@ -3,9 +3,9 @@ upstream's form (each rank builds the whole model, keeps its stage's layers, wra
 PipelineStage; `schedule.run(x)` on stage 0, `schedule.run()` on the other) trains 3 Adam steps
 with 1F1B, then one GPipe step, each rank checking its stage against one device running the
 same layers in the same process. Then refusals reach every rank: a bad batch on rank 0 (before
-any transfer; the pipeline trains on after it), a DTensor output of stage 0 taken by a stage
-without a mesh (during the step: rank 1 refuses it, and rank 0 gets rank 1's ValueError instead
-of waiting for its gradient), and every step after a failed one. Exits non-zero on the first mismatch.
+any transfer; the pipeline trains on after it), a DTensor output of stage 0 taken by a stage laid
+out on a mesh of another shape (during the step: rank 1 refuses it, and rank 0 gets rank 1's
+ValueError instead of waiting for its gradient), and every step after a failed one. Exits non-zero on the first mismatch.
 
 Tolerance: as tests/hyper_parallel/test_pipeline.py (float32 sums reassociated over at most 8
 terms: below 1e-6; rtol 1e-5, atol 1e-6, 1e-5 on weights after Adam's steps)."""
@@ -17,7 +17,7 @@ import mindspore as ms
 from mindspore import Tensor, nn
 from mindspore.communication.management import get_group_size, get_rank, init
 
-from hyper_parallel import DTensor, PipelineStage, Schedule1F1B, ScheduleGPipe, init_device_mesh
+from hyper_parallel import DTensor, PipelineStage, Schedule1F1B, ScheduleGPipe, distribute_module, init_device_mesh
 from hyper_parallel.core.dtensor.placement_types import Replicate
 from pipeline_layers import Block, Head
 
@@ -97,14 +97,18 @@ def refused_everywhere(run, expected: str, what: str) -> None:
 
 
 class DTensorOutput(nn.Cell):
-    """Stage 0 returning a DTensor, which travels to rank 1 as its local piece and layout; rank 1's
-    stage has no laid-out Parameter, so no mesh to take it on: refused there during the step,
-    while rank 0 waits for its gradient."""
+    """Stage 0 returning a DTensor on a mesh of shape (1,), which travels to rank 1 as its local
+    piece and layout; rank 1's stage holds a Parameter laid out on a mesh of shape (1, 1), so it
+    has no mesh of the sender's shape to take it on: refused there during the step, while rank 0
+    waits for its gradient."""
 
     def __init__(self, inner):
         super().__init__()
         self.inner = inner
-        self.mesh = init_device_mesh("cpu", (1,))  # this rank alone
+        if rank == 0:
+            self.mesh = init_device_mesh("cpu", (1,))  # this rank alone
+        else:
+            self.square = distribute_module(Block(), init_device_mesh("cpu", (1, 1)))
 
     def construct(self, x):
         out = self.inner(x)
@@ -122,8 +126,8 @@ def refusals_reach_every_rank():
     print(f"rank {rank}: pipeline GPipe equals one device after a refused step", flush=True)
     refusing = ScheduleGPipe(PipelineStage(DTensorOutput(mine), rank, size), M)
     refused_everywhere(lambda: refusing.run(x) if stage.is_first_stage else refusing.run(),
-                       "PipelineStage 1: it receives a DTensor activation (placements (Replicate(),) on a mesh of "
-                       "shape (1,)), but none of its Parameters is laid out", "a DTensor activation rank 1 cannot take")
+                       "PipelineStage 1: it receives a DTensor laid out on a mesh of shape (1,) (placements "
+                       "(Replicate(),)), but its own mesh", "a DTensor activation rank 1 cannot take")
     # the failed step's tensors may still be on their way: every rank refuses the next step
     refused_everywhere(lambda: gpipe.run(x) if stage.is_first_stage else gpipe.run(),
                        "an earlier pipeline step of this job failed", "a step after a failed step")

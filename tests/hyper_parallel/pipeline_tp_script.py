@@ -9,9 +9,13 @@ with DTensor outputs, so the activations cross the pipeline split as DTensors (S
 Colwise stage: each device sends its local piece to the matching device of the next block, the
 placements and global shape beside it; Replicate after a Rowwise one) and the gradients come back
 as local pieces (2 Adam steps of 1F1B; before them, the blocks above with Replicate DTensor
-activations, 1 step); under msrun, the same stages returning local tensors (use_local_output=True:
-each device's own piece crosses as a plain tensor, 1 step);
-each rank checks its stage against one device running the same layers.
+activations, 1 step); the same alternation over two stages per pipeline rank
+(ScheduleInterleaved1F1B, 1 step); stages returning a Partial DTensor (row-parallel with
+output_layouts=Partial(): each device's partial sum crosses as it is, Partial on the receiving
+side, whose pieces each get the reduced value's gradient back) to a last stage without a laid-out
+Parameter (it takes the sender's mesh moved to its own block; 1 step); under msrun, the same
+stages returning local tensors (use_local_output=True: each device's own piece crosses as a plain
+tensor, 1 step); each rank checks its stages against one device running the same layers.
 
 Run by test_per_rank.py with `mindspore-hyper run --devices 8 --per-rank` (4 pipeline ranks x 2).
 Exits non-zero on the first mismatch.
@@ -26,8 +30,10 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.communication.management import get_group_size, get_rank, init
 
-from hyper_parallel import DTensor, PipelineStage, Schedule1F1B, ScheduleGPipe, init_device_mesh, parallelize_module
-from hyper_parallel.core.dtensor.placement_types import Replicate, Shard
+from hyper_parallel import (
+    DTensor, PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, init_device_mesh, parallelize_module,
+)
+from hyper_parallel.core.dtensor.placement_types import Partial, Replicate, Shard
 from hyper_parallel.core.fully_shard.api import fully_shard
 from hyper_parallel.core.hsdp import hsdp
 from hyper_parallel.core.tensor_parallel import ColwiseParallel, RowwiseParallel
@@ -53,14 +59,51 @@ class TpBlock(nn.Cell):
         return ops.tanh(self.down(ops.tanh(self.up(x))))
 
 
-def build():
+class PartialBlock(nn.Cell):
+    """8 -> 16 -> 8 ending in the bias-free `down`: row-parallel with output_layouts=Partial(),
+    the stage returns each device's partial product (a Partial DTensor)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Dense(8, 16, weight_init="normal", bias_init="normal")
+        self.down = nn.Dense(16, 8, has_bias=False, weight_init="normal")
+
+    def construct(self, x):
+        return self.down(ops.tanh(self.up(x)))
+
+
+class Tanh(nn.Cell):
+    """A layer without Parameters (a DTensor input stays one: a Partial one is reduced first)."""
+
+    def construct(self, x):
+        return ops.tanh(x)
+
+
+class GatheredHead(nn.Cell):
+    """The loss head with no layout: a DTensor input's global value, then Head."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = Head()
+
+    def construct(self, x):
+        return self.head(x.full_tensor() if isinstance(x, DTensor) else x)
+
+
+def build(chunks=1):
     ms.set_seed(0)  # every rank and the reference build the same initial values
-    return nn.SequentialCell([TpBlock() for _ in range(STAGES)] + [Head()])
+    return nn.SequentialCell([TpBlock() for _ in range(STAGES * chunks)] + [Head()])
 
 
-def build_blocks():
+def build_blocks(chunks=1):
     ms.set_seed(0)
-    return nn.SequentialCell([Block() for _ in range(STAGES)] + [Head()])
+    return nn.SequentialCell([Block() for _ in range(STAGES * chunks)] + [Head()])
+
+
+def build_partial(chunks=1):
+    """PartialBlocks, then (the last stage) Tanh and the head, neither laid out."""
+    ms.set_seed(0)
+    return nn.SequentialCell([PartialBlock() for _ in range(STAGES * chunks - 1)] + [Tanh(), GatheredHead()])
 
 
 class Received(nn.Cell):
@@ -86,19 +129,27 @@ def piece(param, value, mesh):
     return np.split(value, TP, axis=dim)[mesh.get_local_rank()]
 
 
-def train(style, steps, what, make=build, record=False):
-    """Cut the model `make()` builds, lay this rank's stage out on its block's mesh by `style`,
-    train `steps` Adam steps of 1F1B (then one GPipe step when `what` names it) against one
-    device; with `record`, returns the placements of the inputs the stage received."""
-    model, reference = make(), make()
-    layers = [model[stage_index]] + ([model[STAGES]] if stage_index == STAGES - 1 else [])
-    mine = nn.SequentialCell(layers)
+def train(style, steps, what, make=build, record=False, chunks=1):
+    """Cut the model `make(chunks)` builds into STAGES * chunks stages (the last also holding the
+    final Cell), lay each of this rank's stages (stage_index + c * STAGES) out on its block's mesh
+    by `style(cell, mesh, stage)`, train `steps` Adam steps of 1F1B (ScheduleInterleaved1F1B with
+    several chunks; then one GPipe step when `what` names it) against one device; with `record`,
+    returns the placements of the inputs each of its stages received, by stage."""
+    model, reference = make(chunks), make(chunks)
+    virtual = STAGES * chunks
     mesh = init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
     assert mesh.get_coordinate() == [rank % TP], mesh.get_coordinate()
-    style(mine, mesh)
-    cell = Received(mine) if record else mine
-    stage = PipelineStage(cell, stage_index, STAGES)
-    params = mine.trainable_params()
+    stages, cells, params = [], {}, []
+    for s in range(stage_index, virtual, STAGES):
+        mine = nn.SequentialCell([model[s]] + ([model[virtual]] if s == virtual - 1 else []))
+        style(mine, mesh, s)
+        cells[s] = Received(mine) if record else mine
+        stages.append(PipelineStage(cells[s], s, virtual))
+        if chunks > 1:  # each stage's Cell names its Parameters alike: unique names for the rank's one optimizer
+            for p in mine.trainable_params():
+                p.name = f"stage{s}.{p.name}"
+        params += mine.trainable_params()
+    stage = stages[-1]  # the rank's last stage: the model's last on the last pipeline rank
     opt = nn.Adam(params, learning_rate=0.05)
     ref_params = reference.trainable_params()
     ref_opt = nn.Adam(ref_params, learning_rate=0.05)
@@ -122,67 +173,91 @@ def train(style, steps, what, make=build, record=False):
             np.testing.assert_allclose(p.grad.asnumpy(), piece(p, by_id[id(q)].asnumpy(), mesh), rtol=1e-5,
                                        atol=1e-6, err_msg=f"{label}: {p.name}")
 
-    schedule = Schedule1F1B(stage, M)
+    schedule = ScheduleInterleaved1F1B(stages, M) if chunks > 1 else Schedule1F1B(stages[0], M)
+    name = type(schedule).__name__[len("Schedule"):]
     for step in range(steps):
         x = Tensor(np.random.RandomState(step).randn(BATCH, 8).astype(np.float32))
-        outputs = schedule.run(x) if stage.is_first_stage else schedule.run()
+        outputs = schedule.run(x) if stage_index == 0 else schedule.run()
         loss, grads = reference_step(x)
-        check(outputs, loss, grads, f"{what} 1F1B step {step}")
+        check(outputs, loss, grads, f"{what} {name} step {step}")
         opt(tuple(p.grad for p in params))
         ref_opt(grads)
-        if hasattr(mine, "zero_grads"):
-            mine.zero_grads()  # hsdp's Cells: upstream's way to clear accumulated gradients
-            assert all(p.grad is None for p in params)
+        for mine in cells.values():
+            if hasattr(mine, "zero_grads"):
+                mine.zero_grads()  # hsdp's Cells: upstream's way to clear accumulated gradients
+                assert all(p.grad is None for p in mine.trainable_params())
         for p in params:
             p.grad = None
     for p, q in zip(params, ref_mine):
         np.testing.assert_allclose(p.asnumpy(), piece(p, q.asnumpy(), mesh), rtol=1e-5, atol=1e-5, err_msg=p.name)
-    print(f"rank {rank}: {what} pipeline 1F1B trains {steps} Adam steps like one device", flush=True)
+    print(f"rank {rank}: {what} pipeline {name} trains {steps} Adam steps like one device", flush=True)
     if "GPipe" in what:
         x = Tensor(np.random.RandomState(7).randn(BATCH, 8).astype(np.float32))
-        gpipe = ScheduleGPipe(stage, M)
-        outputs = gpipe.run(x) if stage.is_first_stage else gpipe.run()
+        gpipe = ScheduleGPipe(stages[0], M)
+        outputs = gpipe.run(x) if stage_index == 0 else gpipe.run()
         loss, grads = reference_step(x)
         check(outputs, loss, grads, "GPipe")
         print(f"rank {rank}: {what} pipeline GPipe equals one device", flush=True)
-    return cell.seen if record else None
+    return {s: cell.seen for s, cell in cells.items()} if record else None
 
 
-train(lambda cell, mesh: parallelize_module(cell, mesh, {"0.up": ColwiseParallel(), "0.down": RowwiseParallel()}),
+train(lambda cell, mesh, s: parallelize_module(cell, mesh, {"0.up": ColwiseParallel(), "0.down": RowwiseParallel()}),
       2, "tensor-parallel (and GPipe)")
 # every rank of a block passes the same batch: fully_shard's average over the block is that batch's gradient
-train(lambda cell, mesh: fully_shard(cell, mesh=mesh), 1, "fully_shard")
+train(lambda cell, mesh, s: fully_shard(cell, mesh=mesh), 1, "fully_shard")
 # hsdp sums the block's gradients (upstream's vpp_schedule uses it); grad_scale=1/TP makes that one device's
-train(lambda cell, mesh: hsdp(cell, shard_size=TP, grad_scale=1 / TP), 1, "hsdp")
+train(lambda cell, mesh, s: hsdp(cell, shard_size=TP, grad_scale=1 / TP), 1, "hsdp")
 # upstream's vpp_schedule form: positional shard_size, threshold, level, enable_grad_accumulation=True
 # (accumulated over the microbatches, synchronised at the last: the same sum)
-train(lambda cell, mesh: hsdp(cell, TP, 0, "level1", True, grad_scale=1 / TP), 1, "hsdp accumulating")
+train(lambda cell, mesh, s: hsdp(cell, TP, 0, "level1", True, grad_scale=1 / TP), 1, "hsdp accumulating")
 
 
-def alternating(cell, mesh):
+def alternating(cell, mesh, s, chunks=1):
     """Even stages column-parallel, odd ones row-parallel taking Shard(-1); every stage but the
     last returns a DTensor (the last, ending in the loss head, a local tensor)."""
-    last = stage_index == STAGES - 1
-    style = (ColwiseParallel(use_local_output=False) if stage_index % 2 == 0 else
+    last = s == STAGES * chunks - 1
+    style = (ColwiseParallel(use_local_output=False) if s % 2 == 0 else
              RowwiseParallel(input_layouts=Shard(-1), use_local_output=last))
     parallelize_module(cell, mesh, {"0.dense": style})
 
 
+def crossing(s):
+    """The placements stage s of the alternation receives (None: plain inputs, stage 0)."""
+    return None if s == 0 else (Shard(1),) if s % 2 else (Replicate(),)
+
+
 # the blocks above with the down projection's output kept a DTensor: Replicate activations cross
 last = stage_index == STAGES - 1
-seen = train(lambda cell, mesh: parallelize_module(cell, mesh, {"0.up": ColwiseParallel(), "0.down": RowwiseParallel(
+seen = train(lambda cell, mesh, s: parallelize_module(cell, mesh, {"0.up": ColwiseParallel(), "0.down": RowwiseParallel(
     use_local_output=last)}), 1, "Replicate DTensor activations", record=True)
-assert seen == {None if stage_index == 0 else (Replicate(),)}, (stage_index, seen)
+assert seen == {stage_index: {None if stage_index == 0 else (Replicate(),)}}, (stage_index, seen)
 assert STAGES % 2 == 0, STAGES  # the last stage is a Rowwise one
 seen = train(alternating, 2, "DTensor activations", make=build_blocks, record=True)
-expected = None if stage_index == 0 else (Shard(1),) if stage_index % 2 else (Replicate(),)
-assert seen == {expected}, (stage_index, seen)
-print(f"rank {rank}: DTensor activations (placements {expected}) cross the pipeline like one device", flush=True)
+assert seen == {stage_index: {crossing(stage_index)}}, (stage_index, seen)
+print(f"rank {rank}: DTensor activations (placements {crossing(stage_index)}) cross the pipeline like one device",
+      flush=True)
+# two stages per pipeline rank (stage_index and stage_index + STAGES): activations cross both ways round
+seen = train(lambda cell, mesh, s: alternating(cell, mesh, s, chunks=2), 1, "interleaved DTensor activations",
+             make=build_blocks, record=True, chunks=2)
+assert seen == {s: {crossing(s)} for s in (stage_index, stage_index + STAGES)}, (stage_index, seen)
+
+
+def partial_out(cell, mesh, s):
+    """Every stage but the last: up column-parallel, down row-parallel returning the Partial DTensor;
+    the last stage (Tanh and the head) is not laid out."""
+    if s < STAGES - 1:
+        parallelize_module(cell, mesh, {"0.up": ColwiseParallel(), "0.down": RowwiseParallel(
+            output_layouts=Partial(), use_local_output=False)})
+
+
+seen = train(partial_out, 1, "Partial DTensor activations", make=build_partial, record=True)
+assert seen == {stage_index: {None if stage_index == 0 else (Partial(),)}}, (stage_index, seen)
+print(f"rank {rank}: a Partial activation crosses to a stage without a laid-out Parameter like one device", flush=True)
 
 if "MS_ROLE" in os.environ:  # msrun: local outputs (a rank-local view of a sharded output) cross as plain tensors
-    def alternating_local(cell, mesh):
-        style = ColwiseParallel() if stage_index % 2 == 0 else RowwiseParallel(input_layouts=Shard(-1))
+    def alternating_local(cell, mesh, s):
+        style = ColwiseParallel() if s % 2 == 0 else RowwiseParallel(input_layouts=Shard(-1))
         parallelize_module(cell, mesh, {"0.dense": style})
 
     seen = train(alternating_local, 1, "local activations", make=build_blocks, record=True)
-    assert seen == {None}, (stage_index, seen)
+    assert seen == {stage_index: {None}}, (stage_index, seen)

@@ -67,6 +67,8 @@ print(f"rank {rank}: ContextParallel (Ulysses and gathered k/v) equals one devic
 # so 3 Adam steps equal one device's on the 4 batches concatenated (equal sizes: mean of means)
 import mindspore as ms  # noqa: E402
 from mindspore import nn, ops  # noqa: E402
+import mindspore_hyper as mh  # noqa: E402
+from mindspore_hyper.checkpoint.errors import CheckpointError  # noqa: E402
 from mindspore_hyper.hyper_parallel.fully_shard import fully_shard  # noqa: E402
 
 
@@ -230,14 +232,30 @@ for empty_piece_loss in (summed_over_pieces, moved_through_pieces):
         np.testing.assert_allclose(grad.asnumpy(), one_grad.asnumpy(), rtol=1e-5, atol=1e-7)
 print(f"rank {rank}: a rank's empty piece adds zero to sums and runs the backward's collectives")
 
-# refused under msrun, named: fully_shard leaving a rank no rows (3 rows over 4: MindSpore's
-# optimizers cannot hold a Parameter of 0 elements)
-try:
-    fully_shard(nn.Dense(8, 3), mesh=dp_mesh)
-    raise AssertionError("fully_shard accepted 3 rows over 4 processes")
-except ValueError as error:
-    assert "has 3 rows" in str(error) and "ranks [3] would hold none" in str(error), error
-print(f"rank {rank}: fully_shard leaving a rank no rows is refused, named")
+# fully_shard leaving a rank no rows (3 rows over 4: 1, 1, 1, 0): every process stores one row, rank
+# 3 a zero row (padded storage, as FSDP2 pads its shards: MindSpore's optimizers cannot hold a
+# Parameter of 0 elements); 3 Adam steps on each rank's own batch equal one device on the 4
+# batches (the same tolerance as above: float32 rounding of the 4-way average, ~1e-7)
+ms.set_seed(6)
+narrow, narrow_reference = nn.Dense(8, 3), nn.Dense(8, 3)
+for p, q in zip(narrow.trainable_params(), narrow_reference.trainable_params()):
+    q.set_data(Tensor(p.asnumpy()))
+fully_shard(narrow, mesh=dp_mesh)
+target3 = np.random.RandomState(9).randn(4, 2, 3).astype(np.float32)
+adam_steps(narrow, Tensor(data[rank]), Tensor(target3[rank]))
+adam_steps(narrow_reference, Tensor(data.reshape(8, 8)), Tensor(target3.reshape(8, 3)))
+for name, value in laid_out_parameters(narrow).items():
+    assert value.to_local().shape[0] == (0 if rank == 3 else 1), (name, value.to_local().shape)
+    np.testing.assert_allclose(value.full_tensor().asnumpy(),
+                               dict(narrow_reference.parameters_and_names())[name].asnumpy(), atol=1e-5, err_msg=name)
+for p in narrow.trainable_params():  # the stored piece: one row, rank 3's padding still zero after Adam
+    assert p.shape[0] == 1 and (rank < 3 or not p.asnumpy().any()), (p.name, p.asnumpy())
+try:  # the checkpoint of padded pieces: refused on every rank, named (not written wrong)
+    mh.save_checkpoint(narrow, os.environ["HP_CKPT"] + "_padded")
+    raise AssertionError("padded pieces were saved")
+except CheckpointError as error:
+    assert "state_dict['weight']: its pieces of (3, 8) are stored padded under msrun (ranks [3]" in str(error), error
+print(f"rank {rank}: fully_shard leaving a rank no rows trains like one device (padded storage)")
 
 # Colwise/Rowwise on features tp = 4 does not divide: 7 hidden features, pieces 2, 2, 2, 1
 from mindspore_hyper.hyper_parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # noqa: E402

@@ -36,7 +36,7 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
         assert f"rank {rank}: uneven shards (torch.chunk) under msrun equal numpy and one device" in logs
         assert f"rank {rank}: redistribute onto another mesh of the same devices equals numpy and one device" in logs
         assert f"rank {rank}: a rank's empty piece adds zero to sums and runs the backward's collectives" in logs
-        assert f"rank {rank}: fully_shard leaving a rank no rows is refused, named" in logs
+        assert f"rank {rank}: fully_shard leaving a rank no rows trains like one device (padded storage)" in logs
         assert f"rank {rank}: loss.backward() equals value_and_grad and one device (fully_shard, main_grad, " in logs
         assert f"rank {rank}: Colwise/Rowwise with uneven features train like one device" in logs
         assert f"rank {rank}: distributed checkpoint round trip" in logs
@@ -52,6 +52,11 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
         assert f"rank {rank}: DTensor activations pipeline 1F1B trains 2 Adam steps like one device" in logs
         assert f"rank {rank}: DTensor activations (placements {(None, '(Shard(1),)')[rank // 2]}) cross" in logs
         assert f"rank {rank}: local activations pipeline 1F1B trains 1 Adam steps like one device" in logs
+        # two stages per pipeline rank; a Partial activation's pieces crossing to a stage with no laid-out
+        # Parameter (it takes the sender's mesh moved to its own block)
+        assert f"rank {rank}: interleaved DTensor activations pipeline Interleaved1F1B trains 1 Adam steps" in logs
+        assert f"rank {rank}: Partial DTensor activations pipeline 1F1B trains 1 Adam steps like one device" in logs
+        assert f"rank {rank}: a Partial activation crosses to a stage without a laid-out Parameter like one" in logs
     assert logs.count("OK: tensor-parallel 4 trains like one device over 2 steps") == 4
     # issue 42: the console shows rank 0's report once (every rank's is in the log folder), each
     # worker's lines whole, MindSpore's real warnings, and none of its start-up notices
@@ -96,23 +101,35 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
 
 @pytest.mark.msrun
 def test_a_failing_rank_ends_the_job_with_its_error_and_leaves_nothing_behind(tmp_path):
+    """A pipeline rank that dies before run() (raises while building its stage) while its peer runs the
+    step: the console ends the job at once with that rank's error (launch/rank_failure.py), not at a
+    timeout (the peer's comm_timeout, or msrun's scheduler noticing the dead worker's heartbeat)."""
     script = tmp_path / "fails.py"
     script.write_text(
-        "import numpy as np\nfrom mindspore import Tensor\nfrom hyper_parallel import init_device_mesh, DTensor\n"
-        "from hyper_parallel.core.dtensor.placement_types import Shard\n"
-        "mesh = init_device_mesh('cpu', (2,), mesh_dim_names=('dp',))\n"
-        "if mesh.get_rank() == 1:\n    raise RuntimeError('rank 1 fails on purpose')\n"
-        "print(DTensor.from_local(Tensor(np.ones(2, np.float32)), mesh, [Shard(0)]).full_tensor())\n")
+        "import numpy as np\nfrom mindspore import Tensor, nn\n"
+        "from mindspore.communication.management import get_rank, init\n"
+        "from hyper_parallel import PipelineStage, Schedule1F1B\n"
+        "init()\n"
+        "if get_rank() == 1:\n    raise RuntimeError('rank 1 fails on purpose while building its stage')\n"
+        "stage = PipelineStage(nn.Dense(4, 4), 0, 2)\n"
+        "Schedule1F1B(stage, 2).run(Tensor(np.ones((4, 4), np.float32)))  # waits for rank 1\n")
     before = set(os.listdir("/dev/shm"))
     cli = os.path.join(os.path.dirname(sys.executable), "mindspore-hyper")
-    env = dict(os.environ, MS_HYPER_COMM_TIMEOUT="20")
+    env = dict(os.environ, MS_HYPER_COMM_TIMEOUT="200")  # a timeout would not end the job before the test's
     try:
         done = subprocess.run([cli, "run", "--processes", "2", "--log-dir", str(tmp_path / "log"), str(script)],
                               env=env, capture_output=True, text=True, timeout=240)
     except subprocess.TimeoutExpired:
         pytest.fail("a failing rank did not end the job within 240 s (hang)")
     assert done.returncode != 0 and "worker_*.log" in done.stderr
-    assert "rank 1 fails on purpose" in worker_logs(tmp_path / "log", 2)
+    # ended by the console on rank 1's own report, naming its error
+    assert ("mindspore-hyper run: rank 1 failed: RuntimeError: rank 1 fails on purpose while building its stage; "
+            "the job was ended at once") in done.stderr, done.stderr[-3000:]
+    logs = worker_logs(tmp_path / "log", 2)
+    assert "rank 1 fails on purpose" in logs  # its traceback, printed before the job was ended
+    # not by a timeout: rank 0 was stopped while waiting, msrun's scheduler did not time the dead worker out
+    for text in (logs, done.stdout, done.stderr):
+        assert "CommTimeout" not in text and "timed out node" not in text
     left = {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("mshyper")}
     assert not left, f"shared-memory segments left behind: {left}"
     stray = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True).stdout.split()

@@ -17,10 +17,12 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindspore_hyper.hyper_parallel import (
-    ColwiseParallel, DTensor, Partial, PipelineStage, Replicate, RowwiseParallel, Schedule1F1B, ScheduleInterleaved1F1B,
-    Shard, distribute_module, distribute_tensor, init_device_mesh, parallelize_module,
+    ColwiseParallel, DeviceMesh, DTensor, Partial, PipelineStage, Replicate, RowwiseParallel, Schedule1F1B,
+    ScheduleInterleaved1F1B, Shard, distribute_module, distribute_tensor, init_device_mesh, parallelize_module,
 )
-from mindspore_hyper.hyper_parallel.pipeline_activations import WireLayout, WireRoute, from_wire, to_wire, wire_meta
+from mindspore_hyper.hyper_parallel.pipeline_activations import (
+    WireLayout, WireRoute, from_wire, received_mesh, to_wire, wire_meta,
+)
 from mindspore_hyper.hyper_parallel.pipeline_microbatches import split_inputs
 from mindspore_hyper.hyper_parallel.pipeline_schedule import run_ranks_in_process
 from mindspore_hyper.pipeline.stage_transport import header_of
@@ -150,9 +152,52 @@ def test_tensor_parallel_stages_pass_split_activations_like_one_device(fresh_ses
     check_against_one_device(layers, twin, outputs, lambda m: [2 * m, 2 * m + 1], x)
 
 
+class Project(nn.Cell):
+    """8 -> 8 without bias: row-parallel with a Partial output, its stage returns the Partial DTensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Dense(8, 8, has_bias=False, weight_init="normal")
+
+    def construct(self, x):
+        return self.dense(x)
+
+
+class Act(nn.Cell):
+    """A stage without Parameters: tanh of what it gets (a DTensor stays one)."""
+
+    def construct(self, x):
+        return ops.tanh(x)
+
+
+@pytest.mark.parametrize("chunks", [1, 2], ids=["1F1B", "interleaved"])
+def test_a_partial_activation_and_a_stage_without_parameters_like_one_device(fresh_session, chunks):
+    """Stage 1 (row-parallel, output_layouts=Partial()) returns a Partial DTensor, which stage 2,
+    without Parameters (so on the sender's mesh), takes as a Partial DTensor; its tanh reduces it.
+    Loss and every gradient equal one device: the Partial's pieces each get the reduced value's
+    gradient back."""
+    fresh_session.set_context(device_num=2)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    ms.set_seed(5)
+    kinds = (Block, Project, Act, Head)
+    layers, twin = [k() for k in kinds], [k() for k in kinds]
+    for a, b in zip(layers, twin):
+        for p, q in zip(a.trainable_params(), b.trainable_params()):
+            q.set_data(Tensor(p.asnumpy()))
+    parallelize_module(layers[0], mesh, {"dense": ColwiseParallel(use_local_output=False)})
+    parallelize_module(layers[1], mesh, {"dense": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Partial(),
+                                                                  use_local_output=False)})
+    distribute_module(layers[3], mesh)
+    cells = [Seen(layer) for layer in layers]
+    x = batch(2)
+    outputs = run_ranks_in_process(schedules(cells, chunks), distribute_tensor(x, mesh, (Replicate(),)))
+    assert [cell.seen[0] for cell in cells] == [(Replicate(),), (Shard(1),), (Partial(),), (Replicate(),)]
+    check_against_one_device(layers, twin, outputs, lambda m: [2 * m, 2 * m + 1], x)
+
+
 def local_route():
     route = WireRoute()
-    route.local_pieces = True  # as a schedule sets it under msrun (one process per device)
+    route.local_pieces, route.rank = True, 0  # as a schedule sets them under msrun (one process per device)
     return route
 
 
@@ -164,15 +209,49 @@ def test_a_dtensor_activation_travels_as_its_local_piece_with_its_layout(fresh_s
     mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
     value = np.random.RandomState(0).randn(2, 6).astype(np.float32)
     wire = to_wire(distribute_tensor(Tensor(value), mesh, (Shard(-1),)), 0, local_route())
-    assert not isinstance(wire, DTensor) and header_of(wire) == (1, 1, 2, 2, 6, 1, 1)  # mesh (1,), shape, Shard(1)
-    assert wire_meta(wire) == WireLayout((Shard(1),), (1,), (2, 6))
-    received = from_wire(wire, wire_meta(wire), mesh, 1)
+    # mesh (1,), shape (2, 6), Shard(1), ranks from offset 0 (consecutive), the name "tp"
+    assert not isinstance(wire, DTensor) and header_of(wire) == (1, 1, 2, 2, 6, 1, 1, 0, 0, 2, ord("t"), ord("p"))
+    assert wire_meta(wire) == WireLayout((Shard(1),), (1,), (2, 6), rank_offsets=(0,), mesh_dim_names=("tp",))
+    received = from_wire(wire, wire_meta(wire), mesh, 1, 0)
     assert received.placements == (Shard(1),) and tuple(received.shape) == (2, 6)
     np.testing.assert_array_equal(received.full_tensor().asnumpy(), value)
     replicated = to_wire(distribute_tensor(Tensor(value), mesh, (Replicate(),)), 0, local_route())
-    assert wire_meta(replicated) == WireLayout((Replicate(),), (1,), (2, 6))
+    assert wire_meta(replicated).placements == (Replicate(),)
     plain = Tensor(value)
     assert to_wire(plain, 0, local_route()) is plain and wire_meta(plain) is None
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min"])
+def test_a_partial_activation_travels_as_its_piece_and_stays_partial(fresh_session, op):
+    """A Partial piece travels as it is (upstream's stages send the local tensor with its layout,
+    Partial included): the receiver's DTensor is Partial with the same reduce op, so its value is
+    the reduction of the pieces (on one device, the piece itself)."""
+    fresh_session.set_context(device_num=1)
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    value = np.random.RandomState(1).randn(2, 6).astype(np.float32)
+    wire = to_wire(DTensor.from_local(Tensor(value), mesh, (Partial(op),)), 0, local_route())
+    assert header_of(wire)[5:7] == (2, ("sum", "avg", "max", "min").index(op))
+    received = from_wire(wire, wire_meta(wire), mesh, 1, 0)
+    assert received.placements == (Partial(op),)
+    np.testing.assert_array_equal(received.full_tensor().asnumpy(), value)
+
+
+def test_a_stage_without_parameters_takes_the_senders_mesh_on_its_own_block(fresh_session):
+    """With one process or thread per rank, the header carries the sender's mesh (ranks relative
+    to the sending rank, names); a stage without a laid-out Parameter takes that mesh moved by the
+    receiving rank minus the sending one (the same position of the next block)."""
+    fresh_session.set_context(device_num=4)
+    mesh = DeviceMesh("cpu", [[0, 2], [1, 3]], mesh_dim_names=("dp", "tp"))  # not consecutive: every rank listed
+    wire = to_wire(distribute_tensor(batch(), mesh, (Replicate(), Replicate())), 0, local_route())
+    meta = wire_meta(wire)
+    assert meta.rank_offsets == (0, 2, 1, 3) and meta.mesh_dim_names == ("dp", "tp") and meta.mesh_shape == (2, 2)
+    moved = received_mesh(meta, 4)
+    assert moved.mesh.tolist() == [[4, 6], [5, 7]] and moved.mesh_dim_names == ("dp", "tp")
+    one = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",), rank_list=[0])
+    wire = to_wire(DTensor.from_local(batch(), one, (Partial(),)), 0, local_route())
+    received = from_wire(wire, wire_meta(wire), None, 1, 0)  # no stage mesh: the sender's, at rank 0
+    assert received.placements == (Partial(),) and received.device_mesh == one
+    np.testing.assert_array_equal(received.full_tensor().asnumpy(), batch().asnumpy())
 
 
 def test_a_local_output_differing_per_device_is_refused_in_simulation(fresh_session):
@@ -191,17 +270,13 @@ def test_a_local_output_differing_per_device_is_refused_in_simulation(fresh_sess
 def test_dtensor_activations_that_cannot_travel_between_processes_are_refused(fresh_session):
     fresh_session.set_context(device_num=1)
     mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
-    partial = DTensor.from_local(batch(), mesh, (Partial(),))
-    with pytest.raises(ValueError, match=r"PipelineStage 1: its Cell returned a DTensor with placements "
-                                         r"\(Partial\('sum'\),\); with one process per device a Partial\('sum'\) "
-                                         r"activation cannot travel.*reduce_partial"):
-        to_wire(partial, 1, local_route())
     wire = to_wire(distribute_tensor(batch(), mesh, (Shard(0),)), 0, local_route())
-    with pytest.raises(ValueError, match=r"PipelineStage 1: it receives a DTensor activation \(placements "
-                                         r"\(Shard\(0\),\) on a mesh of shape \(1,\)\), but none of its "
-                                         r"Parameters is laid out"):
-        from_wire(wire, wire_meta(wire), None, 1)
     square = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
     with pytest.raises(ValueError, match=r"PipelineStage 2: it receives a DTensor laid out on a mesh of shape \(1,\) "
                                          r".*its own mesh .* has shape \(1, 1\)"):
-        from_wire(wire, wire_meta(wire), square, 2)
+        from_wire(wire, wire_meta(wire), square, 2, 0)
+    # 3 (mesh) + 3 (shape) + 4 (placements) + 2 (ranks) + 2 x 31 (names): 74 ints
+    long_names = init_device_mesh("cpu", (1, 1), mesh_dim_names=("a" * 30, "b" * 30))
+    with pytest.raises(ValueError, match=r"PipelineStage 0: its DTensor output's layout .* needs 74 header ints; at "
+                                         r"most 63 travel"):
+        to_wire(distribute_tensor(batch(), long_names, (Shard(0), Replicate())), 0, local_route())

@@ -31,6 +31,7 @@ def test_pipeline_stages_train_like_one_device_under_msrun(tmp_path):
         # a refusal on one rank is raised on every rank (its message forwarded), none waits for a timeout
         assert f"rank {rank}: a bad batch on rank 0 refused on every rank" in logs
         assert f"rank {rank}: pipeline GPipe equals one device after a refused step" in logs
-        # a DTensor activation travels to rank 1 (its piece and layout), whose stage refuses it: no mesh
+        # a DTensor activation travels to rank 1 (its piece and layout), whose stage refuses it: a mesh of
+        # another shape
         assert f"rank {rank}: a DTensor activation rank 1 cannot take refused on every rank" in logs
         assert f"rank {rank}: a step after a failed step refused on every rank" in logs

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import fnmatch
+import re
 import signal
 import time
 import traceback
@@ -154,6 +155,9 @@ def _scaled_kwargs(config) -> Dict[str, Any]:
         elif isinstance(value, float) and ("dropout" in key or "pdrop" in key or "drop_path" in key or
                                            "layerdrop" in key or key in ("jitter_noise", "router_jitter_noise")):
             found[key] = 0.0
+        elif isinstance(value, (list, tuple)) and value and all(isinstance(v, float) for v in value) and (
+                "dropout" in key or "drop_path" in key or "drop_rate" in key):
+            found[key] = [0.0] * len(value)  # a rate per stage (CvT's drop_path_rate: random in training)
     heads = next((values[k] for k in ("num_attention_heads", "n_head", "num_heads") if isinstance(values.get(k), int)),
                  None)
     for key in ("num_key_value_heads", "num_kv_heads"):  # multi-head attention stays so (DeepSeek-V3's MLA)
@@ -164,8 +168,16 @@ def _scaled_kwargs(config) -> Dict[str, Any]:
         found["hidden_sizes"] = [8 * (i + 1) for i in range(n)]
         if isinstance(values.get("depths"), list):
             found["depths"] = [1] * len(values["depths"])
+    if isinstance(values.get("downsampling_ratios"), list) and isinstance(values.get("num_filters"), int):
+        # VibeVoice's audio tokenizers: channels double at each of 6 stages (32 -> 2048 filters, ~1e9 parameters
+        # at the defaults, out of memory in training); 4 filters and one block per stage keep the structure
+        found["num_filters"] = 4
+        if isinstance(values.get("depths"), list):
+            found["depths"] = [1] * len(values["depths"])
     if isinstance(values.get("layer_types"), list):
         found["layer_types"] = None  # recomputed for the new depth by the config
+    if values.get("default_language", "") is None and values.get("languages"):  # X-MOD: its adapters need one
+        found["default_language"] = list(values["languages"])[0]
     for key in TOKEN_IDS:  # special tokens of the full vocabulary would not fit the small one
         v = values.get(key)
         if isinstance(v, int) and v >= VOCAB:
@@ -188,7 +200,21 @@ def build_model(family: str, head: str) -> torch.nn.Module:
         return cls(text).train()
     config = AutoConfig.for_model(family)
     kwargs = _scaled_kwargs(config)
-    config = type(config)(**kwargs)  # the class defaults (what for_model built) with the scaled sizes
+    try:
+        config = type(config)(**kwargs)  # the class defaults (what for_model built) with the scaled sizes
+    except Exception as exc:  # noqa: BLE001 - re-raised unless one of the two refusals below
+        kinds = getattr(config, "layers_block_type", None)
+        refused = [k for k in kwargs if re.search(rf"`{re.escape(k)}[`=]", str(exc))]  # `key` or `key=value`
+        if "number of `layer_types`" in str(exc) and isinstance(kinds, list):
+            # Zamba's default list of layer kinds has 3 or more entries whatever the depth: every layer "hybrid" (a
+            # Mamba layer after the shared transformer, tied across the hybrid layers: Zamba refuses a single one)
+            kwargs["layers_block_type"] = ["hybrid" if "hybrid" in kinds else kinds[0]] * LAYERS
+        elif refused:  # a scaled value the config refuses by name (ZAYA: 1 expert per token only): its default
+            for key in refused:
+                kwargs.pop(key)
+        else:
+            raise
+        config = type(config)(**kwargs)
     cls = getattr(transformers, _mapping(head)[family])
     try:
         return cls(config).train()  # transformers' default attention (sdpa where the family supports it)
@@ -225,6 +251,9 @@ def inputs_for(model: torch.nn.Module, head: str, batch: int, length: int, seed:
         size = getattr(vision, "image_size", SCALED["image_size"])
         size = size if isinstance(size, int) else size[0]
         first = torch.randn(batch, getattr(vision, "num_channels", 3), size, size, generator=g)
+    elif main == "input_features" and isinstance(getattr(config, "feature_projection_input_dim", None), int):
+        # Wav2Vec2-BERT: (batch, frames, features), frames as long as the length asks
+        first = torch.randn(batch, length, config.feature_projection_input_dim, generator=g)
     elif main == "input_features":
         first = torch.randn(batch, config.num_mel_bins, 2 * config.max_source_positions, generator=g)
     elif main == "input_values":

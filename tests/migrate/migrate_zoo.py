@@ -139,6 +139,10 @@ class OpZoo(torch.nn.Module):
         out += [F.avg_pool1d(x, 2), F.avg_pool1d(x, 3, 2, padding=1, ceil_mode=True, count_include_pad=False),
                 F.hardsigmoid(x * 4), F.hardswish(x * 4), torch.eye(x.shape[1], x.shape[2]) + x,  # eye: fx records it of sizes
                 x.unflatten(-1, (2, 3)), torch.unflatten(x, 1, (2, -1))]  # Qwen4-Exp's mixing weights
+        # Wav2Vec2-Conformer's gated convolution, xLSTM's concatenate (torch.cat's NumPy-style name), YOSO's acos
+        # (acos of |q| <= 0.9: it is ill-conditioned near +-1, slope -1 / sqrt(1 - q^2))
+        out += [F.glu(x, -1), F.glu(x, 1), torch.concatenate([x, y], 2), torch.acos(x.sin() * 0.9),
+                (x.sin() * 0.9).acos()]
         # weight norm (Hubert's parametrized convolution): over all but the last, all but the first, every dimension
         out += [torch._weight_norm(self.conv1d_w, self.norm_w[:3].reshape(1, 1, 3), 2),
                 torch._weight_norm(self.conv1d_w, self.gn_w.reshape(3, 1, 1), 0),
@@ -153,6 +157,13 @@ class OpZoo(torch.nn.Module):
         # JetMoE's ungrouping of the expert rows (index_add) and its truncating division of sorted positions
         out += [torch.index_add(x, 2, ids[0] % n, y), x.index_add(1, ids[0, :2] % h, y[:, :2], alpha=2),
                 torch.div(ids - 5, 3, rounding_mode="trunc"), torch.div(x, 0.3, rounding_mode="trunc")]
+        # TAPAS's segment reductions (positions 0-2 of the last dimension, several elements each) and PhiMoE's
+        # uninitialised tensor, written before it is read
+        segments = (ids % 3)[:, None, :].expand(b, h, n)
+        unset = torch.empty_like(x)
+        unset.copy_(y * 3)
+        out += [torch.scatter_reduce(x, 2, segments, y, "amax"),
+                x.scatter_reduce(2, segments, y, "sum", include_self=False), unset]
         return tuple(out)
 
 
@@ -176,7 +187,10 @@ class DynamicZoo(torch.nn.Module):
         masked[x > 0.5] = 0.25  # x[mask] = v on a tensor the program made: aten.index_put_
         eye = x * torch.eye(t, n)  # aten.eye of a run-time size (Gated DeltaNet's `torch.eye(chunk_size)`)
         eye = eye + x.unflatten(1, (t, 1)).sum(2)  # aten.unflatten in the port (Qwen4-Exp)
-        return flat * (0.5 * t), positions, written, x * scale, frozen + x, first, masked, eye  # 0.5 * t: sym_float
+        strided = x * 1
+        strided[..., 1:n:2] = x[..., 1::2] * 3  # aten.slice_scatter with a step (Qwen3.5's rotary sections)
+        return (flat * (0.5 * t), positions, written, x * scale, frozen + x, first, masked, eye,  # 0.5 * t: sym_float
+                strided)
 
 
 def zoo_inputs():

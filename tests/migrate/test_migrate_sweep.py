@@ -50,12 +50,42 @@ def test_a_mindspore_error_banner_is_left_out_of_the_reason():
 
 def test_inputs_of_models_without_an_image_size_or_named_inputs():
     """Conv nets whose config has no image size (PoolFormer) get the sweep's 32 x 32 images; Perceiver's masked LM,
-    whose main input is `inputs`, gets token ids (both were "not built" before)."""
+    whose main input is `inputs`, gets token ids; Wav2Vec2-BERT gets (batch, frames, features) features (all three
+    were "not built" before)."""
     pool = sweep.build_model("poolformer", "image-classification")
     assert tuple(sweep.inputs_for(pool, "image-classification", 2, 8, seed=0)[0].shape) == (2, 3, 32, 32)
     perceiver = sweep.build_model("perceiver", "masked-lm")
     ids = sweep.inputs_for(perceiver, "masked-lm", 2, 8, seed=0)[0]
     assert ids.dtype == torch.int64 and tuple(ids.shape) == (2, 8) and int(ids.max()) < perceiver.config.vocab_size
+    bert = sweep.build_model("wav2vec2-bert", "audio-classification")  # (batch, frames, features) audio features
+    assert tuple(sweep.inputs_for(bert, "audio-classification", 2, 8, seed=0)[0].shape) == (2, 8, 160)
+
+
+def test_dropout_rates_given_per_stage_are_turned_off():
+    """CvT's drop_path_rate is a list (0.0, 0.0, 0.1): stochastic depth samples at random in training, so the
+    training check could never agree with torch; the scaled config sets every stage's rate to 0."""
+    from transformers import AutoConfig
+
+    assert sweep._scaled_kwargs(AutoConfig.for_model("cvt"))["drop_path_rate"] == [0.0, 0.0, 0.0]
+
+
+def test_scaled_configs_of_vibevoice_zamba_zaya_and_xmod():
+    """VibeVoice's audio tokenizers double their channels at each of 6 stages (~1e9 parameters at the default 32
+    filters: out of memory in training): 4 filters and one block per stage; Zamba's and Zamba 2's default lists of
+    layer kinds are longer than 2 whatever the depth (the config refused 2 layers): 2 hybrid layers (a Mamba layer
+    after the shared transformer); ZAYA refuses 2 experts per
+    token by name: its default (1); X-MOD's adapters need a default language: its first. All four were "not built"
+    or out of memory before."""
+    from transformers import AutoConfig
+
+    tokenizer = sweep._scaled_kwargs(AutoConfig.for_model("vibevoice_asr"))["acoustic_tokenizer_encoder_config"]
+    assert tokenizer["num_filters"] == 4 and tokenizer["depths"] == [1] * 7
+    for family in ("zamba", "zamba2"):
+        assert sweep.build_model(family, "causal-lm").config.layers_block_type == ["hybrid", "hybrid"]
+    assert sweep.build_model("zaya", "causal-lm").config.num_experts_per_tok == 1  # refused 2: its default
+    xmod = sweep.build_model("xmod", "masked-lm")
+    with torch.no_grad():
+        assert tuple(xmod(torch.randint(3, 100, (2, 8))).logits.shape) == (2, 8, sweep.VOCAB)
 
 
 def _requested():

@@ -53,3 +53,31 @@ def test_weight_norm_trains_g_and_v_as_torch(dim):
         want = torch_params[name].grad.numpy()
         assert np.abs(g.asnumpy().reshape(want.shape) - want).max() <= TOL * np.abs(want).max(), name
 
+
+
+class UnusedPosConv(torch.nn.Module):
+    """Wav2Vec2-Conformer's pattern: a weight-normed convolution the forward never calls (relative positions replace
+    it), so its parametrizations hold a plain ParametrizationList (a list with parameters of its own inside the
+    ModuleDict); and an uncalled ModuleDict of a ModuleList."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(8, 8, 3, padding=1), dim=2)
+        self.spare = torch.nn.ModuleDict({"blocks": torch.nn.ModuleList([torch.nn.Linear(8, 8)])})
+        self.proj = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+def test_uncalled_weight_norm_keeps_its_parameters():
+    """MindSpore's nn.CellDict refuses a CellList member: the converted Cell builds, holds g and v and the spare
+    layer's weights under their torch names with torch's values, and its output equals torch's."""
+    torch.manual_seed(0)
+    model = UnusedPosConv()
+    cell, report = convert(model, torch.randn(2, 5, 8))
+    assert report.check["max_relative_error"] <= TOL
+    params = {p.name: p for p in cell.get_parameters()}
+    for name, value in model.named_parameters():
+        assert np.array_equal(params[name].asnumpy().reshape(value.shape), value.detach().numpy()), name
+    assert_same_outputs(cell, model, torch.randn(3, 7, 8))

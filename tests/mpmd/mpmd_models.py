@@ -66,6 +66,29 @@ def train_parallel(model, batches, lr=1e-2):
     return losses, first, {p.name: p.asnumpy() for p in model.network.trainable_params()}
 
 
+def train_by_backward(model, batches, lr=1e-2):
+    """As train_parallel, each step `loss = model(*batch); loss.backward();
+    model.optimizer_step(opt)`."""
+    from mindspore_hyper.hyper_parallel.autograd_compat import (disable_mindspore_backward_compat,
+                                                                enable_mindspore_backward_compat)
+    opt = nn.Adam(model.optimizer_parameters(), learning_rate=lr)
+    losses, first = [], None
+    for batch in batches:
+        # on only for the step: MindSpore 2.10's value_and_grad of a Cell (train_step, the reference)
+        # fails while its grad flag is on ("Can not find top cell for backward")
+        enable_mindspore_backward_compat()
+        try:
+            loss = model(*batch)
+            loss.backward()
+            model.optimizer_step(opt)
+        finally:
+            disable_mindspore_backward_compat()
+        losses.append(float(loss))
+        if first is None:
+            first = dict(model.last_gradients)
+    return losses, first, {p.name: p.asnumpy() for p in model.network.trainable_params()}
+
+
 def assert_same_training(parallel, reference, lr=1e-2, tokens=64):
     """Losses, first-step gradients and final parameters of `len(losses)` nn.Adam steps equal to the
     reference up to float32 rounding in any order (tests/tolerances.py), for the longest reduction of

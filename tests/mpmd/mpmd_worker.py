@@ -1,7 +1,8 @@
 """msrun worker: the multimodal model with its groups on 4 processes (text 0-1, vision 2,
 fusion 3), 3 Adam steps, then a fresh pair 3 momentum steps with global-norm clipping and loss
-scaling; writes rank<N>.json with losses, norms, this group's gradients and parameters next to
-single-device runs done in the same process. `fail@R`: rank R fails after one training
+scaling, then 2 Adam steps through torch-style `loss.backward()` and `optimizer_step` against
+train_step's and one device's; writes rank<N>.json with losses, norms, this group's gradients and
+parameters next to single-device runs done in the same process. `fail@R`: rank R fails after one training
 step: it prints the error and leaves with status 0 without closing anything, as a crashed process
 would (msrun kills every worker as soon as one exits non-zero, which would race the others' own
 report); the others must notice the dead peer by themselves and fail naming it.
@@ -78,6 +79,7 @@ def main(out_dir, mode="train"):
                       for axis, row in report.comm_backward.get("AllReduce", {}).items() if "@" not in axis],
     }
     result.update(clipped_training())
+    result.update(backward_training())
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
 
@@ -111,6 +113,37 @@ def clipped_training(steps=3, lr=0.1, momentum=0.9, max_norm=0.05, scale=2.0 ** 
             "clip_param_moved": {n: float(np.linalg.norm(want[n] - start[n])) for n in mine},
             "clip_param_norm": {n: float(np.linalg.norm(want[n])) for n in mine},
             "clip_reduction": reduction_length(list(ref.trainable_params()), 32)}
+
+
+def backward_training(steps=2, lr=1e-2):
+    """Two fresh models with the same values (and a one-device copy) trained `steps` Adam steps, one
+    as `loss = model(*batch); loss.backward(); model.optimizer_step(opt)` (torch-style backward,
+    enable_mindspore_backward_compat), the other with train_step (value_and_grad): the names of this
+    group's losses, gradients and parameters where the two differ at all (the same ops in the same
+    order: none), and the backward path against one device (mpmd_models.assert_same_training:
+    "ok" or its message)."""
+    from mpmd_models import assert_same_training, train_by_backward, train_parallel
+
+    net, ref = make_pair(lambda: Multimodal(text_layers=2))
+    by_grad, _ = make_pair(lambda: Multimodal(text_layers=2))
+    batches = [multimodal_batch(seed=20 + s) for s in range(steps)]
+    model = mh.auto_parallelize(net, load_parallel_config(CONFIG), mode="distributed")
+    losses, first, _ = train_by_backward(model, batches, lr)
+    mine = {p.name: p.asnumpy() for p in model.optimizer_parameters()}  # this rank's group's parameters
+    grad_model = mh.auto_parallelize(by_grad, load_parallel_config(CONFIG), mode="distributed")
+    want_losses, want_first, want_all = train_parallel(grad_model, batches, lr)
+    differ = [] if losses == want_losses else ["loss"]
+    differ += [n for n in first if not np.array_equal(first[n], want_first[n])]
+    differ += [n for n in mine if not np.array_equal(mine[n], want_all[n])]
+    ref_losses, ref_first, ref_params = train_reference(ref, batches, lr)
+    try:
+        assert_same_training((losses, first, mine), (ref_losses, {n: ref_first[n] for n in first},
+                                                     {n: ref_params[n] for n in mine}), lr)
+        versus_one_device = "ok"
+    except AssertionError as exc:
+        versus_one_device = str(exc)
+    return {"backward_differs_from_train_step": differ, "backward_vs_one_device": versus_one_device,
+            "backward_params": sorted(mine)}
 
 
 if __name__ == "__main__":

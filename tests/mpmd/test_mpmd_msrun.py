@@ -1,5 +1,6 @@
 """MPMD groups under msrun: each process runs its group, cross-group tensors over shared memory;
-training equals one device, also with global-norm clipping and loss scaling over the groups;
+training equals one device, also with global-norm clipping and loss scaling over the groups and
+through torch-style `loss.backward()`;
 groups reading only the batch do not wait for each other; a dead peer is named by the survivors."""
 import json
 import os
@@ -53,6 +54,14 @@ def test_groups_on_4_processes_train_like_one_device(mpmd_4_processes):
             bound = rtol * res["clip_param_moved"][name] + 4 * U32 * res["clip_param_norm"][name]
             assert err <= bound, (rank, name, err, bound)
     assert first["clip_ref_norms"][0] > first["clip_max_norm"]
+
+    # 2 Adam steps as `loss.backward(); model.optimizer_step(opt)` (mpmd_worker.backward_training): the
+    # same ops as train_step's value_and_grad in the same order, so bit for bit its losses, first
+    # gradients and parameters, and one device's within float32 rounding (mpmd_models.assert_same_training)
+    for rank, res in enumerate(results):
+        assert res["backward_params"] == res["params"], rank
+        assert res["backward_differs_from_train_step"] == [], (rank, res["backward_differs_from_train_step"])
+        assert res["backward_vs_one_device"] == "ok", (rank, res["backward_vs_one_device"])
 
     # after the first step the encoders, which read only the batch, run before waiting for each
     # other's output: text (ranks 0-1) and vision (rank 2) compute at the same time

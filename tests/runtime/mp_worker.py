@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/runtime/
 
 import numpy as np  # noqa: E402
 import mindspore as ms  # noqa: E402
-from mindspore import amp, nn, ops  # noqa: E402
+from mindspore import Tensor, amp, nn, ops  # noqa: E402
 
 import mindspore_hyper as mh  # noqa: E402
 from mindspore_hyper.runtime.distributed import world  # noqa: E402
@@ -65,11 +65,38 @@ def main():
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
         json.dump({"losses": losses, "ref_losses": ref_losses, "params": params,
                    "memory_by_dtype": report.memory_by_dtype[rank], "memory": report.memory[rank],
-                   "bfloat16": bfloat16_case(strategy)}, f)
+                   "bfloat16": bfloat16_case(strategy), "bfloat16_dropout": bfloat16_dropout_case()}, f)
+
+
+class Drop(nn.Cell):
+    """MindSpore's Dropout primitive, seeds given: returns (output, mask)."""
+
+    def __init__(self):
+        super().__init__()
+        self.drop = ops.Dropout(0.7, 5, 9)
+
+    def construct(self, x):
+        return self.drop(x)
+
+
+def bfloat16_dropout_case():
+    """A bfloat16 Dropout with the CPU emulation on data 2 x tensor 2 processes (batch and hidden
+    split) against the float32 primitive with the same seeds on one device in this process: the
+    same mask, and the output the float32 one rounded once to bfloat16 (both bitwise)."""
+    mh.set_context(cpu_bfloat16="emulate")
+    x = Tensor(np.random.default_rng(3).standard_normal((8, 4, 16)).astype(np.float32)).astype(ms.bfloat16)
+    ref_out, ref_mask = Drop()(x.astype(ms.float32))  # bfloat16-exact values in float32
+    par = mh.auto_parallelize(Drop(), Layout((2, T.TP), ("data", "tensor"))(tensor_map=(),
+                                                                            input_map=("data", None, "tensor")))
+    out, mask = par(x)
+    rounded = ref_out.astype(ms.bfloat16).astype(ms.float32).asnumpy()
+    return {"dtypes": [str(out.dtype), str(mask.dtype)], "dropped": float((ref_mask.asnumpy() == 0).mean()),
+            "mask_equal": bool((mask.astype(ms.float32).asnumpy() == ref_mask.asnumpy()).all()),
+            "rounded_once": bool((out.astype(ms.float32).asnumpy() == rounded).all())}
 
 
 def bfloat16_case(strategy):
-    """amp O2 in bfloat16 with the CPU emulation (no dropout: its draw is not emulated), 5 Adam
+    """amp O2 in bfloat16 with the CPU emulation (no dropout: `bfloat16_dropout_case`), 5 Adam
     steps, against the hand-written float32 reference that rounds where bfloat16 does."""
     import test_mixed_precision_bfloat16 as B
 

@@ -17,7 +17,7 @@ elementwise floor `adam_displacement_bound`. For bfloat16 (u = 2**-8) the same d
 import numpy as np
 import pytest
 import mindspore as ms
-from mindspore import Tensor, amp, nn
+from mindspore import Tensor, amp, nn, ops
 
 from mindspore_hyper.dtensor.dispatch import DTensorOpError
 from mindspore_hyper.runtime.simulation import simulate
@@ -129,20 +129,13 @@ def test_bfloat16_refused_naming_the_kernel(clean_context):
     """MindSpore 2.10's CPU kernels have no bfloat16 (MatMul, Gather, Identity, ...): one device and
     the simulation raise MindSpore's kernel-selection error naming the kernel and BFloat16 (the
     simulation's per-shard ops wrap it in DTensorOpError naming the op), never a silent value."""
-    from mindspore_hyper.bfloat16_emulation import reset_cell_types
-
     clean_context.set_context(device_num=4)
-    try:  # a failing forward may leave the BF16 Cell's type pushed in MindSpore: reset after each
-        with pytest.raises(TypeError, match="Unsupported data type"):
-            _amp_block("O3", ms.bfloat16)(*BATCH[0])
-    finally:
-        reset_cell_types()
+    with pytest.raises(TypeError, match="Unsupported data type"):
+        _amp_block("O3", ms.bfloat16)(*BATCH[0])
     sim = simulate(_amp_block("O3", ms.bfloat16), _strategy())
-    try:
-        with pytest.raises((DTensorOpError, TypeError), match="Unsupported data type") as refused:
-            sim(*BATCH[0])
-    finally:
-        reset_cell_types()
+    with pytest.raises((DTensorOpError, TypeError), match="Unsupported data type") as refused:
+        sim(*BATCH[0])
+    assert ops.add(Tensor([1.0]), Tensor([1.0])).dtype == ms.float32, "the failed forward left no type casting"
     assert "BFloat16" in str(refused.value) and "CPU operator[" in str(refused.value)
 
 
@@ -173,7 +166,8 @@ def test_float16_amp_with_dropout_under_msrun_equals_single_device(tmp_path):
     ops.dropout; every process's losses and parameter shards after 5 steps equal single-device
     training (the dropout masks are the single device's: docs/training.md, "Random numbers").
     Then amp O2 in bfloat16 with `cpu_bfloat16="emulate"` equals the hand-written rounding
-    reference of tests/runtime/test_mixed_precision_bfloat16.py the same way."""
+    reference of tests/runtime/test_mixed_precision_bfloat16.py the same way, and a bfloat16
+    Dropout draws the float32 run's mask (its output that one rounded once)."""
     import json
     import os
 
@@ -197,6 +191,10 @@ def test_float16_amp_with_dropout_under_msrun_equals_single_device(tmp_path):
         for name, (diff, norm, worst) in bf16["params"].items():
             assert diff <= rtol16 * norm and worst <= adam_displacement_bound(LR, STEPS), (rank, name, "bfloat16")
         assert set(bf16["working_weights"]) == {"bfloat16"}
+        # a bfloat16 Dropout across the processes: the float32 run's mask, the output rounded once (bitwise)
+        drop = result["bfloat16_dropout"]
+        assert drop["dtypes"] == ["BFloat16", "BFloat16"] and 0 < drop["dropped"] < 1, (rank, drop)
+        assert drop["mask_equal"] and drop["rounded_once"], (rank, drop)
 
 
 @pytest.mark.parametrize("level", ["O1", "O2"])

@@ -22,18 +22,21 @@ mask is refused there.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import mindspore as ms
 from mindspore import ops
 
+from mindspore_hyper import bfloat16_emulation
 from mindspore_hyper.dtensor.context_parallel import ring_shapes
 from mindspore_hyper.dtensor.context_parallel.ring_core import RingAttention, RingPlan, span
 from mindspore_hyper.dtensor.context_parallel.ring_transports import LocalRing, ProcessRing
 from mindspore_hyper.dtensor.context_parallel.scores import MASKED_BELOW, AttentionScores
-from mindspore_hyper.dtensor.dtensor import DTensor, key_of, significant_axes
+from mindspore_hyper.dtensor.dtensor import DTensor, is_float, key_of, significant_axes
 from mindspore_hyper.dtensor.rules.common import make
 
 __all__ = ["attention"]
@@ -46,6 +49,37 @@ def attention(execution, scores: AttentionScores, value: DTensor) -> DTensor:
         ValueError: a process holding some but not all members of the cp axis, or a query chunk
             whose every key is masked out.
     """
+    mode = None if execution.shape_only else \
+        bfloat16_emulation.emulated_kernel([scores.q.dtype, scores.key_t.dtype, value.dtype])
+    if mode is not None:
+        return _in_float32(execution, scores, value, mode)
+    return _attention(execution, scores, value)
+
+
+def _in_float32(execution, scores: AttentionScores, value: DTensor, mode: str) -> DTensor:
+    """Ring attention whose kernels would get bfloat16 on the CPU, with `cpu_bfloat16="emulate"`
+    (`mode`: `bfloat16_emulation.emulated_kernel`'s). The ring runs MindSpore's kernels on the
+    shards itself, outside the dispatcher, so it is emulated as one fused kernel (Ascend's
+    FlashAttentionScore: bfloat16 in and out, float32 inside): q, k, v and float masks (rounded to
+    bfloat16 first where a BF16 Cell casts) are cast to float32, the ring runs in float32 (the
+    type FP32 pushed: no Cell casts its kernels), and its output is rounded once to bfloat16.
+    The backward follows the casts: the ring's float32 gradients, rounded once."""
+
+    def up(t):
+        if t is None or not is_float(t.dtype):
+            return t
+        if mode == "cell" and t.dtype != ms.bfloat16:
+            t = ops.cast(t, ms.bfloat16)  # the Cell's cast
+        return ops.cast(t, ms.float32)
+
+    with bfloat16_emulation.float32_kernels():
+        steps = tuple(dataclasses.replace(step, mask=up(step.mask)) for step in scores.steps)
+        fused = AttentionScores(up(scores.q), up(scores.key_t), steps, scores.softmax)
+        return ops.cast(_attention(execution, fused, up(value)), ms.bfloat16)
+
+
+def _attention(execution, scores: AttentionScores, value: DTensor) -> DTensor:
+    """`attention` in the dtype of its operands."""
     cp_name = execution.context_parallel.axis
     axis = execution.mesh.axis_index(cp_name)
     n = execution.mesh.device_matrix[axis]

@@ -1,5 +1,5 @@
 """Activations: ReLU, GELU, SiLU, Tanh, Sigmoid, Softmax, LogSoftmax, LeakyReLU, Identity (modules and functions),
-hardsigmoid and hardswish (functions).
+hardsigmoid, hardswish and glu (functions).
 
 mint kernels are used where MindSpore 2.10 has them on CPU (relu, silu, sigmoid, tanh, softmax);
 gelu, log_softmax and leaky_relu go through ops (their mint kernels are missing on CPU).
@@ -131,6 +131,13 @@ def hardswish(self, inplace=False):
     # x * relu6(x + 3) / 6 (PP-LCNet, MobileNet-v3); values equal torch's; the gradient too but at exactly x = -3
     # and 3, the kinks, where MindSpore takes the inner side's slope (-0.5, 1.5) and torch the outer's (0, 1)
     return call("mint.nn.functional.hardswish", self)
+
+
+@function("mint.nn.functional.glu", aten.glu, F.glu)
+def glu(self, dim=-1):
+    # the first half along `dim` times the sigmoid of the second (Wav2Vec2-Conformer's convolution module, nn.GLU
+    # traced to aten); mint's kernel runs on CPU, values and gradients equal torch's
+    return call("mint.nn.functional.glu", self, dim=dim.const("dim"))
 
 
 @function("mint.neg of ops.softplus of mint.neg", aten.log_sigmoid, F.logsigmoid)

@@ -68,6 +68,9 @@ def _like(fn: str):
 function("ops.zeros_like", aten.zeros_like, torch.zeros_like)(_like("ops.zeros_like"))
 function("ops.ones_like", aten.ones_like, torch.ones_like)(_like("ops.ones_like"))
 function("ops.full_like", aten.full_like, torch.full_like)(_like("ops.full_like"))
+# uninitialised: torch leaves the values unspecified and a correct program writes them before reading them, so
+# zeros are one choice of them (PhiMoE's router; the in-place pass turns the writes into out-of-place ops)
+function("ops.zeros_like (torch: uninitialised)", aten.empty_like, torch.empty_like)(_like("ops.zeros_like"))
 
 
 def _new(fn: str):

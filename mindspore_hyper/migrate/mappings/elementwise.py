@@ -118,6 +118,12 @@ for _name, _keys in {
     function(f"mint.{_name}", *_keys)(_unary(f"mint.{_name}"))
 
 
+@function("ops.acos", aten.acos, torch.acos, method("acos"))
+def acos(self):
+    # YOSO's collision probability 1 - acos(q.k) / pi; mint.acos has no CPU kernel (AcosExt)
+    return call("ops.acos", self)
+
+
 @function("mint.log", aten.log, torch.log, method("log"))
 def log(self):
     """float32 log computed in float64 and rounded back: MindSpore 2.10's vectorised CPU float32

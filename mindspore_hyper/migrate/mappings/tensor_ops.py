@@ -221,7 +221,7 @@ def _tensor_list(tensors: Arg) -> str:
     return "[" + ", ".join(str(t) for t in tensors.items) + "]" if tensors.items is not None else str(tensors)
 
 
-@function("mint.cat", aten.cat, aten.concat, torch.cat, torch.concat)
+@function("mint.cat", aten.cat, aten.concat, aten.concatenate, torch.cat, torch.concat, torch.concatenate)
 def cat(tensors, dim=0):
     # torch skips 1-D empty operands beside tensors of higher rank (a legacy rule: transformers' DynamicCache cats its
     # empty (0,) start with the keys, Flaubert); mint.cat refuses mixed ranks. Such an operand is empty on every valid
@@ -286,12 +286,14 @@ def _cast_to(src: Arg, self: Arg) -> str:
     return str(src) if src.dtype == self.dtype or self.dtype is None else call("ops.cast", src, ms_dtype(self.dtype))
 
 
-@function("mint.cat (the slices around the written one)", aten.slice_scatter)
+@function("mint.cat (the slices around the written one); strided_scatter with a step", aten.slice_scatter)
 def slice_scatter(self, src, dim=0, start=None, end=None, step=1):
     # the in-place pass writes `x[..., a:b].copy_(v)` into a tensor the program created as this op
     d = dim.const("dim") % max(self.ndim, 1)
-    if step.value != 1:
-        raise Unsupported(f"slice_scatter with step {step.code} is not mapped (only contiguous slices)")
+    if step.value != 1:  # `x[..., 1:n:3] = y`: a gather of y's slices and a mask (generated_support)
+        stop = "None" if end.value is None or end.value == _INT64_MAX else end
+        return call("strided_scatter", self, _cast_to(src, self), d, "None" if start.value is None else start, stop,
+                    step)
     parts = []
     if start.value not in (None, 0):
         parts.append(_part(self, d, f":{start}"))
@@ -365,6 +367,26 @@ def scatter(self, dim, index, src=None, value=None, reduce=None):
     if not source.is_tensor:  # a number: a tensor of it, the index's shape (the op takes a tensor)
         source = call("ops.full", f"{index}.shape", source, dtype=ms_dtype(self.dtype))
     return call("ops.tensor_scatter_elements", self, index, source, axis=dim)
+
+
+_SCATTER_REDUCTIONS = ("sum", "mean", "amax", "amin")
+
+
+@function("scatter_reduce (segment sums, maxima or minima)", aten.scatter_reduce, torch.scatter_reduce,
+          method("scatter_reduce"))
+def scatter_reduce(self, dim, index, src, reduce, include_self=True):
+    # TAPAS's segment minimum: `zeros(n).scatter_reduce(0, index, values, "amin", include_self=False)`
+    how = reduce.const("reduce")
+    if how not in _SCATTER_REDUCTIONS:
+        raise Unsupported(f"scatter_reduce(reduce={how!r}) is not mapped (supported: "
+                          f"{', '.join(map(repr, _SCATTER_REDUCTIONS))})")
+    if how == "mean" and not self.dtype.is_floating_point:
+        raise Unsupported(f"scatter_reduce(reduce='mean') on {self.dtype} (torch rounds the integer mean down) is "
+                          "not mapped (only floating dtypes)")
+    if not self.is_tensor or self.ndim == 0:
+        raise Unsupported("scatter_reduce into a 0-dimensional tensor is not mapped")
+    return call("scatter_reduce", self, dim.const("dim") % self.ndim, index, _cast_to(src, self), repr(how),
+                bool(include_self.const("include_self")))
 
 
 @function("ops.unsorted_segment_sum", aten.index_add, torch.index_add, method("index_add"))

@@ -1,0 +1,40 @@
+"""Padded local storage: a Parameter holding this process's piece with zero rows after it.
+
+Under msrun each process's Parameter is its piece of the global one. torch.chunk pieces (a
+dimension the devices do not divide) leave the trailing devices fewer rows or none, and
+MindSpore's optimizers cannot hold a Parameter of 0 elements (`nn.Adam` over a (0, 8) Parameter
+stops in `initializer`). So where some device's piece of dimension 0 would be empty (`fully_shard`
+of a Parameter with fewer rows than devices), every device stores ceil(rows / devices) rows, its
+real rows first and zeros after them, as torch's FSDP2 stores each rank's shard padded to the same
+size. The DTensor's shard is the real rows (`stored_piece`); the padding takes no part in any op,
+so its gradient is zero, and an optimizer whose update of a zero weight with a zero gradient is
+zero (by their update rules SGD, Adam, AdamW: their states stay zero) keeps it zero. Writes into
+the Parameter pad the new piece again (`padded`).
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+from mindspore import Tensor, ops
+
+__all__ = ["stored_piece", "padded"]
+
+
+def stored_piece(param: Tensor, shape: Tuple[int, ...]) -> Tensor:
+    """The piece of `shape` that `param` stores: its first shape[0] rows where it holds more rows
+    than that (padded; a split, not a slice: MindSpore's CPU StridedSliceGrad fails on an empty
+    slice, and a split's backward, a concat, gives the padding a zero gradient), else `param`."""
+    if not param.ndim or tuple(param.shape[1:]) != tuple(shape[1:]) or param.shape[0] <= shape[0]:
+        return param  # stored as it is (not padded)
+    held = param.shape[0]
+    if shape[0] == 0:
+        return ops.split(param, [held, 0], 0)[1]
+    return ops.split(param, [shape[0], held - shape[0]], 0)[0]
+
+
+def padded(value: Tensor, rows: int) -> Tensor:
+    """`value` with zero rows appended up to `rows` (as it is when it has that many)."""
+    have = value.shape[0]
+    if have == rows:
+        return value
+    return ops.concat([value, ops.zeros((rows - have,) + tuple(value.shape[1:]), value.dtype)], 0)
