@@ -14,6 +14,7 @@ from mindspore import Parameter, nn
 from mindspore_hyper.checkpoint.box import Box
 from mindspore_hyper.checkpoint.errors import CheckpointError
 from mindspore_hyper.checkpoint.regions import rank_box
+from mindspore_hyper.dtensor.padded_storage import padded_array
 from mindspore_hyper.runtime.parallel_model import ParallelModel
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.shard.tensor_layout import TensorLayout
@@ -38,6 +39,9 @@ class HeldTensor:
         holders: the mesh ranks holding a region of it.
         held: the region `param` holds.
         state_of: for a per-parameter optimizer state, the parameter's name.
+        stored_rows: where `param` stores `held` padded (its rows, then zero rows up to this
+            many: `fully_shard` of fewer rows than devices under msrun, dtensor/padded_storage.py);
+            None where it stores `held` as it is. The checkpoint holds the real rows only.
     """
 
     section: str
@@ -49,9 +53,25 @@ class HeldTensor:
     holders: Tuple[int, ...]
     held: Box
     state_of: Optional[str] = None
+    stored_rows: Optional[int] = None
 
     def box(self, rank: int) -> Box:
         return rank_box(self.layout, rank, self.global_shape)
+
+    @property
+    def stored_shape(self) -> Tuple[int, ...]:
+        """The shape `param` has: `held`'s, padded to `stored_rows` rows where it is padded."""
+        shape = self.held.shape
+        return shape if self.stored_rows is None else (self.stored_rows,) + shape[1:]
+
+    def held_array(self) -> np.ndarray:
+        """The values of `held`: `param`'s host array (sharing its memory), its padding rows cut off."""
+        value = self.param.asnumpy()
+        return value if self.stored_rows is None else value[:self.held.shape[0]]
+
+    def to_stored(self, value: np.ndarray) -> np.ndarray:
+        """`value` (of `held`'s shape, read from a checkpoint) as `param` stores it: padded with zero rows."""
+        return value if self.stored_rows is None else padded_array(value, self.stored_rows)
 
 
 @dataclass
@@ -148,9 +168,10 @@ def holdings_of(model, optimizer: Optional[nn.Optimizer] = None) -> Holdings:
         holdings.tensors.extend(_optimizer_states(holdings, optimizer, model))
         holdings.optimizer_class = type(optimizer).__name__
     for t in holdings.tensors:
-        if tuple(t.param.shape) != t.held.shape:
+        if tuple(t.param.shape) != t.stored_shape:
             raise CheckpointError(f"{t.section} {t.name!r}: its Parameter has shape {tuple(t.param.shape)} but "
-                                  f"should hold the region {t.held} of {t.global_shape}")
+                                  f"should hold the region {t.held} of {t.global_shape}"
+                                  + (f" padded to {t.stored_rows} rows" if t.stored_rows is not None else ""))
     return holdings
 
 
@@ -206,7 +227,7 @@ def _optimizer_states(holdings: Holdings, optimizer: nn.Optimizer, model) -> Lis
         else:
             layout, region = param.layout, param.held
         out.append(HeldTensor(OPTIMIZER, name, state, param.global_shape, str(state.dtype), layout, param.holders,
-                              region, param.name))
+                              region, param.name, param.stored_rows))
     return out
 
 

@@ -126,7 +126,7 @@ def load_checkpoint(model, directory, optimizer: Optional[nn.Optimizer] = None, 
         raise CheckpointError(f"load_checkpoint: the processes found different newest steps in {directory!r} "
                               f"({sorted(steps)}: a save committed meanwhile?); nothing was loaded, pass step=")
     for t in holdings.tensors:
-        t.param.set_data(_tensor(values[t.section, t.name], t.param.dtype))
+        t.param.set_data(_tensor(t.to_stored(values[t.section, t.name]), t.param.dtype))  # padding zero
     holdings.after_load()
     return report
 

@@ -231,7 +231,7 @@ def _rank_files(holdings: Holdings, entries: Dict[str, TensorEntry], snapshot: O
                 raise CheckpointError(f"{t.section} {t.name!r}: rank {shard.writer} writes {shard.box} but this "
                                       f"process holds only {t.held}")
             if (t.section, t.name) not in sources:
-                sources[t.section, t.name] = t.param.asnumpy()  # shares the Parameter's memory
+                sources[t.section, t.name] = t.held_array()  # shares the Parameter's memory (padding cut off)
             files.setdefault(shard.writer, []).append((shard.key, sources[t.section, t.name],
                                                        shard.box.within(t.held), safetensors_code(t.dtype)))
     out = tuple(RankFile(rank_file(rank), rank, tuple(sorted(items, key=lambda i: i[0])))

@@ -9,22 +9,31 @@ real rows first and zeros after them, as torch's FSDP2 stores each rank's shard 
 size. The DTensor's shard is the real rows (`stored_piece`); the padding takes no part in any op,
 so its gradient is zero, and an optimizer whose update of a zero weight with a zero gradient is
 zero (by their update rules SGD, Adam, AdamW: their states stay zero) keeps it zero. Writes into
-the Parameter pad the new piece again (`padded`).
+the Parameter pad the new piece again (`padded`). A checkpoint holds the real rows only: the
+writer cuts them off the stored array and a load pads them again (`is_padded`, `padded_array`).
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Sequence, Tuple
 
+import numpy as np
 from mindspore import Tensor, ops
 
-__all__ = ["stored_piece", "padded"]
+__all__ = ["stored_piece", "padded", "is_padded", "padded_array"]
+
+
+def is_padded(stored_shape: Sequence[int], shape: Sequence[int]) -> bool:
+    """Whether a Parameter of `stored_shape` stores a piece of `shape` padded: more rows (dimension
+    0), the other dimensions equal."""
+    return (len(stored_shape) > 0 and len(stored_shape) == len(shape)
+            and tuple(stored_shape[1:]) == tuple(shape[1:]) and stored_shape[0] > shape[0])
 
 
 def stored_piece(param: Tensor, shape: Tuple[int, ...]) -> Tensor:
     """The piece of `shape` that `param` stores: its first shape[0] rows where it holds more rows
     than that (padded; a split, not a slice: MindSpore's CPU StridedSliceGrad fails on an empty
     slice, and a split's backward, a concat, gives the padding a zero gradient), else `param`."""
-    if not param.ndim or tuple(param.shape[1:]) != tuple(shape[1:]) or param.shape[0] <= shape[0]:
+    if not is_padded(param.shape, shape):
         return param  # stored as it is (not padded)
     held = param.shape[0]
     if shape[0] == 0:
@@ -38,3 +47,13 @@ def padded(value: Tensor, rows: int) -> Tensor:
     if have == rows:
         return value
     return ops.concat([value, ops.zeros((rows - have,) + tuple(value.shape[1:]), value.dtype)], 0)
+
+
+def padded_array(value: np.ndarray, rows: int) -> np.ndarray:
+    """`value` (a piece read from a checkpoint) with zero rows appended up to `rows`, as the
+    Parameter stores it (`value` itself when it has that many)."""
+    if value.shape[0] == rows:
+        return value
+    out = np.zeros((rows,) + value.shape[1:], value.dtype)
+    out[:value.shape[0]] = value
+    return out

@@ -4,7 +4,8 @@
 A state dict (nested dicts of Parameters, e.g. `{"model": net.parameters_dict(), "optim":
 optimizer.parameters_dict()}`) is saved as one committed step of per-rank safetensors files plus
 the layout manifest (docs/checkpoint.md): a Parameter laid out by the API is stored by its layout
-(each rank its piece), an optimizer state by its parameter's, anything else replicated. Every
+(each rank its piece; under msrun a piece stored padded, `dtensor/padded_storage.py`, by its real
+rows), an optimizer state by its parameter's, anything else replicated. Every
 entry is listed in the manifest's `parameters` under its state-dict path, optimizer states too:
 which entries are laid out depends on the mesh, and a checkpoint must load on any. `load` fills
 the same Parameters in place from a checkpoint saved on any mesh or world size.
@@ -24,6 +25,7 @@ from mindspore_hyper.checkpoint.holdings import (
 from mindspore_hyper.checkpoint.load import load_checkpoint
 from mindspore_hyper.checkpoint.regions import rank_box
 from mindspore_hyper.checkpoint.save import save_checkpoint
+from mindspore_hyper.dtensor.padded_storage import is_padded
 from mindspore_hyper.hyper_parallel.session import mesh_of
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
@@ -81,14 +83,10 @@ class StateDict:
             else:
                 layout, shape = slot.layout, tuple(slot.global_shape)
             held = rank_box(layout, local[0], shape) if len(local) == 1 else Box.full(shape)
-            empty = [r for r in layout.mesh.ranks if shape and rank_box(layout, r, shape).shape[0] == 0]
-            if empty and slot is not None and slot.local:  # every process finds them: all refuse
-                raise CheckpointError(f"state_dict[{name!r}]: its pieces of {shape} are stored padded under msrun "
-                                      f"(ranks {empty} hold no rows: fully_shard of fewer rows than devices, "
-                                      f"dtensor/padded_storage.py); saving and loading padded pieces is not supported "
-                                      f"yet: give it at least as many rows as the mesh has devices")
+            # under msrun a piece may be stored padded (fewer rows than devices): the checkpoint holds its real rows
+            padded = slot is not None and slot.local and is_padded(p.shape, held.shape)
             tensors.append(HeldTensor(PARAMETERS, name, p, shape, str(p.dtype), layout, tuple(mesh.root.ranks),
-                                      held))
+                                      held, stored_rows=p.shape[0] if padded else None))
         group = None
         if len(local) == 1 and mesh.root.size > 1:
             from mindspore_hyper.runtime.distributed.world import world

@@ -8,11 +8,12 @@ replace the function of the same name on this package when first imported.)
 from typing import Any
 
 __all__ = ["convert", "convert_state_dict", "ConversionReport", "StateDictReport", "MigrationError",
-           "UnsupportedOpError", "StateDictMismatchError", "TraceFailedError"]
+           "UnsupportedOpError", "StateDictMismatchError", "TraceFailedError", "CustomBackwardError"]
 
 _WHERE = {"convert": "converter", "convert_state_dict": "state_dict", "StateDictReport": "state_dict",
           "ConversionReport": "report", "MigrationError": "errors", "UnsupportedOpError": "errors",
-          "StateDictMismatchError": "errors", "TraceFailedError": "errors"}
+          "StateDictMismatchError": "errors", "TraceFailedError": "errors",
+          "CustomBackwardError": "errors"}
 
 
 def __getattr__(name: str) -> Any:

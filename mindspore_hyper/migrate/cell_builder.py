@@ -25,7 +25,7 @@ from mindspore_hyper.migrate.lowering import type_name
 from mindspore_hyper.migrate.mappings import ModuleMapping, lookup_module
 from mindspore_hyper.migrate.mappings.registry import Unsupported
 
-__all__ = ["ParamSpec", "CellNode", "CellPlan", "plan_cells", "instantiate", "load_generated", "is_identifier", "member_access"]
+__all__ = ["ParamSpec", "CellNode", "CellPlan", "plan_cells", "instantiate", "load_source", "load_generated", "is_identifier", "member_access"]
 
 
 @dataclass(frozen=True)
@@ -167,16 +167,20 @@ def plan_cells(module: torch.nn.Module, graph: Graph) -> CellPlan:
 
 
 def instantiate(source: str, class_name: str, module_name: str) -> Tuple[nn.Cell, types.ModuleType]:
-    """Execute generated `source` as module `module_name` and return (an instance of `class_name`, module).
+    """Execute generated `source` as module `module_name` and return (an instance of `class_name`, module)."""
+    generated = load_source(source, module_name)
+    return generated.__dict__[class_name](), generated
 
-    The source is registered with linecache, so tracebacks and inspect show the generated lines.
-    """
+
+def load_source(source: str, module_name: str) -> types.ModuleType:
+    """Execute generated `source` as module `module_name` (registered with linecache, so tracebacks and
+    inspect show the generated lines) and return the module."""
     filename = f"<mindspore_hyper.migrate:{module_name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     generated = types.ModuleType(module_name)
     generated.__file__ = filename
     exec(compile(source, filename, "exec"), generated.__dict__)  # noqa: S102 - our own generated code
-    return generated.__dict__[class_name](), generated
+    return generated
 
 
 def load_generated(source: str, class_name: str, stem: str) -> nn.Cell:

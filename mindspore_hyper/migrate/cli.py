@@ -102,6 +102,9 @@ def add_parser(subparsers: "argparse._SubParsersAction") -> None:
                              "and report the relative error (exit status 1 above 1e-5)")
     parser.add_argument("--train", action="store_true",
                         help="convert in training mode (BatchNorm batch statistics, active dropout); default eval")
+    parser.add_argument("--custom-backward", choices=("check", "differentiate"), default="check",
+                        help="a torch.autograd.Function with its own backward: check (default) compares gradients "
+                             "and fails when they differ; differentiate accepts the Cell differentiating its forward")
     parser.add_argument("--class-name", metavar="NAME", help="name of the generated Cell class (default: the torch class)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random example inputs and weights (default 0)")
     parser.set_defaults(func=run, parser=parser)
@@ -168,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     ms.set_context(mode=ms.PYNATIVE_MODE)
     try:
         cell, report = convert(model, tuple(inputs), out=args.out, tracer=args.tracer, class_name=args.class_name,
-                               structure=args.structure)
+                               structure=args.structure, custom_backward=args.custom_backward)
     except (MigrationError, TypeError) as exc:
         return _error(str(exc), 1)
     status = 0

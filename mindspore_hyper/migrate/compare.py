@@ -1,7 +1,8 @@
 """Running a converted Cell beside its torch original: input conversion, flat outputs, relative error."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+import contextlib
+from typing import Any, Dict, Iterator, List, Sequence
 
 import numpy as np
 import torch
@@ -13,7 +14,8 @@ from mindspore_hyper.migrate.lowering import preserved_buffers
 from mindspore_hyper.migrate.mappings.common import DTYPES
 from mindspore_hyper.migrate.state_dict import cell_parameters
 
-__all__ = ["to_mindspore", "torch_outputs", "cell_outputs", "relative_error", "compare_outputs"]
+__all__ = ["to_mindspore", "torch_outputs", "cell_outputs", "relative_error", "compare_outputs",
+           "preserved_cell_state", "FLOAT32_TOLERANCE", "check_tolerance"]
 
 
 def to_mindspore(value: Any) -> Any:
@@ -68,14 +70,22 @@ def compare_outputs(torch_module: torch.nn.Module, cell: nn.Cell, torch_args: Se
         second = torch_outputs(torch_module(*torch_args, **torch_kwargs))
     if relative_error(second, first) != 0.0:
         return {"skipped": "torch gives different outputs on two runs (dropout active in training mode)"}
+    with preserved_cell_state(cell):
+        got = cell_outputs(cell(*[to_mindspore(x) for x in cell_inputs]))
+    return {"max_relative_error": relative_error(got, first)}
+
+
+@contextlib.contextmanager
+def preserved_cell_state(cell: nn.Cell) -> Iterator[None]:
+    """Run the body, then put every non-trainable parameter of `cell` back (running statistics a forward
+    updates), whatever the body raised."""
     state = {name: _snapshot(p) for name, p in cell_parameters(cell).items() if not p.requires_grad}
     try:
-        got = cell_outputs(cell(*[to_mindspore(x) for x in cell_inputs]))
+        yield
     finally:
         params = cell_parameters(cell)
         for name, value in state.items():
             params[name].set_data(value)
-    return {"max_relative_error": relative_error(got, first)}
 
 
 def _snapshot(param: ms.Parameter) -> Tensor:
@@ -85,3 +95,17 @@ def _snapshot(param: ms.Parameter) -> Tensor:
     if param.dtype == ms.bfloat16:
         return param.astype(ms.float32).astype(ms.bfloat16)
     return param.value().copy()
+
+
+# The forward check's tolerance (the CLI's exit status): 1e-5 relative per output for float32 (float32 rounding,
+# eps 1.2e-7, over a few hundred accumulated ops); lower-precision weights get ten of their own eps (float16
+# 1e-2, bfloat16 8e-2). Gradients (the same ops' backward, same depth and scales) and the other train/eval mode
+# are checked against it too.
+FLOAT32_TOLERANCE = 1e-5
+
+
+def check_tolerance(torch_module) -> float:
+    """The relative tolerance of the conversion's checks for `torch_module`'s weight dtypes."""
+    eps = [torch.finfo(p.dtype).eps for p in torch_module.parameters() if p.dtype.is_floating_point]
+    return max([FLOAT32_TOLERANCE] + [10 * e for e in eps if e > torch.finfo(torch.float32).eps])
+

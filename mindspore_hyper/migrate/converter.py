@@ -13,10 +13,12 @@ from mindspore_hyper.migrate.cell_builder import load_generated, plan_cells
 from mindspore_hyper.migrate.codegen import generate, root_class_name
 from mindspore_hyper.migrate.compare import compare_outputs, to_mindspore
 from mindspore_hyper.migrate.complex_pairs import rewrite_complex
+from mindspore_hyper.migrate.custom_backward import CUSTOM_BACKWARD, check_custom_backward, find_custom_functions
 from mindspore_hyper.migrate.errors import UnsupportedOpError
 from mindspore_hyper.migrate.fold import fold_constants
 from mindspore_hyper.migrate.inplace import rewrite_inplace
 from mindspore_hyper.migrate.lowering import type_name
+from mindspore_hyper.migrate.mode_check import check_and_refuse
 from mindspore_hyper.migrate.naming import module_file_name
 from mindspore_hyper.migrate.report import ConversionReport
 from mindspore_hyper.migrate.state_dict import convert_state_dict
@@ -39,7 +41,7 @@ def _example_args(example_inputs: Any) -> Tuple[Any, ...]:
 def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[str] = None, *,
             example_kwargs: Optional[Dict[str, Any]] = None, tracer: str = "auto", check: bool = True,
             class_name: Optional[str] = None, structure: str = "modules",
-            dynamic: bool = True) -> Tuple[nn.Cell, ConversionReport]:
+            dynamic: bool = True, custom_backward: str = "check") -> Tuple[nn.Cell, ConversionReport]:
     """Convert a torch model to a MindSpore Cell with the same structure, weights and outputs.
 
     Args:
@@ -58,16 +60,21 @@ def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[st
             class whose construct holds every op, traced by `tracer`; only on request).
         dynamic: with structure="modules", make the input dimensions symbolic where the model
             allows (False: specialised to the example shapes).
+        custom_backward: what to do when the forward runs a torch.autograd.Function with its own backward
+            (the Cell differentiates its forward instead): "check" (default) compares both models' gradients
+            and raises CustomBackwardError when they differ; "differentiate" accepts a difference. Either way
+            the result is in `report.custom_backward` (the check runs even with check=False).
 
     Returns:
         (cell, report): the Cell (weights loaded) and the ConversionReport.
 
     Raises:
         TypeError: `torch_module` is not a torch module, or the inputs do not fit its forward.
-        ValueError: MindSpore is not in PyNative mode, `tracer` or `structure` is unknown, or a tracer
-            is named with structure="modules".
+        ValueError: MindSpore is not in PyNative mode, `tracer`, `structure` or `custom_backward` is
+            unknown, or a tracer is named with structure="modules".
         UnsupportedOpError: ops or modules without a mapping (every one, with its source location).
-        TraceFailedError: neither tracer can trace the model.
+        TraceFailedError: neither tracer can trace the model, or torch fails on the example inputs.
+        CustomBackwardError: a Function's backward is not the gradient of its forward (custom_backward="check").
     """
     if not isinstance(torch_module, torch.nn.Module):
         raise TypeError(f"torch_module: expected a torch.nn.Module, got {type(torch_module).__name__}")
@@ -78,17 +85,29 @@ def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[st
         raise ValueError(f"structure={structure!r}; expected one of {STRUCTURES}")
     if tracer not in TRACERS:
         raise ValueError(f"tracer={tracer!r}; expected one of {TRACERS}")
+    if custom_backward not in CUSTOM_BACKWARD:
+        raise ValueError(f"custom_backward={custom_backward!r}; expected one of {CUSTOM_BACKWARD}")
     if structure == "modules" and tracer != "auto":
         raise ValueError(f"tracer={tracer!r} chooses the tracer of the flat trace: pass structure='flat' with it "
                          "(structure='modules', the default, always traces with torch.export)")
     start = time.perf_counter()
     args, kwargs = _example_args(example_inputs), dict(example_kwargs or {})
     bound = bind_inputs(torch_module, args, kwargs)
+    functions = find_custom_functions(torch_module, bound.args, bound.kwargs)
     if structure == "modules":
         from mindspore_hyper.migrate.convert_modules import convert_modules
 
         cell, report, source, stem = convert_modules(torch_module, args, kwargs, bound, class_name, check, dynamic,
                                                      start)
+        if functions:
+            report.custom_backward = check_custom_backward(
+                torch_module, cell, bound.args, bound.kwargs, list(bound.args) + list(bound.kwargs.values()),
+                report.weights, functions, custom_backward)
+        # after the custom-backward check, which may run the Cell in eval mode (before any refusal)
+        report.other_mode, source = check_and_refuse(torch_module, cell, source, root_class_name(
+            class_name or type(torch_module).__name__), stem, bound.args, bound.kwargs,
+            list(bound.args) + list(bound.kwargs.values()), check)
+        report.source_lines = source.count("\n") + 1
         if out is not None:
             _write(out, stem, source, cell, report)
         return cell, report
@@ -125,6 +144,11 @@ def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[st
                 report.static += [f"{arg} dimension {d} = {size}" for d, size in enumerate(value.shape)]
     if check:
         report.check = compare_outputs(torch_module, cell, bound.args, bound.kwargs, cell_inputs)
+    if functions:
+        report.custom_backward = check_custom_backward(torch_module, cell, bound.args, bound.kwargs, cell_inputs,
+                                                       report.weights, functions, custom_backward)
+    report.other_mode, code.source = check_and_refuse(torch_module, cell, code.source, name, file_stem, bound.args,
+                                                      bound.kwargs, cell_inputs, check)
     if out is not None:
         _write(out, file_stem, code.source, cell, report)
     return cell, report

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-__all__ = ["MigrationError", "UnsupportedOpError", "StateDictMismatchError", "TraceFailedError"]
+__all__ = ["MigrationError", "UnsupportedOpError", "StateDictMismatchError", "TraceFailedError",
+           "CustomBackwardError"]
 
 
 class MigrationError(Exception):
@@ -12,6 +13,11 @@ class MigrationError(Exception):
 
 class TraceFailedError(MigrationError):
     """Neither torch.fx nor torch.export could trace the model (both reasons are in the message)."""
+
+
+class CustomBackwardError(MigrationError):
+    """A torch.autograd.Function with its own backward gives other gradients than the converted Cell (which
+    differentiates the Function's forward): the message names the Function, where it ran and the difference."""
 
 
 class UnsupportedOpError(MigrationError):

@@ -39,6 +39,11 @@ class ConversionReport:
         source_lines: lines of the generated source file.
         fallbacks: (structure="modules") one row per module written as its traced body because its class
             could not be generated: {"module": path, "torch": class, "reason": why}.
+        custom_backward: torch.autograd.Function class with its own backward that the forward ran -> the
+            gradient check's result (custom_backward.py); empty when none ran.
+        other_mode: the Cell against torch in the train/eval mode torch was not traced in (mode_check.py):
+            {"mode", "status": "equal"|"differs"|"not checked", "max_relative_error", "tolerance", "reason",
+            "refused": the Cell's message when it raises in that mode}; empty before the check.
     """
 
     model: str
@@ -60,6 +65,8 @@ class ConversionReport:
     static: List[str] = field(default_factory=list)
     source_lines: int = 0
     fallbacks: List[Dict[str, str]] = field(default_factory=list)
+    custom_backward: Dict[str, str] = field(default_factory=dict)
+    other_mode: Dict[str, Any] = field(default_factory=dict)
 
     def mapping_table(self) -> List[Dict[str, Any]]:
         """One row per (torch op, MindSpore API): count and first location."""
@@ -77,7 +84,8 @@ class ConversionReport:
                 "outputs": list(self.outputs), "check": dict(self.check), "files": dict(self.files),
                 "seconds": self.seconds, "classes": list(self.classes), "layers": dict(self.layers),
                 "loops": list(self.loops), "symbolic": dict(self.symbolic), "static": list(self.static),
-                "source_lines": self.source_lines, "fallbacks": list(self.fallbacks)}
+                "source_lines": self.source_lines, "fallbacks": list(self.fallbacks),
+                "custom_backward": dict(self.custom_backward), "other_mode": dict(self.other_mode)}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str)
@@ -117,8 +125,13 @@ class ConversionReport:
             lines.append("weights: " + str(self.weights).replace("\n", "\n  "))
         if self.outputs:
             lines.append("outputs: " + ", ".join(self.outputs))
+        if self.custom_backward:
+            lines.append("torch.autograd.Functions with their own backward (the Cell differentiates their forward):")
+            lines += [f"  {name}: {result}" for name, result in self.custom_backward.items()]
         if self.check:
             lines.append("check against torch: " + "; ".join(_check_text(k, v) for k, v in self.check.items()))
+        if self.other_mode:
+            lines.append(_other_mode_text(self.other_mode))
         if self.files:
             lines.append("files written:")
             lines += [f"  {path}  ({_FILE_KINDS.get(kind, kind)})" for kind, path in self.files.items()]
@@ -168,3 +181,15 @@ def _check_text(key: str, value: Any) -> str:
             return f"max relative error {value['max_relative_error']:.2g}{on}"
         return f"{'failed' if 'failed' in value else 'skipped'}{on}: {value.get('failed') or value.get('skipped')}"
     return f"{key.replace('_', ' ')}: {value}"
+
+
+def _other_mode_text(result: Dict[str, Any]) -> str:
+    """The other train/eval mode's check in words: "eval mode checked: equal", not checked (why), or not
+    supported by this conversion (why, and what the Cell says when run in it)."""
+    mode = result["mode"]
+    if result["status"] == "equal":
+        return f"{mode} mode checked: equal (max relative error {result['max_relative_error']:.2g})"
+    if result["status"] == "not checked":
+        return f"{mode} mode not checked: {result['reason']}"
+    return (f"{mode} mode NOT SUPPORTED by this conversion ({result['reason']}); the Cell raises when run in it: "
+            f"{result.get('refused', '')}")

@@ -8,7 +8,7 @@ import pytest
 import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 
-from mindspore_hyper.dtensor.padded_storage import padded, stored_piece
+from mindspore_hyper.dtensor.padded_storage import is_padded, padded, padded_array, stored_piece
 
 
 @pytest.mark.parametrize("rows", [0, 1, 2, 3])
@@ -37,3 +37,14 @@ def test_a_piece_written_back_is_padded_to_the_stored_rows(pynative):
     np.testing.assert_array_equal(stored, [[1] * 4, [0] * 4])
     assert padded(piece, 1) is piece
     assert padded(Tensor(np.ones((0, 4), np.float32)), 1).asnumpy().tolist() == [[0.0] * 4]
+
+
+def test_a_checkpoint_piece_is_padded_back_and_only_more_rows_count_as_padding():
+    """A load pads the rows read from a checkpoint as the Parameter stores them (`padded_array`)."""
+    piece = np.arange(4, dtype=np.float32).reshape(1, 4)
+    np.testing.assert_array_equal(padded_array(piece, 2), [[0, 1, 2, 3], [0, 0, 0, 0]])
+    assert padded_array(piece, 1) is piece
+    assert padded_array(np.ones((0,), np.float32), 2).tolist() == [0.0, 0.0]
+    assert is_padded((2, 4), (1, 4)) and is_padded((1,), (0,))
+    assert not is_padded((2, 4), (2, 4)) and not is_padded((2, 4), (1, 3)) and not is_padded((), ())
+    assert not is_padded((1, 4), (2, 4)) and not is_padded((2, 4, 1), (1, 4))

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from msrun_helpers import worker_logs
@@ -36,7 +37,8 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
         assert f"rank {rank}: uneven shards (torch.chunk) under msrun equal numpy and one device" in logs
         assert f"rank {rank}: redistribute onto another mesh of the same devices equals numpy and one device" in logs
         assert f"rank {rank}: a rank's empty piece adds zero to sums and runs the backward's collectives" in logs
-        assert f"rank {rank}: fully_shard leaving a rank no rows trains like one device (padded storage)" in logs
+        assert (f"rank {rank}: fully_shard leaving a rank no rows trains like one device and checkpoints its real "
+                f"rows (padded storage)") in logs
         assert f"rank {rank}: loss.backward() equals value_and_grad and one device (fully_shard, main_grad, " in logs
         assert f"rank {rank}: Colwise/Rowwise with uneven features train like one device" in logs
         assert f"rank {rank}: distributed checkpoint round trip" in logs
@@ -58,6 +60,9 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
         assert f"rank {rank}: Partial DTensor activations pipeline 1F1B trains 1 Adam steps like one device" in logs
         assert f"rank {rank}: a Partial activation crosses to a stage without a laid-out Parameter like one" in logs
     assert logs.count("OK: tensor-parallel 4 trains like one device over 2 steps") == 4
+    # the checkpoint of padded pieces (3 rows saved by 4 processes, rank 3's piece padding only)
+    # loads in simulation at 2 devices (pieces 2, 1): the saved values, exact (copied bytes)
+    _load_padded_checkpoint_at_two_devices(str(tmp_path / "ckpt") + "_padded")
     # issue 42: the console shows rank 0's report once (every rank's is in the log folder), each
     # worker's lines whole, MindSpore's real warnings, and none of its start-up notices
     console = done.stdout.splitlines()
@@ -97,6 +102,22 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
     for report in per_rank:
         mesh = [m for m in report["meshes"] if m["dim_names"] == ["tp"] and m["shape"] == [4]][0]
         assert mesh["step_memory"] == sim_mesh["step_memory"]
+
+
+def _load_padded_checkpoint_at_two_devices(path):
+    import mindspore_hyper as mh
+    from mindspore import nn
+    from mindspore_hyper.hyper_parallel import init_device_mesh, laid_out_parameters
+    from mindspore_hyper.hyper_parallel.fully_shard import fully_shard
+
+    mh.set_context(device_num=2)
+    narrow = nn.Dense(8, 3)
+    fully_shard(narrow, mesh=init_device_mesh("npu", (2,), mesh_dim_names=("dp",)))
+    mh.load_checkpoint(narrow, path)
+    saved = np.load(path + "_values.npz")  # rank 0's gathered pieces at the save
+    for name, value in laid_out_parameters(narrow).items():
+        assert value.to_local().local_shard(1).shape[0] == 1  # 3 rows over 2 devices: 2, 1
+        np.testing.assert_array_equal(value.full_tensor().asnumpy(), saved[name], err_msg=name)
 
 
 @pytest.mark.msrun
