@@ -157,3 +157,17 @@ def assert_same_outputs(cell, torch_module, *inputs, tol=TOL, **kwargs):
     error = relative_error(got, want)
     assert error <= tol, f"max relative error {error:.3g} > {tol}"
     return error
+
+
+def assert_same_input_gradient(cell, torch_module, x, tol=TOL):
+    """The gradient of the summed output with respect to the input `x`, the Cell's against torch's, within
+    `tol` relative; returns the error."""
+    import mindspore as ms
+
+    x = x.detach().requires_grad_(True)
+    torch_module(x).sum().backward()
+    grad = ms.grad(lambda v: cell(v).sum())(to_mindspore(x.detach()))
+    error = relative_error([grad.asnumpy()], [x.grad.numpy()])
+    assert error <= tol, f"input gradient: max relative error {error:.3g} > {tol}"
+    return error
+
