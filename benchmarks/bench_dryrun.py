@@ -6,10 +6,12 @@ are its own. Cases (float32, sequence 4096, ZeRO-1 over the data axis):
   5120, 64 heads, vocabulary 151936; its MLP is GELU with FFN 4 x hidden = 20480, not Qwen3's
   SwiGLU 25600) on 128 devices: tensor 8 x data 16, and the goal's tensor 8 x pipeline 4 x data 4
   (1F1B, 8 microbatches);
-- moe / moe-pp: a DeepSeek-V3-shaped MoE model (61 layers, hidden 7168, 128 heads, 256 routed
-  experts of FFN 2048 top-8 plus one shared expert, vocabulary 129280; standard attention, not
-  MLA, every layer MoE) on 2048 devices: experts 64 x data 32, and the goal's pipeline 16 x
-  experts 64 x data 2 (1F1B, 16 microbatches);
+- moe / moe-pp: DeepSeek-V3 as published (`examples/moe_lm.py`'s `deepseek_v3()`: 61 layers,
+  hidden 7168, 128 heads of multi-head latent attention with q_lora_rank 1536, kv_lora_rank 512,
+  qk_nope 128, qk_rope 64, value 128; the first 3 layers dense with a SwiGLU MLP of 18432, the
+  other 58 MoE with 256 routed experts of FFN 2048 top-8 plus one shared expert; vocabulary
+  129280; 671.0 B parameters, printed) on 2048 devices: experts 64 x data 32, and the goal's
+  pipeline 16 x experts 64 x data 2 (1F1B, 16 microbatches);
 - scaling: the dense model's wall time and host memory against devices (8 -> 2048, data-parallel
   size growing) and depth (4 -> 61 layers).
 The baseline printed beside each is what the same job's numeric simulation would hold in this
@@ -21,6 +23,7 @@ Python's and MindSpore's start-up.
 """
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -56,13 +59,12 @@ def build(case, layers, data, pipeline):
             opt = nn.AdamWeightDecay(model.optimizer_parameters(), 1e-4)
         ids = Tensor(np.zeros((data * microbatches, 4096), np.int32))
         return model, opt, (ids, ids)
-    from moe_lm import MoELM, moe_strategy
+    from moe_lm import MoELM, deepseek_v3, moe_strategy
 
     experts = 64
     mh.set_context(mode="dryrun", device_num=data * experts * pipeline)
     with no_init_parameters():
-        net = MoELM(vocab=129280, hidden=7168, heads=128, layers=layers, seq=4096, experts=256, top_k=8,
-                    expert_ffn=2048, shared_ffn=2048)
+        net = MoELM(**deepseek_v3(layers=layers, seq=4096))
         model = mh.auto_parallelize(net, moe_strategy(data, experts, pipeline), **options)
         opt = nn.AdamWeightDecay(model.optimizer_parameters(), 1e-4)
     ids = Tensor(np.zeros((data * experts * microbatches, 4096), np.int32))
@@ -76,6 +78,7 @@ def run_case(case, layers, data, pipeline, hardware):
 
     start = time.perf_counter()
     model, opt, inputs = build(case, layers, data, pipeline)
+    parameters = sum(math.prod(p.shape) for p in model.network.get_parameters())  # from shapes: none is made
     model.train_step(opt, *inputs)
     report = session_report("dryrun", model.mesh.size)
     add_predictions(report, load_hardware(hardware))
@@ -83,7 +86,7 @@ def run_case(case, layers, data, pipeline, hardware):
     mesh = report["meshes"][0]
     row = max(mesh["memory_per_device"], key=lambda r: r["total"])  # the fullest device
     out = {"case": case, "layers": layers, "devices": model.mesh.size, "mesh": dict(zip(mesh["dim_names"], mesh["shape"])),
-           "wall_s": wall, "host_peak_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "parameters": parameters, "wall_s": wall, "host_peak_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "memory": row, "distinct_programs": len(mesh["memory_per_device"]),
            "held_all": sum(r["total"] * _count(r["devices"]) for r in mesh["memory_per_device"]),
            "comm_bytes_per_device": sum(c["send_bytes_per_device"] for c in mesh["collectives"]),
@@ -117,7 +120,8 @@ def gib(n):
 def show(r):
     m = r["memory"]
     p = r["predicted"]
-    print(f"{r['case']:5} layers {r['layers']:2} pipeline {r['mesh'].get('pipeline', 1):2} on {r['devices']:4} devices {r['mesh']}: wall {r['wall_s']:.1f} s "
+    print(f"{r['case']:5} layers {r['layers']:2} ({r['parameters'] / 1e9:.1f} B parameters) pipeline "
+          f"{r['mesh'].get('pipeline', 1):2} on {r['devices']:4} devices {r['mesh']}: wall {r['wall_s']:.1f} s "
           f"(whole process with Python and MindSpore start-up {r['process_s']:.1f} s), "
           f"host peak {r['host_peak_MiB']:.0f} MiB, {r['distinct_programs']} distinct device program(s)")
     print(f"      the fullest device: parameters {gib(m['parameters'])}, gradients {gib(m['gradients'])}, optimizer "

@@ -7,7 +7,10 @@ The context, layouts and strategies are imported with the package; `auto_paralle
 checkpoint functions (which need MindSpore, ~3 s to import) on first use, so tools that only need
 the communication library or the planner start without MindSpore.
 """
-from mindspore_hyper.context import get_context, reset_context, set_context
+from typing import Any
+
+from mindspore_hyper import context as _context
+from mindspore_hyper.context import get_context, reset_context
 from mindspore_hyper.mindspore_log import silence_nn_adam_deprecations
 from mindspore_hyper.shard import Layout, Partial, Replicate, Shard
 from mindspore_hyper.strategy import load_parallel_config, resolve_strategy
@@ -22,6 +25,24 @@ __all__ = [
     "dryrun_mock",
     "__version__",
 ]
+
+
+def set_context(**flags: Any) -> None:
+    """`mindspore_hyper.context.set_context` (flags, validation, precedence: see there); with
+    `cpu_bfloat16="emulate"` it also installs the emulation's check of Cells called outside the
+    package (`bfloat16_emulation.check_plain_cell`), which imports MindSpore.
+
+    Args:
+        **flags: flag names and values, e.g. ``mode="simulation", device_num=8``.
+
+    Raises:
+        ValueError: an unknown flag name or a value outside what the flag allows.
+    """
+    _context.set_context(**flags)
+    if flags.get("cpu_bfloat16") == "emulate":
+        from mindspore_hyper import bfloat16_emulation
+
+        bfloat16_emulation.install()
 
 
 # subpackages reachable as attributes of the package (`mh.checkpoint`), imported when first named

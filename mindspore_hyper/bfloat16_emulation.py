@@ -32,8 +32,9 @@ dispatcher's ops (`identity`), bfloat16 shards are neither batched nor moved sta
 Tile have no bfloat16 kernel), and stacked float32 shards are cut out `outside_cells`.
 
 Not emulated: ops that never reach the dispatcher: on plain tensors (a plain single-device Cell:
-the package sees none of its ops, so a bfloat16 model there fails as MindSpore fails; run it as a
-one-device simulation, `Layout((1,), ("data",))`, to get the emulation), and MindSpore's backward
+the package sees none of its ops; one holding bfloat16 parameters is refused when called with the
+flag on, naming the one-device simulation, `Layout((1,), ("data",))`, that emulates it:
+`check_plain_cell`), and MindSpore's backward
 kernels of ops the dispatcher ran with MindSpore's own bfloat16 kernel. Ring attention runs its own
 kernels on the shards: it is emulated as one fused kernel, float32 inside, its output rounded once
 (`dtensor/context_parallel/ring.py`); Ulysses runs by the dispatcher's rules, emulated op by op.
@@ -53,7 +54,7 @@ from mindspore_hyper.context import get_context
 
 __all__ = ["NO_BFLOAT16_CPU_KERNEL", "BROADCAST_GRADIENT_OPS", "EMULATED", "FLAG", "install", "touches_bfloat16",
            "outside_cells", "float32_kernels", "emulation", "emulated_kernel", "bfloat16_kernel", "run_in_float32",
-           "identity", "refusal_hint"]
+           "identity", "refusal_hint", "check_plain_cell"]
 
 FLAG = "cpu_bfloat16"  # the context flag: "mindspore" (MindSpore's kernels, as is) or "emulate"
 
@@ -91,6 +92,9 @@ _STACK: List[Any] = []  # the mixed-precision types of the running Cells, innerm
 _PROBES: Dict[Any, Tensor] = {}  # dtype -> a one-element tensor (`_cell_cast`)
 _ORIGINAL = _pynative_executor.set_mixed_precision_type
 _ORIGINAL_CALL = nn.Cell._complex_call
+_ORIGINAL_CELL_CALL = nn.Cell.__call__
+_DEPTH = [0]  # Cell calls running (`_call_refusing_plain`), over all threads: 0 outside any Cell
+_LAYS_OUT: List[Callable[[Any], bool]] = []  # (Parameter) -> whether a model the package runs lays it out
 
 
 def _tracked(mixed_precision_type, is_push: bool = True):
@@ -140,11 +144,55 @@ def _unwind(depth: int) -> None:
         _pynative_executor.set_mixed_precision_type(MixedPrecisionType.NOTSET, False)
 
 
-def install() -> None:
-    """Mirror the running Cells' mixed-precision types, and restore them where a Cell's forward
-    raises (`_call_restoring_type`); idempotent."""
+def _call_refusing_plain(cell: nn.Cell, *args, **kwargs):
+    """MindSpore's `Cell.__call__`, a call outside any other Cell first checked by `check_plain_cell`
+    (one counter for all threads: a Cell another thread calls while one runs goes unchecked)."""
+    if not _DEPTH[0]:
+        check_plain_cell(cell)
+    _DEPTH[0] += 1
+    try:
+        return _ORIGINAL_CELL_CALL(cell, *args, **kwargs)
+    finally:
+        _DEPTH[0] -= 1
+
+
+def check_plain_cell(cell: nn.Cell) -> None:
+    """Refuse a Cell holding bfloat16 parameters that runs outside the package with the flag on
+    "emulate" on the CPU: the emulation sees only the ops on the package's DTensors, so MindSpore's
+    kernels would fail on it (at its first MatMul, or in the backward of a broadcasting Add, whose
+    ReduceSum has no bfloat16 CPU kernel, asynchronously, where no caller can name the fix).
+
+    Raises:
+        TypeError: no Parameter of `cell` is laid out by a model the package runs (`install`'s
+            `lays_out`) and one of them is bfloat16; the message names the one-device simulation.
+    """
+    if get_context(FLAG) != "emulate":
+        return
+    params = list(cell.get_parameters())
+    bfloat16 = [p.name for p in params if p.dtype is _BF16]
+    if not bfloat16 or any(lays_out(p) for lays_out in _LAYS_OUT for p in params):
+        return
+    if ms.get_context("device_target") != "CPU":
+        return  # the device's kernels take bfloat16
+    raise TypeError(f"{type(cell).__name__} holds bfloat16 parameters ({', '.join(bfloat16[:3])}"
+                    f"{', ...' if len(bfloat16) > 3 else ''}) and is called outside the package (no mesh): "
+                    f"{FLAG}='emulate' emulates MindSpore's missing bfloat16 CPU kernels only for the ops the package "
+                    "runs, and MindSpore's own kernels fail on it (MatMul, BiasAdd, a broadcasting Add's backward "
+                    "ReduceSum, ...). Run it as a one-device simulation: mindspore_hyper.set_context(device_num=1); "
+                    "model = mindspore_hyper.auto_parallelize(cell, Layout((1,), (\"data\",))(tensor_map=())); or "
+                    f"set {FLAG}='mindspore' to run MindSpore's kernels as they are")
+
+
+def install(lays_out: Optional[Callable[[Any], bool]] = None) -> None:
+    """Mirror the running Cells' mixed-precision types, restore them where a Cell's forward
+    raises (`_call_restoring_type`), and check every Cell called outside other Cells
+    (`check_plain_cell`, with `lays_out(parameter)`: whether a model the package runs lays it
+    out); idempotent."""
     _pynative_executor.set_mixed_precision_type = _tracked
     nn.Cell._complex_call = _call_restoring_type
+    nn.Cell.__call__ = _call_refusing_plain
+    if lays_out is not None:
+        _LAYS_OUT[:] = [lays_out]
 
 
 def _probe(dtype):

@@ -6,6 +6,7 @@ from the environment), so a bad value fails early with the flag's name and what 
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -140,6 +141,31 @@ def _fraction(low: float, high: float) -> Callable[[Any, str], float]:
     return parse
 
 
+def _moe_routing(value: Any, name: str):
+    """"learned", "balanced", or a routing histogram: the fraction of token copies each expert
+    receives (non-negative numbers summing to 1, one per expert; from the environment a
+    comma-separated list), kept as a tuple of floats. Its length is checked against the MoE
+    layer's expert count when a router uses it (`moe.router.histogram_choice`)."""
+    if isinstance(value, str) and value in MOE_ROUTINGS:
+        return value
+    expected = (f"{name}={value!r}: expected one of {', '.join(map(repr, MOE_ROUTINGS))} or a routing histogram: "
+                "a list of the fraction of token copies each expert receives, numbers >= 0 summing to 1")
+    if isinstance(value, str) and "," in value:
+        try:
+            value = [float(v) for v in value.split(",")]
+        except ValueError:
+            raise ValueError(expected) from None
+    if not isinstance(value, (list, tuple)) or not value or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
+        raise ValueError(expected)
+    fractions = tuple(float(v) for v in value)
+    if any(not math.isfinite(f) or f < 0 for f in fractions):
+        raise ValueError(f"{expected}; got a negative or non-finite fraction")
+    if abs(sum(fractions) - 1.0) > 1e-6:  # fractions written with a few decimals sum to 1 within rounding
+        raise ValueError(f"{expected}; they sum to {sum(fractions):.9g}")
+    return fractions
+
+
 def _topology(value: Any, name: str) -> str:
     if isinstance(value, str) and value in TOPOLOGY_PRESETS:
         return value
@@ -209,9 +235,11 @@ FLAGS: Dict[str, Flag] = {f.name: f for f in (
          "memory pool: 512; `--hardware` sets the preset's)"),
     Flag("allocator_fragmentation", _fraction(0.0, 1.0), 0.0,
          "report's step peak with a fragmentation allowance: the rounded peak times (1 + this fraction)"),
-    Flag("moe_routing", _choice(MOE_ROUTINGS), "learned",
-         "MoE routers: learned (each token's top-k by its logits) or balanced (token t's j-th choice is expert "
-         "(t k + j) mod E: equal loads, what the dry run, which has no logits, always assumes)"),
+    Flag("moe_routing", _moe_routing, "learned",
+         "MoE routers: learned (each token's top-k by its logits), balanced (token t's j-th choice is expert "
+         "(t k + j) mod E: equal loads, what the dry run, which has no logits, assumes by default) or a histogram "
+         "(a list of the fraction of token copies each expert receives, summing to 1: every device's tokens are "
+         "routed by it, in every mode)"),
     Flag("sim_collectives", _choice(SIM_COLLECTIVES), "mindspore",
          "simulation collectives: differentiable MindSpore ops, or the C++ communication library"),
     Flag("host_dispatch", _choice(HOST_DISPATCH), "inline",

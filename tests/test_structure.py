@@ -1,8 +1,9 @@
 """The package's structure: no import circle between modules and no import up the layers.
 
 It reads the imports of every module of `mindspore_hyper` with `ast` (nothing is imported, so no
-MindSpore): module-level imports and those inside functions (a lazy import is still a
-dependency), but not those under `if TYPE_CHECKING:` (they never run). `import a.b` is an edge to
+MindSpore): module-level imports, those inside functions (a lazy import is still a dependency)
+and those under `if TYPE_CHECKING:` (they never run, but a type named there is a dependency all
+the same: a circle through one is a circle a reader must follow). `import a.b` is an edge to
 module a.b; `from a.b import c` is an edge to module a.b.c when that is a module, else to a.b
 (its `__init__` when a.b is a package).
 
@@ -60,21 +61,12 @@ def find_modules(package_dir: str, extensions: Sequence[str] = ()) -> Dict[str, 
     return modules
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _import_nodes(tree: ast.AST) -> Iterable[Tuple[ast.stmt, bool]]:
-    """(import statement, inside a function) for every import that can run."""
+    """(import statement, inside a function) for every import, type-only ones included."""
     stack: List[Tuple[ast.AST, bool]] = [(tree, False)]
     while stack:
         node, local = stack.pop()
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                stack.extend((c, local) for c in child.orelse)
-                continue
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 yield child, local
             stack.append((child, local or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))))
@@ -272,10 +264,25 @@ def test_the_analysis_finds_circles_and_upward_imports(tmp_path):
     edges = import_edges(modules, "toy")
     assert {(e.source, e.target, e.local) for e in edges} == {
         ("", "high", False), ("low.a", "low.b", False), ("low.b", "low.a", True), ("low.b", "high", True),
-        ("high", "low.a", False), ("high", "_ext", False)}
+        ("low.c", "high", False), ("high", "low.a", False), ("high", "_ext", False)}
     assert strongly_connected(modules, edges) == [{"low.a", "low.b", "high"}]
     layers = (("bottom", ("low", "_ext"), ""), ("top", ("high", ""), ""))
-    assert [(e.source, e.target) for e, _, _ in upward_imports(modules, edges, layers)] == [("low.b", "high")]
+    assert sorted((e.source, e.target) for e, _, _ in upward_imports(modules, edges, layers)) == \
+        [("low.b", "high"), ("low.c", "high")]
+
+
+def test_a_type_only_import_closes_a_circle(tmp_path):
+    """Issue 40 item 5: an import under `if TYPE_CHECKING:` is an edge, so a circle through it is found."""
+    pkg = tmp_path / "toy"
+    pkg.mkdir()
+    files = {"__init__.py": "",
+             "timeline.py": "from toy.writer import write\n",
+             "writer.py": "from typing import TYPE_CHECKING\n"
+                          "if TYPE_CHECKING:\n    from toy.timeline import Timeline\n"}
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    modules = find_modules(str(pkg))
+    assert strongly_connected(modules, import_edges(modules, "toy")) == [{"timeline", "writer"}]
 
 
 def _declared_modes() -> Tuple[str, ...]:

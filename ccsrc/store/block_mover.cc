@@ -36,6 +36,11 @@ struct Staging {
 
 Tier Below(Tier t) { return t == Tier::kDevice ? Tier::kHost : Tier::kDisk; }
 
+// A write's data phase: the writer copies without the lock while seq is odd, so no copy is valid
+// until it publishes; its copies become valid when it ends (it clears `writing` and notifies).
+// seq is even while the writing thread itself pins the block, before its data phase.
+bool WriteInFlight(const Block& b) { return b.writing && (b.seq.load(std::memory_order_acquire) & 1) != 0; }
+
 }  // namespace
 
 CorruptBlockError CorruptCopyError(uint64_t id, const DiskExtent& at, uint32_t stored, uint32_t computed) {
@@ -221,7 +226,7 @@ void BlockMover::EnsurePinned(Block& b, uint64_t id, Tier t, TableLock& lock) {
       parts_.copies.Touch(b, id, t, lock);
       return;
     }
-    if (b.moving) {
+    if (b.moving || WriteInFlight(b)) {
       parts_.table.Wait(lock);
       continue;
     }
@@ -247,7 +252,7 @@ Tier BlockMover::EnsureInMemoryPinned(Block& b, uint64_t id, TableLock& lock) {
         return t;
       }
     }
-    if (b.moving) {
+    if (b.moving || WriteInFlight(b)) {
       parts_.table.Wait(lock);
       continue;
     }

@@ -8,6 +8,7 @@ import os
 from mindspore_hyper.cli.arg_types import byte_size, positive_int
 from mindspore_hyper.cli.common import add_command, add_model_arguments, check_model_arguments
 from mindspore_hyper.cli.model_spec import GPT_DEFAULTS, GPT_PRESET, build_model, gpt_inputs, make_inputs
+from mindspore_hyper.cli.plan_groups import simulate_groups
 from mindspore_hyper.cli.plan_search import MODEL_FIELDS, add_search_arguments, run_search
 
 __all__ = ["add_parser", "run"]
@@ -116,7 +117,10 @@ def _any_model_config(args: argparse.Namespace, strategy) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Resolve, simulate one step, print the strategy table and the report (and the estimate)."""
+    """Resolve, simulate one step, print the strategy table and the report (and the estimate).
+
+    A config with device groups is planned as the MPMD job it builds (cli/plan_groups.py): the
+    table shows each group's mesh and rows."""
     import mindspore_hyper as mh
     from mindspore_hyper.estimate.crosscheck import simulate_step
     from mindspore_hyper.estimate.gpt_layout import gpt_parallel_config
@@ -149,9 +153,14 @@ def run(args: argparse.Namespace) -> int:
     mh.set_context(**context)
     model = build_model(args.model, args.init_args)
     inputs = make_inputs(args.inputs or gpt_inputs(args.init_args, args.batch))
-    table = mh.resolve_strategy(model, config)
-    report = simulate_step(model, config, inputs, optimizer=_optimizer_factory(args.optimizer),
-                           backward=not args.forward_only)
+    config = mh.load_parallel_config(config)
+    if config.groups:  # each group its own program: the built MPMD job's table (every group's mesh and rows)
+        table, report = simulate_groups(model, config, inputs, _optimizer_factory(args.optimizer),
+                                        backward=not args.forward_only)
+    else:
+        table = mh.resolve_strategy(model, config)
+        report = simulate_step(model, config, inputs, optimizer=_optimizer_factory(args.optimizer),
+                               backward=not args.forward_only)
     estimate, unavailable = [], None
     if (args.model == GPT_PRESET and strategy is not None and args.inputs is None and not args.forward_only
             and args.optimizer == "adam"):

@@ -27,6 +27,11 @@ def dtype_name(array: np.ndarray) -> str:
     return name
 
 
+def is_bfloat16(x) -> bool:
+    """A bfloat16 array (MindSpore's `asnumpy` gives ml_dtypes' bfloat16), which the C++ library has no kernels for."""
+    return np.asarray(x).dtype.name == "bfloat16"
+
+
 def check_op(op: str) -> str:
     if op not in OPS:
         raise ValueError(f"op={op!r}: expected one of {', '.join(OPS)}")

@@ -6,20 +6,48 @@ packets of the C++ aggregator, and direct all_reduce / all_gather / broadcast, t
 the whole job or a group of its ranks (`ranks=`, made with `new_group`), so processes may be on
 several hosts. MindSpore's CPU backend has no AllToAll, ReduceScatter or send/recv: reduce_scatter
 and all_to_all are composed from all_reduce / all_gather (more bytes than the real collectives),
-and `shm()` gives the shared-memory group of the whole job (one host) for the rest.
+and `shm()` gives the shared-memory group of the whole job (one host) for the rest. bfloat16 is
+reduced in float32 and rounded once, and gathered and broadcast as its bytes (as in `shm.py`).
+
+Every MindSpore collective of this transport runs on the calling thread, in the program's order:
+`all_reduce_async` requests are packed and sent at the next flush (a handle's wait, a direct
+collective of the group, or `flush()`), not by a background thread (`caller_thread_aggregator.py`
+says why: two threads' collectives, or two groups' collectives in different orders on different
+ranks, make MindSpore fail with "AllReduce failed").
+
+Every MindSpore collective is launched with no mixed-precision type (`_uncast`): called inside a
+Cell of type FP16 or BF16 (`to_float`, amp) -- a tensor-parallel forward -- MindSpore would cast
+the collective's float tensors to that type, reduce the cast copy and leave the tensor holding this
+rank's own input, with no error (all_gather's outputs got the copy's bits).
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import contextlib
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name
+from mindspore_hyper.comm._common import check_op, contiguous, dtype_name, is_bfloat16
 from mindspore_hyper.comm._handles import AggregatorOwner, Closed
+from mindspore_hyper.comm.caller_thread_aggregator import CallerThreadAggregator
 
 __all__ = ["MindSporeCommunicator"]
 
 _MS_OPS = {"sum": "sum", "max": "max", "min": "min", "avg": "sum"}
+
+
+@contextlib.contextmanager
+def _uncast() -> Iterator[None]:
+    """Inside the block MindSpore casts no kernel input to a running Cell's mixed-precision type:
+    the type NOTSET is pushed on MindSpore's stack of Cell types, and popped after (module docstring)."""
+    from mindspore._c_expression import MixedPrecisionType
+    from mindspore.graph.api import _pynative_executor
+
+    _pynative_executor.set_mixed_precision_type(MixedPrecisionType.NOTSET)
+    try:
+        yield
+    finally:
+        _pynative_executor.set_mixed_precision_type(MixedPrecisionType.NOTSET, False)
 
 
 class MindSporeCommunicator(AggregatorOwner):
@@ -28,14 +56,12 @@ class MindSporeCommunicator(AggregatorOwner):
     Args:
         ranks: the group's global ranks (member order); None = the whole job. Every member
             must create it (collectively), in the same order of groups.
-        aggregation_bytes: super-packet size of all_reduce_async (default: context flag).
-        max_delay: seconds after which a partly filled packet is sent (default 20 ms: packets go
-            through a Python callback that needs the GIL, so a burst of submissions from the
-            main thread is best finished before the executor takes the GIL).
+        aggregation_bytes: super-packet size of all_reduce_async (default: context flag); packets
+            are sent at the next flush, on the calling thread (module docstring).
         shm_timeout: timeout of the shared-memory fallback for all_to_all/reduce_scatter/send/recv.
     """
 
-    def __init__(self, aggregation_bytes: Optional[int] = None, max_delay: float = 20e-3, shm_timeout: float = 30.0,
+    def __init__(self, aggregation_bytes: Optional[int] = None, shm_timeout: float = 30.0,
                  ranks: Optional[Sequence[int]] = None):
         from mindspore.communication import get_group_size, get_rank
 
@@ -56,7 +82,6 @@ class MindSporeCommunicator(AggregatorOwner):
 
             aggregation_bytes = get_context("comm_aggregation_bytes")
         self.aggregation_bytes = int(aggregation_bytes)
-        self.max_delay = float(max_delay)
         self.shm_timeout = shm_timeout
         self._agg = None
         self._shm = None
@@ -74,7 +99,8 @@ class MindSporeCommunicator(AggregatorOwner):
             # int32 (a copy, exact) and reduce here.
             bits = arr.reshape(-1).view(np.int32)
             outs = [ms.Tensor(np.empty_like(bits)) for _ in range(self.size)]
-            dist.all_gather(outs, ms.Tensor(bits), group=self._group)
+            with _uncast():
+                dist.all_gather(outs, ms.Tensor(bits), group=self._group)
             st = np.stack([o.asnumpy().view(arr.dtype).reshape(arr.shape) for o in outs])
             if op in ("sum", "avg"):
                 st.sum(0, dtype=arr.dtype, out=arr)
@@ -82,7 +108,8 @@ class MindSporeCommunicator(AggregatorOwner):
                 (np.max if op == "max" else np.min)(st, axis=0, out=arr)
         else:
             t = ms.Tensor.from_numpy(arr)  # shares arr's memory: the result normally lands in place
-            dist.all_reduce(t, op=_MS_OPS[op], group=self._group)
+            with _uncast():
+                dist.all_reduce(t, op=_MS_OPS[op], group=self._group)
             res = t.asnumpy()
             if not np.may_share_memory(res, arr):
                 arr[...] = res.reshape(arr.shape)
@@ -92,9 +119,9 @@ class MindSporeCommunicator(AggregatorOwner):
             else:
                 arr[...] = np.trunc(arr / self.size)
 
-    def _packet(self, buf: np.ndarray, dtype: str, op: str) -> None:
-        """Callback of the C++ aggregator: all-reduce one packet (`buf`, its bytes) in place."""
-        self._ms_all_reduce_into(buf.view(np.dtype(dtype)), op)
+    def _packet(self, buf: np.ndarray, op: str) -> None:
+        """Callback of the aggregator: all-reduce one packet (a 1-D array) in place."""
+        self._ms_all_reduce_into(buf, op)
         self.packets_sent += 1
 
     def _before_direct(self) -> None:
@@ -103,7 +130,11 @@ class MindSporeCommunicator(AggregatorOwner):
 
     # ----- collectives ------------------------------------------------------------------------
     def all_reduce(self, x, op: str = "sum") -> np.ndarray:
+        """Reduce over the members; bfloat16 (which the comm library has no kernels for) is reduced
+        in float32 and rounded to bfloat16 once, as the shared-memory transport does."""
         check_op(op)
+        if is_bfloat16(x):
+            return self.all_reduce(np.asarray(x).astype(np.float32), op).astype(np.asarray(x).dtype)
         out = contiguous(x).copy()
         dtype_name(out)
         self._before_direct()
@@ -120,12 +151,16 @@ class MindSporeCommunicator(AggregatorOwner):
         from mindspore.mint import distributed as dist
 
         arr = contiguous(x)
+        if is_bfloat16(arr):  # bfloat16 moves as its bytes
+            return [a.view(arr.dtype) for a in self._gather_all(arr.view(np.float16))]
         dtype_name(arr)
         self._before_direct()
         wire = arr.view(np.uint8) if arr.dtype == np.bool_ else arr
         outs = [ms.Tensor(np.empty_like(wire)) for _ in range(self.size)]
-        dist.all_gather(outs, ms.Tensor(wire), group=self._group)
-        return [o.asnumpy().view(arr.dtype) for o in outs]
+        with _uncast():
+            dist.all_gather(outs, ms.Tensor(wire), group=self._group)
+        by_global = sorted(self.ranks)  # new_group numbers its members in ascending global rank
+        return [outs[by_global.index(r)].asnumpy().view(arr.dtype) for r in self.ranks]
 
     def broadcast(self, x, root: int = 0) -> np.ndarray:
         """Every member gets member `root`'s array."""
@@ -133,9 +168,12 @@ class MindSporeCommunicator(AggregatorOwner):
         from mindspore.mint import distributed as dist
 
         arr = contiguous(x)
+        if is_bfloat16(arr):  # bfloat16 moves as its bytes
+            return self.broadcast(arr.view(np.float16), root).view(arr.dtype)
         self._before_direct()
         t = ms.Tensor(arr.copy())
-        dist.broadcast(t, self.ranks[root], group=self._group)
+        with _uncast():
+            dist.broadcast(t, self.ranks[root], group=self._group)
         return t.asnumpy()
 
     def calibrate(self, repeats: int = 10, large_bytes: int = 1 << 20):
@@ -163,8 +201,9 @@ class MindSporeCommunicator(AggregatorOwner):
 
         self._before_direct()
         p = self.size
-        t_small = timed(1, repeats)
-        t_large = timed(large_bytes // 4, max(2, repeats // 3))
+        with _uncast():
+            t_small = timed(1, repeats)
+            t_large = timed(large_bytes // 4, max(2, repeats // 3))
         steps = 2.0 * (p - 1)
         alpha = t_small / steps
         beta = max(1e-13, (t_large - t_small) / (steps / p * large_bytes))
@@ -204,11 +243,8 @@ class MindSporeCommunicator(AggregatorOwner):
 
     # ----- aggregation ------------------------------------------------------------------------
     def _new_aggregator(self):
-        agg = _C.python_aggregator(self._packet, self.size, self.aggregation_bytes, self.max_delay, self.shm_timeout)
-        import atexit
-
-        atexit.register(self.close)  # stop the executor (it calls into Python) before shutdown
-        return agg
+        return CallerThreadAggregator(self._packet, self.size, self.aggregation_bytes,
+                                      f"MindSporeCommunicator(rank {self.rank})")
 
     def close(self) -> None:
         """Stop the aggregator (queued requests fail) and the shared-memory group; later calls

@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from mindspore_hyper.comm._common import _C, check_op, contiguous, dtype_name, normalize_dim, split_counts
+from mindspore_hyper.comm._common import is_bfloat16 as _is_bfloat16
 from mindspore_hyper.comm._handles import AggregatorOwner, Closed
 from mindspore_hyper.comm.job_token import job_token
 
@@ -35,11 +36,6 @@ DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 _MAX_DIMS = 32  # numpy's limit: the shape descriptors all_gather exchanges
 _READABLE = 32  # characters of the group name kept readable in the segment name
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
-
-
-def _is_bfloat16(x) -> bool:
-    """A bfloat16 array (MindSpore's `asnumpy` gives ml_dtypes' bfloat16), which the C++ library has no kernels for."""
-    return np.asarray(x).dtype.name == "bfloat16"
 
 
 def segment_name(name: str, token: str) -> str:

@@ -6,9 +6,9 @@ in simulation, one device under msrun); its `Execution` supplies the collectives
 from mindspore_hyper import bfloat16_emulation
 from mindspore_hyper.dtensor import interception, rules, shape_rules  # noqa: F401  (rules register themselves)
 from mindspore_hyper.dtensor.dtensor import DTensor
-from mindspore_hyper.dtensor.execution import Execution, ParameterSlot, distribute_tensor
+from mindspore_hyper.dtensor.execution import Execution, ParameterSlot, distribute_tensor, lays_out
 
 interception.install()
-bfloat16_emulation.install()  # mirrors the running Cells' mixed-precision types
+bfloat16_emulation.install(lays_out)  # mirrors the running Cells' mixed-precision types, refuses plain bfloat16 Cells
 
 __all__ = ["DTensor", "Execution", "ParameterSlot", "distribute_tensor"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -23,9 +24,11 @@ from mindspore_hyper.dtensor.redistribution import run_redistribution
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
-__all__ = ["Execution", "ParameterSlot", "Key", "standalone_execution", "in_process_collectives", "distribute_tensor"]
+__all__ = ["Execution", "ParameterSlot", "Key", "standalone_execution", "in_process_collectives", "distribute_tensor",
+           "lays_out"]
 
 Key = Tuple[int, ...]
+_LIVE: "weakref.WeakSet[Execution]" = weakref.WeakSet()  # every Execution alive (`lays_out`)
 
 
 @dataclass
@@ -87,6 +90,7 @@ class Execution:
         self.context_parallel = None  # the strategy's ContextParallel: attention across the sequence axis
         self.context_attention: Optional[Callable[[Any, Any], Any]] = None  # (execution, call) -> result or None
         self.job_ranks: Optional[Tuple[int, ...]] = None  # the job's rank of each mesh rank; None: the same numbers
+        _LIVE.add(self)
 
     # -- bookkeeping ---------------------------------------------------------------------------
     @property
@@ -266,3 +270,9 @@ def distribute_tensor(tensor, layout: TensorLayout):
         ValueError: the tensor's rank differs from the layout's.
     """
     return dispatcher.distribute(standalone_execution(layout.mesh), tensor, layout)
+
+
+def lays_out(param) -> bool:
+    """Whether a live Execution (a model the package runs, or a HyperParallel API layout) holds
+    Parameter `param` among its laid-out parameters."""
+    return any(getattr(execution.parameters.get(id(param)), "param", None) is param for execution in list(_LIVE))

@@ -1,16 +1,16 @@
-"""Padded local storage: a Parameter holding this process's piece with zero rows after it.
+"""Padded local storage: a Parameter standing for an empty piece of this process.
 
-Under msrun each process's Parameter is its piece of the global one. torch.chunk pieces (a
-dimension the devices do not divide) leave the trailing devices fewer rows or none, and
-MindSpore's optimizers cannot hold a Parameter of 0 elements (`nn.Adam` over a (0, 8) Parameter
-stops in `initializer`). So where some device's piece of dimension 0 would be empty (`fully_shard`
-of a Parameter with fewer rows than devices), every device stores ceil(rows / devices) rows, its
-real rows first and zeros after them, as torch's FSDP2 stores each rank's shard padded to the same
-size. The DTensor's shard is the real rows (`stored_piece`); the padding takes no part in any op,
-so its gradient is zero, and an optimizer whose update of a zero weight with a zero gradient is
-zero (by their update rules SGD, Adam, AdamW: their states stay zero) keeps it zero. Writes into
-the Parameter pad the new piece again (`padded`). A checkpoint holds the real rows only: the
-writer cuts them off the stored array and a load pads them again (`is_padded`, `padded_array`).
+Under msrun each process's Parameter is its piece of the global one, as it is. torch.chunk pieces
+(a dimension the devices do not divide: `fully_shard`'s split, as FSDP2's and upstream's) leave the
+trailing devices fewer rows or none, and MindSpore's optimizers cannot hold a Parameter of 0
+elements (`nn.Adam`, `nn.SGD`, `mint.optim.AdamW` over a (0, 8) Parameter stop in `initializer`).
+So a process whose piece of dimension 0 is empty (5 rows over 4 devices: 2, 2, 1, 0) stores one
+zero row in its place; every other process stores its real rows only. The DTensor's shard is the
+real rows (`stored_piece`: empty there); the padding takes no part in any op, so its gradient is
+zero, and an optimizer whose update of a zero weight with a zero gradient is zero (by their update
+rules SGD, Adam, AdamW: their states stay zero) keeps it zero. Writes into the Parameter pad the
+new piece again (`padded`). A checkpoint holds the real rows only: the writer cuts them off the
+stored array and a load pads them again (`is_padded`, `padded_array`).
 """
 from __future__ import annotations
 

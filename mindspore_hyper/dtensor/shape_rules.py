@@ -123,6 +123,13 @@ def _unary(inputs, kwargs, attrs):
     return _like(inputs[0])
 
 
+@shape_rule("CellBackwardHook")
+def _cell_backward_hook(inputs, kwargs, attrs):
+    """The identity op MindSpore puts around a hooked Cell's tensors: one output per tensor of the
+    list it takes, of its shape and dtype, as a tuple."""
+    return tuple(_like(t) for t in inputs[0])
+
+
 @shape_rule("AddExt", "SubExt", "Add", "Sub", "Mul", "Div", "RealDiv", "Pow", "Maximum", "Minimum", "Muls", "Divs",
             "Adds", "SubScalar", "AddScalar", "FloorDiv", "Mod", "Remainder", "Atan2", "SquaredDifference", "DivMod",
             "BitwiseAnd", "BitwiseOr", "Xdivy", "PowTensorScalar", "PowScalarTensor", "InplaceAddExt",

@@ -28,8 +28,8 @@ from mindspore_hyper.estimate.step_time import StepTimeEstimate, estimate_step_t
 from mindspore_hyper.estimate.strategy import JobStrategy
 
 __all__ = ["PublishedRun", "ValidationRow", "KORTHIKANTI_TABLE5", "table5_rows", "format_rows",
-           "HeldoutRun", "HeldoutRow", "HELDOUT_FILE", "FLOP_CONVENTIONS", "METRICS", "load_heldout",
-           "predict_heldout", "heldout_rows", "heldout_summary", "format_heldout", "step_flops"]
+           "HeldoutRun", "HeldoutRow", "HELDOUT_FILE", "FLOP_CONVENTIONS", "METRICS", "METRIC_UNITS",
+           "load_heldout", "predict_heldout", "heldout_rows", "heldout_summary", "format_heldout", "step_flops"]
 
 
 @dataclass(frozen=True)
@@ -116,9 +116,13 @@ def format_rows(rows: List[ValidationRow]) -> str:
 
 HELDOUT_FILE = "heldout_step_time.yaml"
 FLOP_CONVENTIONS = ("narayanan2021", "model")
-METRICS = ("tflops_per_gpu",)
+# The published figure compared: teraFLOP/s per GPU (counted by the row's `flops` convention), tokens per
+# second per GPU, or GPU-hours per trillion tokens (a cost: lower is faster).
+METRICS = ("tflops_per_gpu", "tokens_per_gpu_s", "gpu_hours_per_trillion_tokens")
+METRIC_UNITS = {"tflops_per_gpu": "TFLOP/s", "tokens_per_gpu_s": "tokens/s/GPU",
+                "gpu_hours_per_trillion_tokens": "GPU-h/T tokens"}
 _ROW_KEYS = ("id", "source", "reference", "hardware", "model", "strategy", "gpus", "global_batch", "flops", "metric",
-             "published", "assumptions")
+             "published", "assumptions", "nearest")
 _ROW_REQUIRED = ("id", "source", "reference", "hardware", "model", "strategy", "gpus", "global_batch", "flops",
                  "metric", "published")
 
@@ -139,6 +143,9 @@ class HeldoutRun:
         metric: the published figure compared (METRICS).
         published: every published figure of the row (metric -> value).
         assumptions: what the publication does not give and was chosen.
+        nearest: what the run does that the estimator cannot represent (FP8 GEMMs, MLA, ...): the row
+            is then predicted with the nearest representable configuration, reported apart from the
+            representable rows and profiled by term, never fitted ("" = representable).
     """
 
     id: str
@@ -153,6 +160,7 @@ class HeldoutRun:
     metric: str
     published: Dict[str, float] = field(default_factory=dict)
     assumptions: str = ""
+    nearest: str = ""
 
 
 @dataclass(frozen=True)
@@ -166,7 +174,11 @@ class HeldoutRow:
 
     @property
     def error(self) -> float:
-        """(predicted - published) / published."""
+        """Predicted speed / published speed - 1 (positive = predicted faster than measured):
+        predicted / published - 1 for a rate (TFLOP/s, tokens/s), published / predicted - 1 for a cost
+        (GPU-hours per trillion tokens)."""
+        if self.run.metric == "gpu_hours_per_trillion_tokens":
+            return self.published / self.predicted - 1.0
         return self.predicted / self.published - 1.0
 
 
@@ -238,12 +250,15 @@ def _parse_row(path: str, i: int, row: Any, sources: Dict[str, str]) -> HeldoutR
         load_hardware(row["hardware"])
     except ValueError as exc:
         raise _row_error(path, i, row, f"field 'hardware': {exc}") from None
-    assumptions = row.get("assumptions", "")
-    if not isinstance(assumptions, str):
-        raise _row_error(path, i, row, f"field 'assumptions': expected a string, got {assumptions!r}")
+    texts = {}
+    for key in ("assumptions", "nearest"):
+        texts[key] = row.get(key, "")
+        if not isinstance(texts[key], str):
+            raise _row_error(path, i, row, f"field {key!r}: expected a string, got {texts[key]!r}")
     return HeldoutRun(row["id"], row["source"], row["reference"], row["hardware"], config, strategy, row["gpus"],
                       row["global_batch"], row["flops"], row["metric"],
-                      {k: float(v) for k, v in published.items()}, assumptions.strip())
+                      {k: float(v) for k, v in published.items()}, texts["assumptions"].strip(),
+                      " ".join(texts["nearest"].split()))
 
 
 def load_heldout(path: Optional[str] = None) -> Tuple[Dict[str, str], List[HeldoutRun]]:
@@ -283,8 +298,13 @@ def load_heldout(path: Optional[str] = None) -> Tuple[Dict[str, str], List[Heldo
 def predict_heldout(run: HeldoutRun, hardware: Union[str, Hardware, None] = None) -> HeldoutRow:
     """`run` predicted by `estimate_step_time` on its preset (or `hardware`), as its published metric."""
     est = estimate_step_time(run.config, run.strategy, hardware if hardware is not None else run.hardware)
+    tokens = run.global_batch * run.config.seq_len  # per step
     if run.metric == "tflops_per_gpu":
         predicted = step_flops(run.config, run.global_batch, run.flops) / (est.seconds * run.gpus) / 1e12
+    elif run.metric == "tokens_per_gpu_s":
+        predicted = tokens / (est.seconds * run.gpus)
+    elif run.metric == "gpu_hours_per_trillion_tokens":
+        predicted = est.seconds * run.gpus / 3600.0 * 1e12 / tokens
     else:  # pragma: no cover - METRICS is checked by the loader
         raise ValueError(f"metric={run.metric!r}: expected one of {', '.join(METRICS)}")
     return HeldoutRow(run, est, predicted, run.published[run.metric])
@@ -296,7 +316,8 @@ def heldout_rows(path: Optional[str] = None) -> List[HeldoutRow]:
 
 
 def heldout_summary(rows: List[HeldoutRow]) -> Dict[str, Any]:
-    """Mean |error| and worst row, overall and per source, and how many rows are within 10%."""
+    """Mean |error| and worst row: over all rows, over the representable rows (when some are
+    predicted with a nearest configuration), and per source; and how many rows are within 10%."""
     def one(group: List[HeldoutRow]) -> Dict[str, Any]:
         worst = max(group, key=lambda r: abs(r.error))
         return {"rows": len(group), "mae": sum(abs(r.error) for r in group) / len(group),
@@ -304,6 +325,9 @@ def heldout_summary(rows: List[HeldoutRow]) -> Dict[str, Any]:
                 "within_10": sum(abs(r.error) <= 0.10 for r in group)}
 
     summary = {"all": one(rows)}
+    representable = [r for r in rows if not r.run.nearest]
+    if representable and len(representable) < len(rows):
+        summary["representable"] = one(representable)
     for source in dict.fromkeys(r.run.source for r in rows):
         summary[source] = one([r for r in rows if r.run.source == source])
     return summary
@@ -311,20 +335,23 @@ def heldout_summary(rows: List[HeldoutRow]) -> Dict[str, Any]:
 
 def format_heldout(rows: List[HeldoutRow]) -> str:
     """A Markdown table of the held-out rows (predicted vs published), with the mean absolute error."""
-    lines = ["| run | source row | hardware | t x p x d (x cp), v | published | predicted | error | predicted MFU | "
-             "bubble | exposed comm |",
+    lines = ["| run | source row | hardware | t x p x d (x cp), v (, ep) | published | predicted | error | "
+             "predicted MFU | bubble | exposed comm |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         st, est = r.run.strategy, r.estimate
         sizes = f"{st.tensor} x {st.pipeline} x {st.data}" + (f" x {st.context_parallel}" if st.context_parallel > 1
                                                               else "") + f", {st.chunks}"
-        b = est.breakdown
-        lines.append(f"| {r.run.id} | {r.run.reference.split(':')[0]} | {est.hardware} | {sizes} | "
-                     f"{r.published:g} TFLOP/s | {r.predicted:.1f} TFLOP/s | {r.error:+.1%} | {est.mfu:.1%} | "
+        sizes += f", ep {st.expert}" if st.expert > 1 else ""
+        b, unit = est.breakdown, METRIC_UNITS[r.run.metric]
+        name = r.run.id + (" (nearest)" if r.run.nearest else "")
+        lines.append(f"| {name} | {r.run.reference.split(':')[0]} | {est.hardware} | {sizes} | "
+                     f"{r.published:g} {unit} | {r.predicted:.1f} {unit} | {r.error:+.1%} | {est.mfu:.1%} | "
                      f"{b['pipeline bubble'] / est.seconds:.1%} | {b['exposed communication'] / est.seconds:.1%} |")
     lines.append("")
     for key, s in heldout_summary(rows).items():
-        label = "all rows" if key == "all" else key
+        label = {"all": "all rows", "representable": "representable rows (without the nearest-configuration ones)"}.get(
+            key, key)
         lines.append(f"{label}: {s['rows']} rows, mean |error| {s['mae']:.1%}, worst {s['worst']} "
                      f"{s['worst_error']:+.1%}, {s['within_10']} of {s['rows']} within 10%")
     return "\n".join(lines)

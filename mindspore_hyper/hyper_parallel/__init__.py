@@ -11,6 +11,7 @@ from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.hyper_parallel.async_context_parallel import AsyncContextParallel
 from mindspore_hyper.hyper_parallel.autodiff import SkipDTensorDispatch, parallelize_value_and_grad
 from mindspore_hyper.hyper_parallel.autograd_compat import enable_mindspore_backward_compat
+from mindspore_hyper.hyper_parallel.clip_grad import clip_grad_norm_, clip_grads_by_global_norm, global_grad_norm
 from mindspore_hyper.hyper_parallel.checkpoint import cell_holdings  # noqa: F401 (mh.save_checkpoint of laid-out Cells)
 from mindspore_hyper.hyper_parallel.comm_compute_overlap import CommComputeOverlap, HookCoordinator, HookRole
 from mindspore_hyper.hyper_parallel.context_parallel import ContextParallel
@@ -57,4 +58,5 @@ __all__ = [
     "PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "MetaStep", "MetaStepType",
     "BatchDimSpec", "ContextParallel", "AsyncContextParallel", "CommComputeOverlap", "HookCoordinator", "HookRole",
     "HSDPModule", "MixedPrecisionPolicy", "OffloadPolicy", "CPUOffloadPolicy", "enable_mindspore_backward_compat",
+    "clip_grad_norm_", "clip_grads_by_global_norm", "global_grad_norm",
 ]

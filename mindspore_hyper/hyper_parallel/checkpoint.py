@@ -26,7 +26,7 @@ from mindspore_hyper.checkpoint.load import load_checkpoint
 from mindspore_hyper.checkpoint.regions import rank_box
 from mindspore_hyper.checkpoint.save import save_checkpoint
 from mindspore_hyper.dtensor.padded_storage import is_padded
-from mindspore_hyper.hyper_parallel.session import mesh_of
+from mindspore_hyper.hyper_parallel.session import mesh_of, runtime_of
 from mindspore_hyper.shard.tensor_layout import TensorLayout
 
 __all__ = ["save", "load", "StateDict", "cell_holdings"]
@@ -92,8 +92,7 @@ class StateDict:
             from mindspore_hyper.runtime.distributed.world import world
 
             group = world().communicator(tuple(range(world().size)))
-        mode = "simulation" if len(local) > 1 else "distributed"
-        return Holdings(mesh.root, mode, tuple(local), tensors, None, group)
+        return Holdings(mesh.root, runtime_of(execution).name, tuple(local), tensors, None, group)
 
 
 def cell_holdings(cell) -> Optional[Holdings]:

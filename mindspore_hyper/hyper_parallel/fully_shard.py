@@ -3,11 +3,14 @@
 Each Parameter of the Cell is split along its first dimension over the data-parallel mesh (on
 top of any tensor-parallel layout it already has: the data-parallel pieces are cut from each
 tensor-parallel piece, torch's StridedShard order). Rows the mesh does not divide are split as
-torch's FSDP2 splits them (torch.chunk): ceil(rows / devices) each, the trailing devices fewer or
-none; the gathers pad the pieces. Under msrun, where some device's piece would be empty (fewer rows
-than devices), every process stores ceil(rows / devices) rows, zeros after its real ones
-(`dtensor.padded_storage`; MindSpore's optimizers cannot hold a Parameter of 0 elements), as
-FSDP2 pads its shards. While the Cell runs, its Parameters read as
+torch's FSDP2 and upstream's fully_shard split them (torch.chunk, upstream's ceil-chunk geometry):
+ceil(rows / devices) each, the trailing devices fewer or none. Under msrun each process's Parameter
+is its piece as it is (5 rows over 2 processes: 3 and 2), so are its gradient and the optimizer's
+states; the padding to equal pieces lives only inside the gathers and reduce-scatters
+(`dtensor.padded_collectives`). A process whose piece is empty (5 rows over 4: 2, 2, 1, 0) stores
+one zero row in its place (`dtensor.padded_storage`: MindSpore's optimizers cannot hold a Parameter
+of 0 elements); its DTensor piece is empty, and checkpoints hold no row of it. While the Cell runs,
+its Parameters read as
 DTensors gathered over the data-parallel mesh; the gather's backward reduce-scatters the
 gradient. Optimizers built on `trainable_params()` then update the shards: under msrun each
 process holds and updates only its piece (parameters, gradients and optimizer states all split:
@@ -199,10 +202,9 @@ def _reshard(module: nn.Cell, execution, slot, layout: TensorLayout, mesh: Devic
         rows = slot.global_shape[0]
         held = slot.layout.dim_bounds(0, rows, coords)[0]  # where the old piece starts
         start, length = layout.dim_bounds(0, rows, coords)  # torch.chunk piece: the trailing ones shorter
-        lengths = [layout.dim_bounds(0, rows, layout.mesh.coords(r))[1] for r in layout.mesh.ranks]
         value = old_param.asnumpy()[start - held:start - held + length]
-        if min(lengths) == 0:  # some device's piece is empty: every device stores max(lengths) rows (padded_storage)
-            value = np.concatenate([value, np.zeros((max(lengths) - length,) + value.shape[1:], value.dtype)])
+        if length == 0:  # an empty piece: one zero row stands for it (padded_storage; no optimizer holds 0 elements)
+            value = np.zeros((1,) + value.shape[1:], value.dtype)
         new_param = Parameter(Tensor(value.copy(), dtype=old_param.dtype), name=old_param.name,
                               requires_grad=old_param.requires_grad)
         for _, cell in module.cells_and_names():

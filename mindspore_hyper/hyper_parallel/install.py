@@ -82,6 +82,8 @@ MODULES: Dict[str, Iterable[str]] = {
     "hyper_parallel.core.distributed_checkpoint": ("save", "load", "get_global_layout"),
     "hyper_parallel.core.activation_checkpoint": ("CheckpointPolicy", "checkpoint_wrapper", "swap_wrapper",
                                                   "SwapManager"),
+    "hyper_parallel.core.utils": ("clip_grad_norm_",),
+    "hyper_parallel.core.utils.clip_grad": ("clip_grad_norm_",),
     "hyper_parallel.custom_ops": (),
     "hyper_parallel.custom_ops.experimental": (),
 }

@@ -18,7 +18,7 @@ from mindspore_hyper.runtime.parallel_model import live_models
 from mindspore_hyper.runtime.report import causes_text, device_groups
 from mindspore_hyper.units import format_bytes, format_seconds
 
-__all__ = ["session_report", "format_report"]
+__all__ = ["session_report", "format_report", "routing_text"]
 
 
 def _accounting_rows(accounting) -> Dict:
@@ -106,8 +106,9 @@ def session_report(mode: str, devices: int) -> Dict:
     per-device peak and live bytes of the other DTensors, collectives by (kind, dimension,
     phase) with their causes (cause -> count) and the ops' FLOPs and bytes; a model wrapped by `auto_parallelize` adds its memory
     parts (parameters, gradients, optimizer states, peak activations) per set of equal devices; a
-    pipelined model its stages and schedule. `moe_routing` says how MoE routers chose experts:
-    balanced in a dry run (it has no logits) or with the `moe_routing` flag, else learned."""
+    pipelined model its stages and schedule. `moe_routing` says how MoE routers chose experts
+    (`routing_text`): a given histogram, balanced (a dry run's default: it has no logits; or with
+    the `moe_routing` flag), else learned."""
     meshes: List[Dict] = []
     for execution in session_executions():
         params = _parameter_bytes(execution)
@@ -129,9 +130,22 @@ def session_report(mode: str, devices: int) -> Dict:
                 meshes.append(_pipeline_entry(model))
         elif id(model) not in staged and model.accounting.steps:
             meshes.append(_model_entry(model))
-    balanced = shape_only or get_context("moe_routing") == "balanced"
-    return {"mode": mode, "devices": devices, "meshes": meshes,
-            "moe_routing": "balanced: token t's j-th copy to expert (t k + j) mod E" if balanced else "learned"}
+    return {"mode": mode, "devices": devices, "meshes": meshes, "moe_routing": routing_text(shape_only)}
+
+
+def routing_text(shape_only: bool) -> str:
+    """How MoE routers chose experts, for the report: "learned", the balanced assumption (a dry
+    run's default: it has no logits), or the given histogram, whose expert all-to-all and expert
+    activation figures are rank 0's (its expert member's loads: the other members' differ)."""
+    routing = get_context("moe_routing")
+    if isinstance(routing, tuple):
+        shares = ", ".join(f"{f:g}" for f in routing)
+        return (f"histogram: fractions [{shares}] of the token copies to experts 0..{len(routing) - 1}, every "
+                "device's tokens alike; the expert all-to-all bytes and the experts' activations are rank 0's expert "
+                "member's for every device (members holding other experts send, receive and hold other amounts)")
+    if shape_only or routing == "balanced":
+        return "balanced: token t's j-th copy to expert (t k + j) mod E"
+    return "learned"
 
 
 def _pipeline_entry(model) -> Dict:

@@ -24,6 +24,9 @@ __all__ = ["convert_modules"]
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
+    if type(exc).__name__ == "GuardOnDataDependentSymNode":  # torch's own words name neither the cause nor a fix
+        return ("control flow on a tensor value (`if`/`assert`/bool() of a value the model computes: data-dependent; "
+                f"torch.export: {text[0].split(' (unhinted')[0] if text else ''})")
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
@@ -114,4 +117,7 @@ def _where(exc: BaseException) -> str:
     torch_dir = torch.__file__.rsplit("/", 1)[0]
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(torch_dir)
               and "mindspore_hyper" not in f.filename]
-    return f" (at {frames[-1].filename}:{frames[-1].lineno} `{frames[-1].line}`)" if frames else ""
+    if not frames:
+        return ""
+    where = frames[-1].filename.rsplit("site-packages/", 1)[-1]  # transformers/models/...: the installed package
+    return f" (at {where}:{frames[-1].lineno} `{frames[-1].line}`)"

@@ -11,7 +11,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, mint, nn, ops
 
-__all__ = ["Module", "param", "scaled_dot_product_attention", "layer_norm", "diff", "PaddingEmbedding",
+__all__ = ["Module", "param", "scaled_dot_product_attention", "layer_norm", "in_float64_on_cpu", "InFloat64OnCpu",
+           "exact_log1p", "diff", "PaddingEmbedding",
            "padded_embedding", "repeat_interleave", "slice_dim", "strided_scatter", "scatter_reduce", "einsum",
            "selective_scan", "Unrunnable", "HELPERS"]
 
@@ -58,6 +59,42 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     if bias is None:
         bias = mint.zeros(tuple(normalized_shape), dtype=x.dtype)
     return ops.LayerNorm(begin_norm_axis=axis, begin_params_axis=axis, epsilon=eps)(x, weight, bias)[0]
+
+
+def in_float64_on_cpu(fn, x, *args, **kwargs):
+    """`fn(x, *args, **kwargs)`; on the CPU a float32 `x` is computed in float64 and rounded once: MindSpore
+    2.10's CPU float32 tanh is up to 1e-4 from exact (torch's 3e-8), its float64 kernel within float32's
+    rounding (migrate.mappings.common.in_float64). Other dtypes and devices: the kernel as is. (Helpers are
+    copied into generated files by name, one by one: InFloat64OnCpu repeats the test.)"""
+    if x.dtype == ms.float32 and ms.get_context("device_target") == "CPU":
+        return ops.cast(fn(ops.cast(x, ms.float64), *args, **kwargs), ms.float32)
+    return fn(x, *args, **kwargs)
+
+
+class InFloat64OnCpu(nn.Cell):
+    """An activation Cell (nn.Tanh) run as `in_float64_on_cpu` runs a function."""
+
+    def __init__(self, activation):
+        super().__init__()
+        self.activation = activation
+
+    def construct(self, x):
+        if x.dtype == ms.float32 and ms.get_context("device_target") == "CPU":
+            return ops.cast(self.activation(ops.cast(x, ms.float64)), ms.float32)
+        return self.activation(x)
+
+
+def exact_log1p(x):
+    """torch.log1p. MindSpore 2.10's CPU log1p is log(1 + x) for every x (log1p(1e-9) = 0 in float32, 1e-3
+    relative off at x = e^-30 in float64). On the CPU float32 and float64 are computed in float64 as
+    x (1 - x (1/2 - x/3)) for |x| < 1e-5 (the series' next term is x^4/4, relative <= x^3/4 = 2.5e-16) and
+    log(1 + x) elsewhere (1 + x rounds by 1.1e-16, relative <= 1.1e-11 of log1p(x) there), and rounded once;
+    other devices' kernels as they are."""
+    if x.dtype not in (ms.float32, ms.float64) or ms.get_context("device_target") != "CPU":
+        return mint.log1p(x)
+    y = ops.cast(x, ms.float64)
+    series = mint.mul(y, mint.sub(1.0, mint.mul(y, mint.sub(0.5, mint.div(y, 3.0)))))
+    return ops.cast(mint.where(mint.lt(mint.abs(y), 1e-5), series, mint.log(mint.add(y, 1.0))), x.dtype)
 
 
 class PaddingEmbedding(nn.Embedding):
@@ -270,7 +307,8 @@ class Unrunnable(nn.Cell):
 
 
 HELPERS = {"Module": Module, "param": param, "scaled_dot_product_attention": scaled_dot_product_attention,
-           "layer_norm": layer_norm, "diff": diff, "PaddingEmbedding": PaddingEmbedding,
+           "layer_norm": layer_norm, "in_float64_on_cpu": in_float64_on_cpu,
+           "InFloat64OnCpu": InFloat64OnCpu, "exact_log1p": exact_log1p, "diff": diff, "PaddingEmbedding": PaddingEmbedding,
            "padded_embedding": padded_embedding, "repeat_interleave": repeat_interleave, "slice_dim": slice_dim,
            "strided_scatter": strided_scatter, "scatter_reduce": scatter_reduce, "einsum": einsum,
            "selective_scan": selective_scan, "Unrunnable": Unrunnable}

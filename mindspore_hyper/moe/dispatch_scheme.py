@@ -34,6 +34,10 @@ class DispatchScheme:
         engine: the layer's `ExpertParallel` (its `moe`, `last_stats`, `run_exchange` and `wait_exchange`).
     """
 
+    # whether the dry run's one-member exchange (`shape_exchange.ShapeExchange`) models this scheme
+    # under a skewed routing histogram (members with unequal loads)
+    models_histograms = True
+
     def __init__(self, engine):
         self.engine = engine
 
@@ -74,9 +78,15 @@ class DispatchScheme:
         """The exchange for the mode (rows recorded as "rows"): in simulation `InProcessExchange`
         (`LibraryExchange` with `sim_collectives="library"`), under msrun the `ProcessExchange`
         of this process's expert group."""
-        if ex.shape_only:  # a dry run: shapes, one member, the balanced routing's symmetry
+        if ex.shape_only:  # a dry run: shapes, one member, the assumed routing's symmetry
+            from mindspore_hyper.context import get_context
             from mindspore_hyper.moe.shape_exchange import ShapeExchange
 
+            if not self.models_histograms and isinstance(get_context("moe_routing"), tuple):
+                raise NotImplementedError(
+                    f"dry run: MoE(dispatch={self.engine.moe.dispatch!r}) under a moe_routing histogram is not "
+                    "modelled (its hops need every member's unequal loads; the dry run holds one member): use "
+                    "dispatch='flat' or moe_routing='balanced' in the dry run, or run the job in simulation")
             return ShapeExchange(ex, axes, self.recorder(ex, axes, "rows"))
         if not axes.local(ex):
             return self.process_exchange(ex, ex.keys(axes.token)[0], axes)

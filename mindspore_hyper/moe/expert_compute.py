@@ -1,6 +1,12 @@
 """The experts' step of an expert-parallel call: every local expert on the rows dispatch
 delivered to its device (tensor-parallel experts: on their slice of F, the partial sums
-all-reduced over the tensor axes; with a placement, on the replicas' all-gathered weights)."""
+all-reduced over the tensor axes; with a placement, on the replicas' all-gathered weights).
+
+The experts work on plain tensors (the rows each device received), which the DTensor accounting
+does not see; their activations are counted by a model (`expert_activation_bytes`), for the
+device the accounting represents (the first of the token keys, whose sends the exchange records
+too), so the memory figures follow the routing (balanced, a given histogram, or device 0's
+learned loads)."""
 from __future__ import annotations
 
 from typing import Dict
@@ -12,7 +18,7 @@ from mindspore_hyper.moe.exchange import split_rows
 from mindspore_hyper.moe.experts import swiglu
 from mindspore_hyper.moe.expert_state import Key, State
 
-__all__ = ["run_experts"]
+__all__ = ["run_experts", "expert_activation_bytes"]
 
 
 def run_experts(state: State, received: Dict[Key, dict], placement) -> Dict[Key, dict]:
@@ -45,7 +51,35 @@ def run_experts(state: State, received: Dict[Key, dict], placement) -> Dict[Key,
             results = ex.collectives.all_reduce(results, "sum", tp_group)
         for (slot, src), piece in zip(order, split_rows(results[0], sizes)):
             outputs[key][src][slot] = piece
+        if key == ex.keys(axes.token)[0]:  # the device the accounting counts
+            tp_key = ex.keys(axes.tensor)[0] if axes.tensor else ()
+            f_local = int(_weights(ex, state, key, tp_key, placement)[0].shape[-1])
+            _hold(ex, expert_activation_bytes(sum(sizes), int(rows.shape[-1]), f_local, rows.dtype.itemsize))
     return outputs
+
+
+def expert_activation_bytes(rows: int, hidden: int, ffn_local: int, itemsize: int) -> int:
+    """What a device's experts keep for their backward, modelled: their input rows and output
+    rows (rows x hidden each) and SwiGLU's gate, up, activated gate and product (rows x
+    ffn_local each: its slice of F under tensor-parallel experts), in bytes.
+
+    Args:
+        rows: token copies the device's experts received (all its local experts together).
+        hidden: H.
+        ffn_local: the experts' feed-forward width on this device.
+        itemsize: bytes per element.
+    """
+    return (2 * rows * hidden + 4 * rows * ffn_local) * itemsize
+
+
+def _hold(ex, nbytes: int) -> None:
+    """Count `nbytes` of expert activations: held to the step's end in a training forward, else
+    alive only during the call."""
+    if ex.holds_activations:
+        ex.accounting.hold(nbytes)
+    else:
+        ex.accounting.allocate(nbytes)
+        ex.accounting.free(nbytes)
 
 
 def _weights(ex, state: State, key: Key, tp_key: Key, placement):

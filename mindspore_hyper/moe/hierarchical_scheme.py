@@ -53,6 +53,8 @@ class HierarchicalScheme(DispatchScheme):
     """Two hops each way: between the link groups once per (token, group), then inside the group
     (see module docstring). Needs more than one member in the expert group."""
 
+    models_histograms = False  # its hops assume the balanced routing's symmetric members in a dry run
+
     def start_dispatch(self, state: State, tokens: Dict[Key, Tensor], background: bool) -> None:
         """Hop 1: each source's tokens once to the peer of every group holding one of their
         experts, with their gates for that group's experts and, as metadata, the row counts and

@@ -21,7 +21,8 @@ from mindspore.common.initializer import Normal, initializer
 from mindspore_hyper.context import get_context
 from mindspore_hyper.dtensor.meta import MetaTensor
 
-__all__ = ["TopKRouter", "Routing", "route_tokens", "limit_groups", "balanced_choice"]
+__all__ = ["TopKRouter", "Routing", "route_tokens", "limit_groups", "balanced_choice", "histogram_choice",
+           "routing_assumption"]
 
 
 @dataclass
@@ -60,6 +61,53 @@ def balanced_choice(tokens: int, experts: int, top_k: int) -> np.ndarray:
     return ((np.arange(tokens)[:, None] * top_k + np.arange(top_k)[None, :]) % experts).astype(np.int64)
 
 
+def histogram_choice(tokens: int, fractions, top_k: int) -> np.ndarray:
+    """A given routing histogram (`set_context(moe_routing=[f_0, ..., f_{E-1}])`): of the T * k
+    token copies, expert e receives n_e = f_e * T * k rounded by largest remainder (ties to the
+    lower expert; the n_e sum to T * k). Experts are laid out in order, n_e slots each, over the
+    copies j * T + t (token t's j-th choice), so a token's k experts are distinct.
+
+    Args:
+        tokens: T, the tokens this device routes.
+        fractions: one fraction per expert (>= 0, summing to 1, as the context flag checks).
+        top_k: k.
+
+    Returns:
+        [T, k] int64 expert ids.
+
+    Raises:
+        ValueError: an expert's share above 1/k (more copies than tokens: a token cannot choose
+            one expert twice), naming `moe_routing`.
+    """
+    copies = tokens * top_k
+    exact = np.asarray(fractions, np.float64) * copies
+    counts = np.floor(exact).astype(np.int64)
+    order = np.argsort(-(exact - counts), kind="stable")  # largest remainders first, lower expert on ties
+    counts[order[:copies - int(counts.sum())]] += 1
+    if counts.max() > tokens:
+        e = int(counts.argmax())
+        raise ValueError(f"moe_routing: expert {e}'s fraction {fractions[e]:g} gives {int(counts[e])} of the "
+                         f"{copies} token copies of {tokens} tokens; a token's top_k={top_k} experts are distinct, "
+                         f"so no fraction may exceed 1/top_k = {1 / top_k:g}")
+    return np.repeat(np.arange(len(counts)), counts).reshape(top_k, tokens).T.astype(np.int64)
+
+
+def routing_assumption(num_experts: int):
+    """The routing the context asks of a router over `num_experts` experts when it does not rank
+    logits: the histogram's fractions, "balanced", or None (learned).
+
+    Raises:
+        ValueError: a histogram whose length is not `num_experts`, naming `moe_routing`.
+    """
+    routing = get_context("moe_routing")
+    if isinstance(routing, tuple):
+        if len(routing) != num_experts:
+            raise ValueError(f"moe_routing: a histogram of {len(routing)} fractions for a MoE layer of "
+                             f"{num_experts} experts; expected one fraction per expert")
+        return routing
+    return None if routing == "learned" else routing
+
+
 def route_tokens(tokens: Tensor, weight: Tensor, top_k: int, normalize_top_k: bool = True,
                  noise: Tensor = None, num_groups: int = 1, topk_groups: int = 1) -> Routing:
     """Route `tokens` [T, H] with router `weight` [H, E]; `noise` [T, E] is added to the logits
@@ -67,8 +115,10 @@ def route_tokens(tokens: Tensor, weight: Tensor, top_k: int, normalize_top_k: bo
     to each token's `topk_groups` best expert groups (`limit_groups`)."""
     logits = ops.matmul(tokens, weight)
     probs = ops.softmax(logits.astype(ms.float32), -1)
-    if isinstance(probs, MetaTensor) or get_context("moe_routing") == "balanced":  # a dry run has no logits
-        experts = balanced_choice(probs.shape[0], probs.shape[1], top_k)
+    assumed = routing_assumption(probs.shape[1])
+    if assumed is not None or isinstance(probs, MetaTensor):  # a dry run has no logits: balanced by default
+        experts = (histogram_choice(probs.shape[0], assumed, top_k) if isinstance(assumed, tuple)
+                   else balanced_choice(probs.shape[0], probs.shape[1], top_k))
         gates = ops.gather_elements(probs, 1, Tensor(experts))
         return Routing(logits, probs, gates, experts)
     choice = (probs if noise is None else ops.softmax(logits.astype(ms.float32) + noise, -1)).asnumpy()

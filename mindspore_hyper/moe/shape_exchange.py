@@ -1,11 +1,14 @@
 """The expert exchange of a dry run: token rows as shapes, one member held.
 
 The dry run computes one device of the expert group and routes by the balanced assumption
-(`router.balanced_choice`): every device's tokens choose the same expert slots, so what member
-m sends to this member is what this member sends to itself. Received segments, counts and
+(`router.balanced_choice`) or a given histogram (`router.histogram_choice`): either way every
+device's tokens choose the same expert slots, so what member m sends to this member is what this
+member sends to itself. The dispatch's received segments, counts and
 metadata are therefore this member's own sends to itself, with the shapes (and bytes) a real
-exchange would deliver; the bytes sent to the other members are recorded as the simulation
-records them.
+exchange would deliver; the combine (`start_back`) returns from each member the rows this member
+sent it (under a skewed histogram members hold unequal loads, so what a member sends back is not
+what this member returns to itself). The bytes sent to the other members are recorded as the
+simulation records them.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ class ShapeExchange(InProcessExchange):
     def __init__(self, ex, axes, record=None):
         super().__init__(ex, axes, record)
         self.index = axes.member(ex, ex.keys(axes.token)[0])
+        self._dispatched: Dict = {}  # the last `start`'s segments by destination member
 
     @staticmethod
     def address(key, member: int) -> int:
@@ -57,7 +61,19 @@ class ShapeExchange(InProcessExchange):
                    for rows in segs.values() if rows is not None)
         if self.record is not None:
             self.record(sent)
+        self._dispatched = by_dest
         self._received = {key: {member: _fresh(own) for member in range(self.axes.members)}}
+
+    def start_back(self, sends: Dict, dtype=None, run=None) -> None:
+        """The combine: the expert outputs go back (recorded as in `start`), and each member
+        returns the rows this member dispatched to it, in the outputs' `dtype`."""
+        dispatched = self._dispatched
+        self.start(sends)
+        (key, _), = sends.items()
+        self._received = {key: {member: {
+            slot: None if rows is None else meta(tuple(rows.shape), rows.dtype if dtype is None else dtype,
+                                                 getattr(rows, "grad_path", False))
+            for slot, rows in dispatched.get(member, {}).items()} for member in range(self.axes.members)}}
 
     def exchange_counts(self, counts: Dict, record=None) -> Dict:
         (key, send), = counts.items()

@@ -20,6 +20,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import _Function
 from mindspore.graph.api import _pynative_executor
 
+from mindspore_hyper.dtensor import DTensor
 from mindspore_hyper.mpmd.group_placement import GroupPlacement
 from mindspore_hyper.runtime.simulation.simulated_model import SimulatedModel
 from mindspore_hyper.strategy.group_table import group_slice
@@ -173,13 +174,33 @@ class GroupRunner:
 
     def _check_batch(self, name: str, args: tuple) -> None:
         expected = self.placement.group.batch_size
-        if expected is None:
-            return
         for i, arg in enumerate(args):
-            if isinstance(arg, Tensor) and arg.ndim >= 1 and arg.shape[0] != expected:
+            if expected is not None and isinstance(arg, Tensor) and arg.ndim >= 1 and arg.shape[0] != expected:
                 raise ValueError(f"{self.placement.group.path}.batch_size: {expected}, but Cell {name!r} got input "
                                  f"{i} with batch {arg.shape[0]} (shape {tuple(arg.shape)}); the group's batch per "
                                  "step must match its batch_size")
+        self._check_split(name, args)
+
+    def _check_split(self, name: str, args: tuple) -> None:
+        """Refuse, naming the group and its strategy's field, an input the group's mesh cannot
+        split (e.g. a batch of 32 over 128 data-parallel ranks): the group does not fit its batch."""
+        strategy = self.placement.strategy
+        for i, arg in enumerate(args):
+            if not isinstance(arg, Tensor) or isinstance(arg, (Parameter, DTensor)):  # as the runtime lays out
+                continue
+            why = strategy.input_split_error(tuple(arg.shape))
+            if why:
+                raise ValueError(f"{self.placement.strategy_field}: group {self.name!r} (ranks "
+                                 f"{_ranks_text(self.placement.ranks)}) cannot split input {i} of its Cell {name!r}, "
+                                 f"shape {tuple(arg.shape)}: {why}; or give the group a rank count that divides it")
 
     def batch_sizes(self, args: tuple) -> List[int]:
         return [a.shape[0] for a in args if isinstance(a, Tensor) and a.ndim >= 1]
+
+
+def _ranks_text(ranks) -> str:
+    """`0-127` for a contiguous run of ranks, else the comma-separated list."""
+    ranks = list(ranks)
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))

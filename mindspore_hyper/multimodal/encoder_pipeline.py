@@ -93,7 +93,7 @@ class AsyncEncoderPipeline:
         if runtime.in_one_process() and (encoder_ranks is not None or lm_rank is not None):
             raise ValueError("encoder_ranks/lm_rank: only in distributed mode (simulation uses virtual groups)")
         self.encoder, self.lm = encoder, lm
-        self.ahead, self.num_encoders, self.cache, self.mode = ahead, num_encoders, cache, mode
+        self.ahead, self.num_encoders, self.cache = ahead, num_encoders, cache
         self.runtime = runtime
         self.signature, self.cost_model = signature, cost_model
         self._groups = None

@@ -13,6 +13,11 @@ the simulation's `per_device_peak_materialized_bytes` (parameter and workspace b
 byte (tests/offload/test_offload_dryrun.py), and the model's `report()` the offload section
 (`offload_section.py`) with the simulation's modelled figures (tests/offload/test_offload_report.py).
 
+The activations: the dry run registers the simulation's Cell backward hooks on every unit
+(`hooks.watch_cell_backward`; no backward runs to call them), so each forward call of a unit
+makes and counts the same `CellBackwardHook` tensors as the simulation (its inputs once, its
+outputs twice) and the memory rows equal the simulation's (tests/offload/test_offload_report.py).
+
 The update: an optimizer with a host rule (Adam, SGD) updates each unit on the host during the
 backward, pinning nothing on the tier; any other updates through the optimizer workspaces after
 the backward (`UnitUpdates.update_from_store`), whose pins and workspace bytes are modelled in
@@ -38,6 +43,7 @@ from mindspore import Parameter, Tensor, nn
 from mindspore_hyper.context import get_context
 from mindspore_hyper.offload.backward_order import BackwardOrder
 from mindspore_hyper.offload.device_shards import DeviceShard
+from mindspore_hyper.offload.hooks import watch_cell_backward
 from mindspore_hyper.offload.host_optimizer import host_rule
 from mindspore_hyper.offload.offload_unit import (OffloadPolicy, OffloadUnit, UnitOnDevice, check_working_sets,
                                                   select_cells)
@@ -51,6 +57,10 @@ __all__ = ["DryRunOffload"]
 # A proxy parameter i of the optimizer probe has shape (_PROXY + i,): a state of that shape is
 # the per-parameter state of parameter i (any other shape is the optimizer's own, e.g. a step count)
 _PROXY = 1009
+
+
+def _no_backward() -> None:
+    """A dry run's Cell backward hook: never called (no backward runs; `train_step` models it)."""
 
 
 class _Passed:
@@ -207,6 +217,9 @@ class DryRunOffload:
         for u in self.units:
             self._handles.append(u.cell.register_forward_pre_hook(self._make_bring(u)))
             self._handles.append(u.cell.register_forward_hook(self._make_drop(u)))
+            # the simulation's Cell backward hooks (`UseHooks`), for the CellBackwardHook tensors of
+            # the unit's inputs and outputs they make in each forward (module docstring)
+            self._handles += watch_cell_backward(u.cell, _no_backward, _no_backward)
         model.replay_programs = False  # every forward runs the network, so its Cells' hooks see every use
         self.order = BackwardOrder((), None)  # the last step's (modelled: no backward runs)
         model.offload = self  # its report() shows this offload's figures

@@ -4,15 +4,40 @@ backward of each of its calls. They also record the step's order of uses (`forwa
 (the forward's uses in reverse: `offload/backward_order.py`)."""
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Callable, List, Sequence
 
-from mindspore import Parameter, Tensor
+from mindspore import Parameter, Tensor, nn
 from mindspore.graph.api import _pynative_executor
 
 from mindspore_hyper.offload.offload_unit import OffloadUnit
 from mindspore_hyper.offload.residency import Residency
 
-__all__ = ["UseHooks"]
+__all__ = ["UseHooks", "watch_cell_backward"]
+
+
+def watch_cell_backward(cell: nn.Cell, before: Callable[[], None], after: Callable[[], None]) -> List:
+    """Registers MindSpore's Cell backward hooks on `cell`: `before()` as its backward starts,
+    `after()` once it is done.
+
+    Each call of the Cell then runs MindSpore's `CellBackwardHook` op over its Tensor inputs
+    (the backward hook's) and twice over its Tensor outputs (the backward hook's, then the
+    backward pre-hook's): identity ops whose outputs are new tensors of the inputs' and outputs'
+    shapes, made in the forward. The simulation counts them as activations like every tensor a
+    training forward makes; a dry run registers the same hooks so it makes and counts the same
+    tensors (`dry_run_offload.py`). On a device each is a view of its input (MindSpore 2.10),
+    sharing its storage unless that input is itself a view, which is copied (the second wrap of
+    an output always is): counting every wrap is an upper bound by the first wraps of non-views.
+
+    Args:
+        cell: the Cell to watch.
+        before: called when the backward of a call of `cell` starts.
+        after: called when it is done.
+
+    Returns:
+        The two hook handles (`remove()` each to unregister).
+    """
+    return [cell.register_backward_pre_hook(lambda c, grad_output: before()),
+            cell.register_backward_hook(lambda c, grad_input, grad_output: after())]
 
 
 def _flat_tensors(obj):
@@ -94,8 +119,9 @@ class UseHooks:
         call's outputs brings the parameters (before MindSpore launches the Cell's backward, as a
         backward pre-hook would), and the gradients of all its (non-Parameter) Tensor inputs
         being complete drops them (as a backward hook would). MindSpore's Cell backward hooks
-        wrap inputs and outputs in CellBackwardHook ops that copy them and wait for the forward
-        pipeline; measured on this model they cost more than the offloading's own work. A call
+        wrap inputs and outputs in CellBackwardHook ops (views, copies of views: see
+        `watch_cell_backward`) that wait for the forward pipeline; measured on this model they
+        cost more than the offloading's own work. A call
         whose inputs get no gradient (e.g. the first layer's data) is dropped when the backward
         ends (`end_backward`). False if no output takes a hook."""
         outs = list(_flat_tensors(output))
@@ -138,7 +164,5 @@ class UseHooks:
         hook, the pre-hook already wraps this call's output; the inputs were not wrapped, so this
         call's use ends with the backward."""
         u.cell_backward_hooks = True
-        self.handles.append(u.cell.register_backward_pre_hook(lambda cell, grad_output: self._backward_bring(u)))
-        self.handles.append(u.cell.register_backward_hook(
-            lambda cell, grad_input, grad_output: self.residency.drop(u)))
+        self.handles += watch_cell_backward(u.cell, lambda: self._backward_bring(u), lambda: self.residency.drop(u))
 

@@ -50,7 +50,6 @@ class PipelineModel(nn.Cell):
         options: the PipelineOptions.
         runtime: the Runtime the stages run on (every pipeline rank in this process, or one per
             process under msrun).
-        mode: the runtime's name ("simulation" or "distributed").
         in_one_process: whether every pipeline rank runs in this process (the runtime's answer).
         ranks: the pipeline ranks this process runs (all in simulation).
         rebalance_log: the StageMovePlans applied between steps (scheduler: dynamic).
@@ -68,7 +67,7 @@ class PipelineModel(nn.Cell):
         self.from_config = from_config  # pipelined by a config's `pipeline: N`, not by `pipeline=`
         self.network, self.layers, self.schedule, self.options = network, layers, schedule, options
         self.strategy, self.reduction, self.table = strategy, reduction, table
-        self.runtime, self.mode, self.in_one_process = runtime, runtime.name, runtime.in_one_process()
+        self.runtime, self.in_one_process = runtime, runtime.in_one_process()
         self.world = runtime.processes
         self.mesh = strategy.mesh
         axis_index = self.mesh.axis_index(options.axis)

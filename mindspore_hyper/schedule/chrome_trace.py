@@ -1,20 +1,18 @@
-"""Chrome trace-event JSON of a Timeline (chrome://tracing, Perfetto): one thread per lane."""
+"""Chrome trace-event JSON of a Timeline (any `TimelineView`; chrome://tracing, Perfetto): one thread per lane."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Dict, List
+from typing import Dict, List
 
 from mindspore_hyper.schedule.span import lane_name
-
-if TYPE_CHECKING:  # a type only: the timeline imports this writer
-    from mindspore_hyper.schedule.timeline import Timeline
+from mindspore_hyper.schedule.timeline_view import TimelineView
 
 __all__ = ["write_chrome_trace", "chrome_trace_events"]
 
 _US_PER_SECOND = 1e6
 
 
-def chrome_trace_events(timeline: "Timeline") -> List[Dict]:
+def chrome_trace_events(timeline: TimelineView) -> List[Dict]:
     """Complete ("X") events in microseconds from the timeline's start (name: the span's label,
     cat: its kind, args: its args), one thread per lane named by `lane_name`, and the process
     named by the timeline's label when it has one."""
@@ -31,7 +29,7 @@ def chrome_trace_events(timeline: "Timeline") -> List[Dict]:
     return events
 
 
-def write_chrome_trace(timeline: "Timeline", path: str) -> None:
+def write_chrome_trace(timeline: TimelineView, path: str) -> None:
     """Write {"traceEvents": [...], "displayTimeUnit": "ms"} to `path` (span times taken as seconds)."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"traceEvents": chrome_trace_events(timeline), "displayTimeUnit": "ms"}, f)

@@ -1,12 +1,10 @@
-"""PNG Gantt chart of a Timeline (matplotlib, Agg backend): lanes as rows, busy spans as bars."""
+"""PNG Gantt chart of a Timeline (any `TimelineView`; matplotlib, Agg backend): lanes as rows, busy spans as bars."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, Mapping, Optional, Union
+from typing import Callable, Dict, Mapping, Optional, Union
 
 from mindspore_hyper.schedule.span import Span, lane_name
-
-if TYPE_CHECKING:  # a type only: the timeline imports this writer
-    from mindspore_hyper.schedule.timeline import Timeline
+from mindspore_hyper.schedule.timeline_view import TimelineView
 
 __all__ = ["plot_gantt"]
 
@@ -15,7 +13,7 @@ _PALETTE = ("#9ecae1", "#fc9272", "#a1d99b", "#fdd0a2", "#bcbddc", "#c7e9c0", "#
 Colour = Union[Mapping[str, str], Callable[[Span], str], None]
 
 
-def plot_gantt(timeline: "Timeline", path: str, *, title: Optional[str] = None, color: Colour = None,
+def plot_gantt(timeline: TimelineView, path: str, *, title: Optional[str] = None, color: Colour = None,
                text: Optional[Callable[[Span], str]] = None, legend: Optional[Mapping[str, str]] = None,
                waits: bool = False, time_scale: float = 1.0, xlabel: str = "seconds",
                min_text_fraction: float = 1 / 40) -> None:

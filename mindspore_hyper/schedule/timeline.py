@@ -3,7 +3,8 @@
 Every timeline of the package is one of these (or a subclass adding its own figures): the
 pipeline schedule's (`ScheduleTimeline`), the MPMD groups' (`GroupTimeline`), the encoder
 pipeline's (`EncoderTimeline`) and the measured PPO job's (`rlhf.measured_timeline`). The
-Chrome-trace writer and the Gantt chart are free functions over it (chrome_trace.py, gantt.py).
+Chrome-trace writer and the Gantt chart are free functions over it (chrome_trace.py, gantt.py),
+which read it through the `TimelineView` protocol (timeline_view.py) to import nothing above them.
 """
 from __future__ import annotations
 

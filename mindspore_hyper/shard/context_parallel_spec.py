@@ -13,10 +13,8 @@ The algorithms live in `mindspore_hyper.dtensor.context_parallel`; this value ty
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # layout.py builds Strategies, which hold a ContextParallel; no import circle
-    from mindspore_hyper.shard.layout import Layout
+from mindspore_hyper.shard.mesh_protocol import Mesh
 
 __all__ = ["ContextParallel", "CONTEXT_METHODS"]
 
@@ -36,7 +34,7 @@ class ContextParallel:
     method: str = "ring"
 
     @classmethod
-    def declare(cls, mesh: Layout, axis, method, what: str = "context_parallel") -> "ContextParallel":
+    def declare(cls, mesh: Mesh, axis, method, what: str = "context_parallel") -> "ContextParallel":
         """Validate a declaration against `mesh`.
 
         Args:
@@ -58,6 +56,6 @@ class ContextParallel:
             raise ValueError(f"{what}: method {method!r} is unknown; expected one of {CONTEXT_METHODS}")
         return cls(axis, method)
 
-    def size(self, mesh: Layout) -> int:
+    def size(self, mesh: Mesh) -> int:
         """Devices along the axis (the cp size)."""
         return mesh.axis_size(self.axis)

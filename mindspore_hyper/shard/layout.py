@@ -21,6 +21,8 @@ class Layout:
     Calling it with a tensor map gives a TensorLayout; the keyword form
     `layout(tensor_map=..., optimizer_state=...)` gives a model-wide `Strategy` (defined beside
     it in `shard.model_strategy`: pure data over this mesh, so nothing above the algebra is called).
+    Those modules name their mesh's type by the `Mesh` protocol (`shard.mesh_protocol`), which
+    Layout implements, as importing this module there would close an import circle.
 
     Args:
         device_matrix: positive ints, the size of each mesh axis (major first).

@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from mindspore_hyper.shard.context_parallel_spec import ContextParallel
+from mindspore_hyper.shard.mesh_protocol import Mesh
 from mindspore_hyper.shard.tensor_layout import NONE_ALIAS, TensorLayout
-
-if TYPE_CHECKING:  # layout.py builds Strategies; importing it here would close a circle
-    from mindspore_hyper.shard.layout import Layout
 
 __all__ = ["Strategy", "ParamLayout"]
 
@@ -78,7 +76,7 @@ class Strategy:
             leaves out.
     """
 
-    def __init__(self, mesh: Layout, tensor_map: Sequence = (), optimizer_state: Optional[str] = None,
+    def __init__(self, mesh: Mesh, tensor_map: Sequence = (), optimizer_state: Optional[str] = None,
                  data_axis=_AUTO, input_map: Optional[Sequence] = None,
                  overrides: Optional[Dict[str, Sequence]] = None, context_parallel: Optional[str] = None,
                  context_method: Optional[str] = None, optional_overrides=()):

@@ -1,4 +1,4 @@
-"""TensorLayout: how one tensor is laid out on a Layout's mesh.
+"""TensorLayout: how one tensor is laid out on a Layout's mesh (any `Mesh`, shard/mesh_protocol.py).
 
 Two equivalent views:
 - the tensor map, one entry per tensor dimension: an alias, None, or a tuple of aliases (the
@@ -10,13 +10,11 @@ tensor map cannot express.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from mindspore_hyper.shard.chunking import nested_chunk_bounds
+from mindspore_hyper.shard.mesh_protocol import Mesh
 from mindspore_hyper.shard.placement import RANK_LOCAL, REDUCE_OPS, Partial, Placement, Replicate, Shard
-
-if TYPE_CHECKING:
-    from mindspore_hyper.shard.layout import Layout
 
 __all__ = ["TensorLayout", "NONE_ALIAS"]
 
@@ -40,7 +38,7 @@ class TensorLayout:
         ValueError: unknown alias, alias used twice, partial on a sharded axis, bad reduce op.
     """
 
-    def __init__(self, mesh: Layout, tensor_map: Sequence = (), partial: Optional[Dict] = None):
+    def __init__(self, mesh: Mesh, tensor_map: Sequence = (), partial: Optional[Dict] = None):
         self._mesh = mesh
         self._dims: Tuple[Entry, ...] = tuple(_parse_entry(mesh, e, i) for i, e in enumerate(tensor_map))
         used = [a for entry in self._dims for a in entry]
@@ -72,7 +70,7 @@ class TensorLayout:
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
-    def from_dims(cls, mesh: Layout, dims: Sequence[Sequence[int]],
+    def from_dims(cls, mesh: Mesh, dims: Sequence[Sequence[int]],
                   partial: Optional[Dict[int, str]] = None) -> "TensorLayout":
         """Build from mesh axis indices per dimension (the internal form). Layouts are immutable: one
         instance per (dims, partial) is kept on the mesh (`Layout.tensor_layouts`), as ops reuse few."""
@@ -85,7 +83,7 @@ class TensorLayout:
         return layout
 
     @classmethod
-    def from_placements(cls, mesh: Layout, placements: Sequence[Placement], ndim: int) -> "TensorLayout":
+    def from_placements(cls, mesh: Mesh, placements: Sequence[Placement], ndim: int) -> "TensorLayout":
         """Build from one placement per mesh axis. A dimension sharded by several axes is split
         major-first in mesh-axis order."""
         if len(placements) != mesh.ndim:
@@ -104,7 +102,7 @@ class TensorLayout:
         return cls.from_dims(mesh, dims, partial)
 
     @classmethod
-    def replicated(cls, mesh: Layout, ndim: int) -> "TensorLayout":
+    def replicated(cls, mesh: Mesh, ndim: int) -> "TensorLayout":
         return cls.from_dims(mesh, [()] * ndim)
 
     def with_dims(self, dims: Sequence[Sequence[int]], partial: Optional[Dict[int, str]] = None) -> "TensorLayout":
@@ -115,7 +113,7 @@ class TensorLayout:
 
     # -- views -------------------------------------------------------------------------------
     @property
-    def mesh(self) -> Layout:
+    def mesh(self) -> Mesh:
         return self._mesh
 
     @property
@@ -143,7 +141,7 @@ class TensorLayout:
         return any(op == RANK_LOCAL for _, op in self._partial)
 
     @classmethod
-    def rank_local(cls, mesh: Layout, ndim: int, axes: Sequence[int]) -> "TensorLayout":
+    def rank_local(cls, mesh: Mesh, ndim: int, axes: Sequence[int]) -> "TensorLayout":
         """The layout of a value whose ranks differ along mesh `axes` (replicated along the others)."""
         return cls.from_dims(mesh, [()] * ndim, {a: RANK_LOCAL for a in axes})
 
@@ -339,7 +337,7 @@ def _memo_put(memo: dict, key, value, limit: Optional[int] = None):
     return value
 
 
-def _parse_entry(mesh: Layout, entry, dim: int) -> Entry:
+def _parse_entry(mesh: Mesh, entry, dim: int) -> Entry:
     if entry is None or entry == NONE_ALIAS:
         return ()
     if isinstance(entry, str):
@@ -350,7 +348,7 @@ def _parse_entry(mesh: Layout, entry, dim: int) -> Entry:
     raise ValueError(f"tensor_map[{dim}]={entry!r}: expected an alias, None, or a tuple of aliases")
 
 
-def _alias(mesh: Layout, alias, dim: int) -> int:
+def _alias(mesh: Mesh, alias, dim: int) -> int:
     if not isinstance(alias, str) or alias not in mesh.alias_names:
         raise ValueError(
             f"tensor_map[{dim}]={alias!r}: not an alias of the layout; expected one of "

@@ -214,9 +214,12 @@ class StrategyTable:
                f"{len(self._rows)} parameters, pipeline stages {self.pipeline_stages}, "
                f"optimizer axis {self.strategy.optimizer_state}", fmt.format(*head),
                fmt.format(*["-" * w for w in widths])]
-        out += [fmt.format(*line) for line in lines]
-        out += [f"group {g}: tensor maps on its own mesh {s.mesh.device_matrix} {s.mesh.alias_names} "
-                f"(ranks {list(self.group_ranks[g])})" for g, s in self.group_strategies.items()]
+        resolved = set(self.group_strategies)  # rows on a group's own mesh: under the group's heading
+        out += [fmt.format(*line) for r, line in zip(self._rows, lines) if r.group not in resolved]
+        for g, s in self.group_strategies.items():
+            out.append(f"group {g}: tensor maps on its own mesh {s.mesh.device_matrix} {s.mesh.alias_names} "
+                       f"(ranks {list(self.group_ranks[g])})")
+            out += [fmt.format(*line) for r, line in zip(self._rows, lines) if r.group == g]
         notes = [(r.name, n) for r in self._rows for n in r.notes]
         if notes:
             out.append("notes (*):")

@@ -120,3 +120,56 @@ def test_search_progress_bar_only_on_a_terminal(monkeypatch):
     monkeypatch.setattr(plan_search, "is_terminal", lambda stream: True)
     code, out, err = cli(*args)
     assert code == 0 and "search [" in err and "layouts" in err
+
+
+RLHF_CONFIG = os.path.join(ROOT, "configs", "rlhf_process_groups.yaml")
+ROLES = ("plan", "--model", "group_models:ThreeRoles", "--config", RLHF_CONFIG)
+
+
+def test_a_config_with_device_groups_plans_each_groups_mesh_and_rows():
+    """Issue 40/h8: a config with device groups printed the config-level table (every parameter on
+    the job mesh); plan builds the MPMD job and shows each group's own mesh and rows.
+    configs/rlhf_process_groups.yaml: actor on ranks 0-7, critic 8-11, reward (reward_model) 12-15,
+    each data parallel over its ranks with ZeRO-1 (optimizer.sharding); ThreeRoles has one
+    Dense(4, 8) per role: weight (8, 4) + bias (8) = 40 float32 = 160 B."""
+    out = cli_json(*ROLES, "--inputs", "float32:8x4", cwd=os.path.dirname(__file__))
+    table = out["strategy_table"]
+    ranks = {"actor": list(range(8)), "critic": [8, 9, 10, 11], "reward": [12, 13, 14, 15]}
+    assert {g: m["ranks"] for g, m in table["group_meshes"].items()} == ranks
+    assert {g: m["device_matrix"] for g, m in table["group_meshes"].items()} == {
+        "actor": [8], "critic": [4], "reward": [4]}
+    groups = out["report"]["mpmd"]["groups"]
+    for group, cell in (("actor", "actor"), ("critic", "critic"), ("reward", "reward_model")):
+        assert groups[group]["mesh"] == {"device_matrix": [len(ranks[group])], "alias_names": ["data"]}
+        rows = groups[group]["parameters"]
+        assert sorted(rows) == [f"{cell}.bias", f"{cell}.weight"]
+        assert all(r["devices"] == ranks[group] and r["group"] == group for r in rows.values())
+        assert table["parameters"][f"{cell}.weight"]["devices"] == ranks[group]
+    memory = out["report"]["memory"]
+    # Adam's 2 states of 40 floats, split over the group's ranks along dimension 0 (8 divides by 8 and 4):
+    # 2 x 40 x 4 B / 8 = 40 B on an actor rank, / 4 = 80 B on a critic or reward rank
+    assert {memory[str(r)]["optimizer_states"] for r in range(8)} == {40}
+    assert {memory[str(r)]["optimizer_states"] for r in range(8, 16)} == {80}
+    assert all(memory[str(r)]["parameters"] == 160 for r in range(16))
+
+    code, text, err = cli(*ROLES, "--inputs", "float32:8x4", "--forward-only", cwd=os.path.dirname(__file__))
+    assert code == 0, err
+    lines = text.splitlines()
+    heading = lines.index("group critic: tensor maps on its own mesh (4,) ('data',) (ranks [8, 9, 10, 11])")
+    assert lines[heading + 1].split()[:6] == ["critic.weight", "(8,4)", "(8,4)", "Float32", "(None,", "None)"]
+    assert lines[heading + 2].startswith("critic.bias ")
+    assert "group actor: tensor maps on its own mesh (8,) ('data',) (ranks [0, 1, 2, 3, 4, 5, 6, 7])" in lines
+    assert "MPMD groups:" in text
+
+
+def test_a_group_that_does_not_fit_is_refused_naming_it():
+    """The seed's multimodal config as written: 128 data-parallel ranks cannot split the text
+    encoder's batch_size of 32; and a batch other than a group's batch_size."""
+    check_usage_error(["plan", "--model", "mpmd_models:Multimodal", "--inputs", "float32:32x8", "float32:16x12",
+                       "float32:16x4", "--config", os.path.join(ROOT, "configs", "multimodal_process_groups.yaml")],
+                      "process_groups.text_encoder (data parallel over its 128 ranks): group 'text_encoder' (ranks "
+                      "0-127) cannot split input 0 of its Cell 'text_encoder', shape (32, 8): the batch (dimension 0) "
+                      "is 32, which does not divide over the 128 devices", cwd=os.path.join(TESTS, "mpmd"))
+    check_usage_error([*ROLES, "--inputs", "float32:6x4"],
+                      "process_groups.actor.batch_size: 8, but Cell 'actor' got input 0 with batch 6",
+                      cwd=os.path.dirname(__file__))

@@ -296,8 +296,10 @@ def _ring(clean_context, dtype, bfloat16_cell: bool):
     inputs = [Tensor(a).astype(dtype) for a in (q, k, v)]
     out = parallel(*inputs)
     grads = ms.grad(lambda *a: (parallel(*a).astype(ms.float32) * Tensor(weight)).sum(), (0, 1, 2))(*inputs)
-    assert parallel.report().comm["P2P"]["cp"]["bytes"] > 0, "the ring ran"
-    return _f32(out), [_f32(g) for g in grads], out.dtype, [g.dtype for g in grads]
+    report = parallel.report()
+    p2p = (report.comm["P2P"]["cp"]["bytes"], report.comm_backward["P2P"]["cp"]["bytes"])
+    assert min(p2p) > 0, "the ring ran, forward and backward"
+    return _f32(out), [_f32(g) for g in grads], out.dtype, [g.dtype for g in grads], p2p
 
 
 @pytest.mark.parametrize("bfloat16_cell", [False, True], ids=["bfloat16 inputs", "BF16 Cell"])
@@ -305,12 +307,66 @@ def test_ring_attention_in_bfloat16_is_the_float32_ring_rounded_once(clean_conte
     """Ring attention runs its own kernels on the shards (outside the dispatcher): emulated as one
     fused kernel, bfloat16 in and out and float32 inside (Ascend's FlashAttentionScore). Its output
     and q, k, v's gradients are the float32 ring's on the same values, rounded once, bitwise."""
-    want_out, want_grads, _, _ = _ring(clean_context, ms.float32, False)
-    out, grads, out_dtype, grad_dtypes = _ring(clean_context, ms.float32 if bfloat16_cell else ms.bfloat16,
-                                               bfloat16_cell)
+    want_out, want_grads, _, _, want_bytes = _ring(clean_context, ms.float32, False)
+    out, grads, out_dtype, grad_dtypes, moved = _ring(clean_context, ms.float32 if bfloat16_cell else ms.bfloat16,
+                                                      bfloat16_cell)
+    # on a device the fused kernel's chunks travel in bfloat16: half the float32 ring's bytes
+    assert moved == tuple(b // 2 for b in want_bytes), (moved, want_bytes)
     assert out_dtype == ms.bfloat16
     assert grad_dtypes == [ms.float32 if bfloat16_cell else ms.bfloat16] * 3  # the inputs' dtypes
     assert np.any(out != want_out), "rounded to bfloat16"
     np.testing.assert_array_equal(out, _round(want_out))
     for got, want in zip(grads, want_grads):
         np.testing.assert_array_equal(got, _round(want))
+
+
+class ProjectedRing(nn.Cell):
+    """Causal attention of (x w, x, x) in `dtype` (w a float32 master weight cast to it, the causal
+    mask a constant in `dtype`) on x [1, 2, 8, 4] sequence-split over cp: a mean loss."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.dtype = dtype
+        self.w = Parameter(Tensor(RNG.standard_normal((4, 4)).astype(np.float32)), name="w")
+        self.mask = Tensor(np.triu(np.full((8, 8), -1e9, np.float32), 1)).astype(dtype)
+
+    def construct(self, x):
+        x = x.astype(self.dtype)
+        q = ops.matmul(x, self.w.astype(self.dtype))
+        scores = ops.matmul(q, x.swapaxes(-1, -2)) * 0.5 + self.mask
+        return ops.matmul(ops.softmax(scores, -1), x).astype(ms.float32).mean()
+
+
+def _ring_step_report(clean_context, mode: str, dtype):
+    """The report of one SGD step of `ProjectedRing(dtype)` on ring attention over cp 2 in `mode`."""
+    clean_context.set_context(mode=mode, cpu_bfloat16="emulate", device_num=2)
+    x = Tensor(np.random.default_rng(6).standard_normal((1, 2, 8, 4)).astype(np.float32))
+    model = mh.auto_parallelize(ProjectedRing(dtype), Layout((2,), ("cp",))(
+        tensor_map=(), context_parallel="cp", input_map=(None, None, "cp")))
+    optimizer = nn.SGD(model.optimizer_parameters(), 0.1)
+    model.train_step(optimizer, x)
+    return model.report(optimizer)
+
+
+def test_the_bfloat16_ring_counts_what_a_device_moves_and_keeps_as_a_dry_run_does(clean_context):
+    """The emulated ring runs on float32 copies; the report counts the fused kernel's moves and
+    held bytes at bfloat16's size (as on a device, and as the dry run counts them): the
+    simulation's collectives and memory equal the dry run's, and its K/V bytes are half the
+    float32 run's, whose figures are unchanged (counted by hand below). (The step's memory
+    timeline still differs: the emulation's rounding of the output is an op of its own.)"""
+    dtypes = {"float32": ms.float32, "bfloat16": ms.bfloat16}
+    reports = {(mode, name): _ring_step_report(clean_context, mode, dtype)
+               for mode in ("simulation", "dryrun") for name, dtype in dtypes.items()}
+    for dtype in dtypes:
+        sim, dry = reports[("simulation", dtype)], reports[("dryrun", dtype)]
+        assert sim.comm == dry.comm and sim.comm_backward == dry.comm_backward, dtype
+        assert sim.comm_causes == dry.comm_causes and sim.memory == dry.memory, dtype
+    f32, bf16 = reports[("simulation", "float32")], reports[("simulation", "bfloat16")]
+    # t = 8 divides by 2 * cp: zigzag. Forward per device: one [1, 2, 2, 4] chunk (16 elements)
+    # out in each permute of q, k^T, v and the output, and in the one K/V shift 2 k^T + 2 v chunks
+    elements = 4 * 16 + 4 * 16
+    assert f32.comm["P2P"]["cp"] == {"count": 5, "bytes": elements * 4, "input_bytes": elements * 4}
+    assert bf16.comm["P2P"]["cp"] == {"count": 5, "bytes": elements * 2, "input_bytes": elements * 2}
+    backward = f32.comm_backward["P2P"]["cp"]
+    assert bf16.comm_backward["P2P"]["cp"] == {"count": backward["count"], "bytes": backward["bytes"] // 2,
+                                               "input_bytes": backward["input_bytes"] // 2}

@@ -3,17 +3,17 @@ pipeline rank is a block of 2 devices): rank r builds the whole model, keeps sta
 layers, splits them over the 2 devices of its block (`init_device_mesh` of 2 devices in the
 larger job: upstream's tiling gives rank r the mesh of ranks r - r % 2, r - r % 2 + 1) with
 ColwiseParallel / RowwiseParallel, wraps them in a PipelineStage and trains 2 Adam steps of 1F1B
-and one GPipe step; then again with fully_shard, then hsdp (without and with gradient accumulation), over
+and one Adam step of GPipe; then again with fully_shard, then hsdp (without and with gradient accumulation), over
 the block (1 Adam step each); then stages of one 8 -> 8 layer each, alternately Colwise and Rowwise
 with DTensor outputs, so the activations cross the pipeline split as DTensors (Shard(1) after a
 Colwise stage: each device sends its local piece to the matching device of the next block, the
 placements and global shape beside it; Replicate after a Rowwise one) and the gradients come back
-as local pieces (2 Adam steps of 1F1B; before them, the blocks above with Replicate DTensor
-activations, 1 step); the same alternation over two stages per pipeline rank
+as local pieces (2 Adam steps of 1F1B, then one of GPipe; before them, the blocks above with
+Replicate DTensor activations, 1 step); the same alternation over two stages per pipeline rank
 (ScheduleInterleaved1F1B, 1 step); stages returning a Partial DTensor (row-parallel with
 output_layouts=Partial(): each device's partial sum crosses as it is, Partial on the receiving
 side, whose pieces each get the reduced value's gradient back) to a last stage without a laid-out
-Parameter (it takes the sender's mesh moved to its own block; 1 step); under msrun, the same
+Parameter (it takes the sender's mesh moved to its own block; 1 step of 1F1B, 1 of GPipe); under msrun, the same
 stages returning local tensors (use_local_output=True: each device's own piece crosses as a plain
 tensor, 1 step); each rank checks its stages against one device running the same layers.
 
@@ -129,11 +129,11 @@ def piece(param, value, mesh):
     return np.split(value, TP, axis=dim)[mesh.get_local_rank()]
 
 
-def train(style, steps, what, make=build, record=False, chunks=1):
+def train(style, steps, what, make=build, record=False, chunks=1, gpipe=False):
     """Cut the model `make(chunks)` builds into STAGES * chunks stages (the last also holding the
     final Cell), lay each of this rank's stages (stage_index + c * STAGES) out on its block's mesh
     by `style(cell, mesh, stage)`, train `steps` Adam steps of 1F1B (ScheduleInterleaved1F1B with
-    several chunks; then one GPipe step when `what` names it) against one device; with `record`,
+    several chunks; then, with `gpipe`, one Adam step of GPipe) against one device; with `record`,
     returns the placements of the inputs each of its stages received, by stage."""
     model, reference = make(chunks), make(chunks)
     virtual = STAGES * chunks
@@ -191,18 +191,24 @@ def train(style, steps, what, make=build, record=False, chunks=1):
     for p, q in zip(params, ref_mine):
         np.testing.assert_allclose(p.asnumpy(), piece(p, q.asnumpy(), mesh), rtol=1e-5, atol=1e-5, err_msg=p.name)
     print(f"rank {rank}: {what} pipeline {name} trains {steps} Adam steps like one device", flush=True)
-    if "GPipe" in what:
+    if gpipe:  # the same stages (and activations) under GPipe: losses, gradients, one Adam step
         x = Tensor(np.random.RandomState(7).randn(BATCH, 8).astype(np.float32))
-        gpipe = ScheduleGPipe(stages[0], M)
-        outputs = gpipe.run(x) if stage_index == 0 else gpipe.run()
+        schedule = ScheduleGPipe(stages[0], M)
+        outputs = schedule.run(x) if stage_index == 0 else schedule.run()
         loss, grads = reference_step(x)
-        check(outputs, loss, grads, "GPipe")
-        print(f"rank {rank}: {what} pipeline GPipe equals one device", flush=True)
+        check(outputs, loss, grads, f"{what} GPipe")
+        opt(tuple(p.grad for p in params))
+        ref_opt(grads)
+        for p, q in zip(params, ref_mine):
+            np.testing.assert_allclose(p.asnumpy(), piece(p, q.asnumpy(), mesh), rtol=1e-5, atol=1e-5,
+                                       err_msg=f"{what} GPipe: {p.name}")
+            p.grad = None
+        print(f"rank {rank}: {what} pipeline GPipe equals one device (losses, gradients, an Adam step)", flush=True)
     return {s: cell.seen for s, cell in cells.items()} if record else None
 
 
 train(lambda cell, mesh, s: parallelize_module(cell, mesh, {"0.up": ColwiseParallel(), "0.down": RowwiseParallel()}),
-      2, "tensor-parallel (and GPipe)")
+      2, "tensor-parallel (and GPipe)", gpipe=True)
 # every rank of a block passes the same batch: fully_shard's average over the block is that batch's gradient
 train(lambda cell, mesh, s: fully_shard(cell, mesh=mesh), 1, "fully_shard")
 # hsdp sums the block's gradients (upstream's vpp_schedule uses it); grad_scale=1/TP makes that one device's
@@ -232,7 +238,7 @@ seen = train(lambda cell, mesh, s: parallelize_module(cell, mesh, {"0.up": Colwi
     use_local_output=last)}), 1, "Replicate DTensor activations", record=True)
 assert seen == {stage_index: {None if stage_index == 0 else (Replicate(),)}}, (stage_index, seen)
 assert STAGES % 2 == 0, STAGES  # the last stage is a Rowwise one
-seen = train(alternating, 2, "DTensor activations", make=build_blocks, record=True)
+seen = train(alternating, 2, "DTensor activations", make=build_blocks, record=True, gpipe=True)
 assert seen == {stage_index: {crossing(stage_index)}}, (stage_index, seen)
 print(f"rank {rank}: DTensor activations (placements {crossing(stage_index)}) cross the pipeline like one device",
       flush=True)
@@ -250,7 +256,7 @@ def partial_out(cell, mesh, s):
             output_layouts=Partial(), use_local_output=False)})
 
 
-seen = train(partial_out, 1, "Partial DTensor activations", make=build_partial, record=True)
+seen = train(partial_out, 1, "Partial DTensor activations", make=build_partial, record=True, gpipe=True)
 assert seen == {stage_index: {None if stage_index == 0 else (Partial(),)}}, (stage_index, seen)
 print(f"rank {rank}: a Partial activation crosses to a stage without a laid-out Parameter like one device", flush=True)
 

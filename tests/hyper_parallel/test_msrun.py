@@ -39,11 +39,15 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
         assert f"rank {rank}: a rank's empty piece adds zero to sums and runs the backward's collectives" in logs
         assert (f"rank {rank}: fully_shard leaving a rank no rows trains like one device and checkpoints its real "
                 f"rows (padded storage)") in logs
+        assert f"rank {rank}: fully_shard's (5, 4) and (7, 3) pieces over 4 and 2 are unpadded and equal one" in logs
         assert f"rank {rank}: loss.backward() equals value_and_grad and one device (fully_shard, main_grad, " in logs
         assert f"rank {rank}: Colwise/Rowwise with uneven features train like one device" in logs
         assert f"rank {rank}: distributed checkpoint round trip" in logs
         assert f"rank {rank}: meshes smaller than the job checked" in logs
         assert f"rank {rank}: Parameter(DTensor) of each rank's block trains like one device" in logs
+        # issue 41 item 2: clip_grad_norm_ / clip_grads_by_global_norm on each process's pieces
+        assert (f"rank {rank}: global-norm clipping counts each piece once (fully_shard, hsdp, Colwise/Rowwise) "
+                f"like one device") in logs
         assert f"rank {rank}: tensor-parallel (and GPipe) pipeline 1F1B trains 2 Adam steps like one device" in logs
         assert f"rank {rank}: tensor-parallel (and GPipe) pipeline GPipe equals one device" in logs
         assert f"rank {rank}: fully_shard pipeline 1F1B trains 1 Adam steps like one device" in logs
@@ -52,12 +56,14 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
         # DTensor activations between pipeline ranks: each device's piece to the matching device, layout beside it
         assert f"rank {rank}: Replicate DTensor activations pipeline 1F1B trains 1 Adam steps like one device" in logs
         assert f"rank {rank}: DTensor activations pipeline 1F1B trains 2 Adam steps like one device" in logs
+        assert f"rank {rank}: DTensor activations pipeline GPipe equals one device (losses, gradients, an Adam" in logs
         assert f"rank {rank}: DTensor activations (placements {(None, '(Shard(1),)')[rank // 2]}) cross" in logs
         assert f"rank {rank}: local activations pipeline 1F1B trains 1 Adam steps like one device" in logs
         # two stages per pipeline rank; a Partial activation's pieces crossing to a stage with no laid-out
         # Parameter (it takes the sender's mesh moved to its own block)
         assert f"rank {rank}: interleaved DTensor activations pipeline Interleaved1F1B trains 1 Adam steps" in logs
         assert f"rank {rank}: Partial DTensor activations pipeline 1F1B trains 1 Adam steps like one device" in logs
+        assert f"rank {rank}: Partial DTensor activations pipeline GPipe equals one device (losses, gradients" in logs
         assert f"rank {rank}: a Partial activation crosses to a stage without a laid-out Parameter like one" in logs
     assert logs.count("OK: tensor-parallel 4 trains like one device over 2 steps") == 4
     # the checkpoint of padded pieces (3 rows saved by 4 processes, rank 3's piece padding only)
@@ -71,7 +77,8 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
     for rank in range(4):
         own = (tmp_path / "log" / f"report_rank{rank}.txt").read_text()
         assert own.startswith(f"mindspore-hyper: distributed (rank {rank}), 4 devices")
-        assert f"rank {rank}: tensor-parallel (and GPipe) pipeline GPipe equals one device" in console
+        assert (f"rank {rank}: tensor-parallel (and GPipe) pipeline GPipe equals one device (losses, gradients, an "
+                f"Adam step)") in console
         assert any(line.startswith("[WARNING] ME(") and line.endswith(f"rank {rank}: a real MindSpore warning reaches "
                                                                          "the console") for line in console)
     from mindspore_hyper.launch.worker_console import is_harmless

@@ -1,7 +1,7 @@
-"""Checkpoints of pieces stored padded (`dtensor/padded_storage.py`): under msrun `fully_shard` of
-fewer rows than devices stores every process's piece padded to ceil(rows / devices) rows, real
-rows first. The checkpoint holds the real rows only, so it equals one saved in simulation, and a
-load writes the real rows and leaves the padding zero.
+"""Checkpoints of pieces stored padded (`dtensor/padded_storage.py`): under msrun `fully_shard`
+stores each process's torch.chunk piece as it is, and one zero row where the piece is empty (more
+devices than pieces of rows). The checkpoint holds the real rows only, so it equals one saved in
+simulation, and a load writes the real rows and leaves the padding zero.
 
 The four processes of such a job are four threads here, each with the holdings that process has
 (its pieces, padded as fully_shard pads them under msrun) and a job communicator that sums their
@@ -73,16 +73,15 @@ class _Job:
 
 class _Process:
     """What process `rank` of the msrun job holds of a model (its `checkpoint_holdings()`): each
-    laid-out tensor's piece, stored as fully_shard stores it under msrun (padded to the largest
-    piece's rows where some piece is empty), the rest whole."""
+    laid-out tensor's piece, stored as fully_shard stores it under msrun (one zero row for an empty
+    piece), the rest whole."""
 
     def __init__(self, simulated: Holdings, rank: int, job: _Job):
         self.holdings, self.tensors = simulated, []
         for t in simulated.tensors:
             box = t.box(rank)
             piece = t.param.asnumpy()[box.within(Box.full(t.global_shape))]
-            rows = [t.box(r).shape[0] for r in t.holders] if t.global_shape else [1]
-            stored = max(rows) if min(rows) == 0 else None
+            stored = 1 if t.global_shape and box.shape[0] == 0 else None
             if stored is not None:
                 piece = np.concatenate([piece, np.zeros((stored - piece.shape[0],) + piece.shape[1:], piece.dtype)])
             param = Parameter(Tensor(piece.copy()), name=t.param.name)

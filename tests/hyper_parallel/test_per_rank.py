@@ -88,6 +88,8 @@ def test_the_tensor_parallel_pipeline_script_runs_once_per_rank():
         assert f"rank {rank}: hsdp pipeline 1F1B trains 1 Adam steps like one device" in done.stdout
         assert f"rank {rank}: hsdp accumulating pipeline 1F1B trains 1 Adam steps like one device" in done.stdout
         assert f"rank {rank}: DTensor activations pipeline 1F1B trains 2 Adam steps like one device" in done.stdout
+        assert f"rank {rank}: DTensor activations pipeline GPipe equals one device (losses, gradients" in done.stdout
+        assert f"rank {rank}: Partial DTensor activations pipeline GPipe equals one device" in done.stdout
         assert f"rank {rank}: interleaved DTensor activations pipeline Interleaved1F1B trains 1 Adam" in done.stdout
         assert f"rank {rank}: a Partial activation crosses to a stage without a laid-out Parameter" in done.stdout
     for ranks in ([0, 1], [2, 3]):  # one report per stage mesh, its 2 devices only

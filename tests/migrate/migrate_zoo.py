@@ -189,8 +189,11 @@ class DynamicZoo(torch.nn.Module):
         eye = eye + x.unflatten(1, (t, 1)).sum(2)  # aten.unflatten in the port (Qwen4-Exp)
         strided = x * 1
         strided[..., 1:n:2] = x[..., 1::2] * 3  # aten.slice_scatter with a step (Qwen3.5's rotary sections)
+        filled = torch.triu(torch.zeros(t, t).fill_(-2.5), diagonal=1)  # aten.fill_ (FSMT's causal mask)
+        rows = x * 1
+        rows[x[..., 0] > 0] = scale  # a mask of the leading dimensions, one value row (T5Gemma 2's embeddings)
         return (flat * (0.5 * t), positions, written, x * scale, frozen + x, first, masked, eye,  # 0.5 * t: sym_float
-                strided)
+                strided, filled + x[:, :, :1], rows)
 
 
 def zoo_inputs():

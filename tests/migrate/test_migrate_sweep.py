@@ -40,6 +40,25 @@ def test_a_wrong_conversion_fails_the_sweep(monkeypatch):
     assert row.status == "fail" and row.stage == "forward" and "max_relative_error" in row.reason, row
 
 
+def test_losses_get_the_float64_allowance_after_the_first_step_only():
+    """loss_error: from the second step on a loss may differ from torch's by up to ROUNDING_FACTOR (3) x torch's own
+    float32-to-float64 distance at that step (BatchNorm conv nets over tiny batches amplify rounding); the first
+    step's loss (before any step amplifies anything) by TOL alone. Synthetic losses, so the numbers are exact up to
+    double rounding (~1e-16), far inside pytest.approx's 1e-6."""
+    want, exact = [1.0, 0.70, 0.60], [1.0, 0.80, 0.65]  # torch float32 0.10 and 0.05 from float64 at steps 2, 3
+    got = [1.0, 0.90, 0.70]  # 0.20 and 0.10 off: 2/3 of 3 x (0.10, 0.05), ~3000 x TOL
+    assert sweep.loss_error(want, got, exact) == pytest.approx(2 / 3)
+    assert sweep.loss_error(want, got) == pytest.approx(0.2 / (sweep.TOL * 0.7))  # no reference: TOL only
+    assert sweep.loss_error(want, [1.0, 0.70, 0.76], exact) == pytest.approx(0.16 / 0.15)  # over it at step 3
+    assert sweep.loss_error.where == 2
+    # the first step gets no allowance: 2e-4 off while torch float32 is 0.5 from float64 there fails
+    assert sweep.loss_error([1.0, 0.7], [1.0002, 0.7], [0.5, 0.7]) == pytest.approx(2.0)
+    assert sweep.loss_error.where == 0
+    assert sweep.loss_error([1.0, 0.7], [1.0, float("nan")], [1.0, 0.6]) == float("inf")  # NaN fails
+    with pytest.raises(ValueError, match="one loss per step; got lengths 2, 1 and None"):
+        sweep.loss_error([1.0, 0.7], [1.0])
+
+
 def test_a_mindspore_error_banner_is_left_out_of_the_reason():
     """MindSpore's errors open with banners; the row's reason is the first line after them (it read "TypeError:
     -----" for RecurrentGemma)."""
@@ -86,6 +105,27 @@ def test_scaled_configs_of_vibevoice_zamba_zaya_and_xmod():
     xmod = sweep.build_model("xmod", "masked-lm")
     with torch.no_grad():
         assert tuple(xmod(torch.randint(3, 100, (2, 8))).logits.shape) == (2, 8, sweep.VOCAB)
+
+
+def test_the_wrapper_passes_the_masks_eager_builds_itself():
+    """LongT5 and Switch Transformers leave their all-ones attention mask None under torch.export, and FSMT's
+    default decoder mask branches on a value: the wrapper passes those masks itself; the model's output through
+    the wrapper equals the model called as eager torch calls it (without them), on ids with and without pads."""
+    for family, mask in (("longt5", "attention_mask"), ("fsmt", "decoder_attention_mask")):  # Switch: as LongT5
+        assert family in sweep.ONES_ATTENTION_MASK + sweep.PAD_DECODER_MASK
+        model = sweep.build_model(family, "seq2seq").eval()
+        ids, decoder = sweep.inputs_for(model, "seq2seq", 2, 8, seed=0)
+        decoder[0, -2:] = model.config.pad_token_id  # a padded decoder row (FSMT masks the pads)
+        passed = []
+        hook = model.register_forward_pre_hook(lambda m, a, k: passed.append(sorted(k)), with_kwargs=True)
+        with torch.no_grad():
+            got = sweep.wrapped(model, "seq2seq")(ids, decoder).logits
+            hook.remove()
+            want = model(input_ids=ids, decoder_input_ids=decoder).logits
+        assert mask in passed[0], (family, passed)
+        # the same ops on the same values, but the mask is a tensor (an added 0, a masked_fill of nothing) where
+        # eager has none: exact
+        assert torch.equal(got, want), family
 
 
 def _requested():

@@ -61,9 +61,9 @@ def test_offload_section_equal_in_simulation_and_dry_run(pynative, tmp_path, cas
         # the shape store's layout against the C++ store's own count of the blocks it allocated
         assert row["stored_blocks"] == sim_stores[rank]["blocks"]
         assert row["device_loads_bytes"] >= row["device_tier_peak_pinned_bytes"] > 0
-        # the memory rows: the offloaded parameters count as the device tier's pinned peak
-        for kind in ("parameters", "gradients", "optimizer_states", "offload_device_tier"):
-            assert sim.memory[rank][kind] == dry.memory[rank][kind], kind
+        # the memory rows (activations with the Cell backward hooks' tensors: see the test below)
+        assert sim.memory[rank] == dry.memory[rank]
+        # the offloaded parameters count as the device tier's pinned peak
         assert sim.memory[rank]["offload_device_tier"] == row["device_tier_peak_pinned_bytes"]
     measured = sim.offload["measured_per_device"]
     assert dry.offload["measured_per_device"] is None and dry_entry["offload"]["measured_per_device"] is None
@@ -218,3 +218,56 @@ def test_backward_order_value():
     assert BackwardOrder(("x", "y"), ("y",)).first_difference() == 1
     assert BackwardOrder(("x", "y"), ("y", "x")).to_dict() == {"modelled": ["y", "x"], "observed": ["y", "x"],
                                                                "matches": True}
+
+
+# -- memory per device with offload on ------------------------------------------------------------
+
+def _encoder(mh):
+    """MindSpore's own nn.TransformerEncoderLayer (pre-norm) and a Dense head, data 2."""
+    x, y = _encoder_data()
+    return (lambda: Encoder(True)), mh.Layout((2,), ("data",))(tensor_map=()), (x, y), \
+        (lambda par: lambda a, b: _mse(par, a, b))
+
+
+# each use of an offload unit in the forward: one CellBackwardHook over its tensor inputs, two over
+# its tensor outputs (the Cell backward hook's, then the backward pre-hook's: `watch_cell_backward`)
+_HOOK_OPS_PER_USE = 3
+
+
+@pytest.mark.parametrize("case,cells,optimizer,device_blocks,host_blocks,block_size", [
+    (dense_stack, ["layers.*"], ADAM, 3, 4, BS),
+    (gpt, ["blocks.*.attn", "blocks.*.mlp"], SGD, 40, 64, 2048),
+    (gpt, ["embed", "blocks.*", "head"], ADAMW, 24, 64, 4096),
+    (_encoder, ENCODER_CELLS, SGD, 64, 256, 4096),
+], ids=["dense stack", "gpt attention and mlp units", "gpt embed+blocks+head", "nn.TransformerEncoderLayer"])
+def test_memory_per_device_equal_in_simulation_and_dry_run(pynative, tmp_path, case, cells, optimizer,
+                                                           device_blocks, host_blocks, block_size):
+    """With offload on, every per-device memory figure of the dry run equals the simulation's:
+    the report's rows, the run report's peaks, op at the peak, timeline and step series, which
+    include the tensors of the CellBackwardHook ops around each offload unit's call."""
+    sim, sim_entry, _, _ = offloaded_run(pynative, "simulation", case, cells, optimizer, device_blocks, host_blocks,
+                                         block_size, str(tmp_path))
+    dry, dry_entry, _, _ = offloaded_run(pynative, "dryrun", case, cells, optimizer, device_blocks, host_blocks,
+                                         block_size)
+    assert sim.memory == dry.memory
+    for key in ("memory_per_device", "peak_bytes_per_device", "peak_op", "memory_timeline", "step_memory"):
+        assert sim_entry[key] == dry_entry[key], key
+    uses = len(dry.offload["backward_order"]["modelled"])
+    assert [op for op, _ in dry_entry["memory_timeline"]].count("CellBackwardHook") == _HOOK_OPS_PER_USE * uses
+
+
+@pytest.mark.parametrize("mode", ["simulation", "dryrun"])
+def test_cell_backward_hook_tensors_are_the_units_inputs_once_and_outputs_twice(pynative, tmp_path, mode):
+    """The offloaded Dense stack's activation peak exceeds the same model's without offload by
+    exactly its units' inputs once and outputs twice, held to the end of the step: per device 8
+    rows (batch 16 over data 2) of float32; the units' local widths in/out are 64/16 (column-
+    parallel), 16/64 (row-parallel; its partial output), 64/16 and 16/64: 8 * 4 * (160 + 2 * 160)
+    = 15 360 bytes."""
+    make_model, strategy, inputs, loss_of = dense_stack(pynative)
+    pynative.set_context(mode=mode, device_num=8)
+    plain = pynative.auto_parallelize(make_model(), strategy)
+    plain.runtime.grad(loss_of(plain), None, plain.trainable_params())(*inputs)
+    plain_peaks = {rank: m["activations_peak"] for rank, m in plain.report().memory.items()}
+    report, _, _, _ = offloaded_run(pynative, mode, dense_stack, ["layers.*"], ADAM, 3, 4, tmp=str(tmp_path))
+    assert {rank: m["activations_peak"] - plain_peaks[rank] for rank, m in report.memory.items()} == \
+        {rank: 8 * 4 * (160 + 2 * 160) for rank in range(8)}

@@ -22,6 +22,7 @@ mask is refused there.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -63,23 +64,29 @@ def _in_float32(execution, scores: AttentionScores, value: DTensor, mode: str) -
     FlashAttentionScore: bfloat16 in and out, float32 inside): q, k, v and float masks (rounded to
     bfloat16 first where a BF16 Cell casts) are cast to float32, the ring runs in float32 (the
     type FP32 pushed: no Cell casts its kernels), and its output is rounded once to bfloat16.
-    The backward follows the casts: the ring's float32 gradients, rounded once."""
+    The backward follows the casts: the ring's float32 gradients, rounded once. The report counts
+    what the fused kernel moves and keeps on a device, as a dry run does: its moves and held bytes
+    at bfloat16's 2 bytes an element, and the float32 copies and output (the kernel's inside) not
+    at all."""
 
     def up(t):
         if t is None or not is_float(t.dtype):
             return t
         if mode == "cell" and t.dtype != ms.bfloat16:
             t = ops.cast(t, ms.bfloat16)  # the Cell's cast
-        return ops.cast(t, ms.float32)
+        with execution.uncounted():
+            return ops.cast(t, ms.float32)
 
     with bfloat16_emulation.float32_kernels():
         steps = tuple(dataclasses.replace(step, mask=up(step.mask)) for step in scores.steps)
         fused = AttentionScores(up(scores.q), up(scores.key_t), steps, scores.softmax)
-        return ops.cast(_attention(execution, fused, up(value)), ms.bfloat16)
+        return ops.cast(_attention(execution, fused, up(value), travels=ms.bfloat16), ms.bfloat16)
 
 
-def _attention(execution, scores: AttentionScores, value: DTensor) -> DTensor:
-    """`attention` in the dtype of its operands."""
+def _attention(execution, scores: AttentionScores, value: DTensor, travels=None) -> DTensor:
+    """`attention` in the dtype of its operands; where `travels` is given (the emulated ring: its
+    operands float32 here, bfloat16 on a device), every tensor the ring moves has q's dtype and
+    its bytes are counted at `travels`'s size an element."""
     cp_name = execution.context_parallel.axis
     axis = execution.mesh.axis_index(cp_name)
     n = execution.mesh.device_matrix[axis]
@@ -90,8 +97,13 @@ def _attention(execution, scores: AttentionScores, value: DTensor) -> DTensor:
     masks = [(step, None if step.mask is None else step.mask.redistribute(_mask_layout(step.mask, q_layout)))
              for step in scores.steps]
     t, s = q.shape[-2], kt.shape[-1]
-    record = lambda nbytes, backward: execution.accounting.record_comm(  # noqa: E731
-        "P2P", cp_name, nbytes, nbytes, backward=backward, cause="ring attention K/V shifts (context parallel)")
+
+    def record(nbytes: int, backward: bool) -> None:
+        if travels is not None:
+            nbytes = nbytes // q.dtype.itemsize * travels.itemsize
+        execution.accounting.record_comm("P2P", cp_name, nbytes, nbytes, backward=backward,
+                                         cause="ring attention K/V shifts (context parallel)")
+
     if execution.shape_only:
         return _shape_only(execution, (q, kt, v), scores.steps, axis, record)
     per_rank = 2 if t == s and t % (2 * n) == 0 and _has_empty_block(masks, 2 * n, t, s) else 1
@@ -103,8 +115,9 @@ def _attention(execution, scores: AttentionScores, value: DTensor) -> DTensor:
     core = RingAttention(plan, ring.transport, [m[3] for m in ring.members])
     outs = core(*[x for member in ring.members for x in member[:3]], *core.graded_masks())
     out_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
-    out = DTensor._create(v_layout, ring.shards(outs, v_layout), out_shape, q.dtype, execution)
-    _hold(execution, ring.device, per_rank)
+    with execution.uncounted() if travels is not None else contextlib.nullcontext():
+        out = DTensor._create(v_layout, ring.shards(outs, v_layout), out_shape, q.dtype, execution)
+    _hold(execution, ring.device, per_rank, travels)
     return out
 
 
@@ -193,13 +206,14 @@ def _in_process(execution, tensors, axis: int, cp_name: str, record):
     return _Members([member], (coords[axis],), member[:3], ProcessRing(collectives, group, record), [[coords]])
 
 
-def _hold(execution, device, per_rank: int) -> None:
+def _hold(execution, device, per_rank: int, travels=None) -> None:
     """What the ring keeps for its backward beyond its inputs and output (DTensors, counted as
     such), per device: the rows' log-sum-exp, and in zigzag order its q/k^T/v chunks (copies beside
-    the contiguous inputs)."""
+    the contiguous inputs); at `travels`'s size an element where given (`_attention`)."""
     q, kt, v = device
-    nbytes = lambda x: math.prod(x.shape) * x.dtype.itemsize  # noqa: E731
-    held = math.prod(q.shape[:-1]) * q.dtype.itemsize + (nbytes(q) + nbytes(kt) + nbytes(v) if per_rank == 2 else 0)
+    size = lambda x: x.dtype.itemsize if travels is None else travels.itemsize  # noqa: E731
+    nbytes = lambda x: math.prod(x.shape) * size(x)  # noqa: E731
+    held = math.prod(q.shape[:-1]) * size(q) + (nbytes(q) + nbytes(kt) + nbytes(v) if per_rank == 2 else 0)
     accounting = execution.accounting
     if execution.holds_activations:
         accounting.hold(held)

@@ -2,12 +2,13 @@
 hardsigmoid, hardswish and glu (functions).
 
 mint kernels are used where MindSpore 2.10 has them on CPU (relu, silu, sigmoid, tanh, softmax);
-gelu, log_softmax and leaky_relu go through ops (their mint kernels are missing on CPU).
+gelu, log_softmax and leaky_relu go through ops (their mint kernels are missing on CPU). tanh computes
+float32 inputs in float64 on the CPU (common.in_float64 says why).
 """
 import torch
 import torch.nn.functional as F
 
-from mindspore_hyper.migrate.mappings.common import call, expect, ms_dtype
+from mindspore_hyper.migrate.mappings.common import call, expect, in_float64, ms_dtype
 from mindspore_hyper.migrate.mappings.registry import Unsupported, function, method, module
 
 aten = torch.ops.aten
@@ -30,7 +31,7 @@ def silu_module(m) -> str:
 
 @module(torch.nn.Tanh, "nn.Tanh")
 def tanh_module(m) -> str:
-    return "nn.Tanh()"
+    return "InFloat64OnCpu(nn.Tanh())"
 
 
 @module(torch.nn.Sigmoid, "nn.Sigmoid")
@@ -87,7 +88,7 @@ def sigmoid(self):
 
 @function("mint.tanh", torch.tanh, method("tanh"), aten.tanh)
 def tanh(self):
-    return call("mint.tanh", self)
+    return in_float64("mint.tanh", self)
 
 
 def _softmax_dtype(self, dtype):

@@ -6,7 +6,7 @@ Device arguments are dropped: MindSpore places tensors by context.
 """
 import torch
 
-from mindspore_hyper.migrate.mappings.common import call, ms_dtype, sizes
+from mindspore_hyper.migrate.mappings.common import call, literal, ms_dtype, sizes
 from mindspore_hyper.migrate.mappings.registry import Unsupported, function, method
 
 aten = torch.ops.aten
@@ -68,6 +68,17 @@ def _like(fn: str):
 function("ops.zeros_like", aten.zeros_like, torch.zeros_like)(_like("ops.zeros_like"))
 function("ops.ones_like", aten.ones_like, torch.ones_like)(_like("ops.ones_like"))
 function("ops.full_like", aten.full_like, torch.full_like)(_like("ops.full_like"))
+
+
+@function("ops.full_like", aten.fill)
+def fill(self, value, *, result):
+    """`t.fill_(v)` made out of place by the in-place pass: a tensor of t's shape and dtype, every element v
+    (FSMT's causal mask: `torch.zeros(n, n).float().fill_(min)`)."""
+    if value.is_tensor:
+        raise Unsupported("fill with a tensor value (only a number is supported)")
+    return call("ops.full_like", self, value, dtype=_result_dtype(literal(None), result))
+
+
 # uninitialised: torch leaves the values unspecified and a correct program writes them before reading them, so
 # zeros are one choice of them (PhiMoE's router; the in-place pass turns the writes into out-of-place ops)
 function("ops.zeros_like (torch: uninitialised)", aten.empty_like, torch.empty_like)(_like("ops.zeros_like"))

@@ -338,16 +338,25 @@ def pad(self=None, pad=None, mode="constant", value=None, input=None):
     return call("ops.pad", tensor, pad, value=fill)
 
 
-@function("mint.where (a boolean mask of the full shape)", aten.index_put)
+@function("mint.where (a boolean mask of the leading dimensions)", aten.index_put)
 def index_put(self, indices, values, accumulate=False):
-    # the out-of-place form of `x[mask] = v` (aten.index_put_): one boolean mask of x's shape, v a number or 0-d
+    # the out-of-place form of `x[mask] = v` (aten.index_put_): one boolean mask of x's shape or of its leading
+    # dimensions (T5Gemma 2: `embeddings[ids == eoi] = eoi_embedding`, a (B, S) mask of a (B, S, H) tensor), v a
+    # number or a tensor that broadcasts to the trailing dimensions alone: every selected position gets the same v,
+    # so `where(mask, v, x)` is exact whatever the mask selects (v with one row per selected position is not)
     parts = indices.items if indices.items is not None else []
-    if accumulate.value or len(parts) != 1 or parts[0].dtype != torch.bool or parts[0].shape != self.shape:
-        raise Unsupported("index_put is mapped for one boolean mask of the tensor's own shape (x[mask] = v) only")
-    if values.is_tensor and values.ndim != 0:
-        raise Unsupported("index_put with a tensor of values (not one value) is not mapped")
+    if accumulate.value or len(parts) != 1 or parts[0].dtype != torch.bool or \
+            tuple(parts[0].shape) != tuple(self.shape[:parts[0].ndim]):
+        raise Unsupported("index_put is mapped for one boolean mask of the tensor's shape or of its leading "
+                          "dimensions (x[mask] = v) only")
+    trailing = tuple(self.shape[parts[0].ndim:])
+    if values.is_tensor and (values.ndim > len(trailing) or any(
+            v not in (1, t) for v, t in zip(reversed(tuple(values.shape)), reversed(trailing)))):
+        raise Unsupported(f"index_put with values of shape {tuple(values.shape)} (one row per selected position) "
+                          f"is not mapped: only values that broadcast to the unselected dimensions {trailing}")
     value = values if values.is_tensor else call("ops.full", "()", values, dtype=ms_dtype(self.dtype))
-    return call("mint.where", parts[0], call("ops.cast", value, ms_dtype(self.dtype)), self)
+    mask = parts[0] if not trailing else call("mint.reshape", parts[0], f"{parts[0]}.shape + {(1,) * len(trailing)!r}")
+    return call("mint.where", mask, call("ops.cast", value, ms_dtype(self.dtype)), self)
 
 
 @function("Tensor.__getitem__ (advanced indexing)", aten.index)

@@ -14,7 +14,7 @@
    with `hsdp()`, `pipeline()` and `dataset_strategy()`.
 
 MindSpore compiles this only on Ascend/GPU; on CPU only the attributes can be inspected
-(MindSpore refuses "Invalid backend: CPU"), and calling the step raises (`cpu_refusal.py`: in one
+(MindSpore refuses "Invalid backend: CPU"), and calling the step raises (`run_refusals.py`: in one
 process it would run on one device). Native mode never ran here.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from mindspore_hyper.runtime.native.checks import check_in_strategy
-from mindspore_hyper.runtime.native.cpu_refusal import native_step_type
+from mindspore_hyper.runtime.native.run_refusals import native_step_type
 from mindspore_hyper.runtime.native.observe import Observation, observe_primitives
 from mindspore_hyper.shard.layout import NONE_ALIAS, Layout
 from mindspore_hyper.shard.tensor_layout import TensorLayout
@@ -107,7 +107,8 @@ def apply_native(model, table: StrategyTable, example_inputs: Optional[Sequence]
         parallel_mode: AutoParallel mode, "semi_auto" by default.
 
     Returns:
-        `AutoParallel` (a subclass that refuses to run on CPU: `cpu_refusal.py`) wrapping the training step (`train_one_step(*batch) -> loss`), with
+        `AutoParallel` (a subclass that refuses to run on CPU or with fewer processes than the
+        mesh's devices: `run_refusals.py`) wrapping the training step (`train_one_step(*batch) -> loss`), with
         `hyper_native_plan` (a NativePlan), `hyper_strategy_table`, `hyper_network` (the Cell
         the step differentiates) and `hyper_optimizer` attributes.
 

@@ -7,7 +7,8 @@ Usage (under msrun): dist_worker.py OUT_DIR CASE [CASE ...], a CASE being
 prints the error and leaves with status 0 without closing anything, as a crashed process would:
 msrun kills every worker as soon as one exits non-zero, which would race the survivors' own report;
 so the survivors must notice the dead peer by themselves, and their failure is the job's), or
-"options" (train_options_worker.py's case: clipping, accumulation and loss scaling on 2 x 2).
+"options" (train_options_worker.py's case: clipping, accumulation and loss scaling on 2 x 2), or
+"bf16" (tests/runtime/bfloat16_msrun_case.py: one emulated bfloat16 step on 2 x 2).
 """
 from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
 
@@ -30,6 +31,28 @@ from msrun_cases import run_cases_and_write_results, train_reference  # noqa: E4
 
 STEPS = 3
 HEADS = 4
+COLLECTIVE_THREADS = set()  # names of the threads that called MindSpore's collectives (mindspore transport)
+
+
+def _record_collective_threads() -> None:
+    """Wrap mint.distributed's collectives to record the calling thread's name: the mindspore
+    transport must issue them all from the main thread, in program order (a background thread's
+    collective beside the backward's made MindSpore fail with "AllReduce failed")."""
+    import threading
+
+    from mindspore.mint import distributed as dist
+
+    def recorded(fn):
+        def call(*args, **kwargs):
+            COLLECTIVE_THREADS.add(threading.current_thread().name)
+            return fn(*args, **kwargs)
+        return call
+
+    for name in ("all_reduce", "all_gather", "broadcast"):
+        setattr(dist, name, recorded(getattr(dist, name)))
+
+
+_record_collective_threads()
 
 
 def megatron(data: int, tensor: int, zero: bool):
@@ -53,6 +76,11 @@ def run_case(case: str):
         from train_options_worker import run_case as run_options
 
         return run_options(case)
+    if case == "bf16":  # one bfloat16 step on data 2 x tensor 2 (tests/runtime/bfloat16_msrun_case.py)
+        sys.path.insert(0, os.path.join(ROOT, "tests", "runtime"))
+        from bfloat16_msrun_case import run_case as run_bfloat16
+
+        return run_bfloat16(case)
     dims, _, extra = case.partition("+")
     data, tensor = (int(v) for v in dims.split("x"))
     ms.set_seed(1)
@@ -82,6 +110,7 @@ def run_case(case: str):
     from mindspore_hyper.runtime.distributed import world
 
     out["communicators"] = sorted({type(c).__name__ for c in world()._communicators.values()})
+    out["collective_threads"] = sorted(COLLECTIVE_THREADS)
     out["cores"] = None if world().cores is None else sorted(world().cores)
     out["thread_cores"] = sorted({tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir("/proc/self/task")})
 

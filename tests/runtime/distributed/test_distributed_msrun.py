@@ -5,6 +5,7 @@ CommTimeout naming it, msrun exits non-zero and no shared memory is left behind.
 import glob
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -146,11 +147,24 @@ def test_gpt_tensor_parallel_and_data_parallel_zero1_on_2_processes(tmp_path):
 @pytest.mark.msrun
 def test_mindspore_transport_with_process_groups_on_4_processes(tmp_path):
     """dist_transport="mindspore" (the several-hosts path: mindspore.communication.init() and
-    mint.distributed over new_group groups) gives the same training as the shared-memory one."""
+    mint.distributed over new_group groups) gives the same training as the shared-memory one,
+    with and without ZeRO-1; every MindSpore collective is called from the main thread (the
+    data-parallel sync's packets included: sent from a background thread beside the backward's
+    tensor-parallel all-reduce, they made MindSpore fail with "AllReduce failed"). A bfloat16 step
+    with the CPU emulation equals the one-device emulated step within the bound derived in
+    tests/runtime/bfloat16_msrun_case.py (its tensor-parallel forward runs in Cells of
+    mixed-precision type BF16, where MindSpore's collectives left each rank's input unreduced
+    before the transport launched them uncast)."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/runtime
+    from bfloat16_msrun_case import check
+
     env = dict(os.environ, MS_HYPER_DIST_TRANSPORT="mindspore")
-    for res in run(tmp_path, 4, ["2x2+zero"], env=env):
-        check_matches_single_device(res["2x2+zero"])
-        assert res["2x2+zero"]["communicators"] == ["MindSporeCommunicator"]
+    for rank, res in enumerate(run(tmp_path, 4, ["2x2+zero", "2x2", "bf16"], env=env)):
+        for case in ("2x2+zero", "2x2"):
+            check_matches_single_device(res[case])
+            assert res[case]["communicators"] == ["MindSporeCommunicator"]
+            assert res[case]["collective_threads"] == ["MainThread"], res[case]["collective_threads"]
+        check(res["bf16"], f"rank {rank}, dist_transport='mindspore'")
 
 
 @pytest.mark.msrun

@@ -3,8 +3,10 @@ gradients, optimizer states, peak activations, and every collective (kind, axis,
 forward and backward, on the examples' GPT, a Llama-like model and MindSpore's own nn layers,
 under data, tensor, sequence-split inputs, context parallelism (Ulysses and ring) and ZeRO-1."""
 import contextlib
+import math
 import os
 import sys
+from fnmatch import fnmatch
 
 import numpy as np
 import pytest
@@ -62,6 +64,38 @@ def test_gpt_data_tensor_zero1(pynative):
     ids = _ids(4, 16, 128)
     report = _assert_same(pynative, 4, GPT, lambda: megatron_strategy(4), (ids, ids))
     assert set(report.memory) == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("mesh", [(4, 1), (2, 2)], ids=["data 4", "data 2 x tensor 2"])
+def test_gpt_zero3_through_auto_parallelize(pynative, mesh):
+    """ZeRO-3 through auto_parallelize: every parameter also split over "data" (the estimator's
+    GPT layout, `estimate/gpt_layout.py`, as a parallel_config) with the optimizer states
+    sharded. Memory, collectives and the step's series equal the simulation's; parameters and
+    gradients are 1/(data x tensor) of the model's on every device. On data 2 x tensor 2 each
+    weight is all-gathered over "data" for the op that reads it and its gradient reduce-scattered
+    back; on data 4 alone the split lands on the weights' first dimension, so the planner moves
+    activations too (all-to-alls), as the simulation does."""
+    from mindspore_hyper.estimate import JobStrategy
+    from mindspore_hyper.estimate.gpt_layout import gpt_parallel_config
+
+    mh = pynative
+    data, tensor = mesh
+    config = gpt_parallel_config(JobStrategy(data=data, tensor=tensor, zero_stage=3))
+    ids = _ids(4, 16, 128)
+    dry = _assert_same(mh, 4, GPT, lambda: mh.load_parallel_config(config), (ids, ids))
+    sizes = {"data": data, "tensor": tensor, None: 1}
+    expected = 0  # by hand: each float32 parameter over the axes of its map (all divide evenly)
+    for p in GPT().get_parameters():
+        (tmap,) = [e["tensor_map"] for e in config["parallel_config"]["parameter_level"] if fnmatch(p.name, e["name"])]
+        split = math.prod(sizes[a] for entry in tmap for a in (entry if isinstance(entry, tuple) else (entry,)))
+        assert p.size % split == 0
+        expected += p.size * 4 // split
+    assert expected < sum(p.size for p in GPT().get_parameters()) * 4 // 2  # at most half the model per device
+    assert all(m["parameters"] == m["gradients"] == expected and m["optimizer_states"] == 2 * expected
+               for m in dry.memory.values())  # Adam's two states at the parameters' (ZeRO-3) layout
+    assert dry.comm["AllGather"]["data"]["count"] > 0
+    if tensor > 1:  # each weight gathered over "data" for its op, its gradient reduce-scattered back
+        assert dry.comm_backward["ReduceScatter"]["data"]["count"] == dry.comm["AllGather"]["data"]["count"]
 
 
 @pytest.mark.parametrize("options", [
@@ -137,6 +171,117 @@ def test_moe_expert_parallel_with_balanced_routing(pynative):
     assert sim.memory == dry.memory and sim.comm == dry.comm and sim.comm_backward == dry.comm_backward
     assert sim.comm_causes == dry.comm_causes
     assert "AllToAll" in dry.comm and "expert" in dry.comm["AllToAll"]
+
+
+def _moe_reports(mh, devices, strategy, ids, **context):
+    """(simulation report, dry-run report) of one training step of the MoE example."""
+    import moe_training
+
+    reports = []
+    for mode in ("simulation", "dryrun"):
+        mh.set_context(mode=mode, device_num=devices, **context)
+        model = mh.auto_parallelize(moe_training.MoEClassifier(), strategy)
+        optimizer = nn.Adam(model.optimizer_parameters(), 1e-3)
+        model.train_step(optimizer, ids, ids)
+        reports.append(model.report(optimizer))
+    return reports
+
+
+# a skewed routing histogram over the MoE example's 8 experts: of each device's 16 token copies
+# (8 tokens, top-2) experts 0..7 get 4, 4, 2, 2, 1, 1, 1, 1
+SKEWED = [0.25, 0.25, 0.125, 0.125, 0.0625, 0.0625, 0.0625, 0.0625]
+
+
+def test_moe_expert_parallel_with_a_routing_histogram(pynative):
+    """The MoE example on expert 4 (2 experts per member) routed by a given skewed histogram:
+    dry run = simulation exactly, and the expert all-to-all bytes are the hand count. Rank 0
+    (member 0, experts 0 and 1) routes 8 of its 16 copies to itself (4 balanced) and every
+    device routes alike, so it dispatches 16 - 8 rows to the others and combines back the 8 rows
+    each of the 3 others sent it: 8 + 24 = 32 rows of hidden 32 in float32 = 4096 bytes, against
+    (12 + 3 x 4) x 128 = 3072 balanced; its experts work on 32 received rows against 16."""
+    import moe_training
+
+    mh = pynative
+    ids = _ids(4, 8, 64)  # 32 tokens: 8 per device over the 4 expert members
+    sim, dry = _moe_reports(mh, 4, moe_training.strategy(4), ids, moe_routing=SKEWED)
+    assert sim.memory == dry.memory and sim.comm == dry.comm and sim.comm_backward == dry.comm_backward
+    assert sim.comm_causes == dry.comm_causes and sim.step_memory == dry.step_memory
+    row_bytes = 32 * 4
+    assert dry.comm["AllToAll"]["expert"] == {"count": 2, "bytes": 32 * row_bytes, "input_bytes": 32 * row_bytes}
+    _, balanced = _moe_reports(mh, 4, moe_training.strategy(4), ids, moe_routing="balanced")
+    assert balanced.comm["AllToAll"]["expert"]["bytes"] == 24 * row_bytes
+    # the experts' activations (moe/expert_compute.py's model: in and out rows of hidden 32, four
+    # SwiGLU products of ffn 48, float32) follow the rows member 0 received: 4 x 8 against 4 x 4
+    per_row = (2 * 32 + 4 * 48) * 4
+    assert dry.memory[0]["activations_peak"] - balanced.memory[0]["activations_peak"] == (32 - 16) * per_row
+    from mindspore_hyper.hyper_parallel.report import routing_text
+
+    mh.set_context(moe_routing=SKEWED)
+    assert routing_text(True).startswith("histogram: fractions [0.25, 0.25, 0.125, 0.125, 0.0625")
+
+
+@pytest.mark.parametrize("routing", ["balanced", [0.5, 0.25, 0.125, 0.125]], ids=["balanced", "histogram"])
+def test_moe_pipeline_x_experts(pynative, routing):
+    """The package's MoE language model (examples/moe_lm.py, tiny) on data 2 x pipeline 2 x
+    expert 2 with ZeRO-1, two stages of one MoE block each, 1F1B over 2 microbatches: every
+    device's memory, every stage's collectives (expert all-to-alls included), the stage-boundary
+    sends and each pipeline rank's step series equal the simulation's, balanced and under a
+    skewed histogram."""
+    from moe_lm import MoELM, moe_strategy
+
+    mh = pynative
+    ids = _ids(8, 8, 32)  # data 2 x expert 2 x 2 microbatches
+    reports = []
+    for mode in ("simulation", "dryrun"):
+        mh.set_context(mode=mode, device_num=8, moe_routing=routing)
+        model = mh.auto_parallelize(MoELM(vocab=32, hidden=8, heads=2, layers=2, seq=8, experts=4, top_k=2,
+                                          expert_ffn=8, shared_ffn=8), moe_strategy(2, 2, 2),
+                                    pipeline={"schedule": "1f1b", "microbatches": 2})
+        optimizer = nn.Adam(model.optimizer_parameters(), 1e-3)
+        model.train_step(optimizer, ids, ids)
+        reports.append(model.report(optimizer))
+    sim, dry = reports
+    assert sim.memory == dry.memory and set(dry.memory) == set(range(8))
+    assert sim.comm == dry.comm and sim.comm_backward == dry.comm_backward and sim.p2p == dry.p2p
+    assert sim.comm_causes == dry.comm_causes and sim.step_memory == dry.step_memory
+    assert {"expert@stage0", "expert@stage1"} <= set(dry.comm["AllToAll"]) and dry.p2p
+    assert set(dry.step_memory["per_pipeline_rank"]) == {0, 1}
+
+
+def test_a_bad_routing_histogram_is_refused_naming_the_field(pynative, monkeypatch):
+    import moe_training
+    from mindspore_hyper.moe import MoE
+    from mindspore_hyper.moe.router import histogram_choice
+
+    mh = pynative
+    for bad, why in (([0.5, -0.25, 0.75], "negative or non-finite"), ([0.5, 0.25], "they sum to 0.75"),
+                     ("uniform", "expected one of 'learned', 'balanced' or a routing histogram"),
+                     ([True, False], "a routing histogram")):
+        with pytest.raises(ValueError, match=f"moe_routing=.*{why}"):
+            mh.set_context(moe_routing=bad)
+    monkeypatch.setenv("MS_HYPER_MOE_ROUTING", "0.5,0.5")
+    assert mh.get_context("moe_routing") == (0.5, 0.5)
+    monkeypatch.setenv("MS_HYPER_MOE_ROUTING", "0.5,x")
+    with pytest.raises(ValueError, match="MS_HYPER_MOE_ROUTING='0.5,x': expected"):
+        mh.get_context("moe_routing")
+    monkeypatch.delenv("MS_HYPER_MOE_ROUTING")
+    mh.set_context(mode="dryrun", device_num=4, moe_routing=[0.25] * 4)  # 4 fractions, 8 experts
+    model = mh.auto_parallelize(moe_training.MoEClassifier(), moe_training.strategy(4))
+    ids = _ids(4, 8, 64)
+    with pytest.raises(ValueError, match="moe_routing: a histogram of 4 fractions for a MoE layer of 8 experts"):
+        model.train_step(nn.Adam(model.optimizer_parameters(), 1e-3), ids, ids)
+    net = moe_training.MoEClassifier()
+    net.moe = MoE(32, 48, num_experts=8, top_k=2, dispatch="hierarchical", expert_groups=2)
+    mh.set_context(moe_routing=SKEWED)
+    model = mh.auto_parallelize(net, moe_training.strategy(4))
+    with pytest.raises(NotImplementedError, match=r"dry run: MoE\(dispatch='hierarchical'\) under a moe_routing "
+                                                  r"histogram is not modelled"):
+        model.train_step(nn.Adam(model.optimizer_parameters(), 1e-3), ids, ids)
+    with pytest.raises(ValueError, match=r"moe_routing: expert 0's fraction 0.75 gives 12 of the 16 token copies of "
+                                         r"8 tokens; .* no fraction may exceed 1/top_k = 0.5"):
+        histogram_choice(8, [0.75, 0.25], 2)
+    choice = histogram_choice(8, [0.375, 0.125, 0.5], 2)  # 6, 2, 8 copies; a token's two experts distinct
+    assert np.bincount(choice.ravel()).tolist() == [6, 2, 8] and (choice[:, 0] != choice[:, 1]).all()
 
 
 def test_a_lazily_built_model_is_never_initialised(pynative):

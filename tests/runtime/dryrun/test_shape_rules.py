@@ -70,6 +70,45 @@ def test_models_need_no_missing_rule(pynative):
     assert {"MatMul", "LayerNorm", "Softmax", "Gather", "Reshape"} <= checked
 
 
+def test_cell_backward_hook_rule_is_the_real_ops(pynative):
+    """The op MindSpore runs around a Cell with backward hooks (the simulated offload's,
+    `watch_cell_backward`): on one tensor (a Dense layer's input and output) and on several of
+    two dtypes (a Cell taking a float and an int tensor)."""
+    from mindspore import ops
+
+    from mindspore_hyper.offload.hooks import watch_cell_backward
+
+    class Scaled(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.dense = nn.Dense(16, 16)
+
+        def construct(self, x, n):
+            return self.dense(x) * n.astype(x.dtype)
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.scaled, self.head = Scaled(), nn.Dense(16, 1)
+
+        def construct(self, x, n, y):
+            return ops.reduce_mean((self.head(self.scaled(x, n)) - y) ** 2)
+
+    mh = pynative
+    mh.set_context(device_num=2, mode="simulation")
+    net = Net()
+    for cell in (net.scaled, net.head):
+        watch_cell_backward(cell, lambda: None, lambda: None)
+    model = mh.auto_parallelize(net, mh.Layout((2,), ("data",))(tensor_map=()))
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal((4, 16)).astype(np.float32))
+    with checking_shape_rules() as (bad, checked):
+        model.train_step(nn.SGD(model.optimizer_parameters(), 1e-2), x, Tensor(np.full((4, 1), 2, np.int32)),
+                         Tensor(np.zeros((4, 1), np.float32)))
+    assert not bad, bad
+    assert "CellBackwardHook" in checked
+
+
 def test_missing_rule_names_the_op_and_line(pynative):
     import mindspore as ms
     from mindspore import ops

@@ -345,6 +345,34 @@ def test_the_step_refuses_to_run_on_cpu():
     assert isinstance(step, AutoParallel) and step.hyper_native_plan.primitive_layouts
 
 
+def test_the_step_refuses_fewer_processes_than_devices_on_ascend(monkeypatch):
+    """Issue 42: on Ascend/GPU a job with fewer processes than the strategy's devices was not
+    refused. Not run on Ascend (none here): the device target the runtime reads is set to Ascend.
+    The call is refused before anything is computed, naming both counts and the fix; the check
+    passes with one process per device."""
+    from mindspore_hyper.runtime.native import run_refusals
+
+    monkeypatch.setattr(run_refusals, "device_target", lambda: "Ascend")
+    monkeypatch.delenv("RANK_SIZE", raising=False)
+    monkeypatch.setenv("MS_WORKER_NUM", "4")
+    net = Net()
+    step = native(net, tp_strategy(), optimizer=nn.SGD(net.trainable_params(), 1e-2))
+    before = [p.asnumpy().copy() for p in net.trainable_params()]
+    with pytest.raises(RuntimeError, match=r"native mode on Ascend: the strategy's mesh has 8 devices but this job "
+                                           r"has 4 process\(es\).*msrun --worker_num=8 .*mh\.set_context\("
+                                           r"mode='simulation', device_num=8\)"):
+        step(IDS)
+    for old, p in zip(before, net.trainable_params()):
+        np.testing.assert_array_equal(p.asnumpy(), old)  # no update ran
+    monkeypatch.delenv("MS_WORKER_NUM")
+    with pytest.raises(RuntimeError, match=r"has 1 process\(es\)"):  # outside a job: one process
+        run_refusals.check_can_run(8)
+    monkeypatch.setenv("RANK_SIZE", "8")  # a rank-table launch
+    assert run_refusals.check_can_run(8) is None
+    monkeypatch.setenv("MS_WORKER_NUM", "8")
+    assert run_refusals.check_can_run(8) is None
+
+
 def test_optimizer_offload_is_reported_not_translated():
     cfg = {"parallel_config": {"device_matrix": [2, 4], "alias_names": ["data", "tensor"],
                                "optimizer": {"sharding": True, "offload": True}}}
