@@ -185,12 +185,13 @@ def check_plain_cell(cell: nn.Cell) -> None:
 
 def install(lays_out: Optional[Callable[[Any], bool]] = None) -> None:
     """Mirror the running Cells' mixed-precision types, restore them where a Cell's forward
-    raises (`_call_restoring_type`), and check every Cell called outside other Cells
-    (`check_plain_cell`, with `lays_out(parameter)`: whether a model the package runs lays it
-    out); idempotent."""
+    raises (`_call_restoring_type`), and, while the flag is "emulate", check every Cell called
+    outside other Cells (`check_plain_cell`, with `lays_out(parameter)`: whether a model the
+    package runs lays it out; without the flag no Cell call pays for the check); idempotent."""
     _pynative_executor.set_mixed_precision_type = _tracked
     nn.Cell._complex_call = _call_restoring_type
-    nn.Cell.__call__ = _call_refusing_plain
+    if get_context(FLAG) == "emulate":
+        nn.Cell.__call__ = _call_refusing_plain
     if lays_out is not None:
         _LAYS_OUT[:] = [lays_out]
 

@@ -33,7 +33,7 @@ from mindspore_hyper.comm.collectives import ring_send_bytes
 from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.hyper_parallel.session import mesh_of
 from mindspore_hyper.runtime.gradient_sync import SCALAR_BYTES
-from mindspore_hyper.runtime.grad_clip import check_max_norm, counted_once
+from mindspore_hyper.runtime.grad_clip import check_max_norm, counted_once, scale_to_norm, square_sum
 
 __all__ = ["clip_grad_norm_", "clip_grads_by_global_norm", "global_grad_norm"]
 
@@ -51,22 +51,17 @@ def _parameter_list(parameters: Union[nn.Cell, Parameter, Iterable[Parameter]]) 
     return params
 
 
-def _squares(value) -> float:
-    a = np.asarray(value.asnumpy() if isinstance(value, Tensor) else value).astype(np.float64).ravel()
-    return float(np.dot(a, a))
-
-
 def _share(param: Parameter, grad) -> Tuple[Optional[Any], float]:
     """(the execution whose mesh the share is summed over, or None for a replicated plain
     gradient; this process's share of the squared norm from `grad`)."""
     if isinstance(grad, DTensor):
         grad = grad.reduce_partial()
         execution, layout = grad.execution, grad.layout
-        return execution, sum(_squares(grad.local_shard(r)) for r in execution.local_ranks
+        return execution, sum(square_sum(grad.local_shard(r)) for r in execution.local_ranks
                               if counted_once(layout, r))
     view = mesh_of(param)
     if view is None:
-        return None, _squares(grad)
+        return None, square_sum(grad)
     execution = view.execution()
     slot = execution.parameters[id(param)]
     if not slot.local:  # simulation: the Parameter and its gradient are global tensors
@@ -74,7 +69,7 @@ def _share(param: Parameter, grad) -> Tuple[Optional[Any], float]:
             raise ValueError(f"grads: the gradient of {param.name!r} has shape {tuple(grad.shape)}, expected the "
                              f"Parameter's global shape {tuple(slot.global_shape)} (in simulation gradients are "
                              f"global tensors)")
-        return execution, _squares(grad)
+        return execution, square_sum(grad)
     rank = execution.local_ranks[0]  # msrun: one rank per process, the gradient is its piece
     if tuple(grad.shape) != tuple(param.shape):
         raise ValueError(f"grads: the gradient of {param.name!r} has shape {tuple(grad.shape)}, expected this "
@@ -82,7 +77,7 @@ def _share(param: Parameter, grad) -> Tuple[Optional[Any], float]:
     piece = slot.layout.shard_shape(slot.global_shape, execution.mesh.coords(rank))
     if math.prod(piece) == 0 or not counted_once(slot.layout, rank):  # an empty piece stores one zero row
         return execution, 0.0
-    return execution, _squares(grad)
+    return execution, square_sum(grad)
 
 
 def global_grad_norm(parameters: Union[nn.Cell, Parameter, Iterable[Parameter]],
@@ -172,9 +167,7 @@ def clip_grads_by_global_norm(parameters: Union[nn.Cell, Parameter, Iterable[Par
     """
     max_norm = check_max_norm(max_norm)
     norm = global_grad_norm(parameters, grads, CLIP_NORM_CAUSE)
-    if not math.isfinite(norm) or norm <= max_norm:
-        return tuple(grads), norm
-    return tuple(_scale(g, max_norm / norm) for g in grads), norm
+    return tuple(scale_to_norm(grads, norm, max_norm)), norm
 
 
 def clip_grad_norm_(parameters: Union[nn.Cell, Parameter, Iterable[Parameter]], max_norm: float,

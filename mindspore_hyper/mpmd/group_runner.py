@@ -22,6 +22,7 @@ from mindspore.graph.api import _pynative_executor
 
 from mindspore_hyper.dtensor import DTensor
 from mindspore_hyper.mpmd.group_placement import GroupPlacement
+from mindspore_hyper.runtime.report import rank_ranges
 from mindspore_hyper.runtime.simulation.simulated_model import SimulatedModel
 from mindspore_hyper.strategy.group_table import group_slice
 from mindspore_hyper.strategy.resolve import StrategyTable
@@ -191,16 +192,9 @@ class GroupRunner:
             why = strategy.input_split_error(tuple(arg.shape))
             if why:
                 raise ValueError(f"{self.placement.strategy_field}: group {self.name!r} (ranks "
-                                 f"{_ranks_text(self.placement.ranks)}) cannot split input {i} of its Cell {name!r}, "
+                                 f"{rank_ranges(list(self.placement.ranks))}) cannot split input {i} of its Cell {name!r}, "
                                  f"shape {tuple(arg.shape)}: {why}; or give the group a rank count that divides it")
 
     def batch_sizes(self, args: tuple) -> List[int]:
         return [a.shape[0] for a in args if isinstance(a, Tensor) and a.ndim >= 1]
 
-
-def _ranks_text(ranks) -> str:
-    """`0-127` for a contiguous run of ranks, else the comma-separated list."""
-    ranks = list(ranks)
-    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ",".join(map(str, ranks))

@@ -19,19 +19,14 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-import numpy as np
 from mindspore import Tensor
 
 from mindspore_hyper.comm.collective_cause import GRAD_NORM_CAUSE
 from mindspore_hyper.comm.collectives import AxisGroup
-from mindspore_hyper.runtime.grad_clip import counted_once
+from mindspore_hyper.runtime.grad_clip import counted_once, square_sum
 
 __all__ = ["local_square_sum", "pipeline_grad_norm", "sum_over_mesh"]
 
-
-def _square_sum(grad: Tensor) -> float:
-    a = grad.asnumpy().astype(np.float64).ravel()
-    return float(np.dot(a, a))
 
 
 def local_square_sum(model, gradients: Mapping[int, Tensor]) -> float:
@@ -47,7 +42,7 @@ def local_square_sum(model, gradients: Mapping[int, Tensor]) -> float:
         The sum of squares of the gradient elements this process counts (module docstring).
     """
     if model.in_one_process:  # every stage's gradients are global tensors here
-        return sum(_square_sum(g) for g in gradients.values())
+        return sum(square_sum(g) for g in gradients.values())
     layouts = {}  # id(Parameter) -> (its layout on the stage mesh, this process's rank there)
     for stage_model in model.stage_models.values():
         rank = stage_model.local_ranks[0]
@@ -56,7 +51,7 @@ def local_square_sum(model, gradients: Mapping[int, Tensor]) -> float:
     for pid, grad in gradients.items():
         layout = layouts.get(pid)
         if layout is None or counted_once(*layout):  # a stage without sub-mesh holds its gradients whole
-            total += _square_sum(grad)
+            total += square_sum(grad)
     return total
 
 

@@ -28,7 +28,8 @@ from mindspore import Tensor
 
 from mindspore_hyper.comm.collective_cause import CLIP_NORM_CAUSE, GRAD_NORM_CAUSE
 
-__all__ = ["clip_grad_norm", "grad_norm", "local_square_sum", "counted_once", "scale_to_norm", "check_max_norm"]
+__all__ = ["clip_grad_norm", "grad_norm", "local_square_sum", "counted_once", "scale_to_norm", "check_max_norm",
+           "square_sum"]
 
 
 def check_max_norm(max_norm: Any, name: str = "max_norm") -> float:
@@ -51,7 +52,8 @@ def counted_once(layout, rank: int) -> bool:
     return all(coords[a] == 0 for a in range(len(coords)) if a not in used)
 
 
-def _square_sum(grad) -> float:
+def square_sum(grad) -> float:
+    """The sum of `grad`'s squared elements (a Tensor or an array), accumulated in float64."""
     a = np.asarray(grad.asnumpy() if isinstance(grad, Tensor) else grad).astype(np.float64).ravel()
     return float(np.dot(a, a))
 
@@ -83,13 +85,13 @@ def local_square_sum(model, grads: Sequence) -> float:
                 raise ValueError(f"grads: the gradient of {row.name!r} has shape {tuple(grad.shape)}, expected the "
                                  f"parameter's global shape {tuple(row.global_shape)} (in simulation gradients are "
                                  f"global tensors)")
-        return sum(_square_sum(g) for g in grads)
+        return sum(square_sum(g) for g in grads)
     rank = model.local_ranks[0]
     total = 0.0
     for param, grad in zip(params, grads):
         row = model.rows[id(param)]
         if counted_once(_held_layout(grad, row), rank):
-            total += _square_sum(grad)
+            total += square_sum(grad)
     return total
 
 

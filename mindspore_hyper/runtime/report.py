@@ -34,7 +34,7 @@ from mindspore_hyper.runtime.mixed_precision import memory_by_dtype
 from mindspore_hyper.runtime.step_memory import round_block, step_memory
 from mindspore_hyper.units import format_bytes as _fmt
 
-__all__ = ["StepReport", "DeviceMemoryError", "device_groups", "rounded_model_states"]
+__all__ = ["StepReport", "DeviceMemoryError", "device_groups", "rounded_model_states", "rank_ranges"]
 
 KINDS = ("parameters", "gradients", "optimizer_states", "activations_peak")
 COMM_TIME_MAX_DEVICES = 512  # larger meshes: no topology-model communication time (see `build`)
@@ -334,11 +334,11 @@ def device_groups(rows: Dict[int, Dict[str, int]]):
         key = tuple(sorted(m.items()))
         groups.setdefault(key, []).append(rank)
         first.setdefault(key, m)
-    return [(f"{_ranges(ranks)} ({len(ranks)})" if len(ranks) > 1 else str(ranks[0]), dict(first[key]))
+    return [(f"{rank_ranges(ranks)} ({len(ranks)})" if len(ranks) > 1 else str(ranks[0]), dict(first[key]))
             for key, ranks in groups.items()]
 
 
-def _ranges(ranks: List[int]) -> str:
+def rank_ranges(ranks: List[int]) -> str:
     """Ranks as compact ranges: [0, 1, 2, 5] -> "0-2,5"."""
     parts, start = [], None
     for i, r in enumerate(ranks):
