@@ -75,8 +75,13 @@ def test_offload_section_equal_in_simulation_and_dry_run(pynative, tmp_path, cas
         assert [m["gradients"] for m in dry.memory.values()] == [4 * 65] * 8
         row = dry.offload["per_device"][0]
         assert row["stored_blocks"] == 8 and (row["host_tier_bytes"], row["disk_tier_bytes"]) == (4 * BS, 4 * BS)
-        # the host pool is full in the simulation too: the C++ host tier holds its 4 blocks
-        assert all(m["host_tier_bytes"] == 4 * BS for m in measured.values())
+        # the host pool is never over its 4 blocks in the simulation either, and those blocks stay in
+        # memory: each is on the host tier or, when the last write went to its device copy (which
+        # drops the unpinned host copy), on the device tier; which of the two depends on the
+        # prefetch workers' timing (measured: host 3 + device 3 on some devices, 4 + 2 on others)
+        assert all(m["host_tier_bytes"] <= 4 * BS <= m["host_tier_bytes"] + m["device_tier_bytes"]
+                   for m in measured.values()), {r: (m["host_tier_bytes"], m["device_tier_bytes"])
+                                                 for r, m in measured.items()}
 
 
 def test_offload_lowers_the_memory_rows_by_the_offloaded_parameters(pynative, tmp_path):

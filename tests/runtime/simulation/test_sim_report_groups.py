@@ -3,14 +3,14 @@ import numpy as np
 from mindspore import Tensor, nn
 
 import mindspore_hyper as mh
-from mindspore_hyper.runtime.report import _ranges
+from mindspore_hyper.runtime.report import rank_ranges
 from mindspore_hyper.runtime.simulation import simulate
 from mindspore_hyper.shard import Layout
 
 
-def test_ranges():
-    assert _ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
-    assert _ranges([3]) == "3"
+def test_rank_ranges():
+    assert rank_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert rank_ranges([3]) == "3"
 
 
 def test_many_devices_are_summarised_per_group(clean_context, tmp_path):
