@@ -6,6 +6,7 @@ the torch original and (MLP, TransformerBlock) a hand-written MindSpore Cell, al
     python benchmarks/bench_migration.py --part depth  # structure="modules": 2 vs 24 layers
     python benchmarks/bench_migration.py --part gpt    # converted GPT-2 vs examples/models.py GPT
     python benchmarks/bench_migration.py --sweep [--families named|all|fast|llama,bert] [--write-docs]
+    python benchmarks/bench_migration.py --sweep --parallel-only --jsonl ROWS --out MERGED [--families ...]
 
 sweep (tests/migrate/migrate_sweep.py): every transformers family with a causal-LM, masked-LM, seq2seq or
 image/audio classification head (--families all; `named`, the default, is the issue's list) built from a
@@ -14,6 +15,12 @@ default convert (the port) at (2, 8), checked at (3, 11) against torch (<= 1e-4)
 beside torch.optim.AdamW (losses and parameters <= 1e-4); one row per family with the first failing op or
 module and its reason, the pass rate over the families that built, and the wall time. --write-docs puts
 the table into docs/migration.md (between the sweep markers); --jsonl appends each row as it finishes.
+Each passing row then runs the parallel checks (migrate_sweep.parallel_checks): one step on a 2 x 2 data x tensor
+mesh in simulation with the splits of tensor_parallel_plan, and pipeline 2 over the layer list for causal LMs.
+--parallel-only converts the families whose last row in --jsonl passed and runs only those checks (no torch
+training, no float64 reference), appending every row of --jsonl, with the parallel fields merged into the passing
+ones, to --out as it finishes (rows already in --out are kept, so an interrupted pass resumes); the table is then
+regenerated from --out with --jsonl MERGED --resume --write-docs.
 
 depth: `convert(..., structure="modules", check=False)` of the 2- and 24-layer variants of GPT-2,
 Llama (GQA + RoPE) and BERT (hidden 32): conversion seconds and generated source lines, and the
@@ -148,7 +155,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--models", default="mlp,transformer_block,resnet,gpt2,bert")
     parser.add_argument("--sweep", action="store_true", help="run the transformers family sweep (only)")
-    parser.add_argument("--families", default="named", help="named (the issue's list), all, fast, or a comma list")
+    parser.add_argument("--families", default=None,
+                        help="named (the issue's list, the default), all, fast, or a comma list; with "
+                             "--parallel-only a filter on the rows of --jsonl (default: all of them)")
     parser.add_argument("--limit", type=float, default=600.0, help="seconds per family before it counts as failed")
     parser.add_argument("--write-docs", action="store_true", help="write the sweep table into docs/migration.md")
     parser.add_argument("--jsonl", help="append each sweep row to this file as it finishes")
@@ -156,9 +165,20 @@ def main() -> None:
                         help="with --jsonl: keep the rows already in that file (the last per family) instead of "
                              "running those families again, except the ones --rerun names")
     parser.add_argument("--rerun", default="", help="with --resume: 'failed' (rows that failed) or a comma list")
+    parser.add_argument("--parallel-only", action="store_true",
+                        help="with --sweep --jsonl ROWS --out FILE: only the parallel checks of ROWS' passing rows")
+    parser.add_argument("--out", help="with --parallel-only: the JSONL the merged rows are appended to")
     args = parser.parse_args()
     ms.set_context(mode=ms.PYNATIVE_MODE)
     print(f"load {os.getloadavg()}")
+    if args.parallel_only or args.out:
+        if not (args.sweep and args.parallel_only and args.jsonl and args.out):
+            raise SystemExit("--parallel-only needs --sweep, --jsonl (the rows to check) and --out (the merged rows); "
+                             "--out is used only with --parallel-only")
+        if args.resume or args.rerun or args.write_docs:
+            raise SystemExit("--parallel-only writes --out only: run --resume/--rerun/--write-docs on --out afterwards")
+        parallel_part(args)
+        return
     if args.sweep:
         sweep_part(args)
         return
@@ -182,6 +202,7 @@ def sweep_part(args: argparse.Namespace) -> None:
     import migrate_sweep as sweep
 
     warnings.filterwarnings("ignore")
+    args.families = args.families or "named"
     if args.families == "named":
         families = list(sweep.NAMED)
     elif args.families == "fast":
@@ -216,6 +237,16 @@ def sweep_part(args: argparse.Namespace) -> None:
                    f"{os.getloadavg()[0]:.1f} at the end)")
     summary = (f"{passed} of {built} families that build offline pass ({100.0 * passed / max(built, 1):.1f}%); "
                f"{len(rows) - built} did not build; {timing}")
+    checked = [r for r in rows if r.parallel_error is not None or r.parallel_reason]
+    if checked:
+        ok = [r for r in checked if r.parallel_error is not None and r.parallel_error <= sweep.TOL]
+        sources = [r.parallel_source or "hand-written patterns" for r in ok]  # "": a row from before the plan
+        by_source = {s: sources.count(s) for s in dict.fromkeys(sources)}
+        decoders = [r for r in checked if r.head in sweep.PIPELINE_HEADS]
+        piped = [r for r in decoders if r.pipeline_error is not None and not r.parallel_reason]
+        summary += (f"; parallel as converted (last column): the 2 x 2 step passes for {len(ok)} of the {len(checked)} "
+                    f"passing rows checked (" + ", ".join(f"{n} {s}" for s, n in by_source.items()) + "), "
+                    f"pipeline 2 for {len(piped)} of their {len(decoders)} {'/'.join(sweep.PIPELINE_HEADS)} rows")
     print(summary)
     text = sweep.table(rows)
     print(text)
@@ -230,6 +261,43 @@ def sweep_part(args: argparse.Namespace) -> None:
         block = f"{BEGIN}\nFamilies: {label}. {summary}.\n\n{text}\n{END}"
         with open(DOC, "w", encoding="utf-8") as f:
             f.write(head + block + tail)
+
+
+def parallel_part(args: argparse.Namespace) -> None:
+    """--parallel-only: the parallel checks of the passing rows of --jsonl, every row appended to --out."""
+    import dataclasses
+    import json
+    import warnings
+
+    import migrate_sweep as sweep
+
+    warnings.filterwarnings("ignore")
+    if not os.path.exists(args.jsonl):
+        raise SystemExit(f"--jsonl {args.jsonl}: no such file")
+    rows = _kept_rows(argparse.Namespace(jsonl=args.jsonl, rerun=""), sweep.SweepRow)
+    if args.families:
+        wanted = {"named": dict(sweep.NAMED), "fast": dict(sweep.FAST)}.get(args.families) or \
+            ({f: None for f, _ in rows} if args.families == "all" else {f: None for f in args.families.split(",")})
+        unknown = [f for f in wanted if f not in {f for f, _ in rows}]
+        if unknown:
+            raise SystemExit(f"--families: {unknown} have no row in {args.jsonl}")
+        rows = {k: r for k, r in rows.items() if k[0] in wanted}
+    done = _kept_rows(argparse.Namespace(jsonl=args.out, rerun=""), sweep.SweepRow)
+    start, counts = time.perf_counter(), {"pass": 0, "fail": 0}
+    for key, row in sorted(rows.items()):
+        if key in done:
+            continue
+        if row.status == "pass":
+            row = sweep.parallel_only(row, limit=args.limit)
+            counts["fail" if row.parallel_reason else "pass"] += 1
+            print(f"{row.family:<16} {row.head:<20} {row.status:<5} {row.stage:<8} {row.parallel_source:<22} "
+                  f"{row.parallel_error if row.parallel_error is None else f'{row.parallel_error:.1e}'} "
+                  f"{row.pipeline_error if row.pipeline_error is None else f'{row.pipeline_error:.1e}'} "
+                  f"{row.parallel_reason}", flush=True)
+        with open(args.out, "a", encoding="utf-8") as f:
+            f.write(json.dumps(dataclasses.asdict(row)) + "\n")
+    print(f"parallel checks: {counts['pass']} passed, {counts['fail']} failed of the passing rows run now "
+          f"({len(done)} rows already in {args.out}); {time.perf_counter() - start:.0f} s")
 
 
 def _kept_rows(args: argparse.Namespace, row_type) -> dict:

@@ -1,5 +1,6 @@
 """MindFormers 2.0.0's PyNative GPT (a tiny Qwen3), parallelized by MindFormers' own
-`parallelize_gptmodel` on 4 simulated devices, against the same model on one device.
+`parallelize_gptmodel` on 4 devices (simulated in one process, or 4 msrun processes), against the
+same model on one device.
 
 An experiment, not part of the package: MindFormers is not a dependency. Install it outside the
 package's environment and point PYTHONPATH at it (docs/hyper_parallel.md, "MindFormers 2.0"):
@@ -8,7 +9,8 @@ package's environment and point PYTHONPATH at it (docs/hyper_parallel.md, "MindF
     .venv/bin/pip install --no-deps --target /tmp/mf_site /tmp/mf_wheel/mindformers-2.0.0-py3-none-any.whl
     # + the light packages it imports (--no-deps): Deprecated wrapt requests jieba rouge_chinese nltk
     #   datasets pandas==2.2.3 "pyarrow<20" pytz sentencepiece tiktoken mindpet tensorboardX ...
-    PYTHONPATH=/tmp/mf_site .venv/bin/python examples/mindformers_qwen3_fsdp.py
+    PYTHONPATH=/tmp/mf_site .venv/bin/python examples/mindformers_qwen3_fsdp.py      # simulation
+    PYTHONPATH=/tmp/mf_site .venv/bin/mindspore-hyper run --processes 4 examples/mindformers_qwen3_fsdp.py  # msrun
 
 What it does, and what it changes:
 - MindSpore 2.10's CPU backend lacks kernels MindFormers' layers call (`mint.arange`,
@@ -25,10 +27,16 @@ What it does, and what it changes:
   `get_grad`), `zero_grad()`; 5 Adam steps, compared with
   one device trained on `mindspore.value_and_grad`'s gradients. The Trainer itself is not run
   (its config, data and checkpoint machinery are beyond this example).
+- Every device trains on the same batch (2 sequences: too few to split over 4): the ranks'
+  gradients summed (MindFormers disables FSDP's division) times the sense 1/4 are one device's.
+- Under msrun every process first trains the one-device model itself (the reference), then its
+  rank of the FSDP model; each process compares its losses, and its gradients and weights
+  gathered from the ranks' pieces (`DTensor.from_local(...).full_tensor()`), with one device's.
 
-Tensor parallelism is not tried: MindFormers 2.0.0's TP plan for GPT (`apply_non_moe_tp`) is
-written for MLA attention (`linear_qb`/`linear_kvb`) and stops on Qwen3's attention
-(parallelize.py:738 reads `config.q_lora_rank`, which a non-MLA TransformerConfig lacks).
+Tensor parallelism (`--tp 2`: tp 2 x dp_shard 2) stops inside MindFormers: its TP plan for GPT
+(`apply_non_moe_tp`) is written for MLA attention (`linear_qb`/`linear_kvb`) and stops on Qwen3's
+attention (parallelize.py:738 reads `config.q_lora_rank`, which a non-MLA TransformerConfig lacks:
+AttributeError, tried in simulation and under msrun).
 """
 import argparse
 import importlib.util
@@ -40,6 +48,7 @@ from mindspore import Tensor, mint, nn, ops
 
 import mindspore_hyper as mh
 from mindspore_hyper.hyper_parallel import install_hyper_parallel
+from mindspore_hyper.hyper_parallel.script_runner import under_msrun
 
 STEPS, BATCH, SEQ, VOCAB = 5, 2, 8, 64
 
@@ -96,18 +105,19 @@ def build_model():
     return model
 
 
-def parallelize(model):
-    """MindFormers' `parallelize_gptmodel` with FSDP over 4 devices (module docstring)."""
+def parallelize(model, tp: int = 1):
+    """MindFormers' `parallelize_gptmodel` with FSDP over 4 devices, or with `tp` 2: tensor
+    parallel 2 x FSDP 2 (module docstring: it stops inside MindFormers for Qwen3)."""
     from types import SimpleNamespace
 
     import mindformers.pynative.base_models.gpt.parallelize as gpt_parallelize
     from mindformers.pynative.distributed.parallel_dims import ParallelDims
 
-    dims = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, tp=1, pp=1, ep=1, world_size=4)  # FSDP over all 4
+    dims = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, tp=tp, pp=1, ep=1, world_size=4)  # FSDP over the rest
     dims.build_mesh()
     parallelism = SimpleNamespace(enable_loss_parallel=False, enable_mc2=False, context_parallel_method="colossal",
-                                  context_parallel_async=False, pipeline_parallel=1, tensor_parallel=1,
-                                  reshard_after_forward_policy="default", cpu_offload=False, data_parallel=4,
+                                  context_parallel_async=False, pipeline_parallel=1, tensor_parallel=tp,
+                                  reshard_after_forward_policy="default", cpu_offload=False, data_parallel=4 // tp,
                                   data_parallel_shard=-1, moe_token_dispatcher_type="alltoall")
     off = SimpleNamespace(mode="None", enable=False)
     (model,), _, _, _ = gpt_parallelize.parallelize_gptmodel(model, dims, parallelism, off, off, off)
@@ -142,8 +152,23 @@ def train(model, trainer_loop: bool = False):
     return losses, first_grads, {p.name: p.asnumpy() for p in model.trainable_params()}
 
 
+def whole(dtensor, value: np.ndarray) -> np.ndarray:
+    """`value` (a Parameter's value or gradient) as the whole tensor: in simulation it is already;
+    under msrun it is this rank's piece of `dtensor`'s layout, gathered from every rank."""
+    from hyper_parallel import DTensor
+
+    if value.shape == tuple(dtensor.shape):
+        return value
+    piece = DTensor.from_local(Tensor(value), dtensor.device_mesh, dtensor.placements, shape=dtensor.shape)
+    return piece.full_tensor().asnumpy()
+
+
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tp", type=int, choices=(1, 2), default=1,
+                        help="MindFormers' tensor parallelism: 1 (FSDP over 4) or 2 (tp 2 x FSDP 2; stops in "
+                             "MindFormers' MLA-only TP plan, module docstring)")
+    args = parser.parse_args()
     if importlib.util.find_spec("mindformers") is None:  # an experiment's dependency, not the package's
         print("mindformers is not installed: install it outside the package's environment and set PYTHONPATH, "
               "as this script's docstring says")
@@ -152,12 +177,13 @@ def main() -> int:
     ms.set_context(mode=ms.PYNATIVE_MODE)
     cpu_kernels()
 
-    one_losses, one_grads, one_weights = train(build_model())
-    mh.set_context(mode="simulation", device_num=4)
+    one_losses, one_grads, one_weights = train(build_model())  # every msrun rank computes it too
+    if not under_msrun():  # under `mindspore-hyper run --processes 4` each process is one rank already
+        mh.set_context(mode="simulation", device_num=4)
     try:
-        model = parallelize(build_model())
-    except ValueError as error:
-        print(f"parallelize_gptmodel stopped: {error}")
+        model = parallelize(build_model(), args.tp)
+    except (ValueError, AttributeError) as error:  # AttributeError: MindFormers' TP plan on Qwen3 (docstring)
+        print(f"parallelize_gptmodel stopped: {type(error).__name__}: {error}")
         return 1
     from mindspore_hyper.hyper_parallel import laid_out_parameters
 
@@ -169,6 +195,10 @@ def main() -> int:
 
     enable_mindspore_backward_compat()  # as MindFormers' Trainer does (trainer.py:153)
     losses, grads, weights = train(model, trainer_loop=True)
+    by_path = laid_out_parameters(model)  # keyed by path in the model; train() keys by Parameter name
+    laid_out = {param.name: by_path[name] for name, param in model.parameters_and_names()}
+    grads = {k: whole(laid_out[k], v) for k, v in grads.items()}
+    weights = {k: whole(laid_out[k], v) for k, v in weights.items()}
     print("step  one device      4 devices (FSDP)")
     for step, (a, b) in enumerate(zip(one_losses, losses)):
         print(f"{step:4d}  {a:.7f}  {b:.7f}")
@@ -182,7 +212,8 @@ def main() -> int:
     if loss_diff > 1e-5:
         print(f"FAILED: the 4-device losses differ from one device's by {loss_diff:.2e} (> 1e-5)")
         return 1
-    print("OK: MindFormers' FSDP on 4 simulated devices trains like one device")
+    where = "4 msrun processes (this rank's view)" if under_msrun() else "4 simulated devices"
+    print(f"OK: MindFormers' FSDP on {where} trains like one device")
     return 0
 
 

@@ -2,7 +2,15 @@
 import math
 
 import numpy as np
+import mindspore as ms
 from mindspore import Tensor, nn, ops
+
+
+def float32_logits(logits):
+    """The logits in float32 for the loss (a mixed-precision model's head computes them in
+    bfloat16 or float16; the cross-entropy runs in float32, as amp O2's output cast makes it);
+    float32 logits are returned as they are (no op)."""
+    return logits if logits.dtype == ms.float32 else logits.astype(ms.float32)
 
 
 class Attention(nn.Cell):
@@ -63,7 +71,7 @@ class GPT(nn.Cell):
         if labels is None:
             return logits
         b, t, v = logits.shape
-        return self.loss(logits.reshape(b * t, v), labels.reshape(b * t))
+        return self.loss(float32_logits(logits).reshape(b * t, v), labels.reshape(b * t))
 
 
 class HeadLayer(nn.Cell):
@@ -110,4 +118,4 @@ class PipelinedGPT(GPT):
 
     def pipeline_loss(self, logits, labels):
         b, t, v = logits.shape
-        return self.loss(logits.reshape(b * t, v), labels.reshape(b * t))
+        return self.loss(float32_logits(logits).reshape(b * t, v), labels.reshape(b * t))

@@ -27,7 +27,7 @@ import mindspore_hyper as mh  # noqa: E402
 from mindspore_hyper.moe import MoE, SharedExpert  # noqa: E402
 from mindspore_hyper.pipeline.aux_loss import AuxLosses, add_aux_loss  # noqa: E402
 from mla_attention import MLAttention  # noqa: E402
-from models import Attention, EmbedLayer, HeadLayer, MaskedBlock  # noqa: E402
+from models import Attention, EmbedLayer, HeadLayer, MaskedBlock, float32_logits  # noqa: E402
 
 
 class MoEBlock(nn.Cell):
@@ -104,7 +104,7 @@ class MoELM(nn.Cell):
 
     def pipeline_loss(self, logits, labels):
         b, t, v = logits.shape
-        return self.loss(logits.reshape(b * t, v), labels.reshape(b * t))
+        return self.loss(float32_logits(logits).reshape(b * t, v), labels.reshape(b * t))
 
     def construct(self, ids, labels):
         with AuxLosses() as aux:  # the routers' terms (a pipeline's stages collect their own)
@@ -113,7 +113,7 @@ class MoELM(nn.Cell):
                 x = block(x, self.mask)
             logits = self.head(self.ln_f(x))
             b, t, v = logits.shape
-            loss = self.loss(logits.reshape(b * t, v), labels.reshape(b * t))
+            loss = self.loss(float32_logits(logits).reshape(b * t, v), labels.reshape(b * t))
         return loss + aux.total() if aux else loss
 
 

@@ -53,8 +53,8 @@ from mindspore.graph.api import _no_grad, _pynative_executor
 from mindspore_hyper.context import get_context
 
 __all__ = ["NO_BFLOAT16_CPU_KERNEL", "BROADCAST_GRADIENT_OPS", "EMULATED", "FLAG", "install", "touches_bfloat16",
-           "outside_cells", "float32_kernels", "emulation", "emulated_kernel", "bfloat16_kernel", "run_in_float32",
-           "identity", "refusal_hint", "check_plain_cell"]
+           "cell_cast_dtype", "outside_cells", "float32_kernels", "emulation", "emulated_kernel", "bfloat16_kernel",
+           "run_in_float32", "identity", "refusal_hint", "check_plain_cell"]
 
 FLAG = "cpu_bfloat16"  # the context flag: "mindspore" (MindSpore's kernels, as is) or "emulate"
 
@@ -216,6 +216,14 @@ def _cell_cast():
     if got is not _BF16:
         return got
     return _BF16 if _probe(ms.float32) is _BF16 else None
+
+
+def cell_cast_dtype():
+    """The dtype the innermost running Cell's mixed-precision type casts every float kernel input
+    to (bfloat16, float16 or float32), or None outside such Cells, by the mirror alone (no probe
+    kernel: a dry run asks it for every op): what a dry run's shape rules apply to their float
+    inputs, as MindSpore's kernel launch does in the simulation."""
+    return _CAST_OF.get(_STACK[-1]) if _STACK else None
 
 
 def touches_bfloat16(dtypes: Iterable[Any]) -> bool:

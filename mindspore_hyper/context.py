@@ -197,10 +197,27 @@ def _directory(value: Any, name: str) -> str:
 
 
 def _default_mode() -> str:
-    """Simulation on CPU; MindSpore's native auto-parallel where an accelerator is the target."""
+    """Simulation on CPU; MindSpore's native auto-parallel where an accelerator is the target.
+
+    Inside `mindspore.DeviceCtx("meta")` (MindFormers 2.0 lays its models out there) the target
+    reads "meta", a device of shapes only: the mode follows the device the block was entered from.
+
+    Raises:
+        ValueError: the target is "meta" outside any `DeviceCtx` block (set the mode explicitly).
+    """
     import mindspore as ms
 
-    return "simulation" if ms.get_context("device_target") == "CPU" else "native"
+    target = ms.get_context("device_target")
+    if target == "meta":
+        from mindspore.common.device import _DEVICE_STACK  # DeviceCtx's stack of the devices it left
+
+        outside = [d.device_target for d in _DEVICE_STACK.get_stack() if d.device_target != "meta"]
+        if not outside:
+            raise ValueError("mode: MindSpore's device target is 'meta' (shapes only) outside any DeviceCtx block, "
+                             "so the default mode cannot follow it; set mode explicitly (set_context(mode=...) or "
+                             "MS_HYPER_MODE)")
+        target = outside[-1]
+    return "simulation" if target == "CPU" else "native"
 
 
 @dataclass(frozen=True)

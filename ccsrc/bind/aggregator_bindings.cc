@@ -1,17 +1,12 @@
-// Python bindings of the message aggregator (comm submodule): request handles, the Aggregator,
-// and an aggregator over a Python all-reduce callable (the MindSpore transport).
-#include <pybind11/functional.h>
+// Python bindings of the message aggregator (comm submodule): request handles and the Aggregator
+// (made by a communicator's make_aggregator; the MindSpore transport aggregates on the caller's
+// thread in Python instead, comm/caller_thread_aggregator.py).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstring>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "bind/bindings.h"
 #include "bind/comm_buffers.h"
@@ -23,39 +18,6 @@ namespace py = pybind11;
 namespace mshyper::bind {
 
 using namespace mshyper::comm;
-
-namespace {
-
-// Packets through a Python callable fn(buffer, dtype_name, op_name) that all-reduces `buffer` (a
-// 1-D uint8 numpy array over the packet) in place: the MindSpore transport (mint.distributed under
-// msrun). The array keeps the packet's memory alive, so a callable may keep it beyond the call.
-class PyBackend : public PacketBackend {
- public:
-  PyBackend(py::function fn, int size) : fn_(std::move(fn)), size_(size) {}
-  ~PyBackend() override {
-    py::gil_scoped_acquire gil;
-    fn_ = py::function();
-  }
-  void AllReduce(const Packet& p) override {
-    py::gil_scoped_acquire gil;
-    py::capsule keep(new std::shared_ptr<void>(p.owner), [](void* o) { delete static_cast<std::shared_ptr<void>*>(o); });
-    py::array_t<uint8_t> view({static_cast<ssize_t>(p.count * DTypeSize(p.dtype))}, {1}, static_cast<uint8_t*>(p.buf),
-                              keep);
-    try {
-      fn_(view, DTypeName(p.dtype), OpName(p.op));
-    } catch (py::error_already_set& e) {
-      throw CommError(std::string("MindSpore transport: ") + e.what());
-    }
-  }
-  int group_size() const override { return size_; }
-  bool bounded() const override { return false; }  // a Python callable may block for ever
-
- private:
-  py::function fn_;
-  int size_;
-};
-
-}  // namespace
 
 void BindAggregator(py::module_& m) {
   py::class_<ArrayHandle>(m, "ArrayHandle")
@@ -89,11 +51,6 @@ void BindAggregator(py::module_& m) {
       .def_property_readonly("packet_bytes", &Aggregator::packet_bytes)
       .def_property_readonly("max_delay", &Aggregator::max_delay)
       .def("stats", [](Aggregator& a) { return AggregatorStatsDict(a.stats()); });
-  m.def("python_aggregator", [](py::function fn, int size, size_t packet_bytes, double max_delay, double flush_timeout) {
-    return GilFreeDelete(
-        new Aggregator(std::make_shared<PyBackend>(std::move(fn), size), packet_bytes, max_delay, flush_timeout));
-  }, py::arg("allreduce_fn"), py::arg("group_size"), py::arg("packet_bytes"), py::arg("max_delay"),
-     py::arg("flush_timeout") = 300.0);
 }
 
 }  // namespace mshyper::bind

@@ -140,7 +140,7 @@ void BindShmCommunicator(py::module_& m) {
         return GilFreeDelete(new Aggregator(std::make_shared<CommunicatorBackend>(g.comm_), packet_bytes, max_delay,
                                             g.transport_->timeout()));
       }, py::arg("packet_bytes"), py::arg("max_delay"));
-  m.def("cleanup_stale_segments", &ShmTransport::CleanupStale, py::arg("prefix"));
+  m.def("cleanup_stale_segments", &ShmTransport::CleanupStale, py::arg("prefix"), py::arg("blank_age_s"));
 }
 
 }  // namespace mshyper::bind

@@ -77,13 +77,6 @@ void Request::Wait(double timeout_s) {
   }
 }
 
-Agreement PacketBackend::Negotiate(const QueueDigest& mine) {
-  auto maxed = std::make_shared<std::array<int64_t, 6>>(
-      std::array<int64_t, 6>{-mine.length, mine.length, mine.hash, -mine.hash, mine.bytes, -mine.bytes});
-  AllReduce({maxed->data(), 6, DType::kInt64, ReduceOp::kMax, maxed, false});
-  return FromMaxed(-(*maxed)[0], (*maxed)[1], maxed->data() + 2, mine);
-}
-
 Agreement CommunicatorBackend::Negotiate(const QueueDigest& mine) {
   Agreement a{mine.length, mine.length, true, mine.bytes, mine.bytes};
   for (const QueueDigest& d : comm_->GatherQueueDigests(mine)) {
@@ -167,9 +160,7 @@ std::vector<std::shared_ptr<Request>> Aggregator::SubmitMany(const std::vector<R
 void Aggregator::Flush(double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
   if (submitted_ > flush_target_) flush_target_ = submitted_;
-  const bool run_inline = backend_->bounded();
-  if (!run_inline) cv_.notify_all();  // the executor sends them
-  WaitFinished(lock, flush_target_, timeout_s, run_inline, "flush");
+  WaitFinished(lock, flush_target_, timeout_s, /*run_inline=*/true, "flush");
 }
 
 void Aggregator::RequestFlush() {

@@ -56,16 +56,12 @@ class PacketBackend {
  public:
   virtual ~PacketBackend() = default;
   virtual void AllReduce(const Packet& p) = 0;
-  // The batch negotiation: one exchange of the ranks' queue digests. By default one AllReduce
-  // (MAX) of {-length, length, hash, -hash, bytes, -bytes}.
-  virtual Agreement Negotiate(const QueueDigest& mine);
+  // The batch negotiation: one exchange of the ranks' queue digests.
+  virtual Agreement Negotiate(const QueueDigest& mine) = 0;
   virtual int group_size() const = 0;
   // Makes a pending AllReduce (here and on the peers) fail fast: the aggregator closes with
   // requests unfinished, and the peers must not wait for this rank until their timeout.
   virtual void Abort(const std::string& why) { (void)why; }
-  // Whether AllReduce ends by itself (a transport with its own timeout): only then may a
-  // flushing thread run batches itself; otherwise it waits for the executor, under its deadline.
-  virtual bool bounded() const { return true; }
 };
 
 class CommunicatorBackend : public PacketBackend {
@@ -147,9 +143,9 @@ class Aggregator {
   // order, atomically with respect to the executor.
   std::vector<std::shared_ptr<Request>> SubmitMany(const std::vector<RequestSpec>& specs, ReduceOp op);
   // Sends everything queued now and waits until it is done (errors stay with the handles). Runs
-  // the batches on the calling thread while the executor is idle (bounded backends only), so one
-  // thread must not flush the aggregators of several ranks of a group this way (use RequestFlush +
-  // WaitFlushed). CommTimeout when no request finished for `timeout_s` seconds (< 0: the
+  // the batches on the calling thread while the executor is idle (a backend's AllReduce ends by
+  // itself: its transport has a timeout), so one thread must not flush the aggregators of several
+  // ranks of a group this way (use RequestFlush + WaitFlushed). CommTimeout when no request finished for `timeout_s` seconds (< 0: the
   // aggregator's flush_timeout); the requests stay queued or in flight.
   void Flush(double timeout_s = -1);
   void RequestFlush();  // non-blocking: mark everything queued now for the executor to send

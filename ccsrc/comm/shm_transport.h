@@ -2,9 +2,12 @@
 // group holding a header (pids, attach count, abort flag) and size*size SPSC channels
 // (layout and checks: shm_segment.h).
 //
-// Lifetime: rank 0 creates the segment (removing one of the same name only when its creator
-// process is gone; a live one is another group's: CommError naming the segment); the others
-// open it; the LAST rank to attach unlinks the name. From then on nothing is left in /dev/shm
+// Lifetime: rank 0 builds the segment under a private creation temporary named for its pid
+// (`<name>.<pid>.<n>.init`), sizes it, writes the header and publishes it under `name` with link(),
+// so the name never shows a segment without a header; an existing segment of that name is removed
+// only when stale (its creator is gone, or it is blank -- an older version's creator died before
+// writing the header -- for longer than the group timeout); a live one is another group's:
+// CommError naming the segment and why. The others open it; the LAST rank to attach unlinks the name. From then on nothing is left in /dev/shm
 // whatever happens to any rank (the kernel frees the memory when the last mapping goes). A rank
 // that gives up while waiting for the others to attach unlinks the name too.
 //
@@ -24,7 +27,8 @@ namespace mshyper::comm {
 
 class ShmTransport : public Transport {
  public:
-  // Blocks until every rank attached (or `timeout` seconds passed -> CommTimeout).
+  // Blocks until every rank attached (or `timeout` seconds passed -> CommTimeout). CommError when
+  // `name` ends like a creation temporary, or (rank 0) a segment of that name exists and is not stale.
   ShmTransport(const std::string& name, int rank, int size, size_t channel_bytes, double timeout);
   ~ShmTransport() override;
   std::string name() const override { return "shm"; }
@@ -34,8 +38,11 @@ class ShmTransport : public Transport {
   bool DirectCapable() override;
   void DirectRead(int peer, uint64_t remote, void* local, size_t n, const char* what) override;
 
-  // Removes segments named `prefix*` in /dev/shm whose creating process is gone; returns the count.
-  static int CleanupStale(const std::string& prefix);
+  // Removes from /dev/shm, among this user's names starting with `prefix`: segments whose creating
+  // process is gone, creation temporaries whose pid (in the name, and in the header where written)
+  // is gone, and blank segments (no header) unchanged for more than `blank_age_s` seconds.
+  // Never one of a live process. Returns the count removed.
+  static int CleanupStale(const std::string& prefix, double blank_age_s);
 
  protected:
   Channel& Out(int peer) override { return channels_[static_cast<size_t>(rank_) * size_ + peer]; }

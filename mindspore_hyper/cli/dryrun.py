@@ -98,14 +98,31 @@ def report_completion(args: argparse.Namespace):
 
 
 def add_predictions(report: dict, hardware) -> None:
-    """Add each mesh's predicted step time on `hardware` (`estimate.dryrun_time`) to `report`."""
+    """Add each mesh's predicted step time on `hardware` (`estimate.dryrun_time`) to `report`: each
+    program of its own (`programs`: e.g. an expert member under a routing histogram) gets its own
+    from its ops and collectives, and the mesh's `predicted` is the slowest program's (the step
+    waits for its slowest device; `slowest_devices` names them: null for the representative's, the
+    devices of no program of their own). A pipeline's stages take their slowest program each
+    (`predict_pipeline_step`)."""
     from mindspore_hyper.estimate.dryrun_time import predict_pipeline_step, predict_step
 
     for mesh in report["meshes"]:
         if "pipeline" in mesh:
             mesh["predicted"] = predict_pipeline_step(mesh, hardware).to_dict()
-        else:
-            mesh["predicted"] = predict_step(mesh, hardware, training=mesh.get("training_step", True)).to_dict()
+            continue
+        training = mesh.get("training_step", True)
+        slowest, devices = predict_step(mesh, hardware, training=training).to_dict(), None
+        for program in mesh.get("programs", ()):
+            own = dict(mesh, compute=program["compute"], collectives=program["collectives"])
+            program["predicted"] = predict_step(own, hardware, training=training).to_dict()
+            if program["predicted"]["step_seconds"] > slowest["step_seconds"]:
+                slowest, devices = program["predicted"], program["devices"]
+        mesh["predicted"] = dict(slowest, slowest_devices=devices)
+        if mesh.get("programs"):
+            mesh["predicted"]["notes"] = slowest["notes"] + [
+                f"the slowest of the mesh's {len(mesh['programs']) + 1} device programs: "
+                + ("the representative's (devices with no program of their own)" if devices is None
+                   else f"devices {devices}") + "; the step waits for it"]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ __all__ = ["ShmCommunicator", "one_way_channel", "cleanup_stale_segments", "segm
 
 SEGMENT_PREFIX = "mshyper_"
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
+DEFAULT_BLANK_AGE_S = 60.0  # seconds; an older version wrote the header milliseconds after creating the name
 _MAX_DIMS = 32  # numpy's limit: the shape descriptors all_gather exchanges
 _READABLE = 32  # characters of the group name kept readable in the segment name
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -46,9 +47,25 @@ def segment_name(name: str, token: str) -> str:
     return f"{SEGMENT_PREFIX}{_UNSAFE.sub('_', name[:_READABLE])}_{digest}"
 
 
-def cleanup_stale_segments(prefix: str = SEGMENT_PREFIX) -> int:
-    """Remove /dev/shm segments named `prefix*` whose creating process is gone; returns the count."""
-    return _C.cleanup_stale_segments(prefix)
+def cleanup_stale_segments(prefix: str = SEGMENT_PREFIX, blank_age_s: float = DEFAULT_BLANK_AGE_S) -> int:
+    """Remove this user's leftovers named `prefix*` from /dev/shm; never one of a live process.
+
+    Leftovers: segments whose creating process is gone, creation temporaries
+    (`<segment>.<pid>.<n>.init`) whose pid is gone, and blank segments (no header: an older
+    version's rank 0 died between creating the name and writing the header) whose inode has not
+    changed for more than `blank_age_s` seconds (this version never publishes a blank segment).
+
+    Args:
+        prefix: the names to look at (a leading '/' is ignored).
+        blank_age_s: seconds after which a blank segment counts as abandoned (inf: never).
+
+    Returns:
+        How many names were removed.
+
+    Raises:
+        CommError: `blank_age_s` is negative or NaN.
+    """
+    return _C.cleanup_stale_segments(prefix, float(blank_age_s))
 
 
 class ShmCommunicator(AggregatorOwner):
@@ -80,9 +97,10 @@ class ShmCommunicator(AggregatorOwner):
         if not int(max_message_bytes) > 0:
             raise ValueError(f"max_message_bytes={max_message_bytes!r}: expected a positive number of bytes")
         self.name = name
-        if int(rank) == 0:
-            # segments left by crashed runs whose peers never attached (their creator is gone)
-            cleanup_stale_segments()
+        if int(rank) == 0 and float(timeout) > 0:  # (a bad timeout is refused by the constructor below)
+            # segments left by crashed runs whose peers never attached (their creator is gone), and
+            # blank ones older than this group's timeout (as the constructor judges its own name)
+            cleanup_stale_segments(blank_age_s=float(timeout))
         seg = segment_name(name, job_token(float(timeout)) if token is None else token)
         self._g = _C.ShmCommunicator(seg, int(rank), int(size), int(channel_bytes), float(timeout))
         self._g.max_message_bytes = int(max_message_bytes)

@@ -8,7 +8,15 @@ All byte figures are per device. A DTensor's shards all have the same size, so a
 adds the same bytes to each device of its mesh (uneven torch.chunk pieces: the largest,
 device 0's). A DTensor made while a training step records gradients is held until the step
 ends (its backward needs most such activations; an upper bound
-for ops that save none); otherwise it is freed when it is garbage. Forward collectives are recorded as the
+for ops that save none); otherwise it is freed when it is garbage.
+
+The counters are the representative device's (rank 0's). Devices whose figures differ from it
+(an expert member's all-to-all bytes, expert activations, exchange buffers and experts' ops under
+a routing assumption: `moe/member_loads.py`) get a *variant*: an Accounting of their own, a copy of this
+one made at the first amount that differs (`*_by_ranks`), told every later event; `for_rank`
+gives a device's. The devices of one group (an expert member) share one variant, and devices
+whose amounts equal the representative's need none, so the work grows with the distinct programs,
+not the devices. Forward collectives are recorded as the
 redistribution planner's steps run; backward collectives by the collectives backend when a
 gradient actually passes through them (see mindspore_hyper.comm.collectives).
 """
@@ -55,6 +63,8 @@ class Accounting:
         self.parameter_reads: Dict[int, Tuple[int, int]] = {}
         # a script-driven training step's forward being noted (dtensor/step_window.py), or None
         self.window = None
+        # ranks -> the Accounting of those devices, where they differ from this (the representative)
+        self.variants: Dict[Tuple[int, ...], "Accounting"] = {}
 
     _STATE = ("live_bytes", "peak_bytes", "held_bytes", "peak_op", "_op", "micro_batch_start")
     _TABLES = ("comm", "comm_backward", "comm_causes", "comm_backward_causes", "ops", "fallbacks", "compute")
@@ -67,6 +77,7 @@ class Accounting:
         state["held_sizes"] = [Counter(c) for c in self.held_sizes]
         state["held_before"] = Counter(self.held_before)
         state["parameter_reads"] = dict(self.parameter_reads)
+        state["variants"] = {ranks: v.snapshot() for ranks, v in self.variants.items()}
         return state
 
     def restore(self, state: dict) -> None:
@@ -81,6 +92,78 @@ class Accounting:
         self.held_sizes[:] = [Counter(c) for c in state["held_sizes"]]
         self.held_before = Counter(state["held_before"])
         self.parameter_reads = dict(state["parameter_reads"])
+        self.variants = {}
+        for ranks, saved in state.get("variants", {}).items():
+            self.variants[ranks] = Accounting(self.device_num)
+            self.variants[ranks].restore(saved)
+
+    def _copy(self) -> "Accounting":
+        """A new Accounting with this one's counters (a variant's start)."""
+        copy = Accounting(self.device_num)
+        copy.restore({**self.snapshot(), "variants": {}})
+        copy.steps = self.steps
+        return copy
+
+    def for_rank(self, rank: int) -> "Accounting":
+        """The accounting of device `rank`: its variant's, else this one."""
+        for ranks, variant in self.variants.items():
+            if rank in ranks:
+                return variant
+        return self
+
+    def _each(self):
+        """This accounting and its variants (every event reaches each)."""
+        return (self, *self.variants.values()) if self.variants else (self,)
+
+    def _vary(self, amounts: Dict[Tuple[int, ...], object], act) -> None:
+        """`act(accounting, amount)` on every program: this one with the amount of the group holding
+        the lowest rank (the representative device), each variant with its group's; a group whose
+        amount differs from the representative's and has no variant gets one (a copy of this
+        accounting before the act).
+
+        Raises:
+            ValueError: the groups are empty or overlap at the lowest rank; a group cuts across a
+                variant's ranks, or leaves a variant out.
+        """
+        first = min((min(ranks) for ranks in amounts if ranks), default=None)
+        base = [ranks for ranks in amounts if first in ranks]
+        if len(base) != 1:
+            raise ValueError(f"accounting: per-device amounts over groups {list(amounts)}: expected disjoint, "
+                             "non-empty groups of ranks")
+        for ranks, amount in amounts.items():
+            variant = self.variants.get(ranks)
+            if variant is None and ranks != base[0] and amount != amounts[base[0]]:
+                cut = [k for k in self.variants if set(k) & set(ranks)]
+                if cut:
+                    raise ValueError(f"accounting: devices {ranks} differ from the representative but overlap "
+                                     f"the programs {cut}; expected the same device groups in every call")
+                variant = self.variants[ranks] = self._copy()
+            if variant is not None:
+                act(variant, amount)
+        for ranks, variant in self.variants.items():
+            if ranks not in amounts:
+                raise ValueError(f"accounting: per-device amounts over groups {list(amounts)} leave out the "
+                                 f"program of devices {ranks}; expected the same device groups in every call")
+        act(self, amounts[base[0]])
+
+    def allocate_by_ranks(self, amounts: Dict[Tuple[int, ...], int]) -> None:
+        """`allocate` an amount that differs between groups of devices (ranks -> bytes)."""
+        self._vary(amounts, Accounting._allocate)
+
+    def free_by_ranks(self, amounts: Dict[Tuple[int, ...], int]) -> None:
+        """`free` an amount that differs between groups of devices (ranks -> bytes)."""
+        self._vary(amounts, Accounting._free)
+
+    def hold_by_ranks(self, amounts: Dict[Tuple[int, ...], int]) -> None:
+        """`hold` an amount that differs between groups of devices (ranks -> bytes)."""
+        self._vary(amounts, Accounting._hold)
+
+    def record_comm_by_ranks(self, kind: str, axis: str, amounts: Dict[Tuple[int, ...], int],
+                             cause: Optional[str] = None) -> None:
+        """`record_comm` of a collective whose bytes sent differ between groups of devices (ranks ->
+        bytes sent, which are also the input bytes)."""
+        cause = current_cause() if cause is None else cause
+        self._vary(amounts, lambda acc, n: acc._record_comm(kind, axis, n, n, False, cause))
 
     def reset_step(self) -> None:
         """Clear per-step counters: the last step's held activations are released and the peak
@@ -101,28 +184,43 @@ class Accounting:
         self.micro_batch_start = 0
         self.parameter_reads.clear()
         self.peak_op = self._op = ""
+        self.variants = {}  # a new step's devices start alike
 
     def release_held(self) -> None:
         """Free the held activations (a micro-batch's, when the step's next one starts); the step's
         timeline and other counters go on."""
+        for acc in self.variants.values():
+            acc.release_held()
         self.live_bytes -= self.held_bytes
         self.held_bytes = 0
         self.held_before = Counter()
         self.micro_batch_start = len(self.timeline)
 
     def allocate(self, nbytes: int) -> None:
+        for acc in self._each():
+            acc._allocate(nbytes)
+
+    def free(self, nbytes: int) -> None:
+        for acc in self._each():
+            acc._free(nbytes)
+
+    def hold(self, nbytes: int) -> None:
+        """Allocate `nbytes` kept until the step ends (`reset_step`)."""
+        for acc in self._each():
+            acc._hold(nbytes)
+
+    def _allocate(self, nbytes: int) -> None:
         if self.window is not None:
             self.window.note(nbytes, len(self.timeline))
         self.live_bytes += nbytes
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes, self.peak_op = self.live_bytes, self._op
 
-    def free(self, nbytes: int) -> None:
+    def _free(self, nbytes: int) -> None:
         self.live_bytes -= nbytes
 
-    def hold(self, nbytes: int) -> None:
-        """Allocate `nbytes` kept until the step ends (`reset_step`)."""
-        self.allocate(nbytes)
+    def _hold(self, nbytes: int) -> None:
+        self._allocate(nbytes)
         self.held_bytes += nbytes
         sizes = self.held_sizes[-1] if len(self.timeline) > self.micro_batch_start else self.held_before
         sizes[nbytes] += 1
@@ -131,16 +229,26 @@ class Accounting:
                     backward: bool = False, cause: Optional[str] = None) -> None:
         """One collective over `axis` ("a+b" for several axes): bytes one device sends, its local
         input size, and what caused it (None: the current `collective_cause`; "": unknown)."""
+        cause = current_cause() if cause is None else cause
+        for acc in self._each():
+            acc._record_comm(kind, axis, send_bytes, input_bytes, backward, cause)
+
+    def _record_comm(self, kind: str, axis: str, send_bytes: int, input_bytes: int, backward: bool,
+                     cause: str) -> None:
         entry = (self.comm_backward if backward else self.comm)[(kind, axis)]
         entry[0] += 1
         entry[1] += send_bytes
         entry[2] += input_bytes
         causes = (self.comm_backward_causes if backward else self.comm_causes)[(kind, axis)]
-        causes[current_cause() if cause is None else cause] += 1
+        causes[cause] += 1
 
     def record_op(self, op_name: str, tensors: Sequence = ()) -> None:
         """One op on DTensors dispatched (by its MindSpore name): it starts at the live bytes now;
         of its input `tensors`, those laying out a model parameter are recorded as read by it."""
+        for acc in self._each():
+            acc._record_op(op_name, tensors)
+
+    def _record_op(self, op_name: str, tensors: Sequence) -> None:
         self.ops[op_name] += 1
         self.timeline.append((op_name, self.live_bytes))
         self.held_sizes.append(Counter())
@@ -153,10 +261,26 @@ class Accounting:
 
     def record_compute(self, op_name: str, flops: int, nbytes: int) -> None:
         """One forward op's work on one device: FLOPs and bytes read and written (`dtensor.op_cost`)."""
-        self.compute[(op_name, int(flops), int(nbytes))] += 1
+        for acc in self._each():
+            acc.compute[(op_name, int(flops), int(nbytes))] += 1
+
+    def record_compute_calls(self, calls: Sequence[Tuple[str, int, int]]) -> None:
+        """`record_compute` of several op calls, each (op name, FLOPs, bytes) of one device."""
+        for acc in self._each():
+            acc._add_compute(calls)
+
+    def record_compute_by_ranks(self, calls: Dict[Tuple[int, ...], Tuple[Tuple[str, int, int], ...]]) -> None:
+        """`record_compute_calls` of op calls that differ between groups of devices (ranks ->
+        (op name, FLOPs, bytes) per call: an expert member's experts on its own rows)."""
+        self._vary(calls, Accounting._add_compute)
+
+    def _add_compute(self, calls) -> None:
+        for op_name, flops, nbytes in calls:
+            self.compute[(op_name, int(flops), int(nbytes))] += 1
 
     def record_fallback(self, op_name: str) -> None:
-        self.fallbacks[op_name] += 1
+        for acc in self._each():
+            acc.fallbacks[op_name] += 1
 
 
 def _copy(value):

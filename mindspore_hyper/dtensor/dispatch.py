@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mindspore import Parameter, Tensor, ops
 from mindspore._c_expression import NoFallbackGuard
@@ -395,6 +395,7 @@ def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] 
         else:
             previous = set_cause(op_cause("redistribute for", call.name, i, _cell_of(execution, call)))
             try:
+                t, fan = _sum_parameter_first(execution, t, fan)
                 moved, fused = t.redistribute_with_fusion(layout, grad_partial_axes=fan)
                 fan = [a for a in fan if a not in fused]
                 if fan:  # a parameter's gradient summed over devices it is replicated on: its grad sync
@@ -546,12 +547,50 @@ def _drain_pipeline() -> None:
         pass
 
 
-def _fan_out(execution, t: DTensor, fan: List[int]) -> DTensor:
+def _sum_parameter_first(execution, t: DTensor, fan: List[int]) -> Tuple[DTensor, List[int]]:
+    """(`t`, `fan`) with a model parameter's gradient sum over the `fan` axes `t` is replicated
+    on taken before `t` is redistributed: `t` a parameter (or a cast of one to its own dtype and
+    layout, MindSpore's LayerNorm's; not inside a Cell whose mixed-precision type casts it)
+    passes the runtime's parameter hook along those axes, and the rest of `fan` (axes the
+    redistribution's gathers may take over) is returned. Summed
+    after the move instead, the sum would be a plain collective of the moved copy run in every
+    micro-batch's backward (under msrun `k` sums a step with gradient accumulation, the
+    runtime's one deferred sum a step otherwise), and over the moved copy's bytes."""
+    slot = _summed_parameter(execution, t)
+    cast = bfloat16_emulation.cell_cast_dtype()
+    if slot is None or (cast is not None and cast != t.dtype):
+        # in a Cell of another mixed-precision dtype (`to_float`) MindSpore casts the hook's node
+        # too: the parameter is read as a cast to another dtype, summed after the move
+        return t, fan
+    first = [a for a in fan if a not in significant_axes(t.layout)]
+    if not first:
+        return t, fan
+    return _fan_out(execution, t, first, slot), [a for a in fan if a not in first]
+
+
+def _summed_parameter(execution, t: DTensor):
+    """The slot of the model parameter whose gradient `t`'s gradient adds to as it is: `t`
+    lays the parameter out, or is a cast of it to its own dtype with its layout (the cast's
+    backward an identity); None otherwise (a cast to another dtype is summed in that dtype by
+    the backend's fan-out)."""
+    if execution.parameter_fan_out is None:
+        return None
+    if t._parameter_id is not None:
+        return execution.parameters.get(t._parameter_id)
+    slot = execution.parameters.get(t._cast_of) if t._cast_of is not None else None
+    if slot is None or t.dtype != slot.param.dtype or t.layout != slot.layout:
+        return None
+    return slot
+
+
+def _fan_out(execution, t: DTensor, fan: List[int], slot=None) -> DTensor:
     """`t` read by an op sharded over mesh axes `fan` along which `t` is replicated: each
     distinct shard passes the backend's fan-out (identity forward, gradients summed over the
-    group in backward); a model parameter's gradient sum goes through the runtime's hook."""
+    group in backward); a model parameter's gradient sum (`t` the parameter, or `slot` the
+    parameter `t`'s gradient adds to) goes through the runtime's hook."""
     axes = significant_axes(t.layout)
-    slot = execution.parameters.get(t._parameter_id) if t._parameter_id is not None else None
+    if slot is None and t._parameter_id is not None:
+        slot = execution.parameters.get(t._parameter_id)
     shards = {}
     for key, shard in t.shards.items():
         group = execution.group(fan, dict(zip(axes, key)))
@@ -561,7 +600,7 @@ def _fan_out(execution, t: DTensor, fan: List[int]) -> DTensor:
             shards[key] = execution.collectives.fan_out(shard, group)
     with execution.uncounted():  # the same bytes as `t`
         out = DTensor._create(t.layout, shards, t.global_shape, t.dtype, execution)
-    out._parameter_id = t._parameter_id
+    out._parameter_id, out._cast_of = t._parameter_id, t._cast_of
     return out
 
 

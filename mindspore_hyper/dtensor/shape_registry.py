@@ -9,9 +9,12 @@ from typing import Any, Callable, Dict, List
 
 import mindspore as ms
 from mindspore import Tensor
+from mindspore.common.initializer import Zero
 from mindspore.ops.primitive import Primitive
 
-__all__ = ["SHAPE_RULES", "shape_rule", "infer", "ShapeRuleError", "describe", "user_line"]
+from mindspore_hyper.bfloat16_emulation import cell_cast_dtype
+
+__all__ = ["SHAPE_RULES", "UNCAST_VIEW_OPS", "shape_rule", "infer", "ShapeRuleError", "describe", "user_line"]
 
 Rule = Callable[[List[Any], Dict[str, Any], Dict[str, Any]], Any]
 SHAPE_RULES: Dict[str, Rule] = {}
@@ -51,6 +54,9 @@ def infer(func, args, kwargs, name: str = None) -> Any:
         raise ShapeRuleError(f"{name}: the dry run has no shape rule for this op{' (' + where + ')' if where else ''}; "
                              f"inputs {describe(inputs)}. Add one to mindspore_hyper/dtensor/shape_rules.py, "
                              "or run the script in simulation at a size this machine holds")
+    cast = cell_cast_dtype() if name not in UNCAST_VIEW_OPS else None
+    if cast is not None:  # a Cell with a mixed-precision type runs: its kernels get its dtype
+        inputs, kwargs = _cast_floats(inputs, cast), dict(zip(kwargs, _cast_floats(list(kwargs.values()), cast)))
     try:
         out = rule(inputs, dict(kwargs), attrs)
     except ShapeRuleError:
@@ -62,6 +68,38 @@ def infer(func, args, kwargs, name: str = None) -> Any:
     grad = any(getattr(t, "grad_path", False) for t in _tensors(inputs) + _tensors(list(kwargs.values())))
     for t in _tensors(out if isinstance(out, (tuple, list)) else [out]):
         t.grad_path = grad and _is_float(t.dtype)
+    return out
+
+
+# ops MindSpore's kernel launch does not cast to a mixed-precision Cell's dtype (views and
+# copies keep their input's dtype; checked on MindSpore 2.10 by running each inside a Cell made
+# float16 by `to_float`: Reshape, Transpose, permute, view, flatten, narrow, chunk, expand_dims,
+# squeeze, unsqueeze, broadcast_to, a split into equal parts, indexing by an int, contiguous,
+# copy and astype kept float32, while ops.split into a list of sizes and unbind were cast)
+UNCAST_VIEW_OPS = frozenset({
+    "Reshape", "View", "Transpose", "TransposeView", "TransposeExtView", "TransposeExt", "Permute", "Flatten",
+    "FlattenExt", "Narrow", "NarrowView", "Chunk", "ChunkView", "ExpandDims", "ExpandDimsView", "Squeeze",
+    "Unsqueeze", "BroadcastTo", "BroadcastToView", "Split", "SplitTensor", "SplitTensorView", "SelectExtView",
+    "Contiguous", "Clone", "Copy", "Cast", "DeprecatedTranspose", "DeprecatedReshape", "DeprecatedSplit"})
+
+
+def _cast_floats(values: List[Any], dtype) -> List[Any]:
+    """`values` with every float tensor of another dtype as a MetaTensor of `dtype` (lists and
+    tuples of tensors too): MindSpore's kernel launch casts a mixed-precision Cell's float inputs
+    so (amp O2/O3, `Cell.to_float`), the float32 weights among them. A cast input is a
+    placeholder of its own class (a MetaTensor stays one) that is never materialised."""
+    out = []
+    for v in values:
+        if isinstance(v, Tensor) and _is_float(v.dtype) and v.dtype != dtype:
+            cast = Tensor(shape=tuple(v.shape), dtype=dtype, init=Zero())
+            if type(v) is not Tensor:
+                cast = Tensor._make_subclass(type(v), cast)
+                cast.grad_path = getattr(v, "grad_path", False)
+            out.append(cast)
+        elif isinstance(v, (list, tuple)) and any(isinstance(x, Tensor) for x in v):
+            out.append(type(v)(_cast_floats(list(v), dtype)))
+        else:
+            out.append(v)
     return out
 
 

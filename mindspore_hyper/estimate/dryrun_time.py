@@ -118,6 +118,29 @@ def _collective_seconds(rows, shape, names, hardware: Hardware) -> Dict[str, flo
     return by_axis
 
 
+# causes of the once-per-step gradient sums and ZeRO gathers (`comm/collective_cause.py`)
+_PER_STEP_CAUSES = ("grad sync of ", "optimizer ZeRO gather of ")
+
+
+def _once_per_step(row: dict, data_axis) -> bool:
+    """Whether a backward collective row is a gradient sum (or ZeRO gather) made once per step,
+    after the schedule: on the data axis, or caused only by gradient syncs and ZeRO gathers on
+    any axis (the non-expert parameters' sums over the expert axis, which also splits tokens)."""
+    causes = row.get("causes") or {}
+    return row["axis"] == data_axis or (bool(causes) and all(c.startswith(_PER_STEP_CAUSES) for c in causes))
+
+
+def _stage_costs(stage: dict, data_axis, shape, names, hardware: Hardware):
+    """One stage program's microbatch costs: (op seconds, forward collectives by axis, backward
+    collectives other than the once-per-step gradient sums by axis, those sums by axis, FLOPs)."""
+    ops = _compute_seconds(stage["compute"], hardware)
+    fwd = _collective_seconds([r for r in stage["collectives"] if r["phase"] == "forward"], shape, names, hardware)
+    bwd_rows = [r for r in stage["collectives"] if r["phase"] == "backward"]
+    sync = _collective_seconds([r for r in bwd_rows if _once_per_step(r, data_axis)], shape, names, hardware)
+    bwd = _collective_seconds([r for r in bwd_rows if not _once_per_step(r, data_axis)], shape, names, hardware)
+    return ops, fwd, bwd, sync, sum(r["calls"] * r["flops"] for r in stage["compute"])
+
+
 def predict_pipeline_step(mesh: dict, hardware: Hardware) -> StepPrediction:
     """The step time of a pipelined step (a report's mesh entry with a "pipeline" part): the
     schedule simulated (`schedule.simulation`) with each virtual stage's cost of one microbatch
@@ -128,7 +151,12 @@ def predict_pipeline_step(mesh: dict, hardware: Hardware) -> StepPrediction:
     its backward recomputes the forward (the pipeline's full recomputation) and differentiates it
     (twice the forward's ops), plus its backward collectives other than the data-parallel
     gradient sums: the full backward is 3 x the ops plus those collectives, split evenly between
-    the input- and weight-gradient halves.
+    the input- and weight-gradient halves. A stage with device programs of their own (`programs`:
+    its expert members under a routing histogram) costs its slowest program's: its members
+    exchange rows every MoE layer, so each waits for the slowest (taken over the whole stage, a
+    lower bound where different members are slowest in different layers). `flops` is one
+    device's: the FLOPs of the stages its pipeline rank holds (forward, recompute and backward:
+    3 x the forward's per microbatch), of the busiest rank.
 
     Raises:
         ValueError: a mesh group larger than the hardware's largest domain.
@@ -136,16 +164,16 @@ def predict_pipeline_step(mesh: dict, hardware: Hardware) -> StepPrediction:
     part = mesh["pipeline"]
     shape, names = mesh["shape"], mesh["dim_names"]
     data_axis = part.get("data_axis")
-    forward, backward, grad_sync, by_axis, flops = [], [], 0.0, {}, 0.0
+    forward, backward, grad_sync, by_axis, stage_flops_list = [], [], 0.0, {}, []
     num_virtual = part["stages"] * part["chunks"]
     for s in range(num_virtual):
         stage = part["per_stage"].get(str(s), {"compute": [], "collectives": []})
-        ops = _compute_seconds(stage["compute"], hardware)
-        flops += 3 * part["microbatches"] * sum(r["calls"] * r["flops"] for r in stage["compute"])
-        fwd = _collective_seconds([r for r in stage["collectives"] if r["phase"] == "forward"], shape, names, hardware)
-        bwd_rows = [r for r in stage["collectives"] if r["phase"] == "backward"]
-        sync = _collective_seconds([r for r in bwd_rows if r["axis"] == data_axis], shape, names, hardware)
-        bwd = _collective_seconds([r for r in bwd_rows if r["axis"] != data_axis], shape, names, hardware)
+        # the stage's slowest device program (its expert members exchange every layer: they wait for
+        # it), by its forward + backward: 4 x its ops plus its collectives
+        ops, fwd, bwd, sync, stage_flops = max(
+            (_stage_costs(program, data_axis, shape, names, hardware) for program in (stage, *stage.get("programs", ()))),
+            key=lambda c: 4 * c[0] + sum(c[1].values()) + sum(c[2].values()))
+        stage_flops_list.append(3 * part["microbatches"] * stage_flops)
         forward.append(ops + sum(fwd.values()))
         backward.append(3 * ops + sum(bwd.values()))
         grad_sync = max(grad_sync, sum(sync.values()))
@@ -165,6 +193,12 @@ def predict_pipeline_step(mesh: dict, hardware: Hardware) -> StepPrediction:
     timeline = simulate_schedule(schedule, forward=forward, backward_input=[b / 2 for b in backward],
                                  backward_weight=[b / 2 for b in backward], p2p=latency)
     compute = timeline.makespan
+    # one device's FLOPs: a device holds the virtual stages of its pipeline rank only; the
+    # busiest rank's (every stage's FLOPs summed would count the whole pipeline's work)
+    per_rank = [0.0] * part["stages"]
+    for stage, rank in enumerate(schedule.stage_to_rank):
+        per_rank[rank] += stage_flops_list[stage]
+    flops = max(per_rank)
     notes = [f"{part['schedule']} over {part['stages']} pipeline ranks x {part['chunks']} chunk(s), "
              f"{part['microbatches']} microbatches, simulated with per-stage roofline costs (backward = "
              f"recompute + 2 x forward) and {latency * 1e6:.1f} us per activation send; bubble "

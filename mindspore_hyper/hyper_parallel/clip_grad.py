@@ -10,7 +10,8 @@ pieces sees only its own (too small a norm whenever a Parameter is split). Here 
 piece's squares only if it is the first replica of that piece (`runtime.grad_clip.counted_once`:
 coordinate 0 on every mesh axis the layout leaves unsplit), then one float64 AllReduce per mesh
 (in the order the meshes first appear among the parameters, the same on every process) adds the
-pieces of every sharded axis (the mesh's report lists it: "clip grad norm", 8 bytes). A DTensor
+pieces of every sharded axis: the runtime's `GradientSync.sum_scalar`, as for the models' norms
+(the mesh's report lists it: "clip grad norm", 8 bytes; nothing on a mesh of one device). A DTensor
 gradient is taken as it is laid out, its Partial placements reduced first (`reduce_partial`). A
 gradient of a Parameter the API did not lay out is the same on every process (replicated):
 counted once, with no communication, as torch does.
@@ -29,10 +30,9 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn
 
 from mindspore_hyper.comm.collective_cause import CLIP_NORM_CAUSE, GRAD_NORM_CAUSE
-from mindspore_hyper.comm.collectives import ring_send_bytes
 from mindspore_hyper.dtensor.dtensor import DTensor
 from mindspore_hyper.hyper_parallel.session import mesh_of
-from mindspore_hyper.runtime.gradient_sync import SCALAR_BYTES
+from mindspore_hyper.runtime.gradient_sync import GradientSync
 from mindspore_hyper.runtime.grad_clip import check_max_norm, counted_once, scale_to_norm, square_sum
 
 __all__ = ["clip_grad_norm_", "clip_grads_by_global_norm", "global_grad_norm"]
@@ -125,16 +125,12 @@ def global_grad_norm(parameters: Union[nn.Cell, Parameter, Iterable[Parameter]],
 
 
 def _sum_over_mesh(execution, value: float, cause: str) -> float:
-    """`value` summed over the processes of `execution`'s mesh: one float64 AllReduce over the
-    whole mesh, recorded in the mesh's report under `cause` in every mode (in simulation, where
-    `value` is the sum already, what each device would run)."""
+    """`value` summed over the processes of `execution`'s mesh: the runtime's scalar AllReduce
+    (`GradientSync.sum_scalar`, one float64 over the whole mesh), recorded in the mesh's report
+    under `cause` in every mode (in simulation, where `value` is the sum already, what each
+    device would run)."""
     group = execution.group(tuple(range(len(execution.mesh.device_matrix))), {})
-    if group.size > 1:
-        sent = ring_send_bytes("AllReduce", group.size, SCALAR_BYTES)
-        execution.accounting.record_comm("AllReduce", group.axis, sent, SCALAR_BYTES, backward=True, cause=cause)
-    if execution.holds_all_ranks:
-        return value
-    return float(execution.collectives.communicator(group).all_reduce(np.array([value], np.float64))[0])
+    return GradientSync(execution.accounting, execution.collectives).sum_scalar(value, group, cause)
 
 
 def _held_grad(param: Parameter):

@@ -31,7 +31,8 @@ import numpy as np
 from mindspore_hyper.hyper_parallel.session import (
     RankDependentError, calling_rank, current_meshes, execution_for, holds_all_ranks, job_size,
 )
-from mindspore_hyper.hyper_parallel.mesh_reshape import flattened, unflattened
+from mindspore_hyper.hyper_parallel.mesh_from_group import mesh_from_group
+from mindspore_hyper.hyper_parallel.mesh_reshape import flatten_mesh, unflatten_mesh
 from mindspore_hyper.hyper_parallel.rank_threads import thread_rank
 from mindspore_hyper.shard.layout import Layout
 from mindspore_hyper.shard.placement import Partial, Placement, Replicate, Shard
@@ -50,14 +51,17 @@ class DeviceMesh:
             machine's CPU in simulation and under msrun.
         mesh: the job's ranks of its devices, an n-dimensional array-like of distinct ranks
             (all of the job's or some of them).
-        mesh_dim_names: one unique name per dimension (default "dim0", "dim1", ...).
+        mesh_dim_names: one unique name per dimension. Without them the dimensions are called
+            "dim0", "dim1", ... in reports, and the mesh cannot be sliced (`mesh["dp"]`).
+        _init_backend: False: no process groups (`init_device_mesh(init_backend=False)`).
 
     Raises:
         ValueError: an unknown device type, repeated or negative ranks, or names that do not
-            match the dimensions.
+            match the dimensions (upstream's messages).
     """
 
-    def __init__(self, device_type: str, mesh, *, mesh_dim_names: Optional[Sequence[str]] = None):
+    def __init__(self, device_type: str, mesh, *, mesh_dim_names: Optional[Sequence[str]] = None,
+                 _init_backend: bool = True):
         if not isinstance(device_type, str) or device_type.lower() not in DEVICE_TYPES:
             raise ValueError(f"DeviceMesh: device_type={device_type!r}; expected one of {DEVICE_TYPES}")
         ranks = np.asarray(mesh.asnumpy() if hasattr(mesh, "asnumpy") else mesh)
@@ -66,16 +70,14 @@ class DeviceMesh:
         flat = [int(r) for r in ranks.reshape(-1)]
         if len(set(flat)) != len(flat) or min(flat) < 0:
             raise ValueError(f"DeviceMesh: mesh={flat}: expected distinct non-negative ranks (rank_list)")
-        if mesh_dim_names is None:
-            mesh_dim_names = tuple(f"dim{i}" for i in range(ranks.ndim))
-        if len(tuple(mesh_dim_names)) != ranks.ndim:
-            raise ValueError(f"DeviceMesh: mesh_dim_names={tuple(mesh_dim_names)} has {len(tuple(mesh_dim_names))} "
-                             f"names for a {ranks.ndim}-dimensional mesh of shape {ranks.shape}")
+        named = mesh_dim_names is not None
+        mesh_dim_names = _checked_names(mesh_dim_names, ranks.shape) if named else tuple(
+            f"dim{i}" for i in range(ranks.ndim))
         members = tuple(sorted(flat))
         root = Layout(tuple(int(n) for n in ranks.shape), tuple(mesh_dim_names),
                       rank_list=[members.index(r) for r in flat])
         self._init(device_type.lower(), root, tuple(range(root.ndim)), members, 1,
-                   MeshFamily(root))
+                   MeshFamily(root, named, _init_backend))
 
     def view(self, dims: Tuple[int, ...]) -> "DeviceMesh":
         """The mesh along the root's dimensions `dims` (indices into `root`), on the same devices."""
@@ -112,6 +114,27 @@ class DeviceMesh:
         return self.shape[self._dim_index(mesh_dim)]
 
     @property
+    def mesh_shape(self) -> Tuple[int, ...]:
+        """Upstream's name for `shape`."""
+        return self.shape
+
+    @property
+    def rank_list(self) -> Tuple[int, ...]:
+        """The job's ranks of this mesh, row-major (upstream's; a sub-mesh's depend on the calling rank)."""
+        return tuple(int(r) for r in self.mesh.reshape(-1))
+
+    @property
+    def root_mesh(self) -> Optional["DeviceMesh"]:
+        """The mesh this one was sliced, flattened or unflattened from (upstream's `root_mesh`); None
+        for that mesh itself."""
+        if self.is_family_root():
+            return None
+        root = DeviceMesh.__new__(DeviceMesh)
+        root._init(self.device_type, self.family.root, tuple(range(self.family.root.ndim)), self.members,
+                   self.copies, self.family)
+        return root
+
+    @property
     def mesh(self) -> np.ndarray:
         """The job's ranks of this mesh as an array (a sub-mesh's, and a mesh of several copies',
         depend on the calling rank)."""
@@ -135,7 +158,15 @@ class DeviceMesh:
         return mesh_dim % self.ndim
 
     def __getitem__(self, names: Union[str, Sequence[str]]) -> "DeviceMesh":
-        """The sub-mesh along the named dimension(s), e.g. `mesh["tp"]`, `mesh["dp", "tp"]`."""
+        """The sub-mesh along the named dimension(s), e.g. `mesh["tp"]`, `mesh["dp", "tp"]`.
+
+        Raises:
+            RuntimeError: the mesh was made without mesh_dim_names (upstream's and torch's rule).
+            KeyError: an unknown or repeated name.
+        """
+        if not self.family.named:
+            raise RuntimeError(f"Cannot slice a DeviceMesh without mesh_dim_names! ({self!r} was made without "
+                               "mesh_dim_names: pass mesh_dim_names=... to init_device_mesh or DeviceMesh)")
         names = (names,) if isinstance(names, str) else tuple(names)
         if len(names) == 1 and names[0] not in self.mesh_dim_names and names[0] in self.family.flattened:
             if not self.is_family_root():
@@ -171,60 +202,12 @@ class DeviceMesh:
 
     def _unflatten(self, dim: Union[int, str], mesh_sizes: Sequence[int], mesh_dim_names: Sequence[str],
                    backend_override: Optional[dict] = None) -> "DeviceMesh":
-        """This mesh with dimension `dim` split row-major into `mesh_sizes` named `mesh_dim_names`
-        (torch's `DeviceMesh._unflatten`): (8,) unflattened to (2, 2, 2) is
-        [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]; a sub-mesh stays a sub-mesh through the calling rank.
-
-        Args:
-            dim: the dimension to split, index or name.
-            mesh_sizes: positive ints whose product is that dimension's size.
-            mesh_dim_names: one new name per size.
-            backend_override: torch's per-dimension process-group backend ({name or index:
-                backend}, "fake" for none): its keys are checked; no effect here, where a
-                dimension's group is made when a collective needs it, on this package's transport.
-
-        Returns:
-            The unflattened mesh (same devices; DTensors on it are laid out on its own root).
-
-        Raises:
-            ValueError: an unknown dim, sizes whose product is not the dimension's size, a name
-                count that differs from the sizes', a repeated name or an unknown override key.
-        """
-        what = (f"DeviceMesh._unflatten(dim={dim!r}, mesh_sizes={tuple(mesh_sizes)}, "
-                f"mesh_dim_names={tuple(mesh_dim_names)})")
-        return self._reshaped(unflattened(self._root_ranks(), self.root.alias_names, self.dims, dim, mesh_sizes,
-                                          mesh_dim_names, backend_override, what))
+        """torch's `DeviceMesh._unflatten`: see `mesh_reshape.unflatten_mesh`."""
+        return unflatten_mesh(self, dim, mesh_sizes, mesh_dim_names, backend_override)
 
     def _flatten(self, mesh_dim_name: Optional[str] = None, backend_override=None) -> "DeviceMesh":
-        """This mesh's dimensions as one (torch's `DeviceMesh._flatten`) named `mesh_dim_name`
-        (default: the names joined by "_"), the first varying slowest: (2, 2, 2) ("dp", "cp", "tp")
-        flattened along ["dp", "tp"] is [0, 1, 4, 5] through rank 0. It is registered with the
-        family root, whose `root[name]` and `get_group(name)` then find it.
-
-        Args:
-            mesh_dim_name: the flattened dimension's name.
-            backend_override: torch's process-group backend for it; no effect (see `_unflatten`).
-
-        Returns:
-            The 1-D mesh (this mesh itself when it is 1-D and already has that name).
-
-        Raises:
-            ValueError: the name is one of the root's names, or an earlier `_flatten` gave the
-                same name to other devices.
-        """
-        name = mesh_dim_name or "_".join(self.mesh_dim_names)
-        if self.ndim == 1 and name in self.mesh_dim_names:
-            return self
-        what = f"DeviceMesh._flatten({name!r}) of {self.mesh_dim_names}"
-        if not isinstance(name, str) or name in self.family.root_names:
-            raise ValueError(f"{what}: expected a string that is not already a dimension of the root mesh "
-                             f"{self.family.root_names}; choose another name")
-        flat = self._reshaped(flattened(self._root_ranks(), self.root.alias_names, self.dims, name, what))
-        earlier = self.family.flattened.setdefault(name, flat)
-        if earlier != flat:
-            raise ValueError(f"{what}: a flattened mesh named {name!r} was made before on other devices "
-                             f"({earlier}); choose another name")
-        return earlier
+        """torch's `DeviceMesh._flatten`: see `mesh_reshape.flatten_mesh`."""
+        return flatten_mesh(self, mesh_dim_name, backend_override)
 
     # -- the calling process -----------------------------------------------------------------
     def _local_rank(self, what: str) -> int:
@@ -262,6 +245,9 @@ class DeviceMesh:
         """The process group along `mesh_dim` through this process (`ProcessGroup`)."""
         from mindspore_hyper.hyper_parallel.process_group import ProcessGroup
 
+        if not self.family.init_backend:
+            raise RuntimeError(f"DeviceMesh.get_group: process groups not initialized ({self!r} was made with "
+                               "init_backend=False); make the mesh with init_backend=True (the default)")
         if isinstance(mesh_dim, str) and mesh_dim not in self.mesh_dim_names and mesh_dim in self.family.flattened:
             return self.family.flattened[mesh_dim].get_group()  # torch: the root's flattened dimensions
         if mesh_dim is None and self.ndim != 1:
@@ -269,6 +255,13 @@ class DeviceMesh:
         local = self._local_rank("get_group()")
         dim = self.dims[self._dim_index(mesh_dim or 0)]
         return ProcessGroup(tuple(self.members[r] for r in self.root.axis_group(local, [dim])))
+
+    @staticmethod
+    def from_group(group, device_type: str, mesh=None,
+                   mesh_dim_names: Optional[Sequence[str]] = None) -> "DeviceMesh":
+        """A mesh over existing process groups (upstream's and torch's `DeviceMesh.from_group`):
+        see `mesh_from_group.mesh_from_group`, which documents the arguments and refusals."""
+        return mesh_from_group(DeviceMesh, group, device_type, mesh, mesh_dim_names)
 
     # -- layouts -----------------------------------------------------------------------------
     def tensor_layout(self, placements, ndim: int, base: Optional[TensorLayout] = None) -> TensorLayout:
@@ -339,12 +332,41 @@ class DeviceMesh:
 
 class MeshFamily:
     """What the meshes derived from one constructed mesh share (torch's root mesh): that mesh's
-    Layout and the meshes `_flatten` made from any of them, by name."""
+    Layout, the meshes `_flatten` made from any of them, by name, whether its dimensions were
+    named (`named`: an unnamed mesh cannot be sliced) and whether it has process groups
+    (`init_backend`: `get_group` is refused without)."""
 
-    def __init__(self, root: Layout):
+    def __init__(self, root: Layout, named: bool = True, init_backend: bool = True):
         self.root = root
         self.root_names = root.alias_names
+        self.named = named
+        self.init_backend = init_backend
         self.flattened: Dict[str, DeviceMesh] = {}
+
+
+INTERLEAVED = "interleaved_parallel"
+
+
+def _checked_names(mesh_dim_names: Sequence[str], shape: Tuple[int, ...]) -> Tuple[str, ...]:
+    """`mesh_dim_names` checked as upstream checks them (its messages), as a tuple.
+
+    Raises:
+        ValueError: not one distinct name per dimension; upstream's virtual dimension
+            "interleaved_parallel" anywhere (not last: upstream's error; last: not supported here).
+    """
+    names = tuple(mesh_dim_names)
+    if len(names) != len(shape):
+        raise ValueError(f"DeviceMesh: mesh dimensions ({len(shape)}, shape {tuple(shape)}) should be equal to "
+                         f"mesh_dim_names length ({len(names)}): mesh_dim_names={names}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"DeviceMesh: Each element of mesh_dim_names {names} should be different")
+    if INTERLEAVED in names and names.index(INTERLEAVED) != len(names) - 1:
+        raise ValueError(f"DeviceMesh: mesh_dim_names={names}: 'interleaved_parallel' should be at the last dim of "
+                         "mesh_dim_names, means virtual sharding.")
+    if INTERLEAVED in names:
+        raise ValueError(f"DeviceMesh: mesh_dim_names={names}: the virtual dimension 'interleaved_parallel' "
+                         "(upstream's interleaved sharding) is not supported; name a real mesh dimension")
+    return names
 
 
 def _is_alias(entry) -> bool:
@@ -353,7 +375,7 @@ def _is_alias(entry) -> bool:
 
 def init_device_mesh(device_type: str, mesh_shape: Sequence[int], *,
                      mesh_dim_names: Optional[Sequence[str]] = None,
-                     rank_list: Optional[Sequence[int]] = None) -> DeviceMesh:
+                     rank_list: Optional[Sequence[int]] = None, init_backend: bool = True) -> DeviceMesh:
     """A mesh of `mesh_shape` (row-major over its ranks), made the current mesh.
 
     Its ranks, as upstream's: `rank_list` when given; else, for n = prod(mesh_shape) devices in a
@@ -365,6 +387,9 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int], *,
         mesh_shape: positive ints; their product is at most the job's device count.
         mesh_dim_names: one name per dimension.
         rank_list: the job's ranks of the mesh, row-major (prod(mesh_shape) distinct ranks).
+        init_backend: False: the mesh has no process groups (upstream's flag): `get_group` is
+            refused; its DTensors' collectives still run (this package makes a group when a
+            collective needs it).
 
     Raises:
         ValueError: a bad shape or rank_list, more devices than the job has, or (without
@@ -393,7 +418,10 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int], *,
         rank = 0 if holds_all_ranks() and thread_rank() is None else calling_rank("init_device_mesh")
         base = rank - rank % size
         ranks = list(range(base, base + size))
-    mesh = DeviceMesh(device_type, np.array(ranks).reshape(shape), mesh_dim_names=mesh_dim_names)
+    if not isinstance(init_backend, bool):
+        raise ValueError(f"init_device_mesh: init_backend={init_backend!r}; expected a bool")
+    mesh = DeviceMesh(device_type, np.array(ranks).reshape(shape), mesh_dim_names=mesh_dim_names,
+                      _init_backend=init_backend)
     mesh.copies = copies
     current_meshes()[:] = [mesh]
     return mesh

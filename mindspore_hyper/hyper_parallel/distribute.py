@@ -9,6 +9,7 @@ that meets one beside a DTensor treats it as that DTensor.
 from __future__ import annotations
 
 import functools
+import math
 from types import SimpleNamespace
 from typing import Callable, Dict, Optional, Sequence
 
@@ -17,8 +18,9 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore_hyper.dtensor.dispatch import distribute, parameter_dtensor
 from mindspore_hyper.dtensor.dtensor import DTensor, layout_on
 from mindspore_hyper.hyper_parallel.device_mesh import DeviceMesh, get_current_mesh
+from mindspore_hyper.hyper_parallel.host_device import check_not_meta, on_host
 from mindspore_hyper.hyper_parallel.session import is_prepared_elsewhere, mesh_of, remember_mesh, runtime_of
-from mindspore_hyper.shard.placement import Replicate
+from mindspore_hyper.shard.placement import Replicate, Shard
 
 __all__ = ["distribute_tensor", "distribute_module", "lay_out_parameter", "laid_out_parameters", "wrap_construct",
            "local_values",
@@ -157,16 +159,33 @@ def lay_out_parameter(root: nn.Cell, param: Parameter, mesh: DeviceMesh, placeme
     layout = layout_on(mesh, placements, len(param.shape))
     layout.check_shape(tuple(param.shape), uneven=True)  # torch.chunk pieces, as upstream and torch
     row = SimpleNamespace(name=param.name, layout=layout, optimizer_layout=layout, global_shape=tuple(param.shape))
-    slot = runtime_of(execution).materialize(root, param, row)
+    check_not_meta((param,), "parallelize_module/distribute_module/fully_shard")
+    with on_host():  # its pieces are values even inside MindSpore's DeviceCtx("meta") (MindFormers')
+        slot = runtime_of(execution).materialize(root, param, row)
     empty = [r for r in layout.mesh.ranks if 0 in layout.shard_shape(row.global_shape, layout.mesh.coords(r))]
     if slot.local and empty:  # every process finds the same ranks, so all of them raise
-        raise ValueError(f"parameter {param.name!r} of shape {row.global_shape} split as {tuple(placements)}: ranks "
+        raise ValueError(f"{type(root).__name__} parameter {param.name!r} of shape {row.global_shape} split as "
+                         f"{tuple(placements)}: {_empty_dims_text(row.global_shape, placements, mesh)}: ranks "
                          f"{empty} would hold an empty torch.chunk piece, and MindSpore's optimizers cannot hold a "
                          "Parameter of 0 elements (each process keeps only its piece); use a size that leaves every "
                          "device a piece (in simulation empty pieces run)")
     execution.parameters[id(slot.param)] = slot
     remember_mesh(slot.param, mesh)
     return slot.param
+
+
+def _empty_dims_text(shape, placements, mesh: DeviceMesh) -> str:
+    """The split dimensions of `shape` that leave a device an empty torch.chunk piece, each with
+    its size, its devices and sizes that would leave none empty (for lay_out_parameter's refusal)."""
+    texts = []
+    for dim, size in enumerate(shape):
+        devices = math.prod(mesh.shape[i] for i, p in enumerate(placements)
+                            if isinstance(p, Shard) and p.dim % len(shape) == dim)
+        chunk = -(-size // devices)
+        if devices > 1 and chunk * (devices - 1) >= size:  # the last device's piece is empty
+            texts.append(f"dimension {dim} has {size} elements over {devices} devices (torch.chunk pieces of "
+                         f"{chunk}); {devices * chunk} or another multiple of {devices} would work")
+    return "; ".join(texts) or "a split dimension leaves a device nothing"
 
 
 def local_values(values):

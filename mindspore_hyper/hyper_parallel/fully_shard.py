@@ -21,6 +21,22 @@ msrun), a rank's loss is its own batch's and the gradient is averaged over the d
 ranks. In simulation such inputs are the same on every rank, so the one computation is already
 that average. Inputs that are DTensors split over the data-parallel mesh describe one global
 batch: its loss is global and its gradient is summed, as every DTensor op sums.
+
+Mixed precision (`mp_policy=MixedPrecisionPolicy(param_dtype=, reduce_dtype=, output_dtype=,
+cast_forward_inputs=)`, torch FSDP2's semantics, `fully_shard_policies.py`): the sharded Parameter
+keeps its dtype (float32 master weights); the gathered copy is cast to `param_dtype` after the
+gather, so the Cell computes in `param_dtype`, the gradient comes back through the cast in the
+Parameter's dtype and the gather's backward reduce-scatters it in that dtype (`reduce_dtype`
+float32 for float32 Parameters); the sharded gradient is float32. The gather moves float32 (twice
+torch's bfloat16 all-gather bytes; the values are the same, as the cast commutes with the gather).
+On CPU, bfloat16 compute needs `cpu_bfloat16="emulate"` (bfloat16_emulation.py). A global batch
+(DTensor inputs split over the data-parallel mesh) with a `param_dtype` cast is refused: its
+ranks' gradients would be summed at the bfloat16 copy's fan-out, in bfloat16, not in `reduce_dtype`.
+
+`set_requires_gradient_sync(False)` (torch FSDP2's gradient accumulation, `hsdp_module.py`): the
+gathers of forwards run while it is off reduce nothing in their backward; each rank's gradients
+add up unsynchronised and the first backward with it on reduces the sum once
+(`grad_accumulation.py`, style "deferred").
 """
 from __future__ import annotations
 
@@ -34,7 +50,9 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore_hyper.dtensor.dtensor import DTensor, significant_axes
 from mindspore_hyper.hyper_parallel.device_mesh import DeviceMesh, get_current_mesh
 from mindspore_hyper.hyper_parallel.distribute import lay_out_parameter, local_values, wrap_construct
-from mindspore_hyper.hyper_parallel.fully_shard_policies import check_policies
+from mindspore_hyper.hyper_parallel.fully_shard_policies import FLOAT_DTYPES, check_policies, compute_dtype
+from mindspore_hyper.hyper_parallel.grad_accumulation import GradAccumulation
+from mindspore_hyper.hyper_parallel.host_device import on_host
 from mindspore_hyper.hyper_parallel.hsdp_module import HSDPModule
 from mindspore_hyper.hyper_parallel.main_grad import accumulate_on_main_grad
 from mindspore_hyper.hyper_parallel.session import mesh_of, prepare_elsewhere, remember_mesh, runtime_of
@@ -66,14 +84,19 @@ class FSDPModule:
             axes it is split over).
         reduce: "avg" (torch's FSDP: per-rank losses averaged) or "sum" (HyperParallel's hsdp).
         grad_scale: a factor on the reduced gradient (hsdp's `grad_scale`).
+        mp_policy: fully_shard's MixedPrecisionPolicy (checked), or None (no casts).
+        accumulation: the Cell's GradAccumulation (`grad_accumulation.py`: gradients summed
+            without synchronisation), or None (every backward synchronises).
     """
 
     def __init__(self, mesh: DeviceMesh, gathered: Dict[int, Tuple[Parameter, TensorLayout, Tuple[int, ...]]],
-                 reduce: str = "avg", grad_scale: float = 1.0):
+                 reduce: str = "avg", grad_scale: float = 1.0, mp_policy=None):
         self.mesh = mesh
         self.gathered = gathered
         self.reduce = reduce
         self.grad_scale = grad_scale
+        self.mp_policy = mp_policy
+        self.accumulation: Optional[GradAccumulation] = None
 
 
 def _sharded_layout(layout: TensorLayout, dp_axes: Tuple[int, ...]) -> TensorLayout:
@@ -103,10 +126,12 @@ def fully_shard(module: nn.Cell, *, mesh: Optional[DeviceMesh] = None, reshard_a
             Parameters after the forward (True) or keeps them for the backward (False), a
             memory/communication trade with the same values; here they live until the backward
             releases them either way.
-        mp_policy, offload_policy: upstream's policies (`fully_shard_policies.py`): those that
-            change no value (OffloadPolicy(), a float32 model reducing in float32) are taken,
-            the others refused; `apply_grad_on_fp32_main_grad=True` adds each backward's reduced
-            gradients onto `param.main_grad` (`main_grad.py`).
+        mp_policy, offload_policy: upstream's policies (`fully_shard_policies.py`):
+            `OffloadPolicy()` (no offload) is taken, CPU offload refused; a `MixedPrecisionPolicy`
+            acts as torch's (module docstring: compute in `param_dtype`, gradients reduced and
+            kept in the Parameters' dtype, `output_dtype` and `cast_forward_inputs` casts);
+            `apply_grad_on_fp32_main_grad=True` adds each backward's reduced gradients onto
+            `param.main_grad` (`main_grad.py`).
         ignored_params: Parameters to leave unsharded.
         replicate_params: upstream's Parameters kept whole on every rank; None or empty only.
 
@@ -114,7 +139,8 @@ def fully_shard(module: nn.Cell, *, mesh: Optional[DeviceMesh] = None, reshard_a
         `module`, whose class gains `HSDPModule` (upstream's per-Cell settings).
 
     Raises:
-        ValueError: an unsupported argument, or a Parameter already split over the mesh.
+        ValueError: an unsupported argument, or a Parameter already split over the mesh; when the
+            Cell runs, a global batch with a `param_dtype` cast (module docstring).
     """
     mesh = mesh if mesh is not None else get_current_mesh()
     check_policies(mp_policy, offload_policy, {p.dtype for p in module.get_parameters()})
@@ -127,7 +153,9 @@ def fully_shard(module: nn.Cell, *, mesh: Optional[DeviceMesh] = None, reshard_a
                          "to a smaller group after the forward is not supported)")
     if getattr(module, "fsdp_state", None) is not None:
         raise ValueError(f"fully_shard: {type(module).__name__} is already fully sharded")
-    shard_parameters(module, mesh, lambda slot: tuple(mesh.dims), ignored_params, reduce="avg")
+    state = shard_parameters(module, mesh, lambda slot: tuple(mesh.dims), ignored_params, reduce="avg",
+                             mp_policy=mp_policy)
+    state.accumulation = GradAccumulation("deferred")  # set_requires_gradient_sync (hsdp_module.py)
     if mp_policy is not None and mp_policy.apply_grad_on_fp32_main_grad:
         skip = {id(p) for p in (ignored_params or ())} | {  # ignored, or an inner fully_shard Cell's
             id(p) for _, cell in module.cells_and_names() if cell is not module
@@ -141,10 +169,12 @@ def fully_shard(module: nn.Cell, *, mesh: Optional[DeviceMesh] = None, reshard_a
 
 
 def shard_parameters(module: nn.Cell, mesh: DeviceMesh, axes_of: Callable, ignored_params=None, *,
-                     reduce: str = "avg", grad_scale: float = 1.0, threshold_bytes: int = 0) -> FSDPModule:
+                     reduce: str = "avg", grad_scale: float = 1.0, threshold_bytes: int = 0,
+                     mp_policy=None) -> FSDPModule:
     """Split each Parameter of `module` (not managed by an inner Cell, not ignored, holding at least
     `threshold_bytes`) along dimension 0 over the mesh axes `axes_of(slot)`, and gather it while
-    the Cell runs (see module docstring); records and returns the Cell's FSDPModule."""
+    the Cell runs (see module docstring), cast as `mp_policy` (a checked MixedPrecisionPolicy or
+    None) says; records and returns the Cell's FSDPModule."""
     execution = mesh.execution()
     ignored = {id(p) for p in (ignored_params or ())}
     managed = set()
@@ -170,22 +200,38 @@ def shard_parameters(module: nn.Cell, mesh: DeviceMesh, axes_of: Callable, ignor
         used_layout = slot.layout
         new_layout = _sharded_layout(slot.layout, axes)
         new_layout.check_shape(tuple(slot.global_shape), uneven=True)  # torch.chunk pieces, as FSDP2
-        param = _reshard(module, execution, slot, new_layout, mesh)
+        with on_host():  # its piece holds values even inside MindSpore's DeviceCtx("meta") (MindFormers')
+            param = _reshard(module, execution, slot, new_layout, mesh)
         gathered[id(param)] = (param, used_layout, axes)
         prepare_elsewhere(param)
-    state = FSDPModule(mesh, gathered, reduce, grad_scale)
+    state = FSDPModule(mesh, gathered, reduce, grad_scale, mp_policy)
     object.__setattr__(module, "fsdp_state", state)
     plain_inputs = []
+    input_dtype = mp_policy.param_dtype if mp_policy is not None and mp_policy.cast_forward_inputs else None
+    output_dtype = mp_policy.output_dtype if mp_policy is not None else None
 
     def note_inputs(cell, inputs, mesh):
         plain_inputs[:] = [not any(isinstance(x, DTensor) for x in inputs)]
-        return inputs
+        return _cast_floats(inputs, input_dtype)
 
     def local_outputs(cell, outputs, mesh):  # plain tensors in, plain tensors out (torch's FSDP)
-        return local_values(outputs) if plain_inputs and plain_inputs[0] else outputs
+        outputs = local_values(outputs) if plain_inputs and plain_inputs[0] else outputs
+        return _cast_floats(outputs, output_dtype)
 
     wrap_construct(module, mesh, note_inputs, local_outputs, prepare=lambda inputs: _gather(execution, state, inputs))
     return state
+
+
+def _cast_floats(values, dtype):
+    """`values` (a tensor or DTensor, or a tuple/list of them, nested) with each floating tensor
+    cast to `dtype` (torch FSDP2's input and output casts); None: unchanged."""
+    if dtype is None:
+        return values
+    if isinstance(values, (tuple, list)):
+        return type(values)(_cast_floats(v, dtype) for v in values)
+    if isinstance(values, Tensor) and any(values.dtype is f for f in FLOAT_DTYPES) and values.dtype is not dtype:
+        return ops.cast(values, dtype)
+    return values
 
 
 def _reshard(module: nn.Cell, execution, slot, layout: TensorLayout, mesh: DeviceMesh) -> Parameter:
@@ -226,7 +272,14 @@ def _gather(execution, state: FSDPModule, inputs) -> Dict[int, DTensor]:
     - plain inputs under msrun (each rank's own batch): reduce-scattered, then x grad_scale, and
       averaged for "avg";
     - plain inputs in simulation (the same batch on every rank, computed once): x grad_scale, and
-      x the group size for "sum" (what that many equal ranks would sum)."""
+      x the group size for "sum" (what that many equal ranks would sum).
+    With `state.mp_policy`'s `param_dtype`, the gathered (and scaled) DTensor is then cast to it:
+    the gather and its backward's reduction stay in the Parameter's dtype (module docstring).
+    With `state.accumulation` engaged, the backward first adds the gradient to this rank's running
+    sum (`grad_accumulation.py`); while its sync is off the reduction is left out.
+
+    Raises:
+        ValueError: a global batch (DTensor inputs split over the group) with a `param_dtype` cast."""
     from mindspore_hyper.dtensor.dispatch import parameter_dtensor
 
     holds_all = runtime_of(execution).holds_all_ranks()
@@ -241,21 +294,36 @@ def _gather(execution, state: FSDPModule, inputs) -> Dict[int, DTensor]:
         global_batch = any(isinstance(x, DTensor) and set(significant_axes(x.layout)) & set(axes + tuple(replicas))
                            for x in inputs)
         per_rank = not global_batch and not holds_all
+        accumulate = state.accumulation is not None and state.accumulation.engaged()
+        syncing = not accumulate or state.accumulation.sync  # off: no reduction in this backward
         scale = state.grad_scale
         if not global_batch:
             scale *= (1.0 / size if state.reduce == "avg" else 1.0) if per_rank else \
                 (size if state.reduce == "sum" else 1.0)
         sharded = parameter_dtensor(execution, param)
-        gathered = sharded.redistribute(layout, grad_partial_axes=axes if per_rank else ())
-        if per_rank and replicas:  # identity forward; the backward all-reduces over the replicas
+        gathered = sharded.redistribute(layout, grad_partial_axes=axes if per_rank and syncing else ())
+        if per_rank and replicas and syncing:  # identity forward; the backward all-reduces over the replicas
             keys = significant_axes(layout)
             gathered = DTensor._create(layout, {k: execution.collectives.fan_out(v, execution.group(
                 replicas, dict(zip(keys, k)))) for k, v in gathered.shards.items()}, gathered.global_shape,
                 gathered.dtype, execution)
+        if accumulate:  # the backward adds the (scaled) gradient to this rank's running sum first
+            rank = tuple(execution.local_ranks)
+            gathered = DTensor._create(layout, {k: state.accumulation.add(v, (pid, rank, k), syncing)
+                                                for k, v in gathered.shards.items()},
+                                       gathered.global_shape, gathered.dtype, execution)
         if scale != 1.0:
             scaler = _gradient_scaler(scale)
             gathered = DTensor._create(layout, {k: scaler(v) for k, v in gathered.shards.items()},
                                        gathered.global_shape, gathered.dtype, execution)
         gathered._parameter_id = pid
+        dtype = compute_dtype(state.mp_policy, param.dtype)
+        if dtype is not param.dtype:
+            if global_batch:
+                raise ValueError(f"fully_shard(mp_policy.param_dtype={dtype}): the inputs are DTensors split over the "
+                                 f"data-parallel mesh (one global batch), whose ranks' gradients of {param.name!r} "
+                                 f"would be summed in {dtype}, not in the reduce dtype {param.dtype}; pass each "
+                                 f"rank's plain batch (torch's FSDP2 inputs) or leave param_dtype None")
+            gathered = ops.cast(gathered, dtype)  # the dispatcher's Cast: the copy is named as the Parameter's cast
         out[pid] = gathered
     return out

@@ -2,19 +2,26 @@
 
 Each Parameter is split along dimension 0 over its data-parallel group: the dimensions of its
 mesh that its layout leaves replicated (or, with `shard_size`, the innermost of them whose sizes
-multiply to it: sharded within those, replicated across the rest). As upstream's hsdp does, a
+multiply to it: sharded within those, replicated across the rest); a Cell on no mesh, in a
+script that made none, is data parallel over the whole job, as upstream's (`_job_mesh`). As upstream's hsdp does, a
 Parameter whose rows that group does not divide is split over fewer devices: gcd(rows, group)
 (recorded as `param.hsdp_effective_shard_size`), so hsdp never makes uneven pieces (fully_shard
 does, as torch's FSDP2). Gradients are summed over the
 group and multiplied by `grad_scale`, as upstream's hsdp does; the values are the same at every
 `optimizer_level`, and every level here splits parameters, gradients and optimizer states.
 
-`enable_grad_accumulation=True` (upstream: gradients summed unsynchronised over a pipeline
-step's microbatches, synchronised at its last backward, kept until `zero_grads()`) is taken for
-Cells a pipeline schedule runs: the schedule already sums each microbatch's synchronised
-gradient into `.grad` (a sum of sums: the same values) and `zero_grads()` clears `.grad`. Called
-outside a schedule (where upstream would return unsynchronised running sums) such a Cell is
-refused.
+`enable_grad_accumulation=True` (upstream's `requires_acc_grad`): each backward adds the Cell's
+gradients to a running sum kept until `zero_grads()` and returns it; with
+`set_requires_grad_sync(False)` the sum is each rank's own, unsynchronised, and the first
+backward with it True reduces it once (`grad_accumulation.py`, style "running_sum"; in the
+one-process simulation the running sum is the group's, see there). Inside a pipeline schedule
+the schedule itself sums each microbatch's synchronised gradient into `.grad` (a sum of sums: the
+same values), so there the running sums and the flag are not used; `zero_grads()` clears both.
+
+`comm_async`, `comm_fusion` and `bucket_size` choose, upstream, whether gradient reductions run
+on a side stream (awaited by `hsdp_sync_stream()`) and whether they are fused into buckets: when
+collectives run, not what they compute. Here every reduction runs synchronously and unfused with
+any of them, with the same values (`hsdp_sync_stream()` returns at once).
 """
 from __future__ import annotations
 
@@ -23,11 +30,13 @@ import math
 import threading
 from typing import Iterator, Optional, Tuple
 
+import numpy as np
 from mindspore import nn
 
-from mindspore_hyper.hyper_parallel.device_mesh import get_current_mesh
+from mindspore_hyper.hyper_parallel.device_mesh import DeviceMesh, get_current_mesh
 from mindspore_hyper.hyper_parallel.fully_shard import shard_parameters
-from mindspore_hyper.hyper_parallel.session import mesh_of
+from mindspore_hyper.hyper_parallel.grad_accumulation import GradAccumulation
+from mindspore_hyper.hyper_parallel.session import current_meshes, job_size, mesh_of
 
 __all__ = ["hsdp", "HSDPCell", "hsdp_sync_stream", "run_by_pipeline_schedule"]
 
@@ -52,29 +61,41 @@ class HSDPCell:
     """What `hsdp` makes a Cell (its class gains this base, as upstream's does)."""
 
     def set_requires_grad_sync(self, requires_grad_sync: bool) -> None:
-        """Gradient synchronisation stays on (accumulation without it is not supported yet).
+        """Whether the next backwards reduce the accumulated gradients over the data-parallel
+        ranks (module docstring): False on all micro-batches but the last, True on the last.
+        Set on this Cell and the hsdp Cells inside it, as upstream's; read when a forward runs.
 
         Raises:
-            ValueError: not a bool, or False.
+            ValueError: not a bool; False on a Cell made without `enable_grad_accumulation=True`
+                (upstream synchronises such a Cell's every backward whatever the flag says).
         """
         if not isinstance(requires_grad_sync, bool):
             raise ValueError(f"requires_grad_sync must be bool but got {requires_grad_sync!r}")
-        if not requires_grad_sync:
-            raise ValueError("set_requires_grad_sync(False): gradient accumulation without synchronisation is not "
-                             "supported yet; synchronise every step")
+        for _, cell in self.cells_and_names():
+            if not isinstance(cell, HSDPCell):
+                continue
+            accumulation = cell.fsdp_state.accumulation
+            if accumulation is None and not requires_grad_sync:
+                raise ValueError(f"set_requires_grad_sync(False): {type(cell).__name__} was made by hsdp without "
+                                 "enable_grad_accumulation=True, whose backwards always synchronise (upstream "
+                                 "ignores the flag there); pass enable_grad_accumulation=True to hsdp")
+            if accumulation is not None:
+                accumulation.sync = requires_grad_sync
 
     def zero_grads(self) -> None:
-        """Clear the gradients kept between steps: the `.grad` a pipeline schedule accumulates
-        in the Cell's Parameters (upstream's accumulation buffers)."""
+        """Clear the gradients kept between steps: the running sums of `enable_grad_accumulation`
+        and the `.grad` a pipeline schedule accumulates in the Cell's Parameters (upstream's
+        accumulation buffers)."""
+        accumulation = self.fsdp_state.accumulation
+        if accumulation is not None:
+            accumulation.clear()
         for param in self.trainable_params():
             param.grad = None
 
     def __call__(self, *args, **kwargs):
-        if getattr(self, "_hsdp_grad_accumulation", False) and not getattr(_SCHEDULE, "depth", 0):
-            raise ValueError(f"hsdp(enable_grad_accumulation=True): {type(self).__name__} was called outside a "
-                             "pipeline schedule; accumulation is supported for Cells a schedule runs (their .grad "
-                             "sums the microbatches); elsewhere pass enable_grad_accumulation=False and add the "
-                             "gradients yourself")
+        accumulation = self.fsdp_state.accumulation
+        if accumulation is not None:  # a schedule sums its microbatches' gradients itself
+            accumulation.paused = bool(getattr(_SCHEDULE, "depth", 0))
         return super().__call__(*args, **kwargs)
 
     def set_forward_prefetch_cells(self, hsdp_cell_list) -> None:
@@ -86,7 +107,8 @@ class HSDPCell:
 
 
 def hsdp_sync_stream() -> None:
-    """Wait for asynchronous gradient reductions: there are none (comm_async is refused)."""
+    """Wait for asynchronous gradient reductions (upstream's `comm_async=True`): there are none
+    here, every reduction has finished when the backward returns, so it returns at once."""
 
 
 def _check(cell, shard_size, threshold, optimizer_level, enable_grad_accumulation, use_eager_hook, grad_scale,
@@ -103,12 +125,38 @@ def _check(cell, shard_size, threshold, optimizer_level, enable_grad_accumulatio
         raise ValueError(f"hsdp: grad_scale must be float but got {grad_scale!r}")
     if not isinstance(enable_grad_accumulation, bool):
         raise ValueError(f"hsdp: enable_grad_accumulation must be bool but got {enable_grad_accumulation!r}")
-    refused = {"use_eager_hook": (use_eager_hook, True),
-               "reduce_dtype": (reduce_dtype, None), "comm_async": (comm_async, False),
-               "comm_fusion": (comm_fusion, False), "bucket_size": (bucket_size, -1)}
-    for name, (value, default) in refused.items():
-        if value != default:
-            raise ValueError(f"hsdp({name}={value!r}): not supported yet; leave the default {default!r}")
+    for name, value in (("use_eager_hook", use_eager_hook), ("comm_async", comm_async), ("comm_fusion", comm_fusion)):
+        if not isinstance(value, bool):
+            raise ValueError(f"hsdp: {name} must be bool but got {value!r}")
+    if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or (bucket_size < 0 and bucket_size != -1):
+        raise ValueError(f"hsdp: bucket_size must be an integer >= 0 (bytes) or -1, but got {bucket_size!r}")
+    if not use_eager_hook:
+        raise ValueError("hsdp(use_eager_hook=False): upstream then registers its gradient hooks as a compiled "
+                         "MindSpore graph pass (its plugin library, for ms.jit graphs); this package runs hsdp's "
+                         "hooks eagerly (PyNative) only. Pass use_eager_hook=True and call the gradient function "
+                         "without ms.jit (parallelize_value_and_grad or mindspore.value_and_grad)")
+    if reduce_dtype is not None:
+        raise ValueError(f"hsdp(reduce_dtype={reduce_dtype!r}): not supported yet (gradients are reduced in the "
+                         "Parameters' dtype); leave the default None")
+
+
+def _job_mesh(shard_size: int) -> DeviceMesh:
+    """The data-parallel mesh of a Cell on no mesh, with no mesh made (upstream's hsdp then uses
+    the whole job): the job's N ranks, as (N / s, s) ("dp_replicate", "dp_shard") for a
+    shard_size s below N, so each split group is s consecutive ranks (upstream's
+    rank - rank % s ..); (N,) ("dp",) otherwise (shard_size -1 or at least N: the whole job).
+
+    Raises:
+        ValueError: a shard_size below N that does not divide N.
+    """
+    job = job_size()
+    if shard_size == -1 or shard_size >= job:
+        return DeviceMesh("cpu", list(range(job)), mesh_dim_names=("dp",))
+    if job % shard_size:
+        raise ValueError(f"hsdp: shard_size={shard_size} does not divide the job's {job} devices (the Cell is on "
+                         "no device mesh, so its data-parallel group is the whole job); pass a divisor or -1")
+    return DeviceMesh("cpu", np.arange(job).reshape(job // shard_size, shard_size),
+                      mesh_dim_names=("dp_replicate", "dp_shard"))
 
 
 def _group_axes(layout, root_ndim: int, sizes, shard_size: int, name: str, rows: int) -> Tuple[int, ...]:
@@ -148,11 +196,13 @@ def hsdp(cell: nn.Cell, shard_size: Optional[int] = -1, threshold: Optional[int]
         shard_size: devices each Parameter is split over (-1: its whole data-parallel group).
         threshold: Parameters smaller than this many KB stay unsplit.
         optimizer_level: "level1", "level2" or "level3" (same values; see module docstring).
-        enable_grad_accumulation: sum gradients over a pipeline step's microbatches until
-            `zero_grads()`: taken for Cells a pipeline schedule runs (module docstring).
+        enable_grad_accumulation: sum gradients over backwards until `zero_grads()`, reduced when
+            `set_requires_grad_sync` is True (module docstring).
         grad_scale: factor on the summed gradients.
-        use_eager_hook, reduce_dtype, comm_async, comm_fusion, bucket_size: only their defaults
-            are supported (others are refused, named).
+        use_eager_hook: True only (False: upstream's graph-mode hooks, refused).
+        reduce_dtype: None only.
+        comm_async, comm_fusion, bucket_size: bools and a bucket size (bytes, >= 0 or -1):
+            timing choices upstream, taken with the same values (module docstring).
 
     Raises:
         ValueError: a bad or unsupported argument (named), Parameters on different meshes, no
@@ -167,7 +217,10 @@ def hsdp(cell: nn.Cell, shard_size: Optional[int] = -1, threshold: Optional[int]
             meshes[id(view.root)] = view
     if len(meshes) > 1:
         raise ValueError("hsdp: the Cell's Parameters are laid out on different root meshes")
-    view = next(iter(meshes.values())) if meshes else get_current_mesh()
+    if meshes:
+        view = next(iter(meshes.values()))
+    else:
+        view = get_current_mesh() if current_meshes() else _job_mesh(shard_size)
     mesh = view.view(tuple(range(view.root.ndim)))
     sizes = mesh.root.device_matrix
 
@@ -180,5 +233,6 @@ def hsdp(cell: nn.Cell, shard_size: Optional[int] = -1, threshold: Optional[int]
     shard_parameters(cell, mesh, axes_of, reduce="sum", grad_scale=grad_scale, threshold_bytes=threshold * 1024)
     if not isinstance(cell, HSDPCell):
         cell.__class__ = type(f"HSDP{type(cell).__name__}", (HSDPCell, type(cell)), {})
-    cell._hsdp_grad_accumulation = enable_grad_accumulation
+    if enable_grad_accumulation:
+        cell.fsdp_state.accumulation = GradAccumulation("running_sum")
     return cell

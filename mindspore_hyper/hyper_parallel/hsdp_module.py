@@ -41,6 +41,30 @@ class HSDPModule:
             raise ValueError(f"Unsupported reduce op type {reduce_op_type!r}, supported types are {list(REDUCE_OPS)}")
         self.fsdp_state.reduce = op
 
+    def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
+        """Torch FSDP2's gradient accumulation (upstream's fully_shard names it the same): while
+        False, backwards reduce nothing and each rank's gradients add up unsynchronised (the
+        Parameters' gradient they return is zero); the first backward with True reduces the sum
+        once (`grad_accumulation.py`, "deferred"). Read when a Cell's forward runs.
+
+        Args:
+            requires_gradient_sync: False on all micro-batches but the last, True on the last.
+            recurse: also set it on the fully_shard Cells inside this one (torch's default).
+
+        Raises:
+            ValueError: `requires_gradient_sync` or `recurse` not a bool.
+        """
+        if not isinstance(requires_gradient_sync, bool):
+            raise ValueError(f"set_requires_gradient_sync: requires_gradient_sync must be bool but got "
+                             f"{requires_gradient_sync!r}")
+        if not isinstance(recurse, bool):
+            raise ValueError(f"set_requires_gradient_sync: recurse must be bool but got {recurse!r}")
+        cells = [cell for _, cell in self.cells_and_names()] if recurse else [self]
+        for cell in cells:
+            accumulation = getattr(getattr(cell, "fsdp_state", None), "accumulation", None)
+            if isinstance(cell, HSDPModule) and accumulation is not None:
+                accumulation.sync = requires_gradient_sync
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the `param.main_grad` buffers of this Cell's Parameters (fully_shard's
         `apply_grad_on_fp32_main_grad` policy): None, or zeros when `set_to_none` is False."""

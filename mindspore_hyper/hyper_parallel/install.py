@@ -116,6 +116,27 @@ class _Platform:
 
         self.Tensor, self.Parameter, self.Module, self.DTensorBase = ms.Tensor, ms.Parameter, nn.Cell, DTensor
 
+    @staticmethod
+    def get_rank() -> int:
+        """This process's job rank (msrun, a per-rank simulation's thread; refused in the plain simulation)."""
+        from mindspore_hyper.hyper_parallel.process_group import get_rank
+
+        return get_rank()
+
+    @staticmethod
+    def get_world_size() -> int:
+        """The job's device count."""
+        from mindspore_hyper.hyper_parallel.process_group import get_world_size
+
+        return get_world_size()
+
+    @staticmethod
+    def create_group(rank_list, group_name=None) -> str:
+        """A named process group (`process_group.create_group`)."""
+        from mindspore_hyper.hyper_parallel.process_group import create_group
+
+        return create_group(rank_list, group_name)
+
 
 def get_platform() -> _Platform:
     """The platform object upstream scripts ask for (MindSpore here)."""

@@ -1,6 +1,6 @@
 """The arithmetic of torch's private `DeviceMesh._unflatten` / `_flatten` on a root mesh's rank
 array (`device_mesh.py` builds the meshes): which job ranks, dimension names and view dimensions
-the reshaped mesh has.
+the reshaped mesh has; `unflatten_mesh` and `flatten_mesh` make the DeviceMesh from them.
 
 A DeviceMesh here is a view (`dims`) of a root's rank array. Unflattening view dimension `dim`
 splits its root dimension row-major into `sizes` (a reshape of the rank array). Flattening moves
@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-__all__ = ["unflattened", "flattened", "check_unique"]
+__all__ = ["unflattened", "flattened", "check_unique", "unflatten_mesh", "flatten_mesh"]
 
 Reshaped = Tuple[np.ndarray, Tuple[str, ...], Tuple[int, ...]]  # root ranks, root names, view dims
 
@@ -81,3 +81,64 @@ def check_unique(names: Sequence[str], root_names: Sequence[str], what: str) -> 
         raise ValueError(f"{what}: dimension name(s) {repeated} would repeat in the mesh {tuple(names)} "
                          f"(this mesh is a view of {tuple(root_names)}); choose other names")
     return tuple(names)
+
+
+def unflatten_mesh(mesh, dim: Union[int, str], mesh_sizes: Sequence[int], mesh_dim_names: Sequence[str],
+                   backend_override: Optional[dict] = None):
+    """`mesh` (a DeviceMesh) with dimension `dim` split row-major into `mesh_sizes` named
+    `mesh_dim_names` (torch's `DeviceMesh._unflatten`): (8,) unflattened to (2, 2, 2) is
+    [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]; a sub-mesh stays a sub-mesh through the calling rank.
+
+    Args:
+        mesh: the DeviceMesh.
+        dim: the dimension to split, index or name.
+        mesh_sizes: positive ints whose product is that dimension's size.
+        mesh_dim_names: one new name per size.
+        backend_override: torch's per-dimension process-group backend ({name or index:
+            backend}, "fake" for none): its keys are checked; no effect here, where a
+            dimension's group is made when a collective needs it, on this package's transport.
+
+    Returns:
+        The unflattened mesh (same devices; DTensors on it are laid out on its own root).
+
+    Raises:
+        ValueError: an unknown dim, sizes whose product is not the dimension's size, a name
+            count that differs from the sizes', a repeated name or an unknown override key.
+    """
+    what = (f"DeviceMesh._unflatten(dim={dim!r}, mesh_sizes={tuple(mesh_sizes)}, "
+            f"mesh_dim_names={tuple(mesh_dim_names)})")
+    return mesh._reshaped(unflattened(mesh._root_ranks(), mesh.root.alias_names, mesh.dims, dim, mesh_sizes,
+                                      mesh_dim_names, backend_override, what))
+
+
+def flatten_mesh(mesh, mesh_dim_name: Optional[str] = None, backend_override=None):
+    """`mesh`'s (a DeviceMesh's) dimensions as one (torch's `DeviceMesh._flatten`) named
+    `mesh_dim_name` (default: the names joined by "_"), the first varying slowest: (2, 2, 2)
+    ("dp", "cp", "tp") flattened along ["dp", "tp"] is [0, 1, 4, 5] through rank 0. It is
+    registered with the family root, whose `root[name]` and `get_group(name)` then find it.
+
+    Args:
+        mesh: the DeviceMesh.
+        mesh_dim_name: the flattened dimension's name.
+        backend_override: torch's process-group backend for it; no effect (see `unflatten_mesh`).
+
+    Returns:
+        The 1-D mesh (`mesh` itself when it is 1-D and already has that name).
+
+    Raises:
+        ValueError: the name is one of the root's names, or an earlier `_flatten` gave the
+            same name to other devices.
+    """
+    name = mesh_dim_name or "_".join(mesh.mesh_dim_names)
+    if mesh.ndim == 1 and name in mesh.mesh_dim_names:
+        return mesh
+    what = f"DeviceMesh._flatten({name!r}) of {mesh.mesh_dim_names}"
+    if not isinstance(name, str) or name in mesh.family.root_names:
+        raise ValueError(f"{what}: expected a string that is not already a dimension of the root mesh "
+                         f"{mesh.family.root_names}; choose another name")
+    flat = mesh._reshaped(flattened(mesh._root_ranks(), mesh.root.alias_names, mesh.dims, name, what))
+    earlier = mesh.family.flattened.setdefault(name, flat)
+    if earlier != flat:
+        raise ValueError(f"{what}: a flattened mesh named {name!r} was made before on other devices "
+                         f"({earlier}); choose another name")
+    return earlier

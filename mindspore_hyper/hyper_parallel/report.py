@@ -15,7 +15,7 @@ from mindspore_hyper.context import get_context
 from mindspore_hyper.hyper_parallel.api_step_memory import api_step_memory
 from mindspore_hyper.hyper_parallel.session import job_ranks_of, session_executions
 from mindspore_hyper.runtime.parallel_model import live_models
-from mindspore_hyper.runtime.report import causes_text, device_groups
+from mindspore_hyper.runtime.report import causes_text, device_groups, rank_ranges
 from mindspore_hyper.units import format_bytes, format_seconds
 
 __all__ = ["session_report", "format_report", "routing_text"]
@@ -41,7 +41,9 @@ def _accounting_rows(accounting) -> Dict:
 
 
 def _model_entry(model) -> Dict:
-    """A wrapped model's last step: its mesh, memory parts per set of equal devices, collectives."""
+    """A wrapped model's last step: its mesh, memory parts per set of equal devices, collectives
+    (the representative device's; `programs`: the devices with programs of their own, e.g. the
+    expert members under a routing histogram, each with its collectives, peak and timeline)."""
     report = model.report()
     entry = {"source": f"{type(model.network).__name__} ({type(model).__name__})",
              "shape": list(model.mesh.device_matrix), "dim_names": list(model.mesh.alias_names),
@@ -50,6 +52,8 @@ def _model_entry(model) -> Dict:
              "parameter_bytes_per_device": max(m["parameters"] for m in report.memory.values()),
              "step_memory": _step_memory_entry(report.step_memory), "offload": _offload_entry(report.offload)}
     entry.update(_accounting_rows(model.accounting))
+    entry["programs"] = [{"devices": rank_ranges(sorted(ranks)), **_accounting_rows(variant)}
+                         for ranks, variant in model.accounting.variants.items()]
     return entry
 
 
@@ -136,13 +140,13 @@ def session_report(mode: str, devices: int) -> Dict:
 def routing_text(shape_only: bool) -> str:
     """How MoE routers chose experts, for the report: "learned", the balanced assumption (a dry
     run's default: it has no logits), or the given histogram, whose expert all-to-all and expert
-    activation figures are rank 0's (its expert member's loads: the other members' differ)."""
+    activations, exchange buffers and all-to-all bytes are each expert member's own."""
     routing = get_context("moe_routing")
     if isinstance(routing, tuple):
         shares = ", ".join(f"{f:g}" for f in routing)
         return (f"histogram: fractions [{shares}] of the token copies to experts 0..{len(routing) - 1}, every "
-                "device's tokens alike; the expert all-to-all bytes and the experts' activations are rank 0's expert "
-                "member's for every device (members holding other experts send, receive and hold other amounts)")
+                "device's tokens alike; each expert member's devices with their own all-to-all bytes, expert "
+                "activations and exchange buffers (a program of their own where they differ from rank 0's)")
     if shape_only or routing == "balanced":
         return "balanced: token t's j-th copy to expert (t k + j) mod E"
     return "learned"
@@ -159,6 +163,7 @@ def _pipeline_entry(model) -> Dict:
     collectives = [dict(row, axis=f"{row['axis']}@stage{s}") for s, rows in stages.items()
                    for row in rows["collectives"]]
     collectives += _accounting_rows(model.norm_sync.accounting)["collectives"]  # the global norm's, whole mesh
+    # (a stage's programs of their own, `_stage_programs`: the step-time model takes its slowest)
     over = type(next(iter(model.stage_models.values()))).__name__ if model.stage_models else "cells"
     entry = {"source": f"{type(model.network).__name__} (PipelineModel over {over})",
              "shape": list(model.mesh.device_matrix), "dim_names": list(model.mesh.alias_names),
@@ -174,9 +179,21 @@ def _pipeline_entry(model) -> Dict:
                           "microbatches": schedule.num_microbatches, "chunks": schedule.num_chunks,
                           "axis": model.options.axis, "data_axis": model.strategy.data_axis,
                           "p2p": {k: dict(v) for k, v in report.p2p.items()},
-                          "per_stage": {str(s): {"compute": rows["compute"], "collectives": rows["collectives"]}
+                          "per_stage": {str(s): {"compute": rows["compute"], "collectives": rows["collectives"],
+                                                 **_stage_programs(model.stage_models[s])}
                                         for s, rows in stages.items()}}}
     return entry
+
+
+def _stage_programs(stage_model) -> Dict:
+    """A stage's device programs of their own (an expert member under a routing histogram), each
+    its devices, ops and collectives of one microbatch: {"programs": [...]}, or {} with none."""
+    variants = stage_model.accounting.variants
+    if not variants:
+        return {}
+    rows = {ranks: _accounting_rows(variant) for ranks, variant in variants.items()}
+    return {"programs": [{"devices": rank_ranges(sorted(ranks)), "compute": r["compute"], "collectives": r["collectives"]}
+                         for ranks, r in rows.items()]}
 
 
 def format_report(report: Dict) -> str:
@@ -215,7 +232,8 @@ def format_report(report: Dict) -> str:
             p = mesh["predicted"]
             lines.append(f"    predicted step on {p['hardware']}: {format_seconds(p['step_seconds'])} without overlap "
                          f"({format_seconds(p['compute_seconds'])} compute, {format_seconds(p['comm_seconds'])} "
-                         f"collectives; {format_seconds(p['overlapped_seconds'])} if fully overlapped)")
+                         f"collectives; {format_seconds(p['overlapped_seconds'])} if fully overlapped)"
+                         + (f", the slowest program's: devices {p['slowest_devices']}" if p.get("slowest_devices") else ""))
         for row in mesh["collectives"]:
             lines.append(f"    {row['phase']:<8} {row['kind']:<13} over {row['axis']:<10} x{row['count']:<4} "
                          f"{format_bytes(row['send_bytes_per_device'])} sent per device"

@@ -23,7 +23,7 @@ from mindspore_hyper.shard.layout import Layout
 __all__ = ["execution_for", "calling_rank", "runtime_of", "job_ranks_of", "session_executions", "reset_session",
            "RankDependentError", "refuse_in_simulation", "script_line",
            "holds_all_ranks", "job_size", "current_meshes", "mesh_of", "remember_mesh",
-           "prepare_elsewhere", "is_prepared_elsewhere"]
+           "prepare_elsewhere", "is_prepared_elsewhere", "named_groups"]
 
 _EXECUTIONS: Dict[tuple, object] = {}  # (root, members, mode, per-rank thread's rank) -> Execution
 
@@ -193,6 +193,12 @@ def mesh_of(param) -> Optional[Any]:
 
 
 _PREPARED: Dict[int, Any] = {}  # id(Parameter) -> the Parameter, for those a Cell's own hook prepares
+_GROUP_NAMES: Dict[str, Any] = {}  # a process group's name (create_group, split_group) -> its ProcessGroup
+
+
+def named_groups() -> Dict[str, Any]:
+    """The process groups named by the script (`create_group`, `split_group`), by name (the dict itself)."""
+    return _GROUP_NAMES
 
 
 def prepare_elsewhere(param) -> None:
@@ -211,6 +217,7 @@ def reset_session() -> None:
     current_meshes().clear()
     _MESH_OF.clear()
     _PREPARED.clear()
+    _GROUP_NAMES.clear()
     _EXECUTIONS.clear()
     _RUNTIME_OF.clear()
     reset_steps()

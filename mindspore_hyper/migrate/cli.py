@@ -107,6 +107,9 @@ def add_parser(subparsers: "argparse._SubParsersAction") -> None:
                              "and fails when they differ; differentiate accepts the Cell differentiating its forward")
     parser.add_argument("--class-name", metavar="NAME", help="name of the generated Cell class (default: the torch class)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random example inputs and weights (default 0)")
+    parser.add_argument("--tensor-plan", action="store_true",
+                        help="also write tensor_plan.yaml into --out and print it: the tensor-parallel splits of the "
+                             "model's Linear layers on its torch names (tensor_parallel_plan, a tensor axis of 2)")
     parser.set_defaults(func=run, parser=parser)
 
 
@@ -196,6 +199,13 @@ def run(args: argparse.Namespace) -> int:
         if "failed" in result or result.get("max_relative_error", 0.0) > 1e-5:
             status = 1
     print(report)
+    if args.tensor_plan:
+        from mindspore_hyper.migrate.tensor_plan import tensor_parallel_plan
+
+        text = tensor_parallel_plan(model).to_yaml()
+        with open(os.path.join(args.out, "tensor_plan.yaml"), "w", encoding="utf-8") as f:
+            f.write(text)
+        print(text, end="")
     if status:
         print(f"convert: error: the check at {args.check_shape} failed: {report.check['second_shape']}",
               file=sys.stderr)

@@ -12,18 +12,24 @@ That it is index-based is checked, not assumed: the model runs once beforehand a
 builds is compared with the broadcast evaluation of the same function on the same indices (equal element
 for element, or no replacement). An element-wise function of index tensors computes the same at every
 size, so the check at the example shapes covers the others.
+
+Most models build no vmapped mask (transformers broadcasts its own mask functions), so that run is only
+made for those that do: the export runs first with the vmapped expansion stopping it at its first call
+(`export_with_broadcast_masks`); a model whose export completes without one is exported in that one run.
 """
 from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple, TypeVar
 
 import torch
 
 from mindspore_hyper.migrate.lowering import preserved_buffers
 
-__all__ = ["broadcast_masks", "check_broadcast_masks"]
+__all__ = ["broadcast_masks", "check_broadcast_masks", "export_with_broadcast_masks"]
+
+Exported = TypeVar("Exported")
 
 
 def _masking_utils() -> Any:
@@ -105,3 +111,51 @@ def broadcast_masks(enabled: bool) -> Iterator[None]:
         yield
     finally:
         masking_utils._vmap_expansion_sdpa = original
+
+
+class _VmappedMaskFound(Exception):
+    """The probe export reached a mask that transformers builds with torch.vmap."""
+
+
+def export_with_broadcast_masks(export: Callable[[bool], Exported], module: torch.nn.Module, args: Sequence[Any],
+                                kwargs: Dict[str, Any]) -> Tuple[Exported, bool, List[str]]:
+    """`export(broadcast)` (an export of `module` inside `broadcast_masks(broadcast)`) with transformers' vmapped
+    masks built by broadcasting where that is exact.
+
+    The first export stops at the first vmapped mask expansion. When it completes without one (the model builds
+    none), it is the result and the model never runs eagerly here; else `check_broadcast_masks` runs the model
+    once and the export is made again with its decision.
+
+    Args:
+        export: makes the export; called with whether the vmapped masks are broadcast.
+        module, args, kwargs: the model and its example inputs (for the check run).
+
+    Returns:
+        (export's result, whether the vmapped masks were broadcast, the check's notes).
+
+    Raises:
+        Exception: what `export` raises (the first export's error only where no vmapped mask was reached).
+    """
+    masking_utils = _masking_utils()
+    if masking_utils is None:
+        return export(False), False, []
+    original = masking_utils._vmap_expansion_sdpa
+    reached: List[bool] = []
+
+    def stop(mask_function: Callable) -> Callable:
+        reached.append(True)
+        raise _VmappedMaskFound("a vmapped attention mask")
+
+    masking_utils._vmap_expansion_sdpa = stop
+    try:
+        exported = export(False)
+    except Exception:  # noqa: BLE001 - the stop, however torch.export wraps it, or what the model made of it
+        if not reached:
+            raise
+    finally:
+        masking_utils._vmap_expansion_sdpa = original
+    if not reached:
+        return exported, False, []
+    # stopped, or the model caught the stop itself (then its export is not the model's computation): check
+    broadcast, notes = check_broadcast_masks(module, args, kwargs)
+    return export(broadcast), broadcast, notes

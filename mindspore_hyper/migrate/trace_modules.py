@@ -26,7 +26,7 @@ from mindspore_hyper.migrate.grad_regions import inline_grad_regions
 from mindspore_hyper.migrate.inplace import rewrite_inplace
 from mindspore_hyper.migrate.language_adapters import language_adapter_modules, masked_language_adapters
 from mindspore_hyper.migrate.lowering import Lowering, output_names, preserved_buffers, type_name
-from mindspore_hyper.migrate.mask_expansion import broadcast_masks, check_broadcast_masks
+from mindspore_hyper.migrate.mask_expansion import broadcast_masks, export_with_broadcast_masks
 from mindspore_hyper.migrate.mappings import lookup_module
 from mindspore_hyper.migrate.mappings.selective_scan import exported_scans
 from mindspore_hyper.migrate.moe_blocks import (MoEBlockSpec, dense_experts_modules, dense_forwards,
@@ -190,18 +190,20 @@ def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str
     # JetMoE's experts over rows sorted by expert: the sizes kept a tensor (sorted_experts.py)
     by_sizes, sorted_notes = choose_sorted(module, args, kwargs)
     notes += sorted_notes
-    # transformers' masks from custom mask functions: broadcast, not vmapped (mask_expansion.py)
-    broadcast, mask_notes = check_broadcast_masks(module, args, kwargs)
-    notes += mask_notes
     # X-MOD's adapters over the rows of each language: kept by where(), not selected (language_adapters.py)
     adapters, adapter_notes = language_adapter_modules(module, args, kwargs)
     notes += adapter_notes
-    # Mamba's reference scan as one op, so its Python loop does not fix the length (mappings/selective_scan.py);
-    # torch.div of sizes returns the size (size_division.py)
-    with dense_forwards(moe_blocks, dense), decorated_dense(decorated), exported_scans(module), \
-            sorted_forwards(by_sizes), broadcast_masks(broadcast), \
-            masked_language_adapters(adapters), sizes_divided_as_sizes(), leafspec_warning_silenced():
-        ep = torch.export.export(module, tuple(args), kwargs=dict(kwargs), dynamic_shapes=dims, strict=False)
+
+    def export(broadcast: bool) -> torch.export.ExportedProgram:
+        # Mamba's reference scan as one op, so its Python loop does not fix the length (mappings/selective_scan.py);
+        # torch.div of sizes returns the size (size_division.py)
+        with dense_forwards(moe_blocks, dense), decorated_dense(decorated), exported_scans(module), \
+                sorted_forwards(by_sizes), broadcast_masks(broadcast), \
+                masked_language_adapters(adapters), sizes_divided_as_sizes(), leafspec_warning_silenced():
+            return torch.export.export(module, tuple(args), kwargs=dict(kwargs), dynamic_shapes=dims, strict=False)
+    # transformers' masks from custom mask functions: broadcast, not vmapped, where exact (mask_expansion.py)
+    ep, broadcast, mask_notes = export_with_broadcast_masks(export, module, args, kwargs)
+    notes += mask_notes
     notes += inline_grad_regions(ep.graph_module)
     notes += drop_value_assertions(ep.graph_module)
     mapped_leaves = {p for p, m in module.named_modules() if p and lookup_module(m) is not None}

@@ -74,10 +74,21 @@ class DispatchScheme:
 
         return record
 
-    def exchange(self, ex, axes: Axes):
-        """The exchange for the mode (rows recorded as "rows"): in simulation `InProcessExchange`
-        (`LibraryExchange` with `sim_collectives="library"`), under msrun the `ProcessExchange`
-        of this process's expert group."""
+    def record_members(self, ex, axes: Axes, amounts: Dict[tuple, int]) -> None:
+        """Rows' bytes sent that differ per expert member (ranks -> bytes, `member_loads`): added
+        to `last_stats["rows"]` (the representative's, the lowest rank's) and reported as an
+        AllToAll over the expert axes, each program its own."""
+        name = "+".join(ex.mesh.alias_names[a] for a in axes.expert)
+        first = min(min(ranks) for ranks in amounts)
+        self.engine.last_stats["rows"] = self.engine.last_stats.get("rows", 0) + next(
+            n for ranks, n in amounts.items() if first in ranks)
+        ex.accounting.record_comm_by_ranks("AllToAll", name, amounts, cause="MoE dispatch/combine (token rows)")
+
+    def exchange(self, ex, axes: Axes, record: bool = True):
+        """The exchange for the mode (rows recorded as "rows", unless not `record`: the scheme
+        records them per member): in simulation `InProcessExchange` (`LibraryExchange` with
+        `sim_collectives="library"`), under msrun the `ProcessExchange` of this process's expert
+        group."""
         if ex.shape_only:  # a dry run: shapes, one member, the assumed routing's symmetry
             from mindspore_hyper.context import get_context
             from mindspore_hyper.moe.shape_exchange import ShapeExchange
@@ -87,15 +98,15 @@ class DispatchScheme:
                     f"dry run: MoE(dispatch={self.engine.moe.dispatch!r}) under a moe_routing histogram is not "
                     "modelled (its hops need every member's unequal loads; the dry run holds one member): use "
                     "dispatch='flat' or moe_routing='balanced' in the dry run, or run the job in simulation")
-            return ShapeExchange(ex, axes, self.recorder(ex, axes, "rows"))
+            return ShapeExchange(ex, axes, self.recorder(ex, axes, "rows") if record else None)
         if not axes.local(ex):
             return self.process_exchange(ex, ex.keys(axes.token)[0], axes)
         from mindspore_hyper.context import get_context
 
-        record = self.recorder(ex, axes, "rows")
+        recorder = self.recorder(ex, axes, "rows") if record else None
         if get_context("sim_collectives") == "library":
-            return LibraryExchange(ex, axes, self.engine.moe.hidden, record)
-        return InProcessExchange(ex, axes, record)
+            return LibraryExchange(ex, axes, self.engine.moe.hidden, recorder)
+        return InProcessExchange(ex, axes, recorder)
 
     def process_exchange(self, ex, key: Key, axes: Axes) -> ProcessExchange:
         """The exchange of this process's expert group under msrun (rows recorded as "rows")."""

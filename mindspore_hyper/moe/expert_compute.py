@@ -3,10 +3,13 @@ delivered to its device (tensor-parallel experts: on their slice of F, the parti
 all-reduced over the tensor axes; with a placement, on the replicas' all-gathered weights).
 
 The experts work on plain tensors (the rows each device received), which the DTensor accounting
-does not see; their activations are counted by a model (`expert_activation_bytes`), for the
-device the accounting represents (the first of the token keys, whose sends the exchange records
-too), so the memory figures follow the routing (balanced, a given histogram, or device 0's
-learned loads)."""
+does not see; their activations are counted by a model (`expert_activation_bytes`), so the
+memory figures follow the routing: each expert member its own rows under the balanced assumption
+or a given histogram (`member_loads`), else the device the accounting represents (the first of
+the token keys: device 0's learned loads in simulation, each process's own under msrun). The
+dispatch's exchange buffers (`exchange_buffers`) are freed as the experts take their input. Their
+matmuls and SwiGLU products are recorded as timed ops for the same devices (`expert_ops`), so the
+step-time prediction counts the experts' FLOPs."""
 from __future__ import annotations
 
 from typing import Dict
@@ -14,7 +17,9 @@ from typing import Dict
 from mindspore import ops
 
 from mindspore_hyper.dtensor.dtensor import significant_axes
+from mindspore_hyper.moe import exchange_buffers
 from mindspore_hyper.moe.exchange import split_rows
+from mindspore_hyper.moe.expert_ops import expert_ops, record_expert_ops
 from mindspore_hyper.moe.experts import swiglu
 from mindspore_hyper.moe.expert_state import Key, State
 
@@ -25,6 +30,9 @@ def run_experts(state: State, received: Dict[Key, dict], placement) -> Dict[Key,
     """received[dest key][source][slot] -> rows: the experts' outputs in the same structure."""
     ex = state.weights[0].execution
     axes = state.axes
+    if state.dispatch_buffers is not None:  # the experts take their input: the exchange buffers go
+        exchange_buffers.free(ex.accounting, state.dispatch_buffers)
+        state.dispatch_buffers = None
     outputs = {}
     for key, by_src in received.items():
         order = [(slot, src) for slot in range(axes.per_member) for src in sorted(by_src)
@@ -51,10 +59,22 @@ def run_experts(state: State, received: Dict[Key, dict], placement) -> Dict[Key,
             results = ex.collectives.all_reduce(results, "sum", tp_group)
         for (slot, src), piece in zip(order, split_rows(results[0], sizes)):
             outputs[key][src][slot] = piece
-        if key == ex.keys(axes.token)[0]:  # the device the accounting counts
+        if key == ex.keys(axes.token)[0] and state.loads is None:  # the device the accounting counts
             tp_key = ex.keys(axes.tensor)[0] if axes.tensor else ()
-            f_local = int(_weights(ex, state, key, tp_key, placement)[0].shape[-1])
-            _hold(ex, expert_activation_bytes(sum(sizes), int(rows.shape[-1]), f_local, rows.dtype.itemsize))
+            w_gate = _weights(ex, state, key, tp_key, placement)[0]
+            hidden, f_local, itemsize = int(rows.shape[-1]), int(w_gate.shape[-1]), rows.dtype.itemsize
+            record_expert_ops(ex.accounting, expert_ops(slot_sizes, hidden, f_local, itemsize, w_gate.dtype.itemsize))
+            _hold(ex, expert_activation_bytes(sum(sizes), hidden, f_local, itemsize))
+    loads = state.loads
+    if loads is not None:  # every member its own rows (`member_loads`)
+        key = next(iter(state.plans))
+        tp_key = ex.keys(axes.tensor)[0] if axes.tensor else ()
+        w_gate = _weights(ex, state, key, tp_key, placement)[0]
+        _, hidden, f_local = (int(n) for n in w_gate.shape)
+        itemsize = state.prep.tokens[key].dtype.itemsize
+        record_expert_ops(ex.accounting, loads.by_ranks(lambda m: expert_ops(
+            loads.received_per_slot(m), hidden, f_local, itemsize, w_gate.dtype.itemsize)))
+        _hold(ex, loads.by_ranks(lambda m: expert_activation_bytes(loads.received(m), hidden, f_local, itemsize)))
     return outputs
 
 
@@ -72,14 +92,17 @@ def expert_activation_bytes(rows: int, hidden: int, ffn_local: int, itemsize: in
     return (2 * rows * hidden + 4 * rows * ffn_local) * itemsize
 
 
-def _hold(ex, nbytes: int) -> None:
-    """Count `nbytes` of expert activations: held to the step's end in a training forward, else
-    alive only during the call."""
+def _hold(ex, nbytes) -> None:
+    """Count `nbytes` of expert activations (bytes, or ranks -> bytes per program): held to the
+    step's end in a training forward, else alive only during the call."""
     if ex.holds_activations:
-        ex.accounting.hold(nbytes)
+        if isinstance(nbytes, dict):
+            ex.accounting.hold_by_ranks(nbytes)
+        else:
+            ex.accounting.hold(nbytes)
     else:
-        ex.accounting.allocate(nbytes)
-        ex.accounting.free(nbytes)
+        exchange_buffers.allocate(ex.accounting, nbytes)
+        exchange_buffers.free(ex.accounting, nbytes)
 
 
 def _weights(ex, state: State, key: Key, tp_key: Key, placement):

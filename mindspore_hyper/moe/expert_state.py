@@ -124,6 +124,10 @@ class State:
     hops: object = None  # hierarchical dispatch: what its hops leave for combine (`hierarchical_scheme.TwoHops`)
     group_sends: Optional[dict] = None  # hierarchical dispatch: per source key, its GroupRows
     chain: Optional[Tensor] = None  # msrun: the last exchange's output (`ProcessExchange.chained`)
+    loads: object = None  # every member's rows when devices route alike (`member_loads.MemberLoads`), else None
+    # the exchange buffers counted live (`exchange_buffers`): bytes, or ranks -> bytes; None when not counted
+    dispatch_buffers: object = None
+    combine_buffers: object = None
 
     @property
     def axes(self) -> Axes:

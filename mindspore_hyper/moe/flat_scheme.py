@@ -15,9 +15,11 @@ from typing import Dict
 import numpy as np
 from mindspore import Tensor, ops
 
+from mindspore_hyper.moe import exchange_buffers
 from mindspore_hyper.moe.dispatch_scheme import DispatchScheme
 from mindspore_hyper.moe.experts import combine_copies
 from mindspore_hyper.moe.expert_state import Key, State
+from mindspore_hyper.moe.member_loads import MemberLoads
 
 __all__ = ["FlatScheme"]
 
@@ -28,7 +30,8 @@ class FlatScheme(DispatchScheme):
     def start_dispatch(self, state: State, tokens: Dict[Key, Tensor], background: bool) -> None:
         ex = state.weights[0].execution
         axes = state.axes
-        exchange = state.exchange = self.exchange(ex, axes)
+        loads = state.loads = MemberLoads.of_call(ex, axes, next(iter(state.plans.values())))
+        exchange = state.exchange = self.exchange(ex, axes, record=loads is None)
         per = axes.per_member
         counts = {key: np.array([[len(plan.tokens[m * per + s]) for s in range(per)] for m in range(axes.members)],
                                 dtype=np.int64) for key, plan in state.plans.items()}
@@ -43,6 +46,9 @@ class FlatScheme(DispatchScheme):
                 sends[key][exchange.address(key, member)] = segs
         self._count_levels(state, "dispatch", sends)
         key = next(iter(state.plans))  # msrun: this process's (the only one)
+        if loads is not None:  # every member its own bytes (`member_loads`)
+            row_bytes = self.engine.moe.hidden * tokens[key].dtype.itemsize
+            self.record_members(ex, axes, loads.by_ranks(lambda m: loads.sent(m) * row_bytes))
         move = partial(self._move, state, key, counts[key], self.engine.last_stats)
         exchange.start(sends, counts, dtype=state.weights[0].dtype, move=move,
                        run=partial(self.engine.run_exchange, background=background))
@@ -50,10 +56,34 @@ class FlatScheme(DispatchScheme):
     def receive_dispatch(self, state: State) -> Dict[Key, dict]:
         received = state.exchange.finish(self.engine.wait_exchange)
         state.chain = state.exchange.last_output
+        if state.axes.members == 1:  # nothing is exchanged
+            return received
+        key = next(iter(state.plans))  # the representative device's (msrun: this process's)
+        itemsize = state.prep.tokens[key].dtype.itemsize
+        hidden, loads = self.engine.moe.hidden, state.loads
+        if loads is not None:
+            state.dispatch_buffers = loads.by_ranks(lambda m: exchange_buffers.dispatch_buffer_bytes(
+                loads.copies, loads.received(m), hidden, itemsize))
+        else:
+            state.dispatch_buffers = exchange_buffers.dispatch_buffer_bytes(
+                int(state.plans[key].counts.sum()), _rows(received[key]), hidden, itemsize)
+        exchange_buffers.allocate(state.weights[0].execution.accounting, state.dispatch_buffers)
         return received
 
     def start_combine(self, state: State, outputs: Dict[Key, dict], background: bool) -> None:
         """outputs[dest][src] are what dest sends back to src."""
+        ex, axes, loads, hidden = state.weights[0].execution, state.axes, state.loads, self.engine.moe.hidden
+        itemsize = state.weights[0].dtype.itemsize  # the experts' outputs' (and the combined rows') dtype
+        key = next(iter(state.plans))
+        if loads is not None:  # every member its own bytes (`member_loads`)
+            self.record_members(ex, axes, loads.by_ranks(lambda m: loads.returned(m) * hidden * itemsize))
+            state.combine_buffers = loads.by_ranks(lambda m: exchange_buffers.combine_buffer_bytes(
+                loads.received(m), loads.copies, hidden, itemsize))
+        elif axes.members > 1:  # (one member: nothing is exchanged)
+            state.combine_buffers = exchange_buffers.combine_buffer_bytes(
+                _rows(outputs[key]), int(state.plans[key].counts.sum()), hidden, itemsize)
+        if state.combine_buffers is not None:
+            exchange_buffers.allocate(ex.accounting, state.combine_buffers)
         self._count_levels(state, "combine", outputs)
         state.exchange.start_back(outputs, state.weights[0].dtype, partial(self.engine.run_exchange,
                                                                            background=background))
@@ -71,6 +101,8 @@ class FlatScheme(DispatchScheme):
                 member, slot = divmod(e, axes.per_member)
                 outs.append(by_dest[exchange.address(key, member)][slot])
             shards[key] = combine_copies(plan, outs, state.gates[key], self.engine.moe.hidden, state.weights[0].dtype)
+        if state.combine_buffers is not None:
+            exchange_buffers.free(state.weights[0].execution.accounting, state.combine_buffers)
         return shards
 
     def _count_levels(self, state: State, what: str, sends) -> None:
@@ -97,3 +129,8 @@ class FlatScheme(DispatchScheme):
             recv_counts = exchange.counts(send_counts)
         stats["metadata_seconds"] = stats.get("metadata_seconds", 0.0) + time.perf_counter() - start
         return recv_counts, exchange.move(flat, send_counts, recv_counts)
+
+
+def _rows(by_peer: Dict) -> int:
+    """Rows in segments {peer: {slot: rows or None}}."""
+    return sum(int(t.shape[0]) for segs in by_peer.values() for t in segs.values() if t is not None)

@@ -7,8 +7,8 @@ member sends to itself. The dispatch's received segments, counts and
 metadata are therefore this member's own sends to itself, with the shapes (and bytes) a real
 exchange would deliver; the combine (`start_back`) returns from each member the rows this member
 sent it (under a skewed histogram members hold unequal loads, so what a member sends back is not
-what this member returns to itself). The bytes sent to the other members are recorded as the
-simulation records them.
+what this member returns to itself). The flat dispatch records every member's bytes itself
+(`member_loads`, as in simulation); a `record` given here is told this member's.
 """
 from __future__ import annotations
 

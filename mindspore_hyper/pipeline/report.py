@@ -97,6 +97,12 @@ def pipeline_report(model, optimizer=None) -> StepReport:
         runner = model.runners.get(pipeline_rank)
         row["activations_peak"] = runner.peak_live_bytes if runner is not None else 0
         row["total"] = sum(row[k] for k in KINDS)
+        # mixed precision's compute-dtype copies of the rank's stages' weights (as a one-stage report)
+        working = sum(stage_reports[s].memory[local].get("working_weights", 0)
+                      for s in schedule.stages_of(pipeline_rank) if s in stage_reports)
+        if working:
+            row["working_weights"] = working
+            row["total"] += working
         memory[g] = row
     comm, comm_backward, fallbacks, comm_causes = {}, {}, {}, {}
     for s, rep in stage_reports.items():

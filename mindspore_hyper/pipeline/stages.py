@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from mindspore import nn
 
-from mindspore_hyper.pipeline.traced_chain import TracedChain, find_block_list
+from mindspore_hyper.pipeline.traced_chain import TracedChain, block_list_candidates
 from mindspore_hyper.schedule.schedule import Schedule
 from mindspore_hyper.strategy.resolve import _partition
 
@@ -47,12 +47,16 @@ class PipelineLayers:
     chain: Optional[TracedChain] = None
 
     def with_outer_parameters(self) -> "PipelineLayers":
-        """After the chain's trace: the Parameters outside the blocks counted with the first
-        layer (the ones stage 0 trains) and the last layer (the last stage's)."""
-        names = [list(n) for n in self.parameters]
+        """After the chain's trace: the layers of the CellList it kept (of several candidates, the one
+        the forward calls), with the Parameters outside the blocks counted with the first layer (the
+        ones stage 0 trains) and the last layer (the last stage's)."""
+        cell_names = {id(c): name for name, c in self.chain.model.cells_and_names()}
+        cells = tuple(self.chain.blocks)
+        names = [[self.param_names[id(p)] for p in c.trainable_params() if id(p) in self.param_names] for c in cells]
         for index, params in ((0, self.chain.prologue_params), (-1, self.chain.epilogue_params)):
             names[index] += [self.param_names[id(p)] for p in params if self.param_names[id(p)] not in names[index]]
-        return replace(self, parameters=tuple(tuple(n) for n in names))
+        return replace(self, cells=cells, names=tuple(cell_names.get(id(c), f"layer{i}") for i, c in enumerate(cells)),
+                       parameters=tuple(tuple(n) for n in names))
 
     def __len__(self) -> int:
         return len(self.cells)
@@ -76,10 +80,10 @@ def layers_of(model: nn.Cell) -> Optional[PipelineLayers]:
         cells = list(model._backbone.cell_list)
         loss = model._loss_fn
     else:
-        found = find_block_list(model)
-        if found is None:
+        found = block_list_candidates(model)
+        if not found:
             return None
-        chain = TracedChain(model, *found)
+        chain = TracedChain(model, *found[0], alternatives=found[1:])
         cells = chain.blocks
     cell_names = {id(c): name for name, c in model.cells_and_names()}
     param_names = {id(p): name for name, p in model.parameters_and_names()}

@@ -4,7 +4,7 @@ A parameter read by an op sharded over mesh axes it is replicated on (data paral
 gradient contribution per member of that group; its gradient is their sum. Once per step, per
 parameter and group, a device runs an AllReduce of the gradient, or with ZeRO-1 along the group
 a ReduceScatter to its optimizer slice and, after the update, an AllGather of the updated
-slice. Each of these collectives is issued through the model's `GradientSync`, whose method
+slice (ZeRO-1 along part of the group: an AllReduce over the other axes first). Each of these collectives is issued through the model's `GradientSync`, whose method
 records it in the model's accounting (backward traffic, caused by the parameter's gradient sync,
 the AllGather by the ZeRO gather) where it moves the bytes:
 
@@ -25,7 +25,7 @@ contribute.
 """
 from __future__ import annotations
 
-from typing import Sequence, Set, Tuple
+from typing import Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -37,10 +37,14 @@ __all__ = ["GradientSync", "zero_along", "member_group", "SCALAR_BYTES"]
 SCALAR_BYTES = np.dtype(np.float64).itemsize  # a summed scalar (a squared-norm share) travels as one float64
 
 
-def zero_along(mesh, slot, group: AxisGroup) -> bool:
-    """Whether the parameter of `slot` has its optimizer states split (ZeRO-1) along `group`."""
-    zero_axes = {mesh.alias_names[a] for a in slot.zero_axes}
-    return bool(zero_axes & set(group.axis.split("+")))
+def zero_along(mesh, slot, group: AxisGroup) -> Optional[Tuple[str, int]]:
+    """The part of `group` the parameter of `slot` has its optimizer states split over (ZeRO-1):
+    (its axis name, "data" or "data+tensor", and its size in devices); None when none."""
+    axes = set(group.axis.split("+"))
+    zero = [a for a in slot.zero_axes if mesh.alias_names[a] in axes]
+    if not zero:
+        return None
+    return "+".join(mesh.alias_names[a] for a in zero), int(np.prod([mesh.device_matrix[a] for a in zero]))
 
 
 class GradientSync:
@@ -74,13 +78,20 @@ class GradientSync:
         self.accounting.record_comm(kind, axis, send_bytes, input_bytes, backward=True, cause=cause)
 
     # -- every member in this process -------------------------------------------------------------
-    def parameter_sum(self, param_bytes: int, group: AxisGroup, zero: bool, name: str) -> None:
+    def parameter_sum(self, param_bytes: int, group: AxisGroup, zero: Optional[Tuple[str, int]], name: str) -> None:
         """Parameter `name`'s gradient sum over `group` on a device holding `param_bytes` of it,
         its members' contributions summed in this process already: an AllReduce, or with
-        `zero` (ZeRO-1 along the group) a ReduceScatter plus the AllGather of the updated slice
-        (param_bytes // n per device, (n-1)/n of param_bytes sent)."""
+        `zero` (`zero_along`: the part of the group its optimizer states are split over, ZeRO-1)
+        a ReduceScatter over that part plus the AllGather of the updated slice (param_bytes // n
+        per device, (n-1)/n of param_bytes sent), after an AllReduce over the group's other axes
+        where the part is not the whole group (what a process runs under msrun)."""
         n, axis = group.size, group.axis
-        if zero:
+        if zero is not None and zero[1] < n:  # first summed among the devices of one optimizer slice
+            rest = "+".join(a for a in axis.split("+") if a not in zero[0].split("+"))
+            self._record("AllReduce", rest, ring_send_bytes("AllReduce", n // zero[1], param_bytes), param_bytes,
+                         grad_sync_cause(name))
+        if zero is not None:
+            axis, n = zero
             self._record("ReduceScatter", axis, ring_send_bytes("ReduceScatter", n, param_bytes), param_bytes,
                          grad_sync_cause(name))
             self._record("AllGather", axis, ring_send_bytes("ReduceScatter", n, param_bytes), param_bytes // n,
@@ -124,10 +135,10 @@ class GradientSync:
     def sum_scalar(self, value: float, group: AxisGroup, cause: str = "") -> float:
         """A float summed over `group`'s members: one AllReduce of a float64 (8 bytes), recorded
         under `cause` when one is given (the global gradient norm's "clip grad norm"); "" records
-        nothing. Where every member is in this process, `value` is the sum already (computed
-        from the global tensors) and nothing moves; else the sum of the processes' values moves
-        through the group's communicator."""
-        if cause:
+        nothing, nor does a group of one device (no collective runs). Where every member is in
+        this process, `value` is the sum already (computed from the global tensors) and nothing
+        moves; else the sum of the processes' values moves through the group's communicator."""
+        if cause and group.size > 1:
             self._record("AllReduce", group.axis, ring_send_bytes("AllReduce", group.size, SCALAR_BYTES),
                          SCALAR_BYTES, cause)
         if len(group.local) == group.size:

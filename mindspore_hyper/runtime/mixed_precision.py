@@ -48,13 +48,16 @@ def compute_dtypes(network: nn.Cell) -> Dict[str, str]:
         A dict, empty for a model without mixed-precision types.
     """
     out: Dict[str, str] = {}
+    # the names `parameters_and_names` gives (a pipeline's stage Cell names its parameters as the
+    # whole model does, not by its own Cell tree's paths)
+    names = {id(param): name for name, param in network.parameters_and_names()}
 
     def visit(cell: nn.Cell, path: str, inherited: Optional[str]) -> None:
         flag = getattr(cell, "mixed_precision_type", None)
         here = _FLAG_DTYPES.get(getattr(flag, "name", ""), inherited) if flag is not None else inherited
         for key, param in cell._params.items():
             if param is not None and here is not None and dtype_name(param.dtype) != here:
-                out.setdefault(f"{path}.{key}" if path else key, here)
+                out.setdefault(names.get(id(param), f"{path}.{key}" if path else key), here)
         for key, child in cell._cells.items():
             if child is not None:
                 visit(child, f"{path}.{key}" if path else key, here)

@@ -18,6 +18,10 @@ With offloaded units (`hyper_offload` of the model), `offload`: the offload's fi
 (`offload/offload_section.py`), and the memory rows count the offloaded parameters' parameter,
 gradient and optimizer-state bytes only as the device tier holds them (`offload_device_tier`: its
 peak of pinned blocks); the host and disk tiers are listed in the offload section.
+Devices whose programs differ from the representative's (an expert member under a routing
+assumption: `moe/member_loads.py`) have their own accounting (`Accounting.for_rank`): their rows
+count their own peak activations and step series, and `programs` lists each such program's
+devices and collectives (`comm_of(rank)`: a device's).
 """
 from __future__ import annotations
 
@@ -71,6 +75,9 @@ class StepReport:
     step_memory: Optional[dict] = None
     # with offloaded units: the offload's section (offload/offload_section.py), else None
     offload: Optional[dict] = None
+    # the programs other than the representative's (devices with their own figures: `Accounting.variants`),
+    # each {"ranks": [...], "comm": ..., "comm_backward": ..., "comm_causes": ...} as the fields above
+    programs: List[dict] = field(default_factory=list)
 
     @classmethod
     def build(cls, model, optimizer=None) -> "StepReport":
@@ -93,7 +100,7 @@ class StepReport:
                 "parameters": per[rank]["param"],
                 "gradients": per[rank]["param"],
                 "optimizer_states": optimizer_bytes[rank] if optimizer_bytes is not None else per[rank]["optimizer"],
-                "activations_peak": acc.peak_bytes,
+                "activations_peak": acc.for_rank(rank).peak_bytes,
             }
         by_kind_dtype = memory_by_dtype(table, ranks, by_dtype, model.network)
         if offload is not None:
@@ -113,6 +120,7 @@ class StepReport:
             memory_by_dtype=by_kind_dtype,
             comm_causes={"forward": _nest_causes(acc.comm_causes), "backward": _nest_causes(acc.comm_backward_causes)},
             offload=offload,
+            programs=_programs(acc, memory),
         )
         if table.mesh.size <= COMM_TIME_MAX_DEVICES:
             report.comm_time_estimate_s = _comm_time(report, table.mesh)
@@ -125,6 +133,13 @@ class StepReport:
             report.step_memory = _step_memory(model, optimizer, memory, ranks, simulated, offload)
         report.check_memory()
         return report
+
+    def comm_of(self, rank: int) -> Dict[str, dict]:
+        """Device `rank`'s collectives: {"comm", "comm_backward", "comm_causes"} (its program's)."""
+        for program in self.programs:
+            if rank in program["ranks"]:
+                return {k: program[k] for k in ("comm", "comm_backward", "comm_causes")}
+        return {"comm": self.comm, "comm_backward": self.comm_backward, "comm_causes": self.comm_causes}
 
     @property
     def p2p(self) -> Dict[str, Dict[str, int]]:
@@ -170,6 +185,7 @@ class StepReport:
             **({"step_memory": self.step_memory} if self.step_memory is not None else {}),
             **({"pipeline": self.pipeline.to_dict()} if self.pipeline is not None else {}),
             **({"offload": self.offload} if self.offload is not None else {}),
+            **({"programs": [dict(p) for p in self.programs]} if self.programs else {}),
         }
 
     def __str__(self) -> str:
@@ -196,6 +212,9 @@ class StepReport:
                  causes_text(self.comm_causes.get(phase, {}).get(kind, {}).get(axis, {}))]
                 for phase, comm in (("forward", self.comm), ("backward", self.comm_backward))
                 for kind, axes in comm.items() for axis, v in axes.items()]
+        if crow and self.programs:
+            rest = sorted(set(self.memory) - {r for p in self.programs for r in p["ranks"]})
+            lines.append(f"devices {rank_ranges(rest)}:")
         if crow:
             lines.append("communication per step (bytes sent per device):")
             lines += _table(["phase", "collective", "axis", "count", "bytes", "caused by"], crow, left_last=True)
@@ -206,6 +225,7 @@ class StepReport:
         else:
             lines.append("communication per step: none" + (" (the last step ran no backward pass)"
                                                            if self.backward_ran is False else ""))
+        lines += _program_lines(self)
         if self.pipeline is not None:
             lines.append(str(self.pipeline))
         if self.mpmd is not None:
@@ -324,6 +344,28 @@ class StepReport:
         return path
 
 
+def _programs(acc, memory) -> List[dict]:
+    """`StepReport.programs`: per variant of the accounting, its devices (of `memory`'s) and collectives."""
+    return [{"ranks": sorted(r for r in ranks if r in memory), "comm": _nest(v.comm),
+             "comm_backward": _nest(v.comm_backward),
+             "comm_causes": {"forward": _nest_causes(v.comm_causes), "backward": _nest_causes(v.comm_backward_causes)}}
+            for ranks, v in acc.variants.items()]
+
+
+def _program_lines(report: "StepReport") -> List[str]:
+    """Per program of its own (`StepReport.programs`): its devices and the collectives that differ
+    from the representative's."""
+    lines = []
+    for program in report.programs:
+        differ = [[phase, kind, axis, str(v["count"]), _fmt(v["bytes"])]
+                  for phase, comm, own in (("forward", report.comm, program["comm"]),
+                                           ("backward", report.comm_backward, program["comm_backward"]))
+                  for kind, axes in own.items() for axis, v in axes.items() if comm.get(kind, {}).get(axis) != v]
+        lines.append(f"devices {rank_ranges(program['ranks'])}: their own program, collectives that differ:")
+        lines += _table(["phase", "collective", "axis", "count", "bytes"], differ)
+    return lines
+
+
 def device_groups(rows: Dict[int, Dict[str, int]]):
     """(label, row) per set of devices with equal rows, in order of their first device, at any
     number of devices: a group's label is its ranges and count ("0-3,8-11 (8)"), a device alone
@@ -396,7 +438,10 @@ def _step_memory(model, optimizer, memory, ranks, simulated: bool, offload: Opti
     section the offloaded parameters count as the device tier's pinned peak (whole blocks)."""
     alignment, fragmentation = get_context("allocator_alignment"), get_context("allocator_fragmentation")
     trainable = {id(p) for p in model.network.trainable_params()}
-    exact, rounded = (step_memory(model.accounting, a, trainable) for a in (1, alignment))
+    acc = model.accounting
+    series = {id(a): tuple(step_memory(a, n, trainable) for n in (1, alignment))
+              for a in (acc, *acc.variants.values())}  # each program's (exact, rounded)
+    exact, rounded = series[id(acc)]
     if not exact.points:
         return {"timeline": [], "peak_phase": "", "peak_op": "", "alignment_bytes": alignment,
                 "fragmentation": fragmentation, "per_device": {}}
@@ -405,16 +450,21 @@ def _step_memory(model, optimizer, memory, ranks, simulated: bool, offload: Opti
     per_device = {}
     for rank in ranks:
         m = memory[rank]
+        own_exact, own_rounded = series[id(acc.for_rank(rank))]
         working = m.get("working_weights", 0) + m.get("offload_device_tier", 0)  # (the tier: whole blocks)
-        step_rounded = states[rank] + working + rounded.peak.total
+        step_rounded = states[rank] + working + own_rounded.peak.total
         per_device[rank] = {
-            "step_peak": m["parameters"] + m["optimizer_states"] + working + exact.peak.total,
+            "step_peak": m["parameters"] + m["optimizer_states"] + working + own_exact.peak.total,
             "step_peak_rounded": step_rounded,
             "step_peak_with_fragmentation": math.ceil(step_rounded * (1 + fragmentation)),
         }
+    programs = [{"ranks": sorted(r for r in ranks_of if r in memory), "timeline": series[id(v)][0].to_rows(),
+                 "peak_phase": series[id(v)][0].peak.phase, "peak_op": series[id(v)][0].peak.op}
+                for ranks_of, v in acc.variants.items()]
     return {"timeline": exact.to_rows(), "peak_phase": exact.peak.phase, "peak_op": exact.peak.op,
             "rounded_peak_phase": rounded.peak.phase, "rounded_peak_op": rounded.peak.op,
-            "alignment_bytes": alignment, "fragmentation": fragmentation, "per_device": per_device}
+            "alignment_bytes": alignment, "fragmentation": fragmentation, "per_device": per_device,
+            **({"programs": programs} if programs else {})}
 
 
 def rounded_model_states(model, optimizer, ranks, simulated: bool, alignment: int, skip=()) -> Dict[int, int]:

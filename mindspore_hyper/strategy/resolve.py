@@ -424,7 +424,8 @@ def assign_pipeline_stages(cell, config: ParallelConfig) -> Tuple[Dict[str, int]
     Rule: the units are the maximal Cells matched by a module_level entry that has `pipeline`
     (a matched Cell inside another matched Cell is not a unit), in model order, excluding Cells
     of device groups. While there are fewer units than stages, each unit with sub-Cells holding
-    parameters is replaced by those sub-Cells. The units are cut into `pipeline_stages`
+    parameters is replaced by those sub-Cells (parameters it owns itself, as a converted model's Cell
+    holds its embedding table, then follow the rule for other Cells below). The units are cut into `pipeline_stages`
     contiguous non-empty runs minimising the largest run's parameter bytes. Every other
     parameter-owning Cell takes the stage of the nearest unit before it (stage 0 if none).
 
@@ -457,10 +458,9 @@ def assign_pipeline_stages(cell, config: ParallelConfig) -> Tuple[Dict[str, int]
                 for name, _ in cells}
     while 0 < len(units) < n:
         expanded: List[str] = []
-        for u in units:
-            owns = any(pn.rpartition(".")[0] == u for pn, _ in params)
+        for u in units:  # a unit's own parameters (a converted Cell's embedding table) go with the unit before
             kids = [k for k in children.get(u, []) if sizes.get(k, 0) > 0]
-            expanded += [u] if owns or not kids else kids
+            expanded += kids or [u]
         if expanded == units:
             break
         units = expanded

@@ -34,7 +34,9 @@ class RawSegment:
             found = []
             for f in os.listdir("/dev/shm"):
                 try:
-                    if f.startswith(SEGMENT_PREFIX + name[:32]) and os.stat("/dev/shm/" + f).st_uid == os.geteuid():
+                    published = not f.endswith(".init")  # not rank 0's creation temporary
+                    if (f.startswith(SEGMENT_PREFIX + name[:32]) and published
+                            and os.stat("/dev/shm/" + f).st_uid == os.geteuid()):
                         found.append(f)
                 except FileNotFoundError:
                     pass

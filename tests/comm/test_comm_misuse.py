@@ -11,7 +11,6 @@ import pytest
 from comm_helpers import on_both_ranks, run_isolated, shm_group_pair
 
 from mindspore_hyper.comm import CommError, CommMismatch, InProcessCommunicator, ShmCommunicator
-from mindspore_hyper.comm._common import _C
 
 UNSUPPORTED = [np.bool_, np.complex64, np.int16, np.uint32, object]
 
@@ -295,29 +294,14 @@ def test_shm_use_after_close():
 
 
 # ----- the aggregator itself ------------------------------------------------------------------
-def test_aggregator_callback_errors_reach_the_handle():
-    def failing(buf, dtype, op):
-        raise RuntimeError("no route to rank 1")
-
-    agg = _C.python_aggregator(failing, 2, 4096, 0.0)
-    h = agg.submit(np.ones(4, np.float32), "sum")
-    with pytest.raises(CommError, match="MindSpore transport: RuntimeError: no route to rank 1"):
-        h.wait(10)
-    h2 = agg.submit(np.ones(4, np.float32), "sum")  # the group is broken now: fails at once
-    with pytest.raises(CommError, match="the group failed earlier"):
-        h2.wait(10)
-    agg.close()
-
-
-def test_aggregator_submit_after_close_and_bad_arguments():
-    agg = _C.python_aggregator(lambda buf, d, o: None, 1, 4096, 3600.0)
-    with pytest.raises(CommError, match="unsupported reduce op 'prod'"):
-        agg.submit(np.ones(2, np.float32), "prod")
-    agg.close()
-    with pytest.raises(CommError, match="aggregator is closed: no request can be submitted after close"):
-        agg.submit(np.ones(2, np.float32), "sum")
-    with pytest.raises(CommError, match="packet_bytes must be >= 8"):
-        _C.python_aggregator(lambda buf, d, o: None, 1, 4, 0.0)
+def test_aggregator_packet_size_below_one_element_is_refused():
+    g0, g1 = shm_group_pair(aggregation_bytes=4)
+    try:
+        with pytest.raises(CommError, match="packet_bytes must be >= 8"):
+            g0.all_reduce_async(np.ones(2, np.float32))
+    finally:
+        g0.close()
+        g1.close()
 
 
 def test_raw_entry_points_never_crash_in_a_subprocess():

@@ -1,5 +1,5 @@
 """Regression tests of the communication library's memory and thread safety (issue 11, item 6):
-dropped handles, the GIL around the executor's join, buffer exports, per-rank list lengths,
+dropped handles, buffer exports, per-rank list lengths,
 buffer sizes against counts, and shm segments of the same name. Cases that crashed or hung
 before the fix run in a subprocess."""
 import os
@@ -12,7 +12,6 @@ import pytest
 from comm_helpers import on_both_ranks, run_isolated, segment_path
 
 from mindspore_hyper.comm import CommError, InProcessCommunicator, ShmCommunicator
-from mindspore_hyper.comm._common import _C
 
 # Above glibc's largest mmap threshold (32MB): such an array's memory is unmapped when it is
 # freed, so a write into it after the free is a certain SIGSEGV rather than silent corruption.
@@ -66,48 +65,6 @@ def test_caller_may_reuse_its_array_right_after_submitting():
     for y in h.wait():
         np.testing.assert_array_equal(y, np.full(5, 3, np.float32))
     g.close()
-
-
-def test_destroying_a_python_aggregator_while_its_callback_runs_does_not_deadlock():
-    # The executor's packet callback sleeps (GIL released) and then needs the GIL back; the
-    # destructor joins the executor, so it must not hold the GIL meanwhile.
-    out = run_isolated("""
-        import threading, time
-        import numpy as np
-        from mindspore_hyper.comm._common import _C
-        started = threading.Event()
-        calls = []
-        def packet(mv, dtype, op):
-            started.set()
-            time.sleep(0.2)
-            calls.append((len(mv), dtype, op))
-        agg = _C.python_aggregator(packet, 1, 4096, 0.0)
-        h = agg.submit(np.arange(4, dtype=np.float32), "sum")
-        assert started.wait(10)
-        del agg  # last reference: the destructor runs now, with a packet in flight
-        np.testing.assert_array_equal(h.wait(10), np.arange(4, dtype=np.float32))
-        assert calls[-1] == (16, "float32", "sum"), calls
-        started.clear()
-        agg = _C.python_aggregator(packet, 1, 4096, 0.0)
-        h = agg.submit(np.ones(3, np.float32), "max")
-        assert started.wait(10)
-        agg.close()
-        np.testing.assert_array_equal(h.wait(10), np.ones(3, np.float32))
-        print("OK")
-    """, timeout=30)
-    assert "OK" in out
-
-
-def test_python_callback_may_keep_the_packet_it_was_given():
-    kept = []
-    agg = _C.python_aggregator(lambda buf, d, o: kept.append(buf), 1, 4096, 0.0)
-    h = agg.submit_many([np.full(3, 7, np.int32), np.full(5, 2.5, np.float32)], "sum")
-    h.wait(10)
-    agg.close()
-    del agg, h
-    # the aggregator and its requests are gone; the packets the callback kept are still valid memory
-    assert any(k.view(np.int32).tolist() == [7, 7, 7] for k in kept)
-    assert any(k.view(np.float32).tolist() == [2.5] * 5 for k in kept)
 
 
 def test_buffer_stays_exported_while_a_collective_uses_it(shm_pair):

@@ -3,6 +3,8 @@ faults (dead peer, stalled peer, mismatched shapes/dtypes) and /dev/shm cleanup.
 import multiprocessing as mp
 import os
 import signal
+import struct
+import subprocess
 import threading
 import time
 import traceback
@@ -12,13 +14,16 @@ import numpy as np
 import pytest
 
 from comm_helpers import on_both_ranks, segment_path
+from shm_raw import HEADER_BYTES, PIDS_OFFSET
 
-from mindspore_hyper.comm import CommMismatch, CommTimeout, ShmCommunicator
-from mindspore_hyper.comm.shm import SEGMENT_PREFIX
+from mindspore_hyper.comm import CommError, CommMismatch, CommTimeout, ShmCommunicator
+from mindspore_hyper.comm._common import _C
+from mindspore_hyper.comm.shm import SEGMENT_PREFIX, cleanup_stale_segments
 
 # spawn: the children must not inherit threads (MindSpore, other tests) of the pytest process
 CTX = mp.get_context("spawn")
 JOIN_TIMEOUT = 180  # seconds; a hang guard (spawned processes start slowly on a loaded machine)
+SHM_MAGIC = 0x4D5348595045524D  # "MSHYPERM", the segment header's first 8 bytes (ccsrc/comm/shm_segment.h)
 
 
 def _run(size, target, *args):
@@ -270,21 +275,109 @@ def _create_and_wait(name):
     ShmCommunicator(name, 0, 2, timeout=60.0)  # waits for a rank 1 that never comes
 
 
+def _files_of(segment: str) -> list:
+    """The /dev/shm names of a segment: its final name and rank 0's creation temporaries."""
+    return sorted(f for f in os.listdir("/dev/shm") if f.startswith(segment))
+
+
 def test_segment_of_a_creator_killed_before_anyone_attached_is_removed_by_the_next_group():
     name = "t" + uuid.uuid4().hex[:12]
     path = segment_path(name)
+    segment = os.path.basename(path)
     creator = CTX.Process(target=_create_and_wait, args=(name,))
     creator.start()
     deadline = time.time() + JOIN_TIMEOUT
-    while not os.path.exists(path) and time.time() < deadline:
-        time.sleep(0.05)
-    assert os.path.exists(path)
-    os.kill(creator.pid, signal.SIGKILL)  # rank 0 dies while the group forms
+    while not _files_of(segment) and time.time() < deadline:
+        time.sleep(0.001)
+    os.kill(creator.pid, signal.SIGKILL)  # rank 0 dies while the group forms, wherever it is in the creation
     creator.join(timeout=JOIN_TIMEOUT)
-    assert os.path.exists(path)  # left behind: nobody else knew of it
+    left = _files_of(segment)
+    assert left, "nothing of the creator's segment showed up in /dev/shm"  # left behind: nobody else knew of it
+    if os.path.exists(path):  # the final name is never published without its header
+        with open(path, "rb") as f:
+            assert struct.unpack("<Q", f.read(8))[0] == SHM_MAGIC
     fresh = ShmCommunicator("t" + uuid.uuid4().hex[:12], 0, 1, timeout=5.0)  # any new group's rank 0 cleans up
     fresh.close()
-    assert not os.path.exists(path)
+    assert _files_of(segment) == [], left
+
+
+def _make_segment_file(name: str, header_pid: int = 0) -> str:
+    """Create /dev/shm/`name` (mode 0600) as a crashed creator leaves it: blank (size 0), or a
+    header with the magic and rank 0's pid `header_pid`. Its path."""
+    path = "/dev/shm/" + name
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        if header_pid:
+            os.ftruncate(fd, HEADER_BYTES)
+            os.pwrite(fd, struct.pack("<Q", SHM_MAGIC), 0)
+            os.pwrite(fd, struct.pack("<i", header_pid), PIDS_OFFSET)
+    finally:
+        os.close(fd)
+    return path
+
+
+def _held_by_this_process(path_prefix: str) -> list:
+    """This process's open descriptors and mappings of files whose path starts with `path_prefix`."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except FileNotFoundError:  # the descriptor listdir itself used
+            continue
+        if target.startswith(path_prefix):
+            held.append(target)
+    with open("/proc/self/maps") as maps:
+        held += [line.split(None, 5)[-1].strip() for line in maps if path_prefix in line]
+    return held
+
+
+def test_dead_creators_temporaries_and_old_blank_segments_are_removed_live_ones_kept():
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    dead = exited.pid  # a process that has exited and been reaped
+    group = "t" + uuid.uuid4().hex[:12]
+    blank = segment_path(group)  # what an older version left when its rank 0 died before the header
+    base = os.path.basename(blank)
+    made = {
+        "dead blank temporary": _make_segment_file(f"{base}a.{dead}.0.init"),
+        "dead temporary, dead pid in its header": _make_segment_file(f"{base}b.{dead}.1.init", header_pid=dead),
+        "live temporary": _make_segment_file(f"{base}c.{os.getpid()}.7.init"),
+        "dead pid in the name, live one in the header": _make_segment_file(f"{base}d.{dead}.2.init",
+                                                                             header_pid=os.getpid()),
+        "young blank segment": _make_segment_file(base),
+    }
+    try:
+        with pytest.raises(CommError, match="blank_age_s must be >= 0 seconds"):
+            cleanup_stale_segments(base, blank_age_s=-1.0)
+        assert cleanup_stale_segments(base, blank_age_s=60.0) == 2
+        assert {what: os.path.exists(path) for what, path in made.items()} == {
+            "dead blank temporary": False, "dead temporary, dead pid in its header": False, "live temporary": True,
+            "dead pid in the name, live one in the header": True, "young blank segment": True}
+        # the next group of that name: refused while the blank segment may still be an older version's
+        # creation in progress, naming why; its own temporary is gone with the refusal
+        with pytest.raises(CommError, match=f"segment /{base} already exists and is blank \\(no header"):
+            ShmCommunicator(group, 0, 1, timeout=60.0)
+        assert not [f for f in _files_of(base) if f.startswith(base + ".")]
+        assert _held_by_this_process("/dev/shm/" + base + ".") == []  # nor its descriptor or mapping
+        time.sleep(0.3)  # the segment's ctime (kernel clock, never ahead of now) is now >= 0.3 s old
+        # older than the group timeout: rank 0 removes it and forms the group (size 1: it unlinks its name
+        # at once); the C++ group directly, so that not the Python side's cleanup_stale_segments removes it
+        formed = _C.ShmCommunicator(base, 0, 1, 4096, 0.25)
+        assert formed.size == 1 and formed.segment_name == "/" + base
+        del formed
+        assert not os.path.exists(blank)
+        assert [os.path.basename(made[k]) for k in ("live temporary", "dead pid in the name, live one in the header")
+                ] == _files_of(base)
+    finally:
+        for path in made.values():
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def test_a_name_shaped_like_a_creation_temporary_is_refused():
+    with pytest.raises(CommError, match=r"segment name 'mshyper_x\.5\.0\.init' ends like a creation temporary"):
+        _C.ShmCommunicator("mshyper_x.5.0.init", 0, 1, 4096, 1.0)
 
 
 def test_bfloat16_reduces_in_float32_and_moves_as_bytes(shm_pair):

@@ -1,5 +1,6 @@
 """The examples run on CPU and pass their own checks against single-device/resident runs."""
 import os
+import re
 import subprocess
 import sys
 
@@ -81,26 +82,41 @@ def test_pretrain_llama_checks_itself_and_resumes_at_another_size(tmp_path):
     checks itself also saves: one run fewer, the killed-and-resumed run is tests/resume_smoke.py's)."""
     from mindspore_hyper.checkpoint.directory import step_name
 
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from pretrain_llama import loss_rtol
+
     script = os.path.join(ROOT, "examples", "pretrain_llama.py")
     tokens = str(tmp_path / "tokens.bin")
 
     def run(*args):
-        done = subprocess.run([sys.executable, script, "--tokens", tokens, "--log-every", "100", *args],
+        done = subprocess.run([sys.executable, script, "--tokens", tokens, "--log-every", "1", *args],
                               capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-        return done.stdout
+        return done.stdout, done.stderr
 
-    out = run("--steps", "4", "--ckpt", str(tmp_path / "ckpt"), "--save-every", "2")
+    def logged(stderr):
+        """The telemetry's lines (`step N | loss X.XXXX | ...`): {step: loss}."""
+        found = re.findall(r"^step (\d+) \| loss (\S+) \| grad_norm (\S+)", stderr, re.MULTILINE)
+        assert all(float(norm) > 0 for _, _, norm in found), found  # clipping's global norm, logged each step
+        return {int(step): float(loss) for step, loss, _ in found}
+
+    out, err = run("--steps", "4", "--ckpt", str(tmp_path / "ckpt"), "--save-every", "2")
     assert "OK: 4 steps on 4 devices match one device" in out
     whole = [float(x) for x in out.split("parallel losses:")[1].splitlines()[0].split()]
-    resumed = run("--steps", "2", "--devices", "2", "--resume", str(tmp_path / "ckpt" / step_name(2)), "--no-check")
+    one_device = [float(x) for x in out.split("one-device losses:")[1].splitlines()[0].split()]
+    # the telemetry logs the global loss of each step: one device's within the example's derived
+    # bound, plus half a unit of the 4 logged and 7 printed decimals
+    rtol4 = np.asarray(loss_rtol("fp32", 4, batch=16, tensor=2))
+    steps = logged(err)
+    assert sorted(steps) == [0, 1, 2, 3], err[-3000:]
+    assert (np.abs(np.subtract([steps[i] for i in range(4)], one_device))
+            <= rtol4 * np.abs(one_device) + 0.5e-4 + 0.5e-7).all(), (steps, one_device)
+    resumed, err = run("--steps", "2", "--devices", "2", "--resume", str(tmp_path / "ckpt" / step_name(2)), "--no-check")
     tail = [float(x) for x in resumed.split("parallel losses:")[1].splitlines()[0].split()]
+    assert sorted(logged(err)) == [2, 3], err[-3000:]  # numbered from the run's start: steps 3 and 4
     # steps 3-4 on 2 devices from the checkpoint: the same data (the loader's position), weights
     # and optimizer states as the uninterrupted run's; only float32 summation order differs (data
     # 1 instead of 2): the example's loss_rtol derives the bound of the s-th step after the restore
     # (4 s gamma_512: 1.2e-4, 2.4e-4), plus 1e-7 for the 7 printed decimals
-    sys.path.insert(0, os.path.join(ROOT, "examples"))
-    from pretrain_llama import loss_rtol
-
     rtol = loss_rtol("fp32", 2, batch=16)
     assert (np.abs(np.subtract(tail, whole[2:])) <= rtol * np.abs(whole[2:]) + 1e-7).all(), (tail, whole[2:], rtol)

@@ -11,6 +11,35 @@ from mindspore import Tensor
 import hyper_parallel as hp
 from hyper_parallel.core.dtensor.placement_types import Partial, Replicate, Shard
 
+
+def _hsdp_on_no_mesh():
+    """Before any mesh is made: hsdp of a plain Cell is data parallel over the whole job (upstream's),
+    split over shard_size=2 consecutive ranks. Each rank's own batch; the summed gradient of a sum loss
+    is one device's on the 4 batches concatenated, this rank's rows of it (float32 sums of 12 products
+    per entry, a few ulp apart: rtol 1e-5)."""
+    import mindspore as _ms
+    from mindspore import nn as _nn_, ops as _ops_
+
+    class _Net(_nn_.Cell):
+        def __init__(self):
+            super().__init__()
+            self.weight = _ms.Parameter(Tensor(np.arange(32, dtype=np.float32).reshape(8, 4) / 10 - 1.2), name="w")
+
+        def construct(self, x):
+            return _ops_.relu(_ops_.matmul(x, self.weight)).sum()
+
+    me = int(os.environ["RANK_ID"])
+    batches = [np.random.RandomState(10 + r).randn(3, 8).astype(np.float32) for r in range(4)]
+    whole = _Net()
+    reference = _ms.value_and_grad(whole, None, whole.trainable_params())(Tensor(np.concatenate(batches)))[1][0]
+    model = hp.hsdp(_Net(), shard_size=2, threshold=0)
+    piece = _ms.value_and_grad(model, None, model.trainable_params())(Tensor(batches[me]))[1][0]
+    np.testing.assert_allclose(piece.asnumpy(), reference.asnumpy()[(me % 2) * 4:(me % 2) * 4 + 4], rtol=1e-5,
+                               atol=1e-6)
+    print(f"rank {me}: hsdp of a Cell on no mesh sums the whole job's gradients, this rank's rows")
+
+
+_hsdp_on_no_mesh()
 mesh = hp.init_device_mesh("npu", (2, 2), mesh_dim_names=("dp", "tp"))
 rank = mesh.get_rank()
 dp, tp = mesh.get_coordinate()
@@ -19,6 +48,14 @@ assert sorted(mesh["tp"].mesh.tolist()) == [2 * dp, 2 * dp + 1]
 assert mesh.get_group("dp").ranks == (tp, tp + 2)
 assert hp.get_process_group_ranks() == [0, 1, 2, 3] and hp.get_group_local_rank(mesh.get_group("tp")) == tp
 assert hp.split_group(split_ranks=[[0, 1], [2, 3]]).ranks == ((0, 1) if rank < 2 else (2, 3))
+# groups by name, as upstream's MindSpore platform names them; a mesh over groups (DeviceMesh.from_group)
+pair = f"pair{rank // 2}"
+hp.split_group(None, [[0, 1], [2, 3]], pg_options=pair)
+assert hp.get_process_group_ranks(pair) == [2 * dp, 2 * dp + 1] and hp.get_backend(pair) == hp.get_backend()
+assert hp.get_platform().create_group([0, 1, 2, 3]) == "4-0-1-2-3"
+over_groups = hp.DeviceMesh.from_group([mesh.get_group("dp"), pair], "npu", mesh=mesh.mesh, mesh_dim_names=("a", "b"))
+assert over_groups["b"].rank_list == (2 * dp, 2 * dp + 1) and over_groups["a"].rank_list == (tp, tp + 2)
+hp.destroy_process_group(pair)
 
 whole = np.arange(32, dtype=np.float32).reshape(4, 8)
 mine = whole[dp * 2:(dp + 1) * 2, tp * 4:(tp + 1) * 4]  # this rank's shard, cut by its own rank
@@ -127,6 +164,59 @@ for param, whole_grad in zip(main_sharded.trainable_params(), whole_grads):
     np.testing.assert_allclose(param.main_grad.asnumpy(), whole_grad.asnumpy()[rank * rows:(rank + 1) * rows],
                                rtol=1e-5, atol=1e-7, err_msg=param.name)
 print(f"rank {rank}: fully_shard's main_grad holds this rank's piece of one device's gradient")
+
+# fully_shard with torch FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)
+# and each rank's batch: bfloat16 compute (emulated on the CPU), the gradient reduce-scattered in
+# float32 onto float32 pieces. Reference: the same policy on a one-device mesh per process run on
+# each rank's batch (the same roundings: every row's forward and backward are the same kernels),
+# averaged in numpy; the pieces differ only by the float32 order of the 4-term average (<= 3
+# roundings of 2^-24 relative to the sum of the terms' magnitudes). A bfloat16 reduction would be
+# off by up to 2^-9 relative.
+mh.set_context(cpu_bfloat16="emulate")
+mp_policy = MixedPrecisionPolicy(param_dtype=ms.bfloat16, reduce_dtype=ms.float32, output_dtype=ms.float32)
+mp_sharded, mp_solo = Mlp(), Mlp()
+for (_, p), (_, q) in zip(mp_sharded.parameters_and_names(), mp_solo.parameters_and_names()):
+    q.set_data(Tensor(p.asnumpy()))
+fully_shard(mp_sharded, mesh=dp_mesh, mp_policy=mp_policy)
+fully_shard(mp_solo, mesh=hp.init_device_mesh("cpu", (1,), mesh_dim_names=("solo",)), mp_policy=mp_policy)
+mp_grads = ms.grad(mse_of(mp_sharded), None, mp_sharded.trainable_params())(Tensor(data[rank]), Tensor(target[rank]))
+mp_parts = [[g.asnumpy() for g in ms.grad(mse_of(mp_solo), None, mp_solo.trainable_params())(
+    Tensor(data[r]), Tensor(target[r]))] for r in range(4)]
+for index, (param, got) in enumerate(zip(mp_sharded.trainable_params(), mp_grads)):
+    assert param.dtype == ms.float32 and got.dtype == ms.float32, (param.name, param.dtype, got.dtype)
+    terms = np.stack([part[index] for part in mp_parts]) / 4
+    rows = terms.shape[1] // 4
+    want, scale = terms.sum(0)[rank * rows:(rank + 1) * rows], np.abs(terms).sum(0)[rank * rows:(rank + 1) * rows]
+    assert np.all(np.abs(got.asnumpy() - want) <= 3 * 2.0 ** -24 * scale), (param.name, got.asnumpy(), want)
+mh.set_context(cpu_bfloat16="mindspore")
+print(f"rank {rank}: fully_shard's bfloat16 policy reduces float32 gradients onto float32 pieces like one device")
+
+# fully_shard and Colwise/Rowwise inside MindSpore's DeviceCtx("meta"), as MindFormers 2.0's
+# parallelize_gptmodel calls them (host_device.py): each process's new Parameter is its piece of
+# the values (it was a meta tensor, and the layout failed: "copy between src:meta and dst:CPU");
+# then 3 Adam steps on per-rank batches equal one device's (tolerance as above)
+from mindspore_hyper.hyper_parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # noqa: E402
+
+for lay_out in ("fully_shard", "colwise_rowwise"):
+    ms.set_seed(5)
+    meta_sharded, meta_reference = Mlp(), Mlp()
+    for (_, p), (_, q) in zip(meta_sharded.parameters_and_names(), meta_reference.parameters_and_names()):
+        q.set_data(Tensor(p.asnumpy()))
+    with ms.DeviceCtx("meta"):
+        if lay_out == "fully_shard":
+            fully_shard(meta_sharded, mesh=dp_mesh)
+        else:
+            parallelize_module(meta_sharded, dp_mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    assert all(p.device == "CPU" for p in meta_sharded.trainable_params()), lay_out
+    batch = (Tensor(data[rank]), Tensor(target[rank])) if lay_out == "fully_shard" else \
+        (Tensor(data.reshape(8, 8)), Tensor(target.reshape(8, 8)))  # tensor parallel: the same batch on every rank
+    adam_steps(meta_sharded, *batch)
+    adam_steps(meta_reference, Tensor(data.reshape(8, 8)), Tensor(target.reshape(8, 8)))
+    for name, value in laid_out_parameters(meta_sharded).items():
+        np.testing.assert_allclose(value.full_tensor().asnumpy(),
+                                   dict(meta_reference.parameters_and_names())[name].asnumpy(), atol=1e-5,
+                                   err_msg=f"{lay_out}: {name}")
+print(f"rank {rank}: fully_shard and Colwise/Rowwise inside DeviceCtx('meta') train like one device")
 
 # uneven Shard (torch.chunk pieces; the collectives pad them): 7 x 3 over dp x tp gives rows 4, 3
 # and columns 2, 1; then fully_shard of 7- and 11-row weights over 4 ranks (2,2,2,1 and 3,3,3,2 rows)
@@ -415,7 +505,10 @@ try:  # 6 features over 4: pieces 2, 2, 2, 0; an optimizer cannot hold rank 3's 
     parallelize_module(nn.Dense(8, 6), tp4, ColwiseParallel())
     raise AssertionError("an empty Parameter piece was accepted under msrun")
 except ValueError as error:
-    assert "ranks [3] would hold an empty torch.chunk piece" in str(error), error
+    # the refusal names the layer, the dimension and sizes that would work
+    assert "Dense parameter 'weight' of shape (6, 8)" in str(error), error
+    assert "dimension 0 has 6 elements over 4 devices (torch.chunk pieces of 2); 8 or another multiple of 4 would " \
+           "work: ranks [3] would hold an empty torch.chunk piece" in str(error), error
 print(f"rank {rank}: Colwise/Rowwise with uneven features train like one device")
 
 # torch-style loss.backward() (MindFormers' Trainer: enable_mindspore_backward_compat) under msrun:
@@ -652,6 +745,67 @@ for kind in ("fully_shard", "hsdp", "colwise_rowwise"):
         clip_model.zero_grad()
         disable_mindspore_backward_compat()
 print(f"rank {rank}: global-norm clipping counts each piece once (fully_shard, hsdp, Colwise/Rowwise) like one device")
+
+# Gradient accumulation without synchronisation (issue 36): fully_shard's
+# set_requires_gradient_sync(False) and hsdp's set_requires_grad_sync(False) (enable_grad_accumulation
+# =True, over 4 and with shard_size=2), each rank's own micro-batches, k = 2 and 3, then an Adam step:
+# equal to one device on all ranks' micro-batches concatenated (summed losses, so the gradients sum;
+# fully_shard set to "sum"). While off, fully_shard returns zeros and hsdp this rank's rows of its
+# own unsynchronised running sum. Tolerances: float32 sums of <= 12 x 2 x 16 products reordered:
+# 1e-5 relative on gradients (size ~10); 1e-6 on weights after one Adam step of lr 1e-2.
+class AccNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.weight = ms.Parameter(Tensor(np.random.RandomState(0).randn(16, 8).astype(np.float32)), name="weight")
+        self.bias = ms.Parameter(Tensor(np.random.RandomState(1).randn(8).astype(np.float32)), name="bias")
+
+    def construct(self, x):
+        return ops.tanh(ops.matmul(x, self.weight) + self.bias).sum()
+
+
+def acc_grads(xs):
+    net = AccNet()
+    return [g.asnumpy() for g in ms.value_and_grad(net, None, net.trainable_params())(Tensor(np.concatenate(xs)))[1]]
+
+
+acc_data = np.random.RandomState(21).randn(3, 4, 2, 16).astype(np.float32)  # micro-batch, rank, rows, features
+for kind in ("fully_shard", "hsdp", "hsdp_shard_size_2"):
+    for k in (2, 3):
+        if kind == "fully_shard":
+            acc_model = fully_shard(AccNet(), mesh=hp.init_device_mesh("npu", (4,), mesh_dim_names=("acc_dp",)))
+            acc_model.set_reduce_op_type("sum")
+            set_sync, piece = acc_model.set_requires_gradient_sync, rank
+        else:
+            hp.init_device_mesh("npu", (4,) if kind == "hsdp" else (2, 2),
+                                mesh_dim_names=("acc_dp",) if kind == "hsdp" else ("acc_r", "acc_s"))
+            acc_model = hsdp(AccNet(), shard_size=-1 if kind == "hsdp" else 2, threshold=0,
+                             enable_grad_accumulation=True)
+            acc_model.zero_grads()
+            set_sync, piece = acc_model.set_requires_grad_sync, rank if kind == "hsdp" else rank % 2
+        acc_opt = nn.Adam(acc_model.trainable_params(), learning_rate=1e-2)
+        acc_fn = ms.value_and_grad(acc_model, None, acc_opt.parameters)
+        for j in range(k):
+            set_sync(j == k - 1)
+            acc_out = acc_fn(Tensor(acc_data[j, rank]))[1]
+            if j < k - 1:  # unsynchronised: zeros (fully_shard), this rank's own running sum (hsdp)
+                own = acc_grads([acc_data[i, rank] for i in range(j + 1)])
+                for g, r in zip(acc_out, own):
+                    n = g.shape[0]
+                    want = np.zeros_like(g.asnumpy()) if kind == "fully_shard" else r[piece * n:(piece + 1) * n]
+                    np.testing.assert_allclose(g.asnumpy(), want, rtol=1e-5, atol=1e-5, err_msg=f"{kind} k={k} j={j}")
+        everyone = [acc_data[i, r] for i in range(k) for r in range(4)]
+        for g, r in zip(acc_out, acc_grads(everyone)):
+            n = g.shape[0]
+            np.testing.assert_allclose(g.asnumpy(), r[piece * n:(piece + 1) * n], rtol=1e-5, atol=1e-5,
+                                       err_msg=f"{kind} k={k} synchronised")
+        acc_opt(acc_out)
+        acc_ref = AccNet()
+        ref_opt = nn.Adam(acc_ref.trainable_params(), learning_rate=1e-2)
+        ref_opt(ms.value_and_grad(acc_ref, None, ref_opt.parameters)(Tensor(np.concatenate(everyone)))[1])
+        for name, value in laid_out_parameters(acc_model).items():
+            np.testing.assert_allclose(value.full_tensor().asnumpy(), dict(acc_ref.parameters_and_names())[name].asnumpy(),
+                                       rtol=0, atol=1e-6, err_msg=f"{kind} k={k}: {name}")
+print(f"rank {rank}: gradient accumulation without synchronisation (fully_shard, hsdp) equals one device")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pipeline_tp_script  # noqa: E402,F401  (2 pipeline ranks x 2 tensor-parallel devices)

@@ -74,8 +74,6 @@ def test_policies_and_settings_that_would_change_values_are_refused(fresh_sessio
         fully_shard(Mlp(), mesh=mesh, offload_policy=CPUOffloadPolicy())
     with pytest.raises(ValueError, match="offload_policy must be an OffloadPolicy"):
         fully_shard(Mlp(), mesh=mesh, offload_policy="cpu")
-    with pytest.raises(ValueError, match="param_dtype/output_dtype"):
-        fully_shard(Mlp(), mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=ms.bfloat16))
     with pytest.raises(ValueError, match="reduce_dtype=Float16"):
         fully_shard(Mlp(), mesh=mesh, mp_policy=MixedPrecisionPolicy(reduce_dtype=ms.float16))
     with pytest.raises(ValueError, match="apply_grad_on_fp32_main_grad='yes'.*expected a bool"):

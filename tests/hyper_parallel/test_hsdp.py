@@ -90,14 +90,31 @@ def test_hsdp_threshold_shard_size_and_refusals(fresh_session):
         hsdp(Net(), shard_size=3, threshold=0)
     with pytest.raises(ValueError, match="optimizer_level should be in"):
         hsdp(Net(), optimizer_level="level4")
-    with pytest.raises(ValueError, match="comm_async=True.*not supported yet"):
-        hsdp(Net(), comm_async=True)
-    with pytest.raises(ValueError, match="set_requires_grad_sync\\(False\\)"):
+    with pytest.raises(ValueError, match="set_requires_grad_sync\\(False\\): HSDPNet was made by hsdp without "
+                                         "enable_grad_accumulation=True"):
         hsdp(Net(), threshold=0).set_requires_grad_sync(False)
     with pytest.raises(ValueError, match="enable_grad_accumulation must be bool"):
         hsdp(Net(), enable_grad_accumulation=1)
-    accumulating = hsdp(Net(), 2, 0, "level1", True)  # upstream's positional form (its vpp_schedule test)
-    with pytest.raises(ValueError, match=r"enable_grad_accumulation=True\): HSDPNet was called outside a pipeline "
-                                         r"schedule"):  # accumulation in pipelines: pipeline_tp_script.py
-        accumulating(Tensor(np.ones((2, 16), np.float32)))
+    # accumulation outside and inside pipelines: test_grad_accumulation.py, pipeline_tp_script.py
     assert mesh.size() == 4
+
+
+def test_hsdp_of_a_cell_on_no_mesh_is_data_parallel_over_the_whole_job(fresh_session):
+    """No mesh made: upstream's hsdp uses the whole job, split groups of shard_size consecutive
+    ranks. Plain inputs are the same batch on all 4 ranks, so the gradient is 4 x one device's
+    (tolerance: float32 sums of 3 x 16 products, rounding a few ulp)."""
+    fresh_session.set_context(device_num=4)
+    x = Tensor(np.random.RandomState(3).randn(3, 16).astype(np.float32))
+    _, reference_grads = gradients(Net(), x)
+    model = hsdp(Net(), shard_size=2, threshold=0)
+    placements = {k: v.placements for k, v in laid_out_parameters(model).items()}
+    assert placements == {"weight": (Replicate(), Shard(0)), "bias": (Replicate(), Shard(0))}
+    mesh = laid_out_parameters(model)["weight"].device_mesh
+    assert mesh.mesh_dim_names == ("dp_replicate", "dp_shard") and mesh.mesh.tolist() == [[0, 1], [2, 3]]
+    _, grads = gradients(model, x)
+    for g, r in zip(grads, reference_grads):
+        np.testing.assert_allclose(g.asnumpy(), 4 * r.asnumpy(), rtol=1e-5, atol=1e-6)
+    whole = hsdp(Net(), threshold=0)  # shard_size -1: one group of the whole job
+    assert {k: v.placements for k, v in laid_out_parameters(whole).items()}["weight"] == (Shard(0),)
+    with pytest.raises(ValueError, match="shard_size=3 does not divide the job's 4 devices"):
+        hsdp(Net(), shard_size=3, threshold=0)

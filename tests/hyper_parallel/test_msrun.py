@@ -34,6 +34,8 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
         assert f"rank {rank}: ContextParallel (Ulysses and gathered k/v) equals one device" in logs
         assert f"rank {rank}: fully_shard with per-rank batches trains like one device" in logs
         assert f"rank {rank}: fully_shard's main_grad holds this rank's piece of one device's gradient" in logs
+        assert (f"rank {rank}: fully_shard's bfloat16 policy reduces float32 gradients onto float32 pieces like one "
+                f"device") in logs
         assert f"rank {rank}: uneven shards (torch.chunk) under msrun equal numpy and one device" in logs
         assert f"rank {rank}: redistribute onto another mesh of the same devices equals numpy and one device" in logs
         assert f"rank {rank}: a rank's empty piece adds zero to sums and runs the backward's collectives" in logs
@@ -48,6 +50,9 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
         # issue 41 item 2: clip_grad_norm_ / clip_grads_by_global_norm on each process's pieces
         assert (f"rank {rank}: global-norm clipping counts each piece once (fully_shard, hsdp, Colwise/Rowwise) "
                 f"like one device") in logs
+        # issue 36: set_requires_gradient_sync / set_requires_grad_sync(False) accumulation, k = 2 and 3
+        assert (f"rank {rank}: gradient accumulation without synchronisation (fully_shard, hsdp) equals one "
+                f"device") in logs
         assert f"rank {rank}: tensor-parallel (and GPipe) pipeline 1F1B trains 2 Adam steps like one device" in logs
         assert f"rank {rank}: tensor-parallel (and GPipe) pipeline GPipe equals one device" in logs
         assert f"rank {rank}: fully_shard pipeline 1F1B trains 1 Adam steps like one device" in logs

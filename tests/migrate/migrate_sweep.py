@@ -1,6 +1,8 @@
 """The migration sweep: every transformers family with a causal-LM, masked-LM, seq2seq or image/audio
 classification head, built offline from a scaled-down config, converted with the default `convert` (the
-port) at one shape, checked at a second shape against torch and trained 5 AdamW steps beside torch.
+port) at one shape, checked at a second shape against torch and trained 5 AdamW steps beside torch, then run in
+parallel as converted (parallel_checks: 2 x 2 data x tensor with tensor_parallel_plan's splits, and pipeline 2 for
+causal LMs, in simulation, one step against one device).
 
 Used by `benchmarks/bench_migration.py --sweep` (the table in docs/migration.md) and by
 `tests/migrate/test_migrate_sweep.py` (a fast subset in the suite; the named list opt-in).
@@ -44,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fnmatch
 import re
 import signal
 import time
@@ -71,21 +72,10 @@ NAMED = [("llama", "causal-lm"), ("mistral", "causal-lm"), ("mixtral", "causal-l
 FAST = [("gpt_neox", "causal-lm"), ("roberta", "masked-lm"), ("gemma", "causal-lm"),
         ("qwen2", "causal-lm"), ("gpt2", "causal-lm")]  # Qwen2-MoE: test_migrate_generated
 
-# parallel as converted: YAML module_level patterns on the torch names (under the sweep's wrapper, `model.`) that
-# split the attention and MLP projections over "tensor" (column-parallel in, row-parallel out) on a 2 x 2
-# data x tensor mesh; the families whose rows also check one step in simulation against one device
-_LLAMA_LIKE = [("model.model.layers.*.self_attn.[qkv]_proj", (2, 1)), ("model.model.layers.*.self_attn.o_proj", (1, 2)),
-               ("model.model.layers.*.mlp.gate_proj", (2, 1)), ("model.model.layers.*.mlp.up_proj", (2, 1)),
-               ("model.model.layers.*.mlp.down_proj", (1, 2))]
-_GPT2 = [("model.transformer.h.*.attn.c_attn", (1, 2)), ("model.transformer.h.*.attn.c_proj", (2, 1)),
-         ("model.transformer.h.*.mlp.c_fc", (1, 2)), ("model.transformer.h.*.mlp.c_proj", (2, 1))]  # Conv1D: (in, out)
-# parameter_level entries (they win over module_level) for 1-D parameters under those modules: GPT-2's Conv1D
-# biases, split with their column-parallel outputs, replicated after the row-parallel sums
-TENSOR_BIASES = {"gpt2": [("model.transformer.h.*.attn.c_attn.bias", ["tensor"]),
-                          ("model.transformer.h.*.mlp.c_fc.bias", ["tensor"]),
-                          ("model.transformer.h.*.c_proj.bias", [None])]}
-TENSOR_PATTERNS = {"llama": _LLAMA_LIKE, "qwen2": _LLAMA_LIKE, "mistral": _LLAMA_LIKE, "qwen3": _LLAMA_LIKE,
-                   "gpt2": _GPT2}
+# parallel as converted (parallel_checks): the converted Cell on a 2 x 2 data x tensor mesh in simulation with the
+# splits of mindspore_hyper.migrate.tensor_plan.tensor_parallel_plan on the torch names (under the wrapper's `model.`),
+# and, for causal-LM heads, `pipeline: 2` over the layer list; both one step against one device
+PIPELINE_HEADS = ("causal-lm",)
 
 VOCAB = 128
 LAYERS, HIDDEN, FFN, HEADS_N, KV_HEADS, HEAD_DIM = 2, 32, 64, 4, 2, 8
@@ -135,6 +125,9 @@ class SweepRow:
     loss_units: Optional[float] = None  # worst loss difference / allowed (loss_error)
     parameter_units: Optional[float] = None  # worst parameter difference / allowed (parameter_error)
     parallel_error: Optional[float] = None  # 2 x 2 data x tensor in simulation vs one device (parallel_step_error)
+    parallel_source: str = ""  # where the tensor splits came from (TensorPlan.source), or why data only
+    pipeline_error: Optional[float] = None  # pipeline 2 over the layer list in simulation vs one device
+    parallel_reason: str = ""  # the parallel / pipeline check's failure, "" when it passed or did not run
     fallbacks: List[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -478,15 +471,13 @@ def sweep_one(family: str, head: str, limit: Optional[float] = None, shapes=((2,
                                      + (f", torch float64 {exact[k]:.6f}" if exact is not None else "")
                                      + ("" if nudged is None else f", torch with inputs x (1 +- 2^-23) {nudged:.6f}")
                                      + f"), parameters {param_units:.2f} x allowed (worst {parameter_error.where})")
-            if family in TENSOR_PATTERNS:
-                stage = "parallel"
-                row.parallel_error = parallel_step_error(family, cell, batches[0], ms_loss)
-                if not row.parallel_error <= TOL:
-                    raise AssertionError(f"2 x 2 data x tensor in simulation: loss or gradients "
-                                         f"{row.parallel_error:.1e} relative from one device's")
             row.status, row.stage = "pass", stage
+            try:  # parallel as converted: its own column (parallel_reason); the row's result stays the port's
+                row.stage = parallel_checks(row, model, head, cell, batches[0], ms_loss)
+            except ParallelCheckFailed:
+                pass
     except Exception as exc:  # noqa: BLE001 - every failure is a row with its reason
-        row.status, row.stage, row.reason = "fail", stage, _first_line(exc)
+        row.status, row.stage, row.reason = "fail", getattr(exc, "stage", stage), _first_line(exc)
         if stage not in ("convert",) and not isinstance(exc, (AssertionError, TimeoutError)):
             frames = [f for f in traceback.extract_tb(exc.__traceback__) if "mindspore_hyper" in f.filename
                       or "<mindspore_hyper" in f.filename]
@@ -541,38 +532,173 @@ def float32_distance(module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...]) 
         return None
 
 
-def parallel_step_error(family: str, cell, batch, ms_loss) -> float:
-    """The converted Cell under auto_parallelize on a 2 x 2 data x tensor mesh in simulation, with the attention
-    and MLP projections split over "tensor" by module_level patterns on the torch names (TENSOR_PATTERNS): the
-    worst relative difference of the loss and of every parameter's gradient from the same step on one device
-    (equal gradients make the optimizer step equal). The context is reset afterwards."""
+def parallel_checks(row: SweepRow, model: torch.nn.Module, head: str, cell, batch, ms_loss) -> str:
+    """Parallel as converted: the converted Cell on a 2 x 2 data x tensor mesh in simulation with the splits of
+    `tensor_parallel_plan(model, "model.")` (parallel_step_error), and for PIPELINE_HEADS `pipeline: 2` over the
+    layer list (pipeline_step_error), each one step within TOL of one device. A family with no Linear in its layer
+    lists (a conv net) runs data 4 only, and its row says so; one whose Linears the plan cannot split fails ("no
+    Linear to split"). Fills row.parallel_error / parallel_source / pipeline_error, and row.parallel_reason when a
+    check fails.
+
+    Returns:
+        The last stage run ("parallel" or "pipeline").
+
+    Raises:
+        ParallelCheckFailed: a check failed, or a layout was refused (the reason, also in row.parallel_reason).
+    """
+    from mindspore_hyper.migrate.tensor_plan import tensor_parallel_plan
+
+    stage = "parallel"
+    try:
+        plan = tensor_parallel_plan(model, prefix="model.")
+        if plan.module_level:
+            row.parallel_source = plan.source
+            row.parallel_error = parallel_step_error(cell, batch, ms_loss, plan)
+        elif not plan.replicated:  # no Linear in any layer list: data parallel over the 4 devices, a batch of 4
+            row.parallel_source = "data 4 only: no Linear in the layer lists"
+            row.parallel_error = parallel_step_error(cell, inputs_for(model, head, 4, 8, seed=10), ms_loss, None)
+        else:
+            first, why = plan.replicated[0]
+            raise AssertionError(f"no Linear to split ({plan.source}: {len(plan.replicated)} left whole, e.g. "
+                                 f"{first}: {why})")
+        if not row.parallel_error <= TOL:
+            raise AssertionError(f"2 x 2 data x tensor in simulation: loss or gradients {row.parallel_error:.1e} "
+                                 f"relative from one device's")
+        if head in PIPELINE_HEADS:
+            stage = "pipeline"
+            row.pipeline_error = pipeline_step_error(cell, batch, ms_loss)
+            if not row.pipeline_error <= TOL:
+                raise AssertionError(f"pipeline 2 in simulation: loss or gradients {row.pipeline_error:.1e} relative "
+                                     f"from one device's")
+    except Exception as exc:  # noqa: BLE001 - named in the row, raised with the stage that failed
+        row.parallel_reason = f"{stage}: {_first_line(exc)}"
+        raise ParallelCheckFailed(stage, row.parallel_reason) from exc
+    return stage
+
+
+class ParallelCheckFailed(AssertionError):
+    """A parallel check failed; `stage` is "parallel" (2 x 2 data x tensor) or "pipeline"."""
+
+    def __init__(self, stage: str, reason: str):
+        super().__init__(reason)
+        self.stage = stage
+
+
+GRADIENT_FLOOR = 1e-3
+
+
+def _step_error(got_loss, got, want_loss, want) -> float:
+    """Worst relative difference of a loss and of each gradient, a gradient's relative to max(its largest entry,
+    GRADIENT_FLOOR x the largest entry of any gradient). Why the floor: a gradient that is zero in exact arithmetic
+    is rounding alone, of either sign on either side (attention's key bias: softmax is invariant to the per-query
+    constant q . b_k; BERT's measured 7e-13 one device, 1e-12 off in simulation, from terms of the size of the other
+    attention gradients). 1e-3 of the largest gradient times TOL is still far below what a wrong layout gives (a
+    missing or doubled partial sum is off by a whole gradient), the same floor parameter_error puts under the
+    parameters."""
+    worst = abs(float(got_loss) - float(want_loss)) / abs(float(want_loss))
+    floor = GRADIENT_FLOOR * max([float(np.abs(w).max()) for w in want if w.size] + [1e-30])
+    for g, w in zip(got, want):
+        if w.size:
+            worst = max(worst, float(np.abs(g - w).max()) / max(float(np.abs(w).max()), floor))
+    return worst
+
+
+def parallel_step_error(cell, batch, ms_loss, plan) -> float:
+    """The converted Cell under auto_parallelize in simulation: a 2 x 2 data x tensor mesh with `plan`'s
+    module_level / parameter_level entries (a TensorPlan; None: data 4 only): the worst relative difference of the
+    loss and of every parameter's gradient from the same step on one device (equal gradients make the optimizer
+    step equal). With a plan, some parameter must come out sharded over "tensor". The context is reset
+    afterwards."""
     import mindspore as ms
     import mindspore_hyper as mh
     from mindspore_hyper.migrate.compare import to_mindspore
 
     inputs = [to_mindspore(x) for x in batch]
     params = cell.trainable_params()
-    step = ms.value_and_grad(lambda *xs: ms_loss(cell(*xs), inputs), None, params)
-    want_loss, want = step(*inputs)
-    config = {"parallel_config": {"device_matrix": [2, 2], "alias_names": ["data", "tensor"], "module_level": [
-        {"name": name, "strategy": {"tensor": split}} for name, split in TENSOR_PATTERNS[family]],
-        "parameter_level": [{"name": name, "tensor_map": tmap} for name, tmap in TENSOR_BIASES.get(family, [])]}}
+    want_loss, want = ms.value_and_grad(lambda *xs: ms_loss(cell(*xs), inputs), None, params)(*inputs)
+    config = (plan.parallel_config(data=2) if plan is not None else
+              {"parallel_config": {"device_matrix": [4], "alias_names": ["data"]}})
     mh.set_context(mode="simulation", device_num=4)
     try:
         simulated = mh.auto_parallelize(cell, config)
-        sharded = {r.name for r in simulated.table if r.layout.sharded_axes()}
-        first = TENSOR_PATTERNS[family][0][0] + ".*"
-        if not any(fnmatch.fnmatch(n, first) for n in sharded):
-            raise AssertionError(f"the module_level pattern {first} sharded nothing (sharded: {sorted(sharded)[:4]})")
+        if plan is not None and not any(1 in r.layout.sharded_axes() for r in simulated.table):  # mesh axis 1: tensor
+            raise AssertionError(f"the plan ({plan.source}, first entry {plan.module_level[0]['name']}) sharded "
+                                 f"nothing over tensor")
         got_loss, got = ms.value_and_grad(lambda *xs: ms_loss(simulated(*xs), inputs), None, params)(*inputs)
     finally:
         mh.reset_context()
         ms.set_context(mode=ms.PYNATIVE_MODE)
-    worst = abs(float(got_loss.asnumpy()) - float(want_loss.asnumpy())) / abs(float(want_loss.asnumpy()))
-    for g, w in zip(got, want):
-        scale = max(float(np.abs(w.asnumpy()).max()), 1e-30)
-        worst = max(worst, float(np.abs(g.asnumpy() - w.asnumpy()).max()) / scale)
-    return worst
+    return _step_error(got_loss.asnumpy(), [g.asnumpy() for g in got], want_loss.asnumpy(),
+                       [w.asnumpy() for w in want])
+
+
+def pipeline_step_error(cell, batch, ms_loss) -> float:
+    """The converted Cell's loss under auto_parallelize with `pipeline: 2` on every Cell (`name: "*"`: the stages
+    cut its layer list) in simulation, one train_step with learning rate 0: the worst relative difference of the
+    loss and of every parameter's gradient (PipelineModel.last_gradients) from one device's. The context is reset
+    afterwards."""
+    import mindspore as ms
+    import mindspore_hyper as mh
+    from mindspore import nn
+    from mindspore_hyper.migrate.compare import to_mindspore
+    from mindspore_hyper.pipeline import PipelineModel
+
+    class LossOf(nn.Cell):
+        def __init__(self, lm):
+            super().__init__()
+            self.lm = lm
+
+        def construct(self, *xs):
+            return ms_loss(self.lm(*xs), xs)
+
+    inputs = [to_mindspore(x) for x in batch]
+    model = LossOf(cell)
+    params = model.trainable_params()
+    want_loss, want = ms.value_and_grad(model, None, params)(*inputs)
+    config = {"parallel_config": {"device_matrix": [2], "alias_names": ["pipeline"],
+                                  "module_level": [{"name": "*", "strategy": {"pipeline": 2}}]}}
+    mh.set_context(mode="simulation", device_num=2)
+    try:
+        parallel = mh.auto_parallelize(model, config)
+        if not isinstance(parallel, PipelineModel):
+            raise AssertionError(f"pipeline: 2 gave a {type(parallel).__name__}, not a PipelineModel")
+        got_loss = parallel.train_step(nn.SGD(parallel.optimizer_parameters(), learning_rate=0.0), *inputs)
+        grads = parallel.last_gradients
+    finally:
+        mh.reset_context()
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    missing = [p.name for p in params if p.name not in grads]
+    if missing:
+        raise AssertionError(f"pipeline: no gradient for {len(missing)} parameters, e.g. {missing[0]}")
+    return _step_error(got_loss.asnumpy(), [grads[p.name] for p in params], want_loss.asnumpy(),
+                       [w.asnumpy() for w in want])
+
+
+def parallel_only(row: SweepRow, limit: Optional[float] = None, shapes=((2, 8), (3, 11))) -> SweepRow:
+    """A passing row with only the parallel checks run again (bench_migration.py --parallel-only): the family
+    built and converted as sweep_one does, then parallel_checks on the first training batch; no torch training and
+    no float64 reference. Returns a copy of `row` with the parallel fields merged in; its status stays the
+    port's (a failing check, or a rebuild that fails, is named in parallel_reason only, as sweep_one does)."""
+    from mindspore_hyper.migrate import convert
+
+    new = copy.deepcopy(row)
+    new.parallel_error = new.pipeline_error = None
+    new.parallel_source = new.parallel_reason = ""
+    stage = "convert"
+    start = time.perf_counter()
+    try:
+        with _time_limit(limit):
+            model = build_model(row.family, row.head)
+            module = wrapped(model, row.head)
+            cell, report = convert(module, inputs_for(model, row.head, *shapes[0], seed=0))
+            _, ms_loss = losses(row.head, report, getattr(model.config, "num_labels", 5))
+            stage = parallel_checks(new, model, row.head, cell, inputs_for(model, row.head, *shapes[0], seed=10),
+                                    ms_loss)
+            new.stage = stage
+    except Exception as exc:  # noqa: BLE001 - a failing check is the parallel column's reason
+        new.parallel_reason = new.parallel_reason or f"{stage}: {_first_line(exc)}"
+    new.seconds = row.seconds + time.perf_counter() - start
+    return new
 
 
 def train_torch(model: torch.nn.Module, batches, torch_loss, lr: float = 1e-2, weight_decay: float = 0.01,
@@ -683,8 +809,10 @@ def parameter_error(module: torch.nn.Module, cell, report, floor: float = 1e-3,
 
 
 def table(rows: List[SweepRow]) -> str:
-    """The markdown table of the rows, passes counted over the families that built."""
-    lines = ["| family | head | model | result | first failing op / module and reason |", "|---|---|---|---|---|"]
+    """The markdown table of the rows, passes counted over the families that built; the last column is the
+    parallel check (parallel_cell)."""
+    lines = ["| family | head | model | result | first failing op / module and reason | parallel (simulation) |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         result = r.status if r.status != "fail" else f"fail ({r.stage})"
         reason = r.reason.replace("|", "\\|").replace("\n", " ")
@@ -692,12 +820,25 @@ def table(rows: List[SweepRow]) -> str:
             losses_units = "" if r.loss_units is None else f" ({r.loss_units:.2f} x allowed)"
             reason = (f"forward {r.forward_error:.1e}, losses over 5 AdamW steps {r.train_error:.1e}{losses_units}, "
                       f"parameters {r.parameter_units:.2f} x allowed")
-            if r.parallel_error is not None:
-                reason += f"; 2 x 2 data x tensor (simulation) one step {r.parallel_error:.1e}"
             if r.fallbacks:
                 reason += "; traced body: " + "; ".join(r.fallbacks).replace("|", "\\|")
-        lines.append(f"| {r.family} | {r.head} | {r.model} | {result} | {reason} |")
+        lines.append(f"| {r.family} | {r.head} | {r.model} | {result} | {reason} | {parallel_cell(r)} |")
     return "\n".join(lines)
+
+
+def parallel_cell(r: SweepRow) -> str:
+    """The parallel column: pass with the splits' source and the one-step errors, fail with the reason, or empty
+    (not run: the row failed before, or predates the check)."""
+    if r.parallel_reason:
+        return "fail: " + r.parallel_reason.replace("|", "\\|").replace("\n", " ")
+    if r.parallel_error is None:
+        return ""
+    source = r.parallel_source or "hand-written patterns"  # rows of the sweep before tensor_parallel_plan
+    mesh = source if source.startswith("data") else f"2 x 2 data x tensor ({source})"
+    text = f"pass: {mesh} {r.parallel_error:.1e}"
+    if r.pipeline_error is not None:
+        text += f"; pipeline 2 {r.pipeline_error:.1e}"
+    return text
 
 
 def pass_rate(rows: List[SweepRow]) -> Tuple[int, int]:

@@ -173,3 +173,39 @@ def test_summary_names_shared_symbols_fixed_sizes_and_failed_checks():
     assert lines[-1] == ("check against torch: max relative error 3.1e-07 on the example inputs; failed on inputs of "
                          "shape (5, 37) and (5, 1, 37): ValueError: shape")
 
+
+
+def test_tensor_plan_is_written_and_printed(workdir, capsys):
+    """--tensor-plan: tensor_parallel_plan of the model as YAML in the output directory and on stdout (a layer list
+    with fc1 / fc2: column- then row-parallel; the Linear outside the list stays whole and is not named)."""
+    (workdir / "plan_models.py").write_text(textwrap.dedent("""
+        import torch
+
+        class Block(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc1, self.fc2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+
+            def forward(self, x):
+                return x + self.fc2(torch.relu(self.fc1(x)))
+
+        class Stack(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = torch.nn.ModuleList([Block(), Block()])
+                self.head = torch.nn.Linear(8, 3)
+
+            def forward(self, x):
+                for layer in self.layers:
+                    x = layer(x)
+                return self.head(x)
+    """))
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["convert", "plan_models:Stack", "--input-shape", "2,8", "--out", "out", "--tensor-plan"])
+    assert args.func(args) == 0, capsys.readouterr().err
+    text = (workdir / "out" / "tensor_plan.yaml").read_text()
+    assert text in capsys.readouterr().out
+    assert '  - {name: "layers.*.fc1", strategy: {tensor: (2, 1)}}' in text
+    assert '  - {name: "layers.*.fc2.bias", tensor_map: [None]}' in text
+    assert "head" not in text

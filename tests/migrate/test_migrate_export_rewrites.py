@@ -9,7 +9,9 @@ import torch
 from transformers.masking_utils import and_masks, bidirectional_mask_function, sdpa_mask
 
 from mindspore_hyper.migrate import TraceFailedError, convert
-from mindspore_hyper.migrate.mask_expansion import check_broadcast_masks
+from torch._subclasses.fake_tensor import FakeTensor
+
+from mindspore_hyper.migrate.mask_expansion import broadcast_masks, check_broadcast_masks, export_with_broadcast_masks
 from mindspore_hyper.migrate.size_division import size_quotient
 
 from migrate_models import TOL, assert_same_outputs
@@ -133,6 +135,46 @@ def test_a_mask_function_that_is_not_index_based_stays_vmapped():
     assert not replace and "not index-based" in notes[0]
     with pytest.raises(TraceFailedError, match="torch.export cannot trace"):
         convert(model, torch.randn(2, 8, 4))
+
+
+class CountedMixing(WindowedMixing):
+    """WindowedMixing whose mask is built with torch.vmap (`vmapped`) or by broadcasting (transformers' default),
+    optionally inside a try that falls back to no mask (a model that swallows errors); counts its eager runs
+    (export runs it on FakeTensors)."""
+
+    def __init__(self, vmapped, swallows=False):
+        super().__init__(_window(1))
+        self.vmapped, self.swallows, self.eager_runs = vmapped, swallows, 0
+
+    def forward(self, x):
+        self.eager_runs += not isinstance(x, FakeTensor)
+        try:
+            mask = sdpa_mask(batch_size=x.size(0), q_length=x.size(1), kv_length=x.size(1),
+                             mask_function=and_masks(bidirectional_mask_function, self.mask_function),
+                             allow_is_causal_skip=False, use_vmap=self.vmapped)
+        except Exception:  # noqa: BLE001 - the fallback a model might have
+            if not self.swallows:
+                raise
+            mask = torch.ones(x.size(0), 1, x.size(1), x.size(1), dtype=torch.bool)
+        return torch.matmul(mask[:, 0].to(x.dtype), x)
+
+
+@pytest.mark.parametrize("vmapped, swallows, exports, eager_runs", [
+    (False, False, [False], 0),        # no vmapped mask: the one export is the result, no eager run
+    (True, False, [False, True], 1),   # stopped at the vmapped mask, checked by one eager run, exported again
+    (True, True, [False, True], 1),    # the model caught the stop: still checked and exported again
+])
+def test_the_mask_check_runs_the_model_only_when_it_builds_a_vmapped_mask(vmapped, swallows, exports, eager_runs):
+    model, x, calls = CountedMixing(vmapped, swallows), torch.randn(2, 8, 4), []
+
+    def export(broadcast):
+        calls.append(broadcast)
+        with broadcast_masks(broadcast):
+            return torch.export.export(model, (x,), strict=False)
+    program, broadcast, notes = export_with_broadcast_masks(export, model, (x,), {})
+    assert (calls, model.eager_runs, broadcast, len(notes)) == (exports, eager_runs, vmapped, int(vmapped))
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), CountedMixing(False)(x), rtol=0, atol=0)  # same 0/1 sums
 
 
 def xmod_output():

@@ -1,11 +1,13 @@
 """The transformers sweep (migrate_sweep.py): a fast subset in the suite (GPT-NeoX, RoBERTa, Gemma, Qwen2 and
-GPT-2 (these two also under auto_parallelize, 2 x 2 data x tensor from module_level patterns on the torch names,
-in simulation: one step's loss and gradients equal one device's):
-built from scaled-down configs, converted by the default `convert` at (2, 8), equal to torch at (3, 11)
-and through 5 AdamW steps, <= 1e-4, the tolerance derived in migrate_sweep's docstring). The named list
+GPT-2: built from scaled-down configs, converted by the default `convert` at (2, 8), equal to torch at (3, 11)
+and through 5 AdamW steps, <= 1e-4, the tolerance derived in migrate_sweep's docstring; then parallel as converted:
+under auto_parallelize on a 2 x 2 data x tensor mesh in simulation with tensor_parallel_plan's splits on the torch
+names, and the causal LMs with pipeline 2 over their layer list, one step's loss and gradients equal one
+device's). The named list
 (or every family) runs only on request: MIGRATE_SWEEP=named (or all) with `-m sweep`."""
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,8 +22,53 @@ def test_fast_subset_passes(family, head):
     assert row.status == "pass", row
     assert row.forward_error <= sweep.TOL and row.train_error <= sweep.TOL
     assert not row.fallbacks  # each class generated, none written as its traced body
-    if family in sweep.TENSOR_PATTERNS:  # parallel as converted: 2 x 2 data x tensor in simulation, one step
-        assert row.parallel_error is not None and row.parallel_error <= sweep.TOL
+    # parallel as converted: 2 x 2 data x tensor in simulation, one step (GPT-NeoX, Gemma, Qwen2 from transformers'
+    # tp_plan, RoBERTa and GPT-2 by the module-name rules), and pipeline 2 for the causal LMs
+    assert row.parallel_error <= sweep.TOL and not row.parallel_reason, row
+    assert row.parallel_source == ("module names" if family in ("roberta", "gpt2") else "transformers tp_plan")
+    assert (row.pipeline_error <= sweep.TOL) if head == "causal-lm" else row.pipeline_error is None
+
+
+def test_a_family_whose_linears_no_rule_splits_fails_the_parallel_check():
+    """parallel_checks: Linears in the layer list but none the plan splits is a failure with that reason (only a
+    family with no Linear in its layer lists at all runs data 4 only)."""
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mystery = torch.nn.Linear(4, 4)
+
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([Block(), Block()])
+    row = sweep.SweepRow("toy", "causal-lm")
+    with pytest.raises(sweep.ParallelCheckFailed, match=r"parallel: AssertionError: no Linear to split \(module "
+                                                        r"names: 1 left whole, e.g. model.layers.\*.mystery: no "
+                                                        r"column/row name rule") as failed:
+        sweep.parallel_checks(row, model, "causal-lm", None, None, None)
+    assert failed.value.stage == "parallel"
+    assert row.parallel_reason.startswith("parallel: AssertionError: no Linear to split")
+    assert sweep.parallel_cell(row).startswith("fail: parallel: AssertionError: no Linear to split")
+
+
+def test_a_gradient_zero_in_exact_arithmetic_is_compared_above_a_floor():
+    """_step_error: a gradient that is zero in exact arithmetic (BERT's attention key bias) is rounding of either
+    sign, so it is compared against GRADIENT_FLOOR x the largest gradient; a real gradient against its own size."""
+    want = [np.array([0.5, -0.25]), np.array([7e-13])]
+    assert sweep._step_error(2.0, [want[0], np.array([-1.2e-12])], 2.0, want) == pytest.approx(1.9e-12 / 5e-4)
+    assert sweep._step_error(2.0, [np.array([0.5, -0.2]), want[1]], 2.0, want) == pytest.approx(0.05 / 0.5)
+    assert sweep._step_error(2.2, want, 2.0, want) == pytest.approx(0.1)  # the loss, relative
+
+
+def test_the_table_has_a_parallel_column():
+    row = sweep.SweepRow("llama", "causal-lm", "LlamaForCausalLM", "pass", "pipeline", forward_error=1e-7,
+                         train_error=2e-7, loss_units=0.1, parameter_units=0.2, parallel_error=5.6e-7,
+                         parallel_source="transformers tp_plan", pipeline_error=4.2e-7)
+    conv = sweep.SweepRow("convnext", "image-classification", "C", "pass", "parallel", forward_error=1e-7,
+                          train_error=2e-7, parameter_units=0.2, parallel_error=1e-7,
+                          parallel_source="data 4 only: no Linear in the layer lists")
+    lines = sweep.table([row, conv]).splitlines()
+    assert lines[0].endswith("| parallel (simulation) |")
+    assert lines[2].endswith("| pass: 2 x 2 data x tensor (transformers tp_plan) 5.6e-07; pipeline 2 4.2e-07 |")
+    assert lines[3].endswith("| pass: data 4 only: no Linear in the layer lists 1.0e-07 |")
 
 
 def test_a_wrong_conversion_fails_the_sweep(monkeypatch):

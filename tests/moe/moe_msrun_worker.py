@@ -80,6 +80,9 @@ def run_case(case: str):
     held = {row.name: row.layout.rank_slices(rank, row.global_shape) for row in par.table}
     out["held_expert_shape"] = list(local["moe.experts.w_gate"].shape)
     out["stats"] = copy.deepcopy(model.moe.parallel().last_stats)
+    # the last step's expert ops, this process's own (moe/expert_ops.py), before backward_error's forwards
+    out["expert_ops"] = sorted([op, flops, nbytes, calls] for (op, flops, nbytes), calls in par.accounting.compute.items()
+                               if op.startswith("Expert"))
     if case in EXPERT_PARALLEL_CASES:
         out["backward_error"] = backward_error(par, model.trainable_params(), data[0])
 

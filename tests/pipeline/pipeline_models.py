@@ -18,10 +18,20 @@ def dense_chain(width: int = 16, depth: int = 4, seed: int = 1) -> nn.WithLossCe
     return nn.WithLossCell(nn.SequentialCell(layers), nn.MSELoss())
 
 
-def batch(n: int = 8, seed: int = 2):
+def batch(n: int = 8, seed: int = 2, out: int = 4):
+    """Inputs (n, 8) and targets (n, out), standard normal float32 from `seed`."""
     rng = np.random.default_rng(seed)
     return (Tensor(rng.standard_normal((n, 8)).astype(np.float32)),
-            Tensor(rng.standard_normal((n, 4)).astype(np.float32)))
+            Tensor(rng.standard_normal((n, out)).astype(np.float32)))
+
+
+def pipelined_over_2(model, **pipeline):
+    """`model` under auto_parallelize on 2 simulated pipeline ranks, 1F1B over 2 microbatches (plus `pipeline`)."""
+    import mindspore_hyper as mh
+
+    mh.set_context(mode="simulation", device_num=2)
+    return mh.auto_parallelize(model, mh.Layout((2,), ("pipeline",))(tensor_map=()),
+                               pipeline=dict(schedule="1f1b", microbatches=2, **pipeline))
 
 
 def single_device_run(model, x, y, steps: int = 5, lr: float = 1e-2):

@@ -62,8 +62,8 @@ def test_in_process_parameter_sum_rows_and_once_per_step():
     sync = GradientSync(accounting, collectives=None)
     group = AxisGroup.whole(4, "data")
     assert sync.claim(1, group) and not sync.claim(1, group)
-    sync.parameter_sum(64, group, zero=False, name="w")
-    sync.parameter_sum(64, group, zero=True, name="v")
+    sync.parameter_sum(64, group, zero=None, name="w")
+    sync.parameter_sum(64, group, zero=("data", 4), name="v")
     assert _rows(accounting) == {("AllReduce", "data"): (1, 96, 64), ("ReduceScatter", "data"): (1, 48, 64),
                                  ("AllGather", "data"): (1, 48, 16)}
     causes = accounting.comm_backward_causes
@@ -71,6 +71,18 @@ def test_in_process_parameter_sum_rows_and_once_per_step():
     assert dict(causes[("AllGather", "data")]) == {"optimizer ZeRO gather of v": 1}
     sync.begin_step()
     assert sync.claim(1, group)
+
+
+def test_parameter_sum_with_zero_over_part_of_the_group_first_sums_over_the_rest():
+    # P = 64 bytes summed over data+tensor (2 x 2), its optimizer states split over data only (as a
+    # process runs it): AllReduce over tensor, n = 2: 2(n-1)/n P = 64; ReduceScatter over data (n-1)/n P = 32;
+    # the AllGather of the updated half P/2 = 32 sends (n-1) P/n = 32
+    accounting = Accounting(4)
+    sync = GradientSync(accounting, collectives=None)
+    sync.parameter_sum(64, AxisGroup.whole(4, "data+tensor"), zero=("data", 2), name="norm")
+    assert _rows(accounting) == {("AllReduce", "tensor"): (1, 64, 64), ("ReduceScatter", "data"): (1, 32, 64),
+                                 ("AllGather", "data"): (1, 32, 32)}
+    assert dict(accounting.comm_backward_causes[("AllReduce", "tensor")]) == {"grad sync of norm": 1}
 
 
 def test_process_collectives_move_and_record_the_same_bytes():
@@ -112,3 +124,12 @@ def test_sum_scalar_records_one_float64_all_reduce_under_its_cause():
     assert backend.log == [("all_reduce", 8)]
     assert _rows(accounting) == {("AllReduce", "data"): (1, 8, 8)}
 
+
+
+def test_sum_scalar_over_one_device_records_nothing():
+    # a group of one runs no collective: the value is the sum, no report row (the HyperParallel
+    # clipping and the models' norms share this rule through sum_scalar)
+    accounting = Accounting(1)
+    sync = GradientSync(accounting, collectives=None)
+    assert sync.sum_scalar(2.5, AxisGroup.whole(1, "data"), "clip grad norm") == 2.5
+    assert _rows(accounting) == {}

@@ -196,11 +196,12 @@ class DistributedModel(ParallelModel):
         for pid, group, contribution in self._zero_pending:
             zero = self._zero[pid]
             rest = [a for a in self._axes(group) if a not in zero.axes]
-            if rest:  # first sum over the group's other axes (no row of its own: the bucket's ReduceScatter
-                # row over the whole group axis stands for the group's sum, as in the simulation)
-                others = member_group(group.axis, tuple(self.mesh.axis_group(self.world.rank, rest)), self.world.rank)
-                contribution = self.gradient_sync.all_reduce(contribution, others)
-            buckets.setdefault((zero.ranks, group.axis), []).append((pid, contribution))
+            if rest:  # first summed over the group's other axes (`GradientSync.parameter_sum`'s rows)
+                others = member_group("+".join(self.mesh.alias_names[a] for a in rest),
+                                      tuple(self.mesh.axis_group(self.world.rank, rest)), self.world.rank)
+                contribution = self.gradient_sync.all_reduce(contribution, others, (zero.param.name,))
+            zero_axis = "+".join(self.mesh.alias_names[a] for a in zero.axes)
+            buckets.setdefault((zero.ranks, zero_axis), []).append((pid, contribution))
         for (ranks, axis), items in buckets.items():
             n = len(ranks)
             rows = []

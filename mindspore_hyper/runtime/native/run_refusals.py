@@ -1,4 +1,5 @@
-"""What native mode's step refuses before it runs: CPU, and fewer processes than the strategy's devices.
+"""What native mode's step refuses before it runs: CPU, fewer processes than the strategy's devices,
+and the training options of `ParallelModel.train_step` it does not translate.
 
 MindSpore 2.10's semi-auto parallel (`Primitive.shard`, `AutoParallel`) does not compile on CPU
 ("Invalid backend: CPU"), and in one plain PyNative process the `AutoParallel` step runs anyway:
@@ -10,13 +11,18 @@ compiles anything, naming what runs the strategy instead. Building the step and 
 translation (`hyper_native_plan`) stay allowed anywhere: that is what checks the strategies
 (`tests/runtime/native/`). The process-count refusal was checked here only with the device
 target set to Ascend by the test (this project has no Ascend machine).
+
+`max_grad_norm`, `accumulation_steps` and `loss_scale` are not translated (the step is MindSpore's
+value_and_grad and update: translate.py's `_train_one_step`); passed to the step's call or to a
+`train_step` call they are refused, naming the option, on any device target.
 """
 from __future__ import annotations
 
 import functools
 import os
 
-__all__ = ["device_target", "job_processes", "check_can_run", "native_step_type"]
+__all__ = ["device_target", "job_processes", "check_can_run", "native_step_type", "refuse_training_options",
+           "TRAINING_OPTIONS"]
 
 
 def device_target() -> str:
@@ -62,6 +68,33 @@ def check_can_run(devices: int) -> None:
             f"strategy on CPU in simulation: {hint}")
 
 
+TRAINING_OPTIONS = {
+    "max_grad_norm": "global-norm clipping (the native step is MindSpore's value_and_grad and the optimizer's "
+                     "update, with no clipping between them)",
+    "accumulation_steps": "gradient accumulation (the native step updates once per call on the whole batch; "
+                          "MindSpore accumulates only pipeline micro-batches: micro_batches= with pipeline stages)",
+    "loss_scale": "loss scaling (the native step has none: MindSpore's TrainOneStepWithLossScaleCell on "
+                  "step.hyper_network is the native way)",
+}
+
+
+def refuse_training_options(options: dict) -> None:
+    """Raise if `options` holds one of `ParallelModel.train_step`'s training options, which the
+    native translation does not translate (so none is accepted and silently ignored).
+
+    Args:
+        options: the keyword arguments of the call.
+
+    Raises:
+        ValueError: naming the first such option, its value, what native mode lacks and the modes that do it.
+    """
+    for name, missing in TRAINING_OPTIONS.items():
+        if name in options:
+            raise ValueError(f"native mode: {name}={options[name]!r} is not translated: {missing}. "
+                             f"train_step(..., {name}=...) runs in mode='simulation' and mode='distributed' "
+                             f"(msrun)")
+
+
 @functools.lru_cache(maxsize=None)
 def native_step_type() -> type:
     """`mindspore.parallel.auto_parallel.AutoParallel` whose call first runs `check_can_run`
@@ -70,10 +103,23 @@ def native_step_type() -> type:
 
     class NativeStep(AutoParallel):
         """MindSpore's AutoParallel around the native training step; refuses a run that would not be
-        the strategy's (CPU, too few processes)."""
+        the strategy's (CPU, too few processes) and the training options it does not translate."""
 
         def __call__(self, *args, **kwargs):
+            refuse_training_options(kwargs)
             check_can_run(self.hyper_strategy_table.mesh.size)
             return super().__call__(*args, **kwargs)
+
+        def train_step(self, optimizer, *inputs, **options):
+            """`ParallelModel.train_step`'s signature, refused: the native step is `step(*batch)`.
+
+            Raises:
+                ValueError: an option it does not translate (named, first).
+                TypeError: otherwise, naming the call to make instead.
+            """
+            refuse_training_options(options)
+            raise TypeError("native mode: the step auto_parallelize returned is called as step(*batch) (MindSpore's "
+                            "compiled training step with the optimizer given to auto_parallelize); it has no "
+                            "train_step(optimizer, *inputs)")
 
     return NativeStep

@@ -8,6 +8,7 @@ through dist_worker.py, in its 4-process job (conftest.py).
 from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
 
 exit_if_msrun_scheduler()  # before MindSpore's import: msrun's scheduler has nothing to do with shm
+import io
 import os
 import sys
 
@@ -19,7 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 ms.set_context(mode=ms.PYNATIVE_MODE)
 import mindspore_hyper as mh  # noqa: E402
 from msrun_cases import run_cases_and_write_results  # noqa: E402
-from train_helpers import batch, strategy, twins  # noqa: E402
+from train_helpers import BATCH, batch, strategy, twins  # noqa: E402
+from mindspore_hyper.train import Telemetry  # noqa: E402
 
 STEPS, LR, MAX_NORM, ACCUMULATION, SCALE = 2, 0.1, 0.05, 2, 2.0 ** 8
 
@@ -30,12 +32,26 @@ def run_case(case: str):
     rank = par.local_ranks[0]
     opt = nn.SGD(par.optimizer_parameters(), LR)
     out = {"rank": rank, "losses": [], "norms": []}
+    lines = io.StringIO()
+    telemetry = Telemetry(stream=lines, all_ranks=True)  # every process logs (default: rank 0's only)
+    telemetry.start()
     for seed in range(STEPS):
         loss = par.train_step(opt, *batch(seed), max_grad_norm=MAX_NORM, accumulation_steps=ACCUMULATION,
                               loss_scale=SCALE)
         out["losses"].append(float(loss.asnumpy()))
         out["norms"].append(par.last_grad_norm)
+        telemetry.step(par, loss, tokens=BATCH, optimizer=opt)  # the global batch: one token per sample
+    telemetry.close()
     out["skipped"] = par.last_step_skipped
+    last = par.report(opt)  # the last step's, before clip_grad_norm below adds its own all-reduce
+    out["step_comm_backward"] = last.comm_backward  # its gradient sync: compared with simulated_comm_backward()
+    out["telemetry"] = {"records": [r.to_dict() for r in telemetry.records], "lines": lines.getvalue().splitlines(),
+                        "report_total": last.memory[rank]["total"], "report_ranks": sorted(last.memory),
+                        "report_parameters": last.memory[rank]["parameters"],
+                        "report_comm_bytes": sum(v["bytes"] for comm in (last.comm, last.comm_backward)
+                                                 for axes in comm.values() for v in axes.values()),
+                        "local_parameter_bytes": sum(p.asnumpy().nbytes for p in net.trainable_params()),
+                        "global_parameter_bytes": sum(p.asnumpy().nbytes for p in ref.trainable_params())}
     # MindSpore's own clipping on this process's shards sees only them: its norm (what the docs warn of)
     grads = [ms.Tensor(par.last_gradients[p.name]) for p in net.trainable_params()]
     squares = ops.addn([ops.square(g).sum().reshape((1,)) for g in grads])
@@ -65,6 +81,21 @@ def run_case(case: str):
         return out
 
     return reference, finish
+
+
+def simulated_comm_backward() -> dict:
+    """The options case's steps simulated on 4 devices in this process (the same model, strategy,
+    batches and options): the last step's backward collectives (JSON-shaped), the figures each
+    process's report of its last step must equal byte for byte."""
+    import json
+
+    _, net = twins()
+    mh.set_context(mode="simulation", device_num=4)
+    par = mh.auto_parallelize(net, strategy("zero"))
+    opt = nn.SGD(par.optimizer_parameters(), LR)
+    for seed in range(STEPS):
+        par.train_step(opt, *batch(seed), max_grad_norm=MAX_NORM, accumulation_steps=ACCUMULATION, loss_scale=SCALE)
+    return json.loads(json.dumps(par.report(opt).comm_backward))
 
 
 if __name__ == "__main__":

@@ -59,6 +59,122 @@ def test_a_large_job_dry_runs_with_the_report_of_run(tmp_path):
     assert set(simulated) == set(dry) and set(simulated["meshes"][0]) == set(mesh) - {"predicted"}
 
 
+def test_each_program_of_its_own_gets_its_own_predicted_step(pynative):
+    """A device program of its own (an expert member under a routing histogram: `programs` of a
+    mesh entry) is timed on its own ops and collectives, as `predict_step` times a mesh: the same
+    compute, and twice the all-to-all bytes take longer; the mesh's prediction is the slowest
+    program's (the step waits for it), whichever it is."""
+    from mindspore_hyper.cli.dryrun import add_predictions
+    from mindspore_hyper.estimate.dryrun_time import predict_step
+    from mindspore_hyper.estimate.hardware import load_hardware
+
+    hw = load_hardware("a100-80gb")
+
+    def a2a(nbytes):
+        return [{"kind": "AllToAll", "axis": "expert", "phase": "forward", "count": 1,
+                 "send_bytes_per_device": nbytes, "input_bytes_per_device": nbytes}]
+
+    compute = [{"op": "MatMul", "flops": 10 ** 9, "bytes": 10 ** 6, "calls": 1}]
+    mesh = {"shape": [4], "dim_names": ["expert"], "training_step": True, "compute": compute,
+            "collectives": a2a(10 ** 8),
+            "programs": [{"devices": "1", "compute": compute, "collectives": a2a(2 * 10 ** 8)}]}
+    add_predictions({"meshes": [mesh]}, hw)
+    own = mesh["programs"][0]["predicted"]
+    representative = predict_step(mesh, hw).to_dict()
+    assert own == predict_step(dict(mesh, collectives=a2a(2 * 10 ** 8)), hw).to_dict()
+    assert own["compute_seconds"] == representative["compute_seconds"]
+    assert own["comm_seconds"] > representative["comm_seconds"]
+    slowest = mesh["predicted"]
+    assert slowest["slowest_devices"] == "1" and slowest["step_seconds"] == own["step_seconds"]
+    assert "the slowest of the mesh's 2 device programs: devices 1" in slowest["notes"][-1]
+    # the representative slowest: device 1 with half the all-to-all bytes
+    mesh["programs"][0]["collectives"] = a2a(5 * 10 ** 7)
+    add_predictions({"meshes": [mesh]}, hw)
+    assert mesh["predicted"]["slowest_devices"] is None
+    assert mesh["predicted"]["step_seconds"] == representative["step_seconds"] > mesh["programs"][0]["predicted"][
+        "step_seconds"]
+
+
+def test_a_pipeline_stage_is_timed_by_its_slowest_program(pynative):
+    """A pipeline stage with device programs of their own (its expert members under a routing
+    histogram: `programs` of a stage) costs its slowest program's ops: a heavier program sets the
+    stage's cost, as if it were the stage's own rows; a lighter one changes nothing."""
+    from mindspore_hyper.estimate.dryrun_time import predict_pipeline_step
+    from mindspore_hyper.estimate.hardware import load_hardware
+
+    hw = load_hardware("a100-80gb")
+
+    def matmul(flops):
+        return [{"op": "ExpertMatMul", "flops": flops, "bytes": 10 ** 6, "calls": 1}]
+
+    def mesh(stage0, programs=()):
+        stage = {"compute": stage0, "collectives": []}
+        if programs:
+            stage["programs"] = [{"devices": "1", "compute": c, "collectives": []} for c in programs]
+        return {"shape": [2, 2], "dim_names": ["pipeline", "expert"],
+                "pipeline": {"schedule": "1f1b", "stages": 2, "microbatches": 2, "chunks": 1, "axis": "pipeline",
+                             "data_axis": None, "p2p": {},
+                             "per_stage": {"0": stage, "1": {"compute": matmul(10 ** 12), "collectives": []}}}}
+
+    plain = predict_pipeline_step(mesh(matmul(10 ** 12)), hw)
+    heavier = predict_pipeline_step(mesh(matmul(10 ** 12), [matmul(4 * 10 ** 12)]), hw)
+    assert heavier.to_dict() == predict_pipeline_step(mesh(matmul(4 * 10 ** 12)), hw).to_dict()
+    assert heavier.compute_seconds > plain.compute_seconds
+    assert predict_pipeline_step(mesh(matmul(10 ** 12), [matmul(10 ** 11)]), hw).to_dict() == plain.to_dict()
+
+
+def test_a_pipeline_prediction_counts_one_device_flops(pynative):
+    """`flops_per_device` of a pipeline is one device's: the stages of its own pipeline rank
+    (forward, recompute, backward: 3 x the forward per microbatch), the busiest rank's; not
+    every stage's summed. Counted by hand: 1F1B over 2 ranks, 4 microbatches, stage forwards of
+    1e12 and 3e12 FLOPs: 3 x 4 x 3e12; interleaved over 2 ranks x 2 chunks (virtual stages 0, 2
+    on rank 0, 1, 3 on rank 1), forwards 1, 2, 3, 5 (x 1e12): rank 1's 3 x 4 x (2 + 5) x 1e12."""
+    from mindspore_hyper.estimate.dryrun_time import predict_pipeline_step
+    from mindspore_hyper.estimate.hardware import load_hardware
+
+    def mesh(schedule, chunks, forwards):
+        per_stage = {str(s): {"compute": [{"op": "MatMul", "flops": f, "bytes": 10 ** 6, "calls": 1}],
+                              "collectives": []} for s, f in enumerate(forwards)}
+        return {"shape": [2, 2], "dim_names": ["pipeline", "data"],
+                "pipeline": {"schedule": schedule, "stages": 2, "microbatches": 4, "chunks": chunks,
+                             "axis": "pipeline", "data_axis": "data", "p2p": {}, "per_stage": per_stage}}
+
+    hw = load_hardware("a100-80gb")
+    p = predict_pipeline_step(mesh("1f1b", 1, [10 ** 12, 3 * 10 ** 12]), hw)
+    assert p.to_dict()["flops_per_device"] == 3 * 4 * 3 * 10 ** 12
+    p = predict_pipeline_step(mesh("interleaved_1f1b", 2, [10 ** 12, 2 * 10 ** 12, 3 * 10 ** 12, 5 * 10 ** 12]), hw)
+    assert p.flops == 3 * 4 * (2 + 5) * 10 ** 12
+
+
+def test_gradient_sums_on_any_axis_are_timed_once_per_step(pynative):
+    """A backward collective caused only by gradient syncs (the non-expert parameters' sums over
+    the expert axis, which also splits tokens) runs once per step after the schedule, like the
+    data axis's: it adds one collective's time to comm_seconds and nothing to the schedule; the
+    same row caused by an op (the MoE combine's backward) is paid in every microbatch's backward."""
+    from mindspore_hyper.estimate.collective_time import collective_seconds, group_fanouts
+    from mindspore_hyper.estimate.dryrun_time import predict_pipeline_step
+    from mindspore_hyper.estimate.hardware import load_hardware
+
+    def mesh(cause=None):
+        rows = [] if cause is None else [{"kind": "AllReduce", "axis": "expert", "phase": "backward", "count": 1,
+                                          "send_bytes_per_device": 0, "input_bytes_per_device": 10 ** 9,
+                                          "causes": {cause: 1}}]
+        stage = {"compute": [{"op": "MatMul", "flops": 10 ** 12, "bytes": 10 ** 6, "calls": 1}], "collectives": rows}
+        return {"shape": [2, 2, 2], "dim_names": ["data", "pipeline", "expert"],
+                "pipeline": {"schedule": "1f1b", "stages": 2, "microbatches": 4, "chunks": 1, "axis": "pipeline",
+                             "data_axis": "data", "p2p": {}, "per_stage": {"0": stage, "1": stage}}}
+
+    hw = load_hardware("a100-80gb")
+    one = collective_seconds("all_reduce", 10 ** 9, hw, group_fanouts(hw, 2, 1))
+    plain = predict_pipeline_step(mesh(), hw)
+    synced = predict_pipeline_step(mesh("grad sync of blocks.0.attn.o.weight"), hw)
+    assert synced.compute_seconds == pytest.approx(plain.compute_seconds, rel=1e-12)
+    assert synced.comm_seconds == pytest.approx(plain.comm_seconds + one, rel=1e-12)
+    by_op = predict_pipeline_step(mesh("MoE dispatch/combine (token rows)"), hw)
+    assert by_op.compute_seconds > plain.compute_seconds + 4 * one / 2  # in each of 4 microbatches' backwards
+    assert by_op.comm_seconds == pytest.approx(plain.comm_seconds, rel=1e-12)
+
+
 def test_predicted_step_time_from_the_recorded_ops(pynative):
     from mindspore_hyper.estimate.dryrun_time import predict_step
     from mindspore_hyper.estimate.hardware import load_hardware

@@ -66,6 +66,68 @@ def test_gpt_data_tensor_zero1(pynative):
     assert set(report.memory) == {0, 1, 2, 3}
 
 
+def test_gpt_mixed_precision_float16_cells(pynative):
+    """A model made mixed precision by `Cell.to_float(float16)` (LayerNorms kept float32, as amp O2
+    keeps them): the dry run gives each op's outputs the dtype MindSpore's kernel launch casts to
+    (float16 in float16 Cells; views and copies keep their input's), so activations, the working
+    weights and every backward collective (tensor-parallel sums, ZeRO-1's data-axis gradient syncs)
+    equal the simulation's byte for byte."""
+    import mindspore as ms
+
+    def make():
+        net = GPT()
+        net.to_float(ms.float16)
+        for _, cell in net.cells_and_names():
+            if isinstance(cell, nn.LayerNorm):
+                cell.to_float(ms.float32)
+        return net
+
+    ids = _ids(4, 16, 128)
+    sim = _report(pynative, "simulation", 4, make, megatron_strategy(4), (ids, ids))
+    dry = _report(pynative, "dryrun", 4, make, megatron_strategy(4), (ids, ids))
+    assert sim.memory == dry.memory and sim.memory_by_dtype == dry.memory_by_dtype
+    assert sim.comm == dry.comm and sim.step_memory == dry.step_memory
+    assert sim.comm_backward == dry.comm_backward
+    by_dtype = dry.memory_by_dtype[0]
+    assert set(by_dtype["working_weights"]) == {"float16"} and set(by_dtype["parameters"]) == {"float32"}
+    # float16 activations: the forward peak is below the same model's in float32
+    fp32 = _report(pynative, "dryrun", 4, GPT, megatron_strategy(4), (ids, ids))
+    assert dry.memory[0]["activations_peak"] < fp32.memory[0]["activations_peak"]
+
+
+def test_a_pipeline_counts_its_stages_working_weights(pynative):
+    """A mixed-precision model cut into pipeline stages: each device's memory row has the
+    float16 working copies of its pipeline rank's weights, counted by hand: 2 bytes per element
+    of every parameter its stages hold except the LayerNorms' (kept float32); data 2 x pipeline 2,
+    stages (embedding + block 0) and (block 1 + head)."""
+    import mindspore as ms
+    from models import PipelinedGPT
+
+    pynative.set_context(mode="dryrun", device_num=4)
+    net = PipelinedGPT(vocab=128, hidden=32, heads=4, layers=2, seq=16)
+    net.to_float(ms.float16)
+    for _, cell in net.cells_and_names():
+        if isinstance(cell, nn.LayerNorm):
+            cell.to_float(ms.float32)
+
+    def half_bytes(*cells):
+        return sum(2 * math.prod(p.shape) for c in cells for name, p in c.parameters_and_names()
+                   if not name.split(".")[-1] in ("gamma", "beta"))
+
+    expected = {0: half_bytes(net.embed, net.pos, net.blocks[0]), 1: half_bytes(net.blocks[1], net.head)}
+    model = pynative.auto_parallelize(net, pynative.Layout((2, 2), ("data", "pipeline"))(tensor_map=()),
+                                      pipeline={"schedule": "1f1b", "microbatches": 2, "layers_per_stage": (2, 2)})
+    optimizer = nn.Adam(model.optimizer_parameters(), 1e-3)
+    ids = _ids(4, 16, 128)
+    model.train_step(optimizer, ids, ids)
+    memory = model.report(optimizer).memory
+    for device, row in memory.items():
+        rank = model.mesh.coords(device)[1]
+        assert row["working_weights"] == expected[rank], (device, row)
+        assert row["total"] == sum(row[k] for k in ("parameters", "gradients", "optimizer_states", "activations_peak",
+                                                    "working_weights"))
+
+
 @pytest.mark.parametrize("mesh", [(4, 1), (2, 2)], ids=["data 4", "data 2 x tensor 2"])
 def test_gpt_zero3_through_auto_parallelize(pynative, mesh):
     """ZeRO-3 through auto_parallelize: every parameter also split over "data" (the estimator's
@@ -165,16 +227,26 @@ def test_moe_expert_parallel_with_balanced_routing(pynative):
         optimizer = nn.Adam(model.optimizer_parameters(), 1e-3)
         model.train_step(optimizer, ids, ids)
         if mode == "simulation":
-            sim = model.report(optimizer)
+            sim, sim_ops = model.report(optimizer), _op_tables(model)
         else:
-            dry = model.report(optimizer)
+            dry, dry_ops = model.report(optimizer), _op_tables(model)
     assert sim.memory == dry.memory and sim.comm == dry.comm and sim.comm_backward == dry.comm_backward
     assert sim.comm_causes == dry.comm_causes
     assert "AllToAll" in dry.comm and "expert" in dry.comm["AllToAll"]
+    # the op list the step-time model times, the routed experts' matmuls included (moe/expert_ops.py)
+    assert sim_ops == dry_ops and any(op == "ExpertMatMul" for op, _, _ in dry_ops[()])
+
+
+def _op_tables(model):
+    """Every device program's op table ((op, FLOPs, bytes) -> calls: what the step-time model
+    times): the representative's under (), each program of its own under its ranks."""
+    acc = model.accounting
+    return {(): dict(acc.compute), **{ranks: dict(v.compute) for ranks, v in acc.variants.items()}}
 
 
 def _moe_reports(mh, devices, strategy, ids, **context):
-    """(simulation report, dry-run report) of one training step of the MoE example."""
+    """(simulation report, dry-run report) of one training step of the MoE example, each with its
+    op tables (`_op_tables`) as `report.op_tables`."""
     import moe_training
 
     reports = []
@@ -184,6 +256,7 @@ def _moe_reports(mh, devices, strategy, ids, **context):
         optimizer = nn.Adam(model.optimizer_parameters(), 1e-3)
         model.train_step(optimizer, ids, ids)
         reports.append(model.report(optimizer))
+        reports[-1].op_tables = _op_tables(model)
     return reports
 
 
@@ -193,12 +266,15 @@ SKEWED = [0.25, 0.25, 0.125, 0.125, 0.0625, 0.0625, 0.0625, 0.0625]
 
 
 def test_moe_expert_parallel_with_a_routing_histogram(pynative):
-    """The MoE example on expert 4 (2 experts per member) routed by a given skewed histogram:
-    dry run = simulation exactly, and the expert all-to-all bytes are the hand count. Rank 0
-    (member 0, experts 0 and 1) routes 8 of its 16 copies to itself (4 balanced) and every
-    device routes alike, so it dispatches 16 - 8 rows to the others and combines back the 8 rows
-    each of the 3 others sent it: 8 + 24 = 32 rows of hidden 32 in float32 = 4096 bytes, against
-    (12 + 3 x 4) x 128 = 3072 balanced; its experts work on 32 received rows against 16."""
+    """The MoE example on expert 4 (2 experts per member, member m = rank m) routed by a given
+    skewed histogram: dry run = simulation exactly on every device, each expert member with its
+    own figures, checked against a hand count. Every device routes alike, sending rows_to =
+    8, 4, 2, 2 of its 16 copies to members 0..3; member m dispatches 16 - rows_to[m] rows to the
+    others, combines back 3 x rows_to[m] (what each of the 3 others sent it) and its experts work
+    on 4 x rows_to[m]:
+    member 0: 8 + 24 = 32 rows of hidden 32 in float32 = 4096 bytes all-to-all, 32 expert rows;
+    member 1: 12 + 12 = 24 rows = 3072 bytes, 16 rows (the balanced figures: 12 + 3 x 4);
+    members 2 and 3: 14 + 6 = 20 rows = 2560 bytes, 8 rows."""
     import moe_training
 
     mh = pynative
@@ -206,14 +282,33 @@ def test_moe_expert_parallel_with_a_routing_histogram(pynative):
     sim, dry = _moe_reports(mh, 4, moe_training.strategy(4), ids, moe_routing=SKEWED)
     assert sim.memory == dry.memory and sim.comm == dry.comm and sim.comm_backward == dry.comm_backward
     assert sim.comm_causes == dry.comm_causes and sim.step_memory == dry.step_memory
+    assert sim.programs == dry.programs and [p["ranks"] for p in dry.programs] == [[1], [2], [3]]
+    for rank in range(4):  # every device's collectives, its program's
+        assert sim.comm_of(rank) == dry.comm_of(rank)
+    # every program's op list, the experts' matmuls on its own rows (hand count: tests/moe/test_expert_ops.py)
+    assert sim.op_tables == dry.op_tables and set(dry.op_tables) == {(), (1,), (2,), (3,)}
     row_bytes = 32 * 4
-    assert dry.comm["AllToAll"]["expert"] == {"count": 2, "bytes": 32 * row_bytes, "input_bytes": 32 * row_bytes}
+    a2a = {rank: dry.comm_of(rank)["comm"]["AllToAll"]["expert"] for rank in range(4)}
+    assert {rank: (v["count"], v["bytes"]) for rank, v in a2a.items()} == \
+        {0: (2, 32 * row_bytes), 1: (2, 24 * row_bytes), 2: (2, 20 * row_bytes), 3: (2, 20 * row_bytes)}
     _, balanced = _moe_reports(mh, 4, moe_training.strategy(4), ids, moe_routing="balanced")
     assert balanced.comm["AllToAll"]["expert"]["bytes"] == 24 * row_bytes
+    assert not balanced.programs  # balanced: every member alike, one program
     # the experts' activations (moe/expert_compute.py's model: in and out rows of hidden 32, four
-    # SwiGLU products of ffn 48, float32) follow the rows member 0 received: 4 x 8 against 4 x 4
+    # SwiGLU products of ffn 48, float32) follow the rows each member received: 4 x rows_to[m]
+    # against 4 x 4 balanced (the exchange buffers are transient: the peak is the step's end)
     per_row = (2 * 32 + 4 * 48) * 4
-    assert dry.memory[0]["activations_peak"] - balanced.memory[0]["activations_peak"] == (32 - 16) * per_row
+    for rank, rows in enumerate((32, 16, 8, 8)):
+        assert dry.memory[rank]["activations_peak"] - balanced.memory[rank]["activations_peak"] == \
+            (rows - 16) * per_row
+    # member 1's loads are the balanced ones (4 rows to every member): its whole program is the
+    # balanced run's; the others' step peaks follow their loads
+    assert dry.memory[1] == balanced.memory[1] and dry.comm_of(1)["comm"] == balanced.comm
+    assert dry.step_memory["programs"][0]["timeline"] == balanced.step_memory["timeline"]
+    peaks = [dry.step_memory["per_device"][rank]["step_peak"] for rank in range(4)]
+    assert peaks[0] > peaks[1] == balanced.step_memory["per_device"][1]["step_peak"] > peaks[2] == peaks[3]
+    assert [p["ranks"] for p in dry.step_memory["programs"]] == [[1], [2], [3]]
+    assert "devices 2: their own program" in str(dry)
     from mindspore_hyper.hyper_parallel.report import routing_text
 
     mh.set_context(moe_routing=SKEWED)
@@ -225,13 +320,18 @@ def test_moe_pipeline_x_experts(pynative, routing):
     """The package's MoE language model (examples/moe_lm.py, tiny) on data 2 x pipeline 2 x
     expert 2 with ZeRO-1, two stages of one MoE block each, 1F1B over 2 microbatches: every
     device's memory, every stage's collectives (expert all-to-alls included), the stage-boundary
-    sends and each pipeline rank's step series equal the simulation's, balanced and under a
-    skewed histogram."""
+    sends, each pipeline rank's step series and every stage program's op list (the experts'
+    matmuls included), so its predicted step, equal the simulation's, balanced and under a skewed
+    histogram."""
     from moe_lm import MoELM, moe_strategy
+
+    from mindspore_hyper.cli.dryrun import add_predictions
+    from mindspore_hyper.estimate.hardware import load_hardware
+    from mindspore_hyper.hyper_parallel.report import session_report
 
     mh = pynative
     ids = _ids(8, 8, 32)  # data 2 x expert 2 x 2 microbatches
-    reports = []
+    reports, entries = [], []
     for mode in ("simulation", "dryrun"):
         mh.set_context(mode=mode, device_num=8, moe_routing=routing)
         model = mh.auto_parallelize(MoELM(vocab=32, hidden=8, heads=2, layers=2, seq=8, experts=4, top_k=2,
@@ -240,7 +340,14 @@ def test_moe_pipeline_x_experts(pynative, routing):
         optimizer = nn.Adam(model.optimizer_parameters(), 1e-3)
         model.train_step(optimizer, ids, ids)
         reports.append(model.report(optimizer))
+        entries.append(session_report(mode, 8)["meshes"][-1])  # this model's (oldest first)
+        add_predictions({"meshes": [entries[-1]]}, load_hardware("a100-80gb"))
     sim, dry = reports
+    assert entries[0]["pipeline"] == entries[1]["pipeline"] and entries[0]["predicted"] == entries[1]["predicted"]
+    stages = entries[1]["pipeline"]["per_stage"].values()
+    assert all(any(row["op"] == "ExpertMatMul" for row in stage["compute"]) for stage in stages)
+    # under the histogram each stage's expert member 1 has its own program (the stage's slowest is timed)
+    assert all(("programs" in stage) == (routing != "balanced") for stage in stages)
     assert sim.memory == dry.memory and set(dry.memory) == set(range(8))
     assert sim.comm == dry.comm and sim.comm_backward == dry.comm_backward and sim.p2p == dry.p2p
     assert sim.comm_causes == dry.comm_causes and sim.step_memory == dry.step_memory

@@ -373,6 +373,33 @@ def test_the_step_refuses_fewer_processes_than_devices_on_ascend(monkeypatch):
     assert run_refusals.check_can_run(8) is None
 
 
+@pytest.mark.parametrize("option,value", [("max_grad_norm", 1.0), ("accumulation_steps", 4), ("loss_scale", 1024.0)])
+@pytest.mark.parametrize("target", ["CPU", "Ascend"])
+def test_training_options_are_refused_naming_the_option(monkeypatch, option, value, target):
+    """Issue 41: the native step (MindSpore's value_and_grad and update, translate.py) has no
+    clipping, accumulation or loss scaling; passed to its call or to a ParallelModel-style
+    train_step, each option is refused naming it, before any other check (on CPU and, with the
+    device target the runtime reads set to Ascend and one process per device, where the step
+    would otherwise run), and nothing is updated."""
+    from mindspore_hyper.runtime.native import run_refusals
+
+    monkeypatch.setattr(run_refusals, "device_target", lambda: target)
+    monkeypatch.setenv("MS_WORKER_NUM", "8")
+    net = Net()
+    opt = nn.SGD(net.trainable_params(), 1e-2)
+    step = native(net, tp_strategy(), optimizer=opt)
+    before = [p.asnumpy().copy() for p in net.trainable_params()]
+    message = rf"native mode: {option}={value!r} is not translated: .*mode='simulation' and mode='distributed'"
+    with pytest.raises(ValueError, match=message):
+        step(IDS, **{option: value})
+    with pytest.raises(ValueError, match=message):
+        step.train_step(opt, IDS, **{option: value})
+    with pytest.raises(TypeError, match=r"called as step\(\*batch\).*no train_step\(optimizer, \*inputs\)"):
+        step.train_step(opt, IDS)
+    for old, p in zip(before, net.trainable_params()):
+        np.testing.assert_array_equal(p.asnumpy(), old)  # no update ran
+
+
 def test_optimizer_offload_is_reported_not_translated():
     cfg = {"parallel_config": {"device_matrix": [2, 4], "alias_names": ["data", "tensor"],
                                "optimizer": {"sharding": True, "offload": True}}}
