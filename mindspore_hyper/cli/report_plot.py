@@ -1,7 +1,9 @@
 """The plot of a run's report (`mindspore-hyper run/dryrun --plot PNG`): per-device memory over
-the step, one line per mesh (every device of a mesh runs the same program): after a training step
-its activations and gradients over forward, backward and update (`step_memory`), else the live
-bytes as each forward op starts; and the bytes one device sends per mesh axis and phase."""
+the step, one line per distinct device program (a mesh's representative devices, and each set of
+devices with a program of its own, e.g. the expert members under a routing histogram): after a
+training step its activations and gradients over forward, backward and update (`step_memory`),
+else the live bytes as each forward op starts; and the bytes one device sends per mesh axis and
+phase."""
 from __future__ import annotations
 
 from typing import Dict
@@ -26,14 +28,8 @@ def plot_report(report: Dict, path: str) -> str:
     labels, sent = [], []
     for mesh in report["meshes"]:
         name = " x ".join(f"{n}={s}" for n, s in zip(mesh["dim_names"], mesh["shape"]))
-        step = (mesh.get("step_memory") or {}).get("timeline")
-        if step:  # forward, backward, update: activations + gradients
-            live = [(a + g) / 2**30 for _, _, a, g in step]
-            label = f"{name} ({mesh['source']}): forward, backward, update"
-        else:
-            live = [b / 2**30 for _, b in mesh.get("memory_timeline", [])]
-            label = f"{name} ({mesh['source']}): forward"
-        left.plot(range(len(live)), live, label=label)
+        for devices, live, phases in _program_series(mesh):
+            left.plot(range(len(live)), live, label=f"{name} ({mesh['source']}){devices}: {phases}")
         for row in mesh["collectives"]:
             phase = "fwd" if row["phase"] == "forward" else "bwd"
             labels.append(f"{phase} {row['kind']} / {row['axis']}")
@@ -52,3 +48,19 @@ def plot_report(report: Dict, path: str) -> str:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _program_series(mesh: Dict):
+    """(devices label, GiB per op, phases) for each distinct program of `mesh`: the representative
+    devices' series first (label empty), then each `programs` entry's (after a training step its
+    step-memory series, else its forward live bytes)."""
+    step = mesh.get("step_memory") or {}
+    if step.get("timeline"):  # forward, backward, update: activations + gradients
+        yield "", [(a + g) / 2**30 for _, _, a, g in step["timeline"]], "forward, backward, update"
+        for program in step.get("programs", []):
+            yield (f", devices {','.join(map(str, program['ranks']))}",
+                   [(a + g) / 2**30 for _, _, a, g in program["timeline"]], "forward, backward, update")
+        return
+    yield "", [b / 2**30 for _, b in mesh.get("memory_timeline", [])], "forward"
+    for program in mesh.get("programs", []):
+        yield f", devices {program['devices']}", [b / 2**30 for _, b in program["memory_timeline"]], "forward"

@@ -271,3 +271,24 @@ def test_run_refuses_a_prediction_under_msrun():
     done = subprocess.run([CLI, "run", "--processes", "2", "--hardware", "a100-80gb", SCRIPT],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "--hardware: the prediction is made from the simulation's report" in done.stderr
+
+
+def test_the_plot_draws_one_line_per_distinct_device_program(tmp_path):
+    """A mesh whose expert members run programs of their own (a routing histogram) is drawn as one
+    memory line per program: the representative devices', then each program's, from its own
+    series (after a training step the step-memory series: activations + gradients per op)."""
+    from mindspore_hyper.cli.report_plot import _program_series, plot_report
+
+    gib = 2**30
+    step = {"timeline": [["forward", "MatMul", gib, 0], ["backward", "MatMul", gib, gib]],
+            "programs": [{"ranks": [1, 5], "timeline": [["forward", "MatMul", 2 * gib, 0]]},
+                         {"ranks": [2], "timeline": [["forward", "MatMul", 3 * gib, gib]]}]}
+    mesh = {"dim_names": ["expert"], "shape": [4], "source": "MoENet", "step_memory": step, "collectives": []}
+    series = list(_program_series(mesh))
+    assert [(label, live) for label, live, _ in series] == [("", [1.0, 2.0]), (", devices 1,5", [2.0]),
+                                                            (", devices 2", [4.0])]
+    forward_only = {"memory_timeline": [["MatMul", gib]],
+                    "programs": [{"devices": "3", "memory_timeline": [["MatMul", 2 * gib]]}]}
+    assert [(label, live) for label, live, _ in _program_series(forward_only)] == [("", [1.0]), (", devices 3", [2.0])]
+    png = plot_report({"meshes": [mesh], "mode": "dryrun", "devices": 4}, str(tmp_path / "p.png"))
+    assert os.path.getsize(png) > 0
