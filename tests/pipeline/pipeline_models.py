@@ -41,6 +41,23 @@ def single_device_run(model, x, y, steps: int = 5, lr: float = 1e-2):
     return losses, {p.name: p.asnumpy().copy() for p in model.trainable_params()}
 
 
+def pipelined_and_reference(make, inputs, parallelize, steps: int = 5, lr: float = 1e-2):
+    """Two models from `make` under seed 0: one trained on one device (single_device_run), the other
+    parallelized by `parallelize` (must give a PipelineModel) and trained with nn.Adam on the same
+    `inputs`. Returns (the parallelized model's network, the PipelineModel, its losses, the reference)."""
+    from mindspore_hyper.pipeline import PipelineModel
+
+    ms.set_seed(0)
+    reference = single_device_run(make(), *inputs, steps=steps, lr=lr)
+    ms.set_seed(0)
+    model = make()
+    parallel = parallelize(model)
+    assert isinstance(parallel, PipelineModel)
+    optimizer = nn.Adam(parallel.optimizer_parameters(), lr)
+    losses = [float(parallel.train_step(optimizer, *inputs).asnumpy()) for _ in range(steps)]
+    return model, parallel, losses, reference
+
+
 def single_device_clipped_run(model, x, y, max_norm: float, steps: int = 5, lr: float = 1e-2):
     """Losses, final parameters and each step's global gradient norm (float64 sum of squares) of
     plain MindSpore training with `ops.clip_by_global_norm(grads, max_norm)` before each nn.Adam step."""

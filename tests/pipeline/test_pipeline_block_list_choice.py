@@ -8,8 +8,7 @@ import pytest
 from mindspore import Parameter, nn, ops
 
 import mindspore_hyper as mh
-from mindspore_hyper.pipeline import PipelineModel
-from pipeline_models import assert_same_training, single_device_run
+from pipeline_models import assert_same_training, pipelined_and_reference
 from pipeline_models import batch as paired_batch
 
 pytestmark = pytest.mark.usefixtures("pynative")
@@ -64,15 +63,12 @@ def batch():
 
 
 def test_the_called_list_of_two_is_the_chain_and_trains_like_one_device():
-    ms.set_seed(0)
-    reference = single_device_run(SquaredError(TwoTowers()), *batch(), steps=5, lr=1e-2)
-    ms.set_seed(0)
-    model = SquaredError(TwoTowers())
-    mh.set_context(mode="simulation", device_num=2)
-    parallel = mh.auto_parallelize(model, CONFIG)
-    assert isinstance(parallel, PipelineModel)
-    optimizer = nn.Adam(parallel.optimizer_parameters(), 1e-2)
-    losses = [float(parallel.train_step(optimizer, *batch()).asnumpy()) for _ in range(5)]
+    def parallelize(model):
+        mh.set_context(mode="simulation", device_num=2)
+        return mh.auto_parallelize(model, CONFIG)
+
+    model, parallel, losses, reference = pipelined_and_reference(lambda: SquaredError(TwoTowers()), batch(),
+                                                                 parallelize)
     assert parallel.layers.chain.path == "lm.text"
     assert parallel.layers.names == ("lm.text.0", "lm.text.1")
     assert "lm.scale" in {n for n, _ in parallel.stage_cells[0].parameters_and_names()}

@@ -2,12 +2,10 @@
 converted model: an attention layer called (hidden, mask), the next kind (mask, hidden)): 5 Adam steps
 equal one device's; a model whose blocks run twice (a recurrent-depth loop), one whose first block takes two
 candidates for the hidden state, and one whose last block alone returns a tuple are refused saying so."""
-import mindspore as ms
 import pytest
 from mindspore import nn, ops
 
-from mindspore_hyper.pipeline import PipelineModel
-from pipeline_models import assert_same_training, single_device_run
+from pipeline_models import assert_same_training, pipelined_and_reference
 from pipeline_models import batch as paired_batch, pipelined_over_2
 
 pytestmark = pytest.mark.usefixtures("pynative")
@@ -56,14 +54,7 @@ def pipelined(model):
 
 
 def test_hidden_state_at_any_argument_position_trains_like_one_device():
-    ms.set_seed(0)
-    reference = single_device_run(Hybrid(), *batch(), steps=5, lr=1e-2)
-    ms.set_seed(0)
-    model = Hybrid()
-    parallel = pipelined(model)
-    assert isinstance(parallel, PipelineModel)
-    optimizer = nn.Adam(parallel.optimizer_parameters(), 1e-2)
-    losses = [float(parallel.train_step(optimizer, *batch()).asnumpy()) for _ in range(5)]
+    model, parallel, losses, reference = pipelined_and_reference(Hybrid, batch(), pipelined)
     assert parallel.layers.chain.route.hidden_args == [0, 1, 0, 1] and parallel.split == (1, 3)
     # bound: float32 Adam training of 8-wide Dense layers over 4 samples (tests/tolerances.py via the helper)
     assert_same_training(model, losses, reference, lr=1e-2, tokens=4)

@@ -3,12 +3,10 @@ state, an attention-weights-like tensor, None), as converted transformers layers
 taking element 1: the hidden state is the Tensor element the next block takes; 5 Adam steps equal
 one device's. A model that uses another element after its block is refused naming the block and the
 element, and a random forward (whose unused elements cannot be checked) is refused saying so."""
-import mindspore as ms
 import pytest
 from mindspore import nn, ops
 
-from mindspore_hyper.pipeline import PipelineModel
-from pipeline_models import assert_same_training, single_device_run
+from pipeline_models import assert_same_training, pipelined_and_reference
 from pipeline_models import batch as paired_batch, pipelined_over_2
 
 pytestmark = pytest.mark.usefixtures("pynative")
@@ -58,14 +56,7 @@ def pipelined(model):
 
 
 def test_blocks_returning_a_tuple_train_like_one_device():
-    ms.set_seed(0)
-    reference = single_device_run(TupleChain(), *batch(), steps=5, lr=1e-2)
-    ms.set_seed(0)
-    model = TupleChain()
-    parallel = pipelined(model)
-    assert isinstance(parallel, PipelineModel)
-    optimizer = nn.Adam(parallel.optimizer_parameters(), 1e-2)
-    losses = [float(parallel.train_step(optimizer, *batch()).asnumpy()) for _ in range(5)]
+    model, parallel, losses, reference = pipelined_and_reference(TupleChain, batch(), pipelined)
     assert parallel.split == (2, 2)
     assert parallel.layers.chain.route.tuple_outputs[3][0] == 1  # the last block's hidden state: as block 2's
     # bound: float32 Adam training of 8-wide Dense layers over 4 samples (tests/tolerances.py via the helper)
