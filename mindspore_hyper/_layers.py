@@ -13,10 +13,10 @@ rewrites the layer section of docs/architecture.md from this table.
 # (layer, units, what they hold), lowest first
 LAYERS = (
     ("foundation", ("units", "context", "autodiff", "_core", "_layers", "_resources", "mindspore_log",
-                    "bfloat16_emulation"),
+                    "bfloat16_emulation", "softmax_backward_cache"),
      "byte and dtype units, context flags, MindSpore grad helpers, the C++ core (extension module), "
      "the data files shipped in the package, the MindSpore log messages kept off the console, the bfloat16 "
-     "ops MindSpore's CPU kernels lack, run on float32 copies"),
+     "ops MindSpore's CPU kernels lack, run on float32 copies, the guard of MindSpore's cached Softmax backward"),
     ("algebra", ("shard",), "Layout (mesh), TensorLayout, placements, redistribution planner; Strategy, the "
                             "model-wide declaration over a mesh (`layout(tensor_map=...)` builds it, no hook)"),
     ("strategy, communication", ("strategy", "comm"),

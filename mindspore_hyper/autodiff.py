@@ -14,6 +14,8 @@ from typing import Callable
 
 import mindspore as ms
 
+from mindspore_hyper import softmax_backward_cache
+
 __all__ = ["value_and_grad", "grad", "reset_after_failure"]
 
 
@@ -23,6 +25,7 @@ def reset_after_failure() -> None:
 
     _pynative_executor.set_grad_flag(False)
     _pynative_executor.clear_res()
+    softmax_backward_cache.forget()
 
 
 def _guarded(fn: Callable) -> Callable:

@@ -15,6 +15,7 @@ from typing import Union
 from mindspore_hyper.context import MODES, get_context
 from mindspore_hyper.runtime.modes import RUNTIMES
 from mindspore_hyper.shard.model_strategy import Strategy
+from mindspore_hyper.softmax_backward_cache import ensure_softmax_backward, model_dtypes
 from mindspore_hyper.strategy.config import ParallelConfig, load_parallel_config
 from mindspore_hyper.strategy.program import program_of
 from mindspore_hyper.strategy.resolve import resolve_strategy
@@ -67,6 +68,8 @@ def auto_parallelize(model, strategy_or_config: StrategyLike, mode: str = None, 
                          "optimizer states and gradients in the tiered store), or set it to False")
     optimizer_states = kwargs.pop("optimizer_states", 2)
     table = resolve_strategy(model, strategy_or_config, optimizer_states=optimizer_states)
+    if runtime.computes_values():
+        ensure_softmax_backward(model_dtypes(model))
     if not runtime.runs_op_by_op():  # the mode compiles the whole program itself (native) and takes every keyword
         return runtime.parallelize(model, table, **kwargs)
     pipeline = kwargs.pop("pipeline", None)

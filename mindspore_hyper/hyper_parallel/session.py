@@ -19,6 +19,7 @@ from mindspore_hyper.dtensor.accounting import Accounting
 from mindspore_hyper.hyper_parallel.rank_threads import thread_rank
 from mindspore_hyper.hyper_parallel.step_phases import reset_steps, track
 from mindspore_hyper.shard.layout import Layout
+from mindspore_hyper.softmax_backward_cache import ensure_softmax_backward
 
 __all__ = ["execution_for", "calling_rank", "runtime_of", "job_ranks_of", "session_executions", "reset_session",
            "RankDependentError", "refuse_in_simulation", "script_line",
@@ -79,6 +80,8 @@ def execution_for(root: Layout, members: Optional[Tuple[int, ...]] = None):
                              f"None`")
     key = (root, members, runtime.name, me)
     if key not in _EXECUTIONS:
+        if me is None and runtime.computes_values():  # MindSpore's softmax gradients must be right
+            ensure_softmax_backward()
         if me is None and members != tuple(range(count)):
             runtime = runtime.sub_runtime(members)
         execution = runtime.execution(root, Accounting(root.size))

@@ -21,6 +21,7 @@ from mindspore_hyper.migrate.lowering import type_name
 from mindspore_hyper.migrate.mode_check import check_and_refuse
 from mindspore_hyper.migrate.naming import module_file_name
 from mindspore_hyper.migrate.report import ConversionReport
+from mindspore_hyper.softmax_backward_cache import ensure_softmax_backward
 from mindspore_hyper.migrate.state_dict import convert_state_dict
 from mindspore_hyper.migrate.trace import TRACERS, trace
 from mindspore_hyper.migrate.trace_fx import bind_inputs
@@ -81,6 +82,7 @@ def convert(torch_module: torch.nn.Module, example_inputs: Any, out: Optional[st
     if ms.get_context("mode") != ms.PYNATIVE_MODE:
         raise ValueError("convert builds and checks the Cell op by op: call "
                          "mindspore.set_context(mode=mindspore.PYNATIVE_MODE) first")
+    ensure_softmax_backward()  # the checks below differentiate the Cell
     if structure not in STRUCTURES:
         raise ValueError(f"structure={structure!r}; expected one of {STRUCTURES}")
     if tracer not in TRACERS:

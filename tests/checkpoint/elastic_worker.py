@@ -68,6 +68,8 @@ def main():
         record["losses"][step] = float(loss.asnumpy())
         record["step_done_at"][step] = time.time()
         if attempt == 0 and rank == kill_rank and step + 1 == kill_step:
+            if handle is not None:  # the hook names no step: the previous save must have committed first
+                handle.wait()
             set_fault_hook(_kill_at(f"file_partial:rank_{rank}/checkpoint_rank{rank}.safetensors", out))
         handle = mh.save_checkpoint(par, ckpt, optimizer=optimizer, step=step + 1, keep_last=3, blocking=False,
                                     snapshot="background")  # the next train_step's update waits for the copy

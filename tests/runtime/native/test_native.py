@@ -296,7 +296,10 @@ def test_simulation_mode_calls_the_simulation_runtime(monkeypatch, tmp_path):
     class FakeSimulation:
         name = "simulation"
 
-        def runs_op_by_op(self):  # the Runtime protocol's question auto_parallelize asks
+        def runs_op_by_op(self):  # the Runtime protocol's questions auto_parallelize asks
+            return True
+
+        def computes_values(self):
             return True
 
         def parallelize(self, model, table, return_dtensor=False):
