@@ -190,3 +190,22 @@ def test_sweep_family(family, head):
     if row.status == "not built":
         pytest.skip(f"{family} does not build offline from the scaled config: {row.reason}")
     assert row.status == "pass", f"{row.stage}: {row.reason}"
+
+
+def test_nudged_inputs_tell_conditioning_from_a_wrong_layout():
+    """nudged_step_error, named in a failing parallel check's reason: one device's loss and gradients with the
+    inputs scaled by 1 +- 2^-23. A well-conditioned Dense moves by float32 rounding (its gradients are linear in the
+    inputs: a few ulps); BatchNorm over a batch of nearly equal samples divides by their tiny spread and moves by
+    orders of magnitude more (conditioning, not a layout error)."""
+    from mindspore import nn
+
+    def loss(out, inputs):
+        return (out * out).sum()
+
+    x = torch.tensor(np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32))
+    dense = nn.Dense(3, 2)
+    assert sweep.nudged_step_error(dense, (x,), loss) <= 64 * float(np.finfo(np.float32).eps)
+    bn = nn.SequentialCell([nn.Dense(3, 3), nn.BatchNorm1d(3), nn.Dense(3, 2)])
+    bn.set_train(True)
+    near = torch.tensor(np.ones((4, 3), np.float32)) + 1e-4 * x  # the spread over the batch: 1e-4
+    assert sweep.nudged_step_error(bn, (near,), loss) > sweep.TOL
