@@ -80,7 +80,7 @@ def execution_for(root: Layout, members: Optional[Tuple[int, ...]] = None):
                              f"None`")
     key = (root, members, runtime.name, me)
     if key not in _EXECUTIONS:
-        if me is None and runtime.computes_values():  # MindSpore's softmax gradients must be right
+        if runtime.computes_values():  # MindSpore's softmax gradients must be right (rank threads take turns)
             ensure_softmax_backward()
         if me is None and members != tuple(range(count)):
             runtime = runtime.sub_runtime(members)

@@ -141,8 +141,17 @@ def _check(torch_module, cell, torch_args, torch_kwargs, cell_inputs, weights, f
     try:
         unchecked = _absent_in_eval(torch_module, torch_args, torch_kwargs, functions) if note else []
         paired = _paired(torch_module, weights, cell_parameters(cell))
-        want, names, factors = _torch_gradients(torch_module, torch_args, torch_kwargs, cell_inputs, paired)
-        got = _cell_gradients(cell, cell_inputs, factors, paired)
+        try:
+            want, names, factors = _torch_gradients(torch_module, torch_args, torch_kwargs, cell_inputs, paired)
+            with_inputs = True
+        except RuntimeError as exc:  # the forward sets requires_grad on a view of its input (SEW-D's extractor)
+            if "requires_grad flags of leaf variables" not in str(exc):
+                raise
+            want, names, factors = _torch_gradients(torch_module, torch_args, torch_kwargs, cell_inputs, paired,
+                                                    with_inputs=False)
+            with_inputs = False
+            note += ", parameters only (the forward sets requires_grad on a view of its input)"
+        got = _cell_gradients(cell, cell_inputs, factors, paired, with_inputs)
     finally:
         for module, training in modes:
             module.training = training
@@ -194,10 +203,11 @@ def _paired(torch_module: torch.nn.Module, weights: StateDictReport,
             and cell_params[cell_of[name]].size == p.numel()]
 
 
-def _torch_gradients(torch_module, torch_args, torch_kwargs, cell_inputs, paired):
-    """(gradients, their names, the output factors): torch's backward, its Functions' backward included."""
+def _torch_gradients(torch_module, torch_args, torch_kwargs, cell_inputs, paired, with_inputs: bool = True):
+    """(gradients, their names, the output factors): torch's backward, its Functions' backward included; the
+    floating inputs' gradients first unless `with_inputs` is False."""
     clones = {id(x): x.detach().clone().requires_grad_(True) for x in cell_inputs
-              if isinstance(x, torch.Tensor) and x.dtype.is_floating_point}
+              if with_inputs and isinstance(x, torch.Tensor) and x.dtype.is_floating_point}
 
     def swap(x):
         return clones.get(id(x), x) if isinstance(x, torch.Tensor) else x
@@ -219,10 +229,10 @@ def _torch_gradients(torch_module, torch_args, torch_kwargs, cell_inputs, paired
     return want, names, factors
 
 
-def _cell_gradients(cell: nn.Cell, cell_inputs, factors, paired) -> List[np.ndarray]:
+def _cell_gradients(cell: nn.Cell, cell_inputs, factors, paired, with_inputs: bool = True) -> List[np.ndarray]:
     """The Cell's gradients of the same scalar (its forward differentiated), in _torch_gradients' order."""
     positions = tuple(i for i, x in enumerate(cell_inputs)
-                      if isinstance(x, torch.Tensor) and x.dtype.is_floating_point)
+                      if with_inputs and isinstance(x, torch.Tensor) and x.dtype.is_floating_point)
     cell_params = cell_parameters(cell)
     params = [cell_params[c] for _, c in paired]
 

@@ -84,6 +84,37 @@ def test_exact_custom_backward_converts_and_trains_like_torch():
     assert max_parameter_error(model, cell) < TOL
 
 
+class MarksItsInput(torch.nn.Module):
+    """SEW-D's feature extractor: in training mode it sets requires_grad on a view of its input (allowed by torch
+    only while the input needs no gradient), then a Function with its own backward."""
+
+    def __init__(self, function):
+        super().__init__()
+        self.net = Net(function)
+
+    def forward(self, x):
+        h = x[:, None]
+        if self.training:
+            h.requires_grad = True
+        return self.net(h[:, 0])
+
+
+@pytest.mark.parametrize("function, equal", [(ExactSiLU, True), (ScaledBackward, False)])
+def test_a_forward_that_marks_its_input_is_checked_on_the_parameters(function, equal):
+    """The check differentiates torch with respect to the inputs too; where the forward cannot run so (it sets
+    requires_grad on a non-leaf view), it compares the parameters' gradients alone and says so; a wrong backward
+    is still refused."""
+    torch.manual_seed(0)
+    model = MarksItsInput(function).train()
+    if equal:
+        _, report = convert(model, torch.randn(4, 6))
+        result = report.custom_backward[f"{__name__}.ExactSiLU"]
+        assert result.startswith("gradient checked: equal") and "parameters only" in result, result
+    else:
+        with pytest.raises(CustomBackwardError, match="parameters only"):
+            convert(model, torch.randn(4, 6))
+
+
 @pytest.mark.parametrize("structure", ["modules", "flat"])
 def test_wrong_custom_backward_is_refused_naming_the_function_and_where(structure):
     with pytest.raises(CustomBackwardError) as info:
