@@ -466,14 +466,17 @@ def generate_modules(trace: ModuleTrace, root_module: torch.nn.Module, class_nam
                 class_text[name] = text.replace("class __CLASS__(", f"class {name}(", 1)
                 class_info[name] = GeneratedClass(name, prog.moe.torch_type, [], ["hidden", "ffn_hidden",
                                                                                    "num_experts", "top_k",
-                                                                                   "normalize_top_k"],
+                                                                                   "normalize_top_k",
+                                                                                   "shared_ffn_hidden"],
                                                   class_text[name].count("\n") + 1)
             name = bodies[key]
             class_info[name].paths.append(path)
             spec = prog.moe
             units[path] = _Unit(f"{name}(hidden={spec.hidden}, ffn_hidden={spec.ffn_hidden}, "
                                 f"num_experts={spec.num_experts}, top_k={spec.top_k}"
-                                + ("" if spec.normalize else ", normalize_top_k=False") + ")")
+                                + ("" if spec.normalize else ", normalize_top_k=False")
+                                + (f", shared_ffn_hidden={spec.shared_ffn_hidden}" if spec.shared_ffn_hidden else "")
+                                + ")")
             code.layers[path] = "mindspore_hyper.moe.MoE"
             code.moe_blocks.append(path)
             continue

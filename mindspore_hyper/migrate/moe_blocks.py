@@ -2,9 +2,10 @@
 
 A block is mapped when its semantics are MoE's exactly: router logits `x W^T`, softmax over the
 experts (float32), the top-k probabilities (renormalised to sum to 1 where the block does: MoE's
-`normalize_top_k`), SwiGLU experts (`silu(x Wg) * (x Wu)) Wd`, no expert bias) and no shared expert:
-transformers' `MixtralSparseMoeBlock`, `Qwen3MoeSparseMoeBlock` and `OlmoeSparseMoeBlock` (their
-`norm_topk_prob`). `MixtralSparseMoeBlock`
+`normalize_top_k`), SwiGLU experts (`silu(x Wg) * (x Wu)) Wd`, no expert bias) and no shared expert,
+or a bias-free SiLU SwiGLU one scaled by sigmoid(shared_expert_gate(x)) (MoE's `shared_ffn_hidden`
+with `shared_expert_gate`): transformers' `MixtralSparseMoeBlock`, `Qwen3MoeSparseMoeBlock` and
+`OlmoeSparseMoeBlock` (their `norm_topk_prob`) and `Qwen2MoeSparseMoeBlock`. `MixtralSparseMoeBlock`
 (`MixtralTopKRouter` + `MixtralExperts`, SiLU, no router jitter) is such a block; the experts
 become MoE's batched weights (`w_gate`, `w_up`, `w_down`), so expert parallelism applies.
 
@@ -13,8 +14,7 @@ so while exporting, a mapped block runs `dense_forward`: the same function compu
 expert with the non-chosen gates zero (exact; traceable). Its traced ops are replaced by the MoE
 Cell in the generated code.
 
-A sparse block whose semantics differ (Qwen2-MoE: its shared expert's output is scaled by
-`sigmoid(shared_expert_gate(x))`, which MoE's shared expert is not) is converted generically: only
+A sparse block whose semantics differ (DeepSeek-V3's routing, gpt-oss's experts) is converted generically: only
 its experts module (`...Experts(hidden, top_k_index, top_k_weights)`, the data-dependent loop) runs
 `dense_experts` while exporting, so the generated code computes every expert for every token and
 weights the non-chosen ones 0 (exact, E / k times the expert FLOPs); `not_mapped_reason` says why.
@@ -43,14 +43,15 @@ class MoEBlockSpec:
     num_experts: int
     top_k: int
     normalize: bool = True  # the chosen probabilities renormalised to sum to 1 (Qwen3-MoE/OLMoE: norm_topk_prob)
+    shared_ffn_hidden: int = 0  # the gated shared expert's feed-forward size (Qwen2-MoE); 0: none
 
 
 # blocks whose router is softmax(x W^T) in float32 -> top-k -> (renormalised when the flag says so), whose
 # experts are SwiGLU over gate_up_proj / down_proj, and whose output is the weighted sum alone (read in their
 # transformers 5 sources): block class -> the attribute holding the renormalisation flag (None: always)
 _SAME_ROUTING = {"MixtralSparseMoeBlock": None, "Qwen3MoeSparseMoeBlock": "norm_topk_prob",
-                 "OlmoeSparseMoeBlock": "norm_topk_prob"}
-_ROUTERS = {"MixtralTopKRouter", "Qwen3MoeTopKRouter", "OlmoeTopKRouter"}
+                 "OlmoeSparseMoeBlock": "norm_topk_prob", "Qwen2MoeSparseMoeBlock": "norm_topk_prob"}
+_ROUTERS = {"MixtralTopKRouter", "Qwen3MoeTopKRouter", "OlmoeTopKRouter", "Qwen2MoeTopKRouter"}
 
 
 def recognize(module: torch.nn.Module) -> Optional[MoEBlockSpec]:
@@ -70,10 +71,30 @@ def recognize(module: torch.nn.Module) -> Optional[MoEBlockSpec]:
     if getattr(experts, "has_bias", False) or getattr(experts, "gate_up_proj_bias", None) is not None:
         return None
     num_experts, two_f, hidden = experts.gate_up_proj.shape
+    shared_ffn = _gated_shared_expert(module, hidden)
+    if shared_ffn is None:
+        return None
     flag = _SAME_ROUTING[kind]
     normalize = True if flag is None else bool(getattr(module.gate, flag))
     return MoEBlockSpec(f"{type(module).__module__}.{type(module).__qualname__}", hidden, two_f // 2, num_experts,
-                        int(module.gate.top_k), normalize)
+                        int(module.gate.top_k), normalize, shared_ffn)
+
+
+def _gated_shared_expert(module: torch.nn.Module, hidden: int) -> Optional[int]:
+    """0 for a block without a shared expert; the feed-forward size of a shared expert MoE's gated one
+    computes (bias-free gate/up/down Linears, SiLU, a bias-free Linear(H, 1) `shared_expert_gate`); None for
+    any other."""
+    shared, gate = getattr(module, "shared_expert", None), getattr(module, "shared_expert_gate", None)
+    if shared is None and gate is None:
+        return 0
+    linears = [getattr(shared, n, None) for n in ("gate_proj", "up_proj", "down_proj")] + [gate]
+    if not all(isinstance(m, torch.nn.Linear) and m.bias is None for m in linears):
+        return None
+    if type(getattr(shared, "act_fn", None)).__name__ not in ("SiLUActivation", "SiLU"):
+        return None
+    if (gate.in_features, gate.out_features) != (hidden, 1) or shared.gate_proj.in_features != hidden:
+        return None
+    return shared.gate_proj.out_features
 
 
 def not_mapped_reason(module: torch.nn.Module) -> Optional[str]:
@@ -85,9 +106,9 @@ def not_mapped_reason(module: torch.nn.Module) -> Optional[str]:
         isinstance(router, torch.nn.Module) and hasattr(experts, "gate_up_proj"))
     if not block or recognize(module) is not None:
         return None
-    if hasattr(module, "shared_expert_gate"):
-        return ("its shared expert's output is scaled by sigmoid(shared_expert_gate(x)); mindspore_hyper.moe.MoE's "
-                "shared expert is not gated")
+    if hasattr(module, "shared_expert_gate") or hasattr(module, "shared_expert"):
+        return ("its shared expert is not a bias-free SiLU SwiGLU scaled by a bias-free Linear(H, 1) gate, which is "
+                "the shared expert mindspore_hyper.moe.MoE has")
     if hasattr(router, "e_score_correction_bias"):
         return ("its router scores experts by sigmoid (not softmax), chooses by the scores plus "
                 "e_score_correction_bias within the groups of highest top-2 score sum, and scales the chosen scores "
@@ -151,7 +172,10 @@ def dense_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     gate_up = torch.einsum("th,efh->tef", x, self.experts.gate_up_proj)
     g, u = gate_up.chunk(2, dim=-1)
     out = torch.einsum("tef,ehf->teh", torch.nn.functional.silu(g) * u, self.experts.down_proj)
-    return (out * weights[:, :, None]).sum(1).reshape(shape)
+    out = (out * weights[:, :, None]).sum(1)
+    if spec.shared_ffn_hidden:
+        out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+    return out.reshape(shape)
 
 
 def verify_dense(root: torch.nn.Module, experts: Dict[str, torch.nn.Module], args, kwargs) -> Dict[str, str]:
@@ -211,7 +235,13 @@ def moe_weights(module: torch.nn.Module, path: str) -> Dict[str, Tuple[np.ndarra
     f = module.experts.gate_up_proj.shape[1] // 2
     gate_up = module.experts.gate_up_proj.detach().numpy()
     down = module.experts.down_proj.detach().numpy()
-    return {
+    shared = {}
+    if getattr(module, "shared_expert_gate", None) is not None:
+        for torch_name, cell_name in (("shared_expert.gate_proj", "gate"), ("shared_expert.up_proj", "up"),
+                                      ("shared_expert.down_proj", "down"), ("shared_expert_gate", "gate_score")):
+            value = module.get_submodule(torch_name).weight.detach().numpy().copy()
+            shared[f"{path}.moe.shared.{cell_name}.weight"] = (value, f"{path}.{torch_name}.weight", "as is")
+    return {**shared,
         f"{path}.moe.router.weight": (module.gate.weight.detach().numpy().T.copy(), f"{path}.gate.weight",
                                       "transpose (E, H) -> (H, E)"),
         f"{path}.moe.experts.w_gate": (gate_up[:, :f, :].transpose(0, 2, 1).copy(), f"{path}.experts.gate_up_proj",
@@ -229,10 +259,11 @@ def moe_class_source(spec: MoEBlockSpec) -> str:
         "class __CLASS__(nn.Cell):\n"
         f'    """{spec.torch_type} as mindspore_hyper.moe.MoE: softmax router, top-k renormalised, SwiGLU experts\n'
         '    as batched weights (expert parallel under a strategy with an expert axis)."""\n\n'
-        "    def __init__(self, hidden, ffn_hidden, num_experts, top_k, normalize_top_k=True):\n"
+        "    def __init__(self, hidden, ffn_hidden, num_experts, top_k, normalize_top_k=True, shared_ffn_hidden=0):\n"
         "        super().__init__()\n"
         "        self.moe = MoE(hidden, ffn_hidden, num_experts, top_k=top_k, aux_loss_coef=0.0,\n"
-        "                       normalize_top_k=normalize_top_k)\n\n"
+        "                       normalize_top_k=normalize_top_k, shared_ffn_hidden=shared_ffn_hidden,\n"
+        "                       shared_expert_gate=shared_ffn_hidden > 0)\n\n"
         "    def construct(self, hidden_states):\n"
         "        output, _ = self.moe(hidden_states)  # the auxiliary loss: torch's block has none\n"
         "        return output")

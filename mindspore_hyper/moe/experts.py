@@ -45,17 +45,22 @@ class GroupedExperts(nn.Cell):
 
 class SharedExpert(nn.Cell):
     """An always-active SwiGLU block every token passes through (DeepSeek-V3's shared expert);
-    plain Dense layers, so tensor parallelism comes from the strategy's overrides."""
+    with `gated`, its output scaled per token by sigmoid(x . w) (Qwen2-MoE's `shared_expert_gate`).
+    Plain Dense layers, so tensor parallelism comes from the strategy's overrides."""
 
-    def __init__(self, hidden: int, ffn_hidden: int):
+    def __init__(self, hidden: int, ffn_hidden: int, gated: bool = False):
         super().__init__()
         self.gate = nn.Dense(hidden, ffn_hidden, has_bias=False)
         self.up = nn.Dense(hidden, ffn_hidden, has_bias=False)
         self.down = nn.Dense(ffn_hidden, hidden, has_bias=False)
+        self.gate_score = nn.Dense(hidden, 1, has_bias=False) if gated else None
 
     def construct(self, x):
         g = self.gate(x)
-        return self.down(g * ops.sigmoid(g) * self.up(x))
+        out = self.down(g * ops.sigmoid(g) * self.up(x))
+        if self.gate_score is not None:
+            out = ops.sigmoid(self.gate_score(x)) * out
+        return out
 
 
 def run_experts(tokens: Tensor, plan: DispatchPlan, w_gate: Tensor, w_up: Tensor, w_down: Tensor,

@@ -36,6 +36,8 @@ class MoE(nn.Cell):
         aux_loss_coef: load-balancing loss coefficient (Switch/GShard; 0 disables).
         z_loss_coef: router z-loss coefficient (ST-MoE; 0 disables).
         shared_ffn_hidden: feed-forward size of a DeepSeek-V3 shared expert (0: none).
+        shared_expert_gate: scale the shared expert's output per token by sigmoid(x . w), w a
+            learned [H] vector (Qwen2-MoE's `shared_expert_gate`); needs a shared expert.
         normalize_top_k: renormalise the chosen gates to sum to 1.
         noise_std: router logit noise in training (0: none).
         routing_bits: under msrun, send the routing as a 1-bit token x expert mask instead of
@@ -58,7 +60,7 @@ class MoE(nn.Cell):
                  capacity_factor: Optional[float] = None, aux_loss_coef: float = 0.01, z_loss_coef: float = 0.0,
                  shared_ffn_hidden: int = 0, normalize_top_k: bool = True, noise_std: float = 0.0,
                  routing_bits: bool = False, overlap_chunks: int = 1, num_groups: int = 1, topk_groups: int = 1,
-                 dispatch: str = "flat", expert_groups: Optional[int] = None):
+                 dispatch: str = "flat", expert_groups: Optional[int] = None, shared_expert_gate: bool = False):
         super().__init__()
         if dispatch not in ("flat", "hierarchical"):
             raise ValueError(f"MoE: dispatch={dispatch!r}; expected 'flat' or 'hierarchical'")
@@ -72,6 +74,9 @@ class MoE(nn.Cell):
             raise ValueError(f"MoE: aux_loss_coef={aux_loss_coef} and z_loss_coef={z_loss_coef} must be >= 0")
         if shared_ffn_hidden < 0:
             raise ValueError(f"MoE: shared_ffn_hidden={shared_ffn_hidden} must be >= 0")
+        if not isinstance(shared_expert_gate, bool) or (shared_expert_gate and not shared_ffn_hidden):
+            raise ValueError(f"MoE: shared_expert_gate={shared_expert_gate!r} must be a bool, True only with a shared "
+                             f"expert (shared_ffn_hidden > 0, here {shared_ffn_hidden})")
         self.hidden, self.num_experts, self.top_k = hidden, num_experts, top_k
         self.capacity_factor = capacity_factor
         self.aux_loss_coef, self.z_loss_coef = float(aux_loss_coef), float(z_loss_coef)
@@ -82,7 +87,7 @@ class MoE(nn.Cell):
         self.router = TopKRouter(hidden, num_experts, top_k, normalize_top_k, noise_std, num_groups=num_groups,
                                  topk_groups=topk_groups)
         self.experts = GroupedExperts(num_experts, hidden, ffn_hidden)
-        self.shared = SharedExpert(hidden, shared_ffn_hidden) if shared_ffn_hidden else None
+        self.shared = SharedExpert(hidden, shared_ffn_hidden, shared_expert_gate) if shared_ffn_hidden else None
         self.last_expert_counts: Optional[np.ndarray] = None  # [E] copies per expert of the last call
         self._parallel = None  # the ExpertParallel engine, made on the first parallel call
         self.expert_offload = None  # offload.expert_offload.ExpertOffload when hyper_offload keeps the experts

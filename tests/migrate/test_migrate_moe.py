@@ -1,7 +1,8 @@
 """Sparse MoE blocks: transformers' MixtralSparseMoeBlock becomes mindspore_hyper.moe.MoE (softmax
-router, top-k renormalised, SwiGLU experts as batched weights) and Qwen2-MoE's block (a sigmoid-gated
-shared expert, which MoE has not) is converted generically with its experts computed densely, the
-reason in the report; both equal torch at the example shape and at another one. Experts behind transformers'
+router, top-k renormalised, SwiGLU experts as batched weights), and so do Qwen3-MoE's, OLMoE's and Qwen2-MoE's
+(its shared expert scaled by a sigmoid gate: MoE's gated shared expert); a block whose shared expert MoE has not is
+converted generically with its experts computed densely, the reason in the report; all equal torch at the example
+shape and at another one. Experts behind transformers'
 use_experts_implementation (grouped_mm by default: aten.histc) are computed densely after a check, and refused
 by name when the check fails."""
 import numpy as np
@@ -58,17 +59,46 @@ def test_mixtral_block_becomes_moe_with_torch_outputs_and_gradients():
     np.testing.assert_allclose(grads[0].asnumpy(), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
 
 
-def test_qwen2_moe_block_is_converted_generically_and_says_why():
+def qwen2_moe_block(**config):
     from transformers import Qwen2MoeConfig
     from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
 
     torch.manual_seed(0)
-    model = Block(Qwen2MoeSparseMoeBlock(Qwen2MoeConfig(hidden_size=16, moe_intermediate_size=32,
-                                                        shared_expert_intermediate_size=24, num_experts=4,
-                                                        num_experts_per_tok=2))).eval()
+    return Block(Qwen2MoeSparseMoeBlock(Qwen2MoeConfig(hidden_size=16, moe_intermediate_size=32,
+                                                       shared_expert_intermediate_size=24, num_experts=4,
+                                                       num_experts_per_tok=2, **config))).eval()
+
+
+def test_qwen2_moe_block_becomes_moe_with_its_gated_shared_expert():
+    """Qwen2-MoE: Mixtral's routing (norm_topk_prob) plus a shared SwiGLU expert scaled by
+    sigmoid(shared_expert_gate(x)): MoE(shared_ffn_hidden, shared_expert_gate=True), equal to torch, gradients of
+    the gate's weight included."""
+    model = qwen2_moe_block()
+    cell, report = convert(model, torch.randn(2, 5, 16), structure="modules")
+    moe = cell.moe.moe
+    assert isinstance(moe, MoE) and report.layers["moe"] == "mindspore_hyper.moe.MoE"
+    assert moe.shared.gate_score is not None and moe.shared.up.weight.shape == (24, 16)
+    placed = {(p.torch_name, p.cell_name) for p in report.weights.placed}
+    assert ("moe.shared_expert_gate.weight", "moe.moe.shared.gate_score.weight") in placed
+    x, weights = torch.randn(3, 7, 16), torch.randn(3, 7, 16)
+    assert_same_outputs(cell, model, x)
+    (model(x) * weights).sum().backward()
+    grads = ms.grad(lambda a: (cell(a) * to_mindspore(weights)).sum(), None,
+                    [moe.shared.gate_score.weight, moe.shared.down.weight])(to_mindspore(x))
+    for got, want in zip(grads, (model.moe.shared_expert_gate.weight.grad, model.moe.shared_expert.down_proj.weight.grad)):
+        want = want.numpy()
+        np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_a_shared_expert_moe_does_not_have_is_converted_generically_and_says_why():
+    """A shared expert with another activation (GELU) is not MoE's: generic conversion, experts computed densely,
+    the reason in the report."""
+    model = qwen2_moe_block()
+    model.moe.shared_expert.act_fn = torch.nn.GELU()
     cell, report = convert(model, torch.randn(2, 5, 16), structure="modules")
     assert not any(isinstance(c, MoE) for _, c in cell.cells_and_names())
-    assert any("sigmoid(shared_expert_gate(x))" in n and "computed densely" in n for n in report.notes)
+    assert any("converted generically, its experts computed densely" in n and
+               "shared expert is not a bias-free SiLU SwiGLU" in n for n in report.notes), report.notes
     assert {"Qwen2MoeSparseMoeBlock", "Qwen2MoeExperts", "Qwen2MoeTopKRouter"} <= {c["class"] for c in report.classes}
     assert_same_outputs(cell, model, torch.randn(3, 7, 16))
 

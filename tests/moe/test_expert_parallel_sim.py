@@ -16,7 +16,8 @@ from moe_models import (Interleaved, MoENet, assert_trains_like_one_device, batc
 
 pytestmark = pytest.mark.usefixtures("pynative")
 
-# (device matrix, axis names, tensor-parallel experts, shared expert size, train 5 steps too).
+# (device matrix, axis names, tensor-parallel experts, shared expert size ("gated N": with Qwen2-MoE's
+# sigmoid gate), train 5 steps too).
 # 5 training steps on 8 devices (data x expert x tensor) run in examples/moe_training.py
 # (tests/moe/test_moe_example.py) and on 4 processes in test_expert_parallel_msrun.py; here
 # 8 devices check forward and gradients only, to keep the suite fast.
@@ -24,6 +25,8 @@ CASES = {
     "expert2": ((2,), ("expert",), False, 0, True),
     "data2-expert2": ((2, 2), ("data", "expert"), False, 8, True),
     "data2-expert2-tensor2": ((2, 2, 2), ("data", "expert", "tensor"), True, 8, False),
+    # Qwen2-MoE's shared expert: its output scaled by sigmoid(shared_expert_gate(x)), split over tensor too
+    "data2-expert2-tensor2-gated": ((2, 2, 2), ("data", "expert", "tensor"), True, "gated 8", False),
     "expert8": ((8,), ("expert",), False, 0, False),
 }
 
@@ -32,9 +35,11 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_forward_gradients_and_training_match_single_device(case):
     matrix, names, tensor, shared, train = CASES[case]
+    gated = isinstance(shared, str)
+    shared = int(str(shared).split()[-1])
     mh.set_context(device_num=int(np.prod(matrix)))
     ms.set_seed(0)
-    ref, par = MoENet(shared=shared), MoENet(shared=shared)
+    ref, par = MoENet(shared=shared, shared_gate=gated), MoENet(shared=shared, shared_gate=gated)
     copy_weights(ref, par)
     sim = simulate(par, expert_strategy(Layout(matrix, names), tensor=tensor))
     data = batches(5)

@@ -37,7 +37,10 @@ def numpy_moe(x, moe, capacity_factor):
     if moe.shared is not None:
         s = moe.shared
         g = x @ s.gate.weight.asnumpy().T
-        y += (g / (1 + np.exp(-g)) * (x @ s.up.weight.asnumpy().T)) @ s.down.weight.asnumpy().T
+        shared = (g / (1 + np.exp(-g)) * (x @ s.up.weight.asnumpy().T)) @ s.down.weight.asnumpy().T
+        if s.gate_score is not None:  # Qwen2-MoE's sigmoid gate, one scalar per token
+            shared = shared / (1 + np.exp(-(x @ s.gate_score.weight.asnumpy().T)))
+        y += shared
     counts = np.bincount(chosen.ravel(), minlength=e)
     aux = moe.aux_loss_coef * e * np.sum(counts / (t * k) * probs.mean(0))
     lse = np.log(np.exp(logits).sum(-1))
@@ -45,11 +48,13 @@ def numpy_moe(x, moe, capacity_factor):
     return y, aux, used
 
 
-@pytest.mark.parametrize("top_k,capacity_factor,shared", [(2, None, 0), (1, None, 8), (2, 0.5, 0), (3, 1.0, 8)])
-def test_forward_matches_numpy(top_k, capacity_factor, shared):
+@pytest.mark.parametrize("top_k,capacity_factor,shared,gated", [(2, None, 0, False), (1, None, 8, False),
+                                                                 (2, 0.5, 0, False), (3, 1.0, 8, False),
+                                                                 (2, None, 8, True)])
+def test_forward_matches_numpy(top_k, capacity_factor, shared, gated):
     ms.set_seed(0)
     moe = MoE(16, 24, num_experts=6, top_k=top_k, capacity_factor=capacity_factor, aux_loss_coef=0.1,
-              z_loss_coef=1e-3, shared_ffn_hidden=shared)
+              z_loss_coef=1e-3, shared_ffn_hidden=shared, shared_expert_gate=gated)
     x = np.random.default_rng(1).normal(size=(2, 10, 16)).astype(np.float32)
     y, aux = moe(Tensor(x))
     ref_y, ref_aux, used = numpy_moe(x.reshape(20, 16).astype(np.float64), moe, capacity_factor)
@@ -85,9 +90,16 @@ def test_imbalanced_aux_exceeds_coefficient_and_z_loss():
     assert abs(float(z_loss(Tensor(logits), 0.1).asnumpy()) - ref) < 1e-6
 
 
+@pytest.mark.parametrize("options, message", [({"shared_expert_gate": True}, "True only with a shared expert"),
+                                              ({"shared_ffn_hidden": 4, "shared_expert_gate": 1}, "must be a bool")])
+def test_a_shared_expert_gate_needs_a_shared_expert(options, message):
+    with pytest.raises(ValueError, match=f"MoE: shared_expert_gate=.*{message}"):
+        MoE(8, 12, num_experts=4, **options)
+
+
 def test_gradients_reach_every_parameter():
     ms.set_seed(2)
-    moe = MoE(8, 12, num_experts=4, top_k=2, shared_ffn_hidden=4)
+    moe = MoE(8, 12, num_experts=4, top_k=2, shared_ffn_hidden=4, shared_expert_gate=True)
     x = Tensor(np.random.default_rng(3).normal(size=(12, 8)).astype(np.float32))
 
     def loss_fn(x):
