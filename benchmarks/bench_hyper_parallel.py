@@ -15,6 +15,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -87,8 +88,10 @@ def main():
     if args.distributed and "MS_WORKER_NUM" not in os.environ and "MS_ROLE" not in os.environ:
         cli = os.path.join(os.path.dirname(sys.executable), "mindspore-hyper")
         argv = [a for a in sys.argv[1:] if a != "--distributed"]
+        log_dir = tempfile.mkdtemp(prefix="bench_hyper_parallel_log_")  # msrun's worker logs, outside the checkout
+        print(f"msrun logs: {log_dir}", flush=True)
         return subprocess.call([cli, "msrun", f"--worker_num={TP}", f"--local_worker_num={TP}", "--master_port=8127",
-                                "--log_dir=bench_hyper_parallel_log", "--join=True", os.path.abspath(__file__),
+                                f"--log_dir={log_dir}", "--join=True", os.path.abspath(__file__),
                                 "--distributed", *argv], env=dict(os.environ, MS_HYPER_MODE="distributed"))
     load_before = os.getloadavg()
     ms.set_context(mode=ms.PYNATIVE_MODE)
