@@ -606,21 +606,26 @@ def _step_error(got_loss, got, want_loss, want) -> float:
     return worst
 
 
+def _loss_and_gradients(run, params, inputs, ms_loss):
+    """(loss, every parameter's gradient) as numpy of one step of `run` (a Cell or its parallel wrapper) on
+    `inputs` (MindSpore tensors)."""
+    import mindspore as ms
+
+    loss, grads = ms.value_and_grad(lambda *xs: ms_loss(run(*xs), inputs), None, params)(*inputs)
+    return loss.asnumpy(), [g.asnumpy() for g in grads]
+
+
 def nudged_step_error(cell, batch, ms_loss) -> float:
     """How far one device's loss and gradients move (`_step_error`) when the batch's floating inputs are scaled by
     1 +- 2^-23 (`nudged_batches`): the rounding the model amplifies, named in a failing parallel check's reason so
     that conditioning is told from a wrong layout (MobileViT: one device moves 9.6e-3, the simulation is 5.6e-3
     from it; a wrong layout is off by a whole gradient)."""
-    import mindspore as ms
     from mindspore_hyper.migrate.compare import to_mindspore
 
     params = cell.trainable_params()
-    results = []
-    for inputs in (batch, nudged_batches([tuple(batch)])[0]):
-        inputs = [to_mindspore(x) for x in inputs]
-        loss, grads = ms.value_and_grad(lambda *xs: ms_loss(cell(*xs), inputs), None, params)(*inputs)
-        results.append((loss.asnumpy(), [g.asnumpy() for g in grads]))
-    (want_loss, want), (got_loss, got) = results
+    want_loss, want = _loss_and_gradients(cell, params, [to_mindspore(x) for x in batch], ms_loss)
+    nudged = [to_mindspore(x) for x in nudged_batches([tuple(batch)])[0]]
+    got_loss, got = _loss_and_gradients(cell, params, nudged, ms_loss)
     return _step_error(got_loss, got, want_loss, want)
 
 
@@ -636,7 +641,7 @@ def parallel_step_error(cell, batch, ms_loss, plan) -> float:
 
     inputs = [to_mindspore(x) for x in batch]
     params = cell.trainable_params()
-    want_loss, want = ms.value_and_grad(lambda *xs: ms_loss(cell(*xs), inputs), None, params)(*inputs)
+    want_loss, want = _loss_and_gradients(cell, params, inputs, ms_loss)
     config = (plan.parallel_config(data=2) if plan is not None else
               {"parallel_config": {"device_matrix": [4], "alias_names": ["data"]}})
     mh.set_context(mode="simulation", device_num=4)
@@ -645,12 +650,11 @@ def parallel_step_error(cell, batch, ms_loss, plan) -> float:
         if plan is not None and not any(1 in r.layout.sharded_axes() for r in simulated.table):  # mesh axis 1: tensor
             raise AssertionError(f"the plan ({plan.source}, first entry {plan.module_level[0]['name']}) sharded "
                                  f"nothing over tensor")
-        got_loss, got = ms.value_and_grad(lambda *xs: ms_loss(simulated(*xs), inputs), None, params)(*inputs)
+        got_loss, got = _loss_and_gradients(simulated, params, inputs, ms_loss)
     finally:
         mh.reset_context()
         ms.set_context(mode=ms.PYNATIVE_MODE)
-    return _step_error(got_loss.asnumpy(), [g.asnumpy() for g in got], want_loss.asnumpy(),
-                       [w.asnumpy() for w in want])
+    return _step_error(got_loss, got, want_loss, want)
 
 
 def pipeline_step_error(cell, batch, ms_loss) -> float:
