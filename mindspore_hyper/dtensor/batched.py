@@ -272,7 +272,8 @@ def stacked_shards(execution, t: DTensor) -> Tensor:
         return t._stacked
     axes = significant_axes(t.layout)
     shards = [_not_ref(t.shards[key]) for key in execution.keys(axes)]
-    return ops.stack(shards)
+    with bfloat16_emulation.outside_cells():  # a copy keeps its dtype (a running Cell's type would cast it)
+        return ops.stack(shards)
 
 
 def _not_ref(shard: Tensor) -> Tensor:

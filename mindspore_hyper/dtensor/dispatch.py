@@ -25,10 +25,11 @@ from mindspore.ops.primitive import Primitive
 
 from mindspore_hyper import bfloat16_emulation
 from mindspore_hyper.comm.collective_cause import grad_sync_cause, op_cause, set_cause
+from mindspore_hyper.comm.gradient_identity import cast_with_gradient_to
 from mindspore_hyper.dtensor import mutation, shard_hints
 from mindspore_hyper.dtensor import random as random_ops
 from mindspore_hyper.dtensor.batched import run_batched
-from mindspore_hyper.dtensor.dtensor import DTensor, is_float, key_of, significant_axes
+from mindspore_hyper.dtensor.dtensor import DTensor, Key, is_float, key_of, significant_axes
 from mindspore_hyper.dtensor.meta import MetaTensor, meta
 from mindspore_hyper.dtensor.op_cost import op_flops
 from mindspore_hyper.dtensor.padded_storage import stored_piece
@@ -152,7 +153,9 @@ def parameter_dtensor(execution, param: Parameter) -> DTensor:
                 dt = DTensor._create(slot.layout, shards, slot.global_shape, param.dtype, execution)
             else:
                 def make_shards():
-                    with execution.uncounted():
+                    # a device's own piece, in the parameter's dtype wherever it is first read (a running
+                    # Cell's mixed-precision type would cast the slicing ops' outputs)
+                    with execution.uncounted(), bfloat16_emulation.outside_cells():
                         return distribute(execution, param, slot.layout).shards
 
                 dt = DTensor._lazy(slot.layout, make_shards, slot.global_shape, param.dtype, execution)
@@ -282,6 +285,7 @@ def _dispatch(execution, call: OpCall):
     result = execute(execution, call, decision, private=written.targets if written is not None else ())
     if call.name in CASTS and isinstance(result, DTensor):  # a parameter's cast (LayerNorm's, amp's) keeps its name
         result._cast_of = _parameter_of(originals[0])
+        result._cast_exact = _holds_parameter_value(execution, originals[0])
     return result if written is None else _write_back(execution, call, written, originals, result)
 
 
@@ -396,23 +400,26 @@ def execute(execution, call: OpCall, decision: Decision, private: Sequence[int] 
             previous = set_cause(op_cause("redistribute for", call.name, i, _cell_of(execution, call)))
             try:
                 t, fan = _sum_parameter_first(execution, t, fan)
-                moved, fused = t.redistribute_with_fusion(layout, grad_partial_axes=fan)
-                fan = [a for a in fan if a not in fused]
-                if fan:  # a parameter's gradient summed over devices it is replicated on: its grad sync
-                    slot = execution.parameters.get(_parameter_of(t))
-                    set_cause(grad_sync_cause(slot.param.name) if slot is not None else
-                              op_cause("gradient sum for", call.name, i, _cell_of(execution, call)))
-                ready.append(_fan_out(execution, moved, fan) if fan else moved)
+                # moved and anchored in its own dtype, as msrun's transports move it (a running Cell's
+                # mixed-precision type would cast the package's copies and anchors, some and not others)
+                with bfloat16_emulation.outside_cells():
+                    moved, fused = t.redistribute_with_fusion(layout, grad_partial_axes=fan)
+                    fan = [a for a in fan if a not in fused]
+                    if fan:  # a parameter's gradient summed over devices it is replicated on: its grad sync
+                        slot = execution.parameters.get(_parameter_of(t))
+                        set_cause(grad_sync_cause(slot.param.name) if slot is not None else
+                                  op_cause("gradient sum for", call.name, i, _cell_of(execution, call)))
+                    ready.append(_fan_out(execution, moved, fan) if fan else moved)
             finally:
                 set_cause(previous)
         if i in private or (private and ready[-1]._stacked is not None):  # in-place kernels refuse views
-            ready[-1] = DTensor._create(layout, {k: ops.deepcopy(v) for k, v in ready[-1].shards.items()},
+            ready[-1] = DTensor._create(layout, {k: ops.deepcopy(_read(ready[-1], k)) for k in ready[-1].shards},
                                         t.global_shape, t.dtype, execution)
     call.replace_tensors(ready)
     mesh = execution.mesh
     keys = execution.keys(axes)
     emulate = _emulation(execution, call, any_op)
-    if execution.batch_shards and emulate is None:
+    if execution.batch_shards and emulate is None and all(t._gradient_to is None for t in ready):
         batched_result = run_batched(execution, call, decision, axes, keys)
         if batched_result is not None:
             _record_cost(execution, call, batched_result)
@@ -535,7 +542,9 @@ def _op_error(call: OpCall, error: Exception) -> DTensorOpError:
     lines = [line.strip(" -=") for line in text.splitlines() if line.strip(" -=")]
     summary = " ".join(lines[:2]) if lines else repr(error)
     hint = bfloat16_emulation.refusal_hint(text)
-    return DTensorOpError(call.name, f"failed on the shards of DTensors {_describe(call)}: {summary}{hint}")
+    cast = bfloat16_emulation.cell_cast_dtype()
+    where = f" (in a Cell whose mixed-precision type casts float inputs to {cast})" if cast is not None else ""
+    return DTensorOpError(call.name, f"failed on the shards of DTensors {_describe(call)}{where}: {summary}{hint}")
 
 
 def _drain_pipeline() -> None:
@@ -549,30 +558,46 @@ def _drain_pipeline() -> None:
 
 def _sum_parameter_first(execution, t: DTensor, fan: List[int]) -> Tuple[DTensor, List[int]]:
     """(`t`, `fan`) with a model parameter's gradient sum over the `fan` axes `t` is replicated
-    on taken before `t` is redistributed: `t` a parameter (or a cast of one to its own dtype and
-    layout, MindSpore's LayerNorm's; not inside a Cell whose mixed-precision type casts it)
-    passes the runtime's parameter hook along those axes, and the rest of `fan` (axes the
-    redistribution's gathers may take over) is returned. Summed
-    after the move instead, the sum would be a plain collective of the moved copy run in every
-    micro-batch's backward (under msrun `k` sums a step with gradient accumulation, the
-    runtime's one deferred sum a step otherwise), and over the moved copy's bytes."""
+    on taken before `t` is redistributed: `t` a parameter, or a cast of one with its layout
+    (MindSpore's LayerNorm's, a bfloat16 compute copy's), passes the runtime's parameter hook
+    along those axes, and the rest of `fan` (axes the redistribution's gathers may take over) is
+    returned. Summed after the move instead, the sum would be a plain collective of the moved
+    copy run in every micro-batch's backward (under msrun `k` sums a step with gradient
+    accumulation, the runtime's one deferred sum a step otherwise), over the moved copy's bytes
+    and in the compute dtype.
+
+    The hook's node runs in the parameter's own dtype, outside the running Cell's
+    mixed-precision cast (`to_float`), so the sum is taken on the parameter's gradient (float32
+    for float32 master weights). A cast to another dtype keeps its value; each device's read of
+    it sends its gradient to the parameter's hooked shard, cast back as Cast's backward casts it
+    (`_gradient_to`, `_read`), so the devices' contributions are summed in the parameter's dtype
+    in simulation too (autograd adds them at the hook's node), as under msrun."""
     slot = _summed_parameter(execution, t)
-    cast = bfloat16_emulation.cell_cast_dtype()
-    if slot is None or (cast is not None and cast != t.dtype):
-        # in a Cell of another mixed-precision dtype (`to_float`) MindSpore casts the hook's node
-        # too: the parameter is read as a cast to another dtype, summed after the move
+    recast = slot is None
+    if recast:
+        slot = _cast_parameter(execution, t)
+    if slot is None:
         return t, fan
     first = [a for a in fan if a not in significant_axes(t.layout)]
     if not first:
         return t, fan
-    return _fan_out(execution, t, first, slot), [a for a in fan if a not in first]
+    rest = [a for a in fan if a not in first]
+    with bfloat16_emulation.outside_cells():
+        if not recast:
+            return _fan_out(execution, t, first, slot), rest
+        hooked = _fan_out(execution, parameter_dtensor(execution, slot.param), first, slot)
+        if execution.shape_only:  # a dry run: the hook recorded the sum; no values to route
+            return t, rest
+        with execution.uncounted():  # the same bytes as `t`
+            out = DTensor._create(t.layout, dict(t.shards), t.global_shape, t.dtype, execution)
+    out._cast_of, out._cast_exact, out._gradient_to = t._cast_of, True, hooked
+    return out, rest
 
 
 def _summed_parameter(execution, t: DTensor):
     """The slot of the model parameter whose gradient `t`'s gradient adds to as it is: `t`
     lays the parameter out, or is a cast of it to its own dtype with its layout (the cast's
-    backward an identity); None otherwise (a cast to another dtype is summed in that dtype by
-    the backend's fan-out)."""
+    backward an identity); None otherwise."""
     if execution.parameter_fan_out is None:
         return None
     if t._parameter_id is not None:
@@ -581,6 +606,27 @@ def _summed_parameter(execution, t: DTensor):
     if slot is None or t.dtype != slot.param.dtype or t.layout != slot.layout:
         return None
     return slot
+
+
+def _cast_parameter(execution, t: DTensor):
+    """The slot of the model parameter `t` is a cast of to another dtype, with its layout, from
+    its own value (not from a rounded copy: cast again from the parameter it is the same
+    value); None otherwise."""
+    if execution.parameter_fan_out is None or not t._cast_exact:
+        return None
+    slot = execution.parameters.get(t._cast_of)
+    if slot is None or t.layout != slot.layout or not is_float(t.dtype):
+        return None
+    return slot
+
+
+def _holds_parameter_value(execution, t: DTensor) -> bool:
+    """Whether `t` holds a model parameter's value exactly: the parameter, or an exact cast of
+    it to the parameter's own dtype."""
+    if t._parameter_id is not None:
+        return True
+    slot = execution.parameters.get(t._cast_of) if t._cast_exact else None
+    return slot is not None and t.dtype == slot.param.dtype
 
 
 def _fan_out(execution, t: DTensor, fan: List[int], slot=None) -> DTensor:
@@ -600,15 +646,23 @@ def _fan_out(execution, t: DTensor, fan: List[int], slot=None) -> DTensor:
             shards[key] = execution.collectives.fan_out(shard, group)
     with execution.uncounted():  # the same bytes as `t`
         out = DTensor._create(t.layout, shards, t.global_shape, t.dtype, execution)
-    out._parameter_id, out._cast_of = t._parameter_id, t._cast_of
+    out._parameter_id, out._cast_of, out._cast_exact = t._parameter_id, t._cast_of, t._cast_exact
     return out
 
 
+def _read(t: DTensor, key: Key) -> Tensor:
+    """`t`'s shard `key` as one device's op reads it: with `_gradient_to` a read of its own,
+    whose gradient goes to that DTensor's shard (cast to its dtype), not to `t`'s."""
+    shard = t.shards[key]
+    return shard if t._gradient_to is None else cast_with_gradient_to(shard, t._gradient_to.shards[key])
+
+
 def _localise(values, coords):
+    """The shards at mesh coordinates `coords` of the DTensors in `values` (nested lists kept)."""
     out = []
     for v in values:
         if isinstance(v, DTensor):
-            out.append(v.shards[tuple(coords[a] for a in significant_axes(v.layout))])
+            out.append(_read(v, tuple(coords[a] for a in significant_axes(v.layout))))
         elif isinstance(v, (list, tuple)) and any(isinstance(x, DTensor) for x in v):
             out.append(type(v)(_localise(v, coords)))
         else:

@@ -36,10 +36,10 @@ class SimulatedModel(ParallelModel):
     def _record_backward(self, kind: str, axis: str, send_bytes: int, input_bytes: int, cause: str = "") -> None:
         """Backward traffic of the collectives. Under gradient accumulation, the gradient sum of
         a tensor read by an op sharded over the batch axes it is replicated on (a tensor that does
-        not depend on the batch: a parameter's cast to another dtype; a parameter itself, or its
-        cast to its own dtype, is summed through `_parameter_fan_out` before any redistribution,
-        dtensor/dispatch.py) is done once per step, with the parameters': recorded on the last
-        micro-batch only."""
+        not depend on the batch: one computed from parameters, such as a transposed weight; a
+        parameter itself, or a cast of it, is summed through `_parameter_fan_out` before any
+        redistribution, dtensor/dispatch.py) is done once per step, with the parameters':
+        recorded on the last micro-batch only."""
         if not self._last_micro_batch and summed_once_per_step(kind, axis, self._batch_axes):
             return
         self.execution.record_backward(kind, axis, send_bytes, input_bytes, cause)

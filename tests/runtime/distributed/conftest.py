@@ -10,7 +10,7 @@ import pytest
 from msrun_helpers import run_msrun, worker_logs
 
 DIST_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_worker.py")
-FOUR_PROCESS_CASES = ("2x2", "2x2+zero", "options")
+FOUR_PROCESS_CASES = ("2x2", "2x2+zero", "options", "cast_weights")
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,8 @@ prints the error and leaves with status 0 without closing anything, as a crashed
 msrun kills every worker as soon as one exits non-zero, which would race the survivors' own report;
 so the survivors must notice the dead peer by themselves, and their failure is the job's), or
 "options" (train_options_worker.py's case: clipping, accumulation and loss scaling on 2 x 2), or
-"bf16" (tests/runtime/bfloat16_msrun_case.py: one emulated bfloat16 step on 2 x 2).
+"bf16" (tests/runtime/bfloat16_msrun_case.py: one emulated bfloat16 step on 2 x 2), or "cast_weights"
+(tests/runtime/cast_weights_case.py: bfloat16 copies of float32 weights, data 4, 2 micro-batches).
 """
 from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
 
@@ -76,6 +77,11 @@ def run_case(case: str):
         from train_options_worker import run_case as run_options
 
         return run_options(case)
+    if case == "cast_weights":  # bfloat16 copies of float32 weights on data 4 (tests/runtime/cast_weights_case.py)
+        sys.path.insert(0, os.path.join(ROOT, "tests", "runtime"))
+        from cast_weights_case import run_case as run_cast_weights
+
+        return run_cast_weights(case)
     if case == "bf16":  # one bfloat16 step on data 2 x tensor 2 (tests/runtime/bfloat16_msrun_case.py)
         sys.path.insert(0, os.path.join(ROOT, "tests", "runtime"))
         from bfloat16_msrun_case import run_case as run_bfloat16

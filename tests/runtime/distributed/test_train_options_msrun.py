@@ -96,3 +96,21 @@ def test_accumulation_reduces_gradients_over_data_once_per_step_on_4_processes(d
         for kind, row in expected.items():  # msrun buckets the reduce-scatter: fewer records, the same bytes
             assert {k: step[kind]["data"][k] for k in row} == row, (res["rank"], kind, step[kind])
         assert "data" not in step.get("AllReduce", {}), (res["rank"], step["AllReduce"])
+
+
+@pytest.mark.msrun
+def test_cast_weights_are_summed_in_float32_once_per_step_on_4_processes(dist_4_processes):
+    """tests/runtime/cast_weights_case.py under msrun (data 4, 2 micro-batches, the same job): a
+    float32 weight read through the model's own bfloat16 cast and one read by a `to_float(bfloat16)`
+    Cell get, on every process, the exact float32 sum of the 8 bfloat16 contributions (bit for bit
+    the simulation's, tests/runtime/test_bfloat16_gradient_reduction.py), not a sum rounded to
+    bfloat16, and the SGD step it makes; each weight's data-parallel all-reduce runs once per step
+    in float32 (not once per micro-batch in bfloat16), beside the global norm's."""
+    for res in (rank["cast_weights"] for rank in dist_4_processes):
+        assert res["rounded_sum_mismatches"] >= 8, res  # the data tells the two sums apart
+        assert res["grad_dtypes"] == ["float32"], res
+        assert res["grad_mismatches"] == {"w": 0, "inner.v": 0}, res
+        assert res["weight_mismatches"] == {"w": 0, "inner.v": 0}, res
+        # a ring over 4 sends 2 (n - 1) / n of two 8 x 4 float32 gradients and the norm's 8 bytes
+        assert res["comm_backward"]["AllReduce"]["data"] == {"count": 3, "bytes": 3 * (2 * 128 + 8) // 2,
+                                                               "input_bytes": 2 * 128 + 8}, res["comm_backward"]
