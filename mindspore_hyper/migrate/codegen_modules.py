@@ -466,17 +466,14 @@ def generate_modules(trace: ModuleTrace, root_module: torch.nn.Module, class_nam
                 class_text[name] = text.replace("class __CLASS__(", f"class {name}(", 1)
                 class_info[name] = GeneratedClass(name, prog.moe.torch_type, [], ["hidden", "ffn_hidden",
                                                                                    "num_experts", "top_k",
-                                                                                   "normalize_top_k",
-                                                                                   "shared_ffn_hidden"],
+                                                                                   "**options"],
                                                   class_text[name].count("\n") + 1)
             name = bodies[key]
             class_info[name].paths.append(path)
             spec = prog.moe
+            options = "".join(f", {k}={v!r}" for k, v in spec.moe_options().items())
             units[path] = _Unit(f"{name}(hidden={spec.hidden}, ffn_hidden={spec.ffn_hidden}, "
-                                f"num_experts={spec.num_experts}, top_k={spec.top_k}"
-                                + ("" if spec.normalize else ", normalize_top_k=False")
-                                + (f", shared_ffn_hidden={spec.shared_ffn_hidden}" if spec.shared_ffn_hidden else "")
-                                + ")")
+                                f"num_experts={spec.num_experts}, top_k={spec.top_k}{options})")
             code.layers[path] = "mindspore_hyper.moe.MoE"
             code.moe_blocks.append(path)
             continue

@@ -30,7 +30,7 @@ from mindspore_hyper.migrate.mask_expansion import broadcast_masks, export_with_
 from mindspore_hyper.migrate.mappings import lookup_module
 from mindspore_hyper.migrate.mappings.selective_scan import exported_scans
 from mindspore_hyper.migrate.moe_blocks import (MoEBlockSpec, dense_experts_modules, dense_forwards,
-                                                not_mapped_reason, recognize, verify_dense)
+                                                not_mapped_reason, recognize, verify_blocks, verify_dense)
 from mindspore_hyper.migrate.moe_experts import decorated_dense, decorated_experts, verify_decorated
 from mindspore_hyper.migrate.sorted_experts import choose_sorted, sorted_forwards
 from mindspore_hyper.migrate.size_division import sizes_divided_as_sizes
@@ -168,6 +168,8 @@ def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str
                            for k, v in kwargs.items()}}
         dims = _dynamic_shapes(module, dims)
     moe_blocks = {p: m for p, m in module.named_modules() if recognize(m) is not None}
+    refused_blocks = verify_blocks(module, moe_blocks, args, kwargs) if moe_blocks else {}
+    moe_blocks = {p: m for p, m in moe_blocks.items() if p not in refused_blocks}
     dense = dense_experts_modules(module, moe_blocks)
     refused = verify_dense(module, dense, args, kwargs) if dense else {}
     dense = {p: m for p, m in dense.items() if p not in refused}
@@ -182,6 +184,10 @@ def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str
     notes = [f"{p} ({type(m).__name__}): converted generically, "
              f"{dense_note if (f'{p}.experts' if p else 'experts') in dense else ''}not as mindspore_hyper.moe.MoE: "
              f"{not_mapped_reason(m)}" for p, m in module.named_modules() if not_mapped_reason(m)]
+    notes += [f"{p} ({type(m).__name__}): converted generically, "
+              f"{dense_note if (f'{p}.experts' if p else 'experts') in dense else ''}not as mindspore_hyper.moe.MoE: "
+              f"{why} (MoE's formulation of it, moe_blocks.dense_forward)"
+              for p, why in refused_blocks.items() for m in [module.get_submodule(p)]]
     notes += [f"{p} ({type(dense_m).__name__}) left as written (not computed densely): {why}"
               for p, why in {**refused, **refused_decorated}.items() for dense_m in [module.get_submodule(p)]]
     notes += [f"{p} ({type(m).__name__}): its experts implementation {m.config._experts_implementation!r} replaced "
@@ -240,7 +246,7 @@ def trace_modules(module: torch.nn.Module, args: Sequence[Any], kwargs: Dict[str
     problems: List[str] = []
     rewritten: List[str] = []
     for path, torch_mod in torch_modules.items():
-        program = ModuleProgram(path, torch_mod, moe=recognize(torch_mod))
+        program = ModuleProgram(path, torch_mod, moe=recognize(torch_mod) if path in moe_blocks else None)
         programs[path] = program
         if any(path.startswith(f"{p}.") for p in moe_blocks):
             continue  # inside a block that becomes one MoE Cell

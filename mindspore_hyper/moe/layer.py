@@ -44,6 +44,12 @@ class MoE(nn.Cell):
             per-expert counts (`mindspore_hyper.moe.routing_bits`).
         num_groups: expert groups for group-limited routing (1: none).
         topk_groups: groups each token may use (DeepSeek-V3: 4 of 8).
+        scoring: the router's scores, "softmax" over the experts or "sigmoid" per expert
+            (DeepSeek-V3; `mindspore_hyper.moe.router`).
+        score_bias: the router holds DeepSeek-V3's score correction bias (`router.score_bias`,
+            [E], not trained by gradients), added to the scores for the choice only.
+        group_score: how group-limited routing ranks a group: "max" or "top2_sum" (DeepSeek-V3).
+        routed_scaling_factor: the routed experts' weights' factor (DeepSeek-V3's), > 0.
         overlap_chunks: under expert parallelism, pipeline each device's tokens in this many
             chunks (dispatch / compute / combine; background AllToAll under msrun). 1: none.
         dispatch: under expert parallelism, "flat" (one uneven AllToAll over the expert axes) or
@@ -60,7 +66,9 @@ class MoE(nn.Cell):
                  capacity_factor: Optional[float] = None, aux_loss_coef: float = 0.01, z_loss_coef: float = 0.0,
                  shared_ffn_hidden: int = 0, normalize_top_k: bool = True, noise_std: float = 0.0,
                  routing_bits: bool = False, overlap_chunks: int = 1, num_groups: int = 1, topk_groups: int = 1,
-                 dispatch: str = "flat", expert_groups: Optional[int] = None, shared_expert_gate: bool = False):
+                 dispatch: str = "flat", expert_groups: Optional[int] = None, shared_expert_gate: bool = False,
+                 scoring: str = "softmax", score_bias: bool = False, group_score: str = "max",
+                 routed_scaling_factor: float = 1.0):
         super().__init__()
         if dispatch not in ("flat", "hierarchical"):
             raise ValueError(f"MoE: dispatch={dispatch!r}; expected 'flat' or 'hierarchical'")
@@ -85,7 +93,8 @@ class MoE(nn.Cell):
             raise ValueError(f"MoE: overlap_chunks={overlap_chunks!r} must be an integer >= 1")
         self.overlap_chunks = overlap_chunks
         self.router = TopKRouter(hidden, num_experts, top_k, normalize_top_k, noise_std, num_groups=num_groups,
-                                 topk_groups=topk_groups)
+                                 topk_groups=topk_groups, scoring=scoring, score_bias=score_bias,
+                                 group_score=group_score, routed_scaling_factor=routed_scaling_factor)
         self.experts = GroupedExperts(num_experts, hidden, ffn_hidden)
         self.shared = SharedExpert(hidden, shared_ffn_hidden, shared_expert_gate) if shared_ffn_hidden else None
         self.last_expert_counts: Optional[np.ndarray] = None  # [E] copies per expert of the last call

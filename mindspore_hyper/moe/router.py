@@ -1,13 +1,18 @@
-"""Softmax top-k router: which experts each token goes to, and with what weight.
+"""Top-k router: which experts each token goes to, and with what weight.
 
-The router is a linear map from the hidden state to one logit per expert; probabilities are the
-softmax over experts, a token goes to its `top_k` most probable experts, and its output is the
-sum of those experts' outputs weighted by their probabilities (renormalised over the chosen k
-when `normalize_top_k`, as DeepSeek-V3 does). Optional Gaussian noise on the logits during
-training (noisy top-k gating, Shazeer et al. 2017, with a fixed standard deviation) spreads the
-choice while the router is still undecided. Group-limited routing (DeepSeek-V2/V3) confines a
-token to its best few expert groups; with expert groups placed on groups of devices (nodes),
-each token's copies then cross fewer slow links (`mindspore_hyper.moe.groups`).
+The router is a linear map from the hidden state to one logit per expert. With softmax scoring
+(Mixtral, Qwen-MoE, DeepSeek-V2) a token's scores are the softmax over experts; with sigmoid
+scoring (DeepSeek-V3) each expert's score is sigmoid(logit) on its own. A token goes to its
+`top_k` best experts, and its output is the sum of those experts' outputs weighted by their
+scores (renormalised over the chosen k when `normalize_top_k`; times `routed_scaling_factor`,
+DeepSeek-V3's). DeepSeek-V3's score correction bias (`score_bias`, a per-expert vector
+that is not trained by gradients) is added to the scores for the choice only, not to the weights.
+Optional Gaussian noise on the logits during training (noisy top-k gating, Shazeer et al. 2017,
+with a fixed standard deviation) spreads the choice while the router is still undecided.
+Group-limited routing (DeepSeek-V2/V3) confines a token to its best few expert groups, a group
+scored by its best score (V2: `group_score="max"`) or the sum of its two best (V3: "top2_sum");
+with expert groups placed on groups of devices (nodes), each token's copies then cross fewer slow
+links (`mindspore_hyper.moe.groups`).
 """
 from __future__ import annotations
 
@@ -31,9 +36,11 @@ class Routing:
 
     Attributes:
         logits: [T, E] router logits (differentiable).
-        probs: [T, E] softmax of the logits (differentiable).
+        probs: [T, E] each token's distribution over experts, what the load-balancing loss
+            averages (differentiable): the softmax of the logits, or with sigmoid scoring the
+            scores normalised to sum to 1 per token (DeepSeek-V3's balance loss takes them so).
         gates: [T, k] weights of the chosen experts (differentiable).
-        experts: [T, k] int64 numpy array of the chosen expert ids, most probable first.
+        experts: [T, k] int64 numpy array of the chosen expert ids, best first.
     """
 
     logits: Tensor
@@ -42,13 +49,22 @@ class Routing:
     experts: np.ndarray
 
 
-def limit_groups(choice: np.ndarray, num_groups: int, topk_groups: int) -> np.ndarray:
+SCORINGS = ("softmax", "sigmoid")
+GROUP_SCORES = ("max", "top2_sum")
+
+
+def limit_groups(choice: np.ndarray, num_groups: int, topk_groups: int, group_score: str = "max") -> np.ndarray:
     """Group-limited routing (DeepSeek-V2/V3): experts split into `num_groups` contiguous groups;
     a token may only choose experts in its `topk_groups` groups of highest score (the group's
-    largest probability). Returns `choice` with the other groups' entries set to -inf."""
+    best choice score, or with "top2_sum" the sum of its two best). Returns `choice` with the
+    other groups' entries set to -inf."""
     tokens, experts = choice.shape
     grouped = choice.reshape(tokens, num_groups, experts // num_groups)
-    best = np.argsort(-grouped.max(-1), axis=-1, kind="stable")[:, :topk_groups]
+    if group_score == "top2_sum":
+        score = -np.sort(-grouped, axis=-1)[..., :2].sum(-1)
+    else:
+        score = grouped.max(-1)
+    best = np.argsort(-score, axis=-1, kind="stable")[:, :topk_groups]
     keep = np.zeros((tokens, num_groups), dtype=bool)
     keep[np.arange(tokens)[:, None], best] = True
     return np.where(np.repeat(keep, experts // num_groups, axis=1), choice, -np.inf)
@@ -109,26 +125,38 @@ def routing_assumption(num_experts: int):
 
 
 def route_tokens(tokens: Tensor, weight: Tensor, top_k: int, normalize_top_k: bool = True,
-                 noise: Tensor = None, num_groups: int = 1, topk_groups: int = 1) -> Routing:
-    """Route `tokens` [T, H] with router `weight` [H, E]; `noise` [T, E] is added to the logits
-    used for the choice (not to the probabilities); with `num_groups` > 1 the choice is limited
-    to each token's `topk_groups` best expert groups (`limit_groups`)."""
+                 noise: Tensor = None, num_groups: int = 1, topk_groups: int = 1, scoring: str = "softmax",
+                 score_bias: Tensor = None, group_score: str = "max", routed_scaling_factor: float = 1.0) -> Routing:
+    """Route `tokens` [T, H] with router `weight` [H, E] (see module docstring); `noise` [T, E] is
+    added to the logits used for the choice (not to the weights), and `score_bias` [E] to the
+    scores used for the choice (read only there: a dry run never reads it); with `num_groups` > 1 the choice is limited to each token's
+    `topk_groups` best expert groups (`limit_groups`)."""
     logits = ops.matmul(tokens, weight)
-    probs = ops.softmax(logits.astype(ms.float32), -1)
+    scores = _scores(logits.astype(ms.float32), scoring)
+    probs = scores if scoring == "softmax" else scores / scores.sum(-1, keepdims=True)
     assumed = routing_assumption(probs.shape[1])
     if assumed is not None or isinstance(probs, MetaTensor):  # a dry run has no logits: balanced by default
         experts = (histogram_choice(probs.shape[0], assumed, top_k) if isinstance(assumed, tuple)
                    else balanced_choice(probs.shape[0], probs.shape[1], top_k))
-        gates = ops.gather_elements(probs, 1, Tensor(experts))
+        gates = ops.gather_elements(scores, 1, Tensor(experts))
         return Routing(logits, probs, gates, experts)
-    choice = (probs if noise is None else ops.softmax(logits.astype(ms.float32) + noise, -1)).asnumpy()
+    choice = (scores if noise is None else _scores(logits.astype(ms.float32) + noise, scoring)).asnumpy()
+    if score_bias is not None:
+        choice = choice + score_bias.asnumpy()
     if num_groups > 1:
-        choice = limit_groups(choice, num_groups, topk_groups)
+        choice = limit_groups(choice, num_groups, topk_groups, group_score)
     experts = np.argsort(-choice, axis=-1, kind="stable")[:, :top_k].astype(np.int64)
-    gates = ops.gather_elements(probs, 1, Tensor(experts))
+    gates = ops.gather_elements(scores, 1, Tensor(experts))
     if normalize_top_k and top_k > 1:
-        gates = gates / gates.sum(-1, keepdims=True)
+        # sigmoid scores need not sum to anything: DeepSeek-V3 guards the division by 1e-20
+        gates = gates / (gates.sum(-1, keepdims=True) + (1e-20 if scoring == "sigmoid" else 0.0))
+    if routed_scaling_factor != 1.0:
+        gates = gates * routed_scaling_factor
     return Routing(logits, probs, gates, experts)
+
+
+def _scores(logits: Tensor, scoring: str) -> Tensor:
+    return ops.softmax(logits, -1) if scoring == "softmax" else ops.sigmoid(logits)
 
 
 class TopKRouter(nn.Cell):
@@ -138,18 +166,27 @@ class TopKRouter(nn.Cell):
         hidden: hidden size H.
         num_experts: E.
         top_k: experts per token (1 <= k <= E).
-        normalize_top_k: renormalise the k chosen probabilities to sum to 1.
+        normalize_top_k: renormalise the k chosen scores to sum to 1.
         noise_std: standard deviation of the Gaussian logit noise in training (0: none).
         seed: seed of the noise generator.
         num_groups: expert groups for group-limited routing (1: unlimited).
         topk_groups: groups a token may use; their experts must hold at least top_k.
+        scoring: "softmax" over the experts, or "sigmoid" per expert (DeepSeek-V3).
+        score_bias: hold a per-expert bias added to the scores for the choice only
+            (`score_bias`, [E], zeros, not trained by gradients: DeepSeek-V3's
+            `e_score_correction_bias`, set by the user's balancing rule or a checkpoint).
+        group_score: how group-limited routing ranks a group: "max" (its best score) or
+            "top2_sum" (the sum of its two best: DeepSeek-V3).
+        routed_scaling_factor: the chosen weights' factor (DeepSeek-V3's), > 0.
 
     Raises:
         ValueError: a size or option out of range (named in the message).
     """
 
     def __init__(self, hidden: int, num_experts: int, top_k: int, normalize_top_k: bool = True,
-                 noise_std: float = 0.0, seed: int = 0, num_groups: int = 1, topk_groups: int = 1):
+                 noise_std: float = 0.0, seed: int = 0, num_groups: int = 1, topk_groups: int = 1,
+                 scoring: str = "softmax", score_bias: bool = False, group_score: str = "max",
+                 routed_scaling_factor: float = 1.0):
         super().__init__()
         if hidden < 1 or num_experts < 1:
             raise ValueError(f"TopKRouter: hidden={hidden} and num_experts={num_experts} must be >= 1")
@@ -162,11 +199,26 @@ class TopKRouter(nn.Cell):
         if num_groups > 1 and not (1 <= topk_groups <= num_groups and topk_groups * (num_experts // num_groups) >= top_k):
             raise ValueError(f"TopKRouter: topk_groups={topk_groups} must be in 1..num_groups={num_groups} and its "
                              f"groups must hold top_k={top_k} experts")
-        self.num_groups, self.topk_groups = num_groups, topk_groups
+        if scoring not in SCORINGS:
+            raise ValueError(f"TopKRouter: scoring={scoring!r}; expected one of {SCORINGS}")
+        if group_score not in GROUP_SCORES:
+            raise ValueError(f"TopKRouter: group_score={group_score!r}; expected one of {GROUP_SCORES}")
+        if group_score == "top2_sum" and num_groups > 1 and num_experts // num_groups < 2:
+            raise ValueError(f"TopKRouter: group_score='top2_sum' needs groups of at least 2 experts; "
+                             f"num_experts={num_experts} in num_groups={num_groups} gives 1")
+        if not isinstance(score_bias, bool):
+            raise ValueError(f"TopKRouter: score_bias={score_bias!r} must be a bool")
+        scale = routed_scaling_factor
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+            raise ValueError(f"TopKRouter: routed_scaling_factor={scale!r} must be a number > 0")
+        self.num_groups, self.topk_groups, self.group_score = num_groups, topk_groups, group_score
         self.num_experts, self.top_k = num_experts, top_k
         self.normalize_top_k, self.noise_std = normalize_top_k, float(noise_std)
+        self.scoring, self.routed_scaling_factor = scoring, float(scale)
         self._rng = np.random.default_rng(seed)
         self.weight = Parameter(initializer(Normal(0.02), (hidden, num_experts), ms.float32), name="weight")
+        self.score_bias = (Parameter(Tensor(np.zeros(num_experts, np.float32)), name="score_bias", requires_grad=False)
+                           if score_bias else None)
 
     def noise(self, num_tokens: int):
         """Logit noise for this call ([T, E] Tensor), or None outside training or without noise."""
@@ -176,7 +228,8 @@ class TopKRouter(nn.Cell):
 
     def route(self, tokens: Tensor, weight: Tensor, noise=None) -> Routing:
         """Route `tokens` [T, H] with `weight` (this router's weight or a shard of it)."""
-        return route_tokens(tokens, weight, self.top_k, self.normalize_top_k, noise, self.num_groups, self.topk_groups)
+        return route_tokens(tokens, weight, self.top_k, self.normalize_top_k, noise, self.num_groups, self.topk_groups,
+                            self.scoring, self.score_bias, self.group_score, self.routed_scaling_factor)
 
     def construct(self, tokens: Tensor) -> Routing:
         return self.route(tokens, self.weight, self.noise(tokens.shape[0]))

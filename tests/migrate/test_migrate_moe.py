@@ -1,6 +1,8 @@
 """Sparse MoE blocks: transformers' MixtralSparseMoeBlock becomes mindspore_hyper.moe.MoE (softmax
 router, top-k renormalised, SwiGLU experts as batched weights), and so do Qwen3-MoE's, OLMoE's and Qwen2-MoE's
-(its shared expert scaled by a sigmoid gate: MoE's gated shared expert); a block whose shared expert MoE has not is
+(its shared expert scaled by a sigmoid gate: MoE's gated shared expert) and DeepSeek-V3's (sigmoid routing with
+its score correction bias, top-2-sum groups and scaling factor; its plain shared expert), each checked against
+the block's own forward first; a block whose shared expert MoE has not is
 converted generically with its experts computed densely, the reason in the report; all equal torch at the example
 shape and at another one. Experts behind transformers'
 use_experts_implementation (grouped_mm by default: aten.histc) are computed densely after a check, and refused
@@ -163,29 +165,73 @@ def test_experts_that_only_look_alike_are_not_replaced():
     assert_same_outputs(cell, model, torch.randn(3, 4, 8))
 
 
-def test_deepseek_v3_block_is_converted_generically_and_says_why():
-    """DeepSeek-V3's routing (sigmoid scores, group-limited choice on the scores plus e_score_correction_bias,
-    routed_scaling_factor) is not MoE's: its block is converted generically, the reason in the report, and equals
-    torch (forward and the router's gradient) at another shape."""
+def deepseek_v3_block(groups=2, topk_group=1):
     from transformers import DeepseekV3Config
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
 
-    config = DeepseekV3Config(hidden_size=16, moe_intermediate_size=8, n_routed_experts=4, num_experts_per_tok=2,
-                              n_group=2, topk_group=1, n_shared_experts=1, routed_scaling_factor=2.5)
+    config = DeepseekV3Config(hidden_size=16, moe_intermediate_size=8, n_routed_experts=8, num_experts_per_tok=2,
+                              n_group=groups, topk_group=topk_group, n_shared_experts=1, routed_scaling_factor=2.5)
     torch.manual_seed(0)
     model = Block(DeepseekV3MoE(config)).eval()
-    model.moe.gate.e_score_correction_bias.copy_(torch.randn(4) * 0.3)  # the bias changes the choice
+    with torch.no_grad():
+        model.moe.gate.e_score_correction_bias.copy_(torch.randn(8) * 0.3)  # the bias changes the choice
+    return model
+
+
+def test_deepseek_v3_block_becomes_moe_with_torch_outputs_and_gradients():
+    """DeepSeek-V3's routing (sigmoid scores, the choice by the scores plus e_score_correction_bias within each
+    token's best group by top-2 score sum, the chosen scores renormalised and scaled by routed_scaling_factor) and
+    its ungated shared expert: MoE(scoring="sigmoid", score_bias=True, group_score="top2_sum", ...), equal to
+    torch at another shape, gradients of the router and the experts included; the bias is placed, not trained."""
+    model = deepseek_v3_block()
     cell, report = convert(model, torch.randn(2, 5, 16))
-    assert not any(isinstance(c, MoE) for _, c in cell.cells_and_names())
-    assert any("e_score_correction_bias" in n and "routed_scaling_factor" in n for n in report.notes), report.notes
+    moe = cell.moe.moe
+    assert isinstance(moe, MoE) and report.layers["moe"] == "mindspore_hyper.moe.MoE"
+    router = moe.router
+    assert (router.scoring, router.group_score, router.num_groups, router.topk_groups, router.routed_scaling_factor,
+            moe.shared.gate_score) == ("sigmoid", "top2_sum", 2, 1, 2.5, None)
+    np.testing.assert_array_equal(router.score_bias.asnumpy(), model.moe.gate.e_score_correction_bias.numpy())
+    assert not router.score_bias.requires_grad
+    placed = {(p.torch_name, p.cell_name) for p in report.weights.placed}
+    assert {("moe.gate.e_score_correction_bias", "moe.moe.router.score_bias"),
+            ("moe.shared_experts.down_proj.weight", "moe.moe.shared.down.weight")} <= placed
     x, weights = torch.randn(3, 7, 16), torch.randn(3, 7, 16)
     assert_same_outputs(cell, model, x)
     (model(x) * weights).sum().backward()
-    router = next(p for n, p in cell.parameters_and_names() if n.endswith("gate.weight"))
-    grads = ms.grad(lambda a: (cell(a) * to_mindspore(weights)).sum(), None, [router])(to_mindspore(x))
-    want = model.moe.gate.weight.grad.numpy()
-    # float32 on both sides: sums of <= 16-term products, relative 1e-4 with an absolute floor for near-zero entries
-    np.testing.assert_allclose(grads[0].asnumpy(), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    grads = ms.grad(lambda a: (cell(a) * to_mindspore(weights)).sum(), None,
+                    [router.weight, moe.experts.w_down, moe.shared.gate.weight])(to_mindspore(x))
+    wants = (model.moe.gate.weight.grad.numpy().T, model.moe.experts.down_proj.grad.numpy().transpose(0, 2, 1),
+             model.moe.shared_experts.gate_proj.weight.grad.numpy())
+    for got, want in zip(grads, wants):
+        # float32 on both sides: sums of <= 16-term products, relative 1e-4 with an absolute floor near zero
+        np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_a_block_with_deepseek_v3_attributes_computing_otherwise_stays_generic_and_says_why():
+    """A router with DeepSeek-V3's attributes whose forward differs (its groups ranked by the best score, V2's rule,
+    not the top-2 sum): MoE's formulation is checked against the block's own forward on the example input, found
+    to differ, and the block is converted generically (experts densely), the difference in the report, equal to
+    torch."""
+    model = deepseek_v3_block(groups=4, topk_group=1)
+    gate = model.moe.gate
+
+    def v2_forward(hidden_states):
+        logits = torch.nn.functional.linear(hidden_states.reshape(-1, 16).float(), gate.weight.float())
+        scores = logits.sigmoid()
+        choice = (scores + gate.e_score_correction_bias).reshape(-1, 4, 2)
+        best = choice.max(-1).values.topk(1, dim=-1).indices
+        keep = torch.zeros(choice.shape[:2]).scatter(1, best, 1.0).repeat_interleave(2, dim=1).bool()
+        index = choice.reshape(-1, 8).masked_fill(~keep, float("-inf")).topk(2, dim=-1).indices
+        top = scores.gather(1, index)
+        return logits, top / (top.sum(-1, keepdim=True) + 1e-20) * gate.routed_scaling_factor, index
+
+    gate.forward = v2_forward
+    x = torch.randn(2, 5, 16)
+    cell, report = convert(model, x)
+    assert not any(isinstance(c, MoE) for _, c in cell.cells_and_names())
+    assert any("moe (DeepseekV3MoE): converted generically" in n and "differs from its forward" in n
+               for n in report.notes), report.notes
+    assert_same_outputs(cell, model, torch.randn(3, 7, 16))
 
 
 def _decorated_experts(apply_gate=None):

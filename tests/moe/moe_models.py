@@ -7,19 +7,22 @@ from mindspore_hyper.moe import MoE, MoEBlock
 from mindspore_hyper.pipeline import AuxLosses
 
 MICROBATCHES = 2  # of the MoEChain pipeline tests
+# DeepSeek-V3's routing options of MoE (sigmoid scores, score correction bias, top-2-sum groups, scaling factor)
+DEEPSEEK = dict(scoring="sigmoid", score_bias=True, group_score="top2_sum", num_groups=4, topk_groups=2,
+                routed_scaling_factor=2.5)
 
 
 class MoENet(nn.Cell):
     """Dense -> MoE (residual) -> Dense, loss = MSE + the router's auxiliary loss."""
 
     def __init__(self, hidden=16, ffn=24, experts=8, top_k=2, shared=0, capacity_factor=None, routing_bits=False,
-                 overlap_chunks=1, dispatch="flat", expert_groups=None, shared_gate=False):
+                 overlap_chunks=1, dispatch="flat", expert_groups=None, shared_gate=False, **routing):
         super().__init__()
         self.inp = nn.Dense(hidden, hidden)
         self.moe = MoE(hidden, ffn, num_experts=experts, top_k=top_k, capacity_factor=capacity_factor,
                        aux_loss_coef=0.01, z_loss_coef=1e-3, shared_ffn_hidden=shared, routing_bits=routing_bits,
                        overlap_chunks=overlap_chunks, dispatch=dispatch, expert_groups=expert_groups,
-                       shared_expert_gate=shared_gate)
+                       shared_expert_gate=shared_gate, **routing)
         self.out = nn.Dense(hidden, hidden)
 
     def construct(self, x, target):

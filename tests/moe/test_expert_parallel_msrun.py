@@ -1,7 +1,9 @@
 """Expert parallelism under msrun (one process per device, the shared-memory transport's uneven
 all-to-all): 3 Adam steps of data x expert (re-placed with EPLB replicas after 2 steps) and
 expert x tensor parallel MoE equal the single device, with per-expert counts or the 1-bit routing mask as dispatch metadata, and with the
-dispatch/compute/combine pipeline in 2 chunks (background AllToAll); `loss.backward()` through the
+dispatch/compute/combine pipeline in 2 chunks (background AllToAll), and with DeepSeek-V3's routing
+(sigmoid scores, a score correction bias that changes the choice, top-2-sum groups, scaling factor);
+`loss.backward()` through the
 exchange gives `value_and_grad`'s gradients. The msrun job is shared
 with the hierarchical test (conftest.py's `moe_msrun_results`)."""
 import numpy as np
