@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 from mindspore._c_expression import NoFallbackGuard
 from mindspore.graph.api import _pynative_executor
@@ -568,7 +569,7 @@ def _sum_parameter_first(execution, t: DTensor, fan: List[int]) -> Tuple[DTensor
 
     The hook's node runs in the parameter's own dtype, outside the running Cell's
     mixed-precision cast (`to_float`), so the sum is taken on the parameter's gradient (float32
-    for float32 master weights). A cast to another dtype keeps its value; each device's read of
+    for float32 master weights). A cast to a narrower dtype keeps its value; each device's read of
     it sends its gradient to the parameter's hooked shard, cast back as Cast's backward casts it
     (`_gradient_to`, `_read`), so the devices' contributions are summed in the parameter's dtype
     in simulation too (autograd adds them at the hook's node), as under msrun."""
@@ -608,14 +609,20 @@ def _summed_parameter(execution, t: DTensor):
     return slot
 
 
+_FLOAT_BYTES = {ms.float16: 2, ms.bfloat16: 2, ms.float32: 4, ms.float64: 8}
+
+
 def _cast_parameter(execution, t: DTensor):
-    """The slot of the model parameter `t` is a cast of to another dtype, with its layout, from
-    its own value (not from a rounded copy: cast again from the parameter it is the same
-    value); None otherwise."""
+    """The slot of the model parameter `t` is a cast of to a narrower float dtype (a bfloat16 or
+    float16 compute copy of a float32 weight), with its layout, from its own value (not from a
+    rounded copy: cast again from the parameter it is the same value); None otherwise (a widening
+    cast's gradient is summed in its wider dtype, after the move)."""
     if execution.parameter_fan_out is None or not t._cast_exact:
         return None
     slot = execution.parameters.get(t._cast_of)
-    if slot is None or t.layout != slot.layout or not is_float(t.dtype):
+    if slot is None or t.layout != slot.layout:
+        return None
+    if not _FLOAT_BYTES.get(t.dtype, 0) < _FLOAT_BYTES.get(slot.param.dtype, 0):
         return None
     return slot
 

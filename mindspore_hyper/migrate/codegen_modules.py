@@ -91,6 +91,7 @@ class _Unit:
     kept: List[int] = field(default_factory=list)  # torch output indices the generated construct returns
     tuple_out: bool = False
     identity: bool = False  # a layer that returns its input (dropout with p=0): callers skip the call
+    inputs: Optional[List[int]] = None  # the call's arguments passed (a MoE Cell: the hidden states); None: all
 
 
 class _ClassForward(_Forward):
@@ -150,6 +151,8 @@ class _ClassForward(_Forward):
         if node.op == "module":
             unit = self.units[self.full(node.target)]
             args = self.call_args(node)
+            if unit.inputs is not None:  # sizes the exported block took from its caller: the Cell derives them
+                args = [args[i] for i in unit.inputs]
             if unit.leaf_params is not None and len(args) != 1:
                 raise Unsupported(f"the layer {node.target!r} is called with {len(args)} inputs; a mapped layer "
                                   "takes one")
@@ -454,11 +457,23 @@ def generate_modules(trace: ModuleTrace, root_module: torch.nn.Module, class_nam
             units[path] = _Unit(ctor)
             continue
         if prog.moe is not None:
-            inputs = len(prog.graph.inputs) if prog.graph is not None else 0
-            if inputs != 1:
-                code.problems.append(f"{prog.moe.torch_type} at {path!r}: called with {inputs} tensor inputs; the MoE "
-                                     "Cell takes one")
-            text = moe_class_source(prog.moe)
+            inputs = [i for i, n in enumerate(prog.graph.inputs if prog.graph is not None else [])
+                      if isinstance(n.example, torch.Tensor)]
+            if len(inputs) != 1:
+                code.problems.append(f"{prog.moe.torch_type} at {path!r}: called with {len(inputs)} tensor inputs; "
+                                     "the MoE Cell takes one")
+            scores = None  # where the Cell returns the router scores: None (the output alone), "first", "last"
+            if prog.moe.returns_scores and prog.graph is not None:
+                # the exported block's outputs as its callers index them (torch.export keeps the used ones, in
+                # the order it made them)
+                shapes = [tuple(getattr(n.example, "shape", ())) for n in prog.graph.output_nodes()]
+                hidden_at = [i for i, shape in enumerate(shapes) if len(shape) != 2 or shape[-1] != prog.moe.top_k]
+                if len(hidden_at) != 1 or len(shapes) > 2:
+                    code.problems.append(f"{prog.moe.torch_type} at {path!r}: returns outputs of shapes {shapes}; "
+                                         "expected the hidden states, and the [tokens, top_k] router scores if used")
+                elif len(shapes) == 2:
+                    scores = "first" if hidden_at == [1] else "last"
+            text = moe_class_source(prog.moe, scores)
             key = (type(module).__name__, text)
             if key not in bodies:
                 name = identifier(_safe_class_name(type(module).__name__), taken_names, _CLASS_RESERVED, suffix="")
@@ -472,8 +487,11 @@ def generate_modules(trace: ModuleTrace, root_module: torch.nn.Module, class_nam
             class_info[name].paths.append(path)
             spec = prog.moe
             options = "".join(f", {k}={v!r}" for k, v in spec.moe_options().items())
+            # gpt-oss's block returns (output, router scores): callers index the Cell's tuple as torch's
+            outputs = [0, 1] if scores is not None else []
             units[path] = _Unit(f"{name}(hidden={spec.hidden}, ffn_hidden={spec.ffn_hidden}, "
-                                f"num_experts={spec.num_experts}, top_k={spec.top_k}{options})")
+                                f"num_experts={spec.num_experts}, top_k={spec.top_k}{options})",
+                                kept=outputs, tuple_out=bool(outputs), inputs=inputs[:1])
             code.layers[path] = "mindspore_hyper.moe.MoE"
             code.moe_blocks.append(path)
             continue

@@ -25,8 +25,11 @@ so while exporting, a mapped block runs `dense_forward`: the same function compu
 expert with the non-chosen gates zero (exact; traceable). Its traced ops are replaced by the MoE
 Cell in the generated code.
 
-A sparse block whose semantics differ (gpt-oss's biased, clamped experts and its softmax over the
-top-k logits) is converted generically: only its experts module
+- gpt-oss's MLP: router logits `x W^T + b`, the top-k logits weighted by their softmax, experts with
+  biases and the clamped SwiGLU `(clip(u) + 1) * min(g, limit) * sigmoid(alpha min(g, limit))` over
+  interleaved gate/up columns (MoE's `router_bias`, `scoring="topk_softmax"`, `expert_bias`,
+  `activation="clamped_swiglu"`); the block returns (output, router scores), and so does its Cell.
+A sparse block whose semantics differ is converted generically: only its experts module
 (`...Experts(hidden, top_k_index, top_k_weights)`, the data-dependent loop) runs `dense_experts`
 while exporting, so the generated code computes every expert for every token and weights the
 non-chosen ones 0 (exact, E / k times the expert FLOPs); `not_mapped_reason` says why.
@@ -61,6 +64,12 @@ class MoEBlockSpec:
     num_groups: int = 1
     topk_groups: int = 1
     routed_scaling_factor: float = 1.0
+    clamp: Optional[Tuple[float, float]] = None  # gpt-oss: biased experts with the clamped SwiGLU (alpha, limit)
+
+    @property
+    def returns_scores(self) -> bool:
+        """The block returns (output, router scores) (gpt-oss's), not the output alone."""
+        return self.scoring == "topk_softmax"
 
     def moe_options(self) -> Dict[str, object]:
         """MoE's keyword arguments beyond (hidden, ffn_hidden, num_experts, top_k) that differ from
@@ -70,6 +79,9 @@ class MoEBlockSpec:
         if self.scoring == "sigmoid":
             options.update(scoring="sigmoid", score_bias=True, group_score="top2_sum", num_groups=self.num_groups,
                            topk_groups=self.topk_groups, routed_scaling_factor=self.routed_scaling_factor)
+        if self.scoring == "topk_softmax":
+            options.update(scoring="topk_softmax", router_bias=True, expert_bias=True, activation="clamped_swiglu",
+                           swiglu_alpha=self.clamp[0], swiglu_limit=self.clamp[1], normalize_top_k=True)
         defaults = {"normalize_top_k": True, "shared_ffn_hidden": 0, "shared_expert_gate": False,
                     "num_groups": 1, "topk_groups": 1, "routed_scaling_factor": 1.0}
         return {k: v for k, v in options.items() if defaults.get(k, None) != v}
@@ -87,7 +99,7 @@ def recognize(module: torch.nn.Module) -> Optional[MoEBlockSpec]:
     """The spec of a block with MoE's semantics (see module docstring), else None."""
     kind = type(module).__name__
     if kind not in _SAME_ROUTING:
-        return _recognize_sigmoid(module)
+        return _recognize_sigmoid(module) or _recognize_gpt_oss(module)
     if type(getattr(module, "gate", None)).__name__ not in _ROUTERS:
         return None
     experts = getattr(module, "experts", None)
@@ -131,6 +143,30 @@ def _recognize_sigmoid(module: torch.nn.Module) -> Optional[MoEBlockSpec]:
                         int(gate.top_k), bool(gate.norm_topk_prob), shared_ffn, scoring="sigmoid",
                         num_groups=groups, topk_groups=int(gate.topk_group),
                         routed_scaling_factor=float(gate.routed_scaling_factor))
+
+
+def _recognize_gpt_oss(module: torch.nn.Module) -> Optional[MoEBlockSpec]:
+    """The spec of a gpt-oss-style MLP (see module docstring), else None: a `router` with weight (E, H),
+    bias (E,) and top_k, experts with gate_up_proj (E, H, 2F) and down_proj (E, F, H), their biases, the
+    clamped SwiGLU's alpha and limit."""
+    router, experts = getattr(module, "router", None), getattr(module, "experts", None)
+    if not isinstance(router, torch.nn.Module) or not isinstance(experts, torch.nn.Module):
+        return None
+    weight, bias = getattr(router, "weight", None), getattr(router, "bias", None)
+    names = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+    if not (isinstance(weight, torch.Tensor) and isinstance(bias, torch.Tensor) and hasattr(router, "top_k")
+            and all(isinstance(getattr(experts, n, None), torch.Tensor) for n in names)
+            and hasattr(experts, "alpha") and hasattr(experts, "limit") and hasattr(experts, "_apply_gate")):
+        return None
+    num_experts, hidden, two_f = experts.gate_up_proj.shape
+    if (tuple(weight.shape) != (num_experts, hidden) or tuple(bias.shape) != (num_experts,) or two_f % 2
+            or tuple(experts.down_proj.shape) != (num_experts, two_f // 2, hidden)):
+        return None
+    if not float(experts.limit) > 0:
+        return None
+    return MoEBlockSpec(f"{type(module).__module__}.{type(module).__qualname__}", hidden, two_f // 2, num_experts,
+                        int(router.top_k), scoring="topk_softmax",
+                        clamp=(float(experts.alpha), float(experts.limit)))
 
 
 def _swiglu_experts(experts: torch.nn.Module) -> bool:
@@ -193,9 +229,9 @@ def not_mapped_reason(module: torch.nn.Module) -> Optional[str]:
                 "experts or group sizes are not the ones mindspore_hyper.moe.MoE maps (Mixtral-layout bias-free SiLU "
                 "experts, an ungated bias-free SiLU SwiGLU shared expert, groups of >= 2 experts)")
     if getattr(experts, "gate_up_proj_bias", None) is not None:
-        return ("its experts have biases and a clamped SwiGLU ((up + 1) * gate * sigmoid(alpha * gate)), and its "
-                "router takes the softmax of the top-k logits; mindspore_hyper.moe.MoE's experts are bias-free SiLU "
-                "SwiGLU routed by a softmax over all experts")
+        return ("its experts have biases but not gpt-oss's layout (gate_up_proj (E, H, 2F) with interleaved gate/up "
+                "columns, down_proj (E, F, H), alpha and limit of the clamped SwiGLU) under a router with a bias, "
+                "which is what mindspore_hyper.moe.MoE maps")
     return "its router, experts or activation are not Mixtral's (softmax, top-k renormalised, SiLU SwiGLU experts)"
 
 
@@ -239,21 +275,40 @@ def dense_gated_experts(self, hidden_states: torch.Tensor, router_indices: torch
 
 def dense_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     """A mapped block's output with every expert computed and the non-chosen ones weighted 0, its
-    routing computed as mindspore_hyper.moe.MoE's router computes it."""
-    shape = hidden_states.shape
-    x = hidden_states.reshape(-1, shape[-1])
+    routing computed as mindspore_hyper.moe.MoE's router computes it. On [..., H] as given (no
+    flattening: a token count computed here would be a size the exported block takes from its caller)."""
     spec = recognize(self)
+    x = hidden_states
+    if spec.scoring == "topk_softmax":
+        return _gpt_oss_forward(self, x.reshape(-1, x.shape[-1]), spec, x.shape)
     weights = (_sigmoid_weights(self.gate, x, spec) if spec.scoring == "sigmoid" else _softmax_weights(self.gate, x, spec))
-    weights = weights.to(x.dtype)  # [T, E]
-    gate_up = torch.einsum("th,efh->tef", x, self.experts.gate_up_proj)
+    weights = weights.to(x.dtype)  # [..., E]
+    gate_up = torch.einsum("...h,efh->...ef", x, self.experts.gate_up_proj)
     g, u = gate_up.chunk(2, dim=-1)
-    out = torch.einsum("tef,ehf->teh", torch.nn.functional.silu(g) * u, self.experts.down_proj)
-    out = (out * weights[:, :, None]).sum(1)
+    out = torch.einsum("...ef,ehf->...eh", torch.nn.functional.silu(g) * u, self.experts.down_proj)
+    out = (out * weights[..., None]).sum(-2)
     if spec.shared_gated:
         out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
     elif spec.shared_ffn_hidden:
         out = out + self.shared_experts(x)
-    return out.reshape(shape)
+    return out
+
+
+def _gpt_oss_forward(self, x: torch.Tensor, spec: MoEBlockSpec, shape) -> Tuple[torch.Tensor, torch.Tensor]:
+    """gpt-oss's MLP as MoE(router_bias, "topk_softmax", expert_bias, "clamped_swiglu") computes it:
+    (output, the router scores [T, k])."""
+    logits = torch.nn.functional.linear(x, self.router.weight, self.router.bias)
+    top, index = torch.topk(logits, spec.top_k, dim=-1)
+    scores = torch.softmax(top, dim=-1)
+    weights = torch.zeros_like(logits).scatter(1, index, scores).to(x.dtype)  # [T, E]
+    e = self.experts
+    gate_up = torch.einsum("th,ehf->tef", x, e.gate_up_proj) + e.gate_up_proj_bias[None]
+    g, u = gate_up[..., 0::2], gate_up[..., 1::2]
+    alpha, limit = spec.clamp
+    g, u = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
+    h = (u + 1) * (g * torch.sigmoid(g * alpha))
+    out = torch.einsum("tef,efh->teh", h, e.down_proj) + e.down_proj_bias[None]
+    return (out * weights[:, :, None]).sum(1).reshape(shape), scores
 
 
 def _softmax_weights(gate: torch.nn.Module, x: torch.Tensor, spec: MoEBlockSpec) -> torch.Tensor:
@@ -261,24 +316,24 @@ def _softmax_weights(gate: torch.nn.Module, x: torch.Tensor, spec: MoEBlockSpec)
     top, index = torch.topk(probs, spec.top_k, dim=-1)
     if spec.normalize:
         top = top / top.sum(dim=-1, keepdim=True)
-    return torch.zeros_like(probs).scatter(1, index, top)
+    return torch.zeros_like(probs).scatter(-1, index, top)
 
 
 def _sigmoid_weights(gate: torch.nn.Module, x: torch.Tensor, spec: MoEBlockSpec) -> torch.Tensor:
     """DeepSeek-V3's routing as MoE(scoring="sigmoid", score_bias=True, group_score="top2_sum")
-    computes it (mindspore_hyper.moe.router): [T, E], the chosen experts' weights."""
+    computes it (mindspore_hyper.moe.router): [..., E], the chosen experts' weights."""
     scores = torch.sigmoid(torch.nn.functional.linear(x.float(), gate.weight.float()))
     choice = scores + gate.e_score_correction_bias
     if spec.num_groups > 1:
-        grouped = choice.reshape(choice.shape[0], spec.num_groups, -1)
+        grouped = choice.unflatten(-1, (spec.num_groups, spec.num_experts // spec.num_groups))
         best = torch.topk(torch.topk(grouped, 2, dim=-1).values.sum(-1), spec.topk_groups, dim=-1).indices
-        keep = torch.zeros_like(grouped[..., 0]).scatter(1, best, 1.0)
-        choice = choice.masked_fill(keep.repeat_interleave(grouped.shape[-1], dim=1) == 0, float("-inf"))
+        keep = torch.zeros_like(grouped[..., 0]).scatter(-1, best, 1.0)
+        choice = choice.masked_fill(keep.repeat_interleave(grouped.shape[-1], dim=-1) == 0, float("-inf"))
     index = torch.topk(choice, spec.top_k, dim=-1).indices
-    top = scores.gather(1, index)
+    top = scores.gather(-1, index)
     if spec.normalize and spec.top_k > 1:
         top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
-    return torch.zeros_like(scores).scatter(1, index, top * spec.routed_scaling_factor)
+    return torch.zeros_like(scores).scatter(-1, index, top * spec.routed_scaling_factor)
 
 
 def verify_blocks(root: torch.nn.Module, blocks: Dict[str, torch.nn.Module], args, kwargs) -> Dict[str, str]:
@@ -320,19 +375,29 @@ def _verify(root: torch.nn.Module, modules: Dict[str, torch.nn.Module], args, kw
     for path, module in modules.items():
         if path not in seen:
             continue
-        a, k, out = seen[path]
-        out = out[0] if isinstance(out, tuple) else out
+        a, k, full_out = seen[path]
+        out = full_out[0] if isinstance(full_out, tuple) else full_out
         try:
             with torch.no_grad():
                 got = formulation(module)(module, *a, **k)
-            scale = float(out.abs().max()) or 1.0
-            error = float((got - out).abs().max()) / scale
+            if isinstance(got, tuple):  # gpt-oss's (output, router scores): both compared
+                error = max(_relative(g, o) for g, o in zip(got, full_out))
+            else:
+                error = _relative(got, out)
         except Exception as exc:  # noqa: BLE001 - another signature or layout
             refused[path] = f"its dense formulation does not apply ({type(exc).__name__}: {exc})"
             continue
         if not error <= 1e-5:
             refused[path] = f"its dense formulation differs from its forward ({error:.1e} relative)"
     return refused
+
+
+def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The largest difference relative to `want`'s largest magnitude (1 for an all-zero `want`); inf for another
+    shape."""
+    if tuple(got.shape) != tuple(want.shape):
+        return float("inf")
+    return float((got - want).abs().max()) / (float(want.abs().max()) or 1.0)
 
 
 @contextmanager
@@ -351,6 +416,8 @@ def dense_forwards(blocks: Dict[str, torch.nn.Module], experts: Dict[str, torch.
 
 def moe_weights(module: torch.nn.Module, path: str) -> Dict[str, Tuple[np.ndarray, str, str]]:
     """Cell parameter name -> (value, torch name, the layout change) of a mapped block at `path`."""
+    if recognize(module).scoring == "topk_softmax":
+        return _gpt_oss_weights(module, path)
     f = module.experts.gate_up_proj.shape[1] // 2
     gate_up = module.experts.gate_up_proj.detach().numpy()
     down = module.experts.down_proj.detach().numpy()
@@ -378,11 +445,45 @@ def moe_weights(module: torch.nn.Module, path: str) -> Dict[str, Tuple[np.ndarra
     }
 
 
-def moe_class_source(spec: MoEBlockSpec) -> str:
+def _gpt_oss_weights(module: torch.nn.Module, path: str) -> Dict[str, Tuple[np.ndarray, str, str]]:
+    e, r = module.experts, module.router
+    value = lambda t: t.detach().numpy()  # noqa: E731
+    gate_up, gate_up_bias = value(e.gate_up_proj), value(e.gate_up_proj_bias)
+    return {
+        f"{path}.moe.router.weight": (value(r.weight).T.copy(), f"{path}.router.weight", "transpose (E, H) -> (H, E)"),
+        f"{path}.moe.router.bias": (value(r.bias).copy(), f"{path}.router.bias", "as is"),
+        f"{path}.moe.experts.w_gate": (gate_up[:, :, 0::2].copy(), f"{path}.experts.gate_up_proj",
+                                       "even columns (E, H, 2F) -> (E, H, F)"),
+        f"{path}.moe.experts.w_up": (gate_up[:, :, 1::2].copy(), f"{path}.experts.gate_up_proj",
+                                     "odd columns (E, H, 2F) -> (E, H, F)"),
+        f"{path}.moe.experts.b_gate": (gate_up_bias[:, 0::2].copy(), f"{path}.experts.gate_up_proj_bias",
+                                       "even columns (E, 2F) -> (E, F)"),
+        f"{path}.moe.experts.b_up": (gate_up_bias[:, 1::2].copy(), f"{path}.experts.gate_up_proj_bias",
+                                     "odd columns (E, 2F) -> (E, F)"),
+        f"{path}.moe.experts.w_down": (value(e.down_proj).copy(), f"{path}.experts.down_proj", "as is"),
+        f"{path}.moe.experts.b_down": (value(e.down_proj_bias).copy(), f"{path}.experts.down_proj_bias", "as is"),
+    }
+
+
+def moe_class_source(spec: MoEBlockSpec, scores: Optional[str] = None) -> str:
     """The generated class (named __CLASS__) of a mapped block; its constructor passes its keyword
-    arguments (`MoEBlockSpec.moe_options`) to MoE."""
-    routing = ("sigmoid router with score bias and top-2-sum groups, top-k scaled" if spec.scoring == "sigmoid"
-               else "softmax router, top-k renormalised")
+    arguments (`MoEBlockSpec.moe_options`) to MoE. A block whose callers use its router scores (gpt-oss's
+    second output: the softmax of each token's top-k logits) returns them too, `scores` "first" or "last" as
+    the exported block returns them; None: the output alone."""
+    routing = {"sigmoid": "sigmoid router with score bias and top-2-sum groups, top-k scaled",
+               "topk_softmax": "biased router, softmax over the top-k logits, biased clamped-SwiGLU experts"}.get(
+        spec.scoring, "softmax router, top-k renormalised")
+    body = ("    def construct(self, hidden_states):\n"
+            "        output, _ = self.moe(hidden_states)  # the auxiliary loss: torch's block has none\n")
+    if scores is None:
+        body += "        return output"
+    else:
+        body += ("        router = self.moe.router\n"
+                 "        logits = ops.matmul(hidden_states.reshape(-1, hidden_states.shape[-1]), router.weight) + router.bias\n"
+                 "        top, _ = ops.topk(logits, router.top_k)\n"
+                 + ("        return ops.softmax(top, -1), output  # the block's router scores [T, k], its output"
+                    if scores == "first" else
+                    "        return output, ops.softmax(top, -1)  # the block's output, its router scores [T, k]"))
     return (
         "class __CLASS__(nn.Cell):\n"
         f'    """{spec.torch_type} as mindspore_hyper.moe.MoE: {routing}, SwiGLU experts\n'
@@ -390,6 +491,4 @@ def moe_class_source(spec: MoEBlockSpec) -> str:
         "    def __init__(self, hidden, ffn_hidden, num_experts, top_k, **options):\n"
         "        super().__init__()\n"
         "        self.moe = MoE(hidden, ffn_hidden, num_experts, top_k=top_k, aux_loss_coef=0.0, **options)\n\n"
-        "    def construct(self, hidden_states):\n"
-        "        output, _ = self.moe(hidden_states)  # the auxiliary loss: torch's block has none\n"
-        "        return output")
+        + body)

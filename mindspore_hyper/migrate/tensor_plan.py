@@ -15,6 +15,9 @@ Where the splits come from:
    (the children of an nn.ModuleList): the projections into attention and into the MLP's hidden units are
    column-parallel, the projections out of them row-parallel (NAME_RULES).
 
+The Linears inside a sparse MoE block that `convert` maps to `mindspore_hyper.moe.MoE` (its shared expert's)
+are left whole and listed: the MoE Cell names them otherwise.
+
 A column-parallel Linear's bias is split with its outputs; a row-parallel one's is replicated (it is added after
 the partial products are summed). Simulation is exact for any layout, so the plan decides only how sensible the
 sharding is, not whether the result is right.
@@ -136,7 +139,9 @@ def tensor_parallel_plan(model, prefix: str = "", tensor: int = 2) -> TensorPlan
     if not isinstance(tensor, int) or isinstance(tensor, bool) or tensor < 2:
         raise ValueError(f"tensor_parallel_plan: tensor must be an int >= 2 (the tensor-axis size), got {tensor!r}")
     modules = dict(model.named_modules())
-    linear = {n: _linear_dims(m) for n, m in modules.items() if n and _linear_dims(m) is not None}
+    moe = _moe_blocks(modules)
+    linear = {n: _linear_dims(m) for n, m in modules.items()
+              if n and _linear_dims(m) is not None and not _inside(n, moe)}
     tp_plan = getattr(getattr(model, "config", None), "base_model_tp_plan", None) or {}
     roles, replicated = _from_tp_plan(model, tp_plan, modules, linear, prefix)
     source = "transformers tp_plan"
@@ -159,8 +164,22 @@ def tensor_parallel_plan(model, prefix: str = "", tensor: int = 2) -> TensorPlan
             replicated.append((prefix + name, f"{roles[name]}-parallel split of {size} features by {tensor}: "
                                               f"not divisible"))
             del roles[name]
+    replicated += [(prefix + n + ".*", "inside a sparse MoE block that converts to mindspore_hyper.moe.MoE (its "
+                    "Cells are named otherwise: split its experts by expert parallelism, its shared expert by "
+                    "overrides on `moe.shared.*`)") for n in moe]
     module_level, parameter_level = _entries(roles, modules, prefix, tensor)
     return TensorPlan(tuple(module_level), tuple(parameter_level), source, tuple(_folded(replicated)), tensor)
+
+
+def _moe_blocks(modules: Dict[str, Any]) -> List[str]:
+    """Names of the sparse MoE blocks `convert` maps to mindspore_hyper.moe.MoE (moe_blocks.recognize)."""
+    from mindspore_hyper.migrate.moe_blocks import recognize
+
+    return [n for n, m in modules.items() if n and recognize(m) is not None]
+
+
+def _inside(name: str, blocks: List[str]) -> bool:
+    return any(name.startswith(f"{b}.") for b in blocks)
 
 
 def _from_tp_plan(model, tp_plan: Dict[str, str], modules: Dict[str, Any], linear, prefix: str):
@@ -187,6 +206,9 @@ def _from_tp_plan(model, tp_plan: Dict[str, str], modules: Dict[str, Any], linea
             replicated.append((prefix + pattern, f"{style}: {why}"))
         elif not matched:
             replicated.append((prefix + pattern, f"{style}: matches no module"))
+        elif not any(n in linear for n in matched) and any(n in modules and _linear_dims(modules[n]) for n in matched):
+            replicated.append((prefix + pattern, f"{style}: inside a sparse MoE block (converted to "
+                                                 "mindspore_hyper.moe.MoE)"))
         elif not any(n in linear for n in matched):
             kind = type(modules[matched[0]]).__name__
             replicated.append((prefix + pattern, f"{style}: matches no Linear ({kind})"))

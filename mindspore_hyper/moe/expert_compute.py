@@ -49,14 +49,24 @@ def run_experts(state: State, received: Dict[Key, dict], placement) -> Dict[Key,
         slot_sizes = [sum(n for (s, _), n in zip(order, sizes) if s == slot) for slot in range(axes.per_member)]
         results = []
         slot_rows = split_rows(rows, slot_sizes)
+        clamp = state.prep.clamp
         for tp_key in (ex.keys(axes.tensor) if axes.tensor else [()]):
-            wg, wu, wd = (ops.unstack(w, 0) for w in _weights(ex, state, key, tp_key, placement))
-            outs = [swiglu(r, wg[slot], wu[slot], wd[slot]) for slot, r in enumerate(slot_rows) if r is not None]
+            per_slot = [ops.unstack(w, 0) for w in _weights(ex, state, key, tp_key, placement)]
+            # with F split over tensor, b_down is added once, to the sum of the partial outputs
+            down_bias = len(per_slot) == 6 and tp_group is None
+            outs = [swiglu(r, *[w[slot] for w in per_slot[:3]], *[b[slot] for b in per_slot[3:5]],
+                           per_slot[5][slot] if down_bias else None, clamp=clamp)
+                    for slot, r in enumerate(slot_rows) if r is not None]
             results.append(outs[0] if len(outs) == 1 else ops.concat(outs, 0))
         if tp_group is not None:
             if len(results) != len(tp_group.local):
                 raise AssertionError(f"{len(results)} tensor-parallel results for {tp_group}")
             results = ex.collectives.all_reduce(results, "sum", tp_group)
+            if len(state.weights) == 6:
+                b_down = ops.unstack(_weights(ex, state, key, ex.keys(axes.tensor)[0], placement)[5], 0)
+                rows_bias = [ops.broadcast_to(b_down[slot].reshape(1, -1), (n, b_down[slot].shape[0]))
+                             for slot, n in enumerate(slot_sizes) if n]
+                results[0] = results[0] + (rows_bias[0] if len(rows_bias) == 1 else ops.concat(rows_bias, 0))
         for (slot, src), piece in zip(order, split_rows(results[0], sizes)):
             outputs[key][src][slot] = piece
         if key == ex.keys(axes.token)[0] and state.loads is None:  # the device the accounting counts

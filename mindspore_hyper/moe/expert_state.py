@@ -33,23 +33,28 @@ class Axes:
     per_member: int  # (physical) experts per device
 
     @classmethod
-    def of_call(cls, ex, x, weights, physical: int) -> "Axes":
+    def of_call(cls, ex, x, weights, physical: int, router_bias=None, biases=()) -> "Axes":
         """The axes of a call on tokens `x` [T, H] (a DTensor) with the weights (router, w_gate,
-        w_up, w_down) as laid out, over `physical` experts.
+        w_up, w_down), the router's bias (or None) and the experts' biases (b_gate, b_up, b_down,
+        or ()) as laid out, over `physical` experts.
 
         Raises:
-            ValueError: the router weight is split; the expert weights are not split as one
-                (experts on dim 0, F on the same axes); the experts do not split over the devices.
+            ValueError: the router weight or bias is split; the expert weights are not split as one
+                (experts on dim 0, F on the same axes, biases alike); the experts do not split over
+                the devices.
         """
         wr, wg, wu, wd = weights
         mesh = ex.mesh
-        if wr.layout.sharded_axes() or wr.layout.is_partial:
-            raise ValueError(f"MoE expert parallel: the router weight must be replicated; the strategy lays it "
-                             f"out as {wr.layout.tensor_map}")
+        for name, w in (("weight", wr), ("bias", router_bias)):
+            if w is not None and (w.layout.sharded_axes() or w.layout.is_partial):
+                raise ValueError(f"MoE expert parallel: the router {name} must be replicated; the strategy lays it "
+                                 f"out as {w.layout.tensor_map}")
         expert = tuple(wg.layout.dims[0])
         tensor = tuple(wg.layout.dims[2])
-        expect = {"w_gate": (expert, (), tensor), "w_up": (expert, (), tensor), "w_down": (expert, tensor, ())}
-        for name, w in (("w_gate", wg), ("w_up", wu), ("w_down", wd)):
+        expect = {"w_gate": (expert, (), tensor), "w_up": (expert, (), tensor), "w_down": (expert, tensor, ()),
+                  "b_gate": (expert, tensor), "b_up": (expert, tensor), "b_down": (expert, ())}
+        named = [("w_gate", wg), ("w_up", wu), ("w_down", wd)] + list(zip(("b_gate", "b_up", "b_down"), biases))
+        for name, w in named:
             if tuple(tuple(d) for d in w.layout.dims) != expect[name] or w.layout.is_partial:
                 raise ValueError(f"MoE expert parallel: experts.{name} is laid out as {_names(mesh, w.layout.dims)}; "
                                  f"expected {_names(mesh, expect[name])} (experts split on dim 0, the feed-forward "
@@ -101,12 +106,13 @@ class Prepared:
     x_shape: tuple
     layout: TensorLayout
     axes: Axes
-    weights: tuple  # the expert weights (w_gate, w_up, w_down) as laid out for this call
+    weights: tuple  # the expert weights (w_gate, w_up, w_down[, b_gate, b_up, b_down]) as laid out for this call
     tokens: Dict[Key, Tensor]  # this call's token shards [T_local, H] by token key
     plans: Dict[Key, DispatchPlan]  # over the logical experts, all local tokens
     gates: Dict[Key, Tensor]
     aux: Tensor
     scheme: object  # the dispatch scheme moving this call's rows (`dispatch_scheme.DispatchScheme`)
+    clamp: Optional[tuple] = None  # the experts' clamped SwiGLU (alpha, limit), None for SwiGLU
 
 
 @dataclass

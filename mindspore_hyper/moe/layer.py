@@ -50,6 +50,11 @@ class MoE(nn.Cell):
             [E], not trained by gradients), added to the scores for the choice only.
         group_score: how group-limited routing ranks a group: "max" or "top2_sum" (DeepSeek-V3).
         routed_scaling_factor: the routed experts' weights' factor (DeepSeek-V3's), > 0.
+        router_bias: the router adds a learned bias to its logits (gpt-oss).
+        expert_bias: the routed experts hold biases (gpt-oss; `mindspore_hyper.moe.experts`).
+        activation: the routed experts' "swiglu" or gpt-oss's "clamped_swiglu".
+        swiglu_alpha: the clamped SwiGLU's sigmoid slope (gpt-oss: 1.702).
+        swiglu_limit: the clamped SwiGLU's bound (gpt-oss: 7.0).
         overlap_chunks: under expert parallelism, pipeline each device's tokens in this many
             chunks (dispatch / compute / combine; background AllToAll under msrun). 1: none.
         dispatch: under expert parallelism, "flat" (one uneven AllToAll over the expert axes) or
@@ -68,7 +73,8 @@ class MoE(nn.Cell):
                  routing_bits: bool = False, overlap_chunks: int = 1, num_groups: int = 1, topk_groups: int = 1,
                  dispatch: str = "flat", expert_groups: Optional[int] = None, shared_expert_gate: bool = False,
                  scoring: str = "softmax", score_bias: bool = False, group_score: str = "max",
-                 routed_scaling_factor: float = 1.0):
+                 routed_scaling_factor: float = 1.0, router_bias: bool = False, expert_bias: bool = False,
+                 activation: str = "swiglu", swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0):
         super().__init__()
         if dispatch not in ("flat", "hierarchical"):
             raise ValueError(f"MoE: dispatch={dispatch!r}; expected 'flat' or 'hierarchical'")
@@ -94,8 +100,10 @@ class MoE(nn.Cell):
         self.overlap_chunks = overlap_chunks
         self.router = TopKRouter(hidden, num_experts, top_k, normalize_top_k, noise_std, num_groups=num_groups,
                                  topk_groups=topk_groups, scoring=scoring, score_bias=score_bias,
-                                 group_score=group_score, routed_scaling_factor=routed_scaling_factor)
-        self.experts = GroupedExperts(num_experts, hidden, ffn_hidden)
+                                 group_score=group_score, routed_scaling_factor=routed_scaling_factor,
+                                 bias=router_bias)
+        self.experts = GroupedExperts(num_experts, hidden, ffn_hidden, expert_bias, activation, swiglu_alpha,
+                                      swiglu_limit)
         self.shared = SharedExpert(hidden, shared_ffn_hidden, shared_expert_gate) if shared_ffn_hidden else None
         self.last_expert_counts: Optional[np.ndarray] = None  # [E] copies per expert of the last call
         self._parallel = None  # the ExpertParallel engine, made on the first parallel call
@@ -142,7 +150,7 @@ class MoE(nn.Cell):
         self.last_expert_counts = plan.choice_counts
         e = self.experts
         if self.expert_offload is None:
-            outs = run_experts(tokens, plan, e.w_gate, e.w_up, e.w_down)
+            outs = run_experts(tokens, plan, e.w_gate, e.w_up, e.w_down, biases=e.biases(), clamp=e.clamp)
         else:  # the weights hold the routed experts only (offload/expert_offload.py)
             used = self.expert_offload.bring(plan.counts)
             outs = [None] * self.num_experts

@@ -9,7 +9,9 @@ DeepSeek-V3's). DeepSeek-V3's score correction bias (`score_bias`, a per-expert 
 that is not trained by gradients) is added to the scores for the choice only, not to the weights.
 Optional Gaussian noise on the logits during training (noisy top-k gating, Shazeer et al. 2017,
 with a fixed standard deviation) spreads the choice while the router is still undecided.
-Group-limited routing (DeepSeek-V2/V3) confines a token to its best few expert groups, a group
+With "topk_softmax" scoring (gpt-oss) a token goes to its `top_k` largest logits and their
+weights are the softmax over those k logits alone. A router may add a learned bias to its logits
+(`bias`, gpt-oss). Group-limited routing (DeepSeek-V2/V3) confines a token to its best few expert groups, a group
 scored by its best score (V2: `group_score="max"`) or the sum of its two best (V3: "top2_sum");
 with expert groups placed on groups of devices (nodes), each token's copies then cross fewer slow
 links (`mindspore_hyper.moe.groups`).
@@ -37,8 +39,9 @@ class Routing:
     Attributes:
         logits: [T, E] router logits (differentiable).
         probs: [T, E] each token's distribution over experts, what the load-balancing loss
-            averages (differentiable): the softmax of the logits, or with sigmoid scoring the
-            scores normalised to sum to 1 per token (DeepSeek-V3's balance loss takes them so).
+            averages (differentiable): the softmax of the logits (for "topk_softmax" too), or with
+            sigmoid scoring the scores normalised to sum to 1 per token (DeepSeek-V3's balance
+            loss takes them so).
         gates: [T, k] weights of the chosen experts (differentiable).
         experts: [T, k] int64 numpy array of the chosen expert ids, best first.
     """
@@ -49,7 +52,7 @@ class Routing:
     experts: np.ndarray
 
 
-SCORINGS = ("softmax", "sigmoid")
+SCORINGS = ("softmax", "sigmoid", "topk_softmax")
 GROUP_SCORES = ("max", "top2_sum")
 
 
@@ -126,28 +129,34 @@ def routing_assumption(num_experts: int):
 
 def route_tokens(tokens: Tensor, weight: Tensor, top_k: int, normalize_top_k: bool = True,
                  noise: Tensor = None, num_groups: int = 1, topk_groups: int = 1, scoring: str = "softmax",
-                 score_bias: Tensor = None, group_score: str = "max", routed_scaling_factor: float = 1.0) -> Routing:
-    """Route `tokens` [T, H] with router `weight` [H, E] (see module docstring); `noise` [T, E] is
-    added to the logits used for the choice (not to the weights), and `score_bias` [E] to the
-    scores used for the choice (read only there: a dry run never reads it); with `num_groups` > 1 the choice is limited to each token's
-    `topk_groups` best expert groups (`limit_groups`)."""
+                 score_bias: Tensor = None, group_score: str = "max", routed_scaling_factor: float = 1.0,
+                 logit_bias: Tensor = None) -> Routing:
+    """Route `tokens` [T, H] with router `weight` [H, E] and `logit_bias` [E] (or None) (see
+    module docstring); `noise` [T, E] is added to the logits used for the choice (not to the
+    weights), and `score_bias` [E] to the scores used for the choice (read only there: a dry run
+    never reads it); with `num_groups` > 1 the choice is limited to each token's `topk_groups`
+    best expert groups (`limit_groups`)."""
     logits = ops.matmul(tokens, weight)
-    scores = _scores(logits.astype(ms.float32), scoring)
-    probs = scores if scoring == "softmax" else scores / scores.sum(-1, keepdims=True)
+    if logit_bias is not None:
+        logits = logits + logit_bias
+    logits32 = logits.astype(ms.float32)
+    scores = _scores(logits32, scoring)
+    probs = scores / scores.sum(-1, keepdims=True) if scoring == "sigmoid" else scores
     assumed = routing_assumption(probs.shape[1])
     if assumed is not None or isinstance(probs, MetaTensor):  # a dry run has no logits: balanced by default
         experts = (histogram_choice(probs.shape[0], assumed, top_k) if isinstance(assumed, tuple)
                    else balanced_choice(probs.shape[0], probs.shape[1], top_k))
-        gates = ops.gather_elements(scores, 1, Tensor(experts))
-        return Routing(logits, probs, gates, experts)
-    choice = (scores if noise is None else _scores(logits.astype(ms.float32) + noise, scoring)).asnumpy()
+        return Routing(logits, probs, _gates(logits32, scores, experts, scoring), experts)
+    ranked = logits32 if scoring == "topk_softmax" else scores
+    choice = (ranked if noise is None else
+              (logits32 + noise if scoring == "topk_softmax" else _scores(logits32 + noise, scoring))).asnumpy()
     if score_bias is not None:
         choice = choice + score_bias.asnumpy()
     if num_groups > 1:
         choice = limit_groups(choice, num_groups, topk_groups, group_score)
     experts = np.argsort(-choice, axis=-1, kind="stable")[:, :top_k].astype(np.int64)
-    gates = ops.gather_elements(scores, 1, Tensor(experts))
-    if normalize_top_k and top_k > 1:
+    gates = _gates(logits32, scores, experts, scoring)
+    if normalize_top_k and top_k > 1 and scoring != "topk_softmax":  # topk_softmax's gates sum to 1 already
         # sigmoid scores need not sum to anything: DeepSeek-V3 guards the division by 1e-20
         gates = gates / (gates.sum(-1, keepdims=True) + (1e-20 if scoring == "sigmoid" else 0.0))
     if routed_scaling_factor != 1.0:
@@ -156,7 +165,15 @@ def route_tokens(tokens: Tensor, weight: Tensor, top_k: int, normalize_top_k: bo
 
 
 def _scores(logits: Tensor, scoring: str) -> Tensor:
-    return ops.softmax(logits, -1) if scoring == "softmax" else ops.sigmoid(logits)
+    return ops.sigmoid(logits) if scoring == "sigmoid" else ops.softmax(logits, -1)
+
+
+def _gates(logits: Tensor, scores: Tensor, experts: np.ndarray, scoring: str) -> Tensor:
+    """The chosen experts' weights before renormalising and scaling: their scores, or for
+    "topk_softmax" the softmax over their logits."""
+    if scoring == "topk_softmax":
+        return ops.softmax(ops.gather_elements(logits, 1, Tensor(experts)), -1)
+    return ops.gather_elements(scores, 1, Tensor(experts))
 
 
 class TopKRouter(nn.Cell):
@@ -171,13 +188,15 @@ class TopKRouter(nn.Cell):
         seed: seed of the noise generator.
         num_groups: expert groups for group-limited routing (1: unlimited).
         topk_groups: groups a token may use; their experts must hold at least top_k.
-        scoring: "softmax" over the experts, or "sigmoid" per expert (DeepSeek-V3).
+        scoring: "softmax" over the experts, "sigmoid" per expert (DeepSeek-V3), or
+            "topk_softmax": the top-k logits, weighted by their softmax (gpt-oss).
         score_bias: hold a per-expert bias added to the scores for the choice only
             (`score_bias`, [E], zeros, not trained by gradients: DeepSeek-V3's
             `e_score_correction_bias`, set by the user's balancing rule or a checkpoint).
         group_score: how group-limited routing ranks a group: "max" (its best score) or
             "top2_sum" (the sum of its two best: DeepSeek-V3).
         routed_scaling_factor: the chosen weights' factor (DeepSeek-V3's), > 0.
+        bias: hold a learned bias added to the logits (`bias`, [E], zeros: gpt-oss's).
 
     Raises:
         ValueError: a size or option out of range (named in the message).
@@ -186,7 +205,7 @@ class TopKRouter(nn.Cell):
     def __init__(self, hidden: int, num_experts: int, top_k: int, normalize_top_k: bool = True,
                  noise_std: float = 0.0, seed: int = 0, num_groups: int = 1, topk_groups: int = 1,
                  scoring: str = "softmax", score_bias: bool = False, group_score: str = "max",
-                 routed_scaling_factor: float = 1.0):
+                 routed_scaling_factor: float = 1.0, bias: bool = False):
         super().__init__()
         if hidden < 1 or num_experts < 1:
             raise ValueError(f"TopKRouter: hidden={hidden} and num_experts={num_experts} must be >= 1")
@@ -206,8 +225,9 @@ class TopKRouter(nn.Cell):
         if group_score == "top2_sum" and num_groups > 1 and num_experts // num_groups < 2:
             raise ValueError(f"TopKRouter: group_score='top2_sum' needs groups of at least 2 experts; "
                              f"num_experts={num_experts} in num_groups={num_groups} gives 1")
-        if not isinstance(score_bias, bool):
-            raise ValueError(f"TopKRouter: score_bias={score_bias!r} must be a bool")
+        for name, flag in (("score_bias", score_bias), ("bias", bias)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"TopKRouter: {name}={flag!r} must be a bool")
         scale = routed_scaling_factor
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
             raise ValueError(f"TopKRouter: routed_scaling_factor={scale!r} must be a number > 0")
@@ -219,6 +239,7 @@ class TopKRouter(nn.Cell):
         self.weight = Parameter(initializer(Normal(0.02), (hidden, num_experts), ms.float32), name="weight")
         self.score_bias = (Parameter(Tensor(np.zeros(num_experts, np.float32)), name="score_bias", requires_grad=False)
                            if score_bias else None)
+        self.bias = Parameter(Tensor(np.zeros(num_experts, np.float32)), name="bias") if bias else None
 
     def noise(self, num_tokens: int):
         """Logit noise for this call ([T, E] Tensor), or None outside training or without noise."""
@@ -226,10 +247,11 @@ class TopKRouter(nn.Cell):
             return None
         return Tensor(self._rng.normal(0.0, self.noise_std, (num_tokens, self.num_experts)).astype(np.float32))
 
-    def route(self, tokens: Tensor, weight: Tensor, noise=None) -> Routing:
-        """Route `tokens` [T, H] with `weight` (this router's weight or a shard of it)."""
+    def route(self, tokens: Tensor, weight: Tensor, noise=None, bias: Tensor = None) -> Routing:
+        """Route `tokens` [T, H] with `weight` and `bias` (this router's, or their copies as an
+        expert-parallel call lays them out; `bias` None for a router without one)."""
         return route_tokens(tokens, weight, self.top_k, self.normalize_top_k, noise, self.num_groups, self.topk_groups,
-                            self.scoring, self.score_bias, self.group_score, self.routed_scaling_factor)
+                            self.scoring, self.score_bias, self.group_score, self.routed_scaling_factor, bias)
 
     def construct(self, tokens: Tensor) -> Routing:
-        return self.route(tokens, self.weight, self.noise(tokens.shape[0]))
+        return self.route(tokens, self.weight, self.noise(tokens.shape[0]), self.bias)

@@ -36,35 +36,41 @@ def route_call(moe, x: DTensor, placement, scheme_for) -> Prepared:
     ex = x.execution
     weights = (_param(ex, moe.router, "weight"), _param(ex, moe.experts, "w_gate"),
                _param(ex, moe.experts, "w_up"), _param(ex, moe.experts, "w_down"))
+    router_bias = _param(ex, moe.router, "bias") if moe.router.bias is not None else None
+    biases = tuple(_param(ex, moe.experts, n) for n in ("b_gate", "b_up", "b_down")) if moe.experts.has_bias else ()
     num_tokens = math.prod(x.shape[:-1])
     xt = x.reshape(num_tokens, moe.hidden)
     physical = moe.num_experts if placement is None else placement.num_physical
-    axes = Axes.of_call(ex, xt, weights, physical)
+    axes = Axes.of_call(ex, xt, weights, physical, router_bias, biases)
     layout = TensorLayout.from_dims(ex.mesh, [list(axes.token), []])
     if num_tokens % layout.shard_count(0):
         raise ValueError(f"MoE expert parallel: {num_tokens} tokens do not split over the token axes "
                          f"{[ex.mesh.alias_names[a] for a in axes.token]} ({layout.shard_count(0)} devices)")
     xt = xt.redistribute(layout)
     wr, wg, wu, wd = weights
-    if axes.token:
+    if axes.token:  # every device routes its own tokens: the router's gradient summed over them
         wr = _fan_out(ex, wr, list(axes.token))
+        router_bias = None if router_bias is None else _fan_out(ex, router_bias, list(axes.token))
     data = [a for a in axes.token if a not in axes.expert]
     if data:
         wg, wu, wd = (_fan_out(ex, w, data) for w in (wg, wu, wd))
+        biases = tuple(_fan_out(ex, b, data) for b in biases)
     local_tokens = num_tokens // layout.shard_count(0)
     capacity = expert_capacity(local_tokens, moe.num_experts, moe.top_k, moe.capacity_factor)
     tokens, plans, gates = {}, {}, {}
     prob_sums, sq_sums, choice_counts = [], [], []
     for key in ex.keys(axes.token):
         tokens[key] = xt.shards[key]
-        routing = moe.router.route(tokens[key], wr.shards[()], moe.router.noise(local_tokens))
+        routing = moe.router.route(tokens[key], wr.shards[()], moe.router.noise(local_tokens),
+                                   None if router_bias is None else router_bias.shards[()])
         plans[key] = plan_dispatch(routing.experts, moe.num_experts, capacity)
         gates[key] = routing.gates
         prob_sums.append(routing.probs.sum(0))
         sq_sums.append(logsumexp_square_sum(routing.logits))
         choice_counts.append(Tensor(plans[key].choice_counts.astype(np.float32)))
     aux = _aux(moe, ex, axes, prob_sums, sq_sums, choice_counts, num_tokens)
-    return Prepared(tuple(x.shape), layout, axes, (wg, wu, wd), tokens, plans, gates, aux, scheme_for(axes))
+    return Prepared(tuple(x.shape), layout, axes, (wg, wu, wd) + biases, tokens, plans, gates, aux, scheme_for(axes),
+                    moe.experts.clamp)
 
 
 def _aux(moe, ex, axes: Axes, prob_sums, sq_sums, choice_counts, num_tokens: int) -> Tensor:

@@ -41,12 +41,16 @@ class ExpertOffload:
 
     Raises:
         ValueError: a capacity larger than the layer's experts.
+        NotImplementedError: experts with biases or the clamped SwiGLU (gpt-oss's).
     """
 
     def __init__(self, name: str, moe: nn.Cell, optimizer: Callable[[list], nn.Cell], config: ExpertCacheConfig):
         from mindspore_hyper.offload.workspace import Workspace
 
         experts = moe.experts
+        if experts.has_bias or experts.clamp is not None:
+            raise NotImplementedError(f"expert_cache for MoE layer '{name}': its experts have biases or the clamped "
+                                      "SwiGLU (gpt-oss's); the offloaded expert cache holds bias-free SwiGLU experts")
         self.name, self.moe = name, moe
         self.params: List[Parameter] = [experts.w_gate, experts.w_up, experts.w_down]
         values = [p.asnumpy() for p in self.params]

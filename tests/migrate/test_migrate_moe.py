@@ -1,7 +1,8 @@
 """Sparse MoE blocks: transformers' MixtralSparseMoeBlock becomes mindspore_hyper.moe.MoE (softmax
 router, top-k renormalised, SwiGLU experts as batched weights), and so do Qwen3-MoE's, OLMoE's and Qwen2-MoE's
 (its shared expert scaled by a sigmoid gate: MoE's gated shared expert) and DeepSeek-V3's (sigmoid routing with
-its score correction bias, top-2-sum groups and scaling factor; its plain shared expert), each checked against
+its score correction bias, top-2-sum groups and scaling factor; its plain shared expert) and gpt-oss's (a
+biased router weighting the top-k logits by their softmax, biased clamped-SwiGLU experts), each checked against
 the block's own forward first; a block whose shared expert MoE has not is
 converted generically with its experts computed densely, the reason in the report; all equal torch at the example
 shape and at another one. Experts behind transformers'
@@ -24,11 +25,11 @@ pytestmark = pytest.mark.usefixtures("pynative")
 class Block(torch.nn.Module):
     """A model around one sparse MoE block (random weights large enough that routing matters)."""
 
-    def __init__(self, block):
+    def __init__(self, block, std=0.2):
         super().__init__()
         self.moe = block
         for p in self.moe.parameters():
-            torch.nn.init.normal_(p, std=0.2)
+            torch.nn.init.normal_(p, std=std)
 
     def forward(self, x):
         return self.moe(x)
@@ -232,6 +233,95 @@ def test_a_block_with_deepseek_v3_attributes_computing_otherwise_stays_generic_a
     assert any("moe (DeepseekV3MoE): converted generically" in n and "differs from its forward" in n
                for n in report.notes), report.notes
     assert_same_outputs(cell, model, torch.randn(3, 7, 16))
+
+
+def gpt_oss_block():
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+
+    config = GptOssConfig(hidden_size=16, intermediate_size=8, num_local_experts=4, num_experts_per_tok=2,
+                          swiglu_limit=0.7)  # a small limit: the clamps act on these values
+    torch.manual_seed(0)
+    return Block(GptOssMLP(config), std=0.3).eval()  # its forward returns the block's (output, router scores)
+
+
+def test_gpt_oss_block_becomes_moe_with_torch_outputs_and_gradients():
+    """gpt-oss's MLP (a biased router whose top-k logits are weighted by their softmax, biased experts with the
+    clamped SwiGLU over interleaved gate/up columns) becomes MoE(router_bias, scoring="topk_softmax",
+    expert_bias, activation="clamped_swiglu"); its Cell returns (output, router scores) as the block does; both
+    equal torch at another shape, and so do the gradients of the router's bias and the experts' biases."""
+    model = gpt_oss_block()
+    cell, report = convert(model, torch.randn(2, 5, 16))
+    moe = cell.moe.moe
+    assert isinstance(moe, MoE) and report.layers["moe"] == "mindspore_hyper.moe.MoE"
+    assert (moe.router.scoring, moe.experts.clamp, moe.experts.has_bias) == ("topk_softmax", (1.702, 0.7), True)
+    placed = {(p.torch_name, p.cell_name, p.transform) for p in report.weights.placed}
+    assert ("moe.experts.gate_up_proj", "moe.moe.experts.w_up", "odd columns (E, H, 2F) -> (E, H, F)") in placed
+    assert ("moe.router.bias", "moe.moe.router.bias", "as is") in placed
+    x, weights = torch.randn(3, 7, 16), torch.randn(3, 7, 16)
+    assert_same_outputs(cell, model, x)
+    (model(x)[0] * weights).sum().backward()
+    grads = ms.grad(lambda a: (cell(a)[0] * to_mindspore(weights)).sum(), None,
+                    [moe.router.bias, moe.experts.b_up, moe.experts.b_down, moe.experts.w_gate])(to_mindspore(x))
+    e = model.moe.experts
+    wants = (model.moe.router.bias.grad.numpy(), e.gate_up_proj_bias.grad.numpy()[:, 1::2],
+             e.down_proj_bias.grad.numpy(), e.gate_up_proj.grad.numpy()[:, :, 0::2])
+    for got, want in zip(grads, wants):
+        # float32 on both sides: sums of <= 21-term products, relative 1e-4 with an absolute floor near zero
+        np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_gpt_oss_block_whose_scores_are_unused_returns_its_output_alone():
+    """In gpt-oss's decoder layer the router scores are dropped (`hidden_states, _ = self.mlp(...)`): torch.export
+    keeps the block's used output only, and the generated Cell returns that alone, equal to torch."""
+    model = gpt_oss_block()
+    model.forward = lambda x: model.moe(x)[0] * 2.0
+    cell, report = convert(model, torch.randn(2, 5, 16))
+    assert isinstance(cell.moe.moe, MoE)
+    x = torch.randn(3, 7, 16)
+    assert isinstance(cell.moe(to_mindspore(x)), ms.Tensor)  # the block's Cell: its output alone, no tuple
+    assert_same_outputs(cell, model, x)
+
+
+@pytest.mark.parametrize("make", ["deepseek_v3", "gpt_oss"])
+def test_converted_blocks_run_expert_parallel_like_one_device(make, clean_context):
+    """The converted DeepSeek-V3 and gpt-oss blocks are MoE Cells, so expert parallelism applies: on data 2 x
+    expert 2 in simulation (experts split over `expert`, tokens over both axes) the outputs (gpt-oss's router scores
+    too) and the router's and experts' gradients equal the converted Cell on one device."""
+    import mindspore_hyper as mh
+    from mindspore_hyper import Layout
+
+    model = deepseek_v3_block() if make == "deepseek_v3" else gpt_oss_block()
+    cell, _ = convert(model, torch.randn(2, 5, 16))
+    clean_context.set_context(device_num=4)
+    strategy = Layout((2, 2), ("data", "expert"))(tensor_map=()).override("moe.moe.experts.*", "expert")
+    par = mh.auto_parallelize(cell, strategy)
+    x = to_mindspore(torch.randn(4, 6, 16))
+
+    def outputs(run):
+        out = run(x)
+        return [o.asnumpy() for o in (out if isinstance(out, tuple) else (out,))]
+
+    def loss_of(run):
+        def loss(a):
+            out = run(a)
+            return (out[0] if isinstance(out, tuple) else out).sum()
+        return loss
+
+    want = outputs(cell)
+    got = outputs(par)
+    assert len(got) == len(want) == (2 if make == "gpt_oss" else 1)
+    for g, expected in zip(got, want):
+        np.testing.assert_allclose(g, expected, rtol=1e-5, atol=1e-6 * np.abs(expected).max())
+    moe = cell.moe.moe
+    params = [moe.router.weight, moe.experts.w_gate, moe.experts.w_down]
+    want_grads = ms.grad(loss_of(cell), None, params)(x)
+    got_grads = ms.grad(loss_of(par), None, params)(x)
+    for got, expected in zip(got_grads, want_grads):
+        expected = expected.asnumpy()
+        # float32 sums in another order (over the devices' tokens): 1e-4 relative, a floor near zero
+        np.testing.assert_allclose(got.asnumpy(), expected, rtol=1e-4, atol=1e-6 * np.abs(expected).max())
+    assert moe.parallel().last_stats["rows"] > 0  # the experts ran expert parallel
 
 
 def _decorated_experts(apply_gate=None):

@@ -170,3 +170,23 @@ def test_tensor_4_writes_its_split_counts():
     plan = tensor_parallel_plan(_Net(odd=8), tensor=4)
     assert _splits(plan) == [("blocks.*.fc1", (4, 1)), ("blocks.*.fc2", (1, 4)), ("blocks.*.extra.fc1", (4, 1))]
     assert plan.parallel_config(data=1)["parallel_config"]["device_matrix"] == [1, 4]
+
+
+def test_linears_inside_a_block_that_becomes_moe_stay_whole_and_are_listed():
+    """DeepSeek-V3: the sparse block of layer 1 converts to mindspore_hyper.moe.MoE (its shared expert becomes
+    `moe.shared.*`), so the plan leaves its Linears whole and says why; layer 0's dense MLP is still split."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    model = DeepseekV3ForCausalLM(DeepseekV3Config(
+        hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+        first_k_dense_replace=1, vocab_size=64, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4,
+        qk_nope_head_dim=4, v_head_dim=8))
+    plan = tensor_parallel_plan(model, prefix="m.")
+    names = [name for name, _ in _splits(plan)]
+    assert not any("shared_experts" in n for n in names), names
+    assert any(n.endswith("mlp.gate_proj") and "layers.0" in n or n.endswith("layers.*.mlp.gate_proj")
+               for n in names), names
+    assert ("m.model.layers.*.mlp.*", "inside a sparse MoE block that converts to mindspore_hyper.moe.MoE (its Cells "
+            "are named otherwise: split its experts by expert parallelism, its shared expert by overrides on "
+            "`moe.shared.*`)") in plan.replicated

@@ -7,6 +7,10 @@ from mindspore_hyper.moe import MoE, MoEBlock
 from mindspore_hyper.pipeline import AuxLosses
 
 MICROBATCHES = 2  # of the MoEChain pipeline tests
+# gpt-oss's options of MoE (biased router weighting the top-k logits by their softmax, biased clamped-SwiGLU
+# experts; a small limit so that the clamps act on these values)
+GPT_OSS = dict(router_bias=True, scoring="topk_softmax", expert_bias=True, activation="clamped_swiglu",
+               swiglu_alpha=1.702, swiglu_limit=0.5)
 # DeepSeek-V3's routing options of MoE (sigmoid scores, score correction bias, top-2-sum groups, scaling factor)
 DEEPSEEK = dict(scoring="sigmoid", score_bias=True, group_score="top2_sum", num_groups=4, topk_groups=2,
                 routed_scaling_factor=2.5)
@@ -49,6 +53,15 @@ class Interleaved(nn.Cell):
         return ops.concat((y0, y1), 0)
 
 
+def randomise_biases(net, seed=7):
+    """Non-zero router and expert biases of `net`'s MoE (zeros at construction), large enough to move the choice
+    and the outputs."""
+    rng = np.random.default_rng(seed)
+    moe = net.moe if hasattr(net, "moe") else net
+    for p in [moe.router.bias] + moe.experts.biases():
+        p.set_data(Tensor((0.5 * rng.normal(size=p.shape)).astype(np.float32)))
+
+
 def copy_weights(src, dst):
     for p, q in zip(src.get_parameters(), dst.get_parameters()):
         q.set_data(p.data.copy())
@@ -71,6 +84,31 @@ def assert_trains_like_one_device(ref, par, sim, data, lr=1e-2):
         np.testing.assert_allclose(q.asnumpy(), p.asnumpy(), rtol=1e-4, atol=1e-6, err_msg=p.name)
 
 
+def assert_computes_like_one_device(ref, par, sim, x, t):
+    """The simulated `sim` (over `par`) gives `ref`'s loss and every parameter's gradient on (x, t) (same
+    initial weights): float32 sums in another order, 1e-6 on the loss, 1e-4 relative on the gradients."""
+    ref_loss, ref_grads = ms.value_and_grad(ref, None, ref.trainable_params())(x, t)
+    loss, grads = ms.value_and_grad(sim, None, par.trainable_params())(x, t)
+    assert abs(float(ref_loss.asnumpy()) - float(loss.asnumpy())) < 1e-6
+    for p, a, b in zip(ref.trainable_params(), ref_grads, grads):
+        np.testing.assert_allclose(b.asnumpy(), a.asnumpy(), rtol=1e-4, atol=1e-7, err_msg=p.name)
+    return [p.name for p in ref.trainable_params()]
+
+
+def dry_run_and_balanced_simulation(mh, make_model, strategy):
+    """(simulation report, dry-run report) of one train_step of `make_model()` on 4 devices with
+    moe_routing="balanced" (the dry run has no logits to rank)."""
+    reports = []
+    for mode in ("simulation", "dryrun"):
+        mh.set_context(mode=mode, device_num=4, moe_routing="balanced")
+        ms.set_seed(0)
+        model = mh.auto_parallelize(make_model(), strategy)
+        optimizer = nn.Adam(model.optimizer_parameters(), 1e-3)
+        model.train_step(optimizer, *batches(1)[0])
+        reports.append(model.report(optimizer))
+    return reports
+
+
 def batches(steps, batch=8, seq=4, hidden=16, seed=0):
     rng = np.random.default_rng(seed)
     return [(Tensor(rng.normal(size=(batch, seq, hidden)).astype(np.float32)),
@@ -78,12 +116,15 @@ def batches(steps, batch=8, seq=4, hidden=16, seed=0):
 
 
 def expert_strategy(mesh, tensor=False):
-    """Experts split over "expert"; with `tensor`, their F over "tensor" and the shared expert
-    Megatron-style (gate/up by output, down by input)."""
+    """Experts split over "expert"; with `tensor`, their F over "tensor" (b_gate and b_up too where the
+    experts have biases; b_down whole) and the shared expert Megatron-style (gate/up by output, down by
+    input)."""
     strategy = mesh(tensor_map=())
     if tensor:
         strategy.override("*.experts.w_gate", "expert", None, "tensor").override("*.experts.w_up", "expert", None, "tensor")
         strategy.override("*.experts.w_down", "expert", "tensor", None)
+        for name, split in (("b_gate", "tensor"), ("b_up", "tensor"), ("b_down", None)):  # gpt-oss's biases
+            strategy.override(f"*.experts.{name}", "expert", split, optional=True)
         strategy.override("*.shared.gate.*", "tensor").override("*.shared.up.*", "tensor")
         strategy.override("*.shared.down.weight", None, "tensor")
     else:

@@ -3,10 +3,11 @@ model on one device (once per case, see `run_cases_and_write_results`); writes p
 relative errors of its gradients and parameters to JSON.
 
 Usage (under msrun): moe_msrun_worker.py OUT_DIR CASE [CASE ...],
-CASE = "<data>x<expert>x<tensor>[+bits][+overlap][+place][+hier][+tiny][+deepseek]" (1-bit routing metadata;
+CASE = "<data>x<expert>x<tensor>[+bits][+overlap][+place][+hier][+tiny][+deepseek][+gptoss]" (1-bit routing metadata;
 2 overlap chunks; after 2 steps, experts re-placed by rebalance_experts with 4 extra replicas;
 hierarchical dispatch over 2 expert groups; batches of 4 tokens, so some exchanges carry no rows;
-DeepSeek-V3's sigmoid routing with a score correction bias, top-2-sum groups and a scaling factor),
+DeepSeek-V3's sigmoid routing with a score correction bias, top-2-sum groups and a scaling factor;
+gpt-oss's biased router and biased clamped-SwiGLU experts),
 or "pipeline:<case>", a case of moe_pipeline_msrun_worker.py (one job for every 4-process MoE test).
 """
 from mindspore_hyper.launch import exit_if_msrun_scheduler  # noqa: E402
@@ -27,7 +28,7 @@ from mindspore_hyper import Layout, auto_parallelize  # noqa: E402
 from mindspore_hyper.moe.eplb import rebalance_experts  # noqa: E402
 from mindspore_hyper.moe.expert_placement import ExpertPlacement, apply_placement  # noqa: E402
 from msrun_cases import run_cases_and_write_results, train_reference  # noqa: E402
-from moe_models import DEEPSEEK, MoENet, batches, copy_weights, expert_strategy  # noqa: E402
+from moe_models import DEEPSEEK, GPT_OSS, MoENet, batches, copy_weights, expert_strategy, randomise_biases  # noqa: E402
 from moe_msrun_cases import EXPERT_PARALLEL_CASES, PIPELINE_PREFIX  # noqa: E402
 from mindspore_hyper.hyper_parallel.autograd_compat import (  # noqa: E402
     disable_mindspore_backward_compat, enable_mindspore_backward_compat,
@@ -57,13 +58,15 @@ def run_case(case: str):
     dims, *extra = case.split("+")
     data, expert, tensor = (int(v) for v in dims.split("x"))
     ms.set_seed(0)
-    routing = DEEPSEEK if "deepseek" in extra else {}
+    routing = DEEPSEEK if "deepseek" in extra else GPT_OSS if "gptoss" in extra else {}
     ref = MoENet(shared=8 if tensor > 1 else 0, **routing)
     model = MoENet(shared=8 if tensor > 1 else 0, routing_bits="bits" in extra,
                    overlap_chunks=2 if "overlap" in extra else 1,
                    **(dict(dispatch="hierarchical", expert_groups=2) if "hier" in extra else {}), **routing)
-    if routing:  # a score correction bias that changes the choice, read by every process's routing
+    if "deepseek" in extra:  # a score correction bias that changes the choice, read by every process's routing
         ref.moe.router.score_bias.set_data(ms.Tensor((0.3 * np.random.default_rng(5).normal(size=8)).astype(np.float32)))
+    if "gptoss" in extra:  # non-zero router and expert biases
+        randomise_biases(ref)
     copy_weights(ref, model)
     mesh = Layout((data, expert, tensor), ("data", "expert", "tensor"))
     par = auto_parallelize(model, expert_strategy(mesh, tensor=tensor > 1))

@@ -148,3 +148,17 @@ def test_a_step_routing_to_more_experts_than_fit_is_refused():
         assert not off.expert_offloads[0].cache.pinned  # released after the failure
     finally:
         off.close()
+
+
+def test_biased_clamped_experts_are_refused_by_name_and_left_as_they_were():
+    """gpt-oss's experts (biases, clamped SwiGLU) are not held by the expert cache: refused naming the layer,
+    the model untouched."""
+    from moe_models import GPT_OSS
+
+    _, model = _pair(**GPT_OSS)
+    before = model.moe.experts.b_down.asnumpy()
+    with pytest.raises(NotImplementedError, match="expert_cache for MoE layer 'moe': its experts have biases"):
+        hyper_offload(model, OffloadPolicy(expert_cache=ExpertCacheConfig(capacity=4)),
+                      optimizer=lambda ps: nn.SGD(ps, 0.1))
+    np.testing.assert_array_equal(model.moe.experts.b_down.asnumpy(), before)
+    assert model.moe.expert_offload is None

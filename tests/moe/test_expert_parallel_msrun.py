@@ -2,7 +2,8 @@
 all-to-all): 3 Adam steps of data x expert (re-placed with EPLB replicas after 2 steps) and
 expert x tensor parallel MoE equal the single device, with per-expert counts or the 1-bit routing mask as dispatch metadata, and with the
 dispatch/compute/combine pipeline in 2 chunks (background AllToAll), and with DeepSeek-V3's routing
-(sigmoid scores, a score correction bias that changes the choice, top-2-sum groups, scaling factor);
+(sigmoid scores, a score correction bias that changes the choice, top-2-sum groups, scaling factor) and
+gpt-oss's (biased router, biased clamped-SwiGLU experts split over tensor: b_down added once per process);
 `loss.backward()` through the
 exchange gives `value_and_grad`'s gradients. The msrun job is shared
 with the hierarchical test (conftest.py's `moe_msrun_results`)."""

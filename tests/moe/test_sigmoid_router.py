@@ -13,7 +13,8 @@ from mindspore_hyper.moe import MoE
 from mindspore_hyper.moe.router import TopKRouter, route_tokens
 from mindspore_hyper.runtime.simulation import simulate
 
-from moe_models import DEEPSEEK, MoENet, assert_trains_like_one_device, batches, copy_weights, expert_strategy
+from moe_models import (DEEPSEEK, MoENet, assert_computes_like_one_device, assert_trains_like_one_device, batches,
+                        copy_weights, dry_run_and_balanced_simulation, expert_strategy)
 
 pytestmark = pytest.mark.usefixtures("pynative")
 
@@ -95,11 +96,7 @@ def test_expert_parallel_deepseek_routing_equals_one_device():
     sim = simulate(par, expert_strategy(Layout((2, 2), ("data", "expert"))))
     data = batches(3)
     x, t = data[0]
-    ref_loss, ref_grads = ms.value_and_grad(ref, None, ref.trainable_params())(x, t)
-    loss, grads = ms.value_and_grad(sim, None, par.trainable_params())(x, t)
-    assert abs(float(ref_loss.asnumpy()) - float(loss.asnumpy())) < 1e-6
-    for p, a, b in zip(ref.trainable_params(), ref_grads, grads):
-        np.testing.assert_allclose(b.asnumpy(), a.asnumpy(), rtol=1e-4, atol=1e-7, err_msg=p.name)
+    assert_computes_like_one_device(ref, par, sim, x, t)
     unbiased = MoENet(shared=8, **DEEPSEEK)
     copy_weights(ref, unbiased)
     unbiased.moe.router.score_bias.set_data(Tensor(np.zeros(8, np.float32)))
@@ -112,14 +109,6 @@ def test_expert_parallel_deepseek_routing_equals_one_device():
 def test_a_dry_run_of_deepseek_routing_equals_the_balanced_simulation():
     """The dry run has no scores to rank (balanced routing, the bias never read): its report equals the
     simulation's with moe_routing="balanced", memory and collectives."""
-    reports = []
-    for mode in ("simulation", "dryrun"):
-        mh.set_context(mode=mode, device_num=4, moe_routing="balanced")
-        ms.set_seed(0)
-        model = mh.auto_parallelize(MoENet(shared=8, **DEEPSEEK), expert_strategy(Layout((2, 2), ("data", "expert"))))
-        optimizer = ms.nn.Adam(model.optimizer_parameters(), 1e-3)
-        model.train_step(optimizer, *batches(1)[0])
-        reports.append(model.report(optimizer))
-    sim, dry = reports
+    sim, dry = dry_run_and_balanced_simulation(mh, lambda: MoENet(shared=8, **DEEPSEEK), expert_strategy(Layout((2, 2), ("data", "expert"))))
     assert sim.memory == dry.memory and sim.comm == dry.comm and sim.comm_backward == dry.comm_backward
     assert "expert" in dry.comm["AllToAll"]

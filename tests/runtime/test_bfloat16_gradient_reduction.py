@@ -7,7 +7,10 @@ that every float32 step is exact (tests/runtime/cast_weights_case.py); the same 
 msrun in tests/runtime/distributed/test_train_options_msrun.py."""
 import numpy as np
 import pytest
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
 
+from mindspore_hyper import Layout, auto_parallelize
 from cast_weights_case import LR, bf16, expected_gradient, train_one_step
 
 
@@ -31,3 +34,28 @@ def test_cast_weights_are_summed_in_float32_once_per_step(clean_context, devices
     sums = report.comm_backward["AllReduce"]["data"]
     assert sums == {"count": 3, "bytes": 2 * (devices - 1) * (2 * 128 + 8) // devices,
                     "input_bytes": 2 * 128 + 8}, sums
+
+
+class UpCast(nn.Cell):
+    """loss = sum(c * float32(float64(x) @ float64(w))): a widening cast of the float32 weight."""
+
+    def __init__(self, w):
+        super().__init__()
+        self.w = Parameter(Tensor(w), name="w")
+
+    def construct(self, x, c):
+        h = ops.matmul(x.astype(ms.float64), self.w.astype(ms.float64))
+        return (h.astype(ms.float32) * c).sum()
+
+
+def test_a_widening_cast_trains_like_one_device(clean_context):
+    """A float32 weight read through a widening cast (float64) takes the ordinary path (summed in float64 after
+    the move, not routed to the parameter's hook): on data 2 its gradient equals one device's float64 product
+    rounded to float32, within one float32 rounding."""
+    clean_context.set_context(device_num=2)
+    rng = np.random.default_rng(0)
+    w, x, c = (rng.standard_normal(s).astype(np.float32) for s in ((8, 4), (4, 8), (4, 4)))
+    model = auto_parallelize(UpCast(w), Layout((2,), ("data",))(tensor_map=()))
+    model.train_step(nn.SGD(model.optimizer_parameters(), learning_rate=0.5), Tensor(x), Tensor(c))
+    want = (x.astype(np.float64).T @ c.astype(np.float64)).astype(np.float32)
+    np.testing.assert_allclose(model.last_gradients["w"], want, rtol=2.0 ** -23, atol=0)
