@@ -18,7 +18,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 from mindspore._c_expression import NoFallbackGuard
 from mindspore.graph.api import _pynative_executor
@@ -38,6 +37,7 @@ from mindspore_hyper.dtensor.rank_local import rank_local_decision
 from mindspore_hyper.dtensor.rules.registry import RULES, UNEVEN, Decision
 from mindspore_hyper.dtensor.shape_registry import infer as infer_shapes
 from mindspore_hyper.shard.tensor_layout import TensorLayout
+from mindspore_hyper.units import itemsize
 
 __all__ = ["DTensorOpError", "OpCall", "dispatch", "dispatch_getitem", "dispatch_setitem", "execute",
            "replicated_decision", "replicated_dtensor", "distribute"]
@@ -609,9 +609,6 @@ def _summed_parameter(execution, t: DTensor):
     return slot
 
 
-_FLOAT_BYTES = {ms.float16: 2, ms.bfloat16: 2, ms.float32: 4, ms.float64: 8}
-
-
 def _cast_parameter(execution, t: DTensor):
     """The slot of the model parameter `t` is a cast of to a narrower float dtype (a bfloat16 or
     float16 compute copy of a float32 weight), with its layout, from its own value (not from a
@@ -622,7 +619,7 @@ def _cast_parameter(execution, t: DTensor):
     slot = execution.parameters.get(t._cast_of)
     if slot is None or t.layout != slot.layout:
         return None
-    if not _FLOAT_BYTES.get(t.dtype, 0) < _FLOAT_BYTES.get(slot.param.dtype, 0):
+    if not (is_float(t.dtype) and itemsize(t.dtype) < itemsize(slot.param.dtype)):
         return None
     return slot
 
