@@ -28,6 +28,9 @@ from mindspore_hyper.hyper_parallel.init_weights import init_empty_weights, init
 from mindspore_hyper.hyper_parallel.install import install_hyper_parallel
 from mindspore_hyper.hyper_parallel.layout_form import mesh_and_placements  # noqa: F401 (from_local(x, layout))
 from mindspore_hyper.hyper_parallel.pipeline_microbatches import BatchDimSpec
+from mindspore_hyper.hyper_parallel.pipeline_order_check import (
+    detect_cycle_in_graph, generate_operations, parse_and_validate, validate_pipeline_execution,
+)
 from mindspore_hyper.hyper_parallel.pipeline_schedule import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from mindspore_hyper.hyper_parallel.pipeline_stage import PipelineStage
 from mindspore_hyper.hyper_parallel.pipeline_steps import MetaStep, MetaStepType
@@ -56,7 +59,8 @@ __all__ = [
     "install_hyper_parallel", "init_parameters", "init_empty_weights", "init_on_device", "shard_module", "ShardingPlan",
     "hsdp", "HSDPCell", "hsdp_sync_stream", "custom_shard",
     "PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "MetaStep", "MetaStepType",
-    "BatchDimSpec", "ContextParallel", "AsyncContextParallel", "CommComputeOverlap", "HookCoordinator", "HookRole",
+    "BatchDimSpec", "validate_pipeline_execution", "generate_operations", "parse_and_validate",
+    "detect_cycle_in_graph", "ContextParallel", "AsyncContextParallel", "CommComputeOverlap", "HookCoordinator", "HookRole",
     "HSDPModule", "MixedPrecisionPolicy", "OffloadPolicy", "CPUOffloadPolicy", "enable_mindspore_backward_compat",
     "clip_grad_norm_", "clip_grads_by_global_norm", "global_grad_norm",
 ]

@@ -85,13 +85,16 @@ class FSDPModule:
         reduce: "avg" (torch's FSDP: per-rank losses averaged) or "sum" (HyperParallel's hsdp).
         grad_scale: a factor on the reduced gradient (hsdp's `grad_scale`).
         mp_policy: fully_shard's MixedPrecisionPolicy (checked), or None (no casts).
+        reduce_dtype: hsdp's: the dtype a floating Parameter's gradient is reduced in (cast
+            there and back), or None (its own).
         accumulation: the Cell's GradAccumulation (`grad_accumulation.py`: gradients summed
             without synchronisation), or None (every backward synchronises).
     """
 
     def __init__(self, mesh: DeviceMesh, gathered: Dict[int, Tuple[Parameter, TensorLayout, Tuple[int, ...]]],
-                 reduce: str = "avg", grad_scale: float = 1.0, mp_policy=None):
+                 reduce: str = "avg", grad_scale: float = 1.0, mp_policy=None, reduce_dtype=None):
         self.mesh = mesh
+        self.reduce_dtype = reduce_dtype
         self.gathered = gathered
         self.reduce = reduce
         self.grad_scale = grad_scale
@@ -170,11 +173,12 @@ def fully_shard(module: nn.Cell, *, mesh: Optional[DeviceMesh] = None, reshard_a
 
 def shard_parameters(module: nn.Cell, mesh: DeviceMesh, axes_of: Callable, ignored_params=None, *,
                      reduce: str = "avg", grad_scale: float = 1.0, threshold_bytes: int = 0,
-                     mp_policy=None) -> FSDPModule:
+                     mp_policy=None, reduce_dtype=None) -> FSDPModule:
     """Split each Parameter of `module` (not managed by an inner Cell, not ignored, holding at least
     `threshold_bytes`) along dimension 0 over the mesh axes `axes_of(slot)`, and gather it while
     the Cell runs (see module docstring), cast as `mp_policy` (a checked MixedPrecisionPolicy or
-    None) says; records and returns the Cell's FSDPModule."""
+    None) says, its gradient reduced in `reduce_dtype` (hsdp's; None: its own dtype); records and
+    returns the Cell's FSDPModule."""
     execution = mesh.execution()
     ignored = {id(p) for p in (ignored_params or ())}
     managed = set()
@@ -204,7 +208,7 @@ def shard_parameters(module: nn.Cell, mesh: DeviceMesh, axes_of: Callable, ignor
             param = _reshard(module, execution, slot, new_layout, mesh)
         gathered[id(param)] = (param, used_layout, axes)
         prepare_elsewhere(param)
-    state = FSDPModule(mesh, gathered, reduce, grad_scale, mp_policy)
+    state = FSDPModule(mesh, gathered, reduce, grad_scale, mp_policy, reduce_dtype)
     object.__setattr__(module, "fsdp_state", state)
     plain_inputs = []
     input_dtype = mp_policy.param_dtype if mp_policy is not None and mp_policy.cast_forward_inputs else None
@@ -276,10 +280,13 @@ def _gather(execution, state: FSDPModule, inputs) -> Dict[int, DTensor]:
     With `state.mp_policy`'s `param_dtype`, the gathered (and scaled) DTensor is then cast to it:
     the gather and its backward's reduction stay in the Parameter's dtype (module docstring).
     With `state.accumulation` engaged, the backward first adds the gradient to this rank's running
-    sum (`grad_accumulation.py`); while its sync is off the reduction is left out.
+    sum (`grad_accumulation.py`); while its sync is off the reduction is left out. With
+    `state.reduce_dtype` the shard is cast to it before the gather and the gathered copy back
+    after it (and the replicas' fan-out), so those reductions run in `reduce_dtype`.
 
     Raises:
-        ValueError: a global batch (DTensor inputs split over the group) with a `param_dtype` cast."""
+        ValueError: a global batch (DTensor inputs split over the group) with a `param_dtype` cast
+            or a `reduce_dtype` other than the Parameter's."""
     from mindspore_hyper.dtensor.dispatch import parameter_dtensor
 
     holds_all = runtime_of(execution).holds_all_ranks()
@@ -301,12 +308,23 @@ def _gather(execution, state: FSDPModule, inputs) -> Dict[int, DTensor]:
             scale *= (1.0 / size if state.reduce == "avg" else 1.0) if per_rank else \
                 (size if state.reduce == "sum" else 1.0)
         sharded = parameter_dtensor(execution, param)
+        reduce_dtype = state.reduce_dtype if state.reduce_dtype not in (None, param.dtype) and any(
+            param.dtype is f for f in FLOAT_DTYPES) else None
+        if reduce_dtype is not None:
+            if global_batch:
+                raise ValueError(f"hsdp(reduce_dtype={reduce_dtype}): the inputs are DTensors split over the "
+                                 f"data-parallel mesh (one global batch), whose ranks' gradients of {param.name!r} "
+                                 f"are summed by the ops reading it, in {param.dtype}, not in {reduce_dtype}; pass "
+                                 "each rank's plain batch or leave reduce_dtype None")
+            sharded = ops.cast(sharded, reduce_dtype)
         gathered = sharded.redistribute(layout, grad_partial_axes=axes if per_rank and syncing else ())
         if per_rank and replicas and syncing:  # identity forward; the backward all-reduces over the replicas
             keys = significant_axes(layout)
             gathered = DTensor._create(layout, {k: execution.collectives.fan_out(v, execution.group(
                 replicas, dict(zip(keys, k)))) for k, v in gathered.shards.items()}, gathered.global_shape,
                 gathered.dtype, execution)
+        if reduce_dtype is not None:
+            gathered = ops.cast(gathered, param.dtype)
         if accumulate:  # the backward adds the (scaled) gradient to this rank's running sum first
             rank = tuple(execution.local_ranks)
             gathered = DTensor._create(layout, {k: state.accumulation.add(v, (pid, rank, k), syncing)

@@ -21,7 +21,18 @@ same values), so there the running sums and the flag are not used; `zero_grads()
 `comm_async`, `comm_fusion` and `bucket_size` choose, upstream, whether gradient reductions run
 on a side stream (awaited by `hsdp_sync_stream()`) and whether they are fused into buckets: when
 collectives run, not what they compute. Here every reduction runs synchronously and unfused with
-any of them, with the same values (`hsdp_sync_stream()` returns at once).
+any of them, with the same values (`hsdp_sync_stream()` returns at once). Likewise
+`set_forward_prefetch_cells` / `set_backward_prefetch_cells` choose which Cells' gathers upstream
+issues early, while another Cell computes: here gathers run when each Cell runs, so the setters
+check and record their lists (`forward_prefetch`, `backward_prefetch`).
+
+`reduce_dtype` (say float32 for float16 Parameters): as upstream's, each rank's gradient is cast
+to it before the data-parallel reduction and the result cast back to the Parameter's dtype, so
+the ranks' gradients are added in float32 and rounded once (`fully_shard._gather`). The gather
+then moves the Parameter in `reduce_dtype` too (its backward is the reduce-scatter): twice
+upstream's float16 gather bytes in the report, the same values. With a global batch (DTensor
+inputs split over the data-parallel mesh) the ranks' gradients are summed by the ops reading the
+gathered copy, in its dtype, so that combination is refused.
 """
 from __future__ import annotations
 
@@ -35,6 +46,7 @@ from mindspore import nn
 
 from mindspore_hyper.hyper_parallel.device_mesh import DeviceMesh, get_current_mesh
 from mindspore_hyper.hyper_parallel.fully_shard import shard_parameters
+from mindspore_hyper.hyper_parallel.fully_shard_policies import FLOAT_DTYPES
 from mindspore_hyper.hyper_parallel.grad_accumulation import GradAccumulation
 from mindspore_hyper.hyper_parallel.session import current_meshes, job_size, mesh_of
 
@@ -99,11 +111,32 @@ class HSDPCell:
         return super().__call__(*args, **kwargs)
 
     def set_forward_prefetch_cells(self, hsdp_cell_list) -> None:
-        raise ValueError("set_forward_prefetch_cells: prefetch order is not modelled here (gathers run when the Cell "
-                         "runs); remove the call")
+        """Record the hsdp Cells whose gathers upstream issues early, while this Cell's forward
+        computes (module docstring: an order of collectives, the same values).
+
+        Raises:
+            ValueError: not a list or tuple of hsdp Cells.
+        """
+        object.__setattr__(self, "forward_prefetch", _hsdp_cells(hsdp_cell_list, "set_forward_prefetch_cells"))
 
     def set_backward_prefetch_cells(self, hsdp_cell_list) -> None:
-        raise ValueError("set_backward_prefetch_cells: prefetch order is not modelled here; remove the call")
+        """Record the hsdp Cells whose gathers upstream issues early, while this Cell's backward
+        computes (same values).
+
+        Raises:
+            ValueError: not a list or tuple of hsdp Cells.
+        """
+        object.__setattr__(self, "backward_prefetch", _hsdp_cells(hsdp_cell_list, "set_backward_prefetch_cells"))
+
+
+def _hsdp_cells(cells, what: str) -> list:
+    if not isinstance(cells, (list, tuple)):
+        raise ValueError(f"{what}: hsdp_cell_list must be a list or tuple of hsdp Cells, but got {cells!r}")
+    for cell in cells:
+        if not isinstance(cell, HSDPCell):
+            raise ValueError(f"{what}: hsdp_cell_list must hold hsdp Cells only, but got a "
+                             f"{type(cell).__name__} (apply hsdp to it first)")
+    return list(cells)
 
 
 def hsdp_sync_stream() -> None:
@@ -135,9 +168,9 @@ def _check(cell, shard_size, threshold, optimizer_level, enable_grad_accumulatio
                          "MindSpore graph pass (its plugin library, for ms.jit graphs); this package runs hsdp's "
                          "hooks eagerly (PyNative) only. Pass use_eager_hook=True and call the gradient function "
                          "without ms.jit (parallelize_value_and_grad or mindspore.value_and_grad)")
-    if reduce_dtype is not None:
-        raise ValueError(f"hsdp(reduce_dtype={reduce_dtype!r}): not supported yet (gradients are reduced in the "
-                         "Parameters' dtype); leave the default None")
+    if reduce_dtype is not None and not any(reduce_dtype is f for f in FLOAT_DTYPES):
+        raise ValueError(f"hsdp: reduce_dtype must be a floating mindspore dtype ({', '.join(map(str, FLOAT_DTYPES))})"
+                         f" or None, but got {reduce_dtype!r}")
 
 
 def _job_mesh(shard_size: int) -> DeviceMesh:
@@ -193,14 +226,17 @@ def hsdp(cell: nn.Cell, shard_size: Optional[int] = -1, threshold: Optional[int]
 
     Args:
         cell: the Cell (changed in place and returned; its class gains HSDPCell).
-        shard_size: devices each Parameter is split over (-1: its whole data-parallel group).
+        shard_size: devices each Parameter is split over (-1: its whole data-parallel group); a
+            Parameter's own `hsdp_shard_size` attribute, when set, takes its place (upstream's).
         threshold: Parameters smaller than this many KB stay unsplit.
         optimizer_level: "level1", "level2" or "level3" (same values; see module docstring).
         enable_grad_accumulation: sum gradients over backwards until `zero_grads()`, reduced when
             `set_requires_grad_sync` is True (module docstring).
         grad_scale: factor on the summed gradients.
         use_eager_hook: True only (False: upstream's graph-mode hooks, refused).
-        reduce_dtype: None only.
+        reduce_dtype: the dtype gradients are reduced in (None: the Parameters' own): each
+            floating Parameter's gradient is cast to it before the data-parallel reduction and
+            back after, as upstream's (module docstring).
         comm_async, comm_fusion, bucket_size: bools and a bucket size (bytes, >= 0 or -1):
             timing choices upstream, taken with the same values (module docstring).
 
@@ -226,11 +262,16 @@ def hsdp(cell: nn.Cell, shard_size: Optional[int] = -1, threshold: Optional[int]
 
     def axes_of(slot):
         rows = slot.layout.max_local_shape(slot.global_shape)[0] if slot.global_shape else 0
-        axes = _group_axes(slot.layout, mesh.root.ndim, sizes, shard_size, slot.param.name, rows)
+        size = getattr(slot.param, "hsdp_shard_size", shard_size)  # upstream's per-Parameter setting
+        if isinstance(size, bool) or not isinstance(size, int) or (size <= 0 and size != -1):
+            raise ValueError(f"hsdp: parameter {slot.param.name!r}'s hsdp_shard_size must be a positive integer or -1, "
+                             f"but got {size!r}")
+        axes = _group_axes(slot.layout, mesh.root.ndim, sizes, size, slot.param.name, rows)
         slot.param.hsdp_effective_shard_size = math.prod(sizes[a] for a in axes)  # upstream's attribute
         return axes
 
-    shard_parameters(cell, mesh, axes_of, reduce="sum", grad_scale=grad_scale, threshold_bytes=threshold * 1024)
+    shard_parameters(cell, mesh, axes_of, reduce="sum", grad_scale=grad_scale, threshold_bytes=threshold * 1024,
+                     reduce_dtype=reduce_dtype)
     if not isinstance(cell, HSDPCell):
         cell.__class__ = type(f"HSDP{type(cell).__name__}", (HSDPCell, type(cell)), {})
     if enable_grad_accumulation:

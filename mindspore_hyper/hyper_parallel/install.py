@@ -62,6 +62,8 @@ MODULES: Dict[str, Iterable[str]] = {
     "hyper_parallel.platform": ("get_platform",),
     "hyper_parallel.platform.mindspore": (),
     "hyper_parallel.platform.mindspore.autograd_compat": ("enable_mindspore_backward_compat",),
+    "hyper_parallel.platform.mindspore.hsdp": (),
+    "hyper_parallel.platform.mindspore.hsdp.scheduler": ("MindSporeHSDPScheduler",),
     "hyper_parallel.core.fully_shard": ("fully_shard", "FSDPModule", "HSDPModule", "MixedPrecisionPolicy",
                                         "OffloadPolicy", "CPUOffloadPolicy"),
     "hyper_parallel.core.fully_shard.api": ("fully_shard", "FSDPModule", "HSDPModule", "MixedPrecisionPolicy"),
@@ -72,7 +74,9 @@ MODULES: Dict[str, Iterable[str]] = {
                                               "ScheduleInterleaved1F1B", "MetaStep", "MetaStepType", "BatchDimSpec"),
     "hyper_parallel.core.pipeline_parallel.stage": ("PipelineStage",),
     "hyper_parallel.core.pipeline_parallel.scheduler": ("ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
-                                                        "MetaStep", "MetaStepType"),
+                                                        "MetaStep", "MetaStepType", "validate_pipeline_execution",
+                                                        "generate_operations", "parse_and_validate",
+                                                        "detect_cycle_in_graph"),
     "hyper_parallel.core.pipeline_parallel.utils": ("BatchDimSpec",),
     "hyper_parallel.core.pipeline_parallel.comm_compute_overlap": ("CommComputeOverlap",),
     "hyper_parallel.core.pipeline_parallel.hook_coordinator": ("HookCoordinator", "HookRole"),
@@ -92,8 +96,7 @@ MODULES: Dict[str, Iterable[str]] = {
 NOT_PROVIDED: Dict[str, str] = {
     name: "not provided by mindspore_hyper yet (docs/hyper_parallel.md lists what is)"
     for name in ("mark_created_groups", "SharedParameterInfo",
-                 "PipelineScheduleRuntime", "validate_pipeline_execution", "generate_operations",
-                 "detect_cycle_in_graph", "parse_and_validate", "add_send_recv")
+                 "PipelineScheduleRuntime", "add_send_recv")
 }
 # Ascend-only kernels (upstream's `custom_ops.experimental`; its callers catch the ImportError)
 NOT_PROVIDED.update({
@@ -146,6 +149,10 @@ def get_platform() -> _Platform:
 def _value(name: str):
     if name == "get_platform":
         return get_platform
+    if name == "MindSporeHSDPScheduler":
+        from mindspore_hyper.hyper_parallel.hsdp_graph_pass import MindSporeHSDPScheduler
+
+        return MindSporeHSDPScheduler
     if name in ("save", "load"):
         from mindspore_hyper.hyper_parallel import checkpoint
 

@@ -24,7 +24,23 @@ from mindspore_hyper.softmax_backward_cache import ensure_softmax_backward
 __all__ = ["execution_for", "calling_rank", "runtime_of", "job_ranks_of", "session_executions", "reset_session",
            "RankDependentError", "refuse_in_simulation", "script_line",
            "holds_all_ranks", "job_size", "current_meshes", "mesh_of", "remember_mesh",
-           "prepare_elsewhere", "is_prepared_elsewhere", "named_groups"]
+           "prepare_elsewhere", "is_prepared_elsewhere", "named_groups", "refuse_mindspore_dry_run"]
+
+
+def refuse_mindspore_dry_run() -> None:
+    """Refuse MindSpore's own dry run (`MS_SIMULATION_LEVEL` set, as upstream's dry-run tests set
+    it): MindSpore then launches no kernels, so every value this package computes would be garbage.
+
+    Raises:
+        RuntimeError: `MS_SIMULATION_LEVEL` is set to anything but "" or "0".
+    """
+    level = os.environ.get("MS_SIMULATION_LEVEL", "")
+    if level not in ("", "0"):
+        raise RuntimeError(f"{script_line()}: MS_SIMULATION_LEVEL={level} is MindSpore's own dry run, which launches "
+                           "no kernels, so no value would be computed; this package simulates the devices with "
+                           "values itself (mindspore-hyper run --devices N) and dry-runs with shapes only "
+                           "(mindspore-hyper dryrun): unset MS_SIMULATION_LEVEL")
+
 
 _EXECUTIONS: Dict[tuple, object] = {}  # (root, members, mode, per-rank thread's rank) -> Execution
 
@@ -81,6 +97,7 @@ def execution_for(root: Layout, members: Optional[Tuple[int, ...]] = None):
     key = (root, members, runtime.name, me)
     if key not in _EXECUTIONS:
         if runtime.computes_values():  # MindSpore's softmax gradients must be right (rank threads take turns)
+            refuse_mindspore_dry_run()
             ensure_softmax_backward()
         if me is None and members != tuple(range(count)):
             runtime = runtime.sub_runtime(members)

@@ -754,10 +754,10 @@ print(f"rank {rank}: global-norm clipping counts each piece once (fully_shard, h
 # own unsynchronised running sum. Tolerances: float32 sums of <= 12 x 2 x 16 products reordered:
 # 1e-5 relative on gradients (size ~10); 1e-6 on weights after one Adam step of lr 1e-2.
 class AccNet(nn.Cell):
-    def __init__(self):
+    def __init__(self, dtype=np.float32):
         super().__init__()
-        self.weight = ms.Parameter(Tensor(np.random.RandomState(0).randn(16, 8).astype(np.float32)), name="weight")
-        self.bias = ms.Parameter(Tensor(np.random.RandomState(1).randn(8).astype(np.float32)), name="bias")
+        self.weight = ms.Parameter(Tensor(np.random.RandomState(0).randn(16, 8).astype(dtype)), name="weight")
+        self.bias = ms.Parameter(Tensor(np.random.RandomState(1).randn(8).astype(dtype)), name="bias")
 
     def construct(self, x):
         return ops.tanh(ops.matmul(x, self.weight) + self.bias).sum()
@@ -806,6 +806,31 @@ for kind in ("fully_shard", "hsdp", "hsdp_shard_size_2"):
             np.testing.assert_allclose(value.full_tensor().asnumpy(), dict(acc_ref.parameters_and_names())[name].asnumpy(),
                                        rtol=0, atol=1e-6, err_msg=f"{kind} k={k}: {name}")
 print(f"rank {rank}: gradient accumulation without synchronisation (fully_shard, hsdp) equals one device")
+
+
+# hsdp(reduce_dtype=float32) of float16 Parameters, each rank's own batch: this rank's rows of the
+# 4 ranks' float16 gradients added in float32 and rounded to float16 once (upstream's cast, reduce,
+# cast back). The values are moderate, so float32 adds the 4 exactly: equal to numpy bit for bit;
+# adding them in float16 rounds the partial sums, which differs here (checked on the data).
+half_x = [np.random.RandomState(31 + r).randn(3, 16).astype(np.float16) for r in range(4)]
+half_each = []
+for x in half_x:  # each rank's float16 gradient, computed by MindSpore on one device
+    half_net = AccNet(np.float16)
+    half_each.append([g.asnumpy() for g in ms.value_and_grad(half_net, None, half_net.trainable_params())(Tensor(x))[1]])
+hp.init_device_mesh("npu", (4,), mesh_dim_names=("half_dp",))
+half_model = hsdp(AccNet(np.float16), threshold=0, reduce_dtype=ms.float32)
+half_out = ms.value_and_grad(half_model, None, half_model.trainable_params())(Tensor(half_x[rank]))[1]
+rounded_apart = 0
+for i, g in enumerate(half_out):
+    exact = np.sum([each[i].astype(np.float64) for each in half_each], axis=0).astype(np.float16)
+    in_half = ((half_each[0][i] + half_each[1][i]) + half_each[2][i]) + half_each[3][i]
+    rounded_apart += int(np.sum(in_half != exact))
+    n = g.shape[0]
+    assert g.dtype == ms.float16, g.dtype
+    np.testing.assert_array_equal(g.asnumpy(), exact[rank * n:(rank + 1) * n], err_msg=f"reduce_dtype gradient {i}")
+assert rounded_apart > 0, "the data does not tell a float32 sum from a float16 one"
+print(f"rank {rank}: hsdp(reduce_dtype=float32) sums float16 gradients in float32 ({rounded_apart} elements differ "
+      "from a float16 sum)")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pipeline_tp_script  # noqa: E402,F401  (2 pipeline ranks x 2 tensor-parallel devices)

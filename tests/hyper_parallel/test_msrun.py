@@ -53,6 +53,7 @@ def test_rank_dependent_api_and_the_example_under_msrun(tmp_path):
         # issue 36: set_requires_gradient_sync / set_requires_grad_sync(False) accumulation, k = 2 and 3
         assert (f"rank {rank}: gradient accumulation without synchronisation (fully_shard, hsdp) equals one "
                 f"device") in logs
+        assert f"rank {rank}: hsdp(reduce_dtype=float32) sums float16 gradients in float32 (" in logs
         assert f"rank {rank}: tensor-parallel (and GPipe) pipeline 1F1B trains 2 Adam steps like one device" in logs
         assert f"rank {rank}: tensor-parallel (and GPipe) pipeline GPipe equals one device" in logs
         assert f"rank {rank}: fully_shard pipeline 1F1B trains 1 Adam steps like one device" in logs
