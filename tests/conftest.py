@@ -63,6 +63,17 @@ def pynative(clean_context):
     ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
+@pytest.fixture
+def fresh_session(pynative):
+    """No HyperParallel-API meshes or executions before and after the test, in PYNATIVE_MODE
+    (tests/hyper_parallel/ uses it for every test)."""
+    from mindspore_hyper.hyper_parallel.session import reset_session
+
+    reset_session()
+    yield pynative
+    reset_session()
+
+
 def pytest_itemcollected(item):
     """Under pytest-xdist (`make test` runs two workers), the msrun tests run one at a time on
     one worker: each already starts several processes, two at once would only slow both (marked

@@ -115,7 +115,7 @@ _UNARY = ("Exp", "Log", "Neg", "GeLU", "FastGeLU", "Sigmoid", "SiLU", "Tanh", "S
           "Erf", "ReLU", "Relu", "Reciprocal", "Sin", "Cos", "OnesLike", "ZerosLike", "Softmax", "LogSoftmax",
           "SoftmaxExt", "LogSoftmaxExt", "Log1p", "Expm1", "Floor", "Ceil", "Round", "Sign", "Identity", "DeepCopy",
           "Contiguous", "Clone", "LeakyReLU", "LeakyReLUExt", "HSwish", "Softplus", "ClampScalar", "Elu", "GeluExt",
-          "SiLUExt", "Mish", "Erfinv", "InplaceCopy")
+          "SiLUExt", "Mish", "Erfinv", "InplaceCopy", "InsertGradientOf")
 
 
 @shape_rule(*_UNARY)

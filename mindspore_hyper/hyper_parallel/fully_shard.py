@@ -286,7 +286,8 @@ def _gather(execution, state: FSDPModule, inputs) -> Dict[int, DTensor]:
 
     Raises:
         ValueError: a global batch (DTensor inputs split over the group) with a `param_dtype` cast
-            or a `reduce_dtype` other than the Parameter's."""
+            or a `reduce_dtype` other than the Parameter's.
+        NotImplementedError: gradient accumulation in the dry run (no values to accumulate)."""
     from mindspore_hyper.dtensor.dispatch import parameter_dtensor
 
     holds_all = runtime_of(execution).holds_all_ranks()
@@ -302,6 +303,12 @@ def _gather(execution, state: FSDPModule, inputs) -> Dict[int, DTensor]:
                            for x in inputs)
         per_rank = not global_batch and not holds_all
         accumulate = state.accumulation is not None and state.accumulation.engaged()
+        if accumulate and not runtime_of(execution).computes_values():
+            raise NotImplementedError(
+                f"dry run: {param.name!r}'s gradient is accumulated across backwards (hsdp(enable_grad_accumulation="
+                "True), or fully_shard's set_requires_gradient_sync(False)): its running sums are values the dry "
+                "run does not hold or report; dry-run the step with every backward synchronised (the same gathers "
+                "and reductions) or run it in simulation at a size this machine holds")
         syncing = not accumulate or state.accumulation.sync  # off: no reduction in this backward
         scale = state.grad_scale
         if not global_batch:

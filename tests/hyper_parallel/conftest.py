@@ -3,9 +3,6 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def fresh_session(pynative):
-    from mindspore_hyper.hyper_parallel.session import reset_session
-
-    reset_session()
-    yield pynative
-    reset_session()
+def fresh_session_for_each_test(fresh_session):
+    """tests/conftest.py's `fresh_session`, for every test here."""
+    yield fresh_session
