@@ -42,8 +42,9 @@ def generate_operations(order_list: Dict[int, Sequence[MetaStep]], chunk_num: in
     """Each rank's transfers, in its order, by name (module docstring).
 
     Args:
-        order_list: pipeline rank -> its MetaSteps (computations are skipped).
-        chunk_num: stages per rank (the virtual pipeline's chunks).
+        order_list: pipeline rank -> its MetaSteps (computations are skipped, and so are None
+            entries: the bubbles upstream's schedules leave in an order).
+        chunk_num: stages per rank (the virtual pipeline's chunks; "v" places exactly 2).
         com_type: "loop" or "v", how stages are placed on ranks.
 
     Returns:
@@ -51,14 +52,24 @@ def generate_operations(order_list: Dict[int, Sequence[MetaStep]], chunk_num: in
         stage forward (or the first backward) has no peer and is left out.
 
     Raises:
-        ValueError: an unknown com_type.
+        ValueError: an unknown com_type, "v" with chunk_num other than 2, or a chunk_num below 1.
+        TypeError: an entry that is neither a MetaStep nor None (naming the rank and position).
     """
+    if isinstance(chunk_num, bool) or not isinstance(chunk_num, int) or chunk_num < 1:
+        raise ValueError(f"chunk_num must be an int >= 1 (stages per rank), but got {chunk_num!r}")
+    if com_type == "v" and chunk_num != 2:
+        raise ValueError(f"com_type='v' places 2 stages per rank (out and back), but chunk_num={chunk_num}")
     ranks = len(order_list)
     stages = ranks * chunk_num
     operations: Dict[str, List[str]] = defaultdict(list)
     for rank, steps in order_list.items():
         seen: Dict[Tuple[int, int, int], int] = defaultdict(int)
-        for step in steps:
+        for index, step in enumerate(steps):
+            if step is None:
+                continue
+            if not isinstance(step, MetaStep):
+                raise TypeError(f"order_list[{rank!r}][{index}]: expected a MetaStep (or None for a bubble), but got "
+                                f"{step!r}")
             if step.type in _SENDS:
                 peer_stage = step.stage_index + _SENDS[step.type]
             elif step.type in _RECVS:

@@ -42,6 +42,14 @@ def test_transfers_are_named_by_both_ends_and_counted_per_microbatch():
         "0": [name(0, 1, 0)], "1": [name(0, 1, 0), name(1, 1, 0)]}
     with pytest.raises(ValueError, match="com_type must be 'loop' .* or 'v'"):
         generate_operations(order, chunk_num=2, com_type="zigzag")
+    with pytest.raises(ValueError, match="com_type='v' places 2 stages per rank .* chunk_num=3"):
+        generate_operations(order, chunk_num=3, com_type="v")
+    with pytest.raises(ValueError, match="chunk_num must be an int >= 1"):
+        generate_operations(order, chunk_num=0)
+    with pytest.raises(TypeError, match=r"order_list\[1\]\[1\]: expected a MetaStep \(or None for a bubble\)"):
+        generate_operations({0: [], 1: [MetaStep(0, FR, 1), "FWD"]}, chunk_num=1)
+    bubbles = {rank: [None, *steps, None] for rank, steps in order.items()}  # upstream's schedules leave None
+    assert generate_operations(bubbles, chunk_num=2) == generate_operations(order, chunk_num=2)
 
 
 def test_unmatched_ends_are_reported_and_logged_not_raised(caplog):
