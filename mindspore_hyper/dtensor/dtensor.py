@@ -89,7 +89,6 @@ class DTensor(ReflectedOperators, Tensor):
         dt._cast_of = None  # id of the Parameter this DTensor is a dtype cast of (named in collective causes)
         dt._cast_exact = False  # a cast of that Parameter's own value (not of a rounded copy of it)
         dt._gradient_to = None  # a DTensor each device's read of this one sends its gradient to (dispatch.py)
-        dt._gradient_to = None  # a DTensor each device's read of this one sends its gradient to (dispatch.py)
         dt._device_mesh = None  # the mesh view it was made on (a DeviceMesh); None: its layout's mesh
         accounting = execution.accounting
         if execution.holds_activations:

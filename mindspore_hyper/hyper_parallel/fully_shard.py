@@ -47,7 +47,7 @@ from typing import Callable, Dict, Optional, Tuple
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from mindspore_hyper.dtensor.dtensor import DTensor, significant_axes
+from mindspore_hyper.dtensor.dtensor import DTensor, is_float, significant_axes
 from mindspore_hyper.hyper_parallel.device_mesh import DeviceMesh, get_current_mesh
 from mindspore_hyper.hyper_parallel.distribute import lay_out_parameter, local_values, wrap_construct
 from mindspore_hyper.hyper_parallel.fully_shard_policies import FLOAT_DTYPES, check_policies, compute_dtype
@@ -290,7 +290,8 @@ def _gather(execution, state: FSDPModule, inputs) -> Dict[int, DTensor]:
         NotImplementedError: gradient accumulation in the dry run (no values to accumulate)."""
     from mindspore_hyper.dtensor.dispatch import parameter_dtensor
 
-    holds_all = runtime_of(execution).holds_all_ranks()
+    runtime = runtime_of(execution)
+    holds_all = runtime.holds_all_ranks()
     out = {}
     for pid, (param, layout, axes) in state.gathered.items():
         # hsdp over fewer devices than the data-parallel group (shard_size, or rows the group does
@@ -303,7 +304,7 @@ def _gather(execution, state: FSDPModule, inputs) -> Dict[int, DTensor]:
                            for x in inputs)
         per_rank = not global_batch and not holds_all
         accumulate = state.accumulation is not None and state.accumulation.engaged()
-        if accumulate and not runtime_of(execution).computes_values():
+        if accumulate and not runtime.computes_values():
             raise NotImplementedError(
                 f"dry run: {param.name!r}'s gradient is accumulated across backwards (hsdp(enable_grad_accumulation="
                 "True), or fully_shard's set_requires_gradient_sync(False)): its running sums are values the dry "
@@ -315,8 +316,8 @@ def _gather(execution, state: FSDPModule, inputs) -> Dict[int, DTensor]:
             scale *= (1.0 / size if state.reduce == "avg" else 1.0) if per_rank else \
                 (size if state.reduce == "sum" else 1.0)
         sharded = parameter_dtensor(execution, param)
-        reduce_dtype = state.reduce_dtype if state.reduce_dtype not in (None, param.dtype) and any(
-            param.dtype is f for f in FLOAT_DTYPES) else None
+        reduce_dtype = state.reduce_dtype if state.reduce_dtype not in (None, param.dtype) and is_float(
+            param.dtype) else None
         if reduce_dtype is not None:
             if global_batch:
                 raise ValueError(f"hsdp(reduce_dtype={reduce_dtype}): the inputs are DTensors split over the "

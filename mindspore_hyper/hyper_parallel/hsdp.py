@@ -44,6 +44,7 @@ from typing import Iterator, Optional, Tuple
 import numpy as np
 from mindspore import nn
 
+from mindspore_hyper.dtensor.dtensor import is_float
 from mindspore_hyper.hyper_parallel.device_mesh import DeviceMesh, get_current_mesh
 from mindspore_hyper.hyper_parallel.fully_shard import shard_parameters
 from mindspore_hyper.hyper_parallel.fully_shard_policies import FLOAT_DTYPES
@@ -168,7 +169,7 @@ def _check(cell, shard_size, threshold, optimizer_level, enable_grad_accumulatio
                          "MindSpore graph pass (its plugin library, for ms.jit graphs); this package runs hsdp's "
                          "hooks eagerly (PyNative) only. Pass use_eager_hook=True and call the gradient function "
                          "without ms.jit (parallelize_value_and_grad or mindspore.value_and_grad)")
-    if reduce_dtype is not None and not any(reduce_dtype is f for f in FLOAT_DTYPES):
+    if reduce_dtype is not None and not is_float(reduce_dtype):
         raise ValueError(f"hsdp: reduce_dtype must be a floating mindspore dtype ({', '.join(map(str, FLOAT_DTYPES))})"
                          f" or None, but got {reduce_dtype!r}")
 
